@@ -1,0 +1,1 @@
+"""tileops.kernels: TileLang kernels, one family a module."""

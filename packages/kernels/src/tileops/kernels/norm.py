@@ -1,0 +1,437 @@
+"""Row normalizations (RMSNorm, fused add + RMSNorm, LayerNorm) in TileLang.
+
+Every kernel here normalizes each row of an ``(M, N)`` view of its input; ``M`` is a launch-
+time size (one compiled program serves every batch size), ``N``, the dtype, ``eps`` and which
+affine tensors are present are compiled in. Arithmetic is fp32 whatever the storage dtype.
+
+Two implementations serve the one slot :class:`RowNormFwdInterface`:
+
+:class:`RowNormRegisterKernel` -- a row (or, for narrow rows, several rows per CTA, one warp
+    a row) is read once into registers with 16-byte vector loads, reduced with warp shuffles
+    (and shared memory across the warps of a row), normalized and written from registers.
+    Memory traffic is the floor: each input read once, each output written once. It serves
+    rows whose share per thread fits the register budget (``row bytes <= 64 KiB``).
+:class:`RowNormLoopedKernel` -- the general one: any ``N``. One CTA a row, 1024 threads,
+    walking the row in chunks twice (sums, then normalize and write); the second read comes
+    from L2 for all but the widest rows.
+
+Rows whose length is not a multiple of the 16-byte vector (``N = 4097``) are read with the
+widest access the alignment allows (down to one element): rows start at ``N * itemsize``
+byte offsets, so a wider access would be misaligned.
+
+The fused add computes ``s = x + residual`` in fp32, stores ``residual_out = s`` rounded to the
+storage dtype and normalizes that rounded value (so ``y == rmsnorm(residual_out)`` exactly, as
+the unfused reference computes it).
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import functools
+import threading
+from typing import Any, ClassVar
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+
+__all__ = [
+    "RowNormFwdInterface",
+    "RowNormLoopedKernel",
+    "RowNormRegisterKernel",
+    "RowNormSpec",
+    "build_register_kernel",
+    "build_looped_kernel",
+    "register_plan",
+    "looped_plan",
+]
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
+_VECTOR_BYTES = 16
+_WARP = 32
+#: bytes of a row one thread may hold in registers (beyond this the looped kernel runs)
+_HELD_BYTES_PER_THREAD = 64
+_MAX_THREADS = 1024
+
+
+class RowNormSpec(CallSpec, frozen=True):
+    """What a row-norm implementation is told about a call."""
+
+    kind: str  # "rms" | "layer" | "add_rms"
+    n: int  # row length
+    dtype: str  # storage dtype name
+    eps: float
+    has_weight: bool
+    has_bias: bool
+
+
+class RowNormFwdInterface(KernelInterface):
+    """One slot: normalize the rows of ``x`` (plus ``residual`` for the fused add).
+
+    ``forward(x, residual, weight, bias, y, residual_out)`` with 2-D contiguous ``x``,
+    ``residual``, ``y``, ``residual_out`` of shape ``(M, N)`` and 1-D ``weight``/``bias`` of
+    ``N``; absent ones are None. ``y`` may be ``x`` and ``residual_out`` may be ``residual``
+    (the in-place fused form).
+    """
+
+    slot = "row_norm_fwd"
+    call_spec = RowNormSpec
+
+
+# --- plans: the launch shape of each kernel, chosen from (N, dtype) ---------------------------
+
+
+def _vec(n: int, dtype: str) -> int:
+    """Widest power-of-two access (elements) that divides N and fits 16 bytes."""
+    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def register_plan(n: int, dtype: str) -> tuple[int, int, int, int] | None:
+    """``(threads_per_row, rows_per_cta, vec, per)`` for the register kernel, or None when a
+    row does not fit: each thread holds ``per`` accesses of ``vec`` elements."""
+    item = _ITEMSIZE[dtype]
+    vec = _vec(n, dtype)
+    nv = -(-n // vec)  # accesses in a row
+    # Aim for 4 accesses in flight per thread: enough independent loads to cover latency.
+    tpr = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-nv // 4))))
+    per = -(-nv // tpr)
+    if per * vec * item > _HELD_BYTES_PER_THREAD:
+        return None
+    rpc = max(1, 128 // tpr) if tpr == _WARP else 1  # narrow rows: 4 rows (warps) a CTA
+    return tpr, rpc, vec, per
+
+
+def looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
+    """``(threads, vec, per)``: each pass walks the row in chunks of threads * vec * per."""
+    vec = _vec(n, dtype)
+    return _MAX_THREADS, vec, 2
+
+
+# --- TileLang programs -----------------------------------------------------------------------
+
+
+def _tl():
+    import tilelang
+    import tilelang.language as T
+
+    return tilelang, T
+
+
+def _tensor_shapes(kind: str, n: int, has_weight: bool, has_bias: bool, M: Any):
+    add = kind == "add_rms"
+    return {
+        "x": (M, n),
+        "r": (M, n) if add else (1,),
+        "w": (n,) if has_weight else (1,),
+        "b": (n,) if has_bias else (1,),
+        "y": (M, n),
+        "ro": (M, n) if add else (1,),
+    }
+
+
+def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                     has_bias: bool, tpr: int, rpc: int, vec: int, per: int):
+    """The TileLang prim_func of the register kernel (not compiled)."""
+    _, T = _tl()
+    M = T.dynamic("M")
+    shapes = _tensor_shapes(kind, n, has_weight, has_bias, M)
+    add, layer = kind == "add_rms", kind == "layer"
+    threads = tpr * rpc
+    wpr = tpr // _WARP  # warps a row
+    exact = n == tpr * per * vec  # no column predicate needed
+    f32 = "float32"
+    inv_n = 1.0 / n
+
+    @T.prim_func
+    def main(
+        X: T.Tensor(shapes["x"], dtype),
+        R: T.Tensor(shapes["r"], dtype),
+        W: T.Tensor(shapes["w"], dtype),
+        B: T.Tensor(shapes["b"], dtype),
+        Y: T.Tensor(shapes["y"], dtype),
+        RO: T.Tensor(shapes["ro"], dtype),
+    ):
+        with T.Kernel(T.ceildiv(M, rpc), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            row = bx * rpc + tx // tpr
+            held = T.alloc_local((per * vec,), dtype)
+            piece = T.alloc_local((vec,), dtype)
+            other = T.alloc_local((vec,), dtype)
+            acc = T.alloc_local((2,), f32)
+            red = T.alloc_shared((rpc * wpr * 2,), f32)
+            acc[0] = T.cast(0, f32)
+            acc[1] = T.cast(0, f32)
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if row < M and (exact or col < n):
+                    for i in T.vectorized(vec):
+                        piece[i] = X[row, col + i]
+                    if add:
+                        for i in T.vectorized(vec):
+                            other[i] = R[row, col + i]
+                        for i in T.unroll(vec):
+                            piece[i] = T.cast(T.cast(piece[i], f32) + T.cast(other[i], f32),
+                                              dtype)
+                        for i in T.vectorized(vec):
+                            RO[row, col + i] = piece[i]
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = piece[i]
+                        acc[0] += T.cast(piece[i], f32) * (1.0 if layer else T.cast(piece[i], f32))
+                else:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(0, dtype)
+            # row sum (layer) or sum of squares (rms) across the row's threads
+            for s in T.unroll(5):
+                acc[0] += T.shfl_xor(acc[0], 16 >> s)
+            if wpr > 1:
+                if lane % _WARP == 0:
+                    red[(tx // tpr) * wpr + lane // _WARP] = acc[0]
+                T.sync_threads()
+                acc[0] = T.cast(0, f32)
+                for w in T.unroll(wpr):
+                    acc[0] += red[(tx // tpr) * wpr + w]
+            if layer:
+                # centred second moment from the held values: exact two-pass variance
+                mean = acc[0] * inv_n
+                for v in T.unroll(per):
+                    col = (v * tpr + lane) * vec
+                    if row < M and (exact or col < n):
+                        for i in T.unroll(vec):
+                            d = T.cast(held[v * vec + i], f32) - mean
+                            acc[1] += d * d
+                for s in T.unroll(5):
+                    acc[1] += T.shfl_xor(acc[1], 16 >> s)
+                if wpr > 1:
+                    if lane % _WARP == 0:
+                        red[rpc * wpr + (tx // tpr) * wpr + lane // _WARP] = acc[1]
+                    T.sync_threads()
+                    acc[1] = T.cast(0, f32)
+                    for w in T.unroll(wpr):
+                        acc[1] += red[rpc * wpr + (tx // tpr) * wpr + w]
+                acc[1] = T.rsqrt(acc[1] * inv_n + eps)
+                acc[0] = mean
+            else:
+                acc[1] = T.rsqrt(acc[0] * inv_n + eps)
+                acc[0] = T.cast(0, f32)
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if row < M and (exact or col < n):
+                    if has_weight:
+                        for i in T.vectorized(vec):
+                            other[i] = W[col + i]
+                    if has_bias:
+                        for i in T.vectorized(vec):
+                            piece[i] = B[col + i]
+                    for i in T.unroll(vec):
+                        val = (T.cast(held[v * vec + i], f32) - acc[0]) * acc[1]
+                        if has_weight:
+                            val = val * T.cast(other[i], f32)
+                        if has_bias:
+                            val = val + T.cast(piece[i], f32)
+                        held[v * vec + i] = T.cast(val, dtype)
+                    for i in T.vectorized(vec):
+                        Y[row, col + i] = held[v * vec + i]
+
+    return main
+
+
+def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                   has_bias: bool, threads: int, vec: int, per: int):
+    """The general kernel: one CTA a row, two passes over the row in chunks."""
+    _, T = _tl()
+    M = T.dynamic("M")
+    shapes = _tensor_shapes(kind, n, has_weight, has_bias, M)
+    add, layer = kind == "add_rms", kind == "layer"
+    chunk = threads * vec * per
+    steps = -(-n // chunk)
+    warps = threads // _WARP
+    f32 = "float32"
+    inv_n = 1.0 / n
+
+    @T.prim_func
+    def main(
+        X: T.Tensor(shapes["x"], dtype),
+        R: T.Tensor(shapes["r"], dtype),
+        W: T.Tensor(shapes["w"], dtype),
+        B: T.Tensor(shapes["b"], dtype),
+        Y: T.Tensor(shapes["y"], dtype),
+        RO: T.Tensor(shapes["ro"], dtype),
+    ):
+        with T.Kernel(M, threads=threads) as row:
+            tx = T.get_thread_binding()
+            piece = T.alloc_local((vec,), dtype)
+            other = T.alloc_local((vec,), dtype)
+            third = T.alloc_local((vec,), dtype)
+            acc = T.alloc_local((3,), f32)  # sum, sum of squares (shifted), shift
+            red = T.alloc_shared((warps * 2,), f32)
+            acc[0] = T.cast(0, f32)
+            acc[1] = T.cast(0, f32)
+            # layer norm: shift by the row's first element (shifted-data variance, stable)
+            if add:
+                acc[2] = (T.cast(T.cast(T.cast(X[row, 0], f32) + T.cast(R[row, 0], f32), dtype),
+                                 f32) if layer else T.cast(0, f32))
+            else:
+                acc[2] = T.cast(X[row, 0], f32) if layer else T.cast(0, f32)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.vectorized(vec):
+                            piece[i] = X[row, col + i]
+                        if add:
+                            for i in T.vectorized(vec):
+                                other[i] = R[row, col + i]
+                            for i in T.unroll(vec):
+                                piece[i] = T.cast(T.cast(piece[i], f32)
+                                                  + T.cast(other[i], f32), dtype)
+                            for i in T.vectorized(vec):
+                                RO[row, col + i] = piece[i]
+                        for i in T.unroll(vec):
+                            d = T.cast(piece[i], f32) - acc[2]
+                            acc[0] += d
+                            acc[1] += d * d
+            for s in T.unroll(5):
+                acc[0] += T.shfl_xor(acc[0], 16 >> s)
+                acc[1] += T.shfl_xor(acc[1], 16 >> s)
+            if tx % _WARP == 0:
+                red[tx // _WARP] = acc[0]
+                red[warps + tx // _WARP] = acc[1]
+            T.sync_threads()
+            acc[0] = T.cast(0, f32)
+            acc[1] = T.cast(0, f32)
+            for w in T.unroll(warps):
+                acc[0] += red[w]
+                acc[1] += red[warps + w]
+            if layer:
+                dm = acc[0] * inv_n
+                acc[1] = T.rsqrt(T.max(acc[1] * inv_n - dm * dm, T.cast(0, f32)) + eps)
+                acc[0] = acc[2] + dm
+            else:
+                acc[1] = T.rsqrt(acc[1] * inv_n + eps)
+                acc[0] = T.cast(0, f32)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        if add:
+                            for i in T.vectorized(vec):
+                                piece[i] = RO[row, col + i]
+                        else:
+                            for i in T.vectorized(vec):
+                                piece[i] = X[row, col + i]
+                        if has_weight:
+                            for i in T.vectorized(vec):
+                                other[i] = W[col + i]
+                        if has_bias:
+                            for i in T.vectorized(vec):
+                                third[i] = B[col + i]
+                        for i in T.unroll(vec):
+                            val = (T.cast(piece[i], f32) - acc[0]) * acc[1]
+                            if has_weight:
+                                val = val * T.cast(other[i], f32)
+                            if has_bias:
+                                val = val + T.cast(third[i], f32)
+                            piece[i] = T.cast(val, dtype)
+                        for i in T.vectorized(vec):
+                            Y[row, col + i] = piece[i]
+
+    return main
+
+
+_compile_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=256)
+def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                          has_bias: bool, target: str | None = None):
+    """Compile the register kernel (cached per configuration)."""
+    plan = register_plan(n, dtype)
+    if plan is None:
+        raise ValueError(f"a row of {n} {dtype} does not fit the register kernel")
+    tpr, rpc, vec, per = plan
+    prog = register_program(kind, n, dtype, eps, has_weight, has_bias, tpr, rpc, vec, per)
+    return _compile(prog, target)
+
+
+@functools.lru_cache(maxsize=256)
+def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                        has_bias: bool, target: str | None = None):
+    threads, vec, per = looped_plan(n, dtype)
+    prog = looped_program(kind, n, dtype, eps, has_weight, has_bias, threads, vec, per)
+    return _compile(prog, target)
+
+
+def _compile(prog, target: str | None):
+    tilelang, _ = _tl()
+    with _compile_lock:
+        if target is None:
+            return tilelang.compile(prog, execution_backend="tvm_ffi")
+        return tilelang.compile(prog, target={"kind": "cuda", "arch": target},
+                                execution_backend="tvm_ffi")
+
+
+# --- the implementations ---------------------------------------------------------------------
+
+
+class _RowNormKernel(Kernel, RowNormFwdInterface):
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    _build: ClassVar[Any] = None
+
+    @classmethod
+    def identity(cls, spec: RowNormSpec):
+        return (spec.kind, spec.n, spec.dtype, spec.eps, spec.has_weight, spec.has_bias,
+                spec.device)
+
+    def __init__(self, spec: RowNormSpec) -> None:
+        super().__init__(spec)
+        self.program = type(self)._build(spec.kind, spec.n, spec.dtype, spec.eps,
+                                         spec.has_weight, spec.has_bias)
+        self._dummies: dict[Any, Any] = {}
+
+    def _dummy(self, like):
+        key = (like.device, like.dtype)
+        d = self._dummies.get(key)
+        if d is None:
+            import torch
+
+            d = torch.empty(1, dtype=like.dtype, device=like.device)
+            self._dummies[key] = d
+        return d
+
+    def __call__(self, x, residual, weight, bias, y, residual_out) -> None:
+        if x.shape[0] == 0:
+            return
+        dummy = self._dummy(x) if (residual is None or weight is None or bias is None) else None
+        self.program(x, residual if residual is not None else dummy,
+                     weight if weight is not None else dummy,
+                     bias if bias is not None else dummy, y,
+                     residual_out if residual_out is not None else dummy)
+
+
+class RowNormRegisterKernel(_RowNormKernel):
+    """Rows held in registers: read once, 16-byte accesses where the row length allows."""
+
+    _build = staticmethod(build_register_kernel)
+
+    @classmethod
+    def region_refusal(cls, spec: RowNormSpec) -> str | None:
+        if register_plan(spec.n, spec.dtype) is None:
+            return (f"a row of {spec.n} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
+                    f"bytes a thread holds at {_MAX_THREADS} threads")
+        return None
+
+
+class RowNormLoopedKernel(_RowNormKernel):
+    """Any row length: two passes over the row in chunks."""
+
+    general = True
+    _build = staticmethod(build_looped_kernel)

@@ -1,0 +1,553 @@
+"""``Op``: the base class of every TileOPs operator.
+
+A concrete op is a spec entry plus a constructor, a ``forward`` and the choice of kernel slot.
+Everything else comes from here and from code generated from the entry:
+
+- ``__init_subclass__`` finds the class's entry (by class name, in the class's ``specs`` set
+  or the process-wide one) and installs its :class:`~tileops.signature.SignaturePlan`; a class
+  without an entry installs none.
+- ``Op.__init__`` runs the construction check and sets up the three groups of instance state
+  (construction, binding, run); it reads no device property.
+- ``op(*inputs, **outs)`` runs the seven steps of a call (see ``_run_call``).
+
+Instance state (every field exists after construction):
+
+| group        | fields                                                             | on reset    |
+|--------------|--------------------------------------------------------------------|-------------|
+| construction | params, ``target``, ``_installed_kernel_types``, ``_preferred_over``,| kept        |
+|              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key`` |             |
+| binding      | ``_target_builder``, ``_serving_target``, ``_entries_by_call``,      | initial     |
+|              | ``_built_entries``, ``_target_kernels``                             | values      |
+| run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
+|              | ``_delegate_stages``, ``_effect_branches``, ``_last_call``,          |             |
+|              | ``_tune_warned``                                                   |             |
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import warnings
+import weakref
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+from tileops.signature import SignatureCall, SignaturePlan
+
+from . import log, targets
+from .errors import StageError, TargetError
+from .kernel import Kernel, KernelInterface, select
+from .specs import SpecSet, default_specs
+
+__all__ = ["Op", "instance_for_key"]
+
+
+class _Unresolved:
+    def __repr__(self) -> str:
+        return "<unresolved>"
+
+
+_UNRESOLVED: Any = _Unresolved()
+_EMPTY: Mapping = MappingProxyType({})
+_counter = itertools.count()
+_instances: weakref.WeakValueDictionary[str, Op] = weakref.WeakValueDictionary()
+
+
+def instance_for_key(key: str) -> Op:
+    """The live op instance registered under ``key`` (used by the compile boundary)."""
+    op = _instances.get(key)
+    if op is None:
+        raise LookupError(f"no live TileOPs op instance for key {key!r}")
+    return op
+
+
+class Op:
+    """Base of every operator (see the module docstring)."""
+
+    # --- class attributes (installed by __init_subclass__ or declared by the op) -------------
+    _signature: ClassVar[SignaturePlan | None] = None
+    _param_names: ClassVar[tuple[str, ...]] = ()
+    #: slot (interface) -> its implementations, declared by ops that run their own kernels
+    kernel_types: ClassVar[Mapping[type[KernelInterface], tuple[type[Kernel], ...]]] = _EMPTY
+    #: role -> op class, for composite ops
+    delegate_types: ClassVar[Mapping[str, type[Op]]] = _EMPTY
+    #: construction-time tensors (attribute -> the dtype index they follow, or None)
+    construction_tensors: ClassVar[Mapping[str, str | None]] = _EMPTY
+    #: False for composite ops whose forward returns its outputs
+    allocate_outputs: ClassVar[bool] = True
+
+    # binding group: class-level initial values
+    _target_builder: Any = _UNRESOLVED
+    _serving_target: str | None = None
+    # construction group defaults for ops without kernels of their own
+    _installed_kernel_types: Mapping = _EMPTY
+    _preferred_over: Mapping = _EMPTY
+    _keys_by_interface: Mapping = _EMPTY
+
+    def __init_subclass__(cls, *, specs: SpecSet | None = None, entry: str | None = None,
+                          **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        name = entry or cls.__name__
+        found = (specs or default_specs()).find(name)
+        if found is None:
+            if entry is not None:
+                raise LookupError(f"{cls.__name__}: no spec entry named {entry!r}")
+            if "_signature" not in cls.__dict__:
+                cls._signature = None
+                cls._param_names = ()
+            return
+        op_entry, spec_file, adts = found
+        cls._signature = SignaturePlan(name, op_entry, spec=spec_file, adts=adts,
+                                       validate=False)
+        cls._param_names = tuple(op_entry.signature.params)
+
+    # --- construction --------------------------------------------------------------------------
+
+    def __init__(self, *, target: str | None = None,
+                 kernel_map: Mapping[Any, Any] | None = None, tune: bool = False,
+                 **params: Any) -> None:
+        cls = type(self)
+        plan = cls._signature
+        if plan is None:
+            raise TypeError(f"{cls.__name__} has no spec entry; an op class is named after its "
+                            f"entry (or passes entry=...) and its specs are registered first")
+        # construction group
+        self._point = plan.construct(**params)
+        for n, v in self._point.params.items():
+            setattr(self, n, params.get(n, v))
+        self._construction_indices = dict(self._point.params)
+        self._n_inputs = len(plan.input_names)
+        if target is not None and target != targets.IN_TREE and target not in targets.targets():
+            raise TargetError(f"{cls.__name__}: unknown target {target!r}; known: "
+                              f"{', '.join([targets.IN_TREE, *targets.targets()])}")
+        self.target = target
+        if cls.kernel_types:
+            installed = self._install_kernel_map(kernel_map)
+            self._installed_kernel_types = installed
+            self._preferred_over = {k: k.preferred_over for ks in installed.values() for k in ks}
+            self._keys_by_interface = {i: (i.slot or i.__name__) for i in installed}
+        elif kernel_map:
+            raise ValueError(f"{cls.__name__} runs no kernels of its own; kernel_map does not "
+                             f"apply")
+        key = f"{cls.__qualname__}@{next(_counter)}"
+        self._instance_key = key
+        _instances[key] = self
+        # binding group
+        self._entries_by_call: dict = {}
+        self._built_entries: dict = {}
+        self._target_kernels: dict = {}
+        # run group
+        self._tune_requested = False
+        self._delegates: dict[tuple, Op] = {}
+        self._delegate_stages = threading.local()
+        self._effect_branches: dict[tuple, tuple] = {}
+        self._last_call: SignatureCall | None = None
+        self._tune_warned = False
+        self._parent: Op | None = None
+        self._lock = threading.RLock()
+        if tune:
+            self.request_tune()
+
+    def _install_kernel_map(self, kernel_map: Mapping[Any, Any] | None) -> dict:
+        cls = type(self)
+        installed = {i: tuple(ks) for i, ks in cls.kernel_types.items()}
+        by_slot = {(i.slot or i.__name__): i for i in installed}
+        for key, impl in (kernel_map or {}).items():
+            iface = key if isinstance(key, type) else by_slot.get(key)
+            if iface not in installed:
+                raise ValueError(f"{cls.__name__}: kernel_map key {key!r} is not a slot of this "
+                                 f"op; slots: {', '.join(by_slot)}")
+            impls = tuple(impl) if isinstance(impl, list | tuple) else (impl,)
+            for k in impls:
+                if not (isinstance(k, type) and issubclass(k, Kernel) and issubclass(k, iface)):
+                    raise TypeError(f"{cls.__name__}: kernel_map[{key!r}] must be a Kernel "
+                                    f"class implementing {iface.__name__}, got {k!r}")
+            installed[iface] = impls
+        return installed
+
+    # --- public surface -------------------------------------------------------------------------
+
+    @property
+    def last_call(self) -> SignatureCall | None:
+        """The record of the last call that succeeded."""
+        return self._last_call
+
+    @property
+    def serving_target(self) -> str | None:
+        """The target bound to this instance (``"tileops"`` for in-tree kernels), or None."""
+        return self._serving_target
+
+    @property
+    def built_entries(self) -> dict:
+        return {i: dict(v) for i, v in self._built_entries.items()}
+
+    def eval_roofline(self) -> tuple[int, int]:
+        """``(flops, bytes)`` of the last successful call."""
+        if self._last_call is None:
+            raise RuntimeError(f"{type(self).__name__}.eval_roofline needs a call first")
+        return self._last_call.roofline()
+
+    def forward(self, call: SignatureCall, *tensors: Any) -> Any:
+        """Run the in-tree kernels: ``tensors`` are the inputs then the outputs to write.
+        Ops that run kernels of their own override this."""
+        raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
+
+    def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        return self._run_call(inputs, kwargs)
+
+    # --- the call ---------------------------------------------------------------------------------
+
+    def _run_call(self, inputs: tuple, kwargs: dict) -> Any:
+        """The seven steps.
+
+        1. check the call against the signature (generated code; raises, changes nothing);
+        2. decide the effect branch and allocate the outputs not supplied;
+        3. bring construction-time tensors to the call's device and dtype;
+        4. bind a target if none is bound;
+        5. get the kernel entry (one lookup when cached; built once on a miss);
+        6. run it (a composite op's sub-calls are recorded into its stages);
+        7. on success the record becomes ``last_call``; on failure nothing is kept, and if this
+           call bound the target, the binding is reset so the next call chooses again.
+        """
+        if kwargs:
+            inputs, outs = self._split_kwargs(inputs, kwargs)
+            call = self._point.check(*inputs, **outs)
+        else:
+            outs = None
+            call = self._point.check(*inputs)
+        parent = self._parent
+        if parent is not None:
+            sink = parent._stage_sink(self)
+        missing = self._n_inputs - len(inputs)
+        if missing > 0:  # absent optional inputs are passed on as None
+            inputs = inputs + (None,) * missing
+        bound_now = False
+        if self._target_builder is _UNRESOLVED:
+            bound_now = self._bind_target(call)
+        try:
+            recipe = self._effect_branches.get(call.branch)
+            if recipe is None:
+                recipe = self._branch_recipe(call.branch)
+            outputs = self._make_outputs(recipe, call, inputs, outs) \
+                if self.allocate_outputs else ()
+            if self.construction_tensors:
+                self._sync_construction_tensors(call)
+            builder = self._target_builder
+            if builder is None:
+                result = self._forward_in_stages(call, inputs, outputs)
+            else:
+                key = (call.device, call.input_dtypes, call.input_shapes)
+                kernel = self._target_kernels.get(key)
+                if kernel is None:
+                    kernel = self._build_target_kernel(key, call, builder)
+                result = kernel(*inputs, *outputs)
+            if self.allocate_outputs:
+                result = outputs
+            elif not isinstance(result, tuple):
+                result = (result,)
+        except BaseException:
+            if bound_now:
+                self._reset_binding()
+            raise
+        self._last_call = call
+        if parent is not None:
+            sink.append(call)
+        return result[0] if len(result) == 1 else result
+
+    def _split_kwargs(self, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        plan = self._signature
+        assert plan is not None
+        names = plan.input_names
+        args = list(inputs) + [None] * (len(names) - len(inputs))
+        if len(inputs) > len(names):
+            raise TypeError(f"{type(self).__name__} takes {len(names)} inputs "
+                            f"({', '.join(names)}), got {len(inputs)}")
+        outs = {}
+        for k, v in kwargs.items():
+            if k in names:
+                i = names.index(k)
+                if i < len(inputs):
+                    raise TypeError(f"{type(self).__name__}: input {k!r} given twice")
+                args[i] = v
+            elif k in plan.buffer_outputs:
+                outs[k] = v  # the generated check takes buffer outputs by their names
+            else:
+                accepted = list(names) + list(plan.buffer_outputs)
+                raise TypeError(f"{type(self).__name__}: unexpected argument {k!r}; accepted: "
+                                f"{', '.join(accepted)}")
+        while args and args[-1] is None and len(args) > len(inputs):
+            args.pop()
+        return tuple(args), outs
+
+    def _branch_recipe(self, branch: tuple) -> tuple:
+        """How to produce each output in this effect branch: ``("new", i)``,
+        ``("alias", input index)``, ``("none",)`` or ``("given", name)``."""
+        plan = self._signature
+        assert plan is not None
+        written, out_given, returned = branch
+        recipe = []
+        for i, (n, d) in enumerate(plan.sig.outputs.items()):
+            if n not in returned:
+                recipe.append(("none",))
+            elif d.alias is not None and d.alias in written:
+                recipe.append(("alias", plan.input_names.index(d.alias)))
+            elif d.buffer:
+                recipe.append(("given_or_new", i, n))
+            else:
+                recipe.append(("new", i))
+        out = tuple(recipe)
+        self._effect_branches[branch] = out
+        return out
+
+    def _make_outputs(self, recipe: tuple, call: SignatureCall, inputs: tuple,
+                      outs: dict | None) -> tuple:
+        import torch
+
+        shapes, dtypes, device = call.output_shapes, call.output_dtypes, call.device
+        result = []
+        for r in recipe:
+            tag = r[0]
+            if tag == "new":
+                result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
+            elif tag == "alias":
+                result.append(inputs[r[1]])
+            elif tag == "none":
+                result.append(None)
+            else:
+                given = outs.get(r[2]) if outs else None
+                result.append(given if given is not None else
+                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
+        return tuple(result)
+
+    def _sync_construction_tensors(self, call: SignatureCall) -> None:
+        indices = None
+        for name, follows in self.construction_tensors.items():
+            t = getattr(self, name)
+            if t is None:
+                continue
+            dtype = None
+            if follows is not None:
+                if indices is None:
+                    indices = dict(zip(call.point.index_names, call.values, strict=True))
+                dtype = indices.get(follows)
+            if t.device != call.device or (dtype is not None and t.dtype != dtype):
+                setattr(self, name, t.to(device=call.device, dtype=dtype or t.dtype))
+
+    # --- targets (step 4) ------------------------------------------------------------------------
+
+    def _bind_target(self, call: SignatureCall) -> bool:
+        """Choose and bind the serving target. Returns True if this call bound it."""
+        with self._lock:
+            if self._target_builder is not _UNRESOLVED:
+                return False
+            cls = type(self)
+            name = self.target or targets.default_target()
+            how = "explicit" if self.target else "process default" if name else "by device"
+            if name is None:
+                name = self._target_by_device(call.device)
+            if name == targets.IN_TREE:
+                if not self._installed_kernel_types and not self.delegate_types:
+                    raise TargetError(f"{cls.__name__} has no in-tree kernels; choose a target "
+                                      f"({', '.join(targets.targets())})")
+                builder = None
+            else:
+                if name not in targets.targets():
+                    raise TargetError(f"{cls.__name__}: unknown target {name!r}; known: "
+                                      f"{', '.join([targets.IN_TREE, *targets.targets()])}")
+                builder = targets.builder_for(name, cls)
+                if builder is None and not self.delegate_types:
+                    raise TargetError(f"target {name!r} has no builder for {cls.__name__}")
+                # a composite op the target has no builder for runs its own forward; its
+                # delegates are constructed with the same target (delegate_for)
+            self._target_builder = builder
+            self._serving_target = name
+            if log.INFO:
+                log.info("%s bound to target %s (%s, device %s)", cls.__name__, name, how,
+                         call.device)
+            return True
+
+    def _target_by_device(self, device: Any) -> str:
+        dtype = getattr(device, "type", None)
+        for impls in self._installed_kernel_types.values():
+            if any(dtype in k.devices for k in impls):
+                return targets.IN_TREE
+        if self.delegate_types and not self._installed_kernel_types:
+            return targets.IN_TREE  # a composite op composes; each delegate chooses its own
+        cls = type(self)
+        for name in targets.targets():
+            devices = targets.target_devices(name)
+            if (devices is None or dtype in devices) and targets.builder_for(name, cls):
+                return name
+        raise TargetError(f"{cls.__name__}: nothing serves device {device}: no in-tree kernel "
+                          f"runs on {dtype} and no target has a builder for it")
+
+    def _build_target_kernel(self, key: tuple, call: SignatureCall, builder: Any) -> Any:
+        with self._lock:
+            kernel = self._target_kernels.get(key)
+            if kernel is not None:
+                return kernel
+            name = self._serving_target
+            devices = targets.target_devices(name) if name in targets.targets() else None
+            dtype = getattr(call.device, "type", None)
+            if devices is not None and dtype not in devices:
+                raise TargetError(f"{type(self).__name__}: target {name!r} runs on "
+                                  f"{' or '.join(devices)}, not {dtype}")
+            if log.INFO:
+                log.info("%s: building a %s kernel for %s", type(self).__name__, name,
+                         call.compact())
+            # the builder this call was bound to: another thread's failing first call may have
+            # reset the binding meanwhile; then the kernel serves this call and is not cached
+            kernel = builder(self, call)
+            if self._tune_requested:
+                self._tune_target_kernel(kernel)
+            if self._target_builder is builder:
+                self._target_kernels[key] = kernel
+            return kernel
+
+    # --- in-tree kernel entries (step 5) ----------------------------------------------------------
+
+    def kernel(self, interface: type[KernelInterface], spec: Any) -> Any:
+        """The entry of ``interface`` for ``spec``: one lookup when cached; on a miss the
+        slot's implementation is selected and its entry built once per (class, identity)."""
+        entry = self._entries_by_call.get((interface, spec))
+        if entry is None:
+            entry = self._build_entry(interface, spec)
+        return entry
+
+    def _build_entry(self, interface: type[KernelInterface], spec: Any) -> Any:
+        with self._lock:
+            entry = self._entries_by_call.get((interface, spec))
+            if entry is not None:
+                return entry
+            impls = self._installed_kernel_types.get(interface)
+            if impls is None:
+                raise LookupError(f"{type(self).__name__} declares no slot "
+                                  f"{interface.__name__}")
+            impl = select(interface, impls, spec)
+            ident = (impl, impl.identity(spec))
+            built = self._built_entries.setdefault(interface, {})
+            entry = built.get(ident)
+            if entry is None:
+                if log.INFO:
+                    log.info("%s: building %s for %r", type(self).__name__, impl.__name__, spec)
+                entry = impl.entry_for(spec, self)
+                if self._tune_requested and hasattr(entry, "request_tune"):
+                    entry.request_tune()
+                built[ident] = entry
+            self._entries_by_call[(interface, spec)] = entry
+            return entry
+
+    def iter_kernels(self) -> Iterator[Any]:
+        """Every built entry and target kernel of this op and its delegates."""
+        for built in self._built_entries.values():
+            yield from built.values()
+        yield from self._target_kernels.values()
+        for d in self._delegates.values():
+            yield from d.iter_kernels()
+
+    # --- failure and reset (step 7) ------------------------------------------------------------
+
+    def _reset_binding(self) -> None:
+        """Reset the binding group to its initial values, recursively through delegates."""
+        with self._lock:
+            self._target_builder = _UNRESOLVED
+            self._serving_target = None
+            self._entries_by_call = {}
+            self._built_entries = {}
+            self._target_kernels = {}
+        for d in self._delegates.values():
+            d._reset_binding()
+
+    # --- tuning -----------------------------------------------------------------------------------
+
+    def request_tune(self) -> None:
+        """Tune: entries already built get the request now (in-tree entries; target kernels
+        once on each device they live on); entries built later start in tuning mode."""
+        self._tune_requested = True
+        for built in self._built_entries.values():
+            for entry in built.values():
+                if hasattr(entry, "request_tune"):
+                    entry.request_tune()
+        seen: set[tuple[int, Any]] = set()
+        for key, kernel in self._target_kernels.items():
+            device = key[0]
+            if (id(kernel), device) in seen:
+                continue
+            seen.add((id(kernel), device))
+            self._tune_target_kernel(kernel)
+        for d in self._delegates.values():
+            d.request_tune()
+
+    def _tune_target_kernel(self, kernel: Any) -> None:
+        if hasattr(kernel, "request_tune"):
+            kernel.request_tune()
+        elif not self._tune_warned:
+            self._tune_warned = True
+            warnings.warn(f"{type(self).__name__}: the {self._serving_target} target's kernel "
+                          f"cannot tune; tuning is ignored for it", RuntimeWarning, stacklevel=3)
+
+    # --- composite ops ----------------------------------------------------------------------------
+
+    def delegate_for(self, role: str, **params: Any) -> Op:
+        """The sub-op playing ``role`` with these construction params (built once, held)."""
+        cls = self.delegate_types.get(role)
+        if cls is None:
+            raise LookupError(f"{type(self).__name__} declares no delegate {role!r}; "
+                              f"delegate_types: {', '.join(self.delegate_types) or 'none'}")
+        key = (role, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
+        op = self._delegates.get(key)
+        if op is None:
+            with self._lock:
+                op = self._delegates.get(key)
+                if op is None:
+                    op = cls(target=self.target, tune=self._tune_requested, **params)
+                    op._parent = self
+                    self._delegates[key] = op
+        return op
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Record the delegate calls made inside into the stage ``name`` of this call."""
+        state = self._delegate_stages
+        if getattr(state, "current", None) is not None:
+            raise StageError(f"{type(self).__name__}: stage {name!r} opened inside stage "
+                             f"{state.current[0]!r}")
+        calls: list[SignatureCall] = []
+        state.current = (name, calls)
+        try:
+            yield
+        finally:
+            state.current = None
+        state.finished.append((name, tuple(calls)))
+
+    def _stage_sink(self, child: Op) -> list:
+        current = getattr(self._delegate_stages, "current", None)
+        if current is None:
+            raise StageError(f"{type(child).__name__} was called by {type(self).__name__} outside "
+                             f"any stage; wrap delegate calls in `with self.stage(name):`")
+        return current[1]
+
+    def _forward_in_stages(self, call: SignatureCall, inputs: tuple, outputs: tuple) -> Any:
+        if not self.delegate_types:
+            return self.forward(call, *inputs, *outputs)
+        state = self._delegate_stages
+        saved = (getattr(state, "current", None), getattr(state, "finished", None))
+        state.current, state.finished = None, []
+        try:
+            result = self.forward(call, *inputs, *outputs)
+            for name, calls in state.finished:
+                call.add_stage(name, calls)
+        finally:
+            state.current, state.finished = saved
+        return result
+
+
+def _freeze(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_freeze(x) for x in v)
+    if isinstance(v, dict):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    return v
+

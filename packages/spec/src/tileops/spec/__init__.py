@@ -1,0 +1,92 @@
+"""tileops.spec: the TileOPs spec language as typed, validated schemas.
+
+Load spec YAML into frozen Structs (:func:`load_spec_file`), parse and print expressions
+(:func:`parse_expr`, :func:`print_expr`), and validate (:func:`check_paths`,
+:func:`validate_entry`). ``python -m tileops.spec check PATH...`` runs the validator.
+"""
+
+from . import expr
+from .errors import Diagnostic, SpecError, SpecLoadError
+from .evaluate import AdtValue, EvalError, Scope, eval_shape, evaluate
+from .expr import ExprSyntaxError, Node
+from .expr import parse as parse_expr
+from .expr import unparse as print_expr
+from .kinds import DTYPES, Kind, KindError, kind_from_expr
+from .loader import load_spec_file, load_spec_text, load_types_file, load_types_text
+from .primitives import GENERATORS, PRIMITIVES
+from .schema import (
+    AdtDef,
+    Composition,
+    Constructor,
+    Expr,
+    FamilyCase,
+    InputDecl,
+    OpEntry,
+    OutputDecl,
+    ParamDecl,
+    Roofline,
+    Signature,
+    SpecFile,
+    Stage,
+    TypeFamily,
+    TypesFile,
+    Workload,
+)
+from .validate import (
+    RULES,
+    EntryModel,
+    check_paths,
+    validate_entry,
+    validate_spec_file,
+    validate_types,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DTYPES",
+    "GENERATORS",
+    "PRIMITIVES",
+    "RULES",
+    "AdtDef",
+    "AdtValue",
+    "Composition",
+    "Constructor",
+    "Diagnostic",
+    "EntryModel",
+    "EvalError",
+    "Expr",
+    "ExprSyntaxError",
+    "FamilyCase",
+    "InputDecl",
+    "Kind",
+    "KindError",
+    "Node",
+    "OpEntry",
+    "OutputDecl",
+    "ParamDecl",
+    "Roofline",
+    "Scope",
+    "Signature",
+    "SpecError",
+    "SpecFile",
+    "SpecLoadError",
+    "Stage",
+    "TypeFamily",
+    "TypesFile",
+    "Workload",
+    "check_paths",
+    "eval_shape",
+    "evaluate",
+    "expr",
+    "kind_from_expr",
+    "load_spec_file",
+    "load_spec_text",
+    "load_types_file",
+    "load_types_text",
+    "parse_expr",
+    "print_expr",
+    "validate_entry",
+    "validate_spec_file",
+    "validate_types",
+]

@@ -1,0 +1,293 @@
+"""The closed table of primitives (functions an expression may call) and generators
+(functions a workload uses to fill a metadata tensor).
+
+A primitive states its arity, the kind each argument must have, the kind it returns and a
+plain-Python implementation. Anything called in a spec that is not in :data:`PRIMITIVES` (or,
+in a tensor's ``values``, in :data:`GENERATORS`) is an error. The signature package compiles
+calls to these implementations; the validator uses them to instantiate workload rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from .kinds import (
+    DTYPES,
+    BoolK,
+    DimK,
+    FloatK,
+    IntK,
+    Kind,
+    MaybeK,
+    PerAxisK,
+    ShapeK,
+)
+
+__all__ = [
+    "GENERATORS",
+    "PRIMITIVES",
+    "Primitive",
+    "PrimitiveError",
+    "broadcast",
+    "ceil_div",
+    "per_axis",
+    "pool_out",
+    "prod",
+]
+
+
+class PrimitiveError(ValueError):
+    """A primitive applied to values outside its domain (e.g. shapes that do not broadcast)."""
+
+
+# An argument's accepted kinds, by name. "any" accepts every kind.
+ArgKind = str
+_ACCEPTS: dict[str, Callable[[Kind], bool]] = {
+    "int": lambda k: isinstance(k, DimK | IntK),
+    "num": lambda k: isinstance(k, DimK | IntK | FloatK),
+    "bool": lambda k: isinstance(k, BoolK),
+    "shape": lambda k: isinstance(k, ShapeK),
+    "dtype": lambda k: type(k).__name__ == "DTypeK",
+    "ints": lambda k: isinstance(k, PerAxisK | ShapeK | DimK | IntK)
+    or (isinstance(k, MaybeK) and isinstance(k.inner, PerAxisK | ShapeK | DimK | IntK)),
+    "any": lambda k: True,
+}
+_DESCRIBE = {
+    "int": "Dim or Int",
+    "num": "a number (Dim, Int or Float)",
+    "bool": "Bool",
+    "shape": "Shape",
+    "dtype": "a DType",
+    "ints": "an int, a tuple of ints or Maybe of one",
+    "any": "any kind",
+}
+
+
+def accepts(arg_kind: ArgKind, k: Kind) -> bool:
+    return _ACCEPTS[arg_kind](k)
+
+
+def describe(arg_kind: ArgKind) -> str:
+    return _DESCRIBE[arg_kind]
+
+
+@dataclass(frozen=True)
+class Primitive:
+    name: str
+    params: tuple[ArgKind, ...]  # positional parameter kinds
+    result: Callable[[Sequence[Kind]], Kind]
+    impl: Callable[..., object]
+    doc: str
+    variadic: ArgKind | None = None  # kind of extra positional arguments
+    optional: int = 0  # how many trailing params may be omitted
+    kwargs: dict[str, ArgKind] = field(default_factory=dict)
+    # which argument positions are tensor/optional names rather than values (present())
+    takes_names: bool = False
+
+    def arity_text(self) -> str:
+        lo, hi = len(self.params) - self.optional, len(self.params)
+        if self.variadic:
+            return f"at least {lo}"
+        return str(hi) if lo == hi else f"{lo} to {hi}"
+
+
+# --- implementations ------------------------------------------------------------------------
+
+
+def prod(shape: Sequence[int]) -> int:
+    return math.prod(shape)
+
+
+def ceil_div(a: int, b: int) -> int:
+    if b == 0:
+        raise PrimitiveError("ceil_div by zero")
+    return -(-a // b)
+
+
+def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
+    """NumPy/PyTorch broadcasting of shapes; raises PrimitiveError if they do not broadcast."""
+    rank = max((len(s) for s in shapes), default=0)
+    out = []
+    for axis in range(rank):
+        size = 1
+        for s in shapes:
+            i = axis - (rank - len(s))
+            if i < 0 or s[i] == 1:
+                continue
+            if size not in (1, s[i]):
+                raise PrimitiveError(
+                    f"shapes {', '.join(str(tuple(s)) for s in shapes)} do not broadcast "
+                    f"(axis {axis - rank}: {size} vs {s[i]})"
+                )
+            size = s[i]
+        out.append(size)
+    return tuple(out)
+
+
+def per_axis(value, axis: int, n: int, fallback: int | None = None) -> int:
+    """Component ``axis`` of an ``int | tuple[int, ...n]`` parameter; an int applies to every
+    axis; an absent (None) value takes ``fallback``."""
+    if value is None:
+        if fallback is None:
+            raise PrimitiveError("per_axis of an absent value needs fallback=")
+        return fallback
+    if isinstance(value, int):
+        return value
+    value = tuple(value)
+    if len(value) == 1:
+        return value[0]
+    if len(value) != n:
+        raise PrimitiveError(f"expected an int or {n} ints, got {len(value)}: {value}")
+    return value[axis]
+
+
+def pool_out(size: int, k: int, s: int, p: int, d: int, ceil_mode: bool) -> int:
+    """Output length of a pooling window, PyTorch's formula (including the rule that the
+    last window must start inside the input or left padding when ``ceil_mode``)."""
+    if s <= 0:
+        raise PrimitiveError(f"pool.out stride must be positive, got {s}")
+    span = size + 2 * p - d * (k - 1) - 1
+    out = (-(-span // s) if ceil_mode else span // s) + 1
+    if ceil_mode and (out - 1) * s >= size + p:
+        out -= 1
+    return out
+
+
+def conv_out(size: int, k: int, s: int, p: int, d: int) -> int:
+    return pool_out(size, k, s, p, d, False)
+
+
+def _present(value) -> bool:
+    return value is not None
+
+
+def _itemsize(dtype: str) -> int:
+    return DTYPES[dtype]
+
+
+def _len(shape: Sequence[int]) -> int:
+    return len(shape)
+
+
+def _min(*xs):
+    return min(xs)
+
+
+def _max(*xs):
+    return max(xs)
+
+
+def _int_result(args: Sequence[Kind]) -> Kind:
+    return DimK() if all(isinstance(a, DimK) for a in args) else IntK()
+
+
+def _num_result(args: Sequence[Kind]) -> Kind:
+    if any(isinstance(a, FloatK) for a in args):
+        return FloatK()
+    return _int_result(args)
+
+
+PRIMITIVES: dict[str, Primitive] = {
+    p.name: p
+    for p in [
+        Primitive(
+            "broadcast",
+            ("shape",),
+            lambda a: ShapeK(),
+            broadcast,
+            "broadcast(S1, S2, ...): the broadcast shape of the given shapes",
+            variadic="shape",
+        ),
+        Primitive("prod", ("shape",), lambda a: DimK(), prod, "prod(S): number of elements"),
+        Primitive("len", ("shape",), lambda a: IntK(), _len, "len(S): the rank of a Shape"),
+        Primitive(
+            "ceil_div", ("int", "int"), _int_result, ceil_div, "ceil_div(a, b): ceil(a / b)"
+        ),
+        Primitive("min", ("num", "num"), _num_result, _min, "min(a, b, ...)", variadic="num"),
+        Primitive("max", ("num", "num"), _num_result, _max, "max(a, b, ...)", variadic="num"),
+        Primitive(
+            "per_axis",
+            ("ints", "int", "int"),
+            lambda a: IntK(),
+            per_axis,
+            "per_axis(v, axis, n, fallback=x): axis `axis` of an int | n-tuple parameter",
+            kwargs={"fallback": "int"},
+        ),
+        Primitive(
+            "pool.out",
+            ("int", "int", "int", "int", "int", "bool"),
+            lambda a: IntK(),
+            pool_out,
+            "pool.out(L, k, s, p, d, ceil_mode): pooled length, PyTorch's formula",
+        ),
+        Primitive(
+            "conv.out",
+            ("int", "int", "int", "int", "int"),
+            lambda a: IntK(),
+            conv_out,
+            "conv.out(L, k, s, p, d): convolution output length",
+        ),
+        Primitive(
+            "present",
+            ("any",),
+            lambda a: BoolK(),
+            _present,
+            "present(x): whether an optional input or Maybe parameter is given",
+            takes_names=True,
+        ),
+        Primitive(
+            "itemsize", ("dtype",), lambda a: IntK(), _itemsize, "itemsize(T): bytes per element"
+        ),
+    ]
+}
+
+
+# --- generators (workload metadata tensors) ---------------------------------------------------
+
+
+def prefix_sum(xs: Sequence[int]) -> list[int]:
+    """``[0, x0, x0 + x1, ...]``: offsets of packed segments (length len(xs) + 1)."""
+    out = [0]
+    for x in xs:
+        out.append(out[-1] + x)
+    return out
+
+
+def cumsum(xs: Sequence[int]) -> list[int]:
+    out: list[int] = []
+    for x in xs:
+        out.append((out[-1] if out else 0) + x)
+    return out
+
+
+def balanced_sizes(total: int, groups: int) -> list[int]:
+    """``total`` split into ``groups`` sizes that differ by at most one."""
+    if groups <= 0:
+        raise PrimitiveError(f"balanced_sizes needs groups > 0, got {groups}")
+    q, r = divmod(total, groups)
+    return [q + (1 if i < r else 0) for i in range(groups)]
+
+
+def arange(n: int) -> list[int]:
+    return list(range(n))
+
+
+def full(n: int, value: int) -> list[int]:
+    return [value] * n
+
+
+GENERATORS: dict[str, Primitive] = {
+    p.name: p
+    for p in [
+        Primitive("prefix_sum", ("shape",), lambda a: ShapeK(), prefix_sum,
+                  "prefix_sum(xs): [0, x0, x0+x1, ...], length len(xs) + 1"),
+        Primitive("cumsum", ("shape",), lambda a: ShapeK(), cumsum,
+                  "cumsum(xs): inclusive running sums"),
+        Primitive("balanced_sizes", ("int", "int"), lambda a: ShapeK(), balanced_sizes,
+                  "balanced_sizes(total, n): n sizes summing to total, differing by <= 1"),
+        Primitive("arange", ("int",), lambda a: ShapeK(), arange, "arange(n): 0 .. n-1"),
+        Primitive("full", ("int", "int"), lambda a: ShapeK(), full, "full(n, v): n copies of v"),
+    ]
+}

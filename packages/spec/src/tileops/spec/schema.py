@@ -1,0 +1,236 @@
+"""The spec language as typed, frozen msgspec Structs.
+
+Every concept of the language is a type here, never a dict: an op entry, its signature, the
+construction params, inputs and outputs with their effects, type families, ADTs, workloads,
+the roofline and the composition of composite ops. Expression-valued fields hold an
+:class:`Expr` (the text as written and its parsed AST), so nothing downstream parses text.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import msgspec
+
+from . import expr as E
+
+__all__ = [
+    "UNSET",
+    "AdtDef",
+    "Composition",
+    "Constructor",
+    "Expr",
+    "FamilyCase",
+    "InputDecl",
+    "OpEntry",
+    "OutputDecl",
+    "ParamDecl",
+    "Roofline",
+    "Signature",
+    "SpecFile",
+    "Stage",
+    "TypeFamily",
+    "TypesFile",
+    "Workload",
+]
+
+
+class Expr:
+    """An expression field: the text as written and its AST. Equal when the ASTs are equal."""
+
+    __slots__ = ("node", "text")
+
+    def __init__(self, text: str, node: E.Node | None = None) -> None:
+        self.text = text
+        self.node = E.parse(text) if node is None else node
+
+    @classmethod
+    def of(cls, node: E.Node) -> Expr:
+        return cls(E.unparse(node), node)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Expr) and self.node == other.node
+
+    def __hash__(self) -> int:
+        return hash(self.node)
+
+    def __repr__(self) -> str:
+        return f"Expr({self.text!r})"
+
+    def __str__(self) -> str:
+        return self.text
+
+    def names(self) -> list[str]:
+        return E.names(self.node)
+
+
+FALSE = Expr("False", E.Bool(False))
+
+
+class Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The policy every spec struct shares, stated once:
+
+    - ``frozen``: a loaded spec is a value; nothing downstream may edit it.
+    - ``forbid_unknown_fields``: a misspelt key (``optinal: true``) is an error, not ignored.
+    - ``kw_only``: fields are named at construction, so adding one never shifts the others.
+    """
+
+
+class ParamDecl(Base, frozen=True):
+    """A construction parameter: ``{type: "int | None", default: null}``."""
+
+    type: Expr
+    default: Any = msgspec.UNSET
+    kw_only: bool = False
+    doc: str = ""
+
+    @property
+    def required(self) -> bool:
+        return self.default is msgspec.UNSET
+
+
+UNSET = msgspec.UNSET
+
+
+class InputDecl(Base, frozen=True):
+    """An input tensor and its effects.
+
+    ``optional`` (bool or predicate): the caller may omit it. ``mutated`` (bool or predicate):
+    the op writes it. ``write_only``: a mutated input whose prior contents are not read.
+    ``values``: a generator that fills a metadata tensor in workloads (``prefix_sum(q_lens)``).
+    """
+
+    dtype: Expr
+    shape: Expr
+    optional: Expr = FALSE
+    mutated: Expr = FALSE
+    write_only: bool = False
+    values: Expr | None = None
+    doc: str = ""
+
+
+class OutputDecl(Base, frozen=True):
+    """An output tensor. ``nullable`` (bool or predicate): it may be None. ``alias``: the
+    output *is* that (mutated) input object. ``buffer``: the caller may pass its storage
+    (``out=``); the op then writes into it and returns it."""
+
+    dtype: Expr
+    shape: Expr
+    nullable: Expr = FALSE
+    alias: str | None = None
+    buffer: bool = False
+    doc: str = ""
+
+
+class FamilyCase(Base, frozen=True):
+    """One case of a type family: ``{when: false, is: "[R, C]"}``. ``when`` is a discriminant
+    value (bool, enum string, dtype name, ADT constructor name, ``_`` for any), or a list of
+    them when the family matches on several parameters."""
+
+    when: Any
+    is_: Expr = msgspec.field(name="is")
+
+
+class TypeFamily(Base, frozen=True):
+    """``Mat[t: Bool, R: Dim, C: Dim] = match t { false -> [R, C]; true -> [C, R] }``."""
+
+    params: dict[str, Expr]
+    match: str | tuple[str, ...]
+    cases: tuple[FamilyCase, ...]
+    doc: str = ""
+
+    @property
+    def discriminants(self) -> tuple[str, ...]:
+        return (self.match,) if isinstance(self.match, str) else self.match
+
+
+class Signature(Base, frozen=True):
+    forall: dict[str, Expr] = {}
+    params: dict[str, ParamDecl] = {}
+    inputs: dict[str, InputDecl] = {}
+    outputs: dict[str, OutputDecl] = {}
+    types: dict[str, TypeFamily] = {}
+    let: dict[str, Expr] = {}
+    shape_rules: tuple[Expr, ...] = ()
+    #: indices carried by the *values* of metadata tensors (``q_lens: Shape``): workload rows
+    #: give them and generators read them; no call check can see them.
+    data: dict[str, Expr] = {}
+
+
+class Roofline(Base, frozen=True):
+    """``flops`` and optionally ``bytes``; without ``bytes`` the traffic is derived from the
+    signature and its effects."""
+
+    flops: Expr
+    bytes: Expr | None = None
+    doc: str = ""
+
+
+class Stage(Base, frozen=True):
+    name: str
+    op: str
+    doc: str = ""
+
+
+class Composition(Base, frozen=True):
+    """A composite op's stages: each sub-op call is recorded into one named stage."""
+
+    stages: tuple[Stage, ...]
+
+
+class Workload(Base, frozen=True):
+    """One workload row: index and parameter values, dtype cases, present optional inputs."""
+
+    label: str
+    values: dict[str, Any]
+    dtype_cases: tuple[dict[str, str], ...] = ()
+    some: tuple[str, ...] = ()
+
+
+Status = Literal["implemented", "spec-only", "planned"]
+
+
+class OpEntry(Base, frozen=True):
+    family: str
+    status: Status
+    signature: Signature
+    ref_api: str | None = None
+    doc: str = ""
+    workloads: tuple[Workload, ...] = ()
+    roofline: Roofline | None = None
+    composition: Composition | None = None
+
+
+class Constructor(Base, frozen=True):
+    """One constructor of an ADT: its fields (name -> kind) and the Python class it maps to."""
+
+    python: str
+    fields: dict[str, Expr] = {}
+    invariant: Expr | None = None
+    doc: str = ""
+
+
+class AdtDef(Base, frozen=True):
+    constructors: dict[str, Constructor]
+    doc: str = ""
+
+
+class TypesFile(Base, frozen=True):
+    adts: dict[str, AdtDef] = {}
+
+
+class SpecFile(msgspec.Struct, frozen=True, kw_only=True):
+    """A loaded spec file: its entries and where each piece was written."""
+
+    path: str
+    entries: dict[str, OpEntry]
+    #: entry path ("GemmFwdOp.signature.inputs.a.shape") -> 1-based line
+    lines: dict[str, int]
+
+    def line_of(self, path: str) -> int | None:
+        """The line of ``path`` or of its nearest written ancestor."""
+        while path:
+            if path in self.lines:
+                return self.lines[path]
+            path = path.rpartition(".")[0]
+        return None

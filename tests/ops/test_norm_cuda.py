@@ -1,0 +1,130 @@
+"""The norm ops' TileLang kernels on the GPU, against an fp64 reference.
+
+Grid: row lengths N that exercise every code path (1 and 7: shorter than a warp, scalar
+accesses; 128: several rows a CTA; 4096/8192: LLM hidden sizes, 16-byte accesses; 4097: a
+length no vector divides; 65536: too wide for registers, the looped kernel), row counts
+(1, 3, 2048, 32768) and extra batch dims. Inputs are fresh random values; outputs are poisoned
+(the allocator hands back memory just filled with NaN) so an unwritten element fails.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp  # noqa: E402
+from tileops.ops.reference import layer_norm_reference, rms_norm_reference  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+
+# relative L2 error bounds: one rounding of the output dominates (bf16 8 bits, fp16 11 bits)
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3, torch.float32: 1e-5}
+NS = (1, 7, 128, 4096, 4097, 8192, 65536)
+ROWS = (1, 3, 2048, 32768)
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def _grid():
+    for n in NS:
+        for m in ROWS:
+            if m * n > 2**27:  # keep the fp64 reference within a few GB
+                continue
+            for dt in DTYPES:
+                yield pytest.param(m, n, dt, id=f"m{m}-n{n}-{str(dt)[6:]}")
+
+
+def _poison(numel: int, dtype) -> None:
+    junk = torch.full((numel,), float("nan"), dtype=dtype, device="cuda")
+    del junk
+
+
+def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
+    out = out.double()
+    assert not torch.isnan(out).any(), "an output element was never written"
+    return ((out - ref).norm() / ref.norm().clamp_min(1e-30)).item()
+
+
+@pytest.mark.parametrize(("m", "n", "dtype"), list(_grid()))
+def test_rms_norm(m, n, dtype):
+    x = torch.randn(m, n, dtype=dtype, device="cuda")
+    w = torch.randn(n, dtype=dtype, device="cuda")
+    op = RMSNormFwdOp(normalized_shape=[n], eps=1e-6)
+    _poison(m * n, dtype)
+    y = op(x, w)
+    assert op.serving_target == "tileops"
+    ref = rms_norm_reference(x.double(), w.double(), 1, 1e-6)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(("m", "n", "dtype"), list(_grid()))
+def test_layer_norm(m, n, dtype):
+    x = torch.randn(m, n, dtype=dtype, device="cuda") * 3 + 1
+    w = torch.randn(n, dtype=dtype, device="cuda")
+    b = torch.randn(n, dtype=dtype, device="cuda")
+    op = LayerNormFwdOp(normalized_shape=n)
+    _poison(m * n, dtype)
+    y = op(x, w, b)
+    ref = layer_norm_reference(x.double(), w.double(), b.double(), 1, 1e-5)
+    if n == 1:  # a single element normalizes to exactly the bias
+        ref = b.double().expand(m, 1)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize(("m", "n", "dtype"), list(_grid()))
+@pytest.mark.parametrize("inplace", [False, True], ids=["out", "inplace"])
+def test_fused_add_rms_norm(m, n, dtype, inplace):
+    x = torch.randn(m, n, dtype=dtype, device="cuda")
+    r = torch.randn(m, n, dtype=dtype, device="cuda")
+    w = torch.randn(n, dtype=dtype, device="cuda")
+    s_ref = (x.double() + r.double()).to(dtype)  # residual_out is rounded to the dtype
+    ref = rms_norm_reference(s_ref.double(), w.double(), 1, 1e-6)
+    op = FusedAddRMSNormFwdOp(eps=1e-6, inplace=inplace)
+    _poison(2 * m * n, dtype)
+    y, s = op(x, r, w)
+    if inplace:
+        assert y is x and s is r
+    assert torch.equal(s, s_ref)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_batch_dims_and_no_weight(dtype):
+    x = torch.randn(4, 3, 5, 4096, dtype=dtype, device="cuda")
+    y = RMSNormFwdOp(normalized_shape=[4096])(x)
+    ref = rms_norm_reference(x.double(), None, 1, torch.finfo(dtype).eps)
+    assert y.shape == x.shape and _rel(y, ref) < TOL[dtype]
+    x2 = torch.randn(6, 8, 64, dtype=dtype, device="cuda")  # normalized over two axes
+    y2 = LayerNormFwdOp(normalized_shape=[8, 64])(x2)
+    ref2 = layer_norm_reference(x2.double(), None, None, 2, 1e-5)
+    assert _rel(y2, ref2) < TOL[dtype]
+
+
+def test_non_contiguous_input_is_handled():
+    base = torch.randn(4096, 256, dtype=torch.bfloat16, device="cuda")
+    x = base.t()  # (256, 4096), strides (1, 256)
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    y = RMSNormFwdOp(normalized_shape=[4096], eps=1e-6)(x, w)
+    ref = rms_norm_reference(x.double(), w.double(), 1, 1e-6)
+    assert _rel(y, ref) < TOL[torch.bfloat16]
+
+
+def test_cuda_graph_replay_matches_eager():
+    ops = [
+        (RMSNormFwdOp(normalized_shape=[4096], eps=1e-6), 1),
+        (LayerNormFwdOp(normalized_shape=[4096]), 2),
+        (FusedAddRMSNormFwdOp(), 2),
+    ]
+    for op, _ in ops:
+        x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+        w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+        args = (x, x.clone(), w) if isinstance(op, FusedAddRMSNormFwdOp) else (
+            (x, w, w) if isinstance(op, LayerNormFwdOp) else (x, w))
+        eager = op(*args)  # warm-up: builds the kernel outside the capture
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            captured = op(*args)
+        g.replay()
+        torch.cuda.synchronize()
+        eager = eager if isinstance(eager, tuple) else (eager,)
+        captured = captured if isinstance(captured, tuple) else (captured,)
+        for a, b in zip(eager, captured, strict=True):
+            assert torch.equal(a, b)
