@@ -15,6 +15,7 @@ through a custom :class:`DTypeAdapter`, so the test needs neither torch nor nump
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -88,9 +89,13 @@ def entries(draw: Any) -> tuple[OpEntry, dict[str, Any]]:
     if draw(st.booleans()):
         dtype_sets["U"] = draw(st.sampled_from(DTYPE_SETS))
     n_required = draw(st.integers(1, 3))
+    n_inputs = n_required + draw(st.integers(0, 1))
+    # the optional input (if any) may come anywhere, even before the inputs that solve the
+    # indices it uses
+    opt_at = draw(st.integers(0, n_inputs - 1)) if n_inputs > n_required else -1
     inputs: dict[str, InputDecl] = {}
-    for i in range(n_required + draw(st.integers(0, 1))):
-        optional = i >= n_required  # an optional input comes last
+    for i in range(n_inputs):
+        optional = i == opt_at
         items = draw(shape_items(dims, use_shape and draw(st.booleans()), use_param))
         dtype = draw(st.sampled_from([*dtype_sets, *CONST_DTYPES]))
         inputs[f"x{i}"] = InputDecl(dtype=Expr(dtype), shape=Expr("[" + ", ".join(items) + "]"),
@@ -304,6 +309,11 @@ def test_generated_check_accepts_exactly_what_the_reference_accepts(data: Any) -
             assert tuple(indices[n]) == v if isinstance(v, tuple) else indices[n] == v, n
         tensors_out = got.tensors
         assert [tensors_out[n] for n in entry.signature.outputs] == list(outs)
+        # no effects declared: every given input is read once, the output written once
+        traffic = {n: (math.prod(t.shape) * DTYPES[t.dtype], 0)
+                   for n, t in zip(entry.signature.inputs, tensors, strict=True) if t is not None}
+        traffic["out"] = (0, math.prod(outs[0][0]) * DTYPES[outs[0][1]])
+        assert got.traffic == traffic
         assert got_symbolic.tensors == tensors_out
 
 

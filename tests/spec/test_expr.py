@@ -7,7 +7,7 @@ import string
 
 import msgspec
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tileops.spec import expr as E
@@ -413,7 +413,8 @@ def _compound(children: st.SearchStrategy[E.Node]) -> st.SearchStrategy[E.Node]:
 EXPRS = st.recursive(LEAVES, _compound, max_leaves=20)
 
 
-@settings(max_examples=300, deadline=None)
+# generating deep random trees is slow by Hypothesis' measure, not a problem of the code
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(EXPRS)
 def test_parse_of_print_is_identity(e: E.Node) -> None:
     text = unparse(e)
@@ -434,7 +435,7 @@ def _preorder(e: E.Node) -> list[E.Node]:
     return out
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(EXPRS)
 def test_walk_and_names_visit_every_node(e: E.Node) -> None:
     assert list(walk(e)) == _preorder(e)

@@ -32,6 +32,14 @@ def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
     return t.view(-1, n)
 
 
+def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
+    if t is None:
+        return None
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t.view(n)
+
+
 class RMSNormFwdOp(Op):
     """``y = x * rsqrt(mean(x**2) + eps) * weight`` over the trailing ``normalized_shape``.
 
@@ -57,7 +65,7 @@ class RMSNormFwdOp(Op):
         spec = RowNormSpec(call.device, "rms", self.n, NAMES[x.dtype], eps,
                            weight is not None, False)
         self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, self.n), None, None if weight is None else _rows(weight, self.n), None,
+            _rows(x, self.n), None, _flat(weight, self.n), None,
             y.view(-1, self.n), None)
 
 
@@ -85,7 +93,7 @@ class FusedAddRMSNormFwdOp(Op):
                 f"contiguous; got strides x {tuple(x.stride())}, residual "
                 f"{tuple(residual.stride())}")
         self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, n), _rows(residual, n), weight, None, y.view(-1, n),
+            _rows(x, n), _rows(residual, n), _flat(weight, n), None, y.view(-1, n),
             residual_out.view(-1, n))
 
 
@@ -106,5 +114,5 @@ class LayerNormFwdOp(Op):
         spec = RowNormSpec(call.device, "layer", self.n, NAMES[x.dtype], self.eps,
                            weight is not None, bias is not None)
         self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, self.n), None, None if weight is None else _rows(weight, self.n),
-            None if bias is None else _rows(bias, self.n), y.view(-1, self.n), None)
+            _rows(x, self.n), None, _flat(weight, self.n), _flat(bias, self.n),
+            y.view(-1, self.n), None)

@@ -34,6 +34,9 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, ClassVar
 
+import torch
+from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
+
 from tileops.signature import SignatureCall, SignaturePlan
 
 from . import log, targets
@@ -77,6 +80,8 @@ class Op:
     construction_tensors: ClassVar[Mapping[str, str | None]] = _EMPTY
     #: False for composite ops whose forward returns its outputs
     allocate_outputs: ClassVar[bool] = True
+    #: the torch.library ops this class registered, one per effect branch
+    compile_op_names: ClassVar[tuple[str, ...]] = ()
 
     # binding group: class-level initial values
     _target_builder: Any = _UNRESOLVED
@@ -102,6 +107,7 @@ class Op:
         cls._signature = SignaturePlan(name, op_entry, spec=spec_file, adts=adts,
                                        validate=False)
         cls._param_names = tuple(op_entry.signature.params)
+        cls.compile_op_names = ()
 
     # --- construction --------------------------------------------------------------------------
 
@@ -134,6 +140,11 @@ class Op:
         key = f"{cls.__qualname__}@{next(_counter)}"
         self._instance_key = key
         _instances[key] = self
+        self._boundary = None
+        if plan.input_names and plan.entry.composition is None and not cls.delegate_types:
+            from .boundary import boundary_for
+
+            self._boundary = boundary_for(self)
         # binding group
         self._entries_by_call: dict = {}
         self._built_entries: dict = {}
@@ -195,7 +206,22 @@ class Op:
         raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        if _is_dynamo_compiling():  # tracing: emit the custom op, build nothing
+            return self._traced_call(inputs, kwargs)
         return self._run_call(inputs, kwargs)
+
+    def _traced_call(self, inputs: tuple, kwargs: dict) -> Any:
+        if self._boundary is None:
+            raise RuntimeError(f"{type(self).__name__} has no compile boundary (a composite op "
+                               f"or one without tensor inputs); call it outside torch.compile "
+                               f"or compile its delegates")
+        if kwargs:
+            inputs, outs = self._split_kwargs(inputs, kwargs)
+            if outs:
+                raise NotImplementedError(
+                    f"{type(self).__name__}: out= buffers are not supported under "
+                    f"torch.compile; let the op allocate its outputs")
+        return self._boundary.call(self, inputs)
 
     # --- the call ---------------------------------------------------------------------------------
 
@@ -223,6 +249,10 @@ class Op:
         missing = self._n_inputs - len(inputs)
         if missing > 0:  # absent optional inputs are passed on as None
             inputs = inputs + (None,) * missing
+        if _grad_enabled():
+            for t in inputs:
+                if t is not None and t.requires_grad:
+                    self._forward_only(inputs)
         bound_now = False
         if self._target_builder is _UNRESOLVED:
             bound_now = self._bind_target(call)
@@ -255,6 +285,16 @@ class Op:
         if parent is not None:
             sink.append(call)
         return result[0] if len(result) == 1 else result
+
+    def _forward_only(self, inputs: tuple) -> None:
+        plan = self._signature
+        assert plan is not None
+        names = [n for n, t in zip(plan.input_names, inputs, strict=False)
+                 if t is not None and t.requires_grad]
+        raise RuntimeError(
+            f"{type(self).__name__} is forward-only (it has no backward), but "
+            f"{', '.join(names)} require{'s' if len(names) == 1 else ''} grad; call it under "
+            f"torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
     def _split_kwargs(self, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
         plan = self._signature
@@ -339,6 +379,7 @@ class Op:
 
     def _bind_target(self, call: SignatureCall) -> bool:
         """Choose and bind the serving target. Returns True if this call bound it."""
+        _not_capturing(self, call.device, "choose a target")
         with self._lock:
             if self._target_builder is not _UNRESOLVED:
                 return False
@@ -394,6 +435,7 @@ class Op:
             if devices is not None and dtype not in devices:
                 raise TargetError(f"{type(self).__name__}: target {name!r} runs on "
                                   f"{' or '.join(devices)}, not {dtype}")
+            _not_capturing(self, call.device, "build a kernel")
             if log.INFO:
                 log.info("%s: building a %s kernel for %s", type(self).__name__, name,
                          call.compact())
@@ -425,6 +467,7 @@ class Op:
             if impls is None:
                 raise LookupError(f"{type(self).__name__} declares no slot "
                                   f"{interface.__name__}")
+            _not_capturing(self, getattr(spec, "device", None), "build a kernel")
             impl = select(interface, impls, spec)
             ident = (impl, impl.identity(spec))
             built = self._built_entries.setdefault(interface, {})
@@ -542,6 +585,19 @@ class Op:
         finally:
             state.current, state.finished = saved
         return result
+
+
+_grad_enabled = torch._C.is_grad_enabled
+
+
+def _not_capturing(op: Op, device: Any, what: str) -> None:
+    """Refuse to build while a CUDA graph is being captured: building launches work and
+    allocates, which would corrupt the capture."""
+    if getattr(device, "type", None) == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            f"{type(op).__name__} would {what} during CUDA graph capture, which would corrupt "
+            f"the capture; call the op once with the same shapes, dtypes and device before "
+            f"capturing (a warm-up call builds everything the capture replays)")
 
 
 def _freeze(v: Any) -> Any:

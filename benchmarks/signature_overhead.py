@@ -1,0 +1,297 @@
+"""Host cost of the generated call check, against a hand-written check doing the same work.
+
+    python benchmarks/signature_overhead.py [--number N] [--repeat R] [--out DIR]
+
+Every op call runs its signature's call check: unify the declared shapes and dtypes with the
+actual tensors, check the refinements and build the ``SignatureCall`` record. This measures
+that check at a cached construction point on CPU torch tensors, for an RMSNorm-like signature
+(a Shape index, a list-valued param, an optional input; called with and without it) and a
+GEMM signature (a type family folded at construction, a dtype index, three Dims).
+
+Each generated check is paired with a hand-written function that does the same work: the same
+reads, the same comparisons in the same order, and the same ``SignatureCall`` built with the
+same fields. The ratio generated / hand-written is what the code generation costs.
+
+Timing: ``timeit`` with ``number`` calls per repeat; the best of ``repeat`` repeats is kept
+(the least disturbed by other processes), the generated and the hand-written check
+alternating repeat by repeat. Goal: at most 1.5 us per call on a 2-core CI machine, and within
+1.3x of hand-written.
+
+Results: a table on stdout, and JSON + Markdown under benchmarks/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import timeit
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+try:
+    import tileops.signature  # noqa: F401
+except ImportError:  # run from a checkout: use the packages' sources
+    for _p in sorted((ROOT / "packages").glob("*/src")):
+        if str(_p) not in sys.path:
+            sys.path.insert(0, str(_p))
+
+import torch  # noqa: E402
+
+from tileops.spec import load_spec_text  # noqa: E402
+from tileops.signature import SignatureCall, SignatureCallError, SignaturePlan  # noqa: E402
+
+GOAL_US = 1.5
+GOAL_RATIO = 1.3
+
+SPEC = """\
+RMSNormFwdOp:
+  family: norm
+  status: spec-only
+  signature:
+    forall: {B: Shape, T: "DType[float16 | bfloat16 | float32]"}
+    params:
+      normalized_shape: {type: "list[int] | tuple[int, ...]"}
+      eps: {type: "float | None", default: null}
+    inputs:
+      x: {dtype: T, shape: "[*B, *normalized_shape]"}
+      weight: {dtype: T, shape: "[*normalized_shape]", optional: true}
+    outputs:
+      y: {dtype: T, shape: "[*B, *normalized_shape]"}
+    shape_rules:
+    - "len(normalized_shape) > 0"
+  roofline:
+    flops: "(4 if present(weight) else 3) * prod(B) * prod(normalized_shape)"
+
+GemmFwdOp:
+  family: gemm
+  status: spec-only
+  signature:
+    types:
+      Mat:
+        params: {t: Bool, R: Dim, C: Dim}
+        match: t
+        cases:
+        - {when: false, is: "[R, C]"}
+        - {when: true, is: "[C, R]"}
+    forall: {M: Dim, N: Dim, K: Dim, T: "DType[float16 | bfloat16]"}
+    params:
+      trans_a: {type: bool, default: false}
+      trans_b: {type: bool, default: false}
+    inputs:
+      a: {dtype: T, shape: "Mat[trans_a, M, K]"}
+      b: {dtype: T, shape: "Mat[trans_b, K, N]"}
+    outputs:
+      c: {dtype: T, shape: "[M, N]"}
+  roofline:
+    flops: "2 * M * N * K"
+"""
+
+
+class _Mismatch(ValueError):
+    pass
+
+
+def hand_rmsnorm(point, n: int):
+    """RMSNorm at normalized_shape=[n]: what the generated check does, written by hand."""
+    allowed = frozenset(getattr(torch, d) for d in ("float16", "bfloat16", "float32"))
+    with_w, without_w = ((), False, ("y",)), ((), False, ("y",))
+    SC = SignatureCall  # noqa: N806 - the generated code binds it the same way
+
+    def check(x, weight=None):
+        s_x = x.shape
+        d_x = x.dtype
+        if d_x not in allowed:
+            raise _Mismatch
+        if len(s_x) < 1 or s_x[-1] != n:
+            raise _Mismatch
+        if weight is None:
+            # B is stored as x's whole shape and sliced on read, as the generated code does
+            return SC(point, (s_x, d_x), (s_x, None), (d_x, None), (s_x,), (d_x,), x.device,
+                      without_w)
+        s_w = weight.shape
+        d_w = weight.dtype
+        if d_w != d_x or len(s_w) != 1 or s_w[0] != n:
+            raise _Mismatch
+        return SC(point, (s_x, d_x), (s_x, s_w), (d_x, d_w), (s_x,), (d_x,), x.device, with_w)
+
+    return check
+
+
+def hand_gemm(point):
+    """GEMM at trans_a = trans_b = False, written by hand."""
+    allowed = frozenset((torch.float16, torch.bfloat16))
+    branch = ((), False, ("c",))
+    SC = SignatureCall  # noqa: N806
+
+    def check(a, b):
+        s_a = a.shape
+        d_a = a.dtype
+        if d_a not in allowed or len(s_a) != 2:
+            raise _Mismatch
+        m = s_a[0]
+        k = s_a[1]
+        s_b = b.shape
+        d_b = b.dtype
+        if d_b != d_a or len(s_b) != 2:
+            raise _Mismatch
+        if s_b[0] != k:
+            raise _Mismatch
+        n = s_b[1]
+        return SC(point, (m, n, k, d_a), (s_a, s_b), (d_a, d_b), ((m, n),), (d_a,), a.device,
+                  branch)
+
+    return check
+
+
+def cases():
+    spec = load_spec_text(SPEC, "signature_overhead.py")
+    rms = SignaturePlan("RMSNormFwdOp", spec.entries["RMSNormFwdOp"],
+                        spec=spec).construct(normalized_shape=[4096], eps=1e-6)
+    gemm = SignaturePlan("GemmFwdOp", spec.entries["GemmFwdOp"], spec=spec).construct()
+    bf16 = torch.bfloat16
+    x, w = torch.empty(2, 3, 4096, dtype=bf16), torch.empty(4096, dtype=bf16)
+    a, b = torch.empty(128, 4096, dtype=bf16), torch.empty(4096, 512, dtype=bf16)
+    hand_r, hand_g = hand_rmsnorm(rms, 4096), hand_gemm(gemm)
+    return [
+        ("RMSNorm x: bf16[2, 3, 4096], weight: bf16[4096]", rms.check, hand_r, (x, w)),
+        ("RMSNorm x: bf16[2, 3, 4096] (no weight)", rms.check, hand_r, (x,)),
+        ("GEMM a: bf16[128, 4096], b: bf16[4096, 512]", gemm.check, hand_g, (a, b)),
+    ]
+
+
+def same_record(generated: SignatureCall, hand: SignatureCall) -> None:
+    """The hand-written check builds the record the generated one builds."""
+    for f in ("point", "values", "input_shapes", "input_dtypes", "output_shapes",
+              "output_dtypes", "device", "branch"):
+        assert getattr(generated, f) == getattr(hand, f), f
+    assert generated.indices == hand.indices and generated.traffic == hand.traffic
+
+
+def best_us(fn, args, number: int) -> float:
+    timer = timeit.Timer("check(*args)", globals={"check": fn, "args": args})
+    return timer.timeit(number) / number * 1e6
+
+
+def measure(number: int, repeat: int) -> list[dict]:
+    rows = []
+    for name, gen, hand, args in cases():
+        same_record(gen(*args), hand(*args))
+        # the mismatching call is rejected by both (the hand-written one is no shortcut)
+        bad = tuple(torch.empty(3, 7, dtype=t.dtype) for t in args)
+        for fn, exc in ((gen, SignatureCallError), (hand, _Mismatch)):
+            try:
+                fn(*bad)
+            except exc:
+                pass
+            else:
+                raise AssertionError(f"{name}: a mismatching call passed")
+        g, h = [], []
+        best_us(gen, args, number // 10)  # warm up
+        best_us(hand, args, number // 10)
+        for _ in range(repeat):  # alternate, so load from elsewhere hits both alike
+            g.append(best_us(gen, args, number))
+            h.append(best_us(hand, args, number))
+        rows.append({"case": name, "generated_us": min(g), "hand_written_us": min(h),
+                     "ratio": min(g) / min(h)})
+    return rows
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def logical_cpus() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+
+
+def render(rows: list[dict]) -> list[list[str]]:
+    out = []
+    for r in rows:
+        ok = r["generated_us"] <= GOAL_US and r["ratio"] <= GOAL_RATIO
+        out.append([r["case"], f"{r['generated_us']:.2f}", f"{r['hand_written_us']:.2f}",
+                    f"{r['ratio']:.2f}x", "yes" if ok else "no"])
+    return out
+
+
+HEADER = ["call check", "generated (us)", "hand-written (us)", "ratio",
+          f"goal (<= {GOAL_US} us, <= {GOAL_RATIO}x)"]
+
+
+def print_table(rows: list[dict], meta: dict) -> None:
+    title = (f"signature call check, best of {meta['repeat']} x {meta['number']} calls "
+             f"({meta['cpu']}, {meta['cpus']} CPUs)")
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:
+        print(title)
+        widths = [max(len(h), *(len(r[i]) for r in render(rows))) for i, h in enumerate(HEADER)]
+        for line in [HEADER, *render(rows)]:
+            print("  ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)))
+        return
+    table = Table(title=title)
+    for i, h in enumerate(HEADER):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for line in render(rows):
+        table.add_row(*line)
+    Console().print(table)
+
+
+def markdown(rows: list[dict], meta: dict) -> str:
+    lines = [
+        "# Signature call-check overhead",
+        "",
+        f"Generated by `benchmarks/signature_overhead.py` on {meta['date']}.",
+        "",
+        f"- CPU: {meta['cpu']} ({meta['cpus']} logical CPUs)",
+        f"- Python {meta['python']}, torch {meta['torch']}",
+        f"- Timing: {meta['method']}",
+        "",
+        "| " + " | ".join(HEADER) + " |",
+        "|" + "|".join(["---"] + ["---:"] * (len(HEADER) - 1)) + "|",
+    ]
+    lines += ["| " + " | ".join(r) + " |" for r in render(rows)]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--number", type=int, default=100_000, help="calls per repeat")
+    ap.add_argument("--repeat", type=int, default=15, help="repeats; the best is kept")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    meta = {
+        "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpu": cpu_model(),
+        "cpus": logical_cpus(),
+        "method": f"timeit, best of {args.repeat} repeats of {args.number} calls each "
+                  f"(generated and hand-written alternating), microseconds per call",
+        "number": args.number,
+        "repeat": args.repeat,
+        "goal": {"us_per_call": GOAL_US, "ratio_to_hand_written": GOAL_RATIO},
+    }
+    rows = measure(args.number, args.repeat)
+    print_table(rows, meta)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "signature_overhead.json").write_text(
+        json.dumps({**meta, "results": rows}, indent=2) + "\n")
+    (args.out / "signature_overhead.md").write_text(markdown(rows, meta))
+    print(f"wrote {args.out / 'signature_overhead.json'} and .md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

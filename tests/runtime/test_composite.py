@@ -1,0 +1,252 @@
+"""Composite ops: ``delegate_types``, ``delegate_for``, every sub-call recorded into a stage of
+the parent's record, a sub-call outside any stage is an error, and a reset reaches the
+delegates."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tileops.runtime import (
+    IN_TREE,
+    REFERENCE,
+    CallSpec,
+    Kernel,
+    KernelInterface,
+    Op,
+    SpecSet,
+    StageError,
+    register_builder,
+)
+from tileops.signature import Stage
+
+SPECS = SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml")
+
+
+class Iface(KernelInterface):
+    slot = "k"
+    call_spec = CallSpec
+
+
+class Mul(Kernel, Iface):
+    devices = ("cpu", "meta")
+    general = True
+    fail_next = False
+
+    def __call__(self, x, y, alpha):
+        torch.mul(x, alpha, out=y)
+
+
+class Add(Kernel, Iface):
+    devices = ("cpu", "meta")
+    general = True
+    fail_next = False
+
+    def __call__(self, a, b, out):
+        if Add.fail_next:
+            Add.fail_next = False
+            raise RuntimeError("add failed")
+        torch.add(a, b, out=out)
+
+
+class ScaleOp(Op, specs=SPECS):
+    kernel_types = {Iface: (Mul,)}
+
+    def forward(self, call, x, bias, y):
+        self.kernel(Iface, CallSpec(call.device))(x, y, self.alpha)
+
+
+class AddOp(Op, specs=SPECS):
+    kernel_types = {Iface: (Add,)}
+
+    def forward(self, call, a, b, out):
+        self.kernel(Iface, CallSpec(call.device))(a, b, out)
+
+
+class ScaleAddOp(Op, specs=SPECS):
+    """y = alpha * x + b in two stages; writes the output the base allocated."""
+
+    delegate_types = {"scale": ScaleOp, "add": AddOp}
+
+    def forward(self, call, x, b, y):
+        with self.stage("scale"):
+            t = self.delegate_for("scale", alpha=self.alpha)(x)
+        with self.stage("add"):
+            self.delegate_for("add")(t, b, out=y)
+
+
+@pytest.fixture(autouse=True)
+def _no_pending_failure():
+    yield
+    Add.fail_next = False
+
+
+def test_sub_calls_are_recorded_into_stages() -> None:
+    op = ScaleAddOp(alpha=3.0)
+    x, b = torch.ones(2, 4), torch.ones(2, 4)
+    y = op(x, b)
+    assert torch.equal(y, torch.full((2, 4), 4.0))
+    scale = op.delegate_for("scale", alpha=3.0)
+    add = op.delegate_for("add")
+    assert op.last_call.stages == [Stage("scale", (scale.last_call,)),
+                                   Stage("add", (add.last_call,))]
+    assert add.last_call.out_given is True
+    # a fresh record per call
+    first = op.last_call
+    op(x, b)
+    assert op.last_call is not first and len(op.last_call.stages) == 2
+    assert first.stages[0].calls[0] is not op.last_call.stages[0].calls[0]
+
+
+def test_composite_without_kernels_is_served_by_its_own_forward() -> None:
+    op = ScaleAddOp()
+    op(torch.ones(2), torch.ones(2))
+    assert op.serving_target == IN_TREE
+    assert op._target_builder is None
+    assert op._installed_kernel_types == {}
+    assert op.delegate_for("scale", alpha=2.0).serving_target == IN_TREE
+
+
+def test_a_stage_may_hold_several_calls_and_stages_keep_their_order() -> None:
+    class Twice(Op, specs=SPECS, entry="ScaleAddOp"):
+        delegate_types = {"scale": ScaleOp, "add": AddOp}
+
+        def forward(self, call, x, b, y):
+            with self.stage("add"):
+                self.delegate_for("add")(x, b, out=y)
+            with self.stage("scale"):
+                s = self.delegate_for("scale", alpha=1.0)
+                s(y)
+                s(y)
+
+    op = Twice()
+    op(torch.ones(3), torch.ones(3))
+    assert [(s.name, len(s.calls)) for s in op.last_call.stages] == [("add", 1), ("scale", 2)]
+
+
+def test_delegates_are_built_once_per_role_and_params() -> None:
+    op = ScaleAddOp(tune=True)
+    a = op.delegate_for("scale", alpha=2.0)
+    assert op.delegate_for("scale", alpha=2.0) is a
+    assert op.delegate_for("scale", alpha=5.0) is not a
+    assert isinstance(a, ScaleOp) and a._tune_requested is True
+    assert set(op._delegates) == {("scale", (("alpha", 2.0),)), ("scale", (("alpha", 5.0),))}
+    with pytest.raises(LookupError, match="declares no delegate 'mul'"):
+        op.delegate_for("mul")
+
+
+def test_delegates_take_the_parents_target(new_target) -> None:
+    name = new_target()
+    register_builder(name, ScaleOp, lambda o, c: lambda x, bias, y: torch.mul(x, 10, out=y))
+    register_builder(name, AddOp, lambda o, c: lambda a, b, out: torch.add(a, b, out=out))
+    op = ScaleAddOp(target=name)  # no builder for ScaleAddOp itself: it composes
+    assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.full((2,), 11.0))
+    assert op.serving_target == name
+    assert op.delegate_for("scale", alpha=2.0).serving_target == name
+    assert [s.name for s in op.last_call.stages] == ["scale", "add"]
+
+
+def test_a_builder_for_the_composite_serves_it_whole() -> None:
+    register_builder(REFERENCE, ScaleAddOp,
+                     lambda o, c: lambda x, b, y: torch.add(x * o.alpha, b, out=y))
+    op = ScaleAddOp(target=REFERENCE)
+    assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.full((2,), 3.0))
+    assert op.last_call.stages == []
+    assert op._delegates == {}
+
+
+def test_a_sub_call_outside_any_stage_is_an_error(state) -> None:
+    class Careless(Op, specs=SPECS, entry="ScaleAddOp"):
+        delegate_types = {"scale": ScaleOp, "add": AddOp}
+
+        def forward(self, call, x, b, y):
+            self.delegate_for("add")(x, b, out=y)
+
+    op = Careless()
+    before = state.snapshot(op)
+    with pytest.raises(StageError, match="AddOp was called by Careless outside any stage"):
+        op(torch.ones(2), torch.ones(2))
+    state.assert_failed_and_reset(op, before)
+    child = op.delegate_for("add")
+    state.assert_binding_initial(child)
+    assert child.last_call is None
+
+
+def test_stages_do_not_nest() -> None:
+    class Nested(Op, specs=SPECS, entry="ScaleAddOp"):
+        delegate_types = {"add": AddOp}
+
+        def forward(self, call, x, b, y):
+            with self.stage("outer"), self.stage("inner"):
+                pass
+
+    with pytest.raises(StageError, match="stage 'inner' opened inside stage 'outer'"):
+        Nested()(torch.ones(1), torch.ones(1))
+
+
+def test_a_delegate_called_outside_its_parents_forward() -> None:
+    op = ScaleAddOp()
+    op(torch.ones(1), torch.ones(1))
+    with pytest.raises(StageError, match="outside any stage"):
+        op.delegate_for("add")(torch.ones(1), torch.ones(1))
+
+
+def test_a_failing_first_call_resets_the_delegates_too(state) -> None:
+    op = ScaleAddOp()
+    scale, add = op.delegate_for("scale", alpha=2.0), op.delegate_for("add")
+    before = {o: state.snapshot(o) for o in (op, scale, add)}
+    Add.fail_next = True
+    with pytest.raises(RuntimeError, match="add failed"):
+        op(torch.ones(2), torch.ones(2))
+    state.assert_failed_and_reset(op, before[op])
+    # the parent keeps its delegates; each one's binding is back to its initial values
+    assert op._delegates == {k: v for k, v in before[op].run["_delegates"][1].items()}
+    for child in (scale, add):
+        state.assert_binding_initial(child)
+        state.assert_construction_unchanged(child, before[child])
+        state.assert_run_kept(child, before[child])
+    assert add.last_call is None
+    # the next call chooses again, all the way down
+    op(torch.ones(2), torch.ones(2))
+    assert op.serving_target == scale.serving_target == add.serving_target == IN_TREE
+
+
+def test_a_failing_later_call_keeps_the_delegates_bindings(state) -> None:
+    op = ScaleAddOp()
+    op(torch.ones(2), torch.ones(2))
+    good = op.last_call
+    children = list(op._delegates.values())
+    before = {o: state.snapshot(o) for o in (op, *children)}
+    Add.fail_next = True
+    with pytest.raises(RuntimeError, match="add failed"):
+        op(torch.ones(2), torch.ones(2))
+    state.assert_failed_and_kept(op, before[op])
+    assert op.last_call is good and len(good.stages) == 2
+    for child in children:
+        state.assert_binding_kept(child, before[child])
+
+
+def test_iter_kernels_reaches_the_delegates() -> None:
+    op = ScaleAddOp()
+    op(torch.ones(2), torch.ones(2))
+    op(torch.ones(2, device="meta"), torch.ones(2, device="meta"))
+    kernels = list(op.iter_kernels())
+    assert len(kernels) == 4
+    assert {type(k) for k in kernels} == {Mul, Add}
+
+
+def test_a_composite_returning_its_outputs() -> None:
+    class Returns(Op, specs=SPECS, entry="ScaleAddOp"):
+        delegate_types = {"scale": ScaleOp, "add": AddOp}
+        allocate_outputs = False
+
+        def forward(self, call, x, b):
+            with self.stage("scale"):
+                t = self.delegate_for("scale", alpha=self.alpha)(x)
+            with self.stage("add"):
+                return self.delegate_for("add")(t, b)
+
+    y = Returns(alpha=1.0)(torch.ones(2), torch.ones(2))
+    assert torch.equal(y, torch.full((2,), 2.0))

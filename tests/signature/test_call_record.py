@@ -1,0 +1,291 @@
+"""``SignatureCall``: the frozen record of one call that passed the checks, with the traffic
+derived from the effects, the roofline, the effect branch and the symbolic variant's hook."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.spec import load_spec_text  # noqa: E402
+from tileops.signature import (  # noqa: E402
+    DTypeAdapter,
+    SignatureCall,
+    SignatureCallError,
+    SignaturePlan,
+    Stage,
+    torch_adapter,
+)
+
+EFFECTS = """\
+ScaleOp:
+  family: misc
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[float16 | float32]"}
+    params:
+      inplace: {type: bool, default: false}
+    inputs:
+      x: {dtype: T, shape: "[*S]", mutated: inplace}
+      acc: {dtype: float32, shape: "[*S]", mutated: true, write_only: true}
+      state: {dtype: float32, shape: "[*S]", optional: true, mutated: true}
+    outputs:
+      y: {dtype: T, shape: "[*S]", alias: x}
+      out: {dtype: float32, shape: "[*S]", buffer: true}
+"""
+
+bf, f16, f32 = torch.bfloat16, torch.float16, torch.float32
+
+
+def t(*shape: int, dtype: torch.dtype = f16) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def scale() -> SignaturePlan:
+    spec = load_spec_text(EFFECTS, "effects.yaml")
+    return SignaturePlan("ScaleOp", spec.entries["ScaleOp"], spec=spec)
+
+
+# --- the record ----------------------------------------------------------------------------------
+
+
+def test_gemm_record_fields(example_plan) -> None:
+    point = example_plan("GemmFwdOp").construct()
+    a, b = t(128, 4096, dtype=bf), t(4096, 512, dtype=bf)
+    call = point.check(a, b)
+    assert isinstance(call, SignatureCall)
+    assert call.op == "GemmFwdOp"
+    assert call.point is point
+    # index values with DType indices as spec names; construction params included
+    assert call.indices == {"trans_a": False, "trans_b": False,
+                            "M": 128, "N": 512, "K": 4096, "T": "bfloat16"}
+    assert call.tensors == {"a": ((128, 4096), "bfloat16"), "b": ((4096, 512), "bfloat16"),
+                            "c": ((128, 512), "bfloat16")}
+    assert call.input_dtypes == (bf, bf) and call.output_dtypes == (bf,)
+    assert call.device == torch.device("cpu")
+    assert call.branch == ((), False, ("c",))
+    assert (call.written_inputs, call.out_given, call.returned_outputs) == ((), False, ("c",))
+    assert call.stages == []
+    assert call.compact() == "a: bf16[128, 4096], b: bf16[4096, 512]"
+    assert call.traffic == {"a": (128 * 4096 * 2, 0), "b": (4096 * 512 * 2, 0),
+                            "c": (0, 128 * 512 * 2)}
+
+
+def test_record_is_frozen(example_plan) -> None:
+    call = example_plan("GemmFwdOp").construct().check(t(2, 3), t(3, 4))
+    with pytest.raises(AttributeError):
+        call.values = ()  # type: ignore[misc]
+    with pytest.raises(AttributeError):
+        call.device = "cuda"  # type: ignore[misc]
+
+
+def test_stages_of_a_composite_call(example_plan) -> None:
+    gemm = example_plan("GemmFwdOp").construct()
+    parent = gemm.check(t(2, 3), t(3, 4))
+    subs = (gemm.check(t(2, 3), t(3, 5)), gemm.check(t(2, 5), t(5, 4)))
+    parent.add_stage("up", subs[:1])
+    parent.add_stage("down", subs[1:])
+    assert parent.stages == [Stage("up", subs[:1]), Stage("down", subs[1:])]
+    assert [s.calls[0].indices["N"] for s in parent.stages] == [5, 4]
+
+
+def test_records_do_not_share_stages(example_plan) -> None:
+    gemm = example_plan("GemmFwdOp").construct()
+    first = gemm.check(t(2, 3), t(3, 4))
+    first.add_stage("s", ())
+    assert gemm.check(t(2, 3), t(3, 4)).stages == []
+
+
+def test_shape_index_is_sliced_on_read(example_plan) -> None:
+    point = example_plan("RMSNormFwdOp").construct(normalized_shape=[64])
+    call = point.check(t(2, 3, 64))
+    assert call.indices["B"] == (2, 3)
+    assert call.indices["normalized_shape"] == (64,)
+    assert call.tensors["y"] == ((2, 3, 64), "float16")
+    assert point.check(t(64)).indices["B"] == ()
+
+
+# --- effects and traffic --------------------------------------------------------------------------
+
+
+def test_traffic_out_of_place(scale) -> None:
+    call = scale.construct(inplace=False).check(t(4, 8), t(4, 8, dtype=f32))
+    assert call.branch == (("acc",), False, ("y", "out"))
+    assert call.traffic == {
+        "x": (64, 0),    # read only
+        "acc": (0, 128),  # write_only: written, never read
+        "y": (0, 64),    # a fresh output
+        "out": (0, 128),
+    }
+
+
+def test_traffic_inplace_counts_the_aliased_output_once(scale) -> None:
+    call = scale.construct(inplace=True).check(t(4, 8), t(4, 8, dtype=f32))
+    assert call.written_inputs == ("x", "acc")
+    assert call.returned_outputs == ("y", "out")
+    assert call.traffic == {
+        "x": (64, 64),    # mutated: read and written
+        "acc": (0, 128),
+        "out": (0, 128),  # y is x: its write is x's, not counted again
+    }
+    assert call.roofline() == (0, 64 + 64 + 128 + 128)
+
+
+def test_optional_mutated_input_changes_the_branch(scale) -> None:
+    point = scale.construct(inplace=False)
+    without = point.check(t(4, 8), t(4, 8, dtype=f32))
+    with_state = point.check(t(4, 8), t(4, 8, dtype=f32), t(4, 8, dtype=f32))
+    assert without.written_inputs == ("acc",)
+    assert with_state.written_inputs == ("acc", "state")
+    assert with_state.traffic["state"] == (128, 128)
+    assert "state" not in without.traffic
+    assert without.tensors["state"] is None and without.input_shapes[2] is None
+
+
+def test_out_buffer_given(scale) -> None:
+    point = scale.construct()
+    x, acc = t(4, 8), t(4, 8, dtype=f32)
+    call = point.check(x, acc, out=t(4, 8, dtype=f32))
+    assert call.out_given is True
+    assert call.branch == (("acc",), True, ("y", "out"))
+    assert point.check(x, acc, out=None).out_given is False
+    with pytest.raises(SignatureCallError, match=r"the buffer given for out must be "
+                                                 r"f32\[4, 8\], but is f32\[8, 4\]"):
+        point.check(x, acc, out=t(8, 4, dtype=f32))
+
+
+def test_branch_objects_are_shared(scale) -> None:
+    # one branch key object per (point, branch): cheap to use as a dict key
+    point = scale.construct()
+    x, acc = t(4, 8), t(4, 8, dtype=f32)
+    assert point.check(x, acc).branch is point.check(t(2, 2), t(2, 2, dtype=f32)).branch
+
+
+def test_relu_inplace_counts_the_input_once(example_plan) -> None:
+    point = example_plan("ReluFwdOp").construct(inplace=True)
+    call = point.check(t(3, 4, dtype=bf))
+    assert call.written_inputs == ("input",)
+    assert call.traffic == {"input": (24, 24)}
+    assert call.roofline() == (12, 48)
+
+
+# --- roofline --------------------------------------------------------------------------------------
+
+
+def test_gemm_roofline(example_plan) -> None:
+    call = example_plan("GemmFwdOp").construct(trans_b=True).check(t(128, 4096, dtype=bf),
+                                                                  t(512, 4096, dtype=bf))
+    flops, nbytes = call.roofline()
+    assert flops == 2 * 128 * 512 * 4096
+    assert nbytes == sum(r + w for r, w in call.traffic.values())
+    assert nbytes == 2 * (128 * 4096 + 512 * 4096 + 128 * 512)
+
+
+@pytest.mark.parametrize(("dtype", "itemsize"), [(f32, 4), (bf, 2)])
+def test_maxpool_roofline_uses_the_bytes_formula(example_plan, dtype, itemsize) -> None:
+    point = example_plan("MaxPool2dFwdOp").construct(kernel_size=3, stride=2, padding=1)
+    call = point.check(t(2, 3, 16, 15, dtype=dtype))
+    h_out, w_out = (16 + 2 - 2 - 1) // 2 + 1, (15 + 2 - 2 - 1) // 2 + 1
+    assert call.indices["H_out"] == h_out and call.indices["W_out"] == w_out
+    assert call.roofline() == (2 * 3 * h_out * w_out * 3 * 3,
+                               itemsize * 2 * 3 * (16 * 15 + h_out * w_out))
+    assert "nbytes = _isz[i_T] * i_N * i_C" in point.source()
+
+
+def test_rmsnorm_roofline_depends_on_presence(example_plan) -> None:
+    point = example_plan("RMSNormFwdOp").construct(normalized_shape=[4096], eps=1e-6)
+    x, w = t(2, 3, 4096, dtype=bf), t(4096, dtype=bf)
+    with_weight, without = point.check(x, w), point.check(x)
+    assert with_weight.roofline()[0] == 4 * 6 * 4096
+    assert without.roofline()[0] == 3 * 6 * 4096
+    assert with_weight.roofline()[1] == 2 * (2 * 6 * 4096 + 4096)
+    assert without.roofline()[1] == 2 * (2 * 6 * 4096)
+
+
+def test_moe_layout_selects_the_metadata_and_output_shapes(example_plan) -> None:
+    from tileops.spec import AdtValue
+
+    plan = example_plan("MoEGroupedGemmFwdOp")
+    masked = plan.construct(layout=AdtValue("masked", {"max_m": 64}))
+    a, b = t(100, 32, dtype=bf), t(8, 16, 32, dtype=bf)
+    call = masked.check(a, b, t(8, dtype=torch.int32))
+    assert call.tensors["c"] == ((8 * 64, 16), "bfloat16")
+    contiguous = plan.construct(layout=AdtValue(
+        "contiguous", {"packing": "tight", "metadata_kind": "offsets", "alignment": 1}))
+    call = contiguous.check(a, b, t(9, dtype=torch.int32))
+    assert call.tensors["c"] == ((100, 16), "bfloat16")
+    with pytest.raises(SignatureCallError, match=r"metadata.shape\[0\] must be E \+ 1 = 9"):
+        contiguous.check(a, b, t(8, dtype=torch.int32))
+
+
+# --- the symbolic variant ----------------------------------------------------------------------------
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[tuple[bool, str]] = []
+
+    def __call__(self, cond: object, message) -> None:
+        self.calls.append((bool(cond), message()))
+
+
+def test_symbolic_check_routes_size_comparisons_through_the_adapter(examples) -> None:
+    rec = Recorder()
+    adapter = DTypeAdapter("torch", torch_adapter().natives, check=rec)
+    plan = SignaturePlan("GemmFwdOp", examples.entries["GemmFwdOp"], spec=examples,
+                         adapter=adapter)
+    point = plan.construct()
+    a, b = t(128, 4096, dtype=bf), t(4096, 512, dtype=bf)
+    point.check(a, b)
+    assert rec.calls == []  # the plain check never calls the hook
+    call = point.check_symbolic(a, b)
+    where = plan.where("signature.inputs.b")
+    assert rec.calls == [(True, "GemmFwdOp: argument b: expected b: Tensor[T, [K, N]]  "
+                                f"(declared Mat[trans_b, K, N]) ({where})")]
+    assert call.indices["K"] == 4096
+    # a size mismatch is the hook's to decide (torch._check would raise, or assert at run
+    # time under tracing); this hook only records it
+    rec.calls.clear()
+    call = point.check_symbolic(a, t(2048, 512, dtype=bf))
+    assert [ok for ok, _ in rec.calls] == [False]
+    assert call.indices["N"] == 512
+
+
+def test_symbolic_refinement_goes_through_the_hook(examples) -> None:
+    rec = Recorder()
+    adapter = DTypeAdapter("torch", torch_adapter().natives, check=rec)
+    plan = SignaturePlan("AttentionFwdOp", examples.entries["AttentionFwdOp"], spec=examples,
+                         adapter=adapter)
+    q, kv = t(1, 8, 2, 64), t(1, 4, 2, 64)
+    plan.construct(is_causal=True).check_symbolic(q, kv, kv)
+
+    def msg(arg: str, expected: str, path: str) -> str:
+        return f"AttentionFwdOp: argument {arg}: expected {expected} ({plan.where(path)})"
+
+    k = msg("k", "k: Tensor[T, [B, S_kv, H, D]]", "signature.inputs.k")
+    v = msg("v", "v: Tensor[T, [B, S_kv, H, D]]", "signature.inputs.v")
+    assert rec.calls == [
+        (True, k), (True, k), (True, k),  # k's B, H, D (S_kv binds)
+        (True, v), (True, v), (True, v), (True, v),  # all four axes of v
+        (False, msg("q", "not is_causal or S_q <= S_kv", "signature.shape_rules[0]")),
+        (True, msg("q", "D in (64, 128, 256)", "signature.shape_rules[1]")),
+    ]
+
+
+def test_torch_adapter_hook_is_torch_check(example_plan) -> None:
+    point = example_plan("GemmFwdOp").construct()
+    with pytest.raises(RuntimeError, match="GemmFwdOp: argument b"):
+        point.check_symbolic(t(2, 3), t(4, 5))
+
+
+def test_generated_traffic_matches_prod(example_plan) -> None:
+    call = example_plan("AttentionFwdOp").construct().check(t(2, 5, 3, 64), t(2, 7, 3, 64),
+                                                            t(2, 7, 3, 64))
+    assert call.traffic == {"q": (math.prod((2, 5, 3, 64)) * 2, 0),
+                            "k": (math.prod((2, 7, 3, 64)) * 2, 0),
+                            "v": (math.prod((2, 7, 3, 64)) * 2, 0),
+                            "o": (0, math.prod((2, 5, 3, 64)) * 2),
+                            "lse": (0, 2 * 3 * 5 * 4)}
