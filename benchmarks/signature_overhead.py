@@ -12,6 +12,9 @@ Each generated check is paired with a hand-written function that does the same w
 reads, the same comparisons in the same order, and the same ``SignatureCall`` built with the
 same fields. The ratio generated / hand-written is what the code generation costs.
 
+"reads only" is the floor under both: reading ``.shape`` and ``.dtype`` of each tensor and
+``.device`` of the first, which any check must do (torch builds a new ``torch.Size`` per read).
+
 Timing: ``timeit`` with ``number`` calls per repeat; the best of ``repeat`` repeats is kept
 (the least disturbed by other processes), the generated and the hand-written check
 alternating repeat by repeat. Goal: at most 1.5 us per call on a 2-core CI machine, and within
@@ -40,8 +43,8 @@ except ImportError:  # run from a checkout: use the packages' sources
 
 import torch  # noqa: E402
 
-from tileops.spec import load_spec_text  # noqa: E402
 from tileops.signature import SignatureCall, SignatureCallError, SignaturePlan  # noqa: E402
+from tileops.spec import load_spec_text  # noqa: E402
 
 GOAL_US = 1.5
 GOAL_RATIO = 1.3
@@ -156,9 +159,9 @@ def cases():
     a, b = torch.empty(128, 4096, dtype=bf16), torch.empty(4096, 512, dtype=bf16)
     hand_r, hand_g = hand_rmsnorm(rms, 4096), hand_gemm(gemm)
     return [
-        ("RMSNorm x: bf16[2, 3, 4096], weight: bf16[4096]", rms.check, hand_r, (x, w)),
-        ("RMSNorm x: bf16[2, 3, 4096] (no weight)", rms.check, hand_r, (x,)),
-        ("GEMM a: bf16[128, 4096], b: bf16[4096, 512]", gemm.check, hand_g, (a, b)),
+        ("RMSNorm (x, weight)", rms.check, hand_r, (x, w)),
+        ("RMSNorm (x)", rms.check, hand_r, (x,)),
+        ("GEMM (a, b)", gemm.check, hand_g, (a, b)),
     ]
 
 
@@ -170,6 +173,21 @@ def same_record(generated: SignatureCall, hand: SignatureCall) -> None:
     assert generated.indices == hand.indices and generated.traffic == hand.traffic
 
 
+def reads_only_1(x):
+    """The floor: the attribute reads any check of these tensors makes, and nothing else."""
+    x.shape  # noqa: B018
+    x.dtype  # noqa: B018
+    x.device  # noqa: B018
+
+
+def reads_only_2(a, b):
+    a.shape  # noqa: B018
+    a.dtype  # noqa: B018
+    b.shape  # noqa: B018
+    b.dtype  # noqa: B018
+    a.device  # noqa: B018
+
+
 def best_us(fn, args, number: int) -> float:
     timer = timeit.Timer("check(*args)", globals={"check": fn, "args": args})
     return timer.timeit(number) / number * 1e6
@@ -178,7 +196,8 @@ def best_us(fn, args, number: int) -> float:
 def measure(number: int, repeat: int) -> list[dict]:
     rows = []
     for name, gen, hand, args in cases():
-        same_record(gen(*args), hand(*args))
+        record = gen(*args)
+        same_record(record, hand(*args))
         # the mismatching call is rejected by both (the hand-written one is no shortcut)
         bad = tuple(torch.empty(3, 7, dtype=t.dtype) for t in args)
         for fn, exc in ((gen, SignatureCallError), (hand, _Mismatch)):
@@ -188,14 +207,17 @@ def measure(number: int, repeat: int) -> list[dict]:
                 pass
             else:
                 raise AssertionError(f"{name}: a mismatching call passed")
-        g, h = [], []
+        g, h, f = [], [], []
         best_us(gen, args, number // 10)  # warm up
         best_us(hand, args, number // 10)
         for _ in range(repeat):  # alternate, so load from elsewhere hits both alike
             g.append(best_us(gen, args, number))
             h.append(best_us(hand, args, number))
-        rows.append({"case": name, "generated_us": min(g), "hand_written_us": min(h),
-                     "ratio": min(g) / min(h)})
+            f.append(best_us(reads_only_1 if len(args) == 1 else reads_only_2, args, number))
+        rows.append({"case": name, "call": record.compact(), "generated_us": min(g),
+                     "hand_written_us": min(h), "ratio": min(g) / min(h),
+                     "attribute_reads_us": min(f), "goal_us_met": min(g) <= GOAL_US,
+                     "goal_ratio_met": min(g) / min(h) <= GOAL_RATIO})
     return rows
 
 
@@ -218,19 +240,20 @@ def logical_cpus() -> int:
 def render(rows: list[dict]) -> list[list[str]]:
     out = []
     for r in rows:
-        ok = r["generated_us"] <= GOAL_US and r["ratio"] <= GOAL_RATIO
         out.append([r["case"], f"{r['generated_us']:.2f}", f"{r['hand_written_us']:.2f}",
-                    f"{r['ratio']:.2f}x", "yes" if ok else "no"])
+                    f"{r['ratio']:.2f}x", f"{r['attribute_reads_us']:.2f}",
+                    "yes" if r["generated_us"] <= GOAL_US else "no",
+                    "yes" if r["ratio"] <= GOAL_RATIO else "no"])
     return out
 
 
-HEADER = ["call check", "generated (us)", "hand-written (us)", "ratio",
-          f"goal (<= {GOAL_US} us, <= {GOAL_RATIO}x)"]
+HEADER = ["call check", "generated (us)", "hand-written (us)", "ratio", "reads only (us)",
+          f"<= {GOAL_US} us", f"<= {GOAL_RATIO}x"]
 
 
 def print_table(rows: list[dict], meta: dict) -> None:
-    title = (f"signature call check, best of {meta['repeat']} x {meta['number']} calls "
-             f"({meta['cpu']}, {meta['cpus']} CPUs)")
+    title = (f"signature call check, best of {meta['repeat']} x {meta['number']} calls\n"
+             f"{meta['cpu']}, {meta['cpus']} CPUs; goal <= {GOAL_US} us and <= {GOAL_RATIO}x")
     try:
         from rich.console import Console
         from rich.table import Table
@@ -245,7 +268,10 @@ def print_table(rows: list[dict], meta: dict) -> None:
         table.add_column(h, justify="left" if i == 0 else "right")
     for line in render(rows):
         table.add_row(*line)
-    Console().print(table)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a log: do not wrap the table at 80 columns
+        console = Console(width=110)
+    console.print(table)
 
 
 def markdown(rows: list[dict], meta: dict) -> str:
@@ -257,11 +283,14 @@ def markdown(rows: list[dict], meta: dict) -> str:
         f"- CPU: {meta['cpu']} ({meta['cpus']} logical CPUs)",
         f"- Python {meta['python']}, torch {meta['torch']}",
         f"- Timing: {meta['method']}",
+        f"- Goal: at most {GOAL_US} us per call and at most {GOAL_RATIO}x the hand-written "
+        "check",
         "",
-        "| " + " | ".join(HEADER) + " |",
-        "|" + "|".join(["---"] + ["---:"] * (len(HEADER) - 1)) + "|",
+        "| " + " | ".join([HEADER[0], "call", *HEADER[1:]]) + " |",
+        "|" + "|".join(["---", "---"] + ["---:"] * (len(HEADER) - 1)) + "|",
     ]
-    lines += ["| " + " | ".join(r) + " |" for r in render(rows)]
+    lines += ["| " + " | ".join([line[0], f"`{r['call']}`", *line[1:]]) + " |"
+              for r, line in zip(rows, render(rows), strict=True)]
     return "\n".join(lines) + "\n"
 
 

@@ -128,3 +128,52 @@ def test_cuda_graph_replay_matches_eager():
         captured = captured if isinstance(captured, tuple) else (captured,)
         for a, b in zip(eager, captured, strict=True):
             assert torch.equal(a, b)
+
+
+def _norm_cases():
+    x = torch.randn(64, 4096, dtype=torch.bfloat16, device="cuda")
+    r = torch.randn(64, 4096, dtype=torch.bfloat16, device="cuda")
+    w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
+    return [
+        (RMSNormFwdOp(normalized_shape=[4096], eps=1e-6), (x, w)),
+        (LayerNormFwdOp(normalized_shape=[4096]), (x, w, w)),
+        (FusedAddRMSNormFwdOp(), (x, r, w)),
+    ]
+
+
+def test_torch_compile_fullgraph_cold_builds_nothing_while_tracing():
+    import operator
+
+    for op, args in _norm_cases():
+        torch._dynamo.reset()
+        graphs = []
+
+        def backend(gm, example_inputs, graphs=graphs):
+            graphs.append(gm)
+            return gm.forward
+
+        assert not op._built_entries  # cold: this instance has built nothing
+        compiled = torch.compile(lambda *a, op=op: op(*a), backend=backend, fullgraph=True)
+        got = compiled(*args)
+        calls = [n.target for n in graphs[0].graph.nodes
+                 if n.op == "call_function" and n.target is not operator.getitem]
+        assert len(calls) == 1
+        name = "tileops::" + str(calls[0]).split(".")[1]  # tileops.<name>.default
+        assert name in type(op).compile_op_names
+        want = op(*args)
+        got = got if isinstance(got, tuple) else (got,)
+        want = want if isinstance(want, tuple) else (want,)
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+
+
+def test_capture_before_warm_up_raises_a_clear_error():
+    op = RMSNormFwdOp(normalized_shape=[4096], eps=1e-6)
+    x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
+    g = torch.cuda.CUDAGraph()
+    with pytest.raises(RuntimeError, match="during CUDA graph capture"):  # noqa: PT012
+        with torch.cuda.graph(g):
+            op(x)
+    torch.cuda.synchronize()
+    assert op.last_call is None and op.serving_target is None  # the failed call kept nothing
+    op(x)  # and the op is still usable

@@ -244,13 +244,24 @@ def test_several_outputs_come_back_as_a_tuple() -> None:
     assert count.dtype == torch.int64 and torch.equal(count, torch.tensor([2, 2]))
 
 
-def test_effect_branch_recipes_are_cached_per_branch() -> None:
+def test_effect_branches_are_cached_per_branch() -> None:
     op = ScaleOp()
     op(torch.ones(2, 3))
     op(torch.ones(5, 3), torch.ones(3))
-    (branch, recipe), = op._effect_branches.items()
-    assert branch == op.last_call.branch
-    assert recipe == (("new", 0),)
+    (branch, how), = op._effect_branches.items()
+    assert branch == op.last_call.branch == ((), False, ("y",))
+    assert how is not None
+    AddOp()(torch.ones(2), torch.ones(2))
+    add = AddOp()
+    add(torch.ones(2), torch.ones(2))
+    add(torch.ones(2), torch.ones(2), out=torch.ones(2))
+    assert set(add._effect_branches) == {((), False, ("out",)), ((), True, ("out",))}
+
+
+def test_outputs_like_a_non_contiguous_input_are_contiguous() -> None:
+    x = torch.ones(3, 4).t()
+    y = ScaleOp(alpha=1.0)(x)
+    assert y.shape == (4, 3) and y.is_contiguous() and torch.equal(y, x)
 
 
 # --- step 3: construction-time tensors ------------------------------------------------------------

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tileops.spec import SpecFile, TypesFile, load_spec_file, load_types_file
 from tileops.signature import SignaturePlan
+from tileops.spec import SpecFile, TypesFile, load_spec_file, load_types_file
 
 SPECS = Path(__file__).resolve().parents[1] / "spec" / "specs"
 

@@ -13,8 +13,8 @@ import textwrap
 
 import pytest
 
-from tileops.spec import DTYPES, load_spec_text
 from tileops.signature import DTypeAdapter, SignatureCallError, SignaturePlan, numpy_adapter
+from tileops.spec import DTYPES, load_spec_text
 
 SPEC = """\
 NormOp:

@@ -14,8 +14,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tileops.spec import SpecError, load_spec_text  # noqa: E402
 from tileops.signature import ConstructionError, SignatureCallError, SignaturePlan  # noqa: E402
+from tileops.spec import SpecError, load_spec_text  # noqa: E402
 
 SPEC = """\
 GemmFwdOp:
@@ -57,6 +57,22 @@ GatherPadOp:
       out: {dtype: T, shape: "[*S, H]", buffer: true}
     shape_rules:
     - "H % groups == 0"
+
+PoolOp:
+  family: pool
+  status: spec-only
+  signature:
+    forall: {N: Dim, H: Dim, T: "DType[float32]"}
+    params:
+      kernel: {type: int, default: 3}
+    inputs:
+      x: {dtype: T, shape: "[N, H]"}
+    outputs:
+      y: {dtype: T, shape: "[N, H_out]"}
+    let:
+      H_out: "H - kernel + 1"
+    shape_rules:
+    - "H_out > 0"
 """
 
 bf, f16, f32, i32, i64 = torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64
@@ -76,6 +92,7 @@ def points():
     return {
         "gemm": SignaturePlan("GemmFwdOp", spec.entries["GemmFwdOp"], spec=spec).construct(),
         "pad": SignaturePlan("GatherPadOp", spec.entries["GatherPadOp"], spec=spec).construct(),
+        "pool": SignaturePlan("PoolOp", spec.entries["PoolOp"], spec=spec).construct(),
     }
 
 
@@ -274,6 +291,19 @@ CASES = [
           bound:    T = float32, H = 4, S = [4]
           spec:     errors.yaml:33 (GatherPadOp.signature.inputs.y)""",
         id="required_none_p",
+    ),
+    # a refinement over a let: the argument is the input the let's index came from
+    pytest.param(
+        "pool", lambda: (X(2, 2),), lambda: {},
+        """\
+        PoolOp: argument x does not match the signature
+          expected: H_out > 0
+          seen:     x: f32[2, 2]
+          because:  refinement 'H_out > 0' does not hold (H_out = 0)
+          call:     x: f32[2, 2]
+          bound:    T = float32, N = 2, H = 2, H_out = 0
+          spec:     errors.yaml:55 (PoolOp.signature.shape_rules[0])""",
+        id="refinement_through_let",
     ),
 ]
 

@@ -9,7 +9,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tileops.spec import load_spec_text  # noqa: E402
 from tileops.signature import (  # noqa: E402
     DTypeAdapter,
     SignatureCall,
@@ -18,6 +17,7 @@ from tileops.signature import (  # noqa: E402
     Stage,
     torch_adapter,
 )
+from tileops.spec import load_spec_text  # noqa: E402
 
 EFFECTS = """\
 ScaleOp:

@@ -13,6 +13,12 @@ import threading
 
 import pytest
 
+from tileops.signature import (
+    ConstructionError,
+    DTypeAdapter,
+    SignatureCallError,
+    SignaturePlan,
+)
 from tileops.spec import (
     AdtValue,
     Expr,
@@ -23,13 +29,6 @@ from tileops.spec import (
     SpecError,
     load_spec_text,
     load_types_text,
-)
-from tileops.signature import (
-    ConstructionError,
-    DTypeAdapter,
-    SignatureCallError,
-    SignaturePlan,
-    numpy_adapter,
 )
 
 TYPES = """\
@@ -101,7 +100,7 @@ def plan() -> SignaturePlan:
     types, _ = load_types_text(TYPES, "types.yaml")
     spec = load_spec_text(SPEC, "kinds.yaml")
     return SignaturePlan("KindsOp", spec.entries["KindsOp"], spec=spec, adts=types.adts,
-                         adapter=numpy_adapter())
+                         adapter=_FAKE)
 
 
 def message(argument: str, expected: str, seen: str, because: str, call: str, spec: str) -> str:
@@ -178,12 +177,28 @@ ADT_BAD = [
 ]
 
 
+class EmptyMaskedLayoutSpec:
+    """At the masked constructor's path, but without its field."""
+
+    __module__ = "tileops.ops.moe"
+    __qualname__ = "MaskedLayoutSpec"
+
+    def __repr__(self) -> str:
+        return "MaskedLayoutSpec()"
+
+
+ADT_BAD.append(pytest.param(EmptyMaskedLayoutSpec(), "layout", "layout: MGroupedLayout",
+                            "MaskedLayoutSpec() (EmptyMaskedLayoutSpec)",
+                            "masked has fields max_m", id="class-missing-field"))
+
+
 @pytest.mark.parametrize(("value", "argument", "expected", "seen", "because"), ADT_BAD)
 def test_wrong_adt(plan, value, argument, expected, seen, because) -> None:
     with pytest.raises(ConstructionError) as info:
-        plan.construct(layout=value)
-    # an ADT field is reported at the line of its param
-    assert str(info.value) == message(argument, expected, seen, because, f"layout={value!r}",
+        plan.construct(layout=value, flag=True)
+    # an ADT field is reported at the line of its param, with the whole call
+    assert str(info.value) == message(argument, expected, seen, because,
+                                      f"layout={value!r}, flag=True",
                                       "7 (KindsOp.signature.params.layout)")
 
 
@@ -201,8 +216,7 @@ def test_accepted_values_are_normalised(plan) -> None:
                             "dims": (2, 3), "kernel": (2, 2), "mode": "mean",
                             "acc": "float16", "limit": 5}
     # a DType param also takes the library's own dtype object
-    np = pytest.importorskip("numpy")
-    assert plan.construct(layout=MASKED, acc=np.dtype("float16")).params["acc"] == "float16"
+    assert plan.construct(layout=MASKED, acc=_FAKE.native("float16")).params["acc"] == "float16"
 
 
 def test_unknown_param(plan) -> None:
@@ -266,11 +280,12 @@ def test_threads_constructing_one_point_get_one_object() -> None:
     spec = load_spec_text(SPEC, "kinds.yaml")
     for _ in range(5):  # a fresh plan each round: the first construction races
         plan = SignaturePlan("KindsOp", spec.entries["KindsOp"], spec=spec, adts=types.adts,
-                             adapter=numpy_adapter())
+                             adapter=_FAKE)
         barrier = threading.Barrier(8)
         got: list[object] = []
 
-        def build(plan: SignaturePlan = plan, barrier: threading.Barrier = barrier) -> None:
+        def build(plan: SignaturePlan = plan, barrier: threading.Barrier = barrier,
+                  got: list[object] = got) -> None:
             barrier.wait()
             got.append(plan.construct(layout=AdtValue("masked", {"max_m": 16})))
 
@@ -331,7 +346,28 @@ def test_optional_input_before_a_required_one() -> None:
 
 class _T:
     def __init__(self, *shape: int, dtype: str = "float32") -> None:
-        self.shape, self.dtype = shape, dtype
+        self.shape, self.dtype = shape, _FAKE.native(dtype)
 
 
-_FAKE = DTypeAdapter("fake", {"float32": "float32", "float16": "float16"})
+class _Dtype:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+_FAKE = DTypeAdapter("fake", {n: _Dtype(n) for n in ("float16", "float32")})
+
+
+def test_shape_index_sliced_at_a_runtime_offset_in_one_branch() -> None:
+    # S comes from r (at a constant offset) when r is given, else from x after *R (at an
+    # offset known only at run time); the record must hold S itself in both branches
+    entry = OpEntry(family="x", status="spec-only", signature=Signature(
+        forall={"R": Expr("Shape"), "S": Expr("Shape"), "T": Expr("DType[float32]")},
+        inputs={"r": InputDecl(dtype=Expr("T"), shape=Expr("[*S, 1]"), optional=Expr("True")),
+                "w": InputDecl(dtype=Expr("T"), shape=Expr("[*R]")),
+                "x": InputDecl(dtype=Expr("T"), shape=Expr("[*R, *S]"))},
+        outputs={"y": OutputDecl(dtype=Expr("T"), shape=Expr("[*S]"))}))
+    point = SignaturePlan("TwoShapesOp", entry, adapter=_FAKE).construct()
+    for r in (None, _T(4, 5, 1)):
+        call = point.check(r, _T(2), _T(2, 4, 5))
+        assert call.indices == {"R": (2,), "S": (4, 5), "T": "float32"}
+        assert call.tensors["y"] == ((4, 5), "float32")

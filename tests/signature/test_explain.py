@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from tileops.spec import load_spec_text, load_types_text
-from tileops.signature import SignaturePlan, explain, numpy_adapter
+from tileops.signature import DTypeAdapter, SignaturePlan, explain
+from tileops.spec import DTYPES, SpecFile, load_spec_text, load_types_text
+
+# dtypes as their spec names: explain(code=True) compiles a point, and needs no tensor library
+NAMES = DTypeAdapter("names", {n: n for n in DTYPES})
 
 GEMM_HEAD = [
     "GemmFwdOp(trans_a, trans_b : Bool) : forall (M N K : Dim) (T : DType[float16 | bfloat16]).",
@@ -13,8 +16,8 @@ GEMM_HEAD = [
 ]
 
 
-def test_gemm_in_the_reference_notation(example_plan) -> None:
-    text = explain(example_plan("GemmFwdOp"))
+def test_gemm_in_the_reference_notation(gemm) -> None:
+    text = explain(gemm)
     assert text.splitlines()[:2] == GEMM_HEAD
     assert text.splitlines()[2:] == [
         "  Mat[t: Bool, R: Dim, C: Dim] = match t { false -> [R, C]; true -> [C, R] }",
@@ -31,8 +34,14 @@ def test_explain_without_a_plan(examples) -> None:
         explain(("GemmFwdOp", examples.entries["GemmFwdOp"]), code=True)
 
 
-def test_explain_with_code(example_plan) -> None:
-    plan = example_plan("GemmFwdOp")
+@pytest.fixture(scope="module")
+def gemm(examples: SpecFile) -> SignaturePlan:
+    return SignaturePlan("GemmFwdOp", examples.entries["GemmFwdOp"], spec=examples,
+                         adapter=NAMES)
+
+
+def test_explain_with_code(gemm) -> None:
+    plan = gemm
     text = explain(plan, code=True, params={"trans_b": True})
     head, _, code = text.partition("\n\n")
     assert head == explain(plan)
@@ -48,8 +57,8 @@ def test_explain_with_code(example_plan) -> None:
     compile(code, "<explain>", "exec")
 
 
-def test_explain_defaults_the_construction_point(example_plan) -> None:
-    plan = example_plan("GemmFwdOp")
+def test_explain_defaults_the_construction_point(gemm) -> None:
+    plan = gemm
     assert explain(plan, code=True).endswith(plan.construct().source())
 
 
@@ -93,7 +102,7 @@ adts:
 def test_explain_lists_lets_rules_effects_and_roofline() -> None:
     spec = load_spec_text(SPEC.replace("      layout: {type: MGroupedLayout, default: null}\n",
                                        ""), "pool.yaml")
-    plan = SignaturePlan("PoolOp", spec.entries["PoolOp"], spec=spec, adapter=numpy_adapter())
+    plan = SignaturePlan("PoolOp", spec.entries["PoolOp"], spec=spec, adapter=NAMES)
     assert explain(plan).splitlines() == [
         "PoolOp(kernel : Int) (stride : Maybe[Int]) (inplace : Bool) : "
         "forall (N H : Dim) (T : DType[float16 | float32]).",

@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, note, settings
 from hypothesis import strategies as st
 
+from tileops.signature import DTypeAdapter, SignatureCallError, SignaturePlan
 from tileops.spec import (
     DTYPES,
     EvalError,
@@ -38,7 +39,6 @@ from tileops.spec import (
     evaluate,
     validate_entry,
 )
-from tileops.signature import DTypeAdapter, SignatureCallError, SignaturePlan
 
 DIMS = ("H", "W", "R")
 DTYPE_SETS = (("float16", "float32"), ("float16", "bfloat16", "float32"), ("bfloat16",))

@@ -10,7 +10,8 @@ Two implementations serve the one slot :class:`RowNormFwdInterface`:
     a row) is read once into registers with 16-byte vector loads, reduced with warp shuffles
     (and shared memory across the warps of a row), normalized and written from registers.
     Memory traffic is the floor: each input read once, each output written once. It serves
-    rows whose share per thread fits the register budget (``row bytes <= 64 KiB``).
+    rows whose share per thread fits the register budget (128 bytes a thread, up to 1024
+    threads: rows up to 128 KiB).
 :class:`RowNormLoopedKernel` -- the general one: any ``N``. One CTA a row, 1024 threads,
     walking the row in chunks twice (sums, then normalize and write); the second read comes
     from L2 for all but the widest rows.
@@ -47,7 +48,7 @@ _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 _VECTOR_BYTES = 16
 _WARP = 32
 #: bytes of a row one thread may hold in registers (beyond this the looped kernel runs)
-_HELD_BYTES_PER_THREAD = 64
+_HELD_BYTES_PER_THREAD = 128
 _MAX_THREADS = 1024
 
 
@@ -95,16 +96,29 @@ def _pow2_at_least(x: int) -> int:
 
 def register_plan(n: int, dtype: str) -> tuple[int, int, int, int] | None:
     """``(threads_per_row, rows_per_cta, vec, per)`` for the register kernel, or None when a
-    row does not fit: each thread holds ``per`` accesses of ``vec`` elements."""
+    row does not fit: each thread holds ``per`` accesses of ``vec`` elements.
+
+    Chosen from a sweep on the H200 (benchmarks/results/norm_sweep.txt): 16-byte accesses do
+    best with 8 in flight per thread (128 B) and at most 256 threads a row (16384 x bf16:
+    256 threads x 8 reached 4180 GB/s, 512 x 4 only 3024); narrower accesses with about 16
+    (4097 x bf16, one element each: 256 x 17 gave 3348 GB/s, 1024 x 5 gave 1262); short rows
+    pack several rows (one warp each) into a 256-thread CTA (128 x bf16: 8 rows a CTA 1815
+    GB/s, 4 rows 1379). A thread holds at most _HELD_BYTES_PER_THREAD of its row; wider rows
+    spread over up to 1024 threads, and beyond that go to the looped kernel.
+    """
     item = _ITEMSIZE[dtype]
     vec = _vec(n, dtype)
+    width = vec * item
     nv = -(-n // vec)  # accesses in a row
-    # Aim for 4 accesses in flight per thread: enough independent loads to cover latency.
-    tpr = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-nv // 4))))
+    want = 8 if width >= _VECTOR_BYTES else 16
+    tpr = min(256, max(_WARP, _pow2_at_least(-(-nv // want))))
     per = -(-nv // tpr)
-    if per * vec * item > _HELD_BYTES_PER_THREAD:
-        return None
-    rpc = max(1, 128 // tpr) if tpr == _WARP else 1  # narrow rows: 4 rows (warps) a CTA
+    if per * width > _HELD_BYTES_PER_THREAD:
+        tpr = min(_MAX_THREADS, _pow2_at_least(-(-nv * width // _HELD_BYTES_PER_THREAD)))
+        per = -(-nv // tpr)
+        if per * width > _HELD_BYTES_PER_THREAD:
+            return None
+    rpc = 256 // tpr if tpr < 256 else 1
     return tpr, rpc, vec, per
 
 
@@ -163,31 +177,41 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
             lane = tx % tpr
             row = bx * rpc + tx // tpr
             held = T.alloc_local((per * vec,), dtype)
+            held_r = T.alloc_local((per * vec if add else 1,), dtype)
             piece = T.alloc_local((vec,), dtype)
             other = T.alloc_local((vec,), dtype)
             acc = T.alloc_local((2,), f32)
-            red = T.alloc_shared((rpc * wpr * 2,), f32)
+            red = T.alloc_shared((rpc * wpr * 2 if wpr > 1 else 1,), f32)
             acc[0] = T.cast(0, f32)
             acc[1] = T.cast(0, f32)
+            # Issue every load of the row before any store: the fused form may write RO over
+            # R (in place), so a store between loads would keep the compiler from hoisting
+            # the later loads and leave one vector in flight instead of `per`.
             for v in T.unroll(per):
                 col = (v * tpr + lane) * vec
                 if row < M and (exact or col < n):
                     for i in T.vectorized(vec):
-                        piece[i] = X[row, col + i]
+                        held[v * vec + i] = X[row, col + i]
                     if add:
                         for i in T.vectorized(vec):
-                            other[i] = R[row, col + i]
-                        for i in T.unroll(vec):
-                            piece[i] = T.cast(T.cast(piece[i], f32) + T.cast(other[i], f32),
-                                              dtype)
-                        for i in T.vectorized(vec):
-                            RO[row, col + i] = piece[i]
-                    for i in T.unroll(vec):
-                        held[v * vec + i] = piece[i]
-                        acc[0] += T.cast(piece[i], f32) * (1.0 if layer else T.cast(piece[i], f32))
+                            held_r[v * vec + i] = R[row, col + i]
                 else:
                     for i in T.unroll(vec):
                         held[v * vec + i] = T.cast(0, dtype)
+                        if add:
+                            held_r[v * vec + i] = T.cast(0, dtype)
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if add:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(T.cast(held[v * vec + i], f32)
+                                                   + T.cast(held_r[v * vec + i], f32), dtype)
+                    if row < M and (exact or col < n):
+                        for i in T.vectorized(vec):
+                            RO[row, col + i] = held[v * vec + i]
+                for i in T.unroll(vec):
+                    acc[0] += T.cast(held[v * vec + i], f32) * (
+                        1.0 if layer else T.cast(held[v * vec + i], f32))
             # row sum (layer) or sum of squares (rms) across the row's threads
             for s in T.unroll(5):
                 acc[0] += T.shfl_xor(acc[0], 16 >> s)
@@ -351,9 +375,11 @@ _compile_lock = threading.Lock()
 
 @functools.lru_cache(maxsize=256)
 def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
-                          has_bias: bool, target: str | None = None):
-    """Compile the register kernel (cached per configuration)."""
-    plan = register_plan(n, dtype)
+                          has_bias: bool, target: str | None = None,
+                          plan: tuple[int, int, int, int] | None = None):
+    """Compile the register kernel (cached per configuration). ``plan`` overrides
+    :func:`register_plan` (``(threads_per_row, rows_per_cta, vec, per)``), for tuning."""
+    plan = plan or register_plan(n, dtype)
     if plan is None:
         raise ValueError(f"a row of {n} {dtype} does not fit the register kernel")
     tpr, rpc, vec, per = plan

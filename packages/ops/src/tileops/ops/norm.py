@@ -27,9 +27,11 @@ _ROW_NORM_KERNELS = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedK
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
+    """``t`` as contiguous ``(rows, n)``; no view when it already is one (a view costs
+    microseconds of host time, as much as the rest of a small call)."""
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.view(-1, n)
+    return t if t.dim() == 2 else t.view(-1, n)
 
 
 def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
@@ -37,7 +39,7 @@ def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
         return None
     if not t.is_contiguous():
         t = t.contiguous()
-    return t.view(n)
+    return t if t.dim() == 1 else t.view(n)
 
 
 class RMSNormFwdOp(Op):
@@ -64,9 +66,12 @@ class RMSNormFwdOp(Op):
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         spec = RowNormSpec(call.device, "rms", self.n, NAMES[x.dtype], eps,
                            weight is not None, False)
-        self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, self.n), None, _flat(weight, self.n), None,
-            y.view(-1, self.n), None)
+        n = self.n
+        if x.dim() != 2 or not x.is_contiguous():  # the common (rows, N) case needs no view
+            x, y = _rows(x, n), _rows(y, n)
+        if weight is not None and (weight.dim() != 1 or not weight.is_contiguous()):
+            weight = _flat(weight, n)
+        self.kernel(RowNormFwdInterface, spec)(x, None, weight, None, y, None)
 
 
 class FusedAddRMSNormFwdOp(Op):
@@ -93,8 +98,8 @@ class FusedAddRMSNormFwdOp(Op):
                 f"contiguous; got strides x {tuple(x.stride())}, residual "
                 f"{tuple(residual.stride())}")
         self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, n), _rows(residual, n), _flat(weight, n), None, y.view(-1, n),
-            residual_out.view(-1, n))
+            _rows(x, n), _rows(residual, n), _flat(weight, n), None, _rows(y, n),
+            _rows(residual_out, n))
 
 
 class LayerNormFwdOp(Op):
@@ -115,4 +120,4 @@ class LayerNormFwdOp(Op):
                            weight is not None, bias is not None)
         self.kernel(RowNormFwdInterface, spec)(
             _rows(x, self.n), None, _flat(weight, self.n), _flat(bias, self.n),
-            y.view(-1, self.n), None)
+            _rows(y, self.n), None)

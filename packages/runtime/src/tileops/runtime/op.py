@@ -125,6 +125,7 @@ class Op:
             setattr(self, n, params.get(n, v))
         self._construction_indices = dict(self._point.params)
         self._n_inputs = len(plan.input_names)
+        self._composite = bool(cls.delegate_types)
         if target is not None and target != targets.IN_TREE and target not in targets.targets():
             raise TargetError(f"{cls.__name__}: unknown target {target!r}; known: "
                               f"{', '.join([targets.IN_TREE, *targets.targets()])}")
@@ -246,9 +247,8 @@ class Op:
         parent = self._parent
         if parent is not None:
             sink = parent._stage_sink(self)
-        missing = self._n_inputs - len(inputs)
-        if missing > 0:  # absent optional inputs are passed on as None
-            inputs = inputs + (None,) * missing
+        if len(inputs) < self._n_inputs:  # absent optional inputs are passed on as None
+            inputs = inputs + (None,) * (self._n_inputs - len(inputs))
         if _grad_enabled():
             for t in inputs:
                 if t is not None and t.requires_grad:
@@ -257,16 +257,26 @@ class Op:
         if self._target_builder is _UNRESOLVED:
             bound_now = self._bind_target(call)
         try:
-            recipe = self._effect_branches.get(call.branch)
-            if recipe is None:
-                recipe = self._branch_recipe(call.branch)
-            outputs = self._make_outputs(recipe, call, inputs, outs) \
-                if self.allocate_outputs else ()
+            allocate = self._effect_branches.get(call.branch)
+            if allocate is None:
+                allocate = self._branch_allocator(call.branch)
+            if allocate.__class__ is int:  # one output, like the input at that index
+                src = inputs[allocate]
+                if outs is None and src.is_contiguous():
+                    outputs = (_empty_like(src),)
+                else:
+                    outputs = self._make_outputs(self._branch_recipe(call.branch), call,
+                                                 inputs, outs)
+            else:
+                outputs = allocate(call, inputs, outs)
             if self.construction_tensors:
                 self._sync_construction_tensors(call)
             builder = self._target_builder
             if builder is None:
-                result = self._forward_in_stages(call, inputs, outputs)
+                if self._composite:
+                    result = self._forward_in_stages(call, inputs, outputs)
+                else:
+                    result = self.forward(call, *inputs, *outputs)
             else:
                 key = (call.device, call.input_dtypes, call.input_shapes)
                 kernel = self._target_kernels.get(key)
@@ -321,6 +331,24 @@ class Op:
             args.pop()
         return tuple(args), outs
 
+    def _branch_allocator(self, branch: tuple) -> Any:
+        """The output allocator of one effect branch (cached in ``_effect_branches``): the
+        recipe below, specialised for the common one-output-like-an-input case, where it is
+        that input's index and ``_run_call`` allocates inline (``empty_like`` of a contiguous
+        input; saves a call on the hot path)."""
+        if not self.allocate_outputs:
+            def allocate(call, inputs, outs):
+                return ()
+        else:
+            recipe = self._branch_recipe(branch)
+            if len(recipe) == 1 and recipe[0][0] == "like":
+                allocate = recipe[0][2]
+            else:
+                def allocate(call, inputs, outs):
+                    return self._make_outputs(recipe, call, inputs, outs)
+        self._effect_branches[branch] = allocate
+        return allocate
+
     def _branch_recipe(self, branch: tuple) -> tuple:
         """How to produce each output in this effect branch: ``("new", i)``,
         ``("alias", input index)``, ``("none",)`` or ``("given", name)``."""
@@ -335,21 +363,23 @@ class Op:
                 recipe.append(("alias", plan.input_names.index(d.alias)))
             elif d.buffer:
                 recipe.append(("given_or_new", i, n))
+            elif n in self._point.output_like:
+                recipe.append(("like", i, plan.input_names.index(self._point.output_like[n])))
             else:
                 recipe.append(("new", i))
-        out = tuple(recipe)
-        self._effect_branches[branch] = out
-        return out
+        return tuple(recipe)
 
     def _make_outputs(self, recipe: tuple, call: SignatureCall, inputs: tuple,
                       outs: dict | None) -> tuple:
-        import torch
-
         shapes, dtypes, device = call.output_shapes, call.output_dtypes, call.device
         result = []
         for r in recipe:
             tag = r[0]
-            if tag == "new":
+            if tag == "like":  # same shape and dtype as a (contiguous) input: the cheap path
+                src = inputs[r[2]]
+                result.append(_empty_like(src) if src.is_contiguous() else
+                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
+            elif tag == "new":
                 result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
             elif tag == "alias":
                 result.append(inputs[r[1]])
@@ -588,6 +618,7 @@ class Op:
 
 
 _grad_enabled = torch._C.is_grad_enabled
+_empty_like = torch.empty_like
 
 
 def _not_capturing(op: Op, device: Any, what: str) -> None:

@@ -404,6 +404,10 @@ class ConstructionPoint:
         gen = _Generator(self)
         self.index_names: tuple[str, ...] = gen.index_names
         self.lazy: dict[str, tuple[str, int, int]] = gen.lazy
+        #: output -> the input it always has the shape and dtype of (an allocator can use
+        #: ``empty_like`` on that input, cheaper than building from a shape)
+        self.output_like: dict[str, str] = {
+            n: next(iter(v)) for n, v in gen.like_votes.items() if len(v) == 1 and None not in v}
         self.index_set = frozenset(gen.index_names)
         #: input -> "x: Tensor[T, [*B, 4096]]  (declared ...)", for messages
         self.expected_inputs: dict[str, str] = gen.expected_inputs
@@ -533,7 +537,8 @@ class _Generator:
         self.lines: list[str] = []
         #: Shape index -> (input, start, from_end): the record holds that input's whole shape
         self.lazy: dict[str, tuple[str, int, int]] = {}
-        self.sliced: set[str] = set()  # Shape indices some branch slices eagerly
+        #: output -> the inputs whose shape and dtype it has, per presence combination
+        self.like_votes: dict[str, set[str | None]] = {}
         self.expected_inputs: dict[str, str] = {}
         point = self.point
         opt = self.plan.optional_inputs
@@ -981,12 +986,9 @@ class _Body:
                     self.bound_set.add(name)
                     self.by[name] = disp
                     how = (n, left.const, right.const)
-                    if self.g.lazy.setdefault(name, how) != how or name in self.g.sliced:
+                    if self.g.lazy.setdefault(name, how) != how:
                         raise _LazyConflict(name)
                 else:
-                    if star.value.id in self.g.lazy:  # lazy in another presence branch
-                        raise _LazyConflict(star.value.id)
-                    self.g.sliced.add(star.value.id)
                     self.bind(star.value.id, sl, disp)
             else:
                 raise _GenError(f"{n}: cannot unify *{E.unparse(star.value)}")
@@ -1166,6 +1168,8 @@ class _Body:
                 shapes.append(self.expr(E.Tuple(node.items)
                                         if isinstance(node, E.List) else node))
             dn = d.dtype.node
+            src_dtype = self.sig.inputs[same].dtype.node if same is not None else None
+            self.g.like_votes.setdefault(n, set()).add(same if src_dtype == dn else None)
             if isinstance(dn, E.Name) and dn.id in self.sig.forall:
                 dtypes.append(f"i_{dn.id}")
             else:

@@ -1,0 +1,210 @@
+"""``tileops bench``: one op side by side with torch eager and torch.compile.
+
+Every contender runs the same inputs (fresh copies, so in-place ops start from the same
+values). The first call of each is timed apart (it builds or compiles); the rest are timed
+as in ``tileops run``. A fresh ``torch.compile`` function is compiled per workload
+(``dynamic=False``, after ``torch._dynamo.reset()``), since recompiles of one function
+accumulate. Results: JSON, a Markdown table and a PNG roofline plot.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .cli_core import Peaks, Ran, _clone, _outputs, _sync, compare, time_call
+from .cli_format import fmt_err, fmt_shape, fmt_time
+from .cli_refs import EAGER
+
+__all__ = ["CONTENDERS", "bench_contenders", "write_json", "write_markdown", "write_plot"]
+
+#: contender names accepted by ``--against`` (``torch`` is eager)
+CONTENDERS = {"eager": "eager", "torch": "eager", "compile": "compile"}
+
+
+def bench_contenders(ran: Ran, against: Sequence[str], device: torch.device, *,
+                     repeat: int, budget_s: float,
+                     status: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
+    """Time each contender on the case ``ran`` ran; check it against the same reference."""
+    say = status or (lambda _m: None)
+    out: dict[str, dict[str, Any]] = {}
+    res, op = ran.result, ran.op
+    make = EAGER.get(res.op)
+    for name in against:
+        row: dict[str, Any] = {"time_s": None, "first_call_s": None, "rel_err": None,
+                               "error": None}
+        out[name] = row
+        if op is None:
+            row["error"] = "the op could not be built"
+            continue
+        if make is None:
+            row["error"] = f"no torch eager equivalent of {res.op} is known"
+            continue
+        fn = make(op)
+        if name == "compile":
+            torch._dynamo.reset()
+            fn = torch.compile(fn, dynamic=False)
+        try:
+            say(f"{name}: first call" + (" (compiling)" if name == "compile" else ""))
+            args = _clone(ran.inputs)
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                first = _outputs(fn(*args))
+            _sync(device)
+            row["first_call_s"] = time.perf_counter() - t0
+            if ran.refs is not None:
+                row["rel_err"] = compare(first, ran.refs)
+            say(f"{name}: timing")
+            args = _clone(ran.inputs)
+            with torch.no_grad():
+                row["time_s"] = time_call(lambda f=fn, a=args: f(*a), device, repeat=repeat,
+                                          budget_s=budget_s)
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
+    return out
+
+
+def _gbps(nbytes: int | None, seconds: float | None) -> float | None:
+    return nbytes / seconds / 1e9 if nbytes is not None and seconds else None
+
+
+def rows_for_json(results: list, peaks: Peaks) -> list[dict[str, Any]]:
+    rows = []
+    for r in results:
+        d = r.as_dict(peaks)
+        contenders = d.pop("extra").get("contenders", {})
+        d["contenders"] = {}
+        for name, c in contenders.items():
+            c = dict(c)
+            c["gbps"] = _gbps(r.bytes, c["time_s"])
+            if c["rel_err"] is not None and not math.isfinite(c["rel_err"]):
+                c["rel_err"] = str(c["rel_err"])
+            d["contenders"][name] = c
+        rows.append(d)
+    return rows
+
+
+def write_json(path: Path, header: dict[str, Any], results: list, peaks: Peaks) -> None:
+    doc = {**header, "results": rows_for_json(results, peaks)}
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+def _speedup(r, contenders: Sequence[str]) -> str:
+    peers = [c["time_s"] for n, c in r.extra.get("contenders", {}).items()
+             if n in contenders and c["time_s"]]
+    if not r.time_s or not peers:
+        return "-"
+    return f"{min(peers) / r.time_s:.2f}×"
+
+
+def markdown(header: dict[str, Any], results: list, contenders: Sequence[str]) -> str:
+    """The results as a Markdown table (times per call; GB/s of the op's roofline bytes)."""
+    target = next((r.target for r in results if r.target), "-")
+    cols = ["workload", "dtype", "shape", f"tileops ({target})", "GB/s"]
+    for c in contenders:
+        cols += [c, "GB/s"]
+    cols += ["speedup vs best other", "rel err (tileops" + "".join(f" / {c}" for c in contenders)
+             + ")"]
+    lines = [f"# {header['op']} on {header['device']}", "",
+             f"{header['when']}; torch {header['torch']}; "
+             f"{header['peaks']['source']}.", "",
+             "| " + " | ".join(cols) + " |",
+             "|" + "|".join("---" for _ in cols) + "|"]
+    for r in results:
+        cells = [r.workload, r.dtype, fmt_shape(r.shape, bool(r.scaled)), fmt_time(r.time_s),
+                 _fmt_gbps(_gbps(r.bytes, r.time_s))]
+        errs = [fmt_err(r.rel_err)]
+        for c in contenders:
+            row = r.extra.get("contenders", {}).get(c, {})
+            if row.get("error"):
+                cells += ["error", "-"]
+            else:
+                cells += [fmt_time(row.get("time_s")), _fmt_gbps(_gbps(r.bytes, row.get("time_s")))]
+            errs.append(fmt_err(row.get("rel_err")))
+        cells += [_speedup(r, contenders), " / ".join(errs)]
+        if r.error:
+            cells[3] = "error"
+        lines.append("| " + " | ".join(cells) + " |")
+    notes = [f"- {r.workload} {r.dtype}: {r.error}" for r in results if r.error]
+    for r in results:
+        for c, row in r.extra.get("contenders", {}).items():
+            if row.get("error"):
+                notes.append(f"- {r.workload} {r.dtype} {c}: {row['error']}")
+    if any(r.scaled for r in results):
+        notes.append(f"- `*`: rows scaled down to at most {header['max_elements']} elements per "
+                     f"input (`--max-elements`)")
+    if notes:
+        lines += ["", *notes]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt_gbps(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}"
+
+
+def write_markdown(path: Path, header: dict[str, Any], results: list,
+                   contenders: Sequence[str]) -> None:
+    path.write_text(markdown(header, results, contenders))
+
+
+def write_plot(path: Path, header: dict[str, Any], results: list, contenders: Sequence[str],
+               peaks: Peaks) -> None:
+    """Left: the roofline (arithmetic intensity against achieved FLOP/s, with the measured
+    bandwidth and matmul roofs where the device has them). Right: achieved GB/s per workload."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(13, 5.5), layout="constrained")
+    ax, bars = fig.subplots(1, 2, width_ratios=[1, 1.4])
+    names = ["tileops", *contenders]
+    markers = {"tileops": "o", "eager": "s", "compile": "^"}
+    xs_all: list[float] = []
+    for name in names:
+        xs, ys = [], []
+        for r in results:
+            t = r.time_s if name == "tileops" else \
+                r.extra.get("contenders", {}).get(name, {}).get("time_s")
+            if not t or not r.flops or not r.bytes:
+                continue
+            xs.append(r.flops / r.bytes)
+            ys.append(r.flops / t / 1e9)
+        xs_all += xs
+        if xs:
+            ax.scatter(xs, ys, marker=markers.get(name, "x"), label=name, alpha=0.75)
+    if xs_all and peaks.bandwidth and peaks.flops:
+        lo, hi = min(xs_all) / 4, max(max(xs_all) * 4, peaks.flops / peaks.bandwidth * 4)
+        grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+        ax.plot(grid, [min(peaks.flops, peaks.bandwidth * x) / 1e9 for x in grid], "k-",
+                lw=1, label=f"roof: {peaks.bandwidth / 1e9:.0f} GB/s, "
+                           f"{peaks.flops / 1e12:.0f} TFLOP/s")
+    elif not (peaks.bandwidth and peaks.flops):
+        ax.text(0.02, 0.02, peaks.source, transform=ax.transAxes, fontsize=8)
+    if xs_all:
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP / byte)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_title(f"{header['op']} roofline on {header['device']}")
+    ax.legend(fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+
+    labels = [f"{r.workload}\n{r.dtype}" for r in results]
+    width = 0.8 / max(len(names), 1)
+    for i, name in enumerate(names):
+        vals = []
+        for r in results:
+            t = r.time_s if name == "tileops" else \
+                r.extra.get("contenders", {}).get(name, {}).get("time_s")
+            vals.append((_gbps(r.bytes, t) or 0.0))
+        bars.bar([j + i * width for j in range(len(results))], vals, width, label=name)
+    bars.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(results))], labels,
+                    rotation=60, ha="right", fontsize=7)
+    bars.set_ylabel("achieved GB/s (roofline bytes / time)")
+    bars.set_title("per workload")
+    bars.legend(fontsize=8)
+    fig.savefig(path, dpi=110)

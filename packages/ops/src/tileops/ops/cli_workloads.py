@@ -1,0 +1,292 @@
+"""Spec workloads as concrete calls, for the ``tileops`` command line.
+
+A workload row gives index and parameter values, dtype cases and the optional inputs that are
+present. :func:`cases` turns each (row, dtype case) into a :class:`Case`: the constructor
+params of the op (its ``signature.params``), and the shape and dtype of every input, by
+evaluating the entry's shape expressions over the row's values the way the spec validator
+instantiates a row. Nothing here knows a particular op.
+
+Rows may be scaled down (``max_elements``): the leading batch-like index of the largest input
+(the first ``Dim`` or ``Shape`` index of the signature's ``forall`` that its shape names) is
+reduced until no input holds more than ``max_elements`` elements; row lengths, parameters and
+every other index keep their values, and a row whose refinements would break is kept whole.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from tileops.spec import AdtDef, AdtValue, EvalError, OpEntry, Scope, eval_shape, evaluate
+from tileops.spec import expr as E
+from tileops.spec.kinds import (
+    DTYPES,
+    AdtK,
+    DimK,
+    DTypeK,
+    Kind,
+    MaybeK,
+    PerAxisK,
+    ShapeK,
+    kind_from_expr,
+)
+
+__all__ = ["Case", "InputSpec", "cases", "dtype_indices", "entry_dtypes", "kinds_of"]
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One input of a case: absent (``shape is None``) or a shape, a dtype name and, for
+    metadata tensors, the values a generator gives."""
+
+    name: str
+    shape: tuple[int, ...] | None
+    dtype: str | None
+    values: tuple | None = None
+
+    @property
+    def numel(self) -> int:
+        return 0 if self.shape is None else math.prod(self.shape)
+
+
+@dataclass
+class Case:
+    """One concrete call of an op: a workload row under one dtype case."""
+
+    op: str
+    label: str
+    dtypes: dict[str, str]  # DType index -> dtype name
+    params: dict[str, Any]  # constructor keyword arguments (the row's params)
+    inputs: list[InputSpec]
+    values: dict[str, Any]  # every index value, after scaling
+    scaled: dict[str, tuple[Any, Any]] = field(default_factory=dict)  # index -> (was, now)
+
+    @property
+    def dtype(self) -> str:
+        """The dtype shown for the case: the first present input's."""
+        for i in self.inputs:
+            if i.dtype is not None and i.shape is not None:
+                return i.dtype
+        return next(iter(self.dtypes.values()), "-")
+
+    @property
+    def shape(self) -> tuple[int, ...] | None:
+        """The shape shown for the case: the largest input's."""
+        present = [i for i in self.inputs if i.shape is not None]
+        if not present:
+            return None
+        return max(present, key=lambda i: i.numel).shape
+
+
+def kinds_of(entry: OpEntry, adts: Mapping[str, AdtDef]) -> dict[str, Kind]:
+    """The kind of every forall index, param and data index of the entry."""
+    sig = entry.signature
+    names = set(adts)
+    out: dict[str, Kind] = {}
+    for n, ex in sig.forall.items():
+        out[n] = kind_from_expr(ex.node, names)
+    for n, p in sig.params.items():
+        out[n] = kind_from_expr(p.type.node, names)
+    for n, ex in sig.data.items():
+        out[n] = kind_from_expr(ex.node, names)
+    return out
+
+
+def dtype_indices(entry: OpEntry, adts: Mapping[str, AdtDef]) -> dict[str, tuple[str, ...]]:
+    """The entry's ``forall`` DType indices and their members."""
+    kinds = kinds_of(entry, adts)
+    return {n: k.members for n in entry.signature.forall
+            if isinstance(k := kinds[n], DTypeK)}
+
+
+def entry_dtypes(entry: OpEntry, adts: Mapping[str, AdtDef]) -> list[str]:
+    """Every dtype some DType index of the entry admits, in declaration order."""
+    out: dict[str, None] = {}
+    for members in dtype_indices(entry, adts).values():
+        out.update(dict.fromkeys(members))
+    return list(out)
+
+
+def _to_value(v: Any, k: Kind, adts: Mapping[str, AdtDef]) -> Any:
+    if isinstance(k, MaybeK):
+        return None if v is None else _to_value(v, k.inner, adts)
+    if isinstance(k, ShapeK) or (isinstance(k, PerAxisK) and isinstance(v, list)):
+        return tuple(v)
+    if isinstance(k, AdtK) and isinstance(v, dict) and k.name in adts:
+        ((ctor_name, fields),) = v.items()
+        ctor = adts[k.name].constructors[ctor_name]
+        return AdtValue(ctor_name, {
+            fn: _to_value(fv, kind_from_expr(ctor.fields[fn].node, set(adts)), adts)
+            for fn, fv in (fields or {}).items()
+        })
+    return v
+
+
+class _Row:
+    """One row under one dtype case, evaluated."""
+
+    def __init__(self, name: str, entry: OpEntry, adts: Mapping[str, AdtDef], row,
+                 case: Mapping[str, str], kinds: Mapping[str, Kind]) -> None:
+        self.name, self.entry, self.adts, self.row, self.kinds = name, entry, adts, row, kinds
+        sig = entry.signature
+        values: dict[str, Any] = {}
+        for n, k in kinds.items():
+            if n in case:
+                values[n] = case[n]
+            elif n in row.values:
+                values[n] = _to_value(row.values[n], k, adts)
+            elif n in sig.params and not sig.params[n].required:
+                values[n] = _to_value(sig.params[n].default, k, adts)
+            elif isinstance(k, DTypeK) and len(k.members) == 1:
+                values[n] = k.members[0]
+        self.base = values
+        self.optional = [n for n, d in sig.inputs.items() if d.optional.node != E.Bool(False)]
+        self.present = {n: n in row.some for n in self.optional}
+
+    def _scope(self, values: Mapping[str, Any], generators: bool = False) -> Scope:
+        return Scope(dict(values), self.entry.signature.types, self.present, generators)
+
+    def evaluate(self, values: dict[str, Any]) -> tuple[dict[str, Any], list[InputSpec]]:
+        """Lets, then every input's shape, dtype and generated values."""
+        sig = self.entry.signature
+        values = dict(values)
+        pending = list(sig.let)
+        while pending:  # in dependency order: evaluate what can be, until nothing moves
+            left = []
+            for n in pending:
+                try:
+                    values[n] = evaluate(sig.let[n].node, self._scope(values))
+                except EvalError:
+                    left.append(n)
+            if len(left) == len(pending):
+                n = left[0]
+                values[n] = evaluate(sig.let[n].node, self._scope(values))  # raises
+            pending = left
+        scope = self._scope(values)
+        inputs = []
+        for n, d in sig.inputs.items():
+            if n in self.present and not self.present[n]:
+                inputs.append(InputSpec(n, None, None))
+                continue
+            shape = eval_shape(d.shape.node, scope)
+            dtype = evaluate(d.dtype.node, scope)
+            if not isinstance(dtype, str) or dtype not in DTYPES:
+                raise EvalError(f"the dtype of {n} ({d.dtype.text}) is {dtype!r}, not a dtype")
+            data = None
+            if d.values is not None:
+                data = tuple(evaluate(d.values.node, self._scope(values, generators=True)))
+            inputs.append(InputSpec(n, tuple(shape), dtype, data))
+        return values, inputs
+
+    def refinements_hold(self, values: Mapping[str, Any]) -> bool:
+        scope = self._scope(values)
+        try:
+            return all(evaluate(r.node, scope) for r in self.entry.signature.shape_rules)
+        except EvalError:
+            return False
+
+    def scalable(self, inputs: list[InputSpec]) -> list[str]:
+        """The forall Dim/Shape indices the largest input's shape names, in order; indices
+        that feed generated metadata values or that some param or data index also names are
+        left out."""
+        sig = self.entry.signature
+        largest = max((i for i in inputs if i.shape is not None), key=lambda i: i.numel,
+                      default=None)
+        if largest is None:
+            return []
+        fed = set()
+        for d in sig.inputs.values():
+            if d.values is not None:
+                fed.update(d.values.names())
+        out = []
+        for n in sig.inputs[largest.name].shape.names():
+            if (n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK)
+                    and n not in fed and n not in out):
+                out.append(n)
+        return out
+
+
+def _numel_max(inputs: Iterable[InputSpec]) -> int:
+    return max((i.numel for i in inputs), default=0)
+
+
+def _shrink(row: _Row, values: dict[str, Any], inputs: list[InputSpec], cap: int):
+    """Reduce the leading scalable index until no input exceeds ``cap`` elements."""
+    original = dict(values)
+    for n in row.scalable(inputs):
+        for _ in range(64):
+            numel = _numel_max(inputs)
+            if numel <= cap:
+                break
+            v = values[n]
+            if isinstance(v, int):
+                if v <= 1:
+                    break
+                values[n] = max(1, min(v - 1, v * cap // numel))
+            else:  # a Shape: shrink its leading axes first
+                dims = list(v)
+                pos = next((i for i, d in enumerate(dims) if d > 1), None)
+                if pos is None:
+                    break
+                d = dims[pos]
+                dims[pos] = max(1, min(d - 1, d * cap // numel))
+                values[n] = tuple(dims)
+            try:
+                values, inputs = row.evaluate(values)
+            except EvalError:
+                return original, None
+        if _numel_max(inputs) <= cap:
+            break
+    if not row.refinements_hold(values):
+        return original, None
+    return values, inputs
+
+
+def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
+          dtypes: Iterable[str] | None = None, labels: Iterable[str] | None = None,
+          max_elements: int | None = None) -> list[Case]:
+    """Every (workload row, dtype case) of the entry as a :class:`Case`.
+
+    ``dtypes``: run every row in these dtypes instead of its own dtype cases (each DType index
+    that admits the dtype takes it; a row no index admits it for is left out). ``labels``:
+    only the rows whose label matches one of these shell patterns. ``max_elements``: scale
+    rows down (see the module docstring)."""
+    import fnmatch
+
+    kinds = kinds_of(entry, adts)
+    dt_indices = dtype_indices(entry, adts)
+    wanted = list(dtypes) if dtypes else None
+    patterns = list(labels) if labels else None
+    out: list[Case] = []
+    for row in entry.workloads:
+        if patterns and not any(fnmatch.fnmatchcase(row.label, p) for p in patterns):
+            continue
+        if wanted is None:
+            row_cases = [dict(c) for c in row.dtype_cases] or [{}]
+        else:
+            row_cases = []
+            for dt in wanted:
+                case = {n: dt for n, members in dt_indices.items() if dt in members}
+                if case or not dt_indices:
+                    row_cases.append(case)
+        seen: set[tuple] = set()
+        for case in row_cases:
+            key = tuple(sorted(case.items()))
+            if key in seen:
+                continue
+            seen.add(key)
+            r = _Row(name, entry, adts, row, case, kinds)
+            values, inputs = r.evaluate(r.base)
+            scaled: dict[str, tuple[Any, Any]] = {}
+            if max_elements and _numel_max(inputs) > max_elements:
+                new_values, new_inputs = _shrink(r, dict(values), inputs, max_elements)
+                if new_inputs is not None:
+                    scaled = {n: (values[n], new_values[n]) for n in values
+                              if new_values[n] != values[n] and n in entry.signature.forall}
+                    values, inputs = new_values, new_inputs
+            params = {n: row.values[n] for n in entry.signature.params if n in row.values}
+            dts = {n: values[n] for n in dt_indices if n in values}
+            out.append(Case(name, row.label, dts, params, inputs, values, scaled))
+    return out
