@@ -3,7 +3,7 @@
     nox -s tests                # every package, each in its own venv
     nox -s "tests(signature)"   # one package: tests/signature/
     nox -s lint                 # ruff + import-linter (layers ops -> kernels -> runtime -> ...)
-    nox -s demo                 # check and print the shipped operator specs
+    nox -s demo                 # `tileops run`: every implemented op on its spec workloads
 
 Each `tests(<package>)` venv gets that package and the siblings it depends on, installed
 editable in one pip call (installed alone, pip would look for the siblings on the index),
@@ -80,8 +80,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """Install the whole stack, validate the shipped specs and print them."""
+    """Install the whole stack and run `tileops run`: every implemented op on its spec
+    workloads, on the GPU's in-tree kernels or else the reference target, checked against
+    float64 and timed. Arguments after `--` go to `tileops run` (e.g. `-- RMSNormFwdOp`)."""
     session.install(*_stack(PACKAGES[-1]))
-    specs = "packages/ops/src/tileops/ops/specs"
-    session.run("python", "-m", "tileops.spec", "check", specs)
-    session.run("python", "-m", "tileops.spec", "show", specs)
+    session.run("tileops", "run", *session.posargs)

@@ -128,13 +128,14 @@ def measure(rounds: int, number: int) -> dict:
     assert op.serving_target == "tileops" and top.serving_target == "bench-nop"
     entry = op.kernel(NopIface, NopSpec(x.device, x.dtype))
     kernel = next(iter(top._target_kernels.values()))
-    shape, dtype, device = tuple(x.shape), x.dtype, x.device
     # (c) allocates the way the op does: empty_like of the input the output always matches in
     # shape and dtype (the signature knows; the input is contiguous), else empty of the shape
-    like = bool(getattr(op._point, "output_like", None))
-    alloc = "empty_like(x)" if like else "empty(shape, dtype=dtype, device=device)"
+    # object the record holds
     call = op._point.check(x)
-    g = {"op": op, "top": top, "x": x, "y": torch.empty(shape), "entry": entry,
+    shape, dtype, device = call.output_shapes[0], call.output_dtypes[0], call.device
+    like = bool(getattr(op._point, "output_like", None)) and hasattr(Op, "_branch_allocator")
+    alloc = "empty_like(x)" if like else "empty(shape, dtype=dtype, device=device)"
+    g = {"op": op, "top": top, "x": x, "y": torch.empty_like(x), "entry": entry,
          "kernel": kernel, "empty": torch.empty, "empty_like": torch.empty_like,
          "shape": shape, "dtype": dtype, "device": device, "check": op._point.check,
          "call": call, "forward": op.forward, "NopSpec": NopSpec, "NopIface": NopIface,
@@ -182,6 +183,10 @@ def profile(number: int) -> None:
     pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
+def _loadavg() -> list[float] | None:
+    return [round(v, 2) for v in os.getloadavg()] if hasattr(os, "getloadavg") else None
+
+
 def report(res: dict, meta: dict) -> str:
     lines = ["| measurement | best us/call | median us/call |", "|---|---:|---:|"]
     for k, v in res["best_us"].items():
@@ -208,7 +213,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         profile(args.number * 10)
         return 0
-    load_before = os.getloadavg() if hasattr(os, "getloadavg") else None
+    load_before = _loadavg()
     res = measure(args.rounds, args.number)
     meta = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
@@ -217,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
         "loadavg_before": load_before,
-        "loadavg_after": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "loadavg_after": _loadavg(),
         "rounds": args.rounds,
         "calls_per_round": args.number,
         "input": "float32[4, 8] on cpu",
@@ -240,9 +245,16 @@ def main(argv: list[str] | None = None) -> int:
             f"{meta['loadavg_after']} after).",
             "",
             f"A cached call on {meta['input']}; the kernel does nothing. Per call, best of "
-            f"{meta['rounds']} interleaved rounds of {meta['calls_per_round']} calls. (a) the "
-            "op call, (b) the same entry called directly with a preallocated output, (c) (b) "
-            "plus the `torch.empty` the op makes. The layer's cost is (a) - (c).",
+            f"{meta['rounds']} interleaved rounds of {meta['calls_per_round']} calls (the "
+            "machine may be shared; the median shows how much). (a) the op call, (b) the same "
+            "entry called directly with a preallocated output, (c) (b) plus the output "
+            "allocation the op makes (here `torch.empty_like` of the input, since the "
+            "signature proves the output has its shape and dtype). The layer's cost is "
+            "(a) - (c); (a) - (b) also charges it the allocation. `in-tree`: the op's `forward` "
+            "gets its entry with `self.kernel`; `target`: a target kernel called by the base "
+            "class. The `part:` rows time pieces of (a) alone: the generated signature check, "
+            "the in-tree `forward` (call spec, entry lookup, entry call) and the target "
+            "kernel lookup.",
             "",
             table,
             "",

@@ -45,14 +45,15 @@ def build(case: tuple) -> tuple[tuple, float, str]:
     dtype = getattr(torch, dt)
     t = time.perf_counter()
     try:
-        x = torch.randn(3, n, dtype=dtype, device="cuda")
-        w = torch.randn(n, dtype=dtype, device="cuda") if affine else None
-        if kind == "rms":
-            RMSNormFwdOp(normalized_shape=[n], eps=eps)(x, w)
-        elif kind == "layer":
-            LayerNormFwdOp(normalized_shape=[n], eps=eps)(x, w, w)
-        else:
-            FusedAddRMSNormFwdOp(eps=eps)(x, x.clone(), w)
+        for rows in (3, 256):  # the latency plan (few rows) and the bandwidth plan
+            x = torch.randn(rows, n, dtype=dtype, device="cuda")
+            w = torch.randn(n, dtype=dtype, device="cuda") if affine else None
+            if kind == "rms":
+                RMSNormFwdOp(normalized_shape=[n], eps=eps)(x, w)
+            elif kind == "layer":
+                LayerNormFwdOp(normalized_shape=[n], eps=eps)(x, w, w)
+            else:
+                FusedAddRMSNormFwdOp(eps=eps)(x, x.clone(), w)
         torch.cuda.synchronize()
         return case, time.perf_counter() - t, "ok"
     except Exception as exc:  # noqa: BLE001 - reported by the caller

@@ -250,3 +250,20 @@ def test_a_composite_returning_its_outputs() -> None:
 
     y = Returns(alpha=1.0)(torch.ones(2), torch.ones(2))
     assert torch.equal(y, torch.full((2,), 2.0))
+
+
+def test_a_stage_outside_a_call_or_in_a_non_composite_op() -> None:
+    op = ScaleAddOp()
+    with pytest.raises(StageError, match="opened outside the forward of a call"), \
+            op.stage("scale"):
+        pass
+
+    class NotComposite(Op, specs=SPECS, entry="ScaleOp"):
+        kernel_types = {Iface: (Mul,)}
+
+        def forward(self, call, x, bias, y):
+            with self.stage("mul"):
+                self.kernel(Iface, CallSpec(call.device))(x, y, self.alpha)
+
+    with pytest.raises(StageError, match="declare delegate_types"):
+        NotComposite()(torch.ones(2))

@@ -255,3 +255,30 @@ def test_a_failing_first_call_in_one_thread_does_not_break_the_others(new_target
     assert op.serving_target is None
     op(torch.ones(2))
     assert op.serving_target == name
+
+
+class TunableSlow(Slow):
+    def __init__(self, spec):
+        super().__init__(spec)
+        self.tune_requests = 0
+
+    def request_tune(self):
+        self.tune_requests += 1
+
+
+def test_request_tune_while_threads_build_reaches_every_entry_once() -> None:
+    op = ScaleOp(kernel_map={"k": TunableSlow})
+
+    def work(i: int) -> None:
+        if i == 0:
+            time.sleep(0.01)
+            op.request_tune()
+            list(op.iter_kernels())
+            return
+        for n in range(1, 6):
+            op(torch.ones(n + 5 * i))
+
+    assert run_threads(5, work) == []
+    entries = list(op.iter_kernels())
+    assert len(entries) == 20
+    assert [e.tune_requests for e in entries] == [1] * 20

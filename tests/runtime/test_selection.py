@@ -256,3 +256,15 @@ def test_kernel_of_an_undeclared_slot() -> None:
     op = CopyOp()
     with pytest.raises(LookupError, match="declares no slot Stray"):
         op.kernel(Stray, spec())
+
+
+def test_a_preference_cycle_is_an_ambiguity() -> None:
+    class A(Base):
+        pass
+
+    class B(Base):
+        preferred_over = (A,)
+
+    A.preferred_over = (B,)
+    with pytest.raises(AmbiguousKernelError, match="A and B claim .* break the cycle"):
+        select(RowIface, (A, B, Any_), spec())

@@ -45,6 +45,7 @@ DTYPE_SETS = (("float16", "float32"), ("float16", "bfloat16", "float32"), ("bflo
 CONST_DTYPES = ("float32", "int32")
 ACTUAL_DTYPES = ("float16", "bfloat16", "float32", "int32")
 DIM_RANGE = range(13)
+LET, LET_DEF = "L", "H // 2 + 1"  # a let over the first Dim, used in input shapes
 
 
 class Fake:
@@ -74,7 +75,12 @@ def shape_items(draw: Any, dims: tuple[str, ...], star: bool, param: bool) -> li
     atoms = [*dims, *(f"2 * {d} + 1" for d in dims), *(f"{d} + 3" for d in dims), "0", "1", "3"]
     if param:
         atoms.append("k")
-    items = draw(st.lists(st.sampled_from(atoms), min_size=0, max_size=3))
+    # axes unification cannot read (two unknowns, not affine, a let): checked once later
+    # inputs have bound their indices
+    hard = [*(f"{a} + {b}" for a in dims for b in dims if a < b), *(f"{d} // 2" for d in dims),
+            *(f"{d} * {d}" for d in dims), LET]
+    atom = st.sampled_from(atoms) | st.sampled_from(hard)
+    items = draw(st.lists(atom, min_size=0, max_size=3))
     if star:
         items.insert(draw(st.integers(0, len(items))), "*S")
     return items
@@ -103,6 +109,9 @@ def entries(draw: Any) -> tuple[OpEntry, dict[str, Any]]:
     required_names = {n for name, d in inputs.items() if d.optional.text == "False"
                       for n in [*d.shape.names(), d.dtype.text]}
     used = {n for d in inputs.values() for n in [*d.shape.names(), d.dtype.text]}
+    lets = {LET: Expr(LET_DEF)} if LET in used else {}
+    if lets:
+        used.add(DIMS[0])
     forall: dict[str, Expr] = {}
     for d in dims:
         if d in used:
@@ -128,7 +137,8 @@ def entries(draw: Any) -> tuple[OpEntry, dict[str, Any]]:
             + (["len(S) <= 2"] if "S" in required_names else [])))))
     params = {"k": ParamDecl(type=Expr("int"), default=2)} if use_param else {}
     entry = OpEntry(family="prop", status="spec-only", signature=Signature(
-        forall=forall, params=params, inputs=inputs, outputs=outputs, shape_rules=tuple(rules)))
+        forall=forall, params=params, inputs=inputs, outputs=outputs, let=lets,
+        shape_rules=tuple(rules)))
     values = {"k": draw(st.integers(0, 3))} if use_param else {}
     return entry, values
 
@@ -142,6 +152,7 @@ def describe(entry: OpEntry, params: dict[str, Any]) -> str:
         lines.append(f"  {n}: Tensor[{d.dtype.text}, {d.shape.text}]{opt}")
     for n, d in sig.outputs.items():
         lines.append(f"  -> {n}: Tensor[{d.dtype.text}, {d.shape.text}]")
+    lines += [f"  let {n} = {e.text}" for n, e in sig.let.items()]
     lines += [f"  where {r.text}" for r in sig.shape_rules]
     return "\n".join(lines)
 
@@ -149,7 +160,17 @@ def describe(entry: OpEntry, params: dict[str, Any]) -> str:
 # --- random calls ----------------------------------------------------------------------------
 
 
+def with_lets(entry: OpEntry, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` and every let whose names all have values."""
+    out = dict(values)
+    for n, e in entry.signature.let.items():
+        if set(e.names()) <= set(out):
+            out[n] = evaluate(e.node, Scope(out))
+    return out
+
+
 def declared(entry: OpEntry, scope_values: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+    scope_values = with_lets(entry, scope_values)
     for n, d in entry.signature.inputs.items():
         yield n, (eval_shape(d.shape.node, Scope(scope_values)),
                   scope_values.get(d.dtype.text, d.dtype.text))
@@ -214,9 +235,13 @@ def reference(entry: OpEntry, params: dict[str, Any],
     slices = {()} | {tuple(t.shape[a:b]) for _, _, t in given_
                      for a in range(len(t.shape) + 1) for b in range(a, len(t.shape) + 1)
                      if b - a <= 4}
+    def names(d: InputDecl) -> list[str]:  # a let stands for the names it reads
+        return [m for n in d.shape.names()
+                for m in (sig.let[n].names() if n in sig.let else [n])]
+
     order: list[str] = []
     for _, d, _ in given_:
-        for n in [d.dtype.text, *d.shape.names()]:
+        for n in [d.dtype.text, *names(d)]:
             if n in sig.forall and n not in order:
                 order.append(n)
     order += [n for n in sig.forall if n not in order]
@@ -232,13 +257,14 @@ def reference(entry: OpEntry, params: dict[str, Any],
     def fits(d: InputDecl, t: Fake, values: dict[str, Any]) -> bool:
         dtype = values.get(d.dtype.text, d.dtype.text)
         try:
-            return dtype == t.dtype and eval_shape(d.shape.node, Scope(values)) == t.shape
+            return dtype == t.dtype and eval_shape(
+                d.shape.node, Scope(with_lets(entry, values))) == t.shape
         except EvalError:
             return False
 
     found: list[tuple[dict[str, Any], tuple]] = []
     # the depth after which each input's names all have values
-    ready = [max([order.index(n) + 1 for n in {d.dtype.text, *d.shape.names()}
+    ready = [max([order.index(n) + 1 for n in {d.dtype.text, *names(d)}
                   if n in sig.forall], default=0) for _, d, _ in given_]
 
     def search(i: int, values: dict[str, Any]) -> None:
@@ -246,7 +272,7 @@ def reference(entry: OpEntry, params: dict[str, Any],
             if r == i and not fits(d, t, values):
                 return  # an input whose names just got their values fails: prune
         if i == len(order):
-            scope = Scope({**params, **values})
+            scope = Scope(with_lets(entry, {**params, **values}))
             if not all(evaluate(r.node, scope) for r in sig.shape_rules):
                 return
             outs = tuple((eval_shape(o.shape.node, scope), values.get(o.dtype.text, o.dtype.text))

@@ -10,8 +10,8 @@ Two implementations serve the one slot :class:`RowNormFwdInterface`:
     a row) is read once into registers with 16-byte vector loads, reduced with warp shuffles
     (and shared memory across the warps of a row), normalized and written from registers.
     Memory traffic is the floor: each input read once, each output written once. It serves
-    rows whose share per thread fits the register budget (128 bytes a thread, up to 1024
-    threads: rows up to 128 KiB).
+    rows whose share per thread fits the register budget (128 bytes a thread, up to 512
+    threads: rows up to 64 KiB).
 :class:`RowNormLoopedKernel` -- the general one: any ``N``. One CTA a row, 1024 threads,
     walking the row in chunks twice (sums, then normalize and write); the second read comes
     from L2 for all but the widest rows.
@@ -50,6 +50,9 @@ _WARP = 32
 #: bytes of a row one thread may hold in registers (beyond this the looped kernel runs)
 _HELD_BYTES_PER_THREAD = 128
 _MAX_THREADS = 1024
+_MAX_REGISTER_THREADS = 512
+#: fewer rows than this are latency-bound (about one row per SM of an H100/H200)
+FEW_ROWS = 132
 
 
 class RowNormSpec(CallSpec, frozen=True):
@@ -61,6 +64,7 @@ class RowNormSpec(CallSpec, frozen=True):
     eps: float
     has_weight: bool
     has_bias: bool
+    few_rows: bool = False  # fewer than FEW_ROWS rows: a latency-bound launch plan
 
 
 class RowNormFwdInterface(KernelInterface):
@@ -94,31 +98,44 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-def register_plan(n: int, dtype: str) -> tuple[int, int, int, int] | None:
+def register_plan(n: int, dtype: str, few_rows: bool = False
+                  ) -> tuple[int, int, int, int] | None:
     """``(threads_per_row, rows_per_cta, vec, per)`` for the register kernel, or None when a
     row does not fit: each thread holds ``per`` accesses of ``vec`` elements.
 
-    Chosen from a sweep on the H200 (benchmarks/results/norm_sweep.txt): 16-byte accesses do
-    best with 8 in flight per thread (128 B) and at most 256 threads a row (16384 x bf16:
-    256 threads x 8 reached 4180 GB/s, 512 x 4 only 3024); narrower accesses with about 16
-    (4097 x bf16, one element each: 256 x 17 gave 3348 GB/s, 1024 x 5 gave 1262); short rows
-    pack several rows (one warp each) into a 256-thread CTA (128 x bf16: 8 rows a CTA 1815
-    GB/s, 4 rows 1379). A thread holds at most _HELD_BYTES_PER_THREAD of its row; wider rows
-    spread over up to 1024 threads, and beyond that go to the looped kernel.
+    Chosen from sweeps on the H200 (benchmarks/results/norm_sweep.txt and norm.md):
+
+    - many rows (bandwidth-bound): 16-byte accesses do best with 8 in flight per thread
+      (128 B) on 128 to 256 threads a row (16384 x bf16: 256 threads x 8 reached 4180 GB/s,
+      512 x 4 only 3024); narrower accesses with about 16 (4097 x bf16, one element each:
+      256 x 17 gave 3348 GB/s, 1024 x 5 gave 1262). Rows of at most a warp's share pack 8
+      rows (one warp each) into a CTA (128 x bf16: 1815 GB/s against 1379 with 4); wider
+      rows take a CTA each (two 128-thread rows a CTA cost LayerNorm a third of its rate).
+    - few rows (fewer than the SMs: latency-bound): spread a row over as many threads as
+      give each at most two accesses.
+
+    A thread holds at most _HELD_BYTES_PER_THREAD of its row; wider rows spread over up to
+    _MAX_REGISTER_THREADS threads, and beyond that go to the looped kernel (64 x 65536 x
+    bf16: looped 2380 GB/s, 1024 threads x 8 held 1779).
     """
     item = _ITEMSIZE[dtype]
     vec = _vec(n, dtype)
     width = vec * item
     nv = -(-n // vec)  # accesses in a row
-    want = 8 if width >= _VECTOR_BYTES else 16
-    tpr = min(256, max(_WARP, _pow2_at_least(-(-nv // want))))
+    if few_rows:
+        tpr = min(_MAX_REGISTER_THREADS, max(_WARP, _pow2_at_least(-(-nv // 2))))
+    else:
+        want = 8 if width >= _VECTOR_BYTES else 16
+        tpr = _pow2_at_least(-(-nv // want))
+        tpr = _WARP if tpr <= _WARP else min(256, max(128, tpr))
     per = -(-nv // tpr)
     if per * width > _HELD_BYTES_PER_THREAD:
-        tpr = min(_MAX_THREADS, _pow2_at_least(-(-nv * width // _HELD_BYTES_PER_THREAD)))
+        tpr = min(_MAX_REGISTER_THREADS,
+                  _pow2_at_least(-(-nv * width // _HELD_BYTES_PER_THREAD)))
         per = -(-nv // tpr)
         if per * width > _HELD_BYTES_PER_THREAD:
             return None
-    rpc = 256 // tpr if tpr < 256 else 1
+    rpc = 256 // _WARP if tpr == _WARP and not few_rows else 1
     return tpr, rpc, vec, per
 
 
@@ -376,10 +393,11 @@ _compile_lock = threading.Lock()
 @functools.lru_cache(maxsize=256)
 def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                           has_bias: bool, target: str | None = None,
-                          plan: tuple[int, int, int, int] | None = None):
+                          plan: tuple[int, int, int, int] | None = None,
+                          few_rows: bool = False):
     """Compile the register kernel (cached per configuration). ``plan`` overrides
     :func:`register_plan` (``(threads_per_row, rows_per_cta, vec, per)``), for tuning."""
-    plan = plan or register_plan(n, dtype)
+    plan = plan or register_plan(n, dtype, few_rows)
     if plan is None:
         raise ValueError(f"a row of {n} {dtype} does not fit the register kernel")
     tpr, rpc, vec, per = plan
@@ -389,7 +407,8 @@ def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight:
 
 @functools.lru_cache(maxsize=256)
 def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
-                        has_bias: bool, target: str | None = None):
+                        has_bias: bool, target: str | None = None, plan: Any = None,
+                        few_rows: bool = False):
     threads, vec, per = looped_plan(n, dtype)
     prog = looped_program(kind, n, dtype, eps, has_weight, has_bias, threads, vec, per)
     return _compile(prog, target)
@@ -415,12 +434,13 @@ class _RowNormKernel(Kernel, RowNormFwdInterface):
     @classmethod
     def identity(cls, spec: RowNormSpec):
         return (spec.kind, spec.n, spec.dtype, spec.eps, spec.has_weight, spec.has_bias,
-                spec.device)
+                spec.device, spec.few_rows)
 
     def __init__(self, spec: RowNormSpec) -> None:
         super().__init__(spec)
         self.program = type(self)._build(spec.kind, spec.n, spec.dtype, spec.eps,
-                                         spec.has_weight, spec.has_bias)
+                                         spec.has_weight, spec.has_bias, None, None,
+                                         spec.few_rows)
         self._dummies: dict[Any, Any] = {}
 
     def _dummy(self, like):
@@ -450,9 +470,9 @@ class RowNormRegisterKernel(_RowNormKernel):
 
     @classmethod
     def region_refusal(cls, spec: RowNormSpec) -> str | None:
-        if register_plan(spec.n, spec.dtype) is None:
+        if register_plan(spec.n, spec.dtype, spec.few_rows) is None:
             return (f"a row of {spec.n} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
-                    f"bytes a thread holds at {_MAX_THREADS} threads")
+                    f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
         return None
 
 

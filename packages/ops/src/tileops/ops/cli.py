@@ -18,6 +18,7 @@ invalid spec, an op that failed), 2 bad usage (an unknown op, device, dtype or o
 from __future__ import annotations
 
 import datetime as _dt
+import importlib
 import importlib.metadata
 import json
 import os
@@ -309,7 +310,7 @@ def bench(op: str, against: str, device: str | None, dtypes: tuple[str, ...],
     import torch
 
     from .cli_bench import CONTENDERS, bench_contenders, write_json, write_markdown, write_plot
-    from .cli_core import closest
+    from .cli_core import closest, did_you_mean
     from .cli_core import peaks as measure_peaks
 
     if device is None:
@@ -324,10 +325,8 @@ def bench(op: str, against: str, device: str | None, dtypes: tuple[str, ...],
     for name in _split([against]):
         found = CONTENDERS.get(name.lower())
         if found is None:
-            near = closest(name, CONTENDERS)
-            hint = f"; did you mean {' or '.join(near)}?" if near else ""
-            raise UsageProblem(f"unknown contender {name!r}{hint} valid: "
-                               f"{', '.join(CONTENDERS)}")
+            raise UsageProblem(f"unknown contender {name!r}; valid: {', '.join(CONTENDERS)}"
+                               f"{did_you_mean(closest(name, CONTENDERS))}")
         if found not in contenders:
             contenders.append(found)
     plan, dev, tgt, cap = _prepare([op], device, dtypes, workloads, max_elements, target)
@@ -440,13 +439,12 @@ def explain(op: str, code: bool, params: tuple[str, ...]) -> None:
     from tileops.signature import SignaturePlan
     from tileops.signature import explain as explain_signature
 
-    from .cli_core import closest
+    from .cli_core import closest, did_you_mean
 
     entries = _entries()
     if op not in entries:
-        near = closest(op, entries)
-        hint = f"; did you mean {' or '.join(near)}?" if near else ""
-        raise UsageProblem(f"unknown op {op!r}{hint} (tileops list shows them all)")
+        raise UsageProblem(f"unknown op {op!r}{did_you_mean(closest(op, entries))} "
+                           f"(tileops list shows them all)")
     entry, file, adts, cls = entries[op]
     plan = cls._signature if cls is not None else SignaturePlan(op, entry, spec=file, adts=adts,
                                                                validate=False)
@@ -536,7 +534,7 @@ def scaffold(op: str, spec_path: Path | None, out_path: Path | None) -> None:
     from tileops.spec import SpecError
 
     from . import SPEC_DIR
-    from .cli_core import closest
+    from .cli_core import closest, did_you_mean
     from .cli_scaffold import ScaffoldError, module_name_for, scaffold_source
 
     source_path = spec_path or SPEC_DIR
@@ -549,9 +547,8 @@ def scaffold(op: str, spec_path: Path | None, out_path: Path | None) -> None:
                                    f"(tileops check {source_path})") from None
     found = specs.find(op)
     if found is None:
-        near = closest(op, specs.names())
-        hint = f"; did you mean {' or '.join(near)}?" if near else ""
-        raise UsageProblem(f"no entry {op!r} in {source_path}{hint}")
+        raise UsageProblem(f"no entry {op!r} in {source_path}"
+                           f"{did_you_mean(closest(op, specs.names()))}")
     entry, file, adts = found
     out = out_path or Path(f"{module_name_for(op)}.py")
     if out.exists():
@@ -591,10 +588,11 @@ def _version(dist: str, module: str) -> str:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
         try:
-            mod = __import__(module, fromlist=["__version__"])
-            return f"{getattr(mod, '__version__', '?')} (from source)"
+            mod = importlib.import_module(module)
         except ImportError:
             return "not installed"
+        version = getattr(mod, "__version__", None)
+        return f"{version} (source tree)" if version else "source tree"
 
 
 def _dir_size(path: Path) -> tuple[int, int]:
@@ -666,9 +664,10 @@ def env_cmd(as_json: bool) -> None:
     lines.append(f"cache: {c['dir']} ({state})")
     lines.append(f"targets: {', '.join(info['targets'])}; default: {info['default_target']}")
     lines.append("knobs:")
+    width = max(map(len, info["knobs"]))
     for k, v in info["knobs"].items():
-        lines.append(f"  {k}={v if v is not None else ''}  # {env.KNOBS[k]}"
-                     + ("" if v is not None else " (unset)"))
+        shown = repr(v) if v is not None else "(unset)"
+        lines.append(f"  {k:<{width}}  {shown:<10}  {env.KNOBS[k]}")
     click.echo("\n".join(lines))
 
 
@@ -729,4 +728,4 @@ def cache_info() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(prog_name="tileops")

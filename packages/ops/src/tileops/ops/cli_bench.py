@@ -145,7 +145,7 @@ def markdown(header: dict[str, Any], results: list, contenders: Sequence[str]) -
 
 
 def _fmt_gbps(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f}"
+    return "-" if v is None else f"{v:.3g}"
 
 
 def write_markdown(path: Path, header: dict[str, Any], results: list,
@@ -204,6 +204,9 @@ def write_plot(path: Path, header: dict[str, Any], results: list, contenders: Se
         bars.bar([j + i * width for j in range(len(results))], vals, width, label=name)
     bars.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(results))], labels,
                     rotation=60, ha="right", fontsize=7)
+    shown = [v for r in results for v in [_gbps(r.bytes, r.time_s)] if v]
+    if shown and max(shown) / min(shown) > 100:
+        bars.set_yscale("log")
     bars.set_ylabel("achieved GB/s (roofline bytes / time)")
     bars.set_title("per workload")
     bars.legend(fontsize=8)

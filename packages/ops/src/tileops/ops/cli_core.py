@@ -33,6 +33,7 @@ __all__ = [
     "UsageProblem",
     "available_devices",
     "closest",
+    "did_you_mean",
     "make_inputs",
     "op_classes",
     "parse_device",
@@ -80,8 +81,15 @@ def closest(word: str, choices: Iterable[str], n: int = 3) -> list[str]:
 
 
 def _did_you_mean(word: str, choices: Iterable[str]) -> str:
-    near = closest(word, choices)
-    return f"; did you mean {' or '.join(near)}?" if near else ""
+    return did_you_mean(closest(word, choices))
+
+
+def did_you_mean(near: Sequence[str]) -> str:
+    """``"; did you mean A, B or C?"`` (empty when there is nothing near)."""
+    if not near:
+        return ""
+    text = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
+    return f"; did you mean {text}?"
 
 
 # --- ops ------------------------------------------------------------------------------------

@@ -43,8 +43,8 @@ def fmt_rate(flops: int | None, nbytes: int | None, seconds: float | None,
     if not seconds or flops is None or nbytes is None:
         return "-"
     if memory_bound:
-        return f"{nbytes / seconds / 1e9:.1f} GB/s"
-    return f"{flops / seconds / 1e12:.2f} TFLOP/s"
+        return f"{nbytes / seconds / 1e9:.3g} GB/s"
+    return f"{flops / seconds / 1e12:.3g} TFLOP/s"
 
 
 def fmt_frac(frac: float | None) -> str:

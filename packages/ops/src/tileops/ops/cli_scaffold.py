@@ -17,7 +17,7 @@ The module follows the scaffold playbook of the op interface design, on this lib
 
 Every identifier written into the source passed ``str.isidentifier()`` and is not a keyword;
 spec text (the entry's ``doc``, the spec path) reaches the source only as string literals
-written by :func:`_literal` (``repr`` where a triple-quoted literal could not hold it), and
+(:func:`_docstring`, :func:`_string`: ``repr`` where a quoted literal could not hold it), and
 defaults only as ``repr`` of plain values that ``ast.literal_eval`` reads back equal. The
 result is parsed before it is written.
 """
@@ -25,9 +25,11 @@ result is parsed before it is written.
 from __future__ import annotations
 
 import ast
+import inspect
 import keyword
 import os
 import re
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -77,19 +79,49 @@ def _ident(text: str, what: str) -> str:
     return text
 
 
-def _literal(text: str) -> str:
-    """A Python string literal for ``text``: triple-quoted where that holds it verbatim, else
-    ``repr``. Either way ``ast.literal_eval`` of the result is ``text``."""
-    plain = (
+def _plain(text: str) -> bool:
+    """Whether ``text`` can sit verbatim between triple double quotes."""
+    return (
         '"""' not in text
         and "\\" not in text
         and not text.endswith('"')
         and all(c == "\n" or c.isprintable() for c in text)
     )
-    lit = f'"""{text}"""' if plain else repr(text)
-    if ast.literal_eval(lit) != text:  # pragma: no cover - both forms above round-trip
+
+
+def _string(text: str) -> str:
+    """A one-line Python string literal for ``text`` (double quotes where they hold it)."""
+    lit = f'"{text}"' if _plain(text) and '"' not in text and "\n" not in text else repr(text)
+    if ast.literal_eval(lit) != text:  # pragma: no cover - both forms round-trip
         raise ScaffoldError("cannot write a string literal for the entry's text")
     return lit
+
+
+def _docstring(text: str, indent: str, width: int = 96) -> list[str]:
+    """The lines of a docstring holding ``text`` at ``indent``: paragraphs are filled to
+    ``width``, lines starting with spaces are kept as they are. Spec text that a triple-quoted
+    literal cannot hold verbatim is written with ``repr`` on one line."""
+    paragraphs = []
+    for para in text.strip().split("\n\n"):
+        if para.startswith(" ") or "\n " in para:
+            paragraphs.append(para)
+        else:
+            paragraphs.append(textwrap.fill(para, width - len(indent),
+                                            break_long_words=False, break_on_hyphens=False))
+    body = "\n\n".join(paragraphs)
+    if not _plain(body):
+        return [indent + _string(text.strip())]
+    lines = body.split("\n")
+    if len(lines) == 1:
+        out = [f'{indent}"""{lines[0]}"""']
+    else:
+        out = [f'{indent}"""{lines[0]}']
+        out += [(indent + line) if line.strip() else "" for line in lines[1:]]
+        out.append(f'{indent}"""')
+    value = ast.literal_eval("\n".join(out).strip())
+    if inspect.cleandoc(value) != inspect.cleandoc(body):  # pragma: no cover
+        raise ScaffoldError("cannot write a docstring for the entry's text")
+    return out
 
 
 def _value(v: Any) -> str:
@@ -217,18 +249,15 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
 
     rel = _relative_parts(spec_path, out_path)
     doc = entry.doc.strip()
-    spec_label = spec_path.name
     L: list[str] = []
-    module_doc = (
-        f"{cls}: the op of the spec entry {cls} ({spec_label}).\n\n"
+    L += _docstring(
+        f"{cls}: the op of the spec entry {cls} ({spec_path.name}).\n\n"
         + (f"The entry: {doc}\n\n" if doc else "")
-        + f"Checks, output inference, effects and the roofline come from the entry. What is\n"
-        f"left to write: an implementation of {iface} (a tileops.runtime.Kernel subclass\n"
-        f"that also subclasses {iface}, usually in tileops.kernels) listed in kernel_types,\n"
-        f"or a target builder (tileops.runtime.register_builder). To ship the op, import it\n"
-        f"in its package's __init__ and list it in that module's __all__.\n"
-    )
-    L.append(_literal(module_doc))
+        + f"Checks, output inference, effects and the roofline come from the entry. What is "
+        f"left to write: an implementation of {iface} (a tileops.runtime.Kernel subclass that "
+        f"also subclasses {iface}, usually in tileops.kernels) listed in kernel_types, or a "
+        f"target builder (tileops.runtime.register_builder). To ship the op, import it in its "
+        f"package's __init__ and list it in that module's __all__.", "")
     L.append("")
     L.append("from __future__ import annotations")
     L.append("")
@@ -240,12 +269,19 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
     L.append("")
     L.append("from tileops.runtime import CallSpec, KernelInterface, Op, SpecSet")
     L.append("")
-    L.append(f"__all__ = [{', '.join(repr(x) for x in sorted([cls, iface, call_spec]))}]")
+    L.append(f"__all__ = [{', '.join(_string(x) for x in sorted([cls, iface, call_spec]))}]")
     L.append("")
     L.append("#: the spec file the entry comes from; the op reads its entry from this set")
-    parts = ", ".join(_literal(p) for p in rel)
-    L.append(f"SPEC_FILE = Path(__file__).resolve().parent.joinpath({parts})" if rel[0] != "/"
-             else f"SPEC_FILE = Path({_literal(str(spec_path))})")
+    if rel is None:
+        L.append(f"SPEC_FILE = Path({_string(str(spec_path))})")
+    else:
+        line = f"SPEC_FILE = Path(__file__).resolve().parent / {_string(rel)}"
+        if len(line) <= 100:
+            L.append(line)
+        elif len(inner := f"    Path(__file__).resolve().parent / {_string(rel)}") <= 100:
+            L += ["SPEC_FILE = (", inner, ")"]
+        else:
+            L += ["SPEC_FILE = (", "    Path(__file__).resolve().parent", f"    / {_string(rel)}", ")"]
     L.append("SPECS = SpecSet.load(SPEC_FILE)")
     L.append("")
     L.append("")
@@ -261,7 +297,8 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
         L.append("")
         L.append("")
     L.append(f"class {call_spec}(CallSpec, frozen=True):")
-    L.append(f"    {_literal(f'What an implementation of the {slot} slot is told about a call, besides the device.')}")
+    L += _docstring(f"What an implementation of the {slot} slot is told about a call, besides "
+                    f"the device.", "    ")
     L.append("")
     for fname, ftype, _ in fields:
         L.append(f"    {fname}: {ftype}")
@@ -269,9 +306,10 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
     L.append("")
     L.append(f"class {iface}(KernelInterface):")
     sig_text = ", ".join(local[t] for t in tensors)
-    L.append(f"    {_literal(f'The {slot} slot: forward({sig_text}) writes the outputs; absent optional inputs are None.')}")
+    L += _docstring(f"The {slot} slot: forward({sig_text}) writes the outputs; absent optional "
+                    f"inputs are None.", "    ")
     L.append("")
-    L.append(f"    slot = {_literal(slot)}")
+    L.append(f"    slot = {_string(slot)}")
     L.append(f"    call_spec = {call_spec}")
     L.append("")
     L.append("")
@@ -280,13 +318,8 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
     for n, p in params.items():
         default = "" if p.required else f" (default {_value(p.default)})"
         args_doc.append(f"    {n}: {_annotation(kinds[n])}{default}.")
-    class_doc = (
-        (f"{doc}\n\n" if doc else f"The {cls} op.\n\n")
-        + "Args:\n"
-        + "".join(f"{a}\n" for a in args_doc)
-        + "    target, kernel_map, tune: see tileops.runtime.Op.\n"
-    )
-    L.append("    " + _literal(class_doc).replace("\n", "\n    "))
+    args_doc.append("    target, kernel_map, tune: see tileops.runtime.Op.")
+    L += _docstring((doc or f"The {cls} op.") + "\n\nArgs:\n" + "\n".join(args_doc), "    ")
     L.append("")
     L.append("    #: the kernel slot this op runs, and its implementations (Kernel classes)")
     L.append(f"    kernel_types = {{{iface}: ()}}")
@@ -296,13 +329,13 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
         ann = _annotation(kinds[n])
         sig_args.append(f"{n}: {ann}" if p.required else f"{n}: {ann} = {_value(p.default)}")
     sig_args += ["target: str | None = None", "kernel_map=None", "tune: bool = False"]
-    L += _wrap(["*", *sig_args], "    def __init__(self, ", "        ", ") -> None:")
+    L += _wrap(["self", "*", *sig_args], "    def __init__(", "        ", ") -> None:")
     super_args = [f"{n}={n}" for n in params] + ["target=target", "kernel_map=kernel_map",
                                                  "tune=tune"]
     L += _wrap(super_args, "        super().__init__(", "            ", ")")
     L.append("")
-    fwd = ["call", *(local[t] for t in tensors)]
-    L += _wrap(fwd, "    def forward(self, ", "        ", ") -> None:")
+    fwd = ["self", "call", *(local[t] for t in tensors)]
+    L += _wrap(fwd, "    def forward(", "        ", ") -> None:")
     L.append(f"        spec = {call_spec}(")
     L.append("            call.device,")
     for fname, _, value in fields:
@@ -310,7 +343,7 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
     L.append("        )")
     L += _wrap([local[t] for t in tensors], f"        self.kernel({iface}, spec)(",
                "            ", ")")
-    source = "\n".join(L).replace(" \n", "\n") + "\n"
+    source = "\n".join(L) + "\n"
     tree = ast.parse(source)  # what was assembled is Python, with the classes named as meant
     names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
     if names != [call_spec, iface, cls]:  # pragma: no cover - a bug in this module
@@ -318,11 +351,11 @@ def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_pat
     return source
 
 
-def _relative_parts(spec_path: Path, out_path: Path) -> list[str]:
+def _relative_parts(spec_path: Path, out_path: Path) -> str | None:
     spec_path = spec_path.resolve()
     base = out_path.resolve().parent
     try:
         rel = os.path.relpath(spec_path, base)
     except ValueError:  # another drive
-        return ["/"]
-    return list(Path(rel).parts)
+        return None
+    return Path(rel).as_posix()

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from tileops.kernels.norm import (
+    FEW_ROWS,
     RowNormFwdInterface,
     RowNormLoopedKernel,
     RowNormRegisterKernel,
@@ -64,13 +65,13 @@ class RMSNormFwdOp(Op):
 
     def forward(self, call, x, weight, y) -> None:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        spec = RowNormSpec(call.device, "rms", self.n, NAMES[x.dtype], eps,
-                           weight is not None, False)
         n = self.n
         if x.dim() != 2 or not x.is_contiguous():  # the common (rows, N) case needs no view
             x, y = _rows(x, n), _rows(y, n)
         if weight is not None and (weight.dim() != 1 or not weight.is_contiguous()):
             weight = _flat(weight, n)
+        spec = RowNormSpec(call.device, "rms", n, NAMES[x.dtype], eps, weight is not None,
+                           False, x.shape[0] < FEW_ROWS)
         self.kernel(RowNormFwdInterface, spec)(x, None, weight, None, y, None)
 
 
@@ -91,7 +92,7 @@ class FusedAddRMSNormFwdOp(Op):
     def forward(self, call, x, residual, weight, y, residual_out) -> None:
         n = x.shape[-1]
         spec = RowNormSpec(call.device, "add_rms", n, NAMES[x.dtype], self.eps,
-                           weight is not None, False)
+                           weight is not None, False, x.numel() // max(n, 1) < FEW_ROWS)
         if self.inplace and not (x.is_contiguous() and residual.is_contiguous()):
             raise ValueError(
                 f"{type(self).__name__}(inplace=True) writes into x and residual, so both must be "
@@ -117,7 +118,8 @@ class LayerNormFwdOp(Op):
 
     def forward(self, call, x, weight, bias, y) -> None:
         spec = RowNormSpec(call.device, "layer", self.n, NAMES[x.dtype], self.eps,
-                           weight is not None, bias is not None)
+                           weight is not None, bias is not None,
+                           x.numel() // max(self.n, 1) < FEW_ROWS)
         self.kernel(RowNormFwdInterface, spec)(
             _rows(x, self.n), None, _flat(weight, self.n), _flat(bias, self.n),
             _rows(y, self.n), None)

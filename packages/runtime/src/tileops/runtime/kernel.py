@@ -118,10 +118,16 @@ def select(interface: type, candidates: Iterable[type[Kernel]], spec: Any) -> ty
             applicable.append(k)
         else:
             refusals[k] = why
-    special = [k for k in applicable if not k.general]
-    beaten = {loser for k in special for loser in k.preferred_over}
-    special = [k for k in special if k not in beaten]
+    claimants = [k for k in applicable if not k.general]
+    beaten = {loser for k in claimants for loser in k.preferred_over}
+    special = [k for k in claimants if k not in beaten]
     name = getattr(interface, "slot", "") or interface.__name__
+    if claimants and not special:  # every claimant is beaten by another: a preference cycle
+        names = " and ".join(k.__name__ for k in claimants)
+        raise AmbiguousKernelError(
+            f"{name}: {names} claim {spec!r} and each is preferred_over another; break the "
+            f"cycle"
+        )
     if len(special) == 1:
         return special[0]
     if len(special) > 1:

@@ -193,7 +193,8 @@ class Op:
 
     @property
     def built_entries(self) -> dict:
-        return {i: dict(v) for i, v in self._built_entries.items()}
+        with self._lock:
+            return {i: dict(v) for i, v in self._built_entries.items()}
 
     def eval_roofline(self) -> tuple[int, int]:
         """``(flops, bytes)`` of the last successful call."""
@@ -514,10 +515,12 @@ class Op:
 
     def iter_kernels(self) -> Iterator[Any]:
         """Every built entry and target kernel of this op and its delegates."""
-        for built in self._built_entries.values():
-            yield from built.values()
-        yield from self._target_kernels.values()
-        for d in self._delegates.values():
+        with self._lock:  # a snapshot: other threads may be building
+            mine = [e for built in self._built_entries.values() for e in built.values()]
+            mine += self._target_kernels.values()
+            delegates = list(self._delegates.values())
+        yield from mine
+        for d in delegates:
             yield from d.iter_kernels()
 
     # --- failure and reset (step 7) ------------------------------------------------------------
@@ -538,19 +541,23 @@ class Op:
     def request_tune(self) -> None:
         """Tune: entries already built get the request now (in-tree entries; target kernels
         once on each device they live on); entries built later start in tuning mode."""
-        self._tune_requested = True
-        for built in self._built_entries.values():
-            for entry in built.values():
-                if hasattr(entry, "request_tune"):
-                    entry.request_tune()
-        seen: set[tuple[int, Any]] = set()
-        for key, kernel in self._target_kernels.items():
-            device = key[0]
-            if (id(kernel), device) in seen:
-                continue
-            seen.add((id(kernel), device))
-            self._tune_target_kernel(kernel)
-        for d in self._delegates.values():
+        # under the lock that builds take: an entry being built either sees the flag or is
+        # already in the tables (never both, never neither), and no table changes mid-loop
+        with self._lock:
+            self._tune_requested = True
+            for built in self._built_entries.values():
+                for entry in built.values():
+                    if hasattr(entry, "request_tune"):
+                        entry.request_tune()
+            seen: set[tuple[int, Any]] = set()
+            for key, kernel in self._target_kernels.items():
+                device = key[0]
+                if (id(kernel), device) in seen:
+                    continue
+                seen.add((id(kernel), device))
+                self._tune_target_kernel(kernel)
+            delegates = list(self._delegates.values())
+        for d in delegates:
             d.request_tune()
 
     def _tune_target_kernel(self, kernel: Any) -> None:
@@ -584,6 +591,10 @@ class Op:
     def stage(self, name: str) -> Iterator[None]:
         """Record the delegate calls made inside into the stage ``name`` of this call."""
         state = self._delegate_stages
+        if getattr(state, "finished", None) is None:
+            raise StageError(f"{type(self).__name__}: stage {name!r} opened outside the "
+                             f"forward of a call; stages record a composite op's delegate "
+                             f"calls (declare delegate_types)")
         if getattr(state, "current", None) is not None:
             raise StageError(f"{type(self).__name__}: stage {name!r} opened inside stage "
                              f"{state.current[0]!r}")

@@ -863,6 +863,9 @@ class _Body:
         # whole shape and the slice bounds instead.
         self.pending: dict[str, tuple[str, int, int]] = {}
         self.forms: dict[str, E.Node] = {}
+        # axes that cannot be unified where they stand (two unknowns, a let, a non-affine
+        # form): solved once later inputs bind their indices, or checked after the lets
+        self.deferred: list[tuple[str, E.Node, str, str, str, str]] = []
         self.lines.append("try:")
         body_start = len(self.lines)
         self.ind = "    "
@@ -870,11 +873,15 @@ class _Body:
             if n in presence and not presence[n]:
                 continue
             self.unify(n, decl)
+        self.solve_deferred()
         missing = [n for n in self.sig.forall if n not in self.bound_set]
         if missing:
-            raise _GenError(f"forall index {missing[0]} is not bound by the inputs in "
-                            f"declaration order")
+            raise _GenError(f"forall index {missing[0]} is not bound by the inputs")
         self.lets()
+        for n, it, at, disp, expected, path in self.deferred:
+            if self.unbound(it):
+                raise _GenError(f"{n}: axis {E.unparse(it)} cannot be unified")
+            self.check_axis(n, it, at, disp, expected, path)
         self.refinements()
         self.outputs()
         del body_start
@@ -1043,28 +1050,57 @@ class _Body:
             nxt = right.add(1)
         at = f"s_{n}[{ax}]"
         disp = f"{n}.shape[{ax}]"
-        unbound = [m for m in E.names(it) if m not in self.bound_set and m not in self.g.const]
-        if isinstance(it, E.Name) and unbound == [it.id]:
+        unbound = self.unbound(it)
+        if len(unbound) == 1 and self.solvable(it, unbound[0]):
+            self.solve_axis(n, it, at, disp, expected, path, unbound[0])
+        elif unbound:
+            self.deferred.append((n, it, at, disp, expected, path))
+        else:
+            self.check_axis(n, it, at, disp, expected, path)
+        return nxt
+
+    def unbound(self, it: E.Node) -> list[str]:
+        return [m for m in E.names(it) if m not in self.bound_set and m not in self.g.const]
+
+    def solvable(self, it: E.Node, x: str) -> bool:
+        """``x`` can be read off an axis ``it``: a bare forall index, or ``it`` is affine in it
+        (the validator's rule: +, -, and * by a known factor)."""
+        return x in self.sig.forall and (isinstance(it, E.Name) or _affine_in(it, x))
+
+    def solve_deferred(self) -> None:
+        progress = True
+        while progress:  # as the validator does: until no deferred axis binds anything
+            progress = False
+            for d in list(self.deferred):
+                n, it, at, disp, expected, path = d
+                unbound = self.unbound(it)
+                if len(unbound) == 1 and self.solvable(it, unbound[0]):
+                    self.deferred.remove(d)
+                    self.solve_axis(n, it, at, disp, expected, path, unbound[0])
+                    progress = True
+
+    def solve_axis(self, n: str, it: E.Node, at: str, disp: str, expected: str, path: str,
+                   x: str) -> None:
+        if isinstance(it, E.Name):
             self.bind(it.id, at, disp)
-            return nxt
-        if len(unbound) == 1:
-            x = unbound[0]
-            b = self.g.fold(_subst(it, {x: E.Int(0)}, {}), self.presence, self.bound_set)
-            a1 = self.g.fold(_subst(it, {x: E.Int(1)}, {}), self.presence, self.bound_set)
-            bc, a1c = self.expr(b), self.expr(a1)
-            text = E.unparse(it)
-            self.emit(f"i_{x}, _r = divmod({at} - ({bc}), ({a1c}) - ({bc}))")
-            # the failure lists what was bound before: x has no value when there is no solution
-            fid = self.fail_id(n, expected, lambda env, at=at, text=text, x=x, d=disp:
-                               f"{d} is {_ev(at, env)}, but {text} has no solution "
-                               f"{x} >= 0 there", path)
-            self.bound.append(x)
-            self.bound_set.add(x)
-            self.by[x] = disp
-            self.check(f"_r == 0 and i_{x} >= 0", fid)
-            return nxt
-        if unbound:
-            raise _GenError(f"{n}: axis {E.unparse(it)} has two unknowns")
+            return
+        b = self.g.fold(_subst(it, {x: E.Int(0)}, {}), self.presence, self.bound_set)
+        a1 = self.g.fold(_subst(it, {x: E.Int(1)}, {}), self.presence, self.bound_set)
+        bc, a1c = self.expr(b), self.expr(a1)
+        text = E.unparse(it)
+        self.emit(f"i_{x}, _r = divmod({at} - ({bc}), ({a1c}) - ({bc}))")
+        # the failure lists what was bound before: x has no value when there is no solution
+        fid = self.fail_id(n, expected, lambda env, at=at, text=text, x=x, d=disp:
+                           f"{d} is {_ev(at, env)}, but {text} has no solution "
+                           f"{x} >= 0 there", path)
+        self.bound.append(x)
+        self.bound_set.add(x)
+        self.by[x] = disp
+        self.check(f"_r == 0 and i_{x} >= 0", fid)
+
+    def check_axis(self, n: str, it: E.Node, at: str, disp: str, expected: str,
+                   path: str) -> None:
+        """``at`` must equal ``it``, whose indices are all bound."""
         code = self.expr(it)
         text = E.unparse(it)
         if isinstance(it, E.Name) and it.id in self.by:
@@ -1079,7 +1115,6 @@ class _Body:
             fid = self.fail_id(n, expected, lambda env, at=at, code=code, t=text, d=disp:
                                f"{d} must be {t} = {_ev(code, env)}, but is {_ev(at, env)}", path)
         self.check(f"{at} == {code}", fid)
-        return nxt
 
     def unify_dtype(self, n: str, decl, expected: str, path: str) -> None:
         node = decl.dtype.node
@@ -1212,6 +1247,20 @@ class _Body:
     def _truth(self, node: E.Node) -> bool:
         v = evaluate(node, Scope(self.g.const, self.sig.types, self.presence))
         return bool(v)
+
+
+def _affine_in(node: E.Node, x: str) -> bool:
+    """``node`` is affine in ``x``: built from +, -, unary - and * with ``x`` on one side."""
+    if isinstance(node, E.Name | E.Int):
+        return True
+    if isinstance(node, E.BinOp) and node.op in ("+", "-"):
+        return _affine_in(node.left, x) and _affine_in(node.right, x)
+    if isinstance(node, E.BinOp) and node.op == "*":
+        return not (x in E.names(node.left) and x in E.names(node.right)) and \
+            _affine_in(node.left, x) and _affine_in(node.right, x)
+    if isinstance(node, E.UnaryOp) and node.op == "-":
+        return _affine_in(node.operand, x)
+    return x not in E.names(node)
 
 
 def _through_lets(lets: Mapping[str, Any], names: list[str]) -> list[str]:
