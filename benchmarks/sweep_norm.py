@@ -83,7 +83,7 @@ def main() -> int:
     args = ap.parse_args()
     jobs = [(k, n, dt, p) for k, m, n, dt, plans in CASES for p in plans]
     with ProcessPoolExecutor(14, mp_context=get_context("spawn")) as pool:
-        for job, secs, status in pool.map(_build, jobs):
+        for job, _secs, status in pool.map(_build, jobs):
             if status != "ok":
                 print("BUILD", job, status, flush=True)
     import torch

@@ -171,9 +171,8 @@ def test_capture_before_warm_up_raises_a_clear_error():
     op = RMSNormFwdOp(normalized_shape=[4096], eps=1e-6)
     x = torch.randn(8, 4096, dtype=torch.bfloat16, device="cuda")
     g = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="during CUDA graph capture"):  # noqa: PT012
-        with torch.cuda.graph(g):
-            op(x)
+    with pytest.raises(RuntimeError, match="during CUDA graph capture"), torch.cuda.graph(g):
+        op(x)
     torch.cuda.synchronize()
     assert op.last_call is None and op.serving_target is None  # the failed call kept nothing
     op(x)  # and the op is still usable

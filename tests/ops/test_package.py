@@ -4,6 +4,8 @@ the architecture gives it."""
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -28,4 +30,21 @@ def test_declared_dependencies() -> None:
         pytest.skip("tileops-ops is imported from a source path, not installed")
     assert dist.version == "0.1.0"
     requires = {Requirement(r).name for r in dist.requires or []}
-    assert requires == {"tileops-kernels"}
+    # the kernels (and through them the lower layers); click, rich and matplotlib for the
+    # `tileops` command (packages/ops/README.md says why each)
+    assert requires == {"tileops-kernels", "click", "rich", "matplotlib"}
+
+
+def test_the_tileops_command_is_installed() -> None:
+    try:
+        dist = importlib.metadata.distribution("tileops-ops")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("tileops-ops is imported from a source path, not installed")
+    scripts = {e.name: e.value for e in dist.entry_points if e.group == "console_scripts"}
+    assert scripts == {"tileops": "tileops.ops.cli:main"}
+    script = Path(sys.executable).parent / "tileops"
+    if script.exists():  # the venv's console script runs
+        proc = subprocess.run([str(script), "--version"], capture_output=True, text=True,
+                              check=False, timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.strip() == "tileops 0.1.0"

@@ -158,7 +158,7 @@ def test_registry_frees_collected_instances_and_new_ones_never_resolve_stale(op_
     torch._dynamo.reset()
     op = op_cls(alpha=5.0, target="boundary-test")
     key = op._instance_key
-    f = torch.compile(lambda x: op(x)[0], fullgraph=True)
+    f = torch.compile(lambda x, op=op: op(x)[0], fullgraph=True)
     torch.testing.assert_close(f(torch.ones(2, 2)), torch.full((2, 2), 5.0))
     del op, f
     torch._dynamo.reset()

@@ -263,6 +263,7 @@ class TunableSlow(Slow):
         self.tune_requests = 0
 
     def request_tune(self):
+        time.sleep(0.002)  # other threads build meanwhile
         self.tune_requests += 1
 
 
@@ -271,7 +272,8 @@ def test_request_tune_while_threads_build_reaches_every_entry_once() -> None:
 
     def work(i: int) -> None:
         if i == 0:
-            time.sleep(0.01)
+            while len(op._entries_by_call) < 3:
+                time.sleep(0.001)
             op.request_tune()
             list(op.iter_kernels())
             return

@@ -200,7 +200,7 @@ def write_plot(path: Path, header: dict[str, Any], results: list, contenders: Se
         for r in results:
             t = r.time_s if name == "tileops" else \
                 r.extra.get("contenders", {}).get(name, {}).get("time_s")
-            vals.append((_gbps(r.bytes, t) or 0.0))
+            vals.append(_gbps(r.bytes, t) or 0.0)
         bars.bar([j + i * width for j in range(len(results))], vals, width, label=name)
     bars.set_xticks([j + width * (len(names) - 1) / 2 for j in range(len(results))], labels,
                     rotation=60, ha="right", fontsize=7)

@@ -78,7 +78,7 @@ class CompileBoundary:
         self.return_index = tuple(plan.output_names.index(n) for n in self.returned)
         self.nullable = {n for n, d in sig.outputs.items() if d.nullable.node != E.Bool(False)}
         args = []
-        for n, d in sig.inputs.items():
+        for n in sig.inputs:
             t = "Tensor?" if n in plan.optional_inputs else "Tensor"
             args.append(f"{t}(a{len(args)}!) {n}" if n in written else f"{t} {n}")
         args.append("str key")
@@ -123,7 +123,7 @@ class CompileBoundary:
                                          schema=self.schema)
         lib_op.register_fake(fake)
         self.custom_op = lib_op
-        self.overload = getattr(getattr(torch.ops.tileops, self.name), "default")
+        self.overload = getattr(torch.ops.tileops, self.name).default
 
     def call(self, op: Op, inputs: tuple) -> Any:
         """What a traced ``op(*inputs)`` becomes: one node, then the aliased inputs."""

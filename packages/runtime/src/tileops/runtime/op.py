@@ -441,6 +441,8 @@ class Op:
             return True
 
     def _target_by_device(self, device: Any) -> str:
+        if device is None:  # no tensor inputs: the op runs where torch allocates by default
+            device = torch.get_default_device()
         dtype = getattr(device, "type", None)
         for impls in self._installed_kernel_types.values():
             if any(dtype in k.devices for k in impls):

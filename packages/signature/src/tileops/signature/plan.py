@@ -39,9 +39,11 @@ from tileops.spec import (
     SpecError,
     SpecFile,
     evaluate,
-    expr as E,
     kind_from_expr,
     validate_entry,
+)
+from tileops.spec import (
+    expr as E,
 )
 from tileops.spec.evaluate import family_case
 from tileops.spec.kinds import (
@@ -612,16 +614,16 @@ class _Generator:
         names = set(E.names(node))
         tensors = set(self.sig.inputs) | set(self.sig.outputs)
         runtime = {n for n in names if n in bound}
-        if not runtime and names <= set(self.const) | tensors:
-            if not (isinstance(node, E.Name) and node.id in tensors):
-                try:
-                    v = evaluate(node, Scope(self.const, self.sig.types, presence))
-                except EvalError:
-                    v = _NOVALUE
-                if v is not _NOVALUE:
-                    lit = _lit(v)
-                    if lit is not None:
-                        return lit
+        if (not runtime and names <= set(self.const) | tensors
+                and not (isinstance(node, E.Name) and node.id in tensors)):
+            try:
+                v = evaluate(node, Scope(self.const, self.sig.types, presence))
+            except EvalError:
+                v = _NOVALUE
+            if v is not _NOVALUE:
+                lit = _lit(v)
+                if lit is not None:
+                    return lit
         if isinstance(node, E.Subscript) and E.dotted_name(node.value) in self.sig.types:
             return self.fold(self.resolve_family(node, presence), presence, bound)
         if isinstance(node, E.List | E.Tuple):
@@ -1159,10 +1161,8 @@ class _Body:
     def refinements(self) -> None:
         for i, rule in enumerate(self.sig.shape_rules):
             node = self.g.fold(rule.node, self.presence, self.bound_set)
-            if isinstance(node, E.Bool):
-                if node.value:
-                    continue
-                # only presence-dependent rules can fold to False here: a missing input
+            if isinstance(node, E.Bool) and node.value:
+                continue  # holds at this construction point (a False one fails every call)
             code = self.expr(node)
             names = [m for m in rule.names() if m in self.bound_set or m in self.g.const]
             text = rule.text
@@ -1232,17 +1232,18 @@ class _Body:
                for n in self.sig.inputs]
         ids = [f"d_{n}" if not (n in self.presence and not self.presence[n]) else "None"
                for n in self.sig.inputs]
-        first = next(n for n in self.sig.inputs if not (n in self.presence
-                                                        and not self.presence[n]))
-        device = f"t_{first}.device" if self.g.adapter.name == "torch" else "None"
+        first = next((n for n in self.sig.inputs if not (n in self.presence
+                                                         and not self.presence[n])), None)
+        # an op without tensor inputs has no device to read (its outputs go to the default)
+        device = f"t_{first}.device" if first and self.g.adapter.name == "torch" else "None"
         for n in self.g.index_names:
             if n in self.g.lazy and self.by.get(n, "").split(".")[0] != self.g.lazy[n][0]:
                 raise _LazyConflict(n)
         vals = ", ".join(f"s_{self.g.lazy[n][0]}" if n in self.g.lazy else f"i_{n}"
                          for n in self.g.index_names)
-        self.emit(f"return _SC(_P, ({vals}{',' if len(self.g.index_names) == 1 else ''}), "
-                  f"({', '.join(ins)},), ({', '.join(ids)},), ({', '.join(shapes)},), "
-                  f"({', '.join(dtypes)},), {device}, {branch})")
+        self.emit(f"return _SC(_P, {_tuple_code(vals.split(', ') if vals else [])}, "
+                  f"{_tuple_code(ins)}, {_tuple_code(ids)}, {_tuple_code(shapes)}, "
+                  f"{_tuple_code(dtypes)}, {device}, {branch})")
 
     def _truth(self, node: E.Node) -> bool:
         v = evaluate(node, Scope(self.g.const, self.sig.types, self.presence))
@@ -1278,6 +1279,13 @@ def _through_lets(lets: Mapping[str, Any], names: list[str]) -> list[str]:
     for n in names:
         visit(n)
     return list(out)
+
+
+def _tuple_code(items: list[str]) -> str:
+    """Source of a tuple display: ``()``, ``(a,)``, ``(a, b)``."""
+    if not items:
+        return "()"
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
 
 
 def _eval_off(off: _Off, env: dict) -> int:

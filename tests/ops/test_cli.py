@@ -1,0 +1,441 @@
+"""The ``tileops`` command: every subcommand, its output and exit status, and bad input.
+
+Runs in-process with click's CliRunner on tiny workloads (``--max-elements``, ``--repeat 1``)
+so the whole file stays fast on a small CPU machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from tileops.ops import cli_refs
+from tileops.ops.cli import main
+from tileops.ops.cli_scaffold import ScaffoldError, scaffold_source
+from tileops.ops.cli_workloads import cases
+from tileops.runtime import REFERENCE, Kernel, TargetError, default_specs, register_builder
+from tileops.spec import load_spec_text
+
+NO_CUDA = not torch.cuda.is_available()
+SHIPPED = ("RMSNormFwdOp", "FusedAddRMSNormFwdOp", "LayerNormFwdOp")
+TINY = ["--max-elements", "2048", "--repeat", "1"]
+
+
+def invoke(*args: str, **kw):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
+
+
+# --- run --------------------------------------------------------------------------------------
+
+
+def test_help_lists_every_command() -> None:
+    result = invoke("--help")
+    assert result.exit_code == 0
+    for name in ("run", "bench", "list", "explain", "check", "scaffold", "env", "cache"):
+        assert name in result.output
+
+
+def test_run_every_shipped_op_on_every_workload_as_json() -> None:
+    result = invoke("run", "--json", "--device", "cpu", *TINY)
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["ok"] is True and doc["device"] == "cpu" and doc["max_elements"] == 2048
+    rows = doc["results"]
+    for name in SHIPPED:
+        entry = default_specs().find(name)[0]
+        want = {(w.label, c["T"]) for w in entry.workloads for c in w.dtype_cases}
+        assert {(r["workload"], r["dtype"]) for r in rows if r["op"] == name} == want
+    for r in rows:
+        assert r["ok"] and r["checked"] and r["error"] is None, r
+        assert r["target"] == REFERENCE  # no GPU here: the reference target serves
+        assert r["rel_err"] <= r["tol"]
+        assert r["time_s"] > 0 and r["flops"] > 0 and r["bytes"] > 0 and r["gbps"] > 0
+        assert r["roof_fraction"] is None  # no roofline peak on the CPU
+        # rows are capped, down to one row at the least; the row length is kept
+        assert math.prod(r["shape"]) <= 2048 or r["shape"][0] == 1
+
+
+def test_run_prints_a_table() -> None:
+    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "-w", "m128-n4096", "--device", "cpu",
+                    *TINY)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    for col in ("op", "workload", "target", "rel err", "time", "achieved", "roofline"):
+        assert col in out
+    assert "tiny-n7" in out and "m128-n4096" in out and "reference" in out
+    assert "1×4096*" in out  # 128 rows of 4096 > 2048 elements: one row is the floor
+    assert "GB/s" in out
+    assert "3 cases on cpu: 3 ok, 0 failed (3 checked against float64)" in out
+
+
+def test_run_scales_rows_down_keeping_the_row_length() -> None:
+    result = invoke("run", "RMSNormFwdOp", "-w", "batch-dims-fp32", "-w", "m2048-n4096",
+                    "--dtype", "bf16", "--json", "--max-elements", "65536", "--repeat", "1")
+    assert result.exit_code == 0, result.output
+    rows = {r["workload"]: r for r in json.loads(result.stdout)["results"]}
+    assert rows["batch-dims-fp32"]["shape"] == [1, 16, 4096]  # B = [4, 512] -> [1, 16]
+    assert rows["batch-dims-fp32"]["scaled"] == {"B": [[4, 512], [1, 16]]}
+    assert rows["m2048-n4096"]["shape"] == [16, 4096]
+    assert {r["dtype"] for r in rows.values()} == {"bfloat16"}  # --dtype replaces the cases
+
+
+def test_workload_scaling_is_generic_over_the_signature() -> None:
+    entry = default_specs().find("FusedAddRMSNormFwdOp")[0]
+    full = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"])
+    small = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"],
+                  max_elements=1 << 20)
+    assert [c.dtype for c in full] == ["bfloat16", "float16"]
+    assert full[0].shape == (32768, 8192) and small[0].shape == (128, 8192)
+    assert small[0].scaled == {"B": ((32768,), (128,))}
+    assert [(i.name, i.shape) for i in small[0].inputs] == [
+        ("x", (128, 8192)), ("residual", (128, 8192)), ("weight", (8192,))]
+    assert small[0].params == {}
+    inplace = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["inplace-decode"])
+    assert inplace[0].params == {"inplace": True}
+    no_weight = cases("RMSNormFwdOp", default_specs().find("RMSNormFwdOp")[0], {},
+                      labels=["no-weight"])
+    assert [i.shape for i in no_weight[0].inputs] == [(2048, 4096), None]
+
+
+def test_a_mismatch_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
+    right = cli_refs.FP64["LayerNormFwdOp"]
+    monkeypatch.setitem(cli_refs.FP64, "LayerNormFwdOp",
+                        lambda op, *xs: tuple(y + 1 for y in right(op, *xs)))
+    result = invoke("run", "LayerNormFwdOp", "RMSNormFwdOp", "-w", "tiny-n7", "--device", "cpu",
+                    *TINY)
+    assert result.exit_code == 1
+    assert "MISMATCH" in result.stdout
+    assert "FAILED LayerNormFwdOp tiny-n7 bfloat16: relative L2 error" in result.stdout
+    assert "FAILED RMSNormFwdOp" not in result.stdout
+
+
+def test_an_op_that_fails_is_reported_and_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
+    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--target", "tileops", "--device",
+                    "cpu", *TINY)
+    assert result.exit_code == 1
+    assert "error" in result.stdout and "FAILED RMSNormFwdOp tiny-n7" in result.stdout
+
+
+def test_unknown_op_suggests_the_nearest_names() -> None:
+    result = invoke("run", "RMSNormOp")
+    assert result.exit_code == 2
+    assert "unknown op 'RMSNormOp'; did you mean RMSNormFwdOp" in result.output
+
+
+def test_unknown_device_lists_the_valid_ones() -> None:
+    result = invoke("run", "--device", "tpu")
+    assert result.exit_code == 2
+    assert "unknown device 'tpu'; valid here: cpu" in result.output
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks a machine without CUDA")
+def test_cuda_without_a_gpu_lists_the_valid_devices() -> None:
+    result = invoke("run", "--device", "cuda")
+    assert result.exit_code == 2
+    assert "device 'cuda' is not available on this machine; valid here: cpu" in result.output
+
+
+def test_unknown_dtype_lists_the_valid_ones() -> None:
+    result = invoke("run", "--dtype", "float13")
+    assert result.exit_code == 2
+    assert "unknown dtype 'float13'; valid: " in result.output
+    assert "bfloat16" in result.output and "fp16 (float16)" in result.output
+
+
+def test_a_dtype_the_op_does_not_take() -> None:
+    result = invoke("run", "RMSNormFwdOp", "--dtype", "int8")
+    assert result.exit_code == 2
+    assert "RMSNormFwdOp accepts no int8; its dtypes: float16, bfloat16, float32" in result.output
+
+
+def test_unknown_workload_and_target() -> None:
+    result = invoke("run", "RMSNormFwdOp", "-w", "nope")
+    assert result.exit_code == 2 and "no workload matches nope; labels: " in result.output
+    assert "tiny-n7" in result.output
+    result = invoke("run", "RMSNormFwdOp", "--target", "nope")
+    assert result.exit_code == 2
+    assert "unknown target 'nope'; valid: tileops, reference" in result.output
+
+
+def test_an_unknown_name_points_at_the_list() -> None:
+    result = invoke("run", "NoSuchOpAtAll")
+    assert result.exit_code == 2 and "(tileops list shows them all)" in result.output
+
+
+# --- bench ------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks a machine without CUDA")
+def test_bench_without_cuda_says_how_to_run_on_cpu() -> None:
+    result = invoke("bench", "RMSNormFwdOp")
+    assert result.exit_code == 1
+    assert "this machine has none" in result.output and "--device cpu" in result.output
+
+
+def test_bench_on_cpu_writes_json_markdown_and_a_plot(tmp_path: Path) -> None:
+    out = tmp_path / "bench"
+    result = invoke("bench", "RMSNormFwdOp", "--device", "cpu", "--against", "torch,compile",
+                    "-w", "tiny-n7", "--dtype", "fp32", "--repeat", "2", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    doc = json.loads((out / "RMSNormFwdOp-cpu.json").read_text())
+    assert doc["op"] == "RMSNormFwdOp" and doc["against"] == ["eager", "compile"]
+    (row,) = doc["results"]
+    assert row["workload"] == "tiny-n7" and row["dtype"] == "float32" and row["ok"]
+    for name in ("eager", "compile"):
+        c = row["contenders"][name]
+        assert c["error"] is None, c
+        assert c["time_s"] > 0 and c["rel_err"] < 1e-5
+    md = (out / "RMSNormFwdOp-cpu.md").read_text()
+    assert "| workload | dtype | shape | tileops (reference) |" in md
+    assert "| tiny-n7 | float32 | 3×7 |" in md
+    assert md in result.stdout
+    assert (out / "RMSNormFwdOp-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_bad_input(tmp_path: Path) -> None:
+    result = invoke("bench", "RMSNormFwdOp", "--device", "cpu", "--against", "eagr")
+    assert result.exit_code == 2
+    assert "unknown contender 'eagr'; valid: eager, torch, compile; did you mean eager?" \
+        in result.output
+    result = invoke("bench", "LayerNorm", "--device", "cpu")
+    assert result.exit_code == 2 and "did you mean LayerNormFwdOp" in result.output
+
+
+# --- list / explain / check ---------------------------------------------------------------------
+
+
+def test_list() -> None:
+    result = invoke("list")
+    assert result.exit_code == 0
+    for name in SHIPPED:
+        assert name in result.output
+    assert "implemented" in result.output and "reference" in result.output
+    doc = json.loads(invoke("list", "--json").stdout)
+    rows = {r["op"]: r for r in doc["ops"]}
+    assert rows["RMSNormFwdOp"]["family"] == "norm"
+    assert rows["RMSNormFwdOp"]["dtypes"] == ["float16", "bfloat16", "float32"]
+    assert REFERENCE in rows["RMSNormFwdOp"]["targets"]
+    assert ("tileops" in rows["RMSNormFwdOp"]["targets"]) == (not NO_CUDA)
+
+
+def test_explain() -> None:
+    result = invoke("explain", "LayerNormFwdOp")
+    assert result.exit_code == 0
+    out = result.output
+    assert "LayerNormFwdOp(normalized_shape : Shape) (eps : Float) : forall (B : Shape)" in out
+    assert "effects: weight optional; bias optional" in out
+    assert "flops = (5 + " in out and "like torch.nn.functional.layer_norm" in out
+    assert "def check(" not in out
+    code = invoke("explain", "LayerNormFwdOp", "--code").output
+    assert "def check(" in code and "required params from workload 'm1-n4096'" in code
+    code = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape=[8]").output
+    assert "s_x[-1] == 8" in code
+
+
+def test_explain_bad_input() -> None:
+    result = invoke("explain", "LayerNormOp")
+    assert result.exit_code == 2 and "did you mean LayerNormFwdOp" in result.output
+    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "nope=1")
+    assert result.exit_code == 2 and "RMSNormFwdOp has no param 'nope'" in result.output
+    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape=[]")
+    assert result.exit_code == 2 and "normalized_shape" in result.output
+
+
+def test_check_shipped_specs() -> None:
+    result = invoke("check")
+    assert result.exit_code == 0
+    assert result.output.startswith("ok: 3 entries in 1 files")
+
+
+def test_check_reports_file_and_line(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "Op:\n"
+        "  family: test\n"
+        "  status: spec-only\n"
+        "  signature:\n"
+        "    forall: {M: Dim, T: \"DType[float16]\"}\n"
+        "    inputs:\n"
+        "      x: {dtype: T, shape: \"[M]\"}\n"
+        "    outputs:\n"
+        "      y: {dtype: T, shape: \"[M, Q]\"}\n"
+    )
+    result = invoke("check", str(bad))
+    assert result.exit_code == 1
+    assert f"{bad}:9: in Op.signature.outputs.y.shape" in result.output
+    assert "unknown name 'Q'" in result.output and "1 error(s)" in result.output
+    assert invoke("check", str(tmp_path / "missing.yaml")).exit_code == 2
+
+
+# --- scaffold -----------------------------------------------------------------------------------
+
+SPEC = '''\
+ScaledAddFwdOp:
+  family: elementwise
+  status: spec-only
+  doc: 'y = alpha * x (+ bias); """ \\ ";import os'
+  signature:
+    forall: {B: Shape, T: "DType[float16 | float32]"}
+    params:
+      axes: {type: "list[int] | tuple[int, ...]"}
+      alpha: {type: float, default: 1.0}
+      mode: {type: "'fast' | 'exact'", default: fast}
+      scale: {type: "float | None", default: null}
+    inputs:
+      x: {dtype: T, shape: "[*B]"}
+      call: {dtype: T, shape: "[*B]", optional: true}
+    outputs:
+      y: {dtype: T, shape: "[*B]"}
+    shape_rules:
+    - "len(axes) > 0"
+  workloads:
+  - {B: [4, 8], axes: [1], some: [call], dtype_cases: [{T: float32}], label: small}
+'''
+
+
+def _import(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_scaffold_writes_a_module_that_imports_and_checks(tmp_path: Path) -> None:
+    spec_file = tmp_path / "specs" / "scaled.yaml"
+    spec_file.parent.mkdir()
+    spec_file.write_text(SPEC)
+    out = tmp_path / "pkg" / "scaled_add.py"
+    result = invoke("scaffold", "ScaledAddFwdOp", "--spec", str(spec_file), "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}: ScaledAddFwdOp (elementwise, spec-only)" in result.output
+    text = out.read_text()
+    imported = {n.module if isinstance(n, ast.ImportFrom) else a.name
+                for n in ast.walk(ast.parse(text)) if isinstance(n, ast.Import | ast.ImportFrom)
+                for a in n.names}
+    assert imported == {"__future__", "collections.abc", "pathlib", "tileops.runtime"}
+    assert 'Path(__file__).resolve().parent / "../specs/scaled.yaml"' in text
+    assert invoke("check", str(spec_file)).exit_code == 0
+
+    module = _import(out, "scaffolded_scaled_add")
+    cls = module.ScaledAddFwdOp
+    assert cls._signature.name == "ScaledAddFwdOp"
+    assert module.SPECS.find("ScaledAddFwdOp") is not None
+    assert 'y = alpha * x (+ bias); """ \\ ";import os' in cls.__doc__
+    assert set(module.__all__) == {"ScaledAddFwdOp", "ScaledAddFwdInterface", "ScaledAddFwdSpec"}
+    assert module.ScaledAddFwdInterface.slot == "scaled_add_fwd"
+    assert set(module.ScaledAddFwdSpec.__struct_fields__) == {
+        "device", "T", "axes", "alpha", "mode", "scale", "has_call"}
+
+    op = cls(axes=[1], alpha=2.0)  # the construction check runs
+    assert (op.axes, op.alpha, op.mode, op.scale) == ([1], 2.0, "fast", None)
+    with pytest.raises(Exception, match="axes"):
+        cls(axes=[])  # len(axes) > 0
+    x = torch.randn(4, 8)
+    with pytest.raises(TargetError, match="nothing serves device cpu"):
+        op(x)  # a skeleton: no kernel and no target builder yet
+
+    seen = {}
+
+    class Impl(module.ScaledAddFwdInterface, Kernel):
+        devices = ("cpu",)
+        general = True
+
+        def __call__(self, x, call, y):
+            seen["spec"] = self.spec
+            y.copy_(x * self.spec.alpha + (call if call is not None else 0))
+
+    op = cls(axes=[1], alpha=2.0, kernel_map={"scaled_add_fwd": Impl})
+    torch.testing.assert_close(op(x, x), 3 * x)  # forward runs the slot's implementation
+    assert seen["spec"].T == "float32" and seen["spec"].has_call and seen["spec"].axes == (1,)
+    register_builder(REFERENCE, cls, lambda op, call: lambda x, c, y: y.copy_(x))
+    torch.testing.assert_close(cls(axes=[1], target=REFERENCE)(x), x)
+
+
+def test_scaffold_refuses_to_overwrite(tmp_path: Path) -> None:
+    out = tmp_path / "existing.py"
+    out.write_text("# mine\n")
+    result = invoke("scaffold", "RMSNormFwdOp", "--out", str(out))
+    assert result.exit_code == 1
+    assert "exists; refusing to overwrite it" in result.output
+    assert out.read_text() == "# mine\n"
+
+
+def test_scaffold_a_shipped_entry(tmp_path: Path) -> None:
+    out = tmp_path / "rms.py"
+    assert invoke("scaffold", "RMSNormFwdOp", "--out", str(out)).exit_code == 0
+    module = _import(out, "scaffolded_rms")
+    op = module.RMSNormFwdOp(normalized_shape=[8])
+    assert op.normalized_shape == [8] and op.eps is None
+
+
+def test_scaffold_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    result = invoke("scaffold", "RMSNormOp")
+    assert result.exit_code == 2 and "did you mean RMSNormFwdOp" in result.output
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("Op:\n  family: x\n")
+    result = invoke("scaffold", "Op", "--spec", str(bad))
+    assert result.exit_code == 1 and "does not pass the checks" in result.output
+    assert not list(tmp_path.glob("*.py"))
+
+
+def test_scaffold_refuses_names_that_are_not_identifiers(tmp_path: Path) -> None:
+    entry = load_spec_text(SPEC, "x.yaml").entries["ScaledAddFwdOp"]
+    for name in ("Bad-Op", "class", "A; import os"):
+        with pytest.raises(ScaffoldError, match="not a Python identifier"):
+            scaffold_source(name, entry, {}, tmp_path / "x.yaml", tmp_path / "out.py")
+
+
+# --- env / cache ------------------------------------------------------------------------------
+
+
+def test_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path / "cache"))
+    result = invoke("env")
+    assert result.exit_code == 0
+    out = result.output
+    assert f"torch {torch.__version__}" in out and "tileops-ops 0.1.0" in out
+    assert f"cache: {tmp_path / 'cache'} (not created)" in out
+    assert "TILEOPS_CACHE_DIR" in out and "reference" in out
+    if NO_CUDA:
+        assert "gpu: none" in out
+    doc = json.loads(invoke("env", "--json").stdout)
+    assert doc["cache"]["dir"] == str(tmp_path / "cache") and doc["python"] == (
+        ".".join(map(str, sys.version_info[:3])))
+
+
+def test_cache_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(cache))
+    assert "nothing to clear" in invoke("cache", "clear").output
+    (cache / "kernels").mkdir(parents=True)
+    (cache / "kernels" / "a.so").write_bytes(b"x" * 10)
+    (cache / "tuned.json").write_text("{}")
+    assert "(2 files" in invoke("cache", "info").output
+    result = invoke("cache", "clear", input="n\n")
+    assert result.exit_code == 1 and "Delete 2 files" in result.output
+    assert (cache / "tuned.json").exists()
+    result = invoke("cache", "clear", input="y\n")
+    assert result.exit_code == 0 and list(cache.iterdir()) == []
+    (cache / "again").write_text("1")
+    assert invoke("cache", "clear", "--yes").exit_code == 0
+    assert cache.is_dir() and list(cache.iterdir()) == []
+
+
+def test_cache_clear_refuses_the_home_directory(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    (home / "precious").mkdir(parents=True)
+    monkeypatch.setattr(Path, "home", classmethod(lambda cls: home))
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(home))
+    result = invoke("cache", "clear", "--yes")
+    assert result.exit_code == 1 and "refusing to clear" in result.output
+    assert (home / "precious").is_dir()
