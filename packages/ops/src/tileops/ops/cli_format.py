@@ -43,8 +43,16 @@ def fmt_rate(flops: int | None, nbytes: int | None, seconds: float | None,
     if not seconds or flops is None or nbytes is None:
         return "-"
     if memory_bound:
-        return f"{nbytes / seconds / 1e9:.3g} GB/s"
-    return f"{flops / seconds / 1e12:.3g} TFLOP/s"
+        return _si(nbytes / seconds, "B/s")
+    return _si(flops / seconds, "FLOP/s")
+
+
+def _si(value: float, unit: str) -> str:
+    """``4.2e12, "B/s"`` -> ``"4.2 TB/s"``; three significant digits."""
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if value >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
 
 
 def fmt_frac(frac: float | None) -> str:

@@ -1,0 +1,90 @@
+"""The row-norm kernels lower and compile for sm_90 on a machine without a GPU.
+
+Each compiled configuration below stands for one code path of the generated program (why it
+exists is on its line); the launch plans themselves are checked over the whole input space
+without compiling.
+"""
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import norm
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
+
+CONFIGS = [
+    # (kind, N, dtype, weight, bias, few_rows)
+    pytest.param("rms", 8192, "bfloat16", True, False, False, id="rms-16B-exact"),
+    pytest.param("rms", 4097, "bfloat16", True, False, False, id="rms-scalar-predicated"),
+    pytest.param("rms", 128, "float16", False, False, False, id="rms-8-rows-a-cta"),
+    pytest.param("rms", 4096, "bfloat16", True, False, True, id="rms-few-rows"),
+    pytest.param("add_rms", 4096, "float16", True, False, False, id="fused-add"),
+    pytest.param("layer", 7, "float32", True, True, False, id="layer-tiny-fp32"),
+    pytest.param("layer", 16384, "bfloat16", True, True, False, id="layer-cross-warp"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "n", "dtype", "weight", "bias", "few"), CONFIGS)
+def test_register_kernel_compiles_for_sm90(kind, n, dtype, weight, bias, few):
+    kernel = norm.build_register_kernel(kind, n, dtype, 1e-6, weight, bias, "sm_90", None, few)
+    src = kernel.get_kernel_source()
+    tpr, rpc, vec, per = norm.register_plan(n, dtype, few)
+    assert f"__launch_bounds__({tpr * rpc}" in src
+    if vec * norm._ITEMSIZE[dtype] == 16:
+        assert "uint4" in src  # 16-byte accesses where the row allows them
+    if tpr > 32:
+        assert "__syncthreads" in src  # the cross-warp reduction
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "n", "dtype"), [
+    pytest.param("rms", 65536, "bfloat16", id="rms-wide"),
+    pytest.param("layer", 131072, "float32", id="layer-wide-fp32"),
+    pytest.param("add_rms", 4097, "float16", id="fused-odd"),
+])
+def test_looped_kernel_compiles_for_sm90(kind, n, dtype):
+    kernel = norm.build_looped_kernel(kind, n, dtype, 1e-5, True, kind == "layer", "sm_90")
+    assert "main_kernel" in kernel.get_kernel_source()
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 1 << 17), dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
+       few=st.booleans())
+def test_register_plan_covers_the_row_within_the_register_budget(n, dtype, few):
+    plan = norm.register_plan(n, dtype, few)
+    item = norm._ITEMSIZE[dtype]
+    if plan is None:  # only rows too wide for registers go to the looped kernel
+        assert n * item > norm._HELD_BYTES_PER_THREAD * norm._MAX_REGISTER_THREADS // 2
+        return
+    tpr, rpc, vec, per = plan
+    assert n % vec == 0 and vec * item <= 16
+    assert tpr * per * vec >= n > tpr * (per - 1) * vec  # covers the row, no empty access
+    assert per * vec * item <= norm._HELD_BYTES_PER_THREAD
+    assert tpr % 32 == 0 and tpr & (tpr - 1) == 0 and tpr * rpc <= 1024
+    assert rpc == 1 or tpr == 32  # several rows a CTA only one warp a row
+
+
+def test_widest_access_divides_the_row():
+    assert norm._vec(4096, "bfloat16") == 8
+    assert norm._vec(4097, "bfloat16") == 1
+    assert norm._vec(4100, "bfloat16") == 4
+    assert norm._vec(6, "float32") == 2
+
+
+def test_implementations_state_their_regions():
+    import torch
+
+    spec = norm.RowNormSpec(torch.device("cuda", 0), "rms", 1 << 20, "bfloat16", 1e-6, True,
+                            False)
+    assert "exceeds the 128 bytes" in norm.RowNormRegisterKernel.region_refusal(spec)
+    assert norm.RowNormLoopedKernel.general
+    small = norm.RowNormSpec(torch.device("cuda", 0), "rms", 4096, "bfloat16", 1e-6, True,
+                             False)
+    assert norm.RowNormRegisterKernel.region_refusal(small) is None
+    cpu = norm.RowNormSpec(torch.device("cpu"), "rms", 4096, "bfloat16", 1e-6, True, False)
+    assert norm.RowNormRegisterKernel.refusal(cpu) == "runs on cuda, not cpu"
