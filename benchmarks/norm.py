@@ -279,7 +279,12 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default="bfloat16")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--no-first-call", action="store_true")
+    ap.add_argument("--host-only", action="store_true",
+                    help="only the host cost per call (prints JSON; writes nothing)")
     args = ap.parse_args(argv)
+    if args.host_only:
+        print(json.dumps(host_overhead(), indent=1))
+        return 0
     torch.backends.cuda.matmul.allow_tf32 = False
     liger = _liger()
     copy_bw = copy_bandwidth()

@@ -1,0 +1,420 @@
+"""Dense GEMM ``c = op(a) @ op(b)`` in TileLang, ``op`` a transpose or not.
+
+Every kernel computes a ``(M, N)`` output from ``a`` (``(M, K)``, or ``(K, M)`` when
+``trans_a``) and ``b`` (``(K, N)``, or ``(N, K)`` when ``trans_b``), all row-major contiguous.
+``M`` is a launch-time size (one compiled program serves every M), ``N``, ``K``, the dtype,
+the transposes and the tile configuration are compiled in. Accumulation is fp32.
+
+Shared tiles are laid out as the operand is stored (``(block_K, block_M)`` for a transposed
+``a``) and ``T.gemm(..., transpose_A=trans_a, transpose_B=trans_b)`` reads them as such;
+on sm_90 that lowers to wgmma (tiles of 64 rows a warpgroup) or mma.sync (16-row tiles).
+
+Three implementations serve the one slot :class:`GemmFwdInterface`:
+
+:class:`GemmHopperKernel` -- sm_90, M above the decode range: TMA loads into a 3-4 stage
+    pipeline, wgmma, 128x256 / 128x128 / 64x128 / 64x64 block tiles chosen per shape by
+    :func:`choose_config` (wave count times per-tile cost), swizzled tile order.
+:class:`GemmSmallMKernel` -- decode (``M <= 64``), sm_80 to sm_90: 16- or 64-row tiles,
+    narrow column tiles (more CTAs along N to stream ``b`` at full bandwidth), deep K tiles.
+:class:`GemmGeneralKernel` -- the general one: any shape, any alignment, sm_80+: 64x64x32
+    tiles, 2 stages, plain (non-TMA) copies with bounds predicates.
+
+TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
+that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
+views) are outside the region of the two TMA kernels (``GemmSpec.aligned`` is False) and run
+on the general one. Tiles that overhang ``M``, ``N`` or ``K`` are zero-filled on load (TMA
+does that natively; plain copies are predicated) and clipped on store.
+
+Tuning (``request_tune()``): the entry times a few configurations on the first call's own
+tensors and keeps the fastest; the choice is cached on disk under
+``tileops.runtime.env.cache_dir() / "gemm"``, one json file per (arch, dtype, transposes,
+shape bucket, kernel source hash), written atomically; an unreadable entry is rebuilt.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import functools
+import hashlib
+import inspect
+import json
+import os
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any, ClassVar, NamedTuple
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, env
+
+__all__ = [
+    "GemmConfig",
+    "GemmFwdInterface",
+    "GemmGeneralKernel",
+    "GemmHopperKernel",
+    "GemmSmallMKernel",
+    "GemmSpec",
+    "HOPPER_CONFIGS",
+    "SMALL_M_CONFIGS",
+    "GENERAL_CONFIG",
+    "SMALL_M",
+    "build_gemm_kernel",
+    "choose_config",
+    "gemm_program",
+    "m_bucket",
+    "tune_key",
+    "load_tuned",
+    "store_tuned",
+]
+
+#: calls with at most this many rows are decode-like (served by the small-M kernel)
+SMALL_M = 64
+#: SMs of an H100 / H200 (the wave model of the heuristic)
+_SMS = 132
+_ITEMSIZE = {"float16": 2, "bfloat16": 2}
+
+
+class GemmConfig(NamedTuple):
+    """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off),
+    whether global->shared copies may use TMA, warp policy ("square" | "col")."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    threads: int
+    panel: int = 8
+    tma: bool = True
+    policy: str = "square"
+
+
+#: Hopper configurations with a relative per-FLOP cost (bigger tiles reuse more)
+HOPPER_CONFIGS: dict[str, tuple[GemmConfig, float]] = {
+    "128x256": (GemmConfig(128, 256, 64, 3, 256), 1.0),
+    "128x128": (GemmConfig(128, 128, 64, 4, 256), 1.12),
+    "64x128": (GemmConfig(64, 128, 64, 4, 128), 1.3),
+    "64x64": (GemmConfig(64, 64, 128, 4, 128), 1.6),
+}
+#: decode configurations: 16-row tiles (mma.sync) or 64-row (one warpgroup)
+SMALL_M_CONFIGS: dict[str, GemmConfig] = {
+    "16x32": GemmConfig(16, 32, 256, 4, 128, 0, True, "col"),
+    "16x64": GemmConfig(16, 64, 256, 3, 128, 0, True, "col"),
+    "64x64": GemmConfig(64, 64, 128, 4, 128, 0, True, "square"),
+}
+GENERAL_CONFIG = GemmConfig(64, 64, 32, 2, 128, 8, False, "square")
+
+
+class GemmSpec(CallSpec, frozen=True):
+    """What a GEMM implementation is told about a call. ``m`` is the bucket of M
+    (:func:`m_bucket`), ``aligned``: every TMA alignment requirement holds."""
+
+    m: int
+    n: int
+    k: int
+    dtype: str
+    trans_a: bool
+    trans_b: bool
+    aligned: bool = True
+
+
+class GemmFwdInterface(KernelInterface):
+    """One slot: ``forward(a, b, c)`` writes ``op(a) @ op(b)`` into ``c``; ``a``, ``b`` and
+    ``c`` are contiguous, ``a`` is ``(M, K)`` or ``(K, M)``, ``b`` ``(K, N)`` or ``(N, K)``."""
+
+    slot = "gemm_fwd"
+    call_spec = GemmSpec
+
+
+def m_bucket(m: int) -> int:
+    """M rounded up to a power of two (at most 16384): the heuristic's view of M."""
+    b = 1
+    while b < m and b < 16384:
+        b *= 2
+    return b
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def choose_config(spec: GemmSpec) -> GemmConfig:
+    """The tile configuration the heuristic picks for ``spec`` (by implementation region)."""
+    if not spec.aligned:
+        return GENERAL_CONFIG
+    if spec.m <= SMALL_M:
+        if spec.m > 16:
+            return SMALL_M_CONFIGS["64x64"]
+        # 16-row tiles: enough column tiles to fill the SMs at 32 columns, 64 when N is wide
+        return SMALL_M_CONFIGS["16x64" if _ceil(spec.n, 64) >= 2 * _SMS else "16x32"]
+    best, best_cost = None, None
+    for cfg, eff in HOPPER_CONFIGS.values():
+        tiles = _ceil(spec.m, cfg.block_m) * _ceil(spec.n, cfg.block_n)
+        cost = _ceil(tiles, _SMS) * cfg.block_m * cfg.block_n * eff
+        if best_cost is None or cost < best_cost:
+            best, best_cost = cfg, cost
+    assert best is not None
+    return best
+
+
+# --- the TileLang program ----------------------------------------------------------------------
+
+
+def _tl():
+    import tilelang
+    import tilelang.language as T
+
+    return tilelang, T
+
+
+def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig):
+    """The TileLang prim_func (not compiled): M dynamic, everything else static."""
+    _, T = _tl()
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_shape = (k, M) if trans_a else (M, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    a_tile = (bk, bm) if trans_a else (bm, bk)
+    b_tile = (bn, bk) if trans_b else (bk, bn)
+    ann = None if cfg.tma else {"disable_tma": True}
+    policy = T.GemmWarpPolicy.FullCol if cfg.policy == "col" else T.GemmWarpPolicy.Square
+    panel = cfg.panel
+    stages = cfg.stages
+    threads = cfg.threads
+    accum = "float32"
+
+    @T.prim_func
+    def main(
+        A: T.Tensor(a_shape, dtype),
+        B: T.Tensor(b_shape, dtype),
+        C: T.Tensor((M, n), dtype),
+    ):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+            A_s = T.alloc_shared(a_tile, dtype)
+            B_s = T.alloc_shared(b_tile, dtype)
+            C_l = T.alloc_fragment((bm, bn), accum)
+            C_s = T.alloc_shared((bm, bn), dtype)
+            if panel:
+                T.use_swizzle(panel_size=panel)
+            T.clear(C_l)
+            for ko in T.Pipelined(T.ceildiv(k, bk), num_stages=stages):
+                if trans_a:
+                    T.copy(A[ko * bk, by * bm], A_s, annotations=ann)
+                else:
+                    T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
+                if trans_b:
+                    T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
+                else:
+                    T.copy(B[ko * bk, bx * bn], B_s, annotations=ann)
+                T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b, policy=policy)
+            T.copy(C_l, C_s)
+            T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
+
+    return main
+
+
+_compile_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=256)
+def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
+                      cfg: GemmConfig, target: str | None = None):
+    """Compile the program for one configuration (cached per process; TileLang also caches
+    on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device."""
+    tilelang, _ = _tl()
+    prog = gemm_program(n, k, dtype, trans_a, trans_b, cfg)
+    with _compile_lock:
+        if target is None:
+            return tilelang.compile(prog, execution_backend="tvm_ffi")
+        return tilelang.compile(prog, target={"kind": "cuda", "arch": target},
+                                execution_backend="tvm_ffi")
+
+
+# --- the tuning cache --------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1)
+def _source_hash() -> str:
+    text = inspect.getsource(gemm_program)
+    try:
+        import tilelang
+
+        text += tilelang.__version__
+    except Exception:  # noqa: BLE001 - the hash only needs to change with the program
+        pass
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def tune_key(arch: str, spec: GemmSpec) -> str:
+    """The file stem of the cache entry for ``spec`` on ``arch`` (e.g. ``"sm_90"``)."""
+    return (f"{arch}-{spec.dtype}-{'T' if spec.trans_a else 'N'}{'T' if spec.trans_b else 'N'}"
+            f"-m{spec.m}-n{spec.n}-k{spec.k}-{'al' if spec.aligned else 'un'}-{_source_hash()}")
+
+
+def _cache_root() -> Path:
+    return env.cache_dir() / "gemm"
+
+
+def load_tuned(key: str) -> GemmConfig | None:
+    """The cached configuration under ``key``, or None (absent, unreadable json, missing
+    keys or wrong types: such an entry is ignored and will be rebuilt)."""
+    path = _cache_root() / f"{key}.json"
+    try:
+        raw = json.loads(path.read_text())
+        if not isinstance(raw, dict) or raw.get("key") != key:
+            return None
+        cfg = raw["config"]
+        if not isinstance(cfg, dict):
+            return None
+        ints = ("block_m", "block_n", "block_k", "stages", "threads", "panel")
+        if any(type(cfg[f]) is not int or cfg[f] < 0 for f in ints):
+            return None
+        if type(cfg["tma"]) is not bool or cfg["policy"] not in ("square", "col"):
+            return None
+        if min(cfg[f] for f in ints[:5]) <= 0:
+            return None
+        return GemmConfig(**{f: cfg[f] for f in GemmConfig._fields})
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def store_tuned(key: str, cfg: GemmConfig, timings: dict[str, float] | None = None) -> Path:
+    """Write the entry atomically (a temporary file in the same directory, then rename)."""
+    root = _cache_root()
+    root.mkdir(parents=True, exist_ok=True)
+    path = root / f"{key}.json"
+    body = {"key": key, "config": cfg._asdict(), "timings_ms": timings or {}}
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=root)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(body, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def _time_ms(fn, iters: int = 10) -> float:
+    import torch
+
+    for _ in range(2):
+        fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / iters)
+    return best
+
+
+# --- the implementations -----------------------------------------------------------------------
+
+
+class _GemmKernel(Kernel, GemmFwdInterface):
+    devices = ("cuda",)
+    #: candidate configurations when tuning (the heuristic's pick is always one)
+    tune_candidates: ClassVar[tuple[GemmConfig, ...]] = ()
+
+    @classmethod
+    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+        return choose_config(spec)
+
+    def __init__(self, spec: GemmSpec) -> None:
+        super().__init__(spec)
+        self.config = type(self).config_for(spec)
+        self.program = self._build(self.config)
+        self._tune_pending = False
+
+    def _build(self, cfg: GemmConfig):
+        s = self.spec
+        return build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None)
+
+    def request_tune(self) -> None:
+        """Tune on the next call (it needs real tensors on the device)."""
+        self._tune_pending = True
+
+    def _tune(self, a, b, c) -> None:
+        self._tune_pending = False
+        arch = device_arch(a.device)
+        arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
+        key = tune_key(arch_name, self.spec)
+        cached = load_tuned(key)
+        if cached is not None:
+            self.config, self.program = cached, self._build(cached)
+            return
+        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
+        timings: dict[str, float] = {}
+        best = (float("inf"), self.config, self.program)
+        for cfg in cands:
+            try:
+                prog = self._build(cfg)
+                ms = _time_ms(lambda p=prog: p(a, b, c))
+            except Exception:  # noqa: BLE001 - a candidate that fails to build is skipped
+                continue
+            timings[repr(tuple(cfg))] = ms
+            if ms < best[0]:
+                best = (ms, cfg, prog)
+        _, self.config, self.program = best
+        store_tuned(key, self.config, timings)
+
+    def __call__(self, a, b, c) -> None:
+        m = c.shape[0]
+        if m == 0 or c.shape[1] == 0:
+            return
+        if self.spec.k == 0:
+            c.zero_()
+            return
+        if self._tune_pending:
+            self._tune(a, b, c)
+        self.program(a, b, c)
+
+
+class GemmHopperKernel(_GemmKernel):
+    """sm_90, M above the decode range: TMA + wgmma, tiles chosen per shape."""
+
+    supported_archs = frozenset({(9, 0)})
+    tune_candidates = tuple(c for c, _ in HOPPER_CONFIGS.values())
+
+    @classmethod
+    def region_refusal(cls, spec: GemmSpec) -> str | None:
+        if spec.m <= SMALL_M:
+            return f"serves M above {SMALL_M} (decode sizes go to the small-M kernel)"
+        if not spec.aligned:
+            return "needs 16-byte aligned rows and base pointers (TMA)"
+        return None
+
+
+class GemmSmallMKernel(_GemmKernel):
+    """Decode sizes (M <= 64): short tiles, many CTAs along N, deep K tiles."""
+
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    tune_candidates = tuple(SMALL_M_CONFIGS.values())
+
+    @classmethod
+    def region_refusal(cls, spec: GemmSpec) -> str | None:
+        if spec.m > SMALL_M:
+            return f"serves M up to {SMALL_M}"
+        if not spec.aligned:
+            return "needs 16-byte aligned rows and base pointers (TMA / 16-byte copies)"
+        return None
+
+
+class GemmGeneralKernel(_GemmKernel):
+    """Any shape and alignment, sm_80+: 64x64x32 tiles, 2 stages, predicated plain copies."""
+
+    general = True
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+
+    @classmethod
+    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+        return GENERAL_CONFIG
+
+    @classmethod
+    def identity(cls, spec: GemmSpec) -> Any:
+        # the program depends on neither the M bucket nor the alignment
+        return (spec.device, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b)
