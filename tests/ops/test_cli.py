@@ -71,7 +71,8 @@ def test_run_prints_a_table() -> None:
     for col in ("op", "workload", "target", "rel err", "time", "achieved", "roofline"):
         assert col in out
     assert "tiny-n7" in out and "m128-n4096" in out and "reference" in out
-    assert "1×4096*" in out  # 128 rows of 4096 > 2048 elements: one row is the floor
+    assert "1×4096 4096 *" in out  # 128 rows of 4096 > 2048 elements: one row is the floor
+    assert "3×7 7 " in out  # x and weight
     assert "B/s" in out  # achieved bandwidth, in the unit that fits
     assert "3 cases on cpu: 3 ok, 0 failed (3 checked against float64)" in out
 
@@ -84,6 +85,7 @@ def test_run_scales_rows_down_keeping_the_row_length() -> None:
     assert rows["batch-dims-fp32"]["shape"] == [1, 16, 4096]  # B = [4, 512] -> [1, 16]
     assert rows["batch-dims-fp32"]["scaled"] == {"B": [[4, 512], [1, 16]]}
     assert rows["m2048-n4096"]["shape"] == [16, 4096]
+    assert rows["m2048-n4096"]["inputs"] == {"x": [16, 4096], "weight": [4096]}
     assert {r["dtype"] for r in rows.values()} == {"bfloat16"}  # --dtype replaces the cases
 
 
@@ -117,11 +119,64 @@ def test_a_mismatch_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "FAILED RMSNormFwdOp" not in result.stdout
 
 
+def test_an_op_without_a_listed_reference_is_checked_through_its_reference_builder(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(cli_refs.FP64, "FusedAddRMSNormFwdOp")
+    result = invoke("run", "FusedAddRMSNormFwdOp", "-w", "tiny-n7", "-w", "inplace-decode",
+                    "--json", *TINY)
+    assert result.exit_code == 0, result.output
+    rows = json.loads(result.stdout)["results"]
+    assert len(rows) == 3
+    for r in rows:  # the reference target's builder, handed float64 copies of the inputs
+        assert r["checked"] and r["note"] is None and r["rel_err"] <= r["tol"], r
+
+
+def test_what_a_run_prints_stays_off_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
+    # kernel compilers log to stdout; --json output must stay one JSON document
+    right = cli_refs.FP64["RMSNormFwdOp"]
+
+    def noisy(op, *xs):
+        print("compiling kernel main ...")
+        return right(op, *xs)
+
+    monkeypatch.setitem(cli_refs.FP64, "RMSNormFwdOp", noisy)
+    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--json", *TINY)
+    assert result.exit_code == 0
+    assert json.loads(result.stdout)["ok"] is True
+    assert "compiling kernel main ..." in result.stderr
+
+
 def test_an_op_that_fails_is_reported_and_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
     result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--target", "tileops", "--device",
                     "cpu", *TINY)
     assert result.exit_code == 1
     assert "error" in result.stdout and "FAILED RMSNormFwdOp tiny-n7" in result.stdout
+
+
+def test_in_tree_kernels_that_fail_fall_back_to_the_reference_target() -> None:
+    from tileops.kernels.norm import RowNormFwdInterface
+    from tileops.ops import RMSNormFwdOp
+    from tileops.ops.cli_core import run_case
+
+    class Broken(RowNormFwdInterface, Kernel):
+        devices = ("cpu",)
+        general = True
+
+        @classmethod
+        def entry_for(cls, spec, op):
+            raise RuntimeError("compile failed\nwith details")
+
+    class InTreeOnCpu(RMSNormFwdOp, entry="RMSNormFwdOp"):
+        kernel_types = {RowNormFwdInterface: (Broken,)}
+
+    (case,) = [c for c in cases("RMSNormFwdOp", InTreeOnCpu._signature.entry, {},
+                                labels=["tiny-n7"]) if c.dtype == "float32"]
+    res = run_case(InTreeOnCpu, case, torch.device("cpu"), repeat=1).result
+    assert res.ok and res.checked and res.target == REFERENCE
+    assert res.note == ("in-tree kernels failed, so the reference target ran: RuntimeError: "
+                        "compile failed")
+    explicit = run_case(InTreeOnCpu, case, torch.device("cpu"), target="tileops", repeat=1)
+    assert not explicit.result.ok and "compile failed" in explicit.result.error
 
 
 def test_unknown_op_suggests_the_nearest_names() -> None:
@@ -194,8 +249,8 @@ def test_bench_on_cpu_writes_json_markdown_and_a_plot(tmp_path: Path) -> None:
         assert c["error"] is None, c
         assert c["time_s"] > 0 and c["rel_err"] < 1e-5
     md = (out / "RMSNormFwdOp-cpu.md").read_text()
-    assert "| workload | dtype | shape | tileops (reference) |" in md
-    assert "| tiny-n7 | float32 | 3×7 |" in md
+    assert "| workload | dtype | inputs | tileops (reference) |" in md
+    assert "| tiny-n7 | float32 | 3×7 7 |" in md
     assert md in result.stdout
     assert (out / "RMSNormFwdOp-cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -252,7 +307,7 @@ def test_explain_bad_input() -> None:
 def test_check_shipped_specs() -> None:
     result = invoke("check")
     assert result.exit_code == 0
-    assert result.output.startswith("ok: 3 entries in 1 files")
+    assert result.output.startswith(f"ok: {len(default_specs().names())} entries in ")
 
 
 def test_check_reports_file_and_line(tmp_path: Path) -> None:

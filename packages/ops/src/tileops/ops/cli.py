@@ -17,6 +17,7 @@ invalid spec, an op that failed), 2 bad usage (an unknown op, device, dtype or o
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import importlib
 import importlib.metadata
@@ -80,8 +81,8 @@ def _common_case_options(fn):
     fn = click.option("-w", "--workload", "workloads", multiple=True, metavar="LABEL",
                       help="only workloads whose label matches (shell pattern; repeatable)")(fn)
     fn = click.option("--max-elements", type=click.IntRange(min=0), default=None,
-                      help="scale rows down so no input holds more elements than this, "
-                           "keeping row lengths (default: 2^20 on cpu, no cap on cuda; "
+                      help="scale workloads down (rows first) so no input or output holds "
+                           "more elements than this (default: 2^20 on cpu, no cap on cuda; "
                            "0: no cap)")(fn)
     fn = click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
                       help="timed calls per case at most")(fn)
@@ -129,7 +130,9 @@ def _prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
             labels = sorted({w.label for _, c in ops for w in c._signature.entry.workloads})
             raise UsageProblem(f"no workload matches {', '.join(workloads)}; labels: "
                                f"{', '.join(labels)}")
-        raise UsageProblem("nothing to run")
+        if dts:
+            raise UsageProblem(f"no op takes {', '.join(dts)}")
+        raise UsageProblem("nothing to run: no implemented op has a workload")
     return plan, dev, tgt, max_elements
 
 
@@ -150,8 +153,38 @@ def _progress(total: int):
                     transient=True)
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr():
+    """Send what the run prints to stdout (kernel compilers log there) to stderr, so that
+    stdout holds only the table or the JSON document: at the Python level and, where stdout
+    is the process's file descriptor 1, at the descriptor level too."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd != 1:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(sys.stderr.fileno(), 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def _run_cases(plan, dev, tgt, repeat: int, budget_s: float, per_case=None):
     """Run every case with a progress line; ``per_case(ran, status)`` runs after each."""
+    with _stdout_to_stderr():
+        return _run_cases_quietly(plan, dev, tgt, repeat, budget_s, per_case)
+
+
+def _run_cases_quietly(plan, dev, tgt, repeat: int, budget_s: float, per_case=None):
     from .cli_core import run_case
 
     total = sum(len(cs) for _, _, cs in plan)
@@ -237,12 +270,12 @@ def _print_run_table(results, dev, p, cap: int) -> None:
     from rich import box
     from rich.table import Table
 
-    from .cli_format import console, fmt_err, fmt_frac, fmt_rate, fmt_shape, fmt_time
+    from .cli_format import console, fmt_err, fmt_frac, fmt_inputs, fmt_rate, fmt_time
 
     con = console()
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for col, just in [("op", "left"), ("workload", "left"), ("dtype", "left"),
-                      ("shape", "right"), ("target", "left"), ("rel err", "right"),
+                      ("inputs", "right"), ("target", "left"), ("rel err", "right"),
                       ("check", "left"), ("time", "right"), ("achieved", "right"),
                       ("roofline", "right")]:
         table.add_column(col, justify=just, no_wrap=True)
@@ -255,18 +288,23 @@ def _print_run_table(results, dev, p, cap: int) -> None:
             check = "ok" if r.ok else "[red]MISMATCH[/red]"
         target = (r.target or "-") + ("†" if r.note else "")
         mb = r.flops is not None and p.memory_bound(r.flops, r.bytes or 0)
-        table.add_row(r.op, r.workload, r.dtype, fmt_shape(r.shape, bool(r.scaled)), target,
+        table.add_row(r.op, r.workload, r.dtype, fmt_inputs(r.inputs, bool(r.scaled)), target,
                       fmt_err(r.rel_err), check, fmt_time(r.time_s),
                       fmt_rate(r.flops, r.bytes, r.time_s, mb), fmt_frac(r.roof_fraction(p)))
     con.print(table)
     notes = []
     if any(r.scaled for r in results):
-        notes.append(f"* rows scaled down so no input holds more than {cap} elements "
+        notes.append(f"* scaled down so no input or output holds more than {cap} elements "
                      f"(--max-elements; 0 runs the full sizes)")
+    seen: dict[str, int] = {}
     for r in results:
         if r.note:
-            notes.append(f"† {r.op} {r.workload}: {r.note}")
-            break
+            seen[r.note] = seen.get(r.note, 0) + 1
+            if seen[r.note] == 1 and len(seen) <= 5:
+                notes.append(f"† {r.op} {r.workload} {r.dtype}: {r.note}")
+    repeats = sum(seen.values()) - min(len(seen), 5)
+    if repeats:
+        notes.append(f"† ... and {repeats} more (--json has every note)")
     if p.bandwidth is None:
         notes.append(f"roofline: - ({p.source})")
     else:

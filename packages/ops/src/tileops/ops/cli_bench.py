@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .cli_core import Peaks, Ran, _clone, _outputs, _sync, compare, time_call
-from .cli_format import fmt_err, fmt_shape, fmt_time
+from .cli_format import fmt_err, fmt_inputs, fmt_time
 from .cli_refs import EAGER
 
 __all__ = ["CONTENDERS", "bench_contenders", "write_json", "write_markdown", "write_plot"]
@@ -78,7 +78,7 @@ def rows_for_json(results: list, peaks: Peaks) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         d = r.as_dict(peaks)
-        contenders = d.pop("extra").get("contenders", {})
+        contenders = r.extra.get("contenders", {})
         d["contenders"] = {}
         for name, c in contenders.items():
             c = dict(c)
@@ -105,8 +105,9 @@ def _speedup(r, contenders: Sequence[str]) -> str:
 
 def markdown(header: dict[str, Any], results: list, contenders: Sequence[str]) -> str:
     """The results as a Markdown table (times per call; GB/s of the op's roofline bytes)."""
-    target = next((r.target for r in results if r.target), "-")
-    cols = ["workload", "dtype", "shape", f"tileops ({target})", "GB/s"]
+    target = next((r.target for r in results if r.target), None)
+    ours = "tileops" if target in (None, "tileops") else f"tileops ({target})"
+    cols = ["workload", "dtype", "inputs", ours, "GB/s"]
     for c in contenders:
         cols += [c, "GB/s"]
     cols += ["speedup vs best other", "rel err (tileops" + "".join(f" / {c}" for c in contenders)
@@ -117,7 +118,7 @@ def markdown(header: dict[str, Any], results: list, contenders: Sequence[str]) -
              "| " + " | ".join(cols) + " |",
              "|" + "|".join("---" for _ in cols) + "|"]
     for r in results:
-        cells = [r.workload, r.dtype, fmt_shape(r.shape, bool(r.scaled)), fmt_time(r.time_s),
+        cells = [r.workload, r.dtype, fmt_inputs(r.inputs, bool(r.scaled)), fmt_time(r.time_s),
                  _fmt_gbps(_gbps(r.bytes, r.time_s))]
         errs = [fmt_err(r.rel_err)]
         for c in contenders:
@@ -137,15 +138,17 @@ def markdown(header: dict[str, Any], results: list, contenders: Sequence[str]) -
             if row.get("error"):
                 notes.append(f"- {r.workload} {r.dtype} {c}: {row['error']}")
     if any(r.scaled for r in results):
-        notes.append(f"- `*`: rows scaled down to at most {header['max_elements']} elements per "
-                     f"input (`--max-elements`)")
+        notes.append(f"- `*`: scaled down to at most {header['max_elements']} elements per "
+                     f"input or output (`--max-elements`)")
     if notes:
         lines += ["", *notes]
     return "\n".join(lines) + "\n"
 
 
 def _fmt_gbps(v: float | None) -> str:
-    return "-" if v is None else f"{v:.3g}"
+    if v is None:
+        return "-"
+    return f"{v:.0f}" if v >= 100 else f"{v:.3g}"
 
 
 def write_markdown(path: Path, header: dict[str, Any], results: list,

@@ -39,6 +39,7 @@ __all__ = [
     "parse_device",
     "parse_dtype",
     "peaks",
+    "reference_fp64",
     "rel_l2",
     "run_case",
     "shipped_op_names",
@@ -402,10 +403,11 @@ class CaseResult:
     op: str
     workload: str
     dtype: str
-    shape: tuple[int, ...] | None
+    shape: tuple[int, ...] | None  # the largest input's
     scaled: dict[str, tuple[Any, Any]]
+    inputs: dict[str, tuple[int, ...] | None] = field(default_factory=dict)  # None: absent
     target: str | None = None
-    note: str | None = None  # why the target is not the first choice
+    note: str | None = None  # why the target is not the first choice, or no reference
     rel_err: float | None = None  # max over outputs of the relative L2 error
     tol: float | None = None
     checked: bool = False
@@ -415,6 +417,9 @@ class CaseResult:
     bytes: int | None = None
     error: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def add_note(self, text: str) -> None:
+        self.note = text if self.note is None else f"{self.note}; {text}"
 
     @property
     def ok(self) -> bool:
@@ -440,7 +445,9 @@ class CaseResult:
 
     def as_dict(self, p: Peaks) -> dict[str, Any]:
         d = asdict(self)
+        del d["extra"]
         d["shape"] = list(self.shape) if self.shape is not None else None
+        d["inputs"] = {n: (list(v) if v is not None else None) for n, v in self.inputs.items()}
         d["scaled"] = {k: [list(a) if isinstance(a, tuple) else a,
                            list(b) if isinstance(b, tuple) else b]
                        for k, (a, b) in self.scaled.items()}
@@ -480,6 +487,44 @@ class Ran:
     refs: tuple | None
 
 
+def reference_fp64(cls: type[Op], op: Op, inputs: Sequence[Any]) -> tuple | None:
+    """The op's outputs in float64, for ``inputs`` (which are not written).
+
+    :data:`tileops.ops.cli_refs.FP64` where it has the op; otherwise the ``reference``
+    target's builder for the op, run on float64 copies of the floating-point inputs into
+    float64 outputs (the reference builders compute in float64 when handed float64). None
+    when the op has neither."""
+    name = cls._signature.name
+    if name in FP64:
+        return FP64[name](op, *inputs)
+    builder = targets.builder_for(REFERENCE, cls)
+    if builder is None:
+        return None
+    plan = cls._signature
+    point = plan.construct(**{n: getattr(op, n) for n in plan.param_names})
+    call = point.check(*inputs)  # shapes, dtypes and the effect branch of the real call
+
+    def wide(t):
+        if t is None:
+            return None
+        return t.to(torch.float64) if t.is_floating_point() else t.clone()
+
+    inputs64 = [wide(t) for t in inputs]
+    written = set(call.branch[0])
+    outs: list[torch.Tensor | None] = []
+    for decl, shape, dtype in zip(plan.sig.outputs.values(), call.output_shapes,
+                                  call.output_dtypes, strict=True):
+        if shape is None:
+            outs.append(None)
+        elif decl.alias and decl.alias in written:  # the output is that (written) input
+            outs.append(inputs64[plan.input_names.index(decl.alias)])
+        else:
+            dt = torch.float64 if dtype.is_floating_point else dtype
+            outs.append(torch.empty(tuple(shape), dtype=dt, device=call.device))
+    builder(op, call)(*inputs64, *outs)
+    return tuple(outs)
+
+
 def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | None = None,
              repeat: int = 20, budget_s: float = 0.25, check: bool = True,
              status: Callable[[str], None] | None = None) -> Ran:
@@ -487,7 +532,7 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
     Left to choose, an op whose in-tree kernels fail on the device runs on the reference
     target instead, and the result says why (``note``)."""
     res = CaseResult(case.op, case.label, case.dtype, case.shape, case.scaled,
-                     tol=TOLERANCE.get(case.dtype, 0.0))
+                     {i.name: i.shape for i in case.inputs}, tol=TOLERANCE.get(case.dtype, 0.0))
     say = status or (lambda _msg: None)
     try:
         op = cls(target=target, **case.params)
@@ -496,10 +541,17 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
         return Ran(res, None, [], None)
     inputs = make_inputs(case, device)
     refs = None
-    if check and case.op in FP64:
+    if check:
         say("float64 reference")
-        with torch.no_grad():
-            refs = FP64[case.op](op, *inputs)
+        try:
+            with torch.no_grad():
+                refs = reference_fp64(cls, op, inputs)
+        except Exception as exc:  # noqa: BLE001 - the row is run unchecked, and says why
+            res.add_note(f"no float64 reference: {type(exc).__name__}: {exc}")
+        else:
+            if refs is None:
+                res.add_note("no float64 reference (none in cli_refs.FP64, no reference "
+                             "builder)")
     try:
         say("building and running the kernel")
         t0 = time.perf_counter()
@@ -515,7 +567,8 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
                 or targets.builder_for(REFERENCE, cls) is None:
             res.error = f"{type(exc).__name__}: {exc}"
             return Ran(res, op, inputs, refs)
-        res.note = f"in-tree kernels failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+        res.add_note(f"in-tree kernels failed, so the reference target ran: "
+                     f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
         return _retry_reference(cls, case, device, res, inputs, refs, repeat, budget_s, say)
     res.target = op.serving_target
     return _finish(op, res, device, inputs, out, refs, repeat, budget_s, say)

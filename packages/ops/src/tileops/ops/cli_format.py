@@ -7,7 +7,7 @@ import sys
 
 from rich.console import Console
 
-__all__ = ["console", "fmt_err", "fmt_rate", "fmt_shape", "fmt_time", "fmt_frac"]
+__all__ = ["console", "fmt_err", "fmt_frac", "fmt_inputs", "fmt_rate", "fmt_shape", "fmt_time"]
 
 
 def console(stderr: bool = False) -> Console:
@@ -64,3 +64,9 @@ def fmt_shape(shape: tuple[int, ...] | None, scaled: bool = False) -> str:
         return "-"
     text = "×".join(str(d) for d in shape) if shape else "scalar"
     return text + ("*" if scaled else "")
+
+
+def fmt_inputs(inputs: dict, scaled: bool = False) -> str:
+    """Every input's shape in order (``-`` for an absent optional input)."""
+    text = " ".join(fmt_shape(s) for s in inputs.values()) or "-"
+    return text + (" *" if scaled else "")

@@ -3,14 +3,15 @@
 - :data:`FP64`: the float64 reference of each op (the functions of
   :mod:`tileops.ops.reference`, called on ``.double()`` inputs). ``FP64[name](op, *inputs)``
   returns the op's outputs in float64, in the order of the entry's ``outputs``; it reads the
-  inputs and never writes them.
+  inputs and never writes them. An op missing here is checked against its ``reference``
+  target builder run on float64 copies of the inputs
+  (:func:`tileops.ops.cli_core.reference_fp64`).
 - :data:`EAGER`: the torch eager equivalent of each op (the entry's ``ref_api``).
   ``EAGER[name](op)`` returns a callable taking the op's inputs (absent optional ones as None)
   and returning its outputs; it has the op's effects (an in-place op writes its inputs), so
   ``torch.compile`` of it is the compiled contender.
 
-An op missing from :data:`FP64` is run and timed but not checked; one missing from
-:data:`EAGER` has no eager or compiled contender in ``tileops bench``.
+An op missing from :data:`EAGER` has no eager or compiled contender in ``tileops bench``.
 """
 
 from __future__ import annotations
@@ -87,8 +88,18 @@ def _layer_eager(op: Any) -> Callable[..., Any]:
     return layer_norm
 
 
+def _gemm_eager(op: Any) -> Callable[..., Any]:
+    trans_a, trans_b = op.trans_a, op.trans_b
+
+    def matmul(a, b):  # torch.matmul
+        return torch.matmul(a.T if trans_a else a, b.T if trans_b else b)
+
+    return matmul
+
+
 EAGER: dict[str, Callable[[Any], Callable[..., Any]]] = {
     "RMSNormFwdOp": _rms_eager,
     "FusedAddRMSNormFwdOp": _fused_add_rms_eager,
     "LayerNormFwdOp": _layer_eager,
+    "GemmFwdOp": _gemm_eager,
 }

@@ -52,7 +52,8 @@ from .cli_workloads import kinds_of
 
 __all__ = ["ScaffoldError", "module_name_for", "scaffold_source"]
 
-_RESERVED = {"self", "call", "spec", "target", "kernel_map", "tune", "device"}
+#: arguments every op's constructor takes besides the entry's params
+_RESERVED = {"self", "target", "kernel_map", "tune"}
 
 
 class ScaffoldError(ValueError):

@@ -6,10 +6,12 @@ params of the op (its ``signature.params``), and the shape and dtype of every in
 evaluating the entry's shape expressions over the row's values the way the spec validator
 instantiates a row. Nothing here knows a particular op.
 
-Rows may be scaled down (``max_elements``): the leading batch-like index of the largest input
-(the first ``Dim`` or ``Shape`` index of the signature's ``forall`` that its shape names) is
-reduced until no input holds more than ``max_elements`` elements; row lengths, parameters and
-every other index keep their values, and a row whose refinements would break is kept whole.
+Rows may be scaled down (``max_elements``): while some tensor, input or output, holds more than
+``max_elements`` elements, the first ``forall`` Dim or Shape index its shape names that is
+above 1 (a Shape from its leading axis) is reduced just enough for it. Shapes name batch and
+row indices before row lengths (``[*B, N]``, ``[M, K]``), so rows go first and row lengths
+keep their values where that suffices; parameters never change, and a row whose refinements
+would break is kept whole.
 """
 
 from __future__ import annotations
@@ -149,7 +151,9 @@ class _Row:
         return Scope(dict(values), self.entry.signature.types, self.present, generators)
 
     def evaluate(self, values: dict[str, Any]) -> tuple[dict[str, Any], list[InputSpec]]:
-        """Lets, then every input's shape, dtype and generated values."""
+        """Lets, then every input's shape, dtype and generated values (and, after the inputs,
+        every output whose shape evaluates, as an :class:`InputSpec` named ``"->name"``: the
+        sizes the scaling looks at)."""
         sig = self.entry.signature
         values = dict(values)
         pending = list(sig.let)
@@ -178,6 +182,12 @@ class _Row:
             if d.values is not None:
                 data = tuple(evaluate(d.values.node, self._scope(values, generators=True)))
             inputs.append(InputSpec(n, tuple(shape), dtype, data))
+        for n, d in sig.outputs.items():
+            try:
+                shape = eval_shape(d.shape.node, scope)
+            except EvalError:
+                continue  # e.g. a nullable output whose shape needs an absent input
+            inputs.append(InputSpec(f"->{n}", tuple(shape), None))
         return values, inputs
 
     def refinements_hold(self, values: Mapping[str, Any]) -> bool:
@@ -187,61 +197,60 @@ class _Row:
         except EvalError:
             return False
 
-    def scalable(self, inputs: list[InputSpec]) -> list[str]:
-        """The forall Dim/Shape indices the largest input's shape names, in order; indices
-        that feed generated metadata values or that some param or data index also names are
-        left out."""
+    def scalable(self, tensor: str) -> list[str]:
+        """The forall Dim/Shape indices ``tensor``'s shape names, in order; indices that feed
+        generated metadata values are left out."""
         sig = self.entry.signature
-        largest = max((i for i in inputs if i.shape is not None), key=lambda i: i.numel,
-                      default=None)
-        if largest is None:
-            return []
+        decl = sig.outputs[tensor[2:]] if tensor.startswith("->") else sig.inputs[tensor]
         fed = set()
         for d in sig.inputs.values():
             if d.values is not None:
                 fed.update(d.values.names())
         out = []
-        for n in sig.inputs[largest.name].shape.names():
+        for n in decl.shape.names():
             if (n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK)
                     and n not in fed and n not in out):
                 out.append(n)
         return out
 
 
-def _numel_max(inputs: Iterable[InputSpec]) -> int:
-    return max((i.numel for i in inputs), default=0)
+def _numel_max(tensors: Iterable[InputSpec]) -> int:
+    return max((i.numel for i in tensors), default=0)
 
 
-def _shrink(row: _Row, values: dict[str, Any], inputs: list[InputSpec], cap: int):
-    """Reduce the leading scalable index until no input exceeds ``cap`` elements."""
+def _shrink(row: _Row, values: dict[str, Any], tensors: list[InputSpec], cap: int):
+    """Reduce indices until no tensor exceeds ``cap`` elements: each step takes the largest
+    tensor (inputs and outputs) and shrinks the first index its shape names that is above 1
+    (a Shape index from its leading axis), just enough for that tensor."""
     original = dict(values)
-    for n in row.scalable(inputs):
-        for _ in range(64):
-            numel = _numel_max(inputs)
-            if numel <= cap:
-                break
+    for _ in range(256):
+        largest = max(tensors, key=lambda t: t.numel, default=None)
+        if largest is None or largest.numel <= cap:
+            break
+        numel = largest.numel
+        for n in row.scalable(largest.name):
             v = values[n]
             if isinstance(v, int):
                 if v <= 1:
-                    break
+                    continue
                 values[n] = max(1, min(v - 1, v * cap // numel))
-            else:  # a Shape: shrink its leading axes first
-                dims = list(v)
-                pos = next((i for i, d in enumerate(dims) if d > 1), None)
-                if pos is None:
-                    break
-                d = dims[pos]
-                dims[pos] = max(1, min(d - 1, d * cap // numel))
-                values[n] = tuple(dims)
-            try:
-                values, inputs = row.evaluate(values)
-            except EvalError:
-                return original, None
-        if _numel_max(inputs) <= cap:
+                break
+            dims = list(v)
+            pos = next((i for i, d in enumerate(dims) if d > 1), None)
+            if pos is None:
+                continue
+            dims[pos] = max(1, min(dims[pos] - 1, dims[pos] * cap // numel))
+            values[n] = tuple(dims)
             break
+        else:
+            break  # nothing left to shrink in the largest tensor: keep what there is
+        try:
+            values, tensors = row.evaluate(values)
+        except EvalError:
+            return original, None
     if not row.refinements_hold(values):
         return original, None
-    return values, inputs
+    return values, tensors
 
 
 def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
@@ -278,14 +287,15 @@ def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
                 continue
             seen.add(key)
             r = _Row(name, entry, adts, row, case, kinds)
-            values, inputs = r.evaluate(r.base)
+            values, tensors = r.evaluate(r.base)
             scaled: dict[str, tuple[Any, Any]] = {}
-            if max_elements and _numel_max(inputs) > max_elements:
-                new_values, new_inputs = _shrink(r, dict(values), inputs, max_elements)
-                if new_inputs is not None:
+            if max_elements and _numel_max(tensors) > max_elements:
+                new_values, new_tensors = _shrink(r, dict(values), tensors, max_elements)
+                if new_tensors is not None:
                     scaled = {n: (values[n], new_values[n]) for n in values
                               if new_values[n] != values[n] and n in entry.signature.forall}
-                    values, inputs = new_values, new_inputs
+                    values, tensors = new_values, new_tensors
+            inputs = [t for t in tensors if not t.name.startswith("->")]
             params = {n: row.values[n] for n in entry.signature.params if n in row.values}
             dts = {n: values[n] for n in dt_indices if n in values}
             out.append(Case(name, row.label, dts, params, inputs, values, scaled))

@@ -69,3 +69,28 @@ def _layer_builder(op: LayerNormFwdOp, call):
 register_builder(REFERENCE, RMSNormFwdOp, _rms_builder)
 register_builder(REFERENCE, FusedAddRMSNormFwdOp, _fused_builder)
 register_builder(REFERENCE, LayerNormFwdOp, _layer_builder)
+
+
+# --- GEMM -----------------------------------------------------------------------------------
+
+from .gemm import GemmFwdOp  # noqa: E402
+
+
+def gemm_reference(a: torch.Tensor, b: torch.Tensor, trans_a: bool = False,
+                   trans_b: bool = False) -> torch.Tensor:
+    """``op(a) @ op(b)`` computed in fp32 (or fp64 for fp64 inputs), returned in that dtype."""
+    wide = torch.float64 if a.dtype == torch.float64 else torch.float32
+    am = a.to(wide)
+    bm = b.to(wide)
+    return torch.matmul(am.T if trans_a else am, bm.T if trans_b else bm)
+
+
+def _gemm_builder(op: GemmFwdOp, call):
+    def kernel(a, b, c):
+        c.copy_(gemm_reference(a, b, op.trans_a, op.trans_b))
+
+    return kernel
+
+
+register_builder(REFERENCE, GemmFwdOp, _gemm_builder)
+__all__ += ["gemm_reference"]

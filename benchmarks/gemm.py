@@ -1,0 +1,274 @@
+"""GemmFwdOp against torch.matmul (cuBLAS) on the GPU, one run.
+
+    python benchmarks/gemm.py [--out DIR] [--dtypes bfloat16] [--tune]
+    python benchmarks/gemm.py --prebuild [--workers N]
+
+Workloads: the spec's (specs/gemm.yaml): 8192^3, 4096^3, LLM projections (M in 1, 16, 128,
+2048, 8192 with (N, K) in (4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)), the
+nn.Linear layout and transposed inputs. Timing: CUDA events around 20 back-to-back calls
+after warm-up, median of 5 trials, for both contenders on the same inputs (cuBLAS computes
+``op(a) @ op(b)`` through transposed views, which it reads without a copy). TFLOP/s counts
+``2 * M * N * K``; the ratio is cuBLAS time over ours (above 1: ours is faster); the summary
+is the geometric mean of the ratios.
+
+``--prebuild`` compiles, in parallel processes, every kernel the GPU tests
+(tests/ops/test_gemm_cuda.py) and this benchmark select, so the runs that follow load them
+from TileLang's disk cache.
+
+Results: a table on stdout, and JSON + Markdown (gemm.json, gemm.md) under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+for _p in reversed(PATHS):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+SPEC = ROOT / "packages" / "ops" / "src" / "tileops" / "ops" / "specs" / "gemm.yaml"
+
+
+def workloads(dtypes: set[str] | None = None) -> list[dict]:
+    """Rows of (label, M, N, K, trans_a, trans_b, dtype) from the spec's workloads."""
+    import yaml
+
+    entry = yaml.safe_load(SPEC.read_text())["GemmFwdOp"]
+    out = []
+    for w in entry["workloads"]:
+        for case in w.get("dtype_cases", [{"T": "bfloat16"}]):
+            if dtypes and case["T"] not in dtypes:
+                continue
+            out.append({"label": w["label"], "m": w["M"], "n": w["N"], "k": w["K"],
+                        "trans_a": bool(w.get("trans_a", False)),
+                        "trans_b": bool(w.get("trans_b", False)), "dtype": case["T"]})
+    return out
+
+
+# --- prebuild ------------------------------------------------------------------------------------
+
+TRANS = [(False, False), (False, True), (True, False), (True, True)]
+
+
+def _test_cases() -> list[tuple]:
+    """(m, n, k, ta, tb, dtype) of tests/ops/test_gemm_cuda.py (kept in step by hand)."""
+    sizes = [(1, 4096, 4096), (48, 256, 512), (128, 4096, 4096), (1000, 1000, 1000),
+             (2048, 4096, 4096), (333, 4097, 4095), (7, 13, 1), (1, 1, 1)]
+    out = [(m, n, k, ta, tb, "bfloat16") for m, n, k in sizes for ta, tb in TRANS]
+    for m, n, k in [(1, 4096, 4096), (2048, 4096, 4096), (333, 4097, 4095)]:
+        out += [(m, n, k, False, False, "float16"), (m, n, k, False, True, "float16")]
+    out += [(64, 256, 256, False, False, "bfloat16")]  # the offset view (unaligned)
+    out += [(256, 512, 384, True, True, "bfloat16")]
+    return out
+
+
+def _spec_for(m, n, k, ta, tb, dtype, aligned=None):
+    from tileops.kernels.gemm import GemmSpec, m_bucket
+
+    if aligned is None:  # fresh contiguous tensors: only the row strides can break it
+        rows = [m if ta else k, k if tb else n, n]
+        aligned = all(r % 8 == 0 for r in rows)
+    return GemmSpec("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
+
+
+def prebuild_jobs() -> list[tuple]:
+    from tileops.kernels.gemm import HOPPER_CONFIGS, choose_config
+
+    jobs = set()
+    for m, n, k, ta, tb, dt in _test_cases():
+        if m == 64 and n == 256:
+            spec = _spec_for(m, n, k, ta, tb, dt, aligned=False)
+        else:
+            spec = _spec_for(m, n, k, ta, tb, dt)
+        if k:
+            jobs.add((n, k, dt, ta, tb, choose_config(spec)))
+    for cfg, _ in HOPPER_CONFIGS.values():  # test_tune_times_and_caches's candidates
+        jobs.add((4096, 4096, "bfloat16", False, False, cfg))
+    for w in workloads():
+        spec = _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"])
+        jobs.add((w["n"], w["k"], w["dtype"], w["trans_a"], w["trans_b"], choose_config(spec)))
+    return sorted(jobs, key=repr)
+
+
+def _build(job: tuple) -> tuple[tuple, float, str]:
+    sys.path[:0] = PATHS
+    from tileops.kernels.gemm import build_gemm_kernel
+
+    t = time.perf_counter()
+    try:
+        build_gemm_kernel(*job, None)
+        return job, time.perf_counter() - t, "ok"
+    except Exception as exc:  # noqa: BLE001 - reported by the caller
+        return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-400:]}"
+
+
+def prebuild(workers: int) -> int:
+    jobs = prebuild_jobs()
+    t = time.perf_counter()
+    failed = 0
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        for job, secs, status in pool.map(_build, jobs):
+            failed += status != "ok"
+            print(f"{job[:5]} {tuple(job[5])[:5]} {secs:.1f}s {status}", flush=True)
+    print(f"prebuilt {len(jobs)} kernels in {time.perf_counter() - t:.0f}s, {failed} failed")
+    return 1 if failed else 0
+
+
+# --- timing --------------------------------------------------------------------------------------
+
+
+def _events(fn, iters: int) -> float:
+    """Median milliseconds per call over 5 trials of ``iters`` calls."""
+    import torch
+
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def bench_one(w: dict, tune: bool) -> dict:
+    import torch
+
+    from tileops.ops import GemmFwdOp
+
+    m, n, k, ta, tb = w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"]
+    dtype = getattr(torch, w["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
+    a = torch.randn((k, m) if ta else (m, k), dtype=dtype, device="cuda", generator=g)
+    b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device="cuda", generator=g)
+    op = GemmFwdOp(trans_a=ta, trans_b=tb, tune=tune)
+    av, bv = (a.T if ta else a), (b.T if tb else b)
+
+    def ours():
+        return op(a, b)
+
+    def cublas():
+        return torch.matmul(av, bv)
+
+    c = ours()
+    ref = torch.matmul(av.float(), bv.float())
+    err = ((c.float() - ref).norm() / ref.norm()).item()
+    entries = [e for es in op.built_entries.values() for e in es.values()]
+    row = dict(w, rel_err=err, kernel=type(entries[0]).__name__ if entries else None,
+               config=list(entries[0].config) if entries else None)
+    flops = 2 * m * n * k
+    iters = 20 if flops > 1e11 else 100
+    for name, fn in (("tileops", ours), ("cublas", cublas)):
+        for _ in range(3):
+            fn()
+        ms = _events(fn, iters)
+        row[f"{name}_us"] = ms * 1e3
+        row[f"{name}_tflops"] = flops / (ms * 1e-3) / 1e12
+    row["ratio"] = row["cublas_us"] / row["tileops_us"]
+    return row
+
+
+def _versions() -> dict:
+    import importlib.metadata as md
+
+    import torch
+
+    def v(name):
+        try:
+            return md.version(name)
+        except md.PackageNotFoundError:
+            return None
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "tilelang": v("tilelang"), "cuda": torch.version.cuda,
+            "cublas": torch.backends.cuda.preferred_blas_library().name
+            if hasattr(torch.backends.cuda, "preferred_blas_library") else None,
+            "gpu": torch.cuda.get_device_name()}
+
+
+def _markdown(result: dict) -> str:
+    v = result["versions"]
+    s = result["summary"]
+    lines = [f"# GEMM on {v['gpu']} ({result['date']})", "",
+             f"torch {v['torch']}, TileLang {v['tilelang']}, CUDA {v['cuda']}, Python "
+             f"{v['python']}. Ratio = cuBLAS time / TileOPs time (above 1: TileOPs faster). "
+             f"Tuned: {result['tuned']}.", "",
+             f"Geometric mean ratio {s['geomean_ratio']:.3f}; lowest {s['min_ratio']:.3f} "
+             f"({s['min_label']}); square-8k {s.get('square_8k_ratio')}.", "",
+             "| workload | M x N x K | trans | dtype | kernel | tile | TileOPs TFLOP/s | "
+             "cuBLAS TFLOP/s | ratio | rel err |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        tile = "x".join(str(x) for x in r["config"][:3]) if r.get("config") else "-"
+        trans = ("T" if r["trans_a"] else "N") + ("T" if r["trans_b"] else "N")
+        lines.append(f"| {r['label']} | {r['m']} x {r['n']} x {r['k']} | {trans} | "
+                     f"{r['dtype']} | {r['kernel']} | {tile} | {r['tileops_tflops']:.1f} | "
+                     f"{r['cublas_tflops']:.1f} | {r['ratio']:.3f} | {r['rel_err']:.1e} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--dtypes", default=None, help="comma list (default: all in the spec)")
+    ap.add_argument("--labels", default=None, help="comma list of workload labels")
+    ap.add_argument("--tune", action="store_true", help="construct the ops with tune=True")
+    ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--workers", type=int, default=14)
+    args = ap.parse_args(argv)
+    if args.prebuild:
+        return prebuild(args.workers)
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    rows = []
+    wanted = set(args.labels.split(",")) if args.labels else None
+    for w in workloads(set(args.dtypes.split(",")) if args.dtypes else None):
+        if wanted and w["label"] not in wanted:
+            continue
+        try:
+            row = bench_one(w, args.tune)
+        except Exception as exc:  # noqa: BLE001 - report, do not hide
+            row = dict(w, error=f"{type(exc).__name__}: {str(exc)[-300:]}")
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        torch.cuda.empty_cache()
+    ok = [r for r in rows if "ratio" in r]
+    summary = {}
+    if ok:
+        worst = min(ok, key=lambda r: r["ratio"])
+        summary = {"geomean_ratio": math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok)),
+                   "min_ratio": worst["ratio"], "min_label": f"{worst['label']}/{worst['dtype']}",
+                   "below_0_9": [f"{r['label']}/{r['dtype']}" for r in ok if r["ratio"] < 0.9],
+                   "failed": [f"{r['label']}/{r['dtype']}" for r in rows if "ratio" not in r]}
+        sq = [r["ratio"] for r in ok if r["label"] == "square-8k"]
+        summary["square_8k_ratio"] = round(min(sq), 3) if sq else None
+    result = {"date": _dt.date.today().isoformat(), "versions": _versions(),
+              "tuned": args.tune, "summary": summary, "rows": rows}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm.json").write_text(json.dumps(result, indent=1))
+    if ok:
+        md = _markdown(dict(result, rows=ok))
+        (out / "gemm.md").write_text(md)
+        print(md)
+    print(json.dumps(summary))
+    return 0 if ok and not summary["failed"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""Dense GEMM: ``c = op(a) @ op(b)`` with ``op`` a transpose when ``trans_a`` / ``trans_b``.
+
+The op is its spec entry (``specs/gemm.yaml``; the type family ``Mat`` gives ``a`` the shape
+``[M, K]`` or ``[K, M]``) plus a constructor and a ``forward`` that runs the ``gemm_fwd``
+slot. The kernels read row-major contiguous operands in the declared layout, so a
+non-contiguous input is copied to that layout first; the call spec records whether every
+operand meets the 16-byte alignment TMA needs (the general kernel serves the rest).
+"""
+
+import torch
+
+from tileops.kernels.gemm import (
+    GemmFwdInterface,
+    GemmGeneralKernel,
+    GemmHopperKernel,
+    GemmSmallMKernel,
+    GemmSpec,
+    m_bucket,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES
+
+__all__ = ["GemmFwdOp"]
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Row stride and base pointer 16-byte aligned (a contiguous 2-D tensor)."""
+    return (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+
+
+class GemmFwdOp(Op):
+    """``c = op(a) @ op(b)``: ``a`` is ``(M, K)`` (``(K, M)`` when ``trans_a``), ``b`` is
+    ``(K, N)`` (``(N, K)`` when ``trans_b``), ``c`` is ``(M, N)``; fp32 accumulation.
+
+    Args:
+        trans_a, trans_b: whether ``a`` / ``b`` are stored transposed.
+        target, kernel_map, tune: see :class:`tileops.runtime.Op`.
+    """
+
+    kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmGeneralKernel)}
+
+    def __init__(self, *, trans_a: bool = False, trans_b: bool = False,
+                 target: str | None = None, kernel_map=None, tune: bool = False) -> None:
+        super().__init__(trans_a=trans_a, trans_b=trans_b, target=target,
+                         kernel_map=kernel_map, tune=tune)
+
+    def forward(self, call, a, b, c) -> None:
+        if not a.is_contiguous():
+            a = a.contiguous()
+        if not b.is_contiguous():
+            b = b.contiguous()
+        out = c if c.is_contiguous() else torch.empty_like(c, memory_format=torch.contiguous_format)
+        m, n = out.shape
+        k = a.shape[0] if self.trans_a else a.shape[1]
+        aligned = _aligned(a) and _aligned(b) and _aligned(out)
+        spec = GemmSpec(call.device, m_bucket(m), n, k, NAMES[a.dtype], self.trans_a,
+                        self.trans_b, aligned)
+        self.kernel(GemmFwdInterface, spec)(a, b, out)
+        if out is not c:
+            c.copy_(out)

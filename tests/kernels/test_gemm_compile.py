@@ -1,0 +1,201 @@
+"""The GEMM kernels compile for Hopper on a CPU host (nvcc, no GPU), every tile configuration
+the heuristic can choose; the heuristic's choices; and the on-disk tuning cache.
+
+Hopper programs are compiled for ``sm_90a``: wgmma and the warp-specialized register
+reallocation (setmaxnreg) exist only on the arch-specific target (TileLang itself picks
+``sm_90a`` for a 9.0 device when no target is given).
+"""
+
+import json
+import os
+import shutil
+
+import pytest
+
+from tileops.kernels import gemm as G
+from tileops.kernels.gemm import (
+    GENERAL_CONFIG,
+    HOPPER_CONFIGS,
+    SMALL_M_CONFIGS,
+    GemmSpec,
+    choose_config,
+    load_tuned,
+    m_bucket,
+    store_tuned,
+    tune_key,
+)
+
+HOPPER = "sm_90a"
+
+
+def _have_compiler() -> bool:
+    try:
+        import tilelang  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+
+
+needs_nvcc = pytest.mark.skipif(not _have_compiler(), reason="needs tilelang and nvcc")
+
+# every configuration the heuristic can choose, each once, the transposes spread over them
+COMPILES = [
+    ("hopper-128x256-nn", HOPPER_CONFIGS["128x256"][0], 4096, 4096, False, False, "bfloat16"),
+    ("hopper-128x128-tt", HOPPER_CONFIGS["128x128"][0], 14336, 4096, True, True, "bfloat16"),
+    ("hopper-64x128-nt", HOPPER_CONFIGS["64x128"][0], 1000, 1000, False, True, "float16"),
+    ("hopper-64x64-tn", HOPPER_CONFIGS["64x64"][0], 4096, 14336, True, False, "bfloat16"),
+    ("small-16x32-nt", SMALL_M_CONFIGS["16x32"], 4096, 4096, False, True, "bfloat16"),
+    ("small-16x64-nn", SMALL_M_CONFIGS["16x64"], 128256, 4096, False, False, "bfloat16"),
+    ("small-64x64-tn", SMALL_M_CONFIGS["64x64"], 4096, 4096, True, False, "float16"),
+    ("general-tt-odd", GENERAL_CONFIG, 37, 19, True, True, "bfloat16"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("cfg", "n", "k", "ta", "tb", "dtype"),
+                         [c[1:] for c in COMPILES], ids=[c[0] for c in COMPILES])
+def test_configuration_compiles_for_hopper(cfg, n, k, ta, tb, dtype):
+    kernel = G.build_gemm_kernel(n, k, dtype, ta, tb, cfg, HOPPER)
+    src = kernel.get_kernel_source()
+    if cfg.tma:
+        assert "tma_load" in src
+    else:
+        assert "tma_load" not in src
+        assert "< M" in src  # rows past M are predicated off
+    if cfg.block_m >= 64:
+        assert "wgmma" in src
+    if cfg.panel:
+        assert "rasterization2DRow" in src
+
+
+def test_every_choosable_configuration_is_compiled_above():
+    compiled = {c[1] for c in COMPILES}
+    choosable = {c for c, _ in HOPPER_CONFIGS.values()} | set(SMALL_M_CONFIGS.values())
+    assert choosable | {GENERAL_CONFIG} == compiled
+
+
+def _spec(m, n, k, ta=False, tb=False, aligned=True):
+    return GemmSpec("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, aligned)
+
+
+@pytest.mark.parametrize(("m", "n", "k", "want"), [
+    (8192, 8192, 8192, (128, 256)),
+    (4096, 4096, 4096, (128, 256)),
+    (2048, 4096, 4096, (128, 256)),
+    (128, 4096, 4096, (64, 64)),
+    (128, 14336, 4096, (128, 128)),
+    (1, 4096, 4096, (16, 32)),
+    (16, 4096, 14336, (16, 32)),
+    (1, 128256, 4096, (16, 64)),
+    (48, 4096, 4096, (64, 64)),
+])
+def test_heuristic_choices(m, n, k, want):
+    cfg = choose_config(_spec(m, n, k))
+    assert (cfg.block_m, cfg.block_n) == want
+
+
+def test_unaligned_calls_choose_the_general_configuration():
+    assert choose_config(_spec(333, 4097, 4095, aligned=False)) == GENERAL_CONFIG
+
+
+def test_selection_regions():
+    from tileops.kernels.gemm import GemmGeneralKernel, GemmHopperKernel, GemmSmallMKernel
+
+    big, small, odd = _spec(2048, 4096, 4096), _spec(1, 4096, 4096), _spec(3, 7, 5, aligned=False)
+    assert GemmHopperKernel.region_refusal(big) is None
+    assert GemmHopperKernel.region_refusal(small) is not None
+    assert GemmSmallMKernel.region_refusal(small) is None
+    assert GemmSmallMKernel.region_refusal(big) is not None
+    for k in (GemmHopperKernel, GemmSmallMKernel):
+        assert k.region_refusal(odd) is not None
+    assert GemmGeneralKernel.general and GemmGeneralKernel.region_refusal(odd) is None
+
+
+# --- the tuning cache ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
+    return tmp_path / "gemm"
+
+
+def test_cache_write_then_read(cache):
+    key = tune_key("sm_90", _spec(2048, 4096, 4096, tb=True))
+    assert "sm_90-bfloat16-NT-m2048-n4096-k4096" in key
+    assert load_tuned(key) is None
+    cfg = HOPPER_CONFIGS["128x128"][0]
+    path = store_tuned(key, cfg, {"a": 1.0})
+    assert path == cache / f"{key}.json" and path.exists()
+    assert not [p for p in cache.iterdir() if p.suffix == ".tmp"]  # the rename left nothing
+    assert load_tuned(key) == cfg
+    body = json.loads(path.read_text())
+    assert body["key"] == key and body["config"]["block_n"] == 128
+
+
+def test_key_changes_with_the_kernel_source(monkeypatch):
+    a = tune_key("sm_90", _spec(1, 4096, 4096))
+    monkeypatch.setattr(G, "_source_hash", lambda: "0" * 16)
+    assert tune_key("sm_90", _spec(1, 4096, 4096)) != a
+
+
+@pytest.mark.parametrize("corrupt", [
+    "{not json",
+    "[]",
+    '{"key": "%s"}',
+    '{"key": "%s", "config": {"block_m": 64}}',
+    '{"key": "%s", "config": {"block_m": "64", "block_n": 64, "block_k": 32, "stages": 2, '
+    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
+    '{"key": "%s", "config": {"block_m": 64, "block_n": 64, "block_k": 32, "stages": 2, '
+    '"threads": 128, "panel": 8, "tma": 1, "policy": "square"}}',
+    '{"key": "%s", "config": {"block_m": 0, "block_n": 64, "block_k": 32, "stages": 2, '
+    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
+    '{"key": "other", "config": {"block_m": 64, "block_n": 64, "block_k": 32, "stages": 2, '
+    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
+], ids=["bad-json", "not-object", "no-config", "missing-keys", "str-int", "int-bool",
+        "zero-tile", "wrong-key"])
+def test_corrupt_entry_is_ignored_and_rebuilt(cache, corrupt):
+    key = tune_key("sm_90", _spec(128, 4096, 4096))
+    cache.mkdir(parents=True)
+    path = cache / f"{key}.json"
+    path.write_text(corrupt.replace("%s", key) if "%s" in corrupt else corrupt)
+    assert load_tuned(key) is None
+    store_tuned(key, GENERAL_CONFIG)  # what a tune run does after a miss
+    assert load_tuned(key) == GENERAL_CONFIG
+
+
+class _FakeTensor:
+    def __init__(self, shape):
+        self.shape = shape
+        self.device = "cpu"
+
+
+def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
+    spec = _spec(2048, 4096, 4096)
+    built = []
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda n, k, dt, ta, tb, cfg, target: built.append(cfg) or
+                        (lambda a, b, c: None))
+    monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    want = HOPPER_CONFIGS["64x128"][0]
+    store_tuned(tune_key("sm_90", spec), want)
+    kern = G.GemmHopperKernel(spec)
+    assert kern.config == HOPPER_CONFIGS["128x256"][0]
+    kern.request_tune()
+    kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
+    assert kern.config == want and built[-1] == want
+
+
+def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
+    spec = _spec(2048, 4096, 4096)
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda n, k, dt, ta, tb, cfg, target: (lambda a, b, c, cfg=cfg: cfg))
+    fastest = HOPPER_CONFIGS["128x128"][0]
+    monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    kern = G.GemmHopperKernel(spec)
+    kern.request_tune()
+    kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
+    assert kern.config == fastest
+    assert load_tuned(tune_key("sm_90", spec)) == fastest
