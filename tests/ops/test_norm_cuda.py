@@ -176,3 +176,17 @@ def test_capture_before_warm_up_raises_a_clear_error():
     torch.cuda.synchronize()
     assert op.last_call is None and op.serving_target is None  # the failed call kept nothing
     op(x)  # and the op is still usable
+
+
+def test_misaligned_views_are_handled_or_refused():
+    n = 4096
+    base = torch.randn(8 * n + 1, dtype=torch.bfloat16, device="cuda")
+    x = base[1:].view(8, n)  # starts 2 bytes past a 16-byte boundary
+    w = torch.randn(n, dtype=torch.bfloat16, device="cuda")
+    y = RMSNormFwdOp(normalized_shape=[n], eps=1e-6)(x, w)
+    assert _rel(y, rms_norm_reference(x.double(), w.double(), 1, 1e-6)) < TOL[torch.bfloat16]
+    r = torch.randn(8, n, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="16-byte aligned address"):
+        FusedAddRMSNormFwdOp(inplace=True)(x, r, w)
+    y, s = FusedAddRMSNormFwdOp()(x, r, w)  # out of place: handled
+    assert torch.equal(s, (x.float() + r.float()).to(torch.bfloat16))

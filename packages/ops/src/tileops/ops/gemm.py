@@ -46,10 +46,12 @@ class GemmFwdOp(Op):
                          kernel_map=kernel_map, tune=tune)
 
     def forward(self, call, a, b, c) -> None:
-        if not a.is_contiguous():
-            a = a.contiguous()
-        if not b.is_contiguous():
-            b = b.contiguous()
+        # Kernels assume 16-byte aligned base pointers (TileLang vectorizes copies on that
+        # assumption); a view starting mid-vector is copied, as a non-contiguous one is.
+        if not a.is_contiguous() or a.data_ptr() % 16:
+            a = a.contiguous() if not a.is_contiguous() else a.clone()
+        if not b.is_contiguous() or b.data_ptr() % 16:
+            b = b.contiguous() if not b.is_contiguous() else b.clone()
         out = c if c.is_contiguous() else torch.empty_like(c, memory_format=torch.contiguous_format)
         m, n = out.shape
         k = a.shape[0] if self.trans_a else a.shape[1]

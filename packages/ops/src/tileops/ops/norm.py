@@ -28,10 +28,13 @@ _ROW_NORM_KERNELS = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedK
 
 
 def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t`` as contiguous ``(rows, n)``; no view when it already is one (a view costs
-    microseconds of host time, as much as the rest of a small call)."""
+    """``t`` as contiguous ``(rows, n)`` at a 16-byte aligned address; no view when it
+    already is one (a view costs microseconds of host time, as much as the rest of a small
+    call). The kernels read 16-byte vectors, so a view starting mid-vector is copied."""
     if not t.is_contiguous():
         t = t.contiguous()
+    elif t.storage_offset() and t.data_ptr() % 16:
+        t = t.clone()
     return t if t.dim() == 2 else t.view(-1, n)
 
 
@@ -40,6 +43,8 @@ def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
         return None
     if not t.is_contiguous():
         t = t.contiguous()
+    elif t.storage_offset() and t.data_ptr() % 16:
+        t = t.clone()
     return t if t.dim() == 1 else t.view(n)
 
 
@@ -66,9 +71,11 @@ class RMSNormFwdOp(Op):
     def forward(self, call, x, weight, y) -> None:
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         n = self.n
-        if x.dim() != 2 or not x.is_contiguous():  # the common (rows, N) case needs no view
+        # the common case (contiguous (rows, N) at offset 0) needs no view and no copy
+        if x.dim() != 2 or not x.is_contiguous() or x.storage_offset():
             x, y = _rows(x, n), _rows(y, n)
-        if weight is not None and (weight.dim() != 1 or not weight.is_contiguous()):
+        if weight is not None and (weight.dim() != 1 or not weight.is_contiguous()
+                                   or weight.storage_offset()):
             weight = _flat(weight, n)
         spec = RowNormSpec(call.device, "rms", n, NAMES[x.dtype], eps, weight is not None,
                            False, x.shape[0] < FEW_ROWS)
@@ -93,11 +100,13 @@ class FusedAddRMSNormFwdOp(Op):
         n = x.shape[-1]
         spec = RowNormSpec(call.device, "add_rms", n, NAMES[x.dtype], self.eps,
                            weight is not None, False, x.numel() // max(n, 1) < FEW_ROWS)
-        if self.inplace and not (x.is_contiguous() and residual.is_contiguous()):
+        if self.inplace and not (x.is_contiguous() and residual.is_contiguous()
+                                 and x.data_ptr() % 16 == 0 and residual.data_ptr() % 16 == 0):
             raise ValueError(
                 f"{type(self).__name__}(inplace=True) writes into x and residual, so both must be "
-                f"contiguous; got strides x {tuple(x.stride())}, residual "
-                f"{tuple(residual.stride())}")
+                f"contiguous and start at a 16-byte aligned address; got x strides "
+                f"{tuple(x.stride())} at offset {x.data_ptr() % 16}, residual strides "
+                f"{tuple(residual.stride())} at offset {residual.data_ptr() % 16}")
         self.kernel(RowNormFwdInterface, spec)(
             _rows(x, n), _rows(residual, n), _flat(weight, n), None, _rows(y, n),
             _rows(residual_out, n))
