@@ -90,8 +90,8 @@ def test_sub_calls_are_recorded_into_stages() -> None:
     assert torch.equal(y, torch.full((2, 4), 4.0))
     scale = op.delegate_for("scale", alpha=3.0)
     add = op.delegate_for("add")
-    assert op.last_call.stages == [Stage("scale", (scale.last_call,)),
-                                   Stage("add", (add.last_call,))]
+    assert op.last_call.stages == (Stage("scale", (scale.last_call,)),
+                                   Stage("add", (add.last_call,)))
     assert add.last_call.out_given is True
     # a fresh record per call
     first = op.last_call
@@ -153,7 +153,7 @@ def test_a_builder_for_the_composite_serves_it_whole() -> None:
                      lambda o, c: lambda x, b, y: torch.add(x * o.alpha, b, out=y))
     op = ScaleAddOp(target=REFERENCE)
     assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.full((2,), 3.0))
-    assert op.last_call.stages == []
+    assert op.last_call.stages == ()
     assert op._delegates == {}
 
 

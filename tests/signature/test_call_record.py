@@ -68,7 +68,7 @@ def test_gemm_record_fields(example_plan) -> None:
     assert call.device == torch.device("cpu")
     assert call.branch == ((), False, ("c",))
     assert (call.written_inputs, call.out_given, call.returned_outputs) == ((), False, ("c",))
-    assert call.stages == []
+    assert call.stages == ()
     assert call.compact() == "a: bf16[128, 4096], b: bf16[4096, 512]"
     assert call.traffic == {"a": (128 * 4096 * 2, 0), "b": (4096 * 512 * 2, 0),
                             "c": (0, 128 * 512 * 2)}
@@ -88,7 +88,7 @@ def test_stages_of_a_composite_call(example_plan) -> None:
     subs = (gemm.check(t(2, 3), t(3, 5)), gemm.check(t(2, 5), t(5, 4)))
     parent.add_stage("up", subs[:1])
     parent.add_stage("down", subs[1:])
-    assert parent.stages == [Stage("up", subs[:1]), Stage("down", subs[1:])]
+    assert parent.stages == (Stage("up", subs[:1]), Stage("down", subs[1:]))
     assert [s.calls[0].indices["N"] for s in parent.stages] == [5, 4]
 
 
@@ -96,7 +96,7 @@ def test_records_do_not_share_stages(example_plan) -> None:
     gemm = example_plan("GemmFwdOp").construct()
     first = gemm.check(t(2, 3), t(3, 4))
     first.add_stage("s", ())
-    assert gemm.check(t(2, 3), t(3, 4)).stages == []
+    assert gemm.check(t(2, 3), t(3, 4)).stages == ()
 
 
 def test_shape_index_is_sliced_on_read(example_plan) -> None:

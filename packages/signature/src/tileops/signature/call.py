@@ -24,8 +24,8 @@ class SignatureCall(msgspec.Struct, frozen=True, gc=False):
 
     Built by generated code on every call, so it stores what the checks already read (index
     values, shapes, dtypes) and derives the rest (names, traffic, roofline) on access. The
-    record is read-only to callers; a composite op appends its sub-calls to ``stages`` before
-    the record becomes ``last_call``.
+    record is read-only to callers; a composite op adds its sub-calls to ``stages`` (with
+    :meth:`add_stage`) before the record becomes ``last_call``.
     """
 
     point: ConstructionPoint
@@ -36,7 +36,8 @@ class SignatureCall(msgspec.Struct, frozen=True, gc=False):
     output_dtypes: tuple
     device: Any
     branch: tuple  # (written inputs, out given, returned outputs)
-    stages: list = msgspec.field(default_factory=list)
+    #: the sub-calls of a composite op, one Stage each; empty (and not allocated) otherwise
+    stages: tuple = ()
 
     @property
     def op(self) -> str:
@@ -97,7 +98,7 @@ class SignatureCall(msgspec.Struct, frozen=True, gc=False):
 
     def add_stage(self, name: str, calls: tuple[SignatureCall, ...]) -> None:
         """Record a composite op's sub-calls of one stage (before the record is published)."""
-        self.stages.append(Stage(name, tuple(calls)))
+        msgspec.structs.force_setattr(self, "stages", (*self.stages, Stage(name, tuple(calls))))
 
     def compact(self) -> str:
         """``a: bf16[128, 4096], b: bf16[4096, 512]``."""
