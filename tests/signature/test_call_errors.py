@@ -345,3 +345,28 @@ def test_the_symbolic_check_keeps_the_static_checks(points) -> None:
         points["gemm"].check_symbolic(T(128, 4096, 1), T(4096, 512))
     with pytest.raises(SignatureCallError, match="T bound to bfloat16 by a.dtype"):
         points["gemm"].check_symbolic(T(128, 4096), T(4096, 512, dtype=f16))
+
+
+def test_arithmetic_failing_on_the_given_sizes_is_a_call_error() -> None:
+    torch = pytest.importorskip("torch")
+    from tileops.spec import load_spec_text
+
+    spec = load_spec_text(
+        "DivOp:\n"
+        "  family: t\n"
+        "  status: spec-only\n"
+        "  signature:\n"
+        "    forall: {M: Dim, N: Dim}\n"
+        "    inputs:\n"
+        '      x: {dtype: float32, shape: "[M, N]"}\n'
+        "    outputs:\n"
+        '      y: {dtype: float32, shape: "[M, Q]"}\n'
+        '    let: {Q: "ceil_div(M, N)"}\n', "div.yaml")
+    point = SignaturePlan("DivOp", spec.entries["DivOp"], spec=spec).construct()
+    assert point.check(torch.empty(4, 2)).output_shapes == ((4, 2),)
+    with pytest.raises(SignatureCallError) as info:
+        point.check(torch.empty(4, 0))
+    assert info.value.argument == "x"
+    assert info.value.because == ("evaluating the signature on these sizes failed: "
+                                  "PrimitiveError: ceil_div by zero")
+    assert info.value.bound == {"M": 4, "N": 0}

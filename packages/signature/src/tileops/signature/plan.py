@@ -418,6 +418,7 @@ class ConstructionPoint:
         namespace = gen.namespace
         self._namespace = namespace
         namespace["_fail"] = self._fail
+        namespace["_SCE"] = SignatureCallError
         namespace["_SC"] = SignatureCall
         namespace["_P"] = self
         code = compile(self._source, f"<tileops.signature {plan.name}>", "exec")
@@ -887,7 +888,11 @@ class _Body:
         self.refinements()
         self.outputs()
         del body_start
-        self.lines.append("except (AttributeError, TypeError) as _e:")
+        # a missing or non-tensor input (AttributeError, TypeError), or arithmetic of the
+        # signature that fails on these sizes (a let dividing by zero, a primitive refusing)
+        self.lines.append("except _SCE:")  # our own errors (a ValueError) pass through
+        self.lines.append("    raise")
+        self.lines.append("except (AttributeError, TypeError, ArithmeticError, ValueError) as _e:")
         fid = self.g.fail(*self._missing_failure())
         self.lines.append(f"    raise _fail({fid}, locals()) from None")
 
@@ -903,10 +908,9 @@ class _Body:
                 if not (hasattr(t, "shape") and hasattr(t, "dtype")):
                     return f"{n} must be a tensor (an object with .shape and .dtype), got " \
                            f"{type(t).__name__}"
-            return f"a tensor could not be read: {env.get('_e')}"
-
-        def arg(env: dict) -> str:
-            return names[0]
+            e = env.get("_e")
+            return (f"evaluating the signature on these sizes failed: {type(e).__name__}: {e}"
+                    if e is not None else "a tensor could not be read")
 
         return ("(inputs)", "tensors for " + ", ".join(names), because, [], "signature.inputs")
 
