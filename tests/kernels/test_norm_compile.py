@@ -88,3 +88,24 @@ def test_implementations_state_their_regions():
     assert norm.RowNormRegisterKernel.region_refusal(small) is None
     cpu = norm.RowNormSpec(torch.device("cpu"), "rms", 4096, "bfloat16", 1e-6, True, False)
     assert norm.RowNormRegisterKernel.refusal(cpu) == "runs on cuda, not cpu"
+
+
+@pytest.mark.parametrize(("kind", "weight", "bias", "names"), [
+    ("rms", True, False, ["X", "W", "Y"]),
+    ("rms", False, False, ["X", "Y"]),
+    ("layer", True, True, ["X", "W", "B", "Y"]),
+    ("layer", False, True, ["X", "B", "Y"]),
+    ("add_rms", True, False, ["X", "R", "W", "Y", "RO"]),
+    ("add_rms", False, False, ["X", "R", "Y", "RO"]),
+])
+@pytest.mark.parametrize("program", ["register", "looped"])
+def test_programs_take_exactly_the_present_tensors_in_call_order(kind, weight, bias, names,
+                                                                 program):
+    # _RowNormKernel.__call__ passes x, [residual], [weight], [bias], y, [residual_out]
+    if program == "register":
+        plan = norm.register_plan(4096, "bfloat16")
+        prog = norm.register_program(kind, 4096, "bfloat16", 1e-6, weight, bias, *plan)
+    else:
+        prog = norm.looped_program(kind, 4096, "bfloat16", 1e-6, weight, bias,
+                                   *norm.looped_plan(4096, "bfloat16"))
+    assert [prog.buffer_map[p].name for p in prog.params if p in prog.buffer_map] == names

@@ -167,6 +167,47 @@ def _tensor_shapes(kind: str, n: int, has_weight: bool, has_bias: bool, M: Any):
     }
 
 
+def _with_params(body, shapes: dict, dtype: str, add: bool, has_weight: bool, has_bias: bool):
+    """The prim_func taking exactly the tensors present, in the order
+    ``x, [residual], [weight], [bias], y, [residual_out]``.
+
+    Every tensor argument costs the launch (DLPack conversion and checks in the FFI) about
+    1.5-2 us of host time, so absent tensors are not passed as placeholders: each set of
+    present tensors gets its own signature around the one body (a macro; absent tensors are
+    None there and never read).
+    """
+    _, T = _tl()
+    sx, sr, sw, sb, sy, sro = (shapes[k] for k in ("x", "r", "w", "b", "y", "ro"))
+    if add and has_weight:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), R: T.Tensor(sr, dtype), W: T.Tensor(sw, dtype),
+                 Y: T.Tensor(sy, dtype), RO: T.Tensor(sro, dtype)):
+            body(X, R, W, None, Y, RO)
+    elif add:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), R: T.Tensor(sr, dtype), Y: T.Tensor(sy, dtype),
+                 RO: T.Tensor(sro, dtype)):
+            body(X, R, None, None, Y, RO)
+    elif has_weight and has_bias:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), W: T.Tensor(sw, dtype), B: T.Tensor(sb, dtype),
+                 Y: T.Tensor(sy, dtype)):
+            body(X, None, W, B, Y, None)
+    elif has_weight:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), W: T.Tensor(sw, dtype), Y: T.Tensor(sy, dtype)):
+            body(X, None, W, None, Y, None)
+    elif has_bias:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), B: T.Tensor(sb, dtype), Y: T.Tensor(sy, dtype)):
+            body(X, None, None, B, Y, None)
+    else:
+        @T.prim_func
+        def main(X: T.Tensor(sx, dtype), Y: T.Tensor(sy, dtype)):
+            body(X, None, None, None, Y, None)
+    return main
+
+
 def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                      has_bias: bool, tpr: int, rpc: int, vec: int, per: int):
     """The TileLang prim_func of the register kernel (not compiled)."""
@@ -180,15 +221,8 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
     f32 = "float32"
     inv_n = 1.0 / n
 
-    @T.prim_func
-    def main(
-        X: T.Tensor(shapes["x"], dtype),
-        R: T.Tensor(shapes["r"], dtype),
-        W: T.Tensor(shapes["w"], dtype),
-        B: T.Tensor(shapes["b"], dtype),
-        Y: T.Tensor(shapes["y"], dtype),
-        RO: T.Tensor(shapes["ro"], dtype),
-    ):
+    @T.macro
+    def body(X, R, W, B, Y, RO):
         with T.Kernel(T.ceildiv(M, rpc), threads=threads) as bx:
             tx = T.get_thread_binding()
             lane = tx % tpr
@@ -281,7 +315,7 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
                     for i in T.vectorized(vec):
                         Y[row, col + i] = held[v * vec + i]
 
-    return main
+    return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
 def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
@@ -297,15 +331,8 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     f32 = "float32"
     inv_n = 1.0 / n
 
-    @T.prim_func
-    def main(
-        X: T.Tensor(shapes["x"], dtype),
-        R: T.Tensor(shapes["r"], dtype),
-        W: T.Tensor(shapes["w"], dtype),
-        B: T.Tensor(shapes["b"], dtype),
-        Y: T.Tensor(shapes["y"], dtype),
-        RO: T.Tensor(shapes["ro"], dtype),
-    ):
+    @T.macro
+    def body(X, R, W, B, Y, RO):
         with T.Kernel(M, threads=threads) as row:
             tx = T.get_thread_binding()
             piece = T.alloc_local((vec,), dtype)
@@ -384,7 +411,7 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                         for i in T.vectorized(vec):
                             Y[row, col + i] = piece[i]
 
-    return main
+    return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
 _compile_lock = threading.Lock()
@@ -441,26 +468,27 @@ class _RowNormKernel(Kernel, RowNormFwdInterface):
         self.program = type(self)._build(spec.kind, spec.n, spec.dtype, spec.eps,
                                          spec.has_weight, spec.has_bias, None, None,
                                          spec.few_rows)
-        self._dummies: dict[Any, Any] = {}
-
-    def _dummy(self, like):
-        key = (like.device, like.dtype)
-        d = self._dummies.get(key)
-        if d is None:
-            import torch
-
-            d = torch.empty(1, dtype=like.dtype, device=like.device)
-            self._dummies[key] = d
-        return d
+        # the program takes exactly the tensors present (see _with_params)
+        self._present = (spec.kind == "add_rms", spec.has_weight, spec.has_bias)
 
     def __call__(self, x, residual, weight, bias, y, residual_out) -> None:
         if x.shape[0] == 0:
             return
-        dummy = self._dummy(x) if (residual is None or weight is None or bias is None) else None
-        self.program(x, residual if residual is not None else dummy,
-                     weight if weight is not None else dummy,
-                     bias if bias is not None else dummy, y,
-                     residual_out if residual_out is not None else dummy)
+        add, has_w, has_b = self._present
+        if add:
+            if has_w:
+                self.program(x, residual, weight, y, residual_out)
+            else:
+                self.program(x, residual, y, residual_out)
+        elif has_w:
+            if has_b:
+                self.program(x, weight, bias, y)
+            else:
+                self.program(x, weight, y)
+        elif has_b:
+            self.program(x, bias, y)
+        else:
+            self.program(x, y)
 
 
 class RowNormRegisterKernel(_RowNormKernel):
