@@ -261,3 +261,21 @@ def test_construction_reads_no_device_property(monkeypatch: pytest.MonkeyPatch) 
     FreshScale(kernel_map={"scale": AnyScale}, tune=True)
     ScaleAddOp().delegate_for("scale", alpha=2.0)
     assert not torch.cuda.is_initialized()
+
+
+def test_a_param_that_would_hide_an_op_attribute_is_refused(tmp_path) -> None:
+    from tileops.runtime import Op, SpecSet
+
+    for bad in ("forward", "target", "_point"):
+        path = tmp_path / f"{bad.strip('_')}.yaml"
+        path.write_text(
+            "ClashOp:\n  family: test\n  status: spec-only\n  signature:\n"
+            f"    params:\n      {bad}: {{type: int, default: 1}}\n"
+            "    inputs:\n      x: {dtype: float32, shape: \"[N]\"}\n"
+            "    forall: {N: Dim}\n"
+            "    outputs:\n      y: {dtype: float32, shape: \"[N]\"}\n")
+        specs = SpecSet.load(path)
+        with pytest.raises(TypeError, match=f"construction param '{bad}' of its spec entry "
+                                            f"would hide an attribute of Op"):
+            class ClashOp(Op, specs=specs):  # noqa: F841
+                pass

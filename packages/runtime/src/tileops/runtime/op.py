@@ -104,6 +104,12 @@ class Op:
                 cls._param_names = ()
             return
         op_entry, spec_file, adts = found
+        clash = [p for p in op_entry.signature.params
+                 if p.startswith("_") or p in _RESERVED or hasattr(Op, p)]
+        if clash:
+            raise TypeError(
+                f"{cls.__name__}: construction param {clash[0]!r} of its spec entry would hide "
+                f"an attribute of Op (params become instance attributes); rename it in the spec")
         cls._signature = SignaturePlan(name, op_entry, spec=spec_file, adts=adts,
                                        validate=False)
         cls._param_names = tuple(op_entry.signature.params)
@@ -631,6 +637,8 @@ class Op:
 
 
 _grad_enabled = torch._C.is_grad_enabled
+#: names Op.__init__ takes or sets that are not class attributes
+_RESERVED = frozenset({"target", "kernel_map", "tune"})
 _empty_like = torch.empty_like
 
 
