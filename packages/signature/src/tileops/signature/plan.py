@@ -870,7 +870,6 @@ class _Body:
         # form): solved once later inputs bind their indices, or checked after the lets
         self.deferred: list[tuple[str, E.Node, str, str, str, str]] = []
         self.lines.append("try:")
-        body_start = len(self.lines)
         self.ind = "    "
         for n, decl in self.sig.inputs.items():
             if n in presence and not presence[n]:
@@ -887,7 +886,6 @@ class _Body:
             self.check_axis(n, it, at, disp, expected, path)
         self.refinements()
         self.outputs()
-        del body_start
         # a missing or non-tensor input (AttributeError, TypeError), or arithmetic of the
         # signature that fails on these sizes (a let dividing by zero, a primitive refusing)
         self.lines.append("except _SCE:")  # our own errors (a ValueError) pass through
