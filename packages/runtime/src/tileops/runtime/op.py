@@ -269,11 +269,9 @@ class Op:
                 allocate = self._branch_allocator(call.branch)
             if allocate.__class__ is int:  # one output, like the input at that index
                 src = inputs[allocate]
-                if outs is None and src.is_contiguous():
-                    outputs = (_empty_like(src),)
-                else:
-                    outputs = self._make_outputs(self._branch_recipe(call.branch), call,
-                                                 inputs, outs)
+                outputs = (_empty_like(src) if src.is_contiguous() else
+                           torch.empty(call.output_shapes[0], dtype=call.output_dtypes[0],
+                                       device=call.device),)
             else:
                 outputs = allocate(call, inputs, outs)
             if self.construction_tensors:
