@@ -69,7 +69,6 @@ __all__ = [
 SMALL_M = 64
 #: SMs of an H100 / H200 (the wave model of the heuristic)
 _SMS = 132
-_ITEMSIZE = {"float16": 2, "bfloat16": 2}
 
 
 class GemmConfig(NamedTuple):

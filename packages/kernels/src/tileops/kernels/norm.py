@@ -32,6 +32,7 @@ import threading
 from typing import Any, ClassVar
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 __all__ = [
     "RowNormFwdInterface",
@@ -44,7 +45,6 @@ __all__ = [
     "looped_plan",
 ]
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4}
 _VECTOR_BYTES = 16
 _WARP = 32
 #: bytes of a row one thread may hold in registers (beyond this the looped kernel runs)

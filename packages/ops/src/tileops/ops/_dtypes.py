@@ -1,15 +1,6 @@
-"""torch dtype <-> spec dtype name, for building kernel call specs."""
+"""torch dtype -> spec dtype name, for building kernel call specs: the signature package's
+torch adapter already holds the mapping."""
 
-import torch
+from tileops.signature import torch_adapter
 
-NAMES: dict[torch.dtype, str] = {
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.int8: "int8",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-}
+NAMES = torch_adapter().names
