@@ -8,22 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tileops.spec import OpEntry, kind_from_expr
+from tileops.spec import OpEntry
+from tileops.spec.show import render_binders, render_family
 
 from .plan import SignaturePlan
 
 __all__ = ["explain"]
-
-
-def _groups(table: dict, adts: set[str], sep: str) -> str:
-    groups: list[tuple[str, list[str]]] = []
-    for name, ex in table.items():
-        kind = str(kind_from_expr(ex.node, adts))
-        if groups and groups[-1][0] == kind:
-            groups[-1][1].append(name)
-        else:
-            groups.append((kind, [name]))
-    return " ".join(f"({sep.join(ns)} : {k})" for k, ns in groups)
 
 
 def _tensor(d: Any) -> str:
@@ -44,18 +34,15 @@ def explain(target: SignaturePlan | tuple[str, OpEntry], *, code: bool = False,
     sig = entry.signature
     head = name
     if sig.params:
-        head += _groups({n: p.type for n, p in sig.params.items()}, adt_names, ", ")
-    quant = _groups(sig.forall, adt_names, " ")
+        head += render_binders({n: p.type for n, p in sig.params.items()}, adt_names, ", ")
+    quant = render_binders(sig.forall, adt_names)
     arrows = [_tensor(d) for d in sig.inputs.values()]
     outs = [_tensor(d) for d in sig.outputs.values()]
     arrows.append(outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")")
     lines = [f"{head} : forall {quant}." if quant else f"{head} :",
              "    " + " -> ".join(arrows)]
     for fname, fam in sig.types.items():
-        ps = ", ".join(f"{p}: {k.text}" for p, k in fam.params.items())
-        match = fam.match if isinstance(fam.match, str) else ", ".join(fam.match)
-        cases = "; ".join(f"{_when(c.when)} -> {c.is_.text}" for c in fam.cases)
-        lines.append(f"  {fname}[{ps}] = match {match} {{ {cases} }}")
+        lines.append(f"  {render_family(fname, fam)}")
     for n, ex in sig.let.items():
         lines.append(f"  let {n} = {ex.text}")
     for ex in sig.shape_rules:
@@ -89,10 +76,3 @@ def explain(target: SignaturePlan | tuple[str, OpEntry], *, code: bool = False,
         text += "\n\n" + plan.construct(**(params or {})).source()
     return text
 
-
-def _when(w: Any) -> str:
-    if isinstance(w, bool):
-        return str(w).lower()
-    if isinstance(w, list | tuple):
-        return "(" + ", ".join(_when(x) for x in w) + ")"
-    return str(w)

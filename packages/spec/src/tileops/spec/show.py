@@ -9,12 +9,13 @@ from __future__ import annotations
 from .kinds import KindError, kind_from_expr
 from .schema import Expr, OpEntry
 
-__all__ = ["render_binders", "render_entry", "render_signature"]
+__all__ = ["render_binders", "render_entry", "render_family", "render_signature"]
 
 
-def render_binders(table: dict[str, Expr], adts: set[str] | frozenset[str] = frozenset()) -> str:
+def render_binders(table: dict[str, Expr], adts: set[str] | frozenset[str] = frozenset(),
+                   sep: str = " ") -> str:
     """``{M: Dim, N: Dim, T: DType[...]}`` -> ``(M N : Dim) (T : DType[...])``; consecutive
-    names of one kind share a binder."""
+    names of one kind share a binder, their names joined by ``sep``."""
     groups: list[tuple[str, list[str]]] = []
     for name, ex in table.items():
         try:
@@ -25,7 +26,7 @@ def render_binders(table: dict[str, Expr], adts: set[str] | frozenset[str] = fro
             groups[-1][1].append(name)
         else:
             groups.append((kind, [name]))
-    return " ".join(f"({' '.join(ns)} : {k})" for k, ns in groups)
+    return " ".join(f"({sep.join(ns)} : {k})" for k, ns in groups)
 
 
 def _names_in(ex: Expr) -> set[str]:
@@ -39,9 +40,7 @@ def _tensor(dtype: Expr, shape: Expr, suffix: str = "") -> str:
 def render_signature(name: str, entry: OpEntry) -> str:
     sig = entry.signature
     params = {n: p.type for n, p in sig.params.items()}
-    head = name + (f"{render_binders(params)}" if params else "")
-    if params:
-        head = f"{name}{render_binders(params)}"
+    head = name + render_binders(params)
     quant = render_binders(sig.forall)
     ins = []
     for n, d in sig.inputs.items():
@@ -70,10 +69,7 @@ def render_entry(name: str, entry: OpEntry) -> str:
              + (f", like {entry.ref_api})" if entry.ref_api else ")"),
              render_signature(name, entry)]
     for fname, fam in sig.types.items():
-        cases = "; ".join(f"{_when(c.when)} -> {c.is_.text}" for c in fam.cases)
-        params = ", ".join(f"{p}: {k.text}" for p, k in fam.params.items())
-        match = fam.match if isinstance(fam.match, str) else ", ".join(fam.match)
-        lines.append(f"  where {fname}[{params}] = match {match} {{ {cases} }}")
+        lines.append(f"  where {render_family(fname, fam)}")
     for n, ex in sig.let.items():
         lines.append(f"  let {n} = {ex.text}")
     for ex in sig.shape_rules:
@@ -87,6 +83,14 @@ def render_entry(name: str, entry: OpEntry) -> str:
         lines.append(f"  stages {stages}")
     lines.append(f"  {len(entry.workloads)} workloads")
     return "\n".join(lines)
+
+
+def render_family(name: str, fam) -> str:
+    """``Mat[t: Bool, R: Dim, C: Dim] = match t { false -> [R, C]; true -> [C, R] }``."""
+    params = ", ".join(f"{p}: {k.text}" for p, k in fam.params.items())
+    match = fam.match if isinstance(fam.match, str) else ", ".join(fam.match)
+    cases = "; ".join(f"{_when(c.when)} -> {c.is_.text}" for c in fam.cases)
+    return f"{name}[{params}] = match {match} {{ {cases} }}"
 
 
 def _when(w) -> str:
