@@ -25,7 +25,6 @@ import datetime as _dt
 import json
 import math
 import platform
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -37,6 +36,8 @@ PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 for _p in reversed(PATHS):
     if _p not in sys.path:
         sys.path.insert(0, _p)
+
+from _common import events, version  # noqa: E402
 
 SPEC = ROOT / "packages" / "ops" / "src" / "tileops" / "ops" / "specs" / "gemm.yaml"
 
@@ -129,23 +130,6 @@ def prebuild(workers: int) -> int:
 # --- timing --------------------------------------------------------------------------------------
 
 
-def _events(fn, iters: int) -> float:
-    """Median milliseconds per call over 5 trials of ``iters`` calls."""
-    import torch
-
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
-
-
 def bench_one(w: dict, tune: bool) -> dict:
     import torch
 
@@ -176,7 +160,7 @@ def bench_one(w: dict, tune: bool) -> dict:
     for name, fn in (("tileops", ours), ("cublas", cublas)):
         for _ in range(3):
             fn()
-        ms = _events(fn, iters)
+        ms = events(fn, iters)
         row[f"{name}_us"] = ms * 1e3
         row[f"{name}_tflops"] = flops / (ms * 1e-3) / 1e12
     row["ratio"] = row["cublas_us"] / row["tileops_us"]
@@ -184,15 +168,9 @@ def bench_one(w: dict, tune: bool) -> dict:
 
 
 def _versions() -> dict:
-    import importlib.metadata as md
-
     import torch
 
-    def v(name):
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
+    v = version
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "tilelang": v("tilelang"), "cuda": torch.version.cuda,

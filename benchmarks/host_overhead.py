@@ -41,6 +41,7 @@ except ImportError:  # run from a checkout: the packages' sources
 
 import torch  # noqa: E402
 
+from _common import cpu_model  # noqa: E402
 from tileops.runtime import (  # noqa: E402
     CallSpec,
     Kernel,
@@ -108,16 +109,6 @@ def make_ops():
     register_target("bench-nop", None)
     register_builder("bench-nop", NopTargetOp, lambda op, call: nop_kernel)
     return NopOp(), NopTargetOp(target="bench-nop")
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.lower().startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def measure(rounds: int, number: int) -> dict:

@@ -25,7 +25,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,6 +39,7 @@ for _p in sorted((ROOT / "packages").glob("*/src")):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from _common import events, version  # noqa: E402
 from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp  # noqa: E402
 
 BAR = {  # (rows, N): the sizes the project's bars name, plus decode and odd rows
@@ -72,23 +72,8 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     for _ in range(3):
         b.copy_(a)
-    ms = _events(lambda: b.copy_(a), 10)
+    ms = events(lambda: b.copy_(a), 10)
     return 2 * a.numel() * a.element_size() / (ms * 1e-3) / 1e9
-
-
-def _events(fn, iters: int) -> float:
-    """Median milliseconds per call over 5 trials of ``iters`` calls."""
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
 
 
 def _graph(fn, iters: int) -> float:
@@ -105,7 +90,7 @@ def _graph(fn, iters: int) -> float:
             fn()
     for _ in range(3):
         g.replay()
-    return _events(g.replay, 1) / iters
+    return events(g.replay, 1) / iters
 
 
 def time_call(fn, nbytes: int) -> float:
@@ -117,7 +102,7 @@ def time_call(fn, nbytes: int) -> float:
             return _graph(fn, 20)
         except Exception:  # noqa: BLE001 - a contender that cannot be captured
             torch.cuda.synchronize()
-    return _events(fn, 20)
+    return events(fn, 20)
 
 
 def _case(kind: str, m: int, n: int, dtype):
@@ -259,14 +244,7 @@ def first_call() -> dict:
 
 
 def _versions() -> dict:
-    import importlib.metadata as md
-
-    def v(name):
-        try:
-            return md.version(name)
-        except md.PackageNotFoundError:
-            return None
-
+    v = version
     return {"python": platform.python_version(), "torch": torch.__version__,
             "tilelang": v("tilelang"), "liger_kernel": v("liger-kernel"), "triton": v("triton"),
             "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name()}

@@ -43,6 +43,7 @@ except ImportError:  # run from a checkout: use the packages' sources
 
 import torch  # noqa: E402
 
+from _common import cpu_model  # noqa: E402
 from tileops.signature import SignatureCall, SignatureCallError, SignaturePlan  # noqa: E402
 from tileops.spec import load_spec_text  # noqa: E402
 
@@ -219,16 +220,6 @@ def measure(number: int, repeat: int) -> list[dict]:
                      "attribute_reads_us": min(f), "goal_us_met": min(g) <= GOAL_US,
                      "goal_ratio_met": min(g) / min(h) <= GOAL_RATIO})
     return rows
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def logical_cpus() -> int:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -22,6 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 sys.path[:0] = PATHS
+
+from _common import events  # noqa: E402
 
 # (kind, rows, N, dtype): plans to compare; "looped" is the general kernel
 CASES = [
@@ -60,21 +61,9 @@ def _build(job):
 
 
 def _time(fn) -> float:
-    import torch
-
-    for _ in range(3):
+    for _ in range(3):  # warm-up
         fn()
-    times = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        a.record()
-        for _ in range(20):
-            fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) / 20)
-    return statistics.median(times)
+    return events(fn, 20)
 
 
 def main() -> int:

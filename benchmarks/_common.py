@@ -1,0 +1,47 @@
+"""What the benchmark scripts share: CUDA-event timing and the machine they ran on.
+
+The scripts run standalone (``python benchmarks/<name>.py``), so this module is imported as
+a sibling from the script's directory.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as _md
+import platform
+import statistics
+from pathlib import Path
+
+
+def events(fn, iters: int, trials: int = 5) -> float:
+    """Median milliseconds per call over ``trials`` runs of ``iters`` back-to-back calls,
+    timed with CUDA events."""
+    import torch
+
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / iters)
+    return statistics.median(times)
+
+
+def version(dist: str) -> str | None:
+    try:
+        return _md.version(dist)
+    except _md.PackageNotFoundError:
+        return None
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
