@@ -179,11 +179,26 @@ def test_stages_do_not_nest() -> None:
         delegate_types = {"add": AddOp}
 
         def forward(self, call, x, b, y):
-            with self.stage("outer"), self.stage("inner"):
+            with self.stage("scale"), self.stage("add"):
                 pass
 
-    with pytest.raises(StageError, match="stage 'inner' opened inside stage 'outer'"):
+    with pytest.raises(StageError, match="stage 'add' opened inside stage 'scale'"):
         Nested()(torch.ones(1), torch.ones(1))
+
+
+def test_a_stage_the_spec_does_not_declare() -> None:
+    class Misnamed(Op, specs=SPECS, entry="ScaleAddOp"):
+        delegate_types = {"add": AddOp}
+
+        def forward(self, call, x, b, y):
+            with self.stage("sum"):
+                self.delegate_for("add")(x, b, out=y)
+
+    op = Misnamed()
+    with pytest.raises(StageError, match=r"^Misnamed: stage 'sum' is not declared in its spec's "
+                                         r"composition; declared: scale, add$"):
+        op(torch.ones(2), torch.ones(2))
+    assert op.last_call is None
 
 
 def test_a_delegate_called_outside_its_parents_forward() -> None:

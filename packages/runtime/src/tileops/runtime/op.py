@@ -72,6 +72,8 @@ class Op:
     # --- class attributes (installed by __init_subclass__ or declared by the op) -------------
     _signature: ClassVar[SignaturePlan | None] = None
     _param_names: ClassVar[tuple[str, ...]] = ()
+    #: the stage names the entry's composition declares (None: the spec declares none)
+    _declared_stages: ClassVar[tuple[str, ...] | None] = None
     #: slot (interface) -> its implementations, declared by ops that run their own kernels
     kernel_types: ClassVar[Mapping[type[KernelInterface], tuple[type[Kernel], ...]]] = _EMPTY
     #: role -> op class, for composite ops
@@ -114,6 +116,8 @@ class Op:
                                        validate=False)
         cls._param_names = tuple(op_entry.signature.params)
         cls.compile_op_names = ()
+        comp = op_entry.composition
+        cls._declared_stages = None if comp is None else tuple(st.name for st in comp.stages)
 
     # --- construction --------------------------------------------------------------------------
 
@@ -601,6 +605,10 @@ class Op:
             raise StageError(f"{type(self).__name__}: stage {name!r} opened outside the "
                              f"forward of a call; stages record a composite op's delegate "
                              f"calls (declare delegate_types)")
+        declared = self._declared_stages
+        if declared is not None and name not in declared:
+            raise StageError(f"{type(self).__name__}: stage {name!r} is not declared in its "
+                             f"spec's composition; declared: {', '.join(declared)}")
         if getattr(state, "current", None) is not None:
             raise StageError(f"{type(self).__name__}: stage {name!r} opened inside stage "
                              f"{state.current[0]!r}")
