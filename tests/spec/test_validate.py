@@ -891,6 +891,18 @@ FAILING = [
         id="effects:write-only-without-mutated",
     ),
     pytest.param(
+        edit(X, 'b: {dtype: T, shape: "[N]", optional: true}\n      ' + X),
+        [
+            (
+                "effects",
+                "op.yaml:10: in Op.signature.inputs.x: input x is required but comes after the"
+                " optional input b; optional inputs come last, so a positional call can leave"
+                " them out",
+            ),
+        ],
+        id="effects:optional-before-required",
+    ),
+    pytest.param(
         edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true}', Y, 'y: {dtype: T, shape: "[M, N]", alias: x, buffer: true}'),
         [
             (

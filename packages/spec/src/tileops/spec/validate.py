@@ -640,6 +640,14 @@ class _EntryValidator:
     def tensors(self) -> None:
         params_only = {n: k for n, k in self.model.kinds.items()
                        if self.model.sources.get(n) == "params"}
+        first_optional = None
+        for n in self.sig.inputs:
+            if n in self.model.optional_inputs:
+                first_optional = first_optional or n
+            elif first_optional is not None:
+                self.r.add(f"{self.p}.inputs.{n}", f"input {n} is required but comes after the "
+                           f"optional input {first_optional}; optional inputs come last, so a "
+                           f"positional call can leave them out", "effects")
         for group, table in (("inputs", self.sig.inputs), ("outputs", self.sig.outputs)):
             for n, d in table.items():
                 path = f"{self.p}.{group}.{n}"
