@@ -25,6 +25,7 @@ from tileops.spec import (
     InputDecl,
     OpEntry,
     OutputDecl,
+    ParamDecl,
     Signature,
     SpecError,
     load_spec_text,
@@ -377,3 +378,14 @@ def test_shape_index_sliced_at_a_runtime_offset_in_one_branch() -> None:
         call = point.check(r, _T(2), _T(2, 4, 5))
         assert call.indices == {"R": (2,), "S": (4, 5), "T": "float32"}
         assert call.tensors["y"] == ((4, 5), "float32")
+
+
+def test_a_nan_param_reuses_its_construction_point() -> None:
+    entry = OpEntry(family="x", status="spec-only", signature=Signature(
+        forall={"N": Expr("Dim"), "T": Expr("DType[float32]")},
+        params={"alpha": ParamDecl(type=Expr("float"))},
+        inputs={"x": InputDecl(dtype=Expr("T"), shape=Expr("[N]"))},
+        outputs={"y": OutputDecl(dtype=Expr("T"), shape=Expr("[N]"))}))
+    plan = SignaturePlan("NanOp", entry, adapter=_FAKE)
+    assert plan.construct(alpha=float("nan")) is plan.construct(alpha=float("nan"))
+    assert plan.construct(alpha=1.0) is not plan.construct(alpha=float("nan"))

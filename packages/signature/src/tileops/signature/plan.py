@@ -367,6 +367,8 @@ def _hashable(v: Any) -> Any:
         return (v.constructor, tuple(sorted((k, _hashable(x)) for k, x in v.fields.items())))
     if isinstance(v, list):
         return tuple(v)
+    if isinstance(v, float) and v != v:  # NaN != NaN: one key for every NaN, not a new point
+        return ("nan",)
     return v
 
 
