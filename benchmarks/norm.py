@@ -39,7 +39,7 @@ for _p in sorted((ROOT / "packages").glob("*/src")):
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from _common import events, version  # noqa: E402
+from _common import events, graph_events, version  # noqa: E402
 from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp  # noqa: E402
 
 BAR = {  # (rows, N): the sizes the project's bars name, plus decode and odd rows
@@ -76,30 +76,13 @@ def copy_bandwidth() -> float:
     return 2 * a.numel() * a.element_size() / (ms * 1e-3) / 1e9
 
 
-def _graph(fn, iters: int) -> float:
-    """Median milliseconds per call, replaying a CUDA graph of ``iters`` calls."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    for _ in range(3):
-        g.replay()
-    return events(g.replay, 1) / iters
-
-
 def time_call(fn, nbytes: int) -> float:
     for _ in range(3):
         fn()
     torch.cuda.synchronize()
     if nbytes <= 64 << 20:
         try:
-            return _graph(fn, 20)
+            return graph_events(fn, 20)
         except Exception:  # noqa: BLE001 - a contender that cannot be captured
             torch.cuda.synchronize()
     return events(fn, 20)
