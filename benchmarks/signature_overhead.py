@@ -9,8 +9,9 @@ that check at a cached construction point on CPU torch tensors, for an RMSNorm-l
 GEMM signature (a type family folded at construction, a dtype index, three Dims).
 
 Each generated check is paired with a hand-written function that does the same work: the same
-reads, the same comparisons in the same order, and the same ``SignatureCall`` built with the
-same fields. The ratio generated / hand-written is what the code generation costs.
+reads, the same comparisons in the same order, and the same record (the point's
+``record_type``, holding what the check read) built with the same fields. The ratio
+generated / hand-written is what the code generation costs.
 
 "reads only" is the floor under both: reading ``.shape`` and ``.dtype`` of each tensor and
 ``.device`` of the first, which any check must do (torch builds a new ``torch.Size`` per read).
@@ -102,24 +103,23 @@ def hand_rmsnorm(point, n: int):
     """RMSNorm at normalized_shape=[n]: what the generated check does, written by hand."""
     allowed = frozenset(getattr(torch, d) for d in ("float16", "bfloat16", "float32"))
     with_w, without_w = ((), False, ("y",)), ((), False, ("y",))
-    SC = SignatureCall  # noqa: N806 - the generated code binds it the same way
+    R = point.record_type  # noqa: N806 - the generated code binds it the same way
 
     def check(x, weight=None):
         s_x = x.shape
         d_x = x.dtype
         if d_x not in allowed:
             raise _Mismatch
-        if len(s_x) < 1 or s_x[-1] != n:
+        if not s_x or s_x[-1] != n:
             raise _Mismatch
         if weight is None:
-            # B is stored as x's whole shape and sliced on read, as the generated code does
-            return SC(point, (s_x, d_x), (s_x, None), (d_x, None), (s_x,), (d_x,), x.device,
-                      without_w)
+            # the record holds what was read; B and y's shape are derived on access
+            return R(x.device, without_w, s_x, d_x, None, None)
         s_w = weight.shape
         d_w = weight.dtype
-        if d_w != d_x or len(s_w) != 1 or s_w[0] != n:
+        if d_w != d_x or s_w != (n,):
             raise _Mismatch
-        return SC(point, (s_x, d_x), (s_x, s_w), (d_x, d_w), (s_x,), (d_x,), x.device, with_w)
+        return R(x.device, with_w, s_x, d_x, s_w, d_w)
 
     return check
 
@@ -128,14 +128,13 @@ def hand_gemm(point):
     """GEMM at trans_a = trans_b = False, written by hand."""
     allowed = frozenset((torch.float16, torch.bfloat16))
     branch = ((), False, ("c",))
-    SC = SignatureCall  # noqa: N806
+    R = point.record_type  # noqa: N806
 
     def check(a, b):
         s_a = a.shape
         d_a = a.dtype
         if d_a not in allowed or len(s_a) != 2:
             raise _Mismatch
-        m = s_a[0]
         k = s_a[1]
         s_b = b.shape
         d_b = b.dtype
@@ -143,9 +142,8 @@ def hand_gemm(point):
             raise _Mismatch
         if s_b[0] != k:
             raise _Mismatch
-        n = s_b[1]
-        return SC(point, (m, n, k, d_a), (s_a, s_b), (d_a, d_b), ((m, n),), (d_a,), a.device,
-                  branch)
+        # M, N and c's shape are derived on access
+        return R(a.device, branch, s_a, d_a, s_b, d_b)
 
     return check
 
@@ -168,6 +166,7 @@ def cases():
 
 def same_record(generated: SignatureCall, hand: SignatureCall) -> None:
     """The hand-written check builds the record the generated one builds."""
+    assert type(generated) is type(hand)
     for f in ("point", "values", "input_shapes", "input_dtypes", "output_shapes",
               "output_dtypes", "device", "branch"):
         assert getattr(generated, f) == getattr(hand, f), f
