@@ -289,3 +289,60 @@ def test_generated_traffic_matches_prod(example_plan) -> None:
                             "v": (math.prod((2, 7, 3, 64)) * 2, 0),
                             "o": (0, math.prod((2, 5, 3, 64)) * 2),
                             "lse": (0, 2 * 3 * 5 * 4)}
+
+
+# --- the record's layout and the hot-path check ----------------------------------------------------
+
+
+def test_record_is_one_object_of_the_points_class(example_plan) -> None:
+    point = example_plan("RMSNormFwdOp").construct(normalized_shape=[64])
+    x, w = t(2, 3, 64), t(64)
+    call = point.check(x, w)
+    assert type(call) is point.record_type and isinstance(call, SignatureCall)
+    assert type(call).__struct_fields__ == ("device", "branch", "s_x", "d_x", "s_weight",
+                                            "d_weight", "stages")
+    # the shape objects the check read are stored as they are, not copied
+    assert call.s_x == x.shape and call.d_weight is f16 and call.s_weight == (64,)
+    assert call.input_shapes == ((2, 3, 64), (64,)) and call.input_dtypes == (f16, f16)
+    without = point.check(x)
+    assert (without.s_weight, without.d_weight) == (None, None)
+    assert without.input_shapes == ((2, 3, 64), None)
+    assert point.derive(call) == (call.values, call.output_shapes, call.output_dtypes)
+    assert call.output_shapes == ((2, 3, 64),) and call.output_dtypes == (f16,)
+
+
+CASES = {
+    "GemmFwdOp": ({}, [((4, 8), (8, 2)), ((4, 8), (9, 2)), ((4, 8, 1), (8, 2)), ((4,), (4, 2)),
+                       ((0, 8), (8, 0))]),
+    "RMSNormFwdOp": ({"normalized_shape": [8]},
+                     [((2, 8), (8,)), ((8,), None), ((), None), ((2, 8), (7,)),
+                      ((2, 8), (1, 8)), ((2, 7), None)]),
+    "MaxPool2dFwdOp": ({"kernel_size": 3, "stride": 2, "padding": 1},
+                       [((2, 3, 16, 15),), ((3, 16, 15),), ((2, 3, 1, 1),), ((2, 3, 0, 4),)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_hot_path_check_agrees_with_the_exact_check(example_plan, name) -> None:
+    params, calls = CASES[name]
+    point = example_plan(name).construct(**params)
+    for shapes in calls:
+        for dtype in (bf, f32):
+            args = [None if s is None else t(*s, dtype=dtype) for s in shapes]
+            try:
+                want = point.check_exact(*args)
+            except SignatureCallError as exc:
+                with pytest.raises(SignatureCallError) as got:
+                    point.check(*args)
+                assert str(got.value) == str(exc)
+                assert got.value.bound == exc.bound
+            else:
+                assert point.check(*args) == want
+
+
+def test_hot_path_check_binds_only_what_a_later_check_reads(example_plan) -> None:
+    source = example_plan("RMSNormFwdOp").construct(normalized_shape=[8]).source()
+    fast = source.split("def check(")[1].split("def check_symbolic(")[0]
+    assert "s_weight == (8,)" in fast  # every axis known: one comparison
+    assert "len(s_x)" not in fast  # s_x[-1] raises on a 0-d x: the rank check is implied
+    assert "len(s_x) >= 1" in source.split("def check_exact(")[1]
