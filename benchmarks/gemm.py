@@ -88,8 +88,18 @@ def _spec_for(m, n, k, ta, tb, dtype, aligned=None):
     return GemmSpec("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
 
 
+def _program_job(spec) -> tuple:
+    """(n, k, dtype, trans_a, trans_b, config) of the program that serves ``spec``."""
+    from tileops.kernels.gemm import GemmPaddedKernel, choose_config
+
+    if GemmPaddedKernel.region_refusal(spec) is None:
+        p = GemmPaddedKernel.padded_spec(spec)
+        return (p.n, p.k, p.dtype, p.trans_a, p.trans_b, choose_config(p))
+    return (spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b, choose_config(spec))
+
+
 def prebuild_jobs() -> list[tuple]:
-    from tileops.kernels.gemm import HOPPER_CONFIGS, choose_config
+    from tileops.kernels.gemm import GemmHopperKernel
 
     jobs = set()
     for m, n, k, ta, tb, dt in _test_cases():
@@ -98,22 +108,39 @@ def prebuild_jobs() -> list[tuple]:
         else:
             spec = _spec_for(m, n, k, ta, tb, dt)
         if k:
-            jobs.add((n, k, dt, ta, tb, choose_config(spec)))
-    for cfg, _ in HOPPER_CONFIGS.values():  # test_tune_times_and_caches's candidates
+            jobs.add(_program_job(spec))
+    for cfg in GemmHopperKernel.tune_candidates:  # test_tune_times_and_caches's candidates
         jobs.add((4096, 4096, "bfloat16", False, False, cfg))
+    for param in _split_test_cases():
+        cfg, m, n, k, ta, tb = param.values
+        jobs.add((n, k, "bfloat16", ta, tb, cfg))
     for w in workloads():
         spec = _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"])
-        jobs.add((w["n"], w["k"], w["dtype"], w["trans_a"], w["trans_b"], choose_config(spec)))
+        jobs.add(_program_job(spec))
     return sorted(jobs, key=repr)
+
+
+def _split_test_cases() -> list:
+    """tests/ops/test_gemm_cuda.py's split-K cases (imported: pytest is on the GPU host)."""
+    sys.path.insert(0, str(ROOT / "tests" / "ops"))
+    try:
+        import test_gemm_cuda
+    except ImportError:  # no pytest or torch here: nothing to prebuild for them
+        return []
+    finally:
+        sys.path.pop(0)
+    return list(test_gemm_cuda._split_cases())
 
 
 def _build(job: tuple) -> tuple[tuple, float, str]:
     sys.path[:0] = PATHS
-    from tileops.kernels.gemm import build_gemm_kernel
+    from tileops.kernels.gemm import build_gemm_kernel, build_reduce_kernel
 
     t = time.perf_counter()
     try:
         build_gemm_kernel(*job, None)
+        if job[5].split > 1:
+            build_reduce_kernel(job[0], job[2], job[5].split, None)
         return job, time.perf_counter() - t, "ok"
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-400:]}"

@@ -16,7 +16,9 @@ from tileops.kernels import gemm as G
 from tileops.kernels.gemm import (
     GENERAL_CONFIG,
     HOPPER_CONFIGS,
+    HOPPER_SPLIT_CONFIGS,
     SMALL_M_CONFIGS,
+    SMALL_M_SPLIT_CONFIGS,
     GemmSpec,
     choose_config,
     load_tuned,
@@ -38,16 +40,19 @@ def _have_compiler() -> bool:
 
 needs_nvcc = pytest.mark.skipif(not _have_compiler(), reason="needs tilelang and nvcc")
 
-# every configuration the heuristic can choose, each once, the transposes spread over them
+# every configuration the heuristic can choose, each once, the transposes spread over them,
+# and a split-K configuration of each implementation
 COMPILES = [
     ("hopper-128x256-nn", HOPPER_CONFIGS["128x256"][0], 4096, 4096, False, False, "bfloat16"),
     ("hopper-128x128-tt", HOPPER_CONFIGS["128x128"][0], 14336, 4096, True, True, "bfloat16"),
     ("hopper-64x128-nt", HOPPER_CONFIGS["64x128"][0], 1000, 1000, False, True, "float16"),
     ("hopper-64x64-tn", HOPPER_CONFIGS["64x64"][0], 4096, 14336, True, False, "bfloat16"),
-    ("small-16x32-nt", SMALL_M_CONFIGS["16x32"], 4096, 4096, False, True, "bfloat16"),
-    ("small-16x64-nn", SMALL_M_CONFIGS["16x64"], 128256, 4096, False, False, "bfloat16"),
+    ("small-16x64-nt", SMALL_M_CONFIGS["16x64"], 4096, 4096, False, True, "bfloat16"),
+    ("small-16x128-nn", SMALL_M_CONFIGS["16x128"], 128256, 4096, False, False, "bfloat16"),
     ("small-64x64-tn", SMALL_M_CONFIGS["64x64"], 4096, 4096, True, False, "float16"),
     ("general-tt-odd", GENERAL_CONFIG, 37, 19, True, True, "bfloat16"),
+    ("hopper-split-tt", HOPPER_SPLIT_CONFIGS["128x128s2"], 1000, 1000, True, True, "bfloat16"),
+    ("small-split-nn", SMALL_M_SPLIT_CONFIGS["16x256s4"], 4096, 4096, False, False, "float16"),
 ]
 
 
@@ -66,12 +71,23 @@ def test_configuration_compiles_for_hopper(cfg, n, k, ta, tb, dtype):
         assert "wgmma" in src
     if cfg.panel:
         assert "rasterization2DRow" in src
+    if cfg.split > 1:  # one CTA per K share, fp32 partials to the workspace
+        assert "blockIdx.z" in src and "float* __restrict__ C" in src
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("n", "split"), [(4096, 4), (1000, 2)])
+def test_splitk_reduction_compiles_vectorized(n, split):
+    src = G.build_reduce_kernel(n, "bfloat16", split, HOPPER).get_kernel_source()
+    assert "float4" in src  # 16-byte loads of the partial sums
+    assert "< M" in src  # rows past M are predicated off
+    assert "__float22bfloat162_rn" in src  # the cast to the output dtype
 
 
 def test_every_choosable_configuration_is_compiled_above():
     compiled = {c[1] for c in COMPILES}
     choosable = {c for c, _ in HOPPER_CONFIGS.values()} | set(SMALL_M_CONFIGS.values())
-    assert choosable | {GENERAL_CONFIG} == compiled
+    assert choosable | {GENERAL_CONFIG} <= compiled
 
 
 def _spec(m, n, k, ta=False, tb=False, aligned=True):
@@ -84,9 +100,10 @@ def _spec(m, n, k, ta=False, tb=False, aligned=True):
     (2048, 4096, 4096, (128, 256)),
     (128, 4096, 4096, (64, 64)),
     (128, 14336, 4096, (128, 128)),
-    (1, 4096, 4096, (16, 32)),
-    (16, 4096, 14336, (16, 32)),
-    (1, 128256, 4096, (16, 64)),
+    (1, 4096, 4096, (16, 64)),
+    (16, 4096, 14336, (16, 64)),
+    (1, 14336, 4096, (16, 128)),
+    (1, 128256, 4096, (16, 128)),
     (48, 4096, 4096, (64, 64)),
 ])
 def test_heuristic_choices(m, n, k, want):
@@ -96,6 +113,33 @@ def test_heuristic_choices(m, n, k, want):
 
 def test_unaligned_calls_choose_the_general_configuration():
     assert choose_config(_spec(333, 4097, 4095, aligned=False)) == GENERAL_CONFIG
+
+
+def test_padded_kernel_region_and_configuration():
+    from tileops.kernels.gemm import PAD_MIN_FLOPS, GemmGeneralKernel, GemmPaddedKernel
+
+    odd = _spec(333, 4097, 4095, aligned=False)
+    assert GemmPaddedKernel.region_refusal(odd) is None
+    padded = GemmPaddedKernel.padded_spec(odd)
+    assert (padded.m, padded.n, padded.k, padded.aligned) == (odd.m, 4104, 4096, True)
+    assert GemmPaddedKernel.config_for(odd) == choose_config(padded) != GENERAL_CONFIG
+    assert GemmPaddedKernel.region_refusal(_spec(333, 4096, 4096)) == (
+        "serves calls whose rows break TMA alignment (aligned ones run unpadded)")
+    assert GemmPaddedKernel.region_refusal(_spec(16, 4097, 4095, aligned=False)) == (
+        "serves M above 64 (padding would double a decode call's traffic)")
+    assert GemmPaddedKernel.region_refusal(_spec(128, 129, 127, aligned=False)) == (
+        f"serves calls of at least {PAD_MIN_FLOPS} flops (padding costs more below)")
+    assert GemmGeneralKernel.region_refusal(odd) is None  # the fallback still serves it
+
+
+@pytest.mark.parametrize(("k", "bk", "split", "want"), [
+    (4096, 64, 1, 64), (4096, 64, 4, 16), (1000, 64, 2, 8), (1000, 128, 3, 3), (1, 64, 2, 1),
+])
+def test_k_iterations_cover_k(k, bk, split, want):
+    it = G.k_iterations(k, bk, split)
+    assert it == want
+    assert it * split * bk >= k  # every K tile is some CTA's
+    assert (split - 1) * it * bk < k or split == 1 or k <= bk  # the last share starts inside K
 
 
 def test_selection_regions():

@@ -3,7 +3,8 @@
 Grid: the four transpose combinations over sizes that reach every implementation and tile
 configuration the heuristic picks: decode (M = 1, 16-row tiles; M = 48, 64-row tiles),
 M = 128 (64x64 tiles), 2048 (128x256), a size that is not a tile multiple (1000), one that
-breaks 16-byte alignment (333 x 4097 x 4095: the general kernel), K = 1 and 1 x 1 x 1.
+breaks 16-byte alignment (333 x 4097 x 4095: the padded kernel), K = 1 and 1 x 1 x 1 (the
+general kernel); and split-K configurations, run directly, over the transposes.
 Inputs are fresh random values; outputs are poisoned (the allocator hands back memory just
 filled with NaN) so an unwritten element fails.
 """
@@ -70,17 +71,52 @@ def test_gemm(m, n, k, ta, tb, dtype):
 
 
 def test_which_implementation_serves():
-    from tileops.kernels.gemm import GemmGeneralKernel, GemmHopperKernel, GemmSmallMKernel
+    from tileops.kernels.gemm import (
+        GemmGeneralKernel,
+        GemmHopperKernel,
+        GemmPaddedKernel,
+        GemmSmallMKernel,
+    )
 
     want = {(1, 4096, 4096): GemmSmallMKernel, (2048, 4096, 4096): GemmHopperKernel,
-            (333, 4097, 4095): GemmGeneralKernel}
+            (333, 4097, 4095): GemmPaddedKernel, (7, 13, 1): GemmGeneralKernel}
     if torch.cuda.get_device_capability() != (9, 0):
-        want[(2048, 4096, 4096)] = GemmGeneralKernel
+        want[(2048, 4096, 4096)] = want[(333, 4097, 4095)] = GemmGeneralKernel
     for (m, n, k), impl in want.items():
         op = GemmFwdOp()
         op(*_operands(m, n, k, False, False, torch.bfloat16))
         built = [type(e) for entries in op.built_entries.values() for e in entries.values()]
         assert built == [impl], (m, n, k, built)
+
+
+def _split_cases():
+    from tileops.kernels.gemm import HOPPER_SPLIT_CONFIGS, SMALL_M_SPLIT_CONFIGS
+
+    for name, (m, n, k) in (("128x128s4", (1000, 1000, 1000)), ("128x256s2", (200, 512, 4096)),
+                            ("64x128s2", (136, 4096, 72))):
+        for ta, tb in TRANS:
+            yield pytest.param(HOPPER_SPLIT_CONFIGS[name], m, n, k, ta, tb,
+                               id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
+    for name, (m, n, k) in (("16x256s8", (1, 4096, 4096)), ("16x64s4", (5, 1000, 1000)),
+                            ("64x64s2", (48, 256, 520))):
+        for ta, tb in ((False, False), (False, True)):
+            yield pytest.param(SMALL_M_SPLIT_CONFIGS[name], m, n, k, ta, tb,
+                               id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
+
+
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb"), list(_split_cases()))
+def test_split_k_configurations(cfg, m, n, k, ta, tb):
+    from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmSmallMKernel, GemmSpec, m_bucket
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA kernels need sm_90")
+    a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
+    impl = GemmSmallMKernel if m <= SMALL_M else GemmHopperKernel
+    kern = impl(GemmSpec("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, True))
+    kern.config, kern.program = cfg, kern._build(cfg)
+    c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kern(a, b, c)
+    assert _rel(c, _ref(a, b, ta, tb)) < TOL
 
 
 def test_offset_view_runs_on_the_general_kernel():

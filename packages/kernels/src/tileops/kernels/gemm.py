@@ -9,21 +9,30 @@ Shared tiles are laid out as the operand is stored (``(block_K, block_M)`` for a
 ``a``) and ``T.gemm(..., transpose_A=trans_a, transpose_B=trans_b)`` reads them as such;
 on sm_90 that lowers to wgmma (tiles of 64 rows a warpgroup) or mma.sync (16-row tiles).
 
-Three implementations serve the one slot :class:`GemmFwdInterface`:
+Four implementations serve the one slot :class:`GemmFwdInterface`:
 
-:class:`GemmHopperKernel` -- sm_90, M above the decode range: TMA loads into a 3-4 stage
-    pipeline, wgmma, 128x256 / 128x128 / 64x128 / 64x64 block tiles chosen per shape by
+:class:`GemmHopperKernel` -- sm_90, M above the decode range: TMA loads into a 3-6 stage
+    pipeline (TileLang warp-specializes it: a producer warpgroup issues the TMA copies, the
+    consumers run wgmma), 128x256 / 128x128 / 64x128 / 64x64 block tiles chosen per shape by
     :func:`choose_config` (wave count times per-tile cost), swizzled tile order.
 :class:`GemmSmallMKernel` -- decode (``M <= 64``), sm_80 to sm_90: 16- or 64-row tiles,
-    narrow column tiles (more CTAs along N to stream ``b`` at full bandwidth), deep K tiles.
+    64- or 128-column tiles with 256-deep K tiles (long contiguous rows of ``b`` per copy).
+:class:`GemmPaddedKernel` -- sm_90, large calls whose rows break TMA alignment (odd ``K`` or
+    ``N``): the operands are copied into zero-padded aligned buffers and the Hopper program
+    runs on those.
 :class:`GemmGeneralKernel` -- the general one: any shape, any alignment, sm_80+: 64x64x32
     tiles, 2 stages, plain (non-TMA) copies with bounds predicates.
+
+Any configuration may split K (``GemmConfig.split``): CTAs write fp32 partial sums to a
+workspace and a second kernel (:func:`splitk_reduce_program`) sums and casts them. The
+heuristic does not pick a split today (none beat the unsplit tiles on the H200 sweep,
+benchmarks/results/gemm_sweep.txt); tuning tries them.
 
 TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
 that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
 views) are outside the region of the two TMA kernels (``GemmSpec.aligned`` is False) and run
-on the general one. Tiles that overhang ``M``, ``N`` or ``K`` are zero-filled on load (TMA
-does that natively; plain copies are predicated) and clipped on store.
+on the padded or the general one. Tiles that overhang ``M``, ``N`` or ``K`` are zero-filled
+on load (TMA does that natively; plain copies are predicated) and clipped on store.
 
 Tuning (``request_tune()``): the entry times a few configurations on the first call's own
 tensors and keeps the fastest; the choice is cached on disk under
@@ -50,15 +59,25 @@ __all__ = [
     "GemmFwdInterface",
     "GemmGeneralKernel",
     "GemmHopperKernel",
+    "GemmPaddedKernel",
     "GemmSmallMKernel",
     "GemmSpec",
     "HOPPER_CONFIGS",
+    "PAD_MIN_FLOPS",
+    "HOPPER_DEEP_CONFIGS",
+    "HOPPER_SPLIT_CONFIGS",
     "SMALL_M_CONFIGS",
+    "SMALL_M_DEEP_CONFIGS",
+    "SMALL_M_SPLIT_CONFIGS",
+    "SplitKLaunch",
     "GENERAL_CONFIG",
     "SMALL_M",
     "build_gemm_kernel",
+    "build_reduce_kernel",
     "choose_config",
     "gemm_program",
+    "k_iterations",
+    "splitk_reduce_program",
     "m_bucket",
     "tune_key",
     "load_tuned",
@@ -73,7 +92,9 @@ _SMS = 132
 
 class GemmConfig(NamedTuple):
     """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off),
-    whether global->shared copies may use TMA, warp policy ("square" | "col")."""
+    whether global->shared copies may use TMA, warp policy ("square" | "col"), and the
+    split-K factor (1: each CTA runs the whole K; ``s > 1``: ``s`` CTAs per output tile each
+    run a ``1/s`` share of K into an fp32 workspace that a second kernel sums and casts)."""
 
     block_m: int
     block_n: int
@@ -83,22 +104,54 @@ class GemmConfig(NamedTuple):
     panel: int = 8
     tma: bool = True
     policy: str = "square"
+    split: int = 1
 
 
-#: Hopper configurations with a relative per-FLOP cost (bigger tiles reuse more)
+#: Hopper configurations the heuristic weighs, with a relative per-FLOP cost (bigger tiles
+#: reuse more). Deep K tiles and pipelines where the tile is small: the shapes that pick
+#: those have few K tiles per CTA in flight (set from benchmarks/results/gemm_sweep.txt).
 HOPPER_CONFIGS: dict[str, tuple[GemmConfig, float]] = {
     "128x256": (GemmConfig(128, 256, 64, 3, 256), 1.0),
-    "128x128": (GemmConfig(128, 128, 64, 4, 256), 1.12),
+    "128x128": (GemmConfig(128, 128, 128, 3, 256), 1.12),
     "64x128": (GemmConfig(64, 128, 64, 4, 128), 1.3),
-    "64x64": (GemmConfig(64, 64, 128, 4, 128), 1.6),
+    "64x64": (GemmConfig(64, 64, 128, 6, 128), 1.6),
 }
-#: decode configurations: 16-row tiles (mma.sync) or 64-row (one warpgroup)
+#: decode configurations: 16-row tiles (mma.sync) or 64-row (one warpgroup). Column tiles of
+#: 64 (128 when N is wide) with 256-deep K tiles stream ``b`` at full bandwidth.
 SMALL_M_CONFIGS: dict[str, GemmConfig] = {
-    "16x32": GemmConfig(16, 32, 256, 4, 128, 0, True, "col"),
-    "16x64": GemmConfig(16, 64, 256, 3, 128, 0, True, "col"),
+    "16x64": GemmConfig(16, 64, 256, 4, 128, 0, True, "col"),
+    "16x128": GemmConfig(16, 128, 256, 3, 128, 0, True, "col"),
     "64x64": GemmConfig(64, 64, 128, 4, 128, 0, True, "square"),
 }
+#: N from which decode calls take 128-column tiles
+SMALL_M_WIDE_N = 8192
 GENERAL_CONFIG = GemmConfig(64, 64, 32, 2, 128, 8, False, "square")
+#: further candidates when tuning: the previous defaults and other pipeline depths
+HOPPER_DEEP_CONFIGS: dict[str, GemmConfig] = {
+    "128x128x64": GemmConfig(128, 128, 64, 4, 256),
+    "64x64x128st4": GemmConfig(64, 64, 128, 4, 128),
+    "64x128x128": GemmConfig(64, 128, 128, 4, 128),
+    "64x128x64st8": GemmConfig(64, 128, 64, 8, 128),
+}
+HOPPER_SPLIT_CONFIGS: dict[str, GemmConfig] = {
+    "128x128s2": GemmConfig(128, 128, 64, 4, 256, 8, True, "square", 2),
+    "128x128s4": GemmConfig(128, 128, 64, 4, 256, 8, True, "square", 4),
+    "128x256s2": GemmConfig(128, 256, 64, 3, 256, 8, True, "square", 2),
+    "64x128s2": GemmConfig(64, 128, 64, 4, 128, 8, True, "square", 2),
+}
+SMALL_M_DEEP_CONFIGS: dict[str, GemmConfig] = {
+    "16x32": GemmConfig(16, 32, 256, 4, 128, 0, True, "col"),
+    "16x64st3": GemmConfig(16, 64, 256, 3, 128, 0, True, "col"),
+}
+SMALL_M_SPLIT_CONFIGS: dict[str, GemmConfig] = {
+    "16x32s2": GemmConfig(16, 32, 256, 4, 128, 0, True, "col", 2),
+    "16x64s2": GemmConfig(16, 64, 256, 3, 128, 0, True, "col", 2),
+    "16x64s4": GemmConfig(16, 64, 256, 3, 128, 0, True, "col", 4),
+    "16x128s4": GemmConfig(16, 128, 128, 4, 128, 0, True, "col", 4),
+    "16x256s4": GemmConfig(16, 256, 64, 4, 128, 0, True, "col", 4),
+    "16x256s8": GemmConfig(16, 256, 64, 4, 128, 0, True, "col", 8),
+    "64x64s2": GemmConfig(64, 64, 128, 4, 128, 0, True, "square", 2),
+}
 
 
 class GemmSpec(CallSpec, frozen=True):
@@ -141,8 +194,7 @@ def choose_config(spec: GemmSpec) -> GemmConfig:
     if spec.m <= SMALL_M:
         if spec.m > 16:
             return SMALL_M_CONFIGS["64x64"]
-        # 16-row tiles: enough column tiles to fill the SMs at 32 columns, 64 when N is wide
-        return SMALL_M_CONFIGS["16x64" if _ceil(spec.n, 64) >= 2 * _SMS else "16x32"]
+        return SMALL_M_CONFIGS["16x128" if spec.n >= SMALL_M_WIDE_N else "16x64"]
     best, best_cost = None, None
     for cfg, eff in HOPPER_CONFIGS.values():
         tiles = _ceil(spec.m, cfg.block_m) * _ceil(spec.n, cfg.block_n)
@@ -163,8 +215,16 @@ def _tl():
     return tilelang, T
 
 
+def k_iterations(k: int, block_k: int, split: int) -> int:
+    """K-tile iterations of each CTA: the ``ceil(k / block_k)`` tiles shared by ``split``
+    CTAs, the last of which may run past K (TMA and the predicated copies zero-fill it)."""
+    return _ceil(_ceil(k, block_k), split)
+
+
 def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig):
-    """The TileLang prim_func (not compiled): M dynamic, everything else static."""
+    """The TileLang prim_func (not compiled): M dynamic, everything else static. With
+    ``cfg.split > 1`` the third operand is the fp32 workspace ``(split, M, n)`` of partial
+    sums (:func:`splitk_reduce_program` turns it into ``C``)."""
     _, T = _tl()
     M = T.dynamic("M")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
@@ -177,34 +237,66 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     panel = cfg.panel
     stages = cfg.stages
     threads = cfg.threads
+    split = cfg.split
+    iters = k_iterations(k, bk, split)
     accum = "float32"
+    c_shape, c_dtype = ((split, M, n), accum) if split > 1 else ((M, n), dtype)
 
     @T.prim_func
     def main(
         A: T.Tensor(a_shape, dtype),
         B: T.Tensor(b_shape, dtype),
-        C: T.Tensor((M, n), dtype),
+        C: T.Tensor(c_shape, c_dtype),
     ):
-        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(M, bm), split, threads=threads) as (bx, by, bz):
             A_s = T.alloc_shared(a_tile, dtype)
             B_s = T.alloc_shared(b_tile, dtype)
             C_l = T.alloc_fragment((bm, bn), accum)
-            C_s = T.alloc_shared((bm, bn), dtype)
             if panel:
                 T.use_swizzle(panel_size=panel)
             T.clear(C_l)
-            for ko in T.Pipelined(T.ceildiv(k, bk), num_stages=stages):
+            for ko in T.Pipelined(iters, num_stages=stages):
+                kt = bz * iters + ko
                 if trans_a:
-                    T.copy(A[ko * bk, by * bm], A_s, annotations=ann)
+                    T.copy(A[kt * bk, by * bm], A_s, annotations=ann)
                 else:
-                    T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
+                    T.copy(A[by * bm, kt * bk], A_s, annotations=ann)
                 if trans_b:
-                    T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
+                    T.copy(B[bx * bn, kt * bk], B_s, annotations=ann)
                 else:
-                    T.copy(B[ko * bk, bx * bn], B_s, annotations=ann)
+                    T.copy(B[kt * bk, bx * bn], B_s, annotations=ann)
                 T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b, policy=policy)
-            T.copy(C_l, C_s)
-            T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
+            if split > 1:  # fp32 partial sums, stored from registers (rows past M dropped)
+                T.copy(C_l, C[bz, by * bm, bx * bn])
+            else:
+                C_s = T.alloc_shared((bm, bn), dtype)
+                T.copy(C_l, C_s)
+                T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
+
+    return main
+
+
+#: tile of the split-K reduction (rows, columns) and its threads: 16-byte loads of fp32
+_REDUCE_TILE = (16, 256, 256)
+
+
+def splitk_reduce_program(n: int, dtype: str, split: int):
+    """``C[m, j] = sum_s W[s, m, j]`` cast to ``dtype``: the second kernel of a split-K call."""
+    _, T = _tl()
+    M = T.dynamic("M")
+    rm, rn, threads = _REDUCE_TILE
+
+    @T.prim_func
+    def main(W: T.Tensor((split, M, n), "float32"), C: T.Tensor((M, n), dtype)):
+        with T.Kernel(T.ceildiv(n, rn), T.ceildiv(M, rm), threads=threads) as (bx, by):
+            acc = T.alloc_fragment((rm, rn), "float32")
+            part = T.alloc_fragment((rm, rn), "float32")
+            T.copy(W[0, by * rm, bx * rn], acc)
+            for s in T.unroll(1, split):
+                T.copy(W[s, by * rm, bx * rn], part)
+                for i, j in T.Parallel(rm, rn):
+                    acc[i, j] += part[i, j]
+            T.copy(acc, C[by * rm, bx * rn])
 
     return main
 
@@ -212,13 +304,8 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
 _compile_lock = threading.Lock()
 
 
-@functools.lru_cache(maxsize=256)
-def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                      cfg: GemmConfig, target: str | None = None):
-    """Compile the program for one configuration (cached per process; TileLang also caches
-    on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device."""
+def _compile(prog, target: str | None):
     tilelang, _ = _tl()
-    prog = gemm_program(n, k, dtype, trans_a, trans_b, cfg)
     with _compile_lock:
         if target is None:
             return tilelang.compile(prog, execution_backend="tvm_ffi")
@@ -226,12 +313,44 @@ def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                                 execution_backend="tvm_ffi")
 
 
+@functools.lru_cache(maxsize=256)
+def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
+                      cfg: GemmConfig, target: str | None = None):
+    """Compile the program for one configuration (cached per process; TileLang also caches
+    on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device."""
+    return _compile(gemm_program(n, k, dtype, trans_a, trans_b, cfg), target)
+
+
+@functools.lru_cache(maxsize=64)
+def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = None):
+    """Compile the split-K reduction for ``n`` columns and ``split`` partial sums."""
+    return _compile(splitk_reduce_program(n, dtype, split), target)
+
+
+class SplitKLaunch:
+    """One split-K call: the main program writes ``split`` fp32 partial sums into a
+    workspace taken from torch's caching allocator on the call's stream (so graph capture
+    and several streams are safe), the reduction sums them into ``c``."""
+
+    def __init__(self, main, reduce, split: int, n: int) -> None:
+        self.main, self.reduce, self.split, self.n = main, reduce, split, n
+
+    def __call__(self, a, b, c) -> None:
+        import torch
+
+        work = torch.empty((self.split, c.shape[0], self.n), dtype=torch.float32,
+                           device=c.device)
+        self.main(a, b, work)
+        self.reduce(work, c)
+
+
 # --- the tuning cache --------------------------------------------------------------------------
 
 
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
-    text = inspect.getsource(gemm_program)
+    text = "".join(inspect.getsource(f) for f in (gemm_program, splitk_reduce_program,
+                                                   SplitKLaunch))
     try:
         import tilelang
 
@@ -262,12 +381,12 @@ def load_tuned(key: str) -> GemmConfig | None:
         cfg = raw["config"]
         if not isinstance(cfg, dict):
             return None
-        ints = ("block_m", "block_n", "block_k", "stages", "threads", "panel")
+        ints = ("block_m", "block_n", "block_k", "stages", "threads", "split", "panel")
         if any(type(cfg[f]) is not int or cfg[f] < 0 for f in ints):
             return None
         if type(cfg["tma"]) is not bool or cfg["policy"] not in ("square", "col"):
             return None
-        if min(cfg[f] for f in ints[:5]) <= 0:
+        if min(cfg[f] for f in ints[:6]) <= 0:
             return None
         return GemmConfig(**{f: cfg[f] for f in GemmConfig._fields})
     except (OSError, ValueError, KeyError, TypeError):
@@ -295,19 +414,35 @@ def store_tuned(key: str, cfg: GemmConfig, timings: dict[str, float] | None = No
 
 
 def _time_ms(fn, iters: int = 10) -> float:
+    """Best of 3 timings of ``iters`` calls, replayed from a CUDA graph (device time: for a
+    small GEMM the host's launch cost would otherwise decide); back-to-back launches where
+    capture is not possible."""
     import torch
 
-    for _ in range(2):
-        fn()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    run, per_run = fn, 1
+    try:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                fn()
+        run, per_run, iters = graph.replay, iters, 1
+    except RuntimeError:  # e.g. capture refused: time eager launches instead
+        torch.cuda.synchronize()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     best = float("inf")
     for _ in range(3):
         start.record()
         for _ in range(iters):
-            fn()
+            run()
         end.record()
         end.synchronize()
-        best = min(best, start.elapsed_time(end) / iters)
+        best = min(best, start.elapsed_time(end) / (iters * per_run))
     return best
 
 
@@ -331,13 +466,21 @@ class _GemmKernel(Kernel, GemmFwdInterface):
 
     def _build(self, cfg: GemmConfig):
         s = self.spec
-        return build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None)
+        main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None)
+        if cfg.split == 1:
+            return main
+        return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None),
+                            cfg.split, s.n)
 
     def request_tune(self) -> None:
         """Tune on the next call (it needs real tensors on the device)."""
         self._tune_pending = True
 
     def _tune(self, a, b, c) -> None:
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            return  # timing needs its own graphs: tune on the first call outside capture
         self._tune_pending = False
         arch = device_arch(a.device)
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
@@ -377,7 +520,9 @@ class GemmHopperKernel(_GemmKernel):
     """sm_90, M above the decode range: TMA + wgmma, tiles chosen per shape."""
 
     supported_archs = frozenset({(9, 0)})
-    tune_candidates = tuple(c for c, _ in HOPPER_CONFIGS.values())
+    tune_candidates = (tuple(c for c, _ in HOPPER_CONFIGS.values())
+                       + tuple(HOPPER_DEEP_CONFIGS.values())
+                       + tuple(HOPPER_SPLIT_CONFIGS.values()))
 
     @classmethod
     def region_refusal(cls, spec: GemmSpec) -> str | None:
@@ -392,7 +537,8 @@ class GemmSmallMKernel(_GemmKernel):
     """Decode sizes (M <= 64): short tiles, many CTAs along N, deep K tiles."""
 
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    tune_candidates = tuple(SMALL_M_CONFIGS.values())
+    tune_candidates = (tuple(SMALL_M_CONFIGS.values()) + tuple(SMALL_M_DEEP_CONFIGS.values())
+                       + tuple(SMALL_M_SPLIT_CONFIGS.values()))
 
     @classmethod
     def region_refusal(cls, spec: GemmSpec) -> str | None:
@@ -401,6 +547,78 @@ class GemmSmallMKernel(_GemmKernel):
         if not spec.aligned:
             return "needs 16-byte aligned rows and base pointers (TMA / 16-byte copies)"
         return None
+
+
+def _round8(x: int) -> int:
+    return -(-x // 8) * 8
+
+
+#: below this many flops (2 M N K) an unaligned call stays on the general kernel: copying the
+#: operands into aligned buffers would cost more than it saves
+PAD_MIN_FLOPS = 1 << 30
+
+
+class GemmPaddedKernel(_GemmKernel):
+    """sm_90, rows that break TMA's 16-byte alignment (odd ``K`` or ``N``), large calls: the
+    operands are copied once into buffers whose row lengths are padded to a multiple of 8
+    elements with zeros (``F.pad``: one read and one write each), the Hopper program runs on
+    the padded sizes (zero rows and columns of K add nothing), and the ``(M, N)`` corner of
+    its output is copied into ``c``. The copies cost two passes over the operands; the
+    alternative, 2-byte predicated loads on the general kernel, costs more above
+    :data:`PAD_MIN_FLOPS`."""
+
+    supported_archs = frozenset({(9, 0)})
+    tune_candidates = GemmHopperKernel.tune_candidates
+
+    @classmethod
+    def padded_spec(cls, spec: GemmSpec) -> GemmSpec:
+        """The aligned call the Hopper program runs (M stays, N and K round up to 8)."""
+        return GemmSpec(spec.device, spec.m, _round8(spec.n), _round8(spec.k), spec.dtype,
+                        spec.trans_a, spec.trans_b, True)
+
+    @classmethod
+    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+        return choose_config(cls.padded_spec(spec))
+
+    @classmethod
+    def region_refusal(cls, spec: GemmSpec) -> str | None:
+        if spec.aligned:
+            return "serves calls whose rows break TMA alignment (aligned ones run unpadded)"
+        if spec.m <= SMALL_M:
+            return f"serves M above {SMALL_M} (padding would double a decode call's traffic)"
+        if 2 * spec.m * spec.n * spec.k < PAD_MIN_FLOPS:
+            return f"serves calls of at least {PAD_MIN_FLOPS} flops (padding costs more below)"
+        return None
+
+    def _build(self, cfg: GemmConfig):
+        p = self.padded_spec(self.spec)
+        main = build_gemm_kernel(p.n, p.k, p.dtype, p.trans_a, p.trans_b, cfg, None)
+        if cfg.split == 1:
+            return main
+        return SplitKLaunch(main, build_reduce_kernel(p.n, p.dtype, cfg.split, None),
+                            cfg.split, p.n)
+
+    def __call__(self, a, b, c) -> None:
+        import torch.nn.functional as F
+
+        m, n = c.shape
+        if m == 0 or n == 0:
+            return
+        if self.spec.k == 0:
+            c.zero_()
+            return
+        s = self.spec
+        kp, np_, mp = _round8(s.k), _round8(n), _round8(m)
+        # pad each operand's stored row (and, for a transposed a, its stored rows: M is then
+        # a row length) with zeros; F.pad pads the last dimension first
+        a_p = F.pad(a, (0, mp - m, 0, kp - s.k) if s.trans_a else (0, kp - s.k))
+        b_p = F.pad(b, (0, kp - s.k, 0, np_ - n) if s.trans_b else (0, np_ - n, 0, kp - s.k))
+        rows = mp if s.trans_a else m
+        c_p = c.new_empty((rows, np_))
+        if self._tune_pending:
+            self._tune(a_p, b_p, c_p)
+        self.program(a_p, b_p, c_p)
+        c.copy_(c_p[:m, :n])
 
 
 class GemmGeneralKernel(_GemmKernel):

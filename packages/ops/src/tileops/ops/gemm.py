@@ -4,7 +4,8 @@ The op is its spec entry (``specs/gemm.yaml``; the type family ``Mat`` gives ``a
 ``[M, K]`` or ``[K, M]``) plus a constructor and a ``forward`` that runs the ``gemm_fwd``
 slot. The kernels read row-major contiguous operands in the declared layout, so a
 non-contiguous input is copied to that layout first; the call spec records whether every
-operand meets the 16-byte alignment TMA needs (the general kernel serves the rest).
+operand meets the 16-byte alignment TMA needs (large calls that do not are padded into
+aligned buffers, small ones run on the general kernel).
 """
 
 import torch
@@ -13,6 +14,7 @@ from tileops.kernels.gemm import (
     GemmFwdInterface,
     GemmGeneralKernel,
     GemmHopperKernel,
+    GemmPaddedKernel,
     GemmSmallMKernel,
     GemmSpec,
     m_bucket,
@@ -38,7 +40,8 @@ class GemmFwdOp(Op):
         target, kernel_map, tune: see :class:`tileops.runtime.Op`.
     """
 
-    kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmGeneralKernel)}
+    kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmPaddedKernel,
+                                       GemmGeneralKernel)}
 
     def __init__(self, *, trans_a: bool = False, trans_b: bool = False,
                  target: str | None = None, kernel_map=None, tune: bool = False) -> None:

@@ -1,0 +1,174 @@
+"""Time every tile configuration of a GEMM implementation side by side, per workload, to set
+the heuristic in ``tileops.kernels.gemm.choose_config``.
+
+    python benchmarks/sweep_gemm.py [--labels qo-m1,odd-1000] [--out DIR]
+
+For each workload the candidates are the tuning candidates of the implementation that serves
+it (the small-M kernel for M <= 64, the Hopper kernel above). Kernels are compiled first in
+parallel processes (filling TileLang's disk cache); then every configuration runs on the
+same inputs, checked against an fp64 reference (relative L2 error), and is timed from CUDA
+graph replays with the inputs rotated past L2, with cuBLAS (``torch.matmul``) timed the same
+way. Results: a table per workload on stdout, and gemm_sweep.{txt,json} under --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+for _p in reversed(PATHS):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from _common import graph_events  # noqa: E402
+from gemm import ROTATE_BYTES, _spec_for, workloads  # noqa: E402
+
+#: the workloads swept by default: those whose output tiles do not fill the SMs many times
+DEFAULT_LABELS = ("qo-m1", "qo-m16", "qo-m128", "up-m1", "up-m16", "up-m128", "down-m1",
+                  "down-m16", "down-m128", "lmhead-m1", "lmhead-m16", "linear-weight-nt-m1",
+                  "odd-1000", "unaligned-4097")
+
+
+def _impl(w: dict):
+    from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmPaddedKernel, GemmSmallMKernel
+
+    if not _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"]).aligned:
+        return GemmPaddedKernel
+    return GemmSmallMKernel if w["m"] <= SMALL_M else GemmHopperKernel
+
+
+def _padded(w: dict) -> tuple[int, int]:
+    """(n, k) of the program that serves ``w`` (rounded up to 8 for the padded kernel)."""
+    from tileops.kernels.gemm import GemmPaddedKernel
+
+    if _impl(w) is GemmPaddedKernel:
+        return -(-w["n"] // 8) * 8, -(-w["k"] // 8) * 8
+    return w["n"], w["k"]
+
+
+def _jobs(rows: list[dict]) -> list[tuple]:
+    jobs = set()
+    for w in rows:
+        n, k = _padded(w)
+        for cfg in _impl(w).tune_candidates:
+            jobs.add(("main", n, k, w["dtype"], w["trans_a"], w["trans_b"], cfg))
+            if cfg.split > 1:
+                jobs.add(("reduce", n, w["dtype"], cfg.split))
+    return sorted(jobs, key=repr)
+
+
+def _build(job: tuple) -> tuple[tuple, float, str]:
+    sys.path[:0] = PATHS
+    from tileops.kernels import gemm as G
+
+    t = time.perf_counter()
+    try:
+        if job[0] == "main":
+            G.build_gemm_kernel(*job[1:], None)
+        else:
+            G.build_reduce_kernel(*job[1:], None)
+        return job, time.perf_counter() - t, "ok"
+    except Exception as exc:  # noqa: BLE001 - reported by the caller
+        return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-300:]}"
+
+
+def sweep_one(w: dict) -> list[dict]:
+    import torch
+
+    m, n, k, ta, tb = w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"]
+    dtype = getattr(torch, w["dtype"])
+    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k + 1)
+    nbytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
+    sets = []
+    for _ in range(max(1, min(8, -(-ROTATE_BYTES // nbytes)))):
+        a = torch.randn((k, m) if ta else (m, k), dtype=dtype, device="cuda", generator=g)
+        b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device="cuda", generator=g)
+        sets.append((a, b, a.T if ta else a, b.T if tb else b))
+    _, _, av, bv = sets[0]
+    ref = torch.matmul(av.double(), bv.double())
+    c = torch.empty(m, n, dtype=dtype, device="cuda")
+    flops = 2 * m * n * k
+    turn = [0]
+
+    def rotating(fn):
+        def call():
+            s = sets[turn[0] % len(sets)]
+            turn[0] += 1
+            return fn(*s)
+        return call
+
+    out = []
+    cublas_ms = graph_events(rotating(lambda a, b, av, bv: torch.matmul(av, bv)), 50)
+    out.append({"config": "cublas", "us": cublas_ms * 1e3,
+                "tflops": flops / (cublas_ms * 1e-3) / 1e12, "rel_err": None})
+    impl = _impl(w)
+    spec = _spec_for(m, n, k, ta, tb, w["dtype"])
+    for cfg in impl.tune_candidates:
+        row = {"config": "x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
+               + f"/st{cfg.stages}", "cfg": list(cfg)}
+        try:
+            kern = impl(spec)
+            kern.config, kern.program = cfg, kern._build(cfg)
+            c.fill_(float("nan"))
+            kern(sets[0][0], sets[0][1], c)
+            row["rel_err"] = ((c.double() - ref).norm() / ref.norm()).item()
+            ms = graph_events(rotating(lambda a, b, av, bv, kern=kern: kern(a, b, c)), 50)
+            row.update(us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12, ratio=cublas_ms / ms)
+        except Exception as exc:  # noqa: BLE001 - one failing candidate is reported
+            row["error"] = f"{type(exc).__name__}: {str(exc)[-200:]}"
+        out.append(row)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--labels", default=",".join(DEFAULT_LABELS))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    ap.add_argument("--workers", type=int, default=14)
+    args = ap.parse_args(argv)
+    wanted = args.labels.split(",")
+    rows = [w for w in workloads({"bfloat16"}) if w["label"] in wanted]
+    jobs = _jobs(rows)
+    t = time.perf_counter()
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        failed = [(j, s) for j, _, s in pool.map(_build, jobs) if s != "ok"]
+    print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t:.0f}s; failed: {failed}")
+
+    import torch
+
+    lines, results = [], {}
+    for w in rows:
+        res = sweep_one(w)
+        results[w["label"]] = res
+        best = min((r for r in res[1:] if "us" in r), key=lambda r: r["us"], default=None)
+        lines.append(f"{w['label']}  {w['m']}x{w['n']}x{w['k']}  "
+                     f"{'NT'[w['trans_a']]}{'NT'[w['trans_b']]}  best: "
+                     f"{best['config'] if best else '-'}")
+        for r in res:
+            if "us" in r:
+                err = "" if r["rel_err"] is None else f"  err {r['rel_err']:.1e}"
+                ratio = f"  x{r['ratio']:.3f}" if "ratio" in r else ""
+                lines.append(f"  {r['config']:<18} {r['us']:9.1f} us {r['tflops']:7.1f} TF"
+                             f"{ratio}{err}")
+            else:
+                lines.append(f"  {r['config']:<18} {r['error']}")
+        print("\n".join(lines[-len(res) - 1:]), flush=True)
+    header = (f"GEMM tile sweep on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
+              f"{time.strftime('%Y-%m-%d')}; graph-replay times, inputs rotated past L2; "
+              f"x = cuBLAS time / this time\n")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gemm_sweep.txt").write_text(header + "\n".join(lines) + "\n")
+    (out / "gemm_sweep.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
