@@ -38,6 +38,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from tileops.spec import (
@@ -75,7 +76,7 @@ from .adapters import DTypeAdapter, torch_adapter
 from .call import SignatureCall, record_type
 from .errors import ConstructionError, SignatureCallError
 
-__all__ = ["ConstructionPoint", "SignaturePlan"]
+__all__ = ["ConstructionPoint", "FastBody", "SignaturePlan"]
 
 
 class _GenError(Exception):
@@ -139,6 +140,20 @@ class _Off:
 
     def is_const(self) -> bool:
         return not self.terms
+
+
+@dataclass(frozen=True)
+class FastBody:
+    """One body of a point's hot-path ``check``, for callers that fuse the check into code
+    of their own (the runtime's fused op call): run ``lines`` (statements over ``t_<input>``
+    and the point's ``namespace``; a miss raises) under ``try``, then ``record`` (an
+    expression) is the call's record. Chosen by ``presence`` (optional input -> given)."""
+
+    presence: dict[str, bool]
+    lines: tuple[str, ...]
+    record: str
+    #: the effect branch of this body when no ``out=`` buffer is given
+    branch: tuple
 
 
 @dataclass
@@ -426,9 +441,14 @@ class ConstructionPoint:
         #: input -> "x: Tensor[T, [*B, 4096]]  (declared ...)", for messages
         self.expected_inputs: dict[str, str] = gen.expected_inputs
         self.failures: list[_Failure] = gen.failures
+        #: the hot-path check's bodies, one per presence combination (see FastBody); their
+        #: code runs in ``namespace``
+        self.fast_bodies: tuple[FastBody, ...] = tuple(gen.fast_bodies)
         self._source = gen.source
         namespace = gen.namespace
         self._namespace = namespace
+        #: the globals of the generated code (read-only to callers; copy to extend)
+        self.namespace: Mapping[str, Any] = MappingProxyType(namespace)
         #: the class of this point's records (fields: see SignatureCall)
         self.record_type: type[SignatureCall] = record_type(self, f"{plan.name}Call")
         namespace["_fail"] = self._fail
@@ -562,6 +582,8 @@ class _Generator:
         self.lazy: dict[str, tuple[str, int, int]] = {}
         #: output -> the inputs whose shape and dtype it has, per presence combination
         self.like_votes: dict[str, set[str | None]] = {}
+        #: the hot-path check's bodies, one per presence combination (see FastBody)
+        self.fast_bodies: list[FastBody] = []
         self.expected_inputs: dict[str, str] = {}
         point = self.point
         opt = self.plan.optional_inputs
@@ -757,7 +779,10 @@ class _Generator:
             self._presence_tree(rest, {**presence, n: True}, depth + 1, mode)
             return
         try:
-            body = _Body(self, presence, mode).lines
+            b = _Body(self, presence, mode)
+            body = b.lines
+            if mode == "fast":
+                self.fast_bodies.append(b.fast_body)
         except _GenError as exc:
             raise SpecError([_diag(self.plan, str(exc))]) from None
         self.lines += [f"{ind}{line}" for line in body]
@@ -945,6 +970,9 @@ class _Body:
             return
         if mode == "fast":
             self.lines = _drop_implied_ranks(_drop_dead_bindings(self.lines))
+            inner = [line[len(self.ind):] for line in self.lines[1:-1]]  # try: ... return
+            record = self.lines[-1].strip()[len("return "):]
+            self.fast_body = FastBody(dict(presence), tuple(inner), record, self.fresh_branch)
             self.lines.append("except Exception:")  # a miss: the exact check says why
             self.lines.append("    pass")
             self.lines.append(f"return {self.g.exact_call()}")
@@ -1309,6 +1337,7 @@ class _Body:
                       f"{dtypes[i]}): {miss}")
         br_given = self.g._name("BR", (written, True, tuple(returned)))
         br_fresh = self.g._name("BR", (written, False, tuple(returned)))
+        self.fresh_branch = self.g.namespace[br_fresh]
         given = " or ".join(f"t_{n} is not None" for n in self.g.plan.buffer_outputs)
         branch = f"({br_given} if ({given}) else {br_fresh})" if given else br_fresh
         ins = [f"s_{n}" if not (n in self.presence and not self.presence[n]) else "None"
