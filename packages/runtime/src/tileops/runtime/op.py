@@ -41,6 +41,7 @@ from tileops.signature import SignatureCall, SignaturePlan
 
 from . import log, targets
 from .errors import StageError, TargetError
+from .fastpath import build_fast_call, class_call
 from .kernel import Kernel, KernelInterface, select
 from .specs import SpecSet, default_specs
 
@@ -114,6 +115,9 @@ class Op:
                 f"an attribute of Op (params become instance attributes); rename it in the spec")
         cls._signature = SignaturePlan(name, op_entry, spec=spec_file, adts=adts,
                                        validate=False)
+        inputs = cls._signature.input_names
+        if "__call__" not in cls.__dict__ and inputs and all(n.isidentifier() for n in inputs):
+            cls.__call__ = class_call(cls._signature)[0]  # type: ignore[method-assign]
         cls._param_names = tuple(op_entry.signature.params)
         cls.compile_op_names = ()
         comp = op_entry.composition
@@ -167,6 +171,10 @@ class Op:
         self._effect_branches: dict[tuple, tuple] = {}
         self._last_call: SignatureCall | None = None
         self._tune_warned = False
+        # the fused call of cached calls (fastpath.py): built after a call succeeds, dropped
+        # by _reset_binding (it is specialised to the binding)
+        self._fast: Any = None
+        self._fast_source: str | None = None
         self._parent: Op | None = None
         self._lock = threading.RLock()
         if tune:
@@ -218,6 +226,11 @@ class Op:
         raise NotImplementedError(f"{type(self).__name__} has no in-tree forward")
 
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
+        # An op class with an entry gets a generated __call__ instead (fastpath.class_call):
+        # a plain call goes straight to the instance's fused call, anything else here.
+        return self._general_call(inputs, kwargs)
+
+    def _general_call(self, inputs: tuple, kwargs: dict) -> Any:
         if _is_dynamo_compiling():  # tracing: emit the custom op, build nothing
             return self._traced_call(inputs, kwargs)
         return self._run_call(inputs, kwargs)
@@ -303,7 +316,15 @@ class Op:
         self._last_call = call
         if parent is not None:
             sink.append(call)
+        elif self._fast is None and not self._composite:
+            self._install_fast_call(call)
         return result[0] if len(result) == 1 else result
+
+    def _install_fast_call(self, call: SignatureCall) -> None:
+        """Build the fused call for the calls like this one (see ``fastpath.py``)."""
+        built = build_fast_call(self, call)
+        if built is not None:
+            self._fast, self._fast_source = built
 
     def _forward_only(self, inputs: tuple) -> None:
         plan = self._signature
@@ -538,6 +559,7 @@ class Op:
     def _reset_binding(self) -> None:
         """Reset the binding group to its initial values, recursively through delegates."""
         with self._lock:
+            self._fast = None
             self._target_builder = _UNRESOLVED
             self._serving_target = None
             self._entries_by_call = {}
