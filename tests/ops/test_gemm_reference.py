@@ -93,3 +93,54 @@ def test_rank_error():
 def test_construction_rejects_non_bool():
     with pytest.raises(Exception):  # noqa: B017 - the construction check's own error type
         GemmFwdOp(trans_a="yes")
+
+
+# --- the call spec the in-tree forward hands to kernel selection (no kernel runs) ----------------
+
+
+@pytest.mark.parametrize(("m", "n", "k", "ta", "tb", "aligned"), [
+    (128, 4096, 4096, False, False, True),
+    (128, 4096, 4096, True, True, True),
+    (333, 4097, 4096, False, False, False),  # c's and b's rows are odd
+    (333, 4096, 4095, False, False, False),  # a's rows are odd
+    (333, 4096, 4095, False, True, False),  # b stored (N, K): its rows are K long
+    (333, 4096, 4096, True, False, False),  # a stored (K, M): its rows are M long
+    (336, 4096, 4096, True, False, True),
+    (1, 4096, 4096, False, True, True),
+])
+def test_forward_call_spec(m, n, k, ta, tb, aligned):
+    from types import SimpleNamespace
+
+    from tileops.kernels.gemm import GemmFwdInterface, m_bucket
+
+    op = GemmFwdOp(trans_a=ta, trans_b=tb)
+    seen = []
+    op.kernel = lambda iface, spec: seen.append((iface, spec)) or (lambda a, b, c: None)
+    a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
+    op.forward(SimpleNamespace(device=a.device), a, b, torch.empty(m, n, dtype=torch.bfloat16))
+    (iface, spec), = seen
+    assert iface is GemmFwdInterface
+    assert (spec.m, spec.n, spec.k, spec.dtype) == (m_bucket(m), n, k, "bfloat16")
+    assert (spec.trans_a, spec.trans_b, spec.aligned) == (ta, tb, aligned)
+
+
+def test_forward_call_spec_sees_a_misaligned_output():
+    from types import SimpleNamespace
+
+    op = GemmFwdOp()
+    seen = []
+    op.kernel = lambda iface, spec: seen.append(spec) or (lambda a, b, c: None)
+    a, b = _operands(64, 256, 256, False, False, torch.bfloat16)
+    c = torch.empty(64 * 256 + 1, dtype=torch.bfloat16)[1:].view(64, 256)  # 2 bytes past 16
+    op.forward(SimpleNamespace(device=a.device), a, b, c)
+    assert c.data_ptr() % 16 and seen[0].aligned is False
+
+
+@pytest.mark.parametrize("m", [0, 1, 2, 3, 64, 65, 1000, 16384, 16385, 10 ** 6])
+def test_m_bucket_is_the_next_power_of_two_up_to_16384(m):
+    from tileops.kernels.gemm import m_bucket
+
+    want = 1
+    while want < min(m, 16384):
+        want *= 2
+    assert m_bucket(m) == want

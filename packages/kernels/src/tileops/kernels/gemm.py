@@ -177,10 +177,7 @@ class GemmFwdInterface(KernelInterface):
 
 def m_bucket(m: int) -> int:
     """M rounded up to a power of two (at most 16384): the heuristic's view of M."""
-    b = 1
-    while b < m and b < 16384:
-        b *= 2
-    return b
+    return 1 << min(max(m - 1, 0).bit_length(), 14)
 
 
 def _ceil(a: int, b: int) -> int:

@@ -26,9 +26,8 @@ from ._dtypes import NAMES
 __all__ = ["GemmFwdOp"]
 
 
-def _aligned(t: torch.Tensor) -> bool:
-    """Row stride and base pointer 16-byte aligned (a contiguous 2-D tensor)."""
-    return (t.shape[-1] * t.element_size()) % 16 == 0 and t.data_ptr() % 16 == 0
+#: elements per 16 bytes, by dtype: TMA needs every row a multiple of 16 bytes
+_PER_16B = {dt: 16 // dt.itemsize for dt in NAMES}
 
 
 class GemmFwdOp(Op):
@@ -57,8 +56,13 @@ class GemmFwdOp(Op):
             b = b.contiguous() if not b.is_contiguous() else b.clone()
         out = c if c.is_contiguous() else torch.empty_like(c, memory_format=torch.contiguous_format)
         m, n = out.shape
-        k = a.shape[0] if self.trans_a else a.shape[1]
-        aligned = _aligned(a) and _aligned(b) and _aligned(out)
+        sa = a.shape
+        k = sa[0] if self.trans_a else sa[1]
+        # stored row lengths: a's last dim, b's (N, or K when transposed) and c's N; base
+        # pointers of a and b are 16-byte aligned by now, c's is when it is not the caller's
+        per = _PER_16B[a.dtype]
+        aligned = (sa[1] % per == 0 and (k if self.trans_b else n) % per == 0
+                   and n % per == 0 and (out is not c or c.data_ptr() % 16 == 0))
         spec = GemmSpec(call.device, m_bucket(m), n, k, NAMES[a.dtype], self.trans_a,
                         self.trans_b, aligned)
         self.kernel(GemmFwdInterface, spec)(a, b, out)
