@@ -181,3 +181,12 @@ def test_torch_compile_fullgraph_cold_builds_nothing_while_tracing():
     assert name in type(op).compile_op_names
     assert torch.equal(got, op(a, b))
     assert _rel(got, _ref(a, b, False, True)) < TOL
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(0, 256, 64), (16, 0, 64), (16, 256, 0), (1, 8, 0)])
+def test_degenerate_sizes_launch_nothing_and_fill_zeros(m, n, k):
+    a, b = _operands(m, n, k, False, False, torch.bfloat16)
+    _poison(m * n, torch.bfloat16)
+    c = GemmFwdOp()(a, b)
+    assert c.shape == (m, n)
+    assert torch.equal(c, torch.zeros(m, n, dtype=torch.bfloat16, device="cuda"))

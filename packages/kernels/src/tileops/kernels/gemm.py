@@ -460,6 +460,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         self.config = type(self).config_for(spec)
         self.program = self._build(self.config)
         self._tune_pending = False
+        # M is a launch-time size that may be 0 (its bucket is 1); N and K are known here
+        self._degenerate = spec.m <= 1 or spec.n == 0 or spec.k == 0
 
     def _build(self, cfg: GemmConfig):
         s = self.spec
@@ -502,15 +504,20 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         store_tuned(key, self.config, timings)
 
     def __call__(self, a, b, c) -> None:
-        m = c.shape[0]
-        if m == 0 or c.shape[1] == 0:
-            return
-        if self.spec.k == 0:
-            c.zero_()
+        if self._degenerate and self._degenerate_call(c):
             return
         if self._tune_pending:
             self._tune(a, b, c)
         self.program(a, b, c)
+
+    def _degenerate_call(self, c) -> bool:
+        """Handle an empty output or K = 0 (no launch); True when handled."""
+        if c.numel() == 0:
+            return True
+        if self.spec.k == 0:
+            c.zero_()
+            return True
+        return False
 
 
 class GemmHopperKernel(_GemmKernel):
