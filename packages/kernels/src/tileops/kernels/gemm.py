@@ -458,10 +458,11 @@ class _GemmKernel(Kernel, GemmFwdInterface):
     def __init__(self, spec: GemmSpec) -> None:
         super().__init__(spec)
         self.config = type(self).config_for(spec)
-        self.program = self._build(self.config)
-        self._tune_pending = False
-        # M is a launch-time size that may be 0 (its bucket is 1); N and K are known here
+        # M is a launch-time size that may be 0 (its bucket is 1); N and K are known here, and
+        # when either is 0 no call launches anything (nothing is compiled)
         self._degenerate = spec.m <= 1 or spec.n == 0 or spec.k == 0
+        self.program = None if spec.n == 0 or spec.k == 0 else self._build(self.config)
+        self._tune_pending = False
 
     def _build(self, cfg: GemmConfig):
         s = self.spec
@@ -508,7 +509,7 @@ class _GemmKernel(Kernel, GemmFwdInterface):
             return
         if self._tune_pending:
             self._tune(a, b, c)
-        self.program(a, b, c)
+        self.program(a, b, c)  # type: ignore[misc] - None only where every call is degenerate
 
     def _degenerate_call(self, c) -> bool:
         """Handle an empty output or K = 0 (no launch); True when handled."""
