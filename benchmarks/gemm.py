@@ -132,15 +132,23 @@ def _split_test_cases() -> list:
     return list(test_gemm_cuda._split_cases())
 
 
-def _build(job: tuple) -> tuple[tuple, float, str]:
+def _device_arch() -> tuple[int, int] | None:
+    import torch
+
+    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+
+
+def _build(job: tuple, arch: tuple[int, int] | None = None) -> tuple[tuple, float, str]:
+    """Compile one job as the kernels will on a device of compute capability ``arch``."""
     sys.path[:0] = PATHS
-    from tileops.kernels.gemm import build_gemm_kernel, build_reduce_kernel
+    from tileops.kernels.gemm import build_gemm_kernel, build_reduce_kernel, uses_pdl
 
     t = time.perf_counter()
     try:
-        build_gemm_kernel(*job, None)
+        pdl = uses_pdl(job[5], arch)
+        build_gemm_kernel(*job, None, pdl)
         if job[5].split > 1:
-            build_reduce_kernel(job[0], job[2], job[5].split, None)
+            build_reduce_kernel(job[0], job[2], job[5].split, None, pdl)
         return job, time.perf_counter() - t, "ok"
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-400:]}"
@@ -148,10 +156,11 @@ def _build(job: tuple) -> tuple[tuple, float, str]:
 
 def prebuild(workers: int) -> int:
     jobs = prebuild_jobs()
+    arch = _device_arch()
     t = time.perf_counter()
     failed = 0
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        for job, secs, status in pool.map(_build, jobs):
+        for job, secs, status in pool.map(_build, jobs, [arch] * len(jobs)):
             failed += status != "ok"
             print(f"{job[:5]} {tuple(job[5])[:5]} {secs:.1f}s {status}", flush=True)
     print(f"prebuilt {len(jobs)} kernels in {time.perf_counter() - t:.0f}s, {failed} failed")

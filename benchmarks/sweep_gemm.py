@@ -21,6 +21,8 @@ from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
+import msgspec
+
 ROOT = Path(__file__).resolve().parents[1]
 PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 for _p in reversed(PATHS):
@@ -28,7 +30,7 @@ for _p in reversed(PATHS):
         sys.path.insert(0, _p)
 
 from _common import graph_events  # noqa: E402
-from gemm import ROTATE_BYTES, _spec_for, workloads  # noqa: E402
+from gemm import ROTATE_BYTES, _device_arch, _spec_for, workloads  # noqa: E402
 
 #: the workloads swept by default: those whose output tiles do not fill the SMs many times
 DEFAULT_LABELS = ("qo-m1", "qo-m16", "qo-m128", "up-m1", "up-m16", "up-m128", "down-m1",
@@ -64,16 +66,17 @@ def _jobs(rows: list[dict]) -> list[tuple]:
     return sorted(jobs, key=repr)
 
 
-def _build(job: tuple) -> tuple[tuple, float, str]:
+def _build(job: tuple, arch: tuple[int, int] | None) -> tuple[tuple, float, str]:
+    """Compile one job as the kernels will on a device of compute capability ``arch``."""
     sys.path[:0] = PATHS
     from tileops.kernels import gemm as G
 
     t = time.perf_counter()
     try:
         if job[0] == "main":
-            G.build_gemm_kernel(*job[1:], None)
-        else:
-            G.build_reduce_kernel(*job[1:], None)
+            G.build_gemm_kernel(*job[1:], None, G.uses_pdl(job[-1], arch))
+        else:  # the reduction of a split (TMA) configuration
+            G.build_reduce_kernel(*job[1:], None, arch is not None and arch >= (9, 0))
         return job, time.perf_counter() - t, "ok"
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-300:]}"
@@ -109,7 +112,9 @@ def sweep_one(w: dict) -> list[dict]:
     out.append({"config": "cublas", "us": cublas_ms * 1e3,
                 "tflops": flops / (cublas_ms * 1e-3) / 1e12, "rel_err": None})
     impl = _impl(w)
-    spec = _spec_for(m, n, k, ta, tb, w["dtype"])
+    # on the device the op would see (its compute capability decides programmatic launch)
+    spec = msgspec.structs.replace(_spec_for(m, n, k, ta, tb, w["dtype"]),
+                                   device=torch.device("cuda", torch.cuda.current_device()))
     for cfg in impl.tune_candidates:
         row = {"config": "x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
                + f"/st{cfg.stages}", "cfg": list(cfg)}
@@ -138,7 +143,8 @@ def main(argv=None) -> int:
     jobs = _jobs(rows)
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-        failed = [(j, s) for j, _, s in pool.map(_build, jobs) if s != "ok"]
+        failed = [(j, s) for j, _, s in pool.map(_build, jobs, [_device_arch()] * len(jobs))
+                  if s != "ok"]
     print(f"compiled {len(jobs)} kernels in {time.perf_counter() - t:.0f}s; failed: {failed}")
 
     import torch

@@ -76,6 +76,32 @@ def test_configuration_compiles_for_hopper(cfg, n, k, ta, tb, dtype):
 
 
 @needs_nvcc
+def test_programmatic_dependent_launch():
+    """With ``pdl`` every thread waits for the previous kernel before its first global read
+    (after the barriers are set up, before the producer/consumer split), and the consumers
+    let the next kernel launch after the main loop."""
+    cfg = HOPPER_CONFIGS["64x128"][0]
+    src = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, cfg, HOPPER, True)
+    src = src.get_kernel_source()
+    sync = src.index("cudaGridDependencySynchronize();")
+    assert src.index("__syncthreads();") < sync < src.index("tma_load(")
+    assert sync < src.index("warpgroup_reg_dealloc")  # before the warp-specialized branches
+    assert src.index("cudaTriggerProgrammaticLaunchCompletion();") > src.rindex("wgmma")
+    red = G.build_reduce_kernel(1000, "bfloat16", 2, HOPPER, True).get_kernel_source()
+    assert red.index("cudaGridDependencySynchronize();") < red.index("W +")
+    plain = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, cfg, HOPPER)
+    assert "cudaGridDependencySynchronize" not in plain.get_kernel_source()
+
+
+@pytest.mark.parametrize(("cfg", "arch", "want"), [
+    (HOPPER_CONFIGS["64x128"][0], (9, 0), True), (SMALL_M_CONFIGS["16x64"], (8, 0), False),
+    (GENERAL_CONFIG, (9, 0), False), (SMALL_M_CONFIGS["16x64"], None, False),
+])
+def test_uses_pdl_only_for_tma_programs_on_sm90(cfg, arch, want):
+    assert G.uses_pdl(cfg, arch) is want
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("n", "split"), [(4096, 4), (1000, 2)])
 def test_splitk_reduction_compiles_vectorized(n, split):
     src = G.build_reduce_kernel(n, "bfloat16", split, HOPPER).get_kernel_source()
@@ -218,7 +244,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     built = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target: built.append(cfg) or
+                        lambda n, k, dt, ta, tb, cfg, target, pdl: built.append(cfg) or
                         (lambda a, b, c: None))
     monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -234,7 +260,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
 def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target: (lambda a, b, c, cfg=cfg: cfg))
+                        lambda n, k, dt, ta, tb, cfg, target, pdl: (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))

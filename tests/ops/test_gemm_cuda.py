@@ -112,7 +112,7 @@ def test_split_k_configurations(cfg, m, n, k, ta, tb):
         pytest.skip("the TMA kernels need sm_90")
     a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
     impl = GemmSmallMKernel if m <= SMALL_M else GemmHopperKernel
-    kern = impl(GemmSpec("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, True))
+    kern = impl(GemmSpec(a.device, m_bucket(m), n, k, "bfloat16", ta, tb, True))
     kern.config, kern.program = cfg, kern._build(cfg)
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     kern(a, b, c)
@@ -190,3 +190,23 @@ def test_degenerate_sizes_launch_nothing_and_fill_zeros(m, n, k):
     c = GemmFwdOp()(a, b)
     assert c.shape == (m, n)
     assert torch.equal(c, torch.zeros(m, n, dtype=torch.bfloat16, device="cuda"))
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 4096), (128, 1024, 1024), (1000, 1000, 1000)])
+def test_launches_see_the_previous_kernels_writes(m, n, k):
+    """The TMA programs start before the previous kernel ends (programmatic dependent launch)
+    and wait for it before their first read: an input written by the kernel just before (a
+    torch kernel, or this op's own previous call) is read in full, every time."""
+    a, b = _operands(m, n, k, False, False, torch.bfloat16)
+    e = torch.randn(n, n, dtype=torch.bfloat16, device="cuda") / n ** 0.5
+    op, op2 = GemmFwdOp(), GemmFwdOp()
+    op(a, b), op2(op(a, b), e)  # build both entries first
+    seen = []
+    for _ in range(20):
+        a.normal_()  # written by the kernel right before the GEMM that reads it
+        c = op(a, b)
+        d = op2(c, e)  # reads what the GEMM right before wrote
+        seen.append((a.clone(), c, d))
+    for a_i, c, d in seen:
+        assert _rel(c, _ref(a_i, b, False, False)) < TOL
+        assert _rel(d, _ref(c, e, False, False)) < TOL

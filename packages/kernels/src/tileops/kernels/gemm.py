@@ -74,6 +74,7 @@ __all__ = [
     "SMALL_M",
     "build_gemm_kernel",
     "build_reduce_kernel",
+    "uses_pdl",
     "choose_config",
     "gemm_program",
     "k_iterations",
@@ -218,11 +219,26 @@ def k_iterations(k: int, block_k: int, split: int) -> int:
     return _ceil(_ceil(k, block_k), split)
 
 
-def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig):
+def _pdl():
+    """TileLang's programmatic-dependent-launch calls (sm_90+): ``(sync, trigger)``."""
+    from tilelang.cuda.language import pdl_sync, pdl_trigger
+
+    return pdl_sync, pdl_trigger
+
+
+def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig,
+                 pdl: bool = False):
     """The TileLang prim_func (not compiled): M dynamic, everything else static. With
     ``cfg.split > 1`` the third operand is the fp32 workspace ``(split, M, n)`` of partial
-    sums (:func:`splitk_reduce_program` turns it into ``C``)."""
+    sums (:func:`splitk_reduce_program` turns it into ``C``).
+
+    ``pdl`` (sm_90+): the program is launched as a programmatic dependent launch, so its
+    start (shared memory, barriers, descriptor prefetch) overlaps the previous kernel's tail;
+    every thread waits for that kernel's completion before the first global read
+    (``cudaGridDependencySynchronize``), and the CTA lets the next kernel start launching
+    once its main loop is done."""
     _, T = _tl()
+    sync, trigger = _pdl() if pdl else (None, None)
     M = T.dynamic("M")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     a_shape = (k, M) if trans_a else (M, k)
@@ -251,6 +267,8 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
             C_l = T.alloc_fragment((bm, bn), accum)
             if panel:
                 T.use_swizzle(panel_size=panel)
+            if pdl:
+                sync()
             T.clear(C_l)
             for ko in T.Pipelined(iters, num_stages=stages):
                 kt = bz * iters + ko
@@ -263,6 +281,8 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
                 else:
                     T.copy(B[kt * bk, bx * bn], B_s, annotations=ann)
                 T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b, policy=policy)
+            if pdl:
+                trigger()
             if split > 1:  # fp32 partial sums, stored from registers (rows past M dropped)
                 T.copy(C_l, C[bz, by * bm, bx * bn])
             else:
@@ -277,9 +297,11 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
 _REDUCE_TILE = (16, 256, 256)
 
 
-def splitk_reduce_program(n: int, dtype: str, split: int):
-    """``C[m, j] = sum_s W[s, m, j]`` cast to ``dtype``: the second kernel of a split-K call."""
+def splitk_reduce_program(n: int, dtype: str, split: int, pdl: bool = False):
+    """``C[m, j] = sum_s W[s, m, j]`` cast to ``dtype``: the second kernel of a split-K call
+    (``pdl`` as in :func:`gemm_program`)."""
     _, T = _tl()
+    sync, _ = _pdl() if pdl else (None, None)
     M = T.dynamic("M")
     rm, rn, threads = _REDUCE_TILE
 
@@ -288,6 +310,8 @@ def splitk_reduce_program(n: int, dtype: str, split: int):
         with T.Kernel(T.ceildiv(n, rn), T.ceildiv(M, rm), threads=threads) as (bx, by):
             acc = T.alloc_fragment((rm, rn), "float32")
             part = T.alloc_fragment((rm, rn), "float32")
+            if pdl:
+                sync()
             T.copy(W[0, by * rm, bx * rn], acc)
             for s in T.unroll(1, split):
                 T.copy(W[s, by * rm, bx * rn], part)
@@ -312,16 +336,24 @@ def _compile(prog, target: str | None):
 
 @functools.lru_cache(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                      cfg: GemmConfig, target: str | None = None):
+                      cfg: GemmConfig, target: str | None = None, pdl: bool = False):
     """Compile the program for one configuration (cached per process; TileLang also caches
-    on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device."""
-    return _compile(gemm_program(n, k, dtype, trans_a, trans_b, cfg), target)
+    on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device;
+    ``pdl`` only for sm_90+ (TileLang refuses it below)."""
+    return _compile(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl), target)
 
 
 @functools.lru_cache(maxsize=64)
-def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = None):
+def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = None,
+                        pdl: bool = False):
     """Compile the split-K reduction for ``n`` columns and ``split`` partial sums."""
-    return _compile(splitk_reduce_program(n, dtype, split), target)
+    return _compile(splitk_reduce_program(n, dtype, split, pdl), target)
+
+
+def uses_pdl(cfg: GemmConfig, arch: tuple[int, int] | None) -> bool:
+    """Whether a program of ``cfg`` on a device of compute capability ``arch`` is built for
+    programmatic dependent launch: the TMA configurations on sm_90+."""
+    return cfg.tma and arch is not None and arch >= (9, 0)
 
 
 class SplitKLaunch:
@@ -465,11 +497,14 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         self._tune_pending = False
 
     def _build(self, cfg: GemmConfig):
-        s = self.spec
-        main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None)
+        return self._build_for(self.spec, cfg)
+
+    def _build_for(self, s: GemmSpec, cfg: GemmConfig):
+        pdl = uses_pdl(cfg, device_arch(s.device))
+        main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl)
         if cfg.split == 1:
             return main
-        return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None),
+        return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl),
                             cfg.split, s.n)
 
     def request_tune(self) -> None:
@@ -596,12 +631,7 @@ class GemmPaddedKernel(_GemmKernel):
         return None
 
     def _build(self, cfg: GemmConfig):
-        p = self.padded_spec(self.spec)
-        main = build_gemm_kernel(p.n, p.k, p.dtype, p.trans_a, p.trans_b, cfg, None)
-        if cfg.split == 1:
-            return main
-        return SplitKLaunch(main, build_reduce_kernel(p.n, p.dtype, cfg.split, None),
-                            cfg.split, p.n)
+        return self._build_for(self.padded_spec(self.spec), cfg)
 
     def __call__(self, a, b, c) -> None:
         import torch.nn.functional as F
