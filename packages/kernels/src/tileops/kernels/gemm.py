@@ -178,7 +178,9 @@ class GemmFwdInterface(KernelInterface):
 
 def m_bucket(m: int) -> int:
     """M rounded up to a power of two (at most 16384): the heuristic's view of M."""
-    return 1 << min(max(m - 1, 0).bit_length(), 14)
+    if m > 8192:
+        return 16384
+    return 1 if m <= 1 else 1 << (m - 1).bit_length()
 
 
 def _ceil(a: int, b: int) -> int:

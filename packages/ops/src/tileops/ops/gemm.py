@@ -8,7 +8,6 @@ operand meets the 16-byte alignment TMA needs (large calls that do not are padde
 aligned buffers, small ones run on the general kernel).
 """
 
-import torch
 
 from tileops.kernels.gemm import (
     GemmFwdInterface,
@@ -48,23 +47,26 @@ class GemmFwdOp(Op):
                          kernel_map=kernel_map, tune=tune)
 
     def forward(self, call, a, b, c) -> None:
-        # Kernels assume 16-byte aligned base pointers (TileLang vectorizes copies on that
+        # Shapes and dtype come from the record (what the signature check read); the tensors
+        # are asked only what the record does not hold: layout and base pointer. Kernels
+        # assume 16-byte aligned base pointers (TileLang vectorizes copies on that
         # assumption); a view starting mid-vector is copied, as a non-contiguous one is.
         if not a.is_contiguous() or a.data_ptr() % 16:
             a = a.contiguous() if not a.is_contiguous() else a.clone()
         if not b.is_contiguous() or b.data_ptr() % 16:
             b = b.contiguous() if not b.is_contiguous() else b.clone()
-        out = c if c.is_contiguous() else torch.empty_like(c, memory_format=torch.contiguous_format)
-        m, n = out.shape
-        sa = a.shape
-        k = sa[0] if self.trans_a else sa[1]
-        # stored row lengths: a's last dim, b's (N, or K when transposed) and c's N; base
-        # pointers of a and b are 16-byte aligned by now, c's is when it is not the caller's
-        per = _PER_16B[a.dtype]
-        aligned = (sa[1] % per == 0 and (k if self.trans_b else n) % per == 0
-                   and n % per == 0 and (out is not c or c.data_ptr() % 16 == 0))
-        spec = GemmSpec(call.device, m_bucket(m), n, k, NAMES[a.dtype], self.trans_a,
+        # ``c`` is the op's own allocation (the spec declares no out= buffer): contiguous,
+        # 16-byte aligned
+        sa, sb = call.s_a, call.s_b
+        if self.trans_a:
+            k, m = sa
+        else:
+            m, k = sa
+        n = sb[0] if self.trans_b else sb[1]
+        dtype = call.d_a
+        # stored row lengths: a's last dim, b's (N, or K when transposed) and c's N
+        per = _PER_16B[dtype]
+        aligned = sa[1] % per == 0 and sb[1] % per == 0 and n % per == 0
+        spec = GemmSpec(call.device, m_bucket(m), n, k, NAMES[dtype], self.trans_a,
                         self.trans_b, aligned)
-        self.kernel(GemmFwdInterface, spec)(a, b, out)
-        if out is not c:
-            c.copy_(out)
+        self.kernel(GemmFwdInterface, spec)(a, b, c)
