@@ -269,3 +269,29 @@ def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
     assert kern.config == fastest
     assert load_tuned(tune_key("sm_90", spec)) == fastest
+
+
+def test_an_entry_shared_across_m_checks_every_call_for_an_empty_output(monkeypatch):
+    """The general kernel's entry serves every M (its identity has no M bucket), so a call with
+    M = 0 after one with M = 2048 must not launch an empty grid."""
+    launched = []
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda *a, **k: (lambda a, b, c: launched.append(c.shape)))
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+
+    class _T:
+        def __init__(self, shape):
+            self.shape = shape
+
+        def numel(self):
+            return self.shape[0] * self.shape[1]
+
+    big, empty = _spec(2048, 64, 32, aligned=False), _spec(0, 64, 32, aligned=False)
+    assert G.GemmGeneralKernel.identity(big) == G.GemmGeneralKernel.identity(empty)
+    kern = G.GemmGeneralKernel(big)
+    kern(_T((2048, 32)), _T((32, 64)), _T((2048, 64)))
+    kern(_T((0, 32)), _T((32, 64)), _T((0, 64)))
+    assert launched == [(2048, 64)]
+    hopper = G.GemmHopperKernel(_spec(2048, 64, 32))
+    assert not hopper._degenerate  # its entries are per M bucket: M = 0 has its own
+    assert G.GemmHopperKernel(_spec(0, 64, 32))._degenerate
