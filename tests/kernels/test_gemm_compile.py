@@ -11,6 +11,8 @@ import os
 import shutil
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tileops.kernels import gemm as G
 from tileops.kernels.gemm import (
@@ -295,3 +297,45 @@ def test_an_entry_shared_across_m_checks_every_call_for_an_empty_output(monkeypa
     hopper = G.GemmHopperKernel(_spec(2048, 64, 32))
     assert not hopper._degenerate  # its entries are per M bucket: M = 0 has its own
     assert G.GemmHopperKernel(_spec(0, 64, 32))._degenerate
+
+
+# --- the regions and the heuristic over the whole call space ------------------------------------
+
+_specs = st.builds(
+    lambda m, n, k, dt, ta, tb, aligned: GemmSpec("cuda", m_bucket(m), n, k, dt, ta, tb, aligned),
+    st.integers(0, 1 << 16), st.integers(1, 1 << 18), st.integers(1, 1 << 16),
+    st.sampled_from(["bfloat16", "float16"]), st.booleans(), st.booleans(), st.booleans())
+
+
+@settings(max_examples=400, deadline=None)
+@given(_specs)
+def test_at_most_one_specialised_implementation_claims_a_call(spec):
+    """Selection needs the specialised regions disjoint (two claimants would be an ambiguity
+    error); the general kernel serves whatever none claims."""
+    specialised = (G.GemmHopperKernel, G.GemmSmallMKernel, G.GemmPaddedKernel)
+    claim = [k for k in specialised if k.region_refusal(spec) is None]
+    assert len(claim) <= 1
+    if not spec.aligned:
+        assert G.GemmHopperKernel not in claim and G.GemmSmallMKernel not in claim
+    assert G.GemmGeneralKernel.region_refusal(spec) is None
+
+
+@settings(max_examples=400, deadline=None)
+@given(_specs)
+def test_the_heuristic_picks_a_listed_configuration_that_fits_the_call(spec):
+    cfg = choose_config(spec)
+    listed = ({c for c, _ in HOPPER_CONFIGS.values()} | set(SMALL_M_CONFIGS.values())
+              | {GENERAL_CONFIG})
+    assert cfg in listed and cfg.split == 1
+    if not spec.aligned:
+        assert cfg == GENERAL_CONFIG
+    elif spec.m <= G.SMALL_M:
+        assert cfg in SMALL_M_CONFIGS.values()
+        assert cfg.block_m == (64 if spec.m > 16 else 16)
+    else:
+        assert cfg in {c for c, _ in HOPPER_CONFIGS.values()}
+    if G.GemmPaddedKernel.region_refusal(spec) is None:
+        padded = G.GemmPaddedKernel.padded_spec(spec)
+        assert padded.aligned and padded.n % 8 == 0 and padded.k % 8 == 0
+        assert 0 <= padded.n - spec.n < 8 and 0 <= padded.k - spec.k < 8
+        assert G.GemmPaddedKernel.config_for(spec) in {c for c, _ in HOPPER_CONFIGS.values()}
