@@ -28,11 +28,12 @@ the unfused reference computes it).
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import functools
-import threading
 from typing import Any, ClassVar
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+from ._tilelang import compile_program, tl
 
 __all__ = [
     "RowNormFwdInterface",
@@ -148,13 +149,6 @@ def looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
 # --- TileLang programs -----------------------------------------------------------------------
 
 
-def _tl():
-    import tilelang
-    import tilelang.language as T
-
-    return tilelang, T
-
-
 def _tensor_shapes(kind: str, n: int, has_weight: bool, has_bias: bool, M: Any):
     add = kind == "add_rms"
     return {
@@ -176,7 +170,7 @@ def _with_params(body, shapes: dict, dtype: str, add: bool, has_weight: bool, ha
     present tensors gets its own signature around the one body (a macro; absent tensors are
     None there and never read).
     """
-    _, T = _tl()
+    _, T = tl()
     sx, sr, sw, sb, sy, sro = (shapes[k] for k in ("x", "r", "w", "b", "y", "ro"))
     if add and has_weight:
         @T.prim_func
@@ -211,7 +205,7 @@ def _with_params(body, shapes: dict, dtype: str, add: bool, has_weight: bool, ha
 def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                      has_bias: bool, tpr: int, rpc: int, vec: int, per: int):
     """The TileLang prim_func of the register kernel (not compiled)."""
-    _, T = _tl()
+    _, T = tl()
     M = T.dynamic("M")
     shapes = _tensor_shapes(kind, n, has_weight, has_bias, M)
     add, layer = kind == "add_rms", kind == "layer"
@@ -321,7 +315,7 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
 def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                    has_bias: bool, threads: int, vec: int, per: int):
     """The general kernel: one CTA a row, two passes over the row in chunks."""
-    _, T = _tl()
+    _, T = tl()
     M = T.dynamic("M")
     shapes = _tensor_shapes(kind, n, has_weight, has_bias, M)
     add, layer = kind == "add_rms", kind == "layer"
@@ -414,9 +408,6 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
-_compile_lock = threading.Lock()
-
-
 @functools.lru_cache(maxsize=256)
 def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                           has_bias: bool, target: str | None = None,
@@ -429,7 +420,7 @@ def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight:
         raise ValueError(f"a row of {n} {dtype} does not fit the register kernel")
     tpr, rpc, vec, per = plan
     prog = register_program(kind, n, dtype, eps, has_weight, has_bias, tpr, rpc, vec, per)
-    return _compile(prog, target)
+    return compile_program(prog, target)
 
 
 @functools.lru_cache(maxsize=256)
@@ -438,16 +429,7 @@ def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: b
                         few_rows: bool = False):
     threads, vec, per = looped_plan(n, dtype)
     prog = looped_program(kind, n, dtype, eps, has_weight, has_bias, threads, vec, per)
-    return _compile(prog, target)
-
-
-def _compile(prog, target: str | None):
-    tilelang, _ = _tl()
-    with _compile_lock:
-        if target is None:
-            return tilelang.compile(prog, execution_backend="tvm_ffi")
-        return tilelang.compile(prog, target={"kind": "cuda", "arch": target},
-                                execution_backend="tvm_ffi")
+    return compile_program(prog, target)
 
 
 # --- the implementations ---------------------------------------------------------------------
