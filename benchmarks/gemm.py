@@ -175,34 +175,46 @@ def prebuild(workers: int) -> int:
 ROTATE_BYTES = 256 << 20
 
 
-def bench_one(w: dict, tune: bool) -> dict:
+def operand_sets(w: dict, seed: int = 0) -> list[tuple]:
+    """``(a, b, op(a), op(b))`` sets of fresh random operands for workload ``w``, as many as
+    span :data:`ROTATE_BYTES` (at most 8); ``op(x)`` is the transposed view where stored so."""
     import torch
-
-    from tileops.ops import GemmFwdOp
 
     m, n, k, ta, tb = w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"]
     dtype = getattr(torch, w["dtype"])
-    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k)
+    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k + seed)
     nbytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
     sets = []
     for _ in range(max(1, min(8, -(-ROTATE_BYTES // nbytes)))):
         a = torch.randn((k, m) if ta else (m, k), dtype=dtype, device="cuda", generator=g)
         b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device="cuda", generator=g)
         sets.append((a, b, a.T if ta else a, b.T if tb else b))
-    op = GemmFwdOp(trans_a=ta, trans_b=tb, tune=tune)
+    return sets
+
+
+def rotating(sets: list[tuple], fn):
+    """A callable running ``fn(*set)`` on the next operand set each call."""
     turn = [0]
 
-    def ours():
-        a, b, _, _ = sets[turn[0] % len(sets)]
+    def call():
+        s = sets[turn[0] % len(sets)]
         turn[0] += 1
-        return op(a, b)
+        return fn(*s)
 
-    def cublas():
-        _, _, av, bv = sets[turn[0] % len(sets)]
-        turn[0] += 1
-        return torch.matmul(av, bv)
+    return call
 
-    c = ours()
+
+def bench_one(w: dict, tune: bool) -> dict:
+    import torch
+
+    from tileops.ops import GemmFwdOp
+
+    m, n, k = w["m"], w["n"], w["k"]
+    sets = operand_sets(w)
+    op = GemmFwdOp(trans_a=w["trans_a"], trans_b=w["trans_b"], tune=tune)
+    ours = rotating(sets, lambda a, b, av, bv: op(a, b))
+    cublas = rotating(sets, lambda a, b, av, bv: torch.matmul(av, bv))
+    c = op(*sets[0][:2])
     _, _, av, bv = sets[0]
     ref = torch.matmul(av.double(), bv.double())
     err = ((c.double() - ref).norm() / ref.norm()).item()

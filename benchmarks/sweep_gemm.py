@@ -30,7 +30,14 @@ for _p in reversed(PATHS):
         sys.path.insert(0, _p)
 
 from _common import graph_events  # noqa: E402
-from gemm import ROTATE_BYTES, _device_arch, _spec_for, workloads  # noqa: E402
+from gemm import (  # noqa: E402
+    _build,
+    _device_arch,
+    _spec_for,
+    operand_sets,
+    rotating,
+    workloads,
+)
 
 #: the workloads swept by default: those whose output tiles do not fill the SMs many times
 DEFAULT_LABELS = ("qo-m1", "qo-m16", "qo-m128", "up-m1", "up-m16", "up-m128", "down-m1",
@@ -38,82 +45,50 @@ DEFAULT_LABELS = ("qo-m1", "qo-m16", "qo-m128", "up-m1", "up-m16", "up-m128", "d
                   "odd-1000", "unaligned-4097")
 
 
+def _spec(w: dict):
+    return _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"])
+
+
 def _impl(w: dict):
     from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmPaddedKernel, GemmSmallMKernel
 
-    if not _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"]).aligned:
+    if not _spec(w).aligned:
         return GemmPaddedKernel
     return GemmSmallMKernel if w["m"] <= SMALL_M else GemmHopperKernel
 
 
-def _padded(w: dict) -> tuple[int, int]:
-    """(n, k) of the program that serves ``w`` (rounded up to 8 for the padded kernel)."""
+def _jobs(rows: list[dict]) -> list[tuple]:
+    """benchmarks/gemm.py's compile jobs: every candidate of each row's implementation, for
+    the program it runs (the padded sizes for the padded kernel)."""
     from tileops.kernels.gemm import GemmPaddedKernel
 
-    if _impl(w) is GemmPaddedKernel:
-        return -(-w["n"] // 8) * 8, -(-w["k"] // 8) * 8
-    return w["n"], w["k"]
-
-
-def _jobs(rows: list[dict]) -> list[tuple]:
     jobs = set()
     for w in rows:
-        n, k = _padded(w)
-        for cfg in _impl(w).tune_candidates:
-            jobs.add(("main", n, k, w["dtype"], w["trans_a"], w["trans_b"], cfg))
-            if cfg.split > 1:
-                jobs.add(("reduce", n, w["dtype"], cfg.split))
+        impl, p = _impl(w), _spec(w)
+        if impl is GemmPaddedKernel:
+            p = impl.padded_spec(p)
+        for cfg in impl.tune_candidates:
+            jobs.add((p.n, p.k, p.dtype, p.trans_a, p.trans_b, cfg))
     return sorted(jobs, key=repr)
-
-
-def _build(job: tuple, arch: tuple[int, int] | None) -> tuple[tuple, float, str]:
-    """Compile one job as the kernels will on a device of compute capability ``arch``."""
-    sys.path[:0] = PATHS
-    from tileops.kernels import gemm as G
-
-    t = time.perf_counter()
-    try:
-        if job[0] == "main":
-            G.build_gemm_kernel(*job[1:], None, G.uses_pdl(job[-1], arch))
-        else:  # the reduction of a split (TMA) configuration
-            G.build_reduce_kernel(*job[1:], None, arch is not None and arch >= (9, 0))
-        return job, time.perf_counter() - t, "ok"
-    except Exception as exc:  # noqa: BLE001 - reported by the caller
-        return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-300:]}"
 
 
 def sweep_one(w: dict) -> list[dict]:
     import torch
 
-    m, n, k, ta, tb = w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"]
-    dtype = getattr(torch, w["dtype"])
-    g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k + 1)
-    nbytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
-    sets = []
-    for _ in range(max(1, min(8, -(-ROTATE_BYTES // nbytes)))):
-        a = torch.randn((k, m) if ta else (m, k), dtype=dtype, device="cuda", generator=g)
-        b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device="cuda", generator=g)
-        sets.append((a, b, a.T if ta else a, b.T if tb else b))
+    m, n, k = w["m"], w["n"], w["k"]
+    sets = operand_sets(w, seed=1)
     _, _, av, bv = sets[0]
     ref = torch.matmul(av.double(), bv.double())
-    c = torch.empty(m, n, dtype=dtype, device="cuda")
+    c = torch.empty(m, n, dtype=av.dtype, device="cuda")
     flops = 2 * m * n * k
-    turn = [0]
-
-    def rotating(fn):
-        def call():
-            s = sets[turn[0] % len(sets)]
-            turn[0] += 1
-            return fn(*s)
-        return call
 
     out = []
-    cublas_ms = graph_events(rotating(lambda a, b, av, bv: torch.matmul(av, bv)), 50)
+    cublas_ms = graph_events(rotating(sets, lambda a, b, av, bv: torch.matmul(av, bv)), 50)
     out.append({"config": "cublas", "us": cublas_ms * 1e3,
                 "tflops": flops / (cublas_ms * 1e-3) / 1e12, "rel_err": None})
     impl = _impl(w)
     # on the device the op would see (its compute capability decides programmatic launch)
-    spec = msgspec.structs.replace(_spec_for(m, n, k, ta, tb, w["dtype"]),
+    spec = msgspec.structs.replace(_spec(w),
                                    device=torch.device("cuda", torch.cuda.current_device()))
     for cfg in impl.tune_candidates:
         row = {"config": "x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
@@ -124,7 +99,7 @@ def sweep_one(w: dict) -> list[dict]:
             c.fill_(float("nan"))
             kern(sets[0][0], sets[0][1], c)
             row["rel_err"] = ((c.double() - ref).norm() / ref.norm()).item()
-            ms = graph_events(rotating(lambda a, b, av, bv, kern=kern: kern(a, b, c)), 50)
+            ms = graph_events(rotating(sets, lambda a, b, av, bv, kern=kern: kern(a, b, c)), 50)
             row.update(us=ms * 1e3, tflops=flops / (ms * 1e-3) / 1e12, ratio=cublas_ms / ms)
         except Exception as exc:  # noqa: BLE001 - one failing candidate is reported
             row["error"] = f"{type(exc).__name__}: {str(exc)[-200:]}"
