@@ -2,13 +2,8 @@
 # One GPU session for GemmFwdOp: unpack the bundle, prebuild the kernels in parallel, run the
 # cuda tests, then the benchmark against cuBLAS. Logs go to $OUT (or ./gpu-out). STAGES picks
 # stages (default: prebuild tests bench); GEMM_ARGS is passed to the benchmark (e.g. --tune).
-set -uo pipefail
-OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-prebuild tests bench}
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz
-export PYTHONPATH=/tmp/site:$(ls -d $PWD/packages/*/src | paste -sd:)
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/smi.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 for stage in $STAGES; do case $stage in
   prebuild) python3 benchmarks/gemm.py --prebuild --workers 14 2>&1 | grep -v "TileLang" | tee "$OUT/prebuild.log" | tail -3 ;;
   tests) python3 -m pytest -m cuda tests/ops/test_gemm_cuda.py -x -q -p no:cacheprovider 2>&1 | tail -n 25 | tee "$OUT/pytest.log" ;;

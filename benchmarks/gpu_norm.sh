@@ -2,13 +2,8 @@
 # One GPU session for the norm ops: unpack the bundle, prebuild kernels in parallel, run the
 # cuda tests, then the benchmark. Logs go to $OUT (or ./gpu-out). STAGES picks stages
 # (default: prebuild tests bench; also: sweep).
-set -uo pipefail
-OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
 STAGES=${STAGES:-prebuild tests bench}
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz
-export PYTHONPATH=/tmp/site:$(ls -d $PWD/packages/*/src | paste -sd:)
-export PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/smi.txt"
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 for stage in $STAGES; do case $stage in
   prebuild) python3 benchmarks/prebuild_norm.py --workers 14 2>&1 | grep -v "TileLang" | tee "$OUT/prebuild.log" | tail -3 ;;
   sweep) python3 benchmarks/sweep_norm.py --out "$OUT" 2>&1 | grep -v "TileLang" | tee "$OUT/sweep.log" ;;
