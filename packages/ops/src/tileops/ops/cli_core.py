@@ -512,8 +512,9 @@ def reference_fp64(cls: type[Op], op: Op, inputs: Sequence[Any]) -> tuple | None
     inputs64 = [wide(t) for t in inputs]
     written = set(call.branch[0])
     outs: list[torch.Tensor | None] = []
-    for decl, shape, dtype in zip(plan.sig.outputs.values(), call.output_shapes,
-                                  call.output_dtypes, strict=True):
+    _, out_shapes, out_dtypes = call.derived()
+    for decl, shape, dtype in zip(plan.sig.outputs.values(), out_shapes, out_dtypes,
+                                  strict=True):
         if shape is None:
             outs.append(None)
         elif decl.alias and decl.alias in written:  # the output is that (written) input

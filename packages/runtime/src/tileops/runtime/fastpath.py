@@ -54,7 +54,7 @@ __all__ = ["NOT_GIVEN", "build_fast_call", "class_call"]
 def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     """``(function, source)`` of ``op``'s fused call after ``call`` succeeded, or None when
     the instance's calls need the general path."""
-    from .op import _UNRESOLVED
+    from .op import _UNRESOLVED, _empty_from_record
 
     cls = type(op)
     plan = cls._signature
@@ -71,7 +71,7 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     optional = set(plan.optional_inputs)
     ns: dict[str, Any] = dict(point.namespace)
     ns.update({"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
-               "_rt_empty_like": torch.empty_like, "_rt_empty": torch.empty,
+               "_rt_empty_like": torch.empty_like, "_rt_empty_from_record": _empty_from_record,
                "_rt_forward": cls.forward})
     args = ", ".join(f"t_{n}" for n in names)
     packed = f"({args},)"
@@ -146,8 +146,7 @@ def _bodies(L: list[str], remaining: list[str], presence: dict[str, bool], depth
     if allocate.__class__ is int:  # one output, like the input at that index
         src = f"t_{names[allocate]}"
         L.append(f"{ind}y = _rt_empty_like({src}) if {src}.is_contiguous() else "
-                 f"_rt_empty(call.output_shapes[0], dtype=call.output_dtypes[0], "
-                 f"device=call.device)")
+                 f"_rt_empty_from_record(call)")
         outs, result = "y", "y"
     else:
         name = f"_rt_alloc{len(ns)}"

@@ -67,6 +67,12 @@ def instance_for_key(key: str) -> Op:
     return op
 
 
+def _empty_from_record(call: SignatureCall) -> Any:
+    """The first output, allocated from the shape and dtype the record derives (once)."""
+    _, shapes, dtypes = call.derived()
+    return torch.empty(shapes[0], dtype=dtypes[0], device=call.device)
+
+
 class Op:
     """Base of every operator (see the module docstring)."""
 
@@ -287,8 +293,7 @@ class Op:
             if allocate.__class__ is int:  # one output, like the input at that index
                 src = inputs[allocate]
                 outputs = (_empty_like(src) if src.is_contiguous() else
-                           torch.empty(call.output_shapes[0], dtype=call.output_dtypes[0],
-                                       device=call.device),)
+                           _empty_from_record(call),)
             else:
                 outputs = allocate(call, inputs, outs)
             if self.construction_tensors:
@@ -401,7 +406,8 @@ class Op:
 
     def _make_outputs(self, recipe: tuple, call: SignatureCall, inputs: tuple,
                       outs: dict | None) -> tuple:
-        shapes, dtypes, device = call.output_shapes, call.output_dtypes, call.device
+        _, shapes, dtypes = call.derived()  # one derivation for every output
+        device = call.device
         result = []
         for r in recipe:
             tag = r[0]
