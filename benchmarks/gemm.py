@@ -1,6 +1,6 @@
-"""GemmFwdOp against torch.matmul (cuBLAS) on the GPU, one run.
+"""GemmFwdOp against torch.matmul (cuBLAS) and torch.compile on the GPU, one run.
 
-    python benchmarks/gemm.py [--out DIR] [--dtypes bfloat16] [--tune]
+    python benchmarks/gemm.py [--out DIR] [--dtypes bfloat16] [--tune] [--compile MODE]
     python benchmarks/gemm.py --prebuild [--workers N]
 
 Workloads: the spec's (specs/gemm.yaml): 8192^3, 4096^3, LLM projections (M in 1, 16, 128,
@@ -14,6 +14,13 @@ graph of the calls (the device time: what the kernels cost, without the launch g
 host's per-call cost, not the kernel, sets this figure). TFLOP/s counts ``2 * M * N * K``
 over the graph time; the ratio is cuBLAS time over ours (above 1: ours is faster), the graph
 ratio first; the summary is the geometric mean of the ratios.
+
+``--compile MODE`` adds torch.compile of ``a @ b`` as a third contender, a fresh compiled
+function per workload (``dynamic=False``; a recompiled dynamic-shape kernel would not be what a
+model with fixed shapes gets). ``default`` lowers a plain matmul to the same cuBLAS call (plus
+Inductor's wrapper); ``max-autotune-no-cudagraphs`` also benchmarks Inductor's Triton GEMM
+templates and keeps the fastest (minutes of autotuning per shape). Its compile time is
+reported; its ratio is its time over ours, as for cuBLAS. ``none`` (the default) leaves it out.
 
 ``--prebuild`` compiles, in parallel processes, every kernel the GPU tests
 (tests/ops/test_gemm_cuda.py) and this benchmark select, so the runs that follow load them
@@ -204,7 +211,7 @@ def rotating(sets: list[tuple], fn):
     return call
 
 
-def bench_one(w: dict, tune: bool) -> dict:
+def bench_one(w: dict, tune: bool, compile_mode: str = "none") -> dict:
     import torch
 
     from tileops.ops import GemmFwdOp
@@ -222,9 +229,20 @@ def bench_one(w: dict, tune: bool) -> dict:
     entry = entries[0] if entries else None
     row = dict(w, rel_err=err, sets=len(sets), kernel=type(entry).__name__ if entry else None,
                config=list(entry.config) if entry else None)
+    contenders = [("tileops", ours), ("cublas", cublas)]
+    if compile_mode != "none":
+        torch._dynamo.reset()  # a fresh function per shape: no recompiled dynamic kernel
+        mm = torch.compile(lambda x, y: x @ y, mode=None if compile_mode == "default"
+                           else compile_mode, dynamic=False, fullgraph=True)
+        t0 = time.perf_counter()
+        cc = mm(av, bv)
+        torch.cuda.synchronize()
+        row["compile_s"] = time.perf_counter() - t0
+        row["compile_rel_err"] = ((cc.double() - ref).norm() / ref.norm()).item()
+        contenders.append(("compile", rotating(sets, lambda a, b, av, bv: mm(av, bv))))
     flops = 2 * m * n * k
     iters = 20 if flops > 1e11 else 100
-    for name, fn in (("tileops", ours), ("cublas", cublas)):
+    for name, fn in contenders:
         for _ in range(3):
             fn()
         eager = events(fn, iters)
@@ -234,6 +252,9 @@ def bench_one(w: dict, tune: bool) -> dict:
         row[f"{name}_tflops"] = flops / (graph * 1e-3) / 1e12
     row["ratio"] = row["cublas_us"] / row["tileops_us"]
     row["eager_ratio"] = row["cublas_eager_us"] / row["tileops_eager_us"]
+    if "compile_us" in row:
+        row["compile_ratio"] = row["compile_us"] / row["tileops_us"]
+        row["compile_eager_ratio"] = row["compile_eager_us"] / row["tileops_eager_us"]
     return row
 
 
@@ -252,27 +273,52 @@ def _versions() -> dict:
 def _markdown(result: dict) -> str:
     v = result["versions"]
     s = result["summary"]
+    comp = any("compile_ratio" in r for r in result["rows"])
+    mode = result.get("compile_mode", "none")
     lines = [f"# GEMM on {v['gpu']} ({result['date']})", "",
              f"torch {v['torch']}, TileLang {v['tilelang']}, CUDA {v['cuda']}, Python "
              f"{v['python']}. Ratio = cuBLAS time / TileOPs time (above 1: TileOPs faster), "
              "from CUDA-graph replays (device time); eager: back-to-back calls from Python. "
-             f"Tuned: {result['tuned']}.", "",
+             f"Tuned: {result['tuned']}."
+             + (f" torch.compile (mode {mode}): its time over TileOPs', a fresh compiled "
+                "function per workload." if comp else ""), "",
              f"Geometric mean ratio {s['geomean_ratio']:.3f} (graph) / "
              f"{s['geomean_eager_ratio']:.3f} "
              f"(eager); lowest {s['min_ratio']:.3f} ({s['min_label']}); square-8k "
-             f"{s.get('square_8k_ratio')}; below 0.9: {', '.join(s['below_0_9']) or 'none'}.",
-             "",
-             "| workload | M x N x K | trans | dtype | kernel | tile | TileOPs TFLOP/s | "
-             "cuBLAS TFLOP/s | ratio | TileOPs eager us | cuBLAS eager us | eager ratio | "
-             "rel err |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             f"{s.get('square_8k_ratio')}; below 0.9: {', '.join(s['below_0_9']) or 'none'}."
+             + (f" Against torch.compile: geometric mean {s['geomean_compile_ratio']:.3f} "
+                f"(graph) / {s['geomean_compile_eager_ratio']:.3f} (eager), lowest "
+                f"{s['min_compile_ratio']:.3f}." if comp else ""),
+             ""]
+    head = ["workload", "M x N x K", "trans", "dtype", "kernel", "tile", "TileOPs TFLOP/s",
+            "cuBLAS TFLOP/s", "ratio"]
+    if comp:
+        head += ["compile TFLOP/s", "compile ratio"]
+    head += ["TileOPs eager us", "cuBLAS eager us", "eager ratio"]
+    if comp:
+        head += ["compile eager us", "compile eager ratio"]
+    head += ["rel err"]
+    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
         tile = "x".join(str(x) for x in r["config"][:3]) if r.get("config") else "-"
         trans = ("T" if r["trans_a"] else "N") + ("T" if r["trans_b"] else "N")
-        lines.append(f"| {r['label']} | {r['m']} x {r['n']} x {r['k']} | {trans} | "
-                     f"{r['dtype']} | {r['kernel']} | {tile} | {r['tileops_tflops']:.1f} | "
-                     f"{r['cublas_tflops']:.1f} | {r['ratio']:.3f} | {r['tileops_eager_us']:.1f} | "
-                     f"{r['cublas_eager_us']:.1f} | {r['eager_ratio']:.3f} | {r['rel_err']:.1e} |")
+        cells = [r["label"], f"{r['m']} x {r['n']} x {r['k']}", trans, r["dtype"], r["kernel"],
+                 tile, f"{r['tileops_tflops']:.1f}", f"{r['cublas_tflops']:.1f}",
+                 f"{r['ratio']:.3f}"]
+        if comp:
+            cells += [f"{r['compile_tflops']:.1f}", f"{r['compile_ratio']:.3f}"]
+        cells += [f"{r['tileops_eager_us']:.1f}", f"{r['cublas_eager_us']:.1f}",
+                  f"{r['eager_ratio']:.3f}"]
+        if comp:
+            cells += [f"{r['compile_eager_us']:.1f}", f"{r['compile_eager_ratio']:.3f}"]
+        cells += [f"{r['rel_err']:.1e}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def _geomean(values) -> float:
+    logs = [math.log(v) for v in values]
+    return math.exp(sum(logs) / len(logs))
 
 
 def main(argv=None) -> int:
@@ -281,6 +327,9 @@ def main(argv=None) -> int:
     ap.add_argument("--dtypes", default=None, help="comma list (default: all in the spec)")
     ap.add_argument("--labels", default=None, help="comma list of workload labels")
     ap.add_argument("--tune", action="store_true", help="construct the ops with tune=True")
+    ap.add_argument("--compile", default="none",
+                    choices=["none", "default", "max-autotune-no-cudagraphs", "max-autotune"],
+                    help="add torch.compile of a @ b in this mode as a contender")
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--workers", type=int, default=14)
     args = ap.parse_args(argv)
@@ -295,7 +344,7 @@ def main(argv=None) -> int:
         if wanted and w["label"] not in wanted:
             continue
         try:
-            row = bench_one(w, args.tune)
+            row = bench_one(w, args.tune, args.compile)
         except Exception as exc:  # noqa: BLE001 - report, do not hide
             row = dict(w, error=f"{type(exc).__name__}: {str(exc)[-300:]}")
         rows.append(row)
@@ -305,16 +354,21 @@ def main(argv=None) -> int:
     summary = {}
     if ok:
         worst = min(ok, key=lambda r: r["ratio"])
-        summary = {"geomean_ratio": math.exp(sum(math.log(r["ratio"]) for r in ok) / len(ok)),
-                   "geomean_eager_ratio": math.exp(
-                       sum(math.log(r["eager_ratio"]) for r in ok) / len(ok)),
+        summary = {"geomean_ratio": _geomean(r["ratio"] for r in ok),
+                   "geomean_eager_ratio": _geomean(r["eager_ratio"] for r in ok),
                    "min_ratio": worst["ratio"], "min_label": f"{worst['label']}/{worst['dtype']}",
                    "below_0_9": [f"{r['label']}/{r['dtype']}" for r in ok if r["ratio"] < 0.9],
                    "failed": [f"{r['label']}/{r['dtype']}" for r in rows if "ratio" not in r]}
+        comp = [r for r in ok if "compile_ratio" in r]
+        if comp:
+            summary.update({
+                "geomean_compile_ratio": _geomean(r["compile_ratio"] for r in comp),
+                "geomean_compile_eager_ratio": _geomean(r["compile_eager_ratio"] for r in comp),
+                "min_compile_ratio": min(r["compile_ratio"] for r in comp)})
         sq = [r["ratio"] for r in ok if r["label"] == "square-8k"]
         summary["square_8k_ratio"] = round(min(sq), 3) if sq else None
     result = {"date": _dt.date.today().isoformat(), "versions": _versions(),
-              "tuned": args.tune, "summary": summary, "rows": rows}
+              "tuned": args.tune, "compile_mode": args.compile, "summary": summary, "rows": rows}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "gemm.json").write_text(json.dumps(result, indent=1))
