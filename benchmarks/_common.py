@@ -65,3 +65,21 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def interleaved_us(timers: dict, number: int, rounds: int, seconds: float) -> dict[str, list]:
+    """Microseconds per call of each ``timeit.Timer`` in ``timers``, one sample per timer per
+    round: the timers take turns round by round (so a disturbance from elsewhere hits them
+    alike), for at least ``rounds`` rounds and at least ``seconds`` seconds. On a shared
+    machine whose speed drifts over seconds, spreading the rounds over time is what lets the
+    best sample of each timer come from an undisturbed moment."""
+    import time
+
+    samples: dict[str, list] = {k: [] for k in timers}
+    start = time.perf_counter()
+    done = 0
+    while done < rounds or time.perf_counter() - start < seconds:
+        for k, t in timers.items():
+            samples[k].append(t.timeit(number) / number * 1e6)
+        done += 1
+    return samples

@@ -1,7 +1,8 @@
 """Host overhead of the op layer: a cached op call whose kernel does nothing, against calling
 that kernel directly.
 
-Measured per call, best of N interleaved rounds (``timeit``; the machine may be shared):
+Measured per call, best of N interleaved rounds spread over at least ``--seconds`` (``timeit``;
+the machine may be shared, and a shared machine's speed drifts over seconds):
 
   (a) ``op(x)``: the whole op layer (signature check, effect branch and output allocation,
       target, entry lookup, forward, record) around a kernel that does nothing;
@@ -15,7 +16,7 @@ in-tree kernels (the op's ``forward`` gets its entry with ``self.kernel``) and a
 (a) - (c) on the 2-core CI machine.
 
     python benchmarks/host_overhead.py                 # writes benchmarks/results/host_overhead.*
-    python benchmarks/host_overhead.py --rounds 10 --no-write
+    python benchmarks/host_overhead.py --rounds 10 --seconds 0 --no-write
     python benchmarks/host_overhead.py --profile       # cProfile of the cached op call
 """
 
@@ -41,7 +42,7 @@ except ImportError:  # run from a checkout: the packages' sources
 
 import torch  # noqa: E402
 
-from _common import cpu_model  # noqa: E402
+from _common import cpu_model, interleaved_us  # noqa: E402
 from tileops.runtime import (  # noqa: E402
     CallSpec,
     Kernel,
@@ -111,7 +112,7 @@ def make_ops():
     return NopOp(), NopTargetOp(target="bench-nop")
 
 
-def measure(rounds: int, number: int) -> dict:
+def measure(rounds: int, number: int, seconds: float) -> dict:
     op, top = make_ops()
     x = torch.ones(4, 8)
     op(x)
@@ -145,13 +146,10 @@ def measure(rounds: int, number: int) -> dict:
         "part: target kernel lookup": "kernels.get((call.device, (call.d_x,), (call.s_x,)))",
     }
     timers = {k: timeit.Timer(s, globals=g) for k, s in stmts.items()}
-    samples: dict[str, list[float]] = {k: [] for k in stmts}
-    for _ in range(rounds):  # interleaved, so load hits every statement alike
-        for k, t in timers.items():
-            samples[k].append(t.timeit(number) / number * 1e6)
+    samples = interleaved_us(timers, number, rounds, seconds)
     best = {k: min(v) for k, v in samples.items()}
     median = {k: statistics.median(v) for k, v in samples.items()}
-    out = {"best_us": best, "median_us": median}
+    out = {"best_us": best, "median_us": median, "rounds": len(next(iter(samples.values())))}
     for path in ("in-tree", "target"):
         a, b, c = (best[k] for k in best if k.startswith(path))
         out[f"{path} layer (a)-(c) us"] = a - c
@@ -198,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=40, help="interleaved rounds (best of N)")
     ap.add_argument("--number", type=int, default=2000, help="calls per round")
+    ap.add_argument("--seconds", type=float, default=30.0,
+                    help="spread the rounds over at least this long (the machine's speed "
+                         "drifts over seconds when shared)")
     ap.add_argument("--no-write", action="store_true", help="print only")
     ap.add_argument("--profile", action="store_true", help="cProfile the cached op call")
     args = ap.parse_args(argv)
@@ -205,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         profile(args.number * 10)
         return 0
     load_before = _loadavg()
-    res = measure(args.rounds, args.number)
+    res = measure(args.rounds, args.number, args.seconds)
     meta = {
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "python": platform.python_version(),
@@ -214,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
         "loadavg_before": load_before,
         "loadavg_after": _loadavg(),
-        "rounds": args.rounds,
+        "rounds": res["rounds"],
+        "seconds": args.seconds,
         "calls_per_round": args.number,
         "input": "float32[4, 8] on cpu",
         "goal_us": GOAL_US,
@@ -236,7 +238,8 @@ def main(argv: list[str] | None = None) -> int:
             f"{meta['loadavg_after']} after).",
             "",
             f"A cached call on {meta['input']}; the kernel does nothing. Per call, best of "
-            f"{meta['rounds']} interleaved rounds of {meta['calls_per_round']} calls (the "
+            f"{meta['rounds']} interleaved rounds of {meta['calls_per_round']} calls spread over "
+            f"at least {meta['seconds']:g} s (the "
             "machine may be shared; the median shows how much). (a) the op call, (b) the same "
             "entry called directly with a preallocated output, (c) (b) plus the output "
             "allocation the op makes (here `torch.empty_like` of the input, since the "

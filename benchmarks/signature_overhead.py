@@ -1,6 +1,6 @@
 """Host cost of the generated call check, against a hand-written check doing the same work.
 
-    python benchmarks/signature_overhead.py [--number N] [--repeat R] [--out DIR]
+    python benchmarks/signature_overhead.py [--number N] [--repeat R] [--seconds S] [--out DIR]
 
 Every op call runs its signature's call check: unify the declared shapes and dtypes with the
 actual tensors, check the refinements and build the ``SignatureCall`` record. This measures
@@ -16,9 +16,11 @@ generated / hand-written is what the code generation costs.
 "reads only" is the floor under both: reading ``.shape`` and ``.dtype`` of each tensor and
 ``.device`` of the first, which any check must do (torch builds a new ``torch.Size`` per read).
 
-Timing: ``timeit`` with ``number`` calls per repeat; the best of ``repeat`` repeats is kept
-(the least disturbed by other processes), the generated and the hand-written check
-alternating repeat by repeat. Goal: at most 1.5 us per call on a 2-core CI machine, and within
+Timing: ``timeit`` with ``number`` calls per repeat; the best of the repeats is kept (the least
+disturbed by other processes). Every case's generated check, hand-written check and reads-only
+floor take turns repeat by repeat, for at least ``repeat`` repeats spread over at least
+``seconds`` (a shared machine's speed drifts over seconds; a sample per function in each
+stretch lets each function's best come from an undisturbed one). Goal: at most 1.5 us per call on a 2-core CI machine, and within
 1.3x of hand-written.
 
 Results: a table on stdout, and JSON + Markdown under benchmarks/results/.
@@ -44,7 +46,7 @@ except ImportError:  # run from a checkout: use the packages' sources
 
 import torch  # noqa: E402
 
-from _common import cpu_model  # noqa: E402
+from _common import cpu_model, interleaved_us  # noqa: E402
 from tileops.signature import SignatureCall, SignatureCallError, SignaturePlan  # noqa: E402
 from tileops.spec import load_spec_text  # noqa: E402
 
@@ -188,13 +190,12 @@ def reads_only_2(a, b):
     a.device  # noqa: B018
 
 
-def best_us(fn, args, number: int) -> float:
-    timer = timeit.Timer("check(*args)", globals={"check": fn, "args": args})
-    return timer.timeit(number) / number * 1e6
+def _timer(fn, args) -> timeit.Timer:
+    return timeit.Timer("check(*args)", globals={"check": fn, "args": args})
 
 
-def measure(number: int, repeat: int) -> list[dict]:
-    rows = []
+def measure(number: int, repeat: int, seconds: float) -> list[dict]:
+    timers = {}
     for name, gen, hand, args in cases():
         record = gen(*args)
         same_record(record, hand(*args))
@@ -207,17 +208,19 @@ def measure(number: int, repeat: int) -> list[dict]:
                 pass
             else:
                 raise AssertionError(f"{name}: a mismatching call passed")
-        g, h, f = [], [], []
-        best_us(gen, args, number // 10)  # warm up
-        best_us(hand, args, number // 10)
-        for _ in range(repeat):  # alternate, so load from elsewhere hits both alike
-            g.append(best_us(gen, args, number))
-            h.append(best_us(hand, args, number))
-            f.append(best_us(reads_only_1 if len(args) == 1 else reads_only_2, args, number))
-        rows.append({"case": name, "call": record.compact(), "generated_us": min(g),
-                     "hand_written_us": min(h), "ratio": min(g) / min(h),
-                     "attribute_reads_us": min(f), "goal_us_met": min(g) <= GOAL_US,
-                     "goal_ratio_met": min(g) / min(h) <= GOAL_RATIO})
+        reads = reads_only_1 if len(args) == 1 else reads_only_2
+        for kind, fn in (("generated", gen), ("hand", hand), ("reads", reads)):
+            timers[(name, kind)] = _timer(fn, args)
+            timers[(name, kind)].timeit(number // 10)  # warm up
+    # every case and function takes turns round by round, the rounds spread over time
+    samples = interleaved_us(timers, number, repeat, seconds)
+    rows = []
+    for name, gen, _, args in cases():
+        g, h, f = (min(samples[(name, kind)]) for kind in ("generated", "hand", "reads"))
+        rows.append({"case": name, "call": gen(*args).compact(), "generated_us": g,
+                     "hand_written_us": h, "ratio": g / h, "attribute_reads_us": f,
+                     "goal_us_met": g <= GOAL_US, "goal_ratio_met": g / h <= GOAL_RATIO,
+                     "rounds": len(samples[(name, "generated")])})
     return rows
 
 
@@ -286,8 +289,11 @@ def markdown(rows: list[dict], meta: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--number", type=int, default=100_000, help="calls per repeat")
-    ap.add_argument("--repeat", type=int, default=15, help="repeats; the best is kept")
+    ap.add_argument("--number", type=int, default=20_000, help="calls per repeat")
+    ap.add_argument("--repeat", type=int, default=15, help="repeats at least; the best is kept")
+    ap.add_argument("--seconds", type=float, default=30.0,
+                    help="spread the repeats over at least this long (the machine's speed "
+                         "drifts over seconds when shared)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     args = ap.parse_args(argv)
     meta = {
@@ -296,13 +302,16 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "cpu": cpu_model(),
         "cpus": logical_cpus(),
-        "method": f"timeit, best of {args.repeat} repeats of {args.number} calls each "
-                  f"(generated and hand-written alternating), microseconds per call",
         "number": args.number,
         "repeat": args.repeat,
         "goal": {"us_per_call": GOAL_US, "ratio_to_hand_written": GOAL_RATIO},
     }
-    rows = measure(args.number, args.repeat)
+    rows = measure(args.number, args.repeat, args.seconds)
+    meta["repeat"] = rows[0]["rounds"]
+    meta["method"] = (f"timeit, best of {meta['repeat']} repeats of {args.number} calls each "
+                      f"spread over at least {args.seconds:g} s (every case's generated, "
+                      "hand-written and reads-only functions taking turns repeat by repeat), "
+                      "microseconds per call")
     print_table(rows, meta)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "signature_overhead.json").write_text(
