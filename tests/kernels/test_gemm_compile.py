@@ -59,6 +59,21 @@ COMPILES = [
 
 
 @needs_nvcc
+@pytest.mark.parametrize("name", sorted(G.GEMV_CONFIGS))
+@pytest.mark.parametrize(("n", "k", "ta", "dtype"), [(4096, 4096, False, "bfloat16"),
+                                                     (1001, 4104, True, "float16")])
+def test_one_row_configuration_compiles(name, n, k, ta, dtype):
+    cfg = G.GEMV_CONFIGS[name]
+    assert cfg.threads == 32 * cfg.block_n and cfg.block_k == 32 * 8 * cfg.stages
+    src = G.build_gemv_kernel(n, k, dtype, ta, cfg, HOPPER, True).get_kernel_source()
+    assert "uint4" in src  # 16-byte loads of b and a
+    assert "__shfl_down_sync" in src  # the warp's sums reduced by shuffles
+    assert "cudaGridDependencySynchronize" in src
+    if n % cfg.block_n or k % cfg.block_k:
+        assert f"< {n}" in src or f"< {k}" in src  # rows past N, chunks past K predicated
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("cfg", "n", "k", "ta", "tb", "dtype"),
                          [c[1:] for c in COMPILES], ids=[c[0] for c in COMPILES])
 def test_configuration_compiles_for_hopper(cfg, n, k, ta, tb, dtype):
@@ -171,7 +186,19 @@ def test_k_iterations_cover_k(k, bk, split, want):
 
 
 def test_selection_regions():
-    from tileops.kernels.gemm import GemmGeneralKernel, GemmHopperKernel, GemmSmallMKernel
+    from tileops.kernels.gemm import (
+        GemmGemvKernel,
+        GemmGeneralKernel,
+        GemmHopperKernel,
+        GemmSmallMKernel,
+    )
+
+    row_nt = _spec(1, 4096, 4096, tb=True)
+    assert GemmGemvKernel.region_refusal(row_nt) is None
+    assert GemmSmallMKernel in GemmGemvKernel.preferred_over
+    assert "M = 1" in GemmGemvKernel.region_refusal(_spec(2, 4096, 4096, tb=True))
+    assert "trans_b" in GemmGemvKernel.region_refusal(_spec(1, 4096, 4096))
+    assert "multiple of 8" in GemmGemvKernel.region_refusal(_spec(1, 4096, 4095, tb=True))
 
     big, small, odd = _spec(2048, 4096, 4096), _spec(1, 4096, 4096), _spec(3, 7, 5, aligned=False)
     assert GemmHopperKernel.region_refusal(big) is None
@@ -312,12 +339,22 @@ _specs = st.builds(
 def test_at_most_one_specialised_implementation_claims_a_call(spec):
     """Selection needs the specialised regions disjoint (two claimants would be an ambiguity
     error); the general kernel serves whatever none claims."""
-    specialised = (G.GemmHopperKernel, G.GemmSmallMKernel, G.GemmPaddedKernel)
+    from tileops.runtime.kernel import select
+
+    specialised = (G.GemmHopperKernel, G.GemmSmallMKernel, G.GemmGemvKernel,
+                   G.GemmPaddedKernel)
     claim = [k for k in specialised if k.region_refusal(spec) is None]
-    assert len(claim) <= 1
+    beaten = {loser for k in claim for loser in k.preferred_over}
+    assert len([k for k in claim if k not in beaten]) <= 1
     if not spec.aligned:
         assert G.GemmHopperKernel not in claim and G.GemmSmallMKernel not in claim
+    # the one-row kernel: M = 1, b stored (N, K), 16-byte loads along K; aligned or not
+    gemv = spec.m == 1 and spec.trans_b and spec.k % 8 == 0
+    assert (G.GemmGemvKernel in claim) == gemv
     assert G.GemmGeneralKernel.region_refusal(spec) is None
+    impls = (*specialised, G.GemmGeneralKernel)
+    chosen = select(G.GemmFwdInterface, impls, spec)  # never ambiguous
+    assert chosen is (G.GemmGemvKernel if gemv else claim[0] if claim else G.GemmGeneralKernel)
 
 
 @settings(max_examples=400, deadline=None)

@@ -1,7 +1,8 @@
 """GemmFwdOp's TileLang kernels on the GPU, against an fp64 reference.
 
 Grid: the four transpose combinations over sizes that reach every implementation and tile
-configuration the heuristic picks: decode (M = 1, 16-row tiles; M = 48, 64-row tiles),
+configuration the heuristic picks: decode (M = 1, 16-row tiles, or the one-row kernel when
+``b`` is stored ``(N, K)``; M = 48, 64-row tiles),
 M = 128 (64x64 tiles), 2048 (128x256), a size that is not a tile multiple (1000), one that
 breaks 16-byte alignment (333 x 4097 x 4095: the padded kernel), K = 1 and 1 x 1 x 1 (the
 general kernel); and split-K configurations, run directly, over the transposes.
@@ -72,21 +73,23 @@ def test_gemm(m, n, k, ta, tb, dtype):
 
 def test_which_implementation_serves():
     from tileops.kernels.gemm import (
+        GemmGemvKernel,
         GemmGeneralKernel,
         GemmHopperKernel,
         GemmPaddedKernel,
         GemmSmallMKernel,
     )
 
-    want = {(1, 4096, 4096): GemmSmallMKernel, (2048, 4096, 4096): GemmHopperKernel,
-            (333, 4097, 4095): GemmPaddedKernel, (7, 13, 1): GemmGeneralKernel}
+    want = {(1, 4096, 4096, False): GemmSmallMKernel, (2048, 4096, 4096, False): GemmHopperKernel,
+            (333, 4097, 4095, False): GemmPaddedKernel, (7, 13, 1, False): GemmGeneralKernel,
+            (1, 4096, 4096, True): GemmGemvKernel, (1, 13, 5, True): GemmGeneralKernel}
     if torch.cuda.get_device_capability() != (9, 0):
-        want[(2048, 4096, 4096)] = want[(333, 4097, 4095)] = GemmGeneralKernel
-    for (m, n, k), impl in want.items():
-        op = GemmFwdOp()
-        op(*_operands(m, n, k, False, False, torch.bfloat16))
+        want[(2048, 4096, 4096, False)] = want[(333, 4097, 4095, False)] = GemmGeneralKernel
+    for (m, n, k, tb), impl in want.items():
+        op = GemmFwdOp(trans_b=tb)
+        op(*_operands(m, n, k, False, tb, torch.bfloat16))
         built = [type(e) for entries in op.built_entries.values() for e in entries.values()]
-        assert built == [impl], (m, n, k, built)
+        assert built == [impl], (m, n, k, tb, built)
 
 
 def _split_cases():
@@ -117,6 +120,44 @@ def test_split_k_configurations(cfg, m, n, k, ta, tb):
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     kern(a, b, c)
     assert _rel(c, _ref(a, b, ta, tb)) < TOL
+
+
+#: one-row calls with b stored (N, K): N not a multiple of the rows per CTA, K past the last
+#: whole iteration, the smallest K, a wide N, K of the down projection
+GEMV_SIZES = [(1, 1001, 4104), (1, 13, 8), (1, 14336, 4096), (1, 4096, 14336)]
+
+
+def _gemv_cases():
+    from tileops.kernels.gemm import GEMV_CONFIGS
+
+    for m, n, k in GEMV_SIZES:
+        for ta in (False, True):
+            for dtype in (torch.bfloat16, torch.float16):
+                yield pytest.param(None, m, n, k, ta, dtype,
+                                   id=f"{m}x{n}x{k}-{'NT'[ta]}T-{str(dtype)[6:]}")
+    for name, cfg in GEMV_CONFIGS.items():  # every configuration, run directly
+        for ta in (False, True):
+            yield pytest.param(cfg, 1, 1001, 4104, ta, torch.bfloat16, id=f"{name}-{'NT'[ta]}T")
+
+
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "dtype"), list(_gemv_cases()))
+def test_gemv(cfg, m, n, k, ta, dtype):
+    from tileops.kernels.gemm import GemmGemvKernel, GemmSpec
+
+    a, b = _operands(m, n, k, ta, True, dtype)
+    _poison(m * n, dtype)
+    if cfg is None:  # through the op: the one-row kernel serves it
+        op = GemmFwdOp(trans_a=ta, trans_b=True)
+        c = op(a, b)
+        built = [type(e) for entries in op.built_entries.values() for e in entries.values()]
+        assert built == [GemmGemvKernel]
+    else:
+        name = str(dtype).split(".")[1]
+        kern = GemmGemvKernel(GemmSpec(a.device, 1, n, k, name, ta, True, False))
+        kern.config, kern.program = cfg, kern._build(cfg)
+        c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
+        kern(a, b, c)
+    assert _rel(c, _ref(a, b, ta, True)) < TOL
 
 
 def test_offset_view_runs_on_the_general_kernel():
@@ -183,23 +224,29 @@ def test_torch_compile_fullgraph_cold_builds_nothing_while_tracing():
     assert _rel(got, _ref(a, b, False, True)) < TOL
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(0, 256, 64), (16, 0, 64), (16, 256, 0), (1, 8, 0)])
-def test_degenerate_sizes_launch_nothing_and_fill_zeros(m, n, k):
-    a, b = _operands(m, n, k, False, False, torch.bfloat16)
+@pytest.mark.parametrize(("m", "n", "k", "tb"), [(0, 256, 64, False), (16, 0, 64, False),
+                                                (16, 256, 0, False), (1, 8, 0, False),
+                                                (0, 256, 64, True), (1, 8, 0, True),
+                                                (1, 0, 64, True)])
+def test_degenerate_sizes_launch_nothing_and_fill_zeros(m, n, k, tb):
+    a, b = _operands(m, n, k, False, tb, torch.bfloat16)
     _poison(m * n, torch.bfloat16)
-    c = GemmFwdOp()(a, b)
+    c = GemmFwdOp(trans_b=tb)(a, b)
     assert c.shape == (m, n)
     assert torch.equal(c, torch.zeros(m, n, dtype=torch.bfloat16, device="cuda"))
 
 
-@pytest.mark.parametrize(("m", "n", "k"), [(1, 4096, 4096), (128, 1024, 1024), (1000, 1000, 1000)])
-def test_launches_see_the_previous_kernels_writes(m, n, k):
-    """The TMA programs start before the previous kernel ends (programmatic dependent launch)
+@pytest.mark.parametrize(("m", "n", "k", "tb"), [(1, 4096, 4096, False), (1, 4096, 4096, True),
+                                                (128, 1024, 1024, False),
+                                                (1000, 1000, 1000, False)])
+def test_launches_see_the_previous_kernels_writes(m, n, k, tb):
+    """The TMA programs and the one-row kernel start before the previous kernel ends
+    (programmatic dependent launch)
     and wait for it before their first read: an input written by the kernel just before (a
     torch kernel, or this op's own previous call) is read in full, every time."""
-    a, b = _operands(m, n, k, False, False, torch.bfloat16)
+    a, b = _operands(m, n, k, False, tb, torch.bfloat16)
     e = torch.randn(n, n, dtype=torch.bfloat16, device="cuda") / n ** 0.5
-    op, op2 = GemmFwdOp(), GemmFwdOp()
+    op, op2 = GemmFwdOp(trans_b=tb), GemmFwdOp(trans_b=tb)
     op(a, b), op2(op(a, b), e)  # build both entries first
     seen = []
     for _ in range(20):
@@ -208,5 +255,5 @@ def test_launches_see_the_previous_kernels_writes(m, n, k):
         d = op2(c, e)  # reads what the GEMM right before wrote
         seen.append((a.clone(), c, d))
     for a_i, c, d in seen:
-        assert _rel(c, _ref(a_i, b, False, False)) < TOL
-        assert _rel(d, _ref(c, e, False, False)) < TOL
+        assert _rel(c, _ref(a_i, b, False, tb)) < TOL
+        assert _rel(d, _ref(c, e, False, tb)) < TOL

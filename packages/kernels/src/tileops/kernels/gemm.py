@@ -9,7 +9,7 @@ Shared tiles are laid out as the operand is stored (``(block_K, block_M)`` for a
 ``a``) and ``T.gemm(..., transpose_A=trans_a, transpose_B=trans_b)`` reads them as such;
 on sm_90 that lowers to wgmma (tiles of 64 rows a warpgroup) or mma.sync (16-row tiles).
 
-Four implementations serve the one slot :class:`GemmFwdInterface`:
+Five implementations serve the one slot :class:`GemmFwdInterface`:
 
 :class:`GemmHopperKernel` -- sm_90, M above the decode range: TMA loads into a 3-6 stage
     pipeline (TileLang warp-specializes it: a producer warpgroup issues the TMA copies, the
@@ -17,6 +17,9 @@ Four implementations serve the one slot :class:`GemmFwdInterface`:
     :func:`choose_config` (wave count times per-tile cost), swizzled tile order.
 :class:`GemmSmallMKernel` -- decode (``M <= 64``), sm_80 to sm_90: 16- or 64-row tiles,
     64- or 128-column tiles with 256-deep K tiles (long contiguous rows of ``b`` per copy).
+:class:`GemmGemvKernel` -- ``M = 1`` with ``b`` stored ``(N, K)`` (decode through an
+    nn.Linear weight), sm_80+: a warp per row of ``b``, 16-byte loads, no tensor cores;
+    preferred over the small-M kernel where both apply.
 :class:`GemmPaddedKernel` -- sm_90, large calls whose rows break TMA alignment (odd ``K`` or
     ``N``): the operands are copied into zero-padded aligned buffers and the Hopper program
     runs on those.
@@ -58,6 +61,7 @@ from ._tilelang import compile_program, tl
 __all__ = [
     "GemmConfig",
     "GemmFwdInterface",
+    "GemmGemvKernel",
     "GemmGeneralKernel",
     "GemmHopperKernel",
     "GemmPaddedKernel",
@@ -72,12 +76,15 @@ __all__ = [
     "SMALL_M_SPLIT_CONFIGS",
     "SplitKLaunch",
     "GENERAL_CONFIG",
+    "GEMV_CONFIGS",
     "SMALL_M",
     "build_gemm_kernel",
+    "build_gemv_kernel",
     "build_reduce_kernel",
     "uses_pdl",
     "choose_config",
     "gemm_program",
+    "gemv_program",
     "k_iterations",
     "splitk_reduce_program",
     "m_bucket",
@@ -153,6 +160,17 @@ SMALL_M_SPLIT_CONFIGS: dict[str, GemmConfig] = {
     "16x256s4": GemmConfig(16, 256, 64, 4, 128, 0, True, "col", 4),
     "16x256s8": GemmConfig(16, 256, 64, 4, 128, 0, True, "col", 8),
     "64x64s2": GemmConfig(64, 64, 128, 4, 128, 0, True, "square", 2),
+}
+
+
+#: one-row configurations (:func:`gemv_program`): ``block_n`` rows of ``b`` per CTA (a warp
+#: each, ``threads = 32 * block_n``), ``stages`` 16-byte loads in flight per lane, ``block_k``
+#: the K a warp covers per iteration (``32 * 8 * stages``)
+GEMV_CONFIGS: dict[str, GemmConfig] = {
+    "4x4": GemmConfig(1, 4, 1024, 4, 128, 0, False, "col"),
+    "8x4": GemmConfig(1, 8, 1024, 4, 256, 0, False, "col"),
+    "4x8": GemmConfig(1, 4, 2048, 8, 128, 0, False, "col"),
+    "2x8": GemmConfig(1, 2, 2048, 8, 64, 0, False, "col"),
 }
 
 
@@ -318,6 +336,73 @@ def splitk_reduce_program(n: int, dtype: str, split: int, pdl: bool = False):
     return main
 
 
+#: 16-byte loads: elements of a 2-byte dtype per load
+_VEC = 8
+
+
+def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
+                 pdl: bool = False):
+    """``c[0, j] = sum_k a[k] * b[j, k]``: one row of ``a`` against ``b`` stored ``(N, K)``
+    (``trans_b``), without tensor cores. A warp per row of ``b``: each lane reads 16-byte
+    chunks of that row (a warp reads 512 contiguous bytes per load), ``cfg.stages`` chunks in
+    flight per lane, fp32 sums reduced across the warp by shuffles. ``cfg.block_n`` rows per
+    CTA (``cfg.threads == 32 * cfg.block_n``); ``a`` (``(1, K)`` or ``(K, 1)``: contiguous
+    either way) is read through L1. Launched only for ``M == 1`` (an empty call launches
+    nothing); ``K`` is a multiple of 8 (16-byte aligned rows), chunks past ``K`` read as 0
+    and rows past ``N`` store nothing."""
+    _, T = tl()
+    sync, trigger = _pdl() if pdl else (None, None)
+    rows, unroll = cfg.block_n, cfg.stages
+    lanes = 32
+    step = lanes * _VEC * unroll  # K covered per iteration of a warp
+    iters = _ceil(k, step)
+    accum = "float32"
+    a_shape = (k, 1) if trans_a else (1, k)
+
+    @T.prim_func
+    def main(
+        A: T.Tensor(a_shape, dtype),
+        B: T.Tensor((n, k), dtype),
+        C: T.Tensor((1, n), dtype),
+    ):
+        with T.Kernel(T.ceildiv(n, rows), threads=(lanes, rows)) as bx:
+            lane = T.get_thread_binding(0)
+            r = T.get_thread_binding(1)
+            row = bx * rows + r
+            a_l = T.alloc_local((unroll, _VEC), dtype)
+            b_l = T.alloc_local((unroll, _VEC), dtype)
+            acc = T.alloc_local((1,), accum)
+            red = T.alloc_local((1,), accum)
+            if pdl:
+                sync()
+            T.clear(acc)
+            for it in T.serial(iters):
+                for u in T.unroll(unroll):  # every load of the iteration before any use
+                    kc = it * step + u * lanes * _VEC + lane * _VEC
+                    if kc < k and row < n:
+                        for v in T.vectorized(_VEC):
+                            b_l[u, v] = B[row, kc + v]
+                        for v in T.vectorized(_VEC):
+                            a_l[u, v] = A[kc + v, 0] if trans_a else A[0, kc + v]
+                    else:
+                        for v in T.vectorized(_VEC):
+                            b_l[u, v] = T.cast(0, dtype)
+                            a_l[u, v] = T.cast(0, dtype)
+                for u in T.unroll(unroll):
+                    for v in T.unroll(_VEC):
+                        acc[0] += a_l[u, v].astype(accum) * b_l[u, v].astype(accum)
+            if pdl:
+                trigger()
+            with T.attr(T.comm_reducer(lambda x, y: x + y, [T.Cast(accum, 0)]),
+                        "reduce_scope", T.reinterpret(T.uint64(0), dtype="handle")):
+                T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[0], True, red[0], lane,
+                                                  dtype="handle"))
+            if lane == 0 and row < n:
+                C[0, row] = T.cast(red[0], dtype)
+
+    return main
+
+
 @functools.lru_cache(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                       cfg: GemmConfig, target: str | None = None, pdl: bool = False):
@@ -325,6 +410,13 @@ def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
     on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device;
     ``pdl`` only for sm_90+ (TileLang refuses it below)."""
     return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl), target)
+
+
+@functools.lru_cache(maxsize=64)
+def build_gemv_kernel(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
+                      target: str | None = None, pdl: bool = False):
+    """Compile :func:`gemv_program` (cached per process and on disk, as the others)."""
+    return compile_program(gemv_program(n, k, dtype, trans_a, cfg, pdl), target)
 
 
 @functools.lru_cache(maxsize=64)
@@ -363,7 +455,7 @@ class SplitKLaunch:
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
     text = "".join(inspect.getsource(f) for f in (gemm_program, splitk_reduce_program,
-                                                   SplitKLaunch))
+                                                   gemv_program, SplitKLaunch))
     try:
         import tilelang
 
@@ -571,6 +663,40 @@ class GemmSmallMKernel(_GemmKernel):
         if not spec.aligned:
             return "needs 16-byte aligned rows and base pointers (TMA / 16-byte copies)"
         return None
+
+
+class GemmGemvKernel(_GemmKernel):
+    """One row of ``a`` (``M = 1``: decode) against ``b`` stored ``(N, K)`` (``trans_b``:
+    nn.Linear's weight layout), sm_80+: a warp per row of ``b`` reading it in 16-byte chunks,
+    no tensor cores (:func:`gemv_program`). A bandwidth-bound call: the whole of ``b`` is
+    read once, at close to the device's copy rate. Preferred over the small-M kernel, whose
+    16-row mma tiles use one row in sixteen and cover ``N`` with fewer CTAs."""
+
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    preferred_over = (GemmSmallMKernel,)
+    tune_candidates = tuple(GEMV_CONFIGS.values())
+
+    @classmethod
+    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+        return GEMV_CONFIGS["4x4"]
+
+    @classmethod
+    def region_refusal(cls, spec: GemmSpec) -> str | None:
+        if spec.m > 1:
+            return "serves M = 1 (one row of a)"
+        if not spec.trans_b:
+            return "serves b stored (N, K) (trans_b: each output reads one contiguous row)"
+        # base pointers are 16-byte aligned (the op copies a view that is not); a's and b's
+        # rows of K elements then are too when K is a multiple of 8 (2-byte dtypes). N and a
+        # transposed a's row length (M = 1) do not matter: c is stored element by element.
+        if spec.k % _VEC:
+            return "needs K a multiple of 8 (16-byte loads along K)"
+        return None
+
+    def _build_for(self, s: GemmSpec, cfg: GemmConfig):
+        arch = device_arch(s.device)
+        return build_gemv_kernel(s.n, s.k, s.dtype, s.trans_a, cfg, None,
+                                 arch is not None and arch >= (9, 0))
 
 
 def _round8(x: int) -> int:

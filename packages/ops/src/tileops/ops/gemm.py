@@ -11,6 +11,7 @@ aligned buffers, small ones run on the general kernel).
 
 from tileops.kernels.gemm import (
     GemmFwdInterface,
+    GemmGemvKernel,
     GemmGeneralKernel,
     GemmHopperKernel,
     GemmPaddedKernel,
@@ -38,8 +39,8 @@ class GemmFwdOp(Op):
         target, kernel_map, tune: see :class:`tileops.runtime.Op`.
     """
 
-    kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmPaddedKernel,
-                                       GemmGeneralKernel)}
+    kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmGemvKernel,
+                                       GemmPaddedKernel, GemmGeneralKernel)}
 
     def __init__(self, *, trans_a: bool = False, trans_b: bool = False,
                  target: str | None = None, kernel_map=None, tune: bool = False) -> None:
