@@ -95,14 +95,31 @@ def _spec_for(m, n, k, ta, tb, dtype, aligned=None):
     return GemmSpec("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
 
 
-def _program_job(spec) -> tuple:
-    """(n, k, dtype, trans_a, trans_b, config) of the program that serves ``spec``."""
-    from tileops.kernels.gemm import GemmPaddedKernel, choose_config
+def serving(spec):
+    """The implementation that serves ``spec`` on a device of the current kind (the op's own
+    selection over its kernel types)."""
+    from tileops.kernels.gemm import GemmFwdInterface
+    from tileops.ops import GemmFwdOp
+    from tileops.runtime.kernel import select
 
-    if GemmPaddedKernel.region_refusal(spec) is None:
-        p = GemmPaddedKernel.padded_spec(spec)
-        return (p.n, p.k, p.dtype, p.trans_a, p.trans_b, choose_config(p))
-    return (spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b, choose_config(spec))
+    return select(GemmFwdInterface, GemmFwdOp.kernel_types[GemmFwdInterface], spec)
+
+
+def program_job(impl, spec, cfg) -> tuple:
+    """``(kind, n, k, dtype, trans_a, trans_b, config)``: the program ``impl`` compiles for
+    ``spec`` with ``cfg`` (kind "gemv" for the one-row kernel; the padded kernel's sizes)."""
+    from tileops.kernels.gemm import GemmGemvKernel, GemmPaddedKernel
+
+    if impl is GemmPaddedKernel:
+        spec = GemmPaddedKernel.padded_spec(spec)
+    kind = "gemv" if impl is GemmGemvKernel else "gemm"
+    return (kind, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b, cfg)
+
+
+def _program_job(spec) -> tuple:
+    """The job of the program that serves ``spec`` with the configuration it picks."""
+    impl = serving(spec)
+    return program_job(impl, spec, impl.config_for(spec))
 
 
 def prebuild_jobs() -> list[tuple]:
@@ -117,18 +134,24 @@ def prebuild_jobs() -> list[tuple]:
         if k:
             jobs.add(_program_job(spec))
     for cfg in GemmHopperKernel.tune_candidates:  # test_tune_times_and_caches's candidates
-        jobs.add((4096, 4096, "bfloat16", False, False, cfg))
-    for param in _split_test_cases():
+        jobs.add(("gemm", 4096, 4096, "bfloat16", False, False, cfg))
+    for param in _test_params("_split_cases"):
         cfg, m, n, k, ta, tb = param.values
-        jobs.add((n, k, "bfloat16", ta, tb, cfg))
+        jobs.add(("gemm", n, k, "bfloat16", ta, tb, cfg))
+    for param in _test_params("_gemv_cases"):
+        cfg, m, n, k, ta, dtype = param.values
+        dt = str(dtype).split(".")[1]
+        spec = _spec_for(m, n, k, ta, True, dt)
+        jobs.add(_program_job(spec) if cfg is None else ("gemv", n, k, dt, ta, True, cfg))
     for w in workloads():
         spec = _spec_for(w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"], w["dtype"])
         jobs.add(_program_job(spec))
     return sorted(jobs, key=repr)
 
 
-def _split_test_cases() -> list:
-    """tests/ops/test_gemm_cuda.py's split-K cases (imported: pytest is on the GPU host)."""
+def _test_params(generator: str) -> list:
+    """The parameters of tests/ops/test_gemm_cuda.py's ``generator`` (imported: pytest is
+    on the GPU host)."""
     sys.path.insert(0, str(ROOT / "tests" / "ops"))
     try:
         import test_gemm_cuda
@@ -136,7 +159,7 @@ def _split_test_cases() -> list:
         return []
     finally:
         sys.path.pop(0)
-    return list(test_gemm_cuda._split_cases())
+    return list(getattr(test_gemm_cuda, generator)())
 
 
 def _device_arch() -> tuple[int, int] | None:
@@ -148,14 +171,23 @@ def _device_arch() -> tuple[int, int] | None:
 def _build(job: tuple, arch: tuple[int, int] | None = None) -> tuple[tuple, float, str]:
     """Compile one job as the kernels will on a device of compute capability ``arch``."""
     sys.path[:0] = PATHS
-    from tileops.kernels.gemm import build_gemm_kernel, build_reduce_kernel, uses_pdl
+    from tileops.kernels.gemm import (
+        build_gemm_kernel,
+        build_gemv_kernel,
+        build_reduce_kernel,
+        uses_pdl,
+    )
 
+    kind, n, k, dtype, ta, tb, cfg = job
     t = time.perf_counter()
     try:
-        pdl = uses_pdl(job[5], arch)
-        build_gemm_kernel(*job, None, pdl)
-        if job[5].split > 1:
-            build_reduce_kernel(job[0], job[2], job[5].split, None, pdl)
+        if kind == "gemv":
+            build_gemv_kernel(n, k, dtype, ta, cfg, None, arch is not None and arch >= (9, 0))
+        else:
+            pdl = uses_pdl(cfg, arch)
+            build_gemm_kernel(n, k, dtype, ta, tb, cfg, None, pdl)
+            if cfg.split > 1:
+                build_reduce_kernel(n, dtype, cfg.split, None, pdl)
         return job, time.perf_counter() - t, "ok"
     except Exception as exc:  # noqa: BLE001 - reported by the caller
         return job, time.perf_counter() - t, f"{type(exc).__name__}: {str(exc)[-400:]}"
@@ -169,7 +201,7 @@ def prebuild(workers: int) -> int:
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         for job, secs, status in pool.map(_build, jobs, [arch] * len(jobs)):
             failed += status != "ok"
-            print(f"{job[:5]} {tuple(job[5])[:5]} {secs:.1f}s {status}", flush=True)
+            print(f"{job[:6]} {tuple(job[6])[:5]} {secs:.1f}s {status}", flush=True)
     print(f"prebuilt {len(jobs)} kernels in {time.perf_counter() - t:.0f}s, {failed} failed")
     return 1 if failed else 0
 

@@ -4,7 +4,8 @@ the heuristic in ``tileops.kernels.gemm.choose_config``.
     python benchmarks/sweep_gemm.py [--labels qo-m1,odd-1000] [--out DIR]
 
 For each workload the candidates are the tuning candidates of the implementation that serves
-it (the small-M kernel for M <= 64, the Hopper kernel above). Kernels are compiled first in
+it (the op's own selection: the one-row kernel, the small-M kernel for M <= 64, the Hopper
+kernel above, the padded one for unaligned rows). Kernels are compiled first in
 parallel processes (filling TileLang's disk cache); then every configuration runs on the
 same inputs, checked against an fp64 reference (relative L2 error), and is timed from CUDA
 graph replays with the inputs rotated past L2, with cuBLAS (``torch.matmul``) timed the same
@@ -35,7 +36,9 @@ from gemm import (  # noqa: E402
     _device_arch,
     _spec_for,
     operand_sets,
+    program_job,
     rotating,
+    serving,
     workloads,
 )
 
@@ -50,25 +53,17 @@ def _spec(w: dict):
 
 
 def _impl(w: dict):
-    from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmPaddedKernel, GemmSmallMKernel
-
-    if not _spec(w).aligned:
-        return GemmPaddedKernel
-    return GemmSmallMKernel if w["m"] <= SMALL_M else GemmHopperKernel
+    return serving(_spec(w))
 
 
 def _jobs(rows: list[dict]) -> list[tuple]:
     """benchmarks/gemm.py's compile jobs: every candidate of each row's implementation, for
     the program it runs (the padded sizes for the padded kernel)."""
-    from tileops.kernels.gemm import GemmPaddedKernel
-
     jobs = set()
     for w in rows:
         impl, p = _impl(w), _spec(w)
-        if impl is GemmPaddedKernel:
-            p = impl.padded_spec(p)
         for cfg in impl.tune_candidates:
-            jobs.add((p.n, p.k, p.dtype, p.trans_a, p.trans_b, cfg))
+            jobs.add(program_job(impl, p, cfg))
     return sorted(jobs, key=repr)
 
 
@@ -92,7 +87,7 @@ def sweep_one(w: dict) -> list[dict]:
                                    device=torch.device("cuda", torch.cuda.current_device()))
     for cfg in impl.tune_candidates:
         row = {"config": "x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
-               + f"/st{cfg.stages}", "cfg": list(cfg)}
+               + f"/st{cfg.stages}", "cfg": list(cfg), "kernel": impl.__name__}
         try:
             kern = impl(spec)
             kern.config, kern.program = cfg, kern._build(cfg)
