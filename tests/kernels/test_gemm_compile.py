@@ -220,8 +220,8 @@ def cache(tmp_path, monkeypatch):
 
 
 def test_cache_write_then_read(cache):
-    key = tune_key("sm_90", _spec(2048, 4096, 4096, tb=True))
-    assert "sm_90-bfloat16-NT-m2048-n4096-k4096" in key
+    key = tune_key("sm_90", _spec(2048, 4096, 4096, tb=True), "GemmHopperKernel")
+    assert key.startswith("GemmHopperKernel-sm_90-bfloat16-NT-m2048-n4096-k4096-al-")
     assert load_tuned(key) is None
     cfg = HOPPER_CONFIGS["128x128"][0]
     path = store_tuned(key, cfg, {"a": 1.0})
@@ -233,9 +233,10 @@ def test_cache_write_then_read(cache):
 
 
 def test_key_changes_with_the_kernel_source(monkeypatch):
-    a = tune_key("sm_90", _spec(1, 4096, 4096))
+    a = tune_key("sm_90", _spec(1, 4096, 4096), "GemmSmallMKernel")
+    assert tune_key("sm_90", _spec(1, 4096, 4096), "GemmGemvKernel") != a
     monkeypatch.setattr(G, "_source_hash", lambda: "0" * 16)
-    assert tune_key("sm_90", _spec(1, 4096, 4096)) != a
+    assert tune_key("sm_90", _spec(1, 4096, 4096), "GemmSmallMKernel") != a
 
 
 @pytest.mark.parametrize("corrupt", [
@@ -254,7 +255,7 @@ def test_key_changes_with_the_kernel_source(monkeypatch):
 ], ids=["bad-json", "not-object", "no-config", "missing-keys", "str-int", "int-bool",
         "zero-tile", "wrong-key"])
 def test_corrupt_entry_is_ignored_and_rebuilt(cache, corrupt):
-    key = tune_key("sm_90", _spec(128, 4096, 4096))
+    key = tune_key("sm_90", _spec(128, 4096, 4096), "GemmHopperKernel")
     cache.mkdir(parents=True)
     path = cache / f"{key}.json"
     path.write_text(corrupt.replace("%s", key) if "%s" in corrupt else corrupt)
@@ -278,7 +279,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
     monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
     want = HOPPER_CONFIGS["64x128"][0]
-    store_tuned(tune_key("sm_90", spec), want)
+    store_tuned(tune_key("sm_90", spec, "GemmHopperKernel"), want)
     kern = G.GemmHopperKernel(spec)
     assert kern.config == HOPPER_CONFIGS["128x256"][0]
     kern.request_tune()
@@ -297,7 +298,26 @@ def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     kern.request_tune()
     kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
     assert kern.config == fastest
-    assert load_tuned(tune_key("sm_90", spec)) == fastest
+    assert load_tuned(tune_key("sm_90", spec, "GemmHopperKernel")) == fastest
+
+
+def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, monkeypatch):
+    """An entry whose configuration is none of this implementation's candidates (written by
+    another version of the candidate lists) is not run: the candidates are timed again."""
+    spec = _spec(2048, 4096, 4096)
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda n, k, dt, ta, tb, cfg, target, pdl: (lambda a, b, c, cfg=cfg: cfg))
+    fastest = HOPPER_CONFIGS["128x128"][0]
+    timed = []
+    monkeypatch.setattr(G, "_time_ms",
+                        lambda fn: timed.append(1) or (1.0 if fn() == fastest else 2.0))
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    key = tune_key("sm_90", spec, "GemmHopperKernel")
+    store_tuned(key, G.GEMV_CONFIGS["4x4"])
+    kern = G.GemmHopperKernel(spec)
+    kern.request_tune()
+    kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
+    assert timed and kern.config == fastest and load_tuned(key) == fastest
 
 
 def test_an_entry_shared_across_m_checks_every_call_for_an_empty_output(monkeypatch):

@@ -39,8 +39,9 @@ on load (TMA does that natively; plain copies are predicated) and clipped on sto
 
 Tuning (``request_tune()``): the entry times a few configurations on the first call's own
 tensors and keeps the fastest; the choice is cached on disk under
-``tileops.runtime.env.cache_dir() / "gemm"``, one json file per (arch, dtype, transposes,
-shape bucket, kernel source hash), written atomically; an unreadable entry is rebuilt.
+``tileops.runtime.env.cache_dir() / "gemm"``, one json file per (implementation, arch, dtype,
+transposes, shape bucket, kernel source hash), written atomically; an unreadable entry, or one
+holding a configuration that is not among the implementation's candidates, is rebuilt.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -465,10 +466,13 @@ def _source_hash() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tune_key(arch: str, spec: GemmSpec) -> str:
-    """The file stem of the cache entry for ``spec`` on ``arch`` (e.g. ``"sm_90"``)."""
-    return (f"{arch}-{spec.dtype}-{'T' if spec.trans_a else 'N'}{'T' if spec.trans_b else 'N'}"
-            f"-m{spec.m}-n{spec.n}-k{spec.k}-{'al' if spec.aligned else 'un'}-{_source_hash()}")
+def tune_key(arch: str, spec: GemmSpec, kernel: str) -> str:
+    """The file stem of the cache entry for ``spec`` on ``arch`` (e.g. ``"sm_90"``) tuned by
+    the implementation named ``kernel`` (a caller's ``kernel_map`` may send one call to
+    another implementation, whose configurations mean other programs)."""
+    return (f"{kernel}-{arch}-{spec.dtype}-{'T' if spec.trans_a else 'N'}"
+            f"{'T' if spec.trans_b else 'N'}-m{spec.m}-n{spec.n}-k{spec.k}-"
+            f"{'al' if spec.aligned else 'un'}-{_source_hash()}")
 
 
 def _cache_root() -> Path:
@@ -595,12 +599,12 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         self._tune_pending = False
         arch = device_arch(a.device)
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
-        key = tune_key(arch_name, self.spec)
+        key = tune_key(arch_name, self.spec, type(self).__name__)
+        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
         cached = load_tuned(key)
-        if cached is not None:
+        if cached is not None and cached in cands:  # anything else is not this one's to run
             self.config, self.program = cached, self._build(cached)
             return
-        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
         timings: dict[str, float] = {}
         best = (float("inf"), self.config, self.program)
         for cfg in cands:
