@@ -7,6 +7,7 @@ reallocation (setmaxnreg) exist only on the arch-specific target (TileLang itsel
 """
 
 import json
+import logging
 import os
 import shutil
 
@@ -299,6 +300,39 @@ def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), _FakeTensor((2048, 4096)))
     assert kern.config == fastest
     assert load_tuned(tune_key("sm_90", spec, "GemmHopperKernel")) == fastest
+
+
+def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
+    from tileops.runtime import log
+
+    spec = _spec(2048, 4096, 4096)
+
+    def build(n, k, dt, ta, tb, cfg, target, pdl):
+        if cfg == HOPPER_CONFIGS["64x64"][0]:
+            raise RuntimeError("no fit")
+        return lambda a, b, c, cfg=cfg: cfg
+
+    monkeypatch.setattr(G, "build_gemm_kernel", build)
+    monkeypatch.setattr(G, "_time_ms", lambda fn: 0.5)
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    before = log.logger.level
+    log.set_log_level("INFO")
+    monkeypatch.setattr(log.logger, "propagate", True)  # to caplog's handler on the root
+    try:
+        with caplog.at_level("INFO", logger="tileops"):
+            kern = G.GemmHopperKernel(spec)
+            kern.request_tune()
+            kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)),
+                 _FakeTensor((2048, 4096)))
+    finally:
+        log.set_log_level(logging.getLevelName(before) if before else "WARNING")
+    lines = [r.getMessage() for r in caplog.records]
+    n = len(G.GemmHopperKernel.tune_candidates)
+    assert lines[0].startswith("GemmHopperKernel: tuning GemmHopperKernel-sm_90-bfloat16-NN")
+    assert f"over {n} configurations" in lines[0]
+    assert f"GemmHopperKernel: [1/{n}] 128x256x64/st3 0.5000 ms" in lines
+    assert any("64x64x128/st6 failed: RuntimeError: no fit" in m for m in lines)
+    assert lines[-1].startswith("GemmHopperKernel: chose 128x256x64/st3 (0.5000 ms), cached in")
 
 
 def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, monkeypatch):

@@ -55,7 +55,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, ClassVar, NamedTuple
 
-from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, env
+from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, env, log
 
 from ._tilelang import compile_program, tl
 
@@ -522,6 +522,12 @@ def store_tuned(key: str, cfg: GemmConfig, timings: dict[str, float] | None = No
     return path
 
 
+def _cfg_text(cfg: GemmConfig) -> str:
+    """``128x256x64/st3``, ``s2`` for a split: a configuration in log lines."""
+    return ("x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
+            + f"/st{cfg.stages}")
+
+
 def _time_ms(fn, iters: int = 10) -> float:
     """Best of 3 timings of ``iters`` calls, replayed from a CUDA graph (device time: for a
     small GEMM the host's launch cost would otherwise decide); back-to-back launches where
@@ -600,24 +606,33 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         arch = device_arch(a.device)
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
         key = tune_key(arch_name, self.spec, type(self).__name__)
+        name = type(self).__name__
         cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
         cached = load_tuned(key)
         if cached is not None and cached in cands:  # anything else is not this one's to run
+            log.info("%s: tuned configuration %s from the cache (%s)", name, _cfg_text(cached),
+                     key)
             self.config, self.program = cached, self._build(cached)
             return
+        log.info("%s: tuning %s over %d configurations", name, key, len(cands))
         timings: dict[str, float] = {}
         best = (float("inf"), self.config, self.program)
-        for cfg in cands:
+        for i, cfg in enumerate(cands, 1):
             try:
                 prog = self._build(cfg)
                 ms = _time_ms(lambda p=prog: p(a, b, c))
-            except Exception:  # noqa: BLE001 - a candidate that fails to build is skipped
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped
+                log.info("%s: [%d/%d] %s failed: %s: %s", name, i, len(cands), _cfg_text(cfg),
+                         type(exc).__name__, str(exc)[-200:])
                 continue
+            log.info("%s: [%d/%d] %s %.4f ms", name, i, len(cands), _cfg_text(cfg), ms)
             timings[repr(tuple(cfg))] = ms
             if ms < best[0]:
                 best = (ms, cfg, prog)
         _, self.config, self.program = best
-        store_tuned(key, self.config, timings)
+        path = store_tuned(key, self.config, timings)
+        log.info("%s: chose %s (%.4f ms), cached in %s", name, _cfg_text(self.config), best[0],
+                 path)
 
     def __call__(self, a, b, c) -> None:
         if self._degenerate and self._degenerate_call(c):
