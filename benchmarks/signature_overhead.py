@@ -196,7 +196,8 @@ def _timer(fn, args) -> timeit.Timer:
 
 def measure(number: int, repeat: int, seconds: float) -> list[dict]:
     timers = {}
-    for name, gen, hand, args in cases():
+    checks = cases()
+    for name, gen, hand, args in checks:
         record = gen(*args)
         same_record(record, hand(*args))
         # the mismatching call is rejected by both (the hand-written one is no shortcut)
@@ -215,7 +216,7 @@ def measure(number: int, repeat: int, seconds: float) -> list[dict]:
     # every case and function takes turns round by round, the rounds spread over time
     samples = interleaved_us(timers, number, repeat, seconds)
     rows = []
-    for name, gen, _, args in cases():
+    for name, gen, _, args in checks:
         g, h, f = (min(samples[(name, kind)]) for kind in ("generated", "hand", "reads"))
         rows.append({"case": name, "call": gen(*args).compact(), "generated_us": g,
                      "hand_written_us": h, "ratio": g / h, "attribute_reads_us": f,
