@@ -86,8 +86,7 @@ def sweep_one(w: dict) -> list[dict]:
     spec = msgspec.structs.replace(_spec(w),
                                    device=torch.device("cuda", torch.cuda.current_device()))
     for cfg in impl.tune_candidates:
-        row = {"config": "x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
-               + f"/st{cfg.stages}", "cfg": list(cfg), "kernel": impl.__name__}
+        row = {"config": cfg.label(), "cfg": list(cfg), "kernel": impl.__name__}
         try:
             kern = impl(spec)
             kern.config, kern.program = cfg, kern._build(cfg)

@@ -116,6 +116,11 @@ class GemmConfig(NamedTuple):
     policy: str = "square"
     split: int = 1
 
+    def label(self) -> str:
+        """``128x256x64/st3`` (``128x128x64s2/st4`` for a split): in log lines and sweeps."""
+        return ("x".join(map(str, self[:3])) + (f"s{self.split}" if self.split > 1 else "")
+                + f"/st{self.stages}")
+
 
 #: Hopper configurations the heuristic weighs, with a relative per-FLOP cost (bigger tiles
 #: reuse more). Deep K tiles and pipelines where the tile is small: the shapes that pick
@@ -522,12 +527,6 @@ def store_tuned(key: str, cfg: GemmConfig, timings: dict[str, float] | None = No
     return path
 
 
-def _cfg_text(cfg: GemmConfig) -> str:
-    """``128x256x64/st3``, ``s2`` for a split: a configuration in log lines."""
-    return ("x".join(map(str, cfg[:3])) + (f"s{cfg.split}" if cfg.split > 1 else "")
-            + f"/st{cfg.stages}")
-
-
 def _time_ms(fn, iters: int = 10) -> float:
     """Best of 3 timings of ``iters`` calls, replayed from a CUDA graph (device time: for a
     small GEMM the host's launch cost would otherwise decide); back-to-back launches where
@@ -610,7 +609,7 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
         cached = load_tuned(key)
         if cached is not None and cached in cands:  # anything else is not this one's to run
-            log.info("%s: tuned configuration %s from the cache (%s)", name, _cfg_text(cached),
+            log.info("%s: tuned configuration %s from the cache (%s)", name, cached.label(),
                      key)
             self.config, self.program = cached, self._build(cached)
             return
@@ -622,16 +621,16 @@ class _GemmKernel(Kernel, GemmFwdInterface):
                 prog = self._build(cfg)
                 ms = _time_ms(lambda p=prog: p(a, b, c))
             except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped
-                log.info("%s: [%d/%d] %s failed: %s: %s", name, i, len(cands), _cfg_text(cfg),
+                log.info("%s: [%d/%d] %s failed: %s: %s", name, i, len(cands), cfg.label(),
                          type(exc).__name__, str(exc)[-200:])
                 continue
-            log.info("%s: [%d/%d] %s %.4f ms", name, i, len(cands), _cfg_text(cfg), ms)
+            log.info("%s: [%d/%d] %s %.4f ms", name, i, len(cands), cfg.label(), ms)
             timings[repr(tuple(cfg))] = ms
             if ms < best[0]:
                 best = (ms, cfg, prog)
         _, self.config, self.program = best
         path = store_tuned(key, self.config, timings)
-        log.info("%s: chose %s (%.4f ms), cached in %s", name, _cfg_text(self.config), best[0],
+        log.info("%s: chose %s (%.4f ms), cached in %s", name, self.config.label(), best[0],
                  path)
 
     def __call__(self, a, b, c) -> None:
