@@ -20,8 +20,8 @@ Timing: ``timeit`` with ``number`` calls per repeat; the best of the repeats is 
 disturbed by other processes). Every case's generated check, hand-written check and reads-only
 floor take turns repeat by repeat, for at least ``repeat`` repeats spread over at least
 ``seconds`` (a shared machine's speed drifts over seconds; a sample per function in each
-stretch lets each function's best come from an undisturbed one). Goal: at most 1.5 us per call on a 2-core CI machine, and within
-1.3x of hand-written.
+stretch lets each function's best come from an undisturbed one). Goal: at most 1.5 us per call
+on a 2-core CI machine, and within 1.3x of hand-written.
 
 Results: a table on stdout, and JSON + Markdown under benchmarks/results/.
 """

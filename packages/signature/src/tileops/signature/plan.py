@@ -1421,9 +1421,8 @@ def _simplify_fast(lines: list[str]) -> list[str]:
     kept = [(st, lines[st.lineno - 1:st.end_lineno]) for st in body]
     while True:
         dead = next((k for k, (st, _) in enumerate(kept)
-                     if _infallible_binding(st) is not None
-                     and not any(_reads(later, _infallible_binding(st))
-                                 for later, _ in kept[k + 1:])), None)
+                     if (name := _infallible_binding(st)) is not None
+                     and not any(_reads(later, name) for later, _ in kept[k + 1:])), None)
         if dead is None:
             break
         del kept[dead]
