@@ -136,7 +136,7 @@ def prebuild_jobs() -> list[tuple]:
             jobs.add(_program_job(spec))
     for cfg in GemmHopperKernel.tune_candidates:  # test_tune_times_and_caches's candidates
         jobs.add(("gemm", 4096, 4096, "bfloat16", False, False, cfg))
-    for param in _test_params("_split_cases"):
+    for param in _test_params("_split_cases") + _test_params("_tile_order_cases"):
         cfg, m, n, k, ta, tb = param.values
         jobs.add(("gemm", n, k, "bfloat16", ta, tb, cfg))
     for param in _test_params("_gemv_cases"):
@@ -172,10 +172,13 @@ def _device_arch() -> tuple[int, int] | None:
 def _build(job: tuple, arch: tuple[int, int] | None = None) -> tuple[tuple, float, str]:
     """Compile one job as the kernels will on a device of compute capability ``arch``."""
     sys.path[:0] = PATHS
+    import torch
+
     from tileops.kernels.gemm import (
         build_gemm_kernel,
         build_gemv_kernel,
         build_reduce_kernel,
+        program_sms,
         uses_pdl,
     )
 
@@ -186,7 +189,8 @@ def _build(job: tuple, arch: tuple[int, int] | None = None) -> tuple[tuple, floa
             build_gemv_kernel(n, k, dtype, ta, cfg, None, arch is not None and arch >= (9, 0))
         else:
             pdl = uses_pdl(cfg, arch)
-            build_gemm_kernel(n, k, dtype, ta, tb, cfg, None, pdl)
+            device = torch.device("cuda") if arch is not None else None
+            build_gemm_kernel(n, k, dtype, ta, tb, cfg, None, pdl, program_sms(cfg, device))
             if cfg.split > 1:
                 build_reduce_kernel(n, dtype, cfg.split, None, pdl)
         return job, time.perf_counter() - t, "ok"

@@ -9,6 +9,7 @@ reallocation (setmaxnreg) exist only on the arch-specific target (TileLang itsel
 import json
 import logging
 import os
+import re
 import shutil
 
 import pytest
@@ -19,6 +20,7 @@ from tileops.kernels import gemm as G
 from tileops.kernels.gemm import (
     GENERAL_CONFIG,
     HOPPER_CONFIGS,
+    HOPPER_ORDER_CONFIGS,
     HOPPER_SPLIT_CONFIGS,
     SMALL_M_CONFIGS,
     SMALL_M_SPLIT_CONFIGS,
@@ -44,7 +46,7 @@ def _have_compiler() -> bool:
 needs_nvcc = pytest.mark.skipif(not _have_compiler(), reason="needs tilelang and nvcc")
 
 # every configuration the heuristic can choose, each once, the transposes spread over them,
-# and a split-K configuration of each implementation
+# the other tile order of each Hopper tile, and a split-K configuration of each implementation
 COMPILES = [
     ("hopper-128x256-nn", HOPPER_CONFIGS["128x256"][0], 4096, 4096, False, False, "bfloat16"),
     ("hopper-128x128-tt", HOPPER_CONFIGS["128x128"][0], 14336, 4096, True, True, "bfloat16"),
@@ -55,6 +57,10 @@ COMPILES = [
     ("small-64x64-tn", SMALL_M_CONFIGS["64x64"], 4096, 4096, True, False, "float16"),
     ("general-tt-odd", GENERAL_CONFIG, 37, 19, True, True, "bfloat16"),
     ("hopper-split-tt", HOPPER_SPLIT_CONFIGS["128x128s2"], 1000, 1000, True, True, "bfloat16"),
+    ("hopper-128x256g-tn", HOPPER_ORDER_CONFIGS["128x256g"], 4096, 4096, True, False, "bfloat16"),
+    ("hopper-128x128g-nt", HOPPER_ORDER_CONFIGS["128x128g"], 4104, 264, False, True, "bfloat16"),
+    ("hopper-64x128g-tt", HOPPER_ORDER_CONFIGS["64x128g"], 1000, 1000, True, True, "float16"),
+    ("hopper-64x64p-nn", HOPPER_ORDER_CONFIGS["64x64p"], 520, 72, False, False, "bfloat16"),
     ("small-split-nn", SMALL_M_SPLIT_CONFIGS["16x256s4"], 4096, 4096, False, False, "float16"),
 ]
 
@@ -87,10 +93,44 @@ def test_configuration_compiles_for_hopper(cfg, n, k, ta, tb, dtype):
         assert "< M" in src  # rows past M are predicated off
     if cfg.block_m >= 64:
         assert "wgmma" in src
-    if cfg.panel:
+    if cfg.persistent:  # 132 CTAs, each looping over its share of the tiles
+        assert "rasterization2DRow" not in src
+        assert ") / 132)" in src and "blockIdx.y" not in src
+        # the load warp's registers go to the math warpgroups, once per CTA
+        assert src.count("warpgroup_reg_dealloc<40>") == 2  # warp 0 and the idle warps 1-3
+        assert src.count("warpgroup_reg_alloc<232>") == 1
+        # ... before the math warpgroups' loop over the tiles, not in it
+        after = src[src.index("warpgroup_reg_alloc<232>"):]
+        assert re.match(r"warpgroup_reg_alloc<232>\(\);\s*for \(int \w+ = 0; [^\n]*/ 132\)", after)
+    elif cfg.panel:
         assert "rasterization2DRow" in src
     if cfg.split > 1:  # one CTA per K share, fp32 partials to the workspace
         assert "blockIdx.z" in src and "float* __restrict__ C" in src
+
+
+@needs_nvcc
+def test_persistent_grid_follows_the_device():
+    """A persistent program is built for the device's SM count (114 on an H100 PCIe); one
+    CTA per tile needs none."""
+    cfg = HOPPER_CONFIGS["64x128"][0]
+    assert cfg.persistent
+    src = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, cfg, HOPPER, False, 114)
+    assert ") / 114)" in src.get_kernel_source()
+    assert G.program_sms(cfg, "cpu") == 132
+    assert G.program_sms(HOPPER_CONFIGS["64x64"][0], "cpu") == 132
+
+
+def test_a_persistent_configuration_does_not_split_k():
+    with pytest.raises(ValueError, match=r"^a persistent tile order does not split K \(got "
+                       r"split=2\)$"):
+        G.gemm_program(1000, 1000, "bfloat16", False, False,
+                       HOPPER_SPLIT_CONFIGS["128x128s2"]._replace(persistent=True))
+
+
+def test_configuration_labels():
+    assert HOPPER_CONFIGS["128x256"][0].label() == "128x256x64/st3p"
+    assert HOPPER_CONFIGS["64x64"][0].label() == "64x64x128/st6"
+    assert HOPPER_SPLIT_CONFIGS["128x128s2"].label() == "128x128x64s2/st4"
 
 
 @needs_nvcc
@@ -98,7 +138,7 @@ def test_programmatic_dependent_launch():
     """With ``pdl`` every thread waits for the previous kernel before its first global read
     (after the barriers are set up, before the producer/consumer split), and the consumers
     let the next kernel launch after the main loop."""
-    cfg = HOPPER_CONFIGS["64x128"][0]
+    cfg = HOPPER_CONFIGS["64x64"][0]
     src = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, cfg, HOPPER, True)
     src = src.get_kernel_source()
     sync = src.index("cudaGridDependencySynchronize();")
@@ -109,6 +149,14 @@ def test_programmatic_dependent_launch():
     assert red.index("cudaGridDependencySynchronize();") < red.index("W +")
     plain = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, cfg, HOPPER)
     assert "cudaGridDependencySynchronize" not in plain.get_kernel_source()
+    # persistent: each role (the load warp, the math warpgroups) waits before its tile loop
+    # and lets the next kernel launch after it
+    pers = G.build_gemm_kernel(1000, 1000, "bfloat16", False, False, HOPPER_CONFIGS["64x128"][0],
+                               HOPPER, True).get_kernel_source()
+    assert pers.count("cudaGridDependencySynchronize();") == 2
+    assert pers.index("cudaGridDependencySynchronize();") < pers.index("tma_load(")
+    assert pers.count("cudaTriggerProgrammaticLaunchCompletion();") == 2
+    assert pers.rindex("cudaTriggerProgrammaticLaunchCompletion();") > pers.rindex("tma_store(")
 
 
 @pytest.mark.parametrize(("cfg", "arch", "want"), [
@@ -240,21 +288,27 @@ def test_key_changes_with_the_kernel_source(monkeypatch):
     assert tune_key("sm_90", _spec(1, 4096, 4096), "GemmSmallMKernel") != a
 
 
+def _entry(key: str = "%s", drop: str = "", **broken) -> str:
+    """A cache entry for GENERAL_CONFIG with one field dropped or given a wrong value."""
+    cfg = {**GENERAL_CONFIG._asdict(), **broken}
+    cfg.pop(drop, None)
+    return json.dumps({"key": key, "config": cfg})
+
+
 @pytest.mark.parametrize("corrupt", [
     "{not json",
     "[]",
     '{"key": "%s"}',
-    '{"key": "%s", "config": {"block_m": 64}}',
-    '{"key": "%s", "config": {"block_m": "64", "block_n": 64, "block_k": 32, "stages": 2, '
-    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
-    '{"key": "%s", "config": {"block_m": 64, "block_n": 64, "block_k": 32, "stages": 2, '
-    '"threads": 128, "panel": 8, "tma": 1, "policy": "square"}}',
-    '{"key": "%s", "config": {"block_m": 0, "block_n": 64, "block_k": 32, "stages": 2, '
-    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
-    '{"key": "other", "config": {"block_m": 64, "block_n": 64, "block_k": 32, "stages": 2, '
-    '"threads": 128, "panel": 8, "tma": false, "policy": "square"}}',
-], ids=["bad-json", "not-object", "no-config", "missing-keys", "str-int", "int-bool",
-        "zero-tile", "wrong-key"])
+    _entry(drop="persistent"),
+    _entry(block_m="64"),
+    _entry(tma=1),
+    _entry(persistent=1),
+    _entry(policy="diagonal"),
+    _entry(block_m=0),
+    _entry(split=-1),
+    _entry(key="other"),
+], ids=["bad-json", "not-object", "no-config", "missing-key", "str-int", "int-bool",
+        "int-bool-persistent", "unknown-policy", "zero-tile", "negative-split", "wrong-key"])
 def test_corrupt_entry_is_ignored_and_rebuilt(cache, corrupt):
     key = tune_key("sm_90", _spec(128, 4096, 4096), "GemmHopperKernel")
     cache.mkdir(parents=True)
@@ -275,7 +329,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     built = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl: built.append(cfg) or
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: built.append(cfg) or
                         (lambda a, b, c: None))
     monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -291,7 +345,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
 def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl: (lambda a, b, c, cfg=cfg: cfg))
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -307,7 +361,7 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
 
     spec = _spec(2048, 4096, 4096)
 
-    def build(n, k, dt, ta, tb, cfg, target, pdl):
+    def build(n, k, dt, ta, tb, cfg, target, pdl, sms):
         if cfg == HOPPER_CONFIGS["64x64"][0]:
             raise RuntimeError("no fit")
         return lambda a, b, c, cfg=cfg: cfg
@@ -330,9 +384,9 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
     n = len(G.GemmHopperKernel.tune_candidates)
     assert lines[0].startswith("GemmHopperKernel: tuning GemmHopperKernel-sm_90-bfloat16-NN")
     assert f"over {n} configurations" in lines[0]
-    assert f"GemmHopperKernel: [1/{n}] 128x256x64/st3 0.5000 ms" in lines
+    assert f"GemmHopperKernel: [1/{n}] 128x256x64/st3p 0.5000 ms" in lines
     assert any("64x64x128/st6 failed: RuntimeError: no fit" in m for m in lines)
-    assert lines[-1].startswith("GemmHopperKernel: chose 128x256x64/st3 (0.5000 ms), cached in")
+    assert lines[-1].startswith("GemmHopperKernel: chose 128x256x64/st3p (0.5000 ms), cached in")
 
 
 def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, monkeypatch):
@@ -340,7 +394,7 @@ def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, m
     another version of the candidate lists) is not run: the candidates are timed again."""
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl: (lambda a, b, c, cfg=cfg: cfg))
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     timed = []
     monkeypatch.setattr(G, "_time_ms",

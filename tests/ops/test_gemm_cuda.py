@@ -5,7 +5,8 @@ configuration the heuristic picks: decode (M = 1, 16-row tiles, or the one-row k
 ``b`` is stored ``(N, K)``; M = 48, 64-row tiles),
 M = 128 (64x64 tiles), 2048 (128x256), a size that is not a tile multiple (1000), one that
 breaks 16-byte alignment (333 x 4097 x 4095: the padded kernel), K = 1 and 1 x 1 x 1 (the
-general kernel); and split-K configurations, run directly, over the transposes.
+general kernel); split-K configurations and every Hopper tile in both tile orders (persistent
+and one CTA per tile), run directly, over the transposes.
 Inputs are fresh random values; outputs are poisoned (the allocator hands back memory just
 filled with NaN) so an unwritten element fails.
 """
@@ -116,6 +117,38 @@ def test_split_k_configurations(cfg, m, n, k, ta, tb):
     a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
     impl = GemmSmallMKernel if m <= SMALL_M else GemmHopperKernel
     kern = impl(GemmSpec(a.device, m_bucket(m), n, k, "bfloat16", ta, tb, True))
+    kern.config, kern.program = cfg, kern._build(cfg)
+    c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
+    kern(a, b, c)
+    assert _rel(c, _ref(a, b, ta, tb)) < TOL
+
+
+def _tile_order_cases():
+    """Every Hopper tile in both tile orders (the heuristic's and the other), run directly:
+    a persistent grid with several tiles a CTA and tails on every side (128x256), fewer
+    tiles than CTAs (128x128: 16 tiles; 64x128: 128), and many small tiles (64x64)."""
+    from tileops.kernels.gemm import HOPPER_CONFIGS, HOPPER_ORDER_CONFIGS
+
+    # M a multiple of 8: a transposed a's rows are M long, and TMA needs them 16-byte aligned
+    sizes = {"128x256": (2104, 4104, 264), "128x128": (136, 1000, 1000),
+             "64x128": (1000, 1000, 1000), "64x64": (4104, 520, 72)}
+    for name, (cfg, _) in HOPPER_CONFIGS.items():
+        other = next(c for o, c in HOPPER_ORDER_CONFIGS.items() if o[:-1] == name)
+        m, n, k = sizes[name]
+        for c in (cfg, other):
+            for ta, tb in TRANS:
+                yield pytest.param(c, m, n, k, ta, tb,
+                                   id=f"{c.label()}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
+
+
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb"), list(_tile_order_cases()))
+def test_tile_orders(cfg, m, n, k, ta, tb):
+    from tileops.kernels.gemm import GemmHopperKernel, GemmSpec, m_bucket
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA kernels need sm_90")
+    a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
+    kern = GemmHopperKernel(GemmSpec(a.device, m_bucket(m), n, k, "bfloat16", ta, tb, True))
     kern.config, kern.program = cfg, kern._build(cfg)
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     kern(a, b, c)
@@ -238,7 +271,8 @@ def test_degenerate_sizes_launch_nothing_and_fill_zeros(m, n, k, tb):
 
 @pytest.mark.parametrize(("m", "n", "k", "tb"), [(1, 4096, 4096, False), (1, 4096, 4096, True),
                                                 (128, 1024, 1024, False),
-                                                (1000, 1000, 1000, False)])
+                                                (1000, 1000, 1000, False),
+                                                (2048, 2048, 1024, True)])
 def test_launches_see_the_previous_kernels_writes(m, n, k, tb):
     """The TMA programs and the one-row kernel start before the previous kernel ends
     (programmatic dependent launch)

@@ -12,9 +12,12 @@ on sm_90 that lowers to wgmma (tiles of 64 rows a warpgroup) or mma.sync (16-row
 Five implementations serve the one slot :class:`GemmFwdInterface`:
 
 :class:`GemmHopperKernel` -- sm_90, M above the decode range: TMA loads into a 3-6 stage
-    pipeline (TileLang warp-specializes it: a producer warpgroup issues the TMA copies, the
-    consumers run wgmma), 128x256 / 128x128 / 64x128 / 64x64 block tiles chosen per shape by
-    :func:`choose_config` (wave count times per-tile cost), swizzled tile order.
+    pipeline, warp-specialized (a load warp issues the TMA copies, one or two math
+    warpgroups run wgmma), 128x256 / 128x128 / 64x128 / 64x64 block tiles chosen per shape
+    by :func:`choose_config` (wave count times per-tile cost), in a swizzled tile order: a
+    persistent grid (one CTA per SM looping over its tiles, the next tile's loads
+    overlapping this tile's store; :func:`_persistent_program`) for the three larger tiles,
+    one CTA per tile for the 64x64 ones.
 :class:`GemmSmallMKernel` -- decode (``M <= 64``), sm_80 to sm_90: 16- or 64-row tiles,
     64- or 128-column tiles with 256-deep K tiles (long contiguous rows of ``b`` per copy).
 :class:`GemmGemvKernel` -- ``M = 1`` with ``b`` stored ``(N, K)`` (decode through an
@@ -71,6 +74,7 @@ __all__ = [
     "HOPPER_CONFIGS",
     "PAD_MIN_FLOPS",
     "HOPPER_DEEP_CONFIGS",
+    "HOPPER_ORDER_CONFIGS",
     "HOPPER_SPLIT_CONFIGS",
     "SMALL_M_CONFIGS",
     "SMALL_M_DEEP_CONFIGS",
@@ -89,6 +93,8 @@ __all__ = [
     "k_iterations",
     "splitk_reduce_program",
     "m_bucket",
+    "program_sms",
+    "sm_count",
     "tune_key",
     "load_tuned",
     "store_tuned",
@@ -102,9 +108,11 @@ _SMS = 132
 
 class GemmConfig(NamedTuple):
     """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off),
-    whether global->shared copies may use TMA, warp policy ("square" | "col"), and the
-    split-K factor (1: each CTA runs the whole K; ``s > 1``: ``s`` CTAs per output tile each
-    run a ``1/s`` share of K into an fp32 workspace that a second kernel sums and casts)."""
+    whether global->shared copies may use TMA, warp policy ("square" | "col"), the split-K
+    factor (1: each CTA runs the whole K; ``s > 1``: ``s`` CTAs per output tile each run a
+    ``1/s`` share of K into an fp32 workspace that a second kernel sums and casts), and
+    whether the grid is persistent (one CTA per SM walking the output tiles in swizzled
+    order; not with a split)."""
 
     block_m: int
     block_n: int
@@ -115,20 +123,24 @@ class GemmConfig(NamedTuple):
     tma: bool = True
     policy: str = "square"
     split: int = 1
+    persistent: bool = False
 
     def label(self) -> str:
-        """``128x256x64/st3`` (``128x128x64s2/st4`` for a split): in log lines and sweeps."""
+        """``128x256x64/st3`` (``128x128x64s2/st4`` for a split, ``128x256x64/st3p`` for a
+        persistent one): in log lines and sweeps."""
         return ("x".join(map(str, self[:3])) + (f"s{self.split}" if self.split > 1 else "")
-                + f"/st{self.stages}")
+                + f"/st{self.stages}" + ("p" if self.persistent else ""))
 
 
 #: Hopper configurations the heuristic weighs, with a relative per-FLOP cost (bigger tiles
 #: reuse more). Deep K tiles and pipelines where the tile is small: the shapes that pick
-#: those have few K tiles per CTA in flight (set from benchmarks/results/gemm_sweep.txt).
+#: those have few K tiles per CTA in flight. Persistent grids for the three larger tiles; the
+#: 64x64 tiles serve short calls (M = 128), where one CTA per tile was faster (set from
+#: benchmarks/results/gemm_sweep.txt and gemm_sweep_order.txt).
 HOPPER_CONFIGS: dict[str, tuple[GemmConfig, float]] = {
-    "128x256": (GemmConfig(128, 256, 64, 3, 256), 1.0),
-    "128x128": (GemmConfig(128, 128, 128, 3, 256), 1.12),
-    "64x128": (GemmConfig(64, 128, 64, 4, 128), 1.3),
+    "128x256": (GemmConfig(128, 256, 64, 3, 256, persistent=True), 1.0),
+    "128x128": (GemmConfig(128, 128, 128, 3, 256, persistent=True), 1.12),
+    "64x128": (GemmConfig(64, 128, 64, 4, 128, persistent=True), 1.3),
     "64x64": (GemmConfig(64, 64, 128, 6, 128), 1.6),
 }
 #: decode configurations: 16-row tiles (mma.sync) or 64-row (one warpgroup). Column tiles of
@@ -153,6 +165,11 @@ HOPPER_SPLIT_CONFIGS: dict[str, GemmConfig] = {
     "128x128s4": GemmConfig(128, 128, 64, 4, 256, 8, True, "square", 4),
     "128x256s2": GemmConfig(128, 256, 64, 3, 256, 8, True, "square", 2),
     "64x128s2": GemmConfig(64, 128, 64, 4, 128, 8, True, "square", 2),
+}
+#: the heuristic's tiles in the other tile order (one CTA per tile <-> persistent)
+HOPPER_ORDER_CONFIGS: dict[str, GemmConfig] = {
+    name + ("g" if cfg.persistent else "p"): cfg._replace(persistent=not cfg.persistent)
+    for name, (cfg, _) in HOPPER_CONFIGS.items()
 }
 SMALL_M_DEEP_CONFIGS: dict[str, GemmConfig] = {
     "16x32": GemmConfig(16, 32, 256, 4, 128, 0, True, "col"),
@@ -247,16 +264,24 @@ def _pdl():
 
 
 def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig,
-                 pdl: bool = False):
+                 pdl: bool = False, sms: int = _SMS):
     """The TileLang prim_func (not compiled): M dynamic, everything else static. With
     ``cfg.split > 1`` the third operand is the fp32 workspace ``(split, M, n)`` of partial
     sums (:func:`splitk_reduce_program` turns it into ``C``).
+
+    Tile order: one CTA per output tile, rasterized by ``T.use_swizzle`` (panels of
+    ``cfg.panel`` row tiles walked column by column), or with ``cfg.persistent`` a grid of
+    ``sms`` CTAs walking the same order (:func:`_persistent_program`).
 
     ``pdl`` (sm_90+): the program is launched as a programmatic dependent launch, so its
     start (shared memory, barriers, descriptor prefetch) overlaps the previous kernel's tail;
     every thread waits for that kernel's completion before the first global read
     (``cudaGridDependencySynchronize``), and the CTA lets the next kernel start launching
-    once its main loop is done."""
+    once its main loop is done (persistent: once its last tile's is)."""
+    if cfg.persistent:
+        if cfg.split > 1:
+            raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
+        return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms)
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M = T.dynamic("M")
@@ -311,6 +336,98 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
                 T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
 
     return main
+
+
+#: registers a thread of the persistent program's load warpgroup and of its math warpgroups
+#: keep (``setmaxnreg``): 40 x 128 + 232 x 256 fits the SM's 64K with two math warpgroups
+_LOAD_NREG, _MATH_NREG = 40, 232
+
+
+def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
+                        cfg: GemmConfig, pdl: bool, sms: int):
+    """:func:`gemm_program` with ``cfg.persistent``: ``sms`` CTAs, CTA ``w`` computing the
+    tiles ``w, w + sms, ...`` of the swizzled order, with the warp roles written out
+    (``T.WSSchedule``): one warp issues the TMA loads of every tile's K steps into the
+    ``stages``-deep ring, the math warpgroups (``cfg.threads``) run wgmma and store each
+    finished tile. The roles loop over the tiles independently, so the loads of a tile start
+    while the previous tile is being stored; registers move from the load warpgroup to the
+    math ones once per CTA. The persistent loop is the part an automatic split does not
+    cover: specialized inside it, the registers would stay evenly spread (slower than one
+    CTA per tile, benchmarks/results/gemm_sweep_order.txt)."""
+    _, T = tl()
+    sync, trigger = _pdl() if pdl else (None, None)
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_shape = (k, M) if trans_a else (M, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    a_tile = (bk, bm) if trans_a else (bm, bk)
+    b_tile = (bn, bk) if trans_b else (bk, bn)
+    policy = T.GemmWarpPolicy.FullCol if cfg.policy == "col" else T.GemmWarpPolicy.Square
+    stages, threads, panel = cfg.stages, cfg.threads, max(cfg.panel, 1)
+    iters = k_iterations(k, bk, 1)
+    n_tiles = _ceil(n, bn)
+    ws = T.WSID
+    math_warps = threads // 32
+    load = ([T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
+             T.WSSync.producer_commit("ring", stage=0)])
+    mma = ([T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
+            T.WSSync.consumer_release("ring", stage=stages - 1)])
+    root = ["pdl_wait", "tiles", "pdl_done"] if pdl else ["tiles"]
+
+    @T.prim_func
+    def persistent(
+        A: T.Tensor(a_shape, dtype),
+        B: T.Tensor(b_shape, dtype),
+        C: T.Tensor((M, n), dtype),
+    ):
+        with T.Kernel(sms, threads=threads) as wid:
+            A_s = T.alloc_shared(a_tile, dtype)
+            B_s = T.alloc_shared(b_tile, dtype)
+            C_l = T.alloc_fragment((bm, bn), "float32")
+            C_s = T.alloc_shared((bm, bn), dtype)
+            m_tiles = T.ceildiv(M, bm)
+            order = T.PersistentTileScheduler(m_tiles, n_tiles, sms, swizzle_size=panel,
+                                              column_major=False, stateful=False)
+            T.annotate_ws_schedule(T.WSSchedule(
+                num_warps=4 + math_warps,
+                roles=[T.WSRole("load", warps_lo=0, warps_hi=1, max_nreg=_LOAD_NREG),
+                       T.WSRole("math", warps_lo=4, warps_hi=4 + math_warps,
+                                max_nreg=_MATH_NREG)],
+                pipelines=[T.WSPipeline("ring", [A_s, B_s], depth=stages)],
+                scopes=[
+                    T.WSScope("k_steps", {"load": load, "math": mma}),
+                    T.WSScope("tiles", {
+                        "load": ["coord", "k_steps"],
+                        "math": ["coord", "clear", "k_steps", "to_shared", "store"],
+                    }),
+                    T.WSScope(T.WSScope.ROOT, {"load": root, "math": root}),
+                ]))
+            if pdl:
+                with T.ws_op("pdl_wait"):
+                    sync()
+            # this CTA's share of the tiles: wid, wid + sms, ... below m_tiles * n_tiles
+            for i in T.serial(T.ceildiv(m_tiles * n_tiles - wid, sms), annotations={ws: "tiles"}):
+                with T.ws_op("coord"):
+                    by, bx = order.coord(i * sms + wid)
+                T.clear(C_l, annotations={ws: "clear"})
+                for ko in T.Pipelined(iters, num_stages=stages, annotations={ws: "k_steps"}):
+                    if trans_a:
+                        T.copy(A[ko * bk, by * bm], A_s, annotations={ws: "load_a"})
+                    else:
+                        T.copy(A[by * bm, ko * bk], A_s, annotations={ws: "load_a"})
+                    if trans_b:
+                        T.copy(B[bx * bn, ko * bk], B_s, annotations={ws: "load_b"})
+                    else:
+                        T.copy(B[ko * bk, bx * bn], B_s, annotations={ws: "load_b"})
+                    T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b,
+                           policy=policy, annotations={ws: "mma"})
+                T.copy(C_l, C_s, annotations={ws: "to_shared"})
+                T.copy(C_s, C[by * bm, bx * bn], annotations={ws: "store"})
+            if pdl:
+                with T.ws_op("pdl_done"):
+                    trigger()
+
+    return persistent
 
 
 #: tile of the split-K reduction (rows, columns) and its threads: 16-byte loads of fp32
@@ -411,11 +528,13 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
 
 @functools.lru_cache(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                      cfg: GemmConfig, target: str | None = None, pdl: bool = False):
+                      cfg: GemmConfig, target: str | None = None, pdl: bool = False,
+                      sms: int = _SMS):
     """Compile the program for one configuration (cached per process; TileLang also caches
     on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device;
-    ``pdl`` only for sm_90+ (TileLang refuses it below)."""
-    return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl), target)
+    ``pdl`` only for sm_90+ (TileLang refuses it below); ``sms``: the persistent grid
+    (:func:`program_sms`)."""
+    return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms), target)
 
 
 @functools.lru_cache(maxsize=64)
@@ -430,6 +549,23 @@ def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = Non
                         pdl: bool = False):
     """Compile the split-K reduction for ``n`` columns and ``split`` partial sums."""
     return compile_program(splitk_reduce_program(n, dtype, split, pdl), target)
+
+
+@functools.lru_cache(maxsize=16)
+def sm_count(device: Any) -> int:
+    """Streaming multiprocessors of a CUDA device: the size of a persistent grid (an
+    H100 / H200's 132 for a device that is not CUDA, as when compiling without one)."""
+    if getattr(device, "type", None) != "cuda":
+        return _SMS
+    import torch
+
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def program_sms(cfg: GemmConfig, device: Any) -> int:
+    """The ``sms`` a program of ``cfg`` is built with for ``device`` (only a persistent
+    program depends on it; the others are built with the default, one compiled program)."""
+    return sm_count(device) if cfg.persistent else _SMS
 
 
 def uses_pdl(cfg: GemmConfig, arch: tuple[int, int] | None) -> bool:
@@ -460,8 +596,9 @@ class SplitKLaunch:
 
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
-    text = "".join(inspect.getsource(f) for f in (gemm_program, splitk_reduce_program,
-                                                   gemv_program, SplitKLaunch))
+    text = "".join(inspect.getsource(f) for f in (gemm_program, _persistent_program,
+                                                   splitk_reduce_program, gemv_program,
+                                                   SplitKLaunch))
     try:
         import tilelang
 
@@ -498,7 +635,8 @@ def load_tuned(key: str) -> GemmConfig | None:
         ints = ("block_m", "block_n", "block_k", "stages", "threads", "split", "panel")
         if any(type(cfg[f]) is not int or cfg[f] < 0 for f in ints):
             return None
-        if type(cfg["tma"]) is not bool or cfg["policy"] not in ("square", "col"):
+        if (type(cfg["tma"]) is not bool or type(cfg["persistent"]) is not bool
+                or cfg["policy"] not in ("square", "col")):
             return None
         if min(cfg[f] for f in ints[:6]) <= 0:
             return None
@@ -586,7 +724,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
 
     def _build_for(self, s: GemmSpec, cfg: GemmConfig):
         pdl = uses_pdl(cfg, device_arch(s.device))
-        main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl)
+        main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
+                                 program_sms(cfg, s.device))
         if cfg.split == 1:
             return main
         return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl),
@@ -655,6 +794,7 @@ class GemmHopperKernel(_GemmKernel):
 
     supported_archs = frozenset({(9, 0)})
     tune_candidates = (tuple(c for c, _ in HOPPER_CONFIGS.values())
+                       + tuple(HOPPER_ORDER_CONFIGS.values())
                        + tuple(HOPPER_DEEP_CONFIGS.values())
                        + tuple(HOPPER_SPLIT_CONFIGS.values()))
 
