@@ -308,6 +308,8 @@ def _versions() -> dict:
 
 
 def _markdown(result: dict) -> str:
+    from tileops.kernels.gemm import GemmConfig
+
     v = result["versions"]
     s = result["summary"]
     comp = any("compile_ratio" in r for r in result["rows"])
@@ -327,7 +329,8 @@ def _markdown(result: dict) -> str:
                 f"(graph) / {s['geomean_compile_eager_ratio']:.3f} (eager), lowest "
                 f"{s['min_compile_ratio']:.3f}." if comp else ""),
              ""]
-    head = ["workload", "M x N x K", "trans", "dtype", "kernel", "tile", "TileOPs TFLOP/s",
+    head = ["workload", "M x N x K", "trans", "dtype", "kernel", "tile (p: persistent)",
+            "TileOPs TFLOP/s",
             "cuBLAS TFLOP/s", "ratio"]
     if comp:
         head += ["compile TFLOP/s", "compile ratio"]
@@ -337,7 +340,7 @@ def _markdown(result: dict) -> str:
     head += ["rel err"]
     lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in result["rows"]:
-        tile = "x".join(str(x) for x in r["config"][:3]) if r.get("config") else "-"
+        tile = GemmConfig(*r["config"]).label() if r.get("config") else "-"
         trans = ("T" if r["trans_a"] else "N") + ("T" if r["trans_b"] else "N")
         cells = [r["label"], f"{r['m']} x {r['n']} x {r['k']}", trans, r["dtype"], r["kernel"],
                  tile, f"{r['tileops_tflops']:.1f}", f"{r['cublas_tflops']:.1f}",
