@@ -127,6 +127,13 @@ def test_a_persistent_configuration_does_not_split_k():
                        HOPPER_SPLIT_CONFIGS["128x128s2"]._replace(persistent=True))
 
 
+def test_a_persistent_configuration_loads_through_tma():
+    with pytest.raises(ValueError, match=r"^a persistent tile order loads through TMA \(got "
+                       r"tma=False\)$"):
+        G.gemm_program(1000, 1000, "bfloat16", False, False,
+                       GENERAL_CONFIG._replace(persistent=True))
+
+
 def test_configuration_labels():
     assert HOPPER_CONFIGS["128x256"][0].label() == "128x256x64/st3p"
     assert HOPPER_CONFIGS["64x64"][0].label() == "64x64x128/st6"

@@ -281,6 +281,8 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     if cfg.persistent:
         if cfg.split > 1:
             raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
+        if not cfg.tma:
+            raise ValueError("a persistent tile order loads through TMA (got tma=False)")
         return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms)
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
