@@ -263,6 +263,20 @@ def _pdl():
     return pdl_sync, pdl_trigger
 
 
+def _layout(T, n: int, k: int, trans_a: bool, trans_b: bool, cfg: GemmConfig):
+    """What both tile orders share: the dynamic ``M``, the operands' shapes and their shared
+    tiles as stored (``(K, M)`` / ``(block_K, block_M)`` for a transposed ``a``), and the
+    warp policy."""
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    a_shape = (k, M) if trans_a else (M, k)
+    b_shape = (n, k) if trans_b else (k, n)
+    a_tile = (bk, bm) if trans_a else (bm, bk)
+    b_tile = (bn, bk) if trans_b else (bk, bn)
+    policy = T.GemmWarpPolicy.FullCol if cfg.policy == "col" else T.GemmWarpPolicy.Square
+    return M, a_shape, b_shape, a_tile, b_tile, policy
+
+
 def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig,
                  pdl: bool = False, sms: int = _SMS):
     """The TileLang prim_func (not compiled): M dynamic, everything else static. With
@@ -286,14 +300,9 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
         return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms)
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
-    M = T.dynamic("M")
+    M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a_shape = (k, M) if trans_a else (M, k)
-    b_shape = (n, k) if trans_b else (k, n)
-    a_tile = (bk, bm) if trans_a else (bm, bk)
-    b_tile = (bn, bk) if trans_b else (bk, bn)
     ann = None if cfg.tma else {"disable_tma": True}
-    policy = T.GemmWarpPolicy.FullCol if cfg.policy == "col" else T.GemmWarpPolicy.Square
     panel = cfg.panel
     stages = cfg.stages
     threads = cfg.threads
@@ -358,13 +367,8 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     CTA per tile, benchmarks/results/gemm_sweep_order.txt)."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
-    M = T.dynamic("M")
+    M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
-    a_shape = (k, M) if trans_a else (M, k)
-    b_shape = (n, k) if trans_b else (k, n)
-    a_tile = (bk, bm) if trans_a else (bm, bk)
-    b_tile = (bn, bk) if trans_b else (bk, bn)
-    policy = T.GemmWarpPolicy.FullCol if cfg.policy == "col" else T.GemmWarpPolicy.Square
     stages, threads, panel = cfg.stages, cfg.threads, max(cfg.panel, 1)
     iters = k_iterations(k, bk, 1)
     n_tiles = _ceil(n, bn)
@@ -598,7 +602,7 @@ class SplitKLaunch:
 
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
-    text = "".join(inspect.getsource(f) for f in (gemm_program, _persistent_program,
+    text = "".join(inspect.getsource(f) for f in (_layout, gemm_program, _persistent_program,
                                                    splitk_reduce_program, gemv_program,
                                                    SplitKLaunch))
     try:
