@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tileops.runtime import Op, SpecSet, register_builder, register_target  # noqa: E402
-from tileops.runtime.op import _instances, instance_for_key  # noqa: E402
+from tileops.runtime.registry import _instances, instance_for_key  # noqa: E402
 
 SPEC = """
 BoundaryScaleOp:

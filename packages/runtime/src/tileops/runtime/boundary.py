@@ -37,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from tileops.spec import Scope, evaluate
 from tileops.spec import expr as E
 
+from .registry import instance_for_key
+
 if TYPE_CHECKING:  # pragma: no cover
     from .op import Op
 
@@ -96,8 +98,6 @@ class CompileBoundary:
         single = len(self.returned) == 1
 
         def real(*args: Any) -> Any:
-            from .op import instance_for_key
-
             op = instance_for_key(args[-1])
             outs = op._run_call(tuple(args[:n_inputs]), {})
             outs = outs if isinstance(outs, tuple) else (outs,)
@@ -107,8 +107,6 @@ class CompileBoundary:
             return picked[0] if single else picked
 
         def fake(*args: Any) -> Any:
-            from .op import instance_for_key
-
             op = instance_for_key(args[-1])
             inputs = args[:n_inputs]
             missing = n_inputs - len(inputs)

@@ -43,6 +43,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
+from .registry import UNRESOLVED, empty_from_record
+
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.signature import SignatureCall
 
@@ -54,15 +56,13 @@ __all__ = ["NOT_GIVEN", "build_fast_call", "class_call"]
 def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     """``(function, source)`` of ``op``'s fused call after ``call`` succeeded, or None when
     the instance's calls need the general path."""
-    from .op import _UNRESOLVED, _empty_from_record
-
     cls = type(op)
     plan = cls._signature
     if (plan is None or op._parent is not None or op._composite or cls.construction_tensors
             or not cls.allocate_outputs or "forward" in vars(op)):
         return None
     builder = op._target_builder
-    if builder is _UNRESOLVED:
+    if builder is UNRESOLVED:
         return None
     names = plan.input_names
     if not names:
@@ -71,7 +71,7 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     optional = set(plan.optional_inputs)
     ns: dict[str, Any] = dict(point.namespace)
     ns.update({"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
-               "_rt_empty_like": torch.empty_like, "_rt_empty_from_record": _empty_from_record,
+               "_rt_empty_like": torch.empty_like, "_rt_empty_from_record": empty_from_record,
                "_rt_forward": cls.forward})
     args = ", ".join(f"t_{n}" for n in names)
     packed = f"({args},)"

@@ -25,10 +25,8 @@ Instance state (every field exists after construction):
 
 from __future__ import annotations
 
-import itertools
 import threading
 import warnings
-import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
@@ -43,34 +41,14 @@ from . import log, targets
 from .errors import StageError, TargetError
 from .fastpath import build_fast_call, class_call
 from .kernel import Kernel, KernelInterface, select
+from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_instance
 from .specs import SpecSet, default_specs
 
 __all__ = ["Op", "instance_for_key"]
 
 
-class _Unresolved:
-    def __repr__(self) -> str:
-        return "<unresolved>"
-
-
-_UNRESOLVED: Any = _Unresolved()
+_UNRESOLVED: Any = UNRESOLVED
 _EMPTY: Mapping = MappingProxyType({})
-_counter = itertools.count()
-_instances: weakref.WeakValueDictionary[str, Op] = weakref.WeakValueDictionary()
-
-
-def instance_for_key(key: str) -> Op:
-    """The live op instance registered under ``key`` (used by the compile boundary)."""
-    op = _instances.get(key)
-    if op is None:
-        raise LookupError(f"no live TileOPs op instance for key {key!r}")
-    return op
-
-
-def _empty_from_record(call: SignatureCall) -> Any:
-    """The first output, allocated from the shape and dtype the record derives (once)."""
-    _, shapes, dtypes = call.derived()
-    return torch.empty(shapes[0], dtype=dtypes[0], device=call.device)
 
 
 class Op:
@@ -158,9 +136,7 @@ class Op:
         elif kernel_map:
             raise ValueError(f"{cls.__name__} runs no kernels of its own; kernel_map does not "
                              f"apply")
-        key = f"{cls.__qualname__}@{next(_counter)}"
-        self._instance_key = key
-        _instances[key] = self
+        self._instance_key = register_instance(self)
         self._boundary = None
         if plan.input_names and plan.entry.composition is None and not cls.delegate_types:
             from .boundary import boundary_for
@@ -293,7 +269,7 @@ class Op:
             if allocate.__class__ is int:  # one output, like the input at that index
                 src = inputs[allocate]
                 outputs = (_empty_like(src) if src.is_contiguous() else
-                           _empty_from_record(call),)
+                           empty_from_record(call),)
             else:
                 outputs = allocate(call, inputs, outs)
             if self.construction_tensors:
