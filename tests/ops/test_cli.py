@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from tileops.ops import cli_refs
 from tileops.ops.cli import main
 from tileops.ops.cli_scaffold import ScaffoldError, scaffold_source
-from tileops.ops.cli_workloads import cases
+from tileops.ops.workloads import cases
 from tileops.runtime import REFERENCE, Kernel, TargetError, default_specs, register_builder
 from tileops.spec import load_spec_text
 
@@ -87,24 +87,6 @@ def test_run_scales_rows_down_keeping_the_row_length() -> None:
     assert rows["m2048-n4096"]["shape"] == [16, 4096]
     assert rows["m2048-n4096"]["inputs"] == {"x": [16, 4096], "weight": [4096]}
     assert {r["dtype"] for r in rows.values()} == {"bfloat16"}  # --dtype replaces the cases
-
-
-def test_workload_scaling_is_generic_over_the_signature() -> None:
-    entry = default_specs().find("FusedAddRMSNormFwdOp")[0]
-    full = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"])
-    small = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"],
-                  max_elements=1 << 20)
-    assert [c.dtype for c in full] == ["bfloat16", "float16"]
-    assert full[0].shape == (32768, 8192) and small[0].shape == (128, 8192)
-    assert small[0].scaled == {"B": ((32768,), (128,))}
-    assert [(i.name, i.shape) for i in small[0].inputs] == [
-        ("x", (128, 8192)), ("residual", (128, 8192)), ("weight", (8192,))]
-    assert small[0].params == {}
-    inplace = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["inplace-decode"])
-    assert inplace[0].params == {"inplace": True}
-    no_weight = cases("RMSNormFwdOp", default_specs().find("RMSNormFwdOp")[0], {},
-                      labels=["no-weight"])
-    assert [i.shape for i in no_weight[0].inputs] == [(2048, 4096), None]
 
 
 def test_a_mismatch_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -102,7 +102,7 @@ def _prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
         parse_target,
         resolve_ops,
     )
-    from .cli_workloads import cases, entry_dtypes
+    from .workloads import cases, entry_dtypes
 
     ops = resolve_ops(names)
     dev = parse_device(device or default_device())
@@ -423,7 +423,7 @@ def list_ops(as_json: bool) -> None:
 
     from .cli_core import available_devices, targets_here
     from .cli_format import console
-    from .cli_workloads import entry_dtypes
+    from .workloads import entry_dtypes
 
     devices = available_devices()
     rows = []

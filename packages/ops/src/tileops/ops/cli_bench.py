@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from .cli_core import Peaks, Ran, _clone, _outputs, _sync, compare, time_call
+from .cli_core import Peaks, Ran, _sync, time_call
 from .cli_format import fmt_err, fmt_inputs, fmt_time
 from .cli_refs import EAGER
+from .workloads import as_outputs, clone_inputs, compare
 
 __all__ = ["CONTENDERS", "bench_contenders", "write_json", "write_markdown", "write_plot"]
 
@@ -52,16 +53,16 @@ def bench_contenders(ran: Ran, against: Sequence[str], device: torch.device, *,
             fn = torch.compile(fn, dynamic=False)
         try:
             say(f"{name}: first call" + (" (compiling)" if name == "compile" else ""))
-            args = _clone(ran.inputs)
+            args = clone_inputs(ran.inputs)
             t0 = time.perf_counter()
             with torch.no_grad():
-                first = _outputs(fn(*args))
+                first = as_outputs(fn(*args))
             _sync(device)
             row["first_call_s"] = time.perf_counter() - t0
             if ran.refs is not None:
                 row["rel_err"] = compare(first, ran.refs)
             say(f"{name}: timing")
-            args = _clone(ran.inputs)
+            args = clone_inputs(ran.inputs)
             with torch.no_grad():
                 row["time_s"] = time_call(lambda f=fn, a=args: f(*a), device, repeat=repeat,
                                           budget_s=budget_s)

@@ -22,11 +22,10 @@ from tileops.signature import SignatureCallError
 from tileops.spec import DTYPES
 
 from .cli_refs import FP64
-from .cli_workloads import Case
+from .workloads import TOLERANCE, Case, as_outputs, clone_inputs, compare, make_inputs
 
 __all__ = [
     "ALIASES",
-    "TOLERANCE",
     "CaseResult",
     "Peaks",
     "Ran",
@@ -34,28 +33,16 @@ __all__ = [
     "available_devices",
     "closest",
     "did_you_mean",
-    "make_inputs",
     "op_classes",
     "parse_device",
     "parse_dtype",
     "peaks",
     "reference_fp64",
-    "rel_l2",
     "run_case",
     "shipped_op_names",
     "targets_here",
     "time_call",
 ]
-
-#: relative L2 error allowed against the float64 reference, by the storage dtype
-TOLERANCE: dict[str, float] = {
-    "bfloat16": 1e-2,
-    "float16": 2e-3,
-    "float32": 1e-5,
-    "float64": 1e-12,
-    "float8_e4m3fn": 1.25e-1,
-    "float8_e5m2": 2.5e-1,
-}
 
 #: short dtype names accepted on the command line
 ALIASES: dict[str, str] = {
@@ -253,47 +240,6 @@ def parse_target(text: str | None) -> str | None:
     return text
 
 
-# --- inputs and errors -----------------------------------------------------------------------
-
-
-def make_inputs(case: Case, device: torch.device, seed: int = 0) -> list[torch.Tensor | None]:
-    """Random inputs for ``case`` (normal floats, small integers, given metadata values)."""
-    gen = torch.Generator(device=device if device.type != "mps" else "cpu")
-    gen.manual_seed(seed)
-    out: list[torch.Tensor | None] = []
-    for spec in case.inputs:
-        if spec.shape is None:
-            out.append(None)
-            continue
-        dtype = getattr(torch, spec.dtype)
-        if spec.values is not None:
-            out.append(torch.tensor(spec.values, dtype=dtype, device=device).reshape(spec.shape))
-        elif dtype.is_floating_point or dtype.is_complex:
-            make = dtype if dtype.itemsize > 1 else torch.float32
-            t = torch.randn(spec.shape, dtype=make, generator=gen, device=gen.device)
-            out.append(t.to(device=device, dtype=dtype))
-        elif dtype == torch.bool:
-            t = torch.rand(spec.shape, generator=gen, device=gen.device) < 0.5
-            out.append(t.to(device))
-        else:
-            t = torch.randint(0, 8, spec.shape, generator=gen, device=gen.device)
-            out.append(t.to(device=device, dtype=dtype))
-    return out
-
-
-def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (the absolute error where ``ref`` is zero)."""
-    o = out.detach().to(torch.float64 if not out.is_complex() else torch.complex128)
-    r = ref.detach().to(o.dtype)
-    if o.shape != r.shape:
-        return math.inf
-    if not bool(torch.isfinite(o).all()):
-        return math.inf
-    diff = torch.linalg.vector_norm(o - r).item()
-    scale = torch.linalg.vector_norm(r).item()
-    return diff / scale if scale > 0 else diff
-
-
 # --- timing and the roofline -----------------------------------------------------------------
 
 
@@ -461,21 +407,6 @@ class CaseResult:
         return d
 
 
-def _outputs(result: Any) -> tuple:
-    return result if isinstance(result, tuple) else (result,)
-
-
-def _clone(inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
-    return [None if t is None else t.clone() for t in inputs]
-
-
-def compare(outs: Sequence[Any], refs: Sequence[Any]) -> float:
-    """The largest relative L2 error over the outputs present in both."""
-    errs = [rel_l2(o, r) for o, r in zip(outs, refs, strict=False)
-            if o is not None and r is not None]
-    return max(errs) if errs else 0.0
-
-
 @dataclass
 class Ran:
     """One case run: its result, the op (None if it could not be built), the inputs and the
@@ -557,7 +488,7 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
         say("building and running the kernel")
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = _outputs(op(*_clone(inputs)))
+            out = as_outputs(op(*clone_inputs(inputs)))
         _sync(device)
         res.first_call_s = time.perf_counter() - t0
     except SignatureCallError as exc:
@@ -580,7 +511,7 @@ def _retry_reference(cls, case, device, res, inputs, refs, repeat, budget_s, say
     try:
         t0 = time.perf_counter()
         with torch.no_grad():
-            out = _outputs(op(*_clone(inputs)))
+            out = as_outputs(op(*clone_inputs(inputs)))
         _sync(device)
         res.first_call_s = time.perf_counter() - t0
     except Exception as exc:  # noqa: BLE001 - reported per row
@@ -596,7 +527,7 @@ def _finish(op, res, device, inputs, out, refs, repeat, budget_s, say):
         res.checked = True
     res.flops, res.bytes = (int(v) for v in op.eval_roofline())
     say("timing")
-    timing_inputs = _clone(inputs)
+    timing_inputs = clone_inputs(inputs)
     with torch.no_grad():
         res.time_s = time_call(lambda: op(*timing_inputs), device, repeat=repeat,
                                budget_s=budget_s)

@@ -48,7 +48,7 @@ from tileops.spec.kinds import (
     ShapeK,
 )
 
-from .cli_workloads import kinds_of
+from .workloads import kinds_of
 
 __all__ = ["ScaffoldError", "module_name_for", "scaffold_source"]
 

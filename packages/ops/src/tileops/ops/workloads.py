@@ -1,10 +1,19 @@
-"""Spec workloads as concrete calls, for the ``tileops`` command line.
+"""Spec workloads as concrete calls: the cases of an op, their inputs, and how outputs are
+compared with a float64 reference.
 
-A workload row gives index and parameter values, dtype cases and the optional inputs that are
-present. :func:`cases` turns each (row, dtype case) into a :class:`Case`: the constructor
-params of the op (its ``signature.params``), and the shape and dtype of every input, by
-evaluating the entry's shape expressions over the row's values the way the spec validator
-instantiates a row. Nothing here knows a particular op.
+This is the one place that turns a spec entry's ``workloads`` into tensors; the ``tileops``
+command line, the test suites and the benchmarks all use it, so a workload means the same call
+everywhere.
+
+- :func:`cases` (or :func:`cases_of` for an op class) turns each (workload row, dtype case)
+  into a :class:`Case`: the constructor params of the op (its ``signature.params``) and an
+  :class:`InputSpec` (shape, dtype, generated values) for every input, by evaluating the
+  entry's shape expressions over the row's values the way the spec validator instantiates a
+  row. Nothing here knows a particular op.
+- :func:`make_inputs` draws the tensors of a case (seeded, so every contender and every run
+  sees the same values).
+- :func:`rel_l2` and :func:`compare` measure outputs against a reference;
+  :data:`TOLERANCE` is the relative L2 error allowed against float64, by storage dtype.
 
 Rows may be scaled down (``max_elements``): while some tensor, input or output, holds more than
 ``max_elements`` elements, the first ``forall`` Dim or Shape index its shape names that is
@@ -16,10 +25,13 @@ would break is kept whole.
 
 from __future__ import annotations
 
+import fnmatch
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import torch
 
 from tileops.spec import AdtDef, AdtValue, EvalError, OpEntry, Scope, eval_shape, evaluate
 from tileops.spec import expr as E
@@ -35,7 +47,31 @@ from tileops.spec.kinds import (
     kind_from_expr,
 )
 
-__all__ = ["Case", "InputSpec", "cases", "dtype_indices", "entry_dtypes", "kinds_of"]
+__all__ = [
+    "TOLERANCE",
+    "Case",
+    "InputSpec",
+    "as_outputs",
+    "cases",
+    "cases_of",
+    "clone_inputs",
+    "compare",
+    "dtype_indices",
+    "entry_dtypes",
+    "kinds_of",
+    "make_inputs",
+    "rel_l2",
+]
+
+#: relative L2 error allowed against the float64 reference, by the storage dtype
+TOLERANCE: dict[str, float] = {
+    "bfloat16": 1e-2,
+    "float16": 2e-3,
+    "float32": 1e-5,
+    "float64": 1e-12,
+    "float8_e4m3fn": 1.25e-1,
+    "float8_e5m2": 2.5e-1,
+}
 
 
 @dataclass(frozen=True)
@@ -262,8 +298,6 @@ def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
     that admits the dtype takes it; a row no index admits it for is left out). ``labels``:
     only the rows whose label matches one of these shell patterns. ``max_elements``: scale
     rows down (see the module docstring)."""
-    import fnmatch
-
     kinds = kinds_of(entry, adts)
     dt_indices = dtype_indices(entry, adts)
     wanted = list(dtypes) if dtypes else None
@@ -300,3 +334,79 @@ def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
             dts = {n: values[n] for n in dt_indices if n in values}
             out.append(Case(name, row.label, dts, params, inputs, values, scaled))
     return out
+
+
+def cases_of(cls: Any, **filters: Any) -> list[Case]:
+    """:func:`cases` of an op class's own entry (``cls._signature``), with the same filters."""
+    plan = cls._signature
+    if plan is None:
+        raise TypeError(f"{cls.__name__} has no spec entry, so it has no workloads")
+    return cases(plan.name, plan.entry, plan.adts, **filters)
+
+
+# --- tensors ----------------------------------------------------------------------------------
+
+
+def make_inputs(case: Case, device: torch.device | str = "cpu",
+                seed: int = 0) -> list[torch.Tensor | None]:
+    """The inputs of ``case`` on ``device``, in the entry's input order: None for an absent
+    optional input, the generated values for a metadata tensor, standard normal floats
+    (drawn in float32 for one-byte float types, which have no normal sampler), a fair coin for
+    bool and integers in [0, 8) otherwise. The same ``seed`` gives the same values on the same
+    device; MPS draws on the CPU (its generator is not seedable the same way)."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device if device.type != "mps" else "cpu")
+    gen.manual_seed(seed)
+    out: list[torch.Tensor | None] = []
+    for spec in case.inputs:
+        if spec.shape is None:
+            out.append(None)
+            continue
+        dtype = getattr(torch, spec.dtype)
+        if spec.values is not None:
+            out.append(torch.tensor(spec.values, dtype=dtype, device=device).reshape(spec.shape))
+        elif dtype.is_floating_point or dtype.is_complex:
+            make = dtype if dtype.itemsize > 1 else torch.float32
+            t = torch.randn(spec.shape, dtype=make, generator=gen, device=gen.device)
+            out.append(t.to(device=device, dtype=dtype))
+        elif dtype == torch.bool:
+            t = torch.rand(spec.shape, generator=gen, device=gen.device) < 0.5
+            out.append(t.to(device))
+        else:
+            t = torch.randint(0, 8, spec.shape, generator=gen, device=gen.device)
+            out.append(t.to(device=device, dtype=dtype))
+    return out
+
+
+def clone_inputs(inputs: Sequence[torch.Tensor | None]) -> list[torch.Tensor | None]:
+    """Fresh copies of ``inputs`` (None stays None), so that an in-place op or contender
+    starts from the same values as every other."""
+    return [None if t is None else t.clone() for t in inputs]
+
+
+def as_outputs(result: Any) -> tuple:
+    """An op's or contender's return value as a tuple of outputs (a lone tensor is one)."""
+    return result if isinstance(result, tuple) else (result,)
+
+
+def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """``||out - ref|| / ||ref||`` in float64 (the absolute error ``||out - ref||`` where
+    ``ref`` is zero); ``inf`` when the shapes differ or ``out`` holds a non-finite value, so a
+    broken output can never pass a tolerance."""
+    o = out.detach().to(torch.float64 if not out.is_complex() else torch.complex128)
+    r = ref.detach().to(o.dtype)
+    if o.shape != r.shape:
+        return math.inf
+    if not bool(torch.isfinite(o).all()):
+        return math.inf
+    diff = torch.linalg.vector_norm(o - r).item()
+    scale = torch.linalg.vector_norm(r).item()
+    return diff / scale if scale > 0 else diff
+
+
+def compare(outs: Sequence[Any], refs: Sequence[Any]) -> float:
+    """The largest :func:`rel_l2` over the outputs present (not None) in both ``outs`` and
+    ``refs``, paired in order; 0.0 when no output is present in both."""
+    errs = [rel_l2(o, r) for o, r in zip(outs, refs, strict=False)
+            if o is not None and r is not None]
+    return max(errs) if errs else 0.0

@@ -1,0 +1,179 @@
+"""``tileops.ops.workloads``: spec workloads as cases, their inputs, and output comparison.
+
+The cases are generic over the signature (no op is named in the module), so they are tested on
+the shipped entries and on a small entry written here; the comparison helpers against values
+worked out by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.ops import FusedAddRMSNormFwdOp, GemmFwdOp, RMSNormFwdOp
+from tileops.ops.workloads import (
+    TOLERANCE,
+    Case,
+    InputSpec,
+    as_outputs,
+    cases,
+    cases_of,
+    clone_inputs,
+    compare,
+    make_inputs,
+    rel_l2,
+)
+from tileops.runtime import Op, default_specs
+from tileops.spec import DTYPES
+
+SHIPPED = (RMSNormFwdOp, FusedAddRMSNormFwdOp, GemmFwdOp)
+
+
+# --- cases ------------------------------------------------------------------------------------
+
+
+def test_scaling_is_generic_over_the_signature() -> None:
+    entry = default_specs().find("FusedAddRMSNormFwdOp")[0]
+    full = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"])
+    small = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["m32768-n8192"],
+                  max_elements=1 << 20)
+    assert [c.dtype for c in full] == ["bfloat16", "float16"]
+    assert full[0].shape == (32768, 8192) and small[0].shape == (128, 8192)
+    assert small[0].scaled == {"B": ((32768,), (128,))}
+    assert [(i.name, i.shape) for i in small[0].inputs] == [
+        ("x", (128, 8192)), ("residual", (128, 8192)), ("weight", (8192,))]
+    assert small[0].params == {}
+    inplace = cases("FusedAddRMSNormFwdOp", entry, {}, labels=["inplace-decode"])
+    assert inplace[0].params == {"inplace": True}
+    no_weight = cases("RMSNormFwdOp", default_specs().find("RMSNormFwdOp")[0], {},
+                      labels=["no-weight"])
+    assert [i.shape for i in no_weight[0].inputs] == [(2048, 4096), None]
+
+
+def test_cases_of_reads_the_class_entry() -> None:
+    plan = RMSNormFwdOp._signature
+    assert cases_of(RMSNormFwdOp, labels=["tiny-*"]) == cases(
+        plan.name, plan.entry, plan.adts, labels=["tiny-*"])
+    assert {c.label for c in cases_of(RMSNormFwdOp, labels=["tiny-*"])} == {"tiny-n7"}
+    every = cases_of(RMSNormFwdOp)
+    assert {c.label for c in every} == {w.label for w in plan.entry.workloads}
+
+
+def test_cases_of_a_class_without_an_entry() -> None:
+    with pytest.raises(TypeError, match="^Op has no spec entry, so it has no workloads$"):
+        cases_of(Op)
+
+
+def test_the_dtype_filter_replaces_the_dtype_cases() -> None:
+    fp32 = cases_of(RMSNormFwdOp, dtypes=["float32"], labels=["m1-n4096"])
+    assert [(c.dtype, c.dtypes) for c in fp32] == [("float32", {"T": "float32"})]
+    assert cases_of(RMSNormFwdOp, dtypes=["int8"]) == []  # no DType index admits it
+
+
+@settings(max_examples=25, deadline=None)
+@given(cap=st.integers(min_value=1, max_value=1 << 22))
+def test_scaled_cases_fit_the_cap_or_cannot_shrink(cap: int) -> None:
+    for cls in SHIPPED:
+        for full, small in zip(cases_of(cls), cases_of(cls, max_elements=cap), strict=True):
+            assert (full.label, full.dtypes, full.params) == (small.label, small.dtypes,
+                                                               small.params)
+            biggest = max(i.numel for i in small.inputs)
+            if small.scaled:
+                assert biggest <= max(i.numel for i in full.inputs)
+                for was, now in small.scaled.values():  # indices only ever shrink
+                    assert (now < was) if isinstance(was, int) else (
+                        all(n <= w for n, w in zip(now, was, strict=True)))
+            else:
+                assert small.inputs == full.inputs
+            # a row that still exceeds the cap was shrunk as far as its shapes allow: the
+            # leading index of its largest input is down to one (or its row is kept whole)
+            if biggest > cap and small.scaled:
+                largest = max(small.inputs, key=lambda i: i.numel)
+                assert largest.shape[0] == 1 or math.prod(largest.shape[1:]) > cap
+
+
+# --- inputs -----------------------------------------------------------------------------------
+
+
+def _case(*inputs: InputSpec) -> Case:
+    return Case("TestOp", "row", {}, {}, list(inputs), {})
+
+
+def test_make_inputs_draws_every_kind_of_input() -> None:
+    case = _case(InputSpec("x", (4, 5), "bfloat16"), InputSpec("mask", (3,), "bool"),
+                 InputSpec("idx", (2, 3), "int32"), InputSpec("lens", (3,), "int64", (0, 2, 5)),
+                 InputSpec("f8", (6,), "float8_e4m3fn"), InputSpec("absent", None, None))
+    x, mask, idx, lens, f8, absent = make_inputs(case, "cpu", seed=3)
+    assert x.shape == (4, 5) and x.dtype == torch.bfloat16
+    assert mask.dtype == torch.bool and mask.shape == (3,)
+    assert idx.dtype == torch.int32 and bool(((idx >= 0) & (idx < 8)).all())
+    assert lens.tolist() == [0, 2, 5] and lens.dtype == torch.int64
+    assert f8.dtype == torch.float8_e4m3fn
+    assert absent is None
+
+
+def test_make_inputs_is_seeded() -> None:
+    (case,) = cases_of(RMSNormFwdOp, labels=["tiny-n7"], dtypes=["float32"])
+    a, b = make_inputs(case, torch.device("cpu")), make_inputs(case, "cpu", seed=0)
+    c = make_inputs(case, "cpu", seed=1)
+    assert all(torch.equal(p, q) for p, q in zip(a, b, strict=True))
+    assert not torch.equal(a[0], c[0])
+    assert [t.shape for t in a] == [(3, 7), (7,)]
+
+
+def test_clone_inputs_copies_and_keeps_absent_inputs() -> None:
+    x = torch.ones(3)
+    (y, none) = clone_inputs([x, None])
+    y.add_(1)
+    assert none is None and x.tolist() == [1.0, 1.0, 1.0] and y.tolist() == [2.0, 2.0, 2.0]
+
+
+def test_as_outputs() -> None:
+    t = torch.zeros(1)
+    assert as_outputs(t) == (t,) and as_outputs((t, None)) == (t, None)
+
+
+# --- comparison ------------------------------------------------------------------------------
+
+
+def test_rel_l2_by_hand() -> None:
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5
+    assert rel_l2(ref.clone(), ref) == 0.0
+    assert rel_l2(torch.tensor([3.0, 5.0]), ref) == pytest.approx(0.2)
+    assert rel_l2(torch.tensor([3.0, 4.0], dtype=torch.bfloat16), ref) == 0.0
+    # a zero reference: the absolute error
+    assert rel_l2(torch.tensor([0.0, 2.0]), torch.zeros(2)) == pytest.approx(2.0)
+
+
+def test_rel_l2_never_passes_a_broken_output() -> None:
+    ref = torch.ones(2, 2)
+    assert rel_l2(torch.ones(4), ref) == math.inf
+    assert rel_l2(torch.tensor([[1.0, float("nan")], [1.0, 1.0]]), ref) == math.inf
+    assert rel_l2(torch.tensor([[1.0, float("inf")], [1.0, 1.0]]), ref) == math.inf
+
+
+@settings(max_examples=50, deadline=None)
+@given(scale=st.floats(min_value=1e-3, max_value=1e3), seed=st.integers(0, 2**16))
+def test_rel_l2_is_scale_invariant(scale: float, seed: int) -> None:
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(16, generator=g, dtype=torch.float64)
+    out = ref + 1e-3 * torch.randn(16, generator=g, dtype=torch.float64)
+    assert rel_l2(out * scale, ref * scale) == pytest.approx(rel_l2(out, ref), rel=1e-9)
+
+
+def test_compare_takes_the_worst_output_present_in_both() -> None:
+    ref = torch.tensor([3.0, 4.0], dtype=torch.float64)
+    good, bad = ref.clone(), torch.tensor([3.0, 5.0])
+    assert compare((good, bad), (ref, ref)) == pytest.approx(0.2)
+    assert compare((good, None), (ref, ref)) == 0.0  # an absent output is not compared
+    assert compare((bad,), (None,)) == 0.0
+    assert compare((), ()) == 0.0
+
+
+def test_every_tolerance_names_a_dtype() -> None:
+    assert set(TOLERANCE) <= set(DTYPES)
+    assert TOLERANCE["float32"] < TOLERANCE["float16"] < TOLERANCE["bfloat16"]
