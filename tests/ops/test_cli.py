@@ -19,7 +19,7 @@ from click.testing import CliRunner
 
 from tileops.ops import cli_refs
 from tileops.ops.cli import main
-from tileops.ops.cli_scaffold import ScaffoldError, scaffold_source
+from tileops.ops.cli.scaffold import ScaffoldError, scaffold_source
 from tileops.ops.workloads import cases
 from tileops.runtime import REFERENCE, Kernel, TargetError, default_specs, register_builder
 from tileops.spec import load_spec_text
@@ -138,7 +138,7 @@ def test_an_op_that_fails_is_reported_and_exits_nonzero(monkeypatch: pytest.Monk
 def test_in_tree_kernels_that_fail_fall_back_to_the_reference_target() -> None:
     from tileops.kernels.norm import RowNormFwdInterface
     from tileops.ops import RMSNormFwdOp
-    from tileops.ops.cli_core import run_case
+    from tileops.ops.cli.runner import run_case
 
     class Broken(RowNormFwdInterface, Kernel):
         devices = ("cpu",)

@@ -5,7 +5,7 @@
   returns the op's outputs in float64, in the order of the entry's ``outputs``; it reads the
   inputs and never writes them. An op missing here is checked against its ``reference``
   target builder run on float64 copies of the inputs
-  (:func:`tileops.ops.cli_core.reference_fp64`).
+  (:func:`tileops.ops.cli.declared.fp64_reference`).
 - :data:`EAGER`: the torch eager equivalent of each op (the entry's ``ref_api``).
   ``EAGER[name](op)`` returns a callable taking the op's inputs (absent optional ones as None)
   and returning its outputs; it has the op's effects (an in-place op writes its inputs), so

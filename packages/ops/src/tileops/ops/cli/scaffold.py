@@ -1,4 +1,5 @@
-"""``tileops scaffold``: the op module skeleton for one spec entry.
+"""``tileops scaffold``: the op module skeleton for one spec entry (:func:`scaffold_source`),
+and the command that writes it and proves it imports.
 
 The module follows the scaffold playbook of the op interface design, on this library's
 ``Op`` base class:
@@ -25,6 +26,7 @@ result is parsed before it is written.
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import keyword
 import os
@@ -33,7 +35,10 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from tileops.spec import AdtDef, OpEntry
+import click
+
+from tileops.runtime import SpecSet
+from tileops.spec import AdtDef, OpEntry, SpecError
 from tileops.spec.kinds import (
     AdtK,
     BoolK,
@@ -48,9 +53,12 @@ from tileops.spec.kinds import (
     ShapeK,
 )
 
-from .workloads import kinds_of
+from .. import SPEC_DIR
+from ..workloads import kinds_of
+from .core import UsageProblem, closest, did_you_mean
+from .driver import usage
 
-__all__ = ["ScaffoldError", "module_name_for", "scaffold_source"]
+__all__ = ["ScaffoldError", "module_name_for", "scaffold", "scaffold_source"]
 
 #: arguments every op's constructor takes besides the entry's params
 _RESERVED = {"self", "target", "kernel_map", "tune"}
@@ -360,3 +368,64 @@ def _relative_parts(spec_path: Path, out_path: Path) -> str | None:
     except ValueError:  # another drive
         return None
     return Path(rel).as_posix()
+
+
+# --- the command ------------------------------------------------------------------------------
+
+
+@click.command()
+@click.argument("op", metavar="OP")
+@click.option("--spec", "spec_path", type=click.Path(exists=True, path_type=Path), default=None,
+              help="spec file or folder holding OP's entry (default: the shipped specs)")
+@click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="module to write (default: ./<op_name>.py); never overwritten")
+@usage
+def scaffold(op: str, spec_path: Path | None, out_path: Path | None) -> None:
+    """Write the op module skeleton for OP's spec entry.
+
+    The module defines OP as an Op subclass reading its entry from the spec file it came from:
+    a constructor taking the entry's params, the kernel slot (a call spec and an interface)
+    and a forward that runs the slot. Checks, output inference and roofline come from the
+    entry. Refuses to overwrite an existing file.
+    """
+    source_path = spec_path or SPEC_DIR
+    try:
+        specs = SpecSet.load(source_path)
+    except SpecError as exc:
+        for d in exc.diagnostics:
+            click.echo(f"{d}  [{d.rule}]", err=True)
+        raise click.ClickException(f"{source_path} does not pass the checks; fix it first "
+                                   f"(tileops check {source_path})") from None
+    found = specs.find(op)
+    if found is None:
+        raise UsageProblem(f"no entry {op!r} in {source_path}"
+                           f"{did_you_mean(closest(op, specs.names()))}")
+    entry, file, adts = found
+    out = out_path or Path(f"{module_name_for(op)}.py")
+    if out.exists():
+        raise click.ClickException(f"{out} exists; refusing to overwrite it")
+    try:
+        text = scaffold_source(op, entry, adts, Path(file.path), out)
+    except ScaffoldError as exc:
+        raise click.ClickException(str(exc)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(out, "x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        raise click.ClickException(f"{out} exists; refusing to overwrite it") from None
+    # the result must import and define the op with its entry
+    mod_name = f"_tileops_scaffold_{module_name_for(op)}"
+    spec = importlib.util.spec_from_file_location(mod_name, out)
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+        cls = getattr(module, op)
+        assert cls._signature is not None and cls._signature.name == op
+    except Exception as exc:  # noqa: BLE001 - reported; the file stays for inspection
+        raise click.ClickException(f"wrote {out}, but it does not import: "
+                                   f"{type(exc).__name__}: {exc}") from None
+    click.echo(f"wrote {out}: {op} ({entry.family}, {entry.status}) from {file.path}")
+    click.echo(f"next: implement {op.removesuffix('Op') or op}Interface as a Kernel and list it "
+               f"in {op}.kernel_types (or register a target builder), then import {op} in its "
+               f"package's __init__ and __all__")

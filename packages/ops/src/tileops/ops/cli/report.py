@@ -1,74 +1,17 @@
-"""``tileops bench``: one op side by side with torch eager and torch.compile.
-
-Every contender runs the same inputs (fresh copies, so in-place ops start from the same
-values). The first call of each is timed apart (it builds or compiles); the rest are timed
-as in ``tileops run``. A fresh ``torch.compile`` function is compiled per workload
-(``dynamic=False``, after ``torch._dynamo.reset()``), since recompiles of one function
-accumulate. Results: JSON, a Markdown table and a PNG roofline plot.
-"""
+"""What ``tileops bench`` writes: JSON, a Markdown table and a PNG roofline plot."""
 
 from __future__ import annotations
 
 import json
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
+from .formatting import fmt_err, fmt_inputs, fmt_time
+from .timing import Peaks
 
-from .cli_core import Peaks, Ran, _sync, time_call
-from .cli_format import fmt_err, fmt_inputs, fmt_time
-from .cli_refs import EAGER
-from .workloads import as_outputs, clone_inputs, compare
-
-__all__ = ["CONTENDERS", "bench_contenders", "write_json", "write_markdown", "write_plot"]
-
-#: contender names accepted by ``--against`` (``torch`` is eager)
-CONTENDERS = {"eager": "eager", "torch": "eager", "compile": "compile"}
-
-
-def bench_contenders(ran: Ran, against: Sequence[str], device: torch.device, *,
-                     repeat: int, budget_s: float,
-                     status: Callable[[str], None] | None = None) -> dict[str, dict[str, Any]]:
-    """Time each contender on the case ``ran`` ran; check it against the same reference."""
-    say = status or (lambda _m: None)
-    out: dict[str, dict[str, Any]] = {}
-    res, op = ran.result, ran.op
-    make = EAGER.get(res.op)
-    for name in against:
-        row: dict[str, Any] = {"time_s": None, "first_call_s": None, "rel_err": None,
-                               "error": None}
-        out[name] = row
-        if op is None:
-            row["error"] = "the op could not be built"
-            continue
-        if make is None:
-            row["error"] = f"no torch eager equivalent of {res.op} is known"
-            continue
-        fn = make(op)
-        if name == "compile":
-            torch._dynamo.reset()
-            fn = torch.compile(fn, dynamic=False)
-        try:
-            say(f"{name}: first call" + (" (compiling)" if name == "compile" else ""))
-            args = clone_inputs(ran.inputs)
-            t0 = time.perf_counter()
-            with torch.no_grad():
-                first = as_outputs(fn(*args))
-            _sync(device)
-            row["first_call_s"] = time.perf_counter() - t0
-            if ran.refs is not None:
-                row["rel_err"] = compare(first, ran.refs)
-            say(f"{name}: timing")
-            args = clone_inputs(ran.inputs)
-            with torch.no_grad():
-                row["time_s"] = time_call(lambda f=fn, a=args: f(*a), device, repeat=repeat,
-                                          budget_s=budget_s)
-        except Exception as exc:  # noqa: BLE001 - reported in the results
-            row["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:300]}"
-    return out
+__all__ = ["write_json", "write_markdown", "write_plot"]
 
 
 def _gbps(nbytes: int | None, seconds: float | None) -> float | None:

@@ -1,0 +1,218 @@
+"""What ``tileops run`` and ``tileops bench`` share: their case options, the plan of cases they
+resolve from them, running every case behind a progress line, and the header of their results
+(where, when and with what it ran).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import functools
+import os
+import platform
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import click
+import torch
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from tileops.runtime import Op
+
+from ..workloads import Case, cases, entry_dtypes
+from .core import (
+    UsageProblem,
+    default_device,
+    parse_device,
+    parse_dtype,
+    parse_target,
+    resolve_ops,
+    split_list,
+    version,
+)
+from .formatting import console
+from .runner import Ran, run_case
+from .timing import Peaks
+
+__all__ = ["CPU_MAX_ELEMENTS", "Plan", "case_options", "env_header", "prepare", "run_cases",
+           "usage"]
+
+#: the default ``--max-elements`` on the CPU: what a small CI machine runs in seconds
+CPU_MAX_ELEMENTS = 1 << 20
+
+#: the libraries whose versions head a result, by distribution name (None: not installed)
+VERSIONED = ("tilelang", "triton", "liger-kernel")
+
+
+def usage(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Turn :class:`UsageProblem` into click's usage error (exit status 2)."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except UsageProblem as exc:
+            raise click.UsageError(str(exc)) from None
+
+    return wrapper
+
+
+def case_options(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``--dtype``, ``-w/--workload``, ``--max-elements``, ``--repeat`` and ``--target``."""
+    fn = click.option("--dtype", "dtypes", multiple=True, metavar="T",
+                      help="run every workload in dtype T instead of its own dtype cases "
+                           "(repeatable or comma-separated; bf16, fp16, fp32 accepted)")(fn)
+    fn = click.option("-w", "--workload", "workloads", multiple=True, metavar="LABEL",
+                      help="only workloads whose label matches (shell pattern; repeatable)")(fn)
+    fn = click.option("--max-elements", type=click.IntRange(min=0), default=None,
+                      help="scale workloads down (rows first) so no input or output holds "
+                           "more elements than this (default: 2^20 on cpu, no cap on cuda; "
+                           "0: no cap)")(fn)
+    fn = click.option("--repeat", type=click.IntRange(min=1), default=20, show_default=True,
+                      help="timed calls per case at most")(fn)
+    fn = click.option("--target", default=None,
+                      help="serve every op from this target (tileops, reference, ...) instead "
+                           "of the best one available")(fn)
+    return fn
+
+
+@dataclass
+class Plan:
+    """The resolved cases of a run: each op with its cases, on one device and target;
+    ``max_elements`` is the scaling cap in force (0: none)."""
+
+    ops: list[tuple[str, type[Op], list[Case]]]
+    device: torch.device
+    target: str | None
+    max_elements: int
+
+    @property
+    def total(self) -> int:
+        return sum(len(cs) for _, _, cs in self.ops)
+
+
+def prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
+            workloads: Sequence[str], max_elements: int | None, target: str | None) -> Plan:
+    """Resolve ops, device, dtypes and target, and build every case. An op named that takes
+    none of the dtypes is bad usage; left unnamed (every shipped op), it is left out."""
+    ops = resolve_ops(names)
+    dev = parse_device(device or default_device())
+    dts = [parse_dtype(d) for d in split_list(dtypes)]
+    tgt = parse_target(target)
+    if max_elements is None:
+        max_elements = CPU_MAX_ELEMENTS if dev.type == "cpu" else 0
+    planned = []
+    for name, cls in ops:
+        plan_entry = cls._signature
+        adts = plan_entry.adts
+        if dts:
+            accepted = entry_dtypes(plan_entry.entry, adts)
+            if not any(d in accepted for d in dts):
+                if names:
+                    raise UsageProblem(f"{name} accepts no {', '.join(dts)}; its dtypes: "
+                                       f"{', '.join(accepted)}")
+                continue
+        cs = cases(name, plan_entry.entry, adts, dtypes=dts or None, labels=workloads or None,
+                   max_elements=max_elements or None)
+        if cs:
+            planned.append((name, cls, cs))
+    if not planned:
+        if workloads:
+            labels = sorted({w.label for _, c in ops for w in c._signature.entry.workloads})
+            raise UsageProblem(f"no workload matches {', '.join(workloads)}; labels: "
+                               f"{', '.join(labels)}")
+        if dts:
+            raise UsageProblem(f"no op takes {', '.join(dts)}")
+        raise UsageProblem("nothing to run: no implemented op has a workload")
+    return Plan(planned, dev, tgt, max_elements)
+
+
+def _progress() -> Progress:
+    return Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+                    MofNCompleteColumn(), TimeElapsedColumn(), console=console(stderr=True),
+                    transient=True)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Send what the run prints to stdout (kernel compilers log there) to stderr, so that
+    stdout holds only the table or the JSON document: at the Python level and, where stdout
+    is the process's file descriptor 1, at the descriptor level too."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        fd = None
+    if fd != 1:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        os.dup2(sys.stderr.fileno(), 1)
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
+def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
+              per_case: Callable[[Ran, Callable[[str], None]], None] | None = None) -> list[Ran]:
+    """Run every case of ``plan`` (:func:`~.runner.run_case`) behind a progress line on
+    stderr, with stdout sent there too; ``per_case(ran, status)`` runs after each case."""
+    with stdout_to_stderr():
+        out = []
+        err = sys.stderr
+        plain = not (hasattr(err, "isatty") and err.isatty())
+        with _progress() as progress:
+            task = progress.add_task("starting", total=plan.total)
+            for name, cls, cs in plan.ops:
+                if plain:
+                    click.echo(f"{name}: {len(cs)} case{'s' if len(cs) != 1 else ''} on "
+                               f"{plan.device}", err=True)
+                for case in cs:
+                    head = f"{name} {case.label} {case.dtype}"
+
+                    def status(msg: str, head: str = head) -> None:
+                        progress.update(task, description=f"{head}: {msg}")
+
+                    ran = run_case(cls, case, plan.device, target=plan.target, repeat=repeat,
+                                   budget_s=budget_s, timed=timed, status=status)
+                    if per_case is not None:
+                        per_case(ran, status)
+                    out.append(ran)
+                    progress.advance(task)
+    return out
+
+
+def env_header(dev: torch.device, peaks: Peaks, max_elements: int) -> dict[str, Any]:
+    """Where, when and with what a run ran: versions (``versions`` holds the libraries of
+    :data:`VERSIONED` that are installed), the device and GPU, the roofline peaks, the cap."""
+    info: dict[str, Any] = {
+        "tileops": version("tileops-ops", "tileops.ops") or "not installed",
+        "torch": torch.__version__,
+        "versions": {"python": platform.python_version(), "torch": torch.__version__,
+                     "cuda": torch.version.cuda,
+                     **{d: v for d in VERSIONED if (v := version(d)) is not None}},
+        "device": str(dev),
+        "peaks": {"bandwidth_Bps": peaks.bandwidth, "flops": peaks.flops,
+                  "source": peaks.source},
+        "max_elements": max_elements or None,
+        "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    }
+    if dev.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(dev)
+        cap = torch.cuda.get_device_capability(dev)
+        info["arch"] = f"sm_{cap[0]}{cap[1]}"
+    return info

@@ -1,0 +1,247 @@
+"""How the ``tileops`` commands time calls, and the roofline they compare with.
+
+Two methods, one per command:
+
+- :func:`time_call` (``tileops run``): on CUDA the median of five batches of back-to-back calls
+  between CUDA events; elsewhere the fastest of a few wall-clock calls. It answers "how long
+  does a call take here", host launch cost included.
+- :func:`device_time` (``tileops bench``): on CUDA the replay of a CUDA graph of ``iters``
+  calls between CUDA events, the median of ``trials`` replays: the device time, without the
+  host's per-call launch cost, so a contender is not judged by how Python reaches its kernel.
+  Where capture fails (a contender that syncs, allocates in a way graphs refuse, or a library
+  that does not support capture) it falls back to events around back-to-back calls and says
+  so in its note. :func:`eager_time` is the events figure on its own: what an eager model
+  sees. On the CPU both are wall time.
+
+Cold L2 (:func:`input_sets`, :func:`rotating`): each call of a timed loop takes the next of
+several input sets that together span :data:`ROTATE_BYTES`, so a call does not find its
+operands left in L2 by the call before (the H200's L2 is 50 MB). The benchmarks did this for
+GEMM, whose weight operand comes from HBM in a model; :mod:`tileops.ops.cli.bench` decides
+per op.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..workloads import Case, make_inputs
+
+__all__ = [
+    "ROTATE_BYTES",
+    "Peaks",
+    "Timing",
+    "device_time",
+    "eager_time",
+    "events_time",
+    "graph_time",
+    "input_sets",
+    "peaks",
+    "rotating",
+    "sync",
+    "time_call",
+]
+
+#: input sets are rotated until they span this many bytes (at most :data:`MAX_SETS` sets)
+ROTATE_BYTES = 256 << 20
+MAX_SETS = 8
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (nothing to wait for on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type == "mps":
+        torch.mps.synchronize()
+
+
+def time_call(fn: Callable[[], Any], device: torch.device, *, repeat: int = 20,
+              budget_s: float = 0.25) -> float:
+    """Seconds per call of ``fn`` (already warmed up). On CUDA: the median of five batches of
+    back-to-back calls timed with CUDA events. Elsewhere: the fastest of at most ``repeat``
+    calls or ``budget_s`` seconds of calls (at least one), wall time with a synchronisation
+    after each; the fastest call is the one least disturbed by other load on a shared CPU."""
+    repeat = max(1, repeat)
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            one = max(start.elapsed_time(end) * 1e-3, 1e-6)
+            batch = max(1, min(repeat, int(budget_s / 5 / one)))
+            times = []
+            for _ in range(5):
+                start.record()
+                for _ in range(batch):
+                    fn()
+                end.record()
+                torch.cuda.synchronize()
+                times.append(start.elapsed_time(end) * 1e-3 / batch)
+            return statistics.median(times)
+    times = []
+    spent = 0.0
+    while len(times) < repeat and (spent < budget_s or not times):
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        dt = time.perf_counter() - t0
+        times.append(dt)
+        spent += dt
+    return min(times)
+
+
+@dataclass(frozen=True)
+class Peaks:
+    """What the roofline of a device is drawn from: measured copy bandwidth (bytes read plus
+    written per second) and measured dense matmul throughput (FLOP/s). None where there is no
+    meaningful peak (the CPU)."""
+
+    bandwidth: float | None = None
+    flops: float | None = None
+    source: str = "none"
+
+    def roof_seconds(self, flops: int, nbytes: int) -> float | None:
+        if self.bandwidth is None or self.flops is None:
+            return None
+        return max(flops / self.flops, nbytes / self.bandwidth)
+
+    def memory_bound(self, flops: int, nbytes: int) -> bool:
+        if self.bandwidth is None or self.flops is None:
+            return flops / max(nbytes, 1) < 10.0
+        return nbytes / self.bandwidth >= flops / self.flops
+
+
+_PEAKS: dict[str, Peaks] = {}
+
+
+def peaks(device: torch.device) -> Peaks:
+    """Measured peaks of ``device`` (cached): on CUDA a 512 MiB device-to-device copy and a
+    bf16 8192^3 matmul; elsewhere none."""
+    key = str(device)
+    found = _PEAKS.get(key)
+    if found is not None:
+        return found
+    if device.type != "cuda":
+        p = Peaks(source=f"no roofline peak on {device.type}")
+    else:
+        with torch.cuda.device(device):
+            a = torch.empty(1 << 28, dtype=torch.bfloat16, device=device).normal_()
+            b = torch.empty_like(a)
+            b.copy_(a)
+            t = time_call(lambda: b.copy_(a), device, repeat=10)
+            bw = 2 * a.numel() * a.element_size() / t
+            del a, b
+            n = 8192
+            x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+            y = torch.randn(n, n, dtype=torch.bfloat16, device=device)
+            x @ y
+            t = time_call(lambda: x @ y, device, repeat=10)
+            fl = 2 * n**3 / t
+            del x, y
+        p = Peaks(bw, fl, "measured: device copy bandwidth and bf16 matmul")
+    _PEAKS[key] = p
+    return p
+
+
+# --- device time (tileops bench) -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call and how they were measured: ``"cuda graph"``, ``"cuda events"`` or
+    ``"wall clock"``; ``note`` says why the method is not the one asked for."""
+
+    seconds: float
+    method: str
+    note: str | None = None
+
+
+def events_time(fn: Callable[[], Any], iters: int, trials: int = 5) -> float:
+    """Seconds per call: the median over ``trials`` of ``iters`` back-to-back calls of ``fn``
+    between two CUDA events on the current stream."""
+    times = []
+    for _ in range(trials):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3 / iters)
+    return statistics.median(times)
+
+
+def graph_time(fn: Callable[[], Any], iters: int, trials: int = 5) -> float:
+    """Seconds per call, replaying a CUDA graph of ``iters`` calls of ``fn`` (warmed up on a
+    side stream first, as capture requires): the median over ``trials`` replays."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            fn()
+    for _ in range(3):
+        graph.replay()
+    return events_time(graph.replay, 1, trials) / iters
+
+
+def device_time(fn: Callable[[], Any], device: torch.device, *, iters: int = 20,
+                trials: int = 5) -> Timing:
+    """The device time per call of ``fn`` (already warmed up): a CUDA graph replay, else
+    CUDA events around back-to-back calls (with a note), else (not CUDA) wall time."""
+    if device.type != "cuda":
+        return Timing(time_call(fn, device, repeat=iters), "wall clock")
+    with torch.cuda.device(device):
+        try:
+            return Timing(graph_time(fn, iters, trials), "cuda graph")
+        except Exception as exc:  # noqa: BLE001 - the fallback below says why
+            torch.cuda.synchronize()
+            why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+            note = (f"CUDA graph capture failed ({type(exc).__name__}: {why}), so CUDA events "
+                    f"around back-to-back calls timed it (launch gaps included)")
+            return Timing(events_time(fn, iters, trials), "cuda events", note)
+
+
+def eager_time(fn: Callable[[], Any], device: torch.device, *, iters: int = 20,
+               trials: int = 5) -> float | None:
+    """Seconds per call of back-to-back eager calls between CUDA events (host launch cost
+    included); None off CUDA, where it would repeat the wall time."""
+    if device.type != "cuda":
+        return None
+    with torch.cuda.device(device):
+        return events_time(fn, iters, trials)
+
+
+def input_sets(case: Case, device: torch.device, first: Sequence[Any],
+               span: int = ROTATE_BYTES) -> list[list[Any]]:
+    """``first`` and further input sets of ``case`` (seeds 1, 2, ...) until together they
+    span ``span`` bytes, at most :data:`MAX_SETS` sets: the inputs a cold-L2 loop rotates."""
+    nbytes = sum(t.numel() * t.element_size() for t in first if t is not None)
+    count = max(1, min(MAX_SETS, math.ceil(span / max(nbytes, 1))))
+    return [list(first), *(make_inputs(case, device, seed=i) for i in range(1, count))]
+
+
+def rotating(sets: Sequence[Sequence[Any]], fn: Callable[..., Any]) -> Callable[[], Any]:
+    """A callable running ``fn(*sets[i])`` for the next ``i`` each call (round robin)."""
+    turn = [0]
+
+    def call() -> Any:
+        s = sets[turn[0] % len(sets)]
+        turn[0] += 1
+        return fn(*s)
+
+    return call
