@@ -1,0 +1,97 @@
+"""The tensors of an entry and the ``effects`` rule.
+
+An alias names an input of the same dtype and shape that is mutated, at least in some
+calls: the output is that input object in the calls that write it and a fresh tensor in
+the others. ``write_only`` is only on a mutated input; ``buffer`` never with ``alias``;
+effect predicates depend only on construction params and presence, so they are fixed for a
+constructed op; ``present(x)`` only on a tensor that may be absent (checked in
+:mod:`.infer`).
+"""
+
+from __future__ import annotations
+
+from .. import expr as E
+from ..primitives import GENERATORS
+from ..schema import Expr, OutputDecl
+from .context import EntryContext
+
+__all__ = ["check_tensors"]
+
+
+def check_tensors(ctx: EntryContext) -> None:
+    """The tensors: names, dtypes and shapes of their kinds, and the ``effects`` rule:
+    optional inputs come last; effect predicates read only construction params and
+    presence; write_only needs mutated; values is a generator call; aliases are consistent."""
+    params_only = {n: k for n, k in ctx.model.kinds.items()
+                   if ctx.model.sources.get(n) == "params"}
+    first_optional = None
+    for n in ctx.sig.inputs:
+        if n in ctx.model.optional_inputs:
+            first_optional = first_optional or n
+        elif first_optional is not None:
+            ctx.report.add(f"{ctx.sig_path}.inputs.{n}", f"input {n} is required but comes "
+                           f"after the optional input {first_optional}; optional inputs come "
+                           f"last, so a positional call can leave them out", "effects")
+    for group, table in (("inputs", ctx.sig.inputs), ("outputs", ctx.sig.outputs)):
+        for n, d in table.items():
+            path = f"{ctx.sig_path}.{group}.{n}"
+            if not n.isidentifier():
+                ctx.report.add(path, f"{n!r} is not a valid tensor name", "index-source")
+            ctx.check(f"{path}.dtype", d.dtype, "dtype")
+            if not isinstance(d.shape.node, E.List | E.Subscript):
+                ctx.report.add(f"{path}.shape", f"{d.shape.text!r}: a shape is a list "
+                               f"([M, N], [*S]) or a type family application (Mat[t, M, K])",
+                               "kind")
+            else:
+                ctx.check(f"{path}.shape", d.shape, "shape")
+            flags = (("optional", d.optional), ("mutated", d.mutated)) if group == "inputs" \
+                else (("nullable", d.nullable),)
+            for flag, ex in flags:
+                bad = [m for m in ex.names() if m not in params_only
+                       and m not in ctx.sig.inputs and m not in ctx.sig.outputs]
+                if bad:
+                    ctx.report.add(f"{path}.{flag}", f"{ex.text!r}: {flag} may depend only on "
+                                   f"construction params and present(...); {bad[0]!r} is not "
+                                   f"a construction param", "effects")
+                    continue
+                ctx.check(f"{path}.{flag}", ex, "bool")
+            if group == "inputs":
+                if d.write_only and d.mutated == Expr("False"):
+                    ctx.report.add(f"{path}.write_only", "write_only is for an input the op "
+                                   "writes; set mutated too", "effects")
+                if d.values is not None:
+                    _check_values(ctx, f"{path}.values", d.values)
+            else:
+                _check_alias(ctx, path, n, d)
+
+
+def _check_values(ctx: EntryContext, path: str, ex: Expr) -> None:
+    if not (isinstance(ex.node, E.Call) and ex.node.func in GENERATORS):
+        ctx.report.add(path, f"{ex.text!r}: values is a generator call, one of "
+                       f"{', '.join(sorted(GENERATORS))}", "unknown-name")
+        return
+    ctx.check(path, ex, "any", generators=True)
+
+
+def _check_alias(ctx: EntryContext, path: str, n: str, d: OutputDecl) -> None:
+    if d.alias is None:
+        return
+    if d.buffer:
+        ctx.report.add(f"{path}.buffer", "an aliased output is the input itself; it cannot also "
+                       "take a caller's buffer", "effects")
+    src = ctx.sig.inputs.get(d.alias)
+    if src is None:
+        ctx.report.add(f"{path}.alias", f"alias {d.alias!r} is not an input (inputs: "
+                       f"{', '.join(ctx.sig.inputs) or 'none'})", "effects")
+        return
+    if src.mutated == Expr("False"):
+        ctx.report.add(f"{path}.alias", f"output {n} aliases input {d.alias}, which is never "
+                       f"written; declare mutated on {d.alias}", "effects")
+    if src.dtype != d.dtype or src.shape != d.shape:
+        ctx.report.add(f"{path}.alias", f"output {n} aliases input {d.alias} but their types "
+                       f"differ: Tensor[{src.dtype}, {src.shape}] vs "
+                       f"Tensor[{d.dtype}, {d.shape}]", "effects")
+    # A conditional mutation (mutated: inplace) is fine: the output is the input object
+    # in the calls that write it and a fresh tensor in the others, as in the design
+    # documents' activation example.
+

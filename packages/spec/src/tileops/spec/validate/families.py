@@ -1,0 +1,82 @@
+"""The ``family`` rule: type families are total over their discriminants, with no case twice.
+
+A family matches on one or more parameters of a finite kind (Bool, an enum, a DType or an
+ADT's constructors); the cases are tried in order, ``_`` matches anything. Coverage is
+computed over the product of the discriminants' domains.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from ..kinds import Kind, is_discriminant
+from .context import EntryContext
+from .values import case_key, domain, fmt_value, same_value
+
+__all__ = ["check_families"]
+
+
+def check_families(ctx: EntryContext) -> None:
+    """``family``: every type family matches on parameters of a finite kind, each case's
+    ``when`` is a value of them, no case is covered by earlier ones, and together they are
+    total; each case is a shape over the family's parameters."""
+    for fname, fam in ctx.sig.types.items():
+        path = f"{ctx.sig_path}.types.{fname}"
+        kinds: dict[str, Kind] = {}
+        for pn, pex in fam.params.items():
+            k = ctx.kind_of(f"{path}.params.{pn}", pex)
+            if k is not None:
+                kinds[pn] = k
+        fam_broken = set(fam.params) - set(kinds)
+        ctx.family_kinds[fname] = kinds
+        discs = fam.discriminants
+        domains: list[list[Any]] = []
+        for d in discs:
+            if d not in fam.params:
+                ctx.report.add(f"{path}.match", f"match names {d!r}, which is not a parameter "
+                               f"of {fname} ({', '.join(fam.params)})", "family")
+                return
+            k = kinds.get(d)
+            if k is None:
+                return
+            if not is_discriminant(k):
+                ctx.report.add(f"{path}.match", f"{fname} matches on {d}, which is {k}; a "
+                               f"discriminant is Bool, an enum, a DType or an ADT", "family")
+                return
+            domains.append(domain(k, ctx.adts))
+        covered: dict[tuple, int] = {}
+        for i, case in enumerate(fam.cases):
+            cpath = f"{path}.cases[{i}]"
+            whens = [case.when] if len(discs) == 1 else case.when
+            if not isinstance(whens, list | tuple) or len(whens) != len(discs):
+                ctx.report.add(cpath, f"when must give {len(discs)} values ({', '.join(discs)})",
+                               "family")
+                continue
+            for w, dom, d in zip(whens, domains, discs, strict=True):
+                if w != "_" and not any(same_value(w, v) for v in dom):
+                    ctx.report.add(cpath, f"when {w!r} is not a value of {d} "
+                                   f"({', '.join(map(fmt_value, dom))})", "family")
+                    break
+            else:
+                combos = itertools.product(*[
+                    dom if w == "_" else [w] for w, dom in zip(whens, domains, strict=True)
+                ])
+                new = [c for c in map(case_key, combos) if c not in covered]
+                if not new:
+                    key = case_key(tuple(whens))
+                    prev = covered[key] if key in covered else (
+                        min(covered.values()) if covered else 0)
+                    ctx.report.add(cpath, f"this case is already covered by case {prev} "
+                                   f"(cases are tried in order; remove the duplicate)", "family")
+                for c in new:
+                    covered[c] = i
+            scope = dict(kinds)
+            ctx.check(f"{cpath}.is", case.is_, "shape", scope=scope, broken=fam_broken)
+        missing = [c for c in itertools.product(*domains) if case_key(c) not in covered]
+        if missing and domains:
+            shown = ", ".join("(" + ", ".join(map(fmt_value, c)) + ")" if len(c) > 1 else
+                              fmt_value(c[0]) for c in missing[:4])
+            ctx.report.add(f"{path}.cases", f"{fname} is not total: no case for "
+                           f"{' x '.join(discs)} = {shown}", "family")
+

@@ -1,0 +1,162 @@
+"""The ``solvable`` rule: every forall index is solved by unification from the required
+inputs: a bare axis, an affine axis with one unknown (``[2 * M + 1]``), the only
+unknown-length splice of a shape (``[*B, N]``), or the dtype of a required input. The solver
+tries every case of every family application, so an index one case hides is reported with
+the case.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping
+
+from .. import expr as E
+from ..kinds import DimK, DTypeK, IntK, Kind, ShapeK
+from ..schema import TypeFamily
+from .context import EntryContext
+
+__all__ = ["check_solvable"]
+
+
+def check_solvable(ctx: EntryContext) -> None:
+    """``solvable``: for every choice of case of every family application in the required
+    inputs, each forall index is read by unification (a dtype index from an input's dtype).
+    Skipped when the declarations themselves are broken."""
+    if ctx.has("kind", "unknown-name", "family", "index-source"):
+        return
+    targets = [n for n in ctx.sig.forall if n in ctx.model.kinds]
+    required = [(n, d) for n, d in ctx.sig.inputs.items()
+                if n not in ctx.model.optional_inputs]
+    dtype_solved = {d.dtype.node.id for _, d in required if isinstance(d.dtype.node, E.Name)}
+    apps = _family_apps([d.shape.node for _, d in required], ctx.sig.types)
+    choices = [[(app, i) for i in range(len(ctx.sig.types[app[0]].cases))] for app in apps]
+    unsolved: dict[str, str] = {}
+    for combo in itertools.product(*choices) if choices else [()]:
+        chosen = dict(combo)
+        forms = [_instantiate_shape(d.shape.node, ctx.sig.types, chosen) for _, d in required]
+        known = {n for n, s in ctx.model.sources.items() if s == "params"}
+        solved = _solve(forms, set(targets), known, ctx.model.kinds)
+        for n in targets:
+            k = ctx.model.kinds[n]
+            ok = n in dtype_solved if isinstance(k, DTypeK) else n in solved
+            if not ok and n not in unsolved:
+                unsolved[n] = ", ".join(
+                    f"{app[0]}[{', '.join(map(E.unparse, app[1]))}] is "
+                    f"{ctx.sig.types[app[0]].cases[i].is_.text}"
+                    for app, i in combo) if combo else ""
+    for n, where in unsolved.items():
+        k = ctx.model.kinds[n]
+        how = ("no required input has dtype " + n) if isinstance(k, DTypeK) else (
+            f"{n} does not appear where unification can read it (a bare axis, an affine "
+            f"axis like 2 * {n} + 1, or the only unknown-length *{n} of a required input)")
+        ctx.report.add(f"{ctx.sig_path}.forall.{n}", f"forall index {n} is not solvable from the "
+                       f"inputs: {how}" + (f" (when {where})" if where else ""), "solvable")
+
+
+def _family_apps(shapes: list[E.Node], families: Mapping[str, TypeFamily]) -> list[tuple]:
+    """Each distinct family application in ``shapes``, as (family name, arguments)."""
+    apps: dict[tuple, None] = {}
+    for s in shapes:
+        for n in E.walk(s):
+            if isinstance(n, E.Subscript) and E.dotted_name(n.value) in families:
+                apps[(E.dotted_name(n.value), n.index)] = None
+    return list(apps)
+
+
+def _substitute(node: E.Node, env: Mapping[str, E.Node]) -> E.Node:
+    """``node`` with the names of ``env`` replaced (a family case's parameters by the
+    application's arguments)."""
+    if isinstance(node, E.Name):
+        return env.get(node.id, node)
+    if isinstance(node, E.List | E.Tuple):
+        return type(node)(tuple(_substitute(i, env) for i in node.items))
+    if isinstance(node, E.Starred):
+        return E.Starred(_substitute(node.value, env))
+    if isinstance(node, E.BinOp):
+        return E.BinOp(node.op, _substitute(node.left, env), _substitute(node.right, env))
+    if isinstance(node, E.UnaryOp):
+        return E.UnaryOp(node.op, _substitute(node.operand, env))
+    if isinstance(node, E.Call):
+        return E.Call(node.func, tuple(_substitute(a, env) for a in node.args),
+                      tuple((k, _substitute(v, env)) for k, v in node.kwargs))
+    return node
+
+
+def _instantiate_shape(shape: E.Node, families, chosen: Mapping[tuple, int]) -> E.Node:
+    """The shape with each family application replaced by its chosen case (spliced where
+    it is starred inside a list)."""
+    if isinstance(shape, E.Subscript):
+        name = E.dotted_name(shape.value)
+        fam = families[name]
+        case = fam.cases[chosen[(name, shape.index)]]
+        env = dict(zip(fam.params, shape.index, strict=True))
+        return _substitute(case.is_.node, env)
+    if isinstance(shape, E.List):
+        items: list[E.Node] = []
+        for it in shape.items:
+            if isinstance(it, E.Starred) and isinstance(it.value, E.Subscript) \
+                    and E.dotted_name(it.value.value) in families:
+                inner = _instantiate_shape(it.value, families, chosen)
+                if isinstance(inner, E.List):
+                    items.extend(inner.items)
+                    continue
+            items.append(it)
+        return E.List(tuple(items))
+    return shape
+
+
+def _affine_unknown(node: E.Node, known: set[str], dims: set[str]) -> str | None:
+    """The single unknown Dim in an invertible (+, -, * by known) expression, if any."""
+    unknown = [n for n in E.names(node) if n not in known]
+    if len(unknown) != 1 or unknown[0] not in dims:
+        return None
+
+    def invertible(n: E.Node) -> bool:
+        if isinstance(n, E.Name | E.Int):
+            return True
+        if isinstance(n, E.BinOp) and n.op in ("+", "-"):
+            return invertible(n.left) and invertible(n.right)
+        if isinstance(n, E.BinOp) and n.op == "*":
+            lu = any(x not in known for x in E.names(n.left))
+            ru = any(x not in known for x in E.names(n.right))
+            return not (lu and ru) and invertible(n.left) and invertible(n.right)
+        if isinstance(n, E.UnaryOp) and n.op == "-":
+            return invertible(n.operand)
+        return not any(x not in known for x in E.names(n))
+
+    return unknown[0] if invertible(node) else None
+
+
+def _solve(forms: list[E.Node], targets: set[str], known: set[str],
+           kinds: Mapping[str, Kind]) -> set[str]:
+    """The names unification reads from the shape lists ``forms``, starting from ``known``
+    and repeating until nothing new is solved."""
+    solved = set(known)
+    dims = {n for n, k in kinds.items() if isinstance(k, DimK | IntK)}
+    shapes = {n for n, k in kinds.items() if isinstance(k, ShapeK)}
+    changed = True
+    while changed:
+        changed = False
+        for form in forms:
+            if not isinstance(form, E.List):
+                continue
+            items = form.items
+            unknown_stars = [i for i, it in enumerate(items) if isinstance(it, E.Starred)
+                             and any(n not in solved for n in E.names(it.value))]
+            if len(unknown_stars) <= 1:
+                positional = range(len(items))
+            else:  # only the axes before the first / after the last unknown star are placed
+                positional = [*range(unknown_stars[0]), *range(unknown_stars[-1] + 1, len(items))]
+            for i in positional:
+                it = items[i]
+                if isinstance(it, E.Starred):
+                    if isinstance(it.value, E.Name) and it.value.id in shapes \
+                            and it.value.id not in solved and len(unknown_stars) == 1:
+                        solved.add(it.value.id)
+                        changed = True
+                    continue
+                n = _affine_unknown(it, solved, dims)
+                if n is not None and n not in solved:
+                    solved.add(n)
+                    changed = True
+    return solved

@@ -1,0 +1,161 @@
+"""The validator's ``effects`` rule: alias, write_only, buffer, effect predicates and
+presence. Specs that pass it and specs that break it, with the exact diagnostic."""
+
+from __future__ import annotations
+
+import pytest
+
+from .validate_base import (
+    FLOPS,
+    ROW,
+    X,
+    Y,
+    diagnostics,
+    edit,
+    passing_params,
+    shown,
+)
+
+PASSING = {
+    "effects": [
+        ("alias-conditional", edit(
+            X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
+            Y, 'y: {dtype: T, shape: "[M, N]", alias: x}',
+            ROW, "{M: 2, N: 3, flag: true,")),
+        ("alias-nullable", edit(
+            X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
+            Y, 'y: {dtype: T, shape: "[M, N]", alias: x, nullable: flag}')),
+        ("write-only", edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true, '
+                               'write_only: true}')),
+        ("buffer", edit(Y, 'y: {dtype: T, shape: "[M, N]", buffer: true}')),
+        ("presence", edit(
+            X, X + '\n      w: {dtype: T, shape: "[N]", optional: "not flag"}',
+            FLOPS, 'flops: "M * N * (2 if present(w) else 1)"',
+            "label: small}", "label: small, some: [w]}")),
+    ],
+}
+
+
+@pytest.mark.parametrize("text", passing_params(PASSING))
+def test_passing(text: str) -> None:
+    assert shown(diagnostics(text)) == []
+
+
+FAILING = [
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", alias: z}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.alias: alias 'z' is not an input"
+                " (inputs: x)",
+            ),
+        ],
+        id="effects:alias-to-a-missing-input",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", alias: x}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.alias: output y aliases input x, which"
+                " is never written; declare mutated on x",
+            ),
+        ],
+        id="effects:alias-to-a-non-mutated-input",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true}', Y, 'y: {dtype: T, shape: "[N, M]", alias: x}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.alias: output y aliases input x but"
+                " their types differ: Tensor[T, [M, N]] vs Tensor[T, [N, M]]",
+            ),
+        ],
+        id="effects:alias-with-another-type",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", write_only: true}'),
+        [
+            (
+                "effects",
+                "op.yaml:9: in Op.signature.inputs.x.write_only: write_only is for an input the"
+                " op writes; set mutated too",
+            ),
+        ],
+        id="effects:write-only-without-mutated",
+    ),
+    pytest.param(
+        edit(X, 'b: {dtype: T, shape: "[N]", optional: true}\n      ' + X),
+        [
+            (
+                "effects",
+                "op.yaml:10: in Op.signature.inputs.x: input x is required but comes after the"
+                " optional input b; optional inputs come last, so a positional call can leave"
+                " them out",
+            ),
+        ],
+        id="effects:optional-before-required",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true}', Y, 'y: {dtype: T, shape: "[M, N]", alias: x, buffer: true}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.buffer: an aliased output is the input"
+                " itself; it cannot also take a caller's buffer",
+            ),
+        ],
+        id="effects:buffer-with-alias",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: "M > 1"}'),
+        [
+            (
+                "effects",
+                "op.yaml:9: in Op.signature.inputs.x.mutated: 'M > 1': mutated may depend only"
+                " on construction params and present(...); 'M' is not a construction param",
+            ),
+        ],
+        id="effects:mutated-depends-on-a-dim",
+    ),
+    pytest.param(
+        edit(X, X + '\n      w: {dtype: T, shape: "[N]", optional: "N > 2"}'),
+        [
+            (
+                "effects",
+                "op.yaml:10: in Op.signature.inputs.w.optional: 'N > 2': optional may depend"
+                " only on construction params and present(...); 'N' is not a construction param",
+            ),
+        ],
+        id="effects:optional-depends-on-a-dim",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", nullable: "N > 0"}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.nullable: 'N > 0': nullable may depend"
+                " only on construction params and present(...); 'N' is not a construction param",
+            ),
+        ],
+        id="effects:nullable-depends-on-a-dim",
+    ),
+    pytest.param(
+        edit(FLOPS, 'flops: "M if present(x) else N"'),
+        [
+            (
+                "effects",
+                "op.yaml:15: in Op.roofline.flops: 'M if present(x) else N': present(x): x is"
+                " never absent (it is not optional or nullable)",
+            ),
+        ],
+        id="effects:present-of-a-required-tensor",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), FAILING)
+def test_failing(text: str, expected: list[tuple[str, str]]) -> None:
+    assert shown(diagnostics(text)) == expected
