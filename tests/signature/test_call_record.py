@@ -349,7 +349,7 @@ def test_hot_path_check_binds_only_what_a_later_check_reads(example_plan) -> Non
 
 
 def test_hot_path_simplification_reads_the_parsed_statements() -> None:
-    from tileops.signature.plan import _simplify_fast
+    from tileops.signature.simplify import simplify_fast
 
     head = ["try:", "    s_x = t_x.shape", "    if not (len(s_x) >= 2): raise _Miss",
             "    i_A = s_x[0]", "    i_B = s_x[-2]"]
@@ -357,10 +357,10 @@ def test_hot_path_simplification_reads_the_parsed_statements() -> None:
     # i_B: read by nothing after it, dropped; the rank check stays: no statement starts by
     # reading s_x[-2] or s_x[1] (i_A is read first), and a nested block is not the body
     lines = [*head, "    if not (i_A == s_x[1]): raise _Miss", *tail]
-    assert _simplify_fast(lines) == [*head[:4], lines[5], *tail]
+    assert simplify_fast(lines) == [*head[:4], lines[5], *tail]
     # a statement that starts by reading s_x[1] implies the rank check
     lines = [*head, "    if not (s_x[1] == i_A): raise _Miss", *tail]
-    assert _simplify_fast(lines) == [*head[:2], head[3], lines[5], *tail]
+    assert simplify_fast(lines) == [*head[:2], head[3], lines[5], *tail]
     # a binding that may fail (a division) is kept though nothing reads it
     lines = [*head[:4], "    i_D = i_A // s_x[0]", "    return _R(s_x)"]
-    assert _simplify_fast(lines) == lines
+    assert simplify_fast(lines) == lines

@@ -1,0 +1,76 @@
+"""What the generator's modules share: its two internal exceptions, the records it hands
+between them (a failure's description, a hot-path body) and the formatting of values in
+messages. Imports nothing of the package, so every other module can import it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FastBody", "Failure", "GenError", "LazyConflict", "ev", "fmt_value", "shape_text",
+           "tuple_code"]
+
+
+class GenError(Exception):
+    """The entry cannot be compiled at this construction point (reported as a SpecError)."""
+
+
+class LazyConflict(Exception):
+    """A Shape index is sliced from different inputs in different presence branches: the
+    generator starts over, slicing it eagerly."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass(frozen=True)
+class FastBody:
+    """One body of a point's hot-path ``check``, for callers that fuse the check into code
+    of their own (the runtime's fused op call): run ``lines`` (statements over ``t_<input>``
+    and the point's ``namespace``; a miss raises) under ``try``, then ``record`` (an
+    expression) is the call's record. Chosen by ``presence`` (optional input -> given)."""
+
+    presence: dict[str, bool]
+    lines: tuple[str, ...]
+    record: str
+    #: the effect branch of this body when no ``out=`` buffer is given
+    branch: tuple
+
+
+@dataclass
+class Failure:
+    """One check's failure, described once when generating: the call error raised when that
+    check fails is built from it and the failing call's locals (``ConstructionPoint._fail``)."""
+
+    argument: str
+    expected: str
+    because: Callable[[dict], str]
+    bound: tuple[str, ...]
+    location: str
+
+
+def fmt_value(v: Any) -> str:
+    """A param or index value as messages show it: ``[4096]``, ``'mean'``, ``1e-06``."""
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(map(str, v)) + "]"
+    return repr(v) if isinstance(v, str) else str(v)
+
+
+def shape_text(s: Any) -> str:
+    """A shape as messages show it: ``[2, 4096]``."""
+    return "[" + ", ".join(str(int(x)) for x in s) + "]"
+
+
+def tuple_code(items: list[str]) -> str:
+    """Source of a tuple display: ``()``, ``(a,)``, ``(a, b)``."""
+    if not items:
+        return "()"
+    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
+
+
+def ev(code: str, env: dict) -> Any:
+    """Evaluate a generated sub-expression against a failing call's locals (slow path only,
+    for the error message; the code is our own generated text)."""
+    return eval(code, {"len": len, "tuple": tuple}, env)  # noqa: S307

@@ -1,0 +1,237 @@
+"""The construction check: a plan's construction params against their kinds, normalised,
+and the refinements that read only params.
+
+``construct`` runs on every op construction, so it is plain Python over the entry (no
+generated code): the params are checked and normalised one by one (:func:`normalize_params`;
+``[4096]`` and ``(4096,)`` become the same Shape), keyed (:func:`point_key`, equal params give
+one construction point), and the refinements that name only params or lets over them are
+evaluated once per new point (:func:`check_param_refinements`). A failure raises a
+:class:`ConstructionError` naming the param, what its kind expects, what was given and the
+spec line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tileops.spec import AdtValue, EvalError, Scope, evaluate, kind_from_expr
+from tileops.spec.kinds import (
+    AdtK,
+    BoolK,
+    DimK,
+    DTypeK,
+    EnumK,
+    FloatK,
+    IntK,
+    Kind,
+    MaybeK,
+    PerAxisK,
+    ShapeK,
+)
+
+from .common import fmt_value
+from .errors import ConstructionError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .plan import SignaturePlan
+
+__all__ = ["check_param_refinements", "const_lets", "normalize_params", "point_key"]
+
+
+def normalize_params(plan: SignaturePlan, params: Mapping[str, Any]) -> dict[str, Any]:
+    """Every construction param of ``plan``: the given value or the default, checked against
+    its kind and normalised, in declaration order."""
+    unknown = [k for k in params if k not in plan.sig.params]
+    if unknown:
+        _construction_error(
+            plan, unknown[0], "one of: " + (", ".join(plan.param_names) or "no params"),
+            repr(params[unknown[0]]), f"{plan.name} has no construction param "
+            f"{unknown[0]!r}", params)
+    values: dict[str, Any] = {}
+    for n, p in plan.sig.params.items():
+        if n in params:
+            v = params[n]
+        elif not p.required:
+            v = p.default
+        else:
+            _construction_error(plan, n, f"{n}: {plan.kinds[n]}", "nothing",
+                                f"{n} is required (it has no default)", params)
+        values[n] = _normalize(plan, n, v, plan.kinds[n], params)
+    return values
+
+
+def point_key(plan: SignaturePlan, values: Mapping[str, Any]) -> tuple:
+    """The cache key of the construction point of normalised ``values``."""
+    return tuple(_hashable(values[n]) for n in plan.param_names)
+
+
+def _construction_error(plan: SignaturePlan, n: str, expected: str, seen: str, because: str,
+                        params: Mapping[str, Any]) -> None:
+    call = ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items()) or "(no params)"
+    root = n.partition(".")[0]  # an ADT field (layout.max_m) is written under its param
+    where = plan.where(f"signature.params.{root}") if root in plan.sig.params else \
+        plan.where("signature.params")
+    raise ConstructionError(plan.name, n, expected, seen, because, call, {}, where)
+
+
+def _normalize(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
+               params: Mapping[str, Any], maybe: Kind | None = None) -> Any:
+    """``v`` for the param (or ADT field) ``n`` of kind ``k``, checked and normalised."""
+
+    def bad(why: str) -> None:
+        # a Maybe param is reported as declared (Maybe[Int]); None was also accepted
+        _construction_error(plan, n, f"{n}: {maybe or k}", f"{v!r} ({type(v).__name__})",
+                            why if maybe is None else f"{why}, or None", params)
+
+    if isinstance(k, MaybeK):
+        return None if v is None else _normalize(plan, n, v, k.inner, params, maybe=k)
+    if isinstance(k, BoolK):
+        if not isinstance(v, bool):
+            bad(f"{n} must be True or False")
+        return v
+    if isinstance(k, DimK | IntK):
+        if isinstance(v, bool) or not isinstance(v, int):
+            bad(f"{n} must be an int")
+        if isinstance(k, DimK) and v < 0:
+            bad(f"{n} is a Dim and must be >= 0")
+        return int(v)
+    if isinstance(k, FloatK):
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            bad(f"{n} must be a number")
+        return float(v)
+    if isinstance(k, ShapeK):
+        if not isinstance(v, list | tuple) or not all(
+                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
+            bad(f"{n} must be a list or tuple of non-negative ints")
+        return tuple(int(x) for x in v)
+    if isinstance(k, PerAxisK):
+        if isinstance(v, int) and not isinstance(v, bool):
+            return v
+        if isinstance(v, list | tuple) and len(v) in (1, k.n) and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in v):
+            return tuple(v)
+        bad(f"{n} must be an int or a tuple of {k.n} ints")
+    if isinstance(k, EnumK):
+        if v not in k.values:
+            bad(f"{n} must be one of {', '.join(map(repr, k.values))}")
+        return v
+    if isinstance(k, DTypeK):
+        name = v if isinstance(v, str) else plan.adapter.names.get(v)
+        if name not in k.members:
+            bad(f"{n} must be one of {', '.join(k.members)}")
+        return name
+    if isinstance(k, AdtK):
+        return _adt_value(plan, n, v, k, bad, params)
+    return v  # pragma: no cover - every kind is handled above
+
+
+def _adt_value(plan: SignaturePlan, n: str, v: Any, k: AdtK, bad: Callable[[str], None],
+               params: Mapping[str, Any]) -> AdtValue:
+    adt = plan.adts[k.name]
+    if isinstance(v, AdtValue):
+        ctor_name, fields = v.constructor, dict(v.fields)
+    else:
+        path = f"{type(v).__module__}.{type(v).__qualname__}"
+        match = [c for c, ctor in adt.constructors.items() if ctor.python == path]
+        if not match:
+            bad(f"{n} must be a {k.name}: one of "
+                + ", ".join(f"{c.python}" for c in adt.constructors.values()))
+        ctor_name = match[0]
+        fields = {f: getattr(v, f) for f in adt.constructors[ctor_name].fields
+                  if hasattr(v, f)}  # a missing field is reported below
+    ctor = adt.constructors.get(ctor_name)
+    if ctor is None:
+        bad(f"{ctor_name!r} is not a constructor of {k.name}")
+    assert ctor is not None
+    if set(fields) != set(ctor.fields):
+        bad(f"{ctor_name} has fields {', '.join(ctor.fields)}")
+    for fn, fex in ctor.fields.items():
+        fk = kind_from_expr(fex.node, set(plan.adts))
+        fields[fn] = _normalize(plan, f"{n}.{fn}", fields[fn], fk, params)
+    if ctor.invariant is not None:
+        try:
+            ok = evaluate(ctor.invariant.node, Scope(fields))
+        except EvalError as exc:
+            ok, why = False, str(exc)
+        else:
+            why = f"{ctor_name} breaks its invariant {ctor.invariant.text!r}"
+        if not ok:
+            bad(why)
+    return AdtValue(ctor_name, fields)
+
+
+def check_param_refinements(plan: SignaturePlan, values: dict[str, Any],
+                            params: Mapping) -> None:
+    """The refinements that read only construction params (directly or through lets)."""
+    params_only = set(plan.sig.params)
+    lets = const_lets(plan, values)
+    scope = Scope({**values, **lets}, plan.sig.types)
+    for i, rule in enumerate(plan.sig.shape_rules):
+        names = set(rule.names())
+        # present() of a Maybe param is decided here too; a rule that names a tensor
+        # (present(weight)) or a call-time index is left to the call check
+        if names and names <= params_only | set(lets):
+            try:
+                ok = evaluate(rule.node, scope)
+            except EvalError as exc:
+                ok, extra = False, f": {exc}"
+            else:
+                extra = ""
+            if not ok:
+                shown = ", ".join(f"{m} = {fmt_value(scope.values[m])}"
+                                  for m in rule.names() if m in scope.values)
+                call = ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items())
+                raise ConstructionError(
+                    plan.name, ", ".join(_params_of(plan, rule.names())),
+                    rule.text, shown, f"refinement {rule.text!r} does not hold{extra}",
+                    call or "(no params)", {}, plan.where(f"signature.shape_rules[{i}]"))
+
+
+def _params_of(plan: SignaturePlan, names: list[str]) -> list[str]:
+    """The construction params ``names`` read, directly or through let definitions."""
+    out: dict[str, None] = {}
+    seen: set[str] = set()
+
+    def visit(n: str) -> None:
+        if n in seen:
+            return
+        seen.add(n)
+        if n in plan.sig.params:
+            out[n] = None
+        elif n in plan.sig.let:
+            for m in plan.sig.let[n].names():
+                visit(m)
+
+    for n in names:
+        visit(n)
+    return list(out)
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, AdtValue):
+        return (v.constructor, tuple(sorted((k, _hashable(x)) for k, x in v.fields.items())))
+    if isinstance(v, list):
+        return tuple(v)
+    if isinstance(v, float) and v != v:  # NaN != NaN: one key for every NaN, not a new point
+        return ("nan",)
+    return v
+
+
+def const_lets(plan: SignaturePlan, values: Mapping[str, Any]) -> dict[str, Any]:
+    """let definitions that depend only on construction params, evaluated."""
+    out: dict[str, Any] = {}
+    known = set(values)
+    changed = True  # validated: no cycles; iterate to a fixpoint
+    while changed:
+        changed = False
+        for n, ex in plan.sig.let.items():
+            if n in out or not set(ex.names()) <= known | set(out):
+                continue
+            try:
+                out[n] = evaluate(ex.node, Scope({**values, **out}, plan.sig.types))
+            except EvalError:
+                continue
+            changed = True
+    return out
+

@@ -1,0 +1,459 @@
+"""The check body of one presence combination: every input unified with its declaration.
+
+For each given input in declared order, its dtype and then its shape are unified with the
+declaration folded at the point (:mod:`.fold`): the first occurrence of an index binds it,
+later ones must equal it; a variadic ``*S`` is sliced (lazily: the record keeps the whole
+shape and the bounds); an affine axis (``2 * H + 1``) is solved for its one unknown; an axis
+that binds nothing where it stands waits until later inputs have bound its indices. Then the
+lets, the deferred axes and the refinements, and the outputs (:mod:`.infer`). Every check is
+emitted with the description of its failure, so ``check_exact`` raises the precise error and
+the hot path (``fast``) only needs to know that something missed (:mod:`.simplify` then
+drops what cannot change its outcome).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from tileops.spec import expr as E
+
+from .common import FastBody, GenError, LazyConflict, ev, fmt_value, tuple_code
+from .fold import subst
+from .infer import emit_outputs
+from .simplify import simplify_fast
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .gen_check import Generator
+
+__all__ = ["Body"]
+
+
+class _Off:
+    """An axis offset: a constant plus runtime terms (``len(i_B)``)."""
+
+    def __init__(self, const: int = 0, terms: tuple[str, ...] = ()) -> None:
+        self.const, self.terms = const, terms
+
+    def add(self, n: int | str) -> _Off:
+        if isinstance(n, int):
+            return _Off(self.const + n, self.terms)
+        return _Off(self.const, (*self.terms, n))
+
+    def code(self) -> str:
+        parts = [*self.terms] + ([str(self.const)] if self.const or not self.terms else [])
+        return " + ".join(parts)
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+
+class Body:
+    """The straight-line body for one presence combination, in one of four modes:
+
+    - ``exact``: every check raises its precise error (``check_exact``);
+    - ``fast``: the same checks, but a miss (a failing check or an exception) leaves the body
+      and hands the call to ``check_exact``; bindings no later check reads are left out (the
+      record derives them), so the hot path reads, compares and builds one object;
+    - ``symbolic``: size comparisons through the adapter's hook (``check_symbolic``);
+    - ``derive``: the bindings, lets and output inference over a record's stored shapes and
+      dtypes, no checks; returns ``(values, output_shapes, output_dtypes)``.
+    """
+
+    def __init__(self, gen: Generator, presence: dict[str, bool], mode: str) -> None:
+        self.g = gen
+        self.sig = gen.sig
+        self.presence = presence
+        self.mode = mode
+        self.symbolic = mode == "symbolic"
+        self.lines: list[str] = []
+        self.bound: list[str] = []
+        self.bound_set: set[str] = set()
+        self.by: dict[str, str] = {}  # index -> where it was bound ("a.shape[1]")
+        # Shape indices bound by a slice are materialised only when later code reads them
+        # (slicing a torch.Size costs more than the rest of a check); the record stores the
+        # whole shape and the slice bounds instead.
+        self.pending: dict[str, tuple[str, int, int]] = {}
+        self.forms: dict[str, E.Node] = {}
+        # axes that cannot be unified where they stand (two unknowns, a let, a non-affine
+        # form): solved once later inputs bind their indices, or checked after the lets
+        self.deferred: list[tuple[str, E.Node, str, str, str, str]] = []
+        derive = mode == "derive"
+        if not derive:
+            self.lines.append("try:")
+        self.ind = "" if derive else "    "
+        for n, decl in self.sig.inputs.items():
+            if n in presence and not presence[n]:
+                continue
+            self.unify(n, decl)
+        self.solve_deferred()
+        missing = [n for n in self.sig.forall if n not in self.bound_set]
+        if missing:
+            raise GenError(f"forall index {missing[0]} is not bound by the inputs")
+        self.lets()
+        for n, it, at, disp, expected, path in self.deferred:
+            if self.unbound(it):
+                raise GenError(f"{n}: axis {E.unparse(it)} cannot be unified")
+            self.check_axis(n, it, at, disp, expected, path)
+        self.refinements()
+        emit_outputs(self)
+        if derive:
+            return
+        if mode == "fast":
+            self.lines = simplify_fast(self.lines)
+            inner = [line[len(self.ind):] for line in self.lines[1:-1]]  # try: ... return
+            record = self.lines[-1].strip()[len("return "):]
+            self.fast_body = FastBody(dict(presence), tuple(inner), record, self.fresh_branch)
+            self.lines.append("except Exception:")  # a miss: the exact check says why
+            self.lines.append("    pass")
+            self.lines.append(f"return {self.g.exact_call()}")
+            return
+        # a missing or non-tensor input (AttributeError, TypeError), or arithmetic of the
+        # signature that fails on these sizes (a let dividing by zero, a primitive refusing)
+        self.lines.append("except _SCE:")  # our own errors (a ValueError) pass through
+        self.lines.append("    raise")
+        self.lines.append("except (AttributeError, TypeError, ArithmeticError, ValueError) as _e:")
+        fid = self.g.fail(*self._missing_failure())
+        self.lines.append(f"    raise _fail({fid}, locals()) from None")
+
+    def _missing_failure(self):
+        names = [n for n in self.sig.inputs if not (n in self.presence
+                                                    and not self.presence[n])]
+
+        def because(env: dict) -> str:
+            for n in names:
+                t = env.get(f"t_{n}")
+                if t is None:
+                    return f"{n} is required, got None"
+                if not (hasattr(t, "shape") and hasattr(t, "dtype")):
+                    return f"{n} must be a tensor (an object with .shape and .dtype), got " \
+                           f"{type(t).__name__}"
+            e = env.get("_e")
+            return (f"evaluating the signature on these sizes failed: {type(e).__name__}: {e}"
+                    if e is not None else "a tensor could not be read")
+
+        return ("(inputs)", "tensors for " + ", ".join(names), because, [], "signature.inputs")
+
+    # emitted statements
+
+    def emit(self, line: str) -> None:
+        self.lines.append(self.ind + line)
+
+    def check(self, cond_ok: str, fid: int) -> None:
+        if self.mode == "derive":
+            return
+        if self.mode == "fast":
+            self.emit(f"if not ({cond_ok}): raise _Miss")
+        elif self.symbolic:
+            self.emit(f"_chk({cond_ok}, _M{fid})")
+            self.g.namespace.setdefault("_chk", self.g.adapter.check)
+            f = self.g.failures[fid]
+            self.g.namespace[f"_M{fid}"] = (
+                lambda f=f: f"{self.g.plan.name}: argument {f.argument}: expected "
+                            f"{f.expected} ({f.location})")
+        else:
+            self.emit(f"if not ({cond_ok}): raise _fail({fid}, locals())")
+
+    def fail_id(self, arg: str, expected: str, because: Callable[[dict], str], path: str) -> int:
+        return self.g.fail(arg, expected, because, list(self.bound), path)
+
+    def bind(self, name: str, code: str, where: str) -> None:
+        self.emit(f"i_{name} = {code}")
+        self.bound.append(name)
+        self.bound_set.add(name)
+        self.by[name] = where
+
+    # unification of one input
+
+    def unify(self, n: str, decl) -> None:
+        path = f"signature.inputs.{n}"
+        shape = self.g.fold(decl.shape.node, self.presence, self.bound_set)
+        if not isinstance(shape, E.List | E.Tuple):
+            raise GenError(f"shape of {n} ({decl.shape.text}) did not resolve to a list")
+        expected = f"{n}: Tensor[{decl.dtype.text}, {E.unparse(E.List(shape.items))}]"
+        if E.unparse(E.List(shape.items)) != decl.shape.text:
+            expected += f"  (declared {decl.shape.text})"
+        self.forms[n] = shape if isinstance(shape, E.List) else E.List(shape.items)
+        self.g.expected_inputs.setdefault(n, expected)
+        if self.mode != "derive":  # derive has the record's stored reads
+            self.emit(f"s_{n} = t_{n}.shape")
+            self.emit(f"d_{n} = t_{n}.dtype")
+        self.unify_dtype(n, decl, expected, path)
+        items = list(shape.items)
+        unknown = [i for i, it in enumerate(items) if isinstance(it, E.Starred)
+                   and not self._star_known(it)]
+        if len(unknown) > 1:
+            raise GenError(f"{n}: shape {decl.shape.text} has two unknown-length parts")
+        if self.mode == "fast" and items and not any(
+                isinstance(it, E.Starred) or self.unbound(it) for it in items):
+            # every axis is known already (weight: [4096]): one tuple comparison stands for
+            # the rank and each axis; a miss goes to the exact check, which says which
+            self.emit(f"if not (s_{n} == {tuple_code([self.expr(it) for it in items])}): "
+                      f"raise _Miss")
+            return
+        # rank
+        fixed = _Off()
+        for it in items:
+            if isinstance(it, E.Starred):
+                if self._star_known(it):
+                    fixed = fixed.add(self._star_len(it))
+            else:
+                fixed = fixed.add(1)
+        rank_text = E.unparse(E.List(shape.items))
+        if unknown:
+            fid = self.fail_id(n, expected, lambda env, n=n, fx=fixed, r=rank_text:
+                               f"{n} has {len(env[f's_{n}'])} dims, but {r} needs at least "
+                               f"{_eval_off(fx, env)}", path)
+            self.check_plain(f"len(s_{n}) >= {fixed.code()}", fid)
+        else:
+            fid = self.fail_id(n, expected, lambda env, n=n, fx=fixed, r=rank_text:
+                               f"{n} has {len(env[f's_{n}'])} dims, but {r} has "
+                               f"{_eval_off(fx, env)}", path)
+            self.check_plain(f"len(s_{n}) == {fixed.code()}", fid)
+        u = unknown[0] if unknown else len(items)
+        left = _Off()
+        for it in items[:u]:
+            left = self.unify_item(n, it, left, None, expected, path)
+        if unknown:
+            right = _Off()
+            for it in reversed(items[u + 1:]):
+                right = self.unify_item(n, it, None, right, expected, path)
+            star = items[u]
+            assert isinstance(star, E.Starred)
+            end = f"len(s_{n}) - ({right.code()})" if (right.const or right.terms) else ""
+            sl = f"s_{n}[{left.code() if (left.const or left.terms) else ''}:{end}]"
+            if isinstance(star.value, E.Name) and star.value.id in self.sig.forall:
+                disp = f"{n}.shape[{left.code()}:{('-' + right.code()) if end else ''}]"
+                if left.is_const() and right.is_const() and star.value.id not in self.g.eager:
+                    name = star.value.id
+                    self.pending[name] = (f"s_{n}", left.const, right.const)
+                    self.bound.append(name)
+                    self.bound_set.add(name)
+                    self.by[name] = disp
+                    how = (n, left.const, right.const)
+                    if self.g.lazy.setdefault(name, how) != how:
+                        raise LazyConflict(name)
+                else:
+                    self.bind(star.value.id, sl, disp)
+            else:
+                raise GenError(f"{n}: cannot unify *{E.unparse(star.value)}")
+
+    def check_plain(self, cond_ok: str, fid: int) -> None:
+        # rank and dtype checks are static under tracing: always plain
+        if self.mode == "derive":
+            return
+        if self.mode == "fast":
+            self.emit(f"if not ({cond_ok}): raise _Miss")
+        else:
+            self.emit(f"if not ({cond_ok}): raise _fail({fid}, locals())")
+
+    def _star_known(self, it: E.Starred) -> bool:
+        return all(m in self.bound_set for m in E.names(it.value))
+
+    def _star_len(self, it: E.Starred) -> str:
+        v = self.expr(it.value)
+        return f"len({v})"
+
+    def expr(self, node: E.Node) -> str:
+        """Code for ``node``, first materialising any pending Shape index it reads."""
+        for m in E.names(node):
+            if m in self.pending:
+                src, a, b = self.pending.pop(m)
+                self.emit(f"i_{m} = {src}[{a or ''}:{f'len({src}) - {b}' if b else ''}]")
+        return self.g.code(node)
+
+    def unify_item(self, n: str, it: E.Node, left: _Off | None, right: _Off | None,
+                   expected: str, path: str) -> _Off:
+        """One item at ``left`` (from the start) or at ``-(right + 1)`` (from the end)."""
+        if isinstance(it, E.Starred):
+            val = self.expr(it.value)
+            ln = f"len({val})"
+            if left is not None:
+                sl = f"s_{n}[{left.code()}:{left.code()} + {ln}]"
+                nxt = left.add(ln)
+            else:
+                sl = f"s_{n}[len(s_{n}) - ({right.add(ln).code()}):len(s_{n}) - ({right.code()})]"
+                nxt = right.add(ln)
+            text = E.unparse(it.value)
+            origin = {m: self.by.get(m, "construction") for m in E.names(it.value)}
+            fid = self.fail_id(n, expected, lambda env, sl=sl, text=text, val=val, o=origin:
+                               f"{text} is {fmt_value(ev(val, env))}"
+                               + "".join(f" (bound by {w})" for w in o.values()
+                                         if w != "construction")
+                               + f", but that part of the shape is {fmt_value(ev(sl, env))}",
+                               path)
+            self.check(f"tuple({sl}) == tuple({val})", fid)
+            return nxt
+        if left is not None:
+            ax = left.code()
+            nxt = left.add(1)
+        else:
+            assert right is not None
+            ax = f"-({right.add(1).code()})" if right.terms else str(-(right.const + 1))
+            nxt = right.add(1)
+        at = f"s_{n}[{ax}]"
+        disp = f"{n}.shape[{ax}]"
+        unbound = self.unbound(it)
+        if len(unbound) == 1 and self.solvable(it, unbound[0]):
+            self.solve_axis(n, it, at, disp, expected, path, unbound[0])
+        elif unbound:
+            self.deferred.append((n, it, at, disp, expected, path))
+        else:
+            self.check_axis(n, it, at, disp, expected, path)
+        return nxt
+
+    def unbound(self, it: E.Node) -> list[str]:
+        return [m for m in E.names(it) if m not in self.bound_set and m not in self.g.const]
+
+    def solvable(self, it: E.Node, x: str) -> bool:
+        """``x`` can be read off an axis ``it``: a bare forall index, or ``it`` is affine in it
+        (the validator's rule: +, -, and * by a known factor)."""
+        return x in self.sig.forall and (isinstance(it, E.Name) or _affine_in(it, x))
+
+    def solve_deferred(self) -> None:
+        progress = True
+        while progress:  # as the validator does: until no deferred axis binds anything
+            progress = False
+            for d in list(self.deferred):
+                n, it, at, disp, expected, path = d
+                unbound = self.unbound(it)
+                if len(unbound) == 1 and self.solvable(it, unbound[0]):
+                    self.deferred.remove(d)
+                    self.solve_axis(n, it, at, disp, expected, path, unbound[0])
+                    progress = True
+
+    def solve_axis(self, n: str, it: E.Node, at: str, disp: str, expected: str, path: str,
+                   x: str) -> None:
+        if isinstance(it, E.Name):
+            self.bind(it.id, at, disp)
+            return
+        b = self.g.fold(subst(it, {x: E.Int(0)}, {}), self.presence, self.bound_set)
+        a1 = self.g.fold(subst(it, {x: E.Int(1)}, {}), self.presence, self.bound_set)
+        bc, a1c = self.expr(b), self.expr(a1)
+        text = E.unparse(it)
+        self.emit(f"i_{x}, _r = divmod({at} - ({bc}), ({a1c}) - ({bc}))")
+        # the failure lists what was bound before: x has no value when there is no solution
+        fid = self.fail_id(n, expected, lambda env, at=at, text=text, x=x, d=disp:
+                           f"{d} is {ev(at, env)}, but {text} has no solution "
+                           f"{x} >= 0 there", path)
+        self.bound.append(x)
+        self.bound_set.add(x)
+        self.by[x] = disp
+        self.check(f"_r == 0 and i_{x} >= 0", fid)
+
+    def check_axis(self, n: str, it: E.Node, at: str, disp: str, expected: str,
+                   path: str) -> None:
+        """``at`` must equal ``it``, whose indices are all bound."""
+        code = self.expr(it)
+        text = E.unparse(it)
+        if isinstance(it, E.Name) and it.id in self.by:
+            src = self.by[it.id]
+            fid = self.fail_id(n, expected, lambda env, at=at, code=code, t=text, src=src,
+                               d=disp: f"{t} bound to {ev(code, env)} by {src}, but {d} is "
+                                       f"{ev(at, env)}", path)
+        elif isinstance(it, E.Int):
+            fid = self.fail_id(n, expected, lambda env, at=at, t=text, d=disp:
+                               f"{d} must be {t}, but is {ev(at, env)}", path)
+        else:
+            fid = self.fail_id(n, expected, lambda env, at=at, code=code, t=text, d=disp:
+                               f"{d} must be {t} = {ev(code, env)}, but is {ev(at, env)}", path)
+        self.check(f"{at} == {code}", fid)
+
+    def unify_dtype(self, n: str, decl, expected: str, path: str) -> None:
+        node = decl.dtype.node
+        ad = self.g.adapter
+        if isinstance(node, E.Name) and node.id in self.sig.forall:
+            t = node.id
+            if t not in self.bound_set:
+                members = self.g.plan.kinds[t].members  # type: ignore[attr-defined]
+                allowed = frozenset(ad.natives[m] for m in members if m in ad.natives)
+                name = self.g._name("DT", allowed)
+                fid = self.fail_id(n, expected, lambda env, n=n, t=t, ms=members:
+                                   f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}, but {t} must be "
+                                   f"one of {', '.join(ms)}", path)
+                self.check_plain(f"d_{n} in {name}", fid)
+                self.bind(t, f"d_{n}", f"{n}.dtype")
+                return
+            src = self.by[t]
+            fid = self.fail_id(n, expected, lambda env, n=n, t=t, src=src:
+                               f"{t} bound to {ad.name_of(env[f'i_{t}'])} by {src}, but "
+                               f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}", path)
+            self.check_plain(f"d_{n} == i_{t}", fid)
+            return
+        value = node.id if isinstance(node, E.Name) and node.id not in self.g.const \
+            else self.g.const.get(node.id) if isinstance(node, E.Name) else None
+        if not isinstance(value, str):
+            raise GenError(f"dtype of {n} ({decl.dtype.text}) is not a dtype")
+        const = self.g._native(value)
+        fid = self.fail_id(n, expected, lambda env, n=n, v=value:
+                           f"{n}.dtype must be {v}, but is {ad.name_of(env[f'd_{n}'])}", path)
+        self.check_plain(f"d_{n} == {const}", fid)
+
+    def lets(self) -> None:
+        for n in self.g._let_order():
+            if n in self.g.const:
+                continue
+            node = self.g.fold(self.sig.let[n].node, self.presence, self.bound_set)
+            self.emit(f"i_{n} = {self.expr(node)}")
+            self.bound.append(n)
+            self.bound_set.add(n)
+            self.by[n] = f"let {n} = {self.sig.let[n].text}"
+
+    def refinements(self) -> None:
+        for i, rule in enumerate(self.sig.shape_rules):
+            node = self.g.fold(rule.node, self.presence, self.bound_set)
+            if isinstance(node, E.Bool) and node.value:
+                continue  # holds at this construction point (a False one fails every call)
+            code = self.expr(node)
+            names = [m for m in rule.names() if m in self.bound_set or m in self.g.const]
+            text = rule.text
+            codes = {m: (f"i_{m}" if m in self.bound_set else repr(self.g.const[m]))
+                     for m in names}
+            # the argument: an input the rule names, else the first input that bound one of
+            # its indices (looking through let definitions: H_out is read from H_in)
+            reached = _through_lets(self.sig.let, rule.names())
+            arg = next((t for t in self.sig.inputs if t in rule.names()),
+                       next((t for t in self.sig.inputs
+                             if any(self.by.get(m, "").startswith(f"{t}.") for m in reached)),
+                            "(refinement)"))
+            fid = self.fail_id(arg, f"{text}", lambda env, text=text, codes=codes:
+                               f"refinement {text!r} does not hold ("
+                               + ", ".join(f"{m} = {fmt_value(ev(c, env))}"
+                                           for m, c in codes.items()) + ")",
+                               f"signature.shape_rules[{i}]")
+            self.check(code, fid)
+
+
+def _affine_in(node: E.Node, x: str) -> bool:
+    """``node`` is affine in ``x``: built from +, -, unary - and * with ``x`` on one side."""
+    if isinstance(node, E.Name | E.Int):
+        return True
+    if isinstance(node, E.BinOp) and node.op in ("+", "-"):
+        return _affine_in(node.left, x) and _affine_in(node.right, x)
+    if isinstance(node, E.BinOp) and node.op == "*":
+        return not (x in E.names(node.left) and x in E.names(node.right)) and \
+            _affine_in(node.left, x) and _affine_in(node.right, x)
+    if isinstance(node, E.UnaryOp) and node.op == "-":
+        return _affine_in(node.operand, x)
+    return x not in E.names(node)
+
+
+def _through_lets(lets: Mapping[str, Any], names: list[str]) -> list[str]:
+    """``names`` and, for each let among them, the names its definition reads (transitively)."""
+    out: dict[str, None] = {}
+
+    def visit(n: str) -> None:
+        if n in out:
+            return
+        out[n] = None
+        if n in lets:
+            for m in lets[n].names():
+                visit(m)
+
+    for n in names:
+        visit(n)
+    return list(out)
+
+
+def _eval_off(off: _Off, env: dict) -> int:
+    return ev(off.code(), env)
