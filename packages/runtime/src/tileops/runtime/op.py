@@ -29,6 +29,7 @@ import threading
 import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, ClassVar
 
@@ -37,7 +38,7 @@ from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from tileops.signature import SignatureCall, SignaturePlan
 
-from . import log, targets
+from . import declared, log, targets
 from .errors import StageError, TargetError
 from .fastpath import build_fast_call, class_call
 from .kernel import Kernel, KernelInterface, select
@@ -77,6 +78,8 @@ class Op:
     _installed_kernel_types: Mapping = _EMPTY
     _preferred_over: Mapping = _EMPTY
     _keys_by_interface: Mapping = _EMPTY
+    #: the ``reference`` target's builder when the class declares ``reference``
+    _reference_builder: ClassVar[Any] = None
 
     def __init_subclass__(cls, *, specs: SpecSet | None = None, entry: str | None = None,
                           **kw: Any) -> None:
@@ -103,6 +106,10 @@ class Op:
         if "__call__" not in cls.__dict__ and inputs and all(n.isidentifier() for n in inputs):
             cls.__call__ = class_call(cls._signature)[0]  # type: ignore[method-assign]
         cls._param_names = tuple(op_entry.signature.params)
+        declared.install(cls, op_entry)
+        # the reference target serves every op that declares its reference (targets.builder_for)
+        cls._reference_builder = (declared.reference_builder if cls.reference is not Op.reference
+                                  else None)
         cls.compile_op_names = ()
         comp = op_entry.composition
         cls._declared_stages = None if comp is None else tuple(st.name for st in comp.stages)
@@ -118,6 +125,8 @@ class Op:
             raise TypeError(f"{cls.__name__} has no spec entry; an op class is named after its "
                             f"entry (or passes entry=...) and its specs are registered first")
         # construction group
+        params = cls.normalize_params(
+            {k: v for k, v in params.items() if v is not declared.REQUIRED})
         self._point = plan.construct(**params)
         for n, v in self._point.params.items():
             setattr(self, n, params.get(n, v))
@@ -159,8 +168,23 @@ class Op:
         self._fast_source: str | None = None
         self._parent: Op | None = None
         self._lock = threading.RLock()
+        self._readers: dict[tuple[str, ...], Any] = {}
+        self.derive()
         if tune:
             self.request_tune()
+
+    def derive(self) -> None:
+        """Compute what the op derives from its params, once, at the end of ``Op.__init__``
+        (the params are attributes by then). An op or family base writes this, not
+        ``__init__``, to derive something; the default derives nothing."""
+
+    @classmethod
+    def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """The construction params as the construction check is to see them. A family base
+        overrides this for a spelling its ops accept beyond the spec's type (an ``int``
+        ``normalized_shape`` for a one-element tuple, as torch takes it); the default keeps
+        them as given."""
+        return params
 
     def _install_kernel_map(self, kernel_map: Mapping[Any, Any] | None) -> dict:
         cls = type(self)
@@ -201,6 +225,58 @@ class Op:
         if self._last_call is None:
             raise RuntimeError(f"{type(self).__name__}.eval_roofline needs a call first")
         return self._last_call.roofline()
+
+    # --- the op's declared equivalents: its reference and its contenders ----------------------
+
+    #: named third-party equivalents (``"liger"``): name -> ``factory(op)`` returning a
+    #: callable with the op's inputs and outputs, or None where the library is missing or does
+    #: not cover the op's configuration
+    peers: ClassVar[Mapping[str, Any]] = _EMPTY
+
+    def reference(self, call: SignatureCall, *inputs: Any) -> tuple:
+        """The op's outputs (entry order) computed in plain PyTorch: in float32 for narrower
+        inputs, in the inputs' dtype when they are float64. ``call`` is the record of the call
+        in its storage dtypes (a step that rounds to the storage dtype reads it there);
+        ``inputs`` may be wider copies. Never writes its inputs. Declared once per op (or
+        family); the ``reference`` target, the tests and ``tileops run`` all read it."""
+        raise NotImplementedError(f"{type(self).__name__} declares no reference")
+
+    def fp64_reference(self, *inputs: Any) -> tuple:
+        """The op's outputs in float64 for these inputs (absent optional ones as None): the
+        call is checked as the op would check it, then :meth:`reference` runs on float64
+        copies of the floating-point inputs."""
+        n = self._n_inputs
+        if len(inputs) > n:
+            raise TypeError(f"{type(self).__name__} takes {n} inputs, got {len(inputs)}")
+        given = list(inputs)
+        while given and given[-1] is None:
+            given.pop()
+        call = self._point.check(*given)
+        wide = [t.double() if t is not None and t.is_floating_point() else t for t in inputs]
+        wide += [None] * (n - len(wide))
+        outs = self.reference(call, *wide)
+        return tuple(o.double() if o is not None and o.is_floating_point() else o
+                     for o in outs)
+
+    def eager(self) -> Any:
+        """The torch eager equivalent (the entry's ``ref_api``) as a callable taking the op's
+        inputs (None for absent optional ones) and returning its outputs, with the op's effects;
+        None when there is none."""
+        return None
+
+    def contenders(self) -> dict[str, Any]:
+        """Named equivalents available in this process: ``"torch"`` (:meth:`eager`) first, then
+        each of :attr:`peers` that applies. Benchmarks derive ``torch.compile`` from
+        ``"torch"``."""
+        out: dict[str, Any] = {}
+        fn = self.eager()
+        if fn is not None:
+            out["torch"] = fn
+        for name, make in self.peers.items():
+            fn = make(self)
+            if fn is not None:
+                out[name] = fn
+        return out
 
     def forward(self, call: SignatureCall, *tensors: Any) -> Any:
         """Run the in-tree kernels: ``tensors`` are the inputs then the outputs to write.
@@ -502,6 +578,55 @@ class Op:
             entry = self._build_entry(interface, spec)
         return entry
 
+    def kernel_for(self, key: Any, interface: type[KernelInterface], spec_of: Any) -> Any:
+        """The entry of ``interface`` for the call spec ``spec_of()`` makes, memoised under
+        ``key`` (a tuple of the facts the spec is made of): a family base's cached call is one
+        lookup, and builds its typed spec only on a miss."""
+        entry = self._entries_by_call.get(key)
+        if entry is None:
+            entry = self.kernel(interface, spec_of())
+            with self._lock:
+                self._entries_by_call[key] = entry
+        return entry
+
+    def indices(self, call: SignatureCall, *names: str) -> tuple:
+        """The values of the index ``names`` the signature solved for ``call`` (a Shape index
+        as a tuple), in that order. A family base on the hot path holds
+        :meth:`index_reader` instead (one call, no lookup)."""
+        reader = self._readers.get(names)
+        if reader is None:
+            reader = self._readers[names] = self.index_reader(*names)
+        return reader(call)
+
+    def index_reader(self, *names: str) -> Any:
+        """``read(call) -> tuple``: the values of the index ``names`` for a record of this
+        instance's construction point (see :meth:`indices`)."""
+        point = self._point
+        order = point.index_names
+        missing = [n for n in names if n not in order]
+        if missing:
+            raise LookupError(f"{type(self).__name__}: {', '.join(missing)} is not an index of "
+                              f"its signature; indices: {', '.join(order)}")
+        derive, lazy = point.derive, point.lazy
+        if not any(n in lazy for n in names):
+            pick = itemgetter(*(order.index(n) for n in names))
+            if len(names) == 1:
+                return lambda call: (pick(derive(call)[0]),)
+            return lambda call: pick(derive(call)[0])
+        picks = tuple((order.index(n), lazy.get(n)) for n in names)
+
+        def read(call: SignatureCall) -> tuple:
+            values = derive(call)[0]
+            out = []
+            for i, sl in picks:
+                v = values[i]
+                if sl is not None:  # a Shape index stored as the shape it was sliced from
+                    v = tuple(v[sl[1]:len(v) - sl[2]])
+                out.append(v)
+            return tuple(out)
+
+        return read
+
     def _build_entry(self, interface: type[KernelInterface], spec: Any) -> Any:
         with self._lock:
             entry = self._entries_by_call.get((interface, spec))
@@ -511,12 +636,14 @@ class Op:
             if impls is None:
                 raise LookupError(f"{type(self).__name__} declares no slot "
                                   f"{interface.__name__}")
-            _not_capturing(self, getattr(spec, "device", None), "build a kernel")
             impl = select(interface, impls, spec)
             ident = (impl, impl.identity(spec))
             built = self._built_entries.setdefault(interface, {})
             entry = built.get(ident)
             if entry is None:
+                # (a new spec whose entry exists, e.g. another row count the kernel serves with
+                # the same program, is only a lookup and may happen under capture)
+                _not_capturing(self, getattr(spec, "device", None), "build a kernel")
                 if log.INFO:
                     log.info("%s: building %s for %r", type(self).__name__, impl.__name__, spec)
                 entry = impl.entry_for(spec, self)

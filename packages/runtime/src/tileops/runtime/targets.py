@@ -70,11 +70,15 @@ def register_builder(target: str, op_cls: type, builder: Builder) -> None:
 
 
 def builder_for(target: str, op_cls: type) -> Builder | None:
+    """The builder registered for ``op_cls`` (or its nearest base) under ``target``; for the
+    ``reference`` target, else the generic one of an op that declares ``Op.reference``."""
     table = _builders.get(target, {})
     for klass in op_cls.__mro__:
         b = table.get(klass)
         if b is not None:
             return b
+    if target == REFERENCE:
+        return getattr(op_cls, "_reference_builder", None)
     return None
 
 

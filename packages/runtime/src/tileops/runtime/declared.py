@@ -1,0 +1,154 @@
+"""What an op class with a spec entry gets from the entry instead of writing it.
+
+``Op.__init_subclass__`` calls :func:`install` for each class with an entry:
+
+- ``__init__``, unless the class writes one: keyword-only parameters in the entry's manifest
+  order with the spec's defaults (a param without one is required), then ``target``,
+  ``kernel_map`` and ``tune``. It hands everything to the next ``__init__`` up the class's MRO
+  (a family base that derives something at construction, else ``Op.__init__``, which runs the
+  construction check and stores the params). The function is built as an AST from the entry's
+  validated param names (identifiers, checked again here), never from text; its defaults are set
+  on the function object, so a list default is never one shared mutable object.
+- a docstring built from the entry's ``doc``, its params (type, default, ``doc``), inputs and
+  outputs, unless the class has its own.
+- ``__repr__``: ``RMSNormFwdOp(normalized_shape=(4096,), eps=None)``, the params in manifest
+  order, then ``target`` when one was chosen.
+
+It also holds the generic ``reference`` target builder for ops that declare
+``Op.reference``: the outputs computed by the declaration, copied into the call's outputs.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tileops.signature import SignatureCall
+
+    from .op import Op
+
+__all__ = ["REQUIRED", "install", "reference_builder"]
+
+_RUNTIME_PARAMS = (("target", None), ("kernel_map", None), ("tune", False))
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "<required>"
+
+
+#: the generated default of a param the spec gives no default: "not given"
+REQUIRED: Any = _Required()
+
+
+def _frozen(v: Any) -> Any:
+    if isinstance(v, list):
+        return tuple(_frozen(x) for x in v)
+    return v
+
+
+_SKELETON = """
+def _make(__class__):
+    def __init__(self):
+        super(__class__, self).__init__()
+    return __init__
+"""
+
+
+def _make_init(cls: type, params: dict[str, Any]) -> Callable[..., None]:
+    """``__init__(self, *, p1, p2=d2, ..., target=None, kernel_map=None, tune=False)``."""
+    names = [*params, *(n for n, _ in _RUNTIME_PARAMS)]
+    for n in names:
+        if not n.isidentifier() or keyword.iskeyword(n) or n in ("self", "unknown"):
+            raise TypeError(f"{cls.__name__}: construction param {n!r} is not an identifier")
+    defaults: dict[str, Any] = {}
+    for n, decl in params.items():
+        # a required param defaults to REQUIRED, which Op.__init__ drops: the construction
+        # check then names it with the spec's line, as for every other construction error
+        defaults[n] = REQUIRED if decl.default is msgspec.UNSET else _frozen(decl.default)
+    defaults.update(_RUNTIME_PARAMS)
+    # a fixed skeleton (no name of the entry in its text), then the entry's names as nodes;
+    # the inner function closes over __class__ as a method using super() would
+    module = ast.parse(_SKELETON)
+    init = module.body[0].body[0]
+    init.args.kwonlyargs = [ast.arg(n) for n in names]
+    init.args.kw_defaults = [None] * len(names)
+    # **unknown: a misspelt param reaches the construction check, whose error names it, the
+    # params the entry has and the spec's line (Python's own says only "unexpected")
+    init.args.kwarg = ast.arg("unknown")
+    call = init.body[0].value
+    call.keywords = [ast.keyword(arg=n, value=ast.Name(n, ast.Load())) for n in names]
+    call.keywords.append(ast.keyword(arg=None, value=ast.Name("unknown", ast.Load())))
+    module = ast.fix_missing_locations(module)
+    ns: dict[str, Any] = {}
+    exec(compile(module, f"<tileops.runtime {cls.__name__}.__init__>", "exec"), ns)  # noqa: S102
+    init = ns["_make"](cls)
+    init.__kwdefaults__ = defaults
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    init.__module__ = cls.__module__
+    return init
+
+
+def _docstring(cls: type, entry: Any) -> str:
+    sig = entry.signature
+    lines = [f"{cls.__name__}: {entry.doc}" if entry.doc else cls.__name__, ""]
+    if sig.params:
+        lines.append("Args:")
+        for n, decl in sig.params.items():
+            default = ("required" if decl.default is msgspec.UNSET
+                       else f"default {_frozen(decl.default)!r}")
+            extra = f" {decl.doc}" if decl.doc else ""
+            lines.append(f"    {n} ({decl.type}): {default}.{extra}")
+    lines.append("    target, kernel_map, tune: see :class:`tileops.runtime.Op`.")
+    plan = cls._signature
+    optional = set(plan.optional_inputs) if plan is not None else set()
+    if sig.inputs:
+        lines += ["", "Inputs:"]
+        for n, d in sig.inputs.items():
+            opt = ", optional" if n in optional else ""
+            lines.append(f"    {n}: {d.dtype}{opt}, shape {d.shape}")
+    if sig.outputs:
+        lines += ["", "Outputs:"]
+        for n, d in sig.outputs.items():
+            lines.append(f"    {n}: {d.dtype}, shape {d.shape}")
+    return "\n".join(lines) + "\n"
+
+
+def _repr(self: Op) -> str:
+    parts = [f"{n}={getattr(self, n)!r}" for n in type(self)._param_names]
+    if self.target is not None:
+        parts.append(f"target={self.target!r}")
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def install(cls: type, entry: Any) -> None:
+    """Give ``cls`` what it does not write itself: ``__init__``, docstring, ``__repr__``."""
+    params = dict(entry.signature.params)
+    if "__init__" not in cls.__dict__:
+        cls.__init__ = _make_init(cls, params)  # type: ignore[misc]
+        cls.__init__.__doc__ = _docstring(cls, entry)
+    if cls.__dict__.get("__doc__") is None:
+        cls.__doc__ = _docstring(cls, entry)
+    if "__repr__" not in cls.__dict__:
+        cls.__repr__ = _repr  # type: ignore[method-assign]
+
+
+def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:
+    """The ``reference`` target's kernel for an op declaring ``reference``: its outputs
+    computed by the declaration (fp32 for narrower inputs), copied into the call's outputs
+    (which may be inputs: every output is computed before any is written)."""
+    n_inputs = op._n_inputs
+
+    def kernel(*tensors: Any) -> None:
+        inputs, outputs = tensors[:n_inputs], tensors[n_inputs:]
+        results = op.reference(call, *inputs)
+        for out, r in zip(outputs, results, strict=True):
+            if out is not None and r is not None:
+                out.copy_(r)
+
+    return kernel
