@@ -24,6 +24,7 @@ from tileops.kernels.gemm import (
     HOPPER_SPLIT_CONFIGS,
     SMALL_M_CONFIGS,
     SMALL_M_SPLIT_CONFIGS,
+    GemmPlan,
     GemmSpec,
     choose_config,
     load_tuned,
@@ -190,7 +191,7 @@ def test_every_choosable_configuration_is_compiled_above():
 
 
 def _spec(m, n, k, ta=False, tb=False, aligned=True):
-    return GemmSpec("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, aligned)
+    return GemmPlan("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, aligned)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "want"), [
@@ -444,7 +445,7 @@ def test_an_entry_shared_across_m_checks_every_call_for_an_empty_output(monkeypa
 # --- the regions and the heuristic over the whole call space ------------------------------------
 
 _specs = st.builds(
-    lambda m, n, k, dt, ta, tb, aligned: GemmSpec("cuda", m_bucket(m), n, k, dt, ta, tb, aligned),
+    lambda m, n, k, dt, ta, tb, aligned: GemmPlan("cuda", m_bucket(m), n, k, dt, ta, tb, aligned),
     st.integers(0, 1 << 16), st.integers(1, 1 << 18), st.integers(1, 1 << 16),
     st.sampled_from(["bfloat16", "float16"]), st.booleans(), st.booleans(), st.booleans())
 
@@ -493,3 +494,41 @@ def test_the_heuristic_picks_a_listed_configuration_that_fits_the_call(spec):
         assert padded.aligned and padded.n % 8 == 0 and padded.k % 8 == 0
         assert 0 <= padded.n - spec.n < 8 and 0 <= padded.k - spec.k < 8
         assert G.GemmPaddedKernel.config_for(spec) in {c for c, _ in HOPPER_CONFIGS.values()}
+
+
+@pytest.mark.parametrize(("m", "n", "k", "ta", "tb", "dt", "aligned"), [
+    (2048, 4096, 4096, False, False, "bfloat16", True),
+    (333, 4096, 4096, False, False, "bfloat16", True),  # M is no stored row length here
+    (333, 4096, 4096, True, False, "bfloat16", False),  # a stored (K, M): rows of M
+    (336, 4096, 4096, True, False, "float16", True),
+    (2048, 4097, 4096, False, False, "bfloat16", False),  # c's rows (and b's) of N
+    (2048, 4097, 4096, False, True, "bfloat16", False),  # c's rows still N
+    (2048, 4096, 4095, False, False, "bfloat16", False),  # a's rows of K
+    (2048, 4096, 4095, True, False, "bfloat16", True),  # ...unless a is stored (K, M)
+])
+def test_the_plan_of_a_call_is_the_kernels(m, n, k, ta, tb, dt, aligned):
+    """The op states exact sizes and layouts; the kernels derive the M bucket the heuristic
+    reads and whether every stored row meets TMA's 16-byte alignment."""
+    spec = GemmSpec(device="cuda", m=m, n=n, k=k, dtype=dt, trans_a=ta, trans_b=tb)
+    plan = G.plan_of(spec)
+    assert plan == GemmPlan("cuda", m_bucket(m), n, k, dt, ta, tb, aligned)
+    assert G.plan_of(plan) is plan
+    # every M of one bucket shares one built entry
+    same = GemmSpec(device="cuda", m=m_bucket(m), n=n, k=k, dtype=dt, trans_a=ta, trans_b=tb)
+    if aligned == G.plan_of(same).aligned:
+        assert G.GemmHopperKernel.identity(spec) == G.GemmHopperKernel.identity(same)
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("dtype", "float32", "GemmSpec.dtype must be one of bfloat16, float16, got 'float32'"),
+    ("m", -3, "GemmSpec.m must be a size (an int >= 0), got -3"),
+    ("k", 2.0, "GemmSpec.k must be a size (an int >= 0), got 2.0"),
+    ("trans_b", 1, "GemmSpec.trans_b must be a bool, got 1"),
+])
+def test_gemm_call_spec_invariants(field, value, error):
+    good = dict(device="cuda", m=1, n=8, k=8, dtype="bfloat16", trans_a=False, trans_b=False)
+    with pytest.raises((TypeError, ValueError)) as info:
+        GemmSpec(**{**good, field: value})
+    assert str(info.value) == error
+    with pytest.raises(TypeError):  # keyword-only
+        GemmSpec("cuda", 1, 8, 8, "bfloat16", False, False)

@@ -79,15 +79,55 @@ def test_widest_access_divides_the_row():
 def test_implementations_state_their_regions():
     import torch
 
-    spec = norm.RowNormSpec(torch.device("cuda", 0), "rms", 1 << 20, "bfloat16", 1e-6, True,
-                            False)
-    assert "exceeds the 128 bytes" in norm.RowNormRegisterKernel.region_refusal(spec)
+    def spec(device, n, rows=2048):
+        return norm.RowNormSpec(device=device, kind=norm.RowNormKind.RMS, rows=rows, n=n,
+                                dtype="bfloat16", eps=1e-6, has_weight=True, has_bias=False)
+
+    cuda = torch.device("cuda", 0)
+    assert "exceeds the 128 bytes" in norm.RowNormRegisterKernel.region_refusal(
+        spec(cuda, 1 << 20))
     assert norm.RowNormLoopedKernel.general
-    small = norm.RowNormSpec(torch.device("cuda", 0), "rms", 4096, "bfloat16", 1e-6, True,
-                             False)
-    assert norm.RowNormRegisterKernel.region_refusal(small) is None
-    cpu = norm.RowNormSpec(torch.device("cpu"), "rms", 4096, "bfloat16", 1e-6, True, False)
-    assert norm.RowNormRegisterKernel.refusal(cpu) == "runs on cuda, not cpu"
+    assert norm.RowNormRegisterKernel.region_refusal(spec(cuda, 4096)) is None
+    assert norm.RowNormRegisterKernel.refusal(spec(torch.device("cpu"), 4096)) == \
+        "runs on cuda, not cpu"
+
+
+def test_the_launch_plan_of_a_row_count_is_the_kernels():
+    """The op states the exact row count; the kernel's identity holds only the plan it picks
+    (few rows or not), so every row count of one plan shares one built program."""
+    import torch
+
+    def spec(rows):
+        return norm.RowNormSpec(device=torch.device("cuda", 0), kind=norm.RowNormKind.RMS,
+                                rows=rows, n=4096, dtype="bfloat16", eps=1e-6, has_weight=True,
+                                has_bias=False)
+
+    k = norm.RowNormRegisterKernel
+    assert spec(1).few_rows and spec(norm.FEW_ROWS - 1).few_rows
+    assert not spec(norm.FEW_ROWS).few_rows
+    assert k.identity(spec(1)) == k.identity(spec(131)) != k.identity(spec(132))
+    assert k.identity(spec(132)) == k.identity(spec(32768))
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("kind", "rms", "RowNormSpec.kind must be a RowNormKind, got 'rms'"),
+    ("dtype", "float64", "RowNormSpec.dtype must be one of bfloat16, float16, float32, got "
+                         "'float64'"),
+    ("rows", -1, "RowNormSpec.rows must be a size (an int >= 0), got -1"),
+    ("n", True, "RowNormSpec.n must be a size (an int >= 0), got True"),
+    ("has_bias", True, "RowNormSpec: only LAYER normalizes with a bias, not RowNormKind.RMS"),
+])
+def test_call_spec_invariants_are_checked_at_construction(field, value, error):
+    import torch
+
+    good = dict(device=torch.device("cpu"), kind=norm.RowNormKind.RMS, rows=4, n=8,
+                dtype="bfloat16", eps=1e-6, has_weight=False, has_bias=False)
+    with pytest.raises((TypeError, ValueError)) as info:
+        norm.RowNormSpec(**{**good, field: value})
+    assert str(info.value) == error
+    with pytest.raises(TypeError):  # keyword-only: no positional booleans
+        norm.RowNormSpec(torch.device("cpu"), norm.RowNormKind.RMS, 4, 8, "bfloat16", 1e-6,
+                         False, False)
 
 
 @pytest.mark.parametrize(("kind", "weight", "bias", "names"), [

@@ -111,13 +111,13 @@ def _split_cases():
 def _run_directly(cfg, m, n, k, ta, tb) -> None:
     """Run ``cfg`` on the TMA implementation of M's range (bypassing the heuristic) and check
     the output against the fp64 reference."""
-    from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmSmallMKernel, GemmSpec, m_bucket
+    from tileops.kernels.gemm import SMALL_M, GemmHopperKernel, GemmPlan, GemmSmallMKernel, m_bucket
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA kernels need sm_90")
     a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
     impl = GemmSmallMKernel if m <= SMALL_M else GemmHopperKernel
-    kern = impl(GemmSpec(a.device, m_bucket(m), n, k, "bfloat16", ta, tb, True))
+    kern = impl(GemmPlan(a.device, m_bucket(m), n, k, "bfloat16", ta, tb, True))
     kern.config, kern.program = cfg, kern._build(cfg)
     c = torch.full((m, n), float("nan"), dtype=torch.bfloat16, device="cuda")
     kern(a, b, c)
@@ -172,7 +172,7 @@ def _gemv_cases():
 
 @pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "dtype"), list(_gemv_cases()))
 def test_gemv(cfg, m, n, k, ta, dtype):
-    from tileops.kernels.gemm import GemmGemvKernel, GemmSpec
+    from tileops.kernels.gemm import GemmGemvKernel, GemmPlan
 
     a, b = _operands(m, n, k, ta, True, dtype)
     _poison(m * n, dtype)
@@ -183,7 +183,7 @@ def test_gemv(cfg, m, n, k, ta, dtype):
         assert built == [GemmGemvKernel]
     else:
         name = str(dtype).split(".")[1]
-        kern = GemmGemvKernel(GemmSpec(a.device, 1, n, k, name, ta, True, False))
+        kern = GemmGemvKernel(GemmPlan(a.device, 1, n, k, name, ta, True, False))
         kern.config, kern.program = cfg, kern._build(cfg)
         c = torch.full((m, n), float("nan"), dtype=dtype, device="cuda")
         kern(a, b, c)

@@ -6,7 +6,6 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tileops.ops import GemmFwdOp  # noqa: E402
-from tileops.ops.reference import gemm_reference  # noqa: E402
 from tileops.signature import SignatureCallError  # noqa: E402
 
 TRANS = [(False, False), (False, True), (True, False), (True, True)]
@@ -38,7 +37,8 @@ def test_reference_against_float64(trans_a, trans_b, m, n, k, dtype):
     # one rounding of the output to the storage dtype (fp32 accumulation is far tighter)
     eps = torch.finfo(dtype).eps
     assert torch.allclose(c.double(), ref, rtol=eps, atol=eps * ref.abs().max().item() + 1e-30)
-    assert torch.equal(c, gemm_reference(a, b, trans_a, trans_b).to(dtype))
+    # the reference target runs the op's declared reference (fp32), rounded once
+    assert torch.equal(c, op.reference(op.last_call, a, b)[0].to(dtype))
 
 
 def test_transposed_views_are_accepted():
@@ -110,7 +110,7 @@ def test_construction_rejects_non_bool():
 ])
 def test_forward_call_spec(m, n, k, ta, tb, aligned):
 
-    from tileops.kernels.gemm import GemmFwdInterface, m_bucket
+    from tileops.kernels.gemm import GemmFwdInterface, GemmSpec, m_bucket, plan_of
 
     op = GemmFwdOp(trans_a=ta, trans_b=tb)
     seen = []
@@ -119,9 +119,12 @@ def test_forward_call_spec(m, n, k, ta, tb, aligned):
     call = op._point.check(a, b)  # the record the op's call would hand to forward
     op.forward(call, a, b, torch.empty(m, n, dtype=torch.bfloat16))
     (iface, spec), = seen
-    assert iface is GemmFwdInterface
-    assert (spec.m, spec.n, spec.k, spec.dtype) == (m_bucket(m), n, k, "bfloat16")
-    assert (spec.trans_a, spec.trans_b, spec.aligned) == (ta, tb, aligned)
+    assert iface is GemmFwdInterface and type(spec) is GemmSpec
+    # the op states the call's exact sizes; the kernels derive the M bucket and alignment
+    assert (spec.m, spec.n, spec.k, spec.dtype) == (m, n, k, "bfloat16")
+    assert (spec.trans_a, spec.trans_b) == (ta, tb)
+    plan = plan_of(spec)
+    assert (plan.m, plan.aligned) == (m_bucket(m), aligned)
 
 
 def test_the_output_is_always_the_ops_own_allocation():

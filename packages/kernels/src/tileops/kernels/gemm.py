@@ -36,7 +36,7 @@ benchmarks/results/gemm_sweep.txt); tuning tries them.
 
 TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
 that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
-views) are outside the region of the two TMA kernels (``GemmSpec.aligned`` is False) and run
+views) are outside the region of the two TMA kernels (``GemmPlan.aligned`` is False) and run
 on the padded or the general one. Tiles that overhang ``M``, ``N`` or ``K`` are zero-filled
 on load (TMA does that natively; plain copies are predicated) and clipped on store.
 
@@ -56,9 +56,10 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, ClassVar, NamedTuple
+from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, env, log
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._tilelang import compile_program, tl
 
@@ -70,6 +71,8 @@ __all__ = [
     "GemmHopperKernel",
     "GemmPaddedKernel",
     "GemmSmallMKernel",
+    "GemmDType",
+    "GemmPlan",
     "GemmSpec",
     "HOPPER_CONFIGS",
     "PAD_MIN_FLOPS",
@@ -197,9 +200,42 @@ GEMV_CONFIGS: dict[str, GemmConfig] = {
 }
 
 
-class GemmSpec(CallSpec, frozen=True):
-    """What a GEMM implementation is told about a call. ``m`` is the bucket of M
-    (:func:`m_bucket`), ``aligned``: every TMA alignment requirement holds."""
+#: the storage dtypes the GEMM kernels are written for
+GemmDType = Literal["float16", "bfloat16"]
+_GEMM_DTYPES = frozenset(get_args(GemmDType))
+
+
+class GemmSpec(CallSpec, frozen=True, kw_only=True):
+    """What a GEMM implementation is told about a call: the solved sizes ``M``, ``N``, ``K``
+    (exact), the storage dtype and the stored layouts of ``a`` and ``b``. How the call is
+    launched (the bucket of ``M`` the heuristic reads, whether every row meets TMA's 16-byte
+    alignment) is the implementations' to derive: :func:`plan_of`."""
+
+    m: int
+    n: int
+    k: int
+    dtype: GemmDType
+    trans_a: bool  # a stored (K, M)
+    trans_b: bool  # b stored (N, K)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in _GEMM_DTYPES:
+            raise ValueError(f"GemmSpec.dtype must be one of {', '.join(sorted(_GEMM_DTYPES))}, "
+                             f"got {self.dtype!r}")
+        for name in ("m", "n", "k"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"GemmSpec.{name} must be a size (an int >= 0), got {v!r}")
+        for name in ("trans_a", "trans_b"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"GemmSpec.{name} must be a bool, got "
+                                f"{getattr(self, name)!r}")
+
+
+class GemmPlan(CallSpec, frozen=True):
+    """The implementations' view of a call (:func:`plan_of`): ``m`` is the bucket of M
+    (:func:`m_bucket`), ``aligned`` whether every TMA alignment requirement holds. One built
+    entry serves every call of one plan."""
 
     m: int
     n: int
@@ -208,6 +244,25 @@ class GemmSpec(CallSpec, frozen=True):
     trans_a: bool
     trans_b: bool
     aligned: bool = True
+
+
+def tma_aligned(m: int, n: int, k: int, dtype: str, trans_a: bool, trans_b: bool) -> bool:
+    """Whether every stored row of the contiguous operands (a's: K, or M when transposed;
+    b's: N, or K when transposed; c's: N) is a multiple of 16 bytes, as TMA needs (base
+    pointers are 16-byte aligned: the op copies a view that is not)."""
+    per = 16 // _ITEMSIZE[dtype]
+    a_row = m if trans_a else k
+    b_row = k if trans_b else n
+    return a_row % per == 0 and b_row % per == 0 and n % per == 0
+
+
+def plan_of(spec: GemmSpec | GemmPlan) -> GemmPlan:
+    """The plan of a call (a plan is its own)."""
+    if isinstance(spec, GemmPlan):
+        return spec
+    return GemmPlan(spec.device, m_bucket(spec.m), spec.n, spec.k, spec.dtype, spec.trans_a,
+                    spec.trans_b,
+                    tma_aligned(spec.m, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b))
 
 
 class GemmFwdInterface(KernelInterface):
@@ -229,7 +284,7 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def choose_config(spec: GemmSpec) -> GemmConfig:
+def choose_config(spec: GemmPlan) -> GemmConfig:
     """The tile configuration the heuristic picks for ``spec`` (by implementation region)."""
     if not spec.aligned:
         return GENERAL_CONFIG
@@ -614,7 +669,7 @@ def _source_hash() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def tune_key(arch: str, spec: GemmSpec, kernel: str) -> str:
+def tune_key(arch: str, spec: GemmPlan, kernel: str) -> str:
     """The file stem of the cache entry for ``spec`` on ``arch`` (e.g. ``"sm_90"``) tuned by
     the implementation named ``kernel`` (a caller's ``kernel_map`` may send one call to
     another implementation, whose configurations mean other programs)."""
@@ -713,10 +768,28 @@ class _GemmKernel(Kernel, GemmFwdInterface):
     tune_candidates: ClassVar[tuple[GemmConfig, ...]] = ()
 
     @classmethod
-    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+    def config_for(cls, spec: GemmPlan) -> GemmConfig:
         return choose_config(spec)
 
-    def __init__(self, spec: GemmSpec) -> None:
+    @classmethod
+    def region_refusal(cls, spec: GemmSpec | GemmPlan) -> str | None:
+        return cls.plan_refusal(plan_of(spec))
+
+    @classmethod
+    def plan_refusal(cls, spec: GemmPlan) -> str | None:
+        """Why the plan is outside this implementation's region (see region_refusal)."""
+        return None
+
+    @classmethod
+    def identity(cls, spec: GemmSpec | GemmPlan) -> Any:
+        return plan_of(spec)
+
+    @classmethod
+    def entry_for(cls, spec: GemmSpec | GemmPlan, op: Any) -> Any:
+        return cls(plan_of(spec))
+
+    def __init__(self, spec: GemmSpec | GemmPlan) -> None:
+        spec = plan_of(spec)
         super().__init__(spec)
         self.config = type(self).config_for(spec)
         # M is a launch-time size that may be 0 (its bucket is 1); N and K are known here, and
@@ -728,7 +801,7 @@ class _GemmKernel(Kernel, GemmFwdInterface):
     def _build(self, cfg: GemmConfig):
         return self._build_for(self.spec, cfg)
 
-    def _build_for(self, s: GemmSpec, cfg: GemmConfig):
+    def _build_for(self, s: GemmPlan, cfg: GemmConfig):
         pdl = uses_pdl(cfg, device_arch(s.device))
         main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
                                  program_sms(cfg, s.device))
@@ -805,7 +878,7 @@ class GemmHopperKernel(_GemmKernel):
                        + tuple(HOPPER_SPLIT_CONFIGS.values()))
 
     @classmethod
-    def region_refusal(cls, spec: GemmSpec) -> str | None:
+    def plan_refusal(cls, spec: GemmPlan) -> str | None:
         if spec.m <= SMALL_M:
             return f"serves M above {SMALL_M} (decode sizes go to the small-M kernel)"
         if not spec.aligned:
@@ -821,7 +894,7 @@ class GemmSmallMKernel(_GemmKernel):
                        + tuple(SMALL_M_SPLIT_CONFIGS.values()))
 
     @classmethod
-    def region_refusal(cls, spec: GemmSpec) -> str | None:
+    def plan_refusal(cls, spec: GemmPlan) -> str | None:
         if spec.m > SMALL_M:
             return f"serves M up to {SMALL_M}"
         if not spec.aligned:
@@ -841,11 +914,11 @@ class GemmGemvKernel(_GemmKernel):
     tune_candidates = tuple(GEMV_CONFIGS.values())
 
     @classmethod
-    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+    def config_for(cls, spec: GemmPlan) -> GemmConfig:
         return GEMV_CONFIGS["4x4"]
 
     @classmethod
-    def region_refusal(cls, spec: GemmSpec) -> str | None:
+    def plan_refusal(cls, spec: GemmPlan) -> str | None:
         if spec.m > 1:
             return "serves M = 1 (one row of a)"
         if not spec.trans_b:
@@ -857,7 +930,7 @@ class GemmGemvKernel(_GemmKernel):
             return "needs K a multiple of 8 (16-byte loads along K)"
         return None
 
-    def _build_for(self, s: GemmSpec, cfg: GemmConfig):
+    def _build_for(self, s: GemmPlan, cfg: GemmConfig):
         arch = device_arch(s.device)
         return build_gemv_kernel(s.n, s.k, s.dtype, s.trans_a, cfg, None,
                                  arch is not None and arch >= (9, 0))
@@ -885,17 +958,17 @@ class GemmPaddedKernel(_GemmKernel):
     tune_candidates = GemmHopperKernel.tune_candidates
 
     @classmethod
-    def padded_spec(cls, spec: GemmSpec) -> GemmSpec:
+    def padded_spec(cls, spec: GemmPlan) -> GemmPlan:
         """The aligned call the Hopper program runs (M stays, N and K round up to 8)."""
-        return GemmSpec(spec.device, spec.m, _round8(spec.n), _round8(spec.k), spec.dtype,
+        return GemmPlan(spec.device, spec.m, _round8(spec.n), _round8(spec.k), spec.dtype,
                         spec.trans_a, spec.trans_b, True)
 
     @classmethod
-    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+    def config_for(cls, spec: GemmPlan) -> GemmConfig:
         return choose_config(cls.padded_spec(spec))
 
     @classmethod
-    def region_refusal(cls, spec: GemmSpec) -> str | None:
+    def plan_refusal(cls, spec: GemmPlan) -> str | None:
         if spec.aligned:
             return "serves calls whose rows break TMA alignment (aligned ones run unpadded)"
         if spec.m <= SMALL_M:
@@ -933,15 +1006,15 @@ class GemmGeneralKernel(_GemmKernel):
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
 
     @classmethod
-    def config_for(cls, spec: GemmSpec) -> GemmConfig:
+    def config_for(cls, spec: GemmPlan) -> GemmConfig:
         return GENERAL_CONFIG
 
     @classmethod
-    def identity(cls, spec: GemmSpec) -> Any:
+    def identity(cls, spec: GemmSpec | GemmPlan) -> Any:
         # the program depends on neither the M bucket nor the alignment
         return (spec.device, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b)
 
-    def __init__(self, spec: GemmSpec) -> None:
+    def __init__(self, spec: GemmSpec | GemmPlan) -> None:
         super().__init__(spec)
         # one entry serves every M (its identity has no M bucket): any call may have M = 0
         self._degenerate = True

@@ -27,8 +27,9 @@ the unfused reference computes it).
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
+import enum
 import functools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
@@ -36,7 +37,10 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 from ._tilelang import compile_program, tl
 
 __all__ = [
+    "FEW_ROWS",
+    "RowNormDType",
     "RowNormFwdInterface",
+    "RowNormKind",
     "RowNormLoopedKernel",
     "RowNormRegisterKernel",
     "RowNormSpec",
@@ -56,16 +60,49 @@ _MAX_REGISTER_THREADS = 512
 FEW_ROWS = 132
 
 
-class RowNormSpec(CallSpec, frozen=True):
-    """What a row-norm implementation is told about a call."""
+class RowNormKind(enum.Enum):
+    """Which normalization a row-norm call computes."""
 
-    kind: str  # "rms" | "layer" | "add_rms"
+    RMS = "rms"  # x * rsqrt(mean(x^2) + eps) * weight
+    LAYER = "layer"  # (x - mean) * rsqrt(var + eps) * weight + bias
+    ADD_RMS = "add_rms"  # residual_out = x + residual; y = rms(residual_out) * weight
+
+
+#: the storage dtypes the row-norm kernels are written for
+RowNormDType = Literal["float16", "bfloat16", "float32"]
+_ROW_NORM_DTYPES = frozenset(get_args(RowNormDType))
+
+
+class RowNormSpec(CallSpec, frozen=True, kw_only=True):
+    """What a row-norm implementation is told about a call: the facts of the call, not how to
+    launch it (the row count is exact; which launch plan a row count gets, e.g. the few-rows
+    plan below :data:`FEW_ROWS`, is the implementation's choice)."""
+
+    kind: RowNormKind
+    rows: int  # rows of the (rows, n) view
     n: int  # row length
-    dtype: str  # storage dtype name
+    dtype: RowNormDType  # storage dtype name
     eps: float
     has_weight: bool
     has_bias: bool
-    few_rows: bool = False  # fewer than FEW_ROWS rows: a latency-bound launch plan
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, RowNormKind):
+            raise TypeError(f"RowNormSpec.kind must be a RowNormKind, got {self.kind!r}")
+        if self.dtype not in _ROW_NORM_DTYPES:
+            raise ValueError(f"RowNormSpec.dtype must be one of "
+                             f"{', '.join(sorted(_ROW_NORM_DTYPES))}, got {self.dtype!r}")
+        for name in ("rows", "n"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"RowNormSpec.{name} must be a size (an int >= 0), got {v!r}")
+        if self.has_bias and self.kind is not RowNormKind.LAYER:
+            raise ValueError(f"RowNormSpec: only LAYER normalizes with a bias, not {self.kind}")
+
+    @property
+    def few_rows(self) -> bool:
+        """Fewer rows than :data:`FEW_ROWS`: the latency-bound launch plan."""
+        return self.rows < FEW_ROWS
 
 
 class RowNormFwdInterface(KernelInterface):
@@ -442,16 +479,17 @@ class _RowNormKernel(Kernel, RowNormFwdInterface):
 
     @classmethod
     def identity(cls, spec: RowNormSpec):
+        # the program depends on the row count only through the launch plan it picks
         return (spec.kind, spec.n, spec.dtype, spec.eps, spec.has_weight, spec.has_bias,
                 spec.device, spec.few_rows)
 
     def __init__(self, spec: RowNormSpec) -> None:
         super().__init__(spec)
-        self.program = type(self)._build(spec.kind, spec.n, spec.dtype, spec.eps,
+        self.program = type(self)._build(spec.kind.value, spec.n, spec.dtype, spec.eps,
                                          spec.has_weight, spec.has_bias, None, None,
                                          spec.few_rows)
         # the program takes exactly the tensors present (see _with_params)
-        self._present = (spec.kind == "add_rms", spec.has_weight, spec.has_bias)
+        self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight, spec.has_bias)
 
     def __call__(self, x, residual, weight, bias, y, residual_out) -> None:
         if x.shape[0] == 0:

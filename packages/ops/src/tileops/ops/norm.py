@@ -1,19 +1,36 @@
 """Row normalizations: RMSNorm, fused add + RMSNorm, LayerNorm.
 
-Each op is its spec entry (``specs/norm.yaml``) plus a constructor and a ``forward`` that
-flattens the normalized axes into rows and runs the ``row_norm_fwd`` slot; the checks, output
-inference, effects and roofline come from the entry. Non-contiguous inputs are copied to a
-contiguous layout first (the kernels read rows with unit stride).
+:class:`RowNormOp` is the family base. Every op of the family normalizes the rows of an
+``(rows, n)`` view of its inputs, so the base owns the forward flow they share:
+
+- layout: each row tensor as a contiguous ``(rows, n)`` view at a 16-byte aligned address (the
+  kernels read 16-byte vectors with unit stride), each affine tensor as a contiguous ``(n,)``;
+  a tensor that is not one already is copied, and an output that had to be copied (an in-place
+  op writing a non-contiguous input) is copied back after the kernel;
+- the call spec: :class:`~tileops.kernels.norm.RowNormSpec` from the record (the row count
+  and dtype the signature check read, which optional inputs are present) and the op's
+  :attr:`~RowNormOp.kind`; which launch plan a row count gets is the kernel's choice;
+- the slot ``row_norm_fwd``, whose arguments ``(x, residual, weight, bias, y, residual_out)``
+  are the family's tensor names: an op's inputs and outputs fill the ones they name.
+
+A leaf op is its spec entry (``specs/norm.yaml``) plus its kind, what is genuinely its own
+(RMSNorm's ``eps=None`` meaning the dtype's epsilon) and its declared equivalents: the
+reference (:meth:`~tileops.runtime.Op.reference`), the torch eager function and the
+Liger-Kernel peer, each stated once here and read by the ``reference`` target, the tests,
+``tileops run`` and ``tileops bench``.
 """
 
+from __future__ import annotations
+
 import math
-from collections.abc import Sequence
+from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 
 from tileops.kernels.norm import (
-    FEW_ROWS,
     RowNormFwdInterface,
+    RowNormKind,
     RowNormLoopedKernel,
     RowNormRegisterKernel,
     RowNormSpec,
@@ -22,113 +39,238 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES
 
-__all__ = ["FusedAddRMSNormFwdOp", "LayerNormFwdOp", "RMSNormFwdOp"]
+__all__ = ["FusedAddRMSNormFwdOp", "LayerNormFwdOp", "RMSNormFwdOp", "RowNormOp"]
 
-_ROW_NORM_KERNELS = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedKernel)}
-
-
-def _rows(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``t`` as contiguous ``(rows, n)`` at a 16-byte aligned address; no view when it
-    already is one (a view costs microseconds of host time, as much as the rest of a small
-    call). The kernels read 16-byte vectors, so a view starting mid-vector is copied."""
-    if not t.is_contiguous():
-        t = t.contiguous()
-    elif t.storage_offset() and t.data_ptr() % 16:
-        t = t.clone()
-    return t if t.dim() == 2 else t.view(-1, n)
+#: the slot's arguments, in its forward's order
+_SLOT_ARGS = ("x", "residual", "weight", "bias", "y", "residual_out")
+_ROWS = frozenset({"x", "residual", "y", "residual_out"})
+_FINFO_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float16, torch.bfloat16, torch.float32,
+                                                 torch.float64)}
 
 
-def _flat(t: torch.Tensor | None, n: int) -> torch.Tensor | None:
-    if t is None:
+class RowNormOp(Op):
+    """Family base of the row normalizations (see the module docstring).
+
+    A subclass sets :attr:`kind` and, where its entry names the row length other than by
+    ``normalized_shape`` or ``N``, overrides :meth:`row_length`."""
+
+    kind: ClassVar[RowNormKind]
+    kernel_types = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedKernel)}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        plan = cls._signature
+        if plan is None:
+            return
+        names = (*plan.input_names, *plan.output_names)
+        unknown = [n for n in names if n not in _SLOT_ARGS]
+        if unknown:
+            raise TypeError(f"{cls.__name__}: tensor {unknown[0]!r} of its entry is not an "
+                            f"argument of the row_norm_fwd slot ({', '.join(_SLOT_ARGS)})")
+        # (slot position, index into (*inputs, *outputs), a row tensor?), inputs then outputs
+        slots = [(p, names.index(a), a in _ROWS) for p, a in enumerate(_SLOT_ARGS) if a in names]
+        n_in = len(plan.input_names)
+        cls._in_slots = tuple(s for s in slots if s[1] < n_in)
+        cls._out_slots = tuple(s for s in slots if s[1] >= n_in)
+        cls._weight_at = names.index("weight") if "weight" in names else None
+        cls._bias_at = names.index("bias") if "bias" in names else None
+
+    @classmethod
+    def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        # an int normalized_shape is a one-axis shape, as torch.nn.functional takes it
+        shape = params.get("normalized_shape")
+        if isinstance(shape, int) and not isinstance(shape, bool):
+            params = {**params, "normalized_shape": (shape,)}
+        return params
+
+    def derive(self) -> None:
+        shape = getattr(self, "normalized_shape", None)
+        #: the row length when the params fix it, else the reader of the call's N
+        self._n = None if shape is None else math.prod(shape)
+        self._read_n = self.index_reader("N") if shape is None else None
+
+    def eps_for(self, dtype: torch.dtype) -> float:
+        """The epsilon a call in ``dtype`` adds (the param, unless an op says otherwise)."""
+        return self.eps
+
+    def forward(self, call, *tensors) -> None:
+        x = tensors[0]
+        n = self._n
+        if n is None:
+            n = self._read_n(call)[0]
+        rows = x.numel() // n if n else 0
+        dtype = x.dtype
+        eps = self.eps_for(dtype)
+        w, b = self._weight_at, self._bias_at
+        has_w = w is not None and tensors[w] is not None
+        has_b = b is not None and tensors[b] is not None
+        key = (call.device, dtype, rows, n, eps, has_w, has_b)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            entry = self.kernel_for(key, RowNormFwdInterface, lambda: RowNormSpec(
+                device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
+                eps=eps, has_weight=has_w, has_bias=has_b))
+        args: list[Any] = [None] * len(_SLOT_ARGS)
+        fits = True
+        for p, i, row in self._in_slots:
+            t = tensors[i]
+            # the common case: already (rows, n) / (n,), contiguous, at offset 0
+            if t is not None and (t.dim() != (2 if row else 1) or not t.is_contiguous()
+                                  or t.storage_offset() and t.data_ptr() % 16):
+                fits = False
+                t = _layout(t, (rows, n) if row else (n,))
+            args[p] = t
+        if fits:
+            # outputs are then in the layout too: a new one is allocated like x, one that
+            # aliases an input is that input
+            for p, i, _ in self._out_slots:
+                args[p] = tensors[i]
+            entry(*args)
+            return
+        back = []
+        for p, i, row in self._out_slots:
+            t = tensors[i]
+            if t is not None:
+                v = _layout(t, (rows, n) if row else (n,))
+                if v.data_ptr() != t.data_ptr():  # written into a copy: copied back after
+                    back.append((t, v))
+                t = v
+            args[p] = t
+        entry(*args)
+        for t, v in back:
+            t.copy_(v.view(t.shape))
+
+
+def _layout(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """``t`` as a contiguous view of ``shape`` at a 16-byte aligned address: a view where it
+    is one already, else a copy (a view starting mid-vector is copied as a strided one is)."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t.view(shape)
+    return (t.contiguous() if not t.is_contiguous() else t.clone()).view(shape)
+
+
+class RMSNormFwdOp(RowNormOp):
+    kind = RowNormKind.RMS
+
+    def eps_for(self, dtype: torch.dtype) -> float:
+        # the entry: eps None means the dtype's epsilon, as torch.nn.functional.rms_norm
+        eps = self.eps
+        return eps if eps is not None else _FINFO_EPS.get(dtype) or torch.finfo(dtype).eps
+
+    def reference(self, call, x, weight):
+        return (_rms(x, weight, len(self.normalized_shape), self.eps_for(call.d_x)),)
+
+    def eager(self):
+        shape, eps = list(self.normalized_shape), self.eps
+
+        def rms_norm(x, weight=None):  # torch.nn.functional.rms_norm
+            return F.rms_norm(x, shape, weight, eps)
+
+        return rms_norm
+
+    peers = {"liger": lambda op: _liger_rms(op)}
+
+
+class FusedAddRMSNormFwdOp(RowNormOp):
+    kind = RowNormKind.ADD_RMS
+
+    def reference(self, call, x, residual, weight):
+        # residual_out is rounded to the storage dtype, and y normalizes that rounded value
+        s = _wide(x) + _wide(residual)
+        s = s.to(call.d_x).to(s.dtype)
+        return _rms(s, weight, 1, self.eps), s
+
+    def eager(self):
+        eps, inplace = self.eps, self.inplace
+
+        def fused_add_rms_norm(x, residual, weight=None):  # add, then F.rms_norm
+            if inplace:
+                residual.add_(x)
+                x.copy_(F.rms_norm(residual, [x.shape[-1]], weight, eps))
+                return x, residual
+            s = x + residual
+            return F.rms_norm(s, [x.shape[-1]], weight, eps), s
+
+        return fused_add_rms_norm
+
+
+class LayerNormFwdOp(RowNormOp):
+    kind = RowNormKind.LAYER
+
+    def reference(self, call, x, weight, bias):
+        dims = len(self.normalized_shape)
+        xf = _wide(x)
+        axes = tuple(range(-dims, 0))
+        mean = xf.mean(dim=axes, keepdim=True)
+        var = (xf - mean).pow(2).mean(dim=axes, keepdim=True)
+        out = (xf - mean) * torch.rsqrt(var + self.eps)
+        if weight is not None:
+            out = out * _wide(weight)
+        if bias is not None:
+            out = out + _wide(bias)
+        return (out,)
+
+    def eager(self):
+        shape, eps = list(self.normalized_shape), self.eps
+
+        def layer_norm(x, weight=None, bias=None):  # torch.nn.functional.layer_norm
+            return F.layer_norm(x, shape, weight, bias, eps)
+
+        return layer_norm
+
+    peers = {"liger": lambda op: _liger_layer(op)}
+
+
+# --- shared by the references ------------------------------------------------------------------
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when it is float64 already."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+def _rms(x: torch.Tensor, weight: torch.Tensor | None, dims: int, eps: float) -> torch.Tensor:
+    xf = _wide(x)
+    axes = tuple(range(-dims, 0))
+    out = xf * torch.rsqrt(xf.pow(2).mean(dim=axes, keepdim=True) + eps)
+    if weight is not None:
+        out = out * _wide(weight)
+    return out
+
+
+# --- Liger-Kernel peers (present when liger_kernel is installed) --------------------------------
+
+
+def _liger_rms(op: RMSNormFwdOp) -> Any:
+    try:
+        from liger_kernel.ops.rms_norm import LigerRMSNormFunction
+    except ImportError:
         return None
-    if not t.is_contiguous():
-        t = t.contiguous()
-    elif t.storage_offset() and t.data_ptr() % 16:
-        t = t.clone()
-    return t if t.dim() == 1 else t.view(n)
+    if len(op.normalized_shape) != 1:
+        return None  # Liger normalizes the last axis only
+    eps = op.eps
+
+    def liger_rms_norm(x, weight=None):
+        if weight is None:
+            return None
+        return LigerRMSNormFunction.apply(x, weight, eps if eps is not None
+                                          else torch.finfo(x.dtype).eps)
+
+    return liger_rms_norm
 
 
-class RMSNormFwdOp(Op):
-    """``y = x * rsqrt(mean(x**2) + eps) * weight`` over the trailing ``normalized_shape``.
+def _liger_layer(op: LayerNormFwdOp) -> Any:
+    try:
+        from liger_kernel.ops.layer_norm import LigerLayerNormFunction
+    except ImportError:
+        return None
+    if len(op.normalized_shape) != 1:
+        return None
+    eps = op.eps
 
-    Args:
-        normalized_shape: the trailing axes normalized over.
-        eps: added to the mean square; None means ``torch.finfo(x.dtype).eps``, as
-            ``torch.nn.functional.rms_norm``.
-        target, kernel_map, tune: see :class:`tileops.runtime.Op`.
-    """
+    def liger_layer_norm(x, weight=None, bias=None):
+        if weight is None or bias is None:
+            return None
+        return LigerLayerNormFunction.apply(x, weight, bias, eps)
 
-    kernel_types = _ROW_NORM_KERNELS
-
-    def __init__(self, *, normalized_shape: Sequence[int] | int, eps: float | None = None,
-                 target: str | None = None, kernel_map=None, tune: bool = False) -> None:
-        if isinstance(normalized_shape, int):
-            normalized_shape = (normalized_shape,)
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target,
-                         kernel_map=kernel_map, tune=tune)
-        self.n = math.prod(self.normalized_shape)
-
-    def forward(self, call, x, weight, y) -> None:
-        eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
-        n = self.n
-        # the common case (contiguous (rows, N) at offset 0) needs no view and no copy
-        if x.dim() != 2 or not x.is_contiguous() or x.storage_offset():
-            x, y = _rows(x, n), _rows(y, n)
-        if weight is not None and (weight.dim() != 1 or not weight.is_contiguous()
-                                   or weight.storage_offset()):
-            weight = _flat(weight, n)
-        spec = RowNormSpec(call.device, "rms", n, NAMES[x.dtype], eps, weight is not None,
-                           False, x.shape[0] < FEW_ROWS)
-        self.kernel(RowNormFwdInterface, spec)(x, None, weight, None, y, None)
-
-
-class FusedAddRMSNormFwdOp(Op):
-    """``residual_out = x + residual``; ``y = rmsnorm(residual_out) * weight``.
-
-    With ``inplace=True`` the results are written into ``x`` (``y``) and ``residual``
-    (``residual_out``), which are returned.
-    """
-
-    kernel_types = _ROW_NORM_KERNELS
-
-    def __init__(self, *, eps: float = 1e-6, inplace: bool = False, target: str | None = None,
-                 kernel_map=None, tune: bool = False) -> None:
-        super().__init__(eps=eps, inplace=inplace, target=target, kernel_map=kernel_map,
-                         tune=tune)
-
-    def forward(self, call, x, residual, weight, y, residual_out) -> None:
-        n = x.shape[-1]
-        spec = RowNormSpec(call.device, "add_rms", n, NAMES[x.dtype], self.eps,
-                           weight is not None, False, x.numel() // max(n, 1) < FEW_ROWS)
-        if self.inplace and not (x.is_contiguous() and residual.is_contiguous()
-                                 and x.data_ptr() % 16 == 0 and residual.data_ptr() % 16 == 0):
-            raise ValueError(
-                f"{type(self).__name__}(inplace=True) writes into x and residual, so both must be "
-                f"contiguous and start at a 16-byte aligned address; got x strides "
-                f"{tuple(x.stride())} at offset {x.data_ptr() % 16}, residual strides "
-                f"{tuple(residual.stride())} at offset {residual.data_ptr() % 16}")
-        self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, n), _rows(residual, n), _flat(weight, n), None, _rows(y, n),
-            _rows(residual_out, n))
-
-
-class LayerNormFwdOp(Op):
-    """``y = (x - mean) * rsqrt(var + eps) * weight + bias`` over ``normalized_shape``."""
-
-    kernel_types = _ROW_NORM_KERNELS
-
-    def __init__(self, *, normalized_shape: Sequence[int] | int, eps: float = 1e-5,
-                 target: str | None = None, kernel_map=None, tune: bool = False) -> None:
-        if isinstance(normalized_shape, int):
-            normalized_shape = (normalized_shape,)
-        super().__init__(normalized_shape=normalized_shape, eps=eps, target=target,
-                         kernel_map=kernel_map, tune=tune)
-        self.n = math.prod(self.normalized_shape)
-
-    def forward(self, call, x, weight, bias, y) -> None:
-        spec = RowNormSpec(call.device, "layer", self.n, NAMES[x.dtype], self.eps,
-                           weight is not None, bias is not None,
-                           x.numel() // max(self.n, 1) < FEW_ROWS)
-        self.kernel(RowNormFwdInterface, spec)(
-            _rows(x, self.n), None, _flat(weight, self.n), _flat(bias, self.n),
-            _rows(y, self.n), None)
+    return liger_layer_norm
