@@ -27,11 +27,7 @@ from __future__ import annotations
 
 import click
 
-from .bench import bench
-from .cache import cache, env_cmd
-from .explain import check, explain, list_ops
-from .run import run
-from .scaffold import scaffold
+from . import bench, cache, explain, run, scaffold
 
 __all__ = ["main"]
 
@@ -47,5 +43,7 @@ def main() -> None:
     """
 
 
-for _command in (run, bench, list_ops, explain, check, scaffold, env_cmd, cache):
+# the modules stay reachable under their names (tileops.ops.cli.bench is the module)
+for _command in (run.run, bench.bench, explain.list_ops, explain.explain, explain.check,
+                 scaffold.scaffold, cache.env_cmd, cache.cache):
     main.add_command(_command)

@@ -168,9 +168,11 @@ def stdout_to_stderr() -> Iterator[None]:
 
 
 def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
-              per_case: Callable[[Ran, Callable[[str], None]], None] | None = None) -> list[Ran]:
+              tune: bool = False,
+              per_case: Callable[[Case, Ran, Callable[[str], None]], None] | None = None,
+              ) -> list[Ran]:
     """Run every case of ``plan`` (:func:`~.runner.run_case`) behind a progress line on
-    stderr, with stdout sent there too; ``per_case(ran, status)`` runs after each case."""
+    stderr, with stdout sent there too; ``per_case(case, ran, status)`` runs after each."""
     with stdout_to_stderr():
         out = []
         err = sys.stderr
@@ -188,9 +190,9 @@ def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
                         progress.update(task, description=f"{head}: {msg}")
 
                     ran = run_case(cls, case, plan.device, target=plan.target, repeat=repeat,
-                                   budget_s=budget_s, timed=timed, status=status)
+                                   budget_s=budget_s, timed=timed, tune=tune, status=status)
                     if per_case is not None:
-                        per_case(ran, status)
+                        per_case(case, ran, status)
                     out.append(ran)
                     progress.advance(task)
     return out

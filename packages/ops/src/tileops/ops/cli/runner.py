@@ -105,7 +105,7 @@ class Ran:
 
 def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | None = None,
              repeat: int = 20, budget_s: float = 0.25, check: bool = True, timed: bool = True,
-             status: Callable[[str], None] | None = None) -> Ran:
+             tune: bool = False, status: Callable[[str], None] | None = None) -> Ran:
     """Build the op for ``case``, run it once (checking it against float64), then time it
     with :func:`~.timing.time_call` (unless ``timed`` is false: ``tileops bench`` times every
     contender itself, the op included). Left to choose, an op whose in-tree kernels fail on
@@ -119,7 +119,7 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
                      {i.name: i.shape for i in case.inputs}, tol=TOLERANCE.get(case.dtype, 0.0))
     say = status or (lambda _msg: None)
     try:
-        op = cls(target=target, **case.params)
+        op = cls(target=target, tune=tune, **case.params)
     except Exception as exc:  # noqa: BLE001 - reported per row
         res.error = f"construction: {type(exc).__name__}: {exc}"
         return Ran(res, None, [], None)
