@@ -88,12 +88,12 @@ def _test_cases() -> list[tuple]:
 
 
 def _spec_for(m, n, k, ta, tb, dtype, aligned=None):
-    from tileops.kernels.gemm import GemmSpec, m_bucket
+    from tileops.kernels.gemm import GemmPlan, m_bucket
 
     if aligned is None:  # fresh contiguous tensors: only the row strides can break it
         rows = [m if ta else k, k if tb else n, n]
         aligned = all(r % 8 == 0 for r in rows)
-    return GemmSpec("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
+    return GemmPlan("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
 
 
 def serving(spec):

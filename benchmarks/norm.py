@@ -161,10 +161,11 @@ def host_overhead() -> dict:
     w = torch.randn(4096, dtype=torch.bfloat16, device="cuda")
     op = RMSNormFwdOp(normalized_shape=[4096], eps=1e-6)
     y = op(x, w)
-    from tileops.kernels.norm import RowNormFwdInterface, RowNormSpec
+    from tileops.kernels.norm import RowNormFwdInterface, RowNormKind, RowNormSpec
 
-    entry = op.kernel(RowNormFwdInterface, RowNormSpec(x.device, "rms", 4096, "bfloat16", 1e-6,
-                                                       True, False))
+    entry = op.kernel(RowNormFwdInterface, RowNormSpec(
+        device=x.device, kind=RowNormKind.RMS, rows=1, n=4096, dtype="bfloat16", eps=1e-6,
+        has_weight=True, has_bias=False))
 
     def direct():
         entry(x, None, w, None, y, None)
