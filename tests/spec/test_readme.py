@@ -7,14 +7,18 @@ import re
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tileops.spec import (
     DTYPES,
     GENERATORS,
     PRIMITIVES,
     RULES,
+    SpecLoadError,
     check_paths,
+    load_spec_text,
     load_types_text,
+    validate_spec_file,
     validate_types,
 )
 from tileops.spec.__main__ import main
@@ -69,3 +73,39 @@ def test_the_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert namespace["eval_shape"](namespace["node"], namespace["Scope"](
         {"trans_a": True, "M": 2, "K": 3}, gemm.signature.types)) == (3, 2)
     assert namespace["print_expr"](namespace["node"]) == "Mat[trans_a, M, K]"
+
+
+FAMILIES = "## Family blocks and workload grids"
+#: edits of the family example, in the order of the errors the README lists for them
+FAMILY_EDITS = [
+    ('grid: rows-by-hidden\n    map: {B: "[rows]", normalized_shape',
+     'grid: rows-by-hiden\n    map: {B: "[rows]", normalized_shape'),
+    ('map: {B: "[rows]", normalized_shape: "[hidden]"}', 'map: {B: "[rows]"}'),
+    ('map: {B: "[rows]", normalized_shape: "[hidden]"}',
+     'map: {B: "[rows]", normalized_shape: "[hidden]", M: rows}'),
+    ('map: {B: "[rows]", normalized_shape: "[hidden]"}',
+     'map: {B: "[row]", normalized_shape: "[hidden]"}'),
+    ("families:\n", "families:\n  gemm: {status: planned}\n"),
+    ("    grids:\n", "    grids:\n      decode: {rows: [{rows: 1, hidden: 64, label: d}]}\n"),
+]
+
+
+def test_the_family_example_loads_as_its_rows_written_out() -> None:
+    spec = load_spec_text(block(FAMILIES, "yaml"), "norm.yaml")
+    assert validate_spec_file(spec) == []
+    assert {e.status for e in spec.entries.values()} == {"implemented"}
+    written = yaml.safe_load(block("### What it loads as", "yaml"))
+    assert [{**w.values, "dtype_cases": list(w.dtype_cases), "label": w.label}
+            for w in spec.entries["FusedAddRMSNormFwdOp"].workloads] == written
+
+
+def test_the_family_errors_are_what_the_readme_says() -> None:
+    text = block(FAMILIES, "yaml")
+    after = TEXT[TEXT.index("saved as `norm.yaml`"):]
+    shown = re.search(r"```text\n(.*?)```", after, re.S).group(1).splitlines()
+    assert len(shown) == len(FAMILY_EDITS)
+    for (old, new), expected in zip(FAMILY_EDITS, shown, strict=True):
+        assert old in text, old
+        with pytest.raises(SpecLoadError) as exc:
+            load_spec_text(text.replace(old, new, 1), "norm.yaml")
+        assert str(exc.value) == expected

@@ -1,6 +1,7 @@
 """tileops.spec: the TileOPs spec language as typed, validated schemas.
 
-Load spec YAML into frozen Structs (:func:`load_spec_file`), parse and print expressions
+Load spec YAML into frozen Structs (:func:`load_spec_file`; a file's ``families:`` block is
+applied to its entries there), parse and print expressions
 (:func:`parse_expr`, :func:`print_expr`), and validate (:func:`check_paths`,
 :func:`validate_entry`). ``python -m tileops.spec check PATH...`` runs the validator.
 """
@@ -20,6 +21,10 @@ from .schema import (
     Constructor,
     Expr,
     FamilyCase,
+    FamilyDef,
+    Grid,
+    GridRow,
+    GridUse,
     InputDecl,
     OpEntry,
     OutputDecl,
@@ -58,6 +63,10 @@ __all__ = [
     "Expr",
     "ExprSyntaxError",
     "FamilyCase",
+    "FamilyDef",
+    "Grid",
+    "GridRow",
+    "GridUse",
     "InputDecl",
     "Kind",
     "KindError",

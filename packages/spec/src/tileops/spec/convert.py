@@ -10,6 +10,7 @@ path (``RMSNormFwdOp.signature.inputs.x.shape``), a line and a message in the wo
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any, get_args, get_origin, get_type_hints
 
 import msgspec
@@ -18,7 +19,16 @@ from . import expr as E
 from .errors import Diagnostic, SpecLoadError
 from .schema import Expr
 
-__all__ = ["Lines", "LocatedMap", "LocatedSeq", "convert", "join_path", "line_for", "plain"]
+__all__ = [
+    "Lines",
+    "LocatedMap",
+    "LocatedSeq",
+    "convert",
+    "fail",
+    "join_path",
+    "line_for",
+    "plain",
+]
 
 
 class LocatedMap(dict):
@@ -151,7 +161,7 @@ class Lines:
                 self.record(f"{path}[{i}]", v, node.item_lines[i])
 
 
-def line_for(lines: dict[str, int], path: str) -> int | None:
+def line_for(lines: Mapping[str, int], path: str) -> int | None:
     while path:
         if path in lines:
             return lines[path]
@@ -159,7 +169,12 @@ def line_for(lines: dict[str, int], path: str) -> int | None:
     return None
 
 
-def convert(data: Any, tp: Any, prefix: str, file: str, lines: dict[str, int]) -> Any:
+def fail(file: str, lines: Mapping[str, int], path: str, message: str) -> SpecLoadError:
+    """The loading error at ``path``, on its line (or its nearest written ancestor's)."""
+    return SpecLoadError(Diagnostic(file, line_for(lines, path), path, message, "schema"))
+
+
+def convert(data: Any, tp: Any, prefix: str, file: str, lines: Mapping[str, int]) -> Any:
     try:
         return msgspec.convert(data, tp, dec_hook=_dec_hook)
     except msgspec.ValidationError as exc:

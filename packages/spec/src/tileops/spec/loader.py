@@ -11,6 +11,8 @@ ways. The loader here:
   ``norm.yaml:41: in RMSNormFwdOp.signature.inputs.x.shape: ...``;
 - converts entry by entry and field by field, so an error names the entry, not ``[...]``
   (:mod:`.convert`).
+- applies the file's ``families:`` block (:mod:`.family_blocks`): an entry takes its
+  family's status, and a workload item naming a grid is expanded into plain workloads.
 """
 
 from __future__ import annotations
@@ -22,9 +24,16 @@ from typing import Any
 import msgspec
 import yaml
 
-from .convert import Lines, LocatedMap, LocatedSeq, convert, join_path, line_for, plain
+from .convert import Lines, LocatedMap, LocatedSeq, convert, fail, join_path, plain
 from .errors import Diagnostic, SpecLoadError
-from .schema import OpEntry, SpecFile, TypesFile, Workload
+from .family_blocks import (
+    LineSource,
+    check_families_used,
+    expand_grid,
+    load_families,
+    relocate_lines,
+)
+from .schema import FamilyDef, OpEntry, SpecFile, TypesFile, Workload
 
 __all__ = ["load_spec_file", "load_spec_text", "load_types_file", "load_types_text"]
 
@@ -150,7 +159,9 @@ def _path_at(text: str, index: int) -> str:
 
 
 def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
-    """Load a spec file's text: a mapping of op class name -> entry."""
+    """Load a spec file's text: a mapping of op class name -> entry, and optionally a
+    ``families:`` block of what the entries of a family share (:mod:`.family_blocks`),
+    applied to the entries here."""
     data = _read_yaml(text, file)
     if data is None:
         data = LocatedMap()
@@ -162,8 +173,14 @@ def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
     for name, entry in data.items():
         rec.record(str(name), entry,
                    data.key_lines.get(name) if isinstance(data, LocatedMap) else None)
+    families: dict[str, FamilyDef] = {}
+    if "families" in data:
+        families = load_families(data["families"], file, rec.lines)
+    used_grids: set[tuple[str, str]] = set()
     entries: dict[str, OpEntry] = {}
     for name, raw in data.items():
+        if name == "families":
+            continue
         if not isinstance(name, str) or not name.isidentifier():
             raise SpecLoadError(
                 Diagnostic(file, rec.lines.get(str(name)), str(name),
@@ -175,33 +192,45 @@ def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
                            f"an entry is a mapping, got {type(raw).__name__}", "schema")
             )
         raw = dict(raw)
+        family = families.get(raw["family"]) if isinstance(raw.get("family"), str) else None
+        if family is not None and family.status is not None:
+            raw.setdefault("status", family.status)
         workloads = raw.pop("workloads", None)
         entry = convert(raw, OpEntry, name, file, rec.lines)
         if workloads is not None:
-            entry = msgspec.structs.replace(
-                entry, workloads=_workloads(workloads, name, file, rec.lines)
-            )
+            rows = _workloads(workloads, name, entry, families, used_grids, file, rec.lines)
+            entry = msgspec.structs.replace(entry, workloads=rows)
         entries[name] = entry
-    return SpecFile(path=file, entries=entries, lines=rec.lines)
+    check_families_used(families, entries, used_grids, file, rec.lines)
+    return SpecFile(path=file, entries=entries, lines=rec.lines, families=families)
 
 
-def _workloads(raw: Any, name: str, file: str, lines: dict[str, int]) -> tuple[Workload, ...]:
+def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDef],
+               used_grids: set[tuple[str, str]], file: str,
+               lines: dict[str, int]) -> tuple[Workload, ...]:
+    """The entry's workload list, each grid item expanded where it is written; the line
+    table's workload paths are rewritten to the expanded numbering."""
     path = f"{name}.workloads"
     if not isinstance(raw, list):
-        raise SpecLoadError(
-            Diagnostic(file, line_for(lines, path), path, "workloads is a list of rows", "schema")
-        )
-    rows = []
+        raise fail(file, lines, path, "workloads is a list of rows")
+    rows: list[Workload] = []
+    sources: list[list[LineSource]] = []
     for i, row in enumerate(raw):
         rpath = f"{path}[{i}]"
         if not isinstance(row, dict):
-            raise SpecLoadError(
-                Diagnostic(file, line_for(lines, rpath), rpath,
-                           f"a workload row is a mapping, got {type(row).__name__}", "schema")
-            )
+            raise fail(file, lines, rpath, f"a workload row is a mapping, got "
+                       f"{type(row).__name__}")
+        if "grid" in row:
+            for workload, srcs in expand_grid(row, rpath, name, entry, families, file, lines):
+                rows.append(workload)
+                sources.append(srcs)
+            used_grids.add((entry.family, row["grid"]))
+            continue
         reserved = {k: row[k] for k in _WORKLOAD_RESERVED if k in row}
         values = {k: plain(v) for k, v in row.items() if k not in _WORKLOAD_RESERVED}
         rows.append(convert({**reserved, "values": values}, Workload, rpath, file, lines))
+        sources.append([(rpath, "", True)])
+    relocate_lines(lines, path, sources)
     return tuple(rows)
 
 

@@ -21,6 +21,10 @@ __all__ = [
     "Constructor",
     "Expr",
     "FamilyCase",
+    "FamilyDef",
+    "Grid",
+    "GridRow",
+    "GridUse",
     "InputDecl",
     "OpEntry",
     "OutputDecl",
@@ -190,6 +194,53 @@ class Workload(Base, frozen=True):
 Status = Literal["implemented", "spec-only", "planned"]
 
 
+class GridRow(Base, frozen=True):
+    """One row of a workload grid: plain values of the grid's variables (``rows: 2048``,
+    ``hidden: 4096``), the row's label and its dtype cases."""
+
+    label: str
+    values: dict[str, Any]
+    dtype_cases: tuple[dict[str, str], ...] = ()
+
+
+class Grid(Base, frozen=True):
+    """A named list of rows that several entries of a family expand into workloads, each
+    mapping the grid's variables onto its own indices and params (:class:`GridUse`)."""
+
+    rows: tuple[GridRow, ...]
+    doc: str = ""
+
+
+class FamilyDef(Base, frozen=True):
+    """What the entries of one family share, declared once under ``families:``.
+
+    ``status`` is the status of every entry of the family that does not give its own;
+    ``grids`` are the workload grids their workload items may expand.
+    """
+
+    status: Status | None = None
+    grids: dict[str, Grid] = {}
+    doc: str = ""
+
+
+class GridUse(Base, frozen=True):
+    """A workload item that expands a grid of the entry's family: one workload per row.
+
+    ``map`` gives each index or param it feeds an expression over the grid's variables
+    (``B: "[rows]"``); ``label`` is a template over the row's ``{label}`` and its variables;
+    ``values``, ``some`` and ``dtype_cases`` are added to every expanded workload (a row's
+    own dtype cases and the item's exclude each other). Only the loader sees this: the
+    entry holds the expanded :class:`Workload` rows.
+    """
+
+    grid: str
+    map: dict[str, Expr]
+    label: str = "{label}"
+    values: dict[str, Any] = {}
+    some: tuple[str, ...] = ()
+    dtype_cases: tuple[dict[str, str], ...] = ()
+
+
 class OpEntry(Base, frozen=True):
     family: str
     status: Status
@@ -226,6 +277,8 @@ class SpecFile(msgspec.Struct, frozen=True, kw_only=True):
     entries: dict[str, OpEntry]
     #: entry path ("GemmFwdOp.signature.inputs.a.shape") -> 1-based line
     lines: dict[str, int]
+    #: the file's ``families:`` block (already applied to the entries)
+    families: dict[str, FamilyDef] = {}
 
     def line_of(self, path: str) -> int | None:
         """The line of ``path`` or of its nearest written ancestor."""
