@@ -20,7 +20,6 @@ import torch.nn.functional as F
 from click.testing import CliRunner
 
 from tileops.ops import GemmFwdOp, LayerNormFwdOp, RMSNormFwdOp
-from tileops.ops.cli import bench as bench_mod
 from tileops.ops.cli import main
 from tileops.ops.cli.bench import COMPILED, Settings, bench_case, cold_l2, fresh_compile
 from tileops.ops.cli.report import (
@@ -42,9 +41,9 @@ def invoke(*args: str):
     return CliRunner().invoke(main, list(args), catch_exceptions=False)
 
 
-def _declare(monkeypatch: pytest.MonkeyPatch, make) -> None:
-    """Make every op declare ``make(op)`` as its contenders."""
-    monkeypatch.setattr(bench_mod, "declared_contenders", make)
+def _declare(monkeypatch: pytest.MonkeyPatch, make, cls=RMSNormFwdOp) -> None:
+    """Make ``cls`` declare ``make(op)`` as its contenders."""
+    monkeypatch.setattr(cls, "contenders", make)
 
 
 def _tiny(cls=RMSNormFwdOp, label="tiny-n7", dtype="float32"):

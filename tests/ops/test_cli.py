@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tileops.ops import cli_refs
+from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 from tileops.ops.cli import main
 from tileops.ops.cli.scaffold import ScaffoldError, scaffold_source
 from tileops.ops.workloads import cases
@@ -90,8 +90,8 @@ def test_run_scales_rows_down_keeping_the_row_length() -> None:
 
 
 def test_a_mismatch_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
-    right = cli_refs.FP64["LayerNormFwdOp"]
-    monkeypatch.setitem(cli_refs.FP64, "LayerNormFwdOp",
+    right = LayerNormFwdOp.fp64_reference
+    monkeypatch.setattr(LayerNormFwdOp, "fp64_reference",
                         lambda op, *xs: tuple(y + 1 for y in right(op, *xs)))
     result = invoke("run", "LayerNormFwdOp", "RMSNormFwdOp", "-w", "tiny-n7", "--device", "cpu",
                     *TINY)
@@ -101,27 +101,31 @@ def test_a_mismatch_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
     assert "FAILED RMSNormFwdOp" not in result.stdout
 
 
-def test_an_op_without_a_listed_reference_is_checked_through_its_reference_builder(
+def test_an_op_without_a_reference_runs_unchecked_and_says_why(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delitem(cli_refs.FP64, "FusedAddRMSNormFwdOp")
-    result = invoke("run", "FusedAddRMSNormFwdOp", "-w", "tiny-n7", "-w", "inplace-decode",
-                    "--json", *TINY)
+    def none(op, *xs):
+        raise NotImplementedError(f"{type(op).__name__} declares no reference")
+
+    monkeypatch.setattr(RMSNormFwdOp, "fp64_reference", none)
+    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--json", *TINY)
     assert result.exit_code == 0, result.output
     rows = json.loads(result.stdout)["results"]
-    assert len(rows) == 3
-    for r in rows:  # the reference target's builder, handed float64 copies of the inputs
-        assert r["checked"] and r["note"] is None and r["rel_err"] <= r["tol"], r
+    assert len(rows) == 2
+    for r in rows:
+        assert r["ok"] and not r["checked"] and r["rel_err"] is None
+        assert r["note"] == ("no float64 reference: NotImplementedError: RMSNormFwdOp declares "
+                             "no reference")
 
 
 def test_what_a_run_prints_stays_off_stdout(monkeypatch: pytest.MonkeyPatch) -> None:
     # kernel compilers log to stdout; --json output must stay one JSON document
-    right = cli_refs.FP64["RMSNormFwdOp"]
+    right = RMSNormFwdOp.fp64_reference
 
     def noisy(op, *xs):
         print("compiling kernel main ...")
         return right(op, *xs)
 
-    monkeypatch.setitem(cli_refs.FP64, "RMSNormFwdOp", noisy)
+    monkeypatch.setattr(RMSNormFwdOp, "fp64_reference", noisy)
     result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--json", *TINY)
     assert result.exit_code == 0
     assert json.loads(result.stdout)["ok"] is True

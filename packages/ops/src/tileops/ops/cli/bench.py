@@ -43,7 +43,6 @@ from tileops.runtime import Op
 
 from ..workloads import Case, as_outputs, clone_inputs, compare
 from .core import UsageProblem, closest, did_you_mean, split_list
-from .declared import contenders as declared_contenders
 from .driver import Plan, case_options, env_header, prepare, run_cases, usage
 from .report import ContenderResult, require_matplotlib, write_json, write_markdown, write_plot
 from .runner import Ran
@@ -150,7 +149,7 @@ def bench_case(case: Case, ran: Ran, device: torch.device, settings: Settings,
             res.error = f"timing: {_first_line(exc)}"
         res.time_s = ours.time_s
         res.extra["timing"] = ours
-    declared = declared_contenders(op)
+    declared = op.contenders()
     names = list(settings.against) if settings.against is not None else [
         *declared, *([COMPILED] if "torch" in declared else [])]
     out: dict[str, ContenderResult] = {}
@@ -193,7 +192,7 @@ def resolve_against(text: str | None, plan: Plan) -> tuple[str, ...] | None:
     known = {"torch", COMPILED}
     for _name, cls, cs in plan.ops:
         try:
-            known.update(declared_contenders(cls(**cs[0].params)))
+            known.update(cls(**cs[0].params).contenders())
         except Exception:  # noqa: BLE001 - an op that cannot be built fails its own rows
             continue
     out: list[str] = []
