@@ -1,0 +1,334 @@
+"""What every part of the harness shares: the ops, their cases, the tolerances, the spec's own
+inference of a call, the check of one call's outputs against the op's float64 reference
+(``op.fp64_reference``), the capturing compile backend, and the one list of known defects.
+
+The spec's inference here is computed by the spec language's evaluator (``tileops.spec``)
+over a case's index values, not by the checks generated from the signature, so comparing the
+two tests the generated code against the spec it came from.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tileops.ops
+from tileops.ops.workloads import Case, cases_of, rel_l2
+from tileops.runtime import Op, default_specs
+from tileops.spec import EvalError, OpEntry, Scope, eval_shape, evaluate
+from tileops.spec.kinds import BoolK, DTypeK, EnumK
+
+__all__ = [
+    "CPU_CAP",
+    "IMPLEMENTED",
+    "KNOWN_DEFECTS",
+    "Capture",
+    "OPS",
+    "TOLERANCE",
+    "admitted_dtypes",
+    "base_cases",
+    "case_id",
+    "check_outputs",
+    "defect_marks",
+    "dtype_name",
+    "node_outputs",
+    "presence",
+    "returned_by_node",
+    "spec_input_shapes",
+    "spec_outputs",
+    "tolerance",
+]
+
+
+# --- the ops ----------------------------------------------------------------------------------
+
+
+def _implemented_entries() -> dict[str, OpEntry]:
+    """The ``status: implemented`` entries of the shipped spec files (those in
+    ``tileops.ops.SPEC_DIR``; specs a test registers elsewhere are not the library's)."""
+    specs = default_specs()
+    root = Path(tileops.ops.SPEC_DIR).resolve()
+    out = {}
+    for name in specs.names():
+        entry, spec_file, _ = specs.find(name)
+        if entry.status == "implemented" and Path(spec_file.path).resolve().parent == root:
+            out[name] = entry
+    return out
+
+
+#: every implemented entry of the shipped specs, by name, in spec order
+IMPLEMENTED: dict[str, OpEntry] = _implemented_entries()
+
+#: the op class of each implemented entry that :mod:`tileops.ops` exports under the entry's
+#: name (an entry without one fails ``test_numerics.test_every_implemented_entry_has_a_class``)
+OPS: dict[str, type[Op]] = {
+    n: cls for n in IMPLEMENTED
+    if isinstance(cls := getattr(tileops.ops, n, None), type) and issubclass(cls, Op)
+}
+
+
+# --- cases and tolerances ---------------------------------------------------------------------
+
+#: Elements per tensor on CPU. ``tileops run`` scales to 2^20; at that size a call of the
+#: reference target or of the float64 reference takes 30-80 ms on the 2-core CI machine, and
+#: the workloads, the corpus and the compiled calls make several hundred of them. At 2^14 a
+#: case costs about a millisecond. The builder shrinks rows (batch indices, then M or K) before
+#: row lengths, so the norms keep their row lengths up to 16384, 4097 and 7 whole (65536 too:
+#: a row length that is a construction param is never scaled), and GEMM keeps its N.
+CPU_CAP = 2**14
+
+#: Relative L2 error allowed against the float64 reference, by dtype. The reference reads the
+#: same (already rounded) inputs, so only the op's own roundings count, and every output is
+#: rounded to its storage dtype once: unit roundoff u = 2^-8 (bfloat16), 2^-11 (float16),
+#: 2^-24 (float32), 2^-4 and 2^-3 (float8 e4m3 / e5m2). One rounding measures about 0.45 u
+#: (``tileops run``: 1.7e-3 bf16, 2.1e-4 fp16, 6e-8 fp32). The bounds leave room for an
+#: intermediate held in the storage dtype (bf16 2.6 u, fp16 4 u, float8 2 u) and, for float32,
+#: for sums over rows of up to 65536 elements, whose error grows with the row (170 u). float64
+#: is the reference's own precision. Integer and bool outputs must be exact.
+TOLERANCE: dict[str, float] = {
+    "bfloat16": 1e-2,
+    "float16": 2e-3,
+    "float32": 1e-5,
+    "float64": 1e-12,
+    "float8_e4m3fn": 1.25e-1,
+    "float8_e5m2": 2.5e-1,
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tolerance(dtypes: Iterable[torch.dtype]) -> float:
+    """The bound for an output: that of the coarsest floating dtype among ``dtypes`` (the
+    call's inputs and the output itself); 0.0 (exact) when none is floating."""
+    tols = [TOLERANCE[dtype_name(d)] for d in dtypes if d.is_floating_point or d.is_complex]
+    return max(tols, default=0.0)
+
+
+def case_id(case: Case) -> str:
+    return f"{case.op}-{case.label}-{case.dtype}"
+
+
+def presence(case: Case) -> dict[str, bool]:
+    """Whether each optional input of the case is given."""
+    plan = OPS[case.op]._signature
+    return {i.name: i.shape is not None for i in case.inputs if i.name in plan.optional_inputs}
+
+
+def base_cases(cls: type[Op], cap: int = CPU_CAP) -> list[Case]:
+    """One case per structure of the op's calls: each combination of given optional inputs
+    and Bool or enum construction params (which choose layouts and effect branches) that a
+    workload has. Of a structure's cases, the one with no axis of length 1 (so every view and
+    every perturbed axis means something), then the smallest, is taken."""
+    plan = cls._signature
+    discrete = [n for n in plan.param_names if isinstance(plan.kinds[n], BoolK | EnumK)]
+    best: dict[tuple, tuple[tuple, Case]] = {}
+    for case in cases_of(cls, max_elements=cap):
+        key = (tuple(sorted(presence(case).items())),
+               tuple((n, case.values.get(n)) for n in discrete))
+        dims = [d for i in case.inputs if i.shape is not None for d in i.shape]
+        rank = (any(d == 1 for d in dims), sum(i.numel for i in case.inputs))
+        if key not in best or rank < best[key][0]:
+            best[key] = (rank, case)
+    return [case for _, case in best.values()]
+
+
+# --- the spec's own inference -----------------------------------------------------------------
+
+
+def _scope(plan: Any, values: Mapping[str, Any], present: Mapping[str, bool]) -> Scope:
+    """A scope over ``values`` with the entry's lets evaluated (again: a perturbed index
+    changes the lets that read it), in dependency order."""
+    sig = plan.sig
+    values = {k: v for k, v in values.items() if k not in sig.let}
+    pending = list(sig.let)
+    while pending:
+        left = []
+        for n in pending:
+            try:
+                values[n] = evaluate(sig.let[n].node, Scope(values, sig.types, present))
+            except EvalError:
+                left.append(n)
+        if len(left) == len(pending):  # nothing moved: evaluate one to raise its error
+            evaluate(sig.let[left[0]].node, Scope(values, sig.types, present))
+        pending = left
+    return Scope(values, sig.types, present)
+
+
+def spec_input_shapes(plan: Any, values: Mapping[str, Any],
+                      present: Mapping[str, bool]) -> dict[str, tuple[int, ...] | None]:
+    """Each input's shape at ``values`` by the spec (None where an optional input is absent)."""
+    scope = _scope(plan, values, present)
+    return {n: None if present.get(n, True) is False else eval_shape(d.shape.node, scope)
+            for n, d in plan.sig.inputs.items()}
+
+
+def spec_outputs(plan: Any, values: Mapping[str, Any],
+                 present: Mapping[str, bool]) -> list[tuple[tuple[int, ...], str] | None]:
+    """Each output's (shape, dtype name) at ``values`` by the spec; None where it is null."""
+    scope = _scope(plan, values, present)
+    out: list[tuple[tuple[int, ...], str] | None] = []
+    for d in plan.sig.outputs.values():
+        if evaluate(d.nullable.node, scope):
+            out.append(None)
+        else:
+            out.append((eval_shape(d.shape.node, scope), evaluate(d.dtype.node, scope)))
+    return out
+
+
+def admitted_dtypes(plan: Any, name: str, values: Mapping[str, Any],
+                    present: Mapping[str, bool]) -> set[str]:
+    """Every dtype the spec admits for input ``name``: its dtype expression over every choice
+    of the DType indices it reads."""
+    node = plan.sig.inputs[name].dtype.node
+    indices = [m for m in plan.sig.inputs[name].dtype.names()
+               if m in plan.sig.forall and isinstance(plan.kinds[m], DTypeK)]
+    out = set()
+    for combo in itertools.product(*(plan.kinds[m].members for m in indices)):
+        scope = _scope(plan, {**values, **dict(zip(indices, combo, strict=True))}, present)
+        out.add(evaluate(node, scope))
+    return out
+
+
+# --- one call's outputs -----------------------------------------------------------------------
+
+
+def check_outputs(op: Op, given: Sequence[torch.Tensor | None],
+                  before: Sequence[torch.Tensor | None], outs: Sequence[Any], refs: Sequence[Any],
+                  expected: Sequence[tuple[tuple[int, ...], str] | None]) -> None:
+    """The outputs of the call ``op(*given)`` (``before``: copies of ``given`` taken before the
+    call) against the spec and the float64 reference ``refs``: one output per declared output,
+    null exactly where the spec says, each of the shape and dtype the spec infers
+    (``expected``), an output aliasing a written input *is* that input, an input the call does
+    not write keeps its values, and every output is within :func:`tolerance` of float64."""
+    plan = type(op)._signature
+    name = plan.name
+    written = set(op.last_call.written_inputs)
+    assert len(outs) == len(plan.output_names), \
+        f"{name} returned {len(outs)} outputs, its entry declares {len(plan.output_names)}"
+    for n, t, t0 in zip(plan.input_names, given, before, strict=True):
+        if t is not None and n not in written:
+            assert torch.equal(t, t0), f"{name} wrote input {n}, which the call does not write"
+    in_dtypes = [t.dtype for t in before if t is not None]
+    for (n, decl), out, ref, exp in zip(plan.sig.outputs.items(), outs, refs, expected,
+                                        strict=True):
+        if exp is None:
+            assert out is None, f"{name}: output {n} should be None"
+            continue
+        assert (tuple(out.shape), dtype_name(out.dtype)) == exp, \
+            f"{name}: output {n} is {dtype_name(out.dtype)}{list(out.shape)}, the spec says {exp}"
+        if decl.alias in written:
+            assert out is given[plan.input_names.index(decl.alias)], \
+                f"{name}: output {n} must be the written input {decl.alias} itself"
+        err, tol = rel_l2(out, ref), tolerance([*in_dtypes, out.dtype])
+        assert err <= tol, f"{name}: output {n} is {err:.3g} from float64 (allowed {tol:g})"
+
+
+# --- compiling -------------------------------------------------------------------------------
+
+
+class Capture:
+    """A capturing backend for ``torch.compile``: keeps each graph and, for ``op``, what it
+    had bound and run when the graph arrived (tracing must have done neither)."""
+
+    def __init__(self, op: Op) -> None:
+        self.op = op
+        self.graphs: list[torch.fx.GraphModule] = []
+        self.state: list[tuple[str | None, Any]] = []
+
+    def __call__(self, gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+        self.graphs.append(gm)
+        self.state.append((self.op.serving_target, self.op.last_call))
+        return gm.forward
+
+    def compiled(self) -> Callable[..., Any]:
+        op = self.op
+        return torch.compile(lambda *inputs: op(*inputs), backend=self, fullgraph=True)
+
+    def calls(self) -> list[torch.fx.Node]:
+        """The calls of the one graph, less the ``getitem`` nodes that unpack a tuple."""
+        assert len(self.graphs) == 1, f"{len(self.graphs)} graphs, not one"
+        return [n for n in self.graphs[0].graph.nodes
+                if n.op == "call_function" and n.target is not operator.getitem]
+
+
+def node_outputs(node: torch.fx.Node) -> list[tuple[tuple[int, ...], str] | None]:
+    """(shape, dtype name) of what a traced node returns: its fake outputs, which the custom
+    op's fake implementation made (none where every output aliases an input)."""
+    fakes = node.meta.get("example_value")
+    fakes = () if fakes is None else fakes if isinstance(fakes, tuple) else (fakes,)
+    return [None if f is None else (tuple(f.shape), dtype_name(f.dtype)) for f in fakes]
+
+
+def returned_by_node(plan: Any, expected: Sequence[Any], written: Iterable[str]) -> list[Any]:
+    """Of the spec's ``expected`` outputs, those a traced node returns: the ones that do not
+    alias a written input (the graph hands those inputs back)."""
+    written = set(written)
+    return [e for d, e in zip(plan.sig.outputs.values(), expected, strict=True)
+            if d.alias not in written]
+
+
+# --- known defects ----------------------------------------------------------------------------
+
+
+def _always(refusal: Any) -> bool:
+    return True
+
+
+def _left_out_last(refusal: Any) -> bool:
+    """A keyword call that leaves out a required input after every input it gives (the call
+    turns into a positional one too short for the generated check)."""
+    names = OPS[refusal.case.op]._signature.input_names
+    given = [names.index(i.name) for i in refusal.case.inputs
+             if i.shape is not None and i.name != refusal.detail]
+    return names.index(refusal.detail) > max(given)
+
+
+@dataclass(frozen=True)
+class KnownDefect:
+    """A defect the harness finds and the library has not fixed yet: every corpus case of
+    ``kind`` that ``applies`` to is marked ``xfail(strict=True)`` with ``reason``."""
+
+    kind: str
+    reason: str
+    applies: Callable[[Any], bool] = _always
+
+
+#: THE LIST OF KNOWN DEFECTS. The cases these mark are written as the library must behave;
+#: they fail today and are marked xfail(strict=True), so the day a fix lands they XPASS, the
+#: suite fails, and the entry is to be removed from this list.
+KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
+    KnownDefect(
+        "device",
+        "tensors of one call on different devices are not refused: the call reaches the "
+        "kernel, which either raises torch's own error (RuntimeError: Tensor on device meta "
+        "is not on the expected device cpu!) or computes across the devices and returns"),
+    KnownDefect(
+        "missing-positional",
+        "a required input left out of a positional call surfaces the generated check's "
+        "internals (TypeError: check() missing 1 required positional argument: 't_x'; "
+        "check() missing 2 required positional arguments: 't_x' and 't_residual')"),
+    KnownDefect(
+        "missing-keyword",
+        "a keyword call that leaves out a required input after every input it gives surfaces "
+        "the generated check's internals (TypeError: check() missing 1 required positional "
+        "argument: 't_b')", _left_out_last),
+    KnownDefect(
+        "extra-positional",
+        "an extra positional argument surfaces the generated check's internals "
+        "(TypeError: check() takes from 1 to 2 positional arguments but 3 were given)"),
+)
+
+
+def defect_marks(refusal: Any) -> list[pytest.MarkDecorator]:
+    """The xfail marks of the known defects a corpus case has (none for most)."""
+    return [pytest.mark.xfail(strict=True, reason=d.reason)
+            for d in KNOWN_DEFECTS if d.kind == refusal.kind and d.applies(refusal)]
