@@ -1,53 +1,35 @@
-"""What the benchmark scripts share: CUDA-event timing and the machine they ran on.
+"""What the benchmark scripts share: CUDA timing and the machine they ran on.
 
-The scripts run standalone (``python benchmarks/<name>.py``), so this module is imported as
-a sibling from the script's directory.
+The timing is the harness's (:mod:`tileops.ops.cli.timing`, behind ``tileops bench``), in the
+milliseconds the scripts report, so a sweep and the side-by-side tables measure alike. The
+scripts run standalone (``python benchmarks/<name>.py``, the packages' sources put on
+``sys.path`` first), so this module is imported as a sibling from the script's directory; it
+imports torch and TileOPs only when a function needs them, so the CPU-only scripts load it
+without either.
 """
 
 from __future__ import annotations
 
 import importlib.metadata as _md
 import platform
-import statistics
 from pathlib import Path
 
 
 def events(fn, iters: int, trials: int = 5) -> float:
     """Median milliseconds per call over ``trials`` runs of ``iters`` back-to-back calls,
-    timed with CUDA events."""
-    import torch
+    timed with CUDA events (:func:`tileops.ops.cli.timing.events_time`, the harness's own)."""
+    from tileops.ops.cli.timing import events_time
 
-    times = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda.synchronize()
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / iters)
-    return statistics.median(times)
+    return events_time(fn, iters, trials) * 1e3
 
 
 def graph_events(fn, iters: int, trials: int = 5) -> float:
     """Median milliseconds per call, replaying a CUDA graph of ``iters`` calls of ``fn``
-    (warmed up on a side stream first): the device time, without the host's launch cost."""
-    import torch
+    (warmed up on a side stream first): the device time, without the host's launch cost
+    (:func:`tileops.ops.cli.timing.graph_time`, what ``tileops bench`` times with)."""
+    from tileops.ops.cli.timing import graph_time
 
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            fn()
-    for _ in range(3):
-        g.replay()
-    return events(g.replay, 1, trials) / iters
+    return graph_time(fn, iters, trials) * 1e3
 
 
 def version(dist: str) -> str | None:
@@ -55,6 +37,16 @@ def version(dist: str) -> str | None:
         return _md.version(dist)
     except _md.PackageNotFoundError:
         return None
+
+
+def versions() -> dict:
+    """Python, torch, CUDA, TileLang, Triton and Liger-Kernel (None where absent) and the GPU."""
+    import torch
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "tilelang": version("tilelang"),
+            "triton": version("triton"), "liger_kernel": version("liger-kernel"),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def cpu_model() -> str:

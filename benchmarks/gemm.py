@@ -1,42 +1,23 @@
-"""GemmFwdOp against torch.matmul (cuBLAS) and torch.compile on the GPU, one run.
+"""Prebuild the GEMM kernels in parallel processes, and what the GEMM sweep shares with the
+side-by-side benchmark.
 
-    python benchmarks/gemm.py [--out DIR] [--dtypes bfloat16] [--tune] [--compile MODE]
     python benchmarks/gemm.py --prebuild [--workers N]
 
-Workloads: the spec's (specs/gemm.yaml): 8192^3, 4096^3, LLM projections (M in 1, 16, 128,
-2048, 8192 with (N, K) in (4096, 4096), (14336, 4096), (4096, 14336), (128256, 4096)), the
-nn.Linear layout and transposed inputs. Both contenders get the same inputs (cuBLAS
-computes ``op(a) @ op(b)`` through transposed views, which it reads without a copy), rotated
-over up to 8 sets spanning 256 MB so that the operands are not served from L2. Timing, median
-of 5 trials of 20 (large) or 100 (small) calls with CUDA events: ``graph`` replays a CUDA
-graph of the calls (the device time: what the kernels cost, without the launch gaps);
-``eager`` issues them back to back from Python (what an eager model sees: for small shapes the
-host's per-call cost, not the kernel, sets this figure). TFLOP/s counts ``2 * M * N * K``
-over the graph time; the ratio is cuBLAS time over ours (above 1: ours is faster), the graph
-ratio first; the summary is the geometric mean of the ratios.
+The comparison with cuBLAS (``torch.matmul``) and torch.compile on the spec's workloads is
+``tileops bench GemmFwdOp`` (``benchmarks/gpu_gemm.sh`` runs it, ``--compile-mode
+max-autotune-no-cudagraphs`` for the committed results): the harness owns the workloads and the
+timing method (CUDA-graph replay, inputs rotated past L2). What stays here:
 
-``--compile MODE`` adds torch.compile of ``a @ b`` as a third contender, a fresh compiled
-function per workload (``dynamic=False``; a recompiled dynamic-shape kernel would not be what a
-model with fixed shapes gets). ``default`` lowers a plain matmul to the same cuBLAS call (plus
-Inductor's wrapper); ``max-autotune-no-cudagraphs`` also benchmarks Inductor's Triton GEMM
-templates and keeps the fastest (5-15 s of compiling and autotuning per shape on the H200
-host). Its compile time is
-reported; its ratio is its time over ours, as for cuBLAS. ``none`` (the default) leaves it out.
-
-``--prebuild`` compiles, in parallel processes, every kernel the GPU tests
-(tests/ops/test_gemm_cuda.py) and this benchmark select, so the runs that follow load them
-from TileLang's disk cache.
-
-Results: a table on stdout, and JSON + Markdown (gemm.json, gemm.md) under --out.
+- ``--prebuild`` compiles, in parallel processes, every kernel the GPU tests
+  (tests/ops/test_gemm_cuda.py) and the spec workloads select, so the runs that follow load
+  them from TileLang's disk cache;
+- for ``benchmarks/sweep_gemm.py``: the workloads as rows, the serving implementation and the
+  program of a call, and operand sets rotated past L2 the way the harness rotates them.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
-import math
-import platform
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -49,25 +30,22 @@ for _p in reversed(PATHS):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from _common import events, graph_events, version  # noqa: E402
+from tileops.ops.cli.timing import MAX_SETS, ROTATE_BYTES, rotating  # noqa: E402
 
-SPEC = ROOT / "packages" / "ops" / "src" / "tileops" / "ops" / "specs" / "gemm.yaml"
+__all__ = ["operand_sets", "prebuild", "program_job", "rotating", "serving", "workloads"]
 
 
 def workloads(dtypes: set[str] | None = None) -> list[dict]:
-    """Rows of (label, M, N, K, trans_a, trans_b, dtype) from the spec's workloads."""
-    import yaml
+    """Rows of (label, M, N, K, trans_a, trans_b, dtype): the spec's workloads of GemmFwdOp
+    (:func:`tileops.ops.workloads.cases_of`), in their own dtype cases, those in ``dtypes``
+    when given."""
+    from tileops.ops import GemmFwdOp
+    from tileops.ops.workloads import cases_of
 
-    entry = yaml.safe_load(SPEC.read_text())["GemmFwdOp"]
-    out = []
-    for w in entry["workloads"]:
-        for case in w.get("dtype_cases", [{"T": "bfloat16"}]):
-            if dtypes and case["T"] not in dtypes:
-                continue
-            out.append({"label": w["label"], "m": w["M"], "n": w["N"], "k": w["K"],
-                        "trans_a": bool(w.get("trans_a", False)),
-                        "trans_b": bool(w.get("trans_b", False)), "dtype": case["T"]})
-    return out
+    return [{"label": c.label, "m": c.values["M"], "n": c.values["N"], "k": c.values["K"],
+             "trans_a": bool(c.values["trans_a"]), "trans_b": bool(c.values["trans_b"]),
+             "dtype": c.dtype}
+            for c in cases_of(GemmFwdOp) if not dtypes or c.dtype in dtypes]
 
 
 # --- prebuild ------------------------------------------------------------------------------------
@@ -211,17 +189,13 @@ def prebuild(workers: int) -> int:
     return 1 if failed else 0
 
 
-# --- timing --------------------------------------------------------------------------------------
-
-
-#: input sets are rotated until they span this many bytes, so that repeated calls do not
-#: find the operands in the 50 MB L2 (what a model's next layer would not)
-ROTATE_BYTES = 256 << 20
+# --- operands --------------------------------------------------------------------------------
 
 
 def operand_sets(w: dict, seed: int = 0) -> list[tuple]:
     """``(a, b, op(a), op(b))`` sets of fresh random operands for workload ``w``, as many as
-    span :data:`ROTATE_BYTES` (at most 8); ``op(x)`` is the transposed view where stored so."""
+    span the harness's rotation bytes (at most its set count); ``op(x)`` is the transposed
+    view where stored so."""
     import torch
 
     m, n, k, ta, tb = w["m"], w["n"], w["k"], w["trans_a"], w["trans_b"]
@@ -229,195 +203,21 @@ def operand_sets(w: dict, seed: int = 0) -> list[tuple]:
     g = torch.Generator(device="cuda").manual_seed(m * 7919 + n * 31 + k + seed)
     nbytes = (m * k + k * n) * torch.finfo(dtype).bits // 8
     sets = []
-    for _ in range(max(1, min(8, -(-ROTATE_BYTES // nbytes)))):
+    for _ in range(max(1, min(MAX_SETS, -(-ROTATE_BYTES // nbytes)))):
         a = torch.randn((k, m) if ta else (m, k), dtype=dtype, device="cuda", generator=g)
         b = torch.randn((n, k) if tb else (k, n), dtype=dtype, device="cuda", generator=g)
         sets.append((a, b, a.T if ta else a, b.T if tb else b))
     return sets
 
 
-def rotating(sets: list[tuple], fn):
-    """A callable running ``fn(*set)`` on the next operand set each call."""
-    turn = [0]
-
-    def call():
-        s = sets[turn[0] % len(sets)]
-        turn[0] += 1
-        return fn(*s)
-
-    return call
-
-
-def bench_one(w: dict, tune: bool, compile_mode: str = "none") -> dict:
-    import torch
-
-    from tileops.ops import GemmFwdOp
-
-    m, n, k = w["m"], w["n"], w["k"]
-    sets = operand_sets(w)
-    op = GemmFwdOp(trans_a=w["trans_a"], trans_b=w["trans_b"], tune=tune)
-    ours = rotating(sets, lambda a, b, av, bv: op(a, b))
-    cublas = rotating(sets, lambda a, b, av, bv: torch.matmul(av, bv))
-    c = op(*sets[0][:2])
-    _, _, av, bv = sets[0]
-    ref = torch.matmul(av.double(), bv.double())
-    err = ((c.double() - ref).norm() / ref.norm()).item()
-    entries = [e for es in op.built_entries.values() for e in es.values()]
-    entry = entries[0] if entries else None
-    row = dict(w, rel_err=err, sets=len(sets), kernel=type(entry).__name__ if entry else None,
-               config=list(entry.config) if entry else None)
-    contenders = [("tileops", ours), ("cublas", cublas)]
-    if compile_mode != "none":
-        torch._dynamo.reset()  # a fresh function per shape: no recompiled dynamic kernel
-        mm = torch.compile(lambda x, y: x @ y, mode=None if compile_mode == "default"
-                           else compile_mode, dynamic=False, fullgraph=True)
-        t0 = time.perf_counter()
-        cc = mm(av, bv)
-        torch.cuda.synchronize()
-        row["compile_s"] = time.perf_counter() - t0
-        row["compile_rel_err"] = ((cc.double() - ref).norm() / ref.norm()).item()
-        contenders.append(("compile", rotating(sets, lambda a, b, av, bv: mm(av, bv))))
-    flops = 2 * m * n * k
-    iters = 20 if flops > 1e11 else 100
-    for name, fn in contenders:
-        for _ in range(3):
-            fn()
-        eager = events(fn, iters)
-        graph = graph_events(fn, iters)
-        row[f"{name}_us"] = graph * 1e3
-        row[f"{name}_eager_us"] = eager * 1e3
-        row[f"{name}_tflops"] = flops / (graph * 1e-3) / 1e12
-    row["ratio"] = row["cublas_us"] / row["tileops_us"]
-    row["eager_ratio"] = row["cublas_eager_us"] / row["tileops_eager_us"]
-    if "compile_us" in row:
-        row["compile_ratio"] = row["compile_us"] / row["tileops_us"]
-        row["compile_eager_ratio"] = row["compile_eager_us"] / row["tileops_eager_us"]
-    return row
-
-
-def _versions() -> dict:
-    import torch
-
-    v = version
-
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "tilelang": v("tilelang"), "cuda": torch.version.cuda,
-            "cublas": torch.backends.cuda.preferred_blas_library().name
-            if hasattr(torch.backends.cuda, "preferred_blas_library") else None,
-            "gpu": torch.cuda.get_device_name()}
-
-
-def _markdown(result: dict) -> str:
-    from tileops.kernels.gemm import GemmConfig
-
-    v = result["versions"]
-    s = result["summary"]
-    comp = any("compile_ratio" in r for r in result["rows"])
-    mode = result.get("compile_mode", "none")
-    lines = [f"# GEMM on {v['gpu']} ({result['date']})", "",
-             f"torch {v['torch']}, TileLang {v['tilelang']}, CUDA {v['cuda']}, Python "
-             f"{v['python']}. Ratio = cuBLAS time / TileOPs time (above 1: TileOPs faster), "
-             "from CUDA-graph replays (device time); eager: back-to-back calls from Python. "
-             f"Tuned: {result['tuned']}."
-             + (f" torch.compile (mode {mode}): its time over TileOPs', a fresh compiled "
-                "function per workload." if comp else ""), "",
-             f"Geometric mean ratio {s['geomean_ratio']:.3f} (graph) / "
-             f"{s['geomean_eager_ratio']:.3f} "
-             f"(eager); lowest {s['min_ratio']:.3f} ({s['min_label']}); square-8k "
-             f"{s.get('square_8k_ratio')}; below 0.9: {', '.join(s['below_0_9']) or 'none'}."
-             + (f" Against torch.compile: geometric mean {s['geomean_compile_ratio']:.3f} "
-                f"(graph) / {s['geomean_compile_eager_ratio']:.3f} (eager), lowest "
-                f"{s['min_compile_ratio']:.3f}." if comp else ""),
-             ""]
-    head = ["workload", "M x N x K", "trans", "dtype", "kernel", "tile (p: persistent)",
-            "TileOPs TFLOP/s",
-            "cuBLAS TFLOP/s", "ratio"]
-    if comp:
-        head += ["compile TFLOP/s", "compile ratio"]
-    head += ["TileOPs eager us", "cuBLAS eager us", "eager ratio"]
-    if comp:
-        head += ["compile eager us", "compile eager ratio"]
-    head += ["rel err"]
-    lines += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for r in result["rows"]:
-        tile = GemmConfig(*r["config"]).label() if r.get("config") else "-"
-        trans = ("T" if r["trans_a"] else "N") + ("T" if r["trans_b"] else "N")
-        cells = [r["label"], f"{r['m']} x {r['n']} x {r['k']}", trans, r["dtype"], r["kernel"],
-                 tile, f"{r['tileops_tflops']:.1f}", f"{r['cublas_tflops']:.1f}",
-                 f"{r['ratio']:.3f}"]
-        if comp:
-            cells += [f"{r['compile_tflops']:.1f}", f"{r['compile_ratio']:.3f}"]
-        cells += [f"{r['tileops_eager_us']:.1f}", f"{r['cublas_eager_us']:.1f}",
-                  f"{r['eager_ratio']:.3f}"]
-        if comp:
-            cells += [f"{r['compile_eager_us']:.1f}", f"{r['compile_eager_ratio']:.3f}"]
-        cells += [f"{r['rel_err']:.1e}"]
-        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def _geomean(values) -> float:
-    logs = [math.log(v) for v in values]
-    return math.exp(sum(logs) / len(logs))
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    ap.add_argument("--dtypes", default=None, help="comma list (default: all in the spec)")
-    ap.add_argument("--labels", default=None, help="comma list of workload labels")
-    ap.add_argument("--tune", action="store_true", help="construct the ops with tune=True")
-    ap.add_argument("--compile", default="none",
-                    choices=["none", "default", "max-autotune-no-cudagraphs", "max-autotune"],
-                    help="add torch.compile of a @ b in this mode as a contender")
-    ap.add_argument("--prebuild", action="store_true")
+    ap.add_argument("--prebuild", action="store_true", required=True,
+                    help="compile the kernels the GPU tests and the spec workloads select (the "
+                         "comparison itself is `tileops bench GemmFwdOp`)")
     ap.add_argument("--workers", type=int, default=14)
     args = ap.parse_args(argv)
-    if args.prebuild:
-        return prebuild(args.workers)
-    import torch
-
-    torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
-    wanted = set(args.labels.split(",")) if args.labels else None
-    for w in workloads(set(args.dtypes.split(",")) if args.dtypes else None):
-        if wanted and w["label"] not in wanted:
-            continue
-        try:
-            row = bench_one(w, args.tune, args.compile)
-        except Exception as exc:  # noqa: BLE001 - report, do not hide
-            row = dict(w, error=f"{type(exc).__name__}: {str(exc)[-300:]}")
-        rows.append(row)
-        print(json.dumps(row), flush=True)
-        torch.cuda.empty_cache()
-    ok = [r for r in rows if "ratio" in r]
-    summary = {}
-    if ok:
-        worst = min(ok, key=lambda r: r["ratio"])
-        summary = {"geomean_ratio": _geomean(r["ratio"] for r in ok),
-                   "geomean_eager_ratio": _geomean(r["eager_ratio"] for r in ok),
-                   "min_ratio": worst["ratio"], "min_label": f"{worst['label']}/{worst['dtype']}",
-                   "below_0_9": [f"{r['label']}/{r['dtype']}" for r in ok if r["ratio"] < 0.9],
-                   "failed": [f"{r['label']}/{r['dtype']}" for r in rows if "ratio" not in r]}
-        comp = [r for r in ok if "compile_ratio" in r]
-        if comp:
-            summary.update({
-                "geomean_compile_ratio": _geomean(r["compile_ratio"] for r in comp),
-                "geomean_compile_eager_ratio": _geomean(r["compile_eager_ratio"] for r in comp),
-                "min_compile_ratio": min(r["compile_ratio"] for r in comp)})
-        sq = [r["ratio"] for r in ok if r["label"] == "square-8k"]
-        summary["square_8k_ratio"] = round(min(sq), 3) if sq else None
-    result = {"date": _dt.date.today().isoformat(), "versions": _versions(),
-              "tuned": args.tune, "compile_mode": args.compile, "summary": summary, "rows": rows}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm.json").write_text(json.dumps(result, indent=1))
-    if ok:
-        md = _markdown(dict(result, rows=ok))
-        (out / "gemm.md").write_text(md)
-        print(md)
-    print(json.dumps(summary))
-    return 0 if ok and not summary["failed"] else 1
+    return prebuild(args.workers)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,58 @@
+"""The benchmark scripts that remain beside ``tileops bench`` load and read the spec through the
+library, on a machine without a GPU (what they time needs one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from tileops.ops import GemmFwdOp
+from tileops.ops.cli import timing
+from tileops.ops.workloads import cases_of
+
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def _load(name: str):
+    """Import ``benchmarks/<name>.py`` as the scripts run: their folder first on the path."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        spec = importlib.util.spec_from_file_location(f"_bench_script_{name}",
+                                                      BENCHMARKS / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    return module
+
+
+def test_the_gemm_rows_are_the_spec_workloads() -> None:
+    gemm = _load("gemm")
+    rows = gemm.workloads()
+    assert [(r["label"], r["dtype"]) for r in rows] == [(c.label, c.dtype)
+                                                        for c in cases_of(GemmFwdOp)]
+    tt = next(r for r in rows if r["label"] == "square-4k-tt")
+    assert (tt["m"], tt["n"], tt["k"], tt["trans_a"], tt["trans_b"]) == (4096, 4096, 4096,
+                                                                        True, True)
+    assert {r["dtype"] for r in gemm.workloads({"float16"})} == {"float16"}
+    assert gemm.rotating is timing.rotating  # the harness's rotation, not a copy
+
+
+def test_gemm_script_only_prebuilds(capsys: pytest.CaptureFixture[str]) -> None:
+    gemm = _load("gemm")
+    with pytest.raises(SystemExit) as info:
+        gemm.main([])
+    assert info.value.code == 2
+    assert "the following arguments are required: --prebuild" in capsys.readouterr().err
+
+
+def test_the_shared_timing_is_the_harness_timing(monkeypatch: pytest.MonkeyPatch) -> None:
+    common = _load("_common")
+    monkeypatch.setattr(timing, "events_time", lambda fn, iters, trials=5: 2e-6)
+    monkeypatch.setattr(timing, "graph_time", lambda fn, iters, trials=5: 3e-6)
+    assert common.events(lambda: None, 10) == pytest.approx(2e-3)  # milliseconds
+    assert common.graph_events(lambda: None, 10) == pytest.approx(3e-3)
+    assert _load("norm").host_overhead.__doc__.startswith("Host microseconds per cached")
