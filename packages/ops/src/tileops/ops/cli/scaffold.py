@@ -1,67 +1,58 @@
-"""``tileops scaffold``: the op module skeleton for one spec entry (:func:`scaffold_source`),
-and the command that writes it and proves it imports.
+"""``tileops scaffold``: an op in the shape the shipped ops have, from its spec entry.
 
-The module follows the scaffold playbook of the op interface design, on this library's
-``Op`` base class:
+Two cases, told apart by the entry's ``family:``:
 
-1. header and imports: ``Op`` and the kernel-slot types from ``tileops.runtime``;
-2. ``__all__``, and the class named after the entry, its docstring listing the params;
-3. ``__init__`` taking exactly the entry's ``signature.params`` (keyword-only, in spec order,
-   spec defaults) plus ``target``, ``kernel_map`` and ``tune``; no shape and no dtype;
-4. the kernel slot: a call spec (the device, the DType indices read from the tensors, the
-   params, which optional inputs are present) and an interface; ``kernel_types`` maps the
-   slot to its implementations (none yet); ``forward`` builds the call spec and runs the
-   slot's entry on the inputs and outputs;
-5-6. checks, output inference and roofline come from the entry: nothing is written for them;
-7. registration: the module loads the spec file it came from (``SpecSet.load``) and names it
-   in the class statement (``specs=``); the docstring says how to add the op to a package.
+- **a variant of a shipped family**: :func:`family_base` finds the family base in
+  :mod:`tileops.ops` (the ``Op`` subclass with no entry of its own whose subclasses' entries
+  are of that family). The scaffold is the leaf declaration only: the class line on the base,
+  the base's variant attribute where it declares one (``kind = RowNormKind.RMS``: the enum's
+  first member, a valid value the author edits), ``reference`` and, where derivable, ``eager``.
+  Constructor, docstring and repr are generated from the entry (``tileops.runtime.declared``),
+  so nothing of them is written.
+- **a new family**: an ops module (the family base: ``kernel_types``, a ``derive`` making an
+  ``index_reader`` of the entry's ``Dim`` indices, a ``forward`` that reads them and gets the
+  entry with one lookup; then the leaf) and a kernels module (a frozen keyword-only call spec
+  whose fields are the ``Dim`` indices and ``dtype: Literal[...]`` of the dtype union, the
+  interface, one ``general`` implementation skeleton).
 
-Every identifier written into the source passed ``str.isidentifier()`` and is not a keyword;
-spec text (the entry's ``doc``, the spec path) reaches the source only as string literals
-(:func:`_docstring`, :func:`_string`: ``repr`` where a quoted literal could not hold it), and
-defaults only as ``repr`` of plain values that ``ast.literal_eval`` reads back equal. The
-result is parsed before it is written.
+The reference is derived only where it is correct in general: the entry's ``ref_api`` names a
+function of ``torch`` (resolved here, not trusted as text), the entry has no params, no optional
+input and one output, so the function applied to the widened inputs *is* the op. Otherwise
+``reference`` raises ``NotImplementedError`` naming the op, and the command says so.
+
+Every identifier written passed ``str.isidentifier()`` and is no keyword; spec text reaches the
+source only as string literals checked to read back equal. Each module is parsed with ``ast``
+and its top-level classes compared with what was meant before anything is written. No path of
+the generating machine is written: the op finds its entry in the registered specs
+(``tileops.runtime.register_specs``; ``tileops.ops`` registers the shipped ones).
 """
 
 from __future__ import annotations
 
 import ast
+import importlib
 import importlib.util
-import inspect
 import keyword
-import os
 import re
-import textwrap
+import sys
+import typing
+from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
-from typing import Any
 
 import click
 
-from tileops.runtime import SpecSet
+from tileops.runtime import Op, SpecSet, register_specs
 from tileops.spec import AdtDef, OpEntry, SpecError
-from tileops.spec.kinds import (
-    AdtK,
-    BoolK,
-    DimK,
-    DTypeK,
-    EnumK,
-    FloatK,
-    IntK,
-    Kind,
-    MaybeK,
-    PerAxisK,
-    ShapeK,
-)
+from tileops.spec.kinds import DimK, DTypeK
 
 from .. import SPEC_DIR
 from ..workloads import kinds_of
 from .core import UsageProblem, closest, did_you_mean
 from .driver import usage
 
-__all__ = ["ScaffoldError", "module_name_for", "scaffold", "scaffold_source"]
-
-#: arguments every op's constructor takes besides the entry's params
-_RESERVED = {"self", "target", "kernel_map", "tune"}
+__all__ = ["Scaffold", "ScaffoldError", "family_base", "module_name_for", "scaffold",
+           "scaffold_source"]
 
 
 class ScaffoldError(ValueError):
@@ -88,289 +79,282 @@ def _ident(text: str, what: str) -> str:
     return text
 
 
-def _plain(text: str) -> bool:
-    """Whether ``text`` can sit verbatim between triple double quotes."""
-    return (
-        '"""' not in text
-        and "\\" not in text
-        and not text.endswith('"')
-        and all(c == "\n" or c.isprintable() for c in text)
-    )
+def _dotted(text: str, what: str) -> str:
+    if not all(p.isidentifier() and not keyword.iskeyword(p) for p in text.split(".")):
+        raise ScaffoldError(f"{what} {text!r} is not a dotted name of Python identifiers")
+    return text
 
 
 def _string(text: str) -> str:
-    """A one-line Python string literal for ``text`` (double quotes where they hold it)."""
-    lit = f'"{text}"' if _plain(text) and '"' not in text and "\n" not in text else repr(text)
+    """A one-line Python string literal for ``text``, checked to read back equal."""
+    lit = f'"{text}"' if text.isprintable() and not set(text) & {'"', "\\"} else repr(text)
     if ast.literal_eval(lit) != text:  # pragma: no cover - both forms round-trip
         raise ScaffoldError("cannot write a string literal for the entry's text")
     return lit
 
 
-def _docstring(text: str, indent: str, width: int = 96) -> list[str]:
-    """The lines of a docstring holding ``text`` at ``indent``: paragraphs are filled to
-    ``width``, lines starting with spaces are kept as they are. Spec text that a triple-quoted
-    literal cannot hold verbatim is written with ``repr`` on one line."""
-    paragraphs = []
-    for para in text.strip().split("\n\n"):
-        if para.startswith(" ") or "\n " in para:
-            paragraphs.append(para)
-        else:
-            paragraphs.append(textwrap.fill(para, width - len(indent),
-                                            break_long_words=False, break_on_hyphens=False))
-    body = "\n\n".join(paragraphs)
-    if not _plain(body):
-        return [indent + _string(text.strip())]
-    lines = body.split("\n")
-    if len(lines) == 1:
-        out = [f'{indent}"""{lines[0]}"""']
-    else:
-        out = [f'{indent}"""{lines[0]}']
-        out += [(indent + line) if line.strip() else "" for line in lines[1:]]
-        out.append(f'{indent}"""')
-    value = ast.literal_eval("\n".join(out).strip())
-    if inspect.cleandoc(value) != inspect.cleandoc(body):  # pragma: no cover
-        raise ScaffoldError("cannot write a docstring for the entry's text")
-    return out
+def _doc(text: str, indent: str) -> str:
+    """A one-paragraph docstring of generated (not spec) text, as a checked literal."""
+    lit = f'"""{text}"""' if _string(text).startswith('"') else repr(text)
+    if ast.literal_eval(lit) != text:  # pragma: no cover
+        raise ScaffoldError("cannot write a docstring")
+    return indent + lit
 
 
-def _value(v: Any) -> str:
-    """``repr`` of a plain default value, checked to read back equal."""
-    if isinstance(v, list):
-        v = tuple(v)
-    text = repr(v)
-    try:
-        back = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        raise ScaffoldError(f"default {v!r} is not a plain value") from None
-    if back != v or type(back) is not type(v):
-        raise ScaffoldError(f"default {v!r} does not read back as itself")
-    return text
+@dataclass(frozen=True)
+class Scaffold:
+    """What the scaffold writes for one entry: the ops module, the kernels module (a new
+    family only) and what is left to the author (the command prints it)."""
+
+    ops: str
+    kernels: str | None = None
+    notes: tuple[str, ...] = field(default=())
 
 
-def _annotation(k: Kind) -> str:
-    if isinstance(k, MaybeK):
-        return f"{_annotation(k.inner)} | None"
-    if isinstance(k, DimK | IntK):
-        return "int"
-    if isinstance(k, FloatK):
-        return "float"
-    if isinstance(k, BoolK):
-        return "bool"
-    if isinstance(k, ShapeK):
-        return "Sequence[int]"
-    if isinstance(k, PerAxisK):
-        return "Sequence[int] | int"
-    if isinstance(k, EnumK | DTypeK):
-        return "str"
-    return "Any"  # an ADT value
+def family_base(family: str) -> type[Op] | None:
+    """The family base of ``family`` in :mod:`tileops.ops`: an exported ``Op`` subclass with
+    no entry of its own whose subclasses with entries all belong to ``family`` (at least one)."""
+    import tileops.ops as ops
+
+    for name in ops.__all__:
+        cls = getattr(ops, name)
+        if not (isinstance(cls, type) and issubclass(cls, Op)) or cls._signature is not None:
+            continue
+        fams = {sub._signature.entry.family for sub in cls.__subclasses__()
+                if sub._signature is not None}
+        if fams == {family}:
+            return cls
+    return None
 
 
-def _field_type(k: Kind) -> str:
-    if isinstance(k, MaybeK):
-        return f"{_field_type(k.inner)} | None"
-    if isinstance(k, DimK | IntK):
-        return "int"
-    if isinstance(k, FloatK):
-        return "float"
-    if isinstance(k, BoolK):
-        return "bool"
-    if isinstance(k, ShapeK):
-        return "tuple[int, ...]"
-    if isinstance(k, EnumK | DTypeK):
-        return "str"
-    return "Any"
+def _variant(base: type) -> tuple[str, type[Enum]] | None:
+    """The base's variant attribute: a ``ClassVar[SomeEnum]`` it declares without a value."""
+    namespace = {**vars(sys.modules[base.__module__]), "ClassVar": typing.ClassVar}
+    for attr, hint in base.__dict__.get("__annotations__", {}).items():
+        if isinstance(hint, str):  # the base's own source (postponed annotations), not spec text
+            try:
+                hint = eval(hint, namespace)  # noqa: S307
+            except NameError:
+                continue
+        if typing.get_origin(hint) is typing.ClassVar and attr not in base.__dict__:
+            (inner,) = typing.get_args(hint)
+            if isinstance(inner, type) and issubclass(inner, Enum):
+                return _ident(attr, "variant attribute"), inner
+    return None
 
 
-def _needs_freeze(k: Kind) -> bool:
-    inner = k.inner if isinstance(k, MaybeK) else k
-    return isinstance(inner, ShapeK | PerAxisK | AdtK)
+def _torch_function(ref_api: str | None) -> str | None:
+    """``ref_api`` when it names a callable of ``torch`` (``torch.add``), else None."""
+    if not ref_api or not ref_api.startswith("torch.") or not all(
+            p.isidentifier() and not keyword.iskeyword(p) for p in ref_api.split(".")):
+        return None
+    import torch
+
+    obj = torch
+    for part in ref_api.split(".")[1:]:
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return ref_api if callable(obj) else None
 
 
-def _wrap(items: list[str], first: str, indent: str, last: str, width: int = 100) -> list[str]:
-    """``first + ", ".join(items) + last`` on one line, or one item a line."""
-    one = first + ", ".join(items) + last
-    if len(one) <= width:
-        return [one]
-    return [first.rstrip(), *(f"{indent}{it}," for it in items), indent[:-4] + last.lstrip()]
+def _reference(cls: str, entry: OpEntry, inputs: list[str]) -> tuple[list[str], list[str]]:
+    """The leaf's ``reference`` (and ``eager``) methods, and the notes for the author."""
+    sig = entry.signature
+    fn = _torch_function(entry.ref_api)
+    optional = [n for n, d in sig.inputs.items() if d.optional.text != "False"]
+    args = ", ".join(["self", "call", *inputs])
+    derivable = fn is not None and not sig.params and not optional and len(sig.outputs) == 1
+    if derivable:
+        wide = ", ".join(f"_wide({n})" for n in inputs)
+        lines = [f"    def reference({args}):",
+                 f"        return ({fn}({wide}),)", "",
+                 "    def eager(self):",
+                 f"        return {fn}"]
+        return lines, []
+    message = f"{cls}.reference: state the op's outputs in plain PyTorch"
+    lines = [f"    def reference({args}):",
+             f"        raise NotImplementedError({_string(message)})"]
+    why = ("its ref_api is not a torch function" if fn is None else
+           "it has params, optional inputs or several outputs, so its ref_api call is not "
+           "known")
+    notes = [f"{cls}.reference raises NotImplementedError: {why}; write its outputs in plain "
+             f"PyTorch"]
+    if fn is not None:
+        notes.append(f"{cls}.eager is not written: return {fn} called with the op's params")
+    return lines, notes
 
 
-def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], spec_path: Path,
-                    out_path: Path) -> str:
-    """The source of the op module for the entry ``name`` of ``spec_path``, to be written to
-    ``out_path`` (the spec file is found relative to it)."""
+_WIDE = [
+    "def _wide(t: torch.Tensor) -> torch.Tensor:",
+    '    """``t`` in float32 (float64 as it is); a tensor that is not floating-point as it is."""',
+    "    if not t.is_floating_point() or t.dtype == torch.float64:",
+    "        return t",
+    "    return t.float()",
+]
+
+
+def _checked(source: str, classes: list[str], what: str) -> str:
+    tree = ast.parse(source)  # what was assembled is Python, with the classes named as meant
+    names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
+    if names != classes:  # pragma: no cover - a bug in this module
+        raise ScaffoldError(f"the generated {what} defines {names}, not {classes}")
+    return source
+
+
+def scaffold_source(name: str, entry: OpEntry, adts: dict[str, AdtDef], *,
+                    kernels_module: str | None = None) -> Scaffold:
+    """The modules for the entry ``name``: the leaf on its family's base when one is shipped,
+    else a family skeleton whose ops module imports ``kernels_module`` (default
+    ``tileops.kernels.<family>``)."""
     cls = _ident(name, "the entry name")
     if entry.composition is not None:
         raise ScaffoldError(f"{name} is a composite op (composition:); the scaffold writes "
                             f"ops that run one kernel slot")
-    stem = _stem(cls)
-    iface, call_spec = f"{stem}Interface", f"{stem}Spec"
-    slot = module_name_for(cls)
-    if len({cls, iface, call_spec}) != 3:
-        raise ScaffoldError(f"{name}: the op, interface and call spec names collide")
     sig = entry.signature
-    kinds = kinds_of(entry, adts)
-    params = {_ident(n, "param"): p for n, p in sig.params.items()}
-    for n in params:
-        if n in _RESERVED:
-            raise ScaffoldError(f"param {n!r} clashes with an argument every op takes")
     inputs = [_ident(n, "input") for n in sig.inputs]
     outputs = [_ident(n, "output") for n in sig.outputs]
-    tensors = inputs + outputs
-    if len(set(tensors)) != len(tensors):
-        raise ScaffoldError(f"{name}: an input and an output share a name")
-    # forward takes the tensors positionally, so a name clashing with `self`/`call` is renamed
-    local = {t: (t + "_" if t in ("self", "call", "spec") else t) for t in tensors}
-    optional = [n for n, d in sig.inputs.items() if d.optional.text != "False"]
-    nullable = {n for n, d in sig.outputs.items() if d.nullable.text != "False"}
-
-    # the call spec's fields: DType indices (read from a tensor), params, presence
-    fields: list[tuple[str, str, str]] = []  # (field, type, value expression)
-    taken = {"device"}
-
-    def add(fname: str, ftype: str, value: str) -> None:
-        while fname in taken:
-            fname += "_"
-        taken.add(fname)
-        fields.append((fname, ftype, value))
-
-    for n, k in kinds.items():
-        if n not in sig.forall or not isinstance(k, DTypeK):
-            continue
-        carriers = [t for t, d in [*sig.inputs.items(), *sig.outputs.items()]
-                    if d.dtype.text == n]
-        sure = [t for t in carriers if t not in optional and t not in nullable]
-        if sure:
-            add(_ident(n, "index"), "str", f"_dtype_name({local[sure[0]]}.dtype)")
-        elif carriers:
-            t = local[carriers[0]]
-            add(_ident(n, "index"), "str | None",
-                f"None if {t} is None else _dtype_name({t}.dtype)")
-    for n in params:
-        k = kinds[n]
-        value = f"_frozen(self.{n})" if _needs_freeze(k) else f"self.{n}"
-        add(n, _field_type(k), value)
-    for n in optional:
-        add(f"has_{n}", "bool", f"{local[n]} is not None")
-    uses_any = any(t == "Any" or "Any" in t for _, t, _ in fields) or any(
-        "Any" in _annotation(kinds[n]) for n in params)
-    uses_seq = any("Sequence" in _annotation(kinds[n]) for n in params)
-    uses_freeze = any("_frozen(" in v for _, _, v in fields)
-
-    rel = _relative_parts(spec_path, out_path)
-    doc = entry.doc.strip()
-    L: list[str] = []
-    L += _docstring(
-        f"{cls}: the op of the spec entry {cls} ({spec_path.name}).\n\n"
-        + (f"The entry: {doc}\n\n" if doc else "")
-        + f"Checks, output inference, effects and the roofline come from the entry. What is "
-        f"left to write: an implementation of {iface} (a tileops.runtime.Kernel subclass that "
-        f"also subclasses {iface}, usually in tileops.kernels) listed in kernel_types, or a "
-        f"target builder (tileops.runtime.register_builder). To ship the op, import it in its "
-        f"package's __init__ and list it in that module's __all__.", "")
-    L.append("")
-    L.append("from __future__ import annotations")
-    L.append("")
-    if uses_seq:
-        L.append("from collections.abc import Sequence")
-    L.append("from pathlib import Path")
-    if uses_any:
-        L.append("from typing import Any")
-    L.append("")
-    L.append("from tileops.runtime import CallSpec, KernelInterface, Op, SpecSet")
-    L.append("")
-    L.append(f"__all__ = [{', '.join(_string(x) for x in sorted([cls, iface, call_spec]))}]")
-    L.append("")
-    L.append("#: the spec file the entry comes from; the op reads its entry from this set")
-    if rel is None:
-        L.append(f"SPEC_FILE = Path({_string(str(spec_path))})")
-    else:
-        line = f"SPEC_FILE = Path(__file__).resolve().parent / {_string(rel)}"
-        if len(line) <= 100:
-            L.append(line)
-        elif len(inner := f"    Path(__file__).resolve().parent / {_string(rel)}") <= 100:
-            L += ["SPEC_FILE = (", inner, ")"]
-        else:
-            L += ["SPEC_FILE = (", "    Path(__file__).resolve().parent", f"    / {_string(rel)}", ")"]
-    L.append("SPECS = SpecSet.load(SPEC_FILE)")
-    L.append("")
-    L.append("")
-    L.append("def _dtype_name(dtype) -> str:")
-    L.append('    return str(dtype).removeprefix("torch.")')
-    L.append("")
-    L.append("")
-    if uses_freeze:
-        L.append("def _frozen(v):")
-        L.append("    if isinstance(v, list | tuple):")
-        L.append("        return tuple(_frozen(x) for x in v)")
-        L.append("    return v")
-        L.append("")
-        L.append("")
-    L.append(f"class {call_spec}(CallSpec, frozen=True):")
-    L += _docstring(f"What an implementation of the {slot} slot is told about a call, besides "
-                    f"the device.", "    ")
-    L.append("")
-    for fname, ftype, _ in fields:
-        L.append(f"    {fname}: {ftype}")
-    L.append("")
-    L.append("")
-    L.append(f"class {iface}(KernelInterface):")
-    sig_text = ", ".join(local[t] for t in tensors)
-    L += _docstring(f"The {slot} slot: forward({sig_text}) writes the outputs; absent optional "
-                    f"inputs are None.", "    ")
-    L.append("")
-    L.append(f"    slot = {_string(slot)}")
-    L.append(f"    call_spec = {call_spec}")
-    L.append("")
-    L.append("")
-    L.append(f"class {cls}(Op, specs=SPECS):")
-    args_doc = []
-    for n, p in params.items():
-        default = "" if p.required else f" (default {_value(p.default)})"
-        args_doc.append(f"    {n}: {_annotation(kinds[n])}{default}.")
-    args_doc.append("    target, kernel_map, tune: see tileops.runtime.Op.")
-    L += _docstring((doc or f"The {cls} op.") + "\n\nArgs:\n" + "\n".join(args_doc), "    ")
-    L.append("")
-    L.append("    #: the kernel slot this op runs, and its implementations (Kernel classes)")
-    L.append(f"    kernel_types = {{{iface}: ()}}")
-    L.append("")
-    sig_args = []
-    for n, p in params.items():
-        ann = _annotation(kinds[n])
-        sig_args.append(f"{n}: {ann}" if p.required else f"{n}: {ann} = {_value(p.default)}")
-    sig_args += ["target: str | None = None", "kernel_map=None", "tune: bool = False"]
-    L += _wrap(["self", "*", *sig_args], "    def __init__(", "        ", ") -> None:")
-    super_args = [f"{n}={n}" for n in params] + ["target=target", "kernel_map=kernel_map",
-                                                 "tune=tune"]
-    L += _wrap(super_args, "        super().__init__(", "            ", ")")
-    L.append("")
-    fwd = ["self", "call", *(local[t] for t in tensors)]
-    L += _wrap(fwd, "    def forward(", "        ", ") -> None:")
-    L.append(f"        spec = {call_spec}(")
-    L.append("            call.device,")
-    for fname, _, value in fields:
-        L.append(f"            {fname}={value},")
-    L.append("        )")
-    L += _wrap([local[t] for t in tensors], f"        self.kernel({iface}, spec)(",
-               "            ", ")")
-    source = "\n".join(L) + "\n"
-    tree = ast.parse(source)  # what was assembled is Python, with the classes named as meant
-    names = [n.name for n in tree.body if isinstance(n, ast.ClassDef)]
-    if names != [call_spec, iface, cls]:  # pragma: no cover - a bug in this module
-        raise ScaffoldError(f"the generated module defines {names}")
-    return source
+    if len(set(inputs + outputs)) != len(inputs + outputs) or {"self", "call"} & {
+            *inputs, *outputs}:
+        raise ScaffoldError(f"{name}: tensor names must be distinct and not self or call")
+    family = _ident(entry.family, "the family")
+    base = family_base(family)
+    ref, notes = _reference(cls, entry, inputs)
+    uses_wide = any("_wide(" in line for line in ref)
+    if base is not None:
+        return Scaffold(_leaf_module(cls, base, ref, uses_wide), None, tuple(notes))
+    return _family(cls, entry, adts, family, inputs, outputs, ref, uses_wide,
+                   _dotted(kernels_module or f"tileops.kernels.{family}", "kernels module"),
+                   notes)
 
 
-def _relative_parts(spec_path: Path, out_path: Path) -> str | None:
-    spec_path = spec_path.resolve()
-    base = out_path.resolve().parent
-    try:
-        rel = os.path.relpath(spec_path, base)
-    except ValueError:  # another drive
-        return None
-    return Path(rel).as_posix()
+def _leaf_module(cls: str, base: type, ref: list[str], uses_wide: bool) -> str:
+    variant = _variant(base)
+    L = [_doc(f"{cls}: its declaration on {base.__name__}; move the class into "
+              f"{base.__module__} and its name into tileops.ops' imports and __all__.", ""),
+         "", "from __future__ import annotations", ""]
+    if uses_wide:
+        L += ["import torch", ""]
+    if variant is not None:
+        enum = variant[1]
+        L.append(f"from {_dotted(enum.__module__, 'module')} import {_ident(enum.__name__, 'enum')}")
+    L.append(f"from {_dotted(base.__module__, 'module')} import {_ident(base.__name__, 'base')}")
+    L += ["", f"__all__ = [{_string(cls)}]", "", ""]
+    if uses_wide:
+        L += [*_WIDE, "", ""]
+    L.append(f"class {cls}({base.__name__}):")
+    if variant is not None:
+        attr, enum = variant
+        member = _ident(next(iter(enum)).name, "enum member")
+        L += [f"    {attr} = {enum.__name__}.{member}", ""]
+    L += ref
+    return _checked("\n".join(L) + "\n", [cls], "module")
+
+
+def _family(cls: str, entry: OpEntry, adts: dict[str, AdtDef], family: str,
+            inputs: list[str], outputs: list[str], ref: list[str], uses_wide: bool,
+            kernels_module: str, notes: list[str]) -> Scaffold:
+    sig = entry.signature
+    kinds = kinds_of(entry, adts)
+    dims = [_ident(n, "index") for n in sig.forall if isinstance(kinds[n], DimK)]
+    fields = [_ident(_snake(n), "index") for n in dims]
+    dtypes = [n for n in sig.forall if isinstance(kinds[n], DTypeK)]
+    if len(dtypes) != 1:
+        raise ScaffoldError(f"{cls}: a new family's call spec reads one DType index; the entry "
+                            f"has {len(dtypes)}")
+    members = kinds[dtypes[0]].members
+    carriers = [n for n, d in sig.inputs.items() if d.dtype.text == dtypes[0]
+                and d.optional.text == "False"]
+    if not carriers:
+        raise ScaffoldError(f"{cls}: no required input has the dtype {dtypes[0]}")
+    if len(set(fields)) != len(fields) or {"device", "dtype"} & set(fields):
+        raise ScaffoldError(f"{cls}: the Dim indices {', '.join(dims)} do not give distinct "
+                            f"call spec fields besides device and dtype")
+    camel = "".join(p[:1].upper() + p[1:] for p in family.split("_"))
+    fbase, iface, spec, kernel, dt = (f"{camel}Op", f"{camel}Interface", f"{camel}Spec",
+                                      f"{camel}GeneralKernel", f"{camel}DType")
+    if len({fbase, iface, spec, kernel, dt, cls}) != 6:
+        raise ScaffoldError(f"{cls}: its name collides with the family's {fbase}")
+    slot = _ident(f"{family}_fwd", "slot")
+    tensors = ", ".join([*inputs, *outputs])
+
+    K = [_doc(f"The {family} kernels: the {slot} slot, its call spec and implementations.", ""),
+         "", "from __future__ import annotations", "",
+         "from typing import Literal, get_args", "",
+         "from tileops.runtime import CallSpec, Kernel, KernelInterface", "",
+         f"__all__ = [{', '.join(_string(n) for n in sorted([dt, iface, kernel, spec]))}]", "",
+         f"{dt} = Literal[{', '.join(_string(m) for m in members)}]",
+         f"_DTYPES = frozenset(get_args({dt}))", "", "",
+         f"class {spec}(CallSpec, frozen=True, kw_only=True):",
+         _doc(f"What an implementation of {slot} is told about a call: the solved sizes (exact) "
+              f"and the storage dtype. Launch facts are the implementation's to derive.",
+              "    "), ""]
+    K += [f"    {f}: int" for f in fields]
+    K += [f"    dtype: {dt}", "", "    def __post_init__(self) -> None:",
+          "        if self.dtype not in _DTYPES:",
+          f"            raise ValueError(f\"{spec}.dtype must be one of "
+          "{', '.join(sorted(_DTYPES))}, got {self.dtype!r}\")"]
+    if fields:
+        K += [f"        for name in ({''.join(_string(f) + ', ' for f in fields).rstrip()}):",
+              "            v = getattr(self, name)",
+              "            if isinstance(v, bool) or not isinstance(v, int) or v < 0:",
+              f"                raise ValueError(f\"{spec}.{{name}} must be a size (an int >= "
+              "0), got {v!r}\")"]
+    K += ["", "", f"class {iface}(KernelInterface):",
+          _doc(f"One slot: forward({tensors}) writes the outputs.", "    "), "",
+          f"    slot = {_string(slot)}", f"    call_spec = {spec}", "", "",
+          f"class {kernel}({iface}, Kernel):",
+          _doc("The general implementation: any call the spec admits.", "    "), "",
+          "    general = True", "",
+          f"    def __call__(self, {tensors}) -> None:",
+          f"        raise NotImplementedError({_string(f'{kernel}: write the {slot} program')})"]
+    kernels = _checked("\n".join(K) + "\n", [spec, iface, kernel], "kernels module")
+
+    reads = ", ".join(fields)
+    key = ", ".join(["call.device", "dtype", *fields])
+    spec_args = ", ".join(["device=call.device", *(f"{f}={f}" for f in fields),
+                           "dtype=NAMES[dtype]"])
+    P = [_doc(f"The {family} family: {fbase}, the base owning the forward flow, and its ops.",
+              ""), "", "from __future__ import annotations", ""]
+    if uses_wide:
+        P += ["import torch", ""]
+    P += [f"from {kernels_module} import {iface}, {kernel}, {spec}",
+          "from tileops.ops._dtypes import NAMES", "from tileops.runtime import Op", "",
+          f"__all__ = [{', '.join(_string(n) for n in sorted([cls, fbase]))}]", "", ""]
+    if uses_wide:
+        P += [*_WIDE, "", ""]
+    P += [f"class {fbase}(Op):", _doc(f"Family base of the {family} ops.", "    "), "",
+          f"    kernel_types = {{{iface}: ({kernel},)}}", ""]
+    if dims:
+        P += ["    def derive(self) -> None:",
+              f"        self._read_dims = self.index_reader({', '.join(map(_string, dims))})",
+              ""]
+    P.append(f"    def forward(self, call, {tensors}) -> None:")
+    if dims:
+        P.append(f"        {reads}{',' if len(fields) == 1 else ''} = self._read_dims(call)")
+    P += [f"        dtype = call.d_{carriers[0]}",
+          f"        key = ({key})",
+          "        entry = self._entries_by_call.get(key)  # the cached call: one lookup",
+          "        if entry is None:",
+          f"            entry = self.kernel_for(key, {iface}, lambda: {spec}({spec_args}))",
+          f"        entry({tensors})", "", "",
+          f"class {cls}({fbase}):", *ref]
+    ops = _checked("\n".join(P) + "\n", [fbase, cls], "ops module")
+    notes = [*notes, f"{kernel}.__call__ raises NotImplementedError: write the {slot} program "
+             f"(the reference target serves {cls} meanwhile)"]
+    return Scaffold(ops, kernels, tuple(notes))
 
 
 # --- the command ------------------------------------------------------------------------------
+
+
+def _write(out: Path, text: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with open(out, "x", encoding="utf-8") as f:
+            f.write(text)
+    except FileExistsError:
+        raise click.ClickException(f"{out} exists; refusing to overwrite it") from None
 
 
 @click.command()
@@ -378,15 +362,20 @@ def _relative_parts(spec_path: Path, out_path: Path) -> str | None:
 @click.option("--spec", "spec_path", type=click.Path(exists=True, path_type=Path), default=None,
               help="spec file or folder holding OP's entry (default: the shipped specs)")
 @click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
-              default=None, help="module to write (default: ./<op_name>.py); never overwritten")
+              default=None, help="ops module to write (default: ./<op_name>.py); never "
+              "overwritten")
+@click.option("--kernels-out", "kernels_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="kernels module of a new family (default: ./<family>_kernels.py)")
+@click.option("--kernels-module", default=None, metavar="DOTTED",
+              help="import name of that kernels module (default: tileops.kernels.<family>)")
 @usage
-def scaffold(op: str, spec_path: Path | None, out_path: Path | None) -> None:
-    """Write the op module skeleton for OP's spec entry.
+def scaffold(op: str, spec_path: Path | None, out_path: Path | None, kernels_path: Path | None,
+             kernels_module: str | None) -> None:
+    """Write OP in the shape the shipped ops have, from its spec entry.
 
-    The module defines OP as an Op subclass reading its entry from the spec file it came from:
-    a constructor taking the entry's params, the kernel slot (a call spec and an interface)
-    and a forward that runs the slot. Checks, output inference and roofline come from the
-    entry. Refuses to overwrite an existing file.
+    For a family with a shipped base: the leaf declaration (class line, variant, reference,
+    eager). For a new family: the ops module (family base and leaf) and the kernels module
+    (call spec, interface, a general implementation skeleton). Never overwrites a file.
     """
     source_path = spec_path or SPEC_DIR
     try:
@@ -402,30 +391,32 @@ def scaffold(op: str, spec_path: Path | None, out_path: Path | None) -> None:
                            f"{did_you_mean(closest(op, specs.names()))}")
     entry, file, adts = found
     out = out_path or Path(f"{module_name_for(op)}.py")
-    if out.exists():
-        raise click.ClickException(f"{out} exists; refusing to overwrite it")
+    kout = kernels_path or Path(f"{entry.family}_kernels.py")
     try:
-        text = scaffold_source(op, entry, adts, Path(file.path), out)
+        made = scaffold_source(op, entry, adts, kernels_module=kernels_module)
     except ScaffoldError as exc:
         raise click.ClickException(str(exc)) from None
-    out.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with open(out, "x", encoding="utf-8") as f:
-            f.write(text)
-    except FileExistsError:
-        raise click.ClickException(f"{out} exists; refusing to overwrite it") from None
-    # the result must import and define the op with its entry
-    mod_name = f"_tileops_scaffold_{module_name_for(op)}"
-    spec = importlib.util.spec_from_file_location(mod_name, out)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-        cls = getattr(module, op)
-        assert cls._signature is not None and cls._signature.name == op
-    except Exception as exc:  # noqa: BLE001 - reported; the file stays for inspection
-        raise click.ClickException(f"wrote {out}, but it does not import: "
-                                   f"{type(exc).__name__}: {exc}") from None
-    click.echo(f"wrote {out}: {op} ({entry.family}, {entry.status}) from {file.path}")
-    click.echo(f"next: implement {op.removesuffix('Op') or op}Interface as a Kernel and list it "
-               f"in {op}.kernel_types (or register a target builder), then import {op} in its "
-               f"package's __init__ and __all__")
+    for path in [out, *([kout] if made.kernels is not None else [])]:
+        if path.exists():
+            raise click.ClickException(f"{path} exists; refusing to overwrite it")
+    _write(out, made.ops)
+    if made.kernels is not None:
+        _write(kout, made.kernels)
+    if spec_path is not None:
+        register_specs(spec_path)  # the op finds its entry in the registered specs
+    if made.kernels is None:  # a leaf on a shipped base: it must import and find its entry
+        mod_name = f"_tileops_scaffold_{module_name_for(op)}"
+        spec = importlib.util.spec_from_file_location(mod_name, out)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+            assert getattr(module, op)._signature.name == op
+        except Exception as exc:  # noqa: BLE001 - reported; the file stays for inspection
+            raise click.ClickException(f"wrote {out}, but it does not import: "
+                                       f"{type(exc).__name__}: {exc}") from None
+        click.echo(f"wrote {out}: {op} ({entry.family}, {entry.status}) from {file.path}")
+    else:
+        click.echo(f"wrote {out} and {kout}: {op} (new family {entry.family}, {entry.status}) "
+                   f"from {file.path}")
+    for note in made.notes:
+        click.echo(f"todo: {note}")
