@@ -325,3 +325,29 @@ def test_layer_norm_contender_matches_its_reference(monkeypatch: pytest.MonkeyPa
     ran = _ran(case, LayerNormFwdOp)
     rows = bench_case(case, ran, CPU, Settings(against=("torch",), iters=1))
     assert rows["torch"].error is None and rows["torch"].rel_err < 1e-5
+
+
+def test_a_run_keeps_results_and_lets_the_tensors_go() -> None:
+    import gc
+    import weakref
+
+    from tileops.ops.cli.driver import prepare, run_cases
+
+    plan = prepare(["RMSNormFwdOp"], "cpu", ["fp32"], ["tiny-n7", "m1-n4096"], None, None)
+    seen = []
+
+    def per_case(case, ran, status):
+        seen.append((weakref.ref(ran.inputs[0]), weakref.ref(ran.refs[0])))
+
+    results = run_cases(plan, 1, 0.0, timed=False, per_case=per_case)
+    gc.collect()
+    assert [type(r) for r in results] == [CaseResult, CaseResult] and len(seen) == 2
+    assert all(x() is None and ref() is None for x, ref in seen)
+
+
+def test_settings_refuse_what_the_harness_cannot_do() -> None:
+    with pytest.raises(ValueError, match=r"^Settings.l2 must be one of auto, cold, warm, got "
+                                         r"'lukewarm'$"):
+        Settings(l2="lukewarm")
+    with pytest.raises(ValueError, match=r"^Settings.iters must be at least 1, got 0$"):
+        Settings(iters=0)

@@ -44,7 +44,14 @@ from tileops.runtime import Op
 from ..workloads import Case, as_outputs, clone_inputs, compare
 from .core import UsageProblem, closest, did_you_mean, split_list
 from .driver import Plan, case_options, env_header, prepare, run_cases, usage
-from .report import ContenderResult, require_matplotlib, write_json, write_markdown, write_plot
+from .report import (
+    ContenderResult,
+    contender_names,
+    require_matplotlib,
+    write_json,
+    write_markdown,
+    write_plot,
+)
 from .runner import Ran
 from .timing import device_time, eager_time, input_sets, peaks, rotating, sync
 
@@ -60,6 +67,9 @@ ALIASES = {"eager": "torch", "compile": COMPILED}
 #: op families timed with cold L2 under ``--l2 auto`` (see the module docstring)
 COLD_L2_FAMILIES = frozenset({"gemm"})
 
+#: what ``--l2`` takes
+L2_POLICIES = ("auto", "cold", "warm")
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -72,6 +82,13 @@ class Settings:
     iters: int = 20
     compile_backend: Any = "inductor"
     compile_mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.l2 not in L2_POLICIES:
+            raise ValueError(f"Settings.l2 must be one of {', '.join(L2_POLICIES)}, got "
+                             f"{self.l2!r}")
+        if self.iters < 1:
+            raise ValueError(f"Settings.iters must be at least 1, got {self.iters!r}")
 
 
 def fresh_compile(fn: Callable[..., Any], *, backend: Any = "inductor",
@@ -217,7 +234,7 @@ def resolve_against(text: str | None, plan: Plan) -> tuple[str, ...] | None:
 @click.option("--device", default=None,
               help="cuda (the default) or a cuda:N; cpu runs the same comparison on the CPU")
 @case_options
-@click.option("--l2", type=click.Choice(["auto", "cold", "warm"]), default="auto",
+@click.option("--l2", type=click.Choice(L2_POLICIES), default="auto",
               show_default=True,
               help="rotate inputs past L2 (cold), reuse one set (warm), or by family (auto: "
                    "cold for GEMM)")
@@ -264,11 +281,10 @@ def bench(ops: tuple[str, ...], against: str | None, device: str | None,
     def per_case(case: Case, ran: Ran, status: Callable[[str], None]) -> None:
         ran.result.extra["contenders"] = bench_case(case, ran, dev, settings, status)
 
-    runs = run_cases(plan, repeat, 0.25, timed=False, tune=tune, per_case=per_case)
-    results = [r.result for r in runs]
+    results = run_cases(plan, repeat, 0.25, timed=False, tune=tune, per_case=per_case)
     names = [n for n, _, _ in plan.ops]
     header = {**env_header(dev, p, plan.max_elements), "ops": names,
-              "against": list(settings.against) if settings.against is not None else "all",
+              "against": contender_names(results),
               "timing": _timing_header(dev, settings, plan), "tuned": tune}
     out_dir.mkdir(parents=True, exist_ok=True)
     stem = f"{name or (names[0] if len(names) == 1 else 'bench')}-{str(dev).replace(':', '')}"

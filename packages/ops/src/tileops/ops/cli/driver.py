@@ -40,7 +40,7 @@ from .core import (
     version,
 )
 from .formatting import console
-from .runner import Ran, run_case
+from .runner import CaseResult, Ran, run_case
 from .timing import Peaks
 
 __all__ = ["CPU_MAX_ELEMENTS", "Plan", "case_options", "env_header", "prepare", "run_cases",
@@ -170,9 +170,11 @@ def stdout_to_stderr() -> Iterator[None]:
 def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
               tune: bool = False,
               per_case: Callable[[Case, Ran, Callable[[str], None]], None] | None = None,
-              ) -> list[Ran]:
+              ) -> list[CaseResult]:
     """Run every case of ``plan`` (:func:`~.runner.run_case`) behind a progress line on
-    stderr, with stdout sent there too; ``per_case(case, ran, status)`` runs after each."""
+    stderr, with stdout sent there too; ``per_case(case, ran, status)`` runs after each. Only
+    the results are kept: a case's inputs and float64 reference are let go before the next
+    case is built (kept, the large workloads of a whole run would not fit in GPU memory)."""
     with stdout_to_stderr():
         out = []
         err = sys.stderr
@@ -193,7 +195,8 @@ def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
                                    budget_s=budget_s, timed=timed, tune=tune, status=status)
                     if per_case is not None:
                         per_case(case, ran, status)
-                    out.append(ran)
+                    out.append(ran.result)
+                    del ran
                     progress.advance(task)
     return out
 

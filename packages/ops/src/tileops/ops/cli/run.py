@@ -40,8 +40,7 @@ def run(ops: tuple[str, ...], device: str | None, dtypes: tuple[str, ...],
     plan = prepare(ops, device, dtypes, workloads, max_elements, target)
     dev, cap = plan.device, plan.max_elements
     p = peaks(dev)
-    runs = run_cases(plan, repeat, 0.25)
-    results = [r.result for r in runs]
+    results = run_cases(plan, repeat, 0.25)
     failed = [r for r in results if not r.ok]
     if as_json:
         doc = {**env_header(dev, p, cap), "ok": not failed,
