@@ -1,0 +1,87 @@
+"""The row-norm family base's forward on CPU, through a plain-PyTorch implementation of its
+slot installed with ``kernel_map``: the typed call spec it states, the layout it hands the
+kernel, and results written back into the caller's tensors when an in-place op runs on a
+copy (a strided or misaligned view)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tileops.kernels.norm import RowNormFwdInterface, RowNormKind, RowNormSpec
+from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.runtime import Kernel
+
+SEEN: list = []
+
+
+class TorchRowNorm(Kernel, RowNormFwdInterface):
+    """The slot in plain PyTorch, on CPU; asserts the layout the base promises."""
+
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, x, residual, weight, bias, y, residual_out):
+        s = self.spec
+        SEEN.append(s)
+        for t in (x, residual, y, residual_out):
+            assert t is None or (t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0)
+        xf = x.float()
+        if s.kind is RowNormKind.ADD_RMS:
+            xf = (xf + residual.float()).to(x.dtype)
+            residual_out.copy_(xf)
+            xf = xf.float()
+        if s.kind is RowNormKind.LAYER:
+            xf = xf - xf.mean(-1, keepdim=True)
+        out = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + s.eps)
+        if weight is not None:
+            out = out * weight.float()
+        if bias is not None:
+            out = out + bias.float()
+        y.copy_(out)
+
+
+KMAP = {"row_norm_fwd": TorchRowNorm}
+
+
+def _rel(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def test_the_call_spec_states_the_calls_facts():
+    SEEN.clear()
+    op = RMSNormFwdOp(normalized_shape=(2, 8), kernel_map=KMAP)
+    x = torch.randn(3, 5, 2, 8)
+    op(x)
+    spec = SEEN[-1]
+    assert spec == RowNormSpec(device=x.device, kind=RowNormKind.RMS, rows=15, n=16,
+                               dtype="float32", eps=torch.finfo(torch.float32).eps,
+                               has_weight=False, has_bias=False)
+    assert spec.few_rows
+    lay = LayerNormFwdOp(normalized_shape=16, kernel_map=KMAP)  # an int shape, as torch takes
+    lay(torch.randn(200, 16), None, torch.randn(16))
+    assert (SEEN[-1].kind, SEEN[-1].rows, SEEN[-1].has_bias, SEEN[-1].few_rows) == \
+        (RowNormKind.LAYER, 200, True, False)
+
+
+@pytest.mark.parametrize("view", ["strided", "misaligned", "transposed"])
+def test_non_contiguous_inputs_are_copied_and_in_place_results_written_back(view):
+    n = 16
+    base = torch.randn(4 * 2 * n + 8)
+    if view == "strided":
+        x = base[: 4 * 2 * n].view(4, 2 * n)[:, ::2]
+    elif view == "misaligned":
+        x = base[1: 1 + 4 * n].view(4, n)  # 4 bytes past a 16-byte boundary
+    else:
+        x = base[: 4 * n].view(n, 4).T
+    r = torch.randn(4, n)
+    w = torch.randn(n)
+    want_s = x + r
+    want_y = want_s * torch.rsqrt(want_s.pow(2).mean(-1, keepdim=True) + 1e-6) * w
+    y, s = FusedAddRMSNormFwdOp(kernel_map=KMAP)(x, r, w)  # out of place
+    assert _rel(y, want_y) < 1e-6 and _rel(s, want_s) < 1e-6
+    x_before = x.clone()
+    yi, si = FusedAddRMSNormFwdOp(inplace=True, kernel_map=KMAP)(x, r, w)
+    assert yi is x and si is r  # the results live in the caller's tensors
+    assert _rel(x, want_y) < 1e-6 and _rel(r, want_s) < 1e-6
+    assert not torch.equal(x, x_before)
