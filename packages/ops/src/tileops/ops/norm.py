@@ -23,6 +23,7 @@ Liger-Kernel peer, each stated once here and read by the ``reference`` target, t
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from typing import Any, ClassVar
 
 import torch
@@ -43,7 +44,8 @@ __all__ = ["FusedAddRMSNormFwdOp", "LayerNormFwdOp", "RMSNormFwdOp", "RowNormOp"
 
 #: the slot's arguments, in its forward's order
 _SLOT_ARGS = ("x", "residual", "weight", "bias", "y", "residual_out")
-_ROWS = frozenset({"x", "residual", "y", "residual_out"})
+#: the rank each slot argument is handed at: rows (rows, n), affine tensors (n,)
+_DIMS = (2, 2, 1, 1, 2, 2)
 _FINFO_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float16, torch.bfloat16, torch.float32,
                                                  torch.float64)}
 
@@ -67,13 +69,14 @@ class RowNormOp(Op):
         if unknown:
             raise TypeError(f"{cls.__name__}: tensor {unknown[0]!r} of its entry is not an "
                             f"argument of the row_norm_fwd slot ({', '.join(_SLOT_ARGS)})")
-        # (slot position, index into (*inputs, *outputs), a row tensor?), inputs then outputs
-        slots = [(p, names.index(a), a in _ROWS) for p, a in enumerate(_SLOT_ARGS) if a in names]
-        n_in = len(plan.input_names)
-        cls._in_slots = tuple(s for s in slots if s[1] < n_in)
-        cls._out_slots = tuple(s for s in slots if s[1] >= n_in)
-        cls._weight_at = names.index("weight") if "weight" in names else None
-        cls._bias_at = names.index("bias") if "bias" in names else None
+        # the slot's six arguments gathered from (*inputs, *outputs, None) in one C call
+        missing = len(names)
+        cls._gather = itemgetter(*(names.index(a) if a in names else missing
+                                   for a in _SLOT_ARGS))
+        cls._in_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
+                              if a in plan.input_names)
+        cls._out_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
+                               if a in plan.output_names)
 
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -89,54 +92,55 @@ class RowNormOp(Op):
         self._n = None if shape is None else math.prod(shape)
         self._read_n = self.index_reader("N") if shape is None else None
 
-    def eps_for(self, dtype: torch.dtype) -> float:
-        """The epsilon a call in ``dtype`` adds (the param, unless an op says otherwise)."""
-        return self.eps
+    def default_eps(self, dtype: torch.dtype) -> float:
+        """The epsilon of a call in ``dtype`` whose ``eps`` param is None (only an op whose
+        entry allows None says what it means)."""
+        raise ValueError(f"{type(self).__name__}: eps is None")
 
     def forward(self, call, *tensors) -> None:
-        x = tensors[0]
+        args = self._gather((*tensors, None))
+        x = args[0]
         n = self._n
         if n is None:
             n = self._read_n(call)[0]
         rows = x.numel() // n if n else 0
         dtype = x.dtype
-        eps = self.eps_for(dtype)
-        w, b = self._weight_at, self._bias_at
-        has_w = w is not None and tensors[w] is not None
-        has_b = b is not None and tensors[b] is not None
+        eps = self.eps
+        if eps is None:
+            eps = self.default_eps(dtype)
+        has_w = args[2] is not None
+        has_b = args[3] is not None
         key = (call.device, dtype, rows, n, eps, has_w, has_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
             entry = self.kernel_for(key, RowNormFwdInterface, lambda: RowNormSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
                 eps=eps, has_weight=has_w, has_bias=has_b))
-        args: list[Any] = [None] * len(_SLOT_ARGS)
-        fits = True
-        for p, i, row in self._in_slots:
-            t = tensors[i]
-            # the common case: already (rows, n) / (n,), contiguous, at offset 0
-            if t is not None and (t.dim() != (2 if row else 1) or not t.is_contiguous()
+        for p in self._in_slots:
+            t = args[p]
+            # the common case: already (rows, n) / (n,), contiguous, at offset 0; outputs are
+            # then in the layout too (a new one is allocated like x; one that aliases an input
+            # is that input)
+            if t is not None and (t.dim() != _DIMS[p] or not t.is_contiguous()
                                   or t.storage_offset() and t.data_ptr() % 16):
-                fits = False
-                t = _layout(t, (rows, n) if row else (n,))
-            args[p] = t
-        if fits:
-            # outputs are then in the layout too: a new one is allocated like x, one that
-            # aliases an input is that input
-            for p, i, _ in self._out_slots:
-                args[p] = tensors[i]
-            entry(*args)
-            return
-        back = []
-        for p, i, row in self._out_slots:
-            t = tensors[i]
-            if t is not None:
-                v = _layout(t, (rows, n) if row else (n,))
-                if v.data_ptr() != t.data_ptr():  # written into a copy: copied back after
-                    back.append((t, v))
-                t = v
-            args[p] = t
+                self._run_on_copies(entry, args, rows, n)
+                return
         entry(*args)
+
+    def _run_on_copies(self, entry: Any, args: tuple, rows: int, n: int) -> None:
+        """Run with every tensor in the kernels' layout: a view where one is, else a copy; an
+        output that had to be copied (an in-place op on a strided or misaligned view) is
+        written back into the caller's tensor after the kernel."""
+        laid = list(args)
+        back = []
+        for p, t in enumerate(args):
+            if t is None:
+                continue
+            v = _layout(t, (rows, n) if _DIMS[p] == 2 else (n,))
+            if p in self._out_slots and v.data_ptr() != t.data_ptr():
+                back.append((t, v))
+            laid[p] = v
+        entry(*laid)
         for t, v in back:
             t.copy_(v.view(t.shape))
 
@@ -152,13 +156,12 @@ def _layout(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
 class RMSNormFwdOp(RowNormOp):
     kind = RowNormKind.RMS
 
-    def eps_for(self, dtype: torch.dtype) -> float:
+    def default_eps(self, dtype: torch.dtype) -> float:
         # the entry: eps None means the dtype's epsilon, as torch.nn.functional.rms_norm
-        eps = self.eps
-        return eps if eps is not None else _FINFO_EPS.get(dtype) or torch.finfo(dtype).eps
+        return _FINFO_EPS.get(dtype) or torch.finfo(dtype).eps
 
     def reference(self, call, x, weight):
-        return (_rms(x, weight, len(self.normalized_shape), self.eps_for(call.d_x)),)
+        return (_rms(x, weight, len(self.normalized_shape), self.eps if self.eps is not None else self.default_eps(call.d_x)),)
 
     def eager(self):
         shape, eps = list(self.normalized_shape), self.eps
