@@ -5,6 +5,8 @@ copy (a strided or misaligned view)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 
@@ -85,3 +87,22 @@ def test_non_contiguous_inputs_are_copied_and_in_place_results_written_back(view
     assert yi is x and si is r  # the results live in the caller's tensors
     assert _rel(x, want_y) < 1e-6 and _rel(r, want_s) < 1e-6
     assert not torch.equal(x, x_before)
+
+
+def test_the_first_call_reaches_the_launch_in_at_most_8_hops():
+    """From ``op(x)`` to the kernel's ``__call__``, on the first call (which also binds the
+    target and builds the entry on the way): named functions in between, at most 8."""
+    stacks = []
+
+    class Recording(TorchRowNorm):
+        def __call__(self, *args):
+            stacks.append([f.function for f in inspect.stack()])
+            super().__call__(*args)
+
+    op = RMSNormFwdOp(normalized_shape=16, kernel_map={"row_norm_fwd": Recording})
+    op(torch.randn(4, 16), torch.randn(16))
+    op(torch.randn(4, 16), torch.randn(16))  # the cached (fused) call
+    for frames in stacks:
+        test = frames.index("test_the_first_call_reaches_the_launch_in_at_most_8_hops")
+        hops = frames[1:test]  # between the launch and the test's op(x)
+        assert len(hops) <= 8, hops
