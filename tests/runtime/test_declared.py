@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tileops.runtime import REFERENCE, CallSpec, Kernel, KernelInterface, Op, SpecSet, targets
-from tileops.signature import ConstructionError
+from tileops.signature import ConstructionError, SignatureCallError
 
 SPECS = SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml")
 
@@ -164,3 +164,24 @@ def test_kernel_for_builds_the_spec_only_on_a_miss_and_readers_read_solved_indic
     op._reset_binding()  # the memo is binding state: gone with the binding
     op(torch.randn(2, 7))
     assert KeyedScaleOp.made == 3
+
+
+def test_a_wrong_number_of_inputs_is_named_by_the_ops_signature():
+    op = ScaleOp()
+    x = torch.randn(2, 3)
+    with pytest.raises(TypeError) as info:
+        op()
+    assert str(info.value).splitlines()[0] == \
+        "ScaleOp(x, bias=None): required input x not given; inputs:"
+    with pytest.raises(TypeError) as info:
+        op(x, None, x)
+    assert str(info.value).splitlines()[0] == (
+        "ScaleOp(x, bias=None) takes 2 inputs, got 3: 1 extra positional argument after bias; "
+        "inputs:")
+    assert "bias: Tensor[T, [N]]" in str(info.value) and "(optional)" in str(info.value)
+    # a keyword call without x: x is None in its place, which the check itself names
+    with pytest.raises(SignatureCallError, match="because:  x is required, got None"):
+        op(bias=torch.randn(3))
+    with pytest.raises(TypeError, match=r"^ScaleOp\(x, bias=None\): required input x"):
+        op.fp64_reference()
+    assert torch.equal(op(x), x * 2.0)  # and the op stays usable

@@ -283,15 +283,6 @@ def _always(refusal: Any) -> bool:
     return True
 
 
-def _left_out_last(refusal: Any) -> bool:
-    """A keyword call that leaves out a required input after every input it gives (the call
-    turns into a positional one too short for the generated check)."""
-    names = OPS[refusal.case.op]._signature.input_names
-    given = [names.index(i.name) for i in refusal.case.inputs
-             if i.shape is not None and i.name != refusal.detail]
-    return names.index(refusal.detail) > max(given)
-
-
 @dataclass(frozen=True)
 class KnownDefect:
     """A defect the harness finds and the library has not fixed yet: every corpus case of
@@ -311,20 +302,6 @@ KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
         "tensors of one call on different devices are not refused: the call reaches the "
         "kernel, which either raises torch's own error (RuntimeError: Tensor on device meta "
         "is not on the expected device cpu!) or computes across the devices and returns"),
-    KnownDefect(
-        "missing-positional",
-        "a required input left out of a positional call surfaces the generated check's "
-        "internals (TypeError: check() missing 1 required positional argument: 't_x'; "
-        "check() missing 2 required positional arguments: 't_x' and 't_residual')"),
-    KnownDefect(
-        "missing-keyword",
-        "a keyword call that leaves out a required input after every input it gives surfaces "
-        "the generated check's internals (TypeError: check() missing 1 required positional "
-        "argument: 't_b')", _left_out_last),
-    KnownDefect(
-        "extra-positional",
-        "an extra positional argument surfaces the generated check's internals "
-        "(TypeError: check() takes from 1 to 2 positional arguments but 3 were given)"),
 )
 
 

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import ast
 import keyword
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Mapping
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import msgspec
 
@@ -32,7 +33,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .op import Op
 
-__all__ = ["REQUIRED", "install", "reference_builder"]
+__all__ = ["REQUIRED", "Equivalents", "install", "reference_builder"]
 
 _RUNTIME_PARAMS = (("target", None), ("kernel_map", None), ("tune", False))
 
@@ -136,6 +137,69 @@ def install(cls: type, entry: Any) -> None:
         cls.__doc__ = _docstring(cls, entry)
     if "__repr__" not in cls.__dict__:
         cls.__repr__ = _repr  # type: ignore[method-assign]
+
+
+class Equivalents:
+    """What an op declares beside itself, once (a base of :class:`~tileops.runtime.Op`): its
+    reference (:meth:`reference`, read by the ``reference`` target, :meth:`fp64_reference`,
+    the tests and ``tileops run``) and its contenders (:meth:`eager`, :attr:`peers`, read by
+    ``tileops bench``)."""
+
+    _n_inputs: int
+    _n_required: int
+
+    #: named third-party equivalents (``"liger"``): name -> ``factory(op)`` returning a
+    #: callable with the op's inputs and outputs, or None where the library is missing or does
+    #: not cover the op's configuration
+    peers: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+
+    def reference(self, call: SignatureCall, *inputs: Any) -> tuple:
+        """The op's outputs (entry order) computed in plain PyTorch: in float32 for narrower
+        inputs, in the inputs' dtype when they are float64. ``call`` is the record of the call
+        in its storage dtypes (a step that rounds to the storage dtype reads it there);
+        ``inputs`` may be wider copies. Never writes its inputs. Declared once per op (or
+        family); the ``reference`` target, the tests and ``tileops run`` all read it."""
+        raise NotImplementedError(f"{type(self).__name__} declares no reference")
+
+    def fp64_reference(self, *inputs: Any) -> tuple:
+        """The op's outputs in float64 for these inputs (absent optional ones as None): the
+        call is checked as the op would check it, then :meth:`reference` runs on float64
+        copies of the floating-point inputs."""
+        n = self._n_inputs
+        if len(inputs) > n:
+            raise TypeError(f"{type(self).__name__} takes {n} inputs, got {len(inputs)}")
+        given = list(inputs)
+        while given and given[-1] is None:
+            given.pop()
+        if len(given) < self._n_required:
+            raise self._arity_error(tuple(given))
+        call = self._point.check(*given)
+        wide = [t.double() if t is not None and t.is_floating_point() else t for t in inputs]
+        wide += [None] * (n - len(wide))
+        outs = self.reference(call, *wide)
+        return tuple(o.double() if o is not None and o.is_floating_point() else o
+                     for o in outs)
+
+    def eager(self) -> Any:
+        """The torch eager equivalent (the entry's ``ref_api``) as a callable taking the op's
+        inputs (None for absent optional ones) and returning its outputs, with the op's effects;
+        None when there is none."""
+        return None
+
+    def contenders(self) -> dict[str, Any]:
+        """Named equivalents available in this process: ``"torch"`` (:meth:`eager`) first, then
+        each of :attr:`peers` that applies. Benchmarks derive ``torch.compile`` from
+        ``"torch"``."""
+        out: dict[str, Any] = {}
+        fn = self.eager()
+        if fn is not None:
+            out["torch"] = fn
+        for name, make in self.peers.items():
+            fn = make(self)
+            if fn is not None:
+                out[name] = fn
+        return out
+
 
 
 def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:

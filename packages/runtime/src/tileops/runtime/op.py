@@ -52,7 +52,7 @@ _UNRESOLVED: Any = UNRESOLVED
 _EMPTY: Mapping = MappingProxyType({})
 
 
-class Op:
+class Op(declared.Equivalents):
     """Base of every operator (see the module docstring)."""
 
     # --- class attributes (installed by __init_subclass__ or declared by the op) -------------
@@ -132,6 +132,9 @@ class Op:
             setattr(self, n, params.get(n, v))
         self._construction_indices = dict(self._point.params)
         self._n_inputs = len(plan.input_names)
+        #: inputs up to the last required one (the check takes them positionally)
+        self._n_required = max((i + 1 for i, n in enumerate(plan.input_names)
+                                if n not in plan.optional_inputs), default=0)
         self._composite = bool(cls.delegate_types)
         if target is not None and target != targets.IN_TREE and target not in targets.targets():
             raise TargetError(f"{cls.__name__}: unknown target {target!r}; known: "
@@ -226,58 +229,6 @@ class Op:
             raise RuntimeError(f"{type(self).__name__}.eval_roofline needs a call first")
         return self._last_call.roofline()
 
-    # --- the op's declared equivalents: its reference and its contenders ----------------------
-
-    #: named third-party equivalents (``"liger"``): name -> ``factory(op)`` returning a
-    #: callable with the op's inputs and outputs, or None where the library is missing or does
-    #: not cover the op's configuration
-    peers: ClassVar[Mapping[str, Any]] = _EMPTY
-
-    def reference(self, call: SignatureCall, *inputs: Any) -> tuple:
-        """The op's outputs (entry order) computed in plain PyTorch: in float32 for narrower
-        inputs, in the inputs' dtype when they are float64. ``call`` is the record of the call
-        in its storage dtypes (a step that rounds to the storage dtype reads it there);
-        ``inputs`` may be wider copies. Never writes its inputs. Declared once per op (or
-        family); the ``reference`` target, the tests and ``tileops run`` all read it."""
-        raise NotImplementedError(f"{type(self).__name__} declares no reference")
-
-    def fp64_reference(self, *inputs: Any) -> tuple:
-        """The op's outputs in float64 for these inputs (absent optional ones as None): the
-        call is checked as the op would check it, then :meth:`reference` runs on float64
-        copies of the floating-point inputs."""
-        n = self._n_inputs
-        if len(inputs) > n:
-            raise TypeError(f"{type(self).__name__} takes {n} inputs, got {len(inputs)}")
-        given = list(inputs)
-        while given and given[-1] is None:
-            given.pop()
-        call = self._point.check(*given)
-        wide = [t.double() if t is not None and t.is_floating_point() else t for t in inputs]
-        wide += [None] * (n - len(wide))
-        outs = self.reference(call, *wide)
-        return tuple(o.double() if o is not None and o.is_floating_point() else o
-                     for o in outs)
-
-    def eager(self) -> Any:
-        """The torch eager equivalent (the entry's ``ref_api``) as a callable taking the op's
-        inputs (None for absent optional ones) and returning its outputs, with the op's effects;
-        None when there is none."""
-        return None
-
-    def contenders(self) -> dict[str, Any]:
-        """Named equivalents available in this process: ``"torch"`` (:meth:`eager`) first, then
-        each of :attr:`peers` that applies. Benchmarks derive ``torch.compile`` from
-        ``"torch"``."""
-        out: dict[str, Any] = {}
-        fn = self.eager()
-        if fn is not None:
-            out["torch"] = fn
-        for name, make in self.peers.items():
-            fn = make(self)
-            if fn is not None:
-                out[name] = fn
-        return out
-
     def forward(self, call: SignatureCall, *tensors: Any) -> Any:
         """Run the in-tree kernels: ``tensors`` are the inputs then the outputs to write.
         Ops that run kernels of their own override this."""
@@ -322,10 +273,11 @@ class Op:
         """
         if kwargs:
             inputs, outs = self._split_kwargs(inputs, kwargs)
-            call = self._point.check(*inputs, **outs)
         else:
             outs = None
-            call = self._point.check(*inputs)
+        if not self._n_required <= len(inputs) <= self._n_inputs:
+            raise self._arity_error(inputs)
+        call = self._point.check(*inputs, **outs) if outs else self._point.check(*inputs)
         parent = self._parent
         if parent is not None:
             sink = parent._stage_sink(self)
@@ -393,14 +345,34 @@ class Op:
             f"{', '.join(names)} require{'s' if len(names) == 1 else ''} grad; call it under "
             f"torch.no_grad() or torch.inference_mode(), or pass detached tensors")
 
+    def _arity_error(self, inputs: tuple) -> TypeError:
+        """A call with too few or too many inputs, named by the op's signature."""
+        plan = self._signature
+        assert plan is not None
+        names = plan.input_names
+        optional = set(plan.optional_inputs)
+        sig = ", ".join(f"{n}=None" if n in optional else n for n in names)
+        lines = "".join(f"\n  {self._point.expected_inputs.get(n, n)}"
+                        + ("  (optional)" if n in optional else "") for n in names)
+        if len(inputs) > len(names):
+            return TypeError(
+                f"{type(self).__name__}({sig}) takes {len(names)} inputs, got {len(inputs)}: "
+                f"{len(inputs) - len(names)} extra positional argument"
+                f"{'s' if len(inputs) - len(names) > 1 else ''} after {names[-1]}; inputs:"
+                f"{lines}")
+        missing = [n for i, n in enumerate(names)
+                   if n not in optional and (i >= len(inputs) or inputs[i] is None)]
+        return TypeError(
+            f"{type(self).__name__}({sig}): required input{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(missing)} not given; inputs:{lines}")
+
     def _split_kwargs(self, inputs: tuple, kwargs: dict) -> tuple[tuple, dict]:
         plan = self._signature
         assert plan is not None
         names = plan.input_names
         args = list(inputs) + [None] * (len(names) - len(inputs))
         if len(inputs) > len(names):
-            raise TypeError(f"{type(self).__name__} takes {len(names)} inputs "
-                            f"({', '.join(names)}), got {len(inputs)}")
+            raise self._arity_error(inputs)
         outs = {}
         for k, v in kwargs.items():
             if k in names:
