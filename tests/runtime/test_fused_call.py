@@ -4,6 +4,8 @@ the general path must hold on it; whatever it was not built for goes to ``_run_c
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -241,3 +243,61 @@ def test_ops_without_a_fused_call() -> None:
     op = TableOp()
     op(torch.ones(2))
     assert op._fast is None  # construction-time tensors: the general path syncs them
+
+
+def test_the_fused_call_is_built_from_the_checks_parsed_statements() -> None:
+    op = FusedScaleOp(alpha=3.0)
+    op(torch.ones(2, 5))
+    source = op._fast_source
+    assert ast.unparse(ast.parse(source)) == source  # the unparsed module it was compiled from
+    # each presence body's try block: the check's statements, then ``call = <record>``
+    tries = [[ast.dump(st) for st in node.body] for node in ast.walk(ast.parse(source))
+             if isinstance(node, ast.Try)]
+    namespace = op._point.namespace
+    for body in op._point.fast_bodies:
+        record = ast.Assign([ast.Name("call", ast.Store())], body.record)
+        assert [*map(ast.dump, body.statements), ast.dump(record)] in tries
+        # the check's globals, and none the fused call does not read
+        assert all(op._fast.__globals__[n] is namespace[n] for n in body.reads if n in namespace)
+    assert len(tries) == 2
+    assert "check_exact" in namespace and "check_exact" not in op._fast.__globals__
+
+
+@pytest.mark.parametrize(("change", "error"), [
+    ({"reads": {"nowhere"}}, "FusedScaleOp: the signature's check reads 'nowhere', which is "
+                             "neither in its point's namespace, an input nor a builtin"),
+    ({"binds": {"kernel"}}, "FusedScaleOp: the signature's check binds ['d_x', 'kernel', "
+                            "'s_x']; the fused call needs ['d_x', 's_x'] and keeps ['call', "
+                            "'dev', 'kernel', 'm', 'op', 'outputs', 't_bias', 't_x', 'y'] for "
+                            "itself"),
+])
+def test_a_check_the_fused_call_cannot_place_fails_the_build(monkeypatch, change, error) -> None:
+    op = FusedScaleOp(alpha=5.0)  # a point of its own: its bodies are replaced below
+    point = op._point
+    without = next(b for b in point.fast_bodies if not b.presence["bias"])
+    broken = dataclasses.replace(without, **{k: getattr(without, k) | v for k, v in change.items()})
+    monkeypatch.setattr(point, "fast_bodies",
+                        tuple(broken if b is without else b for b in point.fast_bodies))
+    with pytest.raises(RuntimeError) as got:
+        op(torch.ones(2, 5))
+    assert str(got.value) == error
+    assert op._fast is None
+
+
+def test_instances_that_agree_share_the_compiled_code_not_its_globals(new_target) -> None:
+    name = new_target()
+    built: list[Op] = []
+
+    def builder(op, call):
+        built.append(op)
+        k = len(built)
+        return lambda x, bias, y: y.fill_(k)
+
+    register_builder(name, FusedScaleOp, builder)
+    a, b = FusedScaleOp(target=name), FusedScaleOp(target=name)
+    x = torch.ones(2, 3)
+    assert a(x)[0, 0] == 1 and b(x)[0, 0] == 2
+    assert a._fast.__code__ is b._fast.__code__ and a._fast_source == b._fast_source
+    # each has its own builder binding and kernel memo: b's kernel is never a's
+    assert a(x)[0, 0] == 1 and b(x)[0, 0] == 2 and a(x)[0, 0] == 1
+    assert a._fast.__globals__ is not b._fast.__globals__

@@ -3,6 +3,8 @@ derived from the effects, the roofline, the effect branch and the symbolic varia
 
 from __future__ import annotations
 
+import ast
+import copy
 import math
 
 import pytest
@@ -348,6 +350,35 @@ def test_hot_path_check_binds_only_what_a_later_check_reads(example_plan) -> Non
     assert "len(s_x) >= 1" in source.split("def check_exact(")[1]
 
 
+def test_fast_bodies_are_the_hot_path_checks_statements(example_plan) -> None:
+    # what a caller fusing the check into its own code gets: per presence combination, the
+    # statements and the record as nodes, what they read and what they bind
+    point = example_plan("RMSNormFwdOp").construct(normalized_shape=[8])
+    x, w = torch.empty(2, 8, dtype=torch.bfloat16), torch.empty(8, dtype=torch.bfloat16)
+    bodies = {tuple(b.presence.items()): b for b in point.fast_bodies}
+    assert set(bodies) == {(("weight", False),), (("weight", True),)}
+    for (presence,), body in bodies.items():
+        given = {"x", "weight"} if presence[1] else {"x"}
+        assert {f"{p}_{n}" for n in given for p in "sd"} <= body.binds
+        assert body.reads - {"t_x", "t_weight", "len", "tuple"} <= set(point.namespace)
+        # the nodes alone, under try, in a function of one's own: the hot path's record
+        miss = ast.ExceptHandler(ast.Name("Exception", ast.Load()), None,
+                                 [ast.Return(ast.Constant(None))])
+        fn = ast.FunctionDef("fused", ast.arguments([], [ast.arg("t_x"), ast.arg("t_weight")],
+                                                    None, [], [], None, []),
+                             [ast.Try([*body.statements, ast.Return(body.record)], [miss], [],
+                                      [])], [], None)
+        if "type_params" in ast.FunctionDef._fields:
+            fn.type_params = []
+        ns = dict(point.namespace)
+        module = ast.fix_missing_locations(ast.Module([copy.deepcopy(fn)], []))
+        exec(compile(module, "<fused>", "exec"), ns)
+        weight = w if presence[1] else None
+        assert ns["fused"](x, weight) == point.check(x, weight)
+        assert ns["fused"](torch.empty(2, 7, dtype=torch.bfloat16), weight) is None  # a miss
+    assert point.fast_bodies[0].statements[0].lineno is not None  # as parsed, positions kept
+
+
 def test_hot_path_simplification_reads_the_parsed_statements() -> None:
     from tileops.signature.simplify import simplify_fast
 
@@ -357,10 +388,14 @@ def test_hot_path_simplification_reads_the_parsed_statements() -> None:
     # i_B: read by nothing after it, dropped; the rank check stays: no statement starts by
     # reading s_x[-2] or s_x[1] (i_A is read first), and a nested block is not the body
     lines = [*head, "    if not (i_A == s_x[1]): raise _Miss", *tail]
-    assert simplify_fast(lines) == [*head[:4], lines[5], *tail]
+    assert simplify_fast(lines)[0] == [*head[:4], lines[5], *tail]
     # a statement that starts by reading s_x[1] implies the rank check
     lines = [*head, "    if not (s_x[1] == i_A): raise _Miss", *tail]
-    assert simplify_fast(lines) == [*head[:2], head[3], lines[5], *tail]
+    assert simplify_fast(lines)[0] == [*head[:2], head[3], lines[5], *tail]
     # a binding that may fail (a division) is kept though nothing reads it
     lines = [*head[:4], "    i_D = i_A // s_x[0]", "    return _R(s_x)"]
-    assert simplify_fast(lines) == lines
+    kept, statements = simplify_fast(lines)
+    assert kept == lines
+    # and the statements kept, as parsed (the closing return among them)
+    assert [ast.dump(st) for st in statements] == [ast.dump(ast.parse(line.strip()).body[0])
+                                                   for line in lines[1:]]

@@ -1,7 +1,13 @@
 """The fused call: generated code for an op's cached calls.
 
-Two pieces, both generated from the plan's parsed names (``t_<input>``, the record's
-``s_<input>`` / ``d_<input>`` fields), never by splicing spec text:
+Two pieces, each built as one ``ast.Module`` from nodes (``ast.FunctionDef``, ``ast.If``,
+``ast.Try``, ``ast.Name``, ...) and compiled with ``compile(module, ...)``: no code is written
+as text. The names are the plan's parsed input names (``t_<input>``, the record's
+``s_<input>`` / ``d_<input>`` fields, each checked to be an identifier), and the check is the
+signature's own, handed over as parsed statements (``point.fast_bodies``). ``ast.unparse`` of
+the module is kept for display (``op._fast_source``, and the source ``class_call`` returns);
+the compiled code has no source lines of its own. Instances whose fused calls would be the
+same module share its compiled code (``_compiled``), each with globals of its own.
 
 - ``class_call(plan)``: each op class with an entry and tensor inputs gets a ``__call__``
   whose inputs are positional-only parameters. It tests for tracing first (so dynamo guards
@@ -14,8 +20,9 @@ Two pieces, both generated from the plan's parsed names (``t_<input>``, the reco
   the source). Per presence combination of the optional inputs it runs the steps of
   ``_run_call`` in the same order, with every decision that call took folded in:
 
-  1. the signature's hot-path check body, inlined (``point.fast_bodies``); any miss goes to
-     ``_run_call``, whose check raises the precise error, before anything is written;
+  1. the signature's hot-path check body, inlined (a copy of ``point.fast_bodies``'
+     statements, then its record); any miss goes to ``_run_call``, whose check raises the
+     precise error, before anything is written;
   2. the binding it was built for is still the instance's (``_target_builder``), else
      ``_run_call``;
   3. the forward-only refusal when an input requires grad and grad mode is on;
@@ -34,10 +41,17 @@ capture guard (those live on the paths it hands over). A kernel or ``forward`` t
 leaves ``last_call`` as it was and, since the call did not bind the target, resets nothing,
 as in ``_run_call``. ``_reset_binding`` drops the fused call; the next call that succeeds
 through ``_run_call`` builds it again.
+
+The check's globals are the point's ``namespace`` entries its statements read; any other name
+they read must be a parameter of the function or a builtin, and the locals the fused call adds
+(``call``, ``dev``, ``kernel``, ...) must be names the check does not bind. Both are verified
+when building, so a check that the runtime cannot place is an error there, not a wrong call.
 """
 
 from __future__ import annotations
 
+import ast
+import builtins
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -46,7 +60,7 @@ from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 from .registry import UNRESOLVED, empty_from_record
 
 if TYPE_CHECKING:  # pragma: no cover
-    from tileops.signature import SignatureCall
+    from tileops.signature import ConstructionPoint, SignatureCall
 
     from .op import Op
 
@@ -64,103 +78,187 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     builder = op._target_builder
     if builder is UNRESOLVED:
         return None
-    names = plan.input_names
-    if not names:
+    if not plan.input_names:
         return None
-    point = op._point
-    optional = set(plan.optional_inputs)
-    ns: dict[str, Any] = dict(point.namespace)
-    ns.update({"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
-               "_rt_empty_like": torch.empty_like, "_rt_empty_from_record": empty_from_record,
-               "_rt_forward": cls.forward})
-    args = ", ".join(f"t_{n}" for n in names)
-    packed = f"({args},)"
-    general = f"return op._run_call({packed}, {{}})"
-    L = [f"def fast(op, {args}):"]
-    for n in names:  # an input the caller left out (only optional ones reach here)
-        if n in optional:
-            L.append(f"    if t_{n} is _rt_NO: t_{n} = None")
-    for n in plan.buffer_outputs:  # out= goes to the general path: never given here
-        L.append(f"    t_{n} = None")
-    _bodies(L, list(plan.optional_inputs), {}, 1, point, op, names, builder, ns, general,
-            packed)
-    source = "\n".join(L) + "\n"
-    code = compile(source, f"<tileops.runtime fused call {cls.__name__}>", "exec")
-    exec(code, ns)  # noqa: S102 - generated from the plan's names, no spec text
-    return ns["fast"], source
+    ns: dict[str, Any] = {"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
+                          "_rt_empty_like": torch.empty_like,
+                          "_rt_empty_from_record": empty_from_record, "_rt_forward": cls.forward}
+    fused = _Fused(op, op._point, builder, ns)
+    module = ast.Module([_function("fast", _arguments(["op", *fused.params]), fused.body())],
+                        type_ignores=[])
+    key = (cls, op._point, builder is None, tuple(fused.allocations))
+    compiled = _compiled.get(key)
+    if compiled is None:
+        code = compile(ast.fix_missing_locations(module),
+                       f"<tileops.runtime fused call {cls.__name__}>", "exec")
+        compiled = _compiled.setdefault(key, (code, ast.unparse(module)))
+    exec(compiled[0], ns)  # noqa: S102 - built from nodes: the plan's names and parsed check
+    return ns["fast"], compiled[1]
 
 
-def _bodies(L: list[str], remaining: list[str], presence: dict[str, bool], depth: int,
-            point: Any, op: Op, names: tuple[str, ...], builder: Any, ns: dict,
-            general: str, packed: str) -> None:
-    """The presence tree of the fused call: one body per combination of optional inputs,
-    as in the check (``point.fast_bodies``)."""
-    ind = "    " * depth
-    if remaining:
-        n, rest = remaining[0], remaining[1:]
-        L.append(f"{ind}if t_{n} is None:")
-        _bodies(L, rest, {**presence, n: False}, depth + 1, point, op, names, builder, ns,
-                general, packed)
-        L.append(f"{ind}else:")
-        _bodies(L, rest, {**presence, n: True}, depth + 1, point, op, names, builder, ns,
-                general, packed)
-        return
-    body = next(b for b in point.fast_bodies if b.presence == presence)
-    allocate = op._effect_branches.get(body.branch)
-    if allocate is None:  # a branch no call has taken yet: the general path, then rebuild
-        L.append(f"{ind}op._fast = None")
-        L.append(f"{ind}{general}")
-        return
-    # 1. the check (a miss: the general path, whose check raises the precise error)
-    L.append(f"{ind}try:")
-    L += [f"{ind}    {line}" for line in body.lines]
-    L.append(f"{ind}    call = {body.record}")
-    L.append(f"{ind}except Exception:")
-    L.append(f"{ind}    {general}")
-    # 4. still bound as when this was built (a reset or another binding: the general path)
-    L.append(f"{ind}if op._target_builder is not _rt_B: {general}")
-    given = [n for n in names if presence.get(n, True)]
-    grads = " or ".join(f"t_{n}.requires_grad" for n in given)
-    # (requires_grad first: it is False on the common path, which then skips the mode read)
-    L.append(f"{ind}if ({grads}) and _rt_grad(): op._forward_only({packed})")
-    if builder is not None:
-        # 5. a target kernel: the last one this body ran, if the call has its device, dtypes
-        # and shapes; else the key _run_call uses, in _target_kernels (a miss: the general
-        # path builds it). The memo is this function's own: a reset drops the function.
-        memo = f"_rt_memo{len(ns)}"
-        ns[memo] = [(None,) * (2 * len(given) + 2)]
-        dt = _tuple([f"d_{n}" if presence.get(n, True) else "None" for n in names])
-        sh = _tuple([f"s_{n}" if presence.get(n, True) else "None" for n in names])
-        same = " and ".join([f"d_{n} is m[{2 * i}] and s_{n} == m[{2 * i + 1}]"
-                             for i, n in enumerate(given)] + [f"dev == m[{2 * len(given)}]"])
-        L.append(f"{ind}dev = call.device")
-        L.append(f"{ind}m = {memo}[0]")
-        L.append(f"{ind}if {same}:")
-        L.append(f"{ind}    kernel = m[-1]")
-        L.append(f"{ind}else:")
-        L.append(f"{ind}    kernel = op._target_kernels.get((dev, {dt}, {sh}))")
-        L.append(f"{ind}    if kernel is None: {general}")
-        reads = ", ".join(f"d_{n}, s_{n}" for n in given)
-        L.append(f"{ind}    {memo}[0] = ({reads}, dev, kernel)")
-    # 2. the outputs
-    if allocate.__class__ is int:  # one output, like the input at that index
-        src = f"t_{names[allocate]}"
-        L.append(f"{ind}y = _rt_empty_like({src}) if {src}.is_contiguous() else "
-                 f"_rt_empty_from_record(call)")
-        outs, result = "y", "y"
-    else:
-        name = f"_rt_alloc{len(ns)}"
-        ns[name] = allocate
-        L.append(f"{ind}outputs = {name}(call, {packed}, None)")
-        outs, result = "*outputs", "outputs[0] if len(outputs) == 1 else outputs"
-    # 6. run; 7. publish
-    args = ", ".join(f"t_{n}" for n in names)
-    if builder is not None:
-        L.append(f"{ind}kernel({args}, {outs})")
-    else:
-        L.append(f"{ind}_rt_forward(op, call, {args}, {outs})")
-    L.append(f"{ind}op._last_call = call")
-    L.append(f"{ind}return {result}")
+#: Compiled fused calls, by what their code depends on: the class, the construction point,
+#: whether a target serves the instance, and how each body allocates (not yet known, like the
+#: input at an index, or through an allocator). Instances that agree build the same module
+#: (the globals it names are interned in the same order), so they share its code object and
+#: source and differ only in the globals (builder, memos, allocators): placing a module's
+#: positions, compiling it and unparsing it cost about 3 ms, building its nodes a fifth of that.
+_compiled: dict[tuple, tuple[Any, str]] = {}
+
+
+#: the fused call's own locals besides its parameters; a check body must bind none of them
+_LOCALS = frozenset({"op", "call", "dev", "m", "kernel", "y", "outputs"})
+
+
+class _Fused:
+    """The body of one instance's fused call: the presence tree of its optional inputs, one
+    leaf per combination (as in the check, ``point.fast_bodies``)."""
+
+    def __init__(self, op: Op, point: ConstructionPoint, builder: Any,
+                 ns: dict[str, Any]) -> None:
+        self.op, self.point, self.builder, self.ns = op, point, builder, ns
+        plan = point.plan
+        self.names: tuple[str, ...] = plan.input_names
+        self.params = [_t(n) for n in self.names]
+        self.optional = set(plan.optional_inputs)
+        self.buffers = plan.buffer_outputs
+        #: per body, in tree order: None (a branch not taken yet), the index of the input
+        #: the output is allocated like, or "allocator"
+        self.allocations: list[int | str | None] = []
+
+    def body(self) -> list[ast.stmt]:
+        out: list[ast.stmt] = []
+        for n in self.names:  # an input the caller left out (only optional ones reach here)
+            if n in self.optional:
+                out.append(_if(_is(_load(_t(n)), _load("_rt_NO")), [_assign(_t(n), _none())]))
+        for n in self.buffers:  # out= goes to the general path: never given here
+            out.append(_assign(_t(n), _none()))
+        return out + self._tree(list(self.point.plan.optional_inputs), {})
+
+    def _tree(self, remaining: list[str], presence: dict[str, bool]) -> list[ast.stmt]:
+        if remaining:
+            n, rest = remaining[0], remaining[1:]
+            return [_if(_is(_load(_t(n)), _none()), self._tree(rest, {**presence, n: False}),
+                        self._tree(rest, {**presence, n: True}))]
+        return self._leaf(presence)
+
+    def _packed(self) -> ast.expr:
+        """``(t_a, t_b)``: the inputs, as ``_run_call`` takes them."""
+        return _tuple([_load(p) for p in self.params])
+
+    def _general(self) -> ast.stmt:
+        """``return op._run_call((t_a, t_b), {})``: the general path, with the inputs."""
+        return _return(_call(_attr(_load("op"), "_run_call"), self._packed(),
+                             ast.Dict(keys=[], values=[])))
+
+    def _intern(self, prefix: str, value: Any) -> str:
+        """A fresh global of the fused call holding ``value`` (``_rt_<prefix><n>``)."""
+        name = f"_rt_{prefix}{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def _leaf(self, presence: dict[str, bool]) -> list[ast.stmt]:
+        body = next(b for b in self.point.fast_bodies if b.presence == presence)
+        allocate = self.op._effect_branches.get(body.branch)
+        self.allocations.append(allocate if allocate is None or allocate.__class__ is int
+                                else "allocator")
+        if allocate is None:  # a branch no call has taken yet: the general path, then rebuild
+            return [_assign_attr(_load("op"), "_fast", _none()), self._general()]
+        given = [n for n in self.names if presence.get(n, True)]
+        self._place(body, given)
+        # 1. the check (a miss: the general path, whose check raises the precise error)
+        out: list[ast.stmt] = [ast.Try(
+            body=[*map(_own, body.statements), _assign("call", _own(body.record))],
+            handlers=[ast.ExceptHandler(type=_load("Exception"), name=None,
+                                        body=[self._general()])],
+            orelse=[], finalbody=[])]
+        # 2. still bound as when this was built (a reset or another binding: the general path)
+        out.append(_if(_is_not(_attr(_load("op"), "_target_builder"), _load("_rt_B")),
+                       [self._general()]))
+        # 3. (requires_grad first: it is False on the common path, which then skips the mode
+        # read; with no input given nothing can require grad)
+        if given:
+            grads = _bool(ast.Or(), [_attr(_load(_t(n)), "requires_grad") for n in given])
+            out.append(_if(_bool(ast.And(), [grads, _call(_load("_rt_grad"))]),
+                           [ast.Expr(_call(_attr(_load("op"), "_forward_only"),
+                                           self._packed()))]))
+        if self.builder is not None:
+            out += self._target_kernel(presence, given)
+        # 5. the outputs
+        if allocate.__class__ is int:  # one output, like the input at that index
+            src = _t(self.names[allocate])
+            out.append(_assign("y", ast.IfExp(
+                test=_call(_attr(_load(src), "is_contiguous")),
+                body=_call(_load("_rt_empty_like"), _load(src)),
+                orelse=_call(_load("_rt_empty_from_record"), _load("call")))))
+            outs: list[ast.expr] = [_load("y")]
+            result: ast.expr = _load("y")
+        else:
+            alloc = self._intern("alloc", allocate)
+            out.append(_assign("outputs", _call(_load(alloc), _load("call"), self._packed(),
+                                                _none())))
+            outs = [ast.Starred(_load("outputs"), ast.Load())]
+            result = ast.IfExp(test=_eq(_call(_load("len"), _load("outputs")), ast.Constant(1)),
+                               body=_item(_load("outputs"), 0), orelse=_load("outputs"))
+        # 6. run; 7. publish
+        args = [*(_load(p) for p in self.params), *outs]
+        if self.builder is not None:
+            out.append(ast.Expr(_call(_load("kernel"), *args)))
+        else:
+            out.append(ast.Expr(_call(_load("_rt_forward"), _load("op"), _load("call"), *args)))
+        out.append(_assign_attr(_load("op"), "_last_call", _load("call")))
+        out.append(_return(result))
+        return out
+
+    def _target_kernel(self, presence: dict[str, bool], given: list[str]) -> list[ast.stmt]:
+        """4. a target kernel: the last one this body ran, if the call has its device, dtypes
+        and shapes; else the key ``_run_call`` uses, in ``_target_kernels`` (a miss: the
+        general path builds it). The memo is this function's own: a reset drops the function.
+        """
+        memo = self._intern("memo", [(None,) * (2 * len(given) + 2)])
+        same = []
+        for i, n in enumerate(given):
+            same += [_is(_load(f"d_{n}"), _item(_load("m"), 2 * i)),
+                     _eq(_load(f"s_{n}"), _item(_load("m"), 2 * i + 1))]
+        same.append(_eq(_load("dev"), _item(_load("m"), 2 * len(given))))
+        key = _tuple([_load("dev"),
+                      _tuple([_load(f"d_{n}") if presence.get(n, True) else _none()
+                              for n in self.names]),
+                      _tuple([_load(f"s_{n}") if presence.get(n, True) else _none()
+                              for n in self.names])])
+        reads = [_load(f"{p}_{n}") for n in given for p in ("d", "s")]
+        return [
+            _assign("dev", _attr(_load("call"), "device")),
+            _assign("m", _item(_load(memo), 0)),
+            _if(_bool(ast.And(), same), [_assign("kernel", _item(_load("m"), -1))], [
+                _assign("kernel", _call(_attr(_attr(_load("op"), "_target_kernels"), "get"),
+                                        key)),
+                _if(_is(_load("kernel"), _none()), [self._general()]),
+                ast.Assign(targets=[ast.Subscript(_load(memo), ast.Constant(0), ast.Store())],
+                           value=_tuple([*reads, _load("dev"), _load("kernel")])),
+            ]),
+        ]
+
+    def _place(self, body: Any, given: list[str]) -> None:
+        """Give the fused call the globals ``body`` reads, after checking that every other
+        name it reads is a local of the call (an input, an ``out=`` buffer) or a builtin, that
+        it binds the ``s_`` / ``d_`` reads of each given input (the kernel key and memo use
+        them) and none of the call's own locals."""
+        cls = type(self.op).__name__
+        own = set(self.params) | {_t(n) for n in self.buffers}
+        for name in sorted(body.reads):
+            if name in self.point.namespace:
+                value = self.point.namespace[name]
+                if self.ns.setdefault(name, value) is not value:
+                    raise RuntimeError(f"{cls}: the signature's check reads a global "
+                                       f"{name!r} that the fused call defines otherwise")
+            elif name not in own and not hasattr(builtins, name):
+                raise RuntimeError(f"{cls}: the signature's check reads {name!r}, which is "
+                                   f"neither in its point's namespace, an input nor a builtin")
+        needed = {f"{p}_{n}" for n in given for p in ("s", "d")}
+        if not needed <= body.binds or body.binds & (_LOCALS | own):
+            raise RuntimeError(
+                f"{cls}: the signature's check binds {sorted(body.binds)}; the fused call "
+                f"needs {sorted(needed)} and keeps {sorted(_LOCALS | own)} for itself")
 
 
 def class_call(plan: Any) -> tuple[Any, str]:
@@ -170,22 +268,35 @@ def class_call(plan: Any) -> tuple[Any, str]:
     ``Op._general_call`` with the inputs exactly as given."""
     names = plan.input_names
     optional = set(plan.optional_inputs)
-    params = ", ".join(f"t_{n}=_NO" for n in names)
-    required = [f"t_{n} is _NO" for n in names if n not in optional]
-    args = ", ".join(f"t_{n}" for n in names)
-    given = " + ".join(f"(() if t_{n} is _NO else (t_{n},))" for n in names)
+    params = [_t(n) for n in names]
+
+    def general() -> ast.stmt:
+        # the inputs as given: (() if t_a is _NO else (t_a,)) + ... + _rest
+        terms: list[ast.expr] = [ast.IfExp(test=_is(_load(p), _load("_NO")), body=_tuple([]),
+                                           orelse=_tuple([_load(p)])) for p in params]
+        given = terms[0]
+        for term in [*terms[1:], _load("_rest")]:
+            given = ast.BinOp(given, ast.Add(), term)
+        return _return(_call(_attr(_load("self"), "_general_call"), given, _load("_kw")))
+
     # tracing is tested first: dynamo then reads (and guards on) nothing of the instance
-    L = [f"def __call__(self, {params}, /, *_rest, **_kw):",
-         "    if _idc():",
-         f"        return self._general_call({given} + _rest, _kw)",
-         "    fast = self._fast",
-         f"    if fast is None or _kw or _rest{''.join(' or ' + r for r in required)}:",
-         f"        return self._general_call({given} + _rest, _kw)",
-         f"    return fast(self, {args})"]
-    source = "\n".join(L) + "\n"
+    missing = [_is(_load(_t(n)), _load("_NO")) for n in names if n not in optional]
+    body = [
+        _if(_call(_load("_idc")), [general()]),
+        _assign("fast", _attr(_load("self"), "_fast")),
+        _if(_bool(ast.Or(), [_is(_load("fast"), _none()), _load("_kw"), _load("_rest"),
+                             *missing]), [general()]),
+        _return(_call(_load("fast"), _load("self"), *(_load(p) for p in params))),
+    ]
+    args = ast.arguments(posonlyargs=[ast.arg(a) for a in ("self", *params)], args=[],
+                         vararg=ast.arg("_rest"), kwonlyargs=[], kw_defaults=[],
+                         kwarg=ast.arg("_kw"), defaults=[_load("_NO") for _ in params])
+    module = ast.Module([_function("__call__", args, body)], type_ignores=[])
     ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling}
-    exec(compile(source, f"<tileops.runtime {plan.name}.__call__>", "exec"), ns)  # noqa: S102
-    return ns["__call__"], source
+    code = compile(ast.fix_missing_locations(module), f"<tileops.runtime {plan.name}.__call__>",
+                   "exec")
+    exec(code, ns)  # noqa: S102 - built from nodes over the plan's names
+    return ns["__call__"], ast.unparse(module)
 
 
 class _NotGiven:
@@ -196,9 +307,98 @@ class _NotGiven:
 #: the default of a generated ``__call__``'s input parameters: "the caller passed nothing"
 NOT_GIVEN: Any = _NotGiven()
 
-
-def _tuple(items: list[str]) -> str:
-    return "(" + ", ".join(items) + ("," if len(items) == 1 else "") + ")"
-
-
 _grad_enabled = torch._C.is_grad_enabled
+
+
+# --- nodes ---------------------------------------------------------------------------------------
+
+
+def _own(node: Any) -> Any:
+    """A copy of one of the signature's nodes for this module: its fields copied, its
+    positions (those of the check's text) left for ``ast.fix_missing_locations`` to set."""
+    if isinstance(node, ast.AST):
+        return type(node)(**{f: _own(getattr(node, f)) for f in node._fields
+                             if hasattr(node, f)})
+    if isinstance(node, list):
+        return [_own(item) for item in node]
+    return node  # an identifier, an operator's name or a constant's value: immutable
+
+
+def _t(input_name: str) -> str:
+    """The parameter of an input: ``t_<input>`` (the signature's name for it)."""
+    return "t_" + input_name
+
+
+def _name(name: str, ctx: ast.expr_context) -> ast.Name:
+    if not name.isidentifier():  # compile() does not check what a Name holds
+        raise ValueError(f"fused call: {name!r} is not a Python identifier")
+    return ast.Name(name, ctx)
+
+
+def _load(name: str) -> ast.Name:
+    return _name(name, ast.Load())
+
+
+def _none() -> ast.Constant:
+    return ast.Constant(None)
+
+
+def _attr(value: ast.expr, attr: str) -> ast.Attribute:
+    return ast.Attribute(value, attr, ast.Load())
+
+
+def _item(value: ast.expr, index: int) -> ast.Subscript:
+    return ast.Subscript(value, ast.Constant(index), ast.Load())
+
+
+def _call(func: ast.expr, *args: ast.expr) -> ast.Call:
+    return ast.Call(func, list(args), [])
+
+
+def _tuple(items: list[ast.expr]) -> ast.Tuple:
+    return ast.Tuple(items, ast.Load())
+
+
+def _is(left: ast.expr, right: ast.expr) -> ast.Compare:
+    return ast.Compare(left, [ast.Is()], [right])
+
+
+def _is_not(left: ast.expr, right: ast.expr) -> ast.Compare:
+    return ast.Compare(left, [ast.IsNot()], [right])
+
+
+def _eq(left: ast.expr, right: ast.expr) -> ast.Compare:
+    return ast.Compare(left, [ast.Eq()], [right])
+
+
+def _bool(op: ast.boolop, values: list[ast.expr]) -> ast.expr:
+    """``a and b and ...`` (or ``or``); one value stands for itself."""
+    return values[0] if len(values) == 1 else ast.BoolOp(op, values)
+
+
+def _if(test: ast.expr, body: list[ast.stmt], orelse: list[ast.stmt] | None = None) -> ast.If:
+    return ast.If(test, body, orelse or [])
+
+
+def _assign(target: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[_name(target, ast.Store())], value=value)
+
+
+def _assign_attr(obj: ast.expr, attr: str, value: ast.expr) -> ast.Assign:
+    return ast.Assign(targets=[ast.Attribute(obj, attr, ast.Store())], value=value)
+
+
+def _return(value: ast.expr) -> ast.Return:
+    return ast.Return(value)
+
+
+def _arguments(params: list[str]) -> ast.arguments:
+    return ast.arguments(posonlyargs=[], args=[ast.arg(p) for p in params], vararg=None,
+                         kwonlyargs=[], kw_defaults=[], kwarg=None, defaults=[])
+
+
+def _function(name: str, args: ast.arguments, body: list[ast.stmt]) -> ast.FunctionDef:
+    fn = ast.FunctionDef(name=name, args=args, body=body, decorator_list=[], returns=None)
+    if "type_params" in ast.FunctionDef._fields:  # Python 3.12+ (PEP 695)
+        fn.type_params = []
+    return fn

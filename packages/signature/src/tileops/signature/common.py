@@ -4,6 +4,7 @@ messages. Imports nothing of the package, so every other module can import it.""
 
 from __future__ import annotations
 
+import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,16 +28,40 @@ class LazyConflict(Exception):
 
 @dataclass(frozen=True)
 class FastBody:
-    """One body of a point's hot-path ``check``, for callers that fuse the check into code
-    of their own (the runtime's fused op call): run ``lines`` (statements over ``t_<input>``
-    and the point's ``namespace``; a miss raises) under ``try``, then ``record`` (an
-    expression) is the call's record. Chosen by ``presence`` (optional input -> given)."""
+    """One body of a point's hot-path ``check``, as parsed statements, for a caller that fuses
+    the check into a function of its own (the runtime's fused op call): run ``statements``
+    under ``try`` (a miss raises), then ``record`` is the call's record. Chosen by
+    ``presence`` (optional input -> given).
+
+    The nodes are the statements the point's own ``check`` is compiled from, as parsed (with
+    the positions of that parse). Every caller of the point gets the same nodes: copy them
+    (``copy.deepcopy``) before placing them in a tree of one's own.
+    """
 
     presence: dict[str, bool]
-    lines: tuple[str, ...]
-    record: str
+    statements: tuple[ast.stmt, ...]
+    record: ast.expr
+    #: what the statements and the record read without binding it: the inputs
+    #: (``t_<input>``), the point's ``namespace`` entries, builtins
+    reads: frozenset[str]
+    #: what the statements bind (``s_<input>`` and ``d_<input>`` of each given input, the
+    #: indices a later check reads): code placed after them may read these
+    binds: frozenset[str]
     #: the effect branch of this body when no ``out=`` buffer is given
     branch: tuple
+
+    @classmethod
+    def of(cls, presence: dict[str, bool], parsed: list[ast.stmt], branch: tuple) -> FastBody:
+        """From a body's statements as parsed, the closing ``return <record>`` last."""
+        *statements, ret = parsed
+        assert isinstance(ret, ast.Return) and ret.value is not None
+        stored: set[str] = set()
+        loaded: set[str] = set()
+        for node in (n for st in parsed for n in ast.walk(st)):
+            if isinstance(node, ast.Name):
+                (stored if isinstance(node.ctx, ast.Store) else loaded).add(node.id)
+        return cls(dict(presence), tuple(statements), ret.value, frozenset(loaded - stored),
+                   frozenset(stored), branch)
 
 
 @dataclass

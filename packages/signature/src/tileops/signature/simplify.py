@@ -3,7 +3,8 @@
 The fast ``check`` of a point is written like ``check_exact`` (every binding, every rank
 check) and then simplified here, on its parsed statements (``ast``), never by matching text.
 The pass only removes statements, so each kept one keeps its generated lines and the source
-a point prints reads like the code it runs.
+a point prints reads like the code it runs; the kept statements, as parsed, are what a caller
+fusing the check into its own code receives (``FastBody``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,13 @@ import ast
 __all__ = ["simplify_fast"]
 
 
-def simplify_fast(lines: list[str]) -> list[str]:
+def simplify_fast(lines: list[str]) -> tuple[list[str], list[ast.stmt]]:
     """The hot-path check's statements (``lines``: ``try:``, one statement per line, the
     closing ``return``) with what cannot change its outcome left out, decided on the parsed
-    statements (the lines are our own generated code; each kept statement keeps its lines as
-    generated). Only statements of the body itself are candidates, never the ones nested in
-    a conditional block (``if t_out is not None: ...``):
+    statements (the lines are our own generated code). Returns the kept lines (each kept
+    statement keeps its lines as generated) and the kept statements as parsed, the closing
+    ``return`` last. Only statements of the body itself are candidates, never the ones
+    nested in a conditional block (``if t_out is not None: ...``):
 
     - a binding that cannot fail and that no later statement reads (an axis or a slice of a
       shape read after its rank check, a dtype read, another index; a let, a solved axis or a
@@ -38,13 +40,14 @@ def simplify_fast(lines: list[str]) -> list[str]:
         if dead is None:
             break
         del kept[dead]
-    out = [lines[0]]
+    out, statements = [lines[0]], []
     for k, (st, text) in enumerate(kept):
         rank = _rank_check(st)
         if rank is not None and any(_starts_with_read(later, *rank) for later, _ in kept[k + 1:]):
             continue
         out += text
-    return out
+        statements.append(st)
+    return out, statements
 
 
 def _name(node: ast.AST, prefix: str) -> str | None:

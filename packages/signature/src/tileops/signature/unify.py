@@ -100,10 +100,8 @@ class Body:
         if derive:
             return
         if mode == "fast":
-            self.lines = simplify_fast(self.lines)
-            inner = [line[len(self.ind):] for line in self.lines[1:-1]]  # try: ... return
-            record = self.lines[-1].strip()[len("return "):]
-            self.fast_body = FastBody(dict(presence), tuple(inner), record, self.fresh_branch)
+            self.lines, statements = simplify_fast(self.lines)
+            self.fast_body = FastBody.of(presence, statements, self.fresh_branch)
             self.lines.append("except Exception:")  # a miss: the exact check says why
             self.lines.append("    pass")
             self.lines.append(f"return {self.g.exact_call()}")
