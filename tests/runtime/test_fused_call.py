@@ -136,6 +136,33 @@ def test_a_failing_check_raises_the_exact_error_and_keeps_the_last_call() -> Non
     assert warm.last_call is before and warm._fast is not None
 
 
+@pytest.mark.parametrize("targeted", [False, True], ids=["in-tree", "target"])
+def test_an_input_on_another_device_is_refused_on_the_fused_call(new_target, targeted) -> None:
+    if targeted:
+        name = new_target()
+        register_builder(name, FusedScaleOp, lambda op, call: lambda x, bias, y: y.copy_(x))
+        make = lambda: FusedScaleOp(alpha=1.0, target=name)  # noqa: E731
+    else:
+        make = lambda: FusedScaleOp(alpha=1.0)  # noqa: E731
+    x, bias = torch.ones(2, 3), torch.zeros(3)
+    op = make()
+    op(x, bias)  # a first good call builds the fused call
+    assert op._fast is not None and "t_bias.device == dev_x" in op._fast_source
+    before = op.last_call
+    general = Counting(op)
+    with pytest.raises(SignatureCallError) as got:
+        op(x, bias.to("meta"))
+    with pytest.raises(SignatureCallError) as expected:
+        make()(x, bias.to("meta"))  # a fresh instance: the general path's exact check
+    assert str(got.value) == str(expected.value)
+    assert got.value.because == ("bias is on meta, x on cpu: the tensors of one call must "
+                                 "share a device")
+    assert general.n == 1  # the fused call's miss went to the general path, which refused
+    assert op.last_call is before and op._fast is not None
+    torch.testing.assert_close(op(x, bias), x)  # a third good call works, fused
+    assert general.n == 1 and op.last_call is not before
+
+
 def test_a_failing_kernel_keeps_the_last_call_and_the_binding() -> None:
     op = FusedScaleOp()
     op(torch.ones(2, 3))

@@ -73,16 +73,18 @@ def test_table_4_rows_4_and_5_check_against_the_bindings(example_plan, trans_a: 
 def test_table_4_order_in_the_generated_check(example_plan) -> None:
     # The generated call check performs the six rows of table 4 in order (check_exact: every
     # check with its error; the hot-path check makes the same comparisons in the same order
-    # and hands a miss to it); derive infers c's shape (M, N) from the record.
+    # and hands a miss to it), b's device compared with a's before b's dtype; derive infers
+    # c's shape (M, N) from the record.
     source = example_plan("GemmFwdOp").construct().source()
     body = source.split("def check_exact(")[1].split("def check(")[0]
-    rows = ["i_T = d_a", "i_M = s_a[0]", "i_K = s_a[1]", "d_b == i_T", "s_b[0] == i_K",
-            "i_N = s_b[1]"]
+    rows = ["dev_a = t_a.device", "i_T = d_a", "i_M = s_a[0]", "i_K = s_a[1]",
+            "t_b.device == dev_a", "d_b == i_T", "s_b[0] == i_K", "i_N = s_b[1]"]
     at = [body.index(r) for r in rows]
     assert at == sorted(at), rows
-    assert re.search(r"return _R\(t_a\.device, _BR\d+, s_a, d_a, s_b, d_b\)", body)
+    assert re.search(r"return _R\(dev_a, _BR\d+, s_a, d_a, s_b, d_b\)", body)
     fast = source.split("def check(")[1].split("def check_symbolic(")[0]
-    at = [fast.index(r) for r in ["i_T = d_a", "i_K = s_a[1]", "d_b == i_T", "s_b[0] == i_K"]]
+    at = [fast.index(r) for r in ["i_T = d_a", "i_K = s_a[1]", "t_b.device == dev_a",
+                                  "d_b == i_T", "s_b[0] == i_K"]]
     assert at == sorted(at)
     assert "return check_exact(t_a, t_b)" in fast
     derive = source.split("def derive(")[1].split("def traffic(")[0]

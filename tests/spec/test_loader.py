@@ -151,7 +151,7 @@ ERRORS = [
     pytest.param(
         edit('x: {dtype: T, shape: "[M]"}', 'x: {dtype: T, shape: "[M]", optinal: true}'),
         "op.yaml:9: in Op.signature.inputs.x: unknown field 'optinal'; expected one of: dtype, "
-        "shape, optional, mutated, write_only, values, doc",
+        "shape, optional, mutated, write_only, values, device, doc",
         id="unknown-field-input",
     ),
     pytest.param(

@@ -296,13 +296,7 @@ class KnownDefect:
 #: THE LIST OF KNOWN DEFECTS. The cases these mark are written as the library must behave;
 #: they fail today and are marked xfail(strict=True), so the day a fix lands they XPASS, the
 #: suite fails, and the entry is to be removed from this list.
-KNOWN_DEFECTS: tuple[KnownDefect, ...] = (
-    KnownDefect(
-        "device",
-        "tensors of one call on different devices are not refused: the call reaches the "
-        "kernel, which either raises torch's own error (RuntimeError: Tensor on device meta "
-        "is not on the expected device cpu!) or computes across the devices and returns"),
-)
+KNOWN_DEFECTS: tuple[KnownDefect, ...] = ()
 
 
 def defect_marks(refusal: Any) -> list[pytest.MarkDecorator]:

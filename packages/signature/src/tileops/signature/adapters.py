@@ -1,10 +1,12 @@
-"""Dtype adapters: how a signature plan reads the dtype of a tensor-like object.
+"""Dtype adapters: how a signature plan reads the dtype and device of a tensor-like object.
 
 A plan works on any object with ``.shape`` (a tuple of ints) and ``.dtype``. The adapter maps
 spec dtype names (``bfloat16``) to the library's native dtype objects and back, gives their
-item sizes, and supplies the comparison hook used by the symbolic variant of the generated
-checks (the runtime plugs ``torch._check`` there so tracing under torch.compile records a
-runtime assertion instead of specialising on a size).
+item sizes, names the attribute a tensor holds its device in (``.device`` for torch; none for
+numpy, whose arrays all live on the host, so its checks read and compare no device), and
+supplies the comparison hook used by the symbolic variant of the generated checks (the runtime
+plugs ``torch._check`` there so tracing under torch.compile records a runtime assertion
+instead of specialising on a size).
 
 Adapters import their library lazily: importing :mod:`tileops.signature` imports no torch.
 """
@@ -44,15 +46,22 @@ def _default_check(cond: Any, message: Callable[[], str]) -> None:
 
 class DTypeAdapter:
     """Maps spec dtype names to native dtypes. ``natives`` holds only the dtypes the library
-    has (numpy has no bfloat16)."""
+    has (numpy has no bfloat16). ``device`` is the attribute a tensor's device is read from
+    (the generated checks read ``t.<device>`` and compare the results with ``==``), or None
+    for a library without devices: its checks compare none and its records' device is None."""
 
     def __init__(
         self,
         name: str,
         natives: dict[str, Any],
         check: Callable[[Any, Callable[[], str]], None] = _default_check,
+        device: str | None = None,
     ) -> None:
+        if device is not None and not device.isidentifier():
+            raise ValueError(f"adapter {name!r}: device attribute {device!r} is not an "
+                             f"identifier")
         self.name = name
+        self.device = device
         self.natives = dict(natives)
         self.names = {v: k for k, v in self.natives.items()}
         self.itemsizes = {v: DTYPES[k] for k, v in self.natives.items()}
@@ -91,12 +100,12 @@ def torch_adapter() -> DTypeAdapter:
         def check(cond: Any, message: Callable[[], str]) -> None:
             torch._check(cond, message)
 
-        _cache["torch"] = DTypeAdapter("torch", natives, check)
+        _cache["torch"] = DTypeAdapter("torch", natives, check, device="device")
     return _cache["torch"]
 
 
 def numpy_adapter() -> DTypeAdapter:
-    """The adapter for ``numpy.ndarray``."""
+    """The adapter for ``numpy.ndarray``: no device (every array is on the host)."""
     if "numpy" not in _cache:
         import numpy as np
 

@@ -76,10 +76,9 @@ def emit_outputs(b: Body) -> None:
            for n in b.sig.inputs]
     ids = [f"d_{n}" if not (n in b.presence and not b.presence[n]) else "None"
            for n in b.sig.inputs]
-    first = next((n for n in b.sig.inputs if not (n in b.presence and not b.presence[n])),
-                 None)
-    # an op without tensor inputs has no device to read (its outputs go to the default)
-    device = f"t_{first}.device" if first and b.g.adapter.name == "torch" else "None"
+    # the call's device (see Body._devices); None without tensor inputs (outputs go to the
+    # default device) or for an adapter without devices
+    device = b.device_code
     for n in b.g.index_names:
         if n in b.g.lazy and b.by.get(n, "").split(".")[0] != b.g.lazy[n][0]:
             raise LazyConflict(n)

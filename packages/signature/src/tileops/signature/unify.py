@@ -1,7 +1,8 @@
 """The check body of one presence combination: every input unified with its declaration.
 
-For each given input in declared order, its dtype and then its shape are unified with the
-declaration folded at the point (:mod:`.fold`): the first occurrence of an index binds it,
+For each given input in declared order, its device is compared with the call's (the first
+given input's; an input declared ``device: any`` is left out), then its dtype and its shape
+are unified with the declaration folded at the point (:mod:`.fold`): the first occurrence of an index binds it,
 later ones must equal it; a variadic ``*S`` is sliced (lazily: the record keeps the whole
 shape and the bounds); an affine axis (``2 * H + 1``) is solved for its one unknown; an axis
 that binds nothing where it stands waits until later inputs have bound its indices. Then the
@@ -78,6 +79,7 @@ class Body:
         # axes that cannot be unified where they stand (two unknowns, a let, a non-affine
         # form): solved once later inputs bind their indices, or checked after the lets
         self.deferred: list[tuple[str, E.Node, str, str, str, str]] = []
+        self._devices()
         derive = mode == "derive"
         if not derive:
             self.lines.append("try:")
@@ -113,6 +115,38 @@ class Body:
         self.lines.append("except (AttributeError, TypeError, ArithmeticError, ValueError) as _e:")
         fid = self.g.fail(*self._missing_failure())
         self.lines.append(f"    raise _fail({fid}, locals()) from None")
+
+    def _devices(self) -> None:
+        """Which device each given input is compared with. The first given input not declared
+        ``device: any`` holds the call's device; each later one must be on it (one comparison
+        each), and only when there is a later one is the first's device kept in a local
+        (``dev_<input>``), which the record then reuses. ``device_code`` is the record's
+        device: that input's (else the first given input's, when every given one may be
+        anywhere), or None for an adapter without devices or a call without inputs."""
+        attr = self.g.adapter.device
+        given = [n for n in self.sig.inputs if self.presence.get(n, True)]
+        compared = [n for n in given if self.sig.inputs[n].device != "any"]
+        #: the input whose device the later compared ones must share (None: no comparison)
+        self.device_ref = compared[0] if attr and len(compared) > 1 else None
+        self.device_compared = frozenset(compared[1:]) if self.device_ref else frozenset()
+        first = compared[0] if compared else given[0] if given else None
+        self.device_code = ("None" if attr is None or first is None
+                            else f"dev_{first}" if self.device_ref else f"t_{first}.{attr}")
+
+    def unify_device(self, n: str, expected: str, path: str) -> None:
+        """Input ``n``'s device: kept (``dev_<n>``) when ``n`` is the reference, else compared
+        with the reference's (``expected`` names it); a plain check in every mode (a device
+        is static under tracing)."""
+        attr, ref = self.g.adapter.device, self.device_ref
+        if n == ref:
+            self.emit(f"dev_{n} = t_{n}.{attr}")
+        elif n in self.device_compared:
+            fid = self.fail_id(n, expected,
+                               lambda env, n=n, ref=ref, attr=attr:
+                               f"{n} is on {getattr(env[f't_{n}'], attr)}, {ref} on "
+                               f"{env[f'dev_{ref}']}: the tensors of one call must share a "
+                               f"device", path)
+            self.check_plain(f"t_{n}.{attr} == dev_{ref}", fid)
 
     def _missing_failure(self):
         names = [n for n in self.sig.inputs if not (n in self.presence
@@ -169,13 +203,16 @@ class Body:
         if not isinstance(shape, E.List | E.Tuple):
             raise GenError(f"shape of {n} ({decl.shape.text}) did not resolve to a list")
         expected = f"{n}: Tensor[{decl.dtype.text}, {E.unparse(E.List(shape.items))}]"
-        if E.unparse(E.List(shape.items)) != decl.shape.text:
-            expected += f"  (declared {decl.shape.text})"
+        declared = (f"  (declared {decl.shape.text})"
+                    if E.unparse(E.List(shape.items)) != decl.shape.text else "")
+        on_device = f"{expected} on {self.device_ref}'s device{declared}"
+        expected += declared
         self.forms[n] = shape if isinstance(shape, E.List) else E.List(shape.items)
         self.g.expected_inputs.setdefault(n, expected)
         if self.mode != "derive":  # derive has the record's stored reads
             self.emit(f"s_{n} = t_{n}.shape")
             self.emit(f"d_{n} = t_{n}.dtype")
+            self.unify_device(n, on_device, path)
         self.unify_dtype(n, decl, expected, path)
         items = list(shape.items)
         unknown = [i for i, it in enumerate(items) if isinstance(it, E.Starred)

@@ -96,12 +96,19 @@ class ParamDecl(Base, frozen=True):
 UNSET = msgspec.UNSET
 
 
+#: where an input may be: on the call's device (``same``) or on any device (``any``)
+Device = Literal["same", "any"]
+
+
 class InputDecl(Base, frozen=True):
     """An input tensor and its effects.
 
     ``optional`` (bool or predicate): the caller may omit it. ``mutated`` (bool or predicate):
     the op writes it. ``write_only``: a mutated input whose prior contents are not read.
     ``values``: a generator that fills a metadata tensor in workloads (``prefix_sum(q_lens)``).
+    ``device``: ``same`` (the default) when the input must be on the call's device, the device
+    of the call's other tensors; ``any`` for one that may be elsewhere (a CPU scalar tensor, a
+    host-side index tensor), which the call check then leaves out of the device comparison.
     """
 
     dtype: Expr
@@ -110,6 +117,7 @@ class InputDecl(Base, frozen=True):
     mutated: Expr = FALSE
     write_only: bool = False
     values: Expr | None = None
+    device: Device = "same"
     doc: str = ""
 
 

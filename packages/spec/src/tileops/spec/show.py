@@ -49,6 +49,8 @@ def render_signature(name: str, entry: OpEntry) -> str:
             marks.append("?" if d.optional.text in ("True", "true") else f"? if {d.optional.text}")
         if d.mutated.text not in ("False", "false"):
             marks.append("!" if d.mutated.text in ("True", "true") else f"! if {d.mutated.text}")
+        if d.device == "any":
+            marks.append("any device")
         ins.append(f"{n}: " + _tensor(d.dtype, d.shape) + (f" {{{', '.join(marks)}}}" if marks
                                                           else ""))
     outs = []
