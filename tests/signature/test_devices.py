@@ -19,6 +19,7 @@ from tileops.signature import (  # noqa: E402
     DTypeAdapter,
     SignatureCallError,
     SignaturePlan,
+    explain,
     numpy_adapter,
 )
 from tileops.spec import load_spec_text  # noqa: E402
@@ -162,6 +163,7 @@ def test_an_input_declared_device_any_is_exempt(spec) -> None:
               spec:     devices.yaml:33 (ScaledOp.signature.inputs.bias)""")
     source = p.source()
     assert "t_index.device" not in source and "t_scale.device" not in source
+    assert "  effects: index on any device; scale on any device" in explain(p.plan).splitlines()
 
 
 def test_when_every_input_may_be_anywhere_the_first_gives_the_device(spec) -> None:

@@ -56,6 +56,8 @@ def explain(target: SignaturePlan | tuple[str, OpEntry], *, code: bool = False,
             effects.append(f"writes {n}" + ("" if d.mutated.text == "True"
                                              else f" when {d.mutated.text}")
                            + (" (write-only)" if d.write_only else ""))
+        if d.device == "any":  # exempt from the call's device comparison
+            effects.append(f"{n} on any device")
     for n, d in sig.outputs.items():
         if d.alias:
             effects.append(f"{n} is {d.alias} when {d.alias} is written")
