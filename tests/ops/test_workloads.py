@@ -177,3 +177,15 @@ def test_compare_takes_the_worst_output_present_in_both() -> None:
 def test_every_tolerance_names_a_dtype() -> None:
     assert set(TOLERANCE) <= set(DTYPES)
     assert TOLERANCE["float32"] < TOLERANCE["float16"] < TOLERANCE["bfloat16"]
+
+
+def test_compare_refuses_a_call_that_returned_nothing_to_compare():
+    import torch
+
+    from tileops.ops.workloads import compare
+
+    ref = (torch.ones(3, dtype=torch.float64),)
+    assert compare((torch.ones(3),), ref) == 0.0
+    with pytest.raises(ValueError, match="returned none of the outputs to compare"):
+        compare((None,), ref)  # e.g. a contender that does not apply and returns None
+    assert compare((None,), (None,)) == 0.0  # nothing expected, nothing returned

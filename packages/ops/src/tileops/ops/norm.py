@@ -196,6 +196,8 @@ class FusedAddRMSNormFwdOp(RowNormOp):
 
         return fused_add_rms_norm
 
+    peers = {"liger": lambda op: _liger_fused_add(op)}
+
 
 class LayerNormFwdOp(RowNormOp):
     kind = RowNormKind.LAYER
@@ -255,11 +257,29 @@ def _liger_rms(op: RMSNormFwdOp) -> Any:
 
     def liger_rms_norm(x, weight=None):
         if weight is None:
-            return None
+            raise NotImplementedError("Liger's RMSNorm needs a weight")
         return LigerRMSNormFunction.apply(x, weight, eps if eps is not None
                                           else torch.finfo(x.dtype).eps)
 
     return liger_rms_norm
+
+
+def _liger_fused_add(op: FusedAddRMSNormFwdOp) -> Any:
+    try:
+        from liger_kernel.ops.fused_add_rms_norm import fused_add_rms_norm_forward
+    except ImportError:
+        return None
+    if op.inplace:
+        return None  # Liger's fused add writes new tensors
+    eps = op.eps
+
+    def liger_fused_add_rms_norm(x, residual, weight=None):
+        if weight is None:
+            raise NotImplementedError("Liger's fused add + RMSNorm needs a weight")
+        y, s = fused_add_rms_norm_forward(x, residual, weight, eps, 0.0, "llama")[:2]
+        return y, s
+
+    return liger_fused_add_rms_norm
 
 
 def _liger_layer(op: LayerNormFwdOp) -> Any:
@@ -273,7 +293,7 @@ def _liger_layer(op: LayerNormFwdOp) -> Any:
 
     def liger_layer_norm(x, weight=None, bias=None):
         if weight is None or bias is None:
-            return None
+            raise NotImplementedError("Liger's LayerNorm needs a weight and a bias")
         return LigerLayerNormFunction.apply(x, weight, bias, eps)
 
     return liger_layer_norm

@@ -406,7 +406,11 @@ def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def compare(outs: Sequence[Any], refs: Sequence[Any]) -> float:
     """The largest :func:`rel_l2` over the outputs present (not None) in both ``outs`` and
-    ``refs``, paired in order; 0.0 when no output is present in both."""
+    ``refs``, paired in order. A call that returned none of the outputs the reference has is
+    an error, not a match (a contender returning None would otherwise pass every check)."""
     errs = [rel_l2(o, r) for o, r in zip(outs, refs, strict=False)
             if o is not None and r is not None]
+    if not errs and any(r is not None for r in refs):
+        raise ValueError(f"returned none of the outputs to compare (got {len(outs)} "
+                         f"output{'s' if len(outs) != 1 else ''}, none a tensor)")
     return max(errs) if errs else 0.0
