@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import ast
 import importlib
+import json
 import os
+import re
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -92,8 +95,7 @@ def test_family_base_is_found_from_the_shipped_modules() -> None:
     assert family_base("scaffold_pointwise") is None
 
 
-def test_a_new_family_runs_green_through_the_reference_target(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _scaffold_pointwise(tmp_path: Path):
     spec_file = tmp_path / "pointwise.yaml"
     spec_file.write_text(POINTWISE)
     pkg = tmp_path / "scaffoldpkg"
@@ -101,6 +103,33 @@ def test_a_new_family_runs_green_through_the_reference_target(
     result = invoke("scaffold", "ScaffoldAddFwdOp", "--spec", str(spec_file), "--out",
                     str(ops_out), "--kernels-out", str(kernels_out), "--kernels-module",
                     "scaffoldpkg.pointwise_kernels")
+    return spec_file, ops_out, kernels_out, result
+
+
+def test_a_scaffolded_op_passes_the_generic_harness_with_no_hand_edits(tmp_path: Path) -> None:
+    """The whole generic harness (numerics on every workload, the signature's bad-input
+    corpus, compile, fake and meta tensors) run on the scaffolded op, untouched, through the
+    reference target, in a fresh interpreter pointed at it by TILEOPS_HARNESS."""
+    spec_file, ops_out, _, result = _scaffold_pointwise(tmp_path)
+    assert result.exit_code == 0, result.output
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ,
+           "TILEOPS_HARNESS": json.dumps({"specs": [str(spec_file)],
+                                          "modules": ["scaffoldpkg.pointwise"]}),
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "not cuda",
+         str(root / "tests" / "ops" / "harness")],
+        cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    tail = run.stdout[-3000:] + run.stderr[-2000:]
+    assert run.returncode == 0, tail
+    passed = re.search(r"(\d+) passed", run.stdout)
+    assert passed and int(passed.group(1)) >= 20, tail  # every category ran on the op
+
+
+def test_a_new_family_runs_green_through_the_reference_target(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec_file, ops_out, kernels_out, result = _scaffold_pointwise(tmp_path)
     assert result.exit_code == 0, result.output
     assert f"wrote {ops_out} and {kernels_out}" in result.output
     assert "todo: ScaffoldPointwiseGeneralKernel.__call__ raises NotImplementedError" in \

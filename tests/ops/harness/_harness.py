@@ -9,8 +9,11 @@ two tests the generated code against the spec it came from.
 
 from __future__ import annotations
 
+import importlib
 import itertools
+import json
 import operator
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +24,7 @@ import torch
 
 import tileops.ops
 from tileops.ops.workloads import Case, cases_of, rel_l2
-from tileops.runtime import Op, default_specs
+from tileops.runtime import Op, default_specs, register_specs
 from tileops.spec import EvalError, OpEntry, Scope, eval_shape, evaluate
 from tileops.spec.kinds import BoolK, DTypeK, EnumK
 
@@ -50,17 +53,42 @@ __all__ = [
 # --- the ops ----------------------------------------------------------------------------------
 
 
+#: The harness covers the shipped ops. ``TILEOPS_HARNESS`` (JSON: ``{"specs": [paths],
+#: "modules": [importable names]}``) points it at other ops instead: the spec files are
+#: registered, the modules imported, and their implemented entries' classes are the ops (how a
+#: scaffolded op is run through this very harness, tests/ops/test_scaffold.py).
+_ELSEWHERE = json.loads(os.environ.get("TILEOPS_HARNESS", "null"))
+if _ELSEWHERE is not None:
+    register_specs(*_ELSEWHERE["specs"])
+    _SOURCES = [importlib.import_module(m) for m in _ELSEWHERE["modules"]]
+    _SPEC_FILES = {Path(p).resolve() for p in _ELSEWHERE["specs"]}
+else:
+    _SOURCES = [tileops.ops]
+    _SPEC_FILES = None
+
+
 def _implemented_entries() -> dict[str, OpEntry]:
     """The ``status: implemented`` entries of the shipped spec files (those in
-    ``tileops.ops.SPEC_DIR``; specs a test registers elsewhere are not the library's)."""
+    ``tileops.ops.SPEC_DIR``; specs a test registers elsewhere are not the library's), or of
+    the files ``TILEOPS_HARNESS`` names."""
     specs = default_specs()
     root = Path(tileops.ops.SPEC_DIR).resolve()
     out = {}
     for name in specs.names():
         entry, spec_file, _ = specs.find(name)
-        if entry.status == "implemented" and Path(spec_file.path).resolve().parent == root:
+        path = Path(spec_file.path).resolve()
+        ours = path.parent == root if _SPEC_FILES is None else path in _SPEC_FILES
+        if entry.status == "implemented" and ours:
             out[name] = entry
     return out
+
+
+def _class_of(name: str) -> type[Op] | None:
+    for module in _SOURCES:
+        cls = getattr(module, name, None)
+        if isinstance(cls, type) and issubclass(cls, Op):
+            return cls
+    return None
 
 
 #: every implemented entry of the shipped specs, by name, in spec order
@@ -68,10 +96,7 @@ IMPLEMENTED: dict[str, OpEntry] = _implemented_entries()
 
 #: the op class of each implemented entry that :mod:`tileops.ops` exports under the entry's
 #: name (an entry without one fails ``test_numerics.test_every_implemented_entry_has_a_class``)
-OPS: dict[str, type[Op]] = {
-    n: cls for n in IMPLEMENTED
-    if isinstance(cls := getattr(tileops.ops, n, None), type) and issubclass(cls, Op)
-}
+OPS: dict[str, type[Op]] = {n: cls for n in IMPLEMENTED if (cls := _class_of(n)) is not None}
 
 
 # --- cases and tolerances ---------------------------------------------------------------------
