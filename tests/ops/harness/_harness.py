@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import tileops.ops
-from tileops.ops.workloads import Case, cases_of, rel_l2
+from tileops.ops.workloads import TOLERANCE, Case, cases_of, rel_l2
 from tileops.runtime import Op, default_specs, register_specs
 from tileops.spec import EvalError, OpEntry, Scope, eval_shape, evaluate
 from tileops.spec.kinds import BoolK, DTypeK, EnumK
@@ -109,22 +109,7 @@ OPS: dict[str, type[Op]] = {n: cls for n in IMPLEMENTED if (cls := _class_of(n))
 #: a row length that is a construction param is never scaled), and GEMM keeps its N.
 CPU_CAP = 2**14
 
-#: Relative L2 error allowed against the float64 reference, by dtype. The reference reads the
-#: same (already rounded) inputs, so only the op's own roundings count, and every output is
-#: rounded to its storage dtype once: unit roundoff u = 2^-8 (bfloat16), 2^-11 (float16),
-#: 2^-24 (float32), 2^-4 and 2^-3 (float8 e4m3 / e5m2). One rounding measures about 0.45 u
-#: (``tileops run``: 1.7e-3 bf16, 2.1e-4 fp16, 6e-8 fp32). The bounds leave room for an
-#: intermediate held in the storage dtype (bf16 2.6 u, fp16 4 u, float8 2 u) and, for float32,
-#: for sums over rows of up to 65536 elements, whose error grows with the row (170 u). float64
-#: is the reference's own precision. Integer and bool outputs must be exact.
-TOLERANCE: dict[str, float] = {
-    "bfloat16": 1e-2,
-    "float16": 2e-3,
-    "float32": 1e-5,
-    "float64": 1e-12,
-    "float8_e4m3fn": 1.25e-1,
-    "float8_e5m2": 2.5e-1,
-}
+# TOLERANCE: the library's own bounds (tileops.ops.workloads), which `tileops run` applies too
 
 
 def dtype_name(dtype: torch.dtype) -> str:
