@@ -262,10 +262,6 @@ def bench(ops: tuple[str, ...], against: str | None, device: str | None,
     CUDA graph replays. Writes JSON, a Markdown table and a PNG plot, and prints the table;
     exits 1 if an op fails a workload.
     """
-    if not no_plot:
-        problem = require_matplotlib()
-        if problem is not None:
-            raise click.ClickException(problem)
     if device is None:
         if not torch.cuda.is_available():
             raise click.ClickException(
@@ -275,6 +271,12 @@ def bench(ops: tuple[str, ...], against: str | None, device: str | None,
         device = "cuda"
     plan = prepare(ops, device, dtypes, workloads, max_elements, target)
     settings = Settings(resolve_against(against, plan), l2, repeat, compile_mode=compile_mode)
+    # the arguments first (their errors are the caller's to fix before anything else), then
+    # the plot's dependency, before any case runs
+    if not no_plot:
+        problem = require_matplotlib()
+        if problem is not None:
+            raise click.ClickException(problem)
     dev = plan.device
     p = peaks(dev)
 
