@@ -208,6 +208,28 @@ def test_target_without_a_builder_for_the_op(state, new_target) -> None:
     state.assert_failed_and_reset(op, before)
 
 
+@pytest.mark.parametrize("returned", [None, 3, "kernel"])
+def test_a_builder_that_returns_no_kernel_is_refused_at_once(state, new_target,
+                                                            returned) -> None:
+    name = new_target()
+
+    def broken(op, call):
+        return returned
+
+    register_builder(name, PlainScaleOp, broken)
+    op = PlainScaleOp(target=name)
+    before = state.snapshot(op)
+    with pytest.raises(TargetError) as info:
+        op(torch.ones(1))
+    assert str(info.value) == (
+        f"PlainScaleOp: the {name!r} target's builder "
+        f"'test_a_builder_that_returns_no_kernel_is_refused_at_once.<locals>.broken' returned "
+        f"{returned!r}, not a kernel (a callable taking the inputs, then the outputs to write)")
+    state.assert_failed_and_reset(op, before)
+    register_builder(name, PlainScaleOp, Recorder())  # fixed: the op is usable again
+    assert torch.equal(op(torch.ones(1)), torch.ones(1) * 2.0)
+
+
 def test_in_tree_asked_of_an_op_without_kernels(state) -> None:
     op = PlainScaleOp(target=IN_TREE)
     before = state.snapshot(op)

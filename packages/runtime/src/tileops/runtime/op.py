@@ -534,6 +534,11 @@ class Op(declared.Equivalents):
             # the builder this call was bound to: another thread's failing first call may have
             # reset the binding meanwhile; then the kernel serves this call and is not cached
             kernel = builder(self, call)
+            if not callable(kernel):  # refused now, not as "'NoneType' is not callable" later
+                raise TargetError(
+                    f"{type(self).__name__}: the {name!r} target's builder "
+                    f"{getattr(builder, '__qualname__', builder)!r} returned {kernel!r}, not a "
+                    f"kernel (a callable taking the inputs, then the outputs to write)")
             if self._tune_requested:
                 self._tune_target_kernel(kernel)
             if self._target_builder is builder:
