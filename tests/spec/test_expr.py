@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tileops.spec import expr as E
+from tileops.spec.bounds import MAX_INT
 from tileops.spec.expr import (
     Attr,
     BinOp,
@@ -372,7 +373,7 @@ DOTTED = st.lists(IDENT, min_size=1, max_size=3).map(".".join)
 
 LEAVES = st.one_of(
     st.builds(Name, IDENT),
-    st.builds(Int, st.integers(min_value=0)),
+    st.builds(Int, st.integers(min_value=0, max_value=MAX_INT)),
     st.builds(Float, st.floats(min_value=0.0, allow_nan=False, allow_infinity=False)),
     st.builds(Str, st.text(max_size=6)),
     st.builds(Bool, st.booleans()),

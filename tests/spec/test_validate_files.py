@@ -18,6 +18,7 @@ from tileops.spec import (
 from tileops.spec.validate import check_paths
 
 from . import (
+    test_bounds,
     test_validate_adts,
     test_validate_effects,
     test_validate_families,
@@ -38,7 +39,7 @@ from .validate_base import (
     types_edit,
 )
 
-RULE_MODULES = (test_validate_signature, test_validate_kinds, test_validate_families,
+RULE_MODULES = (test_validate_signature, test_validate_kinds, test_validate_families, test_bounds,
                 test_validate_effects, test_validate_workloads)
 
 

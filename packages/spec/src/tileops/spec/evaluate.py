@@ -6,25 +6,47 @@ the closed primitive table; nothing is handed to Python's ``eval``.
 
 Values: ``int`` (Dim, Int), ``float``, ``bool``, ``str`` (enum members and dtype names),
 ``tuple[int, ...]`` (Shape), ``None`` (an absent Maybe), :class:`AdtValue`.
+
+Every value it computes is held to the bounds of :mod:`.bounds`: an integer of at most
+``MAX_INT``, a finite real float, a sequence of at most ``MAX_SEQUENCE`` items. A power that
+would exceed them is refused before it is computed, and so is the repetition of a sequence
+or a string (``*`` takes numbers), so no expression, however written, costs more than a few
+machine operations a node. The signature package evaluates construction-time rules and lets
+through this interpreter, so op construction is bounded by the same checks.
 """
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from . import expr as E
+from .bounds import MAX_INT, MAX_POW_EXPONENT, MAX_SEQUENCE, int_in_range
 from .kinds import DTYPES
 from .primitives import GENERATORS, PRIMITIVES, PrimitiveError
 from .schema import TypeFamily
 
-__all__ = ["AdtValue", "EvalError", "Scope", "evaluate", "eval_shape", "family_case"]
+__all__ = [
+    "AdtValue",
+    "BoundError",
+    "EvalError",
+    "Scope",
+    "bound_error_of_constants",
+    "eval_shape",
+    "evaluate",
+    "family_case",
+]
 
 
 class EvalError(ValueError):
     """An expression that cannot be evaluated with the values given."""
+
+
+class BoundError(EvalError):
+    """A value that would exceed the bounds of :mod:`.bounds` (refused, not computed)."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +124,8 @@ def evaluate(node: E.Node, scope: Scope) -> Any:  # noqa: C901 - one case per no
                 if not isinstance(v, tuple | list):
                     raise EvalError(f"*{E.unparse(item.value)} needs a Shape, got {v!r}")
                 out.extend(v)
+                if len(out) > MAX_SEQUENCE:
+                    _bounded(out, node)
             else:
                 out.append(evaluate(item, scope))
         return tuple(out)
@@ -118,20 +142,20 @@ def evaluate(node: E.Node, scope: Scope) -> Any:  # noqa: C901 - one case per no
         except (IndexError, TypeError, KeyError) as exc:
             raise EvalError(f"{E.unparse(node)}: {exc}") from None
     if isinstance(node, E.Call):
-        return _call(node, scope)
+        return _bounded(_call(node, scope), node, items=True)
     if isinstance(node, E.UnaryOp):
         v = evaluate(node.operand, scope)
-        return (not v) if node.op == "not" else -v
+        if node.op == "not":
+            return not v
+        try:
+            return -v
+        except TypeError as exc:
+            raise EvalError(f"{E.unparse(node)}: {exc}") from None
     if isinstance(node, E.BinOp):
         a, b = evaluate(node.left, scope), evaluate(node.right, scope)
         if node.op == "|":
             raise EvalError("'|' builds kinds; it has no value")
-        try:
-            return _ARITH[node.op](a, b)
-        except ZeroDivisionError:
-            raise EvalError(f"{E.unparse(node)}: division by zero") from None
-        except TypeError as exc:
-            raise EvalError(f"{E.unparse(node)}: {exc}") from None
+        return _bounded(_arith(node, a, b), node)
     if isinstance(node, E.BoolOp):
         if node.op == "and":
             result: Any = True
@@ -166,6 +190,51 @@ def evaluate(node: E.Node, scope: Scope) -> Any:  # noqa: C901 - one case per no
     raise EvalError(f"{node} has no value")  # str(): a bare Starred does not unparse
 
 
+def _arith(node: E.BinOp, a: Any, b: Any) -> Any:
+    """``a op b``, refused before it is computed where the result could not be bounded."""
+    if node.op == "*" and (isinstance(a, str | tuple | list) or isinstance(b, str | tuple | list)):
+        raise BoundError(f"{E.unparse(node)}: '*' multiplies numbers; a "
+                        f"{type(a if isinstance(a, str | tuple | list) else b).__name__} "
+                        f"cannot be repeated")
+    if (node.op == "**" and isinstance(a, int) and isinstance(b, int)
+            and abs(a) >= 2 and b > MAX_POW_EXPONENT):
+        raise BoundError(f"{E.unparse(node)}: {a} ** {b} exceeds {MAX_INT} (2**63 - 1), the "
+                        f"largest integer a spec may compute")
+    try:
+        return _ARITH[node.op](a, b)
+    except ZeroDivisionError:
+        raise EvalError(f"{E.unparse(node)}: division by zero") from None
+    except OverflowError:
+        raise BoundError(f"{E.unparse(node)}: the result is too large for a float") from None
+    except TypeError as exc:
+        raise EvalError(f"{E.unparse(node)}: {exc}") from None
+
+
+def _bounded(v: Any, node: E.Node, items: bool = False) -> Any:
+    """``v``, the value of ``node``, if it is within the bounds; ``items``: check each item
+    of a sequence too (a primitive's result; an arithmetic one is never a sequence)."""
+    what = None
+    if isinstance(v, int) and not isinstance(v, bool):
+        if not int_in_range(v):
+            what = f"exceeds {MAX_INT} (2**63 - 1), the largest integer a spec may compute"
+    elif isinstance(v, float):
+        if not math.isfinite(v):
+            what = f"is {v}, not a finite number"
+    elif isinstance(v, complex):
+        what = "is a complex number"
+    elif isinstance(v, tuple | list):
+        if len(v) > MAX_SEQUENCE:
+            what = f"has {len(v)} items; at most {MAX_SEQUENCE} are allowed"
+        elif items:
+            for x in v:
+                if isinstance(x, int) and not int_in_range(x):
+                    what = f"holds an item that exceeds {MAX_INT} (2**63 - 1)"
+                    break
+    if what is not None:
+        raise BoundError(f"{E.unparse(node)}: the value {what}")
+    return v
+
+
 def _call(node: E.Call, scope: Scope) -> Any:
     prim = PRIMITIVES.get(node.func)
     if prim is None and scope.generators:
@@ -191,6 +260,38 @@ def _call(node: E.Call, scope: Scope) -> Any:
         raise EvalError(f"{E.unparse(node)}: {exc}") from None
     except (TypeError, ValueError) as exc:
         raise EvalError(f"{E.unparse(node)}: {exc}") from None
+
+
+def bound_error_of_constants(node: E.Node) -> BoundError | None:
+    """The first bound broken by a part of ``node`` that names nothing (``9 ** 9 ** 9`` in
+    ``M * 9 ** 9 ** 9``), or None. The validator calls it on every expression it checks, so
+    a constant beyond the bounds is refused at its line whether or not any workload reaches
+    it; the parts are evaluated largest first, each at most once."""
+    stack = [node]
+    while stack:
+        sub = stack.pop()
+        if not E.names(sub) and not isinstance(sub, E.Starred):
+            try:
+                evaluate(sub, Scope({}))
+            except BoundError as err:
+                return err
+            except EvalError:
+                pass  # not a value (a kind, a string operation): other rules judge it
+            continue
+        stack.extend(_children(sub))
+    return None
+
+
+def _children(node: E.Node) -> list[E.Node]:
+    out: list[E.Node] = []
+    for f in node.__struct_fields__:
+        v = getattr(node, f)
+        if isinstance(v, E.Node):
+            out.append(v)
+        elif isinstance(v, tuple):
+            out.extend(x[1] if isinstance(x, tuple) else x for x in v
+                       if isinstance(x, E.Node | tuple))
+    return out
 
 
 def family_case(fam: TypeFamily, values: Mapping[str, Any]) -> E.Node:

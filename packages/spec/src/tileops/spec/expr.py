@@ -52,6 +52,8 @@ from collections.abc import Iterator
 
 import msgspec
 
+from .bounds import MAX_EXPR_CHARS, MAX_EXPR_DEPTH, MAX_INT, int_in_range
+
 __all__ = [
     "Attr",
     "BinOp",
@@ -152,6 +154,9 @@ class Int(Node, frozen=True):
         v = self.value
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise ValueError(f"Int holds a non-negative int, got {v!r}")
+        if not int_in_range(v):
+            raise ValueError(f"Int holds an int of at most {MAX_INT} (2**63 - 1), got one of "
+                             f"{v.bit_length()} bits")
 
 
 class Float(Node, frozen=True):
@@ -382,6 +387,9 @@ def parse(text: str) -> Node:
     source = text.strip()
     if not source:
         raise ExprSyntaxError(text, "the expression is empty")
+    if len(source) > MAX_EXPR_CHARS:
+        raise ExprSyntaxError(_clip(source), f"the expression is {len(source)} characters "
+                              f"long; at most {MAX_EXPR_CHARS} are allowed (split it into lets)")
     try:
         tree = ast.parse(source, mode="eval")
     except SyntaxError as exc:
@@ -391,7 +399,27 @@ def parse(text: str) -> Node:
             col, msg = 0, ("a starred item is not an expression by itself; it stands inside "
                            "[...], (...) or a call's arguments")
         raise ExprSyntaxError(text, msg, col) from None
+    _check_depth(tree.body, source)
     return _from_py(tree.body, source)
+
+
+def _clip(source: str) -> str:
+    """The start of a text too long to quote whole in a message."""
+    return source if len(source) <= 60 else source[:60] + "..."
+
+
+def _check_depth(root: ast.expr, src: str) -> None:
+    """Refuse a tree deeper than MAX_EXPR_DEPTH, walked without recursion (the conversion,
+    printer and evaluator that follow are recursive)."""
+    stack: list[tuple[ast.AST, int]] = [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_EXPR_DEPTH:
+            raise ExprSyntaxError(_clip(src), f"the expression nests deeper than "
+                                  f"{MAX_EXPR_DEPTH} levels (split it into lets)",
+                                  getattr(node, "col_offset", None))
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node)
+                     if isinstance(child, ast.expr | ast.keyword))
 
 
 def _reject(src: str, node: ast.AST, what: str) -> ExprSyntaxError:
@@ -410,6 +438,9 @@ def _from_py(node: ast.AST, src: str) -> Node:  # noqa: C901 - one case per node
         if isinstance(v, bool):
             return Bool(v)
         if isinstance(v, int):
+            if not int_in_range(v):
+                raise ExprSyntaxError(_clip(src), f"an integer literal is at most {MAX_INT} "
+                                      f"(2**63 - 1)", node.col_offset)
             return Int(v)
         if isinstance(v, float):
             if not math.isfinite(v):

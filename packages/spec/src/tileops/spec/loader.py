@@ -11,6 +11,10 @@ ways. The loader here:
   ``norm.yaml:41: in RMSNormFwdOp.signature.inputs.x.shape: ...``;
 - converts entry by entry and field by field, so an error names the entry, not ``[...]``
   (:mod:`.convert`).
+- holds the file to the bounds of :mod:`.bounds` before anything walks it: its size, its
+  nesting (checked as it is composed, so a ten-thousand-deep list never reaches the
+  recursive code) and the size and depth of the tree once every alias is expanded (so an
+  alias bomb is refused in time linear in the text), and every integer to ``MAX_INT``;
 - applies the file's ``families:`` block (:mod:`.family_blocks`): an entry takes its
   family's status, and a workload item naming a grid is expanded into plain workloads.
 """
@@ -24,6 +28,7 @@ from typing import Any
 import msgspec
 import yaml
 
+from .bounds import MAX_INT, MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, int_in_range
 from .convert import Lines, LocatedMap, LocatedSeq, convert, fail, join_path, plain
 from .errors import Diagnostic, SpecLoadError
 from .family_blocks import (
@@ -49,10 +54,39 @@ class _Trap(Exception):
         self.message = message
 
 
+class _Bound(Exception):
+    """A bound of :mod:`.bounds` broken at a line: reported without an entry path, since
+    finding one would walk the very tree the bound keeps anything from walking."""
+
+    def __init__(self, line: int, message: str) -> None:
+        self.line = line
+        self.message = message
+
 
 def _make_loader():
     class Loader(yaml.SafeLoader):
-        pass
+        depth = 0
+
+        def compose_node(self, parent, index):
+            """Compose one node, refusing nesting deeper than MAX_YAML_DEPTH before the
+            composer (recursive) goes deeper."""
+            if self.depth >= MAX_YAML_DEPTH:
+                raise _Bound(self.peek_event().start_mark.line + 1,
+                             f"the YAML nests deeper than {MAX_YAML_DEPTH} levels")
+            self.depth += 1
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def fetch_flow_collection_start(self, token_class):
+            """Refuse flow nesting (``[[[...``) deeper than MAX_YAML_DEPTH as it is scanned:
+            the scanner looks ahead up to 1024 characters for a key, and its cost grows with
+            the square of the flow levels open, so the composer's check alone comes late."""
+            if self.flow_level >= MAX_YAML_DEPTH:
+                raise _Bound(self.get_mark().line + 1,
+                             f"the YAML nests deeper than {MAX_YAML_DEPTH} levels")
+            super().fetch_flow_collection_start(token_class)
 
     def construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> LocatedMap:
         loader.flatten_mapping(node)
@@ -103,6 +137,16 @@ def _make_loader():
             )
         return loader.construct_yaml_bool(node)
 
+    def construct_int_checked(loader: Loader, node: yaml.ScalarNode):
+        # An integer's text is bounded before it is converted (int() of a long text is
+        # quadratic); 2**63 - 1 has 19 digits, and 64 characters leave room for '_' and '0x'.
+        value = loader.construct_yaml_int(node) if len(node.value) <= 64 else None
+        if value is None or not int_in_range(value):
+            raise _Trap(node, f"an integer is at most {MAX_INT} (2**63 - 1), got "
+                        f"{node.value[:40]}{'...' if len(node.value) > 40 else ''}")
+        return value
+
+    Loader.add_constructor("tag:yaml.org,2002:int", construct_int_checked)
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, construct_sequence)
     Loader.add_constructor("tag:yaml.org,2002:str", construct_scalar_checked)
@@ -114,8 +158,20 @@ _Loader = _make_loader()
 
 
 def _read_yaml(text: str, file: str) -> Any:
+    size = len(text.encode("utf-8"))
+    if size > MAX_SPEC_BYTES:
+        raise SpecLoadError(Diagnostic(
+            file, text.encode("utf-8")[:MAX_SPEC_BYTES].count(b"\n") + 1, "",
+            f"the file is {size} bytes; a spec file is at most {MAX_SPEC_BYTES}", "yaml"))
+    loader = _Loader(text)
     try:
-        return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_expanded(node)
+        return loader.construct_document(node)
+    except _Bound as bound:
+        raise SpecLoadError(Diagnostic(file, bound.line, "", bound.message, "yaml")) from None
     except _Trap as trap:
         path = _path_at(text, trap.index)
         raise SpecLoadError(Diagnostic(file, trap.line, path, trap.message, "yaml")) from None
@@ -124,6 +180,47 @@ def _read_yaml(text: str, file: str) -> Any:
         line = mark.line + 1 if mark else None
         msg = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise SpecLoadError(Diagnostic(file, line, "", f"YAML syntax: {msg}", "yaml")) from None
+    finally:
+        loader.dispose()
+
+
+def _check_expanded(root: yaml.Node) -> None:
+    """Refuse a tree that, with every alias replaced by the node it names, has more than
+    MAX_YAML_NODES nodes, nests deeper than MAX_YAML_DEPTH, or contains itself. Each
+    distinct node is visited once (an alias is the same node object as its anchor), so an
+    alias bomb costs what its text does."""
+    done: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded depth)
+    open_: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        key = id(node)
+        if key in done:
+            continue
+        children = ([c for kv in node.value for c in kv] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        line = node.start_mark.line + 1
+        if not finished:
+            if key in open_:
+                raise _Bound(line, "an alias names a node that contains it")
+            open_.add(key)
+            stack.append((node, True))
+            for child in children:
+                if id(child) in open_ and id(child) not in done:
+                    raise _Bound(child.start_mark.line + 1,
+                                 "an alias names a node that contains it")
+                stack.append((child, False))
+            continue
+        open_.discard(key)
+        size = 1 + sum(done[id(c)][0] for c in children)
+        depth = 1 + max((done[id(c)][1] for c in children), default=0)
+        if size > MAX_YAML_NODES:
+            raise _Bound(line, f"with its aliases expanded, the YAML here has more than "
+                         f"{MAX_YAML_NODES} nodes")
+        if depth > MAX_YAML_DEPTH:
+            raise _Bound(line, f"with its aliases expanded, the YAML here nests deeper than "
+                         f"{MAX_YAML_DEPTH} levels")
+        done[key] = (size, depth)
 
 
 def _path_at(text: str, index: int) -> str:
@@ -234,9 +331,18 @@ def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDe
     return tuple(rows)
 
 
+def _read_file(p: Path) -> str:
+    """The text of a spec file, refused by its size before it is read."""
+    size = p.stat().st_size
+    if size > MAX_SPEC_BYTES:
+        raise SpecLoadError(Diagnostic(str(p), None, "", f"the file is {size} bytes; a spec "
+                                       f"file is at most {MAX_SPEC_BYTES}", "yaml"))
+    return p.read_text(encoding="utf-8")
+
+
 def load_spec_file(path: str | Path) -> SpecFile:
     p = Path(path)
-    return load_spec_text(p.read_text(encoding="utf-8"), str(p))
+    return load_spec_text(_read_file(p), str(p))
 
 
 def load_types_text(text: str, file: str = "<string>") -> tuple[TypesFile, dict[str, int]]:
@@ -249,4 +355,4 @@ def load_types_text(text: str, file: str = "<string>") -> tuple[TypesFile, dict[
 
 def load_types_file(path: str | Path) -> tuple[TypesFile, dict[str, int]]:
     p = Path(path)
-    return load_types_text(p.read_text(encoding="utf-8"), str(p))
+    return load_types_text(_read_file(p), str(p))

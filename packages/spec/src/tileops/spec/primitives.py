@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from .bounds import MAX_SEQUENCE
 from .kinds import (
     DTYPES,
     BoolK,
@@ -262,20 +263,29 @@ def cumsum(xs: Sequence[int]) -> list[int]:
     return out
 
 
+def _length(n: int, what: str) -> int:
+    """``n`` as the length of a generated sequence: at most MAX_SEQUENCE, checked before
+    anything is built."""
+    if n > MAX_SEQUENCE:
+        raise PrimitiveError(f"{what} would build {n} items; at most {MAX_SEQUENCE} are allowed")
+    return n
+
+
 def balanced_sizes(total: int, groups: int) -> list[int]:
     """``total`` split into ``groups`` sizes that differ by at most one."""
     if groups <= 0:
         raise PrimitiveError(f"balanced_sizes needs groups > 0, got {groups}")
+    _length(groups, "balanced_sizes")
     q, r = divmod(total, groups)
     return [q + (1 if i < r else 0) for i in range(groups)]
 
 
 def arange(n: int) -> list[int]:
-    return list(range(n))
+    return list(range(_length(n, "arange")))
 
 
 def full(n: int, value: int) -> list[int]:
-    return [value] * n
+    return [value] * _length(n, "full")
 
 
 GENERATORS: dict[str, Primitive] = {

@@ -21,6 +21,9 @@ Rules (each :class:`~tileops.spec.errors.Diagnostic` carries its rule id):
 ``adt``           ADT constructors have valid field kinds, a Python class path and a Bool
                   invariant.
 ``composition``   stages are uniquely named and name known ops.
+``bounds``        no part of an expression that names nothing computes a value beyond the
+                  bounds of :mod:`tileops.spec.bounds` (``9 ** 9 ** 9``); the loader and the
+                  evaluator hold the rest of a spec to them.
 
 One module a concern: :mod:`.infer` (the kinds of expressions), :mod:`.values` (YAML values
 against kinds), :mod:`.signature` (index sources, defaults, let, refinements, roofline,
@@ -55,4 +58,5 @@ RULES = (
     "default",
     "adt",
     "composition",
+    "bounds",
 )

@@ -11,6 +11,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from ..errors import Diagnostic
+from ..evaluate import bound_error_of_constants
 from ..kinds import BoolK, DTypeK, Kind, KindError, ShapeK, is_numeric, kind_from_expr
 from ..schema import AdtDef, Expr, OpEntry, SpecFile
 from .infer import InferError, KindInference
@@ -95,6 +96,10 @@ class EntryContext:
             k = self.kinds(scope, generators).infer(ex.node)
         except InferError as err:
             self.report.add(path, f"{ex.text!r}: {err.message}", err.rule)
+            return None
+        bound = bound_error_of_constants(ex.node)
+        if bound is not None:
+            self.report.add(path, f"{ex.text!r}: {bound}", "bounds")
             return None
         bad = (
             (want == "bool" and not isinstance(k, BoolK))
