@@ -6,6 +6,7 @@ so the whole file stays fast on a small CPU machine.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import math
@@ -20,7 +21,7 @@ from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
 from tileops.ops.cli import main
 from tileops.ops.cli.scaffold import ScaffoldError, scaffold_source
 from tileops.ops.workloads import cases
-from tileops.runtime import REFERENCE, Kernel, default_specs
+from tileops.runtime import REFERENCE, Kernel, Op, default_specs
 from tileops.spec import load_spec_text
 
 NO_CUDA = not torch.cuda.is_available()
@@ -132,10 +133,106 @@ def test_what_a_run_prints_stays_off_stdout(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_an_op_that_fails_is_reported_and_exits_nonzero(monkeypatch: pytest.MonkeyPatch) -> None:
-    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--target", "tileops", "--device",
+    right = RMSNormFwdOp.reference
+
+    def broken(op, call, *xs):  # the float64 reference works; the served call does not
+        if xs[0].dtype != torch.float64:
+            raise RuntimeError(f"{type(op).__name__}: kernel exploded")
+        return right(op, call, *xs)
+
+    monkeypatch.setattr(RMSNormFwdOp, "reference", broken)
+    result = invoke("run", "RMSNormFwdOp", "-w", "tiny-n7", "--target", "reference", "--device",
                     "cpu", *TINY)
     assert result.exit_code == 1
-    assert "error" in result.stdout and "FAILED RMSNormFwdOp tiny-n7" in result.stdout
+    # the row names the op; the op's own message, which starts with its name, follows once
+    assert "FAILED RMSNormFwdOp tiny-n7 bfloat16: RuntimeError: kernel exploded\n" in result.stdout
+    assert "RMSNormFwdOp: kernel" not in result.stdout
+
+
+def test_a_row_names_its_op_once() -> None:
+    from tileops.ops.cli.runner import run_case
+
+    (case,) = [c for c in cases("RMSNormFwdOp", RMSNormFwdOp._signature.entry, {},
+                                labels=["tiny-n7"]) if c.dtype == "float32"]
+    bad = dataclasses.replace(case, params={"normalized_shape": []})
+    error = run_case(RMSNormFwdOp, bad, torch.device("cpu"), repeat=1).result.error
+    assert error.startswith("construction: ConstructionError: construction param "
+                            "normalized_shape does not match the signature\n")
+
+
+def test_describe_leaves_out_the_op_name_the_context_gives() -> None:
+    from tileops.ops.cli.bench import _first_line
+    from tileops.ops.cli.core import describe, without_op
+
+    assert without_op("RMSNormFwdOp", "RMSNormFwdOp: eps is None") == "eps is None"
+    assert without_op("RMSNormFwdOp", "RMSNormFwdOpX: y") == "RMSNormFwdOpX: y"
+    assert without_op("RMSNormFwdOp", "row_norm_fwd: no kernel") == "row_norm_fwd: no kernel"
+    assert describe("GemmFwdOp", ValueError("GemmFwdOp: bad")) == "ValueError: bad"
+    assert _first_line("GemmFwdOp", RuntimeError("GemmFwdOp: bad\nmore")) == "RuntimeError: bad"
+
+
+@pytest.mark.skipif(not NO_CUDA, reason="checks a machine without CUDA")
+def test_a_target_that_cannot_serve_is_refused_once() -> None:
+    result = invoke("run", "RMSNormFwdOp", "--target", "tileops", *TINY)
+    assert result.exit_code == 2
+    assert result.output.endswith(
+        "Error: --target tileops cannot serve RMSNormFwdOp on cpu: the in-tree kernels run on "
+        "cuda only; targets that can: reference\n")
+    result = invoke("run", "--target", "tileops", *TINY)
+    assert result.exit_code == 2
+    assert result.output.endswith(
+        "Error: --target tileops cannot serve any op on cpu: GemmFwdOp, RMSNormFwdOp, "
+        "FusedAddRMSNormFwdOp, LayerNormFwdOp: the in-tree kernels run on cuda only\n")
+    result = invoke("bench", "LayerNormFwdOp", "--device", "cpu", "--target", "tileops")
+    assert result.exit_code == 2
+    assert "--target tileops cannot serve LayerNormFwdOp on cpu" in result.output
+
+
+def test_serving_problem_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tileops.ops import GemmFwdOp
+    from tileops.ops.cli import core
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert core.serving_problem(RMSNormFwdOp, REFERENCE, cpu) is None
+    assert core.serving_problem(RMSNormFwdOp, "tileops", cpu) == (
+        "the in-tree kernels run on cuda only")
+    monkeypatch.setattr(core, "_arch", lambda device: (7, 5))
+    monkeypatch.setattr(core, "_tilelang_importable", lambda: True)
+    assert core.serving_problem(RMSNormFwdOp, "tileops", cuda) == (
+        "no in-tree kernel supports sm_75 (they support sm_80, sm_86, sm_89, sm_90)")
+    monkeypatch.setattr(core, "_arch", lambda device: (9, 0))
+    assert core.serving_problem(GemmFwdOp, "tileops", cuda) is None
+    monkeypatch.setattr(core, "_tilelang_importable", lambda: False)
+    assert core.serving_problem(GemmFwdOp, "tileops", cuda) == (
+        "the in-tree kernels need TileLang, which is not installed")
+
+    class NoKernels(RMSNormFwdOp, entry="RMSNormFwdOp"):
+        kernel_types = {}
+        reference = Op.reference  # declares none, so the reference target has no builder
+
+    assert core.serving_problem(NoKernels, "tileops", cpu) == "the op has no in-tree kernels"
+    assert core.serving_problem(NoKernels, REFERENCE, cpu) == (
+        "the target has no builder for the op")
+    monkeypatch.setattr(core.targets, "target_devices", lambda name: ("cuda", "xpu"))
+    assert core.serving_problem(RMSNormFwdOp, REFERENCE, cpu) == (
+        "the target runs on cuda, xpu only")
+
+
+def test_an_unnamed_op_the_target_cannot_serve_is_left_out(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from tileops.ops.cli import driver
+
+    monkeypatch.setattr(driver, "serving_problem", lambda cls, target, device: (
+        "it is refused here" if cls is LayerNormFwdOp else None))
+    result = invoke("run", "--target", "reference", "-w", "tiny-n7", "--json", *TINY)
+    assert result.exit_code == 0, result.output
+    assert ("left out LayerNormFwdOp: --target reference cannot serve it on cpu: it is refused "
+            "here\n") in result.stderr
+    ops = {r["op"] for r in json.loads(result.stdout)["results"]}
+    assert ops == {"RMSNormFwdOp", "FusedAddRMSNormFwdOp"}
+    result = invoke("run", "--dtype", "fp32", "-w", "tiny-n7", "--json", *TINY)
+    assert result.exit_code == 0, result.output
+    assert "left out GemmFwdOp: it accepts no float32\n" in result.stderr
 
 
 def test_in_tree_kernels_that_fail_fall_back_to_the_reference_target() -> None:
@@ -183,11 +280,19 @@ def test_cuda_without_a_gpu_lists_the_valid_devices() -> None:
     assert "device 'cuda' is not available on this machine; valid here: cpu" in result.output
 
 
-def test_unknown_dtype_lists_the_valid_ones() -> None:
+def test_unknown_dtype_lists_the_dtypes_the_ops_take() -> None:
+    # only what some op at hand takes (no int8, float64 or complex), with the aliases of those
     result = invoke("run", "--dtype", "float13")
     assert result.exit_code == 2
-    assert "unknown dtype 'float13'; valid: " in result.output
-    assert "bfloat16" in result.output and "fp16 (float16)" in result.output
+    assert result.output.endswith(
+        "Error: unknown dtype 'float13'; valid: float16, bfloat16, float32, bf16 (bfloat16), "
+        "fp16 (float16), half (float16), fp32 (float32), float (float32); did you mean "
+        "float32, float16 or float?\n")
+    result = invoke("run", "GemmFwdOp", "--dtype", "bf-16")
+    assert result.exit_code == 2
+    assert result.output.endswith(
+        "Error: unknown dtype 'bf-16'; valid: float16, bfloat16, bf16 (bfloat16), fp16 "
+        "(float16), half (float16); did you mean bf16, fp16 or bfloat16?\n")
 
 
 def test_a_dtype_the_op_does_not_take() -> None:
@@ -301,13 +406,60 @@ def test_explain() -> None:
     assert "s_x[-1] == 8" in code
 
 
+def test_explain_lists_every_workload_as_expanded() -> None:
+    # the family grid's rows (m1-n4096 ... tiny-n7) read like the entry's own rows
+    out = invoke("explain", "LayerNormFwdOp").output
+    entry = default_specs().find("LayerNormFwdOp")[0]
+    assert f"  workloads ({len(entry.workloads)}):\n" in out
+    for w in entry.workloads:
+        assert f"\n    {w.label} " in out
+    assert ("\n    m2048-n4096    B=[2048], normalized_shape=[4096]    with weight, bias       "
+            "T=bfloat16 | T=float16\n") in out
+    assert ("\n    no-affine      B=[2048], normalized_shape=[4096]    with no weight or bias  "
+            "T=float32\n") in out
+    out = invoke("explain", "GemmFwdOp").output  # no optional input: no presence column
+    assert "\n    square-4k-tt            M=4096, N=4096, K=4096, trans_a=True, trans_b=True  " \
+           "T=bfloat16\n" in out
+    assert "\n    odd-1000                M=1000, N=1000, K=1000                              " \
+           "T=bfloat16\n" in out
+
+
+def test_explain_constructs_through_the_op_class() -> None:
+    # RMSNormFwdOp(normalized_shape=7) works from Python (the row norms take an int as torch
+    # does), so it works here; a JSON value, else a Python literal
+    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape=7")
+    assert result.exit_code == 0, result.output
+    assert "# generated code at (normalized_shape=7)\n" in result.output
+    assert "s_x[-1] == 7" in result.output
+    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape=(7, 3)",
+                    "--param", "eps=None")
+    assert result.exit_code == 0, result.output
+    assert "# generated code at (normalized_shape=(7, 3), eps=None)\n" in result.output
+    assert "s_x[-2] == 7" in result.output
+
+
 def test_explain_bad_input() -> None:
     result = invoke("explain", "LayerNormOp")
-    assert result.exit_code == 2 and "did you mean LayerNormFwdOp" in result.output
+    assert result.exit_code == 2
+    assert "\nError: unknown op 'LayerNormOp'; did you mean LayerNormFwdOp" in result.output
+    assert result.output.endswith("? (tileops list shows them all)\n")
     result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "nope=1")
-    assert result.exit_code == 2 and "RMSNormFwdOp has no param 'nope'" in result.output
-    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape=[]")
-    assert result.exit_code == 2 and "normalized_shape" in result.output
+    assert result.exit_code == 2
+    assert result.output.endswith(
+        "Error: RMSNormFwdOp has no param 'nope'; params: normalized_shape, eps\n")
+    result = invoke("explain", "RMSNormFwdOp", "--code", "--param", "normalized_shape")
+    assert result.exit_code == 2
+    assert result.output.endswith("Error: --param takes NAME=VALUE, got 'normalized_shape'\n")
+    # the op's refusal names the op once
+    for value, head in [("[]", "construction param normalized_shape does not match the "
+                               "signature\n  expected: len(normalized_shape) > 0\n"),
+                        ("[-1]", "construction param normalized_shape does not match the "
+                                 "signature\n  expected: normalized_shape: Shape\n")]:
+        result = invoke("explain", "RMSNormFwdOp", "--code", "--param",
+                        f"normalized_shape={value}")
+        assert result.exit_code == 2
+        assert f"\nError: RMSNormFwdOp: {head}" in result.output
+        assert result.output.count("RMSNormFwdOp:") == 1, result.output
 
 
 def test_check_shipped_specs() -> None:

@@ -42,7 +42,7 @@ import torch
 from tileops.runtime import Op
 
 from ..workloads import Case, as_outputs, clone_inputs, compare
-from .core import UsageProblem, closest, did_you_mean, split_list
+from .core import UsageProblem, closest, did_you_mean, split_list, without_op
 from .driver import Plan, case_options, env_header, prepare, run_cases, usage
 from .report import (
     ContenderResult,
@@ -109,8 +109,10 @@ def cold_l2(cls: type[Op], policy: str) -> bool:
     return policy == "cold"
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
+def _first_line(op: str, exc: BaseException) -> str:
+    """The type and first line of ``exc``, for a note under ``op``'s table (the op's name it
+    may begin with left out: the table names the op)."""
+    text = without_op(op, str(exc).strip())
     return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
@@ -163,7 +165,7 @@ def bench_case(case: Case, ran: Ran, device: torch.device, settings: Settings,
         try:
             _time(op, sets, device, settings.iters, ours)
         except Exception as exc:  # noqa: BLE001 - the row reports it
-            res.error = f"timing: {_first_line(exc)}"
+            res.error = f"timing: {_first_line(res.op, exc)}"
         res.time_s = ours.time_s
         res.extra["timing"] = ours
     declared = op.contenders()
@@ -197,7 +199,7 @@ def bench_case(case: Case, ran: Ran, device: torch.device, settings: Settings,
             say(f"{name}: timing")
             _time(fn, sets, device, settings.iters, row)
         except Exception as exc:  # noqa: BLE001 - reported in the results
-            row.error = _first_line(exc)
+            row.error = _first_line(res.op, exc)
     return out
 
 

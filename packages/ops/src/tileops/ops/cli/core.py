@@ -24,6 +24,7 @@ __all__ = [
     "available_devices",
     "closest",
     "default_device",
+    "describe",
     "did_you_mean",
     "in_tree_first",
     "op_classes",
@@ -31,10 +32,12 @@ __all__ = [
     "parse_dtype",
     "parse_target",
     "resolve_ops",
+    "serving_problem",
     "shipped_op_names",
     "split_list",
     "targets_here",
     "version",
+    "without_op",
 ]
 
 #: short dtype names accepted on the command line
@@ -71,6 +74,20 @@ def did_you_mean(near: Sequence[str]) -> str:
         return ""
     text = near[0] if len(near) == 1 else f"{', '.join(near[:-1])} or {near[-1]}"
     return f"; did you mean {text}?"
+
+
+def without_op(op: str, text: str) -> str:
+    """``text`` without a leading ``"<op>: "``. An op's own errors start with its name
+    (``RMSNormFwdOp: construction param ...``); where the context names the op already (a row
+    of the op, a message that starts with it) the name would read twice."""
+    head = f"{op}: "
+    return text[len(head):] if text.startswith(head) else text
+
+
+def describe(op: str, exc: BaseException) -> str:
+    """``"<Type>: <message>"`` of an exception raised for ``op``, its leading op name left
+    out (:func:`without_op`): the text of a row or a note that already names the op."""
+    return f"{type(exc).__name__}: {without_op(op, str(exc))}"
 
 
 # --- ops ------------------------------------------------------------------------------------
@@ -170,13 +187,18 @@ def parse_device(text: str) -> torch.device:
     return dev
 
 
-def parse_dtype(text: str) -> str:
+def parse_dtype(text: str, accepted: Sequence[str] | None = None) -> str:
+    """The dtype name ``text`` spells (an alias, ``torch.`` prefixed or not). An unknown
+    name's message lists ``accepted`` (the dtypes the ops at hand take, with the aliases that
+    spell them) rather than every dtype the spec language knows, most of which no op takes."""
     name = ALIASES.get(text.lower(), text.lower())
     if name.startswith("torch."):
         name = name[len("torch."):]
     if name not in DTYPES:
-        valid = ", ".join([*DTYPES, *(f"{a} ({b})" for a, b in ALIASES.items())])
-        raise UsageProblem(f"unknown dtype {text!r}; valid: {valid}")
+        shown = list(DTYPES) if accepted is None else [d for d in DTYPES if d in accepted]
+        aliases = [f"{a} ({b})" for a, b in ALIASES.items() if b in shown]
+        raise UsageProblem(f"unknown dtype {text!r}; valid: {', '.join([*shown, *aliases])}"
+                           f"{_did_you_mean(text, [*shown, *ALIASES])}")
     return name
 
 
@@ -184,35 +206,49 @@ def _tilelang_importable() -> bool:
     return importlib.util.find_spec("tilelang") is not None
 
 
+def _arch(device: torch.device) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(device))
+
+
+def serving_problem(cls: type[Op], target: str, device: torch.device) -> str | None:
+    """Why ``target`` cannot serve ``cls`` on ``device`` (None when it can): the in-tree
+    kernels (``tileops``) where none runs on the device's type, or TileLang is missing, or no
+    kernel supports the GPU's architecture; a registered target where it has no builder for
+    the op or does not run on the device. The text names neither the op nor the target (and
+    reads the same for several ops), so a caller puts it after both."""
+    if target == targets.IN_TREE:
+        impls = [k for ks in cls.kernel_types.values() for k in ks]
+        if not impls:
+            return "the op has no in-tree kernels"
+        on = sorted({d for k in impls for d in k.devices})
+        here = [k for k in impls if device.type in k.devices]
+        if not here:
+            return f"the in-tree kernels run on {', '.join(on)} only"
+        if device.type == "cuda":
+            if not _tilelang_importable():
+                return "the in-tree kernels need TileLang, which is not installed"
+            arch = _arch(device)
+            archs = [k.supported_archs for k in here]
+            if None not in archs and not any(arch in a for a in archs):
+                known = sorted({a for a_set in archs for a in a_set})
+                return (f"no in-tree kernel supports sm_{arch[0]}{arch[1]} (they support "
+                        f"{', '.join(f'sm_{a}{b}' for a, b in known)})")
+        return None
+    if targets.builder_for(target, cls) is None:
+        return "the target has no builder for the op"
+    devs = targets.target_devices(target)
+    if devs is not None and device.type not in devs:
+        return f"the target runs on {', '.join(devs)} only"
+    return None
+
+
 def targets_here(cls: type[Op], devices: Sequence[str] | None = None) -> list[str]:
-    """The targets that can serve ``cls`` on this machine's devices: ``tileops`` (the in-tree
-    kernels) where one of its implementations runs on an available device and architecture,
-    then every registered target with a builder for it that runs on one."""
-    kinds = {torch.device(d).type for d in (devices or available_devices())}
-    out = []
-    impls = [k for ks in cls.kernel_types.values() for k in ks]
-    for k in impls:
-        for dev in kinds & set(k.devices):
-            if dev == "cuda" and not _arch_ok(k):
-                continue
-            if dev == "cuda" and not _tilelang_importable():
-                continue
-            out.append(targets.IN_TREE)
-            break
-        if out:
-            break
-    for name in targets.targets():
-        devs = targets.target_devices(name)
-        if targets.builder_for(name, cls) is not None and (devs is None or kinds & set(devs)):
-            out.append(name)
-    return out
-
-
-def _arch_ok(kernel: type) -> bool:
-    archs = getattr(kernel, "supported_archs", None)
-    if archs is None:
-        return True
-    return tuple(torch.cuda.get_device_capability()) in archs
+    """The targets that can serve ``cls`` on one of this machine's devices (or of
+    ``devices``): ``tileops`` (the in-tree kernels) first, then the registered targets;
+    :func:`serving_problem` decides each."""
+    devs = [torch.device(d) for d in (devices or available_devices())]
+    return [t for t in (targets.IN_TREE, *targets.targets())
+            if any(serving_problem(cls, t, d) is None for d in devs)]
 
 
 def in_tree_first(cls: type[Op], device: torch.device) -> bool:

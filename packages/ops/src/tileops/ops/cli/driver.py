@@ -12,7 +12,7 @@ import os
 import platform
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import click
@@ -26,7 +26,7 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 
-from tileops.runtime import Op
+from tileops.runtime import Op, targets
 
 from ..workloads import Case, cases, entry_dtypes
 from .core import (
@@ -36,6 +36,7 @@ from .core import (
     parse_dtype,
     parse_target,
     resolve_ops,
+    serving_problem,
     split_list,
     version,
 )
@@ -88,12 +89,14 @@ def case_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @dataclass
 class Plan:
     """The resolved cases of a run: each op with its cases, on one device and target;
-    ``max_elements`` is the scaling cap in force (0: none)."""
+    ``max_elements`` is the scaling cap in force (0: none); ``left_out`` says why each op
+    of an unnamed run (every shipped op) is not in it."""
 
     ops: list[tuple[str, type[Op], list[Case]]]
     device: torch.device
     target: str | None
     max_elements: int
+    left_out: dict[str, str] = field(default_factory=dict)
 
     @property
     def total(self) -> int:
@@ -102,30 +105,53 @@ class Plan:
 
 def prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
             workloads: Sequence[str], max_elements: int | None, target: str | None) -> Plan:
-    """Resolve ops, device, dtypes and target, and build every case. An op named that takes
-    none of the dtypes is bad usage; left unnamed (every shipped op), it is left out."""
+    """Resolve ops, device, dtypes and target, and build every case.
+
+    An op named that takes none of the dtypes, or that the ``--target`` given cannot serve on
+    the device (in-tree kernels on a machine without CUDA, say), is bad usage, refused before
+    any case runs: running each case to fail it tells the caller the same thing once a case.
+    Left unnamed (every shipped op), such an op is left out and ``left_out`` says why; when
+    that leaves nothing, the run is refused with every reason."""
     ops = resolve_ops(names)
     dev = parse_device(device or default_device())
-    dts = [parse_dtype(d) for d in split_list(dtypes)]
+    accepted_any: dict[str, None] = {}
+    for _name, cls in ops:
+        accepted_any.update(dict.fromkeys(entry_dtypes(cls._signature.entry,
+                                                       cls._signature.adts)))
+    dts = [parse_dtype(d, list(accepted_any)) for d in split_list(dtypes)]
     tgt = parse_target(target)
     if max_elements is None:
         max_elements = CPU_MAX_ELEMENTS if dev.type == "cpu" else 0
     planned = []
+    left_out: dict[str, str] = {}
+    unserved: dict[str, list[str]] = {}  # why the target cannot serve -> the ops
     for name, cls in ops:
         plan_entry = cls._signature
         adts = plan_entry.adts
+        why = serving_problem(cls, tgt, dev) if tgt is not None else None
+        if why is not None:
+            if names:
+                raise UsageProblem(f"--target {tgt} cannot serve {name} on {dev}: {why}"
+                                   f"{_others(cls, tgt, dev)}")
+            unserved.setdefault(why, []).append(name)
+            left_out[name] = f"--target {tgt} cannot serve it on {dev}: {why}"
+            continue
         if dts:
             accepted = entry_dtypes(plan_entry.entry, adts)
             if not any(d in accepted for d in dts):
                 if names:
                     raise UsageProblem(f"{name} accepts no {', '.join(dts)}; its dtypes: "
                                        f"{', '.join(accepted)}")
+                left_out[name] = f"it accepts no {', '.join(dts)}"
                 continue
         cs = cases(name, plan_entry.entry, adts, dtypes=dts or None, labels=workloads or None,
                    max_elements=max_elements or None)
         if cs:
             planned.append((name, cls, cs))
     if not planned:
+        if sum(map(len, unserved.values())) == len(ops):
+            raise UsageProblem(f"--target {tgt} cannot serve any op on {dev}: " + "; ".join(
+                f"{', '.join(ns)}: {why}" for why, ns in unserved.items()))
         if workloads:
             labels = sorted({w.label for _, c in ops for w in c._signature.entry.workloads})
             raise UsageProblem(f"no workload matches {', '.join(workloads)}; labels: "
@@ -133,7 +159,14 @@ def prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
         if dts:
             raise UsageProblem(f"no op takes {', '.join(dts)}")
         raise UsageProblem("nothing to run: no implemented op has a workload")
-    return Plan(planned, dev, tgt, max_elements)
+    return Plan(planned, dev, tgt, max_elements, left_out)
+
+
+def _others(cls: type[Op], target: str, device: torch.device) -> str:
+    """``"; targets that can: reference"`` (empty when none can)."""
+    can = [t for t in (targets.IN_TREE, *targets.targets())
+           if t != target and serving_problem(cls, t, device) is None]
+    return f"; targets that can: {', '.join(can)}" if can else ""
 
 
 def _progress() -> Progress:
@@ -179,6 +212,8 @@ def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
         out = []
         err = sys.stderr
         plain = not (hasattr(err, "isatty") and err.isatty())
+        for name, why in plan.left_out.items():
+            click.echo(f"left out {name}: {why}", err=True)
         with _progress() as progress:
             task = progress.add_task("starting", total=plan.total)
             for name, cls, cs in plan.ops:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import sys
 from collections.abc import Sequence
@@ -13,14 +14,22 @@ import click
 from rich import box
 from rich.table import Table
 
-from tileops.runtime import default_specs
+from tileops.runtime import Op, default_specs
 from tileops.signature import SignaturePlan
 from tileops.signature import explain as explain_signature
 from tileops.spec import RULES, check_paths
 
 from .. import SPEC_DIR
 from ..workloads import entry_dtypes
-from .core import UsageProblem, available_devices, closest, did_you_mean, op_classes, targets_here
+from .core import (
+    UsageProblem,
+    available_devices,
+    closest,
+    did_you_mean,
+    op_classes,
+    targets_here,
+    without_op,
+)
 from .driver import usage
 from .formatting import console
 
@@ -71,28 +80,75 @@ def list_ops(as_json: bool) -> None:
     console().print(table)
 
 
+def _parse_value(raw: str) -> Any:
+    """A ``--param`` value: JSON (``7``, ``[4096]``, ``1.0e-6``, ``null``), else a Python
+    literal (``(4096,)``, ``None``), else the text itself (an enum member such as ``fast``).
+    An int stays an int: the op class decides what it means (``normalized_shape=7`` is the
+    one-axis shape ``(7,)`` to the row norms, as to torch)."""
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        pass
+    try:
+        return ast.literal_eval(raw)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return raw
+
+
 def _parse_params(items: Sequence[str]) -> dict[str, Any]:
     out = {}
     for item in items:
         key, sep, raw = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UsageProblem(f"--param takes NAME=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = json.loads(raw)
-        except json.JSONDecodeError:
-            out[key.strip()] = raw
+        out[key.strip()] = _parse_value(raw)
     return out
+
+
+def _workload_lines(entry: Any) -> list[str]:
+    """Each workload of the entry as the loader expanded it (a family grid's rows included):
+    label, values, the optional inputs it gives (where the entry has any), dtype cases."""
+    optional = [n for n, d in entry.signature.inputs.items() if d.optional.text != "False"]
+    rows = []
+    for w in entry.workloads:
+        cells = [w.label, ", ".join(f"{k}={v!r}" for k, v in w.values.items()) or "-"]
+        if optional:
+            cells.append("with " + (", ".join(w.some) if w.some else "no " + " or ".join(optional)))
+        cells.append(" | ".join(", ".join(f"{k}={v}" for k, v in c.items())
+                                for c in w.dtype_cases) or "-")
+        rows.append(cells)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)] if rows else []
+    out = [f"  workloads ({len(rows)}):" if rows else "  workloads: none"]
+    for r in rows:
+        cells = [c.ljust(n) for c, n in zip(r[:-1], widths, strict=True)]
+        out.append("    " + "  ".join([*cells, r[-1]]))
+    return out
+
+
+def _generated_source(op: str, cls: type[Op] | None, plan: SignaturePlan,
+                      point: dict[str, Any]) -> str:
+    """The generated check source at ``point``. An op with a class is constructed through it,
+    so a spelling the class accepts beyond the spec's type (``Op.normalize_params``) works as
+    it does from Python, and a refusal is the one Python gives."""
+    try:
+        if cls is None:
+            return plan.construct(**point).source()
+        return cls(**point)._point.source()
+    except Exception as exc:  # noqa: BLE001 - a construction error, shown as usage
+        raise UsageProblem(f"{op}: {without_op(op, str(exc))}") from None
 
 
 @click.command()
 @click.argument("op", metavar="OP")
 @click.option("--code", is_flag=True, help="also print the generated check source")
 @click.option("--param", "params", multiple=True, metavar="NAME=VALUE",
-              help="a construction param for --code (JSON value; repeatable); required params "
-                   "not given are taken from the first workload")
+              help="a construction param for --code (a JSON value or Python literal; "
+                   "repeatable); required params not given are taken from the first workload "
+                   "that gives them")
 @usage
 def explain(op: str, code: bool, params: tuple[str, ...]) -> None:
-    """Explain OP's signature: quantifiers, tensors, type families, effects and roofline.
+    """Explain OP's signature: quantifiers, tensors, type families, effects, roofline and
+    every workload (family grids expanded).
 
     Written in the notation of the design documents. With --code, also the Python source the
     signature generates (the call checks, output inference, traffic and roofline) at one
@@ -113,10 +169,10 @@ def explain(op: str, code: bool, params: tuple[str, ...]) -> None:
         lines.append(f"# spec: {file.path}:{file.line_of(op) or 1}")
     if entry.doc:
         lines.append(f"# {entry.doc.strip()}")
-    lines.append(f"# {len(entry.workloads)} workloads; implemented by "
+    lines.append(f"# implemented by "
                  f"{cls.__module__ + '.' + cls.__qualname__ if cls is not None else 'nothing yet'}")
-    text = explain_signature(plan)
-    lines.append(text)
+    lines.append(explain_signature(plan))
+    lines += _workload_lines(entry)
     if code:
         given = _parse_params(params)
         unknown = [k for k in given if k not in entry.signature.params]
@@ -133,10 +189,7 @@ def explain(op: str, code: bool, params: tuple[str, ...]) -> None:
                                        f"workload gives it)")
                 point[n] = row.values[n]
                 source = source or row.label
-        try:
-            generated = plan.construct(**point).source()
-        except Exception as exc:  # noqa: BLE001 - a construction check error, shown as usage
-            raise UsageProblem(f"{op}: {exc}") from None
+        generated = _generated_source(op, cls, plan, point)
         shown = ", ".join(f"{k}={v!r}" for k, v in point.items()) or "defaults"
         lines.append("")
         lines.append(f"# generated code at ({shown})"

@@ -4,6 +4,9 @@ workload, run it once, check it against float64, and time it.
 An op left to choose its target whose in-tree kernels fail on the device (a kernel that does
 not compile there, say) runs on the ``reference`` target instead and the row says why, so one
 broken kernel does not hide the rest of a run; an op given ``--target`` fails its row instead.
+
+A row names its op, so the errors and notes it holds leave out the op name the op's own
+messages begin with (:func:`~.core.describe`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from tileops.runtime import REFERENCE, Op, targets
 from tileops.signature import SignatureCallError
 
 from ..workloads import TOLERANCE, Case, as_outputs, clone_inputs, compare, make_inputs
-from .core import in_tree_first
+from .core import describe, in_tree_first
 from .timing import Peaks, sync, time_call
 
 __all__ = ["CaseResult", "Ran", "run_case"]
@@ -120,7 +123,7 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
     try:
         op = cls(target=target, tune=tune, **case.params)
     except Exception as exc:  # noqa: BLE001 - reported per row
-        res.error = f"construction: {type(exc).__name__}: {exc}"
+        res.error = f"construction: {describe(case.op, exc)}"
         return Ran(res, None, [], None)
     inputs = make_inputs(case, device)
     refs = None
@@ -130,7 +133,7 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
             with torch.no_grad():
                 refs = op.fp64_reference(*inputs)
         except Exception as exc:  # noqa: BLE001 - the row is run unchecked, and says why
-            res.add_note(f"no float64 reference: {type(exc).__name__}: {exc}")
+            res.add_note(f"no float64 reference: {describe(case.op, exc)}")
     try:
         say("building and running the kernel")
         t0 = time.perf_counter()
@@ -139,15 +142,15 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
         sync(device)
         res.first_call_s = time.perf_counter() - t0
     except SignatureCallError as exc:
-        res.error = f"{type(exc).__name__}: {exc}"
+        res.error = describe(case.op, exc)
         return Ran(res, op, inputs, refs)
     except Exception as exc:  # noqa: BLE001 - fall back below, else reported per row
         if target is not None or not in_tree_first(cls, device) \
                 or targets.builder_for(REFERENCE, cls) is None:
-            res.error = f"{type(exc).__name__}: {exc}"
+            res.error = describe(case.op, exc)
             return Ran(res, op, inputs, refs)
         res.add_note(f"in-tree kernels failed, so the reference target ran: "
-                     f"{type(exc).__name__}: {str(exc).splitlines()[0]}")
+                     f"{describe(case.op, exc).splitlines()[0]}")
         return _retry_reference(cls, case, device, res, inputs, refs, timer, say)
     res.target = op.serving_target
     return _finish(op, res, inputs, out, refs, timer, say)
@@ -162,7 +165,7 @@ def _retry_reference(cls, case, device, res, inputs, refs, timer, say):
         sync(device)
         res.first_call_s = time.perf_counter() - t0
     except Exception as exc:  # noqa: BLE001 - reported per row
-        res.error = f"{type(exc).__name__}: {exc}"
+        res.error = describe(case.op, exc)
         return Ran(res, op, inputs, refs)
     res.target = op.serving_target
     return _finish(op, res, inputs, out, refs, timer, say)
