@@ -131,7 +131,9 @@ def test_check_paths_reports_load_errors_and_goes_on(tmp_path: Path) -> None:
     write(tmp_path, "a.yaml", edit("status: spec-only", "status: done"))
     write(tmp_path, "b.yaml", edit(FLOPS, 'flops: "Q"'))
     loaded, diags = check_paths([tmp_path])
-    assert [Path(s.path).name for s in loaded] == ["b.yaml"]
+    # a.yaml's one entry fails to load; the file is still counted, with no entries
+    assert [(Path(s.path).name, list(s.entries)) for s in loaded] == [
+        ("a.yaml", []), ("b.yaml", ["Op"])]
     assert [(d.rule, Path(d.file).name, d.line) for d in diags] == [
         ("adt", "types.yaml", 15), ("schema", "a.yaml", 3), ("unknown-name", "b.yaml", 15)]
 

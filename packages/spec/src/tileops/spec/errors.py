@@ -19,7 +19,9 @@ class Diagnostic:
 
     def __str__(self) -> str:
         where = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{where}: in {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+        # A diagnostic is one line: a path made of a bad name ("Op\n") prints escaped.
+        path = self.path if self.path.isprintable() else repr(self.path)[1:-1]
+        return f"{where}: in {path}: {self.message}" if path else f"{where}: {self.message}"
 
 
 class SpecError(Exception):

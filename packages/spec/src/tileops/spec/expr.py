@@ -76,6 +76,7 @@ __all__ = [
     "Tuple",
     "UnaryOp",
     "dotted_name",
+    "is_name",
     "names",
     "parse",
     "unparse",
@@ -104,15 +105,23 @@ class Node(msgspec.Struct, frozen=True, tag=True, tag_field="node"):
 # --- constructor checks: only trees that some text parses to are accepted -----------------
 
 
+def is_name(value: object) -> bool:
+    """Whether ``value`` can be a name of the language: an identifier that is not a Python
+    keyword and is NFKC-normal (the parser NFKC-normalises identifiers, so a non-normal one
+    could never come back). Every name a spec declares (an op, a family, a type family, an
+    index, a tensor, an ADT, a constructor, a field) is held to it."""
+    return (
+        isinstance(value, str)
+        and value.isidentifier()
+        and not keyword.iskeyword(value)
+        and unicodedata.normalize("NFKC", value) == value
+    )
+
+
 def _check_ident(value: object, what: str) -> None:
     if not isinstance(value, str):
         raise TypeError(f"{what} is a str, got {type(value).__name__}")
-    # The parser NFKC-normalises identifiers, so a non-normal one could never come back.
-    if (
-        not value.isidentifier()
-        or keyword.iskeyword(value)
-        or unicodedata.normalize("NFKC", value) != value
-    ):
+    if not is_name(value):
         raise ValueError(f"{what} must be an identifier that is not a Python keyword, got {value!r}")
 
 
@@ -395,6 +404,8 @@ def parse(text: str) -> Node:
     except SyntaxError as exc:
         col = (exc.offset - 1) if exc.offset else None
         msg = exc.msg or "invalid syntax"
+        if msg == "too many nested parentheses":  # Python's tokenizer stops at 200 levels
+            msg = f"the expression nests deeper than {MAX_EXPR_DEPTH} levels (split it into lets)"
         if source.startswith("*"):
             col, msg = 0, ("a starred item is not an expression by itself; it stands inside "
                            "[...], (...) or a call's arguments")

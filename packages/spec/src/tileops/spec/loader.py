@@ -31,6 +31,7 @@ import yaml
 from .bounds import MAX_INT, MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, int_in_range
 from .convert import Lines, LocatedMap, LocatedSeq, convert, fail, join_path, plain
 from .errors import Diagnostic, SpecLoadError
+from .expr import is_name
 from .family_blocks import (
     LineSource,
     check_families_used,
@@ -40,7 +41,14 @@ from .family_blocks import (
 )
 from .schema import FamilyDef, OpEntry, SpecFile, TypesFile, Workload
 
-__all__ = ["load_spec_file", "load_spec_text", "load_types_file", "load_types_text"]
+__all__ = [
+    "load_spec_entries",
+    "load_spec_file",
+    "load_spec_file_entries",
+    "load_spec_text",
+    "load_types_file",
+    "load_types_text",
+]
 
 _FLOAT_TRAP = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n"}
@@ -258,7 +266,18 @@ def _path_at(text: str, index: int) -> str:
 def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
     """Load a spec file's text: a mapping of op class name -> entry, and optionally a
     ``families:`` block of what the entries of a family share (:mod:`.family_blocks`),
-    applied to the entries here."""
+    applied to the entries here. Raises SpecLoadError with the error of every entry that
+    does not load."""
+    spec, errors = load_spec_entries(text, file)
+    if errors:
+        raise SpecLoadError(errors)
+    return spec
+
+
+def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list[Diagnostic]]:
+    """The file's entries that load, and the error of each one that does not (one error an
+    entry: its first; the others load and validate on their own). An error of the file as a
+    whole (YAML, its ``families:`` block) is still raised."""
     data = _read_yaml(text, file)
     if data is None:
         data = LocatedMap()
@@ -275,31 +294,45 @@ def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
         families = load_families(data["families"], file, rec.lines)
     used_grids: set[tuple[str, str]] = set()
     entries: dict[str, OpEntry] = {}
+    errors: list[Diagnostic] = []
     for name, raw in data.items():
         if name == "families":
             continue
-        if not isinstance(name, str) or not name.isidentifier():
-            raise SpecLoadError(
-                Diagnostic(file, rec.lines.get(str(name)), str(name),
-                           f"an op name is a Python class name, got {name!r}", "schema")
-            )
-        if not isinstance(raw, dict):
-            raise SpecLoadError(
-                Diagnostic(file, rec.lines.get(name), name,
-                           f"an entry is a mapping, got {type(raw).__name__}", "schema")
-            )
-        raw = dict(raw)
-        family = families.get(raw["family"]) if isinstance(raw.get("family"), str) else None
-        if family is not None and family.status is not None:
-            raw.setdefault("status", family.status)
-        workloads = raw.pop("workloads", None)
-        entry = convert(raw, OpEntry, name, file, rec.lines)
-        if workloads is not None:
-            rows = _workloads(workloads, name, entry, families, used_grids, file, rec.lines)
-            entry = msgspec.structs.replace(entry, workloads=rows)
-        entries[name] = entry
-    check_families_used(families, entries, used_grids, file, rec.lines)
-    return SpecFile(path=file, entries=entries, lines=rec.lines, families=families)
+        try:
+            entries[name] = _entry(name, raw, families, used_grids, file, rec.lines)
+        except SpecLoadError as err:
+            errors += err.diagnostics
+    if not errors:  # a family's grid is unused only if no entry that might use it failed
+        check_families_used(families, entries, used_grids, file, rec.lines)
+    return SpecFile(path=file, entries=entries, lines=rec.lines, families=families), errors
+
+
+def _entry(name: Any, raw: Any, families: dict[str, FamilyDef],
+           used_grids: set[tuple[str, str]], file: str, lines: dict[str, int]) -> OpEntry:
+    """One entry of a spec file, converted, its family's defaults and grids applied."""
+    if not is_name(name):
+        raise SpecLoadError(
+            Diagnostic(file, lines.get(str(name)), str(name),
+                       f"an op name is a Python class name, got {name!r}", "schema")
+        )
+    if not isinstance(raw, dict):
+        raise SpecLoadError(
+            Diagnostic(file, lines.get(name), name,
+                       f"an entry is a mapping, got {type(raw).__name__}", "schema")
+        )
+    if isinstance(raw.get("family"), str) and not is_name(raw["family"]):
+        raise fail(file, lines, f"{name}.family", f"a family name is an identifier (it "
+                   f"names the family's module), got {raw['family']!r}")
+    raw = dict(raw)
+    family = families.get(raw["family"]) if isinstance(raw.get("family"), str) else None
+    if family is not None and family.status is not None:
+        raw.setdefault("status", family.status)
+    workloads = raw.pop("workloads", None)
+    entry = convert(raw, OpEntry, name, file, lines)
+    if workloads is not None:
+        rows = _workloads(workloads, name, entry, families, used_grids, file, lines)
+        entry = msgspec.structs.replace(entry, workloads=rows)
+    return entry
 
 
 def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDef],
@@ -343,6 +376,12 @@ def _read_file(p: Path) -> str:
 def load_spec_file(path: str | Path) -> SpecFile:
     p = Path(path)
     return load_spec_text(_read_file(p), str(p))
+
+
+def load_spec_file_entries(path: str | Path) -> tuple[SpecFile, list[Diagnostic]]:
+    """:func:`load_spec_entries` of a file."""
+    p = Path(path)
+    return load_spec_entries(_read_file(p), str(p))
 
 
 def load_types_text(text: str, file: str = "<string>") -> tuple[TypesFile, dict[str, int]]:

@@ -6,6 +6,7 @@ import re
 from collections.abc import Mapping
 
 from ..errors import Diagnostic
+from ..expr import is_name
 from ..kinds import BoolK, Kind, KindError, kind_from_expr
 from ..schema import TypesFile
 from .context import Report
@@ -24,12 +25,17 @@ def validate_types(types: TypesFile, file: str = "types.yaml",
     report = Report(file, None, lines)
     names = set(types.adts)
     for an, adt in types.adts.items():
-        if not an.isidentifier():
+        if not is_name(an):
             report.add(f"adts.{an}", f"{an!r} is not a valid ADT name", "adt")
         if not adt.constructors:
             report.add(f"adts.{an}", f"ADT {an} has no constructors", "adt")
         for cn, ctor in adt.constructors.items():
             path = f"adts.{an}.constructors.{cn}"
+            if not is_name(cn):
+                report.add(path, f"{cn!r} is not a valid constructor name", "adt")
+            for fn in ctor.fields:
+                if not is_name(fn):
+                    report.add(f"{path}.fields.{fn}", f"{fn!r} is not a valid field name", "adt")
             if not _DOTTED.match(ctor.python):
                 report.add(f"{path}.python", f"python must be a dotted class path "
                            f"(package.module.Class), got {ctor.python!r}", "adt")

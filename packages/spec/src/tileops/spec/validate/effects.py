@@ -35,7 +35,7 @@ def check_tensors(ctx: EntryContext) -> None:
     for group, table in (("inputs", ctx.sig.inputs), ("outputs", ctx.sig.outputs)):
         for n, d in table.items():
             path = f"{ctx.sig_path}.{group}.{n}"
-            if not n.isidentifier():
+            if not E.is_name(n):
                 ctx.report.add(path, f"{n!r} is not a valid tensor name", "index-source")
             ctx.check(f"{path}.dtype", d.dtype, "dtype")
             if not isinstance(d.shape.node, E.List | E.Subscript):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from ..expr import is_name
 from ..kinds import Kind, is_discriminant
 from .context import EntryContext
 from .values import case_key, domain, fmt_value, same_value
@@ -23,6 +24,10 @@ def check_families(ctx: EntryContext) -> None:
     total; each case is a shape over the family's parameters."""
     for fname, fam in ctx.sig.types.items():
         path = f"{ctx.sig_path}.types.{fname}"
+        if not is_name(fname):
+            ctx.report.add(path, f"{fname!r} is not a valid type family name (an identifier "
+                           f"that is not a Python keyword)", "family")
+            continue
         kinds: dict[str, Kind] = {}
         for pn, pex in fam.params.items():
             k = ctx.kind_of(f"{path}.params.{pn}", pex)

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..errors import Diagnostic, SpecError
-from ..loader import load_spec_file, load_types_file
+from ..loader import load_spec_file_entries, load_types_file
 from ..schema import AdtDef, SpecFile
 from .adts import validate_types
 from .entry import validate_entry
@@ -55,7 +55,9 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[list[SpecFile], list[Diagn
         if f.name == "types.yaml":
             continue
         try:
-            loaded.append(load_spec_file(f))
+            spec, errors = load_spec_file_entries(f)
+            loaded.append(spec)
+            diags += errors
         except SpecError as err:
             diags += err.diagnostics
         except OSError as err:

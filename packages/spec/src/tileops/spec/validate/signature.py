@@ -3,6 +3,7 @@ refinements, the roofline formulas and the composition of a composite op."""
 
 from __future__ import annotations
 
+from ..expr import is_name
 from ..schema import Expr
 from .context import EntryContext
 from .values import conforms
@@ -32,7 +33,7 @@ def check_sources(ctx: EntryContext) -> None:
     for group, table in groups:
         for n in table:
             path = f"{ctx.sig_path}.{group}.{n}"
-            if not n.isidentifier():
+            if not is_name(n):
                 ctx.report.add(path, f"{n!r} is not a valid index name", "index-source")
                 continue
             if n in seen:
