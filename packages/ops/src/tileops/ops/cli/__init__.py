@@ -5,8 +5,8 @@
     tileops bench OP [OP...]       side by side with the op's contenders (torch eager,
                                    torch.compile, peers such as Liger): JSON, Markdown, PNG
     tileops list                   ops, families, status, dtypes, the targets that serve them
-    tileops explain OP [--code]    the signature, type families, effects, roofline (and the
-                                   generated check code)
+    tileops explain OP [--code]    the signature, type families, effects, roofline, every
+                                   workload (family grids expanded), and the generated check code
     tileops check [PATH...]        validate specs (file:line errors)
     tileops scaffold OP            write the op module skeleton for a spec entry
     tileops env                    versions, GPUs, the cache directory, environment knobs

@@ -82,7 +82,8 @@ def case_options(fn: Callable[..., Any]) -> Callable[..., Any]:
                       help="timed calls per case at most")(fn)
     fn = click.option("--target", default=None,
                       help="serve every op from this target (tileops, reference, ...) instead "
-                           "of the best one available")(fn)
+                           "of the best one available; an op it cannot serve on the device is "
+                           "refused if named, else left out")(fn)
     return fn
 
 
