@@ -67,3 +67,18 @@ def test_every_load_error_of_a_file_is_reported(tmp_path: Path,
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 4  # two load errors, the good entry's own, and the summary
     assert err[-1] == "3 error(s) in 1 entries (1 files)"
+
+
+def test_an_adt_with_an_unknown_field_kind_is_a_diagnostic_not_a_crash(tmp_path: Path) -> None:
+    from .validate_base import TYPES_TEXT
+    (tmp_path / "types.yaml").write_text(TYPES_TEXT.replace("max_m: Dim", "max_m: Frob", 1),
+                                         encoding="utf-8")
+    (tmp_path / "op.yaml").write_text(edit(
+        "flag: {type: bool, default: false}", "flag: {type: bool, default: false}\n"
+        "      lay: {type: MGroupedLayout, default: {masked: {max_m: 8}}}"), encoding="utf-8")
+    _, diags = check_paths([tmp_path])
+    assert [(Path(d.file).name, d.line, d.path) for d in diags] == [
+        ("types.yaml", 16, "adts.MGroupedLayout.constructors.masked.fields.max_m"),
+        ("op.yaml", 8, "Op.signature.params.lay.type"),
+    ]
+    assert diags[0].message.startswith("unknown kind 'Frob'")

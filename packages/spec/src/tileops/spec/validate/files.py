@@ -48,8 +48,12 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[list[SpecFile], list[Diagn
         except SpecError as err:
             diags += err.diagnostics
             continue
-        diags += validate_types(types, str(tf), lines)
-        adts.update(types.adts)
+        found = validate_types(types, str(tf), lines)
+        diags += found
+        # An ADT with an error (reported above, at its line) is withheld from the entries:
+        # reading its broken field kinds would fail inside every rule that uses it.
+        broken = {d.path.split(".")[1] for d in found if d.path.startswith("adts.")}
+        adts.update((n, a) for n, a in types.adts.items() if n not in broken)
     loaded: list[SpecFile] = []
     for f in files:
         if f.name == "types.yaml":
