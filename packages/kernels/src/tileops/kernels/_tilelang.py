@@ -1,18 +1,43 @@
 """What every kernel family shares about TileLang: the lazy import (importing an op never
-imports TileLang) and the one way a program is compiled.
+imports TileLang), where TileLang writes, and the one way a program is compiled.
+
+TileLang keeps compiled kernels in its own cache directory (``TILELANG_CACHE_DIR``) and
+creates it on import; tvm-ffi, which it imports, may build an addon into
+``TVM_FFI_CACHE_DIR``. :func:`tl` points both under ``TILEOPS_CACHE_DIR``
+(:func:`tileops.runtime.env.compiler_cache_env`) before the import, and again on every later
+call, so the one knob governs everything TileOPs writes and a change of it in-process is
+followed: TileLang reads the variable each time it looks for its cache.
 
 TileLang's compilation is not safe to run from several threads at once, so every family
 compiles under one process-wide lock. Programs launch through the ``tvm_ffi`` backend, the
 fastest of TileLang's launchers (benchmarks/results/launch_cost.txt).
 """
 
+import os
 import threading
+
+from tileops.runtime import env, log
 
 _compile_lock = threading.Lock()
 
 
+def point_compiler_caches() -> None:
+    """Set TileLang's and tvm-ffi's cache variables from ``TILEOPS_CACHE_DIR``; a different
+    value set for them before is replaced (and logged at INFO)."""
+    for var, path in env.compiler_cache_env().items():
+        old = os.environ.get(var)
+        if old == path:
+            continue
+        if old is not None:
+            log.info("%s=%s replaced by %s: TILEOPS_CACHE_DIR is the one cache directory of "
+                     "TileOPs", var, old, path)
+        os.environ[var] = path
+
+
 def tl():
-    """``(tilelang, tilelang.language)``, imported on first use."""
+    """``(tilelang, tilelang.language)``, imported on first use, after
+    :func:`point_compiler_caches`."""
+    point_compiler_caches()
     import tilelang
     import tilelang.language as T
 

@@ -42,19 +42,24 @@ on load (TMA does that natively; plain copies are predicated) and clipped on sto
 
 Tuning (``request_tune()``): the entry times a few configurations on the first call's own
 tensors and keeps the fastest; the choice is cached on disk under
-``tileops.runtime.env.cache_dir() / "gemm"``, one json file per (implementation, arch, dtype,
-transposes, shape bucket, kernel source hash), written atomically; an unreadable entry, or one
-holding a configuration that is not among the implementation's candidates, is rebuilt.
+``tileops.runtime.env.cache_part("gemm")``, one json file per (implementation, arch, dtype,
+transposes, shape bucket, kernel source hash), written atomically; an entry that fails to
+decode for any reason, or holds a configuration that is not among the implementation's
+candidates, is rebuilt, and a cache that cannot be written warns once and tunes on.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import functools
 import hashlib
+import importlib.metadata
 import inspect
 import json
 import os
+import shutil
+import stat
 import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar, Literal, NamedTuple, get_args
 
@@ -98,6 +103,7 @@ __all__ = [
     "m_bucket",
     "program_sms",
     "sm_count",
+    "TuningCacheWarning",
     "tune_key",
     "load_tuned",
     "store_tuned",
@@ -655,16 +661,20 @@ class SplitKLaunch:
 # --- the tuning cache --------------------------------------------------------------------------
 
 
+class TuningCacheWarning(RuntimeWarning):
+    """The tuning cache could not be written: the tuned choice serves this process only."""
+
+
 @functools.lru_cache(maxsize=1)
 def _source_hash() -> str:
+    """Changes with the programs' source and TileLang's version, which is read from the
+    installed distribution's metadata: naming a cache entry does not import TileLang."""
     text = "".join(inspect.getsource(f) for f in (_layout, gemm_program, _persistent_program,
                                                    splitk_reduce_program, gemv_program,
                                                    SplitKLaunch))
     try:
-        import tilelang
-
-        text += tilelang.__version__
-    except Exception:  # noqa: BLE001 - the hash only needs to change with the program
+        text += importlib.metadata.version("tilelang")
+    except importlib.metadata.PackageNotFoundError:  # nothing can be compiled then either
         pass
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -679,50 +689,114 @@ def tune_key(arch: str, spec: GemmPlan, kernel: str) -> str:
 
 
 def _cache_root() -> Path:
-    return env.cache_dir() / "gemm"
+    return env.cache_part("gemm")
+
+
+#: an entry is a few hundred bytes; a file larger than this is not one, and is not read whole
+_MAX_ENTRY_BYTES = 1 << 16
+#: the fields of GemmConfig by the check their values must pass
+_POSITIVE = ("block_m", "block_n", "block_k", "stages", "threads", "split")
+_BOOLS = ("tma", "persistent")
+_POLICIES = ("square", "col")
+
+
+def _read_entry(path: Path) -> bytes | None:
+    """The bytes of the regular file at ``path``, or None: absent, unreadable, a directory, a
+    FIFO or device (opened without blocking, then refused), or larger than an entry can be."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(fd, "rb") as f:
+            fd = -1  # the file object owns it now
+            data = f.read(_MAX_ENTRY_BYTES + 1)
+    except OSError:
+        return None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    return data if len(data) <= _MAX_ENTRY_BYTES else None
+
+
+def _config_of(raw: object, key: str) -> GemmConfig | None:
+    """The configuration a decoded entry holds, or None: the entry must be an object naming
+    ``key`` whose ``config`` has exactly GemmConfig's fields, each of its type (``True`` is
+    not an int here, nor ``1`` a bool) and in its range. Checks only, nothing raises."""
+    if not isinstance(raw, dict) or raw.get("key") != key:
+        return None
+    cfg = raw.get("config")
+    if not isinstance(cfg, dict) or set(cfg) != set(GemmConfig._fields):
+        return None
+    if any(type(cfg[f]) is not int or cfg[f] <= 0 for f in _POSITIVE):
+        return None
+    if type(cfg["panel"]) is not int or cfg["panel"] < 0:
+        return None
+    if any(type(cfg[f]) is not bool for f in _BOOLS):
+        return None
+    if type(cfg["policy"]) is not str or cfg["policy"] not in _POLICIES:
+        return None
+    return GemmConfig(**{f: cfg[f] for f in GemmConfig._fields})
 
 
 def load_tuned(key: str) -> GemmConfig | None:
-    """The cached configuration under ``key``, or None (absent, unreadable json, missing
-    keys or wrong types: such an entry is ignored and will be rebuilt)."""
-    path = _cache_root() / f"{key}.json"
-    try:
-        raw = json.loads(path.read_text())
-        if not isinstance(raw, dict) or raw.get("key") != key:
-            return None
-        cfg = raw["config"]
-        if not isinstance(cfg, dict):
-            return None
-        ints = ("block_m", "block_n", "block_k", "stages", "threads", "split", "panel")
-        if any(type(cfg[f]) is not int or cfg[f] < 0 for f in ints):
-            return None
-        if (type(cfg["tma"]) is not bool or type(cfg["persistent"]) is not bool
-                or cfg["policy"] not in ("square", "col")):
-            return None
-        if min(cfg[f] for f in ints[:6]) <= 0:
-            return None
-        return GemmConfig(**{f: cfg[f] for f in GemmConfig._fields})
-    except (OSError, ValueError, KeyError, TypeError):
+    """The cached configuration under ``key``, or None, whatever is in the file's place:
+    absent or unreadable, not a regular file, too large, not UTF-8, not json, json nested
+    deeper than the parser goes (RecursionError), or json that is not a valid entry for
+    ``key``. Such an entry is ignored and the next tuning run replaces it (nothing in it is
+    executed or unpickled; the caller also runs only one of its own candidates)."""
+    data = _read_entry(_cache_root() / f"{key}.json")
+    if data is None:
         return None
-
-
-def store_tuned(key: str, cfg: GemmConfig, timings: dict[str, float] | None = None) -> Path:
-    """Write the entry atomically (a temporary file in the same directory, then rename)."""
-    root = _cache_root()
-    root.mkdir(parents=True, exist_ok=True)
-    path = root / f"{key}.json"
-    body = {"key": key, "config": cfg._asdict(), "timings_ms": timings or {}}
-    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=root)
     try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(body, f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
+        raw = json.loads(data)
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError included
+        return None
+    return _config_of(raw, key)
+
+
+#: cache directories already warned about, so a process warns once for each
+_warned_unwritable: set[Path] = set()
+
+
+def store_tuned(key: str, cfg: GemmConfig,
+                timings: dict[str, float] | None = None) -> Path | None:
+    """Write the entry atomically (a temporary file in the same directory, then rename) over
+    whatever is in its place, a directory included (its name is this entry's, so nothing
+    else owns it). Returns its path, or None where it cannot be written (a read-only or full
+    disk, a file where a folder should be): the tuned choice then serves this process only,
+    and the first such failure for a directory is one :class:`TuningCacheWarning`; tuning
+    never fails a call for want of a cache."""
+    root = _cache_root()
+    path = root / f"{key}.json"
+    body = json.dumps({"key": key, "config": cfg._asdict(), "timings_ms": timings or {}},
+                      indent=1)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=root)
         try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+            with os.fdopen(fd, "w") as f:
+                f.write(body)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+    except OSError as exc:
+        if root not in _warned_unwritable:
+            _warned_unwritable.add(root)
+            warnings.warn(
+                f"the GEMM tuning cache {root} cannot be written ({type(exc).__name__}: "
+                f"{exc}); tuned configurations serve this process only (set "
+                f"TILEOPS_CACHE_DIR to a writable directory)", TuningCacheWarning,
+                stacklevel=2)
+        return None
     return path
 
 
@@ -848,8 +922,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
                 best = (ms, cfg, prog)
         _, self.config, self.program = best
         path = store_tuned(key, self.config, timings)
-        log.info("%s: chose %s (%.4f ms), cached in %s", name, self.config.label(), best[0],
-                 path)
+        log.info("%s: chose %s (%.4f ms), %s", name, self.config.label(), best[0],
+                 f"cached in {path}" if path else "not cached (the cache cannot be written)")
 
     def __call__(self, a, b, c) -> None:
         if self._degenerate and self._degenerate_call(c):
