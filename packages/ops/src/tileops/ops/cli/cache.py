@@ -28,6 +28,52 @@ def _dir_size(path: Path) -> tuple[int, int]:
     return files, size
 
 
+def _size(n: int) -> str:
+    """``10 B``, ``1.5 KiB``, ``3.4 MiB``, ``1.2 GiB``: a tuning entry is a few hundred bytes
+    and a compiled kernel a few hundred KiB, so one unit for all would hide one or the other."""
+    if n < 1024:
+        return f"{n} B"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024  # type: ignore[assignment]
+        if n < 1024 or unit == "GiB":
+            break
+    return f"{n:.1f} {unit}"
+
+
+def _files(files: int, size: int) -> str:
+    return f"{files} file{'' if files == 1 else 's'}, {_size(size)}"
+
+
+def _kind(path: Path) -> str:
+    """``directory``, ``absent``, ``file`` (a regular file) or ``other`` (a FIFO, a device, a
+    broken link: nothing the cache can live in)."""
+    if path.is_dir():
+        return "directory"
+    if not path.exists() and not path.is_symlink():
+        return "absent"
+    return "file" if path.is_file() else "other"
+
+
+def _describe(path: Path) -> str:
+    """What is at ``path``, for a folder the cache needs: its files and size, ``not
+    created``, or what stands where the folder should be."""
+    kind = _kind(path)
+    if kind == "directory":
+        return _files(*_dir_size(path))
+    if kind == "absent":
+        return "not created"
+    if kind == "file":
+        return f"a regular file of {_size(path.stat().st_size)}, not a directory"
+    return "neither a file nor a directory"
+
+
+def _entry_state(path: Path) -> str:
+    """What an entry of the cache directory that is not one of its parts holds."""
+    if path.is_file() and not path.is_symlink():
+        return _files(1, path.stat().st_size)
+    return _describe(path)
+
+
 def _env_info() -> dict[str, Any]:
     info: dict[str, Any] = {
         "tileops": {name: version(f"tileops-{name}", f"tileops.{name}") or "not installed"
@@ -48,7 +94,8 @@ def _env_info() -> dict[str, Any]:
                                  "memory_GiB": round(prop.total_memory / 2**30, 1)})
     cache = env.cache_dir()
     files, size = _dir_size(cache) if cache.is_dir() else (0, 0)
-    info["cache"] = {"dir": str(cache), "exists": cache.is_dir(), "files": files, "bytes": size}
+    info["cache"] = {"dir": str(cache), "exists": cache.is_dir(), "kind": _kind(cache),
+                     "state": _describe(cache), "files": files, "bytes": size}
     info["knobs"] = {k: os.environ.get(k) for k in env.KNOBS}
     info["targets"] = [targets.IN_TREE, *targets.targets()]
     info["default_target"] = targets.default_target() or "chosen by device"
@@ -76,8 +123,7 @@ def env_cmd(as_json: bool) -> None:
         lines.append("gpu: none (torch.cuda.is_available() is False): ops run on the "
                      "reference target")
     c = info["cache"]
-    state = f"{c['files']} files, {c['bytes'] / 2**20:.1f} MiB" if c["exists"] else "not created"
-    lines.append(f"cache: {c['dir']} ({state})")
+    lines.append(f"cache: {c['dir']} ({c['state']})")
     lines.append(f"targets: {', '.join(info['targets'])}; default: {info['default_target']}")
     lines.append("knobs:")
     width = max(map(len, info["knobs"]))
@@ -89,7 +135,8 @@ def env_cmd(as_json: bool) -> None:
 
 @click.group()
 def cache() -> None:
-    """The cache directory (TILEOPS_CACHE_DIR): tuned configs and compiled kernels."""
+    """The cache directory (TILEOPS_CACHE_DIR): everything TileOPs writes, tuned configs and
+    compiled kernels (TileLang's cache is pointed inside it)."""
 
 
 def _unsafe_to_clear(path: Path) -> str | None:
@@ -104,36 +151,54 @@ def _unsafe_to_clear(path: Path) -> str | None:
     return None
 
 
+def _not_a_directory(path: Path) -> click.ClickException:
+    return click.ClickException(f"{path} is {_describe(path)}: TILEOPS_CACHE_DIR must name a "
+                                f"directory (or a path where one can be created)")
+
+
 @cache.command(name="clear")
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
 def cache_clear(yes: bool) -> None:
-    """Delete everything in the cache directory."""
+    """Delete everything in the cache directory: tuned configs and compiled kernels. Asks
+    first unless --yes, and only when there is a file to delete."""
     path = env.cache_dir()
-    if not path.exists():
+    kind = _kind(path)
+    if kind == "absent":
         click.echo(f"{path} does not exist; nothing to clear")
         return
-    if not path.is_dir():
-        raise click.ClickException(f"{path} is not a directory")
+    if kind != "directory":
+        raise _not_a_directory(path)
     why = _unsafe_to_clear(path)
     if why is not None:
         raise click.ClickException(f"refusing to clear {path}: {why} (check TILEOPS_CACHE_DIR)")
     files, size = _dir_size(path)
+    if files == 0:
+        click.echo(f"{path} holds no files; nothing to clear")
+        return
     if not yes:
-        click.confirm(f"Delete {files} files ({size / 2**20:.1f} MiB) in {path}?", abort=True)
+        plural = "" if files == 1 else "s"
+        click.confirm(f"Delete {files} file{plural} ({_size(size)}) in {path}?", abort=True)
     for child in path.iterdir():
         if child.is_dir() and not child.is_symlink():
             shutil.rmtree(child)
         else:
             child.unlink()
-    click.echo(f"cleared {path} ({files} files, {size / 2**20:.1f} MiB)")
+    click.echo(f"cleared {path} ({_files(files, size)})")
 
 
 @cache.command(name="info")
 def cache_info() -> None:
-    """Where the cache directory is and what it holds."""
+    """Where the cache directory is and what each of its parts holds (tuned configs, compiled
+    kernels, anything else in it), with sizes."""
     path = env.cache_dir()
-    if not path.is_dir():
-        click.echo(f"{path} (not created)")
+    click.echo(f"{path} ({_describe(path)})")
+    if _kind(path) != "directory":
         return
-    files, size = _dir_size(path)
-    click.echo(f"{path} ({files} files, {size / 2**20:.1f} MiB)")
+    rows = [(name, _describe(path / name), what) for name, what in env.CACHE_PARTS.items()]
+    rows += [(child.name, _entry_state(child),
+              "not a part of the cache; `tileops cache clear` deletes it too")
+             for child in sorted(path.iterdir()) if child.name not in env.CACHE_PARTS]
+    name_w = max(len(r[0]) for r in rows)
+    state_w = max(len(r[1]) for r in rows)
+    for name, state, what in rows:
+        click.echo(f"  {name:<{name_w}}  {state:<{state_w}}  {what}")

@@ -1,0 +1,133 @@
+"""``tileops cache info`` and ``tileops cache clear`` over every state the cache directory and
+its parts (tuned configs, TileLang's compiled kernels, tvm-ffi's addon) can be in, and
+``tileops env``'s line for it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from tileops.ops.cli import main
+from tileops.runtime import env
+
+
+def invoke(*args: str, **kw):
+    return CliRunner().invoke(main, list(args), catch_exceptions=False, **kw)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    path = tmp_path / "cache"
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(path))
+    return path
+
+
+def _fill(cache: Path) -> None:
+    """A tuned entry (300 B), a compiled kernel (3 KiB) in TileLang's layout and a stray file
+    (10 B) beside the parts."""
+    (cache / "gemm").mkdir(parents=True)
+    (cache / "gemm" / "k.json").write_bytes(b"{" + b" " * 298 + b"}")
+    kernels = cache / "tilelang" / "0.1.15" / "linux-x86_64" / "kernels" / "abc"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel_lib.so").write_bytes(b"\0" * 3072)
+    (cache / "stray.txt").write_bytes(b"x" * 10)
+
+
+def _rows(output: str) -> dict[str, str]:
+    """The part lines of ``cache info``, by name."""
+    return {line.split()[0]: line for line in output.splitlines()[1:]}
+
+
+def test_info_lists_every_part_with_its_files_and_size(cache: Path) -> None:
+    _fill(cache)
+    result = invoke("cache", "info")
+    assert result.exit_code == 0
+    first, *_ = result.output.splitlines()
+    assert first == f"{cache} (3 files, 3.3 KiB)"
+    rows = _rows(result.output)
+    assert set(rows) == {*env.CACHE_PARTS, "stray.txt"}
+    assert "1 file, 300 B" in rows["gemm"] and "tuned GEMM configurations" in rows["gemm"]
+    assert "1 file, 3.0 KiB" in rows["tilelang"] and "compiled kernels" in rows["tilelang"]
+    assert "not created" in rows["tvm-ffi"]
+    assert "1 file, 10 B" in rows["stray.txt"] and "clear` deletes it too" in rows["stray.txt"]
+
+
+def test_info_reports_a_regular_file_where_a_directory_should_be(cache: Path) -> None:
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(b"12345")
+    result = invoke("cache", "info")
+    assert result.exit_code == 0
+    assert result.output == f"{cache} (a regular file of 5 B, not a directory)\n"
+    cache.unlink()
+    cache.mkdir()
+    (cache / "tilelang").write_bytes(b"x" * 2048)
+    rows = _rows(invoke("cache", "info").output)
+    assert "a regular file of 2.0 KiB, not a directory" in rows["tilelang"]
+    assert "not created" in rows["gemm"]
+
+
+def test_info_of_a_cache_not_created(cache: Path) -> None:
+    assert invoke("cache", "info").output == f"{cache} (not created)\n"
+
+
+def test_info_names_what_is_neither_file_nor_directory(cache: Path) -> None:
+    cache.mkdir(parents=True)
+    os.mkfifo(cache / "gemm")
+    rows = _rows(invoke("cache", "info").output)
+    assert "neither a file nor a directory" in rows["gemm"]
+
+
+def test_clear_with_nothing_to_delete_says_so_and_does_not_prompt(cache: Path) -> None:
+    # no input is given: a prompt would read end-of-file and abort with status 1
+    result = invoke("cache", "clear")
+    assert (result.exit_code, result.output) == (0, f"{cache} does not exist; nothing to clear\n")
+    cache.mkdir(parents=True)
+    result = invoke("cache", "clear")
+    assert (result.exit_code, result.output) == (0, f"{cache} holds no files; nothing to clear\n")
+    (cache / "tilelang" / "0.1.15" / ".staging").mkdir(parents=True)  # what TileLang's import makes
+    (cache / "gemm").mkdir()
+    result = invoke("cache", "clear")
+    assert (result.exit_code, result.output) == (0, f"{cache} holds no files; nothing to clear\n")
+
+
+def test_clear_asks_then_deletes_every_part(cache: Path) -> None:
+    _fill(cache)
+    result = invoke("cache", "clear", input="n\n")
+    assert result.exit_code == 1
+    assert f"Delete 3 files (3.3 KiB) in {cache}?" in result.output
+    assert (cache / "tilelang").is_dir()
+    result = invoke("cache", "clear", input="y\n")
+    assert result.exit_code == 0 and result.output.endswith(
+        f"cleared {cache} (3 files, 3.3 KiB)\n")
+    assert list(cache.iterdir()) == []
+    (cache / "one").write_bytes(b"1")
+    result = invoke("cache", "clear", input="y\n")
+    assert f"Delete 1 file (1 B) in {cache}?" in result.output and not (cache / "one").exists()
+
+
+def test_clear_refuses_a_regular_file(cache: Path) -> None:
+    cache.parent.mkdir(exist_ok=True)
+    cache.write_bytes(b"keep")
+    result = invoke("cache", "clear", "--yes")
+    assert result.exit_code == 1
+    assert (f"{cache} is a regular file of 4 B, not a directory: TILEOPS_CACHE_DIR must name "
+            "a directory") in result.output
+    assert cache.read_bytes() == b"keep"
+
+
+def test_env_line_and_json(cache: Path) -> None:
+    _fill(cache)
+    result = invoke("env")
+    assert f"cache: {cache} (3 files, 3.3 KiB)" in result.output
+    doc = json.loads(invoke("env", "--json").stdout)["cache"]
+    assert (doc["kind"], doc["files"], doc["bytes"]) == ("directory", 3, 3382)
+    shutil.rmtree(cache)
+    cache.write_bytes(b"")
+    assert f"cache: {cache} (a regular file of 0 B, not a directory)" in invoke("env").output
+    doc = json.loads(invoke("env", "--json").stdout)["cache"]
+    assert (doc["kind"], doc["exists"]) == ("file", False)
