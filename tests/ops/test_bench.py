@@ -307,14 +307,24 @@ def test_bench_without_matplotlib_says_which_extra(tmp_path: Path,
     assert result.exit_code == 0, result.output
 
 
-def test_bench_exits_nonzero_when_the_op_fails(tmp_path: Path) -> None:
-    result = invoke("bench", "LayerNormFwdOp", "--device", "cpu", "--target", "tileops", "-w",
+def test_bench_exits_nonzero_when_the_op_fails(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    right = LayerNormFwdOp.reference
+
+    def broken(op, call, *xs):  # the float64 reference works; the served call does not
+        if xs[0].dtype != torch.float64:
+            raise RuntimeError("kernel exploded")
+        return right(op, call, *xs)
+
+    monkeypatch.setattr(LayerNormFwdOp, "reference", broken)
+    result = invoke("bench", "LayerNormFwdOp", "--device", "cpu", "--target", "reference", "-w",
                     "tiny-n7", "--dtype", "fp32", "--against", "torch", "--repeat", "1",
                     "--out", str(tmp_path), "--no-plot")
     assert result.exit_code == 1
     doc = json.loads((tmp_path / "LayerNormFwdOp-cpu.json").read_text())
     (row,) = doc["results"]
-    assert not row["ok"] and row["error"] and row["time_s"] is None
+    assert not row["ok"] and row["error"] == "RuntimeError: kernel exploded"
+    assert row["time_s"] is None
     assert row["contenders"]["torch"]["time_s"] > 0  # the contenders still ran
     md = (tmp_path / "LayerNormFwdOp-cpu.md").read_text()
     assert "| tiny-n7 | float32 | 3×7 7 7 | error | - | - |" in md
