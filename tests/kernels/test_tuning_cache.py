@@ -278,3 +278,22 @@ def test_tilelang_writes_under_tileops_cache_dir(tmp_path: Path) -> None:
     assert not (tmp_path / "elsewhere").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "home"]
     assert [p for p in home.rglob("*") if p.is_file()] == []
+
+
+def test_pointing_the_compiler_caches_replaces_and_logs_another_value(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from tileops.kernels._tilelang import point_compiler_caches
+    from tileops.runtime import log
+
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("TILELANG_CACHE_DIR", "/elsewhere")  # monkeypatch restores both after
+    monkeypatch.delenv("TVM_FFI_CACHE_DIR", raising=False)
+    seen: list[str] = []
+    monkeypatch.setattr(log, "info", lambda msg, *args: seen.append(msg % args))
+    point_compiler_caches()
+    assert os.environ["TILELANG_CACHE_DIR"] == str(tmp_path / "tilelang")
+    assert os.environ["TVM_FFI_CACHE_DIR"] == str(tmp_path / "tvm-ffi")
+    assert seen == [f"TILELANG_CACHE_DIR=/elsewhere replaced by {tmp_path / 'tilelang'}: "
+                    "TILEOPS_CACHE_DIR is the one cache directory of TileOPs"]
+    point_compiler_caches()  # already pointed there: nothing to replace, nothing logged
+    assert len(seen) == 1
