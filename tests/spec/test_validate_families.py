@@ -163,6 +163,31 @@ FAILING = [
         id="family:adt-not-total",
     ),
     pytest.param(
+        edit(FLAG, LAYOUT, FORALL, "    types:\n      Rows:\n        params: {l: MGroupedLayout, M: Dim}\n        match: l\n        cases:\n        - {when: contiguous, is: \"[l.max_m]\"}\n        - {when: masked, is: \"[M]\"}\n" + FORALL, Y, 'y: {dtype: T, shape: "[*Rows[layout, M], N]"}', ROW, "{M: 2, N: 3, layout: {masked: {max_m: 4}},"),
+        [
+            (
+                "family",
+                "op.yaml:10: in Op.signature.types.Rows.cases[0]: this case of Rows reads"
+                " l.max_m, but it selects l = contiguous, which has no field 'max_m' (a field"
+                " of masked only)",
+            ),
+        ],
+        id="family:adt-field-of-another-constructor",
+    ),
+    pytest.param(
+        # a wildcard selects every constructor earlier cases leave: each must have the field
+        edit(FLAG, LAYOUT, FORALL, "    types:\n      Rows:\n        params: {l: MGroupedLayout, M: Dim}\n        match: l\n        cases:\n        - {when: masked, is: \"[M]\"}\n        - {when: _, is: \"[l.max_m]\"}\n" + FORALL, Y, 'y: {dtype: T, shape: "[*Rows[layout, M], N]"}', ROW, "{M: 2, N: 3, layout: {masked: {max_m: 4}},"),
+        [
+            (
+                "family",
+                "op.yaml:11: in Op.signature.types.Rows.cases[1]: this case of Rows reads"
+                " l.max_m, but it selects l = contiguous, which has no field 'max_m' (a field"
+                " of masked only)",
+            ),
+        ],
+        id="family:adt-field-under-a-wildcard",
+    ),
+    pytest.param(
         edit(FORALL, "    types:\n      Sz:\n        params: {d: \"DType[float16 | bfloat16]\", R: Dim}\n        match: d\n        cases:\n        - {when: float16, is: \"[R]\"}\n" + FORALL, Y, 'y: {dtype: T, shape: "Sz[T, M]"}'),
         [
             (

@@ -10,8 +10,9 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from .. import expr as E
 from ..expr import is_name
-from ..kinds import Kind, is_discriminant
+from ..kinds import AdtK, Kind, is_discriminant
 from .context import EntryContext
 from .values import case_key, domain, fmt_value, same_value
 
@@ -64,10 +65,12 @@ def check_families(ctx: EntryContext) -> None:
                                    f"({', '.join(map(fmt_value, dom))})", "family")
                     break
             else:
-                combos = itertools.product(*[
+                combos = list(itertools.product(*[
                     dom if w == "_" else [w] for w, dom in zip(whens, domains, strict=True)
-                ])
-                new = [c for c in map(case_key, combos) if c not in covered]
+                ]))
+                mine = [c for c in combos if case_key(c) not in covered]
+                _check_fields_read(ctx, cpath, fname, case.is_.node, discs, kinds, mine)
+                new = [case_key(c) for c in mine]
                 if not new:
                     key = case_key(tuple(whens))
                     prev = covered[key] if key in covered else (
@@ -85,3 +88,28 @@ def check_families(ctx: EntryContext) -> None:
             ctx.report.add(f"{path}.cases", f"{fname} is not total: no case for "
                            f"{' x '.join(discs)} = {shown}", "family")
 
+
+
+def _check_fields_read(ctx: EntryContext, cpath: str, fname: str, node: E.Node,
+                       discs: Any, kinds: dict[str, Kind], combos: list[tuple]) -> None:
+    """A case may read a field of an ADT discriminant (``l.max_m``) only when every
+    constructor the case selects has that field: a case for ``contiguous`` reading a field of
+    ``masked`` would fail at construction with no field to read."""
+    for pos, d in enumerate(discs):
+        k = kinds.get(d)
+        if not isinstance(k, AdtK) or k.name not in ctx.adts:
+            continue
+        ctors = ctx.adts[k.name].constructors
+        selected = sorted({c[pos] for c in combos if c[pos] in ctors})
+        for n in E.walk(node):
+            if not (isinstance(n, E.Attr) and isinstance(n.value, E.Name) and n.value.id == d):
+                continue
+            lacking = [c for c in selected if n.attr not in ctors[c].fields]
+            if lacking:
+                owners = [c for c in ctors if n.attr in ctors[c].fields]
+                where = (f"a field of {', '.join(owners)} only" if owners
+                         else f"no constructor of {k.name} has it")
+                ctx.report.add(cpath, f"this case of {fname} reads {d}.{n.attr}, but it selects "
+                               f"{d} = {', '.join(lacking)}, which has no field {n.attr!r} "
+                               f"({where})", "family")
+                return
