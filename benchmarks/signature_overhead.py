@@ -9,12 +9,14 @@ that check at a cached construction point on CPU torch tensors, for an RMSNorm-l
 GEMM signature (a type family folded at construction, a dtype index, three Dims).
 
 Each generated check is paired with a hand-written function that does the same work: the same
-reads, the same comparisons in the same order, and the same record (the point's
-``record_type``, holding what the check read) built with the same fields. The ratio
-generated / hand-written is what the code generation costs.
+reads, the same comparisons in the same order (each later input's device compared with the
+first's, ``if w.device != dev``, and each input's type with the library's tensor type, whose
+shapes hold sizes by construction), and the same record (the point's ``record_type``, holding
+what the check read) built with the same fields. The ratio generated / hand-written is what the
+code generation costs.
 
-"reads only" is the floor under both: reading ``.shape`` and ``.dtype`` of each tensor and
-``.device`` of the first, which any check must do (torch builds a new ``torch.Size`` per read).
+"reads only" is the floor under both: reading ``.shape``, ``.dtype`` and ``.device`` of each
+tensor, which any check must do (torch builds a new ``torch.Size`` per read).
 
 Timing: ``timeit`` with ``number`` calls per repeat; the best of the repeats is kept (the least
 disturbed by other processes). Every case's generated check, hand-written check and reads-only
@@ -45,6 +47,7 @@ except ImportError:  # run from a checkout: use the packages' sources
             sys.path.insert(0, str(_p))
 
 import torch  # noqa: E402
+from torch import Tensor  # noqa: E402
 
 from _common import cpu_model, interleaved_us  # noqa: E402
 from tileops.signature import SignatureCall, SignatureCallError, SignaturePlan  # noqa: E402
@@ -101,6 +104,13 @@ class _Mismatch(ValueError):
     pass
 
 
+class _StandIn:
+    """Not a tensor: a tensor's dtype and device, and a shape of its own."""
+
+    def __init__(self, shape: tuple, like: torch.Tensor) -> None:
+        self.shape, self.dtype, self.device = shape, like.dtype, like.device
+
+
 def hand_rmsnorm(point, n: int):
     """RMSNorm at normalized_shape=[n]: what the generated check does, written by hand."""
     allowed = frozenset(getattr(torch, d) for d in ("float16", "bfloat16", "float32"))
@@ -110,6 +120,8 @@ def hand_rmsnorm(point, n: int):
     def check(x, weight=None):
         s_x = x.shape
         d_x = x.dtype
+        if not isinstance(x, Tensor):  # another object's shape is checked entry by entry
+            raise _Mismatch
         if d_x not in allowed:
             raise _Mismatch
         if not s_x or s_x[-1] != n:
@@ -117,11 +129,16 @@ def hand_rmsnorm(point, n: int):
         if weight is None:
             # the record holds what was read; B and y's shape are derived on access
             return R(x.device, without_w, s_x, d_x, None, None)
+        dev = x.device
         s_w = weight.shape
         d_w = weight.dtype
+        if not isinstance(weight, Tensor):
+            raise _Mismatch
+        if weight.device != dev:
+            raise _Mismatch
         if d_w != d_x or s_w != (n,):
             raise _Mismatch
-        return R(x.device, with_w, s_x, d_x, s_w, d_w)
+        return R(dev, with_w, s_x, d_x, s_w, d_w)
 
     return check
 
@@ -135,17 +152,24 @@ def hand_gemm(point):
     def check(a, b):
         s_a = a.shape
         d_a = a.dtype
+        if not isinstance(a, Tensor):
+            raise _Mismatch
+        dev = a.device
         if d_a not in allowed or len(s_a) != 2:
             raise _Mismatch
         k = s_a[1]
         s_b = b.shape
         d_b = b.dtype
+        if not isinstance(b, Tensor):
+            raise _Mismatch
+        if b.device != dev:
+            raise _Mismatch
         if d_b != d_a or len(s_b) != 2:
             raise _Mismatch
         if s_b[0] != k:
             raise _Mismatch
         # M, N and c's shape are derived on access
-        return R(a.device, branch, s_a, d_a, s_b, d_b)
+        return R(dev, branch, s_a, d_a, s_b, d_b)
 
     return check
 
@@ -185,9 +209,10 @@ def reads_only_1(x):
 def reads_only_2(a, b):
     a.shape  # noqa: B018
     a.dtype  # noqa: B018
+    a.device  # noqa: B018
     b.shape  # noqa: B018
     b.dtype  # noqa: B018
-    a.device  # noqa: B018
+    b.device  # noqa: B018
 
 
 def _timer(fn, args) -> timeit.Timer:
@@ -200,15 +225,20 @@ def measure(number: int, repeat: int, seconds: float) -> list[dict]:
     for name, gen, hand, args in checks:
         record = gen(*args)
         same_record(record, hand(*args))
-        # the mismatching call is rejected by both (the hand-written one is no shortcut)
-        bad = tuple(torch.empty(3, 7, dtype=t.dtype) for t in args)
-        for fn, exc in ((gen, SignatureCallError), (hand, _Mismatch)):
-            try:
-                fn(*bad)
-            except exc:
-                pass
-            else:
-                raise AssertionError(f"{name}: a mismatching call passed")
+        # mismatching calls are rejected by both (the hand-written one is no shortcut): a
+        # shape, the last input on another device, the first a stand-in holding a non-size
+        bads = [tuple(torch.empty(3, 7, dtype=t.dtype) for t in args),
+                (_StandIn((True, *args[0].shape[1:]), args[0]), *args[1:])]
+        if len(args) > 1:
+            bads.append((*args[:-1], args[-1].to("meta")))
+        for bad in bads:
+            for fn, exc in ((gen, SignatureCallError), (hand, _Mismatch)):
+                try:
+                    fn(*bad)
+                except exc:
+                    pass
+                else:
+                    raise AssertionError(f"{name}: a mismatching call passed")
         reads = reads_only_1 if len(args) == 1 else reads_only_2
         for kind, fn in (("generated", gen), ("hand", hand), ("reads", reads)):
             timers[(name, kind)] = _timer(fn, args)

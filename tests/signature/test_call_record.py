@@ -360,7 +360,7 @@ def test_fast_bodies_are_the_hot_path_checks_statements(example_plan) -> None:
     for (presence,), body in bodies.items():
         given = {"x", "weight"} if presence[1] else {"x"}
         assert {f"{p}_{n}" for n in given for p in "sd"} <= body.binds
-        assert body.reads - {"t_x", "t_weight", "len", "tuple"} <= set(point.namespace)
+        assert body.reads - {"t_x", "t_weight", "len", "tuple", "type"} <= set(point.namespace)
         # the nodes alone, under try, in a function of one's own: the hot path's record
         miss = ast.ExceptHandler(ast.Name("Exception", ast.Load()), None,
                                  [ast.Return(ast.Constant(None))])

@@ -127,7 +127,7 @@ BAD = [
     pytest.param(dict(alpha="x"), "alpha", "alpha: Float", "'x' (str)",
                  "alpha must be a number", "10 (KindsOp.signature.params.alpha)", id="float"),
     pytest.param(dict(dims=[1, -1]), "dims", "dims: Shape", "[1, -1] (list)",
-                 "dims must be a list or tuple of non-negative ints",
+                 "dims[1] is -1, not a size: a size is a non-negative int",
                  "11 (KindsOp.signature.params.dims)", id="shape"),
     pytest.param(dict(kernel=(1, 2, 3)), "kernel", "kernel: PerAxis[2]", "(1, 2, 3) (tuple)",
                  "kernel must be an int or a tuple of 2 ints",

@@ -6,7 +6,13 @@ item sizes, names the attribute a tensor holds its device in (``.device`` for to
 numpy, whose arrays all live on the host, so its checks read and compare no device), and
 supplies the comparison hook used by the symbolic variant of the generated checks (the runtime
 plugs ``torch._check`` there so tracing under torch.compile records a runtime assertion
-instead of specialising on a size).
+instead of specialising on a size), and lists the library's array types, whose shapes are
+sizes by construction (see :mod:`.sizes`: any other object's shape is checked entry by entry).
+
+A dtype the adapter does not map (a numpy dtype handed to the torch adapter, a dtype of some
+other library, a torch dtype with no spec name) is shown in messages by its repr and type
+(``dtype('float32') (numpy.dtypes.Float32DType)``), never by a name that could read as one the
+signature accepts.
 
 Adapters import their library lazily: importing :mod:`tileops.signature` imports no torch.
 """
@@ -17,6 +23,8 @@ from collections.abc import Callable
 from typing import Any
 
 from tileops.spec import DTYPES
+
+from .sizes import normalize_shape
 
 __all__ = ["DTypeAdapter", "numpy_adapter", "torch_adapter"]
 
@@ -48,7 +56,10 @@ class DTypeAdapter:
     """Maps spec dtype names to native dtypes. ``natives`` holds only the dtypes the library
     has (numpy has no bfloat16). ``device`` is the attribute a tensor's device is read from
     (the generated checks read ``t.<device>`` and compare the results with ``==``), or None
-    for a library without devices: its checks compare none and its records' device is None."""
+    for a library without devices: its checks compare none and its records' device is None.
+    ``arrays`` are the library's array types (subclasses included) whose ``.shape`` is a
+    tuple of sizes by construction; the checks read no entry of theirs, and check every entry
+    of any other object's shape (none given: every shape is checked)."""
 
     def __init__(
         self,
@@ -56,12 +67,21 @@ class DTypeAdapter:
         natives: dict[str, Any],
         check: Callable[[Any, Callable[[], str]], None] = _default_check,
         device: str | None = None,
+        arrays: tuple[type, ...] = (),
     ) -> None:
         if device is not None and not device.isidentifier():
             raise ValueError(f"adapter {name!r}: device attribute {device!r} is not an "
                              f"identifier")
+        if not (isinstance(arrays, tuple) and all(isinstance(a, type) for a in arrays)):
+            raise TypeError(f"adapter {name!r}: arrays must be a tuple of types, got "
+                            f"{arrays!r}")
         self.name = name
         self.device = device
+        self.arrays = arrays
+        #: the exact types seen to be ``arrays`` (their subclasses included): the hot path
+        #: tests ``type(t) in admitted``, one set lookup whatever the subclass (an
+        #: ``isinstance`` of a ``torch.nn.Parameter`` runs torch's Python ``__instancecheck__``)
+        self.admitted: set[type] = set(arrays)
         self.natives = dict(natives)
         self.names = {v: k for k, v in self.natives.items()}
         self.itemsizes = {v: DTYPES[k] for k, v in self.natives.items()}
@@ -73,13 +93,48 @@ class DTypeAdapter:
         except KeyError:
             raise KeyError(f"{self.name} has no dtype {name!r}") from None
 
+    def admit(self, t: Any, shape: Any) -> Any:
+        """``shape``, the ``.shape`` of ``t``, when ``t`` is an array of the library (its type
+        is then admitted: later calls test it with one set lookup); else ``shape`` as a tuple
+        of ints, or None when it is not a tuple of sizes (:func:`.sizes.normalize_shape`)."""
+        if isinstance(t, self.arrays):
+            self.admitted.add(type(t))
+            return shape
+        return normalize_shape(shape)
+
+    def spec_name(self, native: Any) -> str | None:
+        """The spec name of ``native``, or None when this adapter does not map it (an
+        unhashable object included)."""
+        try:
+            return self.names.get(native)
+        except TypeError:
+            return None
+
     def name_of(self, native: Any) -> str:
-        n = self.names.get(native)
-        return n if n is not None else str(native).replace("torch.", "")
+        """The spec name of ``native``; for one this adapter does not map, its repr and type
+        (see :meth:`describe`)."""
+        n = self.spec_name(native)
+        return n if n is not None else self.describe(native)
 
     def short(self, native: Any) -> str:
-        n = self.names.get(native)
-        return SHORT.get(n, n) if n is not None else str(native)
+        """The compact spelling (``bf16``); the repr of a dtype this adapter does not map."""
+        n = self.spec_name(native)
+        return SHORT.get(n, n) if n is not None else repr(native)
+
+    def describe(self, native: Any) -> str:
+        """A dtype object as messages show one this adapter does not map: its repr and its
+        type, ``dtype('float32') (numpy.dtypes.Float32DType)``."""
+        t = type(native)
+        return f"{native!r} ({t.__module__}.{t.__qualname__})"
+
+    def refusal(self, what: str, native: Any, accepted: str) -> str | None:
+        """Why the dtype ``native``, read at ``what`` (``x.dtype``), is refused when this
+        adapter does not map it; None when it does (the caller then says why it is not one
+        of those ``accepted``)."""
+        if self.spec_name(native) is not None:
+            return None
+        return (f"{what} is {self.describe(native)}, not a dtype the {self.name} adapter "
+                f"maps; {accepted}")
 
     def __repr__(self) -> str:
         return f"DTypeAdapter({self.name!r})"
@@ -100,7 +155,8 @@ def torch_adapter() -> DTypeAdapter:
         def check(cond: Any, message: Callable[[], str]) -> None:
             torch._check(cond, message)
 
-        _cache["torch"] = DTypeAdapter("torch", natives, check, device="device")
+        _cache["torch"] = DTypeAdapter("torch", natives, check, device="device",
+                                       arrays=(torch.Tensor,))
     return _cache["torch"]
 
 
@@ -115,5 +171,5 @@ def numpy_adapter() -> DTypeAdapter:
                 natives[n] = np.dtype(n)
             except TypeError:
                 continue
-        _cache["numpy"] = DTypeAdapter("numpy", natives)
+        _cache["numpy"] = DTypeAdapter("numpy", natives, arrays=(np.ndarray,))
     return _cache["numpy"]

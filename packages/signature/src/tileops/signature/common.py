@@ -84,8 +84,14 @@ def fmt_value(v: Any) -> str:
 
 
 def shape_text(s: Any) -> str:
-    """A shape as messages show it: ``[2, 4096]``."""
-    return "[" + ", ".join(str(int(x)) for x in s) + "]"
+    """A shape as messages show it: ``[2, 4096]``. Entries are shown as they are, so a shape
+    refused for holding a non-size shows it (``[True, 3.5, -1]``); an integer that is not an
+    ``int`` (a numpy scalar, a symbolic size) shows its value; a shape that is not a tuple or
+    list shows its repr."""
+    if not isinstance(s, tuple | list):
+        return repr(s)
+    return "[" + ", ".join(str(x) if hasattr(x, "__index__") and not isinstance(x, bool)
+                           else repr(x) for x in s) + "]"
 
 
 def tuple_code(items: list[str]) -> str:

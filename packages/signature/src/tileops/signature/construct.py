@@ -32,6 +32,7 @@ from tileops.spec.kinds import (
 
 from .common import fmt_value
 from .errors import ConstructionError
+from .sizes import SIZE, as_int, as_size, normalize_shape, not_a_size
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import SignaturePlan
@@ -90,34 +91,50 @@ def _normalize(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
         if not isinstance(v, bool):
             bad(f"{n} must be True or False")
         return v
-    if isinstance(k, DimK | IntK):
-        if isinstance(v, bool) or not isinstance(v, int):
+    if isinstance(k, DimK):
+        i = as_size(v)
+        if i is None:
+            bad(f"{n} is a Dim: {SIZE}" if as_int(v) is None else
+                f"{n} is a Dim and must be >= 0")
+        return i
+    if isinstance(k, IntK):
+        i = as_int(v)
+        if i is None:
             bad(f"{n} must be an int")
-        if isinstance(k, DimK) and v < 0:
-            bad(f"{n} is a Dim and must be >= 0")
-        return int(v)
+        return i
     if isinstance(k, FloatK):
         if isinstance(v, bool) or not isinstance(v, int | float):
             bad(f"{n} must be a number")
         return float(v)
     if isinstance(k, ShapeK):
-        if not isinstance(v, list | tuple) or not all(
-                isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v):
-            bad(f"{n} must be a list or tuple of non-negative ints")
-        return tuple(int(x) for x in v)
+        if not isinstance(v, list | tuple):
+            bad(f"{n} must be a list or tuple of sizes: {SIZE}")
+        shape = normalize_shape(v)
+        if shape is None:
+            i = next(i for i, x in enumerate(v) if as_size(x) is None)
+            bad(not_a_size(f"{n}[{i}]", v[i]))
+        return tuple(shape)
     if isinstance(k, PerAxisK):
-        if isinstance(v, int) and not isinstance(v, bool):
-            return v
-        if isinstance(v, list | tuple) and len(v) in (1, k.n) and all(
-                isinstance(x, int) and not isinstance(x, bool) for x in v):
-            return tuple(v)
+        # an Int per axis (the kind is spelled int | tuple[int, ...]): any sign, as for an
+        # Int param; the spec's refinements bound it (a kernel size > 0, a padding >= 0)
+        i = as_int(v)
+        if i is not None:
+            return i
+        items = [as_int(x) for x in v] if isinstance(v, list | tuple) else None
+        if items is not None and len(items) in (1, k.n) and None not in items:
+            return tuple(items)
         bad(f"{n} must be an int or a tuple of {k.n} ints")
     if isinstance(k, EnumK):
         if v not in k.values:
             bad(f"{n} must be one of {', '.join(map(repr, k.values))}")
         return v
     if isinstance(k, DTypeK):
-        name = v if isinstance(v, str) else plan.adapter.names.get(v)
+        ad = plan.adapter
+        name = v if isinstance(v, str) else ad.spec_name(v)
+        if name is None:  # a dtype object this adapter does not map (numpy's, to torch's)
+            _construction_error(plan, n, f"{n}: {maybe or k}", ad.describe(v),
+                                ad.refusal(n, v, f"{n} must be one of {', '.join(k.members)}")
+                                + (", or None" if maybe is not None else ""), params)
         if name not in k.members:
             bad(f"{n} must be one of {', '.join(k.members)}")
         return name

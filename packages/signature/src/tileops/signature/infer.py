@@ -16,6 +16,7 @@ from tileops.spec import Scope, evaluate
 from tileops.spec import expr as E
 
 from .common import LazyConflict, ev, shape_text, tuple_code
+from .sizes import normalize_shape, shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .unify import Body
@@ -59,14 +60,20 @@ def emit_outputs(b: Body) -> None:
         b.emit(f"if t_{n} is not None:")
         fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}]",
                         lambda env, n=n, sc=shapes[i], dc=dtypes[i]:
-                        f"the buffer given for {n} must be "
-                        f"{ad.short(ev(dc, env))}{shape_text(ev(sc, env))}, but is "
-                        f"{ad.short(env[f't_{n}'].dtype)}"
-                        f"{shape_text(env[f't_{n}'].shape)}",
+                        (shape_problem(n, env[f"t_{n}"].shape)
+                         if not isinstance(env[f"t_{n}"], ad.arrays)
+                         and normalize_shape(env[f"t_{n}"].shape) is None else
+                         f"the buffer given for {n} must be "
+                         f"{ad.short(ev(dc, env))}{shape_text(ev(sc, env))}, but is "
+                         f"{ad.short(env[f't_{n}'].dtype)}"
+                         f"{shape_text(env[f't_{n}'].shape)}"),
                         f"signature.outputs.{n}")
         miss = "raise _Miss" if b.mode == "fast" else f"raise _fail({fid}, locals())"
-        b.emit(f"    if not (tuple(t_{n}.shape) == {shapes[i]} and t_{n}.dtype == "
-               f"{dtypes[i]}): {miss}")
+        # a buffer of another library's type must hold sizes too (as an input: .sizes)
+        b.g.namespace.setdefault("_AT", ad.admitted)
+        b.g.namespace.setdefault("_admit", ad.admit)
+        b.emit(f"    if not ((type(t_{n}) in _AT or _admit(t_{n}, t_{n}.shape) is not None) and "
+               f"tuple(t_{n}.shape) == {shapes[i]} and t_{n}.dtype == {dtypes[i]}): {miss}")
     br_given = b.g._name("BR", (written, True, tuple(returned)))
     br_fresh = b.g._name("BR", (written, False, tuple(returned)))
     b.fresh_branch = b.g.namespace[br_fresh]

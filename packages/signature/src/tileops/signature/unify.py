@@ -23,6 +23,7 @@ from .common import FastBody, GenError, LazyConflict, ev, fmt_value, tuple_code
 from .fold import subst
 from .infer import emit_outputs
 from .simplify import simplify_fast
+from .sizes import shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .gen_check import Generator
@@ -123,7 +124,8 @@ class Body:
         (``dev_<input>``), which the record then reuses. ``device_code`` is the record's
         device: that input's (else the first given input's, when every given one may be
         anywhere), or None for an adapter without devices or a call without inputs."""
-        attr = self.g.adapter.device
+        ad = self.g.adapter
+        attr = ad.device
         given = [n for n in self.sig.inputs if self.presence.get(n, True)]
         compared = [n for n in given if self.sig.inputs[n].device != "any"]
         #: the input whose device the later compared ones must share (None: no comparison)
@@ -148,9 +150,26 @@ class Body:
                                f"device", path)
             self.check_plain(f"t_{n}.{attr} == dev_{ref}", fid)
 
+    def guard_sizes(self, n: str, expected: str, path: str) -> None:
+        """Input ``n``'s shape must be a tuple of sizes (:mod:`.sizes`). An array of the
+        adapter's library has one by construction: one set lookup of its exact type
+        (``DTypeAdapter.admitted``), and its shape is not read. Any other object's shape is
+        checked entry by entry and normalised to a tuple of ints (``s_<n>`` then holds that),
+        so no later check or record sees a bool, a float, a negative or a numpy scalar."""
+        self.g.namespace.setdefault("_AT", self.g.adapter.admitted)
+        self.g.namespace.setdefault("_admit", self.g.adapter.admit)
+        fid = self.fail_id(n, expected, lambda env, n=n: shape_problem(n, env[f"t_{n}"].shape),
+                           path)
+        miss = "raise _Miss" if self.mode == "fast" else f"raise _fail({fid}, locals())"
+        self.emit(f"if type(t_{n}) not in _AT:")
+        self.emit(f"    s_{n} = _admit(t_{n}, s_{n})")
+        self.emit(f"    if s_{n} is None: {miss}")
+
     def _missing_failure(self):
         names = [n for n in self.sig.inputs if not (n in self.presence
                                                     and not self.presence[n])]
+        ad = self.g.adapter
+        attr = ad.device
 
         def because(env: dict) -> str:
             for n in names:
@@ -160,6 +179,13 @@ class Body:
                 if not (hasattr(t, "shape") and hasattr(t, "dtype")):
                     return f"{n} must be a tensor (an object with .shape and .dtype), got " \
                            f"{type(t).__name__}"
+                if attr is not None and not hasattr(t, attr):
+                    # an array of another library: its dtype says so best, if it does
+                    return ad.refusal(f"{n}.dtype", t.dtype, f"{n} is a {type(t).__module__}."
+                                      f"{type(t).__qualname__}, not a tensor of {ad.name}") \
+                        or (f"{n} has no .{attr} (a {type(t).__module__}."
+                            f"{type(t).__qualname__}): the {ad.name} adapter reads each "
+                            f"tensor's device there")
             e = env.get("_e")
             return (f"evaluating the signature on these sizes failed: {type(e).__name__}: {e}"
                     if e is not None else "a tensor could not be read")
@@ -212,6 +238,7 @@ class Body:
         if self.mode != "derive":  # derive has the record's stored reads
             self.emit(f"s_{n} = t_{n}.shape")
             self.emit(f"d_{n} = t_{n}.dtype")
+            self.guard_sizes(n, expected, path)
             self.unify_device(n, on_device, path)
         self.unify_dtype(n, decl, expected, path)
         items = list(shape.items)
@@ -404,15 +431,20 @@ class Body:
                 allowed = frozenset(ad.natives[m] for m in members if m in ad.natives)
                 name = self.g._name("DT", allowed)
                 fid = self.fail_id(n, expected, lambda env, n=n, t=t, ms=members:
-                                   f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}, but {t} must be "
-                                   f"one of {', '.join(ms)}", path)
+                                   ad.refusal(f"{n}.dtype", env[f"d_{n}"],
+                                              f"{t} must be one of {', '.join(ms)}")
+                                   or f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}, but {t} must "
+                                      f"be one of {', '.join(ms)}", path)
                 self.check_plain(f"d_{n} in {name}", fid)
                 self.bind(t, f"d_{n}", f"{n}.dtype")
                 return
             src = self.by[t]
             fid = self.fail_id(n, expected, lambda env, n=n, t=t, src=src:
-                               f"{t} bound to {ad.name_of(env[f'i_{t}'])} by {src}, but "
-                               f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}", path)
+                               ad.refusal(f"{n}.dtype", env[f"d_{n}"],
+                                          f"{t} is bound to {ad.name_of(env[f'i_{t}'])} by "
+                                          f"{src}")
+                               or f"{t} bound to {ad.name_of(env[f'i_{t}'])} by {src}, but "
+                                  f"{n}.dtype is {ad.name_of(env[f'd_{n}'])}", path)
             self.check_plain(f"d_{n} == i_{t}", fid)
             return
         value = node.id if isinstance(node, E.Name) and node.id not in self.g.const \
@@ -421,7 +453,8 @@ class Body:
             raise GenError(f"dtype of {n} ({decl.dtype.text}) is not a dtype")
         const = self.g._native(value)
         fid = self.fail_id(n, expected, lambda env, n=n, v=value:
-                           f"{n}.dtype must be {v}, but is {ad.name_of(env[f'd_{n}'])}", path)
+                           ad.refusal(f"{n}.dtype", env[f"d_{n}"], f"it must be {v}")
+                           or f"{n}.dtype must be {v}, but is {ad.name_of(env[f'd_{n}'])}", path)
         self.check_plain(f"d_{n} == {const}", fid)
 
     def lets(self) -> None:
