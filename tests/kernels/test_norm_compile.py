@@ -2,13 +2,13 @@
 
 Each compiled configuration below stands for one code path of the generated program (why it
 exists is on its line); the launch plans themselves are checked over the whole input space
-without compiling.
+without compiling, and a sample of every row length from 1 to 2**20 is compiled.
 """
 
 import shutil
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tileops.kernels import norm
@@ -50,6 +50,54 @@ def test_register_kernel_compiles_for_sm90(kind, n, dtype, weight, bias, few):
 def test_looped_kernel_compiles_for_sm90(kind, n, dtype):
     kernel = norm.build_looped_kernel(kind, n, dtype, 1e-5, True, kind == "layer", "sm_90")
     assert "main_kernel" in kernel.get_kernel_source()
+
+
+@needs_nvcc
+@settings(max_examples=10, deadline=None)  # a compile takes seconds
+@given(n=st.one_of(st.integers(1, 1 << 15), st.integers(1, 1 << 20)),  # register / looped rows
+       kind=st.sampled_from(["rms", "layer", "add_rms"]),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
+       weight=st.booleans(), bias=st.booleans(), few=st.booleans())
+# N mod 2**16 >= 2**15: lengths whose direct load of a fixed column TileLang cannot lower
+@example(n=100000, kind="layer", dtype="bfloat16", weight=True, bias=True, few=False)
+@example(n=100000, kind="rms", dtype="float16", weight=True, bias=False, few=False)
+@example(n=100000, kind="add_rms", dtype="float32", weight=False, bias=False, few=True)
+@example(n=(1 << 20) - 1, kind="layer", dtype="float32", weight=False, bias=False, few=True)
+def test_every_row_length_compiles_for_sm90(n, kind, dtype, weight, bias, few):
+    bias = bias and kind == "layer"
+    plan = norm.register_plan(n, dtype, few)  # the kernel the op picks: registers if it fits
+    build = norm.build_looped_kernel if plan is None else norm.build_register_kernel
+    src = build(kind, n, dtype, 1e-5, weight, bias, "sm_90", None, few).get_kernel_source()
+    assert "main_kernel" in src
+    if plan is None and kind == "layer":  # the shift: broadcast from lane 0 only where needed
+        assert ("__shfl_sync(" in src) == norm._direct_row_load_fails(n)
+
+
+@pytest.mark.parametrize(("n", "lowers"), [
+    pytest.param(98303, True, id="98303-mod-2^16-is-2^15-1"),
+    pytest.param(98304, False, id="98304-mod-2^16-is-2^15"),
+    pytest.param(131071, False, id="131071-mod-2^16-is-2^16-1"),
+    pytest.param(131072, True, id="131072-mod-2^16-is-0"),
+])
+def test_tilelang_lowers_a_direct_fixed_column_load_exactly_where_stated(n, lowers, monkeypatch):
+    """The looped LayerNorm's direct ``X[row, 0]`` load, forced for every N, lowers exactly
+    where :func:`norm._direct_row_load_fails` says it does. This fails once a TileLang release
+    lowers it for every N: the warp broadcast is then no longer needed."""
+    import tilelang
+    from tilelang import tvm
+
+    monkeypatch.setattr(norm, "_direct_row_load_fails", lambda n: False)
+    prog = norm.looped_program("layer", n, "float32", 1e-5, False, False,
+                               *norm.looped_plan(n, "float32"))
+    target = tvm.target.Target({"kind": "cuda", "arch": "sm_90"})
+    with target:
+        if lowers:
+            assert "__shfl_sync(" not in tilelang.lower(prog, target=target).kernel_source
+        else:
+            with pytest.raises(Exception, match="lanes of a scalable vector"):
+                tilelang.lower(prog, target=target)
+    monkeypatch.undo()
+    assert norm._direct_row_load_fails(n) is not lowers
 
 
 @settings(max_examples=300, deadline=None)

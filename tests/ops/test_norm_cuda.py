@@ -5,9 +5,13 @@ accesses; 128: several rows a CTA; 4096/8192: LLM hidden sizes, 16-byte accesses
 length no vector divides; 65536: too wide for registers, the looped kernel), row counts
 (1, 3, 2048, 32768) and extra batch dims. Inputs are fresh random values; outputs are poisoned
 (the allocator hands back memory just filled with NaN) so an unwritten element fails.
+Beyond the grid, every row length from 1 to 2**20 must work: hypothesis samples that space, with
+the lengths TileLang once failed to lower (N mod 2**16 >= 2**15: 100000, 2**20 - 1) explicit.
 """
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -96,6 +100,78 @@ def test_fused_add_rms_norm(m, n, dtype, inplace):
     y, s = op(x, r, w)
     if inplace:
         assert y is x and s is r
+    assert torch.equal(s, s_ref)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+# Any row length: the register kernel's lengths (up to 2**15) drawn as often as the looped one's;
+# a few rows (the latency plan) or more than FEW_ROWS. Each example builds a kernel (seconds).
+ANY_N = st.one_of(st.integers(1, 1 << 15), st.integers(1, 1 << 20))
+ANY_ROWS = st.sampled_from([1, 5, 160])
+ANY_DTYPE = st.sampled_from(DTYPES)
+SAMPLED = settings(max_examples=15, deadline=None)
+
+
+def _rows(m: int, n: int) -> int:
+    """``m`` rows, fewer where the row is wide: at most 2**24 elements (the fp64 reference)."""
+    return max(1, min(m, (1 << 24) // n))
+
+
+@SAMPLED
+@given(n=ANY_N, m=ANY_ROWS, dtype=ANY_DTYPE, weight=st.booleans())
+@example(n=100000, m=5, dtype=torch.bfloat16, weight=True)
+@example(n=(1 << 20) - 1, m=1, dtype=torch.float16, weight=False)
+def test_rms_norm_any_row_length(n, m, dtype, weight):
+    m = _rows(m, n)
+    x = torch.randn(m, n, dtype=dtype, device="cuda")
+    w = torch.randn(n, dtype=dtype, device="cuda") if weight else None
+    op = RMSNormFwdOp(normalized_shape=[n], eps=1e-6)
+    _poison(m * n, dtype)
+    y = op(x, w)
+    assert op.serving_target == "tileops"
+    ref = rms_norm_reference(x.double(), None if w is None else w.double(), 1, 1e-6)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+@SAMPLED
+@given(n=ANY_N, m=ANY_ROWS, dtype=ANY_DTYPE, weight=st.booleans(), bias=st.booleans())
+@example(n=100000, m=5, dtype=torch.bfloat16, weight=True, bias=True)
+@example(n=(1 << 20) - 1, m=1, dtype=torch.float32, weight=False, bias=True)
+@example(n=32768, m=160, dtype=torch.float32, weight=True, bias=False)
+def test_layer_norm_any_row_length(n, m, dtype, weight, bias):
+    m = _rows(m, n)
+    x = torch.randn(m, n, dtype=dtype, device="cuda") * 3 + 1
+    w = torch.randn(n, dtype=dtype, device="cuda") if weight else None
+    b = torch.randn(n, dtype=dtype, device="cuda") if bias else None
+    op = LayerNormFwdOp(normalized_shape=n)
+    _poison(m * n, dtype)
+    y = op(x, w, b)
+    assert op.serving_target == "tileops"
+    if n == 1:  # a single element normalizes to exactly zero, then the bias
+        ref = torch.zeros(m, 1, dtype=torch.float64, device="cuda")
+        ref = ref if b is None else ref + b.double()
+        assert torch.equal(y.double(), ref)
+        return
+    ref = layer_norm_reference(x.double(), None if w is None else w.double(),
+                               None if b is None else b.double(), 1, 1e-5)
+    assert _rel(y, ref) < TOL[dtype]
+
+
+@SAMPLED
+@given(n=ANY_N, m=ANY_ROWS, dtype=ANY_DTYPE, weight=st.booleans(), inplace=st.booleans())
+@example(n=100000, m=5, dtype=torch.bfloat16, weight=True, inplace=False)
+@example(n=(1 << 20) - 1, m=1, dtype=torch.float16, weight=True, inplace=True)
+def test_fused_add_rms_norm_any_row_length(n, m, dtype, weight, inplace):
+    m = _rows(m, n)
+    x = torch.randn(m, n, dtype=dtype, device="cuda")
+    r = torch.randn(m, n, dtype=dtype, device="cuda")
+    w = torch.randn(n, dtype=dtype, device="cuda") if weight else None
+    s_ref = (x.double() + r.double()).to(dtype)  # residual_out is rounded to the dtype
+    ref = rms_norm_reference(s_ref.double(), None if w is None else w.double(), 1, 1e-6)
+    op = FusedAddRMSNormFwdOp(eps=1e-6, inplace=inplace)
+    _poison(2 * m * n, dtype)
+    y, s = op(x, r, w)
+    assert op.serving_target == "tileops"
     assert torch.equal(s, s_ref)
     assert _rel(y, ref) < TOL[dtype]
 

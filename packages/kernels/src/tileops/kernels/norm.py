@@ -177,6 +177,24 @@ def register_plan(n: int, dtype: str, few_rows: bool = False
     return tpr, rpc, vec, per
 
 
+def _direct_row_load_fails(n: int) -> bool:
+    """Whether TileLang cannot lower a load of one fixed column of a row, ``X[row, 0]``, for
+    rows of ``n`` elements.
+
+    TileLang 0.1.15's StorageRewrite pass records, for every scalar load from a tensor, the
+    stride pattern of its index (the modular coefficient: ``n`` for ``row * n + 0``) as the lane
+    count of a vector type. A TVM ``DataType`` keeps its lanes in 16 bits and reads them back signed,
+    negative meaning a scalable vector, so an ``n`` of ``2**15`` or more modulo ``2**16``
+    (100000, 131071, 2**20 - 1) stops lowering with "Can't fetch the lanes of a scalable
+    vector at a compile time". A load whose column varies with the thread has a stride
+    pattern of at most the vector width and is not affected; only the looped LayerNorm's shift
+    reads a fixed column. For these ``n`` the warp's lanes read columns 0 to 31 and lane 0's
+    value is broadcast (every ``n`` affected is far wider than a warp); the other ``n`` keep
+    the one direct load, and their programs are unchanged.
+    """
+    return n % (1 << 16) >= 1 << 15
+
+
 def looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
     """``(threads, vec, per)``: each pass walks the row in chunks of threads * vec * per."""
     vec = _vec(n, dtype)
@@ -361,6 +379,14 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     warps = threads // _WARP
     f32 = "float32"
     inv_n = 1.0 / n
+    spread = layer and _direct_row_load_fails(n)
+
+    def first(X, R, row, col):
+        """Element ``col`` of the row as the kernel normalizes it (the fused add's sum rounded
+        to the storage dtype), in fp32."""
+        if add:
+            return T.cast(T.cast(T.cast(X[row, col], f32) + T.cast(R[row, col], f32), dtype), f32)
+        return T.cast(X[row, col], f32)
 
     @T.macro
     def body(X, R, W, B, Y, RO):
@@ -374,11 +400,12 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
             acc[0] = T.cast(0, f32)
             acc[1] = T.cast(0, f32)
             # layer norm: shift by the row's first element (shifted-data variance, stable)
-            if add:
-                acc[2] = (T.cast(T.cast(T.cast(X[row, 0], f32) + T.cast(R[row, 0], f32), dtype),
-                                 f32) if layer else T.cast(0, f32))
+            if not layer:
+                acc[2] = T.cast(0, f32)
+            elif spread:  # see _direct_row_load_fails: lane 0's column-0 read is the shift
+                acc[2] = T.shfl_sync(first(X, R, row, tx % _WARP), 0)
             else:
-                acc[2] = T.cast(X[row, 0], f32) if layer else T.cast(0, f32)
+                acc[2] = first(X, R, row, 0)
             for step in T.serial(steps):
                 for v in T.unroll(per):
                     col = step * chunk + (v * threads + tx) * vec
