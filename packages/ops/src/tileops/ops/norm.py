@@ -73,10 +73,13 @@ class RowNormOp(Op):
         missing = len(names)
         cls._gather = itemgetter(*(names.index(a) if a in names else missing
                                    for a in _SLOT_ARGS))
-        cls._in_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
-                              if a in plan.input_names)
         cls._out_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
                                if a in plan.output_names)
+        # the slots whose layout a call checks: the inputs (an output the op allocates is laid
+        # out like x, one that aliases an input is that input), and the outputs too where the
+        # entry lets the caller supply one (out=)
+        cls._checked_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
+                                   if a in plan.input_names or a in plan.buffer_outputs)
 
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -116,11 +119,9 @@ class RowNormOp(Op):
             entry = self.kernel_for(key, RowNormFwdInterface, lambda: RowNormSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
                 eps=eps, has_weight=has_w, has_bias=has_b))
-        for p in self._in_slots:
+        for p in self._checked_slots:
             t = args[p]
-            # the common case: already (rows, n) / (n,), contiguous, at offset 0; outputs are
-            # then in the layout too (a new one is allocated like x; one that aliases an input
-            # is that input)
+            # the common case: already (rows, n) / (n,), contiguous, at offset 0
             if t is not None and (t.dim() != _DIMS[p] or not t.is_contiguous()
                                   or t.storage_offset() and t.data_ptr() % 16):
                 self._run_on_copies(entry, args, rows, n)
