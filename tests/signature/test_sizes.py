@@ -14,11 +14,14 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tileops.signature import (
+# the torch adapter is among the adapters compared: tests(signature) runs without torch (the
+# package needs none), tests(runtime) runs this file with it
+torch = pytest.importorskip("torch")
+
+from tileops.signature import (  # noqa: E402
     ConstructionError,
     DTypeAdapter,
     SignatureCallError,
@@ -26,7 +29,7 @@ from tileops.signature import (
     numpy_adapter,
     torch_adapter,
 )
-from tileops.spec import load_spec_text
+from tileops.spec import load_spec_text  # noqa: E402
 
 SPEC = """\
 SizesOp:
