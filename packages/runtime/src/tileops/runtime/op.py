@@ -20,7 +20,12 @@ Instance state (every field exists after construction):
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
 |              | ``_delegate_stages``, ``_effect_branches``, ``_last_call``,          |             |
-|              | ``_tune_warned``                                                   |             |
+|              | ``_tune_warned``, ``_readers`` (index readers, made on first use)  |             |
+
+What a family base derives from its params in ``derive()`` belongs to the construction group
+(written once, at the end of ``Op.__init__``, kept on reset). ``_entries_by_call`` also holds
+a family base's memoised entries under its own tuple keys (``kernel_for``); they go with the
+binding.
 """
 
 from __future__ import annotations
