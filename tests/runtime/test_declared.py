@@ -158,9 +158,9 @@ def test_kernel_for_builds_the_spec_only_on_a_miss_and_readers_read_solved_indic
     op(torch.randn(2, 7))
     assert KeyedScaleOp.made == 2
     call = op.last_call
-    assert op.indices(call, "N") == (7,) and op.indices(call, "B", "N") == ((2,), 7)
+    assert op.index_reader("N")(call) == (7,) and op.index_reader("B", "N")(call) == ((2,), 7)
     with pytest.raises(LookupError, match="KeyedScaleOp: Q is not an index of its signature"):
-        op.indices(call, "Q")
+        op.index_reader("Q")
     op._reset_binding()  # the memo is binding state: gone with the binding
     op(torch.randn(2, 7))
     assert KeyedScaleOp.made == 3
@@ -184,4 +184,6 @@ def test_a_wrong_number_of_inputs_is_named_by_the_ops_signature():
         op(bias=torch.randn(3))
     with pytest.raises(TypeError, match=r"^ScaleOp\(x, bias=None\): required input x"):
         op.fp64_reference()
+    with pytest.raises(TypeError, match=r"^ScaleOp\(x, bias=None\) takes 2 inputs, got 3"):
+        op.fp64_reference(x, None, x)
     assert torch.equal(op(x), x * 2.0)  # and the op stays usable

@@ -167,7 +167,7 @@ class Equivalents:
         copies of the floating-point inputs."""
         n = self._n_inputs
         if len(inputs) > n:
-            raise TypeError(f"{type(self).__name__} takes {n} inputs, got {len(inputs)}")
+            raise self._arity_error(inputs)
         given = list(inputs)
         while given and given[-1] is None:
             given.pop()
@@ -199,7 +199,6 @@ class Equivalents:
             if fn is not None:
                 out[name] = fn
         return out
-
 
 
 def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:

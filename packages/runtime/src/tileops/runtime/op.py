@@ -20,9 +20,10 @@ Instance state (every field exists after construction):
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
 |              | ``_delegate_stages``, ``_effect_branches``, ``_last_call``,          |             |
-|              | ``_tune_warned``, ``_readers`` (index readers, made on first use)  |             |
+|              | ``_tune_warned``                                                   |             |
 
-What a family base derives from its params in ``derive()`` belongs to the construction group
+What a family base derives from its params in ``derive()`` (its index readers among it)
+belongs to the construction group
 (written once, at the end of ``Op.__init__``, kept on reset). ``_entries_by_call`` also holds
 a family base's memoised entries under its own tuple keys (``kernel_for``); they go with the
 binding.
@@ -176,7 +177,6 @@ class Op(declared.Equivalents):
         self._fast_source: str | None = None
         self._parent: Op | None = None
         self._lock = threading.RLock()
-        self._readers: dict[tuple[str, ...], Any] = {}
         self.derive()
         if tune:
             self.request_tune()
@@ -571,18 +571,10 @@ class Op(declared.Equivalents):
                 self._entries_by_call[key] = entry
         return entry
 
-    def indices(self, call: SignatureCall, *names: str) -> tuple:
-        """The values of the index ``names`` the signature solved for ``call`` (a Shape index
-        as a tuple), in that order. A family base on the hot path holds
-        :meth:`index_reader` instead (one call, no lookup)."""
-        reader = self._readers.get(names)
-        if reader is None:
-            reader = self._readers[names] = self.index_reader(*names)
-        return reader(call)
-
     def index_reader(self, *names: str) -> Any:
-        """``read(call) -> tuple``: the values of the index ``names`` for a record of this
-        instance's construction point (see :meth:`indices`)."""
+        """``read(call) -> tuple``: the values of the index ``names`` the signature solved for
+        a record of this instance's construction point (a Shape index as a tuple), in that
+        order. A family base makes its readers once, in ``derive``."""
         point = self._point
         order = point.index_names
         missing = [n for n in names if n not in order]
