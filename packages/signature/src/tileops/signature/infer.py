@@ -16,7 +16,7 @@ from tileops.spec import Scope, evaluate
 from tileops.spec import expr as E
 
 from .common import LazyConflict, ev, shape_text, tuple_code
-from .sizes import normalize_shape, shape_problem
+from .sizes import shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .unify import Body
@@ -61,8 +61,7 @@ def emit_outputs(b: Body) -> None:
         fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}]",
                         lambda env, n=n, sc=shapes[i], dc=dtypes[i]:
                         (shape_problem(n, env[f"t_{n}"].shape)
-                         if not isinstance(env[f"t_{n}"], ad.arrays)
-                         and normalize_shape(env[f"t_{n}"].shape) is None else
+                         if ad.admit(env[f"t_{n}"], env[f"t_{n}"].shape) is None else
                          f"the buffer given for {n} must be "
                          f"{ad.short(ev(dc, env))}{shape_text(ev(sc, env))}, but is "
                          f"{ad.short(env[f't_{n}'].dtype)}"

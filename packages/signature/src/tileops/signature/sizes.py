@@ -12,8 +12,9 @@ scalar.
 The call check applies this to the shapes of objects it cannot vouch for. The arrays of the
 adapter's library (``DTypeAdapter.arrays``: ``torch.Tensor``, ``numpy.ndarray``, their
 subclasses) have sizes by construction: their shape is checked by the library when the array
-is made, so the hot path pays one ``isinstance`` per input for them and reads no entry (a fake
-or traced tensor's symbolic sizes are never forced to a value). Any other object with
+is made, so the hot path pays one set lookup of the input's exact type for them
+(``DTypeAdapter.admitted``) and reads no entry (a fake or traced tensor's symbolic sizes are
+never forced to a value). Any other object with
 ``.shape`` and ``.dtype`` has its shape read entry by entry and normalised.
 """
 
@@ -30,15 +31,8 @@ SIZE = "a size is a non-negative int"
 
 def as_size(v: Any) -> int | None:
     """``v`` as an ``int`` when it is a size, else None."""
-    if type(v) is int:
-        return v if v >= 0 else None
-    if isinstance(v, bool):
-        return None
-    try:
-        i = operator.index(v)
-    except TypeError:
-        return None
-    return i if i >= 0 else None
+    i = as_int(v)
+    return i if i is not None and i >= 0 else None
 
 
 def as_int(v: Any) -> int | None:
