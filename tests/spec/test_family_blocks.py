@@ -420,3 +420,33 @@ def test_the_norm_entries_share_one_grid_and_expand_to_their_written_out_workloa
                 for w in entry.workloads] == expected, name
         assert all(set(c) == {"T"} for w in entry.workloads for c in w.dtype_cases)
     assert validate(spec) == []
+
+
+def _wide_grid(rows: int, items: int) -> str:
+    grid = "".join(f"        - {{m: {i + 1}, n: 3, dtype_cases: [{{T: float16}}], label: r{i}}}\n"
+                   for i in range(rows))
+    item = '  - grid: g\n    map: {B: "[m]", N: n}\n    label: "{label}-%d"\n'
+    return edit(ROWS, grid, '  - grid: g\n    map: {B: "[m]", N: n}\n',
+                "".join(item % j for j in range(items)))
+
+
+def test_a_large_grid_loads_in_well_under_a_second() -> None:
+    import time
+
+    text = _wide_grid(1500, 2)  # 3000 workloads: the line table is placed once, not per row
+    t = time.perf_counter()
+    entry = load_spec_text(text, "op.yaml").entries["Op"]
+    assert time.perf_counter() - t < 1.0
+    assert len(entry.workloads) == 3001
+
+
+def test_an_entry_expanding_to_more_workloads_than_the_bound_is_refused() -> None:
+    assert load_error(_wide_grid(1500, 3)) == (
+        "[schema] op.yaml:1525: in Op.workloads[2]: Op expands to more than 4096 workloads (each is a "
+        "test and a benchmark case); split the grid or use it in fewer items")
+
+
+def test_a_grid_variable_is_a_name_an_expression_can_read() -> None:
+    text = edit("{m: 2, n: 3,", "{m: 2, n: 3, lambda: 1,", "{m: 4, n: 5,", "{m: 4, n: 5, lambda: 1,")
+    assert load_error(text) == ("[schema] op.yaml:7: in families.test.grids.g.rows[0].lambda: grid "
+                                "variable 'lambda' is not a name an expression can read")

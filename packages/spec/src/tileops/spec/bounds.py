@@ -62,6 +62,12 @@ MAX_YAML_DEPTH = 64
 #: before anything walks it.
 MAX_YAML_NODES = 200_000
 
+#: The most workloads one entry may have once its grid items are expanded. The shipped entries
+#: have under 50; each workload is a test and a benchmark case, and a grid of many rows
+#: expanded by many items would otherwise multiply into more than any run could use (and
+#: the validator checks every one).
+MAX_WORKLOADS = 4096
+
 
 def int_in_range(value: int) -> bool:
     """Whether an integer is within MAX_INT (``bit_length`` reads the size without

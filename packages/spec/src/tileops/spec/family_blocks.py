@@ -50,6 +50,7 @@ import msgspec
 
 from .convert import convert, fail, plain
 from .evaluate import EvalError, Scope, evaluate
+from .expr import is_name
 from .kinds import DTYPES
 from .schema import FamilyDef, Grid, GridRow, GridUse, OpEntry, Workload
 
@@ -124,7 +125,7 @@ def _rows(raw: Any, grid_path: str, file: str, lines: Mapping[str, int]) -> tupl
         reserved = {k: row[k] for k in _ROW_RESERVED if k in row}
         values = {k: plain(v) for k, v in row.items() if k not in _ROW_RESERVED}
         for k in values:
-            if not isinstance(k, str) or not k.isidentifier():
+            if not isinstance(k, str) or not is_name(k):
                 raise fail(file, lines, f"{rpath}.{k}", f"grid variable {k!r} is not a name an "
                            f"expression can read")
         converted = convert({**reserved, "values": values}, GridRow, rpath, file, lines)
@@ -305,11 +306,18 @@ def relocate_lines(lines: dict[str, int], path: str, sources: list[list[LineSour
     for p in written:
         del lines[p]
     snapshot = {**lines, **written}
+    # each path under every ancestor it has (split where a key or an index starts), built once:
+    # a source's descendants are then one lookup, not a scan of the table per workload
+    below: dict[str, list[tuple[str, int]]] = {}
+    for p, n in snapshot.items():
+        for i, ch in enumerate(p):
+            if ch in ".[":
+                below.setdefault(p[:i], []).append((p[i:], n))
     for k, srcs in enumerate(sources):
         base = f"{path}[{k}]"
         for src, rel, deep in srcs:
-            for p, n in snapshot.items():
-                if p == src:
-                    lines.setdefault(base + rel, n)
-                elif deep and (p.startswith(src + ".") or p.startswith(src + "[")):
-                    lines.setdefault(base + rel + p[len(src):], n)
+            if src in snapshot:
+                lines.setdefault(base + rel, snapshot[src])
+            if deep:
+                for tail, n in below.get(src, ()):
+                    lines.setdefault(base + rel + tail, n)

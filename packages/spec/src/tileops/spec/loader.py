@@ -28,7 +28,14 @@ from typing import Any
 import msgspec
 import yaml
 
-from .bounds import MAX_INT, MAX_SPEC_BYTES, MAX_YAML_DEPTH, MAX_YAML_NODES, int_in_range
+from .bounds import (
+    MAX_INT,
+    MAX_SPEC_BYTES,
+    MAX_WORKLOADS,
+    MAX_YAML_DEPTH,
+    MAX_YAML_NODES,
+    int_in_range,
+)
 from .convert import Lines, LocatedMap, LocatedSeq, convert, fail, join_path, plain
 from .errors import Diagnostic, SpecLoadError
 from .expr import is_name
@@ -354,12 +361,19 @@ def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDe
             for workload, srcs in expand_grid(row, rpath, name, entry, families, file, lines):
                 rows.append(workload)
                 sources.append(srcs)
+                if len(rows) > MAX_WORKLOADS:
+                    raise fail(file, lines, rpath, f"{name} expands to more than {MAX_WORKLOADS} "
+                               f"workloads (each is a test and a benchmark case); split the "
+                               f"grid or use it in fewer items")
             used_grids.add((entry.family, row["grid"]))
             continue
         reserved = {k: row[k] for k in _WORKLOAD_RESERVED if k in row}
         values = {k: plain(v) for k, v in row.items() if k not in _WORKLOAD_RESERVED}
         rows.append(convert({**reserved, "values": values}, Workload, rpath, file, lines))
         sources.append([(rpath, "", True)])
+        if len(rows) > MAX_WORKLOADS:
+            raise fail(file, lines, rpath, f"{name} has more than {MAX_WORKLOADS} workloads "
+                       f"(each is a test and a benchmark case)")
     relocate_lines(lines, path, sources)
     return tuple(rows)
 
