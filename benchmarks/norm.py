@@ -102,7 +102,9 @@ def first_call() -> dict:
     code = _FIRST_CALL.format(paths=PATHS)
     out = {}
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TILELANG_CACHE_DIR=cache)
+        # every cache of the library (TileLang's compiled kernels included) follows
+        # TILEOPS_CACHE_DIR, which points TileLang's own variable under it
+        env = dict(os.environ, TILEOPS_CACHE_DIR=cache)
         for label in ("cold", "warm"):
             res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                  text=True, timeout=300)
