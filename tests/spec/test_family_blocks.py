@@ -450,3 +450,17 @@ def test_a_grid_variable_is_a_name_an_expression_can_read() -> None:
     text = edit("{m: 2, n: 3,", "{m: 2, n: 3, lambda: 1,", "{m: 4, n: 5,", "{m: 4, n: 5, lambda: 1,")
     assert load_error(text) == ("[schema] op.yaml:7: in families.test.grids.g.rows[0].lambda: grid "
                                 "variable 'lambda' is not a name an expression can read")
+
+
+def test_every_unused_family_block_and_grid_is_reported() -> None:
+    text = edit("families:\n", "families:\n  other:\n    status: spec-only\n",
+                "        rows:\n", "        rows:\n        - {m: 1, n: 1, label: lone}\n      h:\n"
+                "        rows:\n")
+    with pytest.raises(SpecLoadError) as exc:
+        load_spec_text(text, "op.yaml")
+    assert [str(d) for d in exc.value.diagnostics] == [
+        "op.yaml:2: in families.other: no entry of this file has family 'other' (the entries' "
+        "families: test)",
+        "op.yaml:10: in families.test.grids.h: grid h of family test is expanded by no workload "
+        "item",
+    ]

@@ -49,6 +49,7 @@ from typing import Any
 import msgspec
 
 from .convert import convert, fail, plain
+from .errors import Diagnostic
 from .evaluate import EvalError, Scope, evaluate
 from .expr import is_name
 from .kinds import DTYPES
@@ -284,18 +285,21 @@ def _yaml_value(v: Any) -> Any:
 
 def check_families_used(families: Mapping[str, FamilyDef], entries: Mapping[str, OpEntry],
                         used_grids: set[tuple[str, str]], file: str,
-                        lines: Mapping[str, int]) -> None:
+                        lines: Mapping[str, int]) -> list[Diagnostic]:
     """Every family block belongs to a family some entry of the file has, and every grid is
-    expanded by some workload item."""
+    expanded by some workload item: one diagnostic for each that is not."""
     have = list(dict.fromkeys(e.family for e in entries.values()))
+    found: list[Diagnostic] = []
     for name, family in families.items():
         if name not in have:
-            raise fail(file, lines, f"families.{name}", f"no entry of this file has family "
-                       f"{name!r} (the entries' families: {_names(have)})")
+            found += fail(file, lines, f"families.{name}", f"no entry of this file has family "
+                          f"{name!r} (the entries' families: {_names(have)})").diagnostics
+            continue
         for grid in family.grids:
             if (name, grid) not in used_grids:
-                raise fail(file, lines, f"families.{name}.grids.{grid}", f"grid {grid} of "
-                           f"family {name} is expanded by no workload item")
+                found += fail(file, lines, f"families.{name}.grids.{grid}", f"grid {grid} of "
+                              f"family {name} is expanded by no workload item").diagnostics
+    return found
 
 
 def relocate_lines(lines: dict[str, int], path: str, sources: list[list[LineSource]]) -> None:

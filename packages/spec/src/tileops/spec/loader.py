@@ -283,8 +283,9 @@ def load_spec_text(text: str, file: str = "<string>") -> SpecFile:
 
 def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list[Diagnostic]]:
     """The file's entries that load, and the error of each one that does not (one error an
-    entry: its first; the others load and validate on their own). An error of the file as a
-    whole (YAML, its ``families:`` block) is still raised."""
+    entry: its first; the others load and validate on their own), then a family block or a
+    grid no entry uses. An error of the file as a whole (YAML, a malformed ``families:``
+    block) is still raised."""
     data = _read_yaml(text, file)
     if data is None:
         data = LocatedMap()
@@ -310,7 +311,7 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
         except SpecLoadError as err:
             errors += err.diagnostics
     if not errors:  # a family's grid is unused only if no entry that might use it failed
-        check_families_used(families, entries, used_grids, file, rec.lines)
+        errors += check_families_used(families, entries, used_grids, file, rec.lines)
     return SpecFile(path=file, entries=entries, lines=rec.lines, families=families), errors
 
 
