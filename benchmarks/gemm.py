@@ -66,11 +66,12 @@ def _test_cases() -> list[tuple]:
 
 
 def _spec_for(m, n, k, ta, tb, dtype, aligned=None):
-    from tileops.kernels.gemm import GemmPlan, m_bucket
+    """The kernels' plan of a call on fresh contiguous tensors (``aligned=False``: an offset
+    view, which breaks TMA alignment whatever the row lengths)."""
+    from tileops.kernels.gemm import GemmPlan, m_bucket, tma_aligned
 
-    if aligned is None:  # fresh contiguous tensors: only the row strides can break it
-        rows = [m if ta else k, k if tb else n, n]
-        aligned = all(r % 8 == 0 for r in rows)
+    if aligned is None:  # fresh contiguous tensors: only the row lengths can break it
+        aligned = tma_aligned(m, n, k, dtype, ta, tb)
     return GemmPlan("cuda", m_bucket(m), n, k, dtype, ta, tb, aligned)
 
 
@@ -144,7 +145,9 @@ def _test_params(generator: str) -> list:
 def _device_arch() -> tuple[int, int] | None:
     import torch
 
-    return tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    from tileops.runtime import device_arch
+
+    return device_arch(torch.device("cuda")) if torch.cuda.is_available() else None
 
 
 def _build(job: tuple, arch: tuple[int, int] | None = None) -> tuple[tuple, float, str]:

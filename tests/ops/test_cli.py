@@ -196,11 +196,11 @@ def test_serving_problem_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     assert core.serving_problem(RMSNormFwdOp, REFERENCE, cpu) is None
     assert core.serving_problem(RMSNormFwdOp, "tileops", cpu) == (
         "the in-tree kernels run on cuda only")
-    monkeypatch.setattr(core, "_arch", lambda device: (7, 5))
+    monkeypatch.setattr(core, "device_arch", lambda device: (7, 5))
     monkeypatch.setattr(core, "_tilelang_importable", lambda: True)
     assert core.serving_problem(RMSNormFwdOp, "tileops", cuda) == (
         "no in-tree kernel supports sm_75 (they support sm_80, sm_86, sm_89, sm_90)")
-    monkeypatch.setattr(core, "_arch", lambda device: (9, 0))
+    monkeypatch.setattr(core, "device_arch", lambda device: (9, 0))
     assert core.serving_problem(GemmFwdOp, "tileops", cuda) is None
     monkeypatch.setattr(core, "_tilelang_importable", lambda: False)
     assert core.serving_problem(GemmFwdOp, "tileops", cuda) == (

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Sequence
 
 import torch
 
-from tileops.runtime import Op, default_specs, targets
+from tileops.runtime import Op, default_specs, device_arch, targets
 from tileops.spec import DTYPES
 
 __all__ = [
@@ -206,10 +206,6 @@ def _tilelang_importable() -> bool:
     return importlib.util.find_spec("tilelang") is not None
 
 
-def _arch(device: torch.device) -> tuple[int, int]:
-    return tuple(torch.cuda.get_device_capability(device))
-
-
 def serving_problem(cls: type[Op], target: str, device: torch.device) -> str | None:
     """Why ``target`` cannot serve ``cls`` on ``device`` (None when it can): the in-tree
     kernels (``tileops``) where none runs on the device's type, or TileLang is missing, or no
@@ -227,7 +223,7 @@ def serving_problem(cls: type[Op], target: str, device: torch.device) -> str | N
         if device.type == "cuda":
             if not _tilelang_importable():
                 return "the in-tree kernels need TileLang, which is not installed"
-            arch = _arch(device)
+            arch = device_arch(device)
             archs = [k.supported_archs for k in here]
             if None not in archs and not any(arch in a for a in archs):
                 known = sorted({a for a_set in archs for a in a_set})

@@ -70,23 +70,8 @@ def time_call(fn: Callable[[], Any], device: torch.device, *, repeat: int = 20,
     repeat = max(1, repeat)
     if device.type == "cuda":
         with torch.cuda.device(device):
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda.synchronize()
-            start.record()
-            fn()
-            end.record()
-            torch.cuda.synchronize()
-            one = max(start.elapsed_time(end) * 1e-3, 1e-6)
-            batch = max(1, min(repeat, int(budget_s / 5 / one)))
-            times = []
-            for _ in range(5):
-                start.record()
-                for _ in range(batch):
-                    fn()
-                end.record()
-                torch.cuda.synchronize()
-                times.append(start.elapsed_time(end) * 1e-3 / batch)
-            return statistics.median(times)
+            one = max(events_time(fn, 1, trials=1), 1e-6)
+            return events_time(fn, max(1, min(repeat, int(budget_s / 5 / one))))
     times = []
     spent = 0.0
     while len(times) < repeat and (spent < budget_s or not times):
