@@ -106,7 +106,7 @@ class Ran:
 
 
 def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | None = None,
-             repeat: int = 20, budget_s: float = 0.25, check: bool = True, timed: bool = True,
+             repeat: int = 20, budget_s: float = 0.25, timed: bool = True,
              tune: bool = False, status: Callable[[str], None] | None = None) -> Ran:
     """Build the op for ``case``, run it once (checking it against float64), then time it
     with :func:`~.timing.time_call` (unless ``timed`` is false: ``tileops bench`` times every
@@ -127,13 +127,12 @@ def run_case(cls: type[Op], case: Case, device: torch.device, *, target: str | N
         return Ran(res, None, [], None)
     inputs = make_inputs(case, device)
     refs = None
-    if check:
-        say("float64 reference")
-        try:
-            with torch.no_grad():
-                refs = op.fp64_reference(*inputs)
-        except Exception as exc:  # noqa: BLE001 - the row is run unchecked, and says why
-            res.add_note(f"no float64 reference: {describe(case.op, exc)}")
+    say("float64 reference")
+    try:
+        with torch.no_grad():
+            refs = op.fp64_reference(*inputs)
+    except Exception as exc:  # noqa: BLE001 - the row is run unchecked, and says why
+        res.add_note(f"no float64 reference: {describe(case.op, exc)}")
     try:
         say("building and running the kernel")
         t0 = time.perf_counter()
