@@ -381,11 +381,9 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     inv_n = 1.0 / n
     spread = layer and _direct_row_load_fails(n)
 
-    def first(X, R, row, col):
-        """Element ``col`` of the row as the kernel normalizes it (the fused add's sum rounded
-        to the storage dtype), in fp32."""
-        if add:
-            return T.cast(T.cast(T.cast(X[row, col], f32) + T.cast(R[row, col], f32), dtype), f32)
+    def first(X, row, col):
+        """Element ``col`` of the row, in fp32 (only LayerNorm shifts by it; it has no
+        residual)."""
         return T.cast(X[row, col], f32)
 
     @T.macro
@@ -403,9 +401,9 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
             if not layer:
                 acc[2] = T.cast(0, f32)
             elif spread:  # see _direct_row_load_fails: lane 0's column-0 read is the shift
-                acc[2] = T.shfl_sync(first(X, R, row, tx % _WARP), 0)
+                acc[2] = T.shfl_sync(first(X, row, tx % _WARP), 0)
             else:
-                acc[2] = first(X, R, row, 0)
+                acc[2] = first(X, row, 0)
             for step in T.serial(steps):
                 for v in T.unroll(per):
                     col = step * chunk + (v * threads + tx) * vec
