@@ -1,0 +1,20 @@
+"""tileops.nn: ``torch.nn`` layers that run TileOPs ops.
+
+:class:`RMSNorm`, :class:`LayerNorm` and :class:`Linear` are subclasses of their
+``torch.nn`` namesakes that replace only ``forward`` (and take one more keyword, ``target``,
+the op's). Being subclasses, they are what code written for torch.nn's layers expects: the
+same constructor, parameters, init and ``state_dict`` by construction, and ``isinstance``
+holds where training code groups parameters or initializes weights by layer type (no weight
+decay on norms, ``normal_`` on every ``nn.Linear``). :class:`FusedAddRMSNorm` has no torch.nn
+counterpart; its parameter is RMSNorm's.
+
+Each layer holds its op, built from the layer's attributes and left out of its pickled state
+(``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
+computations as functions over a cache of op instances.
+"""
+
+from . import functional
+from .linear import Linear
+from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+
+__all__ = ["FusedAddRMSNorm", "LayerNorm", "Linear", "RMSNorm", "functional"]

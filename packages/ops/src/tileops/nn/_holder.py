@@ -1,0 +1,83 @@
+"""How a layer holds its op: built from the layer's own attributes, never pickled.
+
+A layer's op is a function of a few of the layer's attributes (its *config*: the op params it
+shares by name, plus ``target``), so the layer, not the op, is what is saved and copied. The
+op instance is left out of the layer's pickled state and rebuilt from the config where the
+layer is restored; this holds whether or not op instances pickle, and a restored layer starts
+with a fresh binding (the target is chosen again at its first call, on its new machine).
+
+When the op is (re)built:
+
+- at construction, so a bad param is refused where the layer is made, by the op's own
+  construction check;
+- in ``__setstate__`` (``copy.deepcopy``, ``pickle``, ``torch.load(weights_only=False)``) and
+  after ``_apply`` (``.to()``, ``.cuda()``, ``.half()``...): eagerly, so that the first call
+  after ``model.to("cuda"); torch.compile(model)`` does not construct an op while tracing, and
+  so that an op bound to a target on one device is not reused on another (an op binds its
+  target at its first call and keeps it);
+- after a config attribute is assigned (``layer.eps = 1e-3``): the op is dropped then and
+  rebuilt at the next call (assignments happen one attribute at a time, so the config may be
+  half-written when one lands). Two threads racing that rebuild each build an equal op and
+  the last one stored wins; nothing is shared between them.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from tileops.runtime import Op
+
+__all__ = ["HoldsOp"]
+
+
+class HoldsOp:
+    """Mixin of the layers (before the ``torch.nn.Module`` base in the bases): holds
+    ``op_class(**{a: getattr(self, a) for a in op_attrs}, **op_fixed, target=self.target)``.
+
+    A layer sets :attr:`op_class`, :attr:`op_attrs` (its attributes passed to the op under
+    the same name) and :attr:`op_fixed` (params it always passes), sets ``self.target`` and
+    then calls :meth:`_build_op` at the end of its ``__init__``."""
+
+    op_class: ClassVar[type[Op]]
+    op_attrs: ClassVar[tuple[str, ...]] = ()
+    op_fixed: ClassVar[dict[str, Any]] = {}
+    #: the op, or None where a config attribute changed since it was built
+    _op: Op | None = None
+    target: str | None
+
+    @property
+    def op(self) -> Op:
+        """The op instance this layer runs."""
+        op = self._op
+        if op is None:
+            op = self._build_op()
+        return op
+
+    def _build_op(self) -> Op:
+        params = {a: getattr(self, a) for a in self.op_attrs}
+        op = self.op_class(**params, **self.op_fixed, target=self.target)
+        self.__dict__["_op"] = op
+        return op
+
+    def _target_repr(self) -> str:
+        """``, target='...'`` for ``extra_repr`` where a target is set, else nothing."""
+        return "" if self.target is None else f", target={self.target!r}"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)  # type: ignore[misc]
+        if name == "target" or name in self.op_attrs:
+            self.__dict__["_op"] = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()  # type: ignore[misc]
+        state.pop("_op", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # type: ignore[misc]
+        self._build_op()
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        module = super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
+        self._build_op()
+        return module

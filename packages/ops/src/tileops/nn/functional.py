@@ -1,0 +1,169 @@
+"""The functions of ``torch.nn.functional`` that TileOPs ops serve, with the same signatures
+(plus a keyword-only ``target``, passed to the op), and the fused add + RMSNorm beside them.
+
+A function call takes its op instance from one process-wide cache keyed by the op class and
+its construction params (:func:`op_for`): an op is built once per distinct configuration and
+then serves every call with it, so a functional call costs one dictionary lookup more than
+calling the op. The cache is bounded (:data:`MAX_CACHED_OPS`, least recently used out first):
+a caller sweeping ``eps`` or shapes does not grow it without end. An evicted op that a caller
+still holds keeps working; the next lookup just builds another.
+
+The layers (:mod:`tileops.nn`) hold their own op instances instead (see ``_holder.py``), and
+share :func:`linear_with` with :func:`linear`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from typing import Any
+
+import torch
+
+from tileops.ops import FusedAddRMSNormFwdOp, GemmFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.runtime import Op
+
+__all__ = [
+    "MAX_CACHED_OPS",
+    "OpCache",
+    "fused_add_rms_norm",
+    "layer_norm",
+    "linear",
+    "linear_with",
+    "op_for",
+    "rms_norm",
+]
+
+#: how many op instances the functional cache keeps
+MAX_CACHED_OPS = 256
+
+
+def _freeze(value: Any) -> Any:
+    """A hashable key for a param value, tagged by type: ``eps=1`` and ``eps=True`` are
+    different params (the op may refuse one of them) and must not share an instance."""
+    if isinstance(value, (list, tuple)):
+        return (tuple, tuple(_freeze(v) for v in value))
+    return (type(value), value)
+
+
+class OpCache:
+    """A bounded, thread-safe map from (op class, construction params) to an op instance.
+
+    The lock guards the map only: an op is constructed outside it (construction generates the
+    op's checks), and where two threads build the same configuration at once, the first one
+    stored is what both get."""
+
+    def __init__(self, maxsize: int) -> None:
+        if maxsize < 1:
+            raise ValueError(f"OpCache: maxsize must be at least 1, got {maxsize}")
+        self.maxsize = maxsize
+        self._ops: OrderedDict[Any, Op] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._ops)
+
+    def get(self, cls: type[Op], **params: Any) -> Op:
+        """The cached instance of ``cls(**params)``, built on a miss. Params that cannot be a
+        key (a dict, say) build an uncached instance, so the op's own construction check is
+        what refuses them."""
+        key = (cls, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
+        try:
+            hash(key)
+        except TypeError:
+            return cls(**params)
+        with self._lock:
+            op = self._ops.get(key)
+            if op is not None:
+                self._ops.move_to_end(key)
+                return op
+        built = cls(**params)
+        with self._lock:
+            op = self._ops.setdefault(key, built)
+            self._ops.move_to_end(key)
+            while len(self._ops) > self.maxsize:
+                self._ops.popitem(last=False)
+        return op
+
+    def clear(self) -> None:
+        with self._lock:
+            self._ops.clear()
+
+
+_cache = OpCache(MAX_CACHED_OPS)
+
+
+def op_for(cls: type[Op], **params: Any) -> Op:
+    """The process-wide cached instance of ``cls(**params)`` the functions here call."""
+    return _cache.get(cls, **params)
+
+
+def rms_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+             eps: float | None = None, *, target: str | None = None) -> torch.Tensor:
+    """``torch.nn.functional.rms_norm`` through :class:`~tileops.ops.RMSNormFwdOp`."""
+    op = op_for(RMSNormFwdOp, normalized_shape=normalized_shape, eps=eps, target=target)
+    return op(input, weight)
+
+
+def layer_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+               bias: torch.Tensor | None = None, eps: float = 1e-5, *,
+               target: str | None = None) -> torch.Tensor:
+    """``torch.nn.functional.layer_norm`` through :class:`~tileops.ops.LayerNormFwdOp`."""
+    op = op_for(LayerNormFwdOp, normalized_shape=normalized_shape, eps=eps, target=target)
+    return op(input, weight, bias)
+
+
+def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor,
+                       weight: torch.Tensor | None = None, eps: float = 1e-6, *,
+                       inplace: bool = False, target: str | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(rms_norm(input + residual) * weight, input + residual)`` through
+    :class:`~tileops.ops.FusedAddRMSNormFwdOp` (no torch.nn.functional counterpart; with
+    ``inplace`` the results are written into ``input`` and ``residual``)."""
+    op = op_for(FusedAddRMSNormFwdOp, eps=eps, inplace=inplace, target=target)
+    return op(input, residual, weight)
+
+
+def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
+           target: str | None = None) -> torch.Tensor:
+    """``torch.nn.functional.linear``: ``input @ weight.T + bias`` through
+    :class:`~tileops.ops.GemmFwdOp` (``trans_b=True``, the ``nn.Linear`` weight layout)."""
+    return linear_with(op_for(GemmFwdOp, trans_b=True, target=target), input, weight, bias)
+
+
+def linear_with(op: Op, input: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None) -> torch.Tensor:
+    """``input @ weight.T + bias`` with ``op`` a ``GemmFwdOp(trans_b=True)``.
+
+    The op multiplies matrices, so the input's leading axes are flattened into its rows and
+    restored on the result (a 1-D input is one row, as in torch). A 2-D input goes to the op
+    as it is, and so does anything that is not a tensor: the op's check names what is wrong.
+    The bias is added by torch (``y + bias``): no op adds it yet, and a GEMM epilogue that
+    fuses it would replace this add. Since torch's add would promote a bias of another dtype
+    (and broadcast one of another shape) silently, the bias is checked first."""
+    if not isinstance(input, torch.Tensor) or input.dim() == 2:
+        y = op(input, weight)
+    else:
+        if input.dim() == 0:
+            raise ValueError(f"linear: argument input is a 0-dim tensor; expected at least one "
+                             f"axis (its last is in_features), seen {_describe(input)}")
+        y = op(input.reshape(-1, input.shape[-1]), weight)
+        y = y.reshape(*input.shape[:-1], y.shape[-1])
+    if bias is None:
+        return y
+    n = y.shape[-1]
+    if not isinstance(bias, torch.Tensor) or bias.dtype != y.dtype or bias.shape != (n,):
+        raise ValueError(f"linear: argument bias does not match the output; expected "
+                         f"{_describe_as(y.dtype, (n,))} (the output's dtype, out_features), "
+                         f"seen {_describe(bias)}")
+    return y + bias
+
+
+def _describe_as(dtype: torch.dtype, shape: tuple[int, ...]) -> str:
+    return f"{str(dtype).removeprefix('torch.')}[{', '.join(map(str, shape))}]"
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return _describe_as(value.dtype, tuple(value.shape))
+    return type(value).__name__
