@@ -17,11 +17,14 @@ from . import expr as E
 __all__ = [
     "UNSET",
     "AdtDef",
+    "Backward",
     "Composition",
     "Constructor",
     "Expr",
     "FamilyCase",
     "FamilyDef",
+    "Feed",
+    "GradOf",
     "Grid",
     "GridRow",
     "GridUse",
@@ -30,12 +33,14 @@ __all__ = [
     "OutputDecl",
     "ParamDecl",
     "Roofline",
+    "Saved",
     "Signature",
     "SpecFile",
     "Stage",
     "TypeFamily",
     "TypesFile",
     "Workload",
+    "feed_of",
 ]
 
 
@@ -249,6 +254,68 @@ class GridUse(Base, frozen=True):
     dtype_cases: tuple[dict[str, str], ...] = ()
 
 
+class Feed(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one input of a backward op comes from: :class:`GradOf` or :class:`Saved`."""
+
+
+class GradOf(Feed, frozen=True):
+    """``grad(y)``: the gradient flowing into the forward output ``output``."""
+
+    output: str
+
+
+class Saved(Feed, frozen=True):
+    """``x``: the forward input or output ``name``, kept from the forward call (``saves``)."""
+
+    name: str
+
+
+def feed_of(ex: Expr) -> Feed | None:
+    """The feed an ``inputs`` value of a ``backward:`` block writes, read from its AST:
+    ``grad(y)`` (one positional name argument) is ``GradOf('y')``, a bare name ``x`` is
+    ``Saved('x')``; None for anything else (the validator reports it)."""
+    node = ex.node
+    if isinstance(node, E.Call) and node.func == "grad" and not node.kwargs \
+            and len(node.args) == 1 and isinstance(node.args[0], E.Name):
+        return GradOf(output=node.args[0].id)
+    if isinstance(node, E.Name):
+        return Saved(name=node.id)
+    return None
+
+
+class Backward(Base, frozen=True):
+    """A forward entry's ``backward:`` block: how its gradients are computed by another entry
+    of the same file, an ordinary op with its own signature, checks and kernels.
+
+    ``op`` names the backward entry; ``saves`` the forward inputs and outputs it reads;
+    ``inputs`` feeds every input of the backward op from ``grad(<forward output>)`` or a saved
+    name (expressions, read by :attr:`feeds`); ``grads`` maps each differentiable forward
+    input to the backward output holding its gradient (two inputs may share one output);
+    ``needs`` maps a differentiable input to the backward's Bool param that says whether its
+    gradient is wanted. The backward's params are the forward's params of the same names,
+    the ``needs`` params, and params with defaults.
+    """
+
+    op: str
+    inputs: dict[str, Expr]
+    grads: dict[str, str]
+    saves: tuple[str, ...] = ()
+    needs: dict[str, str] = {}
+
+    @property
+    def feeds(self) -> dict[str, Feed]:
+        """Backward input name -> its :class:`GradOf` or :class:`Saved`, in ``inputs`` order.
+        Raises ValueError on a value that is neither (a validated entry has none)."""
+        out: dict[str, Feed] = {}
+        for name, ex in self.inputs.items():
+            feed = feed_of(ex)
+            if feed is None:
+                raise ValueError(f"backward input {name} is fed {ex.text!r}, which is neither "
+                                 f"grad(<forward output>) nor a saved name")
+            out[name] = feed
+        return out
+
+
 class OpEntry(Base, frozen=True):
     family: str
     status: Status
@@ -258,6 +325,8 @@ class OpEntry(Base, frozen=True):
     workloads: tuple[Workload, ...] = ()
     roofline: Roofline | None = None
     composition: Composition | None = None
+    #: how the op is differentiated; None for an op without gradients (and for backward ops)
+    backward: Backward | None = None
 
 
 class Constructor(Base, frozen=True):

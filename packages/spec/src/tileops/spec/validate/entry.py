@@ -6,6 +6,7 @@ from collections.abc import Iterable, Mapping
 
 from ..errors import Diagnostic
 from ..schema import AdtDef, OpEntry, SpecFile
+from .backward import check_backward
 from .context import EntryContext, Report
 from .effects import check_tensors
 from .families import check_families
@@ -30,7 +31,10 @@ def validate_entry(
     adts: Mapping[str, AdtDef] | None = None,
     known_ops: Iterable[str] | None = None,
 ) -> list[Diagnostic]:
-    """Every rule on one entry. Returns the diagnostics (empty when the entry is valid)."""
+    """Every rule on one entry. Returns the diagnostics (empty when the entry is valid).
+
+    An entry with a ``backward:`` block names its backward op among the entries of ``spec``
+    (its file); without ``spec`` that lookup cannot be made and is reported."""
     report = Report(spec.path if spec else "<entry>", spec)
     ctx = EntryContext(name, entry, report, dict(adts or {}), known_ops)
     # index-source fills the model's kinds, which every later rule reads; families before
@@ -44,6 +48,7 @@ def validate_entry(
     check_solvable(ctx)
     check_roofline(ctx)
     check_composition(ctx)
+    check_backward(ctx, spec)
     if not ctx.has("kind", "unknown-name", "index-source", "let-cycle", "family"):
         check_workloads(ctx)
     return report.items
