@@ -716,3 +716,21 @@ def test_swapping_two_axes_of_one_backward_shape_breaks_only_the_block(
     assert diags, (op, tensor, i, j)
     assert {d.rule for d in diags} == {"backward"}
     assert all(d.path.startswith(f"{BACKWARD_OF[op]}.backward.") for d in diags)
+
+
+def test_the_readme_example_validates() -> None:
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[2] / "packages" / "spec" / "README.md").read_text(
+        encoding="utf-8")
+    text = readme[readme.index("\n## Backward\n"):]
+    text = text[text.index("```yaml\n") + 8:text.index("```\n")]
+    spec = load_spec_text(text, "ops.yaml")
+    assert validate_spec_file(spec) == []
+    assert spec.entries["RMSNormFwdOp"].backward.needs == {"weight": "grad_weight"}
+    # the validator table's example is what the validator says
+    row = readme[readme.index("| `backward` |"):].split("\n")[0]
+    message = row.split("`")[-2]
+    text = edit(FIXTURE, 'da: {dtype: T, shape: "Mat[trans_a, M, K]"',
+                'da: {dtype: T, shape: "Mat[trans_a, K, M]"', within="GemmBwdOp")
+    assert [str(d) for d in diagnostics(text)] == [message]
