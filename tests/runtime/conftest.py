@@ -22,13 +22,13 @@ SPECS_DIR = Path(__file__).parent / "specs"
 
 #: table 2, construction group (besides the spec params, which every op has by name)
 CONSTRUCTION = ("target", "_installed_kernel_types", "_preferred_over", "_keys_by_interface",
-                "_construction_indices", "_instance_key")
+                "_construction_indices", "_instance_key", "_init_args")
 #: table 2, binding group (table 3 gives the initial values)
 BINDING = ("_target_builder", "_serving_target", "_entries_by_call", "_built_entries",
            "_target_kernels")
 #: table 2, run group (besides construction-time tensors, named by each op class)
 RUN = ("_tune_requested", "_delegates", "_delegate_stages", "_effect_branches", "_last_call",
-       "_tune_warned")
+       "_tune_warned", "_backward_ops")
 
 
 @pytest.fixture(autouse=True)

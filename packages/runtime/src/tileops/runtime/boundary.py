@@ -125,6 +125,10 @@ class CompileBoundary:
         lib_op.register_fake(fake)
         self.custom_op = lib_op
         self.overload = getattr(torch.ops.tileops, self.name).default
+        if op_cls._gradient is not None and not written:
+            from .autograd import register
+
+            register(self, op_cls)  # the entry's gradient, for compiled training steps
 
     def call(self, op: Op, inputs: tuple) -> Any:
         """What a traced ``op(*inputs)`` becomes: one node, then the aliased inputs."""

@@ -25,7 +25,8 @@ same module share its compiled code (``_compiled``), each with globals of its ow
      precise error, before anything is written;
   2. the binding it was built for is still the instance's (``_target_builder``), else
      ``_run_call``;
-  3. the forward-only refusal when an input requires grad and grad mode is on;
+  3. when an input requires grad and grad mode is on, the call as an autograd node
+     (``Op._graph_call``, with the record the check made: it refuses a forward-only op);
   4. for a target, the kernel: the last one this body ran when device, dtypes and shapes
      match it, else ``_target_kernels`` under the key ``_run_call`` uses; a miss goes to
      ``_run_call``, which builds it;
@@ -174,13 +175,13 @@ class _Fused:
         # 2. still bound as when this was built (a reset or another binding: the general path)
         out.append(_if(_is_not(_attr(_load("op"), "_target_builder"), _load("_rt_B")),
                        [self._general()]))
-        # 3. (requires_grad first: it is False on the common path, which then skips the mode
-        # read; with no input given nothing can require grad)
+        # 3. the autograd node (requires_grad first: it is False on the common path, which then
+        # skips the mode read; with no input given nothing can require grad)
         if given:
             grads = _bool(ast.Or(), [_attr(_load(_t(n)), "requires_grad") for n in given])
             out.append(_if(_bool(ast.And(), [grads, _call(_load("_rt_grad"))]),
-                           [ast.Expr(_call(_attr(_load("op"), "_forward_only"),
-                                           self._packed()))]))
+                           [_return(_call(_attr(_load("op"), "_graph_call"), _load("call"),
+                                          self._packed(), _none()))]))
         if self.builder is not None:
             out += self._target_kernel(presence, given)
         # 5. the outputs

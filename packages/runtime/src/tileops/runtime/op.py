@@ -8,19 +8,23 @@ Everything else comes from here and from code generated from the entry:
   without an entry installs none.
 - ``Op.__init__`` runs the construction check and sets up the three groups of instance state
   (construction, binding, run); it reads no device property.
-- ``op(*inputs, **outs)`` runs the seven steps of a call (see ``_run_call``).
+- ``op(*inputs, **outs)`` runs the seven steps of a call (see ``_run_call``); with grad mode
+  on and an input requiring grad, as one autograd node (``_graph_call``, autograd.py).
+- an op pickles and deep-copies as its construction (``__reduce__``): the copy is a new
+  instance with its own caches and locks.
 
 Instance state (every field exists after construction):
 
 | group        | fields                                                             | on reset    |
 |--------------|--------------------------------------------------------------------|-------------|
 | construction | params, ``target``, ``_installed_kernel_types``, ``_preferred_over``,| kept        |
-|              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key`` |             |
+|              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key``,|             |
+|              | ``_init_args``                                                     |             |
 | binding      | ``_target_builder``, ``_serving_target``, ``_entries_by_call``,      | initial     |
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
 |              | ``_delegate_stages``, ``_effect_branches``, ``_last_call``,          |             |
-|              | ``_tune_warned``                                                   |             |
+|              | ``_tune_warned``, ``_backward_ops``                                |             |
 
 What a family base derives from its params in ``derive()`` (its index readers among it)
 belongs to the construction group
@@ -44,7 +48,7 @@ from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from tileops.signature import SignatureCall, SignaturePlan
 
-from . import declared, log, targets
+from . import autograd, declared, log, targets
 from .errors import StageError, TargetError
 from .fastpath import build_fast_call, class_call
 from .kernel import Kernel, KernelInterface, select
@@ -76,6 +80,8 @@ class Op(declared.Equivalents):
     allocate_outputs: ClassVar[bool] = True
     #: the torch.library ops this class registered, one per effect branch
     compile_op_names: ClassVar[tuple[str, ...]] = ()
+    #: the entry's ``backward`` block resolved (autograd.py), or None: forward-only
+    _gradient: ClassVar[autograd.Gradient | None] = None
 
     # binding group: class-level initial values
     _target_builder: Any = _UNRESOLVED
@@ -113,6 +119,9 @@ class Op(declared.Equivalents):
             cls.__call__ = class_call(cls._signature)[0]  # type: ignore[method-assign]
         cls._param_names = tuple(op_entry.signature.params)
         declared.install(cls, op_entry)
+        autograd.register_class(cls)
+        block = getattr(op_entry, "backward", None)
+        cls._gradient = None if block is None else autograd.Gradient(cls, block)
         # the reference target serves every op that declares its reference (targets.builder_for)
         cls._reference_builder = (declared.reference_builder if cls.reference is not Op.reference
                                   else None)
@@ -134,6 +143,8 @@ class Op(declared.Equivalents):
         params = cls.normalize_params(
             {k: v for k, v in params.items() if v is not declared.REQUIRED})
         self._point = plan.construct(**params)
+        #: what the instance was constructed with (pickling rebuilds it from these)
+        self._init_args = (params, target, kernel_map, tune)
         for n, v in self._point.params.items():
             setattr(self, n, params.get(n, v))
         self._construction_indices = dict(self._point.params)
@@ -167,6 +178,8 @@ class Op(declared.Equivalents):
         # run group
         self._tune_requested = False
         self._delegates: dict[tuple, Op] = {}
+        #: the backward op per combination of the gradient's ``needs`` (autograd.py)
+        self._backward_ops: dict[tuple, Op] = {}
         self._delegate_stages = threading.local()
         self._effect_branches: dict[tuple, tuple] = {}
         self._last_call: SignatureCall | None = None
@@ -260,6 +273,17 @@ class Op(declared.Equivalents):
                 raise NotImplementedError(
                     f"{type(self).__name__}: out= buffers are not supported under "
                     f"torch.compile; let the op allocate its outputs")
+        if _grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
+            # the custom op carries the gradient (autograd.register) where there is one; what
+            # torch.library cannot differentiate is refused here, by name
+            if self._gradient is None:
+                self._forward_only(inputs)
+            if self._boundary.written:
+                raise RuntimeError(
+                    f"{repr(self)} writes {', '.join(self._boundary.written)} in place, and "
+                    f"torch.compile cannot differentiate a custom op that writes its inputs; "
+                    f"construct the op without its in-place effect for a compiled training "
+                    f"step (eager calls differentiate it)")
         return self._boundary.call(self, inputs)
 
     # --- the call ---------------------------------------------------------------------------------
@@ -283,15 +307,20 @@ class Op(declared.Equivalents):
         if not self._n_required <= len(inputs) <= self._n_inputs:
             raise self._arity_error(inputs)
         call = self._point.check(*inputs, **outs) if outs else self._point.check(*inputs)
+        if len(inputs) < self._n_inputs:  # absent optional inputs are passed on as None
+            inputs = inputs + (None,) * (self._n_inputs - len(inputs))
+        if _grad_enabled() and not self._composite:
+            for t in inputs:
+                if t is not None and t.requires_grad:
+                    return self._graph_call(call, inputs, outs)
+        result = self._execute(call, inputs, outs)
+        return result[0] if len(result) == 1 else result
+
+    def _execute(self, call: SignatureCall, inputs: tuple, outs: dict | None) -> tuple:
+        """Steps 2-7 of a checked call: every output, in the entry's order."""
         parent = self._parent
         if parent is not None:
             sink = parent._stage_sink(self)
-        if len(inputs) < self._n_inputs:  # absent optional inputs are passed on as None
-            inputs = inputs + (None,) * (self._n_inputs - len(inputs))
-        if _grad_enabled():
-            for t in inputs:
-                if t is not None and t.requires_grad:
-                    self._forward_only(inputs)
         bound_now = False
         if self._target_builder is _UNRESOLVED:
             bound_now = self._bind_target(call)
@@ -332,7 +361,72 @@ class Op(declared.Equivalents):
             sink.append(call)
         elif self._fast is None and not self._composite:
             self._install_fast_call(call)
-        return result[0] if len(result) == 1 else result
+        return result
+
+    # --- gradients (autograd.py) -------------------------------------------------------------------
+
+    def _graph_call(self, call: SignatureCall, inputs: tuple, outs: dict | None) -> Any:
+        """A checked call with grad mode on and an input requiring grad: the call recorded as
+        one autograd node (a composite op's delegates record their own)."""
+        gradient = self._gradient
+        if gradient is None:
+            self._forward_only(inputs)
+        assert gradient is not None
+        plan = self._signature
+        assert plan is not None
+        names = plan.input_names
+        wanting = [n for i, (n, t) in enumerate(zip(names, inputs, strict=True))
+                   if t is not None and t.requires_grad and i not in gradient.differentiable]
+        if wanting:
+            raise RuntimeError(
+                f"{type(self).__name__}: {', '.join(wanting)} require"
+                f"{'s' if len(wanting) == 1 else ''} grad, but the op is not differentiable "
+                f"with respect to {'it' if len(wanting) == 1 else 'them'} (differentiable: "
+                f"{', '.join(names[i] for i in sorted(gradient.differentiable))}); pass "
+                f"{'a detached tensor' if len(wanting) == 1 else 'detached tensors'}")
+        if outs:
+            raise RuntimeError(
+                f"{type(self).__name__}: out= arguments ({', '.join(outs)}) do not support "
+                f"automatic differentiation, but an input requires grad (torch's rule for "
+                f"out=); let the op allocate its outputs, or call it under torch.no_grad()")
+        for n in call.branch[0]:  # the inputs this call writes
+            t = inputs[names.index(n)]
+            if t.is_leaf and t.requires_grad:
+                raise RuntimeError(
+                    f"{repr(self)} writes its input {n!r} in place, and {n} is a leaf tensor "
+                    f"that requires grad: torch forbids in-place operations on such tensors "
+                    f"(\"a leaf Variable that requires grad is being used in an in-place "
+                    f"operation\"); write into a non-leaf (e.g. {n}.clone()) or construct the "
+                    f"op without its in-place effect")
+        return gradient.node.apply(self, call, *inputs)
+
+    def _backward_op(self, needs: tuple[bool, ...]) -> Op:
+        """The backward op for this combination of the gradient's ``needs`` params (built
+        once, held): the forward's params it shares by name, the ``needs`` flags, the
+        forward's target."""
+        op = self._backward_ops.get(needs)
+        if op is None:
+            gradient = self._gradient
+            assert gradient is not None
+            bwd = gradient.resolved()[0]
+            params = {n: getattr(self, n) for n in bwd._param_names if n in self._param_names}
+            params.update((p, v) for (_, p), v in zip(gradient.needs, needs, strict=True))
+            with self._lock:
+                op = self._backward_ops.get(needs)
+                if op is None:
+                    op = bwd(target=self.target, tune=self._tune_requested, **params)
+                    self._backward_ops[needs] = op
+        return op
+
+    # --- pickling -----------------------------------------------------------------------------------
+
+    def __reduce__(self) -> tuple:
+        """An op pickles (and deep-copies) as its construction: the copy is a new instance
+        built from the same params, target, kernel map and tuning request, with its own
+        (empty) caches and locks; construction-time tensors travel as params."""
+        params, target, kernel_map, tune = self._init_args
+        return (_rebuild, (type(self), params, target, kernel_map,
+                           tune or self._tune_requested))
 
     def _install_fast_call(self, call: SignatureCall) -> None:
         """Build the fused call for the calls like this one (see ``fastpath.py``)."""
@@ -761,6 +855,11 @@ def _not_capturing(op: Op, device: Any, what: str) -> None:
             f"{type(op).__name__} would {what} during CUDA graph capture, which would corrupt "
             f"the capture; call the op once with the same shapes, dtypes and device before "
             f"capturing (a warm-up call builds everything the capture replays)")
+
+
+def _rebuild(cls: type[Op], params: dict, target: str | None, kernel_map: Any,
+             tune: bool) -> Op:
+    return cls(target=target, kernel_map=kernel_map, tune=tune, **params)
 
 
 def _freeze(v: Any) -> Any:

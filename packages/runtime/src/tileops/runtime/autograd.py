@@ -1,0 +1,192 @@
+"""Gradients: an entry's ``backward`` block wired into autograd, eager and compiled.
+
+A forward entry declares its gradient (the spec's ``backward`` block): the backward op (an
+ordinary entry of the same file with its own checks and kernels), the forward tensors it
+saves, what feeds each backward input (``grad(<output>)`` or a saved tensor), which backward
+output is the gradient of each differentiable input, and (``needs``) the backward's Bool
+params that say whether a gradient is wanted. :class:`Gradient` is that block resolved
+against the two classes' plans, once per forward class (the backward class on first use,
+since it may be defined after the forward one).
+
+Eager calls record a node only when grad mode is on and a differentiable input requires grad
+(``Op._run_call`` tests that after the check); the node is one :class:`torch.autograd.Function`
+whose forward is the ordinary call (grad is off inside it, so it is the cached call) and whose
+backward calls the backward op instance the forward op holds for that ``needs`` combination.
+No ``torch.library`` dispatch is involved: the Function's own cost is the only one added, and a
+call with grad off is the same code as before.
+
+Under ``torch.compile`` the compile boundary registers :func:`register` on its custom op: the
+same saves and the same backward op, emitted as the backward op's own custom op, so AOTAutograd
+traces forward and backward with no graph break and builds no kernel while tracing. Custom ops
+that write their inputs cannot carry an autograd formula in ``torch.library``; a traced call of
+an in-place branch with grad needed is refused by the op (``Op._traced_call``).
+
+The backward is once-differentiable: a double backward raises torch's own error.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.autograd.function import once_differentiable
+
+from tileops.spec.schema import GradOf
+
+if TYPE_CHECKING:  # pragma: no cover
+    from tileops.signature import SignatureCall
+
+    from .op import Op
+
+__all__ = ["Gradient", "backward_class", "register", "register_class"]
+
+#: (id of the spec file, entry name) -> (spec file, op class): the backward op is an entry of
+#: the forward's file, found here among the classes defined for that file (the last wins)
+_classes: dict[tuple[int, str], tuple[Any, type]] = {}
+_lock = threading.Lock()
+
+
+def register_class(cls: type[Op]) -> None:
+    """Record an op class with an entry, for the forward ops whose backward it computes."""
+    plan = cls._signature
+    assert plan is not None
+    with _lock:
+        _classes[(id(plan.spec), plan.name)] = (plan.spec, cls)
+
+
+def backward_class(fwd: type[Op], name: str) -> type[Op]:
+    plan = fwd._signature
+    assert plan is not None
+    found = _classes.get((id(plan.spec), name))
+    if found is None:
+        raise LookupError(f"{fwd.__name__}: its backward op {name!r} has no class; define the "
+                          f"Op subclass named after that entry before running a backward")
+    return found[1]
+
+
+class Gradient:
+    """One forward class's ``backward`` block, resolved (see the module docstring)."""
+
+    def __init__(self, fwd: type[Op], block: Any) -> None:
+        plan = fwd._signature
+        assert plan is not None
+        self.fwd = fwd
+        self.op_name: str = block.op
+        ins, outs = plan.input_names, plan.output_names
+        #: where each saved tensor comes from: (0, input index) or (1, output index)
+        self.saved_from = tuple((0, ins.index(n)) if n in ins else (1, outs.index(n))
+                                for n in block.saves)
+        self.saves = tuple(block.saves)
+        self._feeds_by_name = {k: ("grad", f.output) if isinstance(f, GradOf) else
+                               ("saved", f.name) for k, f in block.feeds.items()}
+        self._grads_by_input = dict(block.grads)
+        #: the inputs whose gradient the backward computes (by index)
+        self.differentiable = frozenset(ins.index(n) for n in block.grads)
+        #: (input index, Bool param of the backward op): is that gradient wanted
+        self.needs = tuple((ins.index(n), p) for n, p in (block.needs or {}).items())
+        self._resolved: tuple | None = None
+        #: the eager node's class, named after the op (``grad_fn`` prints
+        #: ``<RMSNormFwdOpBackward ...>``)
+        self.node = type(fwd.__name__, (Node,), {"__module__": fwd.__module__,
+                                                 "__qualname__": fwd.__qualname__})
+
+    def resolved(self) -> tuple:
+        """``(backward class, feeds, grads)``: per backward input ``("grad", output index)``,
+        ``("saved", k)`` or None (an optional input nothing feeds); per forward input the
+        backward output index of its gradient, or None."""
+        r = self._resolved
+        if r is None:
+            bwd = backward_class(self.fwd, self.op_name)
+            fplan, bplan = self.fwd._signature, bwd._signature
+            assert fplan is not None and bplan is not None
+            feeds = []
+            for n in bplan.input_names:
+                src = self._feeds_by_name.get(n)
+                if src is None:
+                    feeds.append(None)
+                elif src[0] == "grad":
+                    feeds.append(("grad", fplan.output_names.index(src[1])))
+                else:
+                    feeds.append(("saved", self.saves.index(src[1])))
+            grads = tuple(bplan.output_names.index(self._grads_by_input[n])
+                          if n in self._grads_by_input else None for n in fplan.input_names)
+            r = self._resolved = (bwd, tuple(feeds), grads)
+        return r
+
+    def saved(self, inputs: tuple, outputs: tuple) -> list:
+        return [(inputs if src == 0 else outputs)[i] for src, i in self.saved_from]
+
+    def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool) -> tuple:
+        """The gradient of each forward input (None where not wanted or not differentiable),
+        from the backward op; ``traced``: emit its custom op (a compiled backward)."""
+        _, feeds, by_input = self.resolved()
+        bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
+        args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
+                     for f in feeds)
+        outs = bwd._boundary.call(bwd, args) if traced else bwd._general_call(args, {})
+        if not isinstance(outs, tuple):
+            outs = (outs,)
+        if traced:  # the custom op returns the outputs the backward's branch returns
+            outs = _all_outputs(bwd, outs)
+        return tuple(outs[k] if k is not None and needs[i] else None
+                     for i, k in enumerate(by_input))
+
+
+def _all_outputs(bwd: Op, returned: tuple) -> tuple:
+    boundary = bwd._boundary
+    by_name = dict(zip(boundary.returned, returned, strict=True))
+    return tuple(by_name.get(n) for n in boundary.plan.output_names)
+
+
+class Node(torch.autograd.Function):
+    """The autograd node of one eager call (see the module docstring)."""
+
+    @staticmethod
+    def forward(ctx: Any, op: Op, call: SignatureCall, *inputs: Any) -> Any:
+        outputs = op._execute(call, inputs, None)
+        gradient = op._gradient
+        written = call.branch[0]
+        if written:
+            names = op._signature.input_names  # type: ignore[union-attr]
+            ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
+        ctx.save_for_backward(*gradient.saved(inputs, outputs))
+        ctx.op = op
+        fixed = [o for o in outputs if o is not None and not o.is_floating_point()]
+        if fixed:
+            ctx.mark_non_differentiable(*fixed)
+        return outputs[0] if len(outputs) == 1 else outputs
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx: Any, *grads: Any) -> Any:
+        op = ctx.op
+        return (None, None, *op._gradient.run(op, ctx.saved_tensors, grads,
+                                               ctx.needs_input_grad[2:], traced=False))
+
+
+def register(boundary: Any, op_cls: type[Op]) -> None:
+    """Register ``op_cls``'s gradient on a functional custom op of its compile boundary."""
+    gradient: Gradient = op_cls._gradient
+    n_inputs = len(boundary.plan.input_names)
+    returned = boundary.returned
+    names = boundary.plan.output_names
+
+    def setup_context(ctx: Any, inputs: tuple, output: Any) -> None:
+        produced = output if isinstance(output, tuple) else (output,)
+        by_name = dict(zip(returned, produced, strict=True))
+        outputs = tuple(by_name.get(n) for n in names)
+        ctx.save_for_backward(*gradient.saved(tuple(inputs[:n_inputs]), outputs))
+        ctx.key = inputs[n_inputs]
+
+    def backward(ctx: Any, *grads: Any) -> tuple:
+        from .registry import instance_for_key
+
+        op = instance_for_key(ctx.key)
+        by_name = dict(zip(returned, grads, strict=True))
+        full = tuple(by_name.get(n) for n in names)
+        out = gradient.run(op, ctx.saved_tensors, full, ctx.needs_input_grad[:n_inputs],
+                           traced=True)
+        return (*out, None)
+
+    boundary.custom_op.register_autograd(backward, setup_context=setup_context)

@@ -1,0 +1,181 @@
+"""Gradients (autograd.py): an entry's ``backward`` block as one autograd node per eager call
+and as the compile boundary's registered formula. The ops here are served by the reference
+target (CPU), so every rule is checked without kernels."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from tileops.runtime import Op, SpecSet
+
+SPECS = SpecSet.load(Path(__file__).parent / "specs" / "grad.yaml")
+
+
+class ScaleGradOp(Op, specs=SPECS):
+    def reference(self, call, x, bias, gain):
+        y = self.alpha * x * (1 if gain is None else gain)
+        return (y if bias is None else y + bias,)
+
+
+class ScaleGradBwdOp(Op, specs=SPECS):
+    calls = 0
+
+    def reference(self, call, dy, gain):
+        ScaleGradBwdOp.calls += 1
+        dx = self.alpha * dy * (1 if gain is None else gain)
+        return dx, dy.sum(dim=tuple(range(dy.dim() - 1))) if self.grad_bias else None
+
+
+class AddGradOp(Op, specs=SPECS):
+    def reference(self, call, a, b):
+        return (a + b,)
+
+
+class AddGradBwdOp(Op, specs=SPECS):
+    def reference(self, call, dout):
+        return (dout,)
+
+
+def _leaf(*shape, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, requires_grad=True)
+
+
+def test_gradcheck_through_the_public_op_with_each_presence() -> None:
+    op = ScaleGradOp(alpha=1.5)
+    x, bias, gain = _leaf(3, 4), _leaf(4), torch.randn(4, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda x: op(x), (x,))
+    assert torch.autograd.gradcheck(lambda x, b: op(x, b), (x, bias))
+    assert torch.autograd.gradcheck(lambda x, b: op(x, b, gain), (x, bias))
+
+
+def test_the_node_is_named_after_the_op_and_grad_off_records_nothing() -> None:
+    op = ScaleGradOp()
+    x = _leaf(2, 3)
+    y = op(x)
+    assert type(y.grad_fn).__name__ == "ScaleGradOpBackward"
+    with torch.no_grad():
+        assert op(x).grad_fn is None
+    assert op(x.detach()).grad_fn is None  # grad mode on, nothing requires grad
+    assert op._fast is not None  # the plain call is the fused one
+
+
+def test_needs_turns_off_a_gradient_no_input_wants() -> None:
+    op = ScaleGradOp()
+    x, bias = _leaf(2, 3), torch.randn(3, dtype=torch.float64)
+    op(x, bias).sum().backward()
+    assert x.grad is not None and bias.grad is None
+    assert list(op._backward_ops) == [(False,)]
+    (bwd,) = op._backward_ops.values()
+    assert bwd.grad_bias is False and bwd.alpha == op.alpha
+    bias.requires_grad_()
+    op(x, bias).sum().backward()
+    assert sorted(op._backward_ops) == [(False,), (True,)]
+    torch.testing.assert_close(bias.grad, torch.full((3,), 2.0, dtype=torch.float64))
+
+
+def test_the_backward_op_is_built_once_per_needs_and_reused() -> None:
+    op = ScaleGradOp()
+    x = _leaf(2, 3)
+    before = ScaleGradBwdOp.calls
+    for _ in range(3):
+        op(x).sum().backward()
+    assert ScaleGradBwdOp.calls == before + 3 and len(op._backward_ops) == 1
+
+
+def test_an_input_that_is_not_differentiable_is_refused_by_name() -> None:
+    op = ScaleGradOp()
+    with pytest.raises(RuntimeError, match=r"^ScaleGradOp: gain requires grad, but the op is not "
+                                           r"differentiable with respect to it \(differentiable: "
+                                           r"x, bias\); pass a detached tensor$"):
+        op(_leaf(2, 3), None, _leaf(3))
+    op(_leaf(2, 3))  # the op stays usable
+
+
+def test_out_with_grad_is_refused_with_torchs_rule() -> None:
+    op = AddGradOp()
+    a, b = _leaf(2, 2), torch.randn(2, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=r"^AddGradOp: out= arguments \(out\) do not support "
+                                           r"automatic differentiation, but an input requires "
+                                           r"grad \(torch's rule for out=\)"):
+        op(a, b, out=torch.empty(2, 2, dtype=torch.float64))
+    out = op(a, b)
+    out.sum().backward()
+    torch.testing.assert_close(a.grad, torch.ones(2, 2, dtype=torch.float64))
+
+
+def test_two_inputs_sharing_one_gradient_output() -> None:
+    op = AddGradOp()
+    a, b = _leaf(3), _leaf(3)
+    assert torch.autograd.gradcheck(lambda a, b: op(a, b), (a, b))
+
+
+def test_in_place_refuses_a_leaf_and_differentiates_a_non_leaf() -> None:
+    op = ScaleGradOp(inplace=True)
+    x = _leaf(2, 3)
+    with pytest.raises(RuntimeError, match=r"^ScaleGradOp\(alpha=2.0, inplace=True\) writes its "
+                                           r"input 'x' in place, and x is a leaf tensor that "
+                                           r"requires grad: torch forbids"):
+        op(x)
+    h = x * 1.0
+    y = op(h)
+    assert y is h and y.grad_fn is not None
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, torch.full((2, 3), 2.0, dtype=torch.float64))
+
+
+def test_double_backward_raises_torchs_error() -> None:
+    op = ScaleGradOp()
+    x = _leaf(2, 3)
+    (g,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="twice|once_differentiable|does not require grad"):
+        torch.autograd.grad(g.sum(), x)
+
+
+def test_compiled_forward_registers_the_formula_and_builds_nothing_while_tracing() -> None:
+    torch._dynamo.reset()
+    op = ScaleGradOp(alpha=3.0)
+    from torch._dynamo.backends.common import aot_autograd
+
+    seen: list[str] = []
+    bound_when_compiled: list[str | None] = []
+
+    def record(gm, example_inputs):  # the forward graph is compiled before anything runs
+        bound_when_compiled.append(op.serving_target)
+        seen.extend(str(n.target) for n in gm.graph.nodes if n.op == "call_function")
+        return gm.forward
+
+    f = torch.compile(lambda x, b: op(x, b) * 2, fullgraph=True,
+                      backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    x, b = _leaf(2, 3), _leaf(3)
+    f(x, b).sum().backward()
+    assert bound_when_compiled[0] is None, "tracing bound a target"
+    assert any("test_scale_grad" in s and "bwd" not in s for s in seen), seen
+    assert any("test_scale_grad_bwd" in s for s in seen), seen
+    torch.testing.assert_close(x.grad, torch.full((2, 3), 6.0, dtype=torch.float64))
+    torch.testing.assert_close(b.grad, torch.full((3,), 4.0, dtype=torch.float64))
+
+
+def test_compiled_in_place_with_grad_is_refused_by_name() -> None:
+    torch._dynamo.reset()
+    op = ScaleGradOp(inplace=True)
+    f = torch.compile(lambda x: op(x * 1.0), fullgraph=True, backend="aot_eager")
+    with pytest.raises(Exception, match=r"writes x in place, and torch.compile cannot "
+                                        r"differentiate a custom op that writes its inputs"):
+        f(_leaf(2, 3))
+
+
+def test_ops_pickle_and_deepcopy_as_their_construction() -> None:
+    op = ScaleGradOp(alpha=0.5, target="reference")
+    op(_leaf(2, 3)).sum().backward()  # caches, a backward op, a lock: none travel
+    for twin in (copy.deepcopy(op), pickle.loads(pickle.dumps(op))):
+        assert type(twin) is ScaleGradOp and repr(twin) == repr(op)
+        assert twin._backward_ops == {} and twin.last_call is None
+        assert twin._instance_key != op._instance_key
+        x = _leaf(2, 3)
+        twin(x).sum().backward()
+        torch.testing.assert_close(x.grad, torch.full((2, 3), 0.5, dtype=torch.float64))
