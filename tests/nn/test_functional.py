@@ -105,16 +105,17 @@ def test_one_op_per_configuration():
         tf.op_for(GemmFwdOp, trans_a=1)
 
 
-def test_the_cache_is_bounded_least_recently_used_first():
+def test_the_cache_is_bounded_oldest_first():
     cache = tf.OpCache(2)
     a = cache.get(GemmFwdOp, trans_a=False)
     b = cache.get(GemmFwdOp, trans_a=True)
-    assert cache.get(GemmFwdOp, trans_a=False) is a  # a is now the most recent
-    c = cache.get(GemmFwdOp, trans_b=True)  # evicts b
+    assert cache.get(GemmFwdOp, trans_a=False) is a  # a hit does not reorder
+    c = cache.get(GemmFwdOp, trans_b=True)  # evicts a, the oldest
     assert len(cache) == 2
-    assert cache.get(GemmFwdOp, trans_a=False) is a
+    assert cache.get(GemmFwdOp, trans_a=True) is b
     assert cache.get(GemmFwdOp, trans_b=True) is c
-    assert cache.get(GemmFwdOp, trans_a=True) is not b
+    assert cache.get(GemmFwdOp, trans_a=False) is not a  # rebuilt, evicting b
+    assert cache.get(GemmFwdOp, trans_b=True) is c
     cache.clear()
     assert len(cache) == 0
     with pytest.raises(ValueError, match="^OpCache: maxsize must be at least 1, got 0$"):

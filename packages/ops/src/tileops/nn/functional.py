@@ -4,9 +4,9 @@
 A function call takes its op instance from one process-wide cache keyed by the op class and
 its construction params (:func:`op_for`): an op is built once per distinct configuration and
 then serves every call with it, so a functional call costs one dictionary lookup more than
-calling the op. The cache is bounded (:data:`MAX_CACHED_OPS`, least recently used out first):
-a caller sweeping ``eps`` or shapes does not grow it without end. An evicted op that a caller
-still holds keeps working; the next lookup just builds another.
+calling the op. The cache is bounded (:data:`MAX_CACHED_OPS`, the oldest out first): a caller
+sweeping ``eps`` or shapes does not grow it without end. An evicted op that a caller still holds
+keeps working; the next lookup just builds another.
 
 The layers (:mod:`tileops.nn`) hold their own op instances instead (see ``_holder.py``), and
 share :func:`linear_with` with :func:`linear`.
@@ -15,7 +15,6 @@ share :func:`linear_with` with :func:`linear`.
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -41,23 +40,31 @@ MAX_CACHED_OPS = 256
 def _freeze(value: Any) -> Any:
     """A hashable key for a param value, tagged by type: ``eps=1`` and ``eps=True`` are
     different params (the op may refuse one of them) and must not share an instance."""
-    if isinstance(value, (list, tuple)):
-        return (tuple, tuple(_freeze(v) for v in value))
-    return (type(value), value)
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return (tuple, tuple([_freeze(v) for v in value]))
+    return (kind, value)
 
 
 class OpCache:
     """A bounded, thread-safe map from (op class, construction params) to an op instance.
 
-    The lock guards the map only: an op is constructed outside it (construction generates the
-    op's checks), and where two threads build the same configuration at once, the first one
-    stored is what both get."""
+    A hit is one key built and one ``dict.get``, without the lock (a single dict operation is
+    atomic under the GIL, and locked inside the dict on free-threaded builds); the lock
+    serialises insertion and eviction. An op is constructed outside it (construction generates
+    the op's checks), and where two threads build the same configuration at once, the first one
+    stored is what both get. The oldest entry goes first when the map is full: a hit does not
+    reorder it (that would put every hit under the lock), and an evicted op that is needed
+    again is rebuilt at the cost of one construction.
+
+    The key holds the params in the caller's keyword order (the functions here pass one order
+    each; another order only costs an instance more), each value tagged by type."""
 
     def __init__(self, maxsize: int) -> None:
         if maxsize < 1:
             raise ValueError(f"OpCache: maxsize must be at least 1, got {maxsize}")
         self.maxsize = maxsize
-        self._ops: OrderedDict[Any, Op] = OrderedDict()
+        self._ops: dict[Any, Op] = {}
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -67,22 +74,18 @@ class OpCache:
         """The cached instance of ``cls(**params)``, built on a miss. Params that cannot be a
         key (a dict, say) build an uncached instance, so the op's own construction check is
         what refuses them."""
-        key = (cls, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
+        key = (cls, *[(k, _freeze(v)) for k, v in params.items()])
         try:
-            hash(key)
-        except TypeError:
-            return cls(**params)
-        with self._lock:
             op = self._ops.get(key)
-            if op is not None:
-                self._ops.move_to_end(key)
-                return op
+        except TypeError:  # unhashable
+            return cls(**params)
+        if op is not None:
+            return op
         built = cls(**params)
         with self._lock:
             op = self._ops.setdefault(key, built)
-            self._ops.move_to_end(key)
             while len(self._ops) > self.maxsize:
-                self._ops.popitem(last=False)
+                del self._ops[next(iter(self._ops))]
         return op
 
     def clear(self) -> None:
