@@ -144,7 +144,7 @@ def test_grid_is_capped_at_the_resident_ctas_and_covers_few_rows():
 
 @pytest.mark.parametrize(("cols", "vec"), [(8192, 4), (16384, 4), (4097, 1), (4098, 2), (7, 1)])
 def test_colsum_reads_16_bytes_where_the_columns_allow(cols, vec):
-    assert nb.colsum_plan(cols) == (8, vec)
+    assert nb.colsum_plan(cols) == (16, vec)
 
 
 def _spec(device=None, **kw):

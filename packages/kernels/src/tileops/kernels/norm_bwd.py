@@ -68,6 +68,8 @@ __all__ = [
     "build_bwd_register_kernel",
     "build_colsum_kernel",
     "colsum_plan",
+    "ctas_per_sm",
+    "grid_ctas",
     "colsum_program",
     "looped_bwd_program",
     "register_bwd_program",
@@ -193,12 +195,18 @@ def bwd_looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
     return _LOOPED_THREADS, _vec(n, dtype), 2
 
 
+def ctas_per_sm(threads: int) -> int:
+    """CTAs of ``threads`` planned to share an SM: :data:`_RESIDENT_THREADS` threads an SM
+    (sixteen warps, 128 registers a thread). The register program is compiled with that as
+    its ``__launch_bounds__`` minimum, so the compiler keeps within the registers it needs."""
+    return max(1, _RESIDENT_THREADS // threads)
+
+
 def grid_ctas(rows: int, rows_per_cta: int, threads: int, sms: int) -> int:
     """CTAs of the persistent grid for ``rows``: one per group of ``rows_per_cta`` rows, at
-    most as many as are resident at once when an SM holds :data:`_RESIDENT_THREADS` threads
-    (so no CTA waits for a second wave while the others have finished)."""
-    per_sm = max(1, _RESIDENT_THREADS // threads)
-    return max(1, min(-(-rows // rows_per_cta), sms * per_sm))
+    most as many as are resident at once (:func:`ctas_per_sm` an SM), so no CTA waits for a
+    second wave while the others have finished."""
+    return max(1, min(-(-rows // rows_per_cta), sms * ctas_per_sm(threads)))
 
 
 def colsum_plan(cols: int) -> tuple[int, int]:
@@ -208,7 +216,7 @@ def colsum_plan(cols: int) -> tuple[int, int]:
     vec = 4
     while vec > 1 and cols % vec:
         vec //= 2
-    return 8, vec
+    return 16, vec
 
 
 # --- TileLang programs ------------------------------------------------------------------------
@@ -295,28 +303,48 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
     r2 = 3 if layer else 0
     nred = r1 + r2
     ws_vec = min(vec, 4)  # fp32 stores of at most 16 bytes
+    resident = ctas_per_sm(threads)
+    # the weight is read with x and dy only where round 1 needs it (RMS's sum of g * x); the
+    # other reads of it (and dres) come per access where used, from L1: holding it across
+    # the reductions would cost 16 registers a thread (157 against 128 for 8192 x bf16)
+    rms_w = has_weight and not layer
+    # Column partials: RMS keeps dweight's in registers; LAYER, which holds four more row
+    # statistics and reads the weight twice, keeps both dweight's and dbias's in shared
+    # memory (each thread its own words, so no barrier): in registers they spill (420 bytes
+    # a thread for 8192 x bf16 at the 128-register cap, 72 with dweight's alone).
+    shared_pw = layer
+
+    def at_w(j, tx):
+        """Where partial ``j`` of thread ``tx`` lives in the dweight partials."""
+        return j * threads + tx if shared_pw else j
 
     @T.macro
     def body(DY, DR, X, W, DX, WS):
         grid = G if has_ws else T.ceildiv(M, rpc)
         steps = T.ceildiv(T.ceildiv(M, rpc), G) if has_ws else 1
         with T.Kernel(grid, threads=threads) as bx:
+            if resident > 1:  # registers capped so the planned CTAs fit an SM together
+                T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             lane = tx % tpr
             slot = tx // tpr
             hx = T.alloc_local((held,), dtype)
             hdy = T.alloc_local((held,), dtype)
-            hw = T.alloc_local((held if has_weight else 1,), dtype)
-            hdr = T.alloc_local((held if add else 1,), dtype)
-            pw = T.alloc_local((held if grad_weight else 1,), f32)
-            pb = T.alloc_local((held if grad_bias else 1,), f32)
+            hw = T.alloc_local((held if rms_w else 1,), dtype)
+            wv = T.alloc_local((vec,), dtype)
+            dr = T.alloc_local((vec,), dtype)
+            if shared_pw:
+                pw = T.alloc_shared((held * threads if grad_weight else 1,), f32)
+            else:
+                pw = T.alloc_local((held if grad_weight else 1,), f32)
+            pb = T.alloc_shared((held * threads if grad_bias else 1,), f32)
             acc = T.alloc_local((nred,), f32)
             red = T.alloc_shared((2 * nred * rpc * wpr if wpr > 1 else 1,), f32)
             for j in T.unroll(held):
                 if grad_weight:
-                    pw[j] = T.cast(0, f32)
+                    pw[at_w(j, tx)] = T.cast(0, f32)
                 if grad_bias:
-                    pb[j] = T.cast(0, f32)
+                    pb[j * threads + tx] = T.cast(0, f32)
             for step in T.serial(steps):
                 row = (step * grid + bx) * rpc + slot
                 par = step % 2
@@ -329,20 +357,15 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                             hx[v * vec + i] = X[row, col + i]
                         for i in T.vectorized(vec):
                             hdy[v * vec + i] = DY[row, col + i]
-                        if has_weight:
+                        if rms_w:
                             for i in T.vectorized(vec):
                                 hw[v * vec + i] = W[col + i]
-                        if add:
-                            for i in T.vectorized(vec):
-                                hdr[v * vec + i] = DR[row, col + i]
                     else:
                         for i in T.unroll(vec):
                             hx[v * vec + i] = T.cast(0, dtype)
                             hdy[v * vec + i] = T.cast(0, dtype)
-                            if has_weight:
+                            if rms_w:
                                 hw[v * vec + i] = T.cast(0, dtype)
-                            if add:
-                                hdr[v * vec + i] = T.cast(0, dtype)
                 # round 1
                 for j in T.unroll(held):
                     xv = T.cast(hx[j], f32)
@@ -373,11 +396,14 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                     for v in T.unroll(per):
                         col = (v * tpr + lane) * vec
                         if exact or col < n:  # padding holds 0, which is not the mean
+                            if has_weight:
+                                for i in T.vectorized(vec):
+                                    wv[i] = W[col + i]
                             for i in T.unroll(vec):
                                 d = T.cast(hx[v * vec + i], f32) - mean
                                 g = T.cast(hdy[v * vec + i], f32)
                                 if has_weight:
-                                    g = g * T.cast(hw[v * vec + i], f32)
+                                    g = g * T.cast(wv[i], f32)
                                 acc[1] += d * d
                                 acc[2] += g
                                 acc[3] += g * d
@@ -406,10 +432,21 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                     acc[1] = acc[1] * inv_n * acc[0] * acc[0]
                 for v in T.unroll(per):
                     col = (v * tpr + lane) * vec
+                    if row < M and (exact or col < n):
+                        if has_weight:
+                            for i in T.vectorized(vec):
+                                wv[i] = W[col + i]
+                        if add:
+                            for i in T.vectorized(vec):
+                                dr[i] = DR[row, col + i]
+                    else:  # dx is not stored; the zeros keep the partial sums exact
+                        for i in T.unroll(vec):
+                            wv[i] = T.cast(0, dtype)
+                            dr[i] = T.cast(0, dtype)
                     for i in T.unroll(vec):
                         j = v * vec + i
                         dyv = T.cast(hdy[j], f32)
-                        g = dyv * T.cast(hw[j], f32) if has_weight else dyv
+                        g = dyv * T.cast(wv[i], f32) if has_weight else dyv
                         if layer:
                             xhat = (T.cast(hx[j], f32) - acc[0]) * acc[1]
                             dxv = acc[1] * (g - acc[2] - xhat * acc[3])
@@ -417,11 +454,11 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                             xhat = T.cast(hx[j], f32) * acc[0]
                             dxv = acc[0] * (g - T.cast(hx[j], f32) * acc[1])
                         if add:
-                            dxv = dxv + T.cast(hdr[j], f32)
+                            dxv = dxv + T.cast(dr[i], f32)
                         if grad_weight:
-                            pw[j] += dyv * xhat
+                            pw[at_w(j, tx)] += dyv * xhat
                         if grad_bias:
-                            pb[j] += dyv
+                            pb[j * threads + tx] += dyv
                         hx[j] = T.cast(dxv, dtype)
                     if row < M and (exact or col < n):
                         for i in T.vectorized(vec):
@@ -431,14 +468,18 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                     col = (v * tpr + lane) * vec
                     if exact or col < n:
                         for q in T.unroll(vec // ws_vec):
-                            if grad_weight:
+                            if grad_weight and shared_pw:
+                                for i in T.unroll(ws_vec):
+                                    WS[bx, slot, col + q * ws_vec + i] = \
+                                        pw[at_w(v * vec + q * ws_vec + i, tx)]
+                            elif grad_weight:
                                 for i in T.vectorized(ws_vec):
                                     WS[bx, slot, col + q * ws_vec + i] = \
                                         pw[v * vec + q * ws_vec + i]
                             if grad_bias:
-                                for i in T.vectorized(ws_vec):
+                                for i in T.unroll(ws_vec):
                                     WS[bx, slot, (k - 1) * n + col + q * ws_vec + i] = \
-                                        pb[v * vec + q * ws_vec + i]
+                                        pb[(v * vec + q * ws_vec + i) * threads + tx]
 
     return _main_params(body, add, has_weight, has_ws, shapes, dtype)
 
