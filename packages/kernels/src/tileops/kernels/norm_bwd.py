@@ -17,7 +17,7 @@ formulas, with ``xhat = (x - mean) * rstd`` (``mean = 0`` for RMS):
 
 The column sums (``dweight``, ``dbias``) are not accumulated with atomics: the main program
 runs on a persistent grid of ``G`` CTAs (a few per SM), each walking its rows and keeping its
-share of the partial sums in fp32 (registers, or for wide rows its own row of the
+share of the partial sums in fp32 (on chip, or for wide rows in its own row of the
 workspace), then writing one partial row per row slot into an fp32 workspace
 ``(G, slots, k * n)``; a second, small program (:func:`colsum_program`) sums the ``G * slots``
 partial rows and stores ``dweight``/``dbias`` in the storage dtype. The workspace is
@@ -29,7 +29,8 @@ Two implementations:
 :class:`RowNormBwdRegisterKernel` -- a row's ``x`` and ``dy`` held in registers (at most
     :data:`_BWD_HELD_BYTES` of each a thread, up to 512 threads a row: rows up to 32 KiB);
     narrow rows pack 8 rows (a warp each) into a CTA. The fp32 column partials of the
-    thread's columns stay in registers across all the rows the CTA walks.
+    thread's columns stay on chip across all the rows the CTA walks (RMS: registers;
+    LayerNorm, which has more live values: shared memory).
 :class:`RowNormBwdLoopedKernel` -- the general one, any ``n``: 1024 threads a row, two passes
     over the row in chunks (sums, then ``dx`` with the second read mostly from L2); the CTA's
     partial column sums live in its workspace row (read, added to, written per row).
