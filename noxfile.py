@@ -64,6 +64,8 @@ def tests(session: nox.Session, package: str) -> None:
         # torch adapter (skipped there) run here, where torch is installed
         paths.append("tests/signature")
     if package == PACKAGES[-1]:  # the whole stack is installed here
+        # tileops.nn ships in tileops-ops; the benchmark scripts' tiny modes need the stack
+        paths += [f"tests/{d}" for d in ("nn", "benchmarks") if _has_tests(ROOT / "tests" / d)]
         paths += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
     if not paths:
         session.skip(f"no tests in tests/{package}/")

@@ -11,7 +11,6 @@ from torch import nn
 from torch.func import functional_call
 
 import tileops.nn as tnn
-from tileops.signature import SignatureCallError
 
 # name -> (our layer, torch's layer, the torch computation of our layer's forward); the
 # fused add has no torch.nn layer: it is torch's RMSNorm of the sum, returning the sum too
@@ -34,10 +33,6 @@ LAYERS = {
 NORMS = [n for n in LAYERS if not n.startswith("linear")]
 LINEARS = [n for n in LAYERS if n.startswith("linear")]
 
-# GemmFwdOp's dtypes are float16 | bfloat16 | float64: float32, in the training contract's
-# union, is not among them yet, so a float32 Linear is refused by the signature check
-GEMM_FLOAT32_PENDING = pytest.mark.xfail(
-    strict=True, raises=SignatureCallError, reason="GemmFwdOp's spec takes no float32")
 
 
 def _inputs(name: str, dtype: torch.dtype, lead=(2, 3)) -> tuple[torch.Tensor, ...]:
@@ -114,7 +109,7 @@ def _grads_against_torch(name: str, wants: str, dtype: torch.dtype, rtol: float,
 # (a layer without parameters has no params-only case)
 @pytest.mark.parametrize(("name", "wants"), [
     *((n, w) for n in NORMS for w in WANTS if (n, w) != ("rmsnorm-2d-no-affine", "params-only")),
-    *(pytest.param(n, w, marks=GEMM_FLOAT32_PENDING) for n in LINEARS for w in WANTS),
+    *(pytest.param(n, w) for n in LINEARS for w in WANTS),
 ])
 def test_float32_grads_are_torchs(name, wants):
     _grads_against_torch(name, wants, torch.float32, 1e-4, 1e-5, torch.float32)

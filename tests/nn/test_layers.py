@@ -192,8 +192,7 @@ LINEAR_DTYPES = [
     pytest.param(torch.bfloat16, 1.6e-2, id="bfloat16"),
     pytest.param(torch.float16, 2e-3, id="float16"),
     pytest.param(torch.float64, 1e-12, id="float64"),
-    pytest.param(torch.float32, 1e-5, id="float32", marks=pytest.mark.xfail(
-        strict=True, raises=SignatureCallError, reason="GemmFwdOp's spec takes no float32")),
+    pytest.param(torch.float32, 1e-5, id="float32"),
 ]
 
 

@@ -181,8 +181,9 @@ def test_a_target_that_cannot_serve_is_refused_once() -> None:
     result = invoke("run", "--target", "tileops", *TINY)
     assert result.exit_code == 2
     assert result.output.endswith(
-        "Error: --target tileops cannot serve any op on cpu: GemmFwdOp, RMSNormFwdOp, "
-        "FusedAddRMSNormFwdOp, LayerNormFwdOp: the in-tree kernels run on cuda only\n")
+        "Error: --target tileops cannot serve any op on cpu: GemmFwdOp, GemmBwdOp, "
+        "RMSNormFwdOp, FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormBwdOp, "
+        "FusedAddRMSNormBwdOp, LayerNormBwdOp: the in-tree kernels run on cuda only\n")
     result = invoke("bench", "LayerNormFwdOp", "--device", "cpu", "--target", "tileops")
     assert result.exit_code == 2
     assert "--target tileops cannot serve LayerNormFwdOp on cpu" in result.output
@@ -229,7 +230,8 @@ def test_an_unnamed_op_the_target_cannot_serve_is_left_out(
     assert ("left out LayerNormFwdOp: --target reference cannot serve it on cpu: it is refused "
             "here\n") in result.stderr
     ops = {r["op"] for r in json.loads(result.stdout)["results"]}
-    assert ops == {"RMSNormFwdOp", "FusedAddRMSNormFwdOp"}
+    assert ops == {"RMSNormFwdOp", "FusedAddRMSNormFwdOp", "RMSNormBwdOp",
+                   "FusedAddRMSNormBwdOp", "LayerNormBwdOp"}
     result = invoke("run", "--dtype", "fp32", "-w", "tiny-n7", "--json", *TINY)
     assert result.exit_code == 0, result.output
     assert "left out GemmFwdOp: it accepts no float32\n" in result.stderr
@@ -281,18 +283,20 @@ def test_cuda_without_a_gpu_lists_the_valid_devices() -> None:
 
 
 def test_unknown_dtype_lists_the_dtypes_the_ops_take() -> None:
-    # only what some op at hand takes (no int8, float64 or complex), with the aliases of those
+    # only what some op at hand takes (no int8 or complex; float64 for the gradient checks),
+    # with the aliases of those
     result = invoke("run", "--dtype", "float13")
     assert result.exit_code == 2
     assert result.output.endswith(
-        "Error: unknown dtype 'float13'; valid: float16, bfloat16, float32, bf16 (bfloat16), "
-        "fp16 (float16), half (float16), fp32 (float32), float (float32); did you mean "
-        "float32, float16 or float?\n")
+        "Error: unknown dtype 'float13'; valid: float16, bfloat16, float32, float64, bf16 "
+        "(bfloat16), fp16 (float16), half (float16), fp32 (float32), float (float32), fp64 "
+        "(float64), double (float64); did you mean float32, float16 or float?\n")
     result = invoke("run", "GemmFwdOp", "--dtype", "bf-16")
     assert result.exit_code == 2
     assert result.output.endswith(
-        "Error: unknown dtype 'bf-16'; valid: float16, bfloat16, bf16 (bfloat16), fp16 "
-        "(float16), half (float16); did you mean bf16, fp16 or bfloat16?\n")
+        "Error: unknown dtype 'bf-16'; valid: float16, bfloat16, float64, bf16 (bfloat16), "
+        "fp16 (float16), half (float16), fp64 (float64), double (float64); did you mean bf16, "
+        "fp16 or bfloat16?\n")
 
 
 def test_a_dtype_the_op_does_not_take() -> None:
@@ -387,7 +391,7 @@ def test_list() -> None:
     doc = json.loads(invoke("list", "--json").stdout)
     rows = {r["op"]: r for r in doc["ops"]}
     assert rows["RMSNormFwdOp"]["family"] == "norm"
-    assert rows["RMSNormFwdOp"]["dtypes"] == ["float16", "bfloat16", "float32"]
+    assert rows["RMSNormFwdOp"]["dtypes"] == ["float16", "bfloat16", "float32", "float64"]
     assert REFERENCE in rows["RMSNormFwdOp"]["targets"]
     assert ("tileops" in rows["RMSNormFwdOp"]["targets"]) == (not NO_CUDA)
 

@@ -34,7 +34,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES
 
-__all__ = ["GemmFwdOp", "GemmOp"]
+__all__ = ["GemmBwdOp", "GemmFwdOp", "GemmOp"]
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
@@ -53,19 +53,30 @@ class GemmOp(Op):
         self._read_mnk = self.index_reader("M", "N", "K")
 
     def forward(self, call, a, b, c) -> None:
+        m, n, k = self._read_mnk(call)
+        self._product(call.device, call.d_a, a, b, c, m, n, k, self.trans_a, self.trans_b)
+
+    def _product(self, device, dtype, a, b, c, m, n, k, trans_a, trans_b) -> None:
+        """``c[m, n] = op(a) @ op(b)`` through the slot's entry for that product."""
         if not a.is_contiguous() or a.data_ptr() % 16:
             a = _kernel_layout(a)
         if not b.is_contiguous() or b.data_ptr() % 16:
             b = _kernel_layout(b)
-        m, n, k = self._read_mnk(call)
-        dtype = call.d_a
-        key = (call.device, dtype, m, n, k)
+        key = (device, dtype, m, n, k, trans_a, trans_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
+            if dtype not in _KERNEL_DTYPES:
+                raise TypeError(
+                    f"{type(self).__name__}: the in-tree GEMM kernels serve float16 and "
+                    f"bfloat16, not {NAMES.get(dtype, dtype)}; construct the op with "
+                    f"target='reference' for {NAMES.get(dtype, dtype)}")
             entry = self.kernel_for(key, GemmFwdInterface, lambda: GemmSpec(
-                device=call.device, m=m, n=n, k=k, dtype=NAMES[dtype], trans_a=self.trans_a,
-                trans_b=self.trans_b))
+                device=device, m=m, n=n, k=k, dtype=NAMES[dtype], trans_a=trans_a,
+                trans_b=trans_b))
         entry(a, b, c)
+
+
+_KERNEL_DTYPES = frozenset({torch.float16, torch.bfloat16})
 
 
 class GemmFwdOp(GemmOp):
@@ -81,3 +92,45 @@ class GemmFwdOp(GemmOp):
             return torch.matmul(a.T if trans_a else a, b.T if trans_b else b)
 
         return matmul
+
+
+class GemmBwdOp(GemmOp):
+    """The gradient of :class:`GemmFwdOp`: two products of the same slot, each written in its
+    operand's layout (``da`` is ``[K, M]`` when ``trans_a``, ``db`` ``[N, K]`` when
+    ``trans_b``), so no transpose is ever materialised:
+
+    ======== ==================================== ====================================
+    trans    da                                   db
+    ======== ==================================== ====================================
+    a false  dc @ op(b)^T: (dc, b), tb = not tb   (false) op(a)^T @ dc: (a, dc), ta = not ta
+    a true   op(b) @ dc^T: (b, dc), (tb, true)    (true) dc^T @ op(a): (dc, a), (true, ta)
+    ======== ==================================== ====================================
+    """
+
+    def forward(self, call, dc, a, b, da, db) -> None:
+        m, n, k = self._read_mnk(call)
+        dev, dt, ta, tb = call.device, call.d_dc, self.trans_a, self.trans_b
+        if da is not None:
+            if ta:
+                self._product(dev, dt, b, dc, da, k, m, n, tb, True)
+            else:
+                self._product(dev, dt, dc, b, da, m, k, n, False, not tb)
+        if db is not None:
+            if tb:
+                self._product(dev, dt, dc, a, db, n, k, m, True, ta)
+            else:
+                self._product(dev, dt, a, dc, db, k, n, m, not ta, False)
+
+    def reference(self, call, dc, a, b):
+        wide = torch.float64 if dc.dtype == torch.float64 else torch.float32
+        dc, a, b = dc.to(wide), a.to(wide), b.to(wide)
+        opb = b.T if self.trans_b else b  # [K, N]
+        opa = a.T if self.trans_a else a  # [M, K]
+        da = db = None
+        if self.grad_a:
+            da = dc @ opb.T  # [M, K]
+            da = da.T if self.trans_a else da
+        if self.grad_b:
+            db = opa.T @ dc  # [K, N]
+            db = db.T if self.trans_b else db
+        return da, db

@@ -24,23 +24,39 @@ from __future__ import annotations
 
 import math
 from operator import itemgetter
-from typing import Any, ClassVar
+from typing import Any, ClassVar, get_args
 
 import torch
 import torch.nn.functional as F
 
 from tileops.kernels.norm import (
+    RowNormDType,
     RowNormFwdInterface,
     RowNormKind,
     RowNormLoopedKernel,
     RowNormRegisterKernel,
     RowNormSpec,
 )
+from tileops.kernels.norm_bwd import (
+    RowNormBwdInterface,
+    RowNormBwdLoopedKernel,
+    RowNormBwdRegisterKernel,
+    RowNormBwdSpec,
+)
 from tileops.runtime import Op
 
 from ._dtypes import NAMES
 
-__all__ = ["FusedAddRMSNormFwdOp", "LayerNormFwdOp", "RMSNormFwdOp", "RowNormOp"]
+__all__ = [
+    "FusedAddRMSNormBwdOp",
+    "FusedAddRMSNormFwdOp",
+    "LayerNormBwdOp",
+    "LayerNormFwdOp",
+    "RMSNormBwdOp",
+    "RMSNormFwdOp",
+    "RowNormBwdOp",
+    "RowNormOp",
+]
 
 #: the slot's arguments, in its forward's order
 _SLOT_ARGS = ("x", "residual", "weight", "bias", "y", "residual_out")
@@ -90,10 +106,7 @@ class RowNormOp(Op):
         return params
 
     def derive(self) -> None:
-        shape = getattr(self, "normalized_shape", None)
-        #: the row length when the params fix it, else the reader of the call's N
-        self._n = None if shape is None else math.prod(shape)
-        self._read_n = self.index_reader("N") if shape is None else None
+        _derive_row_length(self)
 
     def default_eps(self, dtype: torch.dtype) -> float:
         """The epsilon of a call in ``dtype`` whose ``eps`` param is None (only an op whose
@@ -116,6 +129,7 @@ class RowNormOp(Op):
         key = (call.device, dtype, rows, n, eps, has_w, has_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
+            _refuse_dtype(self, dtype)
             entry = self.kernel_for(key, RowNormFwdInterface, lambda: RowNormSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
                 eps=eps, has_weight=has_w, has_bias=has_b))
@@ -144,6 +158,25 @@ class RowNormOp(Op):
         entry(*laid)
         for t, v in back:
             t.copy_(v.view(t.shape))
+
+
+def _derive_row_length(op: Op) -> None:
+    shape = getattr(op, "normalized_shape", None)
+    #: the row length when the params fix it, else the reader of the call's N
+    op._n = None if shape is None else math.prod(shape)
+    op._read_n = op.index_reader("N") if shape is None else None
+
+
+def _refuse_dtype(op: Op, dtype: torch.dtype) -> None:
+    """The in-tree kernels' dtypes, stated by their call specs: any other is refused here,
+    naming the op and the target that serves it (float64, for gradient checks)."""
+    if NAMES.get(dtype) not in _KERNEL_DTYPES:
+        raise TypeError(f"{type(op).__name__}: the in-tree row-norm kernels serve "
+                        f"{', '.join(sorted(_KERNEL_DTYPES))}, not {NAMES.get(dtype, dtype)}; "
+                        f"construct the op with target='reference' for it")
+
+
+_KERNEL_DTYPES = frozenset(get_args(RowNormDType))
 
 
 def _layout(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
@@ -225,6 +258,129 @@ class LayerNormFwdOp(RowNormOp):
         return layer_norm
 
     peers = {"liger": lambda op: _liger_layer(op)}
+
+
+# --- gradients -----------------------------------------------------------------------------------
+
+
+class RowNormBwdOp(Op):
+    """Family base of the row normalizations' gradients: the slot ``row_norm_bwd``, whose
+    arguments ``(dy, dres, x, weight, dx, dweight, dbias)`` the entries' tensors fill by name
+    (the fused add's ``dresidual_out`` is ``dres`` and its ``residual_out`` is ``x``), each
+    row tensor handed over as a contiguous 16-byte-aligned ``(rows, n)`` view (a gradient
+    that is not one, e.g. an expanded ``ones``, is copied) and each affine one as ``(n,)``.
+    The references state each formula in closed form (a reference may run inside a compiled
+    graph's custom op, where autograd does not record); the tests hold them to torch's
+    autograd of the forward in float64."""
+
+    kind: ClassVar[RowNormKind]
+    kernel_types = {RowNormBwdInterface: (RowNormBwdRegisterKernel, RowNormBwdLoopedKernel)}
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        plan = cls._signature
+        if plan is None:
+            return
+        names = (*plan.input_names, *plan.output_names)
+        unknown = [n for n in names if n not in _BWD_SLOT]
+        if unknown:
+            raise TypeError(f"{cls.__name__}: tensor {unknown[0]!r} of its entry is not an "
+                            f"argument of the row_norm_bwd slot ({', '.join(_BWD_SLOT)})")
+        missing = len(names)
+        order = [missing] * 7
+        for i, n in enumerate(names):
+            order[_BWD_SLOT[n]] = i
+        cls._gather = itemgetter(*order)
+
+    def derive(self) -> None:
+        _derive_row_length(self)
+
+    def default_eps(self, dtype: torch.dtype) -> float:
+        raise ValueError(f"{type(self).__name__}: eps is None")
+
+    def forward(self, call, *tensors) -> None:
+        args = self._gather((*tensors, None))
+        dy = args[0]
+        n = self._n
+        if n is None:
+            n = self._read_n(call)[0]
+        rows = dy.numel() // n if n else 0
+        dtype = dy.dtype
+        eps = self.eps
+        if eps is None:
+            eps = self.default_eps(dtype)
+        has_w = args[3] is not None
+        grad_w = args[5] is not None
+        grad_b = args[6] is not None
+        key = (call.device, dtype, rows, n, eps, has_w, grad_w, grad_b)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            _refuse_dtype(self, dtype)
+            entry = self.kernel_for(key, RowNormBwdInterface, lambda: RowNormBwdSpec(
+                device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
+                eps=eps, has_weight=has_w, grad_weight=grad_w, grad_bias=grad_b))
+        laid = [None if t is None else _layout(t, (rows, n) if p in _BWD_ROWS else (n,))
+                for p, t in enumerate(args)]
+        entry(*laid)
+
+
+#: the backward slot's arguments by the entries' tensor names
+_BWD_SLOT = {"dy": 0, "dresidual_out": 1, "x": 2, "residual_out": 2, "weight": 3, "dx": 4,
+             "dweight": 5, "dbias": 6}
+#: the slot arguments that are rows (the rest are (n,) vectors)
+_BWD_ROWS = frozenset({0, 1, 2, 4})
+
+
+class RMSNormBwdOp(RowNormBwdOp):
+    kind = RowNormKind.RMS
+    default_eps = RMSNormFwdOp.default_eps
+
+    def reference(self, call, dy, x, weight):
+        eps = self.eps if self.eps is not None else self.default_eps(call.d_x)
+        return _rms_bwd(dy, x, weight, len(self.normalized_shape), eps, self.grad_weight)
+
+
+class FusedAddRMSNormBwdOp(RowNormBwdOp):
+    kind = RowNormKind.ADD_RMS
+
+    def reference(self, call, dy, dresidual_out, residual_out, weight):
+        ds, dw = _rms_bwd(dy, residual_out, weight, 1, self.eps, self.grad_weight)
+        return ds + _wide(dresidual_out), dw
+
+
+class LayerNormBwdOp(RowNormBwdOp):
+    kind = RowNormKind.LAYER
+
+    def reference(self, call, dy, x, weight):
+        dims = len(self.normalized_shape)
+        axes = tuple(range(-dims, 0))
+        rows = tuple(range(x.dim() - dims))
+        xf, dyf = _wide(x), _wide(dy)
+        mean = xf.mean(dim=axes, keepdim=True)
+        rstd = torch.rsqrt((xf - mean).pow(2).mean(dim=axes, keepdim=True) + self.eps)
+        xhat = (xf - mean) * rstd
+        g = dyf if weight is None else dyf * _wide(weight)
+        dx = rstd * (g - g.mean(dim=axes, keepdim=True)
+                     - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+        dw = (dyf * xhat).sum(dim=rows) if self.grad_weight and weight is not None else None
+        db = dyf.sum(dim=rows) if self.grad_bias else None
+        return dx, dw, db
+
+
+def _rms_bwd(dy, x, weight, dims: int, eps: float, grad_weight: bool) -> tuple:
+    """``(dx, dweight)`` of ``y = x * rstd * weight``: with ``g = dy * weight`` and
+    ``xhat = x * rstd``, ``dx = rstd * (g - xhat * mean(g * xhat))``, ``dweight`` the row sum
+    of ``dy * xhat``."""
+    axes = tuple(range(-dims, 0))
+    xf, dyf = _wide(x), _wide(dy)
+    rstd = torch.rsqrt(xf.pow(2).mean(dim=axes, keepdim=True) + eps)
+    xhat = xf * rstd
+    g = dyf if weight is None else dyf * _wide(weight)
+    dx = rstd * (g - xhat * (g * xhat).mean(dim=axes, keepdim=True))
+    dw = None
+    if grad_weight and weight is not None:
+        dw = (dyf * xhat).sum(dim=tuple(range(x.dim() - dims)))
+    return dx, dw
 
 
 # --- shared by the references ------------------------------------------------------------------

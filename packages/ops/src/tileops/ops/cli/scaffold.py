@@ -112,17 +112,21 @@ class Scaffold:
 
 
 def family_base(family: str) -> type[Op] | None:
-    """The family base of ``family`` in :mod:`tileops.ops`: an exported ``Op`` subclass with
-    no entry of its own whose subclasses with entries all belong to ``family`` (at least one)."""
+    """The family base of ``family``'s forward ops in :mod:`tileops.ops`: an exported ``Op``
+    subclass with no entry of its own whose subclasses with entries all belong to ``family``
+    (at least one) and are not all some op's backward (a family's gradients have a base of
+    their own, which a new forward entry does not derive from)."""
     import tileops.ops as ops
 
-    for name in ops.__all__:
-        cls = getattr(ops, name)
-        if not (isinstance(cls, type) and issubclass(cls, Op)) or cls._signature is not None:
+    classes = [c for c in (getattr(ops, n) for n in ops.__all__)
+               if isinstance(c, type) and issubclass(c, Op)]
+    backward = {c._gradient.op_name for c in classes if c._gradient is not None}
+    for cls in classes:
+        if cls._signature is not None:
             continue
-        fams = {sub._signature.entry.family for sub in cls.__subclasses__()
-                if sub._signature is not None}
-        if fams == {family}:
+        subs = [s for s in cls.__subclasses__() if s._signature is not None]
+        fams = {sub._signature.entry.family for sub in subs}
+        if fams == {family} and not all(s._signature.name in backward for s in subs):
             return cls
     return None
 
