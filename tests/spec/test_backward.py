@@ -460,7 +460,7 @@ FAILING = [
     pytest.param(
         edit(FIXTURE, "residual: dx,", "residual: dweight,"),
         [
-            ('backward', 'ops.yaml:123: in FusedAddRMSNormFwdOp.backward.grads.residual: FusedAddRMSNormBwdOp.dweight has shape [N], which does not unify with [*B, N], the shape of the input residual: [N] has 1 axis and [*B, N] has 2 axes'),
+            ('backward', 'ops.yaml:123: in FusedAddRMSNormFwdOp.backward.grads.residual: FusedAddRMSNormBwdOp.dweight has shape [N], which does not unify with [*B, N], the shape of the input residual: [N] lists 1 item (its Shape indices spliced) and [*B, N] lists 2'),
         ],
         id="backward:shape-of-another-rank",
     ),
@@ -734,3 +734,13 @@ def test_the_readme_example_validates() -> None:
     text = edit(FIXTURE, 'da: {dtype: T, shape: "Mat[trans_a, M, K]"',
                 'da: {dtype: T, shape: "Mat[trans_a, K, M]"', within="GemmBwdOp")
     assert [str(d) for d in diagnostics(text)] == [message]
+
+
+def test_a_bound_shape_index_is_counted_as_the_axes_it_stands_for() -> None:
+    text = edit(FIXTURE, 'dx: {dtype: U, shape: "[*S, *normalized_shape]"}',
+                'dx: {dtype: U, shape: "[*S]"}', within="RMSNormBwdOp")
+    assert shown(diagnostics(text)) == [(
+        "backward",
+        "ops.yaml:22: in RMSNormFwdOp.backward.grads.x: RMSNormBwdOp.dx has shape [*S], which "
+        "does not unify with [*B, *normalized_shape], the shape of the input x: [*S] lists 1 "
+        "item (its Shape indices spliced) and [*B, *normalized_shape] lists 2")]

@@ -310,7 +310,9 @@ class _Matcher:
         fixed = len(items) - len(stars)
         got = term.items
         if (len(got) < fixed) if stars else (len(got) != fixed):
-            raise _Mismatch(f"{pat} has {_axes(pat.items)} and {term} has {_axes(got)}")
+            besides = f" besides *{items[stars[0]][1]}" if stars else ""
+            raise _Mismatch(f"{pat} lists {_count(fixed)}{besides} (its Shape indices spliced) "
+                            f"and {term} lists {len(got)}")
         cut = stars[0] if stars else len(items)
         tail = len(items) - cut - 1 if stars else 0
         pairs = list(zip(items[:cut], got[:cut], strict=True))
@@ -353,9 +355,8 @@ class _Matcher:
         self.subst[n] = (value, self.origin)
 
 
-def _axes(items: tuple[E.Node, ...]) -> str:
-    n = len(items)
-    return f"{n} ax{'i' if n == 1 else 'e'}s"
+def _count(n: int) -> str:
+    return f"{n} item{'' if n == 1 else 's'}"
 
 
 def _show(value: _Value) -> str:
