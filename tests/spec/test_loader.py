@@ -145,7 +145,7 @@ ERRORS = [
     pytest.param(
         edit("  status: spec-only", "  status: spec-only\n  stauts: x"),
         "op.yaml:4: in Op: unknown field 'stauts'; expected one of: family, status, signature, "
-        "ref_api, doc, workloads, roofline, composition",
+        "ref_api, doc, workloads, roofline, composition, backward",
         id="unknown-field-entry",
     ),
     pytest.param(

@@ -58,7 +58,7 @@ def test_every_load_error_of_a_file_is_reported(tmp_path: Path,
         "op.yaml:3: in Op.status: invalid value 'done'; expected one of: 'implemented', "
         "'spec-only', 'planned'",
         "op.yaml:18: in Other: unknown field 'colour'; expected one of: family, status, "
-        "signature, ref_api, doc, workloads, roofline, composition",
+        "signature, ref_api, doc, workloads, roofline, composition, backward",
     ]
     (tmp_path / "ops.yaml").write_text(TWO_BAD, encoding="utf-8")
     loaded, diags = check_paths([tmp_path])

@@ -18,6 +18,7 @@ from tileops.spec import (
 from tileops.spec.validate import check_paths
 
 from . import (
+    test_backward,
     test_bounds,
     test_validate_adts,
     test_validate_effects,
@@ -40,7 +41,7 @@ from .validate_base import (
 )
 
 RULE_MODULES = (test_validate_signature, test_validate_kinds, test_validate_families, test_bounds,
-                test_validate_effects, test_validate_workloads)
+                test_validate_effects, test_validate_workloads, test_backward)
 
 
 def test_the_base_spec_is_valid() -> None:

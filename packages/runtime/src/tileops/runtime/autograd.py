@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.autograd.function import once_differentiable
 
-from tileops.spec.schema import GradOf
+from tileops.spec import GradOf
 
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.signature import SignatureCall

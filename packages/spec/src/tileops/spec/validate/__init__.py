@@ -24,11 +24,14 @@ Rules (each :class:`~tileops.spec.errors.Diagnostic` carries its rule id):
 ``bounds``        no part of an expression that names nothing computes a value beyond the
                   bounds of :mod:`tileops.spec.bounds` (``9 ** 9 ** 9``); the loader and the
                   evaluator hold the rest of a spec to them.
+``backward``      a forward's ``backward:`` block names a backward entry of the file, feeds
+                  every input of it, maps gradients to outputs, and the two signatures'
+                  shapes and dtypes unify.
 
 One module a concern: :mod:`.infer` (the kinds of expressions), :mod:`.values` (YAML values
 against kinds), :mod:`.signature` (index sources, defaults, let, refinements, roofline,
 composition), :mod:`.families`, :mod:`.effects`, :mod:`.solvable`, :mod:`.workloads`,
-:mod:`.adts` (types.yaml); :mod:`.entry` runs them on an entry in dependency order and
+:mod:`.adts` (types.yaml), :mod:`.backward`; :mod:`.entry` runs them on an entry in dependency order and
 :mod:`.files` on files and folders. :mod:`.context` holds what they share.
 """
 
@@ -59,4 +62,5 @@ RULES = (
     "adt",
     "composition",
     "bounds",
+    "backward",
 )
