@@ -90,6 +90,12 @@ class Gradient:
         #: ``<RMSNormFwdOpBackward ...>``)
         self.node = type(fwd.__name__, (Node,), {"__module__": fwd.__module__,
                                                  "__qualname__": fwd.__qualname__})
+        #: the node's apply without ``Function.apply``'s Python wrapper (2-3 us a call): what
+        #: the wrapper adds is for functorch transforms (unwrapping their dead wrappers,
+        #: routing to ``custom_function_call``), which ``Op._graph_call`` leaves to it
+        self.apply = _C_APPLY.__get__(None, self.node)
+        #: the inputs not differentiable (by index), which must not require grad
+        self.fixed_inputs = tuple(i for i in range(len(ins)) if i not in self.differentiable)
 
     def resolved(self) -> tuple:
         """``(backward class, feeds, grads)``: per backward input ``("grad", output index)``,
@@ -115,6 +121,7 @@ class Gradient:
         return r
 
     def saved(self, inputs: tuple, outputs: tuple) -> list:
+        """The tensors to save, from a call's inputs and outputs."""
         return [(inputs if src == 0 else outputs)[i] for src, i in self.saved_from]
 
     def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool) -> tuple:
@@ -139,6 +146,11 @@ def _all_outputs(bwd: Op, returned: tuple) -> tuple:
     return tuple(by_name.get(n) for n in boundary.plan.output_names)
 
 
+_C_APPLY = torch._C._FunctionBase.__dict__["apply"]
+#: functorch transforms (vmap, grad, ...) active: the node goes through Function.apply
+functorch_active = torch._C._are_functorch_transforms_active
+
+
 class Node(torch.autograd.Function):
     """The autograd node of one eager call (see the module docstring)."""
 
@@ -150,11 +162,14 @@ class Node(torch.autograd.Function):
         if written:
             names = op._signature.input_names  # type: ignore[union-attr]
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
-        ctx.save_for_backward(*gradient.saved(inputs, outputs))
+        ctx.save_for_backward(*[(inputs if src == 0 else outputs)[i]
+                                for src, i in gradient.saved_from])
         ctx.op = op
-        fixed = [o for o in outputs if o is not None and not o.is_floating_point()]
-        if fixed:
-            ctx.mark_non_differentiable(*fixed)
+        for o in outputs:
+            if o is not None and not o.is_floating_point():  # indices, masks: no gradient
+                ctx.mark_non_differentiable(*(o for o in outputs
+                                              if o is not None and not o.is_floating_point()))
+                break
         return outputs[0] if len(outputs) == 1 else outputs
 
     @staticmethod

@@ -372,11 +372,9 @@ class Op(declared.Equivalents):
         if gradient is None:
             self._forward_only(inputs)
         assert gradient is not None
-        plan = self._signature
-        assert plan is not None
-        names = plan.input_names
-        wanting = [n for i, (n, t) in enumerate(zip(names, inputs, strict=True))
-                   if t is not None and t.requires_grad and i not in gradient.differentiable]
+        names = self._signature.input_names  # type: ignore[union-attr]
+        wanting = gradient.fixed_inputs and [names[i] for i in gradient.fixed_inputs
+                                             if inputs[i] is not None and inputs[i].requires_grad]
         if wanting:
             raise RuntimeError(
                 f"{type(self).__name__}: {', '.join(wanting)} require"
@@ -398,7 +396,9 @@ class Op(declared.Equivalents):
                     f"(\"a leaf Variable that requires grad is being used in an in-place "
                     f"operation\"); write into a non-leaf (e.g. {n}.clone()) or construct the "
                     f"op without its in-place effect")
-        return gradient.node.apply(self, call, *inputs)
+        if autograd.functorch_active():
+            return gradient.node.apply(self, call, *inputs)
+        return gradient.apply(self, call, *inputs)
 
     def _backward_op(self, needs: tuple[bool, ...]) -> Op:
         """The backward op for this combination of the gradient's ``needs`` params (built
