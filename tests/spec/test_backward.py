@@ -303,6 +303,13 @@ LETS = "".join(f"      L{i}: L{i - 1}\n" for i in range(1, 61))
 
 FAILING = [
     pytest.param(
+        edit(MINI, OWN, '      dw: {dtype: T, shape: "[Q]"}\n'),
+        [
+            ('backward', 'ops.yaml:18: in Op.backward.needs.w: needs turns the gradient of w off with grad_w, but OpBwd\'s output dw is not nullable on it (never None); declare it nullable: "not grad_w"'),
+        ],
+        id="backward:needs-output-not-nullable",
+    ),
+    pytest.param(
         edit(MINI, "op: OpBwd", "op: OpBwdd"),
         [
             ('backward', "ops.yaml:14: in Op.backward.op: backward op 'OpBwdd' is not an entry of ops.yaml (entries: Op, OpBwd)"),

@@ -98,6 +98,14 @@ def check_backward(ctx: EntryContext, spec: SpecFile | None) -> None:
         elif kind is not None and not isinstance(kind, BoolK):
             ctx.report.add(f"{path}.needs.{k}", f"needs maps {k} to {p}, a param of {bw.op} "
                            f"of kind {kind}; a needs param is Bool", RULE)
+        else:  # the gradient it turns off is an output that may be None
+            out = bsig.outputs.get(bw.grads.get(k, ""))
+            if out is not None and p not in E.names(out.nullable.node):
+                seen = ("never None" if out.nullable.node == E.Bool(False)
+                        else f"nullable: {out.nullable.text}")
+                ctx.report.add(f"{path}.needs.{k}", f"needs turns the gradient of {k} off with "
+                               f"{p}, but {bw.op}'s output {bw.grads[k]} is not nullable on it "
+                               f"({seen}); declare it nullable: \"not {p}\"", RULE)
     _check_params(ctx, bctx, path)
     if ctx.has(*_BROKEN) or bctx.has(*_BROKEN):
         return  # unreadable declarations: reported at their own entry
