@@ -17,7 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from tileops.ops import LayerNormFwdOp, RMSNormFwdOp
+from tileops.ops import GemmFwdOp, LayerNormFwdOp, RMSNormFwdOp
 from tileops.ops.cli import main
 from tileops.ops.cli.scaffold import ScaffoldError, scaffold_source
 from tileops.ops.workloads import cases
@@ -232,6 +232,12 @@ def test_an_unnamed_op_the_target_cannot_serve_is_left_out(
     ops = {r["op"] for r in json.loads(result.stdout)["results"]}
     assert ops == {"RMSNormFwdOp", "FusedAddRMSNormFwdOp", "RMSNormBwdOp",
                    "FusedAddRMSNormBwdOp", "LayerNormBwdOp"}
+    # an op whose entry takes none of the --dtype given is left out the same way (every
+    # shipped op takes float32; one is made not to here)
+    accepted = driver.entry_dtypes
+    monkeypatch.setattr(driver, "entry_dtypes", lambda entry, adts: [
+        d for d in accepted(entry, adts) if entry is not GemmFwdOp._signature.entry
+        or d != "float32"])
     result = invoke("run", "--dtype", "fp32", "-w", "tiny-n7", "--json", *TINY)
     assert result.exit_code == 0, result.output
     assert "left out GemmFwdOp: it accepts no float32\n" in result.stderr
@@ -294,9 +300,9 @@ def test_unknown_dtype_lists_the_dtypes_the_ops_take() -> None:
     result = invoke("run", "GemmFwdOp", "--dtype", "bf-16")
     assert result.exit_code == 2
     assert result.output.endswith(
-        "Error: unknown dtype 'bf-16'; valid: float16, bfloat16, float64, bf16 (bfloat16), "
-        "fp16 (float16), half (float16), fp64 (float64), double (float64); did you mean bf16, "
-        "fp16 or bfloat16?\n")
+        "Error: unknown dtype 'bf-16'; valid: float16, bfloat16, float32, float64, bf16 "
+        "(bfloat16), fp16 (float16), half (float16), fp32 (float32), float (float32), fp64 "
+        "(float64), double (float64); did you mean bf16, fp16 or bfloat16?\n")
 
 
 def test_a_dtype_the_op_does_not_take() -> None:
