@@ -44,8 +44,13 @@ def test_register_backward_compiles_for_sm90(kind, n, dtype, weight, gw, gb, few
     kernel = nb.build_bwd_register_kernel(kind, n, dtype, 1e-6, weight, gw, gb, "sm_90", None,
                                           few)
     src = kernel.get_kernel_source()
-    tpr, rpc, vec, per = nb.bwd_register_plan(n, dtype, few)
+    tpr, rpc, vec, per, resident, smem = nb.bwd_register_plan(n, dtype, few, kind)
     assert f"__launch_bounds__({tpr * rpc}" in src
+    held = per * vec
+    if gw:  # the dweight partials: a register array, or words of shared memory
+        assert (f"float pw[{held}];" in src) != smem
+    if gb:
+        assert (f"float pb[{held}];" in src) != smem
     if vec * nb._ITEMSIZE[dtype] == 16:
         assert "uint4" in src  # 16-byte accesses where the row allows them
     if tpr > 32:
@@ -94,7 +99,7 @@ def test_looped_backward_compiles_for_sm90(kind, n, dtype, weight, gw, gb):
 def test_every_row_length_compiles_for_sm90(n, kind, dtype, weight, gw, gb, few):
     gw = gw and weight
     gb = gb and kind == "layer"
-    plan = nb.bwd_register_plan(n, dtype, few)  # the kernel the op picks: registers if it fits
+    plan = nb.bwd_register_plan(n, dtype, few, kind)  # the op's pick: registers if it fits
     build = nb.build_bwd_looped_kernel if plan is None else nb.build_bwd_register_kernel
     src = build(kind, n, dtype, 1e-5, weight, gw, gb, "sm_90", None, few).get_kernel_source()
     assert "main_kernel" in src
@@ -102,34 +107,45 @@ def test_every_row_length_compiles_for_sm90(n, kind, dtype, weight, gw, gb, few)
 
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(1, 1 << 17), dtype=st.sampled_from(["float16", "bfloat16", "float32"]),
-       few=st.booleans())
-def test_register_plan_covers_the_row_within_the_register_budget(n, dtype, few):
-    plan = nb.bwd_register_plan(n, dtype, few)
+       few=st.booleans(), kind=st.sampled_from(["rms", "add_rms", "layer"]))
+def test_register_plan_covers_the_row_within_the_register_budget(n, dtype, few, kind):
+    plan = nb.bwd_register_plan(n, dtype, few, kind)
     item = nb._ITEMSIZE[dtype]
     if plan is None:  # only rows too wide for registers go to the looped kernel
         assert n * item > nb._BWD_HELD_BYTES * nb._BWD_MAX_REGISTER_THREADS // 2
         return
-    tpr, rpc, vec, per = plan
+    tpr, rpc, vec, per, resident, smem = plan
     assert n % vec == 0 and vec * item <= 16
     assert tpr * per * vec >= n > tpr * (per - 1) * vec  # covers the row, no empty access
     assert per * vec * item <= nb._BWD_HELD_BYTES
     assert tpr % 32 == 0 and tpr & (tpr - 1) == 0 and tpr <= 512
     assert rpc == 1 or (tpr == 32 and rpc * tpr == 256)  # several rows a CTA: a warp a row
+    assert resident == 512
+    # partials in shared memory only for LayerNorm rows that a thread's half share would
+    # not cover on at most 256 threads (two CTAs an SM)
+    assert smem == (kind == "layer" and (tpr > 256 or per * vec * item > nb._BWD_HELD_BYTES // 2))
 
 
-@pytest.mark.parametrize(("n", "dtype", "plan"), [
+@pytest.mark.parametrize(("kind", "n", "dtype", "plan"), [
     # the plans the performance figures in the README are estimated for
-    (8192, "bfloat16", (256, 1, 8, 4)),
-    (4096, "bfloat16", (128, 1, 8, 4)),
-    (16384, "bfloat16", (512, 1, 8, 4)),
-    (4097, "bfloat16", (256, 1, 1, 17)),
-    (7, "bfloat16", (32, 8, 1, 1)),
-    (8192, "float32", (512, 1, 4, 4)),
-    (16384, "float32", None),  # 64 KiB rows: looped
-    (65536, "bfloat16", None),
+    ("rms", 8192, "bfloat16", (256, 1, 8, 4, 512, False)),
+    ("rms", 4096, "bfloat16", (128, 1, 8, 4, 512, False)),
+    ("add_rms", 4096, "bfloat16", (128, 1, 8, 4, 512, False)),
+    ("rms", 16384, "bfloat16", (512, 1, 8, 4, 512, False)),
+    ("rms", 4097, "bfloat16", (256, 1, 1, 17, 512, False)),
+    ("rms", 7, "bfloat16", (32, 8, 1, 1, 512, False)),
+    ("rms", 8192, "float32", (512, 1, 4, 4, 512, False)),
+    ("rms", 16384, "float32", None),  # 64 KiB rows: looped
+    ("rms", 65536, "bfloat16", None),
+    # LayerNorm: two accesses a thread, partials in registers, up to 256 threads a row
+    ("layer", 4096, "bfloat16", (256, 1, 8, 2, 512, False)),
+    ("layer", 2048, "float32", (256, 1, 4, 2, 512, False)),
+    ("layer", 8192, "bfloat16", (256, 1, 8, 4, 512, True)),
+    ("layer", 4097, "bfloat16", (256, 1, 1, 17, 512, True)),
+    ("layer", 7, "bfloat16", (32, 8, 1, 1, 512, False)),
 ])
-def test_register_plans_of_the_benchmarked_rows(n, dtype, plan):
-    assert nb.bwd_register_plan(n, dtype) == plan
+def test_register_plans_of_the_benchmarked_rows(kind, n, dtype, plan):
+    assert nb.bwd_register_plan(n, dtype, False, kind) == plan
 
 
 def test_grid_is_capped_at_the_resident_ctas_and_covers_few_rows():
@@ -222,7 +238,7 @@ def test_programs_take_exactly_the_present_tensors_in_call_order(kind, weight, g
     # _RowNormBwdKernel.__call__ passes dy, [dres], x, [weight], dx, [workspace]
     if program == "register":
         prog = nb.register_bwd_program(kind, 4096, "bfloat16", 1e-6, weight, gw, gb,
-                                       *nb.bwd_register_plan(4096, "bfloat16"))
+                                       *nb.bwd_register_plan(4096, "bfloat16", False, kind))
     else:
         prog = nb.looped_bwd_program(kind, 4096, "bfloat16", 1e-6, weight, gw, gb,
                                      *nb.bwd_looped_plan(4096, "bfloat16"))
@@ -237,6 +253,7 @@ def test_colsum_takes_the_workspace_and_the_wanted_sums(sums, names):
 
 def test_programs_refuse_sums_the_call_spec_refuses():
     with pytest.raises(ValueError, match="grad_weight needs a weight"):
-        nb.register_bwd_program("rms", 64, "float32", 1e-6, False, True, False, 32, 8, 2, 1)
+        nb.register_bwd_program("rms", 64, "float32", 1e-6, False, True, False, 32, 8, 2, 1,
+                                512, False)
     with pytest.raises(ValueError, match="only layer has a bias gradient, not rms"):
         nb.looped_bwd_program("rms", 64, "float32", 1e-6, True, True, True, 1024, 4, 2)

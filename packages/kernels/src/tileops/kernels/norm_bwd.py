@@ -29,8 +29,9 @@ Two implementations:
 :class:`RowNormBwdRegisterKernel` -- a row's ``x`` and ``dy`` held in registers (at most
     :data:`_BWD_HELD_BYTES` of each a thread, up to 512 threads a row: rows up to 32 KiB);
     narrow rows pack 8 rows (a warp each) into a CTA. The fp32 column partials of the
-    thread's columns stay on chip across all the rows the CTA walks (RMS: registers;
-    LayerNorm, which has more live values: shared memory).
+    thread's columns stay on chip across all the rows the CTA walks: in registers, or for
+    LayerNorm rows wider than 256 threads' two accesses, in shared memory (the plan's
+    ``smem_partials``; see :func:`bwd_register_plan`).
 :class:`RowNormBwdLoopedKernel` -- the general one, any ``n``: 1024 threads a row, two passes
     over the row in chunks (sums, then ``dx`` with the second read mostly from L2); the CTA's
     partial column sums live in its workspace row (read, added to, written per row).
@@ -42,7 +43,7 @@ multiple of the 16-byte vector are read with the widest aligned access (as the f
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import functools
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
@@ -59,6 +60,7 @@ from .norm import (
 )
 
 __all__ = [
+    "BwdRegisterPlan",
     "RowNormBwdInterface",
     "RowNormBwdLoopedKernel",
     "RowNormBwdRegisterKernel",
@@ -151,26 +153,27 @@ class RowNormBwdInterface(KernelInterface):
 # --- plans ------------------------------------------------------------------------------------
 
 
-def bwd_register_plan(n: int, dtype: str, few_rows: bool = False
-                      ) -> tuple[int, int, int, int] | None:
-    """``(threads_per_row, rows_per_cta, vec, per)`` for the register backward, or None when a
-    row does not fit: each thread holds ``per`` accesses of ``vec`` elements of ``x`` and of
-    ``dy`` (and the fp32 column partials of those ``per * vec`` columns).
+class BwdRegisterPlan(NamedTuple):
+    """The launch plan of the register backward: every knob a sweep may set.
 
-    Not swept yet; derived from the forward's sweep (benchmarks/results/norm_sweep.txt) and
-    register arithmetic:
-
-    - many rows: about four accesses of each of ``x`` and ``dy`` a thread (64 bytes each), so
-      eight loads are in flight as in the forward's best plans; 128 to 512 threads a row
-      (8192 x bf16: 256 x 4; 16384 x bf16: 512 x 4; 4097 x bf16, one element an access:
-      256 x 17). Rows of at most a warp's share pack 8 rows (a warp each) into a CTA.
-    - few rows (latency-bound): spread a row over as many threads as give each at most two
-      accesses, as the forward.
-
-    A thread holds at most :data:`_BWD_HELD_BYTES` of ``x``; wider rows spread over up to 512
-    threads (a 1024-thread CTA has 64 registers a thread, fewer than the held row, its
-    partials and the weight need), beyond that the looped kernel runs.
+    ``tpr`` threads a row, ``rpc`` rows a CTA, each thread holding ``per`` accesses of ``vec``
+    elements of ``x`` and ``dy``; ``resident`` threads an SM the persistent grid and the
+    ``__launch_bounds__`` minimum are planned for (65536 // resident registers a thread);
+    ``smem_partials``: the fp32 column partials live in shared memory (each thread its own
+    words) rather than registers.
     """
+
+    tpr: int
+    rpc: int
+    vec: int
+    per: int
+    resident: int
+    smem_partials: bool
+
+
+def _spread(n: int, dtype: str, few_rows: bool, held_bytes: int) -> tuple[int, int, int, int]:
+    """``(tpr, rpc, vec, per)`` holding at most about ``held_bytes`` of ``x`` a thread (see
+    :func:`bwd_register_plan`); ``per`` is 0 when the row does not fit 512 threads."""
     item = _ITEMSIZE[dtype]
     vec = _vec(n, dtype)
     width = vec * item
@@ -178,17 +181,55 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False
     if few_rows:
         tpr = min(_BWD_MAX_REGISTER_THREADS, max(_WARP, _pow2_at_least(-(-nv // 2))))
     else:
-        want = max(1, _BWD_HELD_BYTES // width)
+        want = max(1, held_bytes // width)
         tpr = _pow2_at_least(-(-nv // want))
         tpr = _WARP if tpr <= _WARP else min(_BWD_MAX_REGISTER_THREADS, max(128, tpr))
     per = -(-nv // tpr)
-    if per * width > _BWD_HELD_BYTES:
-        tpr = min(_BWD_MAX_REGISTER_THREADS, _pow2_at_least(-(-nv * width // _BWD_HELD_BYTES)))
+    if per * width > held_bytes:
+        tpr = min(_BWD_MAX_REGISTER_THREADS, _pow2_at_least(-(-nv * width // held_bytes)))
         per = -(-nv // tpr)
-        if per * width > _BWD_HELD_BYTES:
-            return None
+        if per * width > held_bytes:
+            per = 0
     rpc = 256 // _WARP if tpr == _WARP and not few_rows else 1
     return tpr, rpc, vec, per
+
+
+def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "rms"
+                      ) -> BwdRegisterPlan | None:
+    """The :class:`BwdRegisterPlan` of the register backward, or None when a row does not
+    fit: each thread holds ``per`` accesses of ``vec`` elements of ``x`` and of ``dy`` (and
+    the fp32 column partials of those ``per * vec`` columns).
+
+    Not swept yet; derived from the forward's sweep (benchmarks/results/norm_sweep.txt) and
+    ptxas's register counts at the 128-register cap of :data:`_RESIDENT_THREADS`:
+
+    - many rows: about four accesses of each of ``x`` and ``dy`` a thread (64 bytes each), so
+      eight loads are in flight as in the forward's best plans; 128 to 512 threads a row
+      (8192 x bf16: 256 x 4; 16384 x bf16: 512 x 4; 4097 x bf16, one element an access:
+      256 x 17). Rows of at most a warp's share pack 8 rows (a warp each) into a CTA.
+    - few rows (latency-bound): spread a row over as many threads as give each at most two
+      accesses, as the forward.
+    - LAYER holds half as much a thread (two 16-byte accesses of each: 4096 x bf16 on 256
+      threads) wherever that leaves at least two CTAs an SM (at most 256 threads a row), so
+      its dweight and dbias partials stay in registers: nvcc keeps the fp32 values of ``x``
+      and ``g`` live across the second reduction, and at four accesses the partials spill
+      (416 bytes a thread for 4096 x bf16, 106 registers and none spilled at two). Wider rows
+      (one 512-thread CTA an SM would have no other CTA's loads in flight across its
+      barriers) keep four accesses with the partials in shared memory.
+
+    A thread holds at most :data:`_BWD_HELD_BYTES` of ``x``; wider rows spread over up to 512
+    threads (a 1024-thread CTA has 64 registers a thread, fewer than the held row, its
+    partials and the weight need), beyond that the looped kernel runs.
+    """
+    tpr, rpc, vec, per = _spread(n, dtype, few_rows, _BWD_HELD_BYTES)
+    if per == 0:
+        return None
+    if kind == "layer":
+        half = _spread(n, dtype, few_rows, _BWD_HELD_BYTES // 2)
+        if half[3] and half[0] <= _RESIDENT_THREADS // 2:
+            return BwdRegisterPlan(*half, _RESIDENT_THREADS, False)
+        return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, True)
+    return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, False)
 
 
 def bwd_looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
@@ -196,18 +237,20 @@ def bwd_looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
     return _LOOPED_THREADS, _vec(n, dtype), 2
 
 
-def ctas_per_sm(threads: int) -> int:
-    """CTAs of ``threads`` planned to share an SM: :data:`_RESIDENT_THREADS` threads an SM
-    (sixteen warps, 128 registers a thread). The register program is compiled with that as
-    its ``__launch_bounds__`` minimum, so the compiler keeps within the registers it needs."""
-    return max(1, _RESIDENT_THREADS // threads)
+def ctas_per_sm(threads: int, resident: int = _RESIDENT_THREADS) -> int:
+    """CTAs of ``threads`` planned to share an SM: ``resident`` threads an SM (by default
+    :data:`_RESIDENT_THREADS`: sixteen warps, 128 registers a thread). The register program
+    is compiled with that as its ``__launch_bounds__`` minimum, so the compiler keeps within
+    the registers it needs."""
+    return max(1, resident // threads)
 
 
-def grid_ctas(rows: int, rows_per_cta: int, threads: int, sms: int) -> int:
+def grid_ctas(rows: int, rows_per_cta: int, threads: int, sms: int,
+              resident: int = _RESIDENT_THREADS) -> int:
     """CTAs of the persistent grid for ``rows``: one per group of ``rows_per_cta`` rows, at
     most as many as are resident at once (:func:`ctas_per_sm` an SM), so no CTA waits for a
     second wave while the others have finished."""
-    return max(1, min(-(-rows // rows_per_cta), sms * ctas_per_sm(threads)))
+    return max(1, min(-(-rows // rows_per_cta), sms * ctas_per_sm(threads, resident)))
 
 
 def colsum_plan(cols: int) -> tuple[int, int]:
@@ -276,7 +319,7 @@ def _check_sums(kind: str, has_weight: bool, grad_weight: bool, grad_bias: bool)
 
 def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                          grad_weight: bool, grad_bias: bool, tpr: int, rpc: int, vec: int,
-                         per: int):
+                         per: int, resident: int, smem_partials: bool):
     """The TileLang prim_func of the register backward (not compiled).
 
     ``M`` (rows) and, where column sums are wanted, ``G`` (CTAs: the workspace's first
@@ -304,19 +347,16 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
     r2 = 3 if layer else 0
     nred = r1 + r2
     ws_vec = min(vec, 4)  # fp32 stores of at most 16 bytes
-    resident = ctas_per_sm(threads)
+    resident = ctas_per_sm(threads, resident)
     # the weight is read with x and dy only where round 1 needs it (RMS's sum of g * x); the
     # other reads of it (and dres) come per access where used, from L1: holding it across
     # the reductions would cost 16 registers a thread (157 against 128 for 8192 x bf16)
     rms_w = has_weight and not layer
-    # Column partials: RMS keeps dweight's in registers; LAYER, which holds four more row
-    # statistics and reads the weight twice, keeps both dweight's and dbias's in shared
-    # memory (each thread its own words, so no barrier): in registers they spill (420 bytes
-    # a thread for 8192 x bf16 at the 128-register cap, 72 with dweight's alone).
-    shared_pw = layer
+    shared_pw = smem_partials
 
-    def at_w(j, tx):
-        """Where partial ``j`` of thread ``tx`` lives in the dweight partials."""
+    def at(j, tx):
+        """Where partial ``j`` of thread ``tx`` lives (in shared memory, a thread's words
+        are ``threads`` apart, so a warp's accesses hit 32 banks)."""
         return j * threads + tx if shared_pw else j
 
     @T.macro
@@ -336,16 +376,17 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
             dr = T.alloc_local((vec,), dtype)
             if shared_pw:
                 pw = T.alloc_shared((held * threads if grad_weight else 1,), f32)
+                pb = T.alloc_shared((held * threads if grad_bias else 1,), f32)
             else:
                 pw = T.alloc_local((held if grad_weight else 1,), f32)
-            pb = T.alloc_shared((held * threads if grad_bias else 1,), f32)
+                pb = T.alloc_local((held if grad_bias else 1,), f32)
             acc = T.alloc_local((nred,), f32)
             red = T.alloc_shared((2 * nred * rpc * wpr if wpr > 1 else 1,), f32)
             for j in T.unroll(held):
                 if grad_weight:
-                    pw[at_w(j, tx)] = T.cast(0, f32)
+                    pw[at(j, tx)] = T.cast(0, f32)
                 if grad_bias:
-                    pb[j * threads + tx] = T.cast(0, f32)
+                    pb[at(j, tx)] = T.cast(0, f32)
             for step in T.serial(steps):
                 row = (step * grid + bx) * rpc + slot
                 par = step % 2
@@ -457,9 +498,9 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                         if add:
                             dxv = dxv + T.cast(dr[i], f32)
                         if grad_weight:
-                            pw[at_w(j, tx)] += dyv * xhat
+                            pw[at(j, tx)] += dyv * xhat
                         if grad_bias:
-                            pb[j * threads + tx] += dyv
+                            pb[at(j, tx)] += dyv
                         hx[j] = T.cast(dxv, dtype)
                     if row < M and (exact or col < n):
                         for i in T.vectorized(vec):
@@ -469,18 +510,21 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                     col = (v * tpr + lane) * vec
                     if exact or col < n:
                         for q in T.unroll(vec // ws_vec):
+                            j = v * vec + q * ws_vec
                             if grad_weight and shared_pw:
                                 for i in T.unroll(ws_vec):
-                                    WS[bx, slot, col + q * ws_vec + i] = \
-                                        pw[at_w(v * vec + q * ws_vec + i, tx)]
+                                    WS[bx, slot, col + q * ws_vec + i] = pw[at(j + i, tx)]
                             elif grad_weight:
                                 for i in T.vectorized(ws_vec):
-                                    WS[bx, slot, col + q * ws_vec + i] = \
-                                        pw[v * vec + q * ws_vec + i]
-                            if grad_bias:
+                                    WS[bx, slot, col + q * ws_vec + i] = pw[j + i]
+                            if grad_bias and shared_pw:
                                 for i in T.unroll(ws_vec):
                                     WS[bx, slot, (k - 1) * n + col + q * ws_vec + i] = \
-                                        pb[(v * vec + q * ws_vec + i) * threads + tx]
+                                        pb[at(j + i, tx)]
+                            elif grad_bias:
+                                for i in T.vectorized(ws_vec):
+                                    WS[bx, slot, (k - 1) * n + col + q * ws_vec + i] = \
+                                        pb[j + i]
 
     return _main_params(body, add, has_weight, has_ws, shapes, dtype)
 
@@ -719,11 +763,11 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
 @functools.lru_cache(maxsize=256)
 def build_bwd_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                               grad_weight: bool, grad_bias: bool, target: str | None = None,
-                              plan: tuple[int, int, int, int] | None = None,
+                              plan: BwdRegisterPlan | None = None,
                               few_rows: bool = False):
     """Compile the register backward (cached per configuration). ``plan`` overrides
-    :func:`bwd_register_plan` (``(threads_per_row, rows_per_cta, vec, per)``), for tuning."""
-    plan = plan or bwd_register_plan(n, dtype, few_rows)
+    :func:`bwd_register_plan` (any :class:`BwdRegisterPlan`), for tuning."""
+    plan = plan or bwd_register_plan(n, dtype, few_rows, kind)
     if plan is None:
         raise ValueError(f"a row of {n} {dtype} does not fit the register backward")
     prog = register_bwd_program(kind, n, dtype, eps, has_weight, grad_weight, grad_bias, *plan)
@@ -775,14 +819,15 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
                 spec.grad_bias, spec.device, spec.few_rows)
 
     @classmethod
-    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int]:
-        """``(rows_per_cta, threads)`` of the entry's main program."""
+    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
+        """``(rows_per_cta, threads, resident)`` of the entry's main program (``resident``:
+        the threads an SM its grid is planned for)."""
         raise NotImplementedError
 
     def __init__(self, spec: RowNormBwdSpec) -> None:
         super().__init__(spec)
         self._empty = spec.n == 0  # nothing to compute, nothing compiled
-        self._rpc, self._threads = type(self)._shape(spec)
+        self._rpc, self._threads, self._resident = type(self)._shape(spec)
         self._sms = sm_count(spec.device)
         self._ws: Any = None
         self._views: dict[int, Any] = {}
@@ -797,7 +842,7 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
 
     def grid(self, rows: int) -> int:
         """CTAs of the main program for ``rows`` (the workspace rows a call uses)."""
-        return grid_ctas(rows, self._rpc, self._threads, self._sms)
+        return grid_ctas(rows, self._rpc, self._threads, self._sms, self._resident)
 
     def _workspace(self, g: int, device: Any):
         view = self._views.get(g)
@@ -847,19 +892,18 @@ class RowNormBwdRegisterKernel(_RowNormBwdKernel):
 
     @classmethod
     def region_refusal(cls, spec: RowNormBwdSpec) -> str | None:
-        if bwd_register_plan(spec.n, spec.dtype, spec.few_rows) is None:
+        if bwd_register_plan(spec.n, spec.dtype, spec.few_rows, spec.kind.value) is None:
             return (f"a row of {spec.n} x {spec.dtype} exceeds the {_BWD_HELD_BYTES} bytes of "
                     f"x a thread holds at {_BWD_MAX_REGISTER_THREADS} threads")
         return None
 
     @classmethod
-    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int]:
-        plan = bwd_register_plan(spec.n, spec.dtype, spec.few_rows)
+    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
+        plan = bwd_register_plan(spec.n, spec.dtype, spec.few_rows, spec.kind.value)
         if plan is None:  # refused; only a forced selection gets here
             raise ValueError(f"a row of {spec.n} {spec.dtype} does not fit the register "
                              f"backward")
-        tpr, rpc, _, _ = plan
-        return rpc, tpr * rpc
+        return plan.rpc, plan.tpr * plan.rpc, plan.resident
 
 
 class RowNormBwdLoopedKernel(_RowNormBwdKernel):
@@ -870,5 +914,5 @@ class RowNormBwdLoopedKernel(_RowNormBwdKernel):
     _build = staticmethod(build_bwd_looped_kernel)
 
     @classmethod
-    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int]:
-        return 1, bwd_looped_plan(max(spec.n, 1), spec.dtype)[0]
+    def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
+        return 1, bwd_looped_plan(max(spec.n, 1), spec.dtype)[0], _RESIDENT_THREADS
