@@ -57,6 +57,9 @@ def test_register_backward_compiles_for_sm90(kind, n, dtype, weight, gw, gb, few
         assert "__syncthreads" in src  # the cross-warp reduction
     assert ("float* __restrict__ WS" in src) == (gw or gb)  # the workspace only for sums
     assert "atomic" not in src  # column sums go through the workspace, not atomics
+    if kind == "add_rms" and tpr > 32:  # dres is loaded with x and dy, before the reductions
+        body = src[src.index("__launch_bounds__"):]
+        assert "(DR + " in body and body.index("(DR + ") < body.index("__syncthreads")
     if gw or gb:
         sums = int(gw) + int(gb)
         colsum = nb.build_colsum_kernel(rpc, n, sums, dtype, "sm_90").get_kernel_source()

@@ -349,8 +349,12 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
     ws_vec = min(vec, 4)  # fp32 stores of at most 16 bytes
     resident = ctas_per_sm(threads, resident)
     # the weight is read with x and dy only where round 1 needs it (RMS's sum of g * x); the
-    # other reads of it (and dres) come per access where used, from L1: holding it across
-    # the reductions would cost 16 registers a thread (157 against 128 for 8192 x bf16)
+    # other reads of it come per access where used, from L1: holding it across the
+    # reductions would cost 16 registers a thread (157 against 128 for 8192 x bf16).
+    # The fused add's dres is read with x and dy and held (16 registers at 8192 x bf16, the
+    # 4 spilled bytes the program had without it): it comes from DRAM, and read after the
+    # reductions its loads started only when the row's sums were done, one access at a
+    # time at the register cap, so each row waited out DRAM latency twice
     rms_w = has_weight and not layer
     shared_pw = smem_partials
 
@@ -373,7 +377,7 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
             hdy = T.alloc_local((held,), dtype)
             hw = T.alloc_local((held if rms_w else 1,), dtype)
             wv = T.alloc_local((vec,), dtype)
-            dr = T.alloc_local((vec,), dtype)
+            hdr = T.alloc_local((held if add else 1,), dtype)
             if shared_pw:
                 pw = T.alloc_shared((held * threads if grad_weight else 1,), f32)
                 pb = T.alloc_shared((held * threads if grad_bias else 1,), f32)
@@ -402,12 +406,17 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                         if rms_w:
                             for i in T.vectorized(vec):
                                 hw[v * vec + i] = W[col + i]
+                        if add:
+                            for i in T.vectorized(vec):
+                                hdr[v * vec + i] = DR[row, col + i]
                     else:
                         for i in T.unroll(vec):
                             hx[v * vec + i] = T.cast(0, dtype)
                             hdy[v * vec + i] = T.cast(0, dtype)
                             if rms_w:
                                 hw[v * vec + i] = T.cast(0, dtype)
+                            if add:
+                                hdr[v * vec + i] = T.cast(0, dtype)
                 # round 1
                 for j in T.unroll(held):
                     xv = T.cast(hx[j], f32)
@@ -478,13 +487,9 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                         if has_weight:
                             for i in T.vectorized(vec):
                                 wv[i] = W[col + i]
-                        if add:
-                            for i in T.vectorized(vec):
-                                dr[i] = DR[row, col + i]
                     else:  # dx is not stored; the zeros keep the partial sums exact
                         for i in T.unroll(vec):
                             wv[i] = T.cast(0, dtype)
-                            dr[i] = T.cast(0, dtype)
                     for i in T.unroll(vec):
                         j = v * vec + i
                         dyv = T.cast(hdy[j], f32)
@@ -496,7 +501,7 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                             xhat = T.cast(hx[j], f32) * acc[0]
                             dxv = acc[0] * (g - T.cast(hx[j], f32) * acc[1])
                         if add:
-                            dxv = dxv + T.cast(dr[i], f32)
+                            dxv = dxv + T.cast(hdr[j], f32)
                         if grad_weight:
                             pw[at(j, tx)] += dyv * xhat
                         if grad_bias:
