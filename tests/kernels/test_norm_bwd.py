@@ -192,8 +192,15 @@ def test_implementations_state_their_regions():
 
 def test_the_launch_plan_of_a_row_count_is_the_kernels():
     k = nb.RowNormBwdRegisterKernel
-    assert k.identity(_spec(rows=1)) == k.identity(_spec(rows=131)) != \
+    assert k.identity(_spec(rows=2)) == k.identity(_spec(rows=131)) != \
         k.identity(_spec(rows=132))
+    # one row stores its sums directly: an entry of its own, unless no sum is wanted
+    assert k.identity(_spec(rows=1)) != k.identity(_spec(rows=2))
+    assert k.direct(_spec(rows=1)) and not k.direct(_spec(rows=2))
+    assert not k.direct(_spec(rows=1, grad_weight=False))
+    assert k.identity(_spec(rows=1, grad_weight=False)) == \
+        k.identity(_spec(rows=2, grad_weight=False))
+    assert not nb.RowNormBwdLoopedKernel.direct(_spec(rows=1))
     assert k.identity(_spec(rows=132)) == k.identity(_spec(rows=32768))
     assert k.identity(_spec(grad_weight=False)) != k.identity(_spec())
     assert _spec().sums == 1
@@ -246,6 +253,55 @@ def test_programs_take_exactly_the_present_tensors_in_call_order(kind, weight, g
         prog = nb.looped_bwd_program(kind, 4096, "bfloat16", 1e-6, weight, gw, gb,
                                      *nb.bwd_looped_plan(4096, "bfloat16"))
     assert [prog.buffer_map[p].name for p in prog.params if p in prog.buffer_map] == names
+
+
+@pytest.mark.parametrize(("kind", "weight", "gw", "gb", "names"), [
+    ("rms", True, True, False, ["DY", "X", "W", "DX", "DW"]),
+    ("add_rms", True, True, False, ["DY", "DR", "X", "W", "DX", "DW"]),
+    ("layer", True, True, True, ["DY", "X", "W", "DX", "DW", "DB"]),
+    ("layer", True, True, False, ["DY", "X", "W", "DX", "DW"]),
+    ("layer", True, False, True, ["DY", "X", "W", "DX", "DB"]),
+    ("layer", False, False, True, ["DY", "X", "DX", "DB"]),
+])
+def test_direct_programs_take_the_sums_in_place_of_the_workspace(kind, weight, gw, gb, names):
+    # _RowNormBwdKernel.__call__ passes dy, [dres], x, [weight], dx, [dweight], [dbias]
+    plan = nb.bwd_register_plan(4096, "bfloat16", True, kind)
+    prog = nb.register_bwd_program(kind, 4096, "bfloat16", 1e-6, weight, gw, gb, *plan, True)
+    assert [prog.buffer_map[p].name for p in prog.params if p in prog.buffer_map] == names
+
+
+DIRECT = [
+    # (kind, N, dtype, weight, grad_weight, grad_bias): one row, sums stored by the program
+    pytest.param("rms", 4096, "bfloat16", True, True, False, id="rms-16B"),
+    pytest.param("add_rms", 4097, "float16", True, True, False, id="fused-scalar-predicated"),
+    pytest.param("layer", 7, "float32", True, True, True, id="layer-narrower-than-warp"),
+    pytest.param("layer", 16384, "bfloat16", True, True, True, id="layer-shared-partials"),
+    pytest.param("layer", 4096, "bfloat16", False, False, True, id="layer-dbias-only"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "n", "dtype", "weight", "gw", "gb"), DIRECT)
+def test_direct_backward_compiles_for_sm90(kind, n, dtype, weight, gw, gb):
+    kernel = nb.build_bwd_register_kernel(kind, n, dtype, 1e-6, weight, gw, gb, "sm_90", None,
+                                          True, True)
+    src = kernel.get_kernel_source()
+    assert "WS" not in src  # no workspace: the sums are stored in the storage dtype
+    assert ("DW" in src) == gw and ("DB" in src) == gb
+
+
+def test_direct_programs_need_one_row_a_cta_and_a_sum():
+    with pytest.raises(ValueError) as info:
+        nb.register_bwd_program("rms", 128, "float16", 1e-6, True, True, False,
+                                *nb.bwd_register_plan(128, "float16"), True)
+    assert str(info.value) == ("a direct program stores one row's sums: it needs rows_per_cta "
+                               "1 and a wanted sum, got rows_per_cta 8 and 1 sums")
+    with pytest.raises(ValueError, match="got rows_per_cta 1 and 0 sums"):
+        nb.register_bwd_program("rms", 4096, "float16", 1e-6, True, False, False,
+                                *nb.bwd_register_plan(4096, "float16", True), True)
+    with pytest.raises(ValueError, match="the looped backward has no direct program"):
+        nb.build_bwd_looped_kernel("rms", 65536, "bfloat16", 1e-6, True, True, False, "sm_90",
+                                   None, True, True)
 
 
 @pytest.mark.parametrize(("sums", "names"), [(1, ["WS", "OUT"]), (2, ["WS", "DW", "DB"])])

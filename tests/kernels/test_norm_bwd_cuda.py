@@ -4,11 +4,11 @@ through the forward formula.
 Grid: every kind with each set of affine tensors and wanted gradients, every storage dtype,
 row lengths N that exercise each code path (7: narrower than a warp, several rows a CTA;
 4096/8192/16384: 16-byte accesses on 128/256/512 threads; 4097: no vector divides it;
-65536: the looped kernel), row counts 1 and 3 (the few-rows plan), 128 (the boundary of that
-plan), 2048 and 32768 (the persistent grid walking many rows per CTA) where the fp64
-reference fits; plus random row lengths up to 2**20. Inputs are fresh random values and the
-outputs are poisoned (the allocator hands back memory just filled with NaN), so an element
-never written fails.
+65536: the looped kernel), row counts 1 (the direct program: the sums stored without the
+workspace), 3 (the few-rows plan), 128 (the boundary of that plan), 2048 and 32768 (the
+persistent grid walking many rows per CTA) where the fp64 reference fits; plus random row
+lengths up to 2**20. Inputs are fresh random values and the outputs are poisoned (the
+allocator hands back memory just filled with NaN), so an element never written fails.
 """
 
 import random
@@ -114,8 +114,8 @@ def _grid():
             for dt in DTYPES:
                 for n in NS:
                     # the full row sweep with every gradient wanted; the other affine sets on
-                    # one few-rows and one many-rows count
-                    rows = ROWS if sets.index((hw, gw, hb)) == 0 else (3, 2048)
+                    # one row (the direct program), one few-rows and one many-rows count
+                    rows = ROWS if sets.index((hw, gw, hb)) == 0 else (1, 3, 2048)
                     for m in rows:
                         if m * n > MAX_ELEMENTS:
                             continue

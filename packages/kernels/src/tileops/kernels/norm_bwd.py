@@ -310,6 +310,42 @@ def _main_params(body, add: bool, has_weight: bool, has_ws: bool, shapes: dict, 
     return main
 
 
+def _direct_params(body, add: bool, has_weight: bool, grad_weight: bool, grad_bias: bool,
+                   shapes: dict, dtype: str):
+    """The prim_func of a direct program (one row: its ``dweight``/``dbias`` are written by
+    the main program itself), taking ``dy, [dres], x, [weight], dx, [dweight], [dbias]``; at
+    least one of the two sums is wanted (``grad_weight`` implies a weight, the fused add has
+    no bias)."""
+    _, T = tl()
+    sm, sn = shapes["row"], shapes["vec"]
+    if add:
+        @T.prim_func
+        def main(DY: T.Tensor(sm, dtype), DR: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype),
+                 W: T.Tensor(sn, dtype), DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype)):
+            body(DY, DR, X, W, DX, None, DW, None)
+    elif grad_weight and grad_bias:
+        @T.prim_func
+        def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
+                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype), DB: T.Tensor(sn, dtype)):
+            body(DY, None, X, W, DX, None, DW, DB)
+    elif grad_weight:
+        @T.prim_func
+        def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
+                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype)):
+            body(DY, None, X, W, DX, None, DW, None)
+    elif has_weight:
+        @T.prim_func
+        def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
+                 DX: T.Tensor(sm, dtype), DB: T.Tensor(sn, dtype)):
+            body(DY, None, X, W, DX, None, None, DB)
+    else:
+        @T.prim_func
+        def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), DX: T.Tensor(sm, dtype),
+                 DB: T.Tensor(sn, dtype)):
+            body(DY, None, X, None, DX, None, None, DB)
+    return main
+
+
 def _check_sums(kind: str, has_weight: bool, grad_weight: bool, grad_bias: bool) -> None:
     if grad_weight and not has_weight:
         raise ValueError("grad_weight needs a weight")
@@ -319,20 +355,27 @@ def _check_sums(kind: str, has_weight: bool, grad_weight: bool, grad_bias: bool)
 
 def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                          grad_weight: bool, grad_bias: bool, tpr: int, rpc: int, vec: int,
-                         per: int, resident: int, smem_partials: bool):
+                         per: int, resident: int, smem_partials: bool, direct: bool = False):
     """The TileLang prim_func of the register backward (not compiled).
 
     ``M`` (rows) and, where column sums are wanted, ``G`` (CTAs: the workspace's first
     dimension) are launch-time sizes; without column sums the grid is one CTA per ``rpc``
     rows. CTA ``b`` walks row groups ``b, b + G, ...``; the cross-warp reduction buffers
     alternate by the parity of the step, so one barrier a reduction suffices.
+
+    ``direct``: the program serves one row (a single CTA, ``rpc`` 1) and stores its
+    ``dy * xhat`` and ``dy`` as ``dweight`` and ``dbias`` itself, with no workspace and no
+    column-sum launch (which for one row is a second kernel on the critical path).
     """
     _check_sums(kind, has_weight, grad_weight, grad_bias)
     _, T = tl()
     M = T.dynamic("M")
     add, layer = kind == "add_rms", kind == "layer"
     k = int(grad_weight) + int(grad_bias)
-    has_ws = k > 0
+    if direct and (rpc != 1 or k == 0):
+        raise ValueError(f"a direct program stores one row's sums: it needs rows_per_cta 1 "
+                         f"and a wanted sum, got rows_per_cta {rpc} and {k} sums")
+    has_ws = k > 0 and not direct
     G = T.dynamic("G") if has_ws else None
     shapes = {"row": (M, n), "vec": (n,), "ws": (G, rpc, k * n) if has_ws else (1,)}
     threads = tpr * rpc
@@ -364,7 +407,7 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
         return j * threads + tx if shared_pw else j
 
     @T.macro
-    def body(DY, DR, X, W, DX, WS):
+    def body(DY, DR, X, W, DX, WS, DW, DB):
         grid = G if has_ws else T.ceildiv(M, rpc)
         steps = T.ceildiv(T.ceildiv(M, rpc), G) if has_ws else 1
         with T.Kernel(grid, threads=threads) as bx:
@@ -531,7 +574,29 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                                     WS[bx, slot, (k - 1) * n + col + q * ws_vec + i] = \
                                         pb[j + i]
 
-    return _main_params(body, add, has_weight, has_ws, shapes, dtype)
+            if direct:
+                for v in T.unroll(per):
+                    col = (v * tpr + lane) * vec
+                    if exact or col < n:
+                        if grad_weight:
+                            for i in T.unroll(vec):
+                                hx[v * vec + i] = T.cast(pw[at(v * vec + i, tx)], dtype)
+                            for i in T.vectorized(vec):
+                                DW[col + i] = hx[v * vec + i]
+                        if grad_bias:
+                            for i in T.unroll(vec):
+                                hdy[v * vec + i] = T.cast(pb[at(v * vec + i, tx)], dtype)
+                            for i in T.vectorized(vec):
+                                DB[col + i] = hdy[v * vec + i]
+
+    if direct:
+        return _direct_params(body, add, has_weight, grad_weight, grad_bias, shapes, dtype)
+
+    @T.macro
+    def ws_body(DY, DR, X, W, DX, WS):
+        body(DY, DR, X, W, DX, WS, None, None)
+
+    return _main_params(ws_body, add, has_weight, has_ws, shapes, dtype)
 
 
 def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int):
@@ -769,13 +834,15 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
 def build_bwd_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                               grad_weight: bool, grad_bias: bool, target: str | None = None,
                               plan: BwdRegisterPlan | None = None,
-                              few_rows: bool = False):
+                              few_rows: bool = False, direct: bool = False):
     """Compile the register backward (cached per configuration). ``plan`` overrides
-    :func:`bwd_register_plan` (any :class:`BwdRegisterPlan`), for tuning."""
+    :func:`bwd_register_plan` (any :class:`BwdRegisterPlan`), for tuning; ``direct``: the
+    one-row program storing dweight/dbias itself (see :func:`register_bwd_program`)."""
     plan = plan or bwd_register_plan(n, dtype, few_rows, kind)
     if plan is None:
         raise ValueError(f"a row of {n} {dtype} does not fit the register backward")
-    prog = register_bwd_program(kind, n, dtype, eps, has_weight, grad_weight, grad_bias, *plan)
+    prog = register_bwd_program(kind, n, dtype, eps, has_weight, grad_weight, grad_bias, *plan,
+                                direct)
     return compile_program(prog, target)
 
 
@@ -788,10 +855,16 @@ def build_colsum_kernel(rpc: int, n: int, k: int, dtype: str, target: str | None
 @functools.lru_cache(maxsize=256)
 def build_bwd_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                             grad_weight: bool, grad_bias: bool, target: str | None = None,
-                            plan: tuple[int, int, int] | None = None, few_rows: bool = False):
+                            plan: tuple[int, int, int] | None = None, few_rows: bool = False,
+                            direct: bool = False):
     """Compile the looped backward (cached per configuration); ``plan`` overrides
-    :func:`bwd_looped_plan` (``(threads, vec, per)``). ``few_rows`` is accepted for the
-    uniform builder signature and changes nothing (one CTA a row either way)."""
+    :func:`bwd_looped_plan` (``(threads, vec, per)``). ``few_rows`` and ``direct`` are
+    accepted for the uniform builder signature; the looped entry never asks for ``direct``
+    (:meth:`_RowNormBwdKernel.direct` is False) and ``few_rows`` changes nothing (one CTA a
+    row either way)."""
+    if direct:
+        raise ValueError("the looped backward has no direct program (its one-row sums go "
+                         "through the workspace)")
     threads, vec, per = plan or bwd_looped_plan(n, dtype)
     prog = looped_bwd_program(kind, n, dtype, eps, has_weight, grad_weight, grad_bias, threads,
                               vec, per)
@@ -821,7 +894,13 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
     def identity(cls, spec: RowNormBwdSpec):
         # the program depends on the row count only through the launch plan it picks
         return (spec.kind, spec.n, spec.dtype, spec.eps, spec.has_weight, spec.grad_weight,
-                spec.grad_bias, spec.device, spec.few_rows)
+                spec.grad_bias, spec.device, spec.few_rows, cls.direct(spec))
+
+    @classmethod
+    def direct(cls, spec: RowNormBwdSpec) -> bool:
+        """Whether the entry's main program stores the column sums itself (no workspace, no
+        column-sum launch)."""
+        return False
 
     @classmethod
     def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
@@ -838,11 +917,12 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
         self._views: dict[int, Any] = {}
         if self._empty:
             return
+        self._direct = type(self).direct(spec)
         self.program = type(self)._build(spec.kind.value, spec.n, spec.dtype, spec.eps,
                                          spec.has_weight, spec.grad_weight, spec.grad_bias,
-                                         None, None, spec.few_rows)
+                                         None, None, spec.few_rows, self._direct)
         self.colsum = (build_colsum_kernel(self._rpc, spec.n, spec.sums, spec.dtype)
-                       if spec.sums else None)
+                       if spec.sums and not self._direct else None)
         self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight)
 
     def grid(self, rows: int) -> int:
@@ -881,6 +961,10 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
         args.append(dx)
         if ws is not None:
             args.append(ws)
+        elif self._direct:
+            if rows != 1:
+                raise ValueError(f"a one-row row_norm_bwd entry was called with {rows} rows")
+            args.extend(out for out in (dweight, dbias) if out is not None)
         self.program(*args)
         if ws is not None:
             if dweight is not None and dbias is not None:
@@ -901,6 +985,12 @@ class RowNormBwdRegisterKernel(_RowNormBwdKernel):
             return (f"a row of {spec.n} x {spec.dtype} exceeds the {_BWD_HELD_BYTES} bytes of "
                     f"x a thread holds at {_BWD_MAX_REGISTER_THREADS} threads")
         return None
+
+    @classmethod
+    def direct(cls, spec: RowNormBwdSpec) -> bool:
+        """One row with a sum wanted: the row's CTA stores ``dweight``/``dbias`` itself (the
+        column sum would be a second launch over one partial row)."""
+        return spec.rows == 1 and spec.sums > 0
 
     @classmethod
     def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
