@@ -161,9 +161,13 @@ def test_grid_is_capped_at_the_resident_ctas_and_covers_few_rows():
     assert nb.grid_ctas(64, 1, 1024, 132) == 64
 
 
-@pytest.mark.parametrize(("cols", "vec"), [(8192, 4), (16384, 4), (4097, 1), (4098, 2), (7, 1)])
-def test_colsum_reads_16_bytes_where_the_columns_allow(cols, vec):
-    assert nb.colsum_plan(cols) == (16, vec)
+@pytest.mark.parametrize(("cols", "vec"), [
+    (16384, 4), (32768, 4),  # 16-byte loads where 128 CTAs of 128 columns remain
+    (8192, 2), (4096, 1),  # narrower tiles: 128 CTAs rather than 64 or 32
+    (16386, 2), (4097, 1), (7, 1),  # the widest access dividing the columns
+])
+def test_colsum_spreads_over_128_ctas_with_64_bytes_a_thread_in_flight(cols, vec):
+    assert nb.colsum_plan(cols) == (16, vec, 16 // vec)
 
 
 def _spec(device=None, **kw):

@@ -88,8 +88,10 @@ _BWD_MAX_REGISTER_THREADS = 512
 _LOOPED_THREADS = 1024
 #: resident threads an SM is planned for (the persistent grid is SMs x 512 // CTA threads)
 _RESIDENT_THREADS = 512
-#: partial rows each thread of the column-sum program loads before adding
-_COLSUM_UNROLL = 4
+#: bytes each thread of the column-sum program has in flight (its loads before adding)
+_COLSUM_INFLIGHT_BYTES = 64
+#: CTAs the column sum aims for: about one an SM of an H100/H200 (132)
+_COLSUM_CTAS = 128
 
 
 class RowNormBwdSpec(CallSpec, frozen=True, kw_only=True):
@@ -253,14 +255,22 @@ def grid_ctas(rows: int, rows_per_cta: int, threads: int, sms: int,
     return max(1, min(-(-rows // rows_per_cta), sms * ctas_per_sm(threads, resident)))
 
 
-def colsum_plan(cols: int) -> tuple[int, int]:
-    """``(warps, vec)`` of the column-sum program: a CTA sums a tile of ``32 * vec`` fp32
-    columns, its ``warps`` warps splitting the partial rows (16-byte loads where the column
-    count allows)."""
+def colsum_plan(cols: int) -> tuple[int, int, int]:
+    """``(warps, vec, unroll)`` of the column-sum program: a CTA sums a tile of ``32 * vec``
+    fp32 columns, its ``warps`` warps splitting the partial rows, each thread loading
+    ``unroll`` of them before adding.
+
+    The column count fixes the CTA count (``cols / (32 * vec)``), so ``vec`` is the widest
+    access (at most 16 bytes, dividing ``cols``) that still gives about
+    :data:`_COLSUM_CTAS` CTAs: with 16-byte loads 4096 columns had 32 CTAs and 8192 had 64,
+    a quarter and a half of the SMs, while the partials (just written, mostly in L2) are read
+    at the rate of the loads in flight. ``unroll`` keeps :data:`_COLSUM_INFLIGHT_BYTES` a
+    thread in flight whatever ``vec`` (4 loads of 16 bytes, 16 of 4), so each CTA has 32 KiB
+    in flight and the narrower tiles add CTAs, not fewer bytes a CTA."""
     vec = 4
-    while vec > 1 and cols % vec:
+    while vec > 1 and (cols % vec or -(-cols // (_WARP * vec)) < _COLSUM_CTAS):
         vec //= 2
-    return 16, vec
+    return 16, vec, _COLSUM_INFLIGHT_BYTES // (4 * vec)
 
 
 # --- TileLang programs ------------------------------------------------------------------------
@@ -599,7 +609,7 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
     return _main_params(ws_body, add, has_weight, has_ws, shapes, dtype)
 
 
-def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int):
+def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int, unroll: int):
     """Sum the partial rows of the workspace ``(G, rpc, k * n)`` into ``dweight`` (columns
     ``[0, n)``) and/or ``dbias`` (the last ``n``), stored in ``dtype``. ``G`` is a launch-time
     size. A CTA takes ``32 * vec`` columns; its warps split the ``G * rpc`` partial rows and
@@ -618,22 +628,22 @@ def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int):
             tx = T.get_thread_binding()
             lane = tx % _WARP
             warp = tx // _WARP
-            piece = T.alloc_local((_COLSUM_UNROLL * vec,), f32)
+            piece = T.alloc_local((unroll * vec,), f32)
             acc = T.alloc_local((vec,), f32)
             red = T.alloc_shared((warps, tile), f32)
             col = bx * tile + lane * vec
             for i in T.unroll(vec):
                 acc[i] = T.cast(0, f32)
-            for step in T.serial(T.ceildiv(G * rpc, warps * _COLSUM_UNROLL)):
-                for u in T.unroll(_COLSUM_UNROLL):  # the loads first: several in flight
-                    p = (step * _COLSUM_UNROLL + u) * warps + warp
+            for step in T.serial(T.ceildiv(G * rpc, warps * unroll)):
+                for u in T.unroll(unroll):  # the loads first: several in flight
+                    p = (step * unroll + u) * warps + warp
                     if p < G * rpc and col < cols:
                         for i in T.vectorized(vec):
                             piece[u * vec + i] = WS[p // rpc, p % rpc, col + i]
                     else:
                         for i in T.unroll(vec):
                             piece[u * vec + i] = T.cast(0, f32)
-                for u in T.unroll(_COLSUM_UNROLL):
+                for u in T.unroll(unroll):
                     for i in T.unroll(vec):
                         acc[i] += piece[u * vec + i]
             for i in T.unroll(vec):
