@@ -84,7 +84,7 @@ def _loss(model: nn.Module, x: torch.Tensor, target: torch.Tensor) -> torch.Tens
 
 def _train(model: nn.Module, step: Callable[..., torch.Tensor], x: torch.Tensor,
            target: torch.Tensor) -> list[float]:
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=1e-2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     losses = []
     for _ in range(STEPS):
         opt.zero_grad(set_to_none=True)
