@@ -22,15 +22,16 @@ workspace), then writing one partial row per row slot into an fp32 workspace
 ``(G, slots, k * n)``; a second, small program (:func:`colsum_program`) sums the ``G * slots``
 partial rows and stores ``dweight``/``dbias`` in the storage dtype. The workspace is
 ``G * slots * k * n * 4`` bytes (8.6 MB for 8192 columns: about 2% of a 32768-row call's
-traffic).
+traffic). A call of one row needs neither: its register program stores the row's
+``dy * xhat`` and ``dy`` as the sums (:meth:`RowNormBwdRegisterKernel.direct`).
 
 Two implementations:
 
 :class:`RowNormBwdRegisterKernel` -- a row's ``x`` and ``dy`` held in registers (at most
     :data:`_BWD_HELD_BYTES` of each a thread, up to 512 threads a row: rows up to 32 KiB);
     narrow rows pack 8 rows (a warp each) into a CTA. The fp32 column partials of the
-    thread's columns stay on chip across all the rows the CTA walks: in registers, or for
-    LayerNorm rows wider than 256 threads' two accesses, in shared memory (the plan's
+    thread's columns stay on chip across all the rows the CTA walks: in registers, or (many
+    LayerNorm rows wider than 256 threads' two accesses) in shared memory (the plan's
     ``smem_partials``; see :func:`bwd_register_plan`).
 :class:`RowNormBwdLoopedKernel` -- the general one, any ``n``: 1024 threads a row, two passes
     over the row in chunks (sums, then ``dx`` with the second read mostly from L2); the CTA's
@@ -217,7 +218,9 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "r
       and ``g`` live across the second reduction, and at four accesses the partials spill
       (416 bytes a thread for 4096 x bf16, 106 registers and none spilled at two). Wider rows
       (one 512-thread CTA an SM would have no other CTA's loads in flight across its
-      barriers) keep four accesses with the partials in shared memory.
+      barriers) keep four accesses with the partials in shared memory; with few rows a CTA
+      walks about one row and is alone on its SM either way, so any row of at most two
+      accesses a thread keeps them in registers (8192 x bf16 on 512 threads).
 
     A thread holds at most :data:`_BWD_HELD_BYTES` of ``x``; wider rows spread over up to 512
     threads (a 1024-thread CTA has 64 registers a thread, fewer than the held row, its
@@ -228,7 +231,7 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "r
         return None
     if kind == "layer":
         half = _spread(n, dtype, few_rows, _BWD_HELD_BYTES // 2)
-        if half[3] and half[0] <= _RESIDENT_THREADS // 2:
+        if half[3] and (few_rows or half[0] <= _RESIDENT_THREADS // 2):
             return BwdRegisterPlan(*half, _RESIDENT_THREADS, False)
         return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, True)
     return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, False)
