@@ -78,8 +78,31 @@ class _Bound(Exception):
         self.message = message
 
 
+def _parser_base() -> type:
+    """The loader's base: libyaml's scanner and parser (C; the shipped specs load 4x faster,
+    most of what importing the ops costs) under PyYAML's own composer, constructor and
+    resolver, where PyYAML was built with libyaml; else the pure-Python ``SafeLoader``. The
+    composer stays Python's either way, so the depth bound below holds on both (libyaml also
+    refuses flow nesting beyond its own limit while scanning, in C)."""
+    if not getattr(yaml, "__with_libyaml__", False):
+        return yaml.SafeLoader
+    from yaml._yaml import CParser  # type: ignore[import-not-found]
+    from yaml.composer import Composer
+    from yaml.constructor import SafeConstructor
+    from yaml.resolver import Resolver
+
+    class CSafeComposingLoader(Composer, CParser, SafeConstructor, Resolver):
+        def __init__(self, stream: str) -> None:
+            CParser.__init__(self, stream)
+            Composer.__init__(self)
+            SafeConstructor.__init__(self)
+            Resolver.__init__(self)
+
+    return CSafeComposingLoader
+
+
 def _make_loader():
-    class Loader(yaml.SafeLoader):
+    class Loader(_parser_base()):
         depth = 0
 
         def compose_node(self, parent, index):
@@ -95,9 +118,10 @@ def _make_loader():
                 self.depth -= 1
 
         def fetch_flow_collection_start(self, token_class):
-            """Refuse flow nesting (``[[[...``) deeper than MAX_YAML_DEPTH as it is scanned:
-            the scanner looks ahead up to 1024 characters for a key, and its cost grows with
-            the square of the flow levels open, so the composer's check alone comes late."""
+            """Refuse flow nesting (``[[[...``) deeper than MAX_YAML_DEPTH as it is scanned
+            (the pure-Python scanner only; libyaml's is C): the scanner looks ahead up to 1024
+            characters for a key, and its cost grows with the square of the flow levels open,
+            so the composer's check alone comes late."""
             if self.flow_level >= MAX_YAML_DEPTH:
                 raise _Bound(self.get_mark().line + 1,
                              f"the YAML nests deeper than {MAX_YAML_DEPTH} levels")
@@ -131,7 +155,7 @@ def _make_loader():
 
     def construct_scalar_checked(loader: Loader, node: yaml.ScalarNode):
         value = loader.construct_yaml_str(node)
-        if node.style is None and _FLOAT_TRAP.match(value):
+        if not node.style and _FLOAT_TRAP.match(value):  # plain: None (Python), '' (libyaml)
             mantissa, _, exponent = value.lower().partition("e")
             fixed = (mantissa if "." in mantissa else mantissa + ".0") + "e" + exponent
             raise _Trap(
@@ -193,6 +217,10 @@ def _read_yaml(text: str, file: str) -> Any:
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
+        if "maximum nesting depth" in str(exc.problem):  # libyaml's scanner ran into it first
+            raise SpecLoadError(Diagnostic(
+                file, line, "", f"the YAML nests deeper than {MAX_YAML_DEPTH} levels",
+                "yaml")) from None
         msg = " ".join(str(p) for p in (exc.context, exc.problem) if p)
         raise SpecLoadError(Diagnostic(file, line, "", f"YAML syntax: {msg}", "yaml")) from None
     finally:
