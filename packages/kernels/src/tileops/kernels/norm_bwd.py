@@ -89,6 +89,9 @@ _BWD_MAX_REGISTER_THREADS = 512
 _LOOPED_THREADS = 1024
 #: resident threads an SM is planned for (the persistent grid is SMs x 512 // CTA threads)
 _RESIDENT_THREADS = 512
+#: many-row LayerNorm calls of at most this many rows keep register partials on one CTA an
+#: SM where a row spreads over at most 256 threads (bwd_register_plan; measured at 2048 rows)
+_LAYER_REGISTER_ROWS = 2048
 #: bytes each thread of the column-sum program has in flight (its loads before adding)
 _COLSUM_INFLIGHT_BYTES = 64
 #: CTAs the column sum aims for: about one an SM of an H100/H200 (132)
@@ -197,8 +200,8 @@ def _spread(n: int, dtype: str, few_rows: bool, held_bytes: int) -> tuple[int, i
     return tpr, rpc, vec, per
 
 
-def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "rms"
-                      ) -> BwdRegisterPlan | None:
+def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "rms",
+                      rows: int | None = None) -> BwdRegisterPlan | None:
     """The :class:`BwdRegisterPlan` of the register backward, or None when a row does not
     fit: each thread holds ``per`` accesses of ``vec`` elements of ``x`` and of ``dy`` (and
     the fp32 column partials of those ``per * vec`` columns).
@@ -225,6 +228,14 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "r
     A thread holds at most :data:`_BWD_HELD_BYTES` of ``x``; wider rows spread over up to 512
     threads (a 1024-thread CTA has 64 registers a thread, fewer than the held row, its
     partials and the weight need), beyond that the looped kernel runs.
+
+    Swept on the H200 (``benchmarks/results/sweep_norm_bwd.txt``, 2026-12-01), LayerNorm rows
+    that keep four accesses a thread keep their partials in registers too where a CTA walks
+    few rows: with few rows (128 x 16384 bf16 on 512 threads: 23 us against 52 with shared
+    partials) and, on one 256-thread CTA an SM, up to :data:`_LAYER_REGISTER_ROWS` rows
+    (2048 x 8192 bf16: 52 us against 76); at 32768 rows shared partials on two CTAs an SM are
+    the fastest (495 us against 611), and at 2048 x 16384 too (122 against 145). ``rows``
+    (the call's row count) picks between them; None plans for many rows.
     """
     tpr, rpc, vec, per = _spread(n, dtype, few_rows, _BWD_HELD_BYTES)
     if per == 0:
@@ -233,6 +244,10 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "r
         half = _spread(n, dtype, few_rows, _BWD_HELD_BYTES // 2)
         if half[3] and (few_rows or half[0] <= _RESIDENT_THREADS // 2):
             return BwdRegisterPlan(*half, _RESIDENT_THREADS, False)
+        if few_rows:
+            return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, False)
+        if rows is not None and rows <= _LAYER_REGISTER_ROWS and tpr * rpc <= 256:
+            return BwdRegisterPlan(tpr, rpc, vec, per, tpr * rpc, False)
         return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, True)
     return BwdRegisterPlan(tpr, rpc, vec, per, _RESIDENT_THREADS, False)
 
@@ -921,6 +936,11 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
         the threads an SM its grid is planned for)."""
         raise NotImplementedError
 
+    @classmethod
+    def _plan(cls, spec: RowNormBwdSpec) -> Any:
+        """The launch plan handed to the builder (None: the builder's own)."""
+        return None
+
     def __init__(self, spec: RowNormBwdSpec) -> None:
         super().__init__(spec)
         self._empty = spec.n == 0  # nothing to compute, nothing compiled
@@ -933,7 +953,8 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
         self._direct = type(self).direct(spec)
         self.program = type(self)._build(spec.kind.value, spec.n, spec.dtype, spec.eps,
                                          spec.has_weight, spec.grad_weight, spec.grad_bias,
-                                         None, None, spec.few_rows, self._direct)
+                                         None, type(self)._plan(spec), spec.few_rows,
+                                         self._direct)
         self.colsum = (build_colsum_kernel(self._rpc, spec.n, spec.sums, spec.dtype)
                        if spec.sums and not self._direct else None)
         self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight)
@@ -1006,8 +1027,18 @@ class RowNormBwdRegisterKernel(_RowNormBwdKernel):
         return spec.rows == 1 and spec.sums > 0
 
     @classmethod
+    def identity(cls, spec: RowNormBwdSpec):
+        # the row count matters through the plan it picks (few, up to 2048, more)
+        return (*super().identity(spec), cls._plan(spec))
+
+    @classmethod
+    def _plan(cls, spec: RowNormBwdSpec) -> BwdRegisterPlan | None:
+        return bwd_register_plan(spec.n, spec.dtype, spec.few_rows, spec.kind.value,
+                                 spec.rows)
+
+    @classmethod
     def _shape(cls, spec: RowNormBwdSpec) -> tuple[int, int, int]:
-        plan = bwd_register_plan(spec.n, spec.dtype, spec.few_rows, spec.kind.value)
+        plan = cls._plan(spec)
         if plan is None:  # refused; only a forced selection gets here
             raise ValueError(f"a row of {spec.n} {spec.dtype} does not fit the register "
                              f"backward")
