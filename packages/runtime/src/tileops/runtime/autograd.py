@@ -131,7 +131,7 @@ class Gradient:
         bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
         args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
                      for f in feeds)
-        outs = bwd._boundary.call(bwd, args) if traced else bwd._general_call(args, {})
+        outs = bwd._boundary.call(bwd, args) if traced else bwd(*args)  # the fused call
         if not isinstance(outs, tuple):
             outs = (outs,)
         if traced:  # the custom op returns the outputs the backward's branch returns
