@@ -206,7 +206,7 @@ def bwd_register_plan(n: int, dtype: str, few_rows: bool = False, kind: str = "r
     fit: each thread holds ``per`` accesses of ``vec`` elements of ``x`` and of ``dy`` (and
     the fp32 column partials of those ``per * vec`` columns).
 
-    Not swept yet; derived from the forward's sweep (benchmarks/results/norm_sweep.txt) and
+    Derived from the forward's sweep (benchmarks/results/norm_sweep.txt) and
     ptxas's register counts at the 128-register cap of :data:`_RESIDENT_THREADS`:
 
     - many rows: about four accesses of each of ``x`` and ``dy`` a thread (64 bytes each), so
