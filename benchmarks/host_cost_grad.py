@@ -164,7 +164,7 @@ def _us(v: Any) -> str:
 
 
 def markdown(head: dict[str, Any], doc: dict[str, Any]) -> str:
-    from train_norm import md_table, title
+    from _common import md_table, title
 
     now, before, bars = doc["now"], doc["before"], doc["bars"]
     lines = title(head, "RMSNormFwdOp host cost with autograd, 1 x 4096 bfloat16")
@@ -232,7 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(args.device, args.target, args.calls, args.rounds)))
         return 0
-    import train_norm  # this tree's sources on sys.path, and the shared results writing
+    import _common
+    import train_norm  # this tree's sources on sys.path
 
     own = train_norm.PATHS
     before_paths = tree_paths(args.before.resolve()) if args.before else None
@@ -246,12 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     now = best_of(runs["now"])
     before = best_of(runs["before"]) if before_paths else None
     bars = judge(now, before)
-    dev = train_norm.parse_device(args.device)
-    head = train_norm.header("host_cost_grad", dev, target=args.target,
+    dev = _common.parse_device(args.device)
+    head = _common.header("host_cost_grad", dev, target=args.target,
                              before=str(args.before) if args.before else None,
                              calls=args.calls, rounds=args.rounds, pairs=args.pairs)
     doc = {**head, "now": now, "before": before, "bars": bars, "processes": runs}
-    train_norm.write_results(args.out, "host_cost_grad", dev, doc, markdown(head, doc))
+    _common.write_results(args.out, "host_cost_grad", dev, doc, markdown(head, doc))
     ours = now["tileops"]
     missed = any(b["meets"] is False for b in bars.values())
     return 1 if missed or any(not isinstance(ours[s], float) for s in SETTINGS) else 0

@@ -49,24 +49,19 @@ for _p in reversed(PATHS):
 
 import torch  # noqa: E402
 
-from tileops.ops import GemmFwdOp  # noqa: E402
-from tileops.ops.cli.timing import MAX_SETS, ROTATE_BYTES, rotating, sync  # noqa: E402
-from tileops.ops.workloads import TOLERANCE, Case, cases_of, make_inputs  # noqa: E402
-from train_norm import (  # noqa: E402
-    blank_cell,
+from _common import (  # noqa: E402
     first_line,
-    fmt_ms,
     header,
     md_table,
-    measure,
-    note_lines,
     parse_device,
     prebuild,
-    ratio,
-    timed,
     title,
     write_results,
 )
+from tileops.ops import GemmFwdOp  # noqa: E402
+from tileops.ops.cli.timing import MAX_SETS, ROTATE_BYTES, rotating, sync  # noqa: E402
+from tileops.ops.workloads import TOLERANCE, Case, cases_of, make_inputs  # noqa: E402
+from train_norm import blank_cell, fmt_ms, measure, note_lines, ratio, timed  # noqa: E402
 
 CONTENDERS = ("tileops", "torch", "tileops bwd", "cuBLAS bwd")
 #: the pairs compared: ours, theirs

@@ -48,17 +48,13 @@ The exit status is 1 when a tileops cell failed, its gradients included.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import importlib
 import inspect
-import json
 import math
 import sys
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +66,16 @@ for _p in reversed(PATHS):
 
 import torch  # noqa: E402
 
-from _common import cpu_model, version, versions  # noqa: E402
+from _common import (  # noqa: E402
+    first_line,
+    header,
+    md_table,
+    parse_device,
+    prebuild,
+    title,
+    version,
+    write_results,
+)
 from tileops.ops.cli.bench import fresh_compile  # noqa: E402
 from tileops.ops.cli.timing import device_time, eager_time, sync  # noqa: E402
 from tileops.ops.workloads import TOLERANCE, Case, as_outputs, cases_of, make_inputs, rel_l2  # noqa: E402
@@ -107,70 +112,6 @@ TRAFFIC = {
             "fused_add_rms_norm", "LigerFusedAddRMSNormFunction",
             ("X", "R", "W", "eps", "offset", "casting_mode", "in_place"), (0.0, "llama", False))),
 }
-
-
-# --- what the training benchmarks share (train_gemm.py and host_cost_grad.py import it) ------
-
-
-def parse_device(text: str) -> torch.device:
-    """``text`` as a device with its index (``cuda`` is the current CUDA device)."""
-    dev = torch.device(text)
-    if dev.type == "cuda" and dev.index is None:
-        dev = torch.device("cuda", torch.cuda.current_device())
-    return dev
-
-
-def header(script: str, dev: torch.device, **extra: Any) -> dict[str, Any]:
-    """Where, when and with what a run ran: the script, the UTC time, the device (and GPU or
-    CPU model), :func:`_common.versions`, and ``extra``."""
-    when = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    machine = torch.cuda.get_device_name(dev) if dev.type == "cuda" else cpu_model()
-    return {"script": script, "when": when, "device": str(dev), "machine": machine,
-            "versions": versions(), **extra}
-
-
-def title(head: dict[str, Any], what: str) -> list[str]:
-    """The first lines of a results file: what, where and when, then the versions."""
-    v = ", ".join(f"{k} {val}" for k, val in head["versions"].items() if val and k != "gpu")
-    return [f"# {what} on {head['machine']} ({head['when']})", "",
-            f"`benchmarks/{head['script']}.py` on {head['device']}; {v}.", ""]
-
-
-def md_table(columns: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    return ["| " + " | ".join(columns) + " |", "|" + "|".join("---" for _ in columns) + "|",
-            *("| " + " | ".join(r) + " |" for r in rows)]
-
-
-def _plain(value: Any) -> Any:
-    """``value`` with every non-finite float as its text (JSON has no inf or nan)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
-
-
-def write_results(out: Path, stem: str, dev: torch.device, doc: dict[str, Any],
-                  markdown: str, echo: bool = True) -> list[Path]:
-    """``<stem>-<device>.json`` (``doc``) and ``.md`` (``markdown``) under ``out``; with
-    ``echo``, prints the Markdown, then the paths. The scripts write after every shape too
-    (``echo=False``), so a run stopped part way leaves the shapes it finished."""
-    out.mkdir(parents=True, exist_ok=True)
-    base = f"{stem}-{str(dev).replace(':', '')}"
-    paths = [out / f"{base}.json", out / f"{base}.md"]
-    paths[0].write_text(json.dumps(_plain(doc), indent=1) + "\n")
-    paths[1].write_text(markdown)
-    if echo:
-        print(markdown, end="")
-        print("wrote " + ", ".join(str(p) for p in paths))
-    return paths
-
-
-def first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0][:300]}" if text else type(exc).__name__
 
 
 def measure(step: Callable[[], Sequence[torch.Tensor]], refs: Sequence[torch.Tensor],
@@ -218,21 +159,6 @@ def timed(cell: dict[str, Any] | None) -> float | None:
     if cell is None or cell["error"] or not cell["grad_ok"]:
         return None
     return cell["time_s"]
-
-
-def prebuild(jobs: Sequence[Any], worker: Callable[[Any], tuple[str, float, str]],
-             workers: int) -> int:
-    """Run ``worker`` over ``jobs`` in ``workers`` spawned processes (each job builds the
-    kernels of one shape, so the run that follows loads them from TileLang's disk cache);
-    prints a line per job and a total; 1 if one failed."""
-    t = time.perf_counter()
-    failed = 0
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        for label, secs, status in pool.map(worker, jobs):
-            failed += status != "ok"
-            print(f"{label} {secs:.1f}s {status}", flush=True)
-    print(f"prebuilt {len(jobs)} shapes in {time.perf_counter() - t:.0f}s, {failed} failed")
-    return 1 if failed else 0
 
 
 # --- the norms ---------------------------------------------------------------------------------
