@@ -197,3 +197,24 @@ def test_programs_take_exactly_the_present_tensors_in_call_order(kind, weight, b
         prog = norm.looped_program(kind, 4096, "bfloat16", 1e-6, weight, bias,
                                    *norm.looped_plan(4096, "bfloat16"))
     assert [prog.buffer_map[p].name for p in prog.params if p in prog.buffer_map] == names
+
+
+@needs_nvcc
+def test_the_first_build_of_a_process_says_so_first(monkeypatch, caplog):
+    """A cold build takes seconds: the first compile of a process logs one WARNING line
+    before it starts (naming where built kernels are cached), later ones log nothing more."""
+    import logging
+
+    from tileops.kernels import _tilelang
+    from tileops.runtime import env
+
+    monkeypatch.setattr(_tilelang, "_announced", [False])
+    with caplog.at_level(logging.WARNING, logger="tileops"):
+        build = norm.build_register_kernel.__wrapped__  # past the in-process memo
+        build("rms", 96, "float32", 1e-6, True, False, "sm_90a")
+        build("rms", 160, "float32", 1e-6, True, False, "sm_90a")
+    lines = [r.getMessage() for r in caplog.records if r.name == "tileops"]
+    assert lines == [
+        "building TileLang kernels (the first build of a configuration takes seconds; built "
+        f"kernels are cached under {env.compiler_cache_env()['TILELANG_CACHE_DIR']} and load "
+        "from there); TILEOPS_LOG_LEVEL=INFO names each one"]

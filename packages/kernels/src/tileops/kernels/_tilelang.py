@@ -9,7 +9,9 @@ call, so the one knob governs everything TileOPs writes and a change of it in-pr
 followed: TileLang reads the variable each time it looks for its cache.
 
 TileLang's compilation is not safe to run from several threads at once, so every family
-compiles under one process-wide lock. Programs launch through the ``tvm_ffi`` backend, the
+compiles under one process-wide lock. The first compile of a process says so first, at
+WARNING (a cold build takes seconds, and a first call that pauses without a word looks hung);
+each build is logged at INFO by the op that asks for it. Programs launch through the ``tvm_ffi`` backend, the
 fastest of TileLang's launchers (benchmarks/results/launch_cost.txt).
 """
 
@@ -19,6 +21,7 @@ import threading
 from tileops.runtime import env, log
 
 _compile_lock = threading.Lock()
+_announced = [False]
 
 
 def point_compiler_caches() -> None:
@@ -49,6 +52,12 @@ def compile_program(prog, target: str | None):
     device."""
     tilelang, _ = tl()
     with _compile_lock:
+        if not _announced[0]:
+            _announced[0] = True
+            log.warning("building TileLang kernels (the first build of a configuration takes "
+                        "seconds; built kernels are cached under %s and load from there); "
+                        "TILEOPS_LOG_LEVEL=INFO names each one",
+                        env.compiler_cache_env()["TILELANG_CACHE_DIR"])
         if target is None:
             return tilelang.compile(prog, execution_backend="tvm_ffi")
         return tilelang.compile(prog, target={"kind": "cuda", "arch": target},
