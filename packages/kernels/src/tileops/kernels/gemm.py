@@ -225,17 +225,8 @@ class GemmSpec(CallSpec, frozen=True, kw_only=True):
     trans_b: bool  # b stored (N, K)
 
     def __post_init__(self) -> None:
-        if self.dtype not in _GEMM_DTYPES:
-            raise ValueError(f"GemmSpec.dtype must be one of {', '.join(sorted(_GEMM_DTYPES))}, "
-                             f"got {self.dtype!r}")
-        for name in ("m", "n", "k"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"GemmSpec.{name} must be a size (an int >= 0), got {v!r}")
-        for name in ("trans_a", "trans_b"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"GemmSpec.{name} must be a bool, got "
-                                f"{getattr(self, name)!r}")
+        self.check_fields(choices={"dtype": _GEMM_DTYPES}, sizes=("m", "n", "k"),
+                          flags=("trans_a", "trans_b"))
 
 
 class GemmPlan(CallSpec, frozen=True):

@@ -89,13 +89,7 @@ class RowNormSpec(CallSpec, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RowNormKind):
             raise TypeError(f"RowNormSpec.kind must be a RowNormKind, got {self.kind!r}")
-        if self.dtype not in _ROW_NORM_DTYPES:
-            raise ValueError(f"RowNormSpec.dtype must be one of "
-                             f"{', '.join(sorted(_ROW_NORM_DTYPES))}, got {self.dtype!r}")
-        for name in ("rows", "n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"RowNormSpec.{name} must be a size (an int >= 0), got {v!r}")
+        self.check_fields(choices={"dtype": _ROW_NORM_DTYPES}, sizes=("rows", "n"))
         if self.has_bias and self.kind is not RowNormKind.LAYER:
             raise ValueError(f"RowNormSpec: only LAYER normalizes with a bias, not {self.kind}")
 

@@ -113,18 +113,8 @@ class RowNormBwdSpec(CallSpec, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RowNormKind):
             raise TypeError(f"RowNormBwdSpec.kind must be a RowNormKind, got {self.kind!r}")
-        if self.dtype not in _ROW_NORM_DTYPES:
-            raise ValueError(f"RowNormBwdSpec.dtype must be one of "
-                             f"{', '.join(sorted(_ROW_NORM_DTYPES))}, got {self.dtype!r}")
-        for name in ("rows", "n"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                raise ValueError(f"RowNormBwdSpec.{name} must be a size (an int >= 0), "
-                                 f"got {v!r}")
-        for name in ("has_weight", "grad_weight", "grad_bias"):
-            v = getattr(self, name)
-            if not isinstance(v, bool):
-                raise TypeError(f"RowNormBwdSpec.{name} must be a bool, got {v!r}")
+        self.check_fields(choices={"dtype": _ROW_NORM_DTYPES}, sizes=("rows", "n"),
+                          flags=("has_weight", "grad_weight", "grad_bias"))
         if self.grad_weight and not self.has_weight:
             raise ValueError("RowNormBwdSpec: grad_weight needs has_weight (there is no "
                              "weight to take the gradient of)")

@@ -15,7 +15,7 @@ applicable is an error listing each implementation's refusal. Declaration order 
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Collection, Hashable, Iterable, Mapping
 from typing import Any, ClassVar
 
 import msgspec
@@ -30,6 +30,27 @@ class CallSpec(msgspec.Struct, frozen=True):
     an interface subclasses it with what its implementations need (sizes, dtypes, flags)."""
 
     device: Any
+
+    def check_fields(self, *, choices: Mapping[str, Collection[str]] | None = None,
+                     sizes: Iterable[str] = (), flags: Iterable[str] = ()) -> None:
+        """Refuse, naming the spec and the field, a field that is none of its ``choices``
+        (ValueError), a size that is not an int >= 0 (ValueError; a bool is not a size) or a
+        flag that is not a bool (TypeError): what a subclass's ``__post_init__`` checks of
+        its fields, stated once."""
+        name = type(self).__name__
+        for f, allowed in (choices or {}).items():
+            v = getattr(self, f)
+            if v not in allowed:
+                raise ValueError(f"{name}.{f} must be one of {', '.join(sorted(allowed))}, "
+                                 f"got {v!r}")
+        for f in sizes:
+            v = getattr(self, f)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name}.{f} must be a size (an int >= 0), got {v!r}")
+        for f in flags:
+            v = getattr(self, f)
+            if not isinstance(v, bool):
+                raise TypeError(f"{name}.{f} must be a bool, got {v!r}")
 
 
 class KernelInterface:

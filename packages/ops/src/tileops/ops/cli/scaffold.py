@@ -294,16 +294,10 @@ def _family(cls: str, entry: OpEntry, adts: dict[str, AdtDef], family: str,
               f"and the storage dtype. Launch facts are the implementation's to derive.",
               "    "), ""]
     K += [f"    {f}: int" for f in fields]
+    sizes = "".join(_string(f) + ", " for f in fields).rstrip()
     K += [f"    dtype: {dt}", "", "    def __post_init__(self) -> None:",
-          "        if self.dtype not in _DTYPES:",
-          f"            raise ValueError(f\"{spec}.dtype must be one of "
-          "{', '.join(sorted(_DTYPES))}, got {self.dtype!r}\")"]
-    if fields:
-        K += [f"        for name in ({''.join(_string(f) + ', ' for f in fields).rstrip()}):",
-              "            v = getattr(self, name)",
-              "            if isinstance(v, bool) or not isinstance(v, int) or v < 0:",
-              f"                raise ValueError(f\"{spec}.{{name}} must be a size (an int >= "
-              "0), got {v!r}\")"]
+          "        self.check_fields(choices={\"dtype\": _DTYPES}, "
+          f"sizes=({sizes}))"]
     K += ["", "", f"class {iface}(KernelInterface):",
           _doc(f"One slot: forward({tensors}) writes the outputs.", "    "), "",
           f"    slot = {_string(slot)}", f"    call_spec = {spec}", "", "",
