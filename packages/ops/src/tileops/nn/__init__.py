@@ -16,5 +16,15 @@ computations as functions over a cache of op instances.
 from . import functional
 from .linear import Linear
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 
-__all__ = ["FusedAddRMSNorm", "LayerNorm", "Linear", "RMSNorm", "functional"]
+__all__ = [
+    "ColumnParallelLinear",
+    "FusedAddRMSNorm",
+    "LayerNorm",
+    "Linear",
+    "RMSNorm",
+    "RowParallelLinear",
+    "TensorParallelMLP",
+    "functional",
+]
