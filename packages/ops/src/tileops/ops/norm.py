@@ -66,14 +66,18 @@ _FINFO_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float16, torch.bfloat16, 
                                                  torch.float64)}
 
 
-class RowNormOp(Op):
-    """Family base of the row normalizations (see the module docstring).
+class _RowSlotOp(Op):
+    """What the two family bases (:class:`RowNormOp`, :class:`RowNormBwdOp`) share, all of
+    it settled at class definition or construction: the slot's argument positions by the
+    entries' tensor names (:attr:`_slot_args`), the gatherer that picks them from
+    ``(*inputs, *outputs, None)`` in one C call, the row length from ``normalized_shape`` or
+    ``N``, the ``int`` spelling of ``normalized_shape``, and ``eps=None``'s refusal where the
+    entry does not say what it means. The per-call lines stay in each ``forward`` (a shared
+    helper would be one more call on the cached path)."""
 
-    A subclass sets :attr:`kind` and, where its entry names the row length other than by
-    ``normalized_shape`` or ``N``, overrides :meth:`row_length`."""
-
-    kind: ClassVar[RowNormKind]
-    kernel_types = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedKernel)}
+    #: slot argument position of each tensor name an entry may use
+    _slot_args: ClassVar[dict[str, int]]
+    _slot_name: ClassVar[str]
 
     def __init_subclass__(cls, **kw: Any) -> None:
         super().__init_subclass__(**kw)
@@ -81,21 +85,15 @@ class RowNormOp(Op):
         if plan is None:
             return
         names = (*plan.input_names, *plan.output_names)
-        unknown = [n for n in names if n not in _SLOT_ARGS]
+        unknown = [n for n in names if n not in cls._slot_args]
         if unknown:
             raise TypeError(f"{cls.__name__}: tensor {unknown[0]!r} of its entry is not an "
-                            f"argument of the row_norm_fwd slot ({', '.join(_SLOT_ARGS)})")
-        # the slot's six arguments gathered from (*inputs, *outputs, None) in one C call
-        missing = len(names)
-        cls._gather = itemgetter(*(names.index(a) if a in names else missing
-                                   for a in _SLOT_ARGS))
-        cls._out_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
-                               if a in plan.output_names)
-        # the slots whose layout a call checks: the inputs (an output the op allocates is laid
-        # out like x, one that aliases an input is that input), and the outputs too where the
-        # entry lets the caller supply one (out=)
-        cls._checked_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
-                                   if a in plan.input_names or a in plan.buffer_outputs)
+                            f"argument of the {cls._slot_name} slot "
+                            f"({', '.join(cls._slot_args)})")
+        order = [len(names)] * (max(cls._slot_args.values()) + 1)  # absent: the trailing None
+        for i, n in enumerate(names):
+            order[cls._slot_args[n]] = i
+        cls._gather = itemgetter(*order)
 
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
@@ -106,12 +104,38 @@ class RowNormOp(Op):
         return params
 
     def derive(self) -> None:
-        _derive_row_length(self)
+        shape = getattr(self, "normalized_shape", None)
+        #: the row length when the params fix it, else the reader of the call's N
+        self._n = None if shape is None else math.prod(shape)
+        self._read_n = self.index_reader("N") if shape is None else None
 
     def default_eps(self, dtype: torch.dtype) -> float:
         """The epsilon of a call in ``dtype`` whose ``eps`` param is None (only an op whose
         entry allows None says what it means)."""
         raise ValueError(f"{type(self).__name__}: eps is None")
+
+
+class RowNormOp(_RowSlotOp):
+    """Family base of the row normalizations (see the module docstring). A subclass sets
+    :attr:`kind`."""
+
+    kind: ClassVar[RowNormKind]
+    kernel_types = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedKernel)}
+    _slot_args = {a: p for p, a in enumerate(_SLOT_ARGS)}
+    _slot_name = "row_norm_fwd"
+
+    def __init_subclass__(cls, **kw: Any) -> None:
+        super().__init_subclass__(**kw)
+        plan = cls._signature
+        if plan is None:
+            return
+        cls._out_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
+                               if a in plan.output_names)
+        # the slots whose layout a call checks: the inputs (an output the op allocates is laid
+        # out like x, one that aliases an input is that input), and the outputs too where the
+        # entry lets the caller supply one (out=)
+        cls._checked_slots = tuple(p for p, a in enumerate(_SLOT_ARGS)
+                                   if a in plan.input_names or a in plan.buffer_outputs)
 
     def forward(self, call, *tensors) -> None:
         args = self._gather((*tensors, None))
@@ -158,13 +182,6 @@ class RowNormOp(Op):
         entry(*laid)
         for t, v in back:
             t.copy_(v.view(t.shape))
-
-
-def _derive_row_length(op: Op) -> None:
-    shape = getattr(op, "normalized_shape", None)
-    #: the row length when the params fix it, else the reader of the call's N
-    op._n = None if shape is None else math.prod(shape)
-    op._read_n = op.index_reader("N") if shape is None else None
 
 
 def _refuse_dtype(op: Op, dtype: torch.dtype) -> None:
@@ -263,7 +280,7 @@ class LayerNormFwdOp(RowNormOp):
 # --- gradients -----------------------------------------------------------------------------------
 
 
-class RowNormBwdOp(Op):
+class RowNormBwdOp(_RowSlotOp):
     """Family base of the row normalizations' gradients: the slot ``row_norm_bwd``, whose
     arguments ``(dy, dres, x, weight, dx, dweight, dbias)`` the entries' tensors fill by name
     (the fused add's ``dresidual_out`` is ``dres`` and its ``residual_out`` is ``x``), each
@@ -275,28 +292,10 @@ class RowNormBwdOp(Op):
 
     kind: ClassVar[RowNormKind]
     kernel_types = {RowNormBwdInterface: (RowNormBwdRegisterKernel, RowNormBwdLoopedKernel)}
-
-    def __init_subclass__(cls, **kw: Any) -> None:
-        super().__init_subclass__(**kw)
-        plan = cls._signature
-        if plan is None:
-            return
-        names = (*plan.input_names, *plan.output_names)
-        unknown = [n for n in names if n not in _BWD_SLOT]
-        if unknown:
-            raise TypeError(f"{cls.__name__}: tensor {unknown[0]!r} of its entry is not an "
-                            f"argument of the row_norm_bwd slot ({', '.join(_BWD_SLOT)})")
-        missing = len(names)
-        order = [missing] * 7
-        for i, n in enumerate(names):
-            order[_BWD_SLOT[n]] = i
-        cls._gather = itemgetter(*order)
-
-    def derive(self) -> None:
-        _derive_row_length(self)
-
-    def default_eps(self, dtype: torch.dtype) -> float:
-        raise ValueError(f"{type(self).__name__}: eps is None")
+    #: the fused add's ``dresidual_out`` is ``dres`` and its ``residual_out`` is ``x``
+    _slot_args = {"dy": 0, "dresidual_out": 1, "x": 2, "residual_out": 2, "weight": 3,
+                  "dx": 4, "dweight": 5, "dbias": 6}
+    _slot_name = "row_norm_bwd"
 
     def forward(self, call, *tensors) -> None:
         args = self._gather((*tensors, None))
@@ -324,9 +323,6 @@ class RowNormBwdOp(Op):
         entry(*laid)
 
 
-#: the backward slot's arguments by the entries' tensor names
-_BWD_SLOT = {"dy": 0, "dresidual_out": 1, "x": 2, "residual_out": 2, "weight": 3, "dx": 4,
-             "dweight": 5, "dbias": 6}
 #: the slot arguments that are rows (the rest are (n,) vectors)
 _BWD_ROWS = frozenset({0, 1, 2, 4})
 
