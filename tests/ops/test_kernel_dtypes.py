@@ -8,7 +8,7 @@ import torch
 from tileops.ops import GemmBwdOp, GemmFwdOp, LayerNormBwdOp, RMSNormFwdOp
 
 NORM = ("the in-tree row-norm kernels serve bfloat16, float16, float32, not float64; "
-        "construct the op with target='reference' for it")
+        "construct the op with target='reference' for float64")
 
 
 @pytest.mark.parametrize(("make", "args", "message"), [
@@ -17,11 +17,11 @@ NORM = ("the in-tree row-norm kernels serve bfloat16, float16, float32, not floa
     (lambda: LayerNormBwdOp(normalized_shape=(8,), target="tileops"),
      lambda: (torch.randn(2, 8, dtype=torch.float64),) * 2, f"LayerNormBwdOp: {NORM}"),
     (lambda: GemmFwdOp(target="tileops"), lambda: (torch.randn(2, 3), torch.randn(3, 4)),
-     "GemmFwdOp: the in-tree GEMM kernels serve float16 and bfloat16, not float32; construct "
+     "GemmFwdOp: the in-tree GEMM kernels serve bfloat16, float16, not float32; construct "
      "the op with target='reference' for float32"),
     (lambda: GemmBwdOp(target="tileops"),
      lambda: tuple(torch.randn(*s, dtype=torch.float64) for s in ((2, 4), (2, 3), (3, 4))),
-     "GemmBwdOp: the in-tree GEMM kernels serve float16 and bfloat16, not float64; construct "
+     "GemmBwdOp: the in-tree GEMM kernels serve bfloat16, float16, not float64; construct "
      "the op with target='reference' for float64"),
 ])
 def test_a_dtype_no_in_tree_kernel_serves_is_refused_by_name(make, args, message):

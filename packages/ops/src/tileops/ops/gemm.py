@@ -19,9 +19,12 @@ equivalent (``torch.matmul``, i.e. cuBLAS), declared once here.
 
 from __future__ import annotations
 
+from typing import get_args
+
 import torch
 
 from tileops.kernels.gemm import (
+    GemmDType,
     GemmFwdInterface,
     GemmGemvKernel,
     GemmGeneralKernel,
@@ -32,7 +35,7 @@ from tileops.kernels.gemm import (
 )
 from tileops.runtime import Op
 
-from ._dtypes import NAMES
+from ._dtypes import NAMES, refuse_unserved
 
 __all__ = ["GemmBwdOp", "GemmFwdOp", "GemmOp"]
 
@@ -65,18 +68,15 @@ class GemmOp(Op):
         key = (device, dtype, m, n, k, trans_a, trans_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            if dtype not in _KERNEL_DTYPES:
-                raise TypeError(
-                    f"{type(self).__name__}: the in-tree GEMM kernels serve float16 and "
-                    f"bfloat16, not {NAMES.get(dtype, dtype)}; construct the op with "
-                    f"target='reference' for {NAMES.get(dtype, dtype)}")
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "GEMM")
             entry = self.kernel_for(key, GemmFwdInterface, lambda: GemmSpec(
                 device=device, m=m, n=n, k=k, dtype=NAMES[dtype], trans_a=trans_a,
                 trans_b=trans_b))
         entry(a, b, c)
 
 
-_KERNEL_DTYPES = frozenset({torch.float16, torch.bfloat16})
+#: the dtypes the GEMM kernels state they serve (their call spec's)
+_KERNEL_DTYPES = frozenset(get_args(GemmDType))
 
 
 class GemmFwdOp(GemmOp):

@@ -45,7 +45,7 @@ from tileops.kernels.norm_bwd import (
 )
 from tileops.runtime import Op
 
-from ._dtypes import NAMES
+from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
     "FusedAddRMSNormBwdOp",
@@ -153,7 +153,7 @@ class RowNormOp(_RowSlotOp):
         key = (call.device, dtype, rows, n, eps, has_w, has_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            _refuse_dtype(self, dtype)
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "row-norm")
             entry = self.kernel_for(key, RowNormFwdInterface, lambda: RowNormSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
                 eps=eps, has_weight=has_w, has_bias=has_b))
@@ -184,15 +184,7 @@ class RowNormOp(_RowSlotOp):
             t.copy_(v.view(t.shape))
 
 
-def _refuse_dtype(op: Op, dtype: torch.dtype) -> None:
-    """The in-tree kernels' dtypes, stated by their call specs: any other is refused here,
-    naming the op and the target that serves it (float64, for gradient checks)."""
-    if NAMES.get(dtype) not in _KERNEL_DTYPES:
-        raise TypeError(f"{type(op).__name__}: the in-tree row-norm kernels serve "
-                        f"{', '.join(sorted(_KERNEL_DTYPES))}, not {NAMES.get(dtype, dtype)}; "
-                        f"construct the op with target='reference' for it")
-
-
+#: the dtypes the row-norm kernels state they serve (both slots' call specs)
 _KERNEL_DTYPES = frozenset(get_args(RowNormDType))
 
 
@@ -314,7 +306,7 @@ class RowNormBwdOp(_RowSlotOp):
         key = (call.device, dtype, rows, n, eps, has_w, grad_w, grad_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            _refuse_dtype(self, dtype)
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "row-norm")
             entry = self.kernel_for(key, RowNormBwdInterface, lambda: RowNormBwdSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
                 eps=eps, has_weight=has_w, grad_weight=grad_w, grad_bias=grad_b))
