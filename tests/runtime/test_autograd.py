@@ -41,6 +41,16 @@ class AddGradBwdOp(Op, specs=SPECS):
         return (dout,)
 
 
+class SquareGradOp(Op, specs=SPECS):
+    def reference(self, call, x):
+        return (x * x,)
+
+
+class SquareGradBwdOp(Op, specs=SPECS):
+    def reference(self, call, dy, x):
+        return (2 * x * dy,)
+
+
 def _leaf(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype, requires_grad=True)
 
@@ -126,6 +136,23 @@ def test_in_place_refuses_a_leaf_and_differentiates_a_non_leaf() -> None:
     assert y is h and y.grad_fn is not None
     y.sum().backward()
     torch.testing.assert_close(x.grad, torch.full((2, 3), 2.0, dtype=torch.float64))
+
+
+def test_in_place_whose_gradient_reads_the_written_input_is_refused_before_writing() -> None:
+    # saved after the write, x would be the output: the gradient would be silently wrong
+    op = SquareGradOp(inplace=True)
+    h = _leaf(2, 3) * 1.0
+    before = h.detach().clone()
+    with pytest.raises(RuntimeError, match=r"^SquareGradOp\(inplace=True\) writes its input 'x' "
+                                           r"in place, and its gradient reads the x it was "
+                                           r"called with, which the write destroys"):
+        op(h)
+    torch.testing.assert_close(h.detach(), before, rtol=0, atol=0)
+    with torch.no_grad():
+        assert op(h) is h  # the op is usable
+    x = _leaf(2, 3)
+    SquareGradOp()(x).sum().backward()  # out of place it differentiates
+    torch.testing.assert_close(x.grad, 2 * x.detach())
 
 
 def test_double_backward_raises_torchs_error() -> None:
