@@ -1,0 +1,971 @@
+"""Elementwise ops in TileLang: one generator for unary math, activations, binary ops with
+broadcasting, gated activations and the activations' gradients.
+
+A call is a scalar function (:data:`SCALAR_FNS`: the math of one element, as TileLang
+expressions) applied over the elements of ``out_shape``, reading each input at its own strides
+(broadcast dims read with stride 0) and writing each output at its own. The op states the call
+in an :class:`ElementwiseSpec`; this module owns everything about the layout:
+
+- **collapse** (:func:`collapse`): dims of extent 1 drop out, and adjacent dims merge where
+  every operand is contiguous across them (``stride[d] == stride[d + 1] * size[d + 1]``, a
+  broadcast dim being stride 0), so a contiguous ``[B, S, H]`` call is one flat run and a
+  ``[M, N] + [N]`` bias call is ``M`` rows of ``N``;
+- **layout class** (:func:`plan`): ``flat`` (at most one dim left and every operand unit-stride
+  or a single broadcast element), ``rows`` (two dims, unit or zero inner stride: a row
+  broadcast, a column broadcast, strided rows such as a gated op's halves ``x[..., :N]``) and
+  ``strided`` (anything else up to :data:`MAX_DIMS` dims);
+- **vector width**: 16-byte accesses for the widest operand, narrowed until every operand's
+  data pointer alignment (``in_align``/``out_align``), the row length and every row stride
+  allow it (``N = 4097`` gets single elements, a flat run of 4097 x 8192 keeps 16 bytes and a
+  masked tail).
+
+One program serves every size of a layout class: extents and strides are launch-time
+(``T.dynamic``, bound by the FFI from the tensors themselves, so an entry launches the op's
+tensors as they are, without views). Blocks that lie wholly inside the iteration space run
+unmasked with every load of a thread issued before its first store (``per`` accesses of
+``vec`` elements in flight); only the blocks at the edges check bounds. Arithmetic runs in the
+spec's ``compute`` dtype (float32 for float16/bfloat16 storage), exact functions in the storage
+dtype itself.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import dataclasses
+import functools
+import math
+from collections.abc import Callable
+from typing import ClassVar
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "DTYPES_SERVED",
+    "MAX_DIMS",
+    "SCALAR_FNS",
+    "ElementwiseFlatKernel",
+    "ElementwiseInterface",
+    "ElementwiseRowsKernel",
+    "ElementwiseSpec",
+    "ElementwiseStridedKernel",
+    "Plan",
+    "ScalarFn",
+    "build_program",
+    "collapse",
+    "plan",
+]
+
+#: storage dtypes the elementwise kernels read and write
+DTYPES_SERVED = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "float16",
+                           "bfloat16", "float32", "float64"})
+_FLOATS = frozenset({"float16", "bfloat16", "float32", "float64"})
+_HALF = frozenset({"float16", "bfloat16"})
+#: collapsed dims the strided kernel indexes; a call with more is the op's to copy
+MAX_DIMS = 8
+_VECTOR_BYTES = 16
+_INT32_MAX = (1 << 31) - 1
+
+
+# --- the scalar functions ------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ScalarFn:
+    """The math of one element.
+
+    ``build(xs, ps, dt)`` returns the outputs' TileLang expressions from the inputs ``xs`` (cast
+    to the compute dtype ``dt``, except the inputs in ``keep``, which arrive in their storage
+    dtype: a condition or a mask) and the constants ``ps`` (in ``params`` order). ``exact``: the
+    result is exact in the storage dtype (abs, comparisons, rounding, selection), so the op may
+    compute in it; otherwise it computes in float32 or float64. ``integral``: integer and bool
+    compute dtypes are served (the rest need a floating one). ``bool_out``: the outputs are
+    bool (comparisons, ``isnan``)."""
+
+    name: str
+    arity: int
+    outputs: int
+    params: tuple[str, ...]
+    exact: bool
+    integral: bool
+    build: Callable[..., tuple]
+    keep: tuple[int, ...] = ()
+    bool_out: bool = False
+
+
+def _T():
+    return tl()[1]
+
+
+def _c(v, dt):
+    """The constant ``v`` in dtype ``dt`` (a float64 constant keeps float64's precision)."""
+    from tilelang import tvm
+
+    return tvm.tirx.const(v, dt)
+
+
+def _w(x):
+    """``x`` widened to float32 where it is a 16-bit float (exact): comparisons and selections
+    on half types go through float32."""
+    return _T().cast(x, "float32") if str(x.dtype) in _HALF else x
+
+
+def _sel(c, a, b):
+    return _T().if_then_else(c, a, b)
+
+
+def _isnan(x):
+    return x != x
+
+
+def _max_nan(a, b):
+    """torch.maximum: NaN if either is NaN."""
+    if str(a.dtype) not in _FLOATS:
+        return _T().max(a, b)
+    return _sel(_isnan(a), a, _sel(_isnan(b), b, _T().max(a, b)))
+
+
+def _min_nan(a, b):
+    if str(a.dtype) not in _FLOATS:
+        return _T().min(a, b)
+    return _sel(_isnan(a), a, _sel(_isnan(b), b, _T().min(a, b)))
+
+
+def _std_max(a, b):
+    """``std::max(a, b)`` (``a < b ? b : a``: a NaN ``a`` is kept), as torch's activations."""
+    return _sel(a < b, b, a)
+
+
+def _std_min(a, b):
+    return _sel(b < a, b, a)
+
+
+def _expm1(x):
+    T = _T()
+    return T.call_pure_extern(str(x.dtype), "expm1f" if str(x.dtype) == "float32" else "expm1",
+                              x)
+
+
+def _sigmoid(x):
+    one = _c(1.0, x.dtype)
+    return one / (one + _T().exp(-x))
+
+
+def _gelu(x):
+    dt = x.dtype
+    return x * _c(0.5, dt) * (_c(1.0, dt) + _T().erf(x * _c(math.sqrt(0.5), dt)))
+
+
+_K_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5  # sqrt(2 / pi)
+_K_KAPPA = 0.044715
+
+
+def _gelu_tanh(x):
+    dt = x.dtype
+    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x * x * x)
+    return _c(0.5, dt) * x * (_c(1.0, dt) + _T().tanh(inner))
+
+
+def _silu(x):
+    return x / (_c(1.0, x.dtype) + _T().exp(-x))
+
+
+def _gelu_grad(x):
+    """d gelu(x) / dx (torch's GeluBackward, approximate='none')."""
+    dt = x.dtype
+    T = _T()
+    cdf = _c(0.5, dt) * (_c(1.0, dt) + T.erf(x * _c(math.sqrt(0.5), dt)))
+    pdf = T.exp(_c(-0.5, dt) * x * x) * _c((2.0 / math.sqrt(math.pi)) * math.sqrt(0.5) * 0.5, dt)
+    return cdf + x * pdf
+
+
+def _gelu_tanh_grad(x):
+    dt = x.dtype
+    T = _T()
+    x_sq = x * x
+    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x_sq * x)
+    th = T.tanh(inner)
+    left = _c(0.5, dt) * x
+    right = _c(1.0, dt) + th
+    left_d = _c(0.5, dt) * right
+    inner_d = _c(_K_BETA, dt) * (_c(1.0, dt) + _c(3.0 * _K_KAPPA, dt) * x_sq)
+    right_d = (_c(1.0, dt) - th * th) * inner_d
+    return left_d + left * right_d
+
+
+def _silu_grad(x):
+    s = _sigmoid(x)
+    one = _c(1.0, x.dtype)
+    return s * (one + x * (one - s))
+
+
+_GATES = {"silu": (_silu, _silu_grad), "gelu": (_gelu, _gelu_grad),
+          "gelu_tanh": (_gelu_tanh, _gelu_tanh_grad)}
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+
+
+def _elu(x, alpha, scale):
+    dt = x.dtype
+    return _sel(x <= _c(0.0, dt), _expm1(x) * _c(alpha * scale, dt), x * _c(scale, dt))
+
+
+def _floor_div(a, b):
+    """torch's floor division of floats (``div_floor_floating``): from fmod, so the quotient is
+    exact where a / b rounds across an integer."""
+    T = _T()
+    dt = a.dtype
+    z = _c(0.0, dt)
+    mod = T.fmod(a, b)
+    div = (a - mod) / b
+    div = _sel((mod != z) & ((b < z) != (mod < z)), div - _c(1.0, dt), div)
+    fl = T.floor(div)
+    fl = _sel(div - fl > _c(0.5, dt), fl + _c(1.0, dt), fl)
+    res = _sel(div != z, fl, T.copysign(z, a / b))
+    return _sel(b == z, a / b, res)
+
+
+def _remainder(a, b):
+    """torch.remainder: the result takes the divisor's sign."""
+    T = _T()
+    if str(a.dtype) not in _FLOATS:
+        return T.floormod(a, b)
+    z = _c(0.0, a.dtype)
+    mod = T.fmod(a, b)
+    return _sel((mod != z) & ((b < z) != (mod < z)), mod + b, mod)
+
+
+def _lerp(s, e, w):
+    dt = s.dtype
+    return _sel(_T().abs(w) < _c(0.5, dt), s + w * (e - s), e - (e - s) * (_c(1.0, dt) - w))
+
+
+def _clamp(x, lo, hi, has_lo, has_hi):
+    """torch.clamp with scalar bounds: NaN stays NaN, ``min > max`` gives ``max``."""
+    dt = x.dtype
+    y = x
+    if has_lo:
+        lo_c = _c(lo, dt)
+        y = _sel(y < lo_c, lo_c, y)
+    if has_hi:
+        hi_c = _c(hi, dt)
+        y = _sel(y > hi_c, hi_c, y)
+    return y
+
+
+def _cmp(op):
+    return lambda xs, ps, dt: (op(_w(xs[0]), _w(xs[1])),)
+
+
+def _round(x):
+    T = _T()
+    return T.nearbyint(x) if str(x.dtype) in _FLOATS else x  # rint: half to even
+
+
+def _rounding(fn):
+    return lambda xs, ps, dt: ((fn(_T())(xs[0]) if dt in _FLOATS else xs[0]),)
+
+
+def _fns() -> dict[str, ScalarFn]:
+    """The registry (built once: each builder is a plain function of TileLang expressions)."""
+    fns: list[ScalarFn] = []
+
+    def add(name, arity, build, *, params=(), exact=False, integral=False, outputs=1,
+            keep=(), bool_out=False):
+        fns.append(ScalarFn(name, arity, outputs, tuple(params), exact, integral, build,
+                            keep, bool_out))
+
+    def unary(name, f, **kw):
+        add(name, 1, lambda xs, ps, dt: (f(xs[0]),), **kw)
+
+    T = _T
+    # --- unary math
+    unary("abs", lambda x: T().abs(x) if str(x.dtype) != "bool" else x, exact=True,
+          integral=True)
+    unary("neg", lambda x: -x, exact=True, integral=True)
+    unary("exp", lambda x: T().exp(x))
+    unary("expm1", _expm1)
+    unary("log", lambda x: T().log(x))
+    unary("log1p", lambda x: T().log1p(x))
+    unary("sqrt", lambda x: T().sqrt(x))
+    unary("rsqrt", lambda x: _c(1.0, x.dtype) / T().sqrt(x))
+    unary("reciprocal", lambda x: _c(1.0, x.dtype) / x)
+    unary("sin", lambda x: T().sin(x))
+    unary("cos", lambda x: T().cos(x))
+    unary("tanh", lambda x: T().tanh(x))
+    unary("sigmoid", _sigmoid)
+    unary("erf", lambda x: T().erf(x))
+    add("floor", 1, _rounding(lambda t: t.floor), exact=True, integral=True)
+    add("ceil", 1, _rounding(lambda t: t.ceil), exact=True, integral=True)
+    add("round", 1, lambda xs, ps, dt: (_round(xs[0]),), exact=True, integral=True)
+    add("trunc", 1, _rounding(lambda t: t.trunc), exact=True, integral=True)
+    unary("sign", lambda x: (T().cast(_w(x) > _c(0, _w(x).dtype), x.dtype)
+                             - T().cast(_w(x) < _c(0, _w(x).dtype), x.dtype)),
+          exact=True, integral=True)
+    for name, f, other in (("isnan", _isnan, False), ("isinf", lambda x: T().isinf(x), False),
+                           ("isfinite", lambda x: T().isfinite(x), True)):
+        add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
+    # --- activations
+    unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, x.dtype), x), exact=True,
+          integral=True)
+    unary("gelu", _gelu)
+    unary("gelu_tanh", _gelu_tanh)
+    unary("silu", _silu)
+    unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))))
+    add("softplus", 1, lambda xs, ps, dt: (_sel(
+        xs[0] * _c(ps[0], dt) > _c(ps[1], dt), xs[0],
+        T().log1p(T().exp(xs[0] * _c(ps[0], dt))) / _c(ps[0], dt)),),
+        params=("beta", "threshold"))
+    add("leaky_relu", 1, lambda xs, ps, dt: (_sel(
+        xs[0] > _c(0.0, dt), xs[0], xs[0] * _c(ps[0], dt)),), params=("negative_slope",))
+    add("elu", 1, lambda xs, ps, dt: (_elu(xs[0], ps[0], 1.0),), params=("alpha",))
+    unary("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE))
+    unary("hardswish", lambda x: x * _std_min(_std_max(x + _c(3.0, x.dtype), _c(0.0, x.dtype)),
+                                              _c(6.0, x.dtype)) / _c(6.0, x.dtype))
+    unary("hardsigmoid", lambda x: _std_min(_std_max(x + _c(3.0, x.dtype), _c(0.0, x.dtype)),
+                                            _c(6.0, x.dtype)) / _c(6.0, x.dtype))
+    add("hardtanh", 1, lambda xs, ps, dt: (_clamp(xs[0], ps[0], ps[1], True, True),),
+        params=("min_val", "max_val"), exact=True)
+    add("clamp", 1, lambda xs, ps, dt: (_clamp(xs[0], *ps),),
+        params=("min", "max", "has_min", "has_max"), exact=True, integral=True)
+    # --- binary
+    add("add", 2, lambda xs, ps, dt: (xs[0] + xs[1] if ps[0] == 1
+                                      else xs[0] + _c(ps[0], dt) * xs[1],),
+        params=("alpha",), integral=True)
+    add("sub", 2, lambda xs, ps, dt: (xs[0] - xs[1] if ps[0] == 1
+                                      else xs[0] - _c(ps[0], dt) * xs[1],),
+        params=("alpha",), integral=True)
+    add("mul", 2, lambda xs, ps, dt: (xs[0] * xs[1],), integral=True)
+    add("div", 2, lambda xs, ps, dt: (xs[0] / xs[1],))
+    add("div_trunc", 2, lambda xs, ps, dt: (
+        T().trunc(xs[0] / xs[1]) if dt in _FLOATS else T().truncdiv(xs[0], xs[1]),),
+        integral=True)
+    add("div_floor", 2, lambda xs, ps, dt: (
+        _floor_div(xs[0], xs[1]) if dt in _FLOATS else T().floordiv(xs[0], xs[1]),),
+        integral=True)
+    add("pow", 2, lambda xs, ps, dt: (T().pow(xs[0], xs[1]),))
+    add("maximum", 2, lambda xs, ps, dt: (_max_nan(xs[0], xs[1]),), exact=True, integral=True)
+    add("minimum", 2, lambda xs, ps, dt: (_min_nan(xs[0], xs[1]),), exact=True, integral=True)
+    add("remainder", 2, lambda xs, ps, dt: (_remainder(xs[0], xs[1]),), integral=True)
+    for name, op in (("eq", lambda a, b: a == b), ("ne", lambda a, b: a != b),
+                     ("lt", lambda a, b: a < b), ("le", lambda a, b: a <= b),
+                     ("gt", lambda a, b: a > b), ("ge", lambda a, b: a >= b)):
+        add(name, 2, _cmp(op), exact=True, integral=True, bool_out=True)
+    add("clamp_tensor", 3, lambda xs, ps, dt: (_clamp_tensor(xs, *ps),),
+        params=("has_lo", "has_hi"), exact=True, integral=True)
+    add("where", 3, lambda xs, ps, dt: (_sel(xs[0], xs[1], xs[2]),), keep=(0,), exact=True,
+        integral=True)
+    add("masked_fill", 2, lambda xs, ps, dt: (_sel(xs[1], _c(ps[0], dt), xs[0]),),
+        params=("value",), keep=(1,), exact=True, integral=True)
+    add("lerp", 3, lambda xs, ps, dt: (_lerp(*xs),))
+    add("lerp_scalar", 2, lambda xs, ps, dt: (_lerp(xs[0], xs[1], _c(ps[0], dt)),),
+        params=("weight",))
+    # --- gated: a = gate, b = up
+    for g, (f, df) in _GATES.items():
+        add(f"{g}_and_mul", 2, _gated(f))
+        add(f"{g}_and_mul_bwd", 3, _gated_bwd(f, df), outputs=2)
+    # --- gradients: (dy, y) from the output, (dy, x) from the input
+    z = lambda dt: _c(0.0, dt)  # noqa: E731
+    one = lambda dt: _c(1.0, dt)  # noqa: E731
+    add("relu_bwd", 2, lambda xs, ps, dt: (_sel(xs[1] <= z(dt), z(dt), xs[0]),))
+    add("sigmoid_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1]) * xs[1],))
+    add("tanh_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1] * xs[1]),))
+    for g, (_, df) in _GATES.items():
+        add(f"{g}_bwd", 2, _grad_times(df))
+    add("mish_bwd", 2, lambda xs, ps, dt: (_mish_bwd(xs[0], xs[1]),))
+    add("softplus_bwd", 2, lambda xs, ps, dt: (_softplus_bwd(xs[0], xs[1], *ps),),
+        params=("beta", "threshold"))
+    add("leaky_relu_bwd", 2, lambda xs, ps, dt: (
+        _sel(xs[1] > z(dt), xs[0], xs[0] * _c(ps[0], dt)),), params=("negative_slope",))
+    add("elu_bwd", 2, lambda xs, ps, dt: (_sel(
+        xs[1] <= z(dt), xs[0] * _c(ps[0], dt) * T().exp(xs[1]), xs[0]),), params=("alpha",))
+    add("selu_bwd", 2, lambda xs, ps, dt: (_sel(
+        xs[1] <= z(dt), xs[0] * _c(_SELU_ALPHA * _SELU_SCALE, dt) * T().exp(xs[1]),
+        xs[0] * _c(_SELU_SCALE, dt)),))
+    add("hardswish_bwd", 2, lambda xs, ps, dt: (_sel(
+        xs[1] < _c(-3.0, dt), z(dt), _sel(xs[1] <= _c(3.0, dt),
+                                          xs[0] * (xs[1] / _c(3.0, dt) + _c(0.5, dt)),
+                                          xs[0])),))
+    add("hardsigmoid_bwd", 2, lambda xs, ps, dt: (_sel(
+        (xs[1] > _c(-3.0, dt)) & (xs[1] < _c(3.0, dt)), xs[0] * _c(1.0 / 6.0, dt), z(dt)),))
+    add("hardtanh_bwd", 2, lambda xs, ps, dt: (_sel(
+        (xs[1] <= _c(ps[0], dt)) | (xs[1] >= _c(ps[1], dt)), z(dt), xs[0]),),
+        params=("min_val", "max_val"))
+    add("div_bwd_b", 3, lambda xs, ps, dt: ((-xs[0]) * xs[1] / (xs[2] * xs[2]),))
+    return {f.name: f for f in fns}
+
+
+def _float_test(f, other):
+    """``f`` of a floating input; an integer or bool input is never NaN or infinite."""
+    return lambda xs, ps, dt: (f(_w(xs[0])) if dt in _FLOATS else _c(other, "bool"),)
+
+
+def _gated(f):
+    """``f(a) * b`` (a the gate, b the up projection)."""
+    return lambda xs, ps, dt: (f(xs[0]) * xs[1],)
+
+
+def _gated_bwd(f, df):
+    """``(dy, a, b) -> (dy * b * f'(a), dy * f(a))``."""
+    return lambda xs, ps, dt: (xs[0] * xs[2] * df(xs[1]), xs[0] * f(xs[1]))
+
+
+def _grad_times(df):
+    """``(dy, x) -> dy * f'(x)``."""
+    return lambda xs, ps, dt: (xs[0] * df(xs[1]),)
+
+
+def _clamp_tensor(xs, has_lo, has_hi):
+    """torch.clamp with tensor bounds: ``minimum(maximum(x, lo), hi)``, NaN from any."""
+    y = xs[0]
+    if has_lo:
+        y = _max_nan(y, xs[1])
+    if has_hi:
+        y = _min_nan(y, xs[2])
+    return y
+
+
+def _mish_bwd(dy, x):
+    T = _T()
+    one = _c(1.0, x.dtype)
+    ts = T.tanh(T.log1p(T.exp(x)))
+    return dy * (ts + x * _sigmoid(x) * (one - ts * ts))
+
+
+def _softplus_bwd(dy, x, beta, threshold):
+    dt = x.dtype
+    zz = _T().exp(x * _c(beta, dt))
+    return _sel(x * _c(beta, dt) > _c(threshold, dt), dy, dy * zz / (zz + _c(1.0, dt)))
+
+
+#: name -> :class:`ScalarFn`
+SCALAR_FNS: dict[str, ScalarFn] = _fns()
+
+
+# --- the call spec -------------------------------------------------------------------------------
+
+
+def _is_const(v) -> bool:
+    return isinstance(v, (bool, int, float))
+
+
+class ElementwiseSpec(CallSpec, frozen=True, kw_only=True):
+    """What an elementwise implementation is told about a call: the function and its
+    constants, every operand's dtype, shape (inputs broadcast to ``out_shape``), element
+    strides and data-pointer alignment (the largest power of two dividing the address, capped
+    at 16 bytes), and the dtype the math runs in (the op's choice)."""
+
+    fn: str
+    params: tuple = ()
+    in_dtypes: tuple[str, ...]
+    out_dtypes: tuple[str, ...]
+    compute: str
+    out_shape: tuple[int, ...]
+    in_shapes: tuple[tuple[int, ...], ...]
+    in_strides: tuple[tuple[int, ...], ...]
+    in_align: tuple[int, ...]
+    out_strides: tuple[tuple[int, ...], ...]
+    out_align: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        name = type(self).__name__
+        f = SCALAR_FNS.get(self.fn)
+        if f is None:
+            raise ValueError(f"{name}.fn must name a scalar function of SCALAR_FNS, got "
+                             f"{self.fn!r}")
+        if len(self.params) != len(f.params) or not all(map(_is_const, self.params)):
+            want = ", ".join(f.params) or "none"
+            raise ValueError(f"{name}.params: {self.fn} takes {len(f.params)} constants "
+                             f"({want}) as bools, ints or floats, got {self.params!r}")
+        counts = (("in_dtypes", f.arity), ("in_shapes", f.arity), ("in_strides", f.arity),
+                  ("in_align", f.arity), ("out_dtypes", f.outputs),
+                  ("out_strides", f.outputs), ("out_align", f.outputs))
+        for field, n in counts:
+            got = len(getattr(self, field))
+            if got != n:
+                what = "inputs" if field.startswith("in_") else "outputs"
+                raise ValueError(f"{name}.{field}: {self.fn} has {n} {what}, got {got} "
+                                 f"entries")
+        allowed = ", ".join(sorted(DTYPES_SERVED))
+        for field in ("in_dtypes", "out_dtypes"):
+            for i, dt in enumerate(getattr(self, field)):
+                if dt not in DTYPES_SERVED:
+                    raise ValueError(f"{name}.{field}[{i}] must be one of {allowed}, got "
+                                     f"{dt!r}")
+        self.check_fields(choices={"compute": DTYPES_SERVED})
+        if not f.integral and self.compute not in _FLOATS:
+            raise ValueError(f"{name}.compute: {self.fn} computes in a floating dtype, got "
+                             f"{self.compute}")
+        if not f.exact and self.compute in _HALF:
+            raise ValueError(f"{name}.compute: {self.fn} is not exact in {self.compute}; "
+                             f"compute it in float32")
+        _check_shape(name, "out_shape", self.out_shape)
+        rank = len(self.out_shape)
+        for i, shape in enumerate(self.in_shapes):
+            _check_shape(name, f"in_shapes[{i}]", shape)
+            if len(shape) > rank or any(s not in (1, o) for s, o in
+                                        zip(reversed(shape), reversed(self.out_shape), strict=False)):
+                raise ValueError(f"{name}.in_shapes[{i}]: {list(shape)} does not broadcast "
+                                 f"to out_shape {list(self.out_shape)}")
+        ranks = [(f"in_strides[{i}]", s, len(self.in_shapes[i]))
+                 for i, s in enumerate(self.in_strides)]
+        ranks += [(f"out_strides[{i}]", s, rank) for i, s in enumerate(self.out_strides)]
+        for field, strides, r in ranks:
+            if len(strides) != r or not all(isinstance(s, int) and not isinstance(s, bool)
+                                            and s >= 0 for s in strides):
+                raise ValueError(f"{name}.{field} must be {r} element strides (ints >= 0), "
+                                 f"got {strides!r}")
+        for field in ("in_align", "out_align"):
+            for i, a in enumerate(getattr(self, field)):
+                if a not in (1, 2, 4, 8, 16):
+                    raise ValueError(f"{name}.{field}[{i}] must be 1, 2, 4, 8 or 16 (bytes), "
+                                     f"got {a!r}")
+
+    @property
+    def scalar_fn(self) -> ScalarFn:
+        return SCALAR_FNS[self.fn]
+
+
+def _check_shape(name: str, field: str, shape) -> None:
+    if not isinstance(shape, tuple) or not all(
+            isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+        raise ValueError(f"{name}.{field} must be a tuple of sizes (ints >= 0), got {shape!r}")
+
+
+class ElementwiseInterface(KernelInterface):
+    """One slot: ``forward(*inputs, *outputs)`` with the tensors as the op has them: inputs
+    broadcastable to ``out_shape`` at any strides (0-dim included), outputs of ``out_shape``
+    (fresh contiguous tensors, or for an in-place call the input object itself, possibly a
+    strided view; an output that partly overlaps an input is the op's to refuse)."""
+
+    slot = "elementwise"
+    call_spec = ElementwiseSpec
+
+
+# --- collapse and plan ---------------------------------------------------------------------------
+
+
+def collapse(shape, strides):
+    """The fewest dims that address every operand: ``(groups, merged)`` where ``groups`` are
+    the surviving dims of ``shape`` (outer to inner) as tuples of the original dims each
+    merges, and ``merged[k][g]`` is operand ``k``'s stride across group ``g`` (the stride of
+    its innermost dim). ``strides[k]`` are aligned to ``shape`` with 0 for broadcast dims.
+    Dims of extent 1 drop out; adjacent dims merge where every operand is contiguous across
+    them."""
+    groups: list[list[int]] = []
+    for d, n in enumerate(shape):
+        if n == 1:
+            continue
+        if groups and all(st[groups[-1][-1]] == st[d] * n for st in strides):
+            groups[-1].append(d)
+        else:
+            groups.append([d])
+    merged = tuple(tuple(st[g[-1]] for g in groups) for st in strides)
+    return tuple(tuple(g) for g in groups), merged
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """How a call is launched; with the dtypes and the function, what its program depends on.
+
+    ``kind``: ``empty`` (no elements), ``flat``, ``rows`` or ``strided`` (module docstring).
+    ``groups``: the collapsed dims as the output dims each merges. ``codes[k][g]``: operand
+    ``k``'s stride across group ``g`` (outputs first, then inputs) as the program reads it: 0
+    (broadcast), 1 (unit) or 2 (the launch-time stride of its dim). Inputs' ``ones[k]``: which
+    of its own dims have extent 1 (declared so; the rest take the output's extents). A thread
+    makes ``per`` accesses of ``vec`` elements; ``tcols`` of a CTA's ``threads`` span a row's
+    vectors (tiled kinds). ``wide``: 64-bit extents and strides (an operand spans 2**31
+    elements or more)."""
+
+    kind: str
+    groups: tuple[tuple[int, ...], ...]
+    codes: tuple[tuple[int, ...], ...]
+    ones: tuple[tuple[bool, ...], ...]
+    vec: int
+    threads: int
+    per: int
+    tcols: int
+    wide: bool
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None) -> Plan:
+    """The launch plan of ``spec`` (``threads``/``per`` override the defaults, for the sweep)."""
+    shape = spec.out_shape
+    rank = len(shape)
+    aligned = []
+    for strides in spec.out_strides:
+        aligned.append(tuple(0 if n == 1 else s for n, s in zip(shape, strides, strict=True)))
+    for ishape, istrides in zip(spec.in_shapes, spec.in_strides, strict=True):
+        pad = rank - len(ishape)
+        aligned.append((0,) * pad + tuple(0 if n == 1 else s
+                                          for n, s in zip(ishape, istrides, strict=True)))
+    ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
+    dtypes = (*spec.out_dtypes, *spec.in_dtypes)
+    aligns = (*spec.out_align, *spec.in_align)
+    items = [DTYPES[d] for d in dtypes]
+    numel = math.prod(shape)
+    spans = [sum((n - 1) * s for n, s in zip(shape, st, strict=True)) + 1 for st in aligned]
+    wide = max([numel, *spans]) > _INT32_MAX
+    if numel == 0:
+        return Plan("empty", (), (), ones, 1, 1, 1, 1, wide)
+    groups, merged = collapse(shape, aligned)
+    codes = tuple(tuple(0 if s == 0 else 1 if s == 1 else 2 for s in st) for st in merged)
+    inner_unit = all(c[-1] in (0, 1) for c in codes) if groups else True
+    if len(groups) <= 1 and inner_unit:
+        kind = "flat"
+    elif len(groups) == 2 and inner_unit:
+        kind = "rows"
+    else:
+        kind = "strided"
+    vec = _VECTOR_BYTES // max(items)
+    if not inner_unit:
+        vec = 1
+    ncols = math.prod(shape[d] for d in groups[-1]) if groups else 1
+
+    def fits(v: int) -> bool:
+        for k, c in enumerate(codes):
+            if c and c[-1] == 1 and aligns[k] < v * items[k]:
+                return False
+            if kind != "flat" and any(cd == 2 and s % v for cd, s in zip(c, merged[k], strict=True)):
+                return False
+        return kind == "flat" or ncols % v == 0
+
+    while vec > 1 and not fits(vec):
+        vec //= 2
+    threads = threads or 256
+    per = per or 4
+    tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
+    return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide)
+
+
+# --- the TileLang programs -----------------------------------------------------------------------
+
+#: the generated index arithmetic is correct by construction (full blocks lie inside the
+#: iteration space, edge blocks check each access), and TileLang's own bounds checks would
+#: stop the vectorization of strided rows
+_PASS_CONFIGS = {"tl.disable_safe_memory_legalize": True}
+
+
+def _with_params(body, ins: list, outs: list):
+    """The prim_func over exactly the call's tensors, inputs then outputs (every tensor
+    argument costs the launch host time, so there are no placeholders)."""
+    _, T = tl()
+    shape = (len(ins), len(outs))
+    if shape == (1, 1):
+        a, y = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, Y: y):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A,), (Y,))
+    elif shape == (1, 2):
+        a, y, z = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, Y: y, Z: z):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A,), (Y, Z))
+    elif shape == (2, 1):
+        a, b, y = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, Y: y):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B), (Y,))
+    elif shape == (2, 2):
+        a, b, y, z = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, Y: y, Z: z):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B), (Y, Z))
+    elif shape == (3, 1):
+        a, b, c, y = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, C: c, Y: y):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B, C), (Y,))
+    elif shape == (3, 2):
+        a, b, c, y, z = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, C: c, Y: y, Z: z):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B, C), (Y, Z))
+    elif shape == (4, 1):
+        a, b, c, d, y = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, C: c, D: d, Y: y):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B, C, D), (Y,))
+    else:
+        a, b, c, d, y, z = *ins, *outs
+
+        @T.prim_func
+        def main(A: a, B: b, C: c, D: d, Y: y, Z: z):
+            T.annotate_pass_configs(_PASS_CONFIGS)
+            body((A, B, C, D), (Y, Z))
+    return main
+
+
+def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, compute: str,
+                  out_rank: int, p: Plan):
+    """The TileLang prim_func of a call class (not compiled): every tensor declared at its own
+    rank with launch-time extents (an input's extent-1 dims as 1) and strides, read and written
+    through a flat alias of its data at the offsets ``p`` lays out."""
+    _, T = tl()
+    f = SCALAR_FNS[fn]
+    idt = "int64" if p.wide else "int32"
+    dims = [T.dynamic(f"n{d}", idt) for d in range(out_rank)]
+
+    def declare(tag: str, rank: int, ones, dtype: str):
+        strides = tuple(T.dynamic(f"s{tag}_{j}", idt) for j in range(rank))
+        if rank == 0:
+            return T.Tensor((), dtype), strides
+        shape = tuple(1 if one else dims[out_rank - rank + j] for j, one in enumerate(ones))
+        return T.StridedTensor(shape, strides, dtype), strides
+
+    n_out = len(out_dtypes)
+    decl_out = [declare(f"y{o}", out_rank, (False,) * out_rank, dt)
+                for o, dt in enumerate(out_dtypes)]
+    decl_in = [declare(f"x{k}", len(ones), ones, dt)
+               for k, (ones, dt) in enumerate(zip(p.ones, in_dtypes, strict=True))]
+    ranks = [out_rank] * n_out + [len(o) for o in p.ones]
+    svars = [s for _, s in decl_out] + [s for _, s in decl_in]
+
+    def stride(k: int, g: int):
+        """Operand ``k``'s stride across group ``g`` (a multiple of ``vec`` where it is read in
+        vectors: written so, the vectorizer can prove the accesses aligned)."""
+        code = p.codes[k][g]
+        if code < 2:
+            return code
+        s = svars[k][p.groups[g][-1] - (out_rank - ranks[k])]
+        return T.truncdiv(s, p.vec) * p.vec if p.vec > 1 else s
+
+    extents = [math.prod(dims[d] for d in g) if g else 1 for g in p.groups]
+    body = (_flat_body if p.kind == "flat" else _tiled_body)(
+        T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt)
+    return _with_params(body, [b for b, _ in decl_in], [b for b, _ in decl_out])
+
+
+def _values(T, f, xs, in_dtypes, compute):
+    """The inputs as the scalar function takes them (cast to the compute dtype but ``keep``)."""
+    return [x if k in f.keep else T.cast(x, compute) for k, x in enumerate(xs)]
+
+
+def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt):
+    """One run of ``n`` elements; inputs unit-stride or a single element. A CTA covers
+    ``threads * per`` vectors; the CTAs wholly inside run unmasked, the last checks each
+    element."""
+    vec, per, threads = p.vec, p.per, p.threads
+    n_out, n_in = len(out_dtypes), len(in_dtypes)
+    chunk = threads * per  # vectors a CTA
+    runs = tuple(k for k in range(n_in) if p.codes[n_out + k] and p.codes[n_out + k][-1] == 1)
+    single = tuple(k for k in range(n_in) if k not in runs)
+    outs_i = tuple(range(n_out))
+    n = extents[0] if extents else 1
+
+    @T.macro
+    def body(ins, outs):
+        fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
+        fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
+        with T.Kernel(T.cast(T.ceildiv(n, chunk * vec), "int32"), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            base = T.cast(bx, idt) * chunk + tx
+            held = [T.alloc_local((per * vec,), dt) for dt in in_dtypes]
+            res = [T.alloc_local((per * vec,), dt) for dt in out_dtypes]
+            for k in single:
+                held[k][0] = fin[k][0]
+            if (T.cast(bx, idt) + 1) * chunk <= T.truncdiv(n, vec):
+                for v in T.unroll(per):
+                    for k in runs:
+                        for i in T.vectorized(vec):
+                            held[k][v * vec + i] = fin[k][(base + v * threads) * vec + i]
+                for j in T.unroll(per * vec):
+                    got = f.build(_values(T, f, [held[k][0] if k in single else held[k][j]
+                                                 for k in range(n_in)], in_dtypes, compute),
+                                  params, compute)
+                    for o in outs_i:
+                        res[o][j] = T.cast(got[o], out_dtypes[o])
+                for v in T.unroll(per):
+                    for o in outs_i:
+                        for i in T.vectorized(vec):
+                            fout[o][(base + v * threads) * vec + i] = res[o][v * vec + i]
+            else:
+                for j in T.unroll(per * vec):
+                    e = T.cast(bx, idt) * (chunk * vec) + j * threads + tx
+                    if e < n:
+                        got = f.build(_values(T, f, [held[k][0] if k in single else fin[k][e]
+                                                     for k in range(n_in)], in_dtypes,
+                                              compute), params, compute)
+                        for o in outs_i:
+                            fout[o][e] = T.cast(got[o], out_dtypes[o])
+
+    return body
+
+
+def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt):
+    """Rows of the innermost group by the outer groups (one outer group: ``rows``; any number:
+    ``strided``, each row's offset decomposed from its index). A CTA is ``threads / tcols``
+    rows of ``tcols`` vectors, each thread making ``per`` accesses down the rows; CTAs wholly
+    inside run unmasked, the edge ones check each access."""
+    vec, per, threads, tcols = p.vec, p.per, p.threads, p.tcols
+    trows = threads // tcols
+    n_out, n_in = len(out_dtypes), len(in_dtypes)
+    ops = n_out + n_in
+    inner = len(p.groups) - 1
+    outer = tuple(range(inner))
+    ncols = extents[-1]
+    nrows = math.prod(extents[:-1]) if inner else 1
+    ncv = T.truncdiv(ncols, vec)
+    ncb = T.ceildiv(ncv, tcols)
+    rows_cta = trows * per
+    nrb = T.ceildiv(nrows, rows_cta)
+    # per operand: reads its vector (1), one element a row (0, broadcast along the row)
+    col_code = tuple(p.codes[k][inner] for k in range(ops))
+    vector_in = tuple(k for k in range(n_in) if col_code[n_out + k] != 0)
+    row_in = tuple(k for k in range(n_in) if col_code[n_out + k] == 0)
+    outs_i = tuple(range(n_out))
+
+    def row_offsets(r):
+        """Each operand's offset of row ``r``."""
+        if inner == 1:
+            return [r * stride(k, 0) for k in range(ops)]
+        offs = [0] * ops
+        rem = r
+        for g in reversed(outer):
+            coord = T.truncmod(rem, extents[g]) if g else rem
+            rem = T.truncdiv(rem, extents[g])
+            offs = [o + coord * stride(k, g) for k, o in enumerate(offs)]
+        return offs
+
+    def col(k: int, c):
+        return c * stride(k, inner) if col_code[k] == 2 else c
+
+    @T.macro
+    def tile(fin, fout, cb, rb, tx, guard):
+        held = [T.alloc_local((per * vec,), dt) for dt in in_dtypes]
+        res = [T.alloc_local((per * vec,), dt) for dt in out_dtypes]
+        c = (cb * tcols + tx % tcols) * vec
+        for v in T.unroll(per):
+            r = rb * rows_cta + v * trows + tx // tcols
+            offs = row_offsets(r)
+            ok = T.cast(c, idt) < ncols and r < nrows if guard else True
+            if ok:
+                for k in vector_in:
+                    for i in T.vectorized(vec):
+                        held[k][v * vec + i] = fin[k][offs[n_out + k] + col(n_out + k, c) + i]
+                for k in row_in:
+                    for i in T.unroll(vec):
+                        held[k][v * vec + i] = fin[k][offs[n_out + k]]
+        for j in T.unroll(per * vec):
+            got = f.build(_values(T, f, [held[k][j] for k in range(n_in)], in_dtypes, compute),
+                          params, compute)
+            for o in outs_i:
+                res[o][j] = T.cast(got[o], out_dtypes[o])
+        for v in T.unroll(per):
+            r = rb * rows_cta + v * trows + tx // tcols
+            offs = row_offsets(r)
+            ok = T.cast(c, idt) < ncols and r < nrows if guard else True
+            if ok:
+                for o in outs_i:
+                    for i in T.vectorized(vec):
+                        fout[o][offs[o] + col(o, c) + i] = res[o][v * vec + i]
+
+    @T.macro
+    def body(ins, outs):
+        fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
+        fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
+        with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            b = T.cast(bx, idt)
+            cb = T.truncmod(b, ncb)
+            rb = T.truncdiv(b, ncb)
+            if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
+                tile(fin, fout, cb, rb, tx, False)
+            else:
+                tile(fin, fout, cb, rb, tx, True)
+
+    return body
+
+
+@functools.lru_cache(maxsize=512)
+def build_kernel(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, compute: str,
+                 out_rank: int, p: Plan, target: str | None = None):
+    """Compile the program of a call class (cached per class and target)."""
+    prog = build_program(fn, params, in_dtypes, out_dtypes, compute, out_rank, p)
+    return compile_program(prog, target)
+
+
+# --- the implementations -------------------------------------------------------------------------
+
+
+class _ElementwiseKernel(Kernel, ElementwiseInterface):
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    kinds: ClassVar[frozenset[str]] = frozenset()
+
+    @classmethod
+    def region_refusal(cls, spec: ElementwiseSpec) -> str | None:
+        kind = plan(spec).kind
+        if kind not in cls.kinds:
+            return f"serves {' or '.join(sorted(cls.kinds))} layouts, not {kind}"
+        return None
+
+    @classmethod
+    def identity(cls, spec: ElementwiseSpec):
+        # the program depends on the sizes and strides only through the plan they give
+        return (spec.fn, spec.params, spec.in_dtypes, spec.out_dtypes, spec.compute,
+                len(spec.out_shape), plan(spec), spec.device)
+
+    def __init__(self, spec: ElementwiseSpec) -> None:
+        super().__init__(spec)
+        p = plan(spec)
+        self.plan = p
+        self.program = None if p.kind == "empty" else build_kernel(
+            spec.fn, spec.params, spec.in_dtypes, spec.out_dtypes, spec.compute,
+            len(spec.out_shape), p)
+
+    def __call__(self, *tensors) -> None:
+        if self.program is not None:
+            self.program(*tensors)
+
+
+class ElementwiseFlatKernel(_ElementwiseKernel):
+    """Every operand one contiguous run (or a single element, or nothing at all): 16-byte
+    accesses from the base pointers, a masked last CTA."""
+
+    kinds = frozenset({"flat", "empty"})
+
+
+class ElementwiseRowsKernel(_ElementwiseKernel):
+    """Two collapsed dims with unit or zero inner strides: a row or column broadcast, strided
+    rows (in-place on a view, a gated op's halves)."""
+
+    kinds = frozenset({"rows"})
+
+
+class ElementwiseStridedKernel(_ElementwiseKernel):
+    """Any layout of up to :data:`MAX_DIMS` collapsed dims; vectors along the rows where every
+    operand's inner stride is 0 or 1, single elements otherwise."""
+
+    general = True
+    kinds = frozenset({"flat", "rows", "strided", "empty"})
+
+    @classmethod
+    def region_refusal(cls, spec: ElementwiseSpec) -> str | None:
+        groups = plan(spec).groups
+        if len(groups) > MAX_DIMS:
+            return (f"indexes up to {MAX_DIMS} collapsed dims, the call has {len(groups)} "
+                    f"(copy an operand contiguous)")
+        return None
