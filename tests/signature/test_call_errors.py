@@ -367,6 +367,6 @@ def test_arithmetic_failing_on_the_given_sizes_is_a_call_error() -> None:
     with pytest.raises(SignatureCallError) as info:
         point.check(torch.empty(4, 0))
     assert info.value.argument == "x"
-    assert info.value.because == ("evaluating the signature on these sizes failed: "
-                                  "PrimitiveError: ceil_div by zero")
+    assert info.value.because == "let Q = ceil_div(M, N) fails on these sizes: ceil_div by zero"
     assert info.value.bound == {"M": 4, "N": 0}
+    assert info.value.spec == "div.yaml:10 (DivOp.signature.let.Q)"

@@ -236,7 +236,8 @@ def test_generator_examples_and_errors() -> None:
 
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
     assert sorted(PRIMITIVES) == ["broadcast", "ceil_div", "conv.out", "itemsize", "len", "max",
-                                  "min", "per_axis", "pool.out", "present", "prod"]
+                                  "min", "per_axis", "pool.out", "present", "prod", "promote",
+                                  "promote_int_to_float", "result_type"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "cumsum", "full", "prefix_sum"]
     for table in (PRIMITIVES, GENERATORS):
         for name, prim in table.items():

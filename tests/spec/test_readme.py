@@ -16,6 +16,7 @@ from tileops.spec import (
     RULES,
     SpecLoadError,
     check_paths,
+    kind_from_expr,
     load_spec_text,
     load_types_text,
     validate_spec_file,
@@ -109,3 +110,20 @@ def test_the_family_errors_are_what_the_readme_says() -> None:
         with pytest.raises(SpecLoadError) as exc:
             load_spec_text(text.replace(old, new, 1), "norm.yaml")
         assert str(exc.value) == expected
+
+
+def test_the_dtype_expression_example_validates_and_infers() -> None:
+    from tileops.spec.kinds import DTypeK
+    from tileops.spec.validate.context import EntryContext, Report
+
+    text = block("### Dtype expressions", "yaml")
+    spec = load_spec_text(text, "ops.yaml")
+    assert validate_spec_file(spec) == []
+    entry = spec.entries["AddOp"]
+    ctx = EntryContext("AddOp", entry, Report("ops.yaml", spec), {}, None)
+    kinds = {n: kind_from_expr(ex.node) for n, ex in entry.signature.forall.items()}
+    ctx.model.kinds.update(kinds)
+    infer = ctx.kinds().infer
+    assert infer(entry.signature.outputs["mean"].dtype.node) == DTypeK(
+        ("float16", "bfloat16", "float32"))  # as the README says
+    assert infer(entry.signature.outputs["eq"].dtype.node) == DTypeK(("bool",))

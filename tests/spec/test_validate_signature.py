@@ -164,7 +164,7 @@ FAILING = [
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
                 " broadcast, ceil_div, conv.out, itemsize, len, max, min, per_axis, pool.out,"
-                " present, prod",
+                " present, prod, promote, promote_int_to_float, result_type",
             ),
         ],
         id="unknown-name:primitive",
@@ -176,7 +176,8 @@ FAILING = [
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'prefix_sum(M)': unknown primitive"
                 " 'prefix_sum'; known: broadcast, ceil_div, conv.out, itemsize, len, max, min,"
-                " per_axis, pool.out, present, prod",
+                " per_axis, pool.out, present, prod, promote, promote_int_to_float,"
+                " result_type",
             ),
         ],
         id="unknown-name:generator-outside-values",

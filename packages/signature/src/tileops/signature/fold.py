@@ -23,6 +23,7 @@ from tileops.spec.evaluate import family_case
 from tileops.spec.primitives import PRIMITIVES
 
 from .common import GenError
+from .dtypes import Lookup, is_dtype_call, lookup
 
 if TYPE_CHECKING:  # pragma: no cover
     from .plan import ConstructionPoint
@@ -36,6 +37,8 @@ class ExprCompiler:
     generated code, before compiling anything."""
 
     namespace: dict[str, Any]
+    #: folded dtype call -> its lookup, reset with the namespace its table is interned in
+    dtype_lookups: dict[E.Node, Lookup]
 
     def __init__(self, point: ConstructionPoint) -> None:
         self.point = point
@@ -119,6 +122,16 @@ class ExprCompiler:
         consts = {d: disc_values[d] for d in fam.discriminants}
         return subst(chosen, env_nodes, consts)
 
+    def dtype_lookup(self, node: E.Call, presence_code=None) -> Lookup:
+        """A dtype primitive's call (folded) as one table lookup (:mod:`.dtypes`), computed
+        once for the point: every mode's code looks up the same table."""
+        if presence_code is not None:  # a rank reading present(): compiled in its context
+            return lookup(self, node, lambda leaf: self._py(leaf, presence_code))
+        lk = self.dtype_lookups.get(node)
+        if lk is None:
+            lk = self.dtype_lookups[node] = lookup(self, node, lambda leaf: self._py(leaf, None))
+        return lk
+
     def code(self, node: E.Node, presence_code: Callable[[str], str] | None = None) -> str:
         """Python source for a folded expression over bound indices (``i_<name>``)."""
         return ast.unparse(self._py(node, presence_code))
@@ -155,6 +168,11 @@ class ExprCompiler:
             if node.func == "itemsize":
                 return ast.Subscript(ast.Name("_isz", ast.Load()),
                                      self._py(node.args[0], presence_code), ast.Load())
+            if is_dtype_call(node):
+                return self.dtype_lookup(node, presence_code).code
+            if node.func == "len":  # the builtin: the rank of a shape tuple
+                return ast.Call(ast.Name("len", ast.Load()),
+                                [self._py(node.args[0], presence_code)], [])
             prim = PRIMITIVES[node.func]
             fn = self._name("p_", prim.impl)
             return ast.Call(ast.Name(fn, ast.Load()),

@@ -49,6 +49,7 @@ class Generator(ExprCompiler):
 
     def _generate(self) -> None:
         self.namespace: dict[str, Any] = {"_isz": self.adapter.itemsizes, "_prod": math.prod}
+        self.dtype_lookups = {}
         self.failures: list[Failure] = []
         self.lines: list[str] = []
         #: Shape index -> (input, start, from_end): the record holds that input's whole shape

@@ -10,15 +10,19 @@ output shapes and dtypes (``derive``).
 
 from __future__ import annotations
 
+import ast
 from typing import TYPE_CHECKING
 
-from tileops.spec import Scope, evaluate
+from tileops.spec import DTYPES, Scope, evaluate
 from tileops.spec import expr as E
 
-from .common import LazyConflict, ev, shape_text, tuple_code
+from .common import GenError, LazyConflict, ev, shape_text, tuple_code
+from .dtypes import is_dtype_call
 from .sizes import shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
+    from tileops.spec.schema import OutputDecl
+
     from .unify import Body
 
 __all__ = ["emit_outputs"]
@@ -48,12 +52,7 @@ def emit_outputs(b: Body) -> None:
         dn = d.dtype.node
         src_dtype = b.sig.inputs[same].dtype.node if same is not None else None
         b.g.like_votes.setdefault(n, set()).add(same if src_dtype == dn else None)
-        if isinstance(dn, E.Name) and dn.id in b.sig.forall:
-            dtypes.append(f"i_{dn.id}")
-        else:
-            name = dn.id if isinstance(dn, E.Name) and dn.id not in b.g.const \
-                else b.g.const[dn.id]  # type: ignore[union-attr]
-            dtypes.append(b.g._native(name))
+        dtypes.append(_output_dtype(b, n, d))
     for i, (n, d) in enumerate(b.sig.outputs.items()):
         if not d.buffer or shapes[i] == "None" or b.mode == "derive":
             continue
@@ -95,6 +94,56 @@ def emit_outputs(b: Body) -> None:
     # the record: one object holding what the check read (see SignatureCall)
     reads = ", ".join(f"{s}, {d}" for s, d in zip(ins, ids, strict=True))
     b.emit(f"return _R({device}, {branch}{', ' + reads if reads else ''})")
+
+
+def _output_dtype(b: Body, n: str, d: OutputDecl) -> str:
+    """Code for output ``n``'s dtype: an index's binding, a constant's native object, or a
+    computed dtype's table lookup (:mod:`.dtypes`). A lookup that can miss (a combination with
+    no result) is bound to ``o_<n>`` and checked, naming the input whose dtype reached it; one
+    that cannot is emitted only where it is read (a buffer's check, ``derive``)."""
+    node = b.g.fold(d.dtype.node, b.presence, b.bound_set)
+    if isinstance(node, E.Name) and node.id in b.sig.forall:
+        return f"i_{node.id}"
+    if isinstance(node, E.Str | E.Name):  # a dtype name, or a dtype param folded
+        name = node.value if isinstance(node, E.Str) else node.id
+        if name not in DTYPES:
+            raise GenError(f"dtype of {n} ({d.dtype.text}) is not a dtype")
+        return b.g._native(name)
+    if not is_dtype_call(node):
+        raise GenError(f"dtype of {n} ({d.dtype.text}) cannot be compiled: an output's dtype "
+                       f"is an index, a dtype name or a dtype primitive's call")
+    lk = b.g.dtype_lookup(node)  # type: ignore[arg-type]
+    if lk.constant:
+        return ast.unparse(lk.code)
+    if lk.total and b.mode != "derive" and not d.buffer:
+        return ast.unparse(lk.code)  # read by nothing here: derive computes it
+    for m in E.names(node):
+        if m in b.pending:  # a Shape index a rank reads, not sliced yet
+            b.expr(E.Name(m))
+    if lk.total or b.mode == "derive":
+        return ast.unparse(lk.code)
+    if b.mode == "fast":  # a miss (KeyError) hands the call to the exact check
+        b.emit(f"o_{n} = {ast.unparse(lk.code)}")
+        return f"o_{n}"
+    table = lk.code
+    assert isinstance(table, ast.Subscript)
+    get = ast.Call(ast.Attribute(table.value, "get", ast.Load()), [table.slice], [])
+    b.emit(f"o_{n} = {ast.unparse(get)}")
+    leaves = [m for m in b.bound if m in E.names(node)]
+    arg = b.by[leaves[-1]].split(".")[0] if leaves else next(iter(b.sig.inputs))
+    text = d.dtype.text
+    ad = b.g.adapter
+
+    def because(env: dict) -> str:
+        values = [ev(code, env) for _, code in lk.leaves]
+        names = [v if isinstance(v, int) else ad.name_of(v) for v in values]
+        at = ", ".join(f"{t} = {v}" for (t, _), v in zip(lk.leaves, names, strict=True))
+        return f"the dtype of {n}, {text}, has no value at {at}: {lk.reason(names)}"
+
+    fid = b.fail_id(arg, b.g.expected_inputs.get(arg, arg), because,
+                    f"signature.outputs.{n}.dtype")
+    b.check_plain(f"o_{n} is not None", fid)
+    return f"o_{n}"
 
 
 def _truth(b: Body, node: E.Node) -> bool:

@@ -462,10 +462,35 @@ class Body:
             if n in self.g.const:
                 continue
             node = self.g.fold(self.sig.let[n].node, self.presence, self.bound_set)
-            self.emit(f"i_{n} = {self.expr(node)}")
+            code = self.expr(node)
+            if self.mode in ("exact", "symbolic") and any(
+                    isinstance(x, E.Call) for x in E.walk(node)):
+                # a primitive may refuse these sizes (shapes that do not broadcast): say so,
+                # at the input that bound the last of the indices the let reads
+                self.let_failure(n, code)
+            else:
+                self.emit(f"i_{n} = {code}")
             self.bound.append(n)
             self.bound_set.add(n)
             self.by[n] = f"let {n} = {self.sig.let[n].text}"
+
+    def let_failure(self, n: str, code: str) -> None:
+        """``i_<n> = <code>`` under its own ``try``: a primitive's refusal (a ValueError or an
+        arithmetic error) is the call error of the input that bound the last index the let
+        reads, saying which let refused and why."""
+        reached = _through_lets(self.sig.let, self.sig.let[n].names())
+        by_input = [self.by[m].split(".")[0] for m in self.bound if m in reached
+                    and self.by.get(m, "").split(".")[0] in self.sig.inputs]
+        arg = by_input[-1] if by_input else next(iter(self.sig.inputs))
+        text = self.sig.let[n].text
+        fid = self.fail_id(arg, self.g.expected_inputs.get(arg, arg),
+                           lambda env, n=n, text=text:
+                           f"let {n} = {text} fails on these sizes: {env['_e']}",
+                           f"signature.let.{n}")
+        self.emit("try:")
+        self.emit(f"    i_{n} = {code}")
+        self.emit("except (ArithmeticError, ValueError) as _e:")
+        self.emit(f"    raise _fail({fid}, locals()) from None")
 
     def refinements(self) -> None:
         for i, rule in enumerate(self.sig.shape_rules):

@@ -13,11 +13,13 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from . import dtypes as _dt
 from .bounds import MAX_SEQUENCE
 from .kinds import (
     DTYPES,
     BoolK,
     DimK,
+    DTypeK,
     FloatK,
     IntK,
     Kind,
@@ -27,12 +29,14 @@ from .kinds import (
 )
 
 __all__ = [
+    "DTYPE_PRIMITIVES",
     "GENERATORS",
     "PRIMITIVES",
     "Primitive",
     "PrimitiveError",
     "broadcast",
     "ceil_div",
+    "no_promotion",
     "per_axis",
     "pool_out",
     "prod",
@@ -50,7 +54,7 @@ _ACCEPTS: dict[str, Callable[[Kind], bool]] = {
     "num": lambda k: isinstance(k, DimK | IntK | FloatK),
     "bool": lambda k: isinstance(k, BoolK),
     "shape": lambda k: isinstance(k, ShapeK),
-    "dtype": lambda k: type(k).__name__ == "DTypeK",
+    "dtype": lambda k: isinstance(k, DTypeK),
     "ints": lambda k: isinstance(k, PerAxisK | ShapeK | DimK | IntK)
     or (isinstance(k, MaybeK) and isinstance(k.inner, PerAxisK | ShapeK | DimK | IntK)),
     "any": lambda k: True,
@@ -78,10 +82,14 @@ def describe(arg_kind: ArgKind) -> str:
 class Primitive:
     name: str
     params: tuple[ArgKind, ...]  # positional parameter kinds
+    #: the result's kind from the arguments' (a dtype primitive computes its DType's members
+    #: from theirs); raises PrimitiveError when no combination of the arguments has a result
     result: Callable[[Sequence[Kind]], Kind]
     impl: Callable[..., object]
     doc: str
-    variadic: ArgKind | None = None  # kind of extra positional arguments
+    #: the kind of extra positional arguments; a tuple is a group repeated as a whole
+    #: (``result_type``'s dtype and rank pairs)
+    variadic: ArgKind | tuple[ArgKind, ...] | None = None
     optional: int = 0  # how many trailing params may be omitted
     kwargs: dict[str, ArgKind] = field(default_factory=dict)
     # which argument positions are tensor/optional names rather than values (present())
@@ -92,6 +100,30 @@ class Primitive:
         if self.variadic:
             return f"at least {lo}"
         return str(hi) if lo == hi else f"{lo} to {hi}"
+
+    def grouping_text(self) -> str:
+        """How extra arguments come (after the arity: ``at least 4 arguments, in pairs``)."""
+        if not isinstance(self.variadic, tuple):
+            return ""
+        n = len(self.variadic)
+        return ", in pairs" if n == 2 else f", in groups of {n}"
+
+    def takes(self, n: int) -> bool:
+        """Whether ``n`` positional arguments fit the arity."""
+        lo, hi = len(self.params) - self.optional, len(self.params)
+        if n < lo:
+            return False
+        if isinstance(self.variadic, tuple):
+            return (n - hi) % len(self.variadic) == 0
+        return n <= hi or self.variadic is not None
+
+    def param_kind(self, i: int) -> ArgKind:
+        """The kind argument ``i`` must have (``i`` within the arity)."""
+        if i < len(self.params):
+            return self.params[i]
+        group = self.variadic
+        assert group is not None
+        return group[(i - len(self.params)) % len(group)] if isinstance(group, tuple) else group
 
 
 # --- implementations ------------------------------------------------------------------------
@@ -180,6 +212,53 @@ def _max(*xs):
     return max(xs)
 
 
+def _promote(*dtypes: str) -> str:
+    out: str | None = dtypes[0]
+    for d in dtypes[1:]:
+        out = _dt.promote_types(out, d) if out is not None else None
+    if out is None:
+        raise PrimitiveError(f"promote({', '.join(dtypes)}) has no result: "
+                             f"{no_promotion(dtypes)}")
+    return out
+
+
+def _result_type(*args: object) -> str:
+    operands: list[tuple[str, int]] = list(zip(args[0::2], args[1::2], strict=True))  # type: ignore[arg-type]
+    out = _dt.result_type(operands)
+    if out is None:
+        shown = ", ".join(f"{d} of rank {r}" for d, r in operands)
+        raise PrimitiveError(f"result_type({shown}) has no result: "
+                             f"{no_promotion([d for d, _ in operands])}")
+    return out
+
+
+def no_promotion(dtypes: Sequence[str]) -> str:
+    """Why torch gives no spec dtype for these operands: float8 mixed with another dtype
+    (torch refuses), else a floating dtype meeting a complex one whose complex form has no
+    spec name (float16's is complex32; float8's does not exist)."""
+    if any(d in ("float8_e4m3fn", "float8_e5m2") for d in dtypes) and len(set(dtypes)) > 1:
+        return "torch does not promote a float8 dtype with another dtype"
+    return "torch's answer is the complex form of a float16 or float8 operand, which no " \
+           "spec dtype names"
+
+
+def _dtype_result(members: Callable[[list[tuple[str, ...]]], tuple[str, ...]],
+                  name: str) -> Callable[[Sequence[Kind]], Kind]:
+    """The kind of a dtype primitive's call: the DType of every result ``members`` finds over
+    the DType arguments' unions (the other arguments, ranks, are not DTypes and not read)."""
+
+    def result(args: Sequence[Kind]) -> Kind:
+        unions = [k.members for k in args if isinstance(k, DTypeK)]
+        out = members(unions)
+        if not out:
+            shown = ", ".join(str(k) for k in args if isinstance(k, DTypeK))
+            raise PrimitiveError(f"{name} has no result for any dtypes of {shown} "
+                                 f"({no_promotion([m for u in unions for m in u])})")
+        return DTypeK(out)
+
+    return result
+
+
 def _int_result(args: Sequence[Kind]) -> Kind:
     return DimK() if all(isinstance(a, DimK) for a in args) else IntK()
 
@@ -241,8 +320,39 @@ PRIMITIVES: dict[str, Primitive] = {
         Primitive(
             "itemsize", ("dtype",), lambda a: IntK(), _itemsize, "itemsize(T): bytes per element"
         ),
+        Primitive(
+            "promote",
+            ("dtype", "dtype"),
+            _dtype_result(_dt.promote_members, "promote"),
+            _promote,
+            "promote(A, B, ...): torch.promote_types folded over the dtypes",
+            variadic="dtype",
+        ),
+        Primitive(
+            "result_type",
+            ("dtype", "int", "dtype", "int"),
+            _dtype_result(_dt.result_type_members, "result_type"),
+            _result_type,
+            "result_type(A, rA, B, rB, ...): torch.result_type of tensors of dtypes A, B, ... "
+            "and ranks rA, rB, ... (a 0-dim tensor counts only if its category is higher)",
+            variadic=("dtype", "int"),
+        ),
+        Primitive(
+            "promote_int_to_float",
+            ("dtype",),
+            _dtype_result(lambda u: _dt.promote_int_to_float_members(u[0]),
+                          "promote_int_to_float"),
+            _dt.promote_int_to_float,
+            "promote_int_to_float(T): T if floating or complex, else float32 (torch's default "
+            "dtype)",
+        ),
     ]
 }
+
+
+#: the primitives that compute a dtype: only an output's ``dtype`` may call them (an input's
+#: dtype is read from the tensor, so it is an index or a dtype name)
+DTYPE_PRIMITIVES = frozenset({"promote", "result_type", "promote_int_to_float"})
 
 
 # --- generators (workload metadata tensors) ---------------------------------------------------

@@ -37,6 +37,7 @@ from ..schema import Feed, GradOf, InputDecl, OpEntry, OutputDecl, Saved, SpecFi
 from .context import EntryContext, Report
 from .effects import check_tensors
 from .families import check_families
+from .infer import InferError
 from .signature import check_lets, check_sources
 
 __all__ = ["check_backward"]
@@ -350,10 +351,8 @@ class _Matcher:
                 raise _Mismatch(f"{self.bctx.name}'s {n} stands for {_show(bound)} (bound by "
                                 f"{origin}), but here for {_show(value)}")
             return
-        if isinstance(kind, DTypeK) and isinstance(term, E.Name):
-            fk = self.ctx.model.kinds.get(term.id)
-            members = fk.members if isinstance(fk, DTypeK) else \
-                (term.id,) if term.id in DTYPES else ()
+        if isinstance(kind, DTypeK):
+            members = self._dtype_members(term)
             missing = [m for m in members if m not in kind.members]
             self.subst[n] = (value, self.origin)
             if missing:
@@ -361,6 +360,20 @@ class _Matcher:
                                 f"{self.ctx.name}'s {term}, which may be "
                                 f"{' or '.join(missing)}", keep=True)
         self.subst[n] = (value, self.origin)
+
+
+    def _dtype_members(self, term: E.Node) -> tuple[str, ...]:
+        """The dtypes a forward dtype expression may take: an index's union, a dtype name, or
+        the DType a computed dtype (``promote(TA, TB)``) is inferred to be."""
+        if isinstance(term, E.Name):
+            fk = self.ctx.model.kinds.get(term.id)
+            return fk.members if isinstance(fk, DTypeK) else \
+                (term.id,) if term.id in DTYPES else ()
+        try:
+            k = self.ctx.kinds().infer(term)
+        except InferError:  # reported where the forward declares it
+            return ()
+        return k.members if isinstance(k, DTypeK) else ()
 
 
 def _count(n: int) -> str:

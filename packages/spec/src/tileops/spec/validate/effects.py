@@ -11,7 +11,7 @@ constructed op; ``present(x)`` only on a tensor that may be absent (checked in
 from __future__ import annotations
 
 from .. import expr as E
-from ..primitives import GENERATORS
+from ..primitives import DTYPE_PRIMITIVES, GENERATORS
 from ..schema import Expr, OutputDecl
 from .context import EntryContext
 
@@ -37,7 +37,13 @@ def check_tensors(ctx: EntryContext) -> None:
             path = f"{ctx.sig_path}.{group}.{n}"
             if not E.is_name(n):
                 ctx.report.add(path, f"{n!r} is not a valid tensor name", "index-source")
-            ctx.check(f"{path}.dtype", d.dtype, "dtype")
+            if group == "inputs" and not isinstance(d.dtype.node, E.Name):
+                ctx.report.add(f"{path}.dtype", f"{d.dtype.text!r}: an input's dtype is a DType "
+                               f"index or a dtype name, which the tensor's dtype is checked "
+                               f"against; a computed dtype "
+                               f"({', '.join(sorted(DTYPE_PRIMITIVES))}) is an output's", "kind")
+            else:
+                ctx.check(f"{path}.dtype", d.dtype, "dtype")
             if not isinstance(d.shape.node, E.List | E.Subscript):
                 ctx.report.add(f"{path}.shape", f"{d.shape.text!r}: a shape is a list "
                                f"([M, N], [*S]) or a type family application (Mat[t, M, K])",

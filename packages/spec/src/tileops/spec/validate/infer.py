@@ -26,7 +26,15 @@ from ..kinds import (
     is_numeric,
     kind_from_expr,
 )
-from ..primitives import GENERATORS, PRIMITIVES, Primitive, accepts, describe
+from ..primitives import (
+    DTYPE_PRIMITIVES,
+    GENERATORS,
+    PRIMITIVES,
+    Primitive,
+    PrimitiveError,
+    accepts,
+    describe,
+)
 from ..schema import AdtDef, TypeFamily
 
 __all__ = ["InferError", "KindInference", "NoneK", "assignable", "join_kinds"]
@@ -217,9 +225,9 @@ class KindInference:
                 f"unknown primitive {node.func!r}; known: {', '.join(known)}", "unknown-name"
             )
         n = len(node.args)
-        lo, hi = len(prim.params) - prim.optional, len(prim.params)
-        if n < lo or (n > hi and not prim.variadic):
-            raise InferError(f"{node.func} takes {prim.arity_text()} arguments, got {n}")
+        if not prim.takes(n):
+            raise InferError(f"{node.func} takes {prim.arity_text()} arguments"
+                             f"{prim.grouping_text()}, got {n}")
         if prim.takes_names:
             name = E.dotted_name(node.args[0])
             if name in self.tensors:
@@ -239,16 +247,19 @@ class KindInference:
             return BoolK()
         kinds = []
         for i, arg in enumerate(node.args):
-            want = prim.params[i] if i < len(prim.params) else prim.variadic
+            want = prim.param_kind(i)
+            if isinstance(arg, E.Starred) and node.func in DTYPE_PRIMITIVES:
+                raise InferError(f"{node.func}: {E.unparse(arg.value)} cannot be spliced "
+                                 f"(*) into its arguments; write each one")
             k = self.infer(arg.value if isinstance(arg, E.Starred) else arg)
             if isinstance(arg, E.Starred):
                 if not isinstance(k, ShapeK):
                     raise InferError(
                         f"{node.func}: *{E.unparse(arg.value)} splices a Shape, got {k}")
                 continue
-            if not accepts(want, k):  # type: ignore[arg-type]
+            if not accepts(want, k):
                 raise InferError(
-                    f"{node.func}: argument {i + 1} must be {describe(want)}, but "  # type: ignore[arg-type]
+                    f"{node.func}: argument {i + 1} must be {describe(want)}, but "
                     f"{E.unparse(arg)} is {k}"
                 )
             kinds.append(k)
@@ -258,7 +269,10 @@ class KindInference:
             k = self.infer(v)
             if not accepts(prim.kwargs[kw], k):
                 raise InferError(f"{node.func}: {kw}= must be {describe(prim.kwargs[kw])}, got {k}")
-        return prim.result(kinds)
+        try:
+            return prim.result(kinds)
+        except PrimitiveError as err:
+            raise InferError(str(err)) from None
 
     def _comparable(self, op: str, a: Kind, b: Kind, ln: E.Node, rn: E.Node) -> None:
         if op in ("in", "not in"):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import expr as E
 from ..evaluate import EvalError, Scope, eval_shape, evaluate
 from ..kinds import DTypeK
 from ..schema import Expr, Workload
@@ -133,6 +134,12 @@ def _instantiate(ctx: EntryContext, row: Workload, case: dict, path: str) -> Non
                 ctx.report.add(path, f"workload {row.label!r}: shape of {n} "
                                f"({d.shape.text}): {exc}", "workload")
                 continue
+            if group == "outputs" and isinstance(d.dtype.node, E.Call):
+                try:  # a computed dtype: these dtypes and ranks must have one
+                    evaluate(d.dtype.node, scope)
+                except EvalError as exc:
+                    ctx.report.add(path, f"workload {row.label!r}: dtype of {n}: {exc}",
+                                   "workload")
             if any(s < 0 for s in shape):
                 ctx.report.add(path, f"workload {row.label!r}: {n} would have shape {shape} "
                                f"({d.shape.text}), with a negative axis", "workload")
