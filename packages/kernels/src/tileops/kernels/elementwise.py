@@ -575,7 +575,8 @@ class Plan:
     (broadcast), 1 (unit) or 2 (the launch-time stride of its dim). Inputs' ``ones[k]``: which
     of its own dims have extent 1 (declared so; the rest take the output's extents). A thread
     makes ``per`` accesses of ``vec`` elements; ``tcols`` of a CTA's ``threads`` span a row's
-    vectors (tiled kinds). ``wide``: 64-bit extents and strides (an operand spans 2**31
+    vectors (tiled kinds: all of them for rows of ``threads`` vectors or more, else the power
+    of two that covers the row, so narrow rows stack in a CTA; one program a width class). ``wide``: 64-bit extents and strides (an operand spans 2**31
     elements or more)."""
 
     kind: str

@@ -1,0 +1,338 @@
+"""The elementwise kernels without a GPU: the call spec's refusals (exact text), the collapse
+and launch plan over the space of shapes, strides and alignments (hypothesis, pure Python),
+every scalar function's program built, and one program of each layout class lowered and
+compiled for sm_90 (each compiled case says which path it stands for)."""
+
+import itertools
+import math
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import elementwise as E
+from tileops.runtime import select
+from tileops.spec import DTYPES
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
+
+
+def contiguous(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def spec(fn="add", params=(1,), in_shapes=((4, 8), (4, 8)), in_strides=None,
+         in_dtypes=None, out_dtypes=None, compute="float32", out_shape=(4, 8), in_align=None,
+         out_strides=None, out_align=None, device=None):
+    f = E.SCALAR_FNS.get(fn)
+    n_out = f.outputs if f else 1
+    return E.ElementwiseSpec(
+        device=device, fn=fn, params=params,
+        in_dtypes=in_dtypes or ("float32",) * len(in_shapes),
+        out_dtypes=out_dtypes or ("float32",) * n_out, compute=compute,
+        out_shape=out_shape, in_shapes=in_shapes,
+        in_strides=in_strides or tuple(contiguous(s) for s in in_shapes),
+        in_align=in_align or (16,) * len(in_shapes),
+        out_strides=out_strides or (contiguous(out_shape),) * n_out,
+        out_align=out_align or (16,) * n_out)
+
+
+# --- the registry ------------------------------------------------------------------------------
+
+#: the family's functions: (arity, outputs, constants)
+CONTRACT = {
+    **{n: (1, 1, ()) for n in ["abs", "neg", "exp", "expm1", "log", "log1p", "sqrt", "rsqrt", "reciprocal", "sin", "cos", "tanh", "sigmoid", "erf", "floor", "ceil", "round", "trunc", "sign", "isnan", "isinf", "isfinite", "relu", "gelu", "gelu_tanh", "silu", "mish", "selu", "hardswish", "hardsigmoid"]},
+    "softplus": (1, 1, ("beta", "threshold")), "leaky_relu": (1, 1, ("negative_slope",)),
+    "elu": (1, 1, ("alpha",)), "hardtanh": (1, 1, ("min_val", "max_val")),
+    "clamp": (1, 1, ("min", "max", "has_min", "has_max")),
+    "add": (2, 1, ("alpha",)), "sub": (2, 1, ("alpha",)),
+    **{n: (2, 1, ()) for n in ["mul", "div", "div_trunc", "div_floor", "pow", "maximum", "minimum", "remainder", "eq", "ne", "lt", "le", "gt", "ge", "silu_and_mul", "gelu_and_mul", "gelu_tanh_and_mul", "relu_bwd", "sigmoid_bwd", "tanh_bwd", "gelu_bwd", "gelu_tanh_bwd", "silu_bwd", "mish_bwd", "selu_bwd", "hardswish_bwd", "hardsigmoid_bwd"]},
+    "clamp_tensor": (3, 1, ("has_lo", "has_hi")), "where": (3, 1, ()),
+    "masked_fill": (2, 1, ("value",)), "lerp": (3, 1, ()), "lerp_scalar": (2, 1, ("weight",)),
+    "softplus_bwd": (2, 1, ("beta", "threshold")), "leaky_relu_bwd": (2, 1, ("negative_slope",)),
+    "elu_bwd": (2, 1, ("alpha",)), "hardtanh_bwd": (2, 1, ("min_val", "max_val")),
+    **{f"{g}_and_mul_bwd": (3, 2, ()) for g in ("silu", "gelu", "gelu_tanh")},
+    "div_bwd_b": (3, 1, ()),
+}
+
+
+def test_registry_holds_the_family_with_its_arities_outputs_and_constants():
+    got = {n: (f.arity, f.outputs, f.params) for n, f in E.SCALAR_FNS.items()}
+    assert got == CONTRACT
+    assert {n for n, f in E.SCALAR_FNS.items() if f.bool_out} == {
+        "isnan", "isinf", "isfinite", "eq", "ne", "lt", "le", "gt", "ge"}
+    assert E.SCALAR_FNS["where"].keep == (0,) and E.SCALAR_FNS["masked_fill"].keep == (1,)
+
+
+def test_every_scalar_function_builds_its_program():
+    """Each builder, run on float32 inputs (bool conditions), makes a well-formed prim_func."""
+    for name, f in E.SCALAR_FNS.items():
+        dts = tuple("bool" if k in f.keep else "float32" for k in range(f.arity))
+        ops = f.outputs + f.arity
+        p = E.Plan("flat", ((0,),), ((1,),) * ops, ((False,),) * f.arity, 4, 128, 1, 128, False)
+        prog = E.build_program(name, tuple(0.5 for _ in f.params), dts,
+                               ("float32",) * f.outputs, "float32", 1, p)
+        assert len(prog.params) == ops, name  # exactly the tensors, no placeholders
+
+
+# --- the call spec ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("kw", "message"), [
+    ({"fn": "gelu_fast"},
+     "ElementwiseSpec.fn must name a scalar function of SCALAR_FNS, got 'gelu_fast'"),
+    ({"params": ()},
+     "ElementwiseSpec.params: add takes 1 constants (alpha) as bools, ints or floats, got ()"),
+    ({"params": ("1",)},
+     "ElementwiseSpec.params: add takes 1 constants (alpha) as bools, ints or floats, "
+     "got ('1',)"),
+    ({"in_shapes": ((4, 8),)}, "ElementwiseSpec.in_dtypes: add has 2 inputs, got 1 entries"),
+    ({"in_dtypes": ("float32", "complex64")},
+     "ElementwiseSpec.in_dtypes[1] must be one of bfloat16, bool, float16, float32, float64, "
+     "int16, int32, int64, int8, uint8, got 'complex64'"),
+    ({"out_dtypes": ("float32", "float32")},
+     "ElementwiseSpec.out_dtypes: add has 1 outputs, got 2 entries"),
+    ({"compute": "float8_e4m3fn"},
+     "ElementwiseSpec.compute must be one of bfloat16, bool, float16, float32, float64, int16, "
+     "int32, int64, int8, uint8, got 'float8_e4m3fn'"),
+    ({"fn": "div", "params": (), "compute": "int32"},
+     "ElementwiseSpec.compute: div computes in a floating dtype, got int32"),
+    ({"fn": "exp", "params": (), "in_shapes": ((4, 8),), "compute": "bfloat16"},
+     "ElementwiseSpec.compute: exp is not exact in bfloat16; compute it in float32"),
+    ({"in_shapes": ((4, 8), (3, 8))},
+     "ElementwiseSpec.in_shapes[1]: [3, 8] does not broadcast to out_shape [4, 8]"),
+    ({"in_shapes": ((4, 8), (2, 4, 8))},
+     "ElementwiseSpec.in_shapes[1]: [2, 4, 8] does not broadcast to out_shape [4, 8]"),
+    ({"out_shape": (4, -8)},
+     "ElementwiseSpec.out_shape must be a tuple of sizes (ints >= 0), got (4, -8)"),
+    ({"in_strides": ((8, 1), (1,))},
+     "ElementwiseSpec.in_strides[1] must be 2 element strides (ints >= 0), got (1,)"),
+    ({"out_strides": ((8, True),)},
+     "ElementwiseSpec.out_strides[0] must be 2 element strides (ints >= 0), got (8, True)"),
+    ({"in_align": (16, 3)},
+     "ElementwiseSpec.in_align[1] must be 1, 2, 4, 8 or 16 (bytes), got 3"),
+    ({"out_align": (32,)},
+     "ElementwiseSpec.out_align[0] must be 1, 2, 4, 8 or 16 (bytes), got 32"),
+])
+def test_spec_refuses_naming_the_field(kw, message):
+    with pytest.raises(ValueError) as err:
+        spec(**kw)
+    assert str(err.value) == message
+
+
+def test_spec_admits_broadcast_scalars_and_exact_half_compute():
+    spec(in_shapes=((4, 8), ()), compute="float32")
+    spec(fn="maximum", params=(), in_dtypes=("bfloat16",) * 2, out_dtypes=("bfloat16",),
+         compute="bfloat16")
+    spec(fn="lt", params=(), in_dtypes=("int32",) * 2, out_dtypes=("bool",), compute="int32")
+
+
+# --- collapse and plan --------------------------------------------------------------------------
+
+
+@st.composite
+def calls(draw):
+    """A call: an output shape, inputs broadcast to it (missing leading dims, extent-1 dims,
+    expanded stride-0 dims), each operand dense in some dim order or a slice of a larger
+    tensor (strided rows, a gated half), with arbitrary alignments."""
+    rank = draw(st.integers(0, 4))
+    shape = tuple(draw(st.lists(st.sampled_from([1, 2, 3, 4, 8, 16]), min_size=rank,
+                                max_size=rank)))
+
+    def strides_for(sh):
+        order = draw(st.permutations(range(len(sh))))
+        pad = draw(st.lists(st.sampled_from([0, 0, 1, 8]), min_size=len(sh), max_size=len(sh)))
+        st_, acc = [0] * len(sh), 1
+        for d in reversed(order):
+            st_[d] = acc
+            acc *= sh[d] + pad[d]
+        return tuple(0 if draw(st.integers(0, 5)) == 0 else s for s in st_)
+
+    n_in = draw(st.integers(1, 3))
+    ins = []
+    for _ in range(n_in):
+        keep = draw(st.integers(0, rank))
+        ish = tuple(1 if draw(st.integers(0, 3)) == 0 else n for n in shape[rank - keep:])
+        ins.append(ish)
+    return spec(
+        fn={1: "exp", 2: "mul", 3: "lerp"}[n_in], params=(), in_shapes=tuple(ins),
+        in_strides=tuple(strides_for(s) for s in ins), out_shape=shape,
+        in_dtypes=tuple(draw(st.sampled_from(["float32", "bfloat16"])) for _ in ins),
+        out_dtypes=(draw(st.sampled_from(["float32", "float16"])),),
+        out_strides=(strides_for(shape),),
+        in_align=tuple(draw(st.sampled_from([1, 2, 4, 8, 16])) for _ in ins),
+        out_align=(draw(st.sampled_from([2, 4, 8, 16])),))
+
+
+def _operands(s):
+    """(shape aligned to the output, strides aligned, dtype, alignment) of each operand,
+    outputs first."""
+    rank = len(s.out_shape)
+    ops = [(s.out_shape, st_, dt, a) for st_, dt, a in
+           zip(s.out_strides, s.out_dtypes, s.out_align, strict=True)]
+    for sh, st_, dt, a in zip(s.in_shapes, s.in_strides, s.in_dtypes, s.in_align, strict=True):
+        pad = rank - len(sh)
+        ops.append(((1,) * pad + sh, (0,) * pad + st_, dt, a))
+    return ops
+
+
+@settings(max_examples=300, deadline=None)
+@given(s=calls())
+def test_collapsed_layout_addresses_every_element_as_the_original(s):
+    p = E.plan(s)
+    ops = _operands(s)
+    if p.kind == "empty":
+        assert math.prod(s.out_shape) == 0
+        return
+    ext = [math.prod(s.out_shape[d] for d in g) for g in p.groups]
+    # every operand's offset of every element, by its own strides and by the collapsed ones
+    for idx in itertools.product(*(range(n) for n in s.out_shape)):
+        flat = [0] * len(p.groups)
+        for g, dims in enumerate(p.groups):
+            for d in dims:
+                flat[g] = flat[g] * s.out_shape[d] + idx[d]
+        for k, (sh, st_, _, _) in enumerate(ops):
+            own = sum(i * (0 if n == 1 else t) for i, n, t in zip(idx, sh, st_, strict=True))
+            inner = [st_[dims[-1]] if sh[dims[-1]] != 1 else 0 for dims in p.groups]
+            code_ok = all(c == (0 if t == 0 else 1 if t == 1 else 2)
+                          for c, t in zip(p.codes[k], inner, strict=True))
+            assert code_ok
+            assert own == sum(f * t for f, t in zip(flat, inner, strict=True))
+    # no two adjacent groups could merge for every operand
+    for g in range(len(p.groups) - 1):
+        assert not all(
+            (st_[p.groups[g][-1]] if sh[p.groups[g][-1]] != 1 else 0)
+            == (st_[p.groups[g + 1][-1]] if sh[p.groups[g + 1][-1]] != 1 else 0) * ext[g + 1]
+            for sh, st_, _, _ in ops)
+
+
+@settings(max_examples=300, deadline=None)
+@given(s=calls())
+def test_plan_kind_and_vector_width_follow_the_layout(s):
+    p = E.plan(s)
+    if p.kind == "empty":
+        return
+    inner_unit = all(c[-1] in (0, 1) for c in p.codes) if p.groups else True
+    assert p.kind == ("flat" if len(p.groups) <= 1 and inner_unit else
+                      "rows" if len(p.groups) == 2 and inner_unit else "strided")
+    ops = _operands(s)
+    widest = max(DTYPES[dt] for _, _, dt, _ in ops)
+    assert p.vec * widest <= 16 and p.vec & (p.vec - 1) == 0
+    if not inner_unit:
+        assert p.vec == 1
+    ncols = math.prod(s.out_shape[d] for d in p.groups[-1]) if p.groups else 1
+    for k, (_, _, dt, align) in enumerate(ops):
+        if p.codes[k] and p.codes[k][-1] == 1 and p.vec > 1:
+            assert align >= p.vec * DTYPES[dt]  # a vector never straddles the alignment
+    if p.kind != "flat":
+        assert ncols % p.vec == 0
+        strides = [[st_[g[-1]] for g in p.groups] for _, st_, _, _ in ops]
+        assert all(t % p.vec == 0 for row in strides for t in row if t > 1)
+        assert p.tcols <= p.threads and p.threads % p.tcols == 0
+
+
+@pytest.mark.parametrize(("out_shape", "in_shapes", "in_strides", "kind", "vec", "groups"), [
+    pytest.param((32768, 8192), ((32768, 8192),), None, "flat", 8, ((0, 1),), id="contiguous"),
+    pytest.param((3, 4097), ((3, 4097),), None, "flat", 8, ((0, 1),), id="odd-columns-flat"),
+    pytest.param((64, 4097), ((64, 4097), (4097,)), None, "rows", 1, ((0,), (1,)),
+                 id="odd-row-bias-scalar-access"),
+    pytest.param((64, 4096), ((64, 4096), ()), None, "flat", 8, ((0, 1),), id="0-dim-scalar"),
+    pytest.param((16, 14336), ((16, 14336), (16, 14336)), ((28672, 1), (28672, 1)), "rows", 8,
+                 ((0,), (1,)), id="gated-halves"),
+    pytest.param((8, 16, 32), ((8, 16, 32),), ((512, 1, 16),), "strided", 1,
+                 ((0,), (1,), (2,)), id="transposed-last-two"),
+    pytest.param((8, 16, 32), ((8, 16, 32),), ((1024, 64, 2),), "strided", 1, ((0, 1, 2),),
+                 id="every-other-element"),
+    pytest.param((2, 0, 3), ((2, 0, 3),), None, "empty", 1, (), id="no-elements"),
+])
+def test_plan_of_the_shapes_the_family_serves(out_shape, in_shapes, in_strides, kind, vec,
+                                              groups):
+    s = spec(fn={1: "exp", 2: "mul"}[len(in_shapes)], params=(), in_shapes=in_shapes,
+             in_strides=in_strides, out_shape=out_shape,
+             in_dtypes=("bfloat16",) * len(in_shapes), out_dtypes=("bfloat16",))
+    p = E.plan(s)
+    assert (p.kind, p.vec, p.groups) == (kind, vec, groups)
+    chosen = select(E.ElementwiseInterface, (E.ElementwiseFlatKernel, E.ElementwiseRowsKernel,
+                                             E.ElementwiseStridedKernel), s)
+    assert chosen is {"flat": E.ElementwiseFlatKernel, "empty": E.ElementwiseFlatKernel,
+                      "rows": E.ElementwiseRowsKernel,
+                      "strided": E.ElementwiseStridedKernel}[kind]
+
+
+def test_identity_ignores_sizes_within_a_layout_class():
+    a = spec(in_shapes=((4, 4096), (4096,)), out_shape=(4, 4096))
+    b = spec(in_shapes=((1000, 8192), (8192,)), out_shape=(1000, 8192))
+    c = spec(in_shapes=((4, 4096), (4, 1)), out_shape=(4, 4096))  # a column broadcast instead
+    d = spec(in_shapes=((4, 64), (64,)), out_shape=(4, 64))  # rows narrower than a CTA
+    k = E.ElementwiseRowsKernel
+    assert k.identity(a) == k.identity(b)
+    assert k.identity(c) != k.identity(a) != k.identity(d)
+
+
+def test_wide_calls_index_in_64_bits_and_too_many_dims_are_refused():
+    assert E.plan(spec(fn="exp", params=(), in_shapes=((1 << 16, 1 << 15),),
+                       out_shape=(1 << 16, 1 << 15))).wide
+    shape = (2,) * 10
+    strides = tuple(2 ** (2 * (9 - d)) for d in range(10))  # every dim padded: none merge
+    s = spec(fn="exp", params=(), in_shapes=(shape,), in_strides=(strides,), out_shape=shape)
+    assert E.ElementwiseStridedKernel.region_refusal(s) == (
+        "indexes up to 8 collapsed dims, the call has 10 (copy an operand contiguous)")
+
+
+# --- programs compiled for sm_90 ----------------------------------------------------------------
+
+CASES = [
+    # unary bf16 over a contiguous run of 4097-column rows: 16-byte vectors and a masked tail
+    pytest.param("silu", (), ((64, 4097),), None, ("bfloat16",), ("bfloat16",), "float32",
+                 (64, 4097), True, id="flat-unary-bf16"),
+    # binary fp16 with a row bias: rows of unit-stride vectors, the bias re-read each row
+    pytest.param("add", (2.0,), ((64, 4096), (4096,)), None, ("float16",) * 2, ("float16",),
+                 "float32", (64, 4096), True, id="rows-row-bias-fp16"),
+    # gated bf16 over the halves of [B, 2N]: strided rows read in vectors
+    pytest.param("silu_and_mul", (), ((16, 14336),) * 2, ((28672, 1),) * 2, ("bfloat16",) * 2,
+                 ("bfloat16",), "float32", (16, 14336), True, id="rows-gated-halves"),
+    # two outputs from three inputs, fp16
+    pytest.param("gelu_tanh_and_mul_bwd", (), ((64, 512),) * 3, None, ("float16",) * 3,
+                 ("float16",) * 2, "float32", (64, 512), True, id="flat-two-outputs"),
+    # fp32 elu (expm1f) on a transposed input: the general path, single elements
+    pytest.param("elu", (1.0,), ((32, 64),), ((1, 32),), ("float32",), ("float32",), "float32",
+                 (32, 64), False, id="strided-transposed-fp32"),
+    # int64 where with a bool condition and a 0-dim other: exact, no casts of the condition
+    pytest.param("where", (), ((8, 128), (8, 128), ()), None, ("bool", "int64", "int64"),
+                 ("int64",), "int64", (8, 128), True, id="flat-where-int64-bool"),
+    # int32 comparison with a column broadcast, to bool
+    pytest.param("lt", (), ((8, 128), (8, 1)), None, ("int32",) * 2, ("bool",), "int32",
+                 (8, 128), True, id="rows-compare-int32-bool"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("fn", "params", "in_shapes", "in_strides", "in_dtypes", "out_dtypes",
+                          "compute", "out_shape", "vectors"), CASES)
+def test_program_compiles_for_sm90(fn, params, in_shapes, in_strides, in_dtypes, out_dtypes,
+                                   compute, out_shape, vectors):
+    s = spec(fn=fn, params=params, in_shapes=in_shapes, in_strides=in_strides,
+             in_dtypes=in_dtypes, out_dtypes=out_dtypes, compute=compute, out_shape=out_shape)
+    p = E.plan(s)
+    kernel = E.build_kernel(fn, params, in_dtypes, out_dtypes, compute, len(out_shape), p,
+                            "sm_90")
+    src = kernel.get_kernel_source()
+    assert f"__launch_bounds__({p.threads}" in src
+    wide = ("uint4*)", "int4*)", "float4*)", "longlong2*)", "double2*)")
+    assert any(w in src for w in wide) == vectors  # 16-byte accesses where the plan has them
+    if p.kind == "flat" and vectors:
+        assert "} else {" in src  # the masked last CTA
+
+
+@needs_nvcc
+def test_wide_program_compiles_with_64_bit_extents():
+    p = E.Plan("rows", ((0,), (1,)), ((2, 1), (2, 1)), ((False, False),), 4, 128, 2, 128, True)
+    src = E.build_kernel("neg", (), ("float32",), ("float32",), "float32", 2, p,
+                         "sm_90").get_kernel_source()
+    assert "int64_t n0" in src and "int64_t n1" in src
