@@ -1,0 +1,217 @@
+"""Computed output dtypes in the generated checks: a binary op with broadcasting and torch's
+type promotion (``result_type(TA, len(SA), TB, len(SB))``, ``let S = broadcast(SA, SB)``),
+through every mode (``check``, ``check_exact``, ``check_symbolic``, ``derive``), the table
+lookup each compiles to, ``out=`` buffers, the refusals, the roofline; hypothesis over shape
+and dtype pairs against torch; and the in-place activation form."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.signature import SignatureCallError, SignaturePlan
+from tileops.spec import load_spec_text
+
+torch = pytest.importorskip("torch")
+
+DTYPES = ["bool", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
+          "complex64", "float8_e4m3fn"]
+UNION = " | ".join(DTYPES)
+SPEC = f"""\
+AddOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{SA: Shape, SB: Shape, TA: "DType[{UNION}]", TB: "DType[{UNION}]"}}
+    inputs:
+      a: {{dtype: TA, shape: "[*SA]"}}
+      b: {{dtype: TB, shape: "[*SB]"}}
+    let: {{S: "broadcast(SA, SB)"}}
+    outputs:
+      out: {{dtype: "result_type(TA, len(SA), TB, len(SB))", shape: "[*S]", buffer: true}}
+      eq: {{dtype: bool, shape: "[*S]"}}
+      mean: {{dtype: "promote_int_to_float(promote(TA, TB))", shape: "[]"}}
+  roofline:
+    flops: "prod(S)"
+FloatAddOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{S: Shape, TA: "DType[float16 | float32]", TB: "DType[float16 | float32]"}}
+    inputs:
+      a: {{dtype: TA, shape: "[*S]"}}
+      b: {{dtype: TB, shape: "[*S]"}}
+    outputs:
+      out: {{dtype: "promote(TA, TB)", shape: "[*S]"}}
+ReluOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{S: Shape, T: "DType[float16 | bfloat16 | float32]"}}
+    params:
+      inplace: {{type: bool, default: false}}
+    inputs:
+      x: {{dtype: T, shape: "[*S]", mutated: inplace}}
+    outputs:
+      y: {{dtype: T, shape: "[*S]", alias: x}}
+"""
+FILE = load_spec_text(SPEC, "add.yaml")
+
+
+def point(name: str = "AddOp", **params):
+    return SignaturePlan(name, FILE.entries[name], spec=FILE).construct(**params)
+
+
+ADD = point()
+
+
+def t(shape, dtype="float32"):
+    return torch.zeros(shape, dtype=getattr(torch, dtype))
+
+
+def test_every_mode_computes_the_output_dtype() -> None:
+    a, b = t((4, 1), "int32"), t((3,), "float16")
+    for check in (ADD.check, ADD.check_exact, ADD.check_symbolic):
+        call = check(a, b)
+        assert call.output_dtypes == (torch.float16, torch.bool, torch.float16)
+        assert call.output_shapes == ((4, 3), (4, 3), ())
+        assert ADD.derive(call)[2] == call.output_dtypes
+    # a 0-dim operand takes part only with a higher category
+    assert ADD.check(t((2,), "int32"), t((), "float64")).output_dtypes[0] == torch.float64
+    assert ADD.check(t((2,), "float32"), t((), "float64")).output_dtypes[0] == torch.float32
+    assert ADD.check(t((), "float32"), t((), "float64")).output_dtypes[0] == torch.float64
+    assert ADD.check(t((2,), "bool"), t((), "uint8")).output_dtypes == (
+        torch.uint8, torch.bool, torch.float32)
+    assert ADD.check(a, b).tensors["out"] == ((4, 3), "float16")
+
+
+def test_each_mode_is_one_lookup_in_one_table() -> None:
+    src = ADD.source()
+    key = "[i_TA, len(i_SA) == 0, i_TB, len(i_SB) == 0]"
+    check = src[src.index("def check("):src.index("def check_symbolic(")]
+    exact = src[src.index("def check_exact("):src.index("def check(")]
+    derive = src[src.index("def derive("):src.index("def traffic(")]
+    assert "o_out = _DX" in check and key in check  # a miss goes to check_exact
+    assert "o_out = _DX" in exact and ".get((i_TA, len(i_SA) == 0" in exact
+    assert "if not (o_out is not None): raise _fail(" in exact
+    assert key in derive and "_DX" in derive
+    tables = {name for name in ADD.namespace if name.startswith("_DX")}
+    assert len(tables) == 2  # out's table and mean's, shared by every mode
+    table = ADD.namespace[re.search(r"o_out = (_DX\d+)\[", check).group(1)]
+    assert table[torch.int32, False, torch.float64, True] is torch.float64
+    assert (torch.float8_e4m3fn, False, torch.float32, False) not in table
+
+
+def test_a_table_that_cannot_miss_costs_the_hot_path_nothing() -> None:
+    fp = point("FloatAddOp")
+    src = fp.source()
+    hot = src[src.index("def check("):src.index("def check_symbolic(")]
+    assert "_DX" not in hot and "_DX" not in src[:src.index("def check(")]
+    derive = src[src.index("def derive("):src.index("def traffic(")]
+    assert "_DX" in derive
+    assert fp.check(t(3, "float16"), t(3, "float32")).output_dtypes == (torch.float32,)
+    assert fp.check(t(3, "float16"), t(3, "float16")).output_dtypes == (torch.float16,)
+
+
+def test_a_combination_without_a_result_is_refused_by_name() -> None:
+    with pytest.raises(SignatureCallError) as info:
+        ADD.check(t((2, 3), "float8_e4m3fn"), t((3,), "float32"))
+    assert str(info.value) == (
+        "AddOp: argument b does not match the signature\n"
+        "  expected: b: Tensor[TB, [*SB]]\n"
+        "  seen:     b: f32[3]\n"
+        "  because:  the dtype of out, result_type(TA, len(SA), TB, len(SB)), has no value at "
+        "TA = float8_e4m3fn, len(SA) = 2, TB = float32, len(SB) = 1: torch does not promote a "
+        "float8 dtype with another dtype\n"
+        "  call:     a: f8e4m3[2, 3], b: f32[3]\n"
+        "  bound:    TA = float8_e4m3fn, SA = [2, 3], TB = float32, SB = [3], S = [2, 3]\n"
+        "  spec:     add.yaml:11 (AddOp.signature.outputs.out.dtype)")
+    with pytest.raises(SignatureCallError) as info:
+        ADD.check_symbolic(t((2,), "float16"), t((), "complex64"))
+    assert info.value.because == (
+        "the dtype of out, result_type(TA, len(SA), TB, len(SB)), has no value at "
+        "TA = float16, len(SA) = 1, TB = complex64, len(SB) = 0: torch's answer is the complex "
+        "form of a float16 or float8 operand, which no spec dtype names")
+
+
+def test_shapes_that_do_not_broadcast_are_refused_naming_both_and_the_axis() -> None:
+    with pytest.raises(SignatureCallError) as info:
+        ADD.check(t((2, 3)), t((4,)))
+    assert str(info.value) == (
+        "AddOp: argument b does not match the signature\n"
+        "  expected: b: Tensor[TB, [*SB]]\n"
+        "  seen:     b: f32[4]\n"
+        "  because:  let S = broadcast(SA, SB) fails on these sizes: shapes (2, 3), (4,) do not "
+        "broadcast (axis -1: 3 vs 4)\n"
+        "  call:     a: f32[2, 3], b: f32[4]\n"
+        "  bound:    TA = float32, SA = [2, 3], TB = float32, SB = [4]\n"
+        "  spec:     add.yaml:9 (AddOp.signature.let.S)")
+
+
+def test_an_out_buffer_is_checked_against_the_computed_dtype() -> None:
+    a, b = t((4, 1), "int32"), t((3,), "float16")
+    call = ADD.check(a, b, out=t((4, 3), "float16"))
+    assert call.out_given and call.output_dtypes[0] == torch.float16
+    for check in (ADD.check, ADD.check_exact):
+        with pytest.raises(SignatureCallError) as info:
+            check(a, b, out=t((4, 3), "float32"))
+        assert info.value.argument == "out"
+        assert info.value.because == ("the buffer given for out must be f16[4, 3], but is "
+                                      "f32[4, 3]")
+        assert info.value.expected == "out: Tensor[result_type(TA, len(SA), TB, len(SB)), [*S]]"
+
+
+def test_roofline_and_traffic_read_the_broadcast_shape_and_computed_dtype() -> None:
+    call = ADD.check(t((4, 1), "int32"), t((3,), "float16"))
+    assert call.indices["S"] == (4, 3)
+    # flops prod(S); bytes: a (4 int32), b (3 f16), out (12 f16), eq (12 bool), mean (1 f16)
+    assert call.roofline() == (12, 4 * 4 + 3 * 2 + 12 * 2 + 12 + 2)
+
+
+SHAPES = st.lists(st.sampled_from([1, 2, 3]), min_size=0, max_size=3).map(tuple)
+
+
+@settings(max_examples=200, deadline=None)
+@given(SHAPES, SHAPES, st.sampled_from(DTYPES), st.sampled_from(DTYPES))
+def test_any_shape_and_dtype_pair_is_checked_as_torch_computes_it(sa, sb, da, db) -> None:
+    a, b = t(sa, da), t(sb, db)
+    try:
+        want_shape = tuple(torch.broadcast_shapes(sa, sb))
+    except RuntimeError:
+        want_shape = None
+    try:
+        want_dtype = torch.result_type(a, b)
+    except RuntimeError:
+        want_dtype = None
+    if want_dtype is torch.complex32:  # no spec name: refused like a failed promotion
+        want_dtype = None
+    try:
+        p = torch.promote_types(a.dtype, b.dtype)
+        want_mean = p if p.is_floating_point or p.is_complex else torch.float32
+    except RuntimeError:
+        want_mean = None
+    if None in (want_shape, want_dtype, want_mean):
+        with pytest.raises(SignatureCallError) as info:
+            ADD.check(a, b)
+        assert info.value.argument == "b"
+        return
+    call = ADD.check(a, b)
+    assert call.output_shapes[0] == want_shape
+    assert call.output_dtypes == (want_dtype, torch.bool, want_mean)
+    assert ADD.check_exact(a, b).output_dtypes == call.output_dtypes
+    out = torch.empty(want_shape, dtype=want_dtype)
+    assert ADD.check(a, b, out=out).out_given
+
+
+def test_the_inplace_activation_form_keeps_its_alias() -> None:
+    fresh, inplace = point("ReluOp"), point("ReluOp", inplace=True)
+    x = t((2, 3), "bfloat16")
+    call = fresh.check(x)
+    assert call.written_inputs == () and call.output_dtypes == (torch.bfloat16,)
+    call = inplace.check(x)
+    assert call.written_inputs == ("x",) and call.returned_outputs == ("y",)
+    assert call.output_shapes == ((2, 3),) and call.output_dtypes == (torch.bfloat16,)
+    assert fresh.output_like == {"y": "x"}
