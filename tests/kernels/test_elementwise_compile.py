@@ -81,6 +81,19 @@ def test_every_scalar_function_builds_its_program():
         assert len(prog.params) == ops, name  # exactly the tensors, no placeholders
 
 
+def test_exact_functions_build_in_half_compute_dtypes():
+    """Exact functions computed in bfloat16 go through float32 where TileLang needs it."""
+    for name, f in E.SCALAR_FNS.items():
+        if not f.exact:
+            continue
+        dts = tuple("bool" if k in f.keep else "bfloat16" for k in range(f.arity))
+        out = ("bool",) if f.bool_out else ("bfloat16",)
+        ops = 1 + f.arity
+        p = E.Plan("flat", ((0,),), ((1,),) * ops, ((False,),) * f.arity, 8, 128, 1, 128, False)
+        prog = E.build_program(name, tuple(1 for _ in f.params), dts, out, "bfloat16", 1, p)
+        assert len(prog.params) == ops, name
+
+
 # --- the call spec ------------------------------------------------------------------------------
 
 
@@ -232,7 +245,8 @@ def test_plan_kind_and_vector_width_follow_the_layout(s):
             assert align >= p.vec * DTYPES[dt]  # a vector never straddles the alignment
     if p.kind != "flat":
         assert ncols % p.vec == 0
-        strides = [[st_[g[-1]] for g in p.groups] for _, st_, _, _ in ops]
+        strides = [[st_[g[-1]] if sh[g[-1]] != 1 else 0 for g in p.groups]
+                   for sh, st_, _, _ in ops]
         assert all(t % p.vec == 0 for row in strides for t in row if t > 1)
         assert p.tcols <= p.threads and p.threads % p.tcols == 0
 

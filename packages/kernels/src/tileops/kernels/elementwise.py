@@ -243,8 +243,8 @@ def _lerp(s, e, w):
 
 def _clamp(x, lo, hi, has_lo, has_hi):
     """torch.clamp with scalar bounds: NaN stays NaN, ``min > max`` gives ``max``."""
-    dt = x.dtype
-    y = x
+    y = _w(x)
+    dt = y.dtype
     if has_lo:
         lo_c = _c(lo, dt)
         y = _sel(y < lo_c, lo_c, y)
@@ -260,11 +260,11 @@ def _cmp(op):
 
 def _round(x):
     T = _T()
-    return T.nearbyint(x) if str(x.dtype) in _FLOATS else x  # rint: half to even
+    return T.nearbyint(_w(x)) if str(x.dtype) in _FLOATS else x  # rint: half to even
 
 
 def _rounding(fn):
-    return lambda xs, ps, dt: ((fn(_T())(xs[0]) if dt in _FLOATS else xs[0]),)
+    return lambda xs, ps, dt: ((fn(_T())(_w(xs[0])) if dt in _FLOATS else xs[0]),)
 
 
 def _fns() -> dict[str, ScalarFn]:
@@ -281,9 +281,9 @@ def _fns() -> dict[str, ScalarFn]:
 
     T = _T
     # --- unary math
-    unary("abs", lambda x: T().abs(x) if str(x.dtype) != "bool" else x, exact=True,
+    unary("abs", lambda x: T().abs(_w(x)) if str(x.dtype) != "bool" else x, exact=True,
           integral=True)
-    unary("neg", lambda x: -x, exact=True, integral=True)
+    unary("neg", lambda x: -_w(x), exact=True, integral=True)
     unary("exp", lambda x: T().exp(x))
     unary("expm1", _expm1)
     unary("log", lambda x: T().log(x))
@@ -307,8 +307,8 @@ def _fns() -> dict[str, ScalarFn]:
                            ("isfinite", lambda x: T().isfinite(x), True)):
         add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
     # --- activations
-    unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, x.dtype), x), exact=True,
-          integral=True)
+    unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
+          exact=True, integral=True)
     unary("gelu", _gelu)
     unary("gelu_tanh", _gelu_tanh)
     unary("silu", _silu)
@@ -345,8 +345,10 @@ def _fns() -> dict[str, ScalarFn]:
         _floor_div(xs[0], xs[1]) if dt in _FLOATS else T().floordiv(xs[0], xs[1]),),
         integral=True)
     add("pow", 2, lambda xs, ps, dt: (T().pow(xs[0], xs[1]),))
-    add("maximum", 2, lambda xs, ps, dt: (_max_nan(xs[0], xs[1]),), exact=True, integral=True)
-    add("minimum", 2, lambda xs, ps, dt: (_min_nan(xs[0], xs[1]),), exact=True, integral=True)
+    add("maximum", 2, lambda xs, ps, dt: (_max_nan(_w(xs[0]), _w(xs[1])),), exact=True,
+        integral=True)
+    add("minimum", 2, lambda xs, ps, dt: (_min_nan(_w(xs[0]), _w(xs[1])),), exact=True,
+        integral=True)
     add("remainder", 2, lambda xs, ps, dt: (_remainder(xs[0], xs[1]),), integral=True)
     for name, op in (("eq", lambda a, b: a == b), ("ne", lambda a, b: a != b),
                      ("lt", lambda a, b: a < b), ("le", lambda a, b: a <= b),
@@ -354,10 +356,11 @@ def _fns() -> dict[str, ScalarFn]:
         add(name, 2, _cmp(op), exact=True, integral=True, bool_out=True)
     add("clamp_tensor", 3, lambda xs, ps, dt: (_clamp_tensor(xs, *ps),),
         params=("has_lo", "has_hi"), exact=True, integral=True)
-    add("where", 3, lambda xs, ps, dt: (_sel(xs[0], xs[1], xs[2]),), keep=(0,), exact=True,
-        integral=True)
-    add("masked_fill", 2, lambda xs, ps, dt: (_sel(xs[1], _c(ps[0], dt), xs[0]),),
-        params=("value",), keep=(1,), exact=True, integral=True)
+    add("where", 3, lambda xs, ps, dt: (_sel(xs[0], _w(xs[1]), _w(xs[2])),), keep=(0,),
+        exact=True, integral=True)
+    add("masked_fill", 2, lambda xs, ps, dt: (
+        _sel(xs[1], _c(ps[0], _w(xs[0]).dtype), _w(xs[0])),), params=("value",), keep=(1,),
+        exact=True, integral=True)
     add("lerp", 3, lambda xs, ps, dt: (_lerp(*xs),))
     add("lerp_scalar", 2, lambda xs, ps, dt: (_lerp(xs[0], xs[1], _c(ps[0], dt)),),
         params=("weight",))
@@ -418,11 +421,11 @@ def _grad_times(df):
 
 def _clamp_tensor(xs, has_lo, has_hi):
     """torch.clamp with tensor bounds: ``minimum(maximum(x, lo), hi)``, NaN from any."""
-    y = xs[0]
+    y = _w(xs[0])
     if has_lo:
-        y = _max_nan(y, xs[1])
+        y = _max_nan(y, _w(xs[1]))
     if has_hi:
-        y = _min_nan(y, xs[2])
+        y = _min_nan(y, _w(xs[2]))
     return y
 
 

@@ -1,0 +1,297 @@
+"""The elementwise kernels on a GPU against torch in float64: every scalar function of
+SCALAR_FNS, called through the slot as the op calls it (a spec from the tensors, the
+implementation the slot selects, its entry), over each layout class.
+
+Tolerances, per output dtype (``ulp(d, r)``: the spacing of dtype ``d`` at the reference
+``r``):
+- exact functions (rounding, selection, comparisons, abs/neg, integer math): equal to the
+  float64 reference rounded to the output dtype, NaN where it is NaN;
+- the rest: ``|got - ref| <= |torch - ref| + ulp(out, ref)``, where ``torch`` is torch's own
+  result on the same inputs in their storage dtype on the GPU: no worse than torch by more than
+  one unit in the last place of the output (for float16/bfloat16 the math runs in float32 and
+  is rounded once; for float32, CUDA's libm functions are within 2 ulp, as torch's are).
+"""
+
+import math
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from tileops.kernels import elementwise as E  # noqa: E402
+from tileops.runtime import select  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+if not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DEV = torch.device("cuda")
+NAMES = {torch.bool: "bool", torch.uint8: "uint8", torch.int8: "int8", torch.int16: "int16",
+         torch.int32: "int32", torch.int64: "int64", torch.float16: "float16",
+         torch.bfloat16: "bfloat16", torch.float32: "float32", torch.float64: "float64"}
+KERNELS = (E.ElementwiseFlatKernel, E.ElementwiseRowsKernel, E.ElementwiseStridedKernel)
+SELU = (1.6732632423543772848170429916717, 1.0507009873554804934193349852946)
+
+
+def _align(t):
+    return min(16, (t.data_ptr() & -t.data_ptr()) or 16)
+
+
+def run(fn, params, ins, outs, compute):
+    """Call the slot as the op does: the spec from the tensors, the selected implementation's
+    entry, ``entry(*inputs, *outputs)``."""
+    spec = E.ElementwiseSpec(
+        device=DEV, fn=fn, params=params, in_dtypes=tuple(NAMES[t.dtype] for t in ins),
+        out_dtypes=tuple(NAMES[t.dtype] for t in outs), compute=compute,
+        out_shape=tuple(outs[0].shape), in_shapes=tuple(tuple(t.shape) for t in ins),
+        in_strides=tuple(t.stride() for t in ins), in_align=tuple(map(_align, ins)),
+        out_strides=tuple(t.stride() for t in outs), out_align=tuple(map(_align, outs)))
+    impl = select(E.ElementwiseInterface, KERNELS, spec)
+    impl.entry_for(spec, None)(*ins, *outs)
+    torch.cuda.synchronize()
+    return impl
+
+
+def _bwd(f):
+    """The gradient of ``f`` at ``x`` times ``dy`` (float64 autograd)."""
+    def g(dy, x):
+        x = x.detach().requires_grad_()
+        (gx,) = torch.autograd.grad(f(x), x, dy)
+        return gx
+    return g
+
+
+def _gated_bwd(f):
+    def g(dy, a, b):
+        a = a.detach().requires_grad_()
+        b = b.detach().requires_grad_()
+        return torch.autograd.grad(f(a) * b, (a, b), dy)
+    return g
+
+
+#: name -> (torch function of the inputs, the constants); returns a tensor or a tuple
+REF = {
+    "abs": torch.abs, "neg": torch.neg, "exp": torch.exp, "expm1": torch.expm1,
+    "log": torch.log, "log1p": torch.log1p, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+    "reciprocal": torch.reciprocal, "sin": torch.sin, "cos": torch.cos, "tanh": torch.tanh,
+    "sigmoid": torch.sigmoid, "erf": torch.erf, "floor": torch.floor, "ceil": torch.ceil,
+    "round": torch.round, "trunc": torch.trunc, "sign": torch.sign, "isnan": torch.isnan,
+    "isinf": torch.isinf, "isfinite": torch.isfinite, "relu": torch.relu, "gelu": F.gelu,
+    "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "silu": F.silu, "mish": F.mish,
+    "softplus": lambda x, b, t: F.softplus(x, b, t),
+    "leaky_relu": lambda x, s: F.leaky_relu(x, s), "elu": lambda x, a: F.elu(x, a),
+    "selu": F.selu, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid,
+    "hardtanh": lambda x, lo, hi: F.hardtanh(x, lo, hi),
+    "clamp": lambda x, lo, hi, hl, hh: torch.clamp(x, lo if hl else None, hi if hh else None),
+    "add": lambda a, b, al: torch.add(a, b, alpha=al),
+    "sub": lambda a, b, al: torch.sub(a, b, alpha=al), "mul": torch.mul, "div": torch.div,
+    "div_trunc": lambda a, b: torch.div(a, b, rounding_mode="trunc"),
+    "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"), "pow": torch.pow,
+    "maximum": torch.maximum, "minimum": torch.minimum, "remainder": torch.remainder,
+    "eq": torch.eq, "ne": torch.ne, "lt": torch.lt, "le": torch.le, "gt": torch.gt,
+    "ge": torch.ge,
+    "clamp_tensor": lambda x, lo, hi, hl, hh: torch.clamp(x, lo if hl else None,
+                                                          hi if hh else None),
+    "where": torch.where, "masked_fill": lambda x, m, v: x.masked_fill(m, v),
+    "lerp": torch.lerp, "lerp_scalar": lambda s, e, w: torch.lerp(s, e, w),
+    "silu_and_mul": lambda a, b: F.silu(a) * b, "gelu_and_mul": lambda a, b: F.gelu(a) * b,
+    "gelu_tanh_and_mul": lambda a, b: F.gelu(a, approximate="tanh") * b,
+    "relu_bwd": lambda dy, y: torch.ops.aten.threshold_backward(dy, y, 0),
+    "sigmoid_bwd": torch.ops.aten.sigmoid_backward, "tanh_bwd": torch.ops.aten.tanh_backward,
+    "gelu_bwd": lambda dy, x: torch.ops.aten.gelu_backward(dy, x),
+    "gelu_tanh_bwd": lambda dy, x: torch.ops.aten.gelu_backward(dy, x, approximate="tanh"),
+    "silu_bwd": torch.ops.aten.silu_backward, "mish_bwd": torch.ops.aten.mish_backward,
+    "softplus_bwd": lambda dy, x, b, t: torch.ops.aten.softplus_backward(dy, x, b, t),
+    "leaky_relu_bwd": lambda dy, x, s: torch.ops.aten.leaky_relu_backward(dy, x, s, False),
+    "elu_bwd": lambda dy, x, a: torch.ops.aten.elu_backward(dy, a, 1, 1, False, x),
+    "selu_bwd": lambda dy, x: torch.ops.aten.elu_backward(dy, SELU[0], SELU[1], 1, False, x),
+    "hardswish_bwd": torch.ops.aten.hardswish_backward,
+    "hardsigmoid_bwd": torch.ops.aten.hardsigmoid_backward,
+    "hardtanh_bwd": lambda dy, x, lo, hi: torch.ops.aten.hardtanh_backward(dy, x, lo, hi),
+    "silu_and_mul_bwd": _gated_bwd(F.silu), "gelu_and_mul_bwd": _gated_bwd(F.gelu),
+    "gelu_tanh_and_mul_bwd": _gated_bwd(lambda a: F.gelu(a, approximate="tanh")),
+    "div_bwd_b": lambda dy, a, b: -dy * a / (b * b),
+}
+PARAMS = {"softplus": (1.5, 4.0), "leaky_relu": (0.02,), "elu": (1.3,),
+          "hardtanh": (-1.0, 1.0), "clamp": (-0.5, 0.75, True, True), "add": (0.5,),
+          "sub": (2,), "clamp_tensor": (True, True), "masked_fill": (-7.0,),
+          "lerp_scalar": (0.3,), "softplus_bwd": (1.5, 4.0), "leaky_relu_bwd": (0.02,),
+          "elu_bwd": (1.3,), "hardtanh_bwd": (-1.0, 1.0)}
+#: the values where the functions have kinks, ties or special cases
+SPECIAL = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.0, -3.0, 1.0, -1.0, 4.0 / 1.5,
+           float("nan"), float("inf"), float("-inf"), 1e-30, 20.0, -20.0]
+POSITIVE = {"log", "sqrt", "rsqrt", "pow"}
+
+
+def test_reference_table_covers_the_registry():
+    assert set(REF) == set(E.SCALAR_FNS)
+
+
+def make_inputs(fn, shapes, dtype, gen, special=True):
+    f = E.SCALAR_FNS[fn]
+    ins = []
+    for k, shape in enumerate(shapes):
+        if k in f.keep:
+            ins.append(torch.rand(shape, generator=gen, device=DEV) < 0.5)
+            continue
+        if dtype.is_floating_point:
+            x = torch.randn(shape, generator=gen, device=DEV, dtype=torch.float32) * 3
+            if fn in POSITIVE and k == 0:
+                x = x.abs() + 0.01
+            if fn in ("log1p",):
+                x = x.abs() - 0.9
+            if special and x.numel() >= len(SPECIAL) and k == (1 if "bwd" in fn else 0):
+                x.view(-1)[:len(SPECIAL)] = torch.tensor(SPECIAL, device=DEV)
+        else:
+            lo = 0 if dtype == torch.uint8 else -50
+            x = torch.randint(lo, 50, shape, generator=gen, device=DEV)
+            if fn in ("div_trunc", "div_floor", "remainder") and k == 1:
+                x = torch.where(x == 0, torch.ones_like(x), x)
+        ins.append(x.to(dtype))
+    return ins
+
+
+def _ulp(dtype, ref):
+    """The spacing of ``dtype`` at ``|ref|`` (its subnormal spacing below the smallest normal)."""
+    fi = torch.finfo(dtype)
+    mag = ref.abs().clamp_min(fi.tiny)
+    return torch.exp2(torch.floor(torch.log2(mag))) * fi.eps
+
+
+def check(fn, got, ins, params, exact):
+    """Compare ``got`` (one tensor an output) with float64 torch on ``ins``."""
+    ref = REF[fn](*[t.double() if t.dtype.is_floating_point else t for t in ins], *params)
+    native = REF[fn](*ins, *params)
+    refs = ref if isinstance(ref, tuple) else (ref,)
+    natives = native if isinstance(native, tuple) else (native,)
+    for g, r, n in zip(got, refs, natives, strict=True):
+        if exact or not g.dtype.is_floating_point:
+            want = r.to(g.dtype)
+            same = (g == want) | (g.isnan() & want.isnan()) if g.dtype.is_floating_point \
+                else g == want
+            assert bool(same.all()), (fn, g[~same][:8], want[~same][:8])
+            continue
+        r = r.double()
+        gd = g.double()
+        both_nan = gd.isnan() & r.isnan()
+        inf_ok = torch.isinf(r) & (gd == r)
+        err = (gd - r).abs()
+        tol = (n.double() - r).abs().nan_to_num(0.0) + _ulp(g.dtype, r).nan_to_num(0.0)
+        ok = both_nan | inf_ok | (err <= tol)
+        assert bool(ok.all()), (fn, g.dtype, gd[~ok][:8], r[~ok][:8])
+
+
+def _dtypes(fn):
+    f = E.SCALAR_FNS[fn]
+    out = [torch.float16, torch.bfloat16, torch.float32]
+    if f.integral:
+        out += [torch.int32, torch.int64]
+        if fn in ("eq", "ne"):
+            out += [torch.bool]
+    return out
+
+
+def _compute(fn, dtype):
+    f = E.SCALAR_FNS[fn]
+    if not dtype.is_floating_point:
+        return NAMES[dtype]
+    if f.exact:
+        return NAMES[dtype]
+    return "float64" if dtype == torch.float64 else "float32"
+
+
+def _out_dtypes(fn, dtype):
+    f = E.SCALAR_FNS[fn]
+    return (torch.bool,) * f.outputs if f.bool_out else (dtype,) * f.outputs
+
+
+CASES = [(fn, dt) for fn in sorted(E.SCALAR_FNS) for dt in _dtypes(fn)]
+
+
+@pytest.mark.parametrize(("fn", "dtype"), CASES, ids=[f"{f}-{NAMES[d]}" for f, d in CASES])
+def test_every_function_over_contiguous_odd_broadcast_and_strided_layouts(fn, dtype):
+    f = E.SCALAR_FNS[fn]
+    gen = torch.Generator(DEV).manual_seed(hash(fn) % 1000)
+    params = PARAMS.get(fn, ())
+    if not dtype.is_floating_point:
+        params = tuple(int(p) if isinstance(p, float) else p for p in params)
+    compute = _compute(fn, dtype)
+    odt = _out_dtypes(fn, dtype)
+    layouts = {
+        # (why) shapes of the inputs, the output shape
+        "contiguous": ([(64, 4096)] * f.arity, (64, 4096)),
+        "odd-4097": ([(3, 4097)] * f.arity, (3, 4097)),
+        "three-elements": ([(3,)] * f.arity, (3,)),
+        "one-row": ([(1, 4097)] * f.arity, (1, 4097)),
+        "no-elements": ([(0, 16)] * f.arity, (0, 16)),
+        "row-broadcast": ([(32, 1024)] + [(1024,)] * (f.arity - 1), (32, 1024)),
+        "scalar": ([(32, 1000)] + [()] * (f.arity - 1), (32, 1000)),
+        "column-broadcast": ([(64, 96)] + [(64, 1)] * (f.arity - 1), (64, 96)),
+    }
+    for shapes, out_shape in layouts.values():
+        ins = make_inputs(fn, shapes, dtype, gen)
+        outs = [torch.empty(out_shape, device=DEV, dtype=d) for d in odt]
+        run(fn, params, ins, outs, compute)
+        if outs[0].numel():
+            check(fn, outs, ins, params, f.exact)
+    # strided rows (a gated op's halves) and the general path (transposed, every other element)
+    base = make_inputs(fn, [(48, 1024)] * f.arity, dtype, gen)
+    for name, view in (("strided-rows", lambda t: t[:, :512]),
+                       ("transposed", lambda t: t.t()),
+                       ("every-other", lambda t: t[::2, ::3])):
+        ins = [view(t) for t in base]
+        outs = [torch.empty(ins[0].shape, device=DEV, dtype=d) for d in odt]
+        impl = run(fn, params, ins, outs, compute)
+        assert impl is {"strided-rows": E.ElementwiseRowsKernel}.get(
+            name, E.ElementwiseStridedKernel), name
+        check(fn, outs, ins, params, f.exact)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("fn", ["silu", "relu", "add", "gelu_tanh"])
+def test_in_place_on_a_strided_view(fn, dtype):
+    """The output is the input object itself, a strided view: written where it lies."""
+    f = E.SCALAR_FNS[fn]
+    gen = torch.Generator(DEV).manual_seed(0)
+    params = PARAMS.get(fn, ())
+    big = make_inputs(fn, [(64, 2048)] * f.arity, dtype, gen, special=False)
+    ins = [t[:, 1024:] for t in big]
+    before = [t.clone() for t in ins]
+    outside = big[0][:, :1024].clone()
+    run(fn, params, ins, [ins[0]], _compute(fn, dtype))
+    check(fn, [ins[0]], before, params, f.exact)
+    assert torch.equal(big[0][:, :1024], outside)
+
+
+def test_misaligned_views_read_narrower():
+    """A view starting at an odd element is read in single elements, and right."""
+    x = torch.randn(4097 * 8 + 1, device=DEV, dtype=torch.bfloat16)[1:].view(8, 4097)
+    y = torch.empty_like(x)
+    run("silu", (), [x], [y], "float32")
+    check("silu", [y], [x], (), False)
+
+
+def test_entries_are_shared_within_a_layout_class():
+    a = torch.randn(64, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(1000, 8192, device=DEV, dtype=torch.bfloat16)
+    for x in (a, b):
+        y = torch.empty_like(x)
+        run("gelu", (), [x], [y], "float32")
+        check("gelu", [y], [x], (), False)
+    assert E.build_kernel.cache_info().currsize >= 1
+    spec = lambda x: E.ElementwiseSpec(  # noqa: E731
+        device=DEV, fn="gelu", params=(), in_dtypes=("bfloat16",), out_dtypes=("bfloat16",),
+        compute="float32", out_shape=tuple(x.shape), in_shapes=(tuple(x.shape),),
+        in_strides=(x.stride(),), in_align=(16,), out_strides=(x.stride(),), out_align=(16,))
+    k = E.ElementwiseFlatKernel
+    assert k.identity(spec(a)) == k.identity(spec(b))
+
+
+def test_large_flat_call_matches():
+    """A call over more elements than one grid row of CTAs covers (2**27 bf16)."""
+    x = torch.randn(1 << 14, 1 << 13, device=DEV, dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    run("silu", (), [x], [y], "float32")
+    assert torch.allclose(y.float(), F.silu(x.float()), atol=0, rtol=2 ** -7)
+    assert math.isfinite(float(y.float().sum()))
