@@ -1,0 +1,232 @@
+"""Time the elementwise kernels' fast paths and sweep their launch plan, against torch eager
+and torch.compile, to set :func:`tileops.kernels.elementwise.plan`'s defaults from measurement.
+
+    python3 benchmarks/sweep_elementwise.py [--quick] [--shapes silu-32768x8192,...] [--out DIR]
+    python3 benchmarks/sweep_elementwise.py --dry-run      # list shapes and plans (CPU)
+
+Shapes (:data:`SHAPES`, bf16): unary silu, gelu and relu over 32768 x 8192 and silu over
+32768 x 4097 (a flat run with a masked tail), silu_and_mul over a 16384 x 28672 input (its
+halves as strided rows), add with a row-broadcast ``[8192]`` bias and with a 0-dim scalar,
+and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared
+with).
+
+Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``per``
+(accesses of 16 bytes a thread) in :data:`PERS`, the default marked; ``--quick`` times the
+default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
+disk cache then serves this one). Each candidate is checked once against float64 torch (max
+error within 2 ulp of bf16 at the reference, else WRONG), then timed by CUDA-graph replay
+(:func:`_common.graph_events`: the device time, median of 5 replays). Every tensor is at least
+128 MB, so L2 (50 MB on the H200) holds none of it between calls.
+
+Contenders: torch eager (the functional call, allocating its output as torch does) and
+``torch.compile`` built fresh for each shape (``torch._dynamo.reset()``, ``dynamic=False``).
+TB/s counts the floor traffic: every input read once (a broadcast input once at its own size),
+every output written once.
+
+Output: a table a shape (plans by time, then the contenders), the best plan of each shape,
+and ``sweep_elementwise-<device>.txt`` under ``--out`` (default ``benchmarks/results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PATHS = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+for _p in reversed(PATHS):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _common  # noqa: E402
+from tileops.kernels import elementwise as E  # noqa: E402
+
+THREADS = (128, 256, 512)
+PERS = (1, 2, 4, 8)
+
+#: label -> (fn, params, input shapes, input strides or None (contiguous), output shape,
+#: torch function of the inputs)
+SHAPES = {
+    "silu-32768x8192": ("silu", (), [(32768, 8192)], None, (32768, 8192), "silu"),
+    "gelu-32768x8192": ("gelu", (), [(32768, 8192)], None, (32768, 8192), "gelu"),
+    "relu-32768x8192": ("relu", (), [(32768, 8192)], None, (32768, 8192), "relu"),
+    "silu-32768x4097": ("silu", (), [(32768, 4097)], None, (32768, 4097), "silu"),
+    "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
+                                 [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
+    "add-bias-32768x8192": ("add", (1,), [(32768, 8192), (8192,)], None, (32768, 8192), "add"),
+    "add-scalar-32768x8192": ("add", (1,), [(32768, 8192), ()], None, (32768, 8192), "add"),
+}
+
+
+def _contiguous(shape):
+    strides, acc = [], 1
+    for n in reversed(shape):
+        strides.append(acc)
+        acc *= n
+    return tuple(reversed(strides))
+
+
+def make_spec(label: str, device=None) -> E.ElementwiseSpec:
+    fn, params, shapes, strides, out_shape, _ = SHAPES[label]
+    strides = strides or [_contiguous(s) for s in shapes]
+    return E.ElementwiseSpec(
+        device=device, fn=fn, params=params, in_dtypes=("bfloat16",) * len(shapes),
+        out_dtypes=("bfloat16",), compute="float32", out_shape=out_shape,
+        in_shapes=tuple(map(tuple, shapes)), in_strides=tuple(map(tuple, strides)),
+        in_align=(16,) * len(shapes), out_strides=(_contiguous(out_shape),), out_align=(16,))
+
+
+def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
+    """``(plan, is_default)`` for a shape, the default first."""
+    s = make_spec(label)
+    default = E.plan(s)
+    if quick:
+        return [(default, True)]
+    out = [(default, True)]
+    for t in THREADS:
+        for p in PERS:
+            cand = E.plan(s, threads=t, per=p)
+            if cand != default:
+                out.append((cand, False))
+    return out
+
+
+def _build(job) -> tuple[str, float, str]:
+    """Worker: compile one program (fills TileLang's disk cache)."""
+    label, p = job
+    t = time.perf_counter()
+    s = make_spec(label)
+    try:
+        E.build_kernel(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute,
+                       len(s.out_shape), p)
+        status = "ok"
+    except Exception as exc:  # reported, the sweep goes on without it
+        status = _common.first_line(exc)
+    return f"{label} threads={p.threads} per={p.per}", time.perf_counter() - t, status
+
+
+def _tensors(label: str, torch):
+    fn, params, shapes, strides, out_shape, _ = SHAPES[label]
+    dev = torch.device("cuda")
+    g = torch.Generator(dev).manual_seed(0)
+    if strides:  # the gated op's halves of one [B, 2N] input
+        x = torch.randn(shapes[0][0], 2 * shapes[0][1], device=dev, dtype=torch.bfloat16,
+                        generator=g)
+        n = shapes[0][1]
+        ins = [x[:, :n], x[:, n:]]
+    else:
+        ins = [torch.randn(s, device=dev, dtype=torch.bfloat16, generator=g) for s in shapes]
+    out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
+    return ins, out
+
+
+def _torch_fn(name: str, torch):
+    F = torch.nn.functional
+    return {"silu": F.silu, "gelu": F.gelu, "relu": torch.relu, "add": torch.add,
+            "silu_and_mul": lambda a, b: F.silu(a) * b}[name]
+
+
+def _bytes(ins, out) -> int:
+    return sum(t.numel() * t.element_size() for t in (*ins, out))
+
+
+def _reference(label: str, ins, torch):
+    return _torch_fn(SHAPES[label][5], torch)(*(t.double() for t in ins))
+
+
+def _ok(got, ref, torch) -> bool:
+    err = (got.double() - ref).abs()
+    tol = 2 * ref.abs().clamp_min(torch.finfo(torch.bfloat16).tiny) * torch.finfo(
+        torch.bfloat16).eps
+    return bool((err <= tol).all())
+
+
+def run_shape(label: str, cands, torch) -> list[str]:
+    ins, out = _tensors(label, torch)
+    nbytes = _bytes(ins, out)
+    s = make_spec(label, torch.device("cuda"))
+    ref = _reference(label, ins, torch)
+    rows = []
+    for p, default in cands:
+        try:
+            prog = E.build_kernel(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute,
+                                  len(s.out_shape), p)
+            prog(*ins, out)
+            torch.cuda.synchronize()
+            good = _ok(out, ref, torch)
+            ms = _common.graph_events(lambda prog=prog: prog(*ins, out), 20)
+            rows.append((ms, f"tileops threads={p.threads} per={p.per} vec={p.vec}"
+                         + (" (default)" if default else "") + ("" if good else " WRONG")))
+        except Exception as exc:
+            rows.append((float("inf"), f"tileops threads={p.threads} per={p.per}: "
+                         f"{_common.first_line(exc)}"))
+    f = _torch_fn(SHAPES[label][5], torch)
+    rows.append((_common.graph_events(lambda: f(*ins), 20), "torch eager"))
+    torch._dynamo.reset()
+    compiled = torch.compile(f, dynamic=False)
+    compiled(*ins)
+    rows.append((_common.graph_events(lambda: compiled(*ins), 20), "torch.compile"))
+    lines = [f"## {label} ({nbytes / 1e6:.0f} MB moved)", "",
+             f"{'time (us)':>10}  {'TB/s':>6}  candidate"]
+    for ms, what in sorted(rows):
+        tbs = nbytes / (ms * 1e-3) / 1e12 if ms != float("inf") else 0.0
+        lines.append(f"{ms * 1e3:10.1f}  {tbs:6.3f}  {what}")
+    return lines + [""]
+
+
+def copy_line(torch) -> list[str]:
+    x = torch.randn(32768, 8192, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    ms = _common.graph_events(lambda: y.copy_(x), 20)
+    return [f"device copy 32768x8192 bf16: {ms * 1e3:.1f} us, "
+            f"{2 * x.numel() * 2 / (ms * 1e-3) / 1e12:.3f} TB/s", ""]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated labels")
+    ap.add_argument("--quick", action="store_true", help="the default plan only")
+    ap.add_argument("--dry-run", action="store_true", help="list shapes and plans (no GPU)")
+    ap.add_argument("--workers", type=int, default=min(16, os.cpu_count() or 1))
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
+    args = ap.parse_args(argv)
+    labels = [x for x in args.shapes.split(",") if x]
+    unknown = [x for x in labels if x not in SHAPES]
+    if unknown:
+        ap.error(f"unknown shape {unknown[0]!r}; one of {', '.join(SHAPES)}")
+    plans = {label: candidates(label, args.quick) for label in labels}
+    if args.dry_run:
+        for label, cands in plans.items():
+            print(f"{label}: " + ", ".join(
+                f"{p.kind} threads={p.threads} per={p.per} vec={p.vec}" + ("*" if d else "")
+                for p, d in cands))
+        return 0
+    import torch
+
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (--dry-run lists the plans without one)", file=sys.stderr)
+        return 2
+    # shapes of one function and layout class share programs: each is compiled once
+    unique = {(SHAPES[label][:2], len(SHAPES[label][2]), p): (label, p)
+              for label, cands in plans.items() for p, _ in cands}
+    jobs = list(unique.values())
+    _common.prebuild(jobs, _build, args.workers)
+    dev = _common.parse_device("cuda")
+    head = _common.header("sweep_elementwise", dev, quick=args.quick)
+    lines = _common.title(head, "Elementwise launch plans") + copy_line(torch)
+    for label in labels:
+        lines += run_shape(label, plans[label], torch)
+        print("\n".join(lines[-(len(plans[label]) + 6):]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"sweep_elementwise-{str(dev).replace(':', '')}.txt"
+    path.write_text("\n".join(lines) + "\n")
+    print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
