@@ -156,6 +156,20 @@ def test_rel_l2_never_passes_a_broken_output() -> None:
     assert rel_l2(torch.tensor([[1.0, float("inf")], [1.0, 1.0]]), ref) == math.inf
 
 
+def test_rel_l2_holds_non_finite_references_to_the_same_value() -> None:
+    nan, inf = float("nan"), float("inf")
+    ref = torch.tensor([nan, inf, -inf, 2.0], dtype=torch.float64)
+    assert rel_l2(torch.tensor([nan, inf, -inf, 2.0]), ref) == 0.0
+    assert rel_l2(torch.tensor([nan, inf, -inf, 2.2]), ref) == pytest.approx(0.1)
+    for wrong in ([1.0, inf, -inf, 2.0], [nan, -inf, -inf, 2.0], [nan, nan, -inf, 2.0],
+                  [nan, inf, -inf, nan]):
+        assert rel_l2(torch.tensor(wrong), ref) == math.inf, wrong
+    # a reference value the output's dtype cannot hold: the output must overflow as it does
+    big = torch.tensor([1e6, -1e6, 1.0], dtype=torch.float64)
+    assert rel_l2(torch.tensor([inf, -inf, 1.0], dtype=torch.float16), big) == 0.0
+    assert rel_l2(torch.tensor([65504.0, -inf, 1.0], dtype=torch.float16), big) == math.inf
+
+
 @settings(max_examples=50, deadline=None)
 @given(scale=st.floats(min_value=1e-3, max_value=1e3), seed=st.integers(0, 2**16))
 def test_rel_l2_is_scale_invariant(scale: float, seed: int) -> None:
@@ -189,3 +203,16 @@ def test_compare_refuses_a_call_that_returned_nothing_to_compare():
     with pytest.raises(ValueError, match="returned none of the outputs to compare"):
         compare((None,), ref)  # e.g. a contender that does not apply and returns None
     assert compare((None,), (None,)) == 0.0  # nothing expected, nothing returned
+
+
+def test_broadcast_operands_shrink_together_and_stay_broadcastable() -> None:
+    # the output's shape is a let (broadcast(SA, SB)): the inputs are shrunk, axis by axis
+    # together where they must broadcast, so no workload is kept whole at full size
+    from tileops.ops import AddFwdOp, WhereFwdOp
+
+    for cls in (AddFwdOp, WhereFwdOp):
+        for case in cases_of(cls, max_elements=2**14):
+            shapes = [tuple(i.shape) for i in case.inputs]
+            assert max(math.prod(s) for s in shapes) <= 2**14, (case.label, shapes)
+            out = torch.broadcast_shapes(*shapes)
+            assert math.prod(out) <= 2**14, (case.label, shapes)

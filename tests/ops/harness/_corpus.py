@@ -10,7 +10,8 @@ special case:
 - ``rank``: an input with one axis more and one fewer. A fixed-rank input gains a leading
   axis or loses its first. A variadic one (``[*B, N]``) loses one below the fewest the spec
   admits; it gains one inside its Shape index, which is refused where another input shares
-  that index and otherwise must WORK (it is a call the spec admits, a valid variant).
+  that index and otherwise must WORK where the refinements still hold (a call the spec
+  admits, a valid variant; masked_fill's mask cannot grow past x's rank).
 - ``dim``: an axis that disagrees with an index an earlier input bound (the index perturbed
   in a later input that shares it), or with a construction param (``normalized_shape``).
 - ``dtype``: each dtype outside the input's union; ``dtype-mixed``: two inputs of one DType
@@ -35,10 +36,11 @@ from typing import Any
 import torch
 
 from tileops.ops.workloads import Case
+from tileops.spec import evaluate
 from tileops.spec import expr as E
 from tileops.spec.kinds import DTYPES, DimK, DTypeK, ShapeK
 
-from ._harness import OPS, admitted_dtypes, base_cases, presence, spec_input_shapes
+from ._harness import OPS, _scope, admitted_dtypes, base_cases, presence, spec_input_shapes
 
 __all__ = ["Refusal", "Valid", "refusals", "valid_calls"]
 
@@ -171,9 +173,15 @@ def _rank(b: _Base) -> Iterator[Refusal | Valid]:
         if sharers:
             yield b.refusal("rank", f"{n}-plus-one", n, _zeros(grown, dt),
                             culprits=(n, *sharers))
-        else:
+        elif _refinements_hold(b, grown_values):
             yield Valid(b.case, "rank", f"{n}-plus-one-in-{s}", b.swap(n, _normal(grown, dt)),
                         grown_values)
+
+
+def _refinements_hold(b: _Base, values: dict[str, Any]) -> bool:
+    """Whether every refinement of the entry holds at ``values`` (by the spec's evaluator)."""
+    scope = _scope(b.plan, values, presence(b.case))
+    return all(bool(evaluate(rule.node, scope)) for rule in b.plan.sig.shape_rules)
 
 
 def _dims(b: _Base) -> Iterator[Refusal]:

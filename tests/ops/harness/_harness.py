@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import tileops.ops
-from tileops.ops.workloads import TOLERANCE, Case, cases_of, rel_l2
+from tileops.ops.workloads import TOLERANCE, Case, cases_of, rel_l2, tolerance
 from tileops.runtime import Op, default_specs, register_specs
 from tileops.spec import EvalError, OpEntry, Scope, eval_shape, evaluate
 from tileops.spec.kinds import BoolK, DTypeK, EnumK
@@ -114,13 +114,6 @@ CPU_CAP = 2**14
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def tolerance(dtypes: Iterable[torch.dtype]) -> float:
-    """The bound for an output: that of the coarsest floating dtype among ``dtypes`` (the
-    call's inputs and the output itself); 0.0 (exact) when none is floating."""
-    tols = [TOLERANCE[dtype_name(d)] for d in dtypes if d.is_floating_point or d.is_complex]
-    return max(tols, default=0.0)
 
 
 def case_id(case: Case) -> str:
@@ -238,7 +231,9 @@ def check_outputs(op: Op, given: Sequence[torch.Tensor | None],
         if decl.alias in written:
             assert out is given[plan.input_names.index(decl.alias)], \
                 f"{name}: output {n} must be the written input {decl.alias} itself"
-        err, tol = rel_l2(out, ref), tolerance([*in_dtypes, out.dtype])
+        # a bool or integer output (a comparison, a test, integer arithmetic) is exact
+        exact = not (out.dtype.is_floating_point or out.dtype.is_complex)
+        err, tol = rel_l2(out, ref), 0.0 if exact else tolerance([*in_dtypes, out.dtype])
         assert err <= tol, f"{name}: output {n} is {err:.3g} from float64 (allowed {tol:g})"
 
 

@@ -61,6 +61,7 @@ __all__ = [
     "kinds_of",
     "make_inputs",
     "rel_l2",
+    "tolerance",
 ]
 
 #: Relative L2 error allowed against the float64 reference, by the storage dtype. The
@@ -79,6 +80,15 @@ TOLERANCE: dict[str, float] = {
     "float8_e4m3fn": 1.25e-1,
     "float8_e5m2": 2.5e-1,
 }
+
+
+def tolerance(dtypes: Iterable[torch.dtype]) -> float:
+    """The bound for an output: that of the coarsest floating dtype among ``dtypes`` (the
+    call's inputs and the output itself); 0.0 (exact) when none is floating (a comparison, a
+    test, integer arithmetic)."""
+    tols = [TOLERANCE[str(d).removeprefix("torch.")] for d in dtypes
+            if d.is_floating_point or d.is_complex]
+    return max(tols, default=0.0)
 
 
 @dataclass(frozen=True)
@@ -241,18 +251,27 @@ class _Row:
             return False
 
     def scalable(self, tensor: str) -> list[str]:
-        """The forall Dim/Shape indices ``tensor``'s shape names, in order; indices that feed
-        generated metadata values are left out."""
+        """The forall Dim/Shape indices ``tensor``'s shape names, in order, a ``let`` standing
+        for the indices its definition reads; indices that feed generated metadata values are
+        left out."""
         sig = self.entry.signature
         decl = sig.outputs[tensor[2:]] if tensor.startswith("->") else sig.inputs[tensor]
         fed = set()
         for d in sig.inputs.values():
             if d.values is not None:
                 fed.update(d.values.names())
-        out = []
-        for n in decl.shape.names():
-            if (n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK)
-                    and n not in fed and n not in out):
+        out: list[str] = []
+        names = list(decl.shape.names())
+        seen = set()
+        while names:
+            n = names.pop(0)
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in sig.let:  # a let shape (broadcast(SA, SB)) shrinks through what it reads
+                names[:0] = list(sig.let[n].names())
+            elif (n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK)
+                    and n not in fed):
                 out.append(n)
         return out
 
@@ -263,37 +282,64 @@ def _numel_max(tensors: Iterable[InputSpec]) -> int:
 
 def _shrink(row: _Row, values: dict[str, Any], tensors: list[InputSpec], cap: int):
     """Reduce indices until no tensor exceeds ``cap`` elements: each step takes the largest
-    tensor (inputs and outputs) and shrinks the first index its shape names that is above 1
-    (a Shape index from its leading axis), just enough for that tensor."""
+    tensor (inputs and outputs) whose shape names an index above 1 (a ``let`` shape,
+    ``broadcast(SA, SB)``, names the indices it reads) and shrinks the first such index (a
+    Shape index from its leading axis), just enough for that tensor.
+    Where shrinking a Shape's axis alone breaks the row (shapes that must broadcast), the
+    axes of the other Shape indices that line up with it from the right and had the same
+    length shrink with it."""
     original = dict(values)
     for _ in range(256):
-        largest = max(tensors, key=lambda t: t.numel, default=None)
-        if largest is None or largest.numel <= cap:
+        if max((t.numel for t in tensors), default=0) <= cap:
             break
-        numel = largest.numel
-        for n in row.scalable(largest.name):
-            v = values[n]
-            if isinstance(v, int):
-                if v <= 1:
-                    continue
-                values[n] = max(1, min(v - 1, v * cap // numel))
+        step = None
+        for t in sorted(tensors, key=lambda t: -t.numel):
+            if t.numel <= cap:
                 break
+            step = _shrink_step(row, values, t, cap)
+            if step is not None:
+                break
+        if step is None:
+            break  # nothing left to shrink in the tensors over the cap: keep what there is
+        values, tensors = step
+    if not row.refinements_hold(values):
+        return original, None
+    return values, tensors
+
+
+def _shrink_step(row: _Row, values: dict[str, Any], tensor: InputSpec, cap: int):
+    """``(values, tensors)`` after one index of ``tensor`` shrank, or None where none can."""
+    numel = tensor.numel
+    for n in row.scalable(tensor.name):
+        v = values[n]
+        if isinstance(v, int):
+            if v <= 1:
+                continue
+            tries = [{**values, n: max(1, min(v - 1, v * cap // numel))}]
+        else:
             dims = list(v)
             pos = next((i for i, d in enumerate(dims) if d > 1), None)
             if pos is None:
                 continue
-            dims[pos] = max(1, min(dims[pos] - 1, dims[pos] * cap // numel))
-            values[n] = tuple(dims)
-            break
-        else:
-            break  # nothing left to shrink in the largest tensor: keep what there is
-        try:
-            values, tensors = row.evaluate(values)
-        except EvalError:
-            return original, None
-    if not row.refinements_hold(values):
-        return original, None
-    return values, tensors
+            new = max(1, min(dims[pos] - 1, dims[pos] * cap // numel))
+            alone = {**values, n: (*dims[:pos], new, *dims[pos + 1:])}
+            joint = dict(alone)
+            back = len(dims) - pos  # the axis, counted from the right
+            for m, w in values.items():
+                if m != n and isinstance(row.kinds.get(m), ShapeK) and m in \
+                        row.entry.signature.forall and len(w) >= back and \
+                        w[len(w) - back] == dims[pos]:
+                    joint[m] = (*w[:len(w) - back], new, *w[len(w) - back + 1:])
+            tries = [alone, joint]
+        for attempt in tries:
+            try:
+                evaluated = row.evaluate(attempt)
+            except EvalError:
+                continue
+            if row.refinements_hold(evaluated[0]):
+                return evaluated
+        return None
+    return None
 
 
 def cases(name: str, entry: OpEntry, adts: Mapping[str, AdtDef], *,
@@ -397,13 +443,28 @@ def as_outputs(result: Any) -> tuple:
 
 
 def rel_l2(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """``||out - ref|| / ||ref||`` in float64 (the absolute error ``||out - ref||`` where
-    ``ref`` is zero); ``inf`` when the shapes differ or ``out`` holds a non-finite value, so a
-    broken output can never pass a tolerance."""
+    """``||out - ref||`` over the finite elements of ``ref``, divided by ``||ref||`` there, in
+    float64 (the absolute error where ``ref`` is zero). A non-finite element of ``ref`` (the
+    log of a negative number, the reciprocal of zero), or one that overflows ``out``'s dtype
+    (the reciprocal of 1e-6 in float16), must be the same in ``out``: NaN where it is NaN, the
+    same infinity where it is one. ``inf`` when the shapes differ or ``out`` is
+    non-finite anywhere else, so a broken output can never pass a tolerance."""
     o = out.detach().to(torch.float64 if not out.is_complex() else torch.complex128)
     r = ref.detach().to(o.dtype)
     if o.shape != r.shape:
         return math.inf
+    if out.is_floating_point() and ref.is_floating_point():
+        # what the output's dtype makes of the reference: 1 / 1e-6 is inf in float16
+        rounded = ref.detach().to(out.dtype).to(o.dtype)
+        r = torch.where(torch.isfinite(rounded), r, rounded)
+    finite = torch.isfinite(r)
+    if not bool(finite.all()):
+        odd = ~finite
+        same = torch.isnan(r[odd]) == torch.isnan(o[odd])
+        same &= torch.isnan(r[odd]) | (o[odd] == r[odd])
+        if not bool(same.all()):
+            return math.inf
+        o, r = o[finite], r[finite]
     if not bool(torch.isfinite(o).all()):
         return math.inf
     diff = torch.linalg.vector_norm(o - r).item()

@@ -22,7 +22,15 @@ import torch
 from tileops.runtime import REFERENCE, Op, targets
 from tileops.signature import SignatureCallError
 
-from ..workloads import TOLERANCE, Case, as_outputs, clone_inputs, compare, make_inputs
+from ..workloads import (
+    TOLERANCE,
+    Case,
+    as_outputs,
+    clone_inputs,
+    compare,
+    make_inputs,
+    tolerance,
+)
 from .core import describe, in_tree_first
 from .timing import Peaks, sync, time_call
 
@@ -173,6 +181,8 @@ def _retry_reference(cls, case, device, res, inputs, refs, timer, say):
 def _finish(op, res, inputs, out, refs, timer, say):
     if refs is not None:
         res.rel_err = compare(out, refs)
+        # the coarsest floating dtype the call reads or writes (a bool condition reads none)
+        res.tol = tolerance([t.dtype for t in (*inputs, *out) if t is not None])
         res.checked = True
     res.flops, res.bytes = (int(v) for v in op.eval_roofline())
     if timer is not None:
