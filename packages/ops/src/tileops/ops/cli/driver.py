@@ -152,7 +152,7 @@ def prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
     if not planned:
         if sum(map(len, unserved.values())) == len(ops):
             raise UsageProblem(f"--target {tgt} cannot serve any op on {dev}: " + "; ".join(
-                f"{', '.join(ns)}: {why}" for why, ns in unserved.items()))
+                f"{_some(ns)}: {why}" for why, ns in unserved.items()))
         if workloads:
             labels = sorted({w.label for _, c in ops for w in c._signature.entry.workloads})
             raise UsageProblem(f"no workload matches {', '.join(workloads)}; labels: "
@@ -257,3 +257,10 @@ def env_header(dev: torch.device, peaks: Peaks, max_elements: int) -> dict[str, 
         cap = torch.cuda.get_device_capability(dev)
         info["arch"] = f"sm_{cap[0]}{cap[1]}"
     return info
+
+
+def _some(names: list[str], shown: int = 6) -> str:
+    """``names`` joined, the first ``shown`` of a longer list and how many more."""
+    if len(names) <= shown:
+        return ", ".join(names)
+    return f"{', '.join(names[:shown])} and {len(names) - shown} more"

@@ -1,0 +1,199 @@
+"""The elementwise family's own behaviour: torch's calling conventions, broadcasting and type
+promotion against torch over random shapes and dtype pairs, the effects of ``inplace``, the
+clamp's two spellings of a bound, and the in-place gradient rule. The generic harness covers
+every entry's numerics, bad inputs, compile, fake tensors and gradients; these run on the CPU
+through the ``reference`` target, and ``test_elementwise_cuda.py`` on the in-tree kernels."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.ops import (
+    AddFwdOp,
+    ClampFwdOp,
+    DivFwdOp,
+    EqFwdOp,
+    ExpFwdOp,
+    GeluFwdOp,
+    LtFwdOp,
+    MaximumFwdOp,
+    MulFwdOp,
+    ReluFwdOp,
+    SiluAndMulFwdOp,
+    SiluFwdOp,
+    SubFwdOp,
+    SwiGLUFwdOp,
+    WhereFwdOp,
+)
+from tileops.signature import SignatureCallError
+
+DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+          torch.bfloat16, torch.float32, torch.float64]
+
+
+def _tensor(shape, dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if dtype is torch.bool:
+        return torch.rand(shape, generator=g) > 0.5
+    if dtype.is_floating_point:
+        return (torch.randn(shape, generator=g) * 3).to(dtype)
+    lo = 0 if dtype is torch.uint8 else -20
+    return torch.randint(lo, 20, shape, generator=g).to(dtype)
+
+
+# --- calling conventions ------------------------------------------------------------------
+
+
+def test_inplace_activation_returns_its_input_written():
+    x = torch.randn(4, 7)
+    want = F.relu(x)
+    y = ReluFwdOp(inplace=True)(x)
+    assert y is x
+    torch.testing.assert_close(x, want)
+
+
+def test_out_of_place_activation_leaves_its_input():
+    x = torch.randn(4, 7)
+    before = x.clone()
+    y = SiluFwdOp()(x)
+    assert y is not x and y.data_ptr() != x.data_ptr()
+    torch.testing.assert_close(x, before, rtol=0, atol=0)
+    torch.testing.assert_close(y, F.silu(x))
+
+
+def test_gelu_approximate_is_an_enum_param():
+    x = torch.randn(64, dtype=torch.float64)
+    torch.testing.assert_close(GeluFwdOp(approximate="tanh")(x), F.gelu(x, approximate="tanh"))
+    torch.testing.assert_close(GeluFwdOp()(x), F.gelu(x))
+    with pytest.raises(Exception, match="approximate"):
+        GeluFwdOp(approximate="sigmoid")
+
+
+def test_add_alpha_and_clamp_bounds_are_params():
+    a, b = torch.randn(3, 5), torch.randn(5)
+    torch.testing.assert_close(AddFwdOp(alpha=2.5)(a, b), torch.add(a, b, alpha=2.5))
+    torch.testing.assert_close(SubFwdOp(alpha=0.5)(a, b), torch.sub(a, b, alpha=0.5))
+    torch.testing.assert_close(ClampFwdOp(min=-0.5, max=0.25)(a), a.clamp(-0.5, 0.25))
+    torch.testing.assert_close(ClampFwdOp(max=0.25)(a), a.clamp(max=0.25))
+
+
+def test_clamp_tensor_bounds_and_refusals():
+    x = torch.randn(4, 6)
+    lo = torch.full((4, 6), -0.1)
+    hi = torch.rand(6).expand(4, 6)  # a broadcast bound passes as an expanded view
+    torch.testing.assert_close(ClampFwdOp()(x, lo, hi), torch.clamp(x, lo, hi))
+    torch.testing.assert_close(ClampFwdOp()(x, None, hi), torch.clamp(x, max=hi))
+    with pytest.raises(SignatureCallError, match="ClampFwdOp"):
+        ClampFwdOp(min=0.0)(x, lo)  # min given twice: a number and a tensor
+
+
+def test_gated_conventions():
+    x = torch.randn(3, 2 * 8, dtype=torch.float64)
+    gate, up = x.chunk(2, dim=-1)
+    torch.testing.assert_close(SiluAndMulFwdOp()(x), F.silu(gate) * up)
+    a, b = torch.randn(2, 5, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
+    torch.testing.assert_close(SwiGLUFwdOp()(a, b), F.silu(a) * b)
+    with pytest.raises(SignatureCallError, match="SiluAndMulFwdOp"):
+        SiluAndMulFwdOp()(torch.randn(3, 7))  # an odd last axis has no two halves
+
+
+def test_integer_inputs_of_float_math_give_float32():
+    x = torch.arange(6, dtype=torch.int32)
+    y = ExpFwdOp()(x)
+    assert y.dtype is torch.float32
+    torch.testing.assert_close(y, torch.exp(x))
+
+
+def test_div_rounding_modes_follow_torch_dtypes():
+    a = torch.tensor([7, -7, 9], dtype=torch.int32)
+    b = torch.tensor([2, 2, -4], dtype=torch.int32)
+    assert DivFwdOp()(a, b).dtype is torch.float32
+    for mode in ("trunc", "floor"):
+        out = DivFwdOp(rounding_mode=mode)(a, b)
+        assert out.dtype is torch.int32
+        torch.testing.assert_close(out, torch.div(a, b, rounding_mode=mode), rtol=0, atol=0)
+
+
+# --- broadcasting and promotion against torch ---------------------------------------------
+
+
+@st.composite
+def _broadcast_pair(draw):
+    """Two shapes that broadcast: a common shape, each side dropping leading axes and setting
+    some axes to 1."""
+    rank = draw(st.integers(0, 4))
+    base = draw(st.lists(st.integers(1, 5), min_size=rank, max_size=rank))
+    out = []
+    for _ in range(2):
+        keep = draw(st.integers(0, rank))
+        shape = [1 if draw(st.booleans()) else d for d in base[rank - keep:]]
+        out.append(tuple(shape))
+    return out
+
+
+BINARY = [(AddFwdOp(), torch.add), (MulFwdOp(), torch.mul), (MaximumFwdOp(), torch.maximum),
+          (EqFwdOp(), torch.eq), (LtFwdOp(), torch.lt)]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes=_broadcast_pair(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
+       which=st.integers(0, len(BINARY) - 1))
+def test_binary_broadcasting_and_promotion_match_torch(shapes, da, db, which):
+    op, fn = BINARY[which]
+    a, b = _tensor(shapes[0], da, 1), _tensor(shapes[1], db, 2)
+    want = fn(a, b)
+    got = op(a, b)
+    assert got.shape == want.shape and got.dtype == want.dtype, (shapes, da, db)
+    exact = not want.is_floating_point() or fn in (torch.maximum, torch.eq, torch.lt)
+    if exact:
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    else:
+        torch.testing.assert_close(got.double(), fn(a.double(), b.double()).to(want.dtype)
+                                   .double(), equal_nan=True)
+
+
+def test_shapes_that_do_not_broadcast_are_refused_by_name():
+    with pytest.raises(SignatureCallError) as exc:
+        AddFwdOp()(torch.randn(2, 3), torch.randn(4, 3))
+    text = str(exc.value)
+    assert "AddFwdOp" in text and "(2, 3)" in text and "(4, 3)" in text
+
+
+def test_where_promotes_a_and_b_and_broadcasts_three():
+    cond = torch.rand(4, 1) > 0.5
+    a = torch.randn(5, dtype=torch.bfloat16)
+    b = torch.tensor(2.0, dtype=torch.float32)  # 0-dim: same category, does not promote
+    out = WhereFwdOp()(cond, a, b)
+    want = torch.where(cond, a, b)
+    assert out.dtype == want.dtype == torch.bfloat16 and out.shape == want.shape
+    torch.testing.assert_close(out, want, rtol=0, atol=0)
+
+
+# --- in place and gradients ---------------------------------------------------------------
+
+
+def test_inplace_relu_differentiates_from_its_output():
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    h = x * 1.0  # a non-leaf: torch lets it be written in place
+    y = ReluFwdOp(inplace=True)(h)
+    assert y is h
+    (y * torch.arange(15.0, dtype=torch.float64).view(5, 3)).sum().backward()
+    want = (x.detach() > 0).double() * torch.arange(15.0, dtype=torch.float64).view(5, 3)
+    torch.testing.assert_close(x.grad, want)
+
+
+def test_inplace_op_whose_gradient_reads_its_input_is_refused_before_writing():
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    h = x * 1.0
+    before = h.detach().clone()
+    op = SiluFwdOp(inplace=True)
+    with pytest.raises(RuntimeError) as exc:
+        op(h)
+    assert "SiluFwdOp" in str(exc.value) and "reads the x it was called with" in str(exc.value)
+    torch.testing.assert_close(h.detach(), before, rtol=0, atol=0)  # nothing was written
+    with torch.no_grad():
+        assert op(h) is h  # and the op is usable
