@@ -5,8 +5,10 @@
 the op's). Being subclasses, they are what code written for torch.nn's layers expects: the
 same constructor, parameters, init and ``state_dict`` by construction, and ``isinstance``
 holds where training code groups parameters or initializes weights by layer type (no weight
-decay on norms, ``normal_`` on every ``nn.Linear``). :class:`FusedAddRMSNorm` has no torch.nn
-counterpart; its parameter is RMSNorm's.
+decay on norms, ``normal_`` on every ``nn.Linear``). :class:`SiLU`, :class:`GELU` and
+:class:`ReLU` are torch.nn's activations the same way. :class:`FusedAddRMSNorm` has no torch.nn
+counterpart; its parameter is RMSNorm's. :class:`SwiGLUMLP` is the Llama MLP with Hugging
+Face's submodule names, on the GEMM and the fused SwiGLU.
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -14,6 +16,7 @@ computations as functions over a cache of op instances.
 """
 
 from . import functional
+from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .linear import Linear
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
@@ -21,10 +24,14 @@ from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 __all__ = [
     "ColumnParallelLinear",
     "FusedAddRMSNorm",
+    "GELU",
     "LayerNorm",
     "Linear",
     "RMSNorm",
+    "ReLU",
     "RowParallelLinear",
+    "SiLU",
+    "SwiGLUMLP",
     "TensorParallelMLP",
     "functional",
 ]
