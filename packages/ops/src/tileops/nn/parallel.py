@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tileops.ops import GemmFwdOp
+from tileops.ops import GemmFwdOp, SwiGLUFwdOp
 
 from ._holder import HoldsOp
 from .functional import linear_with
@@ -318,8 +318,9 @@ class TensorParallelMLP(nn.Module):
     The submodules' names are Hugging Face's ``LlamaMLP``'s, so its ``state_dict`` keys are the
     shard's ``gate_proj.weight``, ``up_proj.weight`` and ``down_proj.weight``.
 
-    SiLU and the product are torch's (``torch.nn.functional.silu``) for now: no op serves them
-    yet, and a fused SwiGLU op would replace both."""
+    SiLU and the product are one :class:`~tileops.ops.SwiGLUFwdOp` call on this rank's shards
+    (elementwise, so it shards with them): it reads the two projections once and writes the
+    product once."""
 
     def __init__(self, hidden: int, intermediate: int, *, bias: bool = False, group: Any = None,
                  device: Any = None, dtype: Any = None, target: str | None = None) -> None:
@@ -331,6 +332,14 @@ class TensorParallelMLP(nn.Module):
         self.gate_proj = ColumnParallelLinear(hidden, intermediate, bias, **kw)
         self.up_proj = ColumnParallelLinear(hidden, intermediate, bias, **kw)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, **kw)
+        self.target = target
+        self.swiglu = SwiGLUFwdOp(target=target)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # a move builds a fresh op, which chooses its target again on the new device
+        module = super()._apply(fn, *args, **kwargs)
+        self.swiglu = SwiGLUFwdOp(target=self.target)
+        return module
 
     @classmethod
     def from_mlp(cls, gate: nn.Linear, up: nn.Linear, down: nn.Linear, group: Any = None, *,
@@ -365,5 +374,5 @@ class TensorParallelMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = _CopyToParallel.apply(x, self.down_proj.group)
-        h = nn.functional.silu(self.gate_proj.local_forward(x)) * self.up_proj.local_forward(x)
+        h = self.swiglu(self.gate_proj.local_forward(x), self.up_proj.local_forward(x))
         return self.down_proj(h)
