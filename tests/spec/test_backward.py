@@ -562,6 +562,59 @@ def test_passing(text: str) -> None:
     assert shown(diagnostics(text)) == []
 
 
+BROADCAST = """\
+families:
+  t:
+    status: implemented
+MulTFwdOp:
+  family: t
+  signature:
+    forall: {SA: Shape, SB: Shape, TA: "DType[bfloat16 | float32 | float64]", TB: "DType[bfloat16 | float32 | float64]"}
+    inputs:
+      a: {dtype: TA, shape: "[*SA]"}
+      b: {dtype: TB, shape: "[*SB]"}
+    let: {S: "broadcast(SA, SB)"}
+    outputs:
+      out: {dtype: "result_type(TA, len(SA), TB, len(SB))", shape: "[*S]"}
+  backward:
+    op: MulTBwdOp
+    saves: [a, b]
+    inputs: {dout: "grad(out)", a: a, b: b}
+    grads: {a: da, b: db}
+    needs: {a: grad_a, b: grad_b}
+MulTBwdOp:
+  family: t
+  signature:
+    forall: {SA: Shape, SB: Shape, TA: "DType[bfloat16 | float32 | float64]", TB: "DType[bfloat16 | float32 | float64]", TO: "DType[bfloat16 | float32 | float64]"}
+    params:
+      grad_a: {type: bool, default: true}
+      grad_b: {type: bool, default: true}
+    inputs:
+      dout: {dtype: TO, shape: "[*S]"}
+      a: {dtype: TA, shape: "[*SA]"}
+      b: {dtype: TB, shape: "[*SB]"}
+    let: {S: "broadcast(SA, SB)"}
+    outputs:
+      da: {dtype: TA, shape: "[*SA]", nullable: "not grad_a"}
+      db: {dtype: TB, shape: "[*SB]", nullable: "not grad_b"}
+"""
+
+
+def test_a_forward_let_shape_unifies_through_its_definition() -> None:
+    # the forward's [*S], S = broadcast(SA, SB), is the backward's [*S] of the same definition
+    assert shown(diagnostics(BROADCAST)) == []
+    # a backward let of another definition binds the indices the other way round
+    text = BROADCAST[::-1].replace('"broadcast(SA, SB)"'[::-1], '"broadcast(SB, SA)"'[::-1],
+                                   1)[::-1]
+    got = shown(diagnostics(text))
+    assert got[0] == (
+        "backward", "ops.yaml:17: in MulTFwdOp.backward.inputs.a: MulTBwdOp.a has shape [*SA], "
+                    "which does not unify with [*SA], the shape of the saved input a: "
+                    "MulTBwdOp's SA stands for [*SB] (bound by dout), and *SB does not match "
+                    "*SA")
+    assert all(rule == "backward" for rule, _ in got)
+
+
 def test_validate_entry_looks_the_backward_op_up_in_its_file() -> None:
     spec = load_spec_text(MINI, "ops.yaml")
     assert validate_entry("Op", spec.entries["Op"], spec=spec) == []

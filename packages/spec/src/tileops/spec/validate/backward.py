@@ -12,7 +12,8 @@ Then the shapes and dtypes unify, by one-way matching of the backward's declarat
 params, data) by forward expressions, consistent across every mapped tensor. A Shape index
 stands for a sequence of forward axes (``*B`` for ``*B``, or ``M, N``), a Dim or a DType
 index for one forward expression; a param the two share by name stands for itself (its value
-is passed), and a backward ``let`` for its definition. Everything else (a family application
+is passed), and a ``let`` of either entry for its definition (a broadcast output's ``[*S]``,
+``S = broadcast(SA, SB)``, matches the backward's ``[*S]`` of the same definition). Everything else (a family application
 ``Mat[trans_a, M, K]``, a literal, an operator) must be the same node, so a family is
 compared as written, without evaluating it; a family both entries declare must then be the
 same declaration. The match is one-way on purpose: the backward may be more general than the
@@ -435,6 +436,39 @@ def _unify_tensors(ctx: EntryContext, bctx: EntryContext, path: str,
         pending = deferred
 
 
+def _expand_lets(node: E.Node, lets: dict[str, E.Node], depth: int = 0) -> E.Node:
+    """``node`` (a forward tensor's shape or dtype) with the forward's ``let`` names replaced
+    by their definitions, a spliced Shape let (``[*S]``, ``S = broadcast(SA, SB)``) by its
+    items or its spliced expression, as the backward's own lets are when matched."""
+    if not lets or not set(E.names(node)) & set(lets):
+        return node
+    if depth >= MAX_EXPR_DEPTH:
+        raise _Mismatch(f"its lets nest deeper than {MAX_EXPR_DEPTH} levels")
+    if isinstance(node, E.Name) and node.id in lets:
+        return _expand_lets(lets[node.id], lets, depth + 1)
+    if isinstance(node, E.List | E.Tuple):
+        items: list[E.Node] = []
+        for it in node.items:
+            v = it.value if isinstance(it, E.Starred) else None
+            if isinstance(v, E.Name) and v.id in lets:
+                v = _expand_lets(lets[v.id], lets, depth + 1)
+                items += list(v.items) if isinstance(v, E.List) else [E.Starred(v)]
+            elif isinstance(it, E.Starred):
+                items.append(E.Starred(_expand_lets(it.value, lets, depth + 1)))
+            else:
+                items.append(_expand_lets(it, lets, depth + 1))
+        return type(node)(tuple(items))
+    fields = {}
+    for f in node.__struct_fields__:
+        a = getattr(node, f)
+        if isinstance(a, E.Node):
+            fields[f] = _expand_lets(a, lets, depth + 1)
+        elif isinstance(a, tuple) and a and isinstance(a[0], E.Node | tuple):
+            fields[f] = tuple((x[0], _expand_lets(x[1], lets, depth + 1)) if isinstance(x, tuple)
+                              else _expand_lets(x, lets, depth + 1) for x in a)
+    return msgspec.structs.replace(node, **fields)
+
+
 def _attempt(m: _Matcher, ctx: EntryContext, bctx: EntryContext, job: _Job, what: str,
              final: bool) -> bool:
     """Match one shape or dtype; False when it must wait for other tensors to bind."""
@@ -442,7 +476,7 @@ def _attempt(m: _Matcher, ctx: EntryContext, bctx: EntryContext, job: _Job, what
     saved = dict(m.subst)
     m.origin = job.name
     try:
-        m.match(pat.node, term.node)
+        m.match(pat.node, _expand_lets(term.node, {n: ex.node for n, ex in ctx.sig.let.items()}))
         return True
     except _Defer as d:
         m.subst = saved
