@@ -323,6 +323,20 @@ CASES = [
     # int32 comparison with a column broadcast, to bool
     pytest.param("lt", (), ((8, 128), (8, 1)), None, ("int32",) * 2, ("bool",), "int32",
                  (8, 128), True, id="rows-compare-int32-bool"),
+    # bool storage at 8 and 16 elements a vector: declared uint8 (TileLang has no boolx8)
+    pytest.param("isnan", (), ((64, 4096),), None, ("bfloat16",), ("bool",), "bfloat16",
+                 (64, 4096), True, id="flat-isnan-bf16-to-bool-x8"),
+    pytest.param("eq", (), ((64, 4096),) * 2, None, ("bool",) * 2, ("bool",), "bool",
+                 (64, 4096), True, id="flat-eq-bool-x16"),
+    pytest.param("mul", (), ((64, 4096), (4096,)), None, ("bool",) * 2, ("bool",), "bool",
+                 (64, 4096), True, id="rows-mul-bool-x16"),
+    pytest.param("masked_fill", (-7.0,), ((64, 4096), (64, 4096)), None, ("bfloat16", "bool"),
+                 ("bfloat16",), "bfloat16", (64, 4096), True, id="flat-masked-fill-bool-mask"),
+    pytest.param("where", (), ((64, 4096), (64, 4096), (64, 4096)), ((8192, 1),) * 3,
+                 ("bool", "float16", "float16"), ("float16",), "float16", (64, 4096), True,
+                 id="rows-where-bool-condition"),
+    pytest.param("sign", (), ((64, 4096),), None, ("bool",), ("bool",), "bool", (64, 4096),
+                 True, id="flat-sign-bool"),
 ]
 
 
@@ -350,3 +364,33 @@ def test_wide_program_compiles_with_64_bit_extents():
     src = E.build_kernel("neg", (), ("float32",), ("float32",), "float32", 2, p,
                          "sm_90").get_kernel_source()
     assert "int64_t n0" in src and "int64_t n1" in src
+
+
+# --- bool operands -------------------------------------------------------------------------------
+
+
+def test_bool_operands_are_declared_uint8():
+    """TileLang cannot vectorize bool, so the program holds bool tensors as their bytes."""
+    p = E.Plan("flat", ((0,),), ((1,),) * 3, ((False,),) * 2, 16, 128, 1, 128, False)
+    prog = E.build_program("eq", (), ("bool", "bool"), ("bool",), "bool", 1, p)
+    assert [str(prog.buffer_map[v].dtype) for v in prog.params] == ["uint8"] * 3
+
+
+def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
+    torch = pytest.importorskip("torch")
+    seen = []
+    monkeypatch.setattr(E, "build_kernel", lambda *a, **k: lambda *ts: seen.append(ts))
+    s = spec(fn="where", params=(), in_shapes=((4, 8),) * 3, in_dtypes=("bool", "int64", "int64"),
+             out_dtypes=("int64",), compute="int64")
+    entry = E.ElementwiseFlatKernel.entry_for(s, None)
+    cond, a, b, y = (torch.rand(4, 8) < 0.5, torch.ones(4, 8, dtype=torch.int64),
+                     torch.zeros(4, 8, dtype=torch.int64), torch.empty(4, 8, dtype=torch.int64))
+    entry(cond, a, b, y)
+    got = seen[-1]
+    assert got[0].dtype == torch.uint8 and got[0].data_ptr() == cond.data_ptr()
+    assert torch.equal(got[0].bool(), cond) and got[1:] == (a, b, y)
+    # no bool operand: the kernel itself is the entry, the tensors pass untouched
+    plain = E.ElementwiseFlatKernel.entry_for(spec(), None)
+    assert isinstance(plain, E.ElementwiseFlatKernel)
+    plain(a, b, y)
+    assert seen[-1] == (a, b, y)

@@ -722,11 +722,18 @@ def _with_params(body, ins: list, outs: list):
     return main
 
 
+def _storage(dtype: str) -> str:
+    """The dtype a tensor is declared in: bool as uint8 (one byte, 0 or 1, as torch stores it),
+    since TileLang cannot vectorize bool; the entry passes a bool tensor as its uint8 view."""
+    return "uint8" if dtype == "bool" else dtype
+
+
 def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, compute: str,
                   out_rank: int, p: Plan):
     """The TileLang prim_func of a call class (not compiled): every tensor declared at its own
     rank with launch-time extents (an input's extent-1 dims as 1) and strides, read and written
-    through a flat alias of its data at the offsets ``p`` lays out."""
+    through a flat alias of its data at the offsets ``p`` lays out. Bool tensors are declared
+    uint8 (:func:`_storage`): read as a nonzero test, written as 0 or 1."""
     _, T = tl()
     f = SCALAR_FNS[fn]
     idt = "int64" if p.wide else "int32"
@@ -740,9 +747,9 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
         return T.StridedTensor(shape, strides, dtype), strides
 
     n_out = len(out_dtypes)
-    decl_out = [declare(f"y{o}", out_rank, (False,) * out_rank, dt)
+    decl_out = [declare(f"y{o}", out_rank, (False,) * out_rank, _storage(dt))
                 for o, dt in enumerate(out_dtypes)]
-    decl_in = [declare(f"x{k}", len(ones), ones, dt)
+    decl_in = [declare(f"x{k}", len(ones), ones, _storage(dt))
                for k, (ones, dt) in enumerate(zip(p.ones, in_dtypes, strict=True))]
     ranks = [out_rank] * n_out + [len(o) for o in p.ones]
     svars = [s for _, s in decl_out] + [s for _, s in decl_in]
@@ -763,8 +770,18 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
 
 
 def _values(T, f, xs, in_dtypes, compute):
-    """The inputs as the scalar function takes them (cast to the compute dtype but ``keep``)."""
+    """The inputs as the scalar function takes them: a bool input (held as uint8) as the test
+    ``x != 0``, then cast to the compute dtype but ``keep``."""
+    xs = [T.cast(x, "bool") if dt == "bool" else x for x, dt in zip(xs, in_dtypes, strict=True)]
     return [x if k in f.keep else T.cast(x, compute) for k, x in enumerate(xs)]
+
+
+def _stored(T, value, dtype: str):
+    """An output value in its storage dtype: a bool one as 0 or 1 in uint8 (any nonzero value
+    is true, as torch's conversion to bool)."""
+    if dtype == "bool":
+        return T.cast(T.cast(value, "bool"), "uint8")
+    return T.cast(value, dtype)
 
 
 def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt):
@@ -786,8 +803,8 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
         with T.Kernel(T.cast(T.ceildiv(n, chunk * vec), "int32"), threads=threads) as bx:
             tx = T.get_thread_binding()
             base = T.cast(bx, idt) * chunk + tx
-            held = [T.alloc_local((per * vec,), dt) for dt in in_dtypes]
-            res = [T.alloc_local((per * vec,), dt) for dt in out_dtypes]
+            held = [T.alloc_local((per * vec,), _storage(dt)) for dt in in_dtypes]
+            res = [T.alloc_local((per * vec,), _storage(dt)) for dt in out_dtypes]
             for k in single:
                 held[k][0] = fin[k][0]
             if (T.cast(bx, idt) + 1) * chunk <= T.truncdiv(n, vec):
@@ -800,7 +817,7 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
                                                  for k in range(n_in)], in_dtypes, compute),
                                   params, compute)
                     for o in outs_i:
-                        res[o][j] = T.cast(got[o], out_dtypes[o])
+                        res[o][j] = _stored(T, got[o], out_dtypes[o])
                 for v in T.unroll(per):
                     for o in outs_i:
                         for i in T.vectorized(vec):
@@ -813,7 +830,7 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
                                                      for k in range(n_in)], in_dtypes,
                                               compute), params, compute)
                         for o in outs_i:
-                            fout[o][e] = T.cast(got[o], out_dtypes[o])
+                            fout[o][e] = _stored(T, got[o], out_dtypes[o])
 
     return body
 
@@ -858,8 +875,8 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
 
     @T.macro
     def tile(fin, fout, cb, rb, tx, guard):
-        held = [T.alloc_local((per * vec,), dt) for dt in in_dtypes]
-        res = [T.alloc_local((per * vec,), dt) for dt in out_dtypes]
+        held = [T.alloc_local((per * vec,), _storage(dt)) for dt in in_dtypes]
+        res = [T.alloc_local((per * vec,), _storage(dt)) for dt in out_dtypes]
         c = (cb * tcols + tx % tcols) * vec
         for v in T.unroll(per):
             r = rb * rows_cta + v * trows + tx // tcols
@@ -876,7 +893,7 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
             got = f.build(_values(T, f, [held[k][j] for k in range(n_in)], in_dtypes, compute),
                           params, compute)
             for o in outs_i:
-                res[o][j] = T.cast(got[o], out_dtypes[o])
+                res[o][j] = _stored(T, got[o], out_dtypes[o])
         for v in T.unroll(per):
             r = rb * rows_cta + v * trows + tx // tcols
             offs = row_offsets(r)
@@ -931,6 +948,25 @@ class _ElementwiseKernel(Kernel, ElementwiseInterface):
         # the program depends on the sizes and strides only through the plan they give
         return (spec.fn, spec.params, spec.in_dtypes, spec.out_dtypes, spec.compute,
                 len(spec.out_shape), plan(spec), spec.device)
+
+    @classmethod
+    def entry_for(cls, spec: ElementwiseSpec, op):
+        """The kernel itself; where an operand is bool, a call that passes each bool tensor as
+        its uint8 view (a view, no copy: what the program declares), so calls without one pay
+        nothing for it."""
+        kernel = cls(spec)
+        bools = frozenset(i for i, dt in enumerate((*spec.in_dtypes, *spec.out_dtypes))
+                          if dt == "bool")
+        if not bools or kernel.program is None:
+            return kernel
+        import torch
+
+        program, u8 = kernel.program, torch.uint8
+
+        def entry(*tensors) -> None:
+            program(*[t.view(u8) if i in bools else t for i, t in enumerate(tensors)])
+
+        return entry
 
     def __init__(self, spec: ElementwiseSpec) -> None:
         super().__init__(spec)
