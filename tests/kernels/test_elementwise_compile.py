@@ -394,3 +394,28 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
     assert isinstance(plain, E.ElementwiseFlatKernel)
     plain(a, b, y)
     assert seen[-1] == (a, b, y)
+
+
+@pytest.mark.parametrize(("fn", "in_shapes", "in_strides", "out_shape", "launch"), [
+    pytest.param("silu", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
+    pytest.param("add", ((32768, 8192), ()), None, (32768, 8192), ("flat", 128, 1),
+                 id="flat-2-scalar"),
+    pytest.param("mul", ((64, 4096),) * 2, None, (64, 4096), ("flat", 128, 1), id="flat-2"),
+    pytest.param("add", ((32768, 8192), (8192,)), None, (32768, 8192), ("rows", 256, 2),
+                 id="rows-row-bias"),
+    pytest.param("add", ((64, 96), (64, 1)), None, (64, 96), ("rows", 256, 2),
+                 id="rows-column"),
+    pytest.param("silu_and_mul", ((16384, 14336),) * 2, ((28672, 1),) * 2, (16384, 14336),
+                 ("rows", 256, 4), id="rows-gated-halves"),
+    pytest.param("exp", ((8, 16, 32),), ((512, 1, 16),), (8, 16, 32), ("strided", 256, 4),
+                 id="strided"),
+])
+def test_default_launch_by_layout_and_inputs(fn, in_shapes, in_strides, out_shape, launch):
+    """The measured defaults (_default_launch's docstring has the sweep's figures)."""
+    params = (1,) if fn == "add" else ()
+    s = spec(fn=fn, params=params, in_shapes=in_shapes, in_strides=in_strides,
+             out_shape=out_shape, in_dtypes=("bfloat16",) * len(in_shapes),
+             out_dtypes=("bfloat16",))
+    p = E.plan(s)
+    assert (p.kind, p.threads, p.per) == launch
+    assert (E.plan(s, threads=64, per=4).threads, E.plan(s, threads=64, per=4).per) == (64, 4)

@@ -21,11 +21,12 @@ in an :class:`ElementwiseSpec`; this module owns everything about the layout:
 
 One program serves every size of a layout class: extents and strides are launch-time
 (``T.dynamic``, bound by the FFI from the tensors themselves, so an entry launches the op's
-tensors as they are, without views). Blocks that lie wholly inside the iteration space run
-unmasked with every load of a thread issued before its first store (``per`` accesses of
-``vec`` elements in flight); only the blocks at the edges check bounds. Arithmetic runs in the
-spec's ``compute`` dtype (float32 for float16/bfloat16 storage), exact functions in the storage
-dtype itself.
+tensors as they are, without views but a bool tensor's uint8 view). Blocks that lie wholly
+inside the iteration space run unmasked with every load of a thread issued before its first
+store (``per`` accesses of ``vec`` elements in flight; :func:`_default_launch` has the
+measured defaults); only the blocks at the edges check bounds. Arithmetic runs in the spec's
+``compute`` dtype (float32 for float16/bfloat16 storage), exact functions in the storage dtype
+itself.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -600,6 +601,31 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
+def _default_launch(kind: str, in_codes) -> tuple[int, int]:
+    """``(threads, per)`` by layout class and what is read, from the sweep on the H200
+    (benchmarks/sweep_elementwise.py, bf16, TB/s counting every byte read and written once;
+    the device copy runs at about 4.3):
+
+    - flat, one input: 128 threads, 2 accesses a thread. silu 32768 x 8192: 128/2 4.163,
+      256/4 4.158, 128/4 4.147, 256/2 4.091, 128/1 4.015 (torch.compile 4.178); silu
+      32768 x 4097: 128/2 4.097, 256/4 4.087 (compile 4.119); relu 32768 x 8192 prefers 128/1
+      (4.253, 128/2 4.226, compile 4.242): the default serves the op with math to hide, at
+      0.6% off the cheapest one's best.
+    - flat, two or more inputs (a 0-dim scalar included): 128/1. add with a 0-dim scalar:
+      128/1 4.242, 256/1 4.240, 128/2 4.209, 256/4 4.084 (compile 4.246).
+    - rows with a broadcast input (a row bias, a column): 256/2. add with a [8192] bias:
+      256/2 4.247, 128/2 4.247, 512/2 4.213, 128/1 4.208, 256/4 3.935 (compile 4.247).
+    - rows whose inputs are all read along the row (a gated op's strided halves): 256/4.
+      silu_and_mul over 16384 x 28672: 256/4 4.346, 128/4 4.331, 128/8 4.269, 128/2 4.255,
+      256/1 3.852 (compile 4.376).
+    - strided (unswept): 256/4, the former default."""
+    if kind == "flat":
+        return (128, 2) if len(in_codes) == 1 else (128, 1)
+    if kind == "rows":
+        return (256, 2) if any(0 in c for c in in_codes) else (256, 4)
+    return 256, 4
+
+
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None) -> Plan:
     """The launch plan of ``spec`` (``threads``/``per`` override the defaults, for the sweep)."""
     shape = spec.out_shape
@@ -644,8 +670,9 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
 
     while vec > 1 and not fits(vec):
         vec //= 2
-    threads = threads or 256
-    per = per or 4
+    d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):])
+    threads = threads or d_threads
+    per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
     return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide)
 
