@@ -3,6 +3,7 @@ and launch plan over the space of shapes, strides and alignments (hypothesis, pu
 every scalar function's program built, and one program of each layout class lowered and
 compiled for sm_90 (each compiled case says which path it stands for)."""
 
+import dataclasses
 import itertools
 import math
 import shutil
@@ -419,3 +420,64 @@ def test_default_launch_by_layout_and_inputs(fn, in_shapes, in_strides, out_shap
     p = E.plan(s)
     assert (p.kind, p.threads, p.per) == launch
     assert (E.plan(s, threads=64, per=4).threads, E.plan(s, threads=64, per=4).per) == (64, 4)
+
+
+# --- the float32 normal CDF of gelu's half-precision form ------------------------------------
+
+
+def _erfc32_numpy(z):
+    """E._erfc32 step by step in numpy float32 (the reciprocal correctly rounded here; CUDA's
+    __fdividef is within 2 ulp of it)."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    z = np.asarray(z, dtype=f)
+    with np.errstate(over="ignore", invalid="ignore"):
+        t = f(1) / (f(1) + f(0.5) * z)
+        acc = np.full_like(z, f(E.ERFC_COEFFS[-1]))
+        for c in reversed(E.ERFC_COEFFS[:-1]):
+            acc = acc * t + f(c)
+        return t * np.exp(acc - z * z)
+
+
+def test_erfc32_within_float32_ulps_of_erfc_over_a_dense_grid():
+    np = pytest.importorskip("numpy")
+    z = np.concatenate([np.linspace(0, 2, 400_001), np.linspace(2, 10, 400_001),
+                        [np.float32(1e-30), np.float32(1e-7)]]).astype(np.float32)
+    got = _erfc32_numpy(z).astype(np.float64)
+    ref = np.array([math.erfc(float(v)) for v in z])
+    normal = ref >= np.finfo(np.float32).tiny
+    ulps = np.abs(got - ref)[normal] / np.spacing(ref[normal].astype(np.float32))
+    near = (z[normal] < 2)
+    assert ulps[near].max() <= 9  # measured 8.4
+    rel = (np.abs(got - ref) / ref)[normal]
+    assert rel.max() <= 1e-5  # measured 7.8e-6 (the tail's -z*z rounded in float32)
+    assert np.all(got[~normal] <= 2 * np.finfo(np.float32).tiny)  # underflows, never grows
+    special = _erfc32_numpy([0.0, np.inf, np.nan])
+    assert abs(special[0] - 1) <= 8e-7 and special[1] == 0 and np.isnan(special[2])
+
+
+def test_gelu_half_form_within_bf16_precision_in_both_tails():
+    """gelu(x) = x * Phi(x), Phi from one erfc: relative error below 2e-5 wherever the result is
+    a normal float32, far inside bf16's (7.8e-3) and float16's (9.8e-4) ulp; the erf form
+    cancels for x < -4 and misses bf16's 2 ulp there."""
+    np = pytest.importorskip("numpy")
+    x = np.linspace(-13, 13, 520_001).astype(np.float32)
+    half = np.float32(0.5) * _erfc32_numpy(np.abs(x) * np.float32(math.sqrt(0.5)))
+    phi = np.where(x < 0, half, np.float32(1) - half)
+    got = (x * phi).astype(np.float64)
+    ref = np.array([0.5 * float(v) * math.erfc(-float(v) / math.sqrt(2)) for v in x])
+    normal = np.abs(ref) >= np.finfo(np.float32).tiny
+    rel = np.abs(got - ref)[normal] / np.abs(ref[normal])
+    assert rel.max() <= 2e-5  # measured 1.9e-5 at x = -13
+    assert np.abs(got - ref)[~normal].max() <= 2 * np.finfo(np.float32).tiny
+
+
+@needs_nvcc
+def test_gelu_uses_the_erfc_form_for_half_outputs_only():
+    """bf16 gelu lowers to the erfc form (no libdevice erff); float32 keeps torch's erf form."""
+    p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
+    half = E.build_kernel("gelu", (), ("bfloat16",), ("bfloat16",), "float32", 1, p, "sm_90")
+    assert "erff" not in half.get_kernel_source() and "__fdividef" in half.get_kernel_source()
+    p4 = dataclasses.replace(p, vec=4)
+    full = E.build_kernel("gelu", (), ("float32",), ("float32",), "float32", 1, p4, "sm_90")
+    assert "erff" in full.get_kernel_source()

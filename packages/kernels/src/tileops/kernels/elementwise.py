@@ -93,6 +93,10 @@ class ScalarFn:
     build: Callable[..., tuple]
     keep: tuple[int, ...] = ()
     bool_out: bool = False
+    #: the builder used where every output is float16/bfloat16 and the math runs in float32
+    #: (the result keeps 8 or 11 bits, so a cheaper float32 form within a few ulp serves),
+    #: or None for ``build`` everywhere
+    half_build: Callable[..., tuple] | None = None
 
 
 def _T():
@@ -156,6 +160,46 @@ def _sigmoid(x):
 def _gelu(x):
     dt = x.dtype
     return x * _c(0.5, dt) * (_c(1.0, dt) + _T().erf(x * _c(math.sqrt(0.5), dt)))
+
+
+#: erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z >= 0: the Chebyshev fit of Numerical
+#: Recipes' ``erfcc`` (fractional error below 1.2e-7 everywhere), P's coefficients from t^0 up.
+#: Evaluated in float32 it is within 9 ulp of erfc for z < 2 and 1e-5 relative beyond
+#: (tests/kernels/test_elementwise_compile.py measures it in numpy float32).
+ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
+               -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+
+
+def _erfc32(z):
+    """erfc of a float32 ``z >= 0`` (``ERFC_COEFFS``; +inf gives 0, NaN stays NaN)."""
+    T = _T()
+    one = _c(1.0, "float32")
+    t = T.call_pure_extern("float32", "__fdividef", one, one + _c(0.5, "float32") * z)
+    acc = _c(ERFC_COEFFS[-1], "float32")
+    for c in reversed(ERFC_COEFFS[:-1]):
+        acc = acc * t + _c(c, "float32")
+    return t * T.exp(acc - z * z)
+
+
+def _phi32(x):
+    """The normal CDF of a float32 ``x`` from one erfc of ``|x| / sqrt(2)``: relative accuracy
+    in both tails, where ``(1 + erf(x / sqrt(2))) / 2`` cancels (at x = -5 float32's erf
+    leaves 20% of the result wrong; torch computes so and misses bf16's 2 ulp)."""
+    T = _T()
+    half = _c(0.5, "float32") * _erfc32(T.abs(x) * _c(math.sqrt(0.5), "float32"))
+    neg = x < _c(0.0, "float32")
+    # the sign chosen, not the arm: TileLang lowers a select of two expressions to if/else
+    return _sel(neg, _c(0.0, "float32"), _c(1.0, "float32")) + _sel(
+        neg, _c(1.0, "float32"), _c(-1.0, "float32")) * half
+
+
+def _gelu_half(x):
+    return x * _phi32(x)
+
+
+def _gelu_grad_half(x):
+    pdf = _T().exp(_c(-0.5, "float32") * x * x) * _c(1.0 / math.sqrt(2.0 * math.pi), "float32")
+    return _phi32(x) + x * pdf
 
 
 _K_BETA = math.sqrt(2.0) * (2.0 / math.sqrt(math.pi)) * 0.5  # sqrt(2 / pi)
@@ -273,9 +317,9 @@ def _fns() -> dict[str, ScalarFn]:
     fns: list[ScalarFn] = []
 
     def add(name, arity, build, *, params=(), exact=False, integral=False, outputs=1,
-            keep=(), bool_out=False):
+            keep=(), bool_out=False, half_build=None):
         fns.append(ScalarFn(name, arity, outputs, tuple(params), exact, integral, build,
-                            keep, bool_out))
+                            keep, bool_out, half_build))
 
     def unary(name, f, **kw):
         add(name, 1, lambda xs, ps, dt: (f(xs[0]),), **kw)
@@ -310,7 +354,7 @@ def _fns() -> dict[str, ScalarFn]:
     # --- activations
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
           exact=True, integral=True)
-    unary("gelu", _gelu)
+    unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),))
     unary("gelu_tanh", _gelu_tanh)
     unary("silu", _silu)
     unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))))
@@ -366,9 +410,12 @@ def _fns() -> dict[str, ScalarFn]:
     add("lerp_scalar", 2, lambda xs, ps, dt: (_lerp(xs[0], xs[1], _c(ps[0], dt)),),
         params=("weight",))
     # --- gated: a = gate, b = up
+    half_gates = {"gelu": (_gelu_half, _gelu_grad_half)}
     for g, (f, df) in _GATES.items():
-        add(f"{g}_and_mul", 2, _gated(f))
-        add(f"{g}_and_mul_bwd", 3, _gated_bwd(f, df), outputs=2)
+        hf, hdf = half_gates.get(g, (None, None))
+        add(f"{g}_and_mul", 2, _gated(f), half_build=hf and _gated(hf))
+        add(f"{g}_and_mul_bwd", 3, _gated_bwd(f, df), outputs=2,
+            half_build=hf and _gated_bwd(hf, hdf))
     # --- gradients: (dy, y) from the output, (dy, x) from the input
     z = lambda dt: _c(0.0, dt)  # noqa: E731
     one = lambda dt: _c(1.0, dt)  # noqa: E731
@@ -376,7 +423,8 @@ def _fns() -> dict[str, ScalarFn]:
     add("sigmoid_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1]) * xs[1],))
     add("tanh_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1] * xs[1]),))
     for g, (_, df) in _GATES.items():
-        add(f"{g}_bwd", 2, _grad_times(df))
+        hdf = half_gates.get(g, (None, None))[1]
+        add(f"{g}_bwd", 2, _grad_times(df), half_build=hdf and _grad_times(hdf))
     add("mish_bwd", 2, lambda xs, ps, dt: (_mish_bwd(xs[0], xs[1]),))
     add("softplus_bwd", 2, lambda xs, ps, dt: (_softplus_bwd(xs[0], xs[1], *ps),),
         params=("beta", "threshold"))
@@ -763,6 +811,8 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     uint8 (:func:`_storage`): read as a nonzero test, written as 0 or 1."""
     _, T = tl()
     f = SCALAR_FNS[fn]
+    if f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF:
+        f = dataclasses.replace(f, build=f.half_build)
     idt = "int64" if p.wide else "int32"
     dims = [T.dynamic(f"n{d}", idt) for d in range(out_rank)]
 
