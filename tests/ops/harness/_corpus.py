@@ -36,7 +36,7 @@ from typing import Any
 import torch
 
 from tileops.ops.workloads import Case
-from tileops.spec import evaluate
+from tileops.spec import EvalError, evaluate
 from tileops.spec import expr as E
 from tileops.spec.kinds import DTYPES, DimK, DTypeK, ShapeK
 
@@ -180,8 +180,11 @@ def _rank(b: _Base) -> Iterator[Refusal | Valid]:
 
 def _refinements_hold(b: _Base, values: dict[str, Any]) -> bool:
     """Whether every refinement of the entry holds at ``values`` (by the spec's evaluator)."""
-    scope = _scope(b.plan, values, presence(b.case))
-    return all(bool(evaluate(rule.node, scope)) for rule in b.plan.sig.shape_rules)
+    try:
+        scope = _scope(b.plan, values, presence(b.case))
+        return all(bool(evaluate(rule.node, scope)) for rule in b.plan.sig.shape_rules)
+    except EvalError:  # a primitive refuses the values (shapes that do not broadcast)
+        return False
 
 
 def _dims(b: _Base) -> Iterator[Refusal]:

@@ -38,18 +38,18 @@ from tileops.runtime import Op
 from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
-    "AbsFwdOp", "AddFwdOp", "BinaryOp", "CeilFwdOp", "ClampFwdOp", "CosFwdOp", "DivFwdOp",
+    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampFwdOp", "CosFwdOp", "DivFwdOp",
     "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp", "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp",
     "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp", "GeluAndMulBwdOp", "GeluAndMulFwdOp",
     "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp", "GtFwdOp",
     "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp",
     "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp",
     "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp",
-    "MaskedFillFwdOp", "MaximumFwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulFwdOp",
+    "MaskedFillFwdOp", "MaximumFwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp",
     "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp",
     "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp",
     "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp",
-    "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
+    "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
     "TanhFwdOp", "TruncFwdOp", "WhereFwdOp",
 ]
 
@@ -618,3 +618,83 @@ class SwiGLUBwdOp(ElementwiseOp):
 
     def torch_fn(self, dy, a, b, inplace=False):
         return _aten.silu_backward(dy * b, a), dy * F.silu(a)
+
+
+class BinaryBwdOp(ElementwiseOp):
+    """Base of the binary ops' gradients ``(dout, a, b) -> (da, db)``. Each wanted gradient is
+    one launch of a forward scalar function (``mul``, ``div``, ...) over the broadcast shape,
+    written straight into ``da`` / ``db`` (in its input's dtype) where that input was not
+    broadcast; where it was, into a buffer of ``dout``'s dtype that is then summed over the
+    broadcast axes (torch's ``sum_to_size``, as torch's own autograd reduces). A leaf states
+    each gradient as :meth:`grads`: ``(fn, constants, operands)`` per input, or None for a
+    gradient that is zero."""
+
+    def fn_name(self) -> str:
+        return ""  # each gradient names its own function (grads)
+
+    def constants(self) -> tuple:
+        return ()
+
+    def grads(self, dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        raise NotImplementedError
+
+    def _const(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """A 0-dim ``value`` on ``like``'s device in its dtype, made once per instance."""
+        key = ("const", value, like.device, like.dtype)
+        t = self._delegates.get(key)
+        if t is None:
+            t = torch.full((), value, dtype=like.dtype, device=like.device)
+            with self._lock:
+                self._delegates[key] = t
+        return t
+
+    def forward(self, call, dout, a, b, da, db) -> None:
+        for g, form in zip((da, db), self.grads(dout, a, b), strict=True):
+            if g is None:
+                continue
+            if form is None:
+                g.zero_()
+                continue
+            fn, consts, operands = form
+            if g.shape == dout.shape:
+                self._launch(call, list(operands), (g,), (fn, consts))
+            else:
+                full = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+                self._launch(call, list(operands), (full,), (fn, consts))
+                g.copy_(full.sum_to_size(g.shape))
+
+    def reference(self, call, dout, a, b):
+        # torch's autograd of the forward, in float32 (or float64): a closed form per leaf
+        return self.torch_fn(*[_wide(t) for t in (dout, a, b)])
+
+    def _reduce(self, g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+        return None if g is None else g.sum_to_size(like.shape).to(like.dtype)
+
+
+class AddBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return (("mul", (), (dout, self._const(1.0, dout))),
+                ("mul", (), (dout, self._const(self.alpha, dout))))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout if self.grad_a else None, a),
+                self._reduce(dout * self.alpha if self.grad_b else None, b))
+
+
+class SubBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return (("mul", (), (dout, self._const(1.0, dout))),
+                ("mul", (), (dout, self._const(-self.alpha, dout))))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout if self.grad_a else None, a),
+                self._reduce(-self.alpha * dout if self.grad_b else None, b))
+
+
+class MulBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return ("mul", (), (dout, b)), ("mul", (), (dout, a))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout * b if self.grad_a else None, a),
+                self._reduce(dout * a if self.grad_b else None, b))
