@@ -638,14 +638,19 @@ class BinaryBwdOp(ElementwiseOp):
     def grads(self, dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple:
         raise NotImplementedError
 
+    def derive(self) -> None:
+        super().derive()
+        #: the 0-dim constants the gradients multiply by, per (value, device, dtype)
+        self._scalars: dict[tuple, torch.Tensor] = {}
+
     def _const(self, value: float, like: torch.Tensor) -> torch.Tensor:
         """A 0-dim ``value`` on ``like``'s device in its dtype, made once per instance."""
-        key = ("const", value, like.device, like.dtype)
-        t = self._delegates.get(key)
+        key = (value, like.device, like.dtype)
+        t = self._scalars.get(key)
         if t is None:
             t = torch.full((), value, dtype=like.dtype, device=like.device)
             with self._lock:
-                self._delegates[key] = t
+                self._scalars[key] = t
         return t
 
     def forward(self, call, dout, a, b, da, db) -> None:
