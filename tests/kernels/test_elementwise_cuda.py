@@ -1,6 +1,13 @@
 """The elementwise kernels on a GPU against torch in float64: every scalar function of
 SCALAR_FNS, called through the slot as the op calls it (a spec from the tensors, the
-implementation the slot selects, its entry), over each layout class.
+implementation the slot selects, its entry).
+
+What is compiled is bounded (about 150 programs, :func:`runs`): every function once in bfloat16
+on the contiguous flat layout; the layouts (odd, one row, empty, row/column/0-dim broadcast,
+strided rows, the general strided path) with silu, add and where; int32 on every integral
+function, int64 and bool on a few; float16 and float32 on a handful; in place and misaligned.
+``python3 tests/kernels/test_elementwise_cuda.py --prebuild --workers 15`` compiles exactly
+those programs in spawned processes first, so the tests load them from TileLang's disk cache.
 
 Tolerances, per output dtype (``ulp(d, r)``: the spacing of dtype ``d`` at the reference
 ``r``):
@@ -13,6 +20,12 @@ Tolerances, per output dtype (``ulp(d, r)``: the spacing of dtype ``d`` at the r
 """
 
 import math
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the prebuild entry point imports from the packages' sources
+    sys.path[:0] = [str(p) for p in sorted(
+        (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
 
 import pytest
 
@@ -23,7 +36,7 @@ from tileops.kernels import elementwise as E  # noqa: E402
 from tileops.runtime import select  # noqa: E402
 
 pytestmark = pytest.mark.cuda
-if not torch.cuda.is_available():
+if __name__ != "__main__" and not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
 
 DEV = torch.device("cuda")
@@ -35,18 +48,25 @@ SELU = (1.6732632423543772848170429916717, 1.0507009873554804934193349852946)
 
 
 def _align(t):
-    return min(16, (t.data_ptr() & -t.data_ptr()) or 16)
+    """The address alignment from the view's offset (allocations are 256-byte aligned), so a
+    meta tensor of the prebuild gives what the GPU tensor gives."""
+    b = t.storage_offset() * t.element_size()
+    return min(16, (b & -b) or 16)
+
+
+def spec_of(fn, params, ins, outs, compute, device=DEV):
+    return E.ElementwiseSpec(
+        device=device, fn=fn, params=params, in_dtypes=tuple(NAMES[t.dtype] for t in ins),
+        out_dtypes=tuple(NAMES[t.dtype] for t in outs), compute=compute,
+        out_shape=tuple(outs[0].shape), in_shapes=tuple(tuple(t.shape) for t in ins),
+        in_strides=tuple(t.stride() for t in ins), in_align=tuple(map(_align, ins)),
+        out_strides=tuple(t.stride() for t in outs), out_align=tuple(map(_align, outs)))
 
 
 def run(fn, params, ins, outs, compute):
     """Call the slot as the op does: the spec from the tensors, the selected implementation's
     entry, ``entry(*inputs, *outputs)``."""
-    spec = E.ElementwiseSpec(
-        device=DEV, fn=fn, params=params, in_dtypes=tuple(NAMES[t.dtype] for t in ins),
-        out_dtypes=tuple(NAMES[t.dtype] for t in outs), compute=compute,
-        out_shape=tuple(outs[0].shape), in_shapes=tuple(tuple(t.shape) for t in ins),
-        in_strides=tuple(t.stride() for t in ins), in_align=tuple(map(_align, ins)),
-        out_strides=tuple(t.stride() for t in outs), out_align=tuple(map(_align, outs)))
+    spec = spec_of(fn, params, ins, outs, compute)
     impl = select(E.ElementwiseInterface, KERNELS, spec)
     impl.entry_for(spec, None)(*ins, *outs)
     torch.cuda.synchronize()
@@ -182,16 +202,6 @@ def check(fn, got, ins, params, exact):
         assert bool(ok.all()), (fn, g.dtype, gd[~ok][:8], r[~ok][:8])
 
 
-def _dtypes(fn):
-    f = E.SCALAR_FNS[fn]
-    out = [torch.float16, torch.bfloat16, torch.float32]
-    if f.integral:
-        out += [torch.int32, torch.int64]
-        if fn in ("eq", "ne"):
-            out += [torch.bool]
-    return out
-
-
 def _compute(fn, dtype):
     f = E.SCALAR_FNS[fn]
     if not dtype.is_floating_point:
@@ -206,55 +216,100 @@ def _out_dtypes(fn, dtype):
     return (torch.bool,) * f.outputs if f.bool_out else (dtype,) * f.outputs
 
 
-CASES = [(fn, dt) for fn in sorted(E.SCALAR_FNS) for dt in _dtypes(fn)]
-
-
-@pytest.mark.parametrize(("fn", "dtype"), CASES, ids=[f"{f}-{NAMES[d]}" for f, d in CASES])
-def test_every_function_over_contiguous_odd_broadcast_and_strided_layouts(fn, dtype):
-    f = E.SCALAR_FNS[fn]
-    gen = torch.Generator(DEV).manual_seed(hash(fn) % 1000)
+def _params(fn, dtype):
     params = PARAMS.get(fn, ())
     if not dtype.is_floating_point:
         params = tuple(int(p) if isinstance(p, float) else p for p in params)
-    compute = _compute(fn, dtype)
-    odt = _out_dtypes(fn, dtype)
-    layouts = {
-        # (why) shapes of the inputs, the output shape
-        "contiguous": ([(64, 4096)] * f.arity, (64, 4096)),
-        "odd-4097": ([(3, 4097)] * f.arity, (3, 4097)),
-        "three-elements": ([(3,)] * f.arity, (3,)),
-        "one-row": ([(1, 4097)] * f.arity, (1, 4097)),
-        "no-elements": ([(0, 16)] * f.arity, (0, 16)),
-        "row-broadcast": ([(32, 1024)] + [(1024,)] * (f.arity - 1), (32, 1024)),
-        "scalar": ([(32, 1000)] + [()] * (f.arity - 1), (32, 1000)),
-        "column-broadcast": ([(64, 96)] + [(64, 1)] * (f.arity - 1), (64, 96)),
-    }
-    for shapes, out_shape in layouts.values():
-        ins = make_inputs(fn, shapes, dtype, gen)
-        outs = [torch.empty(out_shape, device=DEV, dtype=d) for d in odt]
-        run(fn, params, ins, outs, compute)
-        if outs[0].numel():
-            check(fn, outs, ins, params, f.exact)
-    # strided rows (a gated op's halves) and the general path (transposed, every other element)
-    base = make_inputs(fn, [(48, 1024)] * f.arity, dtype, gen)
-    for name, view in (("strided-rows", lambda t: t[:, :512]),
-                       ("transposed", lambda t: t.t()),
-                       ("every-other", lambda t: t[::2, ::3])):
-        ins = [view(t) for t in base]
-        outs = [torch.empty(ins[0].shape, device=DEV, dtype=d) for d in odt]
-        impl = run(fn, params, ins, outs, compute)
+    return params
+
+
+#: layout -> (input shapes of an arity, output shape, view of each input or None); (why)
+LAYOUTS = {
+    "contiguous": (lambda n: [(64, 4096)] * n, (64, 4096), None),
+    "odd-4097": (lambda n: [(3, 4097)] * n, (3, 4097), None),  # a flat run, masked tail
+    "three-elements": (lambda n: [(3,)] * n, (3,), None),  # one masked CTA
+    "one-row": (lambda n: [(1, 4097)] * n, (1, 4097), None),
+    "no-elements": (lambda n: [(0, 16)] * n, (0, 16), None),  # nothing launched
+    "row-broadcast": (lambda n: [(32, 1024)] + [(1024,)] * (n - 1), (32, 1024), None),
+    "scalar": (lambda n: [(32, 1000)] + [()] * (n - 1), (32, 1000), None),  # 0-dim partner
+    "column-broadcast": (lambda n: [(64, 96)] + [(64, 1)] * (n - 1), (64, 96), None),
+    "strided-rows": (lambda n: [(48, 1024)] * n, (48, 512), lambda t: t[:, :512]),
+    "transposed": (lambda n: [(48, 1024)] * n, (1024, 48), lambda t: t.t()),
+    "every-other": (lambda n: [(48, 1024)] * n, (24, 342), lambda t: t[::2, ::3]),
+}
+LAYOUT_FNS = ("silu", "add", "where")
+#: (fn, dtype) beyond bf16: int32 on every integral function, int64 and bool on a few, float16
+#: and float32 on a handful (the libm calls and the gelu forms)
+DTYPE_CASES = (
+    [(fn, torch.int32) for fn in sorted(E.SCALAR_FNS) if E.SCALAR_FNS[fn].integral]
+    + [(fn, torch.int64) for fn in ("add", "maximum", "div_floor", "where")]
+    + [(fn, torch.bool) for fn in ("eq", "ne", "mul")]
+    + [(fn, dt) for fn in ("silu", "gelu", "gelu_tanh", "exp", "div", "gelu_and_mul_bwd")
+       for dt in (torch.float16, torch.float32)])
+
+
+def tensors(fn, dtype, layout, device, gen=None):
+    """A layout's inputs (random on the GPU, empty on ``meta`` for the prebuild) and outputs."""
+    f = E.SCALAR_FNS[fn]
+    shapes, _, view = LAYOUTS[layout]
+    if device == "meta":
+        ins = [torch.empty(s, device="meta", dtype=torch.bool if k in f.keep else dtype)
+               for k, s in enumerate(shapes(f.arity))]
+    else:
+        ins = make_inputs(fn, shapes(f.arity), dtype, gen)
+    if view is not None:
+        ins = [view(t) for t in ins]
+    out_shape = torch.broadcast_shapes(*(t.shape for t in ins))
+    outs = [torch.empty(out_shape, device=ins[0].device, dtype=d) for d in _out_dtypes(fn, dtype)]
+    return ins, outs
+
+
+def runs():
+    """Every (fn, dtype, layout) the tests below call."""
+    out = [(fn, torch.bfloat16, "contiguous") for fn in sorted(E.SCALAR_FNS)]
+    out += [(fn, torch.bfloat16, lay) for fn in LAYOUT_FNS for lay in LAYOUTS
+            if lay != "contiguous"]
+    out += [(fn, dt, "contiguous") for fn, dt in DTYPE_CASES]
+    return out
+
+
+def _call_and_check(fn, dtype, layout):
+    f = E.SCALAR_FNS[fn]
+    gen = torch.Generator(DEV).manual_seed(hash((fn, layout)) % 1000)
+    params = _params(fn, dtype)
+    ins, outs = tensors(fn, dtype, layout, DEV, gen)
+    impl = run(fn, params, ins, outs, _compute(fn, dtype))
+    if layout in ("strided-rows", "transposed", "every-other"):
         assert impl is {"strided-rows": E.ElementwiseRowsKernel}.get(
-            name, E.ElementwiseStridedKernel), name
+            layout, E.ElementwiseStridedKernel), layout
+    if outs[0].numel():
         check(fn, outs, ins, params, f.exact)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("fn", ["silu", "relu", "add", "gelu_tanh"])
-def test_in_place_on_a_strided_view(fn, dtype):
+@pytest.mark.parametrize("fn", sorted(E.SCALAR_FNS))
+def test_every_function_bf16_contiguous(fn):
+    _call_and_check(fn, torch.bfloat16, "contiguous")
+
+
+@pytest.mark.parametrize("layout", [lay for lay in LAYOUTS if lay != "contiguous"])
+@pytest.mark.parametrize("fn", LAYOUT_FNS)
+def test_layouts(fn, layout):
+    _call_and_check(fn, torch.bfloat16, layout)
+
+
+@pytest.mark.parametrize(("fn", "dtype"), DTYPE_CASES,
+                         ids=[f"{f}-{NAMES[d]}" for f, d in DTYPE_CASES])
+def test_integer_bool_and_other_float_dtypes(fn, dtype):
+    _call_and_check(fn, dtype, "contiguous")
+
+
+@pytest.mark.parametrize("fn", ["silu", "add"])
+def test_in_place_on_a_strided_view(fn):
     """The output is the input object itself, a strided view: written where it lies."""
     f = E.SCALAR_FNS[fn]
     gen = torch.Generator(DEV).manual_seed(0)
     params = PARAMS.get(fn, ())
+    dtype = torch.bfloat16
     big = make_inputs(fn, [(64, 2048)] * f.arity, dtype, gen, special=False)
     ins = [t[:, 1024:] for t in big]
     before = [t.clone() for t in ins]
@@ -295,3 +350,69 @@ def test_large_flat_call_matches():
     run("silu", (), [x], [y], "float32")
     assert torch.allclose(y.float(), F.silu(x.float()), atol=0, rtol=2 ** -7)
     assert math.isfinite(float(y.float().sum()))
+
+
+# --- the prebuild ----------------------------------------------------------------------------
+
+
+def _extra_specs():
+    """The specs of the tests outside :func:`runs` (in place, misaligned)."""
+    out = []
+    for fn in ("silu", "add"):
+        big = [torch.empty(64, 2048, device="meta", dtype=torch.bfloat16)
+               for _ in range(E.SCALAR_FNS[fn].arity)]
+        ins = [t[:, 1024:] for t in big]
+        out.append(spec_of(fn, PARAMS.get(fn, ()), ins, [ins[0]], "float32", None))
+    x = torch.empty(4097 * 8 + 1, device="meta", dtype=torch.bfloat16)[1:].view(8, 4097)
+    out.append(spec_of("silu", (), [x], [torch.empty_like(x)], "float32", None))
+    return out
+
+
+def program_keys():
+    """The distinct programs the file compiles: build_kernel's arguments, deduplicated."""
+    specs = []
+    for fn, dtype, layout in runs():
+        ins, outs = tensors(fn, dtype, layout, "meta")
+        if outs[0].numel():
+            specs.append(spec_of(fn, _params(fn, dtype), ins, outs, _compute(fn, dtype), None))
+    keys = {}
+    for s in specs + _extra_specs():
+        p = E.plan(s)
+        keys[(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute, len(s.out_shape), p)] = None
+    return list(keys)
+
+
+def _build(key):
+    import time
+
+    t = time.perf_counter()
+    try:
+        E.build_kernel(*key)
+        status = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, the others go on
+        status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    return f"{key[0]} {key[2]} {key[6].kind}", time.perf_counter() - t, status
+
+
+def main(argv=None) -> int:
+    import argparse
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
+    ap.add_argument("--prebuild", action="store_true", required=True)
+    ap.add_argument("--workers", type=int, default=15)
+    args = ap.parse_args(argv)
+    keys = program_keys()
+    t, failed = time.perf_counter(), 0
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        for what, secs, status in pool.map(_build, keys):
+            failed += status != "ok"
+            print(f"{what} {secs:.1f}s {status}", flush=True)
+    print(f"prebuilt {len(keys)} programs in {time.perf_counter() - t:.0f}s, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
