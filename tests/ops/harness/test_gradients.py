@@ -24,10 +24,11 @@ CASES = [c for cls in OPS.values() if cls._gradient is not None for c in base_ca
 
 
 def _leaves(op, inputs):
-    """The case's inputs in float64, the differentiable ones requiring grad."""
+    """The case's inputs in float64, the differentiable ones requiring grad; a bool input
+    (a mask, a condition) stays bool."""
     diff = op._gradient.differentiable
-    return [None if t is None else
-            t.double().requires_grad_(i in diff and t.is_floating_point())
+    return [None if t is None else t if t.dtype is torch.bool else
+            t.double().requires_grad_(i in diff)
             for i, t in enumerate(inputs)]
 
 

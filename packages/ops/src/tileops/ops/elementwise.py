@@ -45,12 +45,12 @@ __all__ = [
     "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp",
     "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp",
     "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp",
-    "MaskedFillFwdOp", "MaximumFwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp",
+    "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumFwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp",
     "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp",
     "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp",
     "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp",
     "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
-    "TanhFwdOp", "TruncFwdOp", "WhereFwdOp",
+    "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
 #: the storage dtypes the generator's call spec states it serves
@@ -703,3 +703,40 @@ class MulBwdOp(BinaryBwdOp):
     def torch_fn(self, dout, a, b, inplace=False):
         return (self._reduce(dout * b if self.grad_a else None, a),
                 self._reduce(dout * a if self.grad_b else None, b))
+
+
+class WhereBwdOp(BinaryBwdOp):
+    """``da`` is ``dout`` where ``cond`` holds, ``db`` where it does not (the condition is not
+    differentiable)."""
+
+    def forward(self, call, dout, cond, a, b, da, db) -> None:
+        zero = self._const(0.0, dout)
+        for g, ops in ((da, (cond, dout, zero)), (db, (cond, zero, dout))):
+            if g is None:
+                continue
+            if g.shape == dout.shape:
+                self._launch(call, list(ops), (g,), ("where", ()))
+            else:
+                full = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+                self._launch(call, list(ops), (full,), ("where", ()))
+                g.copy_(full.sum_to_size(g.shape))
+
+    def reference(self, call, dout, cond, a, b):
+        return self.torch_fn(_wide(dout), cond, _wide(a), _wide(b))
+
+    def torch_fn(self, dout, cond, a, b, inplace=False):
+        zero = torch.zeros((), dtype=dout.dtype, device=dout.device)
+        return (self._reduce(torch.where(cond, dout, zero) if self.grad_a else None, a),
+                self._reduce(torch.where(cond, zero, dout) if self.grad_b else None, b))
+
+
+class MaskedFillBwdOp(ElementwiseOp):
+    """``dx`` is ``dout`` where the mask does not hold (``masked_fill`` with zero)."""
+
+    fn = "masked_fill"
+
+    def constants(self) -> tuple:
+        return (0.0,)
+
+    def torch_fn(self, dout, mask, inplace=False):
+        return dout.masked_fill(mask, 0)
