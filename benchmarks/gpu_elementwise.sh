@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# One GPU session for the elementwise family: unpack the bundle, prebuild the kernels the GPU
+# tests and the spec workloads use (parallel processes), the GPU tests of the kernels, the ops
+# and the harness, then the side-by-side benchmarks of the bars (tileops bench against torch
+# eager, a fresh torch.compile per workload and Liger-Kernel where it has the op) and the
+# kernels' launch-plan sweep. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages
+# (default: prebuild tests bench; also: sweep). About 10 minutes on one H200.
+STAGES=${STAGES:-prebuild tests bench}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
+  local log=$1; shift
+  "$@" 2>&1 | grep -v "TileLang" | tee "$OUT/$log" | tail -n "${TAIL:-30}"
+  echo "== $log: exit ${PIPESTATUS[0]}"
+}
+bench() {  # bench NAME OP... [-w LABEL ...]: one table of the bars, named elementwise_NAME
+  local name=$1; shift
+  TAIL=40 run "bench_$name.log" python3 -m tileops.ops.cli bench --name "elementwise_$name" \
+    --out "$OUT" --no-plot "$@"
+}
+for stage in $STAGES; do case $stage in
+  prebuild)
+    TAIL=2 run prebuild_tests.log python3 tests/kernels/test_elementwise_cuda.py --prebuild --workers 15
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family elementwise --workers 15 ;;
+  tests)
+    TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
+    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py -k "not Norm and not Gemm" -q -p no:cacheprovider --maxfail=40 ;;
+  bench)
+    bench unary SiluFwdOp GeluFwdOp ReluFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16
+    bench gelu_tanh GeluFwdOp -w 'tanh-*'
+    bench gated SiluAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16
+    bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097
+    bench more_unary --against torch ExpFwdOp SigmoidFwdOp TanhFwdOp HardswishFwdOp MishFwdOp SoftplusFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
+  sweep) run sweep.log python3 benchmarks/sweep_elementwise.py --workers 15 --out "$OUT" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
+esac; done
