@@ -481,3 +481,22 @@ def test_gelu_uses_the_erfc_form_for_half_outputs_only():
     p4 = dataclasses.replace(p, vec=4)
     full = E.build_kernel("gelu", (), ("float32",), ("float32",), "float32", 1, p4, "sm_90")
     assert "erff" in full.get_kernel_source()
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("fn", "params", "dtype", "out", "tests"), [
+    ("isnan", (), "bfloat16", "bool", 1), ("isnan", (), "float32", "bool", 1),
+    ("maximum", (), "bfloat16", "bfloat16", 2), ("minimum", (), "float16", "float16", 2),
+    ("clamp_tensor", (True, True), "bfloat16", "bfloat16", 4)])
+def test_nan_tests_survive_to_the_cuda_source(fn, params, dtype, out, tests):
+    """Every NaN test reaches the CUDA source as an ``isnan`` call (``x != x`` is folded to
+    False by TVM's simplifier, which made isnan false and maximum drop NaN): ``tests`` calls an
+    element (on every input read), in the unmasked body and in the masked tail."""
+    arity = E.SCALAR_FNS[fn].arity
+    s = spec(fn=fn, params=params, in_shapes=((8, 128),) * arity, in_dtypes=(dtype,) * arity,
+             out_dtypes=(out,), compute=dtype, out_shape=(8, 128))
+    p = E.plan(s)
+    src = E.build_kernel(fn, params, s.in_dtypes, s.out_dtypes, dtype, 2, p,
+                         "sm_90").get_kernel_source()
+    assert src.count("isnan(") >= 2 * tests, src
+    assert "!= ((float)" not in src

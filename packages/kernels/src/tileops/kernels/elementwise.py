@@ -121,7 +121,12 @@ def _sel(c, a, b):
 
 
 def _isnan(x):
-    return x != x
+    """CUDA's ``isnan`` as an opaque call. ``x != x`` is folded to False by TVM's simplifier
+    (it takes floats to be reflexive), and ``T.isnan`` is lowered back to ``x != x`` by TVM's
+    CUDA intrinsic rule, which leaves it to nvcc; the libdevice call is kept by every pass. A
+    float16/bfloat16 ``x`` is widened to float32 first (exact)."""
+    y = _w(x)
+    return _T().call_pure_extern("bool", "isnan", y)
 
 
 def _max_nan(a, b):
