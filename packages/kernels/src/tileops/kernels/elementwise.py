@@ -212,9 +212,38 @@ _K_KAPPA = 0.044715
 
 
 def _gelu_tanh(x):
+    """torch's form in torch's order (``x_cube = x * x * x``, ``0.5 * x * (1 + tanh(inner))``),
+    so float32 rounds as torch does."""
     dt = x.dtype
-    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x * x * x)
+    x_cube = x * x * x
+    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x_cube)
     return _c(0.5, dt) * x * (_c(1.0, dt) + _T().tanh(inner))
+
+
+def _tanh_terms32(u):
+    """``(1 + tanh(u), 1 - tanh(u)^2)`` of a float32 ``u`` without cancellation: with
+    ``e = exp(-2|u|)`` (in (0, 1], no overflow) and ``r = 1 / (1 + e)``, ``1 + tanh(u)`` is
+    ``2 e r`` for ``u < 0`` and ``2 r`` otherwise, and ``sech(u)^2 = 4 e r^2``. From float32's
+    ``tanhf`` both lose every bit once ``tanh(u)`` rounds to -1 or 1 (|u| > 8.3), which a
+    gradient scaled by ``dy * b`` shows past bf16's ulps."""
+    T = _T()
+    e = T.exp(_c(-2.0, "float32") * T.abs(u))
+    r = _c(1.0, "float32") / (_c(1.0, "float32") + e)
+    one_plus = _c(2.0, "float32") * r * _sel(u < _c(0.0, "float32"), e, _c(1.0, "float32"))
+    return one_plus, _c(4.0, "float32") * e * r * r
+
+
+def _gelu_tanh_half(x):
+    inner = _c(_K_BETA, "float32") * (x + _c(_K_KAPPA, "float32") * (x * x * x))
+    return _c(0.5, "float32") * x * _tanh_terms32(inner)[0]
+
+
+def _gelu_tanh_grad_half(x):
+    x_sq = x * x
+    inner = _c(_K_BETA, "float32") * (x + _c(_K_KAPPA, "float32") * (x_sq * x))
+    one_plus, sech2 = _tanh_terms32(inner)
+    inner_d = _c(_K_BETA, "float32") * (_c(1.0, "float32") + _c(3.0 * _K_KAPPA, "float32") * x_sq)
+    return _c(0.5, "float32") * one_plus + _c(0.5, "float32") * x * sech2 * inner_d
 
 
 def _silu(x):
@@ -234,14 +263,15 @@ def _gelu_tanh_grad(x):
     dt = x.dtype
     T = _T()
     x_sq = x * x
-    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x_sq * x)
+    x_cube = x_sq * x
+    inner = _c(_K_BETA, dt) * (x + _c(_K_KAPPA, dt) * x_cube)
     th = T.tanh(inner)
     left = _c(0.5, dt) * x
     right = _c(1.0, dt) + th
     left_d = _c(0.5, dt) * right
     inner_d = _c(_K_BETA, dt) * (_c(1.0, dt) + _c(3.0 * _K_KAPPA, dt) * x_sq)
-    right_d = (_c(1.0, dt) - th * th) * inner_d
-    return left_d + left * right_d
+    right_d = left * (_c(1.0, dt) - th * th) * inner_d  # torch's order
+    return left_d + right_d
 
 
 def _silu_grad(x):
@@ -360,7 +390,7 @@ def _fns() -> dict[str, ScalarFn]:
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
           exact=True, integral=True)
     unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),))
-    unary("gelu_tanh", _gelu_tanh)
+    unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),))
     unary("silu", _silu)
     unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))))
     add("softplus", 1, lambda xs, ps, dt: (_sel(
@@ -415,7 +445,8 @@ def _fns() -> dict[str, ScalarFn]:
     add("lerp_scalar", 2, lambda xs, ps, dt: (_lerp(xs[0], xs[1], _c(ps[0], dt)),),
         params=("weight",))
     # --- gated: a = gate, b = up
-    half_gates = {"gelu": (_gelu_half, _gelu_grad_half)}
+    half_gates = {"gelu": (_gelu_half, _gelu_grad_half),
+                  "gelu_tanh": (_gelu_tanh_half, _gelu_tanh_grad_half)}
     for g, (f, df) in _GATES.items():
         hf, hdf = half_gates.get(g, (None, None))
         add(f"{g}_and_mul", 2, _gated(f), half_build=hf and _gated(hf))
