@@ -739,7 +739,10 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         kind = "rows"
     else:
         kind = "strided"
-    vec = _VECTOR_BYTES // max(items)
+    # the width comes from the operands read along the vector (inner stride 1): a broadcast
+    # one (a 0-dim float32 scalar beside bf16 tensors) is read once and does not narrow it
+    along = [items[k] for k, c in enumerate(codes) if c and c[-1] == 1]
+    vec = _VECTOR_BYTES // max(along or items)
     if not inner_unit:
         vec = 1
     ncols = math.prod(shape[d] for d in groups[-1]) if groups else 1
