@@ -18,6 +18,7 @@ from tileops.ops import (
     GeluFwdOp,
     MaximumFwdOp,
     MulFwdOp,
+    PowFwdOp,
     ReluFwdOp,
     SiluAndMulFwdOp,
     SiluFwdOp,
@@ -114,7 +115,16 @@ def test_one_entry_per_layout_and_the_cached_call_builds_nothing():
         op(x)
     assert op._entries_by_call == entries
     op(torch.randn(17, 512, device="cuda", dtype=torch.bfloat16))  # a new size: a new key
-    assert len(op._entries_by_call) == len(entries) + 1
+    new = [k for k in op._entries_by_call if k not in entries]
+    # the call's key, and the kernel's own memo of the new spec
+    assert len(new) == 2 and sum(k[0] == x.device for k in new) == 1, new
+    with pytest.raises(TypeError, match=r"^PowFwdOp: the in-tree elementwise kernels compute "
+                                        r"pow in a floating dtype, not int32; construct the op "
+                                        r"with target='reference' for an integer power$"):
+        PowFwdOp()(torch.arange(4, device="cuda", dtype=torch.int32),
+                   torch.arange(4, device="cuda", dtype=torch.int32))
+    ints = torch.arange(4, dtype=torch.int32)
+    torch.testing.assert_close(PowFwdOp(target="reference")(ints, ints), ints ** ints)
 
 
 def test_integer_division_rounds_as_torch():

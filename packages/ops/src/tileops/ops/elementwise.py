@@ -137,6 +137,7 @@ class ElementwiseOp(Op):
                 self._entries_by_call[key] = _noop
             return _noop
         compute = self.compute_dtype(ins, outs)
+        self.refuse_compute(compute)
         return self.kernel_for(key, _k.ElementwiseInterface, lambda: _k.ElementwiseSpec(
             device=call.device, fn=form[0], params=form[1],
             in_dtypes=tuple(NAMES[t.dtype] for t in ins),
@@ -153,6 +154,10 @@ class ElementwiseOp(Op):
         if dtype is torch.bool:
             dtype = self.operand_dtype(ins)
         return torch.float32 if dtype in _HALF else dtype
+
+    def refuse_compute(self, compute: torch.dtype) -> None:
+        """Refuse, by name, a compute dtype the op's in-tree function does not serve (the
+        entry admits it: the ``reference`` target serves it); the default serves every one."""
 
     def operand_dtype(self, ins: list) -> torch.dtype:
         """The common dtype of the operands: torch's ``result_type`` (a 0-dim operand takes
@@ -393,7 +398,21 @@ def _binary(name: str, fn: str, torch_fn: Any, doc: str) -> type[BinaryOp]:
                                     "__module__": __name__, "__qualname__": name})
 
 
-PowFwdOp = _binary("PowFwdOp", "pow", torch.pow, "``torch.pow``.")
+class PowFwdOp(BinaryOp):
+    """``torch.pow``. The in-tree function computes in a floating dtype; an integer power
+    (torch's exponentiation by squaring) is served by the ``reference`` target."""
+
+    fn = "pow"
+    binary = torch.pow
+
+    def refuse_compute(self, compute: torch.dtype) -> None:
+        if not compute.is_floating_point:
+            name = NAMES.get(compute, str(compute))
+            raise TypeError(f"{type(self).__name__}: the in-tree elementwise kernels compute "
+                            f"pow in a floating dtype, not {name}; construct the op with "
+                            f"target='reference' for an integer power")
+
+
 MaximumFwdOp = _binary("MaximumFwdOp", "maximum", torch.maximum, "``torch.maximum``.")
 MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimum``.")
 RemainderFwdOp = _binary("RemainderFwdOp", "remainder", torch.remainder,
