@@ -140,9 +140,34 @@ def ceil_div(a: int, b: int) -> int:
 
 
 def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
-    """NumPy/PyTorch broadcasting of shapes; raises PrimitiveError if they do not broadcast."""
-    rank = max((len(s) for s in shapes), default=0)
-    out = []
+    """NumPy/PyTorch broadcasting of shapes; raises PrimitiveError if they do not broadcast.
+
+    It runs in every call check of a broadcasting op, so equal shapes return at once and the
+    rest is one pass over each shape; a conflict is reported by :func:`_broadcast_error`, which
+    names the first axis (from the left) where two shapes disagree."""
+    if not shapes:
+        return ()
+    first = shapes[0]
+    if all(s == first for s in shapes):
+        return tuple(first)
+    rank = max(map(len, shapes))
+    out = [1] * rank
+    for s in shapes:
+        off = rank - len(s)
+        for i, d in enumerate(s):
+            if d != 1:
+                o = out[off + i]
+                if o == 1:
+                    out[off + i] = d
+                elif o != d:
+                    _broadcast_error(shapes)
+    return tuple(out)
+
+
+def _broadcast_error(shapes: Sequence[Sequence[int]]) -> None:
+    """Raise the PrimitiveError of shapes that do not broadcast, at the first axis from the
+    left where one disagrees with the size the shapes before it agreed on."""
+    rank = max(len(s) for s in shapes)
     for axis in range(rank):
         size = 1
         for s in shapes:
@@ -155,8 +180,7 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
                     f"(axis {axis - rank}: {size} vs {s[i]})"
                 )
             size = s[i]
-        out.append(size)
-    return tuple(out)
+    raise AssertionError(f"shapes {shapes} broadcast")  # pragma: no cover - called on a conflict
 
 
 def per_axis(value, axis: int, n: int, fallback: int | None = None) -> int:
