@@ -505,6 +505,20 @@ def test_nan_tests_survive_to_the_cuda_source(fn, params, dtype, out, tests):
     assert "!= ((float)" not in src
 
 
+@needs_nvcc
+def test_hardswish_gradient_has_torchs_boundaries():
+    """torch's hardswish gradient is 0 at x <= -3 and dy at x >= 3 (its documented formula;
+    x = +-3 are common bfloat16 values, where the other closure is 0.5 dy off)."""
+    s = spec(fn="hardswish_bwd", params=(), in_shapes=((8, 128),) * 2,
+             in_dtypes=("bfloat16",) * 2, out_dtypes=("bfloat16",), compute="float32",
+             out_shape=(8, 128))
+    src = E.build_kernel("hardswish_bwd", (), s.in_dtypes, s.out_dtypes, "float32", 2,
+                         E.plan(s), "sm_90").get_kernel_source()
+    assert "<= -0x1.8p+1f" in src and "< 0x1.8p+1f" in src, src
+    assert "< -0x1.8p+1f" not in src.replace("<= -0x1.8p+1f", "")
+    assert "<= 0x1.8p+1f" not in src
+
+
 def test_gelu_tanh_half_gradient_keeps_the_tails_relative():
     """The half form of gelu_tanh's gradient (``E._tanh_terms32``: 1 + tanh and sech^2 from
     one exp(-2|u|)) in numpy float32: relative error below 2e-5 past |x| = 2 wherever the result

@@ -471,10 +471,12 @@ def _fns() -> dict[str, ScalarFn]:
     add("selu_bwd", 2, lambda xs, ps, dt: (_sel(
         xs[1] <= z(dt), xs[0] * _c(_SELU_ALPHA * _SELU_SCALE, dt) * T().exp(xs[1]),
         xs[0] * _c(_SELU_SCALE, dt)),))
+    # torch's boundaries (since its hardswish gradient follows the documented formula): zero
+    # at x <= -3, dy at x >= 3 (x = +-3 are common in bfloat16)
     add("hardswish_bwd", 2, lambda xs, ps, dt: (_sel(
-        xs[1] < _c(-3.0, dt), z(dt), _sel(xs[1] <= _c(3.0, dt),
-                                          xs[0] * (xs[1] / _c(3.0, dt) + _c(0.5, dt)),
-                                          xs[0])),))
+        xs[1] <= _c(-3.0, dt), z(dt), _sel(xs[1] < _c(3.0, dt),
+                                           xs[0] * (xs[1] / _c(3.0, dt) + _c(0.5, dt)),
+                                           xs[0])),))
     add("hardsigmoid_bwd", 2, lambda xs, ps, dt: (_sel(
         (xs[1] > _c(-3.0, dt)) & (xs[1] < _c(3.0, dt)), xs[0] * _c(1.0 / 6.0, dt), z(dt)),))
     add("hardtanh_bwd", 2, lambda xs, ps, dt: (_sel(
