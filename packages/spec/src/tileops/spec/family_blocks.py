@@ -310,12 +310,17 @@ def relocate_lines(lines: dict[str, int], path: str, sources: list[list[LineSour
     for p in written:
         del lines[p]
     snapshot = {**lines, **written}
-    # each path under every ancestor it has (split where a key or an index starts), built once:
-    # a source's descendants are then one lookup, not a scan of the table per workload
+    # each path under every deep source that is an ancestor of it (split where a key or an
+    # index starts), built once: a source's descendants are then one lookup, not a scan of
+    # the table per workload. Sources lie under this list or a family block's grid rows, so
+    # only those paths are indexed (the rest of the file's table is not scanned per entry)
+    roots = {src for srcs in sources for src, _, deep in srcs if deep}
     below: dict[str, list[tuple[str, int]]] = {}
     for p, n in snapshot.items():
+        if not (p.startswith(prefix) or p.startswith("families.")):
+            continue
         for i, ch in enumerate(p):
-            if ch in ".[":
+            if ch in ".[" and p[:i] in roots:
                 below.setdefault(p[:i], []).append((p[i:], n))
     for k, srcs in enumerate(sources):
         base = f"{path}[{k}]"
