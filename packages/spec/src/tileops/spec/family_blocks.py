@@ -302,18 +302,23 @@ def check_families_used(families: Mapping[str, FamilyDef], entries: Mapping[str,
     return found
 
 
-def relocate_lines(lines: dict[str, int], path: str, sources: list[list[LineSource]]) -> None:
+def relocate_lines(lines: dict[str, int], path: str, sources: list[list[LineSource]],
+                   scope: Iterable[str] | None = None) -> None:
     """Rewrite the line table's ``{path}[i]...`` entries for the expanded workload list:
-    ``sources[k]`` says where the lines of workload ``k``'s paths were written."""
+    ``sources[k]`` says where the lines of workload ``k``'s paths were written. Sources lie
+    under this list or a family block's grid rows; ``scope``, where given, is the table's
+    paths that can hold them (the entry's and the family blocks'), so an entry's relocation
+    does not scan the whole file's table."""
     prefix = f"{path}["
-    written = {p: n for p, n in lines.items() if p.startswith(prefix)}
+    candidates = [p for p in (lines if scope is None else scope) if p in lines]
+    written = {p: lines[p] for p in candidates if p.startswith(prefix)}
     for p in written:
         del lines[p]
-    snapshot = {**lines, **written}
+    snapshot = {p: lines[p] for p in candidates if p in lines}
+    snapshot.update(written)
     # each path under every deep source that is an ancestor of it (split where a key or an
     # index starts), built once: a source's descendants are then one lookup, not a scan of
-    # the table per workload. Sources lie under this list or a family block's grid rows, so
-    # only those paths are indexed (the rest of the file's table is not scanned per entry)
+    # the table per workload
     roots = {src for srcs in sources for src, _, deep in srcs if deep}
     below: dict[str, list[tuple[str, int]]] = {}
     for p, n in snapshot.items():

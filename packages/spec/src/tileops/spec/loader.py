@@ -331,11 +331,17 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
     used_grids: set[tuple[str, str]] = set()
     entries: dict[str, OpEntry] = {}
     errors: list[Diagnostic] = []
+    # the line table's paths by their top-level key (an entry's name, "families"), once: an
+    # entry's workload relocation reads its own and the family blocks' paths only
+    by_root: dict[str, list[str]] = {}
+    for p in rec.lines:
+        by_root.setdefault(_root(p), []).append(p)
     for name, raw in data.items():
         if name == "families":
             continue
         try:
-            entries[name] = _entry(name, raw, families, used_grids, file, rec.lines)
+            scope = (*by_root.get(str(name), ()), *by_root.get("families", ()))
+            entries[name] = _entry(name, raw, families, used_grids, file, rec.lines, scope)
         except SpecLoadError as err:
             errors += err.diagnostics
     if not errors:  # a family's grid is unused only if no entry that might use it failed
@@ -343,8 +349,15 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
     return SpecFile(path=file, entries=entries, lines=rec.lines, families=families), errors
 
 
+def _root(path: str) -> str:
+    """A line-table path's top-level key: ``RMSNormFwdOp`` of ``RMSNormFwdOp.workloads[0]``."""
+    cut = min((i for i in (path.find("."), path.find("[")) if i >= 0), default=len(path))
+    return path[:cut]
+
+
 def _entry(name: Any, raw: Any, families: dict[str, FamilyDef],
-           used_grids: set[tuple[str, str]], file: str, lines: dict[str, int]) -> OpEntry:
+           used_grids: set[tuple[str, str]], file: str, lines: dict[str, int],
+           scope: tuple[str, ...] | None = None) -> OpEntry:
     """One entry of a spec file, converted, its family's defaults and grids applied."""
     if not is_name(name):
         raise SpecLoadError(
@@ -366,14 +379,15 @@ def _entry(name: Any, raw: Any, families: dict[str, FamilyDef],
     workloads = raw.pop("workloads", None)
     entry = convert(raw, OpEntry, name, file, lines)
     if workloads is not None:
-        rows = _workloads(workloads, name, entry, families, used_grids, file, lines)
+        rows = _workloads(workloads, name, entry, families, used_grids, file, lines, scope)
         entry = msgspec.structs.replace(entry, workloads=rows)
     return entry
 
 
 def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDef],
                used_grids: set[tuple[str, str]], file: str,
-               lines: dict[str, int]) -> tuple[Workload, ...]:
+               lines: dict[str, int], scope: tuple[str, ...] | None = None
+               ) -> tuple[Workload, ...]:
     """The entry's workload list, each grid item expanded where it is written; the line
     table's workload paths are rewritten to the expanded numbering."""
     path = f"{name}.workloads"
@@ -403,7 +417,7 @@ def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDe
         if len(rows) > MAX_WORKLOADS:
             raise fail(file, lines, rpath, f"{name} has more than {MAX_WORKLOADS} workloads "
                        f"(each is a test and a benchmark case)")
-    relocate_lines(lines, path, sources)
+    relocate_lines(lines, path, sources, scope)
     return tuple(rows)
 
 
