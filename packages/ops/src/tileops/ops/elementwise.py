@@ -38,18 +38,19 @@ from tileops.runtime import Op
 from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
-    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampFwdOp", "CosFwdOp", "DivFwdOp",
-    "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp", "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp",
-    "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp", "GeluAndMulBwdOp", "GeluAndMulFwdOp",
-    "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp", "GtFwdOp",
-    "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp",
+    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampFwdOp",
+    "CosFwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp", "ErfFwdOp",
+    "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp", "GeluAndMulBwdOp",
+    "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp",
+    "GtFwdOp", "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp",
     "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp",
-    "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp",
-    "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumFwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp",
-    "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp",
-    "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp",
-    "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp",
-    "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
+    "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpBwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp",
+    "LtFwdOp", "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumBwdOp", "MaximumFwdOp",
+    "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp",
+    "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp", "RemainderFwdOp",
+    "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp",
+    "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp",
+    "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
     "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
@@ -759,3 +760,80 @@ class MaskedFillBwdOp(ElementwiseOp):
 
     def torch_fn(self, dout, mask, inplace=False):
         return dout.masked_fill(mask, 0)
+
+
+class _ExtremumBwd(BinaryBwdOp):
+    """The gradients of ``maximum`` / ``minimum`` in torch's form: ``w = dout / 2`` where
+    ``a == b`` else ``dout`` (a tie splits the gradient), then each side's ``w`` with zero
+    where the other side won (``a < b`` for maximum's ``da``). Launches of the forward's
+    scalar functions (``mul``, ``eq``, ``lt``/``gt``, ``where``) over the broadcast shape."""
+
+    #: the comparison that zeroes each side's gradient: (for da, for db)
+    losers: ClassVar[tuple[str, str]]
+
+    def forward(self, call, dout, a, b, da, db) -> None:
+        shape, dev = dout.shape, dout.device
+        half = torch.empty(shape, dtype=dout.dtype, device=dev)
+        self._launch(call, [dout, self._const(0.5, dout)], (half,), ("mul", ()))
+        tie = torch.empty(shape, dtype=torch.bool, device=dev)
+        self._launch(call, [a, b], (tie,), ("eq", ()))
+        w = torch.empty(shape, dtype=dout.dtype, device=dev)
+        self._launch(call, [tie, half, dout], (w,), ("where", ()))
+        zero = self._const(0.0, dout)
+        for g, lost in zip((da, db), self.losers, strict=True):
+            if g is None:
+                continue
+            mask = torch.empty(shape, dtype=torch.bool, device=dev)
+            self._launch(call, [a, b], (mask,), (lost, ()))
+            out = g if g.shape == shape else torch.empty(shape, dtype=dout.dtype, device=dev)
+            self._launch(call, [mask, zero, w], (out,), ("where", ()))
+            if out is not g:
+                g.copy_(out.sum_to_size(g.shape))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        w = torch.where(a == b, dout / 2, dout)
+        lose_a, lose_b = ((a < b), (a > b)) if self.losers == ("lt", "gt") else ((a > b), (a < b))
+        return (self._reduce(w.masked_fill(lose_a, 0) if self.grad_a else None, a),
+                self._reduce(w.masked_fill(lose_b, 0) if self.grad_b else None, b))
+
+
+class MaximumBwdOp(_ExtremumBwd):
+    losers = ("lt", "gt")
+
+
+class MinimumBwdOp(_ExtremumBwd):
+    losers = ("gt", "lt")
+
+
+class LerpBwdOp(BinaryBwdOp):
+    """``dstart = dout (1 - weight)``, ``dend = dout weight``, ``dweight = dout (end -
+    start)`` (torch's lerp gradients), each launched over the broadcast shape and summed over
+    its input's broadcast axes."""
+
+    def forward(self, call, dout, start, end, weight, dstart, dend, dweight) -> None:
+        shape, dev = dout.shape, dout.device
+        plans = []
+        if dstart is not None:
+            rest = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
+            self._launch(call, [self._const(1.0, weight), weight], (rest,), ("sub", (1.0,)))
+            plans.append((dstart, [dout, rest]))
+        if dend is not None:
+            plans.append((dend, [dout, weight]))
+        if dweight is not None:
+            diff = torch.empty(torch.broadcast_shapes(start.shape, end.shape),
+                               dtype=dout.dtype, device=dev)
+            self._launch(call, [end, start], (diff,), ("sub", (1.0,)))
+            plans.append((dweight, [dout, diff]))
+        for g, operands in plans:
+            out = g if g.shape == shape else torch.empty(shape, dtype=dout.dtype, device=dev)
+            self._launch(call, operands, (out,), ("mul", ()))
+            if out is not g:
+                g.copy_(out.sum_to_size(g.shape))
+
+    def reference(self, call, dout, start, end, weight):
+        return self.torch_fn(*[_wide(t) for t in (dout, start, end, weight)])
+
+    def torch_fn(self, dout, start, end, weight, inplace=False):
+        return (self._reduce(dout * (1 - weight) if self.grad_start else None, start),
+                self._reduce(dout * weight if self.grad_end else None, end),
+                self._reduce(dout * (end - start) if self.grad_weight else None, weight))

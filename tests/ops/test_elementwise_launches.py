@@ -1,0 +1,144 @@
+"""The elementwise ops' in-tree path on the CPU: how each op hands its call to the
+``elementwise`` slot (the operands, their views, the outputs, the scalar function and its
+constants, the gradients' several launches and reductions), run through a stand-in
+implementation of the slot that computes each scalar function with torch. The kernels'
+own numerics are tested on the GPU (tests/kernels/test_elementwise_cuda.py); what this
+checks is the ops' side of the slot, against each op's reference."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tileops.ops as ops
+from tileops.kernels import elementwise as K
+from tileops.runtime import Kernel
+
+#: the scalar functions the cases below reach, as torch computes them
+_FNS = {
+    "mul": lambda p, a, b: a * b,
+    "sub": lambda p, a, b: a - p[0] * b,
+    "add": lambda p, a, b: a + p[0] * b,
+    "div": lambda p, a, b: a / b,
+    "eq": lambda p, a, b: a == b,
+    "lt": lambda p, a, b: a < b,
+    "gt": lambda p, a, b: a > b,
+    "where": lambda p, c, a, b: torch.where(c, a, b),
+    "masked_fill": lambda p, x, m: x.masked_fill(m, p[0]),
+    "silu": lambda p, x: F.silu(x),
+    "relu": lambda p, x: F.relu(x),
+    "clamp": lambda p, x: x.clamp(p[0] if p[2] else None, p[1] if p[3] else None),
+    "clamp_tensor": lambda p, x, lo, hi: x.clamp(lo if p[0] else None, hi if p[1] else None),
+    "silu_and_mul": lambda p, a, b: F.silu(a) * b,
+    "silu_and_mul_bwd": lambda p, dy, a, b: (torch.ops.aten.silu_backward(dy * b, a),
+                                             dy * F.silu(a)),
+}
+launched: list[str] = []
+
+
+class TorchSlot(Kernel, K.ElementwiseInterface):
+    """The slot on the CPU: each call's scalar function by torch, in the spec's compute dtype,
+    written into the outputs the op handed over (views of the caller's tensors included)."""
+
+    devices = ("cpu",)
+    general = True
+
+    @classmethod
+    def entry_for(cls, spec, op):
+        fn = _FNS[spec.fn]
+        compute = getattr(torch, spec.compute)
+
+        def run(*tensors):
+            launched.append(spec.fn)
+            ins, outs = tensors[:len(spec.in_dtypes)], tensors[len(spec.in_dtypes):]
+            for t, shape in zip(ins, spec.in_shapes, strict=True):
+                assert tuple(t.shape) == shape
+            got = fn(spec.params, *[t if t.dtype is torch.bool else t.to(compute) for t in ins])
+            for o, g in zip(outs, got if isinstance(got, tuple) else (got,), strict=True):
+                assert tuple(o.shape) == spec.out_shape
+                o.copy_(g.expand(o.shape))
+
+        return run
+
+
+def _in_tree(cls, **params):
+    return cls(kernel_map={"elementwise": TorchSlot}, **params)
+
+
+def _pair(cls, **params):
+    return _in_tree(cls, **params), cls(target="reference", **params)
+
+
+def _close(got, want):
+    """``got`` (the in-tree call's outputs, which ran through the slot) equal to ``want``."""
+    assert launched, "the call did not run through the elementwise slot"
+    launched.clear()
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,), strict=True):
+        if w is None:
+            assert g is None
+        else:
+            torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def _rand(*shape, dtype=torch.float32, seed=0):
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+@pytest.mark.parametrize(("name", "shapes"), [
+    ("AddBwdOp", ((5, 3), (5, 3), (3,))), ("SubBwdOp", ((5, 3), (5, 1), (3,))),
+    ("MulBwdOp", ((4, 5, 3), (5, 3), (4, 1, 3))), ("MaximumBwdOp", ((5, 3), (5, 3), (3,))),
+    ("MinimumBwdOp", ((5, 3), (5, 3), ())),
+])
+def test_binary_gradients_launch_and_reduce_as_their_reference(name, shapes):
+    cls = getattr(ops, name)
+    dout, a, b = (_rand(*s, seed=i) for i, s in enumerate(shapes))
+    if name in ("MaximumBwdOp", "MinimumBwdOp"):
+        a[0] = b.expand(a.shape)[0]  # ties split the gradient
+    for needs in ((True, True), (True, False), (False, True)):
+        mine, ref = _pair(cls, grad_a=needs[0], grad_b=needs[1])
+        _close(mine(dout, a, b), ref(dout, a, b))
+        assert mine.serving_target == "tileops"
+
+
+def test_where_and_masked_fill_gradients():
+    dout, a, b = _rand(7, 5), _rand(5, seed=1), _rand(7, 5, seed=2)
+    cond = _rand(7, 1, seed=3) > 0
+    mine, ref = _pair(ops.WhereBwdOp)
+    _close(mine(dout, cond, a, b), ref(dout, cond, a, b))
+    mask = _rand(5, seed=4) > 0
+    mine, ref = _pair(ops.MaskedFillBwdOp)
+    _close(mine(dout, mask), ref(dout, mask))
+
+
+def test_lerp_gradient_launches_each_wanted_term():
+    dout, s, e, w = _rand(7, 5), _rand(7, 5, seed=1), _rand(5, seed=2), _rand(7, 1, seed=3)
+    for flags in ((True, True, True), (False, True, False), (True, False, True)):
+        params = dict(zip(("grad_start", "grad_end", "grad_weight"), flags, strict=True))
+        mine, ref = _pair(ops.LerpBwdOp, **params)
+        _close(mine(dout, s, e, w), ref(dout, s, e, w))
+
+
+def test_gated_ops_hand_over_the_halves_as_views():
+    x = _rand(4, 2 * 6 + 2)[:, 1:13]  # a strided [4, 12] input
+    mine, ref = _pair(ops.SiluAndMulFwdOp)
+    _close(mine(x), ref(x))
+    dy = _rand(4, 6, seed=5)
+    mine, ref = _pair(ops.SiluAndMulBwdOp)
+    _close(mine(dy, x), ref(dy, x))
+
+
+def test_clamp_forms_and_inplace_write_the_callers_tensor():
+    x = _rand(6, 4)
+    mine, ref = _pair(ops.ClampFwdOp, min=-0.5)
+    _close(mine(x), ref(x))
+    lo, hi = torch.full((6, 4), -0.2), _rand(4, seed=7).expand(6, 4)
+    mine, ref = _pair(ops.ClampFwdOp)
+    _close(mine(x, lo, hi), ref(x, lo, hi))
+    _close(mine(x, None, hi), ref(x, None, hi))
+    y = x.clone()[:, ::2]  # a strided view, written in place
+    want = F.relu(y)
+    assert _in_tree(ops.ReluFwdOp, inplace=True)(y) is y
+    _close(y, want)
+    assert launched == []
