@@ -89,6 +89,8 @@ def test_clamp_tensor_bounds_and_refusals():
     torch.testing.assert_close(ClampFwdOp()(x, None, hi), torch.clamp(x, max=hi))
     with pytest.raises(SignatureCallError, match="ClampFwdOp"):
         ClampFwdOp(min=0.0)(x, lo)  # min given twice: a number and a tensor
+    with pytest.raises(SignatureCallError, match=r"present\(min\) or present\(max\)"):
+        ClampFwdOp()(x)  # no bound at all, which torch refuses too
 
 
 def test_gated_conventions():

@@ -24,6 +24,8 @@ _FNS = {
     "eq": lambda p, a, b: a == b,
     "lt": lambda p, a, b: a < b,
     "gt": lambda p, a, b: a > b,
+    "ge": lambda p, a, b: a >= b,
+    "le": lambda p, a, b: a <= b,
     "where": lambda p, c, a, b: torch.where(c, a, b),
     "masked_fill": lambda p, x, m: x.masked_fill(m, p[0]),
     "silu": lambda p, x: F.silu(x),
@@ -142,3 +144,12 @@ def test_clamp_forms_and_inplace_write_the_callers_tensor():
     assert _in_tree(ops.ReluFwdOp, inplace=True)(y) is y
     _close(y, want)
     assert launched == []
+
+
+def test_clamp_gradient_passes_where_the_bounds_hold():
+    dy, x = _rand(6, 4), _rand(6, 4, seed=1)
+    x[0, 0] = -0.5  # at a bound the gradient passes, as torch's
+    for params, bounds in (({"min": -0.5}, ()), ({"min": -0.5, "max": 0.5}, ()),
+                           ({}, (torch.full((6, 4), -0.3), _rand(6, 4, seed=2).abs()))):
+        mine, ref = _pair(ops.ClampBwdOp, **params)
+        _close(mine(dy, x, *bounds), ref(dy, x, *bounds))

@@ -38,20 +38,20 @@ from tileops.runtime import Op
 from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
-    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampFwdOp",
-    "CosFwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp", "ErfFwdOp",
-    "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp", "GeluAndMulBwdOp",
-    "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp",
-    "GtFwdOp", "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp",
-    "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp",
-    "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpBwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp",
-    "LtFwdOp", "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumBwdOp", "MaximumFwdOp",
-    "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp",
-    "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp", "RemainderFwdOp",
-    "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp",
-    "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp",
-    "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp",
-    "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
+    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampBwdOp",
+    "ClampFwdOp", "CosFwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp",
+    "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp",
+    "GeluAndMulBwdOp", "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp",
+    "GeluTanhAndMulFwdOp", "GtFwdOp", "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp",
+    "HardswishFwdOp", "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp",
+    "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpBwdOp", "LerpFwdOp",
+    "Log1pFwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumBwdOp",
+    "MaximumFwdOp", "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp",
+    "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp",
+    "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp",
+    "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp",
+    "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp",
+    "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
 #: the storage dtypes the generator's call spec states it serves
@@ -837,3 +837,39 @@ class LerpBwdOp(BinaryBwdOp):
         return (self._reduce(dout * (1 - weight) if self.grad_start else None, start),
                 self._reduce(dout * weight if self.grad_end else None, end),
                 self._reduce(dout * (end - start) if self.grad_weight else None, weight))
+
+
+class ClampBwdOp(BinaryBwdOp):
+    """``dx = dy`` where ``lo <= x <= hi`` (torch's clamp gradient: a bound passes at
+    equality), else zero: one comparison launch per bound given (a number as a 0-dim
+    constant, or the bound tensor), then ``where``s, the last written into ``dx``."""
+
+    def forward(self, call, dy, x, min_bound, max_bound, dx) -> None:
+        shape, dev = dy.shape, dy.device
+        bounds = []
+        for tensor, value, cmp in ((min_bound, self.min, "ge"), (max_bound, self.max, "le")):
+            if tensor is not None or value is not None:
+                bounds.append((cmp, tensor if tensor is not None else self._const(value, x)))
+        if not bounds:
+            dx.copy_(dy)
+            return
+        zero, cur = self._const(0.0, dy), dy
+        for k, (cmp, bound) in enumerate(bounds):
+            mask = torch.empty(shape, dtype=torch.bool, device=dev)
+            self._launch(call, [x, bound], (mask,), (cmp, ()))
+            out = dx if k == len(bounds) - 1 else torch.empty(shape, dtype=dy.dtype, device=dev)
+            self._launch(call, [mask, cur, zero], (out,), ("where", ()))
+            cur = out
+
+    def reference(self, call, dy, x, min_bound, max_bound):
+        return self.torch_fn(*[_wide(t) for t in (dy, x, min_bound, max_bound)])
+
+    def torch_fn(self, dy, x, min_bound=None, max_bound=None, inplace=False):
+        lo = min_bound if min_bound is not None else self.min
+        hi = max_bound if max_bound is not None else self.max
+        keep = torch.ones_like(x, dtype=torch.bool)
+        if lo is not None:
+            keep &= x >= lo
+        if hi is not None:
+            keep &= x <= hi
+        return (torch.where(keep, dy, torch.zeros((), dtype=dy.dtype, device=dy.device)),)
