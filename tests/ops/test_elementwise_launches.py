@@ -21,6 +21,7 @@ _FNS = {
     "sub": lambda p, a, b: a - p[0] * b,
     "add": lambda p, a, b: a + p[0] * b,
     "div": lambda p, a, b: a / b,
+    "div_bwd_b": lambda p, dy, a, b: -dy * a / (b * b),
     "eq": lambda p, a, b: a == b,
     "lt": lambda p, a, b: a < b,
     "gt": lambda p, a, b: a > b,
@@ -91,7 +92,7 @@ def _rand(*shape, dtype=torch.float32, seed=0):
 @pytest.mark.parametrize(("name", "shapes"), [
     ("AddBwdOp", ((5, 3), (5, 3), (3,))), ("SubBwdOp", ((5, 3), (5, 1), (3,))),
     ("MulBwdOp", ((4, 5, 3), (5, 3), (4, 1, 3))), ("MaximumBwdOp", ((5, 3), (5, 3), (3,))),
-    ("MinimumBwdOp", ((5, 3), (5, 3), ())),
+    ("MinimumBwdOp", ((5, 3), (5, 3), ())), ("DivBwdOp", ((5, 3), (5, 3), (3,))),
 ])
 def test_binary_gradients_launch_and_reduce_as_their_reference(name, shapes):
     cls = getattr(ops, name)

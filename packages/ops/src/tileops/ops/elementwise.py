@@ -39,19 +39,19 @@ from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
     "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampBwdOp",
-    "ClampFwdOp", "CosFwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp", "EqFwdOp",
-    "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp",
-    "GeluAndMulBwdOp", "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp",
-    "GeluTanhAndMulFwdOp", "GtFwdOp", "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp",
-    "HardswishFwdOp", "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp",
-    "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpBwdOp", "LerpFwdOp",
-    "Log1pFwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp", "MaskedFillFwdOp", "MaximumBwdOp",
-    "MaximumFwdOp", "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp", "MishFwdOp", "MulBwdOp",
-    "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp",
-    "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp",
-    "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp", "SiluFwdOp", "SinFwdOp",
-    "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp",
-    "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
+    "ClampFwdOp", "CosFwdOp", "DivBwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp",
+    "EqFwdOp", "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp",
+    "GeFwdOp", "GeluAndMulBwdOp", "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp",
+    "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp", "GtFwdOp", "HardsigmoidBwdOp",
+    "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp", "HardtanhBwdOp", "HardtanhFwdOp",
+    "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp",
+    "LerpBwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp",
+    "MaskedFillFwdOp", "MaximumBwdOp", "MaximumFwdOp", "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp",
+    "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowFwdOp", "ReciprocalFwdOp",
+    "ReluBwdOp", "ReluFwdOp", "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp",
+    "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
+    "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp",
+    "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
 #: the storage dtypes the generator's call spec states it serves
@@ -873,3 +873,20 @@ class ClampBwdOp(BinaryBwdOp):
         if hi is not None:
             keep &= x <= hi
         return (torch.where(keep, dy, torch.zeros((), dtype=dy.dtype, device=dy.device)),)
+
+
+class DivBwdOp(BinaryBwdOp):
+    """``da = dout / b``, ``db = -dout a / b^2``; a rounded quotient is piecewise constant, so
+    with a ``rounding_mode`` both gradients are zero, as torch's."""
+
+    def grads(self, dout, a, b):
+        if self.rounding_mode is not None:
+            return None, None
+        return ("div", (), (dout, b)), ("div_bwd_b", (), (dout, a, b))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        if self.rounding_mode is not None:
+            return (torch.zeros_like(a) if self.grad_a else None,
+                    torch.zeros_like(b) if self.grad_b else None)
+        return (self._reduce(dout / b if self.grad_a else None, a),
+                self._reduce(-dout * a / (b * b) if self.grad_b else None, b))
