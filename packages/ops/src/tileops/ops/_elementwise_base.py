@@ -1,0 +1,153 @@
+"""The elementwise family's base, :class:`ElementwiseOp` (see :mod:`tileops.ops.elementwise`
+for what it owns), and the helpers the forward ops and the gradients share."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+
+from tileops.kernels import elementwise as _k
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = ["ElementwiseOp"]
+
+#: the storage dtypes the generator's call spec states it serves
+_SERVED = _k.DTYPES_SERVED
+_HALF = (torch.float16, torch.bfloat16)
+#: torch's SELU constants (torch.nn.functional.selu)
+_SELU_ALPHA = 1.6732632423543772848170429916717
+_SELU_SCALE = 1.0507009873554804934193349852946
+_aten = torch.ops.aten
+
+
+def _wide(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` in float32 where it is float16 or bfloat16 (the references compute there)."""
+    return t.float() if t is not None and t.dtype in _HALF else t
+
+
+def _align(t: torch.Tensor) -> int:
+    """The largest power-of-two byte alignment of ``t``'s address, at most 16."""
+    p, a = t.data_ptr(), 16
+    while a > 1 and p % a:
+        a //= 2
+    return a
+
+
+def _noop(*tensors: Any) -> None:
+    """The entry of an empty call: nothing to read or write."""
+
+
+class ElementwiseOp(Op):
+    """Family base of the elementwise ops (see the module docstring). A leaf sets :attr:`fn`
+    (or overrides :meth:`fn_name`) and :meth:`torch_fn`; :meth:`constants` reads the fn's
+    constants from the op's params of the same names."""
+
+    #: the scalar function of the generator (a key of ``SCALAR_FNS``)
+    fn: ClassVar[str]
+    kernel_types = {_k.ElementwiseInterface: (_k.ElementwiseFlatKernel, _k.ElementwiseRowsKernel,
+                                              _k.ElementwiseStridedKernel)}
+
+    def derive(self) -> None:
+        self._fn = self.fn_name()
+        self._consts = self.constants()
+        plan = type(self)._signature
+        self._n_in = len(plan.input_names)  # type: ignore[union-attr]
+
+    def fn_name(self) -> str:
+        return self.fn
+
+    def constants(self) -> tuple:
+        """The fn's constants, in its declared order: the op's params of those names."""
+        return tuple(getattr(self, p) for p in _k.SCALAR_FNS[self._fn].params)
+
+    # --- the call -------------------------------------------------------------------------------
+
+    def forward(self, call: Any, *tensors: Any) -> None:
+        n = self._n_in
+        self._launch(call, [t for t in tensors[:n] if t is not None], tensors[n:])
+
+    def _launch(self, call: Any, ins: list, outs: Any, form: tuple | None = None) -> None:
+        """Run the slot on ``ins`` and ``outs``; ``form`` is ``(fn, constants)`` where a call
+        runs another function than the op's own (the tensor bounds of a clamp)."""
+        key = (call.device, form, *[(t.dtype, t.shape, t.stride(), t.data_ptr() & 15)
+                                    for t in ins],
+               *[(t.dtype, t.stride(), t.data_ptr() & 15) for t in outs])
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            entry = self._entry(key, call, ins, outs, form or (self._fn, self._consts))
+        entry(*ins, *outs)
+
+    def _entry(self, key: tuple, call: Any, ins: list, outs: Any, form: tuple) -> Any:
+        """The entry of a call not seen before: refusals, then the spec and the slot's entry
+        (an empty call gets a no-op, memoised under the same key)."""
+        for t in (*ins, *outs):
+            refuse_unserved(self, t.dtype, _SERVED, "elementwise")
+        for o in outs:
+            if any(o is t for t in ins) and torch._debug_has_internal_overlap(o) == 1:
+                name = self._signature.input_names[[t is o for t in ins].index(True)]
+                raise RuntimeError(
+                    f"{self!r}: {name} has elements that share memory (an expanded or "
+                    f"overlapping view of shape {tuple(o.shape)} and strides {o.stride()}), so "
+                    f"writing it in place is ambiguous; pass a tensor that owns its elements "
+                    f"(.contiguous()) or construct the op with inplace=False")
+        if outs[0].numel() == 0:
+            with self._lock:
+                self._entries_by_call[key] = _noop
+            return _noop
+        compute = self.compute_dtype(ins, outs)
+        self.refuse_compute(compute)
+        return self.kernel_for(key, _k.ElementwiseInterface, lambda: _k.ElementwiseSpec(
+            device=call.device, fn=form[0], params=form[1],
+            in_dtypes=tuple(NAMES[t.dtype] for t in ins),
+            out_dtypes=tuple(NAMES[t.dtype] for t in outs), compute=NAMES[compute],
+            out_shape=tuple(outs[0].shape), in_shapes=tuple(tuple(t.shape) for t in ins),
+            in_strides=tuple(t.stride() for t in ins), in_align=tuple(_align(t) for t in ins),
+            out_strides=tuple(t.stride() for t in outs),
+            out_align=tuple(_align(t) for t in outs)))
+
+    def compute_dtype(self, ins: list, outs: Any) -> torch.dtype:
+        """The dtype the math runs in: the output's, float16 and bfloat16 widened to float32
+        (torch's opmath type). A bool output (a comparison, a test) reads its operands'."""
+        dtype = outs[0].dtype
+        if dtype is torch.bool:
+            dtype = self.operand_dtype(ins)
+        return torch.float32 if dtype in _HALF else dtype
+
+    def refuse_compute(self, compute: torch.dtype) -> None:
+        """Refuse, by name, a compute dtype the op's in-tree function does not serve (the
+        entry admits it: the ``reference`` target serves it); the default serves every one."""
+
+    def operand_dtype(self, ins: list) -> torch.dtype:
+        """The common dtype of the operands: torch's ``result_type`` (a 0-dim operand takes
+        part only if its category is higher)."""
+        if len(ins) == 1:
+            return ins[0].dtype
+        if len(ins) == 2:
+            return torch.result_type(ins[0], ins[1])
+        dtype = ins[0].dtype
+        for t in ins[1:]:
+            dtype = torch.promote_types(dtype, t.dtype)
+        return dtype
+
+    # --- the declared equivalents ---------------------------------------------------------------
+
+    def torch_fn(self, *inputs: Any, inplace: bool = False) -> Any:
+        """torch's function of the op, with its params (``inplace`` writes the first input);
+        the reference and the eager contender both call it."""
+        raise NotImplementedError(f"{type(self).__name__} declares no torch function")
+
+    def reference(self, call: Any, *inputs: Any) -> tuple:
+        out = self.torch_fn(*[_wide(t) for t in inputs])
+        return out if isinstance(out, tuple) else (out,)
+
+    def eager(self) -> Any:
+        inplace = getattr(self, "inplace", False)
+        fn = self.torch_fn
+
+        def eager(*inputs: Any) -> Any:
+            return fn(*inputs, inplace=inplace)
+
+        return eager

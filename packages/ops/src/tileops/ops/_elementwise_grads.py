@@ -1,0 +1,405 @@
+"""The elementwise family's gradients: the activations' and gated ops' (one scalar function
+each, the forward's derivative, with torch's closed-form backward as the reference) and the
+binary ops' (a few launches of forward scalar functions over the broadcast shape, reduced over
+each input's broadcast axes). Exported by :mod:`tileops.ops.elementwise`."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from ._elementwise_base import _SELU_ALPHA, _SELU_SCALE, ElementwiseOp, _aten, _wide
+
+__all__ = [
+    "AddBwdOp", "BinaryBwdOp", "ClampBwdOp", "DivBwdOp", "EluBwdOp", "GatedBwdOp",
+    "GeluAndMulBwdOp", "GeluBwdOp", "GeluTanhAndMulBwdOp", "HardsigmoidBwdOp", "HardswishBwdOp",
+    "HardtanhBwdOp", "LeakyReluBwdOp", "LerpBwdOp", "MaskedFillBwdOp", "MaximumBwdOp",
+    "MinimumBwdOp", "MishBwdOp", "MulBwdOp", "ReluBwdOp", "SeluBwdOp", "SiluAndMulBwdOp",
+    "SiluBwdOp", "SoftplusBwdOp", "SubBwdOp", "SwiGLUBwdOp", "WhereBwdOp",
+]
+
+class _ActivationBwd(ElementwiseOp):
+    """Base of the activations' gradients ``dx = f(dy, x)`` (or of ``y`` where the forward
+    saves its output): the scalar function is the forward's with ``_bwd``, its constants
+    the forward's params of the same names; the reference is torch's closed-form backward."""
+
+    def fn_name(self) -> str:
+        return self.fn
+
+
+class ReluBwdOp(_ActivationBwd):
+    fn = "relu_bwd"
+
+    def torch_fn(self, dy, y, inplace=False):
+        return _aten.threshold_backward(dy, y, 0)
+
+
+class GeluBwdOp(_ActivationBwd):
+    def fn_name(self) -> str:
+        return "gelu_tanh_bwd" if self.approximate == "tanh" else "gelu_bwd"
+
+    def constants(self) -> tuple:
+        return ()
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.gelu_backward(dy, x, approximate=self.approximate)
+
+
+class SiluBwdOp(_ActivationBwd):
+    fn = "silu_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.silu_backward(dy, x)
+
+
+class MishBwdOp(_ActivationBwd):
+    fn = "mish_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.mish_backward(dy, x)
+
+
+class SoftplusBwdOp(_ActivationBwd):
+    fn = "softplus_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.softplus_backward(dy, x, self.beta, self.threshold)
+
+
+class LeakyReluBwdOp(_ActivationBwd):
+    fn = "leaky_relu_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.leaky_relu_backward(dy, x, self.negative_slope, False)
+
+
+class EluBwdOp(_ActivationBwd):
+    fn = "elu_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.elu_backward(dy, self.alpha, 1.0, 1.0, False, x)
+
+
+class SeluBwdOp(_ActivationBwd):
+    fn = "selu_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.elu_backward(dy, _SELU_ALPHA, _SELU_SCALE, 1.0, False, x)
+
+
+class HardswishBwdOp(_ActivationBwd):
+    fn = "hardswish_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.hardswish_backward(dy, x)
+
+
+class HardsigmoidBwdOp(_ActivationBwd):
+    fn = "hardsigmoid_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.hardsigmoid_backward(dy, x)
+
+
+class HardtanhBwdOp(_ActivationBwd):
+    fn = "hardtanh_bwd"
+
+    def torch_fn(self, dy, x, inplace=False):
+        return _aten.hardtanh_backward(dy, x, self.min_val, self.max_val)
+
+
+class GatedBwdOp(ElementwiseOp):
+    """Base of the gated activations' gradients: ``dy`` and the two halves of ``x`` in, the
+    two halves of ``dx`` out (strided views: ``dx`` is written once, nothing is copied)."""
+
+    #: torch's activation of the gate and its closed-form backward ``(dy, gate) -> dgate``
+    act: ClassVar[Any]
+    act_bwd: ClassVar[Any]
+
+    def forward(self, call, dy, x, dx) -> None:
+        n = dy.shape[-1]
+        self._launch(call, [dy, x[..., :n], x[..., n:]], (dx[..., :n], dx[..., n:]))
+
+    def torch_fn(self, dy, x, inplace=False):
+        gate, up = x.chunk(2, dim=-1)
+        cls = type(self)
+        return torch.cat([cls.act_bwd(dy * up, gate), dy * cls.act(gate)], dim=-1)
+
+
+class SiluAndMulBwdOp(GatedBwdOp):
+    fn = "silu_and_mul_bwd"
+    act = staticmethod(F.silu)
+    act_bwd = staticmethod(_aten.silu_backward)
+
+
+class GeluAndMulBwdOp(GatedBwdOp):
+    fn = "gelu_and_mul_bwd"
+    act = staticmethod(F.gelu)
+    act_bwd = staticmethod(lambda g, x: _aten.gelu_backward(g, x, approximate="none"))
+
+
+class GeluTanhAndMulBwdOp(GatedBwdOp):
+    fn = "gelu_tanh_and_mul_bwd"
+    act = staticmethod(lambda t: F.gelu(t, approximate="tanh"))
+    act_bwd = staticmethod(lambda g, x: _aten.gelu_backward(g, x, approximate="tanh"))
+
+
+class SwiGLUBwdOp(ElementwiseOp):
+    fn = "silu_and_mul_bwd"
+
+    def torch_fn(self, dy, a, b, inplace=False):
+        return _aten.silu_backward(dy * b, a), dy * F.silu(a)
+
+
+class BinaryBwdOp(ElementwiseOp):
+    """Base of the binary ops' gradients ``(dout, a, b) -> (da, db)``. Each wanted gradient is
+    one launch of a forward scalar function (``mul``, ``div``, ...) over the broadcast shape,
+    written straight into ``da`` / ``db`` (in its input's dtype) where that input was not
+    broadcast; where it was, into a buffer of ``dout``'s dtype that is then summed over the
+    broadcast axes (torch's ``sum_to_size``, as torch's own autograd reduces). A leaf states
+    each gradient as :meth:`grads`: ``(fn, constants, operands)`` per input, or None for a
+    gradient that is zero."""
+
+    def fn_name(self) -> str:
+        return ""  # each gradient names its own function (grads)
+
+    def constants(self) -> tuple:
+        return ()
+
+    def grads(self, dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple:
+        raise NotImplementedError
+
+    def derive(self) -> None:
+        super().derive()
+        #: the 0-dim constants the gradients multiply by, per (value, device, dtype)
+        self._scalars: dict[tuple, torch.Tensor] = {}
+
+    def _const(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """A 0-dim ``value`` on ``like``'s device in its dtype, made once per instance."""
+        key = (value, like.device, like.dtype)
+        t = self._scalars.get(key)
+        if t is None:
+            t = torch.full((), value, dtype=like.dtype, device=like.device)
+            with self._lock:
+                self._scalars[key] = t
+        return t
+
+    def forward(self, call, dout, a, b, da, db) -> None:
+        for g, form in zip((da, db), self.grads(dout, a, b), strict=True):
+            if g is None:
+                continue
+            if form is None:
+                g.zero_()
+                continue
+            fn, consts, operands = form
+            if g.shape == dout.shape:
+                self._launch(call, list(operands), (g,), (fn, consts))
+            else:
+                full = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+                self._launch(call, list(operands), (full,), (fn, consts))
+                g.copy_(full.sum_to_size(g.shape))
+
+    def reference(self, call, dout, a, b):
+        # torch's autograd of the forward, in float32 (or float64): a closed form per leaf
+        return self.torch_fn(*[_wide(t) for t in (dout, a, b)])
+
+    def _reduce(self, g: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor | None:
+        return None if g is None else g.sum_to_size(like.shape).to(like.dtype)
+
+
+class AddBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return (("mul", (), (dout, self._const(1.0, dout))),
+                ("mul", (), (dout, self._const(self.alpha, dout))))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout if self.grad_a else None, a),
+                self._reduce(dout * self.alpha if self.grad_b else None, b))
+
+
+class SubBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return (("mul", (), (dout, self._const(1.0, dout))),
+                ("mul", (), (dout, self._const(-self.alpha, dout))))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout if self.grad_a else None, a),
+                self._reduce(-self.alpha * dout if self.grad_b else None, b))
+
+
+class MulBwdOp(BinaryBwdOp):
+    def grads(self, dout, a, b):
+        return ("mul", (), (dout, b)), ("mul", (), (dout, a))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout * b if self.grad_a else None, a),
+                self._reduce(dout * a if self.grad_b else None, b))
+
+
+class WhereBwdOp(BinaryBwdOp):
+    """``da`` is ``dout`` where ``cond`` holds, ``db`` where it does not (the condition is not
+    differentiable)."""
+
+    def forward(self, call, dout, cond, a, b, da, db) -> None:
+        zero = self._const(0.0, dout)
+        for g, ops in ((da, (cond, dout, zero)), (db, (cond, zero, dout))):
+            if g is None:
+                continue
+            if g.shape == dout.shape:
+                self._launch(call, list(ops), (g,), ("where", ()))
+            else:
+                full = torch.empty(dout.shape, dtype=dout.dtype, device=dout.device)
+                self._launch(call, list(ops), (full,), ("where", ()))
+                g.copy_(full.sum_to_size(g.shape))
+
+    def reference(self, call, dout, cond, a, b):
+        return self.torch_fn(_wide(dout), cond, _wide(a), _wide(b))
+
+    def torch_fn(self, dout, cond, a, b, inplace=False):
+        zero = torch.zeros((), dtype=dout.dtype, device=dout.device)
+        return (self._reduce(torch.where(cond, dout, zero) if self.grad_a else None, a),
+                self._reduce(torch.where(cond, zero, dout) if self.grad_b else None, b))
+
+
+class MaskedFillBwdOp(ElementwiseOp):
+    """``dx`` is ``dout`` where the mask does not hold (``masked_fill`` with zero)."""
+
+    fn = "masked_fill"
+
+    def constants(self) -> tuple:
+        return (0.0,)
+
+    def torch_fn(self, dout, mask, inplace=False):
+        return dout.masked_fill(mask, 0)
+
+
+class _ExtremumBwd(BinaryBwdOp):
+    """The gradients of ``maximum`` / ``minimum`` in torch's form: ``w = dout / 2`` where
+    ``a == b`` else ``dout`` (a tie splits the gradient), then each side's ``w`` with zero
+    where the other side won (``a < b`` for maximum's ``da``). Launches of the forward's
+    scalar functions (``mul``, ``eq``, ``lt``/``gt``, ``where``) over the broadcast shape."""
+
+    #: the comparison that zeroes each side's gradient: (for da, for db)
+    losers: ClassVar[tuple[str, str]]
+
+    def forward(self, call, dout, a, b, da, db) -> None:
+        shape, dev = dout.shape, dout.device
+        half = torch.empty(shape, dtype=dout.dtype, device=dev)
+        self._launch(call, [dout, self._const(0.5, dout)], (half,), ("mul", ()))
+        tie = torch.empty(shape, dtype=torch.bool, device=dev)
+        self._launch(call, [a, b], (tie,), ("eq", ()))
+        w = torch.empty(shape, dtype=dout.dtype, device=dev)
+        self._launch(call, [tie, half, dout], (w,), ("where", ()))
+        zero = self._const(0.0, dout)
+        for g, lost in zip((da, db), self.losers, strict=True):
+            if g is None:
+                continue
+            mask = torch.empty(shape, dtype=torch.bool, device=dev)
+            self._launch(call, [a, b], (mask,), (lost, ()))
+            out = g if g.shape == shape else torch.empty(shape, dtype=dout.dtype, device=dev)
+            self._launch(call, [mask, zero, w], (out,), ("where", ()))
+            if out is not g:
+                g.copy_(out.sum_to_size(g.shape))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        w = torch.where(a == b, dout / 2, dout)
+        lose_a, lose_b = ((a < b), (a > b)) if self.losers == ("lt", "gt") else ((a > b), (a < b))
+        return (self._reduce(w.masked_fill(lose_a, 0) if self.grad_a else None, a),
+                self._reduce(w.masked_fill(lose_b, 0) if self.grad_b else None, b))
+
+
+class MaximumBwdOp(_ExtremumBwd):
+    losers = ("lt", "gt")
+
+
+class MinimumBwdOp(_ExtremumBwd):
+    losers = ("gt", "lt")
+
+
+class LerpBwdOp(BinaryBwdOp):
+    """``dstart = dout (1 - weight)``, ``dend = dout weight``, ``dweight = dout (end -
+    start)`` (torch's lerp gradients), each launched over the broadcast shape and summed over
+    its input's broadcast axes."""
+
+    def forward(self, call, dout, start, end, weight, dstart, dend, dweight) -> None:
+        shape, dev = dout.shape, dout.device
+        plans = []
+        if dstart is not None:
+            rest = torch.empty(weight.shape, dtype=weight.dtype, device=dev)
+            self._launch(call, [self._const(1.0, weight), weight], (rest,), ("sub", (1.0,)))
+            plans.append((dstart, [dout, rest]))
+        if dend is not None:
+            plans.append((dend, [dout, weight]))
+        if dweight is not None:
+            diff = torch.empty(torch.broadcast_shapes(start.shape, end.shape),
+                               dtype=dout.dtype, device=dev)
+            self._launch(call, [end, start], (diff,), ("sub", (1.0,)))
+            plans.append((dweight, [dout, diff]))
+        for g, operands in plans:
+            out = g if g.shape == shape else torch.empty(shape, dtype=dout.dtype, device=dev)
+            self._launch(call, operands, (out,), ("mul", ()))
+            if out is not g:
+                g.copy_(out.sum_to_size(g.shape))
+
+    def reference(self, call, dout, start, end, weight):
+        return self.torch_fn(*[_wide(t) for t in (dout, start, end, weight)])
+
+    def torch_fn(self, dout, start, end, weight, inplace=False):
+        return (self._reduce(dout * (1 - weight) if self.grad_start else None, start),
+                self._reduce(dout * weight if self.grad_end else None, end),
+                self._reduce(dout * (end - start) if self.grad_weight else None, weight))
+
+
+class ClampBwdOp(BinaryBwdOp):
+    """``dx = dy`` where ``lo <= x <= hi`` (torch's clamp gradient: a bound passes at
+    equality), else zero: one comparison launch per bound given (a number as a 0-dim
+    constant, or the bound tensor), then ``where``s, the last written into ``dx``."""
+
+    def forward(self, call, dy, x, min_bound, max_bound, dx) -> None:
+        shape, dev = dy.shape, dy.device
+        bounds = []
+        for tensor, value, cmp in ((min_bound, self.min, "ge"), (max_bound, self.max, "le")):
+            if tensor is not None or value is not None:
+                bounds.append((cmp, tensor if tensor is not None else self._const(value, x)))
+        if not bounds:
+            dx.copy_(dy)
+            return
+        zero, cur = self._const(0.0, dy), dy
+        for k, (cmp, bound) in enumerate(bounds):
+            mask = torch.empty(shape, dtype=torch.bool, device=dev)
+            self._launch(call, [x, bound], (mask,), (cmp, ()))
+            out = dx if k == len(bounds) - 1 else torch.empty(shape, dtype=dy.dtype, device=dev)
+            self._launch(call, [mask, cur, zero], (out,), ("where", ()))
+            cur = out
+
+    def reference(self, call, dy, x, min_bound, max_bound):
+        return self.torch_fn(*[_wide(t) for t in (dy, x, min_bound, max_bound)])
+
+    def torch_fn(self, dy, x, min_bound=None, max_bound=None, inplace=False):
+        lo = min_bound if min_bound is not None else self.min
+        hi = max_bound if max_bound is not None else self.max
+        keep = torch.ones_like(x, dtype=torch.bool)
+        if lo is not None:
+            keep &= x >= lo
+        if hi is not None:
+            keep &= x <= hi
+        return (torch.where(keep, dy, torch.zeros((), dtype=dy.dtype, device=dy.device)),)
+
+
+class DivBwdOp(BinaryBwdOp):
+    """``da = dout / b``, ``db = -dout a / b^2``; a rounded quotient is piecewise constant, so
+    with a ``rounding_mode`` both gradients are zero, as torch's."""
+
+    def grads(self, dout, a, b):
+        if self.rounding_mode is not None:
+            return None, None
+        return ("div", (), (dout, b)), ("div_bwd_b", (), (dout, a, b))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        if self.rounding_mode is not None:
+            return (torch.zeros_like(a) if self.grad_a else None,
+                    torch.zeros_like(b) if self.grad_b else None)
+        return (self._reduce(dout / b if self.grad_a else None, a),
+                self._reduce(-dout * a / (b * b) if self.grad_b else None, b))
