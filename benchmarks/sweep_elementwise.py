@@ -43,6 +43,8 @@ for _p in reversed(PATHS):
         sys.path.insert(0, _p)
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import torch  # noqa: E402
+
 import _common  # noqa: E402
 from tileops.kernels import elementwise as E  # noqa: E402
 
@@ -66,11 +68,8 @@ SHAPES = {
 
 
 def _contiguous(shape):
-    strides, acc = [], 1
-    for n in reversed(shape):
-        strides.append(acc)
-        acc *= n
-    return tuple(reversed(strides))
+    """The strides of a contiguous tensor of ``shape`` (torch's, from a meta tensor)."""
+    return tuple(torch.empty(shape, device="meta").stride())
 
 
 def make_spec(label: str, device=None) -> E.ElementwiseSpec:

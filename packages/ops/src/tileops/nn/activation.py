@@ -16,7 +16,18 @@ from .linear import Linear
 __all__ = ["GELU", "ReLU", "SiLU", "SwiGLUMLP"]
 
 
-class SiLU(HoldsOp, nn.SiLU):
+class _Activation(HoldsOp):
+    """What the activation layers share: the input through the op, torch's repr plus the
+    target."""
+
+    def forward(self, input: torch.Tensor) -> torch.Tensor:
+        return self.op(input)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._target_repr()  # type: ignore[misc]
+
+
+class SiLU(_Activation, nn.SiLU):
     """``torch.nn.SiLU`` running :class:`~tileops.ops.SiluFwdOp` (``inplace`` as torch's)."""
 
     op_class = SiluFwdOp
@@ -27,14 +38,8 @@ class SiLU(HoldsOp, nn.SiLU):
         self.target = target
         self._build_op()
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.op(input)
 
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._target_repr()
-
-
-class ReLU(HoldsOp, nn.ReLU):
+class ReLU(_Activation, nn.ReLU):
     """``torch.nn.ReLU`` running :class:`~tileops.ops.ReluFwdOp` (``inplace`` as torch's; its
     gradient reads the output, so it trains in place)."""
 
@@ -46,14 +51,8 @@ class ReLU(HoldsOp, nn.ReLU):
         self.target = target
         self._build_op()
 
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.op(input)
 
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._target_repr()
-
-
-class GELU(HoldsOp, nn.GELU):
+class GELU(_Activation, nn.GELU):
     """``torch.nn.GELU`` running :class:`~tileops.ops.GeluFwdOp` (``approximate`` ``'none'``
     or ``'tanh'``, as torch's)."""
 
@@ -64,12 +63,6 @@ class GELU(HoldsOp, nn.GELU):
         super().__init__(approximate)
         self.target = target
         self._build_op()
-
-    def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.op(input)
-
-    def extra_repr(self) -> str:
-        return super().extra_repr() + self._target_repr()
 
 
 class SwiGLUMLP(nn.Module):
