@@ -10,6 +10,7 @@ from tileops.spec.expr import parse
 from tileops.spec.kinds import (
     DTYPES,
     AdtK,
+    AxesK,
     BoolK,
     DimK,
     DTypeK,
@@ -57,6 +58,8 @@ FORMS = [
     ("int | None", MaybeK(IntK()), "Maybe[Int]"),
     ("None | float", MaybeK(FloatK()), "Maybe[Float]"),
     ("int | tuple[int, int] | None", MaybeK(PerAxisK(2)), "Maybe[PerAxis[2]]"),
+    ("int | tuple[int, ...]", AxesK(), "Axes"),
+    ("Axes | None", MaybeK(AxesK()), "Maybe[Axes]"),
     ("'a' | 'b' | None", MaybeK(EnumK(("a", "b"))), "Maybe['a' | 'b']"),
     ("float16 | bfloat16 | None", MaybeK(DTypeK(("float16", "bfloat16"))),
      "Maybe[DType[float16 | bfloat16]]"),
@@ -72,7 +75,7 @@ def test_every_kind_form(text, kind, printed) -> None:
 
 
 ERRORS = [
-    ("Foo", "unknown kind 'Foo'; expected Dim, Shape, Bool, Int, Float, DType[...], a dtype "
+    ("Foo", "unknown kind 'Foo'; expected Dim, Shape, Axes, Bool, Int, Float, DType[...], a dtype "
             "name, an enum of quoted strings, Maybe[...] or an ADT (MGroupedLayout)"),
     ("DType[foo]", "DType[...] lists dtype names; foo is not one (known: " + ", ".join(DTYPES)
      + ")"),
@@ -92,14 +95,14 @@ ERRORS = [
     ("M + 1", "'M + 1' is not a kind"),
     ("3", "'3' is not a kind"),
     ("int | Dim", "'int | Dim' is not a kind: a union is a dtype set (float16 | bfloat16), an "
-                  "enum ('a' | 'b'), an optional (X | None), int | tuple[int, ...n] or "
-                  "list[int] | tuple[int, ...]"),
-    ("int | tuple[int, ...]", "'int | tuple[int, ...]' is not a kind: a union is a dtype set "
-     "(float16 | bfloat16), an enum ('a' | 'b'), an optional (X | None), int | tuple[int, ...n] "
-     "or list[int] | tuple[int, ...]"),
+                  "enum ('a' | 'b'), an optional (X | None), int | tuple[int, ...n], "
+                  "list[int] | tuple[int, ...] or axes (int | tuple[int, ...])"),
+    ("int | tuple[int, ...] | float", "'int | tuple[int, ...] | float' is not a kind: a union "
+     "is a dtype set (float16 | bfloat16), an enum ('a' | 'b'), an optional (X | None), "
+     "int | tuple[int, ...n], list[int] | tuple[int, ...] or axes (int | tuple[int, ...])"),
     ("'a' | float16", "\"'a' | float16\" is not a kind: a union is a dtype set (float16 | "
-     "bfloat16), an enum ('a' | 'b'), an optional (X | None), int | tuple[int, ...n] or "
-     "list[int] | tuple[int, ...]"),
+     "bfloat16), an enum ('a' | 'b'), an optional (X | None), int | tuple[int, ...n], "
+     "list[int] | tuple[int, ...] or axes (int | tuple[int, ...])"),
 ]
 
 

@@ -235,10 +235,12 @@ def test_generator_examples_and_errors() -> None:
 
 
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
-    assert sorted(PRIMITIVES) == ["broadcast", "ceil_div", "conv.out", "itemsize", "len", "max",
-                                  "min", "per_axis", "pool.out", "present", "prod", "promote",
-                                  "promote_int_to_float", "result_type"]
-    assert sorted(GENERATORS) == ["arange", "balanced_sizes", "cumsum", "full", "prefix_sum"]
+    assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "itemsize", "len",
+                                  "max", "min", "per_axis", "pool.out", "present", "prod",
+                                  "promote", "promote_int_to_float", "reduce_shape",
+                                  "result_type"]
+    assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
+                                  "prefix_sum"]
     for table in (PRIMITIVES, GENERATORS):
         for name, prim in table.items():
             assert prim.name == name

@@ -30,7 +30,7 @@ ADT_FAILING = [
         [(
             "adt",
             "types.yaml:16: in adts.MGroupedLayout.constructors.masked.fields.max_m: unknown kind "
-            "'Dimension'; expected Dim, Shape, Bool, Int, Float, DType[...], a dtype name, an "
+            "'Dimension'; expected Dim, Shape, Axes, Bool, Int, Float, DType[...], a dtype name, an "
             "enum of quoted strings, Maybe[...] or an ADT (MGroupedLayout)",
         )],
         id="adt:bad-field-kind",
@@ -87,7 +87,7 @@ def test_an_adt_is_unknown_without_its_types_file() -> None:
     assert shown(validate_spec_file(spec)) == [(
         "kind",
         "op.yaml:7: in Op.signature.params.layout.type: unknown kind 'MGroupedLayout'; expected "
-        "Dim, Shape, Bool, Int, Float, DType[...], a dtype name, an enum of quoted strings, "
+        "Dim, Shape, Axes, Bool, Int, Float, DType[...], a dtype name, an enum of quoted strings, "
         "Maybe[...] or an ADT (none declared)",
     )]
 

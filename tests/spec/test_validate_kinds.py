@@ -43,7 +43,7 @@ FAILING = [
             (
                 "kind",
                 "op.yaml:5: in Op.signature.forall.N: unknown kind 'Dimm'; expected Dim, Shape,"
-                " Bool, Int, Float, DType[...], a dtype name, an enum of quoted strings,"
+                " Axes, Bool, Int, Float, DType[...], a dtype name, an enum of quoted strings,"
                 " Maybe[...] or an ADT (MGroupedLayout)",
             ),
         ],

@@ -163,8 +163,9 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
-                " broadcast, ceil_div, conv.out, itemsize, len, max, min, per_axis, pool.out,"
-                " present, prod, promote, promote_int_to_float, result_type",
+                " axis, broadcast, ceil_div, conv.out, itemsize, len, max, min, per_axis,"
+                " pool.out, present, prod, promote, promote_int_to_float, reduce_shape,"
+                " result_type",
             ),
         ],
         id="unknown-name:primitive",
@@ -175,9 +176,9 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'prefix_sum(M)': unknown primitive"
-                " 'prefix_sum'; known: broadcast, ceil_div, conv.out, itemsize, len, max, min,"
-                " per_axis, pool.out, present, prod, promote, promote_int_to_float,"
-                " result_type",
+                " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, itemsize, len, max,"
+                " min, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
+                " reduce_shape, result_type",
             ),
         ],
         id="unknown-name:generator-outside-values",
@@ -199,7 +200,7 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:10: in Op.signature.inputs.z.values: 'M + 1': values is a generator"
-                " call, one of arange, balanced_sizes, cumsum, full, prefix_sum",
+                " call, one of arange, balanced_sizes, class_targets, cumsum, full, prefix_sum",
             ),
         ],
         id="unknown-name:values-not-a-generator",

@@ -38,6 +38,7 @@ from tileops.spec import expr as E
 from tileops.spec.kinds import (
     DTYPES,
     AdtK,
+    AxesK,
     DimK,
     DTypeK,
     Kind,
@@ -167,7 +168,7 @@ def entry_dtypes(entry: OpEntry, adts: Mapping[str, AdtDef]) -> list[str]:
 def _to_value(v: Any, k: Kind, adts: Mapping[str, AdtDef]) -> Any:
     if isinstance(k, MaybeK):
         return None if v is None else _to_value(v, k.inner, adts)
-    if isinstance(k, ShapeK) or (isinstance(k, PerAxisK) and isinstance(v, list)):
+    if isinstance(k, ShapeK) or (isinstance(k, PerAxisK | AxesK) and isinstance(v, list)):
         return tuple(v)
     if isinstance(k, AdtK) and isinstance(v, dict) and k.name in adts:
         ((ctor_name, fields),) = v.items()

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from tileops.spec import AdtValue, EvalError, Scope, evaluate, kind_from_expr
 from tileops.spec.kinds import (
     AdtK,
+    AxesK,
     BoolK,
     DimK,
     DTypeK,
@@ -114,6 +115,16 @@ def _normalize(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
             i = next(i for i, x in enumerate(v) if as_size(x) is None)
             bad(not_a_size(f"{n}[{i}]", v[i]))
         return tuple(shape)
+    if isinstance(k, AxesK):
+        # axes of any sign; which are in range (and that none repeats) depends on a tensor's
+        # rank, so reduce_shape / axis check them where they meet one
+        i = as_int(v)
+        if i is not None:
+            return i
+        items = [as_int(x) for x in v] if isinstance(v, list | tuple) else None
+        if items is not None and None not in items:
+            return tuple(items)
+        bad(f"{n} must be an int or a tuple of ints (axes)")
     if isinstance(k, PerAxisK):
         # an Int per axis (the kind is spelled int | tuple[int, ...]): any sign, as for an
         # Int param; the spec's refinements bound it (a kernel size > 0, a padding >= 0)

@@ -12,6 +12,8 @@
 | enum                    | one of the listed strings                | ``'tight' | 'aligned'``              |
 | ADT                     | a value of one constructor               | its name, e.g. ``MGroupedLayout``    |
 | ``PerAxis[n]``          | an int or an n-tuple of ints             | ``int | tuple[int, int]``            |
+| ``Axes``                | axes of a tensor: an int or a tuple of   | ``Axes``, ``int | tuple[int, ...]``, |
+|                         | ints, each of any sign (``-1`` the last) | ``int | list[int] | tuple[int, ...]``|
 | ``Maybe[X]``            | an X, or absent (None)                   | ``X | None``, ``Maybe[X]``           |
 
 Kinds are frozen structs; :func:`kind_from_expr` reads them from the expression AST.
@@ -26,6 +28,7 @@ from . import expr as E
 __all__ = [
     "DTYPES",
     "AdtK",
+    "AxesK",
     "BoolK",
     "DTypeK",
     "DimK",
@@ -123,6 +126,16 @@ class PerAxisK(Kind, frozen=True):
         return f"PerAxis[{self.n}]"
 
 
+class AxesK(Kind, frozen=True):
+    """Axes of a tensor, as torch's reductions take ``dim``: one int or a tuple of ints, each of
+    any sign (``-1`` is the last axis). Which axes are in range, and that none repeats, depends
+    on the tensor's rank, so a value is checked where it meets one (``reduce_shape``,
+    ``axis``), not at construction."""
+
+    def __str__(self) -> str:
+        return "Axes"
+
+
 class MaybeK(Kind, frozen=True):
     inner: Kind
 
@@ -142,6 +155,7 @@ def is_discriminant(k: Kind) -> bool:
 _NAMED: dict[str, Kind] = {
     "Dim": DimK(),
     "Shape": ShapeK(),
+    "Axes": AxesK(),
     "Bool": BoolK(),
     "bool": BoolK(),
     "Int": IntK(),
@@ -192,7 +206,7 @@ def kind_from_expr(node: E.Node, adts: frozenset[str] | set[str] = frozenset()) 
         if node.id in adts:
             return AdtK(node.id)
         raise KindError(
-            f"unknown kind {node.id!r}; expected Dim, Shape, Bool, Int, Float, DType[...], "
+            f"unknown kind {node.id!r}; expected Dim, Shape, Axes, Bool, Int, Float, DType[...], "
             f"a dtype name, an enum of quoted strings, Maybe[...] or an ADT "
             f"({', '.join(sorted(adts)) or 'none declared'})"
         )
@@ -247,13 +261,16 @@ def _union_kind(node: E.Node, alts: list[E.Node], adts: frozenset[str] | set[str
     if all(ar == -1 for ar in arities):
         return ShapeK()  # list[int] | tuple[int, ...]
     ints = [a for a in alts if _is_int_name(a)]
+    if len(ints) == 1 and len(alts) > 1 and all(
+            ar == -1 for a, ar in zip(alts, arities, strict=True) if a is not ints[0]):
+        return AxesK()  # int | tuple[int, ...] (| list[int])
     tuples = [ar for ar in arities if ar is not None and ar > 0]
     if len(ints) == 1 and len(tuples) == 1 and len(alts) == 2:
         return PerAxisK(tuples[0])  # int | tuple[int, int]
     raise KindError(
         f"{text!r} is not a kind: a union is a dtype set (float16 | bfloat16), an enum "
-        f"('a' | 'b'), an optional (X | None), int | tuple[int, ...n] or "
-        f"list[int] | tuple[int, ...]"
+        f"('a' | 'b'), an optional (X | None), int | tuple[int, ...n], "
+        f"list[int] | tuple[int, ...] or axes (int | tuple[int, ...])"
     )
 
 

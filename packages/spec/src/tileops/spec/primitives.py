@@ -17,6 +17,7 @@ from . import dtypes as _dt
 from .bounds import MAX_SEQUENCE
 from .kinds import (
     DTYPES,
+    AxesK,
     BoolK,
     DimK,
     DTypeK,
@@ -34,12 +35,14 @@ __all__ = [
     "PRIMITIVES",
     "Primitive",
     "PrimitiveError",
+    "axis",
     "broadcast",
     "ceil_div",
     "no_promotion",
     "per_axis",
     "pool_out",
     "prod",
+    "reduce_shape",
 ]
 
 
@@ -57,6 +60,8 @@ _ACCEPTS: dict[str, Callable[[Kind], bool]] = {
     "dtype": lambda k: isinstance(k, DTypeK),
     "ints": lambda k: isinstance(k, PerAxisK | ShapeK | DimK | IntK)
     or (isinstance(k, MaybeK) and isinstance(k.inner, PerAxisK | ShapeK | DimK | IntK)),
+    "axes": lambda k: isinstance(k, AxesK | DimK | IntK)
+    or (isinstance(k, MaybeK) and isinstance(k.inner, AxesK | DimK | IntK)),
     "any": lambda k: True,
 }
 _DESCRIBE = {
@@ -66,6 +71,7 @@ _DESCRIBE = {
     "shape": "Shape",
     "dtype": "a DType",
     "ints": "an int, a tuple of ints or Maybe of one",
+    "axes": "Axes (an int or a tuple of ints), an Int, or Maybe of one",
     "any": "any kind",
 }
 
@@ -181,6 +187,35 @@ def _broadcast_error(shapes: Sequence[Sequence[int]]) -> None:
                 )
             size = s[i]
     raise AssertionError(f"shapes {shapes} broadcast")  # pragma: no cover - called on a conflict
+
+
+def axis(d: int, rank: int) -> int:
+    """Axis ``d`` of a tensor of ``rank`` axes, wrapped to ``[0, rank)`` as torch wraps a
+    ``dim`` (``-1`` is the last axis; a 0-dim tensor takes ``0`` and ``-1``, as torch does)."""
+    top = max(rank, 1)
+    if not -top <= d < top:
+        raise PrimitiveError(f"dim {d} is out of range for a tensor of rank {rank} "
+                             f"(expected an axis in [{-top}, {top - 1}])")
+    return d % top
+
+
+def reduce_shape(shape: Sequence[int], dim, keepdim: bool) -> tuple[int, ...]:
+    """``shape`` reduced over ``dim`` as torch's reductions reduce it: ``dim`` one axis or a
+    tuple of axes (each wrapped by :func:`axis`, none repeated), None or an empty tuple meaning
+    every axis; the reduced axes are dropped, or kept as 1s with ``keepdim``."""
+    rank = len(shape)
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        axes: set[int] = set(range(rank))
+    else:
+        axes = set()
+        for d in (dim,) if isinstance(dim, int) else dim:
+            a = axis(d, rank)
+            if a in axes:
+                raise PrimitiveError(f"dim {a} appears more than once in the dims {tuple(dim)}")
+            axes.add(a)
+    if keepdim:
+        return tuple(1 if i in axes else n for i, n in enumerate(shape))
+    return tuple(n for i, n in enumerate(shape) if i not in axes)
 
 
 def per_axis(value, axis: int, n: int, fallback: int | None = None) -> int:
@@ -305,6 +340,16 @@ PRIMITIVES: dict[str, Primitive] = {
             variadic="shape",
         ),
         Primitive("prod", ("shape",), lambda a: DimK(), prod, "prod(S): number of elements"),
+        Primitive(
+            "reduce_shape",
+            ("shape", "axes", "bool"),
+            lambda a: ShapeK(),
+            reduce_shape,
+            "reduce_shape(S, dim, keepdim): S reduced over the axes dim (None: every axis), "
+            "reduced axes dropped or kept as 1",
+        ),
+        Primitive("axis", ("int", "int"), lambda a: IntK(), axis,
+                  "axis(d, rank): the axis d of a tensor of that rank, wrapped to [0, rank)"),
         Primitive("len", ("shape",), lambda a: IntK(), _len, "len(S): the rank of a Shape"),
         Primitive(
             "ceil_div", ("int", "int"), _int_result, ceil_div, "ceil_div(a, b): ceil(a / b)"
@@ -422,6 +467,21 @@ def full(n: int, value: int) -> list[int]:
     return [value] * _length(n, "full")
 
 
+def class_targets(n: int, classes: int, ignored: int, ignore_index: int) -> list[int]:
+    """``n`` class indices in ``[0, classes)``, spread over the whole range (a multiplicative
+    hash of the position, so neighbouring rows hit distant classes and the last class is
+    reached), with ``ignored`` of them, evenly spaced, set to ``ignore_index``."""
+    _length(n, "class_targets")
+    if classes <= 0:
+        raise PrimitiveError(f"class_targets needs classes > 0, got {classes}")
+    if not 0 <= ignored <= n:
+        raise PrimitiveError(f"class_targets: ignored must be in [0, {n}], got {ignored}")
+    out = [(i * 2654435761 + classes - 1) % classes for i in range(n)]
+    for j in range(ignored):
+        out[(2 * j + 1) * n // (2 * ignored)] = ignore_index
+    return out
+
+
 GENERATORS: dict[str, Primitive] = {
     p.name: p
     for p in [
@@ -433,5 +493,9 @@ GENERATORS: dict[str, Primitive] = {
                   "balanced_sizes(total, n): n sizes summing to total, differing by <= 1"),
         Primitive("arange", ("int",), lambda a: ShapeK(), arange, "arange(n): 0 .. n-1"),
         Primitive("full", ("int", "int"), lambda a: ShapeK(), full, "full(n, v): n copies of v"),
+        Primitive("class_targets", ("int", "int", "int", "int"), lambda a: ShapeK(),
+                  class_targets,
+                  "class_targets(n, classes, ignored, ignore_index): n class indices spread "
+                  "over [0, classes), `ignored` of them (evenly spaced) set to ignore_index"),
     ]
 }

@@ -14,6 +14,7 @@ from typing import Any
 from ..evaluate import AdtValue, EvalError, Scope, evaluate
 from ..kinds import (
     AdtK,
+    AxesK,
     BoolK,
     DimK,
     DTypeK,
@@ -82,6 +83,12 @@ def conforms(v: Any, k: Kind, adts: Mapping[str, AdtDef]) -> str | None:  # noqa
         ok = isinstance(v, list | tuple) and all(
             isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in v)
         return None if ok else "expected a list of non-negative integers"
+    if isinstance(k, AxesK):
+        if isinstance(v, int) and not isinstance(v, bool):
+            return None
+        ok = isinstance(v, list | tuple) and all(
+            isinstance(x, int) and not isinstance(x, bool) for x in v)
+        return None if ok else "expected an axis (an integer) or a list of axes"
     if isinstance(k, PerAxisK):
         if isinstance(v, int) and not isinstance(v, bool):
             return None
@@ -127,7 +134,7 @@ def to_value(v: Any, k: Kind, adts: Mapping[str, AdtDef]) -> Any:
     """The evaluator's value for a YAML value of kind ``k`` (already conforming)."""
     if isinstance(k, MaybeK):
         return None if v is None else to_value(v, k.inner, adts)
-    if isinstance(k, ShapeK) or (isinstance(k, PerAxisK) and isinstance(v, list)):
+    if isinstance(k, ShapeK) or (isinstance(k, PerAxisK | AxesK) and isinstance(v, list)):
         return tuple(v)
     if isinstance(k, AdtK) and isinstance(v, dict):
         (ctor_name, fields), = v.items()
