@@ -1,0 +1,99 @@
+"""Cumulative scans: ``torch.cumsum`` and ``torch.cumprod`` along one dim.
+
+:class:`ScanOp` is the family base. Every op of the family scans ``x`` along ``dim``, so the
+base owns the forward flow they share:
+
+- layout: ``x`` as a contiguous ``(outer, length, inner)`` view at a 16-byte aligned address
+  (``length`` the scanned dim, ``outer`` and ``inner`` the products of the dims before and
+  after it; a 0-dim tensor is one element); an input that is not one already is copied, and a
+  bool input is viewed as uint8 (the kernels read bytes and write int64, as torch does);
+- the call spec: :class:`~tileops.kernels.scan.ScanSpec` from those three sizes, the input's
+  dtype and the op's :attr:`~ScanOp.kind`; which program a call gets (the row scan for the
+  last dim, the strided walk otherwise, split into segments when the call alone would not fill
+  the GPU) is the kernels' choice;
+- the slot ``scan_fwd``.
+
+A leaf op is its spec entry (``specs/scan.yaml``) plus its kind and its declared equivalents:
+the reference and the torch eager function, read by the ``reference`` target, the tests,
+``tileops run`` and ``tileops bench``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar, get_args
+
+import torch
+
+from tileops.kernels.scan import (
+    ScanDType,
+    ScanInterface,
+    ScanKind,
+    ScanRowKernel,
+    ScanSpec,
+    ScanStridedKernel,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = ["CumprodFwdOp", "CumsumFwdOp", "ScanOp"]
+
+#: the input dtypes the in-tree scan kernels serve (bool through its uint8 view)
+_KERNEL_DTYPES = frozenset({*get_args(ScanDType), "bool"})
+
+
+class ScanOp(Op):
+    """Family base of the cumulative scans (see the module docstring). A subclass sets
+    :attr:`kind`."""
+
+    kind: ClassVar[ScanKind]
+    kernel_types = {ScanInterface: (ScanRowKernel, ScanStridedKernel)}
+
+    def forward(self, call, x, y) -> None:
+        shape = x.shape
+        nd = len(shape)
+        d = self.dim % nd if nd else 0
+        length = shape[d] if nd else 1
+        outer = math.prod(shape[:d])
+        inner = math.prod(shape[d + 1:])
+        dtype = x.dtype
+        key = (call.device, dtype, outer, length, inner)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "scan")
+            name = "uint8" if dtype == torch.bool else NAMES[dtype]
+            entry = self.kernel_for(key, ScanInterface, lambda: ScanSpec(
+                device=call.device, kind=self.kind, outer=outer, length=length, inner=inner,
+                dtype=name))
+        if not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        if dtype == torch.bool:
+            x = x.view(torch.uint8)
+        entry(x.view(outer, length, inner), y.view(outer, length, inner))
+
+    def _scan(self, x: torch.Tensor) -> torch.Tensor:
+        """The op's torch function of ``x`` along ``dim`` (in torch's output dtype)."""
+        raise NotImplementedError
+
+    def reference(self, call, x):
+        # float32 for a narrower floating input, float64 as handed; integers scan in int64
+        wide = x.float() if x.is_floating_point() and x.dtype != torch.float64 else x
+        return (self._scan(wide),)
+
+    def eager(self):
+        return self._scan
+
+
+class CumsumFwdOp(ScanOp):
+    kind = ScanKind.SUM
+
+    def _scan(self, x):  # torch.cumsum
+        return torch.cumsum(x, self.dim)
+
+
+class CumprodFwdOp(ScanOp):
+    kind = ScanKind.PROD
+
+    def _scan(self, x):  # torch.cumprod
+        return torch.cumprod(x, self.dim)
