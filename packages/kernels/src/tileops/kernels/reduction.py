@@ -1,0 +1,824 @@
+"""Reductions (sum, mean, prod, amax, amin, var, std, var_mean, the 2-norm, all, any, argmax,
+argmin) in TileLang.
+
+Every call is handed over as a contiguous ``(outer, R, inner)`` view of its input, reduced over
+``R`` (the op merges adjacent reduced axes and adjacent kept ones; see
+:mod:`tileops.ops.reduction`). Two programs serve the one slot :class:`ReductionInterface`:
+
+:class:`ReductionRowKernel` (``inner == 1``) -- a row reduction of an ``(M, N)`` view.
+    ``tpr`` threads a row walk it with the widest aligned access (16 bytes where ``N`` allows),
+    ``per`` accesses issued before any is accumulated, then reduce with warp shuffles and,
+    across the warps of a row, shared memory. Rows of at most a warp's share pack eight rows
+    (a warp each) into a CTA. Few long rows (``dim=None`` is one row) are split across CTAs.
+:class:`ReductionColumnKernel` (``inner > 1``) -- a column reduction. A CTA is ``tcols``
+    threads over ``inner`` (one aligned vector each, so a warp reads 512 contiguous bytes of a
+    row) by ``ty`` groups walking ``R`` interleaved; the groups' partials meet in shared
+    memory. When ``outer x inner`` gives too few CTAs (``dim=0`` of 32768 x 8192 gives 32),
+    ``R`` is split across CTAs.
+
+A split writes one partial state per (split, output) into a float32 / int64 workspace
+``(parts, splits, P)`` (and an int32 ``(splits, P)`` of indices for argmax/argmin) and a second
+small program, the finish, combines the splits of each output in split order and writes it.
+Two passes rather than atomics: the combine is not a float add for most kinds (prod, the
+moments, argmax), and the order stays fixed, so results are deterministic.
+
+Arithmetic: float16/bfloat16/float32 accumulate in float32, integers and bool (sum, prod) in
+int64, amax/amin/argmax of integers in int64 (exact). The variance is the shifted-data form:
+``d = x - x_0`` with ``x_0`` the first element of the reduced run, ``M2 = sum(d^2) -
+sum(d)^2 / n``, which keeps the fp32 cancellation bounded by the spread around ``x_0`` (the
+unshifted form loses every digit when the mean dominates) and, unlike Welford, merges the
+partials of splits and threads by plain addition.
+
+NaN follows torch: amax/amin return NaN if any element is NaN; argmax/argmin take a NaN as the
+extreme (its first occurrence); ties keep the first index. bool tensors are declared uint8
+(TileLang cannot vectorize bool) and read as a nonzero test; all/any write 0 or 1 into the bool
+output's uint8 view.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import enum
+import functools
+from typing import Literal, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "ReduceKind",
+    "ReductionColumnKernel",
+    "ReductionDType",
+    "ReductionInterface",
+    "ReductionRowKernel",
+    "ReductionSpec",
+    "build_column_kernel",
+    "build_finish_kernel",
+    "build_row_kernel",
+    "column_plan",
+    "row_plan",
+]
+
+_VECTOR_BYTES = 16
+_WARP = 32
+#: CTAs that keep every SM of an H200 (132) busy several times over; a split aims for this
+_TARGET_CTAS = 528
+#: a split's share of a row, in accesses per thread, below which splitting further costs more
+#: in the finish than it gains in parallelism
+_MIN_SPLIT_ACCESSES = 8
+_MAX_SPLITS = 1024
+_INT_MAX = 2**31 - 1
+
+
+class ReduceKind(enum.Enum):
+    """What a reduction computes over its reduced run."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    PROD = "prod"
+    AMAX = "amax"
+    AMIN = "amin"
+    VAR = "var"
+    STD = "std"
+    VAR_MEAN = "var_mean"  # two outputs: var, mean
+    L2NORM = "l2norm"  # sqrt(sum(x^2))
+    ALL = "all"
+    ANY = "any"
+    ARGMAX = "argmax"
+    ARGMIN = "argmin"
+
+
+_MOMENTS = frozenset({ReduceKind.VAR, ReduceKind.STD, ReduceKind.VAR_MEAN})
+_ARG = frozenset({ReduceKind.ARGMAX, ReduceKind.ARGMIN})
+_FLOAT_ONLY = _MOMENTS | {ReduceKind.MEAN, ReduceKind.L2NORM}
+
+#: the input dtypes the kernels are written for (float64 is the reference target's)
+ReductionDType = Literal["bool", "int32", "int64", "float16", "bfloat16", "float32"]
+_DTYPES = frozenset(get_args(ReductionDType))
+_FLOATS = frozenset({"float16", "bfloat16", "float32"})
+_OUT_DTYPES = frozenset({"bool", "int32", "int64", "float16", "bfloat16", "float32"})
+
+
+def out_dtype_of(kind: ReduceKind, dtype: str) -> str:
+    """The output dtype torch gives ``kind`` of a ``dtype`` input (the spec's dtype expressions
+    state the same rule; the spec checks the two agree)."""
+    if kind in (ReduceKind.ALL, ReduceKind.ANY):
+        return "bool"
+    if kind in _ARG:
+        return "int64"
+    if kind in (ReduceKind.SUM, ReduceKind.PROD) and dtype not in _FLOATS:
+        return "int64"
+    return dtype
+
+
+class ReductionSpec(CallSpec, frozen=True, kw_only=True):
+    """A reduction call as the kernels see it: the ``(outer, r, inner)`` view reduced over
+    ``r``, the input dtype, and for the variance kinds the correction (torch's divisor is
+    ``max(0, r - correction)``)."""
+
+    kind: ReduceKind
+    outer: int
+    r: int
+    inner: int
+    dtype: ReductionDType
+    correction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, ReduceKind):
+            raise TypeError(f"ReductionSpec.kind must be a ReduceKind, got {self.kind!r}")
+        self.check_fields(choices={"dtype": _DTYPES}, sizes=("outer", "r", "inner"))
+        if self.kind in _FLOAT_ONLY and self.dtype not in _FLOATS:
+            raise ValueError(f"ReductionSpec: {self.kind.value} needs a floating dtype, got "
+                             f"{self.dtype}")
+        if self.r == 0 and self.kind in (*_ARG, ReduceKind.AMAX, ReduceKind.AMIN):
+            raise ValueError(f"ReductionSpec: {self.kind.value} of an empty run (r = 0) has "
+                             f"no value")
+        if self.correction and self.kind not in _MOMENTS:
+            raise ValueError(f"ReductionSpec: only the variance kinds take a correction, not "
+                             f"{self.kind.value}")
+
+    @property
+    def out_dtype(self) -> str:
+        return out_dtype_of(self.kind, self.dtype)
+
+
+class ReductionInterface(KernelInterface):
+    """One slot: reduce ``x`` of shape ``(outer, r, inner)`` (contiguous, 16-byte aligned)
+    over ``r`` into ``out`` (contiguous, ``outer * inner`` elements; ``out2`` too for
+    var_mean, else None). ``forward(x, out, out2)``; a bool tensor is passed as it is (the
+    entry takes its uint8 view)."""
+
+    slot = "reduction"
+    call_spec = ReductionSpec
+
+
+# --- plans ---------------------------------------------------------------------------------------
+
+
+def _storage(dtype: str) -> str:
+    return "uint8" if dtype == "bool" else dtype
+
+
+def _vec(n: int, dtype: str) -> int:
+    """Widest power-of-two access (elements) that divides ``n`` and fits 16 bytes."""
+    vec = _VECTOR_BYTES // _ITEMSIZE[_storage(dtype)]
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def _ceil_to(x: int, step: int) -> int:
+    return -(-x // step) * step
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def row_plan(m: int, n: int, dtype: str) -> tuple[int, int, int, int, int]:
+    """``(tpr, rpc, vec, per, splits)`` for the row kernel: ``tpr`` threads a row, ``rpc``
+    rows a CTA, accesses of ``vec`` elements, ``per`` in flight a thread, each row split over
+    ``splits`` CTAs.
+
+    The row norms' H200 sweeps (benchmarks/results/norm_sweep.txt) set the shape: 16-byte
+    accesses do best with 8 in flight a thread on 128 to 256 threads a row, narrower ones with
+    16; rows of at most a warp's share pack 8 rows a CTA. A reduction holds nothing, so a row
+    longer than one pass loops. Rows are split only when the CTAs of whole rows cannot fill
+    the SMs and each split keeps at least ``_MIN_SPLIT_ACCESSES`` accesses a thread.
+    """
+    vec = _vec(n, dtype)
+    nv = -(-n // vec)  # accesses in a row
+    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16
+    tpr = _pow2_at_least(-(-nv // per))
+    tpr = _WARP if tpr <= _WARP else min(256, max(128, tpr))
+    rpc = 256 // _WARP if tpr == _WARP else 1
+    ctas = -(-m // rpc)
+    splits = 1
+    if rpc == 1 and ctas < _TARGET_CTAS:
+        most = max(1, nv // (tpr * _MIN_SPLIT_ACCESSES))
+        splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+    return tpr, rpc, vec, per, splits
+
+
+def column_plan(outer: int, r: int, inner: int, dtype: str
+                ) -> tuple[int, int, int, int, int]:
+    """``(tcols, ty, vec, per, splits)`` for the column kernel: 256 threads, ``tcols`` over
+    ``inner`` (one ``vec`` access each) by ``ty`` over ``r``, ``per`` rows in flight a thread,
+    ``r`` split over ``splits`` CTAs. A warp spans a row's 32 vectors where ``inner`` has
+    them (coalesced 512-byte reads); narrower ``inner`` gives more of the 256 threads to ``r``.
+    ``r`` is split when the CTAs over ``outer x inner`` cannot fill the SMs, keeping at least
+    ``ty * per`` rows a split."""
+    vec = _vec(inner, dtype)
+    tcols = min(_WARP, _pow2_at_least(-(-inner // vec)))
+    ty = 256 // tcols
+    per = 4
+    ctas = outer * -(-inner // (tcols * vec))
+    splits = 1
+    if ctas < _TARGET_CTAS:
+        most = max(1, r // (ty * per))
+        splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+    return tcols, ty, vec, per, splits
+
+
+# --- the arithmetic of one kind ----------------------------------------------------------------
+
+
+def _acc_dtype(kind: ReduceKind, dtype: str) -> str:
+    if kind in (ReduceKind.ALL, ReduceKind.ANY):
+        return "int32"
+    return "float32" if dtype in _FLOATS else "int64"
+
+
+def _parts(kind: ReduceKind) -> int:
+    """Accumulators a state holds (the moments: sum of d, sum of d^2)."""
+    return 2 if kind in _MOMENTS else 1
+
+
+class _Arith:
+    """The expressions of one kind in TileLang: the identity, folding in an element, merging two
+    states and the output. A state is its parts (``_parts``) plus an index for argmax/argmin;
+    an element enters widened to the accumulator dtype."""
+
+    def __init__(self, kind: ReduceKind, dtype: str, r: int, correction: float) -> None:
+        _, self.T = tl()
+        self.kind, self.dtype, self.r = kind, dtype, r
+        self.acc = _acc_dtype(kind, dtype)
+        self.out = _storage(out_dtype_of(kind, dtype))
+        self.is_float = dtype in _FLOATS
+        self.nparts = _parts(kind)
+        self.arg = kind in _ARG
+        self.divisor = max(0.0, r - correction)
+
+    def identity(self) -> tuple:
+        T, k, a = self.T, self.kind, self.acc
+        if k in (ReduceKind.AMAX, ReduceKind.ARGMAX):
+            return (-T.infinity(a) if self.is_float else T.min_value(a),)
+        if k in (ReduceKind.AMIN, ReduceKind.ARGMIN):
+            return (T.infinity(a) if self.is_float else T.max_value(a),)
+        if k in (ReduceKind.PROD, ReduceKind.ALL):
+            return (T.cast(1, a),)
+        return (T.cast(0, a),) * self.nparts
+
+    def widen(self, x):
+        """A stored element as the accumulator reads it (bool/uint8 as a nonzero test)."""
+        T = self.T
+        if self.kind in (ReduceKind.ALL, ReduceKind.ANY):
+            return T.cast(x != T.cast(0, x.dtype), "int32")
+        return T.cast(x, self.acc)
+
+    def _isnan(self, x):
+        # CUDA's isnan as an opaque call: TVM's simplifier folds x != x to False
+        return self.T.call_pure_extern("bool", "isnan", x)
+
+    def fold(self, state: tuple, x, shift=None) -> tuple:
+        """The parts after folding element ``x`` (widened) into ``state`` (not for the arg kinds:
+        see :meth:`better`)."""
+        k = self.kind
+        if k in (ReduceKind.SUM, ReduceKind.MEAN):
+            return (state[0] + x,)
+        if k is ReduceKind.L2NORM:
+            return (state[0] + x * x,)
+        if k is ReduceKind.PROD:
+            return (state[0] * x,)
+        if k in _MOMENTS:
+            d = x - shift
+            return (state[0] + d, state[1] + d * d)
+        return self.merge(state, (x,))
+
+    def merge(self, a: tuple, b: tuple) -> tuple:
+        """Two states' parts combined (the arg kinds: see :meth:`better`)."""
+        T, k = self.T, self.kind
+        if k in (ReduceKind.SUM, ReduceKind.MEAN, ReduceKind.L2NORM) or k in _MOMENTS:
+            return tuple(x + y for x, y in zip(a, b, strict=True))
+        if k is ReduceKind.PROD:
+            return (a[0] * b[0],)
+        if k is ReduceKind.ALL:
+            return (T.min(a[0], b[0]),)
+        if k is ReduceKind.ANY:
+            return (T.max(a[0], b[0]),)
+        pick = T.max if k is ReduceKind.AMAX else T.min
+        if not self.is_float:
+            return (pick(a[0], b[0]),)
+        # torch.amax/amin: NaN if either is NaN
+        return (T.if_then_else(self._isnan(a[0]), a[0],
+                               T.if_then_else(self._isnan(b[0]), b[0], pick(a[0], b[0]))),)
+
+    def better(self, v, i, w, j):
+        """Whether ``(v, i)`` replaces ``(w, j)`` as argmax/argmin: a NaN beats a number, a
+        strictly greater (smaller) value wins, and equal values (or two NaN) keep the lower
+        index: torch's first occurrence."""
+        T = self.T
+        wins = v > w if self.kind is ReduceKind.ARGMAX else v < w
+        tie = v == w
+        if not self.is_float:
+            return T.Or(wins, T.And(tie, i < j))
+        nv, nw = self._isnan(v), self._isnan(w)
+        return T.Or(T.And(nv, T.Not(nw)),
+                    T.Or(T.And(T.Not(nw), wins),
+                         T.And(T.Or(tie, T.And(nv, nw)), i < j)))
+
+    def outputs(self, parts: tuple, idx, shift) -> tuple:
+        """The output values of a final state, in the output's storage dtype."""
+        T, k, o = self.T, self.kind, self.out
+        f32 = "float32"
+        if k in _ARG:
+            return (T.cast(idx, o),)
+        if k is ReduceKind.MEAN:
+            return (T.cast(parts[0] / T.float32(self.r), o),)
+        if k is ReduceKind.L2NORM:
+            return (T.cast(T.sqrt(parts[0]), o),)
+        if k in (ReduceKind.ALL, ReduceKind.ANY):
+            return (T.cast(parts[0], o),)
+        if k in _MOMENTS:
+            s, s2 = parts
+            m2 = T.max(s2 - s * s / T.float32(self.r), T.cast(0, f32))
+            var = m2 / T.float32(self.divisor)
+            if k is ReduceKind.VAR:
+                return (T.cast(var, o),)
+            if k is ReduceKind.STD:
+                return (T.cast(T.sqrt(var), o),)
+            return T.cast(var, o), T.cast(shift + s / T.float32(self.r), o)
+        return (T.cast(parts[0], o),)
+
+
+# --- TileLang programs -------------------------------------------------------------------------
+
+
+def _merging(ar: _Arith):
+    """The macros a program's states share, over local buffers: ``fold_in`` (an element into
+    the state of column ``i``: parts ``acc[k * stride + i]``, index ``idx[i]``),
+    ``merge_into`` (the state ``oth`` / ``idx[1]`` into ``acc`` / ``idx[0]``) and ``warp_merge``
+    (a butterfly of shuffles: every lane ends with its warp's state). The arg kinds' order is
+    total (value, NaN, then index), so both partners of a shuffle pick the same winner."""
+    _, T = tl()
+    nparts, arg = ar.nparts, ar.arg
+
+    @T.macro
+    def fold_in(acc, idx, take, i, stride, x, at, shift):
+        if arg:
+            take[0] = ar.better(x, at, acc[i], idx[i])
+            if take[0]:
+                acc[i] = x
+                idx[i] = at
+        elif nparts == 2:
+            nxt = ar.fold((acc[i], acc[stride + i]), x, shift)
+            acc[stride + i] = nxt[1]
+            acc[i] = nxt[0]
+        else:
+            acc[i] = ar.fold((acc[i],), x)[0]
+
+    @T.macro
+    def merge_into(acc, oth, idx):
+        if arg:
+            if ar.better(oth[0], idx[1], acc[0], idx[0]):
+                acc[0] = oth[0]
+                idx[0] = idx[1]
+        elif nparts == 2:
+            acc[0] = acc[0] + oth[0]
+            acc[1] = acc[1] + oth[1]
+        else:
+            acc[0] = ar.merge((acc[0],), (oth[0],))[0]
+
+    @T.macro
+    def warp_merge(acc, oth, idx):
+        for s in T.unroll(5):
+            for k in T.unroll(nparts):
+                oth[k] = T.shfl_xor(acc[k], 16 >> s)
+            if arg:
+                idx[1] = T.shfl_xor(idx[0], 16 >> s)
+            merge_into(acc, oth, idx)
+
+    return fold_in, merge_into, warp_merge
+
+
+def _direct_row_load_fails(n: int) -> bool:
+    """Whether TileLang 0.1.15 cannot lower a load of one fixed column of ``n``-element rows
+    (see :func:`tileops.kernels.norm._direct_row_load_fails`: a stride pattern of ``n`` is kept
+    in a 16-bit signed lane count); the variance's shift is read at column 0."""
+    return n % (1 << 16) >= 1 << 15
+
+
+def _wrap(body, x_shape, x_dtype, outs: list[tuple[tuple, str]]):
+    """The prim_func ``main(X, *outs)`` around ``body`` (a macro taking the same buffers), for
+    the one to three outputs a program writes (the final output(s), or the workspace and its
+    indices)."""
+    _, T = tl()
+    if len(outs) == 1:
+        (s0, d0), = outs
+
+        @T.prim_func
+        def main(X: T.Tensor(x_shape, x_dtype), Y0: T.Tensor(s0, d0)):
+            body(X, Y0, None)
+    else:
+        (s0, d0), (s1, d1) = outs
+
+        @T.prim_func
+        def main(X: T.Tensor(x_shape, x_dtype), Y0: T.Tensor(s0, d0), Y1: T.Tensor(s1, d1)):
+            body(X, Y0, Y1)
+    return main
+
+
+def _out_buffers(ar: _Arith, p: int, splits: int) -> list[tuple[tuple, str]]:
+    """What a main program writes: the output(s) of ``p`` elements, or with splits the
+    workspace ``(parts, splits, p)`` and, for the arg kinds, its ``(splits, p)`` indices (the
+    moments keep their shift as a third part, read back from split 0)."""
+    if splits == 1:
+        n = 2 if ar.kind is ReduceKind.VAR_MEAN else 1
+        return [((p,), ar.out)] * n
+    parts = ar.nparts + (1 if ar.kind in _MOMENTS else 0)
+    outs = [((parts, splits, p), ar.acc)]
+    if ar.arg:
+        outs.append(((splits, p), "int32"))
+    return outs
+
+
+def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
+                tpr: int, rpc: int, vec: int, per: int, splits: int):
+    """The row kernel over an ``(m, n)`` view (not compiled)."""
+    _, T = tl()
+    ar = _Arith(kind, dtype, n, correction)
+    store = _storage(dtype)
+    acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
+    threads = tpr * rpc
+    wpr = tpr // _WARP
+    seg = _ceil_to(-(-n // splits), vec)  # a split's columns, whole vectors
+    chunk = tpr * per * vec
+    steps = -(-seg // chunk)
+    exact = splits * seg == n and steps * chunk == seg  # no column predicate
+    spread = moments and _direct_row_load_fails(n)
+    slots = rpc * wpr if wpr > 1 else 1  # one per warp: the cross-warp partials
+    fold_in, merge_into, warp_merge = _merging(ar)
+
+    @T.macro
+    def body(X, Y0, Y1):
+        with T.Kernel(T.ceildiv(m, rpc), splits, threads=threads) as (bx, by):
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            row = bx * rpc + tx // tpr
+            rr = T.min(row, m - 1)
+            buf = T.alloc_local((per * vec,), store)
+            acc = T.alloc_local((nparts,), acc_t)
+            oth = T.alloc_local((nparts,), acc_t)
+            idx = T.alloc_local((2,), "int32")  # the index, a shuffled one
+            sh = T.alloc_local((1,), "float32")
+            take = T.alloc_local((1,), "bool")
+            red = T.alloc_shared((slots * nparts,), acc_t)
+            redi = T.alloc_shared((slots,), "int32")
+            ident = ar.identity()
+            for k in T.unroll(nparts):
+                acc[k] = ident[0] if nparts == 1 else T.cast(0, acc_t)
+            idx[0] = _INT_MAX
+            sh[0] = T.cast(0, "float32")
+            if moments:
+                if spread:  # lanes read columns 0..31, lane 0's is the shift
+                    sh[0] = T.shfl_sync(T.cast(X[rr, tx % _WARP], "float32"), 0)
+                else:
+                    sh[0] = T.cast(X[rr, 0], "float32")
+            lim = T.min(by * seg + seg, n)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = by * seg + step * chunk + (v * tpr + lane) * vec
+                    if row < m and (exact or col < lim):
+                        for i in T.vectorized(vec):
+                            buf[v * vec + i] = X[row, col + i]
+                for v in T.unroll(per):
+                    col = by * seg + step * chunk + (v * tpr + lane) * vec
+                    if row < m and (exact or col < lim):
+                        for i in T.unroll(vec):
+                            fold_in(acc, idx, take, 0, 1, ar.widen(buf[v * vec + i]), col + i,
+                                    sh[0])
+            # across the row's lanes: shuffles, then (several warps a row) shared memory
+            warp_merge(acc, oth, idx)
+            if wpr > 1:
+                base = (tx // tpr) * wpr
+                if lane % _WARP == 0:
+                    for k in T.unroll(nparts):
+                        red[(base + lane // _WARP) * nparts + k] = acc[k]
+                    redi[base + lane // _WARP] = idx[0]
+                T.sync_threads()
+                for k in T.unroll(nparts):
+                    acc[k] = red[base * nparts + k]
+                idx[0] = redi[base]
+                for w in T.unroll(wpr - 1):
+                    for k in T.unroll(nparts):
+                        oth[k] = red[(base + w + 1) * nparts + k]
+                    idx[1] = redi[base + w + 1]
+                    merge_into(acc, oth, idx)
+            if row < m and lane == 0:
+                if splits == 1:
+                    outs = ar.outputs(tuple(acc[k] for k in range(nparts)), idx[0], sh[0])
+                    Y0[row] = outs[0]
+                    if kind is ReduceKind.VAR_MEAN:
+                        Y1[row] = outs[1]
+                else:
+                    for k in T.unroll(nparts):
+                        Y0[k, by, row] = acc[k]
+                    if moments:
+                        Y0[nparts, by, row] = sh[0]
+                    if arg:
+                        Y1[by, row] = idx[0]
+
+    return _wrap(body, (m, n), store, _out_buffers(ar, m, splits))
+
+
+def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
+                   correction: float, tcols: int, ty: int, vec: int, per: int, splits: int):
+    """The column kernel over an ``(outer, r, inner)`` view (not compiled)."""
+    _, T = tl()
+    ar = _Arith(kind, dtype, r, correction)
+    store = _storage(dtype)
+    acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
+    threads = tcols * ty
+    width = tcols * vec  # columns a CTA
+    seg = -(-r // splits)  # rows a split
+    steps = -(-seg // (ty * per))
+    exact_rows = splits * seg == r and steps * ty * per == seg
+    exact_cols = inner % width == 0
+    rounds = -(-width // threads)  # columns a thread combines in the last step
+    p = outer * inner
+    fold_in, merge_into, _ = _merging(ar)
+    ident = ar.identity()
+
+    @T.macro
+    def body(X, Y0, Y1):
+        with T.Kernel(T.ceildiv(inner, width), outer, splits, threads=threads) as (bx, bo, bs):
+            tx = T.get_thread_binding()
+            c = tx % tcols
+            t = tx // tcols
+            col = bx * width + c * vec
+            buf = T.alloc_local((per * vec,), store)
+            acc = T.alloc_local((nparts * vec,), acc_t)
+            idx = T.alloc_local((vec,), "int32")
+            sh = T.alloc_local((vec,), "float32")
+            take = T.alloc_local((1,), "bool")
+            one = T.alloc_local((nparts,), acc_t)
+            oth = T.alloc_local((nparts,), acc_t)
+            pair = T.alloc_local((2,), "int32")
+            red = T.alloc_shared((nparts * ty * width,), acc_t)
+            redi = T.alloc_shared((ty * width,), "int32")
+            for q in T.unroll(nparts * vec):
+                acc[q] = ident[0] if nparts == 1 else T.cast(0, acc_t)
+            for i in T.unroll(vec):
+                idx[i] = _INT_MAX
+                sh[i] = T.cast(0, "float32")
+                if moments:
+                    sh[i] = T.cast(X[bo, 0, T.min(col, inner - vec) + i], "float32")
+            lim = T.min(bs * seg + seg, r)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    row = bs * seg + (step * per + v) * ty + t
+                    if (exact_rows or row < lim) and (exact_cols or col < inner):
+                        for i in T.vectorized(vec):
+                            buf[v * vec + i] = X[bo, row, col + i]
+                for v in T.unroll(per):
+                    row = bs * seg + (step * per + v) * ty + t
+                    if (exact_rows or row < lim) and (exact_cols or col < inner):
+                        for i in T.unroll(vec):
+                            fold_in(acc, idx, take, i, vec, ar.widen(buf[v * vec + i]), row,
+                                    sh[i])
+            for i in T.unroll(vec):
+                for k in T.unroll(nparts):
+                    red[(k * ty + t) * width + c * vec + i] = acc[k * vec + i]
+                redi[t * width + c * vec + i] = idx[i]
+            T.sync_threads()
+            # each of the CTA's columns: its ty partials, in row order
+            for q in T.unroll(rounds):
+                e = q * threads + tx
+                gcol = bx * width + e
+                if e < width and gcol < inner:
+                    for k in T.unroll(nparts):
+                        one[k] = red[k * ty * width + e]
+                    pair[0] = redi[e]
+                    for j in T.serial(ty - 1):
+                        for k in T.unroll(nparts):
+                            oth[k] = red[(k * ty + j + 1) * width + e]
+                        pair[1] = redi[(j + 1) * width + e]
+                        merge_into(one, oth, pair)
+                    if splits == 1:
+                        outs = ar.outputs(tuple(one[k] for k in range(nparts)), pair[0],
+                                          T.cast(X[bo, 0, gcol], "float32") if moments
+                                          else None)
+                        Y0[bo * inner + gcol] = outs[0]
+                        if kind is ReduceKind.VAR_MEAN:
+                            Y1[bo * inner + gcol] = outs[1]
+                    else:
+                        for k in T.unroll(nparts):
+                            Y0[k, bs, bo * inner + gcol] = one[k]
+                        if moments:
+                            Y0[nparts, bs, bo * inner + gcol] = T.cast(X[bo, 0, gcol],
+                                                                       "float32")
+                        if arg:
+                            Y1[bs, bo * inner + gcol] = pair[0]
+
+    return _wrap(body, (outer, r, inner), store, _out_buffers(ar, p, splits))
+
+
+#: outputs a CTA of the finish combines (a warp each)
+_FINISH_PER_CTA = 8
+
+
+def finish_program(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
+                   correction: float):
+    """The second pass of a split: a warp per output reads its ``splits`` partial states
+    (lane ``l`` the splits ``l, l + 32, ...``), merges them with shuffles and writes the
+    output (not compiled)."""
+    _, T = tl()
+    ar = _Arith(kind, dtype, r, correction)
+    acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
+    parts = nparts + (1 if moments else 0)
+    _, merge_into, warp_merge = _merging(ar)
+    ident = ar.identity()
+    rounds = -(-splits // _WARP)
+
+    @T.macro
+    def body(W, WI, Y0, Y1):
+        with T.Kernel(T.ceildiv(p, _FINISH_PER_CTA), threads=_FINISH_PER_CTA * _WARP) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % _WARP
+            q = bx * _FINISH_PER_CTA + tx // _WARP
+            qq = T.min(q, p - 1)
+            acc = T.alloc_local((nparts,), acc_t)
+            oth = T.alloc_local((nparts,), acc_t)
+            idx = T.alloc_local((2,), "int32")
+            for k in T.unroll(nparts):
+                acc[k] = ident[0] if nparts == 1 else T.cast(0, acc_t)
+            idx[0] = _INT_MAX
+            for s in T.serial(rounds):
+                if s * _WARP + lane < splits:
+                    for k in T.unroll(nparts):
+                        oth[k] = W[k, s * _WARP + lane, qq]
+                    if arg:
+                        idx[1] = WI[s * _WARP + lane, qq]
+                    else:
+                        idx[1] = 0
+                    merge_into(acc, oth, idx)
+            warp_merge(acc, oth, idx)
+            if lane == 0 and q < p:
+                outs = ar.outputs(tuple(acc[k] for k in range(nparts)), idx[0],
+                                  W[nparts, 0, q] if moments else None)
+                Y0[q] = outs[0]
+                if kind is ReduceKind.VAR_MEAN:
+                    Y1[q] = outs[1]
+
+    ws = ((parts, splits, p), acc_t)
+    out = ((p,), ar.out)
+    if arg:
+        @T.prim_func
+        def main(W: T.Tensor(*ws), WI: T.Tensor((splits, p), "int32"), Y0: T.Tensor(*out)):
+            body(W, WI, Y0, None)
+    elif kind is ReduceKind.VAR_MEAN:
+        @T.prim_func
+        def main(W: T.Tensor(*ws), Y0: T.Tensor(*out), Y1: T.Tensor(*out)):
+            body(W, None, Y0, Y1)
+    else:
+        @T.prim_func
+        def main(W: T.Tensor(*ws), Y0: T.Tensor(*out)):
+            body(W, None, Y0, None)
+    return main
+
+
+@functools.lru_cache(maxsize=256)
+def build_row_kernel(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
+                     target: str | None = None, plan: tuple | None = None):
+    """Compile the row kernel (cached per configuration); ``plan`` overrides
+    :func:`row_plan`, for tuning."""
+    plan = plan or row_plan(m, n, dtype)
+    return compile_program(row_program(kind, m, n, dtype, correction, *plan), target)
+
+
+@functools.lru_cache(maxsize=256)
+def build_column_kernel(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
+                        correction: float, target: str | None = None,
+                        plan: tuple | None = None):
+    plan = plan or column_plan(outer, r, inner, dtype)
+    return compile_program(column_program(kind, outer, r, inner, dtype, correction, *plan),
+                           target)
+
+
+@functools.lru_cache(maxsize=256)
+def build_finish_kernel(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
+                        correction: float, target: str | None = None):
+    return compile_program(finish_program(kind, p, splits, dtype, r, correction), target)
+
+
+# --- the implementations -------------------------------------------------------------------------
+
+
+class _ReductionKernel(Kernel, ReductionInterface):
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+
+    def __init__(self, spec: ReductionSpec) -> None:
+        super().__init__(spec)
+        import torch
+
+        self._torch = torch
+        k = spec.kind
+        self._two = k is ReduceKind.VAR_MEAN
+        self._arg = k in _ARG
+        self._bool_in = spec.dtype == "bool"
+        self._bool_out = spec.out_dtype == "bool"
+        self._p = spec.outer * spec.inner
+        self._empty = self._p == 0 or spec.r == 0
+        self.splits = 1
+        self.program = self.finish = None
+        if self._empty:
+            return
+        self.splits = self._plan(spec)[-1]
+        self.program = self._build(spec)
+        if self.splits > 1:
+            self.finish = build_finish_kernel(k, self._p, self.splits, spec.dtype, spec.r,
+                                              spec.correction)
+            parts = _parts(k) + (1 if k in _MOMENTS else 0)
+            self._ws = ((parts, self.splits, self._p),
+                        getattr(torch, _acc_dtype(k, spec.dtype)))
+
+    def __call__(self, x, out, out2) -> None:
+        if self._empty:
+            self._fill_empty(out, out2)
+            return
+        u8 = self._torch.uint8
+        if self._bool_in:
+            x = x.view(u8)
+        if self._bool_out:
+            out = out.view(u8)
+        if self.finish is None:
+            if self._two:
+                self.program(x, out, out2)
+            else:
+                self.program(x, out)
+            return
+        torch = self._torch
+        ws = torch.empty(self._ws[0], dtype=self._ws[1], device=x.device)
+        if self._arg:
+            wi = torch.empty((self.splits, self._p), dtype=torch.int32, device=x.device)
+            self.program(x, ws, wi)
+            self.finish(ws, wi, out)
+        elif self._two:
+            self.program(x, ws)
+            self.finish(ws, out, out2)
+        else:
+            self.program(x, ws)
+            self.finish(ws, out)
+
+    def _fill_empty(self, out, out2) -> None:
+        """An empty reduced run gives torch's value of the empty reduction (sum 0, prod 1,
+        all True, any False, NaN for mean and the moments; the spec refuses amax/amin/argmax
+        of none); an empty output has nothing to write."""
+        if self._p == 0:
+            return
+        k = self.spec.kind
+        value = {ReduceKind.SUM: 0, ReduceKind.PROD: 1, ReduceKind.L2NORM: 0,
+                 ReduceKind.ALL: True, ReduceKind.ANY: False}.get(k, float("nan"))
+        out.fill_(value)
+        if out2 is not None:
+            out2.fill_(float("nan"))
+
+
+class ReductionRowKernel(_ReductionKernel):
+    """``inner == 1``: each row of the ``(outer, r)`` view reduced by ``tpr`` threads (see
+    :func:`row_plan`), split across CTAs for few long rows."""
+
+    @classmethod
+    def region_refusal(cls, spec: ReductionSpec) -> str | None:
+        if spec.inner != 1:
+            return f"reduces rows (inner = 1), not columns (inner = {spec.inner})"
+        return None
+
+    @classmethod
+    def identity(cls, spec: ReductionSpec):
+        return (spec.kind, spec.outer, spec.r, spec.dtype, spec.correction, spec.device)
+
+    @staticmethod
+    def _plan(spec: ReductionSpec):
+        return row_plan(spec.outer, spec.r, spec.dtype)
+
+    @staticmethod
+    def _build(spec: ReductionSpec):
+        return build_row_kernel(spec.kind, spec.outer, spec.r, spec.dtype, spec.correction)
+
+
+class ReductionColumnKernel(_ReductionKernel):
+    """Any ``(outer, r, inner)`` view: threads over ``inner``, coalesced, walking ``r`` (see
+    :func:`column_plan`); the general implementation (``inner == 1`` is a column of width one,
+    correct but a warp a row is better)."""
+
+    general = True
+
+    @classmethod
+    def identity(cls, spec: ReductionSpec):
+        return (spec.kind, spec.outer, spec.r, spec.inner, spec.dtype, spec.correction,
+                spec.device)
+
+    @staticmethod
+    def _plan(spec: ReductionSpec):
+        return column_plan(spec.outer, spec.r, spec.inner, spec.dtype)
+
+    @staticmethod
+    def _build(spec: ReductionSpec):
+        return build_column_kernel(spec.kind, spec.outer, spec.r, spec.inner, spec.dtype,
+                                   spec.correction)
