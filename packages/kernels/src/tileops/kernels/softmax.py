@@ -1,0 +1,862 @@
+"""Softmax, log-softmax and logsumexp over one axis, and the two gradients, in TileLang.
+
+Every call is an ``(outer, R, inner)`` view of a contiguous tensor, reduced over ``R``. The
+storage dtype is float16, bfloat16 or float32; the arithmetic is fp32. ``exp(v - m)`` is
+computed as ``exp2(v * log2(e) - m * log2(e))`` (one FMA and the MUFU ``ex2``): these kernels
+are bound by memory, and ``ex2.approx`` is within 2 ulp of fp32.
+
+The reduced axis is the last one (``inner == 1``, rows):
+
+:class:`SoftmaxRegisterKernel` / :class:`SoftmaxBwdRegisterKernel` -- the row (for the
+    gradient, the rows of ``y`` and ``dy``) is read once into registers with 16-byte vector
+    loads, reduced with warp shuffles (and shared memory across the warps of a row), and the
+    output written from registers: each tensor read once and written once, the floor. The
+    forward reduces twice (the row max, then the sum of ``exp(x - max)``) over the held
+    values; the gradient reduces once (``sum(dy * y)`` or ``sum(dy)``). A thread holds at
+    most 128 bytes (8 accesses of 16 bytes in flight, the H200's best in the norm sweeps),
+    up to 512 threads a row; short rows take less than a warp (1024 columns of bf16: 16
+    threads a row, 16 rows a CTA), so many rows share a CTA.
+:class:`SoftmaxLoopedKernel` / :class:`SoftmaxBwdLoopedKernel` -- rows too wide to hold
+    (the forward beyond 64 KiB a row: 128256 columns of bf16 is 256 KiB) take one CTA of
+    1024 threads a row and two passes: pass 1 keeps an online (max, sum) per thread
+    (the sum rescaled by ``exp(m_old - m_new)`` when the max grows) and merges the pairs
+    across the CTA, pass 2 reads the row again and writes. A two-pass walk was chosen over
+    holding part of the row in shared memory: one CTA of 1024 threads a row keeps at most
+    two rows of 256 KiB per SM in flight (about 67 MB over 132 SMs at worst, 33 MB at one CTA
+    an SM, near the H200's 50 MB L2), so most of the second read comes from L2, and the code
+    is the same for every width (262144 columns of fp32 is 1 MiB, more than any SM holds).
+
+The reduced axis is not the last one (``inner > 1``): :class:`SoftmaxStridedKernel` /
+:class:`SoftmaxBwdStridedKernel` read the ``(outer, R, inner)`` view in place, with no
+transposing copy (a copy would read and write the tensor twice more). A CTA owns
+``32 * vec`` contiguous inner columns of one outer index: each of its 32 column lanes owns
+``vec`` adjacent columns (one vector access, coalesced across the warp) and its ``groups``
+warps split ``R`` between them, each walking its share with the same online (max, sum); the
+groups merge through shared memory and pass 2 writes. The vector narrows until the grid has
+about two CTAs per SM, so a small ``outer * inner`` (dim 0 of 1024 x 4096) still fills the
+GPU.
+
+A row of every ``-inf`` follows torch: softmax and log-softmax give NaN, logsumexp ``-inf``;
+the running max starts at the most negative finite float so that such a row never computes
+``-inf - -inf``.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import enum
+import functools
+import math
+from typing import Any, ClassVar, Literal, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "SoftmaxBwdInterface",
+    "SoftmaxBwdLoopedKernel",
+    "SoftmaxBwdRegisterKernel",
+    "SoftmaxBwdSpec",
+    "SoftmaxBwdStridedKernel",
+    "SoftmaxDType",
+    "SoftmaxFwdInterface",
+    "SoftmaxKind",
+    "SoftmaxLoopedKernel",
+    "SoftmaxRegisterKernel",
+    "SoftmaxSpec",
+    "SoftmaxStridedKernel",
+    "build_bwd",
+    "build_fwd",
+    "looped_plan",
+    "register_plan",
+    "strided_plan",
+]
+
+_VECTOR_BYTES = 16
+_WARP = 32
+#: bytes of its rows one thread holds in registers (8 accesses of 16 bytes in flight)
+_HELD_BYTES_PER_THREAD = 128
+_MAX_REGISTER_THREADS = 512
+#: threads of a CTA of rows shorter than a warp's share
+_ROWS_CTA_THREADS = 256
+_LOOPED_THREADS = 1024
+#: threads of a strided CTA: 32 column lanes times 16 groups splitting R
+_STRIDED_THREADS = 512
+#: the strided grid narrows its vector until it has this many CTAs (two per H200 SM)
+_STRIDED_MIN_CTAS = 264
+_LOG2E = math.log2(math.e)
+_LN2 = math.log(2.0)
+
+
+class SoftmaxKind(enum.Enum):
+    """What a softmax-family call computes over its reduced axis."""
+
+    SOFTMAX = "softmax"  # exp(x - lse)
+    LOG_SOFTMAX = "log_softmax"  # x - lse
+    LOGSUMEXP = "logsumexp"  # lse = max + log(sum(exp(x - max))), one value a row
+
+
+#: the storage dtypes the softmax kernels are written for
+SoftmaxDType = Literal["float16", "bfloat16", "float32"]
+_DTYPES = frozenset(get_args(SoftmaxDType))
+
+
+class _ViewSpec(CallSpec, frozen=True, kw_only=True):
+    """The facts both slots' specs share: the ``(outer, r, inner)`` view and the dtype."""
+
+    kind: SoftmaxKind
+    outer: int  # product of the axes before the reduced one
+    r: int  # length of the reduced axis
+    inner: int  # product of the axes after it (1: the reduced axis is the last)
+    dtype: SoftmaxDType
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, SoftmaxKind):
+            raise TypeError(f"{type(self).__name__}.kind must be a SoftmaxKind, got "
+                            f"{self.kind!r}")
+        self.check_fields(choices={"dtype": _DTYPES}, sizes=("outer", "r", "inner"))
+        if self.r == 0 or self.inner == 0:
+            raise ValueError(f"{type(self).__name__}: the reduced axis ({self.r}) and the "
+                             f"inner size ({self.inner}) must be at least 1")
+
+
+class SoftmaxSpec(_ViewSpec, frozen=True, kw_only=True):
+    """A forward call: ``y = softmax / log_softmax(x)`` of the view's shape, or ``lse`` of
+    shape ``(outer, inner)``."""
+
+
+class SoftmaxBwdSpec(_ViewSpec, frozen=True, kw_only=True):
+    """A gradient call from the saved output ``y`` and ``dy``: softmax's
+    ``dx = y * (dy - sum(dy * y))`` or log-softmax's ``dx = dy - exp(y) * sum(dy)``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind is SoftmaxKind.LOGSUMEXP:
+            raise ValueError("SoftmaxBwdSpec: the gradient kernels serve SOFTMAX and "
+                             "LOG_SOFTMAX, not LOGSUMEXP")
+
+
+class SoftmaxFwdInterface(KernelInterface):
+    """``forward(x, out)``: ``x`` contiguous with ``outer * r * inner`` elements; ``out`` is
+    ``y`` (like ``x``) or, for LOGSUMEXP, ``lse`` with ``outer * inner`` elements, contiguous."""
+
+    slot = "softmax_fwd"
+    call_spec = SoftmaxSpec
+
+
+class SoftmaxBwdInterface(KernelInterface):
+    """``forward(y, dy, dx)``: three contiguous tensors of ``outer * r * inner`` elements."""
+
+    slot = "softmax_bwd"
+    call_spec = SoftmaxBwdSpec
+
+
+# --- plans -------------------------------------------------------------------------------------
+
+
+def _vec(n: int, dtype: str) -> int:
+    """Widest power-of-two access (elements) that divides ``n`` and fits 16 bytes."""
+    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def register_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int] | None:
+    """``(threads_per_row, rows_per_cta, vec, per)`` of the register kernel for rows of ``n``
+    holding ``held`` tensors (1 forward, 2 for the gradient's ``y`` and ``dy``), or None when
+    a row does not fit: each thread holds ``per`` accesses of ``vec`` elements of each.
+
+    A thread aims at 8 accesses in flight when they are 16 bytes and 16 when the row length
+    forces narrower ones (the norm sweeps on the H200), within 128 bytes held; the threads of
+    a row are a power of two from 1 to 512. Rows of at most a warp's share pack into CTAs of
+    256 threads, so a short row is reduced by shuffles within part of a warp.
+    """
+    item = _ITEMSIZE[dtype]
+    vec = _vec(n, dtype)
+    width = vec * item * held
+    nv = -(-n // vec)  # accesses in a row
+    want = max(1, (8 if vec * item >= _VECTOR_BYTES else 16) // held)
+    tpr = _pow2_at_least(-(-nv // want))
+    if tpr > _WARP:
+        tpr = max(128, tpr)  # a row over several warps: at least 4 of them
+    per = -(-nv // tpr)
+    while per * width > _HELD_BYTES_PER_THREAD and tpr < _MAX_REGISTER_THREADS:
+        tpr *= 2
+        per = -(-nv // tpr)
+    if per * width > _HELD_BYTES_PER_THREAD or tpr > _MAX_REGISTER_THREADS:
+        return None
+    rpc = _ROWS_CTA_THREADS // tpr if tpr <= _WARP else 1
+    return tpr, rpc, vec, per
+
+
+def looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
+    """``(threads, vec, per)``: each pass walks the row in chunks of ``threads * vec * per``
+    (4 accesses in flight a thread, 64 KiB a CTA)."""
+    return _LOOPED_THREADS, _vec(n, dtype), 4
+
+
+def strided_plan(outer: int, r: int, inner: int, dtype: str) -> tuple[int, int, int]:
+    """``(lanes, groups, vec)`` of the strided kernel: ``lanes`` column lanes of ``vec``
+    columns each (a warp, or fewer for a narrow ``inner``) and ``groups`` splitting ``R``.
+    The vector narrows (down to one element) while the grid has fewer than
+    :data:`_STRIDED_MIN_CTAS` CTAs."""
+    vec = _vec(inner, dtype)
+    lanes = min(_WARP, _pow2_at_least(-(-inner // vec)))
+    while vec > 1 and outer * -(-inner // (lanes * vec)) < _STRIDED_MIN_CTAS:
+        vec //= 2
+        lanes = min(_WARP, _pow2_at_least(-(-inner // vec)))
+    groups = min(_STRIDED_THREADS // lanes, _pow2_at_least(r))
+    return lanes, groups, vec
+
+
+# --- shared pieces of the programs -------------------------------------------------------------
+
+
+def _rescaled(T, s, m, nm):
+    """``s * exp(m - nm)``: a sum of ``exp(v - m)`` moved to the larger max ``nm``."""
+    return s * T.exp2((m - nm) * _LOG2E)
+
+
+def _lse(T, m, s):
+    return m + T.log2(s) * _LN2
+
+
+# --- forward programs --------------------------------------------------------------------------
+
+
+def _fwd_signature(body, kind: str, xs, os_, dtype: str):
+    _, T = tl()
+
+    @T.prim_func
+    def main(X: T.Tensor(xs, dtype), Y: T.Tensor(os_, dtype)):
+        body(X, Y)
+
+    return main
+
+
+def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec: int,
+                         per: int):
+    """The register kernel's prim_func (not compiled) over an ``(M, n)`` view."""
+    _, T = tl()
+    M = T.dynamic("M")
+    lse_out = kind == "logsumexp"
+    threads = tpr * rpc
+    wpr = max(1, tpr // _WARP)  # warps a row
+    span = min(tpr, _WARP)  # lanes of a row within its warp
+    exact = n == tpr * per * vec
+    f32 = "float32"
+    held_n = per * vec
+
+    @T.macro
+    def body(X, Y):
+        with T.Kernel(T.ceildiv(M, rpc), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            grp = tx // tpr
+            row = bx * rpc + grp
+            held = T.alloc_local((held_n,), dtype)
+            acc = T.alloc_local((3,), f32)  # max, sum, lse
+            red = T.alloc_shared((rpc * wpr * 2,), f32)
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if row < M and (exact or col < n):
+                    for i in T.vectorized(vec):
+                        held[v * vec + i] = X[row, col + i]
+                else:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(-T.infinity(f32), dtype)
+            acc[0] = T.min_value(f32)
+            for j in T.unroll(held_n):
+                acc[0] = T.max(acc[0], T.cast(held[j], f32))
+            if span > 1:
+                for s in T.unroll(span.bit_length() - 1):
+                    acc[0] = T.max(acc[0], T.shfl_xor(acc[0], (span // 2) >> s))
+            if wpr > 1:
+                if lane % _WARP == 0:
+                    red[grp * wpr + lane // _WARP] = acc[0]
+                T.sync_threads()
+                for w in T.unroll(wpr):
+                    acc[0] = T.max(acc[0], red[grp * wpr + w])
+            acc[1] = T.cast(0, f32)
+            for j in T.unroll(held_n):
+                acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
+            if span > 1:
+                for s in T.unroll(span.bit_length() - 1):
+                    acc[1] += T.shfl_xor(acc[1], (span // 2) >> s)
+            if wpr > 1:
+                if lane % _WARP == 0:
+                    red[rpc * wpr + grp * wpr + lane // _WARP] = acc[1]
+                T.sync_threads()
+                acc[1] = T.cast(0, f32)
+                for w in T.unroll(wpr):
+                    acc[1] += red[rpc * wpr + grp * wpr + w]
+            acc[2] = _lse(T, acc[0], acc[1])
+            if lse_out:
+                if row < M and lane == 0:
+                    Y[row] = T.cast(acc[2], dtype)
+            else:
+                for v in T.unroll(per):
+                    col = (v * tpr + lane) * vec
+                    if row < M and (exact or col < n):
+                        for i in T.unroll(vec):
+                            if kind == "softmax":
+                                held[v * vec + i] = T.cast(T.exp2(
+                                    (T.cast(held[v * vec + i], f32) - acc[2]) * _LOG2E), dtype)
+                            else:
+                                held[v * vec + i] = T.cast(
+                                    T.cast(held[v * vec + i], f32) - acc[2], dtype)
+                        for i in T.vectorized(vec):
+                            Y[row, col + i] = held[v * vec + i]
+
+    return _fwd_signature(body, kind, (M, n), (M,) if lse_out else (M, n), dtype)
+
+
+def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int):
+    """The looped kernel's prim_func: one CTA a row, an online (max, sum) pass and, unless
+    the output is the lse, a writing pass."""
+    _, T = tl()
+    M = T.dynamic("M")
+    lse_out = kind == "logsumexp"
+    chunk = threads * vec * per
+    steps = -(-n // chunk)
+    warps = threads // _WARP
+    f32 = "float32"
+
+    @T.macro
+    def body(X, Y):
+        with T.Kernel(M, threads=threads) as row:
+            tx = T.get_thread_binding()
+            piece = T.alloc_local((per * vec,), dtype)
+            acc = T.alloc_local((5,), f32)  # max, sum, other max / lse, other sum, new max
+            red = T.alloc_shared((warps * 2,), f32)
+            acc[0] = T.min_value(f32)
+            acc[1] = T.cast(0, f32)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.vectorized(vec):
+                            piece[v * vec + i] = X[row, col + i]
+                    else:
+                        for i in T.unroll(vec):
+                            piece[v * vec + i] = T.cast(-T.infinity(f32), dtype)
+                acc[4] = acc[0]
+                for j in T.unroll(per * vec):
+                    acc[4] = T.max(acc[4], T.cast(piece[j], f32))
+                acc[1] = _rescaled(T, acc[1], acc[0], acc[4])
+                for j in T.unroll(per * vec):
+                    acc[1] += T.exp2((T.cast(piece[j], f32) - acc[4]) * _LOG2E)
+                acc[0] = acc[4]
+            for s in T.unroll(5):
+                acc[2] = T.shfl_xor(acc[0], 16 >> s)
+                acc[3] = T.shfl_xor(acc[1], 16 >> s)
+                acc[4] = T.max(acc[0], acc[2])
+                acc[1] = _rescaled(T, acc[1], acc[0], acc[4]) + _rescaled(T, acc[3], acc[2],
+                                                                          acc[4])
+                acc[0] = acc[4]
+            if tx % _WARP == 0:
+                red[tx // _WARP] = acc[0]
+                red[warps + tx // _WARP] = acc[1]
+            T.sync_threads()
+            acc[0] = T.min_value(f32)
+            acc[1] = T.cast(0, f32)
+            for w in T.unroll(warps):
+                acc[4] = T.max(acc[0], red[w])
+                acc[1] = _rescaled(T, acc[1], acc[0], acc[4]) + _rescaled(
+                    T, red[warps + w], red[w], acc[4])
+                acc[0] = acc[4]
+            acc[2] = _lse(T, acc[0], acc[1])
+            if lse_out:
+                if tx == 0:
+                    Y[row] = T.cast(acc[2], dtype)
+            else:
+                for step in T.serial(steps):
+                    for v in T.unroll(per):
+                        col = step * chunk + (v * threads + tx) * vec
+                        if col < n:
+                            for i in T.vectorized(vec):
+                                piece[v * vec + i] = X[row, col + i]
+                    for v in T.unroll(per):
+                        col = step * chunk + (v * threads + tx) * vec
+                        if col < n:
+                            for i in T.unroll(vec):
+                                if kind == "softmax":
+                                    piece[v * vec + i] = T.cast(T.exp2(
+                                        (T.cast(piece[v * vec + i], f32) - acc[2]) * _LOG2E),
+                                        dtype)
+                                else:
+                                    piece[v * vec + i] = T.cast(
+                                        T.cast(piece[v * vec + i], f32) - acc[2], dtype)
+                            for i in T.vectorized(vec):
+                                Y[row, col + i] = piece[v * vec + i]
+
+    return _fwd_signature(body, kind, (M, n), (M,) if lse_out else (M, n), dtype)
+
+
+def strided_fwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int, groups: int,
+                        vec: int):
+    """The strided kernel's prim_func over an ``(outer, r, inner)`` view (see the module
+    docstring): CTA ``(bx, o)`` owns columns ``bx * lanes * vec`` onward of outer index ``o``."""
+    _, T = tl()
+    outer = T.dynamic("outer")
+    lse_out = kind == "logsumexp"
+    cols = lanes * vec
+    steps = -(-r // groups)
+    f32 = "float32"
+
+    @T.macro
+    def body(X, Y):
+        with T.Kernel(T.ceildiv(inner, cols), outer, threads=lanes * groups) as (bx, o):
+            tx = T.get_thread_binding()
+            lane = tx % lanes
+            g = tx // lanes
+            c = bx * cols + lane * vec
+            piece = T.alloc_local((vec,), dtype)
+            m = T.alloc_local((vec,), f32)
+            s = T.alloc_local((vec,), f32)
+            t = T.alloc_local((2,), f32)
+            red_m = T.alloc_shared((groups, cols), f32)
+            red_s = T.alloc_shared((groups, cols), f32)
+            for i in T.unroll(vec):
+                m[i] = T.min_value(f32)
+                s[i] = T.cast(0, f32)
+            for step in T.serial(steps):
+                k = step * groups + g
+                if k < r and c < inner:
+                    for i in T.vectorized(vec):
+                        piece[i] = X[o, k, c + i]
+                    for i in T.unroll(vec):
+                        t[0] = T.max(m[i], T.cast(piece[i], f32))
+                        s[i] = _rescaled(T, s[i], m[i], t[0]) + T.exp2(
+                            (T.cast(piece[i], f32) - t[0]) * _LOG2E)
+                        m[i] = t[0]
+            for i in T.unroll(vec):
+                red_m[g, lane * vec + i] = m[i]
+                red_s[g, lane * vec + i] = s[i]
+            T.sync_threads()
+            for i in T.unroll(vec):
+                m[i] = T.min_value(f32)
+                s[i] = T.cast(0, f32)
+                for w in T.serial(groups):
+                    t[0] = T.max(m[i], red_m[w, lane * vec + i])
+                    s[i] = _rescaled(T, s[i], m[i], t[0]) + _rescaled(
+                        T, red_s[w, lane * vec + i], red_m[w, lane * vec + i], t[0])
+                    m[i] = t[0]
+                m[i] = _lse(T, m[i], s[i])  # m holds the lse from here on
+            if lse_out:
+                if g == 0 and c < inner:
+                    for i in T.unroll(vec):
+                        piece[i] = T.cast(m[i], dtype)
+                    for i in T.vectorized(vec):
+                        Y[o, c + i] = piece[i]
+            else:
+                for step in T.serial(steps):
+                    k = step * groups + g
+                    if k < r and c < inner:
+                        for i in T.vectorized(vec):
+                            piece[i] = X[o, k, c + i]
+                        for i in T.unroll(vec):
+                            if kind == "softmax":
+                                piece[i] = T.cast(T.exp2(
+                                    (T.cast(piece[i], f32) - m[i]) * _LOG2E), dtype)
+                            else:
+                                piece[i] = T.cast(T.cast(piece[i], f32) - m[i], dtype)
+                        for i in T.vectorized(vec):
+                            Y[o, k, c + i] = piece[i]
+
+    return _fwd_signature(body, kind, (outer, r, inner), (outer, inner) if lse_out else (outer, r, inner),
+                          dtype)
+
+
+# --- gradient programs -------------------------------------------------------------------------
+
+
+def _bwd_signature(body, shape, dtype: str):
+    _, T = tl()
+
+    @T.prim_func
+    def main(Yv: T.Tensor(shape, dtype), DY: T.Tensor(shape, dtype),
+             DX: T.Tensor(shape, dtype)):
+        body(Yv, DY, DX)
+
+    return main
+
+
+def _bwd_term(T, kind: str, y, dy):
+    """The row sum's term: ``dy * y`` (softmax) or ``dy`` (log-softmax), in fp32."""
+    f32 = "float32"
+    if kind == "softmax":
+        return T.cast(dy, f32) * T.cast(y, f32)
+    return T.cast(dy, f32)
+
+
+def _bwd_value(T, kind: str, y, dy, total):
+    """``dx`` of one element in fp32 from the row sum ``total``."""
+    f32 = "float32"
+    if kind == "softmax":
+        return T.cast(y, f32) * (T.cast(dy, f32) - total)
+    return T.cast(dy, f32) - T.exp2(T.cast(y, f32) * _LOG2E) * total
+
+
+def register_bwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec: int,
+                         per: int):
+    """The gradient's register kernel over ``(M, n)`` views of ``y``, ``dy`` and ``dx``."""
+    _, T = tl()
+    M = T.dynamic("M")
+    threads = tpr * rpc
+    wpr = max(1, tpr // _WARP)
+    span = min(tpr, _WARP)
+    exact = n == tpr * per * vec
+    f32 = "float32"
+    held_n = per * vec
+
+    @T.macro
+    def body(Yv, DY, DX):
+        with T.Kernel(T.ceildiv(M, rpc), threads=threads) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            grp = tx // tpr
+            row = bx * rpc + grp
+            hy = T.alloc_local((held_n,), dtype)
+            hd = T.alloc_local((held_n,), dtype)
+            acc = T.alloc_local((1,), f32)
+            red = T.alloc_shared((rpc * wpr,), f32)
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if row < M and (exact or col < n):
+                    for i in T.vectorized(vec):
+                        hy[v * vec + i] = Yv[row, col + i]
+                    for i in T.vectorized(vec):
+                        hd[v * vec + i] = DY[row, col + i]
+                else:
+                    for i in T.unroll(vec):
+                        hy[v * vec + i] = T.cast(0, dtype)
+                        hd[v * vec + i] = T.cast(0, dtype)
+            acc[0] = T.cast(0, f32)
+            for j in T.unroll(held_n):
+                acc[0] += _bwd_term(T, kind, hy[j], hd[j])
+            if span > 1:
+                for s in T.unroll(span.bit_length() - 1):
+                    acc[0] += T.shfl_xor(acc[0], (span // 2) >> s)
+            if wpr > 1:
+                if lane % _WARP == 0:
+                    red[grp * wpr + lane // _WARP] = acc[0]
+                T.sync_threads()
+                acc[0] = T.cast(0, f32)
+                for w in T.unroll(wpr):
+                    acc[0] += red[grp * wpr + w]
+            for v in T.unroll(per):
+                col = (v * tpr + lane) * vec
+                if row < M and (exact or col < n):
+                    for i in T.unroll(vec):
+                        hd[v * vec + i] = T.cast(_bwd_value(
+                            T, kind, hy[v * vec + i], hd[v * vec + i], acc[0]), dtype)
+                    for i in T.vectorized(vec):
+                        DX[row, col + i] = hd[v * vec + i]
+
+    return _bwd_signature(body, (M, n), dtype)
+
+
+def looped_bwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int):
+    """The gradient's looped kernel: one CTA a row, a summing pass and a writing pass."""
+    _, T = tl()
+    M = T.dynamic("M")
+    chunk = threads * vec * per
+    steps = -(-n // chunk)
+    warps = threads // _WARP
+    f32 = "float32"
+
+    @T.macro
+    def body(Yv, DY, DX):
+        with T.Kernel(M, threads=threads) as row:
+            tx = T.get_thread_binding()
+            py = T.alloc_local((per * vec,), dtype)
+            pd = T.alloc_local((per * vec,), dtype)
+            acc = T.alloc_local((1,), f32)
+            red = T.alloc_shared((warps,), f32)
+            acc[0] = T.cast(0, f32)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.vectorized(vec):
+                            py[v * vec + i] = Yv[row, col + i]
+                        for i in T.vectorized(vec):
+                            pd[v * vec + i] = DY[row, col + i]
+                    else:
+                        for i in T.unroll(vec):
+                            py[v * vec + i] = T.cast(0, dtype)
+                            pd[v * vec + i] = T.cast(0, dtype)
+                for j in T.unroll(per * vec):
+                    acc[0] += _bwd_term(T, kind, py[j], pd[j])
+            for s in T.unroll(5):
+                acc[0] += T.shfl_xor(acc[0], 16 >> s)
+            if tx % _WARP == 0:
+                red[tx // _WARP] = acc[0]
+            T.sync_threads()
+            acc[0] = T.cast(0, f32)
+            for w in T.unroll(warps):
+                acc[0] += red[w]
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.vectorized(vec):
+                            py[v * vec + i] = Yv[row, col + i]
+                        for i in T.vectorized(vec):
+                            pd[v * vec + i] = DY[row, col + i]
+                for v in T.unroll(per):
+                    col = step * chunk + (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.unroll(vec):
+                            pd[v * vec + i] = T.cast(_bwd_value(
+                                T, kind, py[v * vec + i], pd[v * vec + i], acc[0]), dtype)
+                        for i in T.vectorized(vec):
+                            DX[row, col + i] = pd[v * vec + i]
+
+    return _bwd_signature(body, (M, n), dtype)
+
+
+def strided_bwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int, groups: int,
+                        vec: int):
+    """The gradient's strided kernel over ``(outer, r, inner)`` views."""
+    _, T = tl()
+    outer = T.dynamic("outer")
+    cols = lanes * vec
+    steps = -(-r // groups)
+    f32 = "float32"
+
+    @T.macro
+    def body(Yv, DY, DX):
+        with T.Kernel(T.ceildiv(inner, cols), outer, threads=lanes * groups) as (bx, o):
+            tx = T.get_thread_binding()
+            lane = tx % lanes
+            g = tx // lanes
+            c = bx * cols + lane * vec
+            py = T.alloc_local((vec,), dtype)
+            pd = T.alloc_local((vec,), dtype)
+            tot = T.alloc_local((vec,), f32)
+            red = T.alloc_shared((groups, cols), f32)
+            for i in T.unroll(vec):
+                tot[i] = T.cast(0, f32)
+            for step in T.serial(steps):
+                k = step * groups + g
+                if k < r and c < inner:
+                    for i in T.vectorized(vec):
+                        py[i] = Yv[o, k, c + i]
+                    for i in T.vectorized(vec):
+                        pd[i] = DY[o, k, c + i]
+                    for i in T.unroll(vec):
+                        tot[i] += _bwd_term(T, kind, py[i], pd[i])
+            for i in T.unroll(vec):
+                red[g, lane * vec + i] = tot[i]
+            T.sync_threads()
+            for i in T.unroll(vec):
+                tot[i] = T.cast(0, f32)
+                for w in T.serial(groups):
+                    tot[i] += red[w, lane * vec + i]
+            for step in T.serial(steps):
+                k = step * groups + g
+                if k < r and c < inner:
+                    for i in T.vectorized(vec):
+                        py[i] = Yv[o, k, c + i]
+                    for i in T.vectorized(vec):
+                        pd[i] = DY[o, k, c + i]
+                    for i in T.unroll(vec):
+                        pd[i] = T.cast(_bwd_value(T, kind, py[i], pd[i], tot[i]), dtype)
+                    for i in T.vectorized(vec):
+                        DX[o, k, c + i] = pd[i]
+
+    return _bwd_signature(body, (outer, r, inner), dtype)
+
+
+# --- building ----------------------------------------------------------------------------------
+
+
+class Layout(enum.Enum):
+    """Which program a call gets (the implementation's choice, from the view)."""
+
+    REGISTER = "register"
+    LOOPED = "looped"
+    STRIDED = "strided"
+
+
+def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
+    """The launch plan of ``layout`` for ``spec`` (the plan is part of the build key)."""
+    held = 2 if isinstance(spec, SoftmaxBwdSpec) else 1
+    if layout is Layout.REGISTER:
+        plan = register_plan(spec.r, spec.dtype, held)
+        assert plan is not None, "the register kernel refuses rows it cannot hold"
+        return plan
+    if layout is Layout.LOOPED:
+        return looped_plan(spec.r, spec.dtype)
+    return strided_plan(spec.outer, spec.r, spec.inner, spec.dtype)
+
+
+_FWD = {Layout.REGISTER: register_fwd_program, Layout.LOOPED: looped_fwd_program,
+        Layout.STRIDED: strided_fwd_program}
+_BWD = {Layout.REGISTER: register_bwd_program, Layout.LOOPED: looped_bwd_program,
+        Layout.STRIDED: strided_bwd_program}
+
+
+def _program(table, layout: Layout, kind: str, r: int, inner: int, dtype: str, plan):
+    if layout is Layout.STRIDED:
+        return table[layout](kind, r, inner, dtype, *plan)
+    return table[layout](kind, r, dtype, *plan)
+
+
+@functools.lru_cache(maxsize=256)
+def build_fwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
+              target: str | None = None):
+    """Compile a forward program (cached per configuration); ``inner`` is 1 but for
+    STRIDED."""
+    return compile_program(_program(_FWD, layout, kind, r, inner, dtype, plan), target)
+
+
+@functools.lru_cache(maxsize=256)
+def build_bwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
+              target: str | None = None):
+    """Compile a gradient program (cached per configuration)."""
+    return compile_program(_program(_BWD, layout, kind, r, inner, dtype, plan), target)
+
+
+# --- the implementations -----------------------------------------------------------------------
+
+
+class _SoftmaxKernel(Kernel):
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    layout: ClassVar[Layout]
+    _build: ClassVar[Any] = None
+
+    @classmethod
+    def identity(cls, spec: _ViewSpec):
+        # the program is compiled for the reduced length (and inner size, when strided); the
+        # rows / outer count is a launch-time size, except where the strided plan reads it
+        plan = plan_of(cls.layout, spec)
+        inner = spec.inner if cls.layout is Layout.STRIDED else 1
+        return spec.kind, spec.r, inner, spec.dtype, plan, spec.device
+
+    def __init__(self, spec: _ViewSpec) -> None:
+        super().__init__(spec)
+        inner = spec.inner if self.layout is Layout.STRIDED else 1
+        self.program = type(self)._build(self.layout, spec.kind.value, spec.r, inner,
+                                         spec.dtype, plan_of(self.layout, spec))
+        self._rows = (-1, spec.r) if self.layout is not Layout.STRIDED else (-1, spec.r,
+                                                                            spec.inner)
+        self._lse = (-1,) if self.layout is not Layout.STRIDED else (-1, spec.inner)
+        self._empty = spec.outer == 0
+
+
+def _rows_refusal(cls, spec: _ViewSpec) -> str | None:
+    if spec.inner != 1:
+        return f"reduces the last axis (inner 1), not an inner size of {spec.inner}"
+    return None
+
+
+class _FwdKernel(_SoftmaxKernel, SoftmaxFwdInterface):
+    _build = staticmethod(build_fwd)
+
+    def __call__(self, x, out) -> None:
+        if self._empty:
+            return
+        lse = self.spec.kind is SoftmaxKind.LOGSUMEXP
+        self.program(x.view(self._rows), out.view(self._lse if lse else self._rows))
+
+
+class _BwdKernel(_SoftmaxKernel, SoftmaxBwdInterface):
+    _build = staticmethod(build_bwd)
+
+    def __call__(self, y, dy, dx) -> None:
+        if self._empty:
+            return
+        v = self._rows
+        self.program(y.view(v), dy.view(v), dx.view(v))
+
+
+class SoftmaxRegisterKernel(_FwdKernel):
+    """Rows held in registers: each element read once and written once."""
+
+    layout = Layout.REGISTER
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
+        why = _rows_refusal(cls, spec)
+        if why is None and register_plan(spec.r, spec.dtype) is None:
+            why = (f"a row of {spec.r} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
+                   f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
+        return why
+
+
+class SoftmaxLoopedKernel(_FwdKernel):
+    """Rows of any length: an online (max, sum) pass and a writing pass."""
+
+    layout = Layout.LOOPED
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
+        why = _rows_refusal(cls, spec)
+        if why is None and register_plan(spec.r, spec.dtype) is not None:
+            why = f"a row of {spec.r} x {spec.dtype} fits the register kernel"
+        return why
+
+
+class SoftmaxStridedKernel(_FwdKernel):
+    """A reduced axis that is not the last: the ``(outer, R, inner)`` view read in place."""
+
+    layout = Layout.STRIDED
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
+        if spec.inner == 1:
+            return "the reduced axis is the last one (inner 1): the row kernels serve it"
+        return None
+
+
+class SoftmaxBwdRegisterKernel(_BwdKernel):
+    """The gradient with the rows of ``y`` and ``dy`` held in registers."""
+
+    layout = Layout.REGISTER
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
+        why = _rows_refusal(cls, spec)
+        if why is None and register_plan(spec.r, spec.dtype, 2) is None:
+            why = (f"rows of {spec.r} x {spec.dtype} (y and dy) exceed the "
+                   f"{_HELD_BYTES_PER_THREAD} bytes a thread holds at "
+                   f"{_MAX_REGISTER_THREADS} threads")
+        return why
+
+
+class SoftmaxBwdLoopedKernel(_BwdKernel):
+    """The gradient of rows of any length: a summing pass and a writing pass."""
+
+    layout = Layout.LOOPED
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
+        why = _rows_refusal(cls, spec)
+        if why is None and register_plan(spec.r, spec.dtype, 2) is not None:
+            why = f"rows of {spec.r} x {spec.dtype} (y and dy) fit the register kernel"
+        return why
+
+
+class SoftmaxBwdStridedKernel(_BwdKernel):
+    """The gradient over a reduced axis that is not the last, read in place."""
+
+    layout = Layout.STRIDED
+
+    @classmethod
+    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
+        if spec.inner == 1:
+            return "the reduced axis is the last one (inner 1): the row kernels serve it"
+        return None

@@ -1,0 +1,217 @@
+"""Softmax and log-softmax over one axis, and their gradients.
+
+:class:`SoftmaxFamilyOp` is the family base of the forward ops and :class:`SoftmaxGradOp` of
+the gradients. Every op of the family reduces one axis ``dim`` of a tensor, so the bases own
+the flow they share:
+
+- layout: the tensor as the ``(outer, R, inner)`` view of its contiguous form (``outer`` the
+  product of the axes before ``dim``, ``inner`` of those after it). The kernels read that view
+  in place, whichever axis is reduced (no transposing copy); an input that is not contiguous,
+  or starts off a 16-byte boundary, is copied first (the kernels read 16-byte vectors);
+- the call spec: :class:`~tileops.kernels.softmax.SoftmaxSpec` (or ``SoftmaxBwdSpec``) from
+  the shape and dtype the signature check read and the op's :attr:`kind`; which kernel a view
+  gets (rows held in registers, two passes over wide rows, the strided walk of an inner axis)
+  is the kernels' choice;
+- a reduced axis of length 0 (an empty tensor) launches nothing.
+
+A leaf op is its spec entry (``specs/softmax.yaml``), its kind and its declared equivalents:
+the reference, the torch eager function and the Liger-Kernel peer, each stated once here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, get_args
+
+import torch
+
+from tileops.kernels.softmax import (
+    SoftmaxBwdInterface,
+    SoftmaxBwdLoopedKernel,
+    SoftmaxBwdRegisterKernel,
+    SoftmaxBwdSpec,
+    SoftmaxBwdStridedKernel,
+    SoftmaxDType,
+    SoftmaxFwdInterface,
+    SoftmaxKind,
+    SoftmaxLoopedKernel,
+    SoftmaxRegisterKernel,
+    SoftmaxSpec,
+    SoftmaxStridedKernel,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = [
+    "LogSoftmaxBwdOp",
+    "LogSoftmaxFwdOp",
+    "SoftmaxBwdOp",
+    "SoftmaxFamilyOp",
+    "SoftmaxFwdOp",
+    "SoftmaxGradOp",
+]
+
+#: the dtypes the softmax kernels state they serve
+_KERNEL_DTYPES = frozenset(get_args(SoftmaxDType))
+#: Liger's softmax refuses rows wider than this (measured on the H200)
+_LIGER_MAX_COLS = 65536
+
+
+def view_of(shape: tuple[int, ...], dim: int) -> tuple[int, int, int]:
+    """``(outer, r, inner)`` of a reduction over axis ``dim`` (already in range) of ``shape``;
+    a 0-dim tensor is one element reduced over a length-1 axis, as torch treats it."""
+    if not shape:
+        return 1, 1, 1
+    a = dim % len(shape)
+    return math.prod(shape[:a]), shape[a], math.prod(shape[a + 1:])
+
+
+def _in_layout(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte aligned address: itself where it is, else a copy."""
+    if t.is_contiguous() and (not t.storage_offset() or t.data_ptr() % 16 == 0):
+        return t
+    return t.contiguous() if not t.is_contiguous() else t.clone()
+
+
+class SoftmaxFamilyOp(Op):
+    """Family base of the forward ops (see the module docstring). A subclass sets
+    :attr:`kind`."""
+
+    kind: ClassVar[SoftmaxKind]
+    kernel_types = {SoftmaxFwdInterface: (SoftmaxRegisterKernel, SoftmaxLoopedKernel,
+                                          SoftmaxStridedKernel)}
+
+    def forward(self, call, x, y) -> None:
+        shape = x.shape
+        dtype = x.dtype
+        key = (call.device, dtype, shape)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if x.numel() == 0:
+                return
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "softmax")
+            outer, r, inner = view_of(tuple(shape), self.dim)
+            entry = self.kernel_for(key, SoftmaxFwdInterface, lambda: SoftmaxSpec(
+                device=call.device, kind=self.kind, outer=outer, r=r, inner=inner,
+                dtype=NAMES[dtype]))
+        entry(_in_layout(x), y)
+
+
+class SoftmaxFwdOp(SoftmaxFamilyOp):
+    kind = SoftmaxKind.SOFTMAX
+
+    def reference(self, call, x):
+        return (torch.softmax(_wide(x), self.dim),)
+
+    def eager(self):
+        dim = self.dim
+
+        def softmax(x):  # torch.softmax
+            return torch.softmax(x, dim)
+
+        return softmax
+
+    peers = {"liger": lambda op: _liger_softmax(op)}
+
+
+class LogSoftmaxFwdOp(SoftmaxFamilyOp):
+    kind = SoftmaxKind.LOG_SOFTMAX
+
+    def reference(self, call, x):
+        return (torch.log_softmax(_wide(x), self.dim),)
+
+    def eager(self):
+        dim = self.dim
+
+        def log_softmax(x):  # torch.log_softmax
+            return torch.log_softmax(x, dim)
+
+        return log_softmax
+
+
+# --- gradients -----------------------------------------------------------------------------------
+
+
+class SoftmaxGradOp(Op):
+    """Family base of the gradients: ``dx`` from ``dy`` and the forward's output ``y``, each
+    handed to the kernels as its contiguous ``(outer, R, inner)`` view (a gradient that is not
+    contiguous, e.g. an expanded ``ones``, is copied). The references state each formula in
+    closed form (a reference may run inside a compiled graph's custom op, where autograd does
+    not record); the tests hold them to torch's autograd of the forward in float64."""
+
+    kind: ClassVar[SoftmaxKind]
+    kernel_types = {SoftmaxBwdInterface: (SoftmaxBwdRegisterKernel, SoftmaxBwdLoopedKernel,
+                                          SoftmaxBwdStridedKernel)}
+
+    def forward(self, call, dy, y, dx) -> None:
+        shape = y.shape
+        dtype = y.dtype
+        key = (call.device, dtype, shape)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if y.numel() == 0:
+                return
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "softmax")
+            outer, r, inner = view_of(tuple(shape), self.dim)
+            entry = self.kernel_for(key, SoftmaxBwdInterface, lambda: SoftmaxBwdSpec(
+                device=call.device, kind=self.kind, outer=outer, r=r, inner=inner,
+                dtype=NAMES[dtype]))
+        entry(_in_layout(y), _in_layout(dy), dx)
+
+
+class SoftmaxBwdOp(SoftmaxGradOp):
+    kind = SoftmaxKind.SOFTMAX
+
+    def reference(self, call, dy, y):
+        dyf, yf = _wide(dy), _wide(y)
+        return (yf * (dyf - (dyf * yf).sum(self.dim, keepdim=True)),)
+
+    def eager(self):
+        dim = self.dim
+
+        def softmax_backward(dy, y):  # aten._softmax_backward_data
+            return torch.ops.aten._softmax_backward_data(dy, y, dim, y.dtype)
+
+        return softmax_backward
+
+
+class LogSoftmaxBwdOp(SoftmaxGradOp):
+    kind = SoftmaxKind.LOG_SOFTMAX
+
+    def reference(self, call, dy, y):
+        dyf, yf = _wide(dy), _wide(y)
+        return (dyf - torch.exp(yf) * dyf.sum(self.dim, keepdim=True),)
+
+    def eager(self):
+        dim = self.dim
+
+        def log_softmax_backward(dy, y):  # aten._log_softmax_backward_data
+            return torch.ops.aten._log_softmax_backward_data(dy, y, dim, y.dtype)
+
+        return log_softmax_backward
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when it is float64 already."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+# --- Liger-Kernel peers (present when liger_kernel is installed) --------------------------------
+
+
+def _liger_softmax(op: SoftmaxFwdOp) -> Any:
+    try:
+        from liger_kernel.ops.softmax import LigerSoftmaxFunction
+    except ImportError:
+        return None
+    if op.dim != -1:
+        return None  # Liger's softmax reduces the last axis only
+
+    def liger_softmax(x):
+        if x.dim() == 0 or x.shape[-1] > _LIGER_MAX_COLS:
+            raise NotImplementedError(f"Liger's softmax takes rows of at most "
+                                      f"{_LIGER_MAX_COLS} columns")
+        return LigerSoftmaxFunction.apply(x)
+
+    return liger_softmax
