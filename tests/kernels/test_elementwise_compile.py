@@ -213,6 +213,10 @@ def test_collapsed_layout_addresses_every_element_as_the_original(s):
                 flat[g] = flat[g] * s.out_shape[d] + idx[d]
         for k, (sh, st_, _, _) in enumerate(ops):
             own = sum(i * (0 if n == 1 else t) for i, n, t in zip(idx, sh, st_, strict=True))
+            if p.codes[k] == (3,):  # a row broadcast read at the flat index modulo the row
+                assert p.kind == "flat" and own == flat[0] % math.prod(
+                    s.out_shape[d] for d in p.row)
+                continue
             inner = [st_[dims[-1]] if sh[dims[-1]] != 1 else 0 for dims in p.groups]
             code_ok = all(c == (0 if t == 0 else 1 if t == 1 else 2)
                           for c, t in zip(p.codes[k], inner, strict=True))
@@ -232,7 +236,7 @@ def test_plan_kind_and_vector_width_follow_the_layout(s):
     p = E.plan(s)
     if p.kind == "empty":
         return
-    inner_unit = all(c[-1] in (0, 1) for c in p.codes) if p.groups else True
+    inner_unit = all(c[-1] in (0, 1, 3) for c in p.codes) if p.groups else True
     assert p.kind == ("flat" if len(p.groups) <= 1 and inner_unit else
                       "rows" if len(p.groups) == 2 and inner_unit else "strided")
     ops = _operands(s)
@@ -258,8 +262,10 @@ def test_plan_kind_and_vector_width_follow_the_layout(s):
 @pytest.mark.parametrize(("out_shape", "in_shapes", "in_strides", "kind", "vec", "groups"), [
     pytest.param((32768, 8192), ((32768, 8192),), None, "flat", 8, ((0, 1),), id="contiguous"),
     pytest.param((3, 4097), ((3, 4097),), None, "flat", 8, ((0, 1),), id="odd-columns-flat"),
-    pytest.param((64, 4097), ((64, 4097), (4097,)), None, "rows", 1, ((0,), (1,)),
-                 id="odd-row-bias-scalar-access"),
+    pytest.param((64, 4097), ((64, 4097), (4097,)), None, "flat", 8, ((0, 1),),
+                 id="odd-row-bias-flat-modular"),
+    pytest.param((64, 4097), ((64, 4097), (64, 1)), None, "rows", 1, ((0,), (1,)),
+                 id="odd-column-broadcast-scalar-access"),
     pytest.param((64, 4096), ((64, 4096), ()), None, "flat", 8, ((0, 1),), id="0-dim-scalar"),
     pytest.param((16, 14336), ((16, 14336), (16, 14336)), ((28672, 1), (28672, 1)), "rows", 8,
                  ((0,), (1,)), id="gated-halves"),
@@ -281,6 +287,26 @@ def test_plan_of_the_shapes_the_family_serves(out_shape, in_shapes, in_strides, 
     assert chosen is {"flat": E.ElementwiseFlatKernel, "empty": E.ElementwiseFlatKernel,
                       "rows": E.ElementwiseRowsKernel,
                       "strided": E.ElementwiseStridedKernel}[kind]
+
+
+def test_an_odd_row_bias_is_a_flat_run_with_the_row_read_modulo_its_length():
+    bf16 = {"in_dtypes": ("bfloat16",) * 2, "out_dtypes": ("bfloat16",)}
+    p = E.plan(spec(in_shapes=((3, 5, 4097), (4097,)), out_shape=(3, 5, 4097), **bf16))
+    assert (p.kind, p.vec, p.row, p.codes) == ("flat", 8, (2,), ((1,), (1,), (3,)))
+    assert E.plan(spec(in_shapes=((64, 4097), (4097,)), out_shape=(64, 4097))).vec == 4
+    # a [4097] bias with a 0-dim scalar beside it, and a bias over two merged row dims
+    p = E.plan(spec(fn="where", params=(), in_shapes=((64, 4097), (4097,), ()),
+                    in_dtypes=("bool", "bfloat16", "bfloat16"), out_dtypes=("bfloat16",),
+                    out_shape=(64, 4097)))
+    assert (p.kind, p.vec, p.codes) == ("flat", 8, ((1,), (1,), (3,), (0,)))
+    p = E.plan(spec(in_shapes=((6, 3, 1365), (3, 1365)), out_shape=(6, 3, 1365)))
+    assert (p.kind, p.row) == ("flat", (1, 2))
+    # not of that form: a strided operand, a row shorter than a vector, a misaligned run
+    assert E.plan(spec(in_shapes=((64, 4097), (4097,)), in_strides=((4100, 1), (1,)),
+                       out_shape=(64, 4097))).kind == "rows"
+    assert E.plan(spec(in_shapes=((64, 3), (3,)), out_shape=(64, 3))).kind == "rows"
+    assert E.plan(spec(in_shapes=((64, 4097), (4097,)), in_align=(2, 16),
+                       out_shape=(64, 4097))).kind == "rows"
 
 
 def test_identity_ignores_sizes_within_a_layout_class():
@@ -312,6 +338,9 @@ CASES = [
     # binary fp16 with a row bias: rows of unit-stride vectors, the bias re-read each row
     pytest.param("add", (2.0,), ((64, 4096), (4096,)), None, ("float16",) * 2, ("float16",),
                  "float32", (64, 4096), True, id="rows-row-bias-fp16"),
+    # binary bf16 with a bias of 4097: one flat run in vectors, the bias read modulo its row
+    pytest.param("add", (1.0,), ((64, 4097), (4097,)), None, ("bfloat16",) * 2,
+                 ("bfloat16",), "float32", (64, 4097), True, id="flat-odd-row-bias-bf16"),
     # gated bf16 over the halves of [B, 2N]: strided rows read in vectors
     pytest.param("silu_and_mul", (), ((16, 14336),) * 2, ((28672, 1),) * 2, ("bfloat16",) * 2,
                  ("bfloat16",), "float32", (16, 14336), True, id="rows-gated-halves"),

@@ -254,6 +254,9 @@ LAYOUTS = {
     "one-row": (lambda n: [(1, 4097)] * n, (1, 4097), None),
     "no-elements": (lambda n: [(0, 16)] * n, (0, 16), None),  # nothing launched
     "row-broadcast": (lambda n: [(32, 1024)] + [(1024,)] * (n - 1), (32, 1024), None),
+    # rows at odd offsets: one flat run in vectors, the row read modulo its length (a vector
+    # wraps past a row's end), the masked last CTA too
+    "odd-row-broadcast": (lambda n: [(33, 4097)] + [(4097,)] * (n - 1), (33, 4097), None),
     "scalar": (lambda n: [(32, 1000)] + [()] * (n - 1), (32, 1000), None),  # 0-dim partner
     "column-broadcast": (lambda n: [(64, 96)] + [(64, 1)] * (n - 1), (64, 96), None),
     "strided-rows": (lambda n: [(48, 1024)] * n, (48, 512), lambda t: t[:, :512]),

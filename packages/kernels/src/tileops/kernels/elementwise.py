@@ -16,8 +16,9 @@ in an :class:`ElementwiseSpec`; this module owns everything about the layout:
   ``strided`` (anything else up to :data:`MAX_DIMS` dims);
 - **vector width**: 16-byte accesses for the widest operand, narrowed until every operand's
   data pointer alignment (``in_align``/``out_align``), the row length and every row stride
-  allow it (``N = 4097`` gets single elements, a flat run of 4097 x 8192 keeps 16 bytes and a
-  masked tail).
+  allow it (strided rows of ``N = 4097`` get single elements, a flat run of 4097 x 8192 keeps
+  16 bytes and a masked tail, and ``[M, 4097] + [4097]`` is that flat run with the bias read
+  at the index modulo its row, :func:`_modular`).
 
 One program serves every size of a layout class: extents and strides are launch-time
 (``T.dynamic``, bound by the FFI from the tensors themselves, so an entry launches the op's
@@ -667,7 +668,9 @@ class Plan:
     makes ``per`` accesses of ``vec`` elements; ``tcols`` of a CTA's ``threads`` span a row's
     vectors (tiled kinds: all of them for rows of ``threads`` vectors or more, else the power
     of two that covers the row, so narrow rows stack in a CTA; one program a width class). ``wide``: 64-bit extents and strides (an operand spans 2**31
-    elements or more)."""
+    elements or more). ``row``: for a flat plan whose inputs of code 3 are a row broadcast
+    over contiguous operands (``[M, 4097] + [4097]``), the output dims of that row: such an
+    input is read at the flat index modulo the row's length (:func:`_modular`)."""
 
     kind: str
     groups: tuple[tuple[int, ...], ...]
@@ -678,6 +681,7 @@ class Plan:
     per: int
     tcols: int
     wide: bool
+    row: tuple[int, ...] = ()
 
 
 def _pow2_at_least(x: int) -> int:
@@ -757,13 +761,55 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
                 return False
         return kind == "flat" or ncols % v == 0
 
+    full = vec
     while vec > 1 and not fits(vec):
         vec //= 2
+    if kind == "rows" and vec < full:
+        modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
+        if modular is not None:
+            return modular
     d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):])
     threads = threads or d_threads
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
     return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide)
+
+
+def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
+             full: int, wide: bool) -> Plan | None:
+    """The flat plan of a rows call whose row length keeps the rows plan from wide accesses
+    (``[M, 4097] + [4097]``: rows start at odd offsets, so the rows plan reads single
+    elements), when every operand is contiguous over both groups or a row broadcast (or a
+    single element): the contiguous ones are one flat run read in vectors, a row broadcast is
+    read element by element at the flat index modulo the row's length (from L1: the row is
+    small and shared by every CTA). None when the call is not of that form or gains nothing
+    (the flat run's alignment allows no wider access)."""
+    ncols = math.prod(shape[d] for d in groups[-1])
+    n_out = len(spec.out_dtypes)
+    flat_codes = []
+    for k, c in enumerate(codes):
+        if c == (2, 1) and merged[k][0] == ncols:
+            flat_codes.append((1,))
+        elif c == (0, 1) and k >= n_out:
+            flat_codes.append((3,))
+        elif c == (0, 0) and k >= n_out:
+            flat_codes.append((0,))
+        else:
+            return None
+    if (3,) not in flat_codes:
+        return None
+    vec = _VECTOR_BYTES // max(items[k] for k, c in enumerate(flat_codes) if c == (1,))
+    vec = min(vec, full)
+    while vec > 1 and any(c == (1,) and aligns[k] < vec * items[k]
+                          for k, c in enumerate(flat_codes)):
+        vec //= 2
+    if vec == 1 or ncols < vec:
+        return None
+    threads, per = _default_launch("flat", flat_codes[n_out:])
+    ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
+    dims = tuple(d for g in groups for d in g)
+    return Plan("flat", (dims,), tuple(flat_codes), ones, vec, threads, per, threads, wide,
+                groups[-1])
 
 
 # --- the TileLang programs -----------------------------------------------------------------------
@@ -882,8 +928,12 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
         return T.truncdiv(s, p.vec) * p.vec if p.vec > 1 else s
 
     extents = [math.prod(dims[d] for d in g) if g else 1 for g in p.groups]
-    body = (_flat_body if p.kind == "flat" else _tiled_body)(
-        T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt)
+    if p.kind == "flat":
+        ncols = math.prod(dims[d] for d in p.row) if p.row else 1
+        body = _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt)
+    else:
+        body = _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
+                           idt)
     return _with_params(body, [b for b, _ in decl_in], [b for b, _ in decl_out])
 
 
@@ -902,15 +952,17 @@ def _stored(T, value, dtype: str):
     return T.cast(value, dtype)
 
 
-def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt):
-    """One run of ``n`` elements; inputs unit-stride or a single element. A CTA covers
+def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt):
+    """One run of ``n`` elements; inputs unit-stride, a single element, or (code 3) a row of
+    ``ncols`` broadcast over the run, read at the index modulo ``ncols``. A CTA covers
     ``threads * per`` vectors; the CTAs wholly inside run unmasked, the last checks each
     element."""
     vec, per, threads = p.vec, p.per, p.threads
     n_out, n_in = len(out_dtypes), len(in_dtypes)
     chunk = threads * per  # vectors a CTA
     runs = tuple(k for k in range(n_in) if p.codes[n_out + k] and p.codes[n_out + k][-1] == 1)
-    single = tuple(k for k in range(n_in) if k not in runs)
+    mods = tuple(k for k in range(n_in) if p.codes[n_out + k] == (3,))
+    single = tuple(k for k in range(n_in) if k not in runs and k not in mods)
     outs_i = tuple(range(n_out))
     n = extents[0] if extents else 1
 
@@ -930,6 +982,13 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
                     for k in runs:
                         for i in T.vectorized(vec):
                             held[k][v * vec + i] = fin[k][(base + v * threads) * vec + i]
+                    if mods:
+                        # a vector wraps past the row's end at most once (ncols >= vec)
+                        start = T.truncmod((base + v * threads) * vec, ncols)
+                        for k in mods:
+                            for i in T.unroll(vec):
+                                held[k][v * vec + i] = fin[k][T.if_then_else(
+                                    start + i >= ncols, start + i - ncols, start + i)]
                 for j in T.unroll(per * vec):
                     got = f.build(_values(T, f, [held[k][0] if k in single else held[k][j]
                                                  for k in range(n_in)], in_dtypes, compute),
@@ -944,9 +1003,10 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
                 for j in T.unroll(per * vec):
                     e = T.cast(bx, idt) * (chunk * vec) + j * threads + tx
                     if e < n:
-                        got = f.build(_values(T, f, [held[k][0] if k in single else fin[k][e]
-                                                     for k in range(n_in)], in_dtypes,
-                                              compute), params, compute)
+                        got = f.build(_values(T, f, [
+                            held[k][0] if k in single else
+                            fin[k][T.truncmod(e, ncols)] if k in mods else fin[k][e]
+                            for k in range(n_in)], in_dtypes, compute), params, compute)
                         for o in outs_i:
                             fout[o][e] = _stored(T, got[o], out_dtypes[o])
 
