@@ -1,0 +1,268 @@
+"""Reductions: sum, mean, prod, amax, amin, var, std, var_mean, the 2-norm, all, any, argmax,
+argmin, over any set of dims with torch's calling conventions.
+
+:class:`ReductionOp` is the family base. Every op of the family reduces ``x`` over ``dim``, so
+the base owns the forward flow they share:
+
+- layout: the reduced axes become the middle of a contiguous ``(outer, R, inner)`` view.
+  Axes of size 1 are dropped, then adjacent reduced axes merge into one and adjacent kept axes
+  into one; when the reduced axes then form one run (the last dims, the leading dims, one dim,
+  every dim), the view is ``x`` itself (copied only where ``x`` is not contiguous or not
+  16-byte aligned). When they do not (``dim=(0, 2)`` of a 3-D tensor), ``x`` is permuted once,
+  kept axes first and reduced axes last, into a contiguous copy that is reduced as rows. One
+  permute copy rather than reducing twice: a second reduction of a partial result is not the
+  reduction for the moments (var of a var) nor for argmax, and the copy keeps every kind on
+  the same two kernels; it costs a write and a read of ``x`` more.
+- the call spec: :class:`~tileops.kernels.reduction.ReductionSpec` from the view's three sizes,
+  the input's dtype and the op's :attr:`~ReductionOp.kind` (plus ``correction`` for the
+  moments); which program serves it (rows for ``inner == 1``, columns otherwise, split across
+  CTAs when the output alone would not fill the GPU) is the kernels' choice;
+- the slot ``reduction``, ``forward(x, out, out2)``: the outputs as flat views of the
+  ``reduce_shape(S, dim, keepdim)`` tensors the signature allocated.
+
+The layout of a shape is computed once per (device, dtype, shape) and kept with its kernel
+entry, so a cached call is one dictionary lookup and the kernel.
+
+A leaf op is its spec entry (``specs/reduction.yaml``) plus its kind and its torch function,
+which is both the eager contender and, on float32 or float64 copies (integers as they are),
+the reference.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, get_args
+
+import torch
+
+from tileops.kernels.reduction import (
+    ReduceKind,
+    ReductionColumnKernel,
+    ReductionDType,
+    ReductionInterface,
+    ReductionRowKernel,
+    ReductionSpec,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = [
+    "AllFwdOp",
+    "AmaxFwdOp",
+    "AminFwdOp",
+    "AnyFwdOp",
+    "ArgmaxFwdOp",
+    "ArgminFwdOp",
+    "L2NormFwdOp",
+    "MeanFwdOp",
+    "ProdFwdOp",
+    "ReductionOp",
+    "StdFwdOp",
+    "SumFwdOp",
+    "VarFwdOp",
+    "VarMeanFwdOp",
+]
+
+#: the input dtypes the in-tree reduction kernels serve (bool through its uint8 view)
+_KERNEL_DTYPES = frozenset(get_args(ReductionDType))
+
+
+def reduced_axes(rank: int, dim: Any) -> tuple[int, ...]:
+    """The axes ``dim`` names, wrapped, in increasing order (None or ``()``: every axis; a 0-dim
+    tensor's ``0`` / ``-1`` name no axis). The signature has checked the range and repeats."""
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return tuple(range(rank))
+    if rank == 0:
+        return ()
+    dims = (dim,) if isinstance(dim, int) else dim
+    return tuple(sorted(d % rank for d in dims))
+
+
+def view_plan(shape: tuple[int, ...], axes: tuple[int, ...]
+              ) -> tuple[tuple[int, ...] | None, int, int, int]:
+    """``(perm, outer, r, inner)``: the ``(outer, r, inner)`` view that reduces ``axes`` of a
+    contiguous tensor of ``shape`` over ``r``, and the permutation to apply first (a copy)
+    where the reduced axes do not form one run once axes of size 1 are dropped (None where
+    they do)."""
+    red = set(axes)
+    runs: list[list[Any]] = []  # [reduced, size], adjacent equal flags merged
+    for i, n in enumerate(shape):
+        if n == 1:
+            continue
+        flag = i in red
+        if runs and runs[-1][0] == flag:
+            runs[-1][1] *= n
+        else:
+            runs.append([flag, n])
+    reduced = [i for i, (flag, _) in enumerate(runs) if flag]
+    if not reduced:  # nothing but size-1 axes reduced: every output is one element
+        return None, 1, 1, math.prod(shape)
+    if len(reduced) == 1:
+        at = reduced[0]
+        return (None, math.prod(n for _, n in runs[:at]), runs[at][1],
+                math.prod(n for _, n in runs[at + 1:]))
+    kept = tuple(i for i in range(len(shape)) if i not in red)
+    r = math.prod(shape[i] for i in axes)
+    return (*kept, *axes), math.prod(shape[i] for i in kept), r, 1
+
+
+class ReductionOp(Op):
+    """Family base of the reductions (see the module docstring). A subclass sets :attr:`kind`
+    and :meth:`_torch`."""
+
+    kind: ClassVar[ReduceKind]
+    kernel_types = {ReductionInterface: (ReductionRowKernel, ReductionColumnKernel)}
+
+    def derive(self) -> None:
+        #: (device, dtype, shape) -> (entry, perm, (outer, r, inner))
+        self._layouts: dict[tuple, tuple] = {}
+
+    def _correction(self) -> float:
+        return 0.0
+
+    def forward(self, call, x, out, out2=None) -> None:
+        key = (call.device, x.dtype, x.shape)
+        hit = self._layouts.get(key)  # the cached call: one lookup
+        if hit is None:
+            hit = self._layouts[key] = self._plan(call, x)
+        entry, perm, view = hit
+        if perm is not None:
+            x = x.permute(perm).contiguous()
+        elif not x.is_contiguous() or x.data_ptr() % 16:
+            x = x.contiguous() if not x.is_contiguous() else x.clone()
+        entry(x.view(view), out.view(-1), None if out2 is None else out2.view(-1))
+
+    def _plan(self, call, x) -> tuple:
+        dtype = x.dtype
+        refuse_unserved(self, dtype, _KERNEL_DTYPES, "reduction")
+        perm, outer, r, inner = view_plan(tuple(x.shape), reduced_axes(x.dim(), self.dim))
+        correction = self._correction()
+        entry = self.kernel_for(
+            (call.device, dtype, outer, r, inner), ReductionInterface,
+            lambda: ReductionSpec(device=call.device, kind=self.kind, outer=outer, r=r,
+                                  inner=inner, dtype=NAMES[dtype], correction=correction))
+        return entry, perm, (outer, r, inner)
+
+    def _dims(self, x: torch.Tensor) -> Any:
+        """``dim`` as torch's functions take it: None as every axis (``torch.amax`` and the
+        moments have no None of their own)."""
+        return tuple(range(x.dim())) if self.dim is None else self.dim
+
+    def _torch(self, x: torch.Tensor) -> Any:
+        """The op's torch function of ``x`` (its outputs: a tensor or a tuple)."""
+        raise NotImplementedError
+
+    def reference(self, call, x):
+        # float32 for a narrower floating input, float64 as handed; integers and bool as given
+        wide = x.float() if x.is_floating_point() and x.dtype != torch.float64 else x
+        out = self._torch(wide)
+        return out if isinstance(out, tuple) else (out,)
+
+    def eager(self):
+        return self._torch
+
+
+class SumFwdOp(ReductionOp):
+    kind = ReduceKind.SUM
+
+    def _torch(self, x):  # torch.sum
+        return torch.sum(x, self._dims(x), keepdim=self.keepdim)
+
+
+class MeanFwdOp(ReductionOp):
+    kind = ReduceKind.MEAN
+
+    def _torch(self, x):  # torch.mean
+        return torch.mean(x, self._dims(x), keepdim=self.keepdim)
+
+
+class ProdFwdOp(ReductionOp):
+    kind = ReduceKind.PROD
+
+    def _torch(self, x):  # torch.prod takes one dim: a product over each in turn
+        dims = reduced_axes(x.dim(), self.dim)
+        if x.dim() == 0 or len(dims) == x.dim() and not self.keepdim:
+            return torch.prod(x)
+        out = x
+        for d in sorted(dims, reverse=True):
+            out = torch.prod(out, d, keepdim=True)
+        if not self.keepdim and dims:
+            out = out.squeeze(dims)
+        return out
+
+
+class AmaxFwdOp(ReductionOp):
+    kind = ReduceKind.AMAX
+
+    def _torch(self, x):  # torch.amax
+        return torch.amax(x, self._dims(x), keepdim=self.keepdim)
+
+
+class AminFwdOp(ReductionOp):
+    kind = ReduceKind.AMIN
+
+    def _torch(self, x):  # torch.amin
+        return torch.amin(x, self._dims(x), keepdim=self.keepdim)
+
+
+class _MomentsOp(ReductionOp):
+    def _correction(self) -> float:
+        return float(self.correction)
+
+
+class VarFwdOp(_MomentsOp):
+    kind = ReduceKind.VAR
+
+    def _torch(self, x):  # torch.var
+        return torch.var(x, self._dims(x), correction=self.correction, keepdim=self.keepdim)
+
+
+class StdFwdOp(_MomentsOp):
+    kind = ReduceKind.STD
+
+    def _torch(self, x):  # torch.std
+        return torch.std(x, self._dims(x), correction=self.correction, keepdim=self.keepdim)
+
+
+class VarMeanFwdOp(_MomentsOp):
+    kind = ReduceKind.VAR_MEAN
+
+    def _torch(self, x):  # torch.var_mean
+        return torch.var_mean(x, self._dims(x), correction=self.correction,
+                              keepdim=self.keepdim)
+
+
+class L2NormFwdOp(ReductionOp):
+    kind = ReduceKind.L2NORM
+
+    def _torch(self, x):  # torch.linalg.vector_norm(x, 2, dim, keepdim)
+        return torch.linalg.vector_norm(x, 2, self.dim, keepdim=self.keepdim)
+
+
+class AllFwdOp(ReductionOp):
+    kind = ReduceKind.ALL
+
+    def _torch(self, x):  # torch.all
+        return torch.all(x, self._dims(x), keepdim=self.keepdim)
+
+
+class AnyFwdOp(ReductionOp):
+    kind = ReduceKind.ANY
+
+    def _torch(self, x):  # torch.any
+        return torch.any(x, self._dims(x), keepdim=self.keepdim)
+
+
+class ArgmaxFwdOp(ReductionOp):
+    kind = ReduceKind.ARGMAX
+
+    def _torch(self, x):  # torch.argmax
+        return torch.argmax(x, self.dim, keepdim=self.keepdim)
+
+
+class ArgminFwdOp(ReductionOp):
+    kind = ReduceKind.ARGMIN
+
+    def _torch(self, x):  # torch.argmin
+        return torch.argmin(x, self.dim, keepdim=self.keepdim)
