@@ -1,0 +1,167 @@
+"""The scan family on the CPU: how the ops hand a call to the ``scan_fwd`` slot (the
+``(outer, length, inner)`` view of the scanned dim, the copy of a strided or misaligned input,
+bool as uint8, the dtypes refused by name), and the kernels' launch plans: every plan covers
+its axis exactly, in whole chunks, and few rows are split into segments. The programs compile in
+tests/kernels/test_scan_compile.py and run on a GPU in tests/kernels/test_scan_cuda.py."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tileops.ops as ops
+from tileops.kernels import scan as K
+from tileops.runtime import Kernel
+
+launched: list[tuple] = []
+
+
+class TorchScanSlot(Kernel, K.ScanInterface):
+    """The slot on the CPU: checks what the op hands over against the spec and the slot's
+    contract, then scans the middle axis with torch."""
+
+    devices = ("cpu",)
+    general = True
+
+    @classmethod
+    def entry_for(cls, spec, op):
+        def run(x, y):
+            launched.append((spec.kind, spec.outer, spec.length, spec.inner, spec.dtype))
+            assert tuple(x.shape) == tuple(y.shape) == (spec.outer, spec.length, spec.inner)
+            assert x.is_contiguous() and y.is_contiguous() and x.data_ptr() % 16 == 0
+            assert K._ITEMSIZE[spec.dtype] == x.element_size()
+            assert str(x.dtype).removeprefix("torch.") == spec.dtype
+            assert str(y.dtype).removeprefix("torch.") == K.out_dtype(spec.dtype)
+            acc = getattr(torch, K.acc_dtype(spec.dtype))
+            fn = torch.cumsum if spec.kind is K.ScanKind.SUM else torch.cumprod
+            y.copy_(fn(x.to(acc), 1))
+
+        return run
+
+
+def _in_tree(cls, **params):
+    return cls(kernel_map={"scan_fwd": TorchScanSlot}, **params)
+
+
+@pytest.mark.parametrize("name", ["CumsumFwdOp", "CumprodFwdOp"])
+@pytest.mark.parametrize(("shape", "dim", "view"), [
+    ((5, 7), 1, (5, 7, 1)),  # the last dim: rows
+    ((5, 7), -1, (5, 7, 1)),
+    ((5, 7), 0, (1, 5, 7)),  # a leading dim: inner = the row length
+    ((2, 3, 4, 5), 2, (6, 4, 5)),  # a middle dim
+    ((2, 3, 4, 5), -3, (2, 3, 20)),
+    ((), 0, (1, 1, 1)),  # a 0-dim tensor is one element, as torch scans it
+    ((), -1, (1, 1, 1)),
+    ((4, 0, 3), 1, (4, 0, 3)),  # empty
+])
+def test_the_scanned_dim_is_the_middle_axis_of_the_view(name, shape, dim, view):
+    cls = getattr(ops, name)
+    x = torch.rand(shape) + 0.5
+    got = _in_tree(cls, dim=dim)(x)
+    assert launched.pop() == (cls.kind, *view, "float32")
+    torch.testing.assert_close(got, getattr(torch, name[:-5].lower())(x, dim))
+
+
+@pytest.mark.parametrize(("dtype", "handed"), [
+    (torch.bool, "uint8"), (torch.uint8, "uint8"), (torch.int8, "int8"),
+    (torch.int16, "int16"), (torch.int32, "int32"), (torch.int64, "int64"),
+])
+def test_bool_and_integer_inputs_scan_into_int64(dtype, handed):
+    x = torch.randint(-3 if dtype.is_signed else 0, 4, (3, 9)).to(dtype)
+    for name in ("CumsumFwdOp", "CumprodFwdOp"):
+        got = _in_tree(getattr(ops, name), dim=1)(x)
+        assert launched.pop()[-1] == handed
+        want = getattr(torch, name[:-5].lower())(x, 1)
+        assert got.dtype == want.dtype == torch.int64
+        assert torch.equal(got, want)
+
+
+def test_a_strided_or_misaligned_input_is_copied_and_the_caller_keeps_its_tensor():
+    base = torch.randn(8, 12)
+    for x in (base.t(), base[:, 2:], base.view(-1)[1:61].view(6, 10)):
+        before = x.clone()
+        got = _in_tree(ops.CumsumFwdOp, dim=1)(x)
+        launched.pop()
+        torch.testing.assert_close(got, torch.cumsum(x, 1))
+        assert torch.equal(x, before)
+
+
+def test_float64_is_refused_by_name_on_the_in_tree_kernels():
+    with pytest.raises(TypeError) as err:
+        _in_tree(ops.CumsumFwdOp, dim=0)(torch.zeros(3, dtype=torch.float64))
+    assert str(err.value) == (
+        "CumsumFwdOp: the in-tree scan kernels serve bfloat16, bool, float16, float32, int16, "
+        "int32, int64, int8, uint8, not float64; construct the op with target='reference' "
+        "for float64")
+    assert not launched
+
+
+def test_a_dim_out_of_range_is_refused_naming_the_rule_and_the_sizes():
+    with pytest.raises(Exception) as err:
+        ops.CumsumFwdOp(dim=2)(torch.zeros(3, 4))
+    text = str(err.value)
+    assert text.startswith("CumsumFwdOp: argument x does not match the signature")
+    assert ("because:  refinement '-max(len(S), 1) <= dim < max(len(S), 1)' does not hold "
+            "(S = [3, 4], dim = 2)") in text
+
+
+def test_the_call_spec_refuses_a_bad_field_by_name():
+    with pytest.raises(TypeError, match=r"ScanSpec.kind must be a ScanKind, got 'sum'"):
+        K.ScanSpec(device="cuda", kind="sum", outer=1, length=2, inner=1, dtype="float32")
+    with pytest.raises(ValueError, match="dtype"):
+        K.ScanSpec(device="cuda", kind=K.ScanKind.SUM, outer=1, length=2, inner=1,
+                   dtype="float64")
+
+
+def test_the_row_kernel_claims_the_last_dim_and_the_strided_walk_the_rest():
+    from tileops.runtime import select
+
+    def chosen(inner):
+        spec = K.ScanSpec(device="cuda", kind=K.ScanKind.SUM, outer=4, length=64, inner=inner,
+                          dtype="bfloat16")
+        return select(K.ScanInterface, (K.ScanRowKernel, K.ScanStridedKernel), spec)
+
+    assert chosen(1) is K.ScanRowKernel
+    assert chosen(3) is K.ScanStridedKernel
+    assert K.ScanRowKernel.region_refusal(K.ScanSpec(
+        device="cuda", kind=K.ScanKind.SUM, outer=4, length=64, inner=3, dtype="bfloat16"
+    )) == "the scanned axis is not the last (inner 3)"
+
+
+# --- the plans -------------------------------------------------------------------------------
+
+_DTYPES = ["uint8", "int32", "int64", "float16", "bfloat16", "float32"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 1 << 22), rows=st.integers(1, 1 << 16), dtype=st.sampled_from(_DTYPES))
+def test_a_row_plan_covers_the_row_in_whole_chunks(n, rows, dtype):
+    threads, vec, per, segs, seg_len = K.row_plan(n, dtype, rows)
+    assert threads & (threads - 1) == 0 and 32 <= threads <= 512
+    assert n % vec == 0 and per % vec == 0 and vec * K._ITEMSIZE[dtype] <= 16
+    assert seg_len % (threads * per) == 0
+    assert (segs - 1) * seg_len < n <= segs * seg_len  # every segment holds some of the row
+    if rows >= K._WANT_CTAS:
+        assert segs == 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(length=st.integers(1, 1 << 16), inner=st.integers(2, 1 << 16),
+       outer=st.integers(1, 4096), dtype=st.sampled_from(_DTYPES))
+def test_a_strided_plan_covers_the_axis_in_unrolled_steps(length, inner, outer, dtype):
+    threads, vec, segs, seg_len = K.strided_plan(length, inner, dtype, outer)
+    assert threads & (threads - 1) == 0 and 32 <= threads <= 128
+    assert inner % vec == 0 and vec * K._ITEMSIZE[dtype] <= 16
+    assert seg_len % K._UNROLL == 0
+    assert (segs - 1) * seg_len < length <= segs * seg_len
+    if segs > 1:
+        assert seg_len >= K._MIN_SEGMENT_ROWS
+
+
+def test_few_rows_are_split_and_many_are_not():
+    assert K.row_plan(1 << 20, "bfloat16", 1)[3] == 256  # a 2^20 row over 256 CTAs
+    assert K.row_plan(8192, "bfloat16", 4096)[3] == 1
+    assert K.strided_plan(8192, 4096, "bfloat16", 1)[2:] == (128, 64)  # dim 0 of 8192 x 4096
+    assert K.strided_plan(32, 64, "float16", 16)[2] == 2
