@@ -186,8 +186,8 @@ def register_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int
     nv = -(-n // vec)  # accesses in a row
     want = max(1, (8 if vec * item >= _VECTOR_BYTES else 16) // held)
     tpr = _pow2_at_least(-(-nv // want))
-    if tpr > _WARP:
-        tpr = max(128, tpr)  # a row over several warps: at least 4 of them
+    if tpr > _WARP:  # a row over several warps: at least 4 of them, at most 512 threads
+        tpr = min(_MAX_REGISTER_THREADS, max(128, tpr))
     per = -(-nv // tpr)
     while per * width > _HELD_BYTES_PER_THREAD and tpr < _MAX_REGISTER_THREADS:
         tpr *= 2

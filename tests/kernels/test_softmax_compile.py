@@ -1,0 +1,152 @@
+"""The softmax kernels lower and compile for sm_90 on a machine without a GPU, and their launch
+plans and regions hold over the whole input space (checked without compiling).
+
+Each compiled configuration stands for one code path of a generated program (why it exists
+is on its line); the whole set compiles in about 30 s on one core.
+"""
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import softmax as S
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
+
+L = S.Layout
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+def _spec(cls, kind, outer, r, inner, dtype):
+    import torch
+
+    return cls(device=torch.device("cuda", 0), kind=S.SoftmaxKind(kind), outer=outer, r=r,
+               inner=inner, dtype=dtype)
+
+
+FWD = [
+    # (layout, kind, outer, R, inner, dtype)
+    pytest.param(L.REGISTER, "softmax", 32768, 8192, 1, "bfloat16", id="register-16B-4-warps"),
+    pytest.param(L.REGISTER, "log_softmax", 16384, 1024, 1, "bfloat16", id="register-half-warp-a-row"),
+    pytest.param(L.REGISTER, "softmax", 16384, 4097, 1, "bfloat16", id="register-scalar-predicated"),
+    pytest.param(L.REGISTER, "logsumexp", 3, 7, 1, "float32", id="register-lse-thread-a-row"),
+    pytest.param(L.LOOPED, "softmax", 4096, 128256, 1, "bfloat16", id="looped-two-pass"),
+    pytest.param(L.LOOPED, "logsumexp", 64, 262144, 1, "float32", id="looped-lse-one-pass"),
+    pytest.param(L.STRIDED, "softmax", 1, 1024, 4096, "bfloat16", id="strided-narrowed-vector"),
+    pytest.param(L.STRIDED, "logsumexp", 8, 3, 7, "float16", id="strided-lse-predicated"),
+]
+BWD = [
+    pytest.param(L.REGISTER, "softmax", 32768, 8192, 1, "bfloat16", id="register-two-held"),
+    pytest.param(L.LOOPED, "log_softmax", 4096, 128256, 1, "bfloat16", id="looped"),
+    pytest.param(L.STRIDED, "softmax", 8, 512, 1024, "float16", id="strided"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "kind", "outer", "r", "inner", "dtype"), FWD)
+def test_forward_programs_compile_for_sm90(layout, kind, outer, r, inner, dtype):
+    spec = _spec(S.SoftmaxSpec, kind, outer, r, inner, dtype)
+    plan = S.plan_of(layout, spec)
+    src = S.build_fwd(layout, kind, r, inner if layout is L.STRIDED else 1, dtype, plan,
+                      "sm_90").get_kernel_source()
+    threads = plan[0] * plan[1] if layout is not L.LOOPED else plan[0]
+    assert f"__launch_bounds__({threads}" in src
+    vec = plan[2]
+    if vec * S._ITEMSIZE[dtype] == 16 and dtype != "float32":
+        assert "uint4" in src  # 16-byte accesses where the layout allows them
+    assert "log2f" in src  # every forward takes the lse
+    if layout is L.REGISTER and plan[0] > 32 or layout is not L.REGISTER:
+        assert "__syncthreads" in src  # the reduction across warps
+    if layout is not L.STRIDED and vec > 1:  # a row's lse: one scalar store; rows: vectors
+        assert ("Y[" in src) == (kind == "logsumexp")
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "kind", "outer", "r", "inner", "dtype"), BWD)
+def test_gradient_programs_compile_for_sm90(layout, kind, outer, r, inner, dtype):
+    spec = _spec(S.SoftmaxBwdSpec, kind, outer, r, inner, dtype)
+    plan = S.plan_of(layout, spec)
+    src = S.build_bwd(layout, kind, r, inner if layout is L.STRIDED else 1, dtype, plan,
+                      "sm_90").get_kernel_source()
+    assert "main_kernel" in src
+    assert ("exp2f" in src) == (kind == "log_softmax")  # exp(y) only in log-softmax's
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 1 << 19), dtype=st.sampled_from(DTYPES), held=st.sampled_from([1, 2]))
+def test_register_plan_covers_the_row_within_the_register_budget(n, dtype, held):
+    plan = S.register_plan(n, dtype, held)
+    item = S._ITEMSIZE[dtype]
+    if plan is None:  # only rows too wide to hold go to the looped kernel
+        assert n * item * held > S._HELD_BYTES_PER_THREAD * S._MAX_REGISTER_THREADS // 2
+        return
+    tpr, rpc, vec, per = plan
+    assert n % vec == 0 and vec * item <= 16
+    assert tpr * per * vec >= n > tpr * (per - 1) * vec  # covers the row, no empty access
+    assert per * vec * item * held <= S._HELD_BYTES_PER_THREAD
+    assert tpr & (tpr - 1) == 0 and tpr <= S._MAX_REGISTER_THREADS
+    assert rpc * tpr == S._ROWS_CTA_THREADS if tpr <= 32 else rpc == 1
+
+
+def test_register_plans_of_the_bars():
+    """The plans the bar workloads get (bf16): 8 16-byte accesses a thread where the row
+    allows, a half warp a row for 1024 columns, 512 threads for a 32000-word row."""
+    assert S.register_plan(8192, "bfloat16") == (128, 1, 8, 8)
+    assert S.register_plan(1024, "bfloat16") == (16, 16, 8, 8)
+    assert S.register_plan(32000, "bfloat16") == (512, 1, 8, 8)
+    assert S.register_plan(128256, "bfloat16") is None
+    assert S.register_plan(8192, "bfloat16", 2) == (256, 1, 8, 4)
+
+
+@settings(max_examples=200, deadline=None)
+@given(outer=st.integers(1, 1 << 16), r=st.integers(1, 1 << 14), inner=st.integers(2, 1 << 16),
+       dtype=st.sampled_from(DTYPES))
+def test_strided_plan_tiles_the_inner_axis(outer, r, inner, dtype):
+    lanes, groups, vec = S.strided_plan(outer, r, inner, dtype)
+    assert inner % vec == 0 and vec * S._ITEMSIZE[dtype] <= 16
+    assert lanes & (lanes - 1) == 0 and lanes <= 32
+    assert lanes * groups <= S._STRIDED_THREADS and groups <= max(1, 2 * r)
+    if vec > 1:  # the vector narrows only while the grid is short of CTAs
+        assert outer * -(-inner // (lanes * vec)) >= S._STRIDED_MIN_CTAS or \
+            vec == S._vec(inner, dtype)
+
+
+@settings(max_examples=300, deadline=None)
+@given(outer=st.integers(0, 1 << 20), r=st.integers(1, 1 << 19), inner=st.integers(1, 1 << 12),
+       dtype=st.sampled_from(DTYPES), kind=st.sampled_from(list(S.SoftmaxKind)),
+       bwd=st.booleans())
+def test_exactly_one_kernel_claims_every_call(outer, r, inner, dtype, kind, bwd):
+    if bwd and kind is S.SoftmaxKind.LOGSUMEXP:
+        kind = S.SoftmaxKind.SOFTMAX
+    if bwd:
+        spec = _spec(S.SoftmaxBwdSpec, kind.value, outer, r, inner, dtype)
+        kernels = (S.SoftmaxBwdRegisterKernel, S.SoftmaxBwdLoopedKernel,
+                   S.SoftmaxBwdStridedKernel)
+    else:
+        spec = _spec(S.SoftmaxSpec, kind.value, outer, r, inner, dtype)
+        kernels = (S.SoftmaxRegisterKernel, S.SoftmaxLoopedKernel, S.SoftmaxStridedKernel)
+    claim = [k for k in kernels if k.region_refusal(spec) is None]
+    assert len(claim) == 1
+    expected = (L.STRIDED if inner > 1 else
+                L.REGISTER if S.register_plan(r, dtype, 2 if bwd else 1) else L.LOOPED)
+    assert claim[0].layout is expected
+
+
+def test_call_specs_refuse_what_no_kernel_serves():
+    with pytest.raises(ValueError, match=r"SoftmaxSpec.dtype must be one of bfloat16, "
+                                         r"float16, float32, got 'float64'"):
+        _spec(S.SoftmaxSpec, "softmax", 1, 4, 1, "float64")
+    with pytest.raises(ValueError, match=r"SoftmaxSpec: the reduced axis \(0\) and the inner "
+                                         r"size \(1\) must be at least 1"):
+        _spec(S.SoftmaxSpec, "softmax", 1, 0, 1, "float32")
+    with pytest.raises(ValueError, match="SoftmaxBwdSpec: the gradient kernels serve SOFTMAX "
+                                         "and LOG_SOFTMAX, not LOGSUMEXP"):
+        _spec(S.SoftmaxBwdSpec, "logsumexp", 1, 4, 1, "float32")
+    with pytest.raises(TypeError, match="SoftmaxSpec.kind must be a SoftmaxKind, got 'softmax'"):
+        import torch
+
+        S.SoftmaxSpec(device=torch.device("cuda", 0), kind="softmax", outer=1, r=4, inner=1,
+                      dtype="float32")
