@@ -1,0 +1,219 @@
+"""The softmax kernels on a GPU against torch in float64, called through the slots as the ops
+call them (a spec from the view, the implementation the slot selects, its entry).
+
+Grid (why each point exists): row lengths 1 (one element a row), 7 (a thread a row, 256 rows
+a CTA), 1024 (a half warp a row), 4097 (no vector divides it: one-element accesses), 8192
+(16-byte accesses on four warps), 32000 (16 warps, the cross-warp reduction), 65536 and 128256
+(rows too wide to hold: the two-pass kernel) and 262144 in float32 (1 MiB rows), each at row
+counts 3 (a partial CTA of short rows) and 129 or 1000; every kind in every storage dtype;
+views with an inner axis: dim 0 of 1024 x 4096 (one outer index: the narrowed vector), dim 1
+of 8 x 512 x 1024, 3 x 5 x 7, and in bfloat16 more odd ones (an R of 1, an inner of 3 or 2)
+and random views. Inputs are fresh random values (scaled by 4, so the exponentials span a wide range),
+and the outputs are poisoned with NaN, so an element never written fails. A masked case puts
+``-inf`` in a third of the elements and one row of only ``-inf`` (torch: softmax NaN,
+logsumexp ``-inf``).
+
+Tolerance: one rounding of the output to its dtype (``rtol`` = its epsilon) on top of the fp32
+arithmetic (``exp2`` within 2 ulp, sums of up to 2**18 terms): float32 is held to 2e-5.
+
+``python3 tests/kernels/test_softmax_cuda.py --prebuild --workers 15`` compiles every program
+these tests use in spawned processes first, so the tests load them from TileLang's disk cache.
+"""
+
+import random
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the prebuild entry point imports from the packages' sources
+    sys.path[:0] = [str(p) for p in sorted(
+        (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.kernels import softmax as S  # noqa: E402
+from tileops.runtime import select  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+if __name__ != "__main__" and not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+RTOL = {torch.bfloat16: 2 ** -8 + 2e-5, torch.float16: 2 ** -11 + 2e-5, torch.float32: 2e-5}
+#: absolute floors: softmax outputs are at most 1; log-softmax and lse are sums of O(10) terms
+ATOL = {"softmax": 1e-6, "log_softmax": 2e-5, "logsumexp": 2e-5}
+FWD_KINDS = ("softmax", "log_softmax", "logsumexp")
+BWD_KINDS = ("softmax", "log_softmax")
+FWD_KERNELS = (S.SoftmaxRegisterKernel, S.SoftmaxLoopedKernel, S.SoftmaxStridedKernel)
+BWD_KERNELS = (S.SoftmaxBwdRegisterKernel, S.SoftmaxBwdLoopedKernel, S.SoftmaxBwdStridedKernel)
+
+ROWS = [(3, 1), (1000, 1), (3, 7), (1000, 7), (3, 1024), (1000, 1024), (3, 4097), (129, 4097),
+        (3, 8192), (129, 8192), (3, 32000), (129, 32000), (3, 65536), (129, 65536),
+        (3, 128256), (64, 128256)]
+WIDE = [(16, 262144)]  # float32 only: 1 MiB rows
+VIEWS = [(1, 1024, 4096), (8, 512, 1024), (3, 5, 7), (4, 1, 33), (2, 300, 3), (7, 1000, 2)]
+_rng = random.Random(1234)
+RANDOM_VIEWS = [(_rng.randint(1, 40), _rng.randint(1, 3000), _rng.choice([1, _rng.randint(2, 600)]))
+                for _ in range(6)]
+
+
+def cases():
+    """(outer, r, inner, dtype) of every forward and gradient test."""
+    out = []
+    for dtype in DTYPES:  # every row length in every dtype; the odd views in bfloat16
+        out += [(m, n, 1, dtype) for m, n in ROWS]
+        out += [v + (dtype,) for v in (VIEWS + RANDOM_VIEWS if dtype is torch.bfloat16
+                                       else VIEWS[:3])]
+    out += [(m, n, 1, torch.float32) for m, n in WIDE]
+    return out
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cuda", 0)
+
+
+def fwd_spec(kind, outer, r, inner, dtype):
+    return S.SoftmaxSpec(device=_device(), kind=S.SoftmaxKind(kind), outer=outer, r=r,
+                         inner=inner, dtype=NAMES[dtype])
+
+
+def bwd_spec(kind, outer, r, inner, dtype):
+    return S.SoftmaxBwdSpec(device=_device(), kind=S.SoftmaxKind(kind), outer=outer, r=r,
+                            inner=inner, dtype=NAMES[dtype])
+
+
+def _entry(interface, kernels, spec):
+    impl = select(interface, kernels, spec)
+    return impl.entry_for(spec, None)
+
+
+def _poisoned(shape, dtype):
+    return torch.full(shape, float("nan"), dtype=dtype, device="cuda")
+
+
+def _check(got, ref, dtype, kind, what):
+    got = got.double()
+    ok = torch.isclose(got, ref, rtol=RTOL[dtype], atol=ATOL[kind], equal_nan=True)
+    if not bool(ok.all()):
+        bad = (~ok).nonzero()[:3].tolist()
+        idx = tuple(bad[0])
+        raise AssertionError(f"{what}: {int((~ok).sum())} of {ok.numel()} elements off, e.g. "
+                             f"at {idx}: got {got[idx].item()!r}, want {ref[idx].item()!r} "
+                             f"(first: {bad})")
+
+
+def _reference(kind, x):
+    xd = x.double()
+    if kind == "softmax":
+        return torch.softmax(xd, 1)
+    if kind == "log_softmax":
+        return torch.log_softmax(xd, 1)
+    return torch.logsumexp(xd, 1)
+
+
+def _run_fwd(kind, x):
+    outer, r, inner = x.shape
+    out_shape = (outer, inner) if kind == "logsumexp" else (outer, r, inner)
+    out = _poisoned(out_shape, x.dtype)
+    _entry(S.SoftmaxFwdInterface, FWD_KERNELS, fwd_spec(kind, outer, r, inner, x.dtype))(x, out)
+    torch.cuda.synchronize()
+    return out
+
+
+@pytest.mark.parametrize("kind", FWD_KINDS)
+@pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
+def test_forward_matches_float64(kind, outer, r, inner, dtype):
+    x = (torch.randn(outer, r, inner, device="cuda") * 4).to(dtype)
+    got = _run_fwd(kind, x)
+    _check(got, _reference(kind, x), dtype, kind, f"{kind} {outer}x{r}x{inner} {dtype}")
+
+
+@pytest.mark.parametrize("kind", FWD_KINDS)
+@pytest.mark.parametrize(("outer", "r", "inner"), [(8, 4097, 1), (4, 8192, 1), (4, 128256, 1),
+                                                   (3, 64, 40)])
+def test_masked_rows_follow_torch(kind, outer, r, inner):
+    x = torch.randn(outer, r, inner, device="cuda")
+    x[torch.rand_like(x) < 1 / 3] = float("-inf")
+    x[1] = float("-inf")  # one whole outer index masked: NaN softmax, -inf logsumexp
+    got = _run_fwd(kind, x)
+    _check(got, _reference(kind, x), torch.float32, kind, f"masked {kind} {outer}x{r}x{inner}")
+
+
+@pytest.mark.parametrize("kind", BWD_KINDS)
+@pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
+def test_gradient_matches_float64(kind, outer, r, inner, dtype):
+    x = torch.randn(outer, r, inner, device="cuda") * 4
+    y = (torch.softmax(x, 1) if kind == "softmax" else torch.log_softmax(x, 1)).to(dtype)
+    dy = torch.randn(outer, r, inner, device="cuda").to(dtype)
+    dx = _poisoned((outer, r, inner), dtype)
+    _entry(S.SoftmaxBwdInterface, BWD_KERNELS, bwd_spec(kind, outer, r, inner, dtype))(y, dy, dx)
+    torch.cuda.synchronize()
+    yd, dyd = y.double(), dy.double()
+    if kind == "softmax":
+        ref = yd * (dyd - (dyd * yd).sum(1, keepdim=True))
+    else:
+        ref = dyd - yd.exp() * dyd.sum(1, keepdim=True)
+    # the row sum in fp32 over r terms scales each output's error by the row's size
+    scale = ref.abs().amax(1, keepdim=True).clamp_min(1e-30)
+    got = dx.double()
+    assert not torch.isnan(got).any(), "an output element was never written"
+    err = ((got - ref).abs() / scale).max().item()
+    assert err <= 4 * RTOL[dtype], f"{kind} grad {outer}x{r}x{inner} {dtype}: {err}"
+
+
+# --- the prebuild ----------------------------------------------------------------------------
+
+
+def program_keys():
+    """The distinct programs this file compiles: (forward?, the build key)."""
+    keys = {}
+    specs = [(True, fwd_spec(k, o, r, i, d)) for k in FWD_KINDS for o, r, i, d in cases()]
+    specs += [(False, bwd_spec(k, o, r, i, d)) for k in BWD_KINDS for o, r, i, d in cases()]
+    for fwd, spec in specs:
+        impl = select(S.SoftmaxFwdInterface if fwd else S.SoftmaxBwdInterface,
+                      FWD_KERNELS if fwd else BWD_KERNELS, spec)
+        inner = spec.inner if impl.layout is S.Layout.STRIDED else 1
+        keys[(fwd, impl.layout, spec.kind.value, spec.r, inner, spec.dtype,
+              S.plan_of(impl.layout, spec))] = None
+    return list(keys)
+
+
+def _build(key):
+    import time
+
+    t = time.perf_counter()
+    fwd, *args = key
+    try:
+        (S.build_fwd if fwd else S.build_bwd)(*args)
+        status = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, the others go on
+        status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    return f"{'fwd' if fwd else 'bwd'} {args[0].value} {args[1]} {args[2]}x{args[3]} " \
+           f"{args[4]}", time.perf_counter() - t, status
+
+
+def main(argv=None) -> int:
+    import argparse
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
+    ap.add_argument("--prebuild", action="store_true", required=True)
+    ap.add_argument("--workers", type=int, default=15)
+    args = ap.parse_args(argv)
+    keys = program_keys()
+    t, failed = time.perf_counter(), 0
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        for what, secs, status in pool.map(_build, keys):
+            failed += status != "ok"
+            print(f"{what} {secs:.1f}s {status}", flush=True)
+    print(f"prebuilt {len(keys)} programs in {time.perf_counter() - t:.0f}s, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
