@@ -145,10 +145,31 @@ def test_strided_and_misaligned_inputs_are_handed_over_contiguous():
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(("shape", "dim", "keepdim", "view"), [
+    pytest.param((6, 10), -1, False, (6, 10, 1), id="rows"),
+    pytest.param((6, 10), 0, True, (1, 6, 10), id="leading-axis-keepdim"),
+    pytest.param((2, 3, 4, 5), 2, False, (6, 4, 5), id="middle-axis"),
+    pytest.param((), -1, False, (1, 1, 1), id="0-dim"),
+])
+def test_logsumexp_hands_the_view_and_an_output_of_outer_by_inner(shape, dim, keepdim, view):
+    x = _rand(*shape)
+    got = _in_tree(ops.LogSumExpFwdOp, dim=dim, keepdim=keepdim)(x)
+    spec = launched.pop()
+    assert (spec.outer, spec.r, spec.inner) == view
+    want = torch.logsumexp(x, dim, keepdim)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_an_empty_tensor_launches_nothing():
     for shape, dim in (((0, 8), -1), ((4, 0), -1), ((4, 0, 3), 1)):
         got = _in_tree(ops.SoftmaxFwdOp, dim=dim)(torch.empty(shape))
         assert got.shape == shape and not launched
+    # logsumexp over an empty axis is the log of an empty sum, as torch: -inf
+    got = _in_tree(ops.LogSumExpFwdOp, dim=1)(torch.empty(4, 0, 3))
+    assert not launched
+    torch.testing.assert_close(got, torch.logsumexp(torch.empty(4, 0, 3), 1))
+    assert got.shape == (4, 3) and bool((got == float("-inf")).all())
 
 
 def test_a_dim_out_of_range_is_refused_naming_the_op_the_rule_and_the_values():
@@ -158,9 +179,15 @@ def test_a_dim_out_of_range_is_refused_naming_the_op_the_rule_and_the_values():
     msg = str(e.value)
     assert msg.startswith("SoftmaxFwdOp: argument x does not match the signature")
     assert "expected: -max(len(S), 1) <= dim < max(len(S), 1)" in msg
-    assert "(S = [3, 4], dim = 2)" in msg
-    with pytest.raises(Exception, match=r"LogSoftmaxBwdOp: .*\n.*\n.*\n.*S = \[3, 4\], dim = -3"):
+    assert ("because:  refinement '-max(len(S), 1) <= dim < max(len(S), 1)' does not hold "
+            "(S = [3, 4], dim = 2)") in msg
+    with pytest.raises(Exception, match=r"LogSoftmaxBwdOp: .*\n.*\n.*\n.*\(S = \[3, 4\], "
+                                        r"dim = -3\)"):
         ops.LogSoftmaxBwdOp(dim=-3)(x, x)
+    with pytest.raises(Exception, match=r"LogSumExpFwdOp: .*\n.*\n.*\n.*dim 1 is out of "
+                                        r"range for a tensor of rank 0 \(expected an axis in "
+                                        r"\[-1, 0\]\)"):
+        ops.LogSumExpFwdOp(dim=1)(torch.tensor(1.0))
 
 
 def test_float64_on_the_in_tree_kernels_is_refused_pointing_at_the_reference_target():

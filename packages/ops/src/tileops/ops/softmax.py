@@ -12,7 +12,8 @@ the flow they share:
   the shape and dtype the signature check read and the op's :attr:`kind`; which kernel a view
   gets (rows held in registers, two passes over wide rows, the strided walk of an inner axis)
   is the kernels' choice;
-- a reduced axis of length 0 (an empty tensor) launches nothing.
+- an empty tensor launches nothing (logsumexp over an empty axis fills its output with
+  ``-inf``, as torch).
 
 A leaf op is its spec entry (``specs/softmax.yaml``), its kind and its declared equivalents:
 the reference, the torch eager function and the Liger-Kernel peer, each stated once here.
@@ -46,6 +47,7 @@ from ._dtypes import NAMES, refuse_unserved
 __all__ = [
     "LogSoftmaxBwdOp",
     "LogSoftmaxFwdOp",
+    "LogSumExpFwdOp",
     "SoftmaxBwdOp",
     "SoftmaxFamilyOp",
     "SoftmaxFwdOp",
@@ -88,7 +90,8 @@ class SoftmaxFamilyOp(Op):
         key = (call.device, dtype, shape)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            if x.numel() == 0:
+            if x.numel() == 0:  # an output element of an empty input is a sum of nothing
+                y.fill_(-math.inf)
                 return
             refuse_unserved(self, dtype, _KERNEL_DTYPES, "softmax")
             outer, r, inner = view_of(tuple(shape), self.dim)
@@ -128,6 +131,21 @@ class LogSoftmaxFwdOp(SoftmaxFamilyOp):
             return torch.log_softmax(x, dim)
 
         return log_softmax
+
+
+class LogSumExpFwdOp(SoftmaxFamilyOp):
+    kind = SoftmaxKind.LOGSUMEXP
+
+    def reference(self, call, x):
+        return (torch.logsumexp(_wide(x), self.dim, self.keepdim),)
+
+    def eager(self):
+        dim, keepdim = self.dim, self.keepdim
+
+        def logsumexp(x):  # torch.logsumexp
+            return torch.logsumexp(x, dim, keepdim)
+
+        return logsumexp
 
 
 # --- gradients -----------------------------------------------------------------------------------
