@@ -35,6 +35,8 @@ def _src(kernel) -> str:
     pytest.param(RK.ARGMAX, 64, 4096, "float16", ("isnan", "int64_t"), id="argmax"),
     # moments with the shift broadcast from lane 0 (n mod 2^16 >= 2^15)
     pytest.param(RK.VAR_MEAN, 64, 100000, "float32", ("__shfl_sync",), id="var-mean-spread"),
+    # one element, correction 1: the divisor is 0, M2 * inf instead of a constant division
+    pytest.param(RK.VAR_MEAN, 4, 1, "float32", ("CUDART_INF_F",), id="var-no-freedom"),
     # integer sums accumulate in int64
     pytest.param(RK.SUM, 256, 1000, "int32", ("int64_t acc", "__shfl_xor_sync"), id="sum-int32"),
 ])

@@ -47,6 +47,7 @@ CASES = [
     ((3, 7, 1), "float32", FLOAT_KINDS),  # eight short rows a CTA
     ((1, 1 << 20, 1), "bfloat16", FLOAT_KINDS),  # one long row split across CTAs
     ((4, 100000, 1), "float32", [RK.VAR, RK.VAR_MEAN, RK.SUM]),  # shift from lane 0, split
+    ((8, 1, 1), "float32", [RK.VAR, RK.STD, RK.VAR_MEAN]),  # divisor 0: NaN, as torch
     ((1, 8192, 4096), "bfloat16", FLOAT_KINDS),  # the leading dim: R split, finish
     ((4, 33, 7), "float16", FLOAT_KINDS),  # narrow odd inner: tcols < 32, predicated
     ((16, 1024, 512), "float32", FLOAT_KINDS),  # a middle dim
@@ -133,7 +134,7 @@ def _check(kind, x, got, want, name):
     else:
         tol = 4 * eps * want.abs() + 1e-6 * math.sqrt(r) * want.abs()
     err = (g - want).abs()
-    bad = (err > tol).nonzero()
+    bad = ((err > tol) | (g.isnan() != want.isnan())).nonzero()
     assert bad.numel() == 0, (f"{name}: {bad.shape[0]} out of tolerance, first at "
                               f"{bad[0].tolist()}: {g.view(-1)[bad[0, 0]].item()} vs "
                               f"{want.view(-1)[bad[0, 0]].item()}")

@@ -336,7 +336,10 @@ class _Arith:
         if k in _MOMENTS:
             s, s2 = parts
             m2 = T.max(s2 - s * s / T.float32(self.r), T.cast(0, f32))
-            var = m2 / T.float32(self.divisor)
+            # torch's divisor max(0, r - correction); at 0, M2 / 0 as IEEE gives it (inf, or NaN
+            # for M2 = 0) without a constant division by zero, which TVM's folder refuses
+            var = (m2 / T.float32(self.divisor) if self.divisor
+                   else m2 * T.infinity(f32))
             if k is ReduceKind.VAR:
                 return (T.cast(var, o),)
             if k is ReduceKind.STD:
