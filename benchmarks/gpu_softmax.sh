@@ -26,7 +26,7 @@ for stage in $STAGES; do case $stage in
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_softmax_cuda.py -q -p no:cacheprovider --maxfail=40
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "Softmax" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
-    bench bars SoftmaxFwdOp LogSoftmaxFwdOp "${BARS[@]}" --dtype bf16
+    bench bars SoftmaxFwdOp LogSoftmaxFwdOp LogSumExpFwdOp "${BARS[@]}" --dtype bf16
     bench grads SoftmaxBwdOp LogSoftmaxBwdOp "${BARS[@]}" --dtype bf16
     bench odd SoftmaxFwdOp -w odd-n4097 -w tiny-m3-n7 -w wide-n131072 -w wide-n262144 -w dim0-m1024-n4096 -w dim1-8x512x1024 ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;

@@ -102,6 +102,16 @@ def test_register_plans_of_the_bars():
 
 
 @settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 1 << 21), dtype=st.sampled_from(DTYPES), held=st.sampled_from([1, 2]))
+def test_looped_plan_holds_a_head_of_the_row_within_64_bytes_a_thread(n, dtype, held):
+    threads, vec, per, hold = S.looped_plan(n, dtype, held)
+    item = S._ITEMSIZE[dtype]
+    assert n % vec == 0 and vec * item <= 16 and threads == 1024 and per == 4
+    assert 1 <= hold and (hold * vec * item * held <= 64 or hold == 1)
+    assert (hold - 1) * threads * vec < n  # every held access starts inside the row
+
+
+@settings(max_examples=200, deadline=None)
 @given(outer=st.integers(1, 1 << 16), r=st.integers(1, 1 << 14), inner=st.integers(2, 1 << 16),
        dtype=st.sampled_from(DTYPES))
 def test_strided_plan_tiles_the_inner_axis(outer, r, inner, dtype):

@@ -18,13 +18,16 @@ The reduced axis is the last one (``inner == 1``, rows):
     threads a row, 16 rows a CTA), so many rows share a CTA.
 :class:`SoftmaxLoopedKernel` / :class:`SoftmaxBwdLoopedKernel` -- rows too wide to hold
     (the forward beyond 64 KiB a row: 128256 columns of bf16 is 256 KiB) take one CTA of
-    1024 threads a row and two passes: pass 1 keeps an online (max, sum) per thread
-    (the sum rescaled by ``exp(m_old - m_new)`` when the max grows) and merges the pairs
-    across the CTA, pass 2 reads the row again and writes. A two-pass walk was chosen over
-    holding part of the row in shared memory: one CTA of 1024 threads a row keeps at most
-    two rows of 256 KiB per SM in flight (about 67 MB over 132 SMs at worst, 33 MB at one CTA
-    an SM, near the H200's 50 MB L2), so most of the second read comes from L2, and the code
-    is the same for every width (262144 columns of fp32 is 1 MiB, more than any SM holds).
+    1024 threads a row and two passes. Pass 1 holds the row's head in registers (64 bytes a
+    thread: 64 KiB of the row) and walks the rest keeping an online (max, sum) per thread
+    (the sum rescaled by ``exp(m_old - m_new)`` when the max grows), then merges the pairs
+    across the CTA (a shuffle tree in each warp, the warps' pairs through shared memory, the
+    tree again); pass 2 writes the head from registers and reads the rest again. This
+    two-pass walk was chosen over holding the whole row on chip (registers plus shared
+    memory): at one 1024-thread CTA an SM (64 registers a thread) the rows in flight re-read
+    132 x 192 KiB = 25 MB, well inside the H200's 50 MB L2, so the second read of a 128256
+    row comes from L2 and HBM sees one read and one write; the same code serves every width
+    (262144 columns of fp32 is 1 MiB, more than an SM holds).
 
 The reduced axis is not the last one (``inner > 1``): :class:`SoftmaxStridedKernel` /
 :class:`SoftmaxBwdStridedKernel` read the ``(outer, R, inner)`` view in place, with no
@@ -81,6 +84,8 @@ _MAX_REGISTER_THREADS = 512
 #: threads of a CTA of rows shorter than a warp's share
 _ROWS_CTA_THREADS = 256
 _LOOPED_THREADS = 1024
+#: bytes of the row's head one thread of the looped kernels holds through both passes
+_HELD_LOOPED_BYTES = 64
 #: threads of a strided CTA: 32 column lanes times 16 groups splitting R
 _STRIDED_THREADS = 512
 #: the strided grid narrows its vector until it has this many CTAs (two per H200 SM)
@@ -198,10 +203,15 @@ def register_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int
     return tpr, rpc, vec, per
 
 
-def looped_plan(n: int, dtype: str) -> tuple[int, int, int]:
-    """``(threads, vec, per)``: each pass walks the row in chunks of ``threads * vec * per``
-    (4 accesses in flight a thread, 64 KiB a CTA)."""
-    return _LOOPED_THREADS, _vec(n, dtype), 4
+def looped_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int]:
+    """``(threads, vec, per, hold)``: each thread holds ``hold`` accesses of the row's head (of
+    each of the ``held`` tensors) in registers, and the passes walk the rest in chunks of
+    ``threads * vec * per`` (4 accesses in flight a thread). 64 bytes held a thread keep a
+    1024-thread CTA within 64 registers a thread (the register file at one CTA an SM)."""
+    vec = _vec(n, dtype)
+    hold = max(1, _HELD_LOOPED_BYTES // (vec * _ITEMSIZE[dtype] * held))
+    hold = min(hold, -(-n // (_LOOPED_THREADS * vec)))  # no access wholly past the row
+    return _LOOPED_THREADS, vec, 4, hold
 
 
 def strided_plan(outer: int, r: int, inner: int, dtype: str) -> tuple[int, int, int]:
@@ -320,29 +330,61 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
     return _fwd_signature(body, kind, (M, n), (M,) if lse_out else (M, n), dtype)
 
 
-def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int):
-    """The looped kernel's prim_func: one CTA a row, an online (max, sum) pass and, unless
-    the output is the lse, a writing pass."""
+def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int,
+                       hold: int):
+    """The looped kernel's prim_func: one CTA a row. Pass 1 holds the row's first
+    ``threads * vec * hold`` elements in registers and walks the rest in chunks of
+    ``threads * vec * per`` with an online (max, sum); pass 2 (unless the output is the lse)
+    writes the held head from registers and reads the rest again."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
+    head = threads * vec * hold
     chunk = threads * vec * per
-    steps = -(-n // chunk)
+    steps = max(0, -(-(n - head) // chunk))
     warps = threads // _WARP
     f32 = "float32"
+
+    @T.macro
+    def tree(acc):
+        """Merge the (max, sum) pairs ``acc[0:2]`` of a warp's lanes into every lane."""
+        for s in T.unroll(5):
+            acc[2] = T.shfl_xor(acc[0], 16 >> s)
+            acc[3] = T.shfl_xor(acc[1], 16 >> s)
+            acc[4] = T.max(acc[0], acc[2])
+            acc[1] = _rescaled(T, acc[1], acc[0], acc[4]) + _rescaled(T, acc[3], acc[2], acc[4])
+            acc[0] = acc[4]
+
+    def out_value(v, lse):
+        if kind == "softmax":
+            return T.cast(T.exp2((T.cast(v, f32) - lse) * _LOG2E), dtype)
+        return T.cast(T.cast(v, f32) - lse, dtype)
 
     @T.macro
     def body(X, Y):
         with T.Kernel(M, threads=threads) as row:
             tx = T.get_thread_binding()
+            held = T.alloc_local((hold * vec,), dtype)
             piece = T.alloc_local((per * vec,), dtype)
             acc = T.alloc_local((5,), f32)  # max, sum, other max / lse, other sum, new max
             red = T.alloc_shared((warps * 2,), f32)
+            for v in T.unroll(hold):
+                col = (v * threads + tx) * vec
+                if col < n:
+                    for i in T.vectorized(vec):
+                        held[v * vec + i] = X[row, col + i]
+                else:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(-T.infinity(f32), dtype)
             acc[0] = T.min_value(f32)
+            for j in T.unroll(hold * vec):
+                acc[0] = T.max(acc[0], T.cast(held[j], f32))
             acc[1] = T.cast(0, f32)
+            for j in T.unroll(hold * vec):
+                acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
             for step in T.serial(steps):
                 for v in T.unroll(per):
-                    col = step * chunk + (v * threads + tx) * vec
+                    col = head + step * chunk + (v * threads + tx) * vec
                     if col < n:
                         for i in T.vectorized(vec):
                             piece[v * vec + i] = X[row, col + i]
@@ -356,46 +398,43 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
                 for j in T.unroll(per * vec):
                     acc[1] += T.exp2((T.cast(piece[j], f32) - acc[4]) * _LOG2E)
                 acc[0] = acc[4]
-            for s in T.unroll(5):
-                acc[2] = T.shfl_xor(acc[0], 16 >> s)
-                acc[3] = T.shfl_xor(acc[1], 16 >> s)
-                acc[4] = T.max(acc[0], acc[2])
-                acc[1] = _rescaled(T, acc[1], acc[0], acc[4]) + _rescaled(T, acc[3], acc[2],
-                                                                          acc[4])
-                acc[0] = acc[4]
+            # the CTA's pairs: a shuffle tree within each warp, the warps' pairs through shared
+            # memory, then the same tree over them in every warp (no second barrier)
+            tree(acc)
             if tx % _WARP == 0:
                 red[tx // _WARP] = acc[0]
                 red[warps + tx // _WARP] = acc[1]
             T.sync_threads()
-            acc[0] = T.min_value(f32)
-            acc[1] = T.cast(0, f32)
-            for w in T.unroll(warps):
-                acc[4] = T.max(acc[0], red[w])
-                acc[1] = _rescaled(T, acc[1], acc[0], acc[4]) + _rescaled(
-                    T, red[warps + w], red[w], acc[4])
-                acc[0] = acc[4]
+            if tx % _WARP < warps:
+                acc[0] = red[tx % _WARP]
+                acc[1] = red[warps + tx % _WARP]
+            else:
+                acc[0] = T.min_value(f32)
+                acc[1] = T.cast(0, f32)
+            tree(acc)
             acc[2] = _lse(T, acc[0], acc[1])
             if lse_out:
                 if tx == 0:
                     Y[row] = T.cast(acc[2], dtype)
             else:
+                for v in T.unroll(hold):
+                    col = (v * threads + tx) * vec
+                    if col < n:
+                        for i in T.unroll(vec):
+                            held[v * vec + i] = out_value(held[v * vec + i], acc[2])
+                        for i in T.vectorized(vec):
+                            Y[row, col + i] = held[v * vec + i]
                 for step in T.serial(steps):
                     for v in T.unroll(per):
-                        col = step * chunk + (v * threads + tx) * vec
+                        col = head + step * chunk + (v * threads + tx) * vec
                         if col < n:
                             for i in T.vectorized(vec):
                                 piece[v * vec + i] = X[row, col + i]
                     for v in T.unroll(per):
-                        col = step * chunk + (v * threads + tx) * vec
+                        col = head + step * chunk + (v * threads + tx) * vec
                         if col < n:
                             for i in T.unroll(vec):
-                                if kind == "softmax":
-                                    piece[v * vec + i] = T.cast(T.exp2(
-                                        (T.cast(piece[v * vec + i], f32) - acc[2]) * _LOG2E),
-                                        dtype)
-                                else:
-                                    piece[v * vec + i] = T.cast(
-                                        T.cast(piece[v * vec + i], f32) - acc[2], dtype)
+                                piece[v * vec + i] = out_value(piece[v * vec + i], acc[2])
                             for i in T.vectorized(vec):
                                 Y[row, col + i] = piece[v * vec + i]
 
@@ -566,12 +605,16 @@ def register_bwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
     return _bwd_signature(body, (M, n), dtype)
 
 
-def looped_bwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int):
-    """The gradient's looped kernel: one CTA a row, a summing pass and a writing pass."""
+def looped_bwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int,
+                       hold: int):
+    """The gradient's looped kernel: one CTA a row; the row's first ``threads * vec * hold``
+    elements of ``y`` and ``dy`` are held in registers, the rest read once to sum and once
+    more to write."""
     _, T = tl()
     M = T.dynamic("M")
+    head = threads * vec * hold
     chunk = threads * vec * per
-    steps = -(-n // chunk)
+    steps = max(0, -(-(n - head) // chunk))
     warps = threads // _WARP
     f32 = "float32"
 
@@ -579,14 +622,29 @@ def looped_bwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     def body(Yv, DY, DX):
         with T.Kernel(M, threads=threads) as row:
             tx = T.get_thread_binding()
+            hy = T.alloc_local((hold * vec,), dtype)
+            hd = T.alloc_local((hold * vec,), dtype)
             py = T.alloc_local((per * vec,), dtype)
             pd = T.alloc_local((per * vec,), dtype)
             acc = T.alloc_local((1,), f32)
             red = T.alloc_shared((warps,), f32)
+            for v in T.unroll(hold):
+                col = (v * threads + tx) * vec
+                if col < n:
+                    for i in T.vectorized(vec):
+                        hy[v * vec + i] = Yv[row, col + i]
+                    for i in T.vectorized(vec):
+                        hd[v * vec + i] = DY[row, col + i]
+                else:
+                    for i in T.unroll(vec):
+                        hy[v * vec + i] = T.cast(0, dtype)
+                        hd[v * vec + i] = T.cast(0, dtype)
             acc[0] = T.cast(0, f32)
+            for j in T.unroll(hold * vec):
+                acc[0] += _bwd_term(T, kind, hy[j], hd[j])
             for step in T.serial(steps):
                 for v in T.unroll(per):
-                    col = step * chunk + (v * threads + tx) * vec
+                    col = head + step * chunk + (v * threads + tx) * vec
                     if col < n:
                         for i in T.vectorized(vec):
                             py[v * vec + i] = Yv[row, col + i]
@@ -604,18 +662,28 @@ def looped_bwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
                 red[tx // _WARP] = acc[0]
             T.sync_threads()
             acc[0] = T.cast(0, f32)
-            for w in T.unroll(warps):
-                acc[0] += red[w]
+            if tx % _WARP < warps:
+                acc[0] = red[tx % _WARP]
+            for s in T.unroll(5):
+                acc[0] += T.shfl_xor(acc[0], 16 >> s)
+            for v in T.unroll(hold):
+                col = (v * threads + tx) * vec
+                if col < n:
+                    for i in T.unroll(vec):
+                        hd[v * vec + i] = T.cast(_bwd_value(
+                            T, kind, hy[v * vec + i], hd[v * vec + i], acc[0]), dtype)
+                    for i in T.vectorized(vec):
+                        DX[row, col + i] = hd[v * vec + i]
             for step in T.serial(steps):
                 for v in T.unroll(per):
-                    col = step * chunk + (v * threads + tx) * vec
+                    col = head + step * chunk + (v * threads + tx) * vec
                     if col < n:
                         for i in T.vectorized(vec):
                             py[v * vec + i] = Yv[row, col + i]
                         for i in T.vectorized(vec):
                             pd[v * vec + i] = DY[row, col + i]
                 for v in T.unroll(per):
-                    col = step * chunk + (v * threads + tx) * vec
+                    col = head + step * chunk + (v * threads + tx) * vec
                     if col < n:
                         for i in T.unroll(vec):
                             pd[v * vec + i] = T.cast(_bwd_value(
@@ -698,7 +766,7 @@ def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
         assert plan is not None, "the register kernel refuses rows it cannot hold"
         return plan
     if layout is Layout.LOOPED:
-        return looped_plan(spec.r, spec.dtype)
+        return looped_plan(spec.r, spec.dtype, held)
     return strided_plan(spec.outer, spec.r, spec.inner, spec.dtype)
 
 
