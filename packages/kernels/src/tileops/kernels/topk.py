@@ -1,0 +1,426 @@
+"""Top-k of each row by radix select, in TileLang.
+
+A call is a contiguous ``(M, N)`` input; each row's ``k`` largest (or smallest) elements are
+written, by value and then by index, into ``values`` ``(M, k)`` and int64 ``indices``. ``N``,
+``k``, the dtype and ``largest`` are compiled in; ``M`` is a launch-time size. One CTA a row.
+
+Every element is compared as its order-preserving integer key (16 bits for float16 and
+bfloat16, 32 for float32): the bits of a non-negative number with the sign bit set, those of a
+negative one inverted, so that unsigned comparison of keys is the numeric order; every NaN
+takes the largest key (torch orders NaN above every number) and -0.0 takes +0.0's. For the
+smallest k the keys are complemented, so the program always selects the largest keys. The
+k kept are the k greatest ``(key, -index)`` pairs: among equal values the lowest indices, the
+answer a stable sort gives (torch.topk allows any).
+
+The program, per row:
+
+1. **A bound.** The first ``pre`` chunks of the row (a chunk is 16 bytes a thread) are read
+   into registers. The threads are cut into at least ``k`` groups and each group's largest key
+   taken; the smallest of those maxima, ``tau``, is a lower bound of the k-th largest key (at
+   least k elements reach it). With more than ``threads`` groups needed, each thread's each
+   16-byte piece is a group.
+2. **One pass over the row.** Every element whose key reaches ``tau`` is appended to a
+   candidate buffer in shared memory (an atomic counter; ``cap`` entries of key and index).
+   For logits and k = 50 the bound keeps a percent or two of a 128k row.
+3. **Radix select.** Rounds of 8 bits from the top: a 256-bin histogram in shared memory of
+   the keys that match the digits found so far, the bin holding the k-th largest found by a
+   warp's scan over the bins. After the last round the k-th largest key ``t`` is known
+   exactly, and how many of the elements equal to it are kept (``need``). The rounds read the
+   candidate buffer, or the row again when the buffer overflowed.
+4. **Gather and sort.** The candidates at or above ``t`` go to a shared array of ``sort``
+   composite keys ``key << 32 | ~index`` when they fit, and a bitonic sort orders them; the
+   first k are the answer. Where they do not fit (a row of many equal values, or an overflowed
+   buffer), a pass over the row in index order takes every element above ``t`` and, by a
+   block scan of each chunk's count of elements equal to ``t``, the ``need`` lowest-indexed of
+   those, before the same sort.
+5. The values are read back from the row by index.
+
+The common case reads the row once from memory (the bound's chunks are held); only a row whose
+candidates overflow the buffer reads it again for each round and once more to gather.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import functools
+from typing import Literal, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "TopkDType",
+    "TopkInterface",
+    "TopkRadixKernel",
+    "TopkSpec",
+    "build_topk",
+    "topk_plan",
+]
+
+_VECTOR_BYTES = 16
+_WARP = 32
+_MAX_THREADS = 512
+#: chunks of the row held in registers for the bound
+_PRE = 4
+#: candidate buffer entries (a key and an index each: 8 bytes)
+_CAP = 4096
+_BINS = 256
+
+#: the storage dtypes the top-k kernels are written for
+TopkDType = Literal["float16", "bfloat16", "float32"]
+_TOPK_DTYPES = frozenset(get_args(TopkDType))
+#: (key bits, the largest magnitude bits that are not NaN: the infinity's)
+_KEY = {"float16": (16, 0x7C00), "bfloat16": (16, 0x7F80), "float32": (32, 0x7F800000)}
+
+
+class TopkSpec(CallSpec, frozen=True, kw_only=True):
+    """What a top-k implementation is told about a call: the rows of the contiguous ``(rows,
+    n)`` input, ``k`` and which end is kept."""
+
+    rows: int
+    n: int
+    k: int
+    dtype: TopkDType
+    largest: bool
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _TOPK_DTYPES}, sizes=("rows", "n", "k"),
+                          flags=("largest",))
+        if self.k > self.n:
+            raise ValueError(f"TopkSpec: k ({self.k}) exceeds the row length ({self.n})")
+
+
+class TopkInterface(KernelInterface):
+    """One slot: ``forward(x, values, indices)`` with ``x`` a contiguous ``(M, N)`` tensor at a
+    16-byte aligned address, ``values`` ``(M, k)`` of its dtype and ``indices`` ``(M, k)``
+    int64."""
+
+    slot = "topk_fwd"
+    call_spec = TopkSpec
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+
+def _pow2_at_least(x: int) -> int:
+    p = 1
+    while p < x:
+        p *= 2
+    return p
+
+
+def topk_plan(n: int, k: int, dtype: str) -> tuple[int, int, int, int, int]:
+    """``(threads, vec, pre, cap, sort)``: ``threads`` a CTA, each reading ``vec`` elements a
+    chunk (the widest access the row length keeps aligned, up to 16 bytes); ``pre`` chunks
+    held for the bound; a candidate buffer of ``cap`` entries and a sort of ``sort``
+    composite keys (twice ``k``, so that ties at the threshold usually fit)."""
+    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
+    while vec > 1 and n % vec:
+        vec //= 2
+    threads = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-n // vec))))
+    chunks = -(-n // (threads * vec))
+    cap = min(_CAP, _pow2_at_least(n))
+    sort = max(_WARP, _pow2_at_least(2 * k))
+    return threads, vec, min(_PRE, chunks), cap, sort
+
+
+# --- the program -----------------------------------------------------------------------------
+
+
+def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: int, pre: int,
+                 cap: int, sort: int):
+    """The TileLang prim_func of the radix select (not compiled)."""
+    _, T = tl()
+    M = T.dynamic("M")
+    bits, inf_bits = _KEY[dtype]
+    full = (1 << bits) - 1
+    sign = 1 << (bits - 1)
+    rounds = bits // 8
+    chunk = threads * vec
+    chunks = -(-n // chunk)
+    warps = threads // _WARP
+    exact = chunks * chunk == n
+    u32, i32, u64 = "uint32", "int32", "uint64"
+    kp = _pow2_at_least(max(k, 1))
+    # the bound's groups: `gs` consecutive threads (all their held elements), or each held
+    # 16-byte piece of each thread; None: too few elements held for k groups (tau = 0)
+    if kp <= threads:
+        gs, per_piece = min(_WARP, threads // kp), False
+    else:
+        gs, per_piece = 1, True
+    bounded = not per_piece or threads * pre >= k
+    groups = -(-chunks // pre)
+    # each round's digit: its shift, and the mask of the digits above it (found before)
+    digits = [(bits - 8 * (r + 1), full ^ ((1 << (bits - 8 * r)) - 1)) for r in range(rounds)]
+    stages = [(1 << a, 1 << b) for a in range(1, sort.bit_length()) for b in range(a - 1, -1, -1)]
+
+    def raw(v):
+        """The bits of element ``v`` as uint32."""
+        if bits == 16:
+            return T.cast(T.reinterpret(v, "uint16"), u32)
+        return T.reinterpret(v, u32)
+
+    def key(v):
+        """The order-preserving key of ``v`` (complemented for the smallest k)."""
+        b = raw(v)
+        mag = b & T.uint32(full >> 1)
+        ordered = T.if_then_else(b >= T.uint32(sign), (~b) & T.uint32(full), b | T.uint32(sign))
+        kv = T.if_then_else(mag > T.uint32(inf_bits), T.uint32(full),
+                            T.if_then_else(mag == T.uint32(0), T.uint32(sign), ordered))
+        return kv if largest else T.uint32(full) - kv
+
+    def composite(kv, col):
+        return (T.cast(kv, u64) << T.uint64(32)) | T.cast(
+            T.uint32(0xFFFFFFFF) - T.cast(col, u32), u64)
+
+    @T.prim_func
+    def main(X: T.Tensor((M, n), dtype), V: T.Tensor((M, k), dtype),
+             Idx: T.Tensor((M, k), "int64")):
+        with T.Kernel(M, threads=threads) as row:
+            tx = T.get_thread_binding()
+            lane = tx % _WARP
+            warp = tx // _WARP
+            held = T.alloc_local((pre * vec,), dtype)
+            piece = T.alloc_local((vec,), dtype)
+            kv = T.alloc_local((vec,), u32)
+            sw = T.alloc_local((1,), u64)
+            u = T.alloc_local((4,), u32)  # group max / tau, prefix, scratch
+            iv = T.alloc_local((8,), i32)  # kk, count, scratch
+            bufk = T.alloc_shared((cap,), u32)
+            bufi = T.alloc_shared((cap,), i32)
+            srt = T.alloc_shared((sort,), u64)
+            hist = T.alloc_shared((_BINS,), i32)
+            st = T.alloc_shared((8,), i32)  # count, sorted, bin, above, in bin, scan total
+            wsu = T.alloc_shared((warps,), u32)
+            wsi = T.alloc_shared((warps,), i32)
+
+            # 1. the bound: the held chunks, each thread's (or piece's) largest key
+            for c in T.unroll(pre):
+                if exact or c * chunk + tx * vec < n:
+                    for i in T.vectorized(vec):
+                        held[c * vec + i] = X[row, c * chunk + tx * vec + i]
+            u[0] = T.uint32(0xFFFFFFFF) if per_piece else T.uint32(0)
+            for c in T.unroll(pre):
+                u[2] = T.uint32(0)
+                for i in T.unroll(vec):
+                    if exact or c * chunk + tx * vec < n:
+                        u[2] = T.max(u[2], key(held[c * vec + i]))
+                if per_piece:
+                    u[0] = T.min(u[0], u[2])
+                else:
+                    u[0] = T.max(u[0], u[2])
+            if not bounded:
+                u[0] = T.uint32(0)
+            else:
+                if gs > 1:
+                    for s in T.unroll(gs.bit_length() - 1):
+                        u[0] = T.max(u[0], T.shfl_xor(u[0], gs >> (s + 1)))
+                for s in T.unroll(5):
+                    u[0] = T.min(u[0], T.shfl_xor(u[0], 16 >> s))
+                if warps > 1:
+                    if lane == 0:
+                        wsu[warp] = u[0]
+                    T.sync_threads()
+                    u[0] = wsu[0]
+                    for w in T.unroll(1, warps):
+                        u[0] = T.min(u[0], wsu[w])
+            if tx == 0:
+                st[0] = 0
+                st[1] = 0
+            T.sync_threads()
+
+            # 2. one pass: the candidates reaching tau into the buffer, `pre` chunks a step
+            # (their loads in flight together), the held ones first
+            for g in T.serial(groups):
+                if g > 0:
+                    for c in T.unroll(pre):
+                        if (g * pre + c) * chunk + tx * vec < n:
+                            for i in T.vectorized(vec):
+                                held[c * vec + i] = X[row, (g * pre + c) * chunk + tx * vec + i]
+                for c in T.unroll(pre):
+                    for i in T.unroll(vec):
+                        if (g * pre + c) * chunk + tx * vec < n:
+                            u[2] = key(held[c * vec + i])
+                            if u[2] >= u[0]:
+                                iv[2] = T.atomic_add(st[0], 1, return_prev=True)
+                                if iv[2] < cap:
+                                    bufk[iv[2]] = u[2]
+                                    bufi[iv[2]] = (g * pre + c) * chunk + tx * vec + i
+            T.sync_threads()
+            iv[1] = st[0]  # candidates (more than cap: the buffer overflowed)
+
+            # 3. radix select, 8 bits a round from the top
+            iv[0] = k  # how many of the elements matching the prefix are still to keep
+            u[1] = T.uint32(0)  # the digits found so far
+            for shift, above in digits:
+                above_mask = T.uint32(above)
+                for j in T.unroll(-(-_BINS // threads)):
+                    if j * threads + tx < _BINS:
+                        hist[j * threads + tx] = 0
+                T.sync_threads()
+                if iv[1] <= cap:
+                    for j in T.serial(-(-cap // threads)):
+                        if j * threads + tx < iv[1]:
+                            u[2] = bufk[j * threads + tx]
+                            if (u[2] & above_mask) == u[1]:
+                                T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
+                else:
+                    for c in T.serial(chunks):
+                        if exact or c * chunk + tx * vec < n:
+                            for i in T.vectorized(vec):
+                                piece[i] = X[row, c * chunk + tx * vec + i]
+                            for i in T.unroll(vec):
+                                u[2] = key(piece[i])
+                                if (u[2] & above_mask) == u[1]:
+                                    T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
+                T.sync_threads()
+                # warp 0 finds the bin holding the iv[0]-th largest: each lane sums 8 bins,
+                # from the top, and an inclusive scan over the lanes says whose they are
+                if tx < _WARP:
+                    iv[3] = 0
+                    for j in T.unroll(8):
+                        iv[3] += hist[_BINS - 1 - 8 * tx - j]
+                    iv[4] = iv[3]
+                    for s in T.unroll(5):
+                        iv[5] = T.shfl_up(iv[4], 1 << s)
+                        if tx >= (1 << s):
+                            iv[4] += iv[5]
+                    iv[5] = iv[4] - iv[3]  # the count in the bins above this lane's
+                    if iv[5] < iv[0] and iv[0] <= iv[4]:
+                        iv[6] = 0  # found
+                        for j in T.unroll(8):
+                            iv[7] = hist[_BINS - 1 - 8 * tx - j]
+                            if iv[6] == 0 and iv[5] + iv[7] >= iv[0]:
+                                st[2] = _BINS - 1 - 8 * tx - j
+                                st[3] = iv[5]
+                                st[4] = iv[7]
+                                iv[6] = 1
+                            iv[5] += iv[7]
+                T.sync_threads()
+                iv[0] -= st[3]
+                u[1] = u[1] | (T.cast(st[2], u32) << shift)
+            # u[1]: the k-th largest key; iv[0]: how many equal to it are kept; st[4]: how
+            # many equal it (all of them in the buffer when it did not overflow)
+
+            # 4. gather into the sort array
+            for j in T.unroll(-(-sort // threads)):
+                if j * threads + tx < sort:
+                    srt[j * threads + tx] = T.uint64(0)
+            T.sync_threads()
+            if iv[1] <= cap and k - iv[0] + st[4] <= sort:
+                for j in T.serial(-(-cap // threads)):
+                    if j * threads + tx < iv[1]:
+                        u[2] = bufk[j * threads + tx]
+                        if u[2] >= u[1]:
+                            iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                            srt[iv[2]] = composite(u[2], bufi[j * threads + tx])
+            else:
+                # in index order: all above t, and the lowest-indexed iv[0] equal to it
+                iv[6] = 0  # equal ones taken by the chunks before
+                for c in T.serial(chunks):
+                    iv[3] = 0
+                    if exact or c * chunk + tx * vec < n:
+                        for i in T.vectorized(vec):
+                            piece[i] = X[row, c * chunk + tx * vec + i]
+                        for i in T.unroll(vec):
+                            kv[i] = key(piece[i])
+                            if kv[i] == u[1]:
+                                iv[3] += 1
+                            if kv[i] > u[1]:
+                                iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                                srt[iv[2]] = composite(kv[i], c * chunk + tx * vec + i)
+                    else:
+                        for i in T.unroll(vec):
+                            kv[i] = T.uint32(0)
+                    # exclusive scan of the threads' counts of equal ones, in index order
+                    iv[4] = iv[3]
+                    for s in T.unroll(5):
+                        iv[5] = T.shfl_up(iv[4], 1 << s)
+                        if lane >= (1 << s):
+                            iv[4] += iv[5]
+                    iv[7] = iv[4] - iv[3]
+                    if warps > 1:
+                        if lane == _WARP - 1:
+                            wsi[warp] = iv[4]
+                        T.sync_threads()
+                        for w in T.unroll(warps - 1):
+                            if w < warp:
+                                iv[7] += wsi[w]
+                        iv[5] = 0
+                        for w in T.unroll(warps):
+                            iv[5] += wsi[w]
+                        T.sync_threads()
+                    else:
+                        iv[5] = T.shfl_sync(iv[4], _WARP - 1)
+                    iv[7] += iv[6]
+                    if exact or c * chunk + tx * vec < n:
+                        for i in T.unroll(vec):
+                            if kv[i] == u[1]:
+                                if iv[7] < iv[0]:
+                                    iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                                    srt[iv[2]] = composite(kv[i], c * chunk + tx * vec + i)
+                                iv[7] += 1
+                    iv[6] += iv[5]
+            T.sync_threads()
+
+            # 5. bitonic sort, descending: pairs (pos, pos + stride) with pos's stride bit
+            # clear, ordered descending where pos's size bit is clear and ascending elsewhere
+            for size, stride in stages:
+                for j in T.unroll(-(-(sort // 2) // threads)):
+                    if j * threads + tx < sort // 2:
+                        iv[2] = 2 * (j * threads + tx) - ((j * threads + tx) & (stride - 1))
+                        if (((iv[2] & size) == 0 and srt[iv[2]] < srt[iv[2] + stride])
+                                or ((iv[2] & size) != 0 and srt[iv[2]] > srt[iv[2] + stride])):
+                            sw[0] = srt[iv[2]]
+                            srt[iv[2]] = srt[iv[2] + stride]
+                            srt[iv[2] + stride] = sw[0]
+                T.sync_threads()
+
+            # 6. the values and indices of the first k
+            for j in T.serial(-(-k // threads)):
+                if j * threads + tx < k:
+                    iv[2] = T.cast(T.uint32(0xFFFFFFFF) - T.cast(
+                        srt[j * threads + tx] & T.uint64(0xFFFFFFFF), u32), i32)
+                    V[row, j * threads + tx] = X[row, iv[2]]
+                    Idx[row, j * threads + tx] = T.cast(iv[2], "int64")
+
+    # every barrier the program needs is written above: TileLang's inserted ones would also
+    # separate the appends of one phase (it cannot tell that atomically claimed slots differ),
+    # a barrier per element; the buffers keep their own shared memory (no reuse across phases)
+    return main.with_attr("tilelang_pass_configs", {
+        "tl.disable_thread_storage_sync": True, "tl.disable_shared_memory_reuse": True})
+
+
+@functools.lru_cache(maxsize=256)
+def build_topk(n: int, k: int, dtype: str, largest: bool, target: str | None = None,
+               plan: tuple | None = None):
+    """Compile the radix select (cached per configuration); ``plan`` overrides
+    :func:`topk_plan`, for tuning."""
+    plan = plan or topk_plan(n, k, dtype)
+    return compile_program(topk_program(n, k, dtype, largest, *plan), target)
+
+
+# --- the implementation ----------------------------------------------------------------------
+
+
+class TopkRadixKernel(Kernel, TopkInterface):
+    """Any row: one CTA a row, radix select over a bounded candidate buffer."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    @classmethod
+    def identity(cls, spec: TopkSpec):
+        return (spec.device, spec.n, spec.k, spec.dtype, spec.largest)
+
+    def __init__(self, spec: TopkSpec) -> None:
+        super().__init__(spec)
+        self._k = spec.k
+        self.program = build_topk(spec.n, spec.k, spec.dtype, spec.largest) if spec.k else None
+
+    def __call__(self, x, values, indices) -> None:
+        if x.shape[0] == 0 or self._k == 0:
+            return
+        self.program(x, values, indices)
