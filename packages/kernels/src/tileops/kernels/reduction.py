@@ -62,8 +62,12 @@ __all__ = [
 
 _VECTOR_BYTES = 16
 _WARP = 32
-#: CTAs that keep every SM of an H200 (132) busy several times over; a split aims for this
-_TARGET_CTAS = 528
+#: CTAs a split aims for: 16 for each of an H200's 132 SMs. Several waves of short CTAs, not
+#: one wave of long ones, so that SMs finishing early take more work: dim=0 of 32768 x 8192
+#: has 32 column blocks, and 17 splits (544 CTAs, 4.1 an SM) would leave a fifth of the SMs
+#: one CTA behind the rest. The workspace stays small beside the input (66 splits of 8192
+#: float32 partials: 2.2 MB against 512 MB read).
+_TARGET_CTAS = 132 * 16
 #: a split's share of a row, in accesses per thread, below which splitting further costs more
 #: in the finish than it gains in parallelism
 _MIN_SPLIT_ACCESSES = 8
@@ -215,7 +219,7 @@ def column_plan(outer: int, r: int, inner: int, dtype: str
     vec = _vec(inner, dtype)
     tcols = min(_WARP, _pow2_at_least(-(-inner // vec)))
     ty = 256 // tcols
-    per = 4
+    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16  # as row_plan's
     ctas = outer * -(-inner // (tcols * vec))
     splits = 1
     if ctas < _TARGET_CTAS:
@@ -627,8 +631,8 @@ _FINISH_PER_CTA = 8
 def finish_program(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
                    correction: float):
     """The second pass of a split: a warp per output reads its ``splits`` partial states
-    (lane ``l`` the splits ``l, l + 32, ...``), merges them with shuffles and writes the
-    output (not compiled)."""
+    (lane ``l`` the splits ``l, l + 32, ...``, in order), merges them with shuffles and writes
+    the output (not compiled)."""
     _, T = tl()
     ar = _Arith(kind, dtype, r, correction)
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
@@ -650,7 +654,8 @@ def finish_program(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
             for k in T.unroll(nparts):
                 acc[k] = ident[0] if nparts == 1 else T.cast(0, acc_t)
             idx[0] = _INT_MAX
-            for s in T.serial(rounds):
+            # unrolled (rounds <= 32), so a lane's loads are all in flight before it merges
+            for s in T.unroll(rounds):
                 if s * _WARP + lane < splits:
                     for k in T.unroll(nparts):
                         oth[k] = W[k, s * _WARP + lane, qq]
