@@ -444,21 +444,25 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
 def strided_fwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int, groups: int,
                         vec: int):
     """The strided kernel's prim_func over an ``(outer, r, inner)`` view (see the module
-    docstring): CTA ``(bx, o)`` owns columns ``bx * lanes * vec`` onward of outer index ``o``."""
+    docstring): CTA ``o * blocks + b`` owns columns ``b * lanes * vec`` onward of outer index
+    ``o``."""
     _, T = tl()
     outer = T.dynamic("outer")
     lse_out = kind == "logsumexp"
     cols = lanes * vec
+    blocks = -(-inner // cols)  # column blocks of an outer index
     steps = -(-r // groups)
     f32 = "float32"
 
     @T.macro
     def body(X, Y):
-        with T.Kernel(T.ceildiv(inner, cols), outer, threads=lanes * groups) as (bx, o):
+        # a 1-D grid, column blocks fastest: gridDim.y would cap outer at 65535
+        with T.Kernel(outer * blocks, threads=lanes * groups) as bid:
+            o = bid // blocks
             tx = T.get_thread_binding()
             lane = tx % lanes
             g = tx // lanes
-            c = bx * cols + lane * vec
+            c = (bid % blocks) * cols + lane * vec
             piece = T.alloc_local((vec,), dtype)
             m = T.alloc_local((vec,), f32)
             s = T.alloc_local((vec,), f32)
@@ -700,16 +704,19 @@ def strided_bwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int, g
     _, T = tl()
     outer = T.dynamic("outer")
     cols = lanes * vec
+    blocks = -(-inner // cols)  # column blocks of an outer index
     steps = -(-r // groups)
     f32 = "float32"
 
     @T.macro
     def body(Yv, DY, DX):
-        with T.Kernel(T.ceildiv(inner, cols), outer, threads=lanes * groups) as (bx, o):
+        # a 1-D grid, column blocks fastest: gridDim.y would cap outer at 65535
+        with T.Kernel(outer * blocks, threads=lanes * groups) as bid:
+            o = bid // blocks
             tx = T.get_thread_binding()
             lane = tx % lanes
             g = tx // lanes
-            c = bx * cols + lane * vec
+            c = (bid % blocks) * cols + lane * vec
             py = T.alloc_local((vec,), dtype)
             pd = T.alloc_local((vec,), dtype)
             tot = T.alloc_local((vec,), f32)
