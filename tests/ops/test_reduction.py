@@ -285,3 +285,15 @@ def test_the_bars_get_split_plans() -> None:
     assert K.column_plan(1, 32768, 8192, "bfloat16") == (32, 8, 8, 8, 66)
     # dim=None: one row split across the GPU, as far as the finish takes
     assert K.row_plan(1, 4096 * 4096, "bfloat16")[-1] == K._MAX_SPLITS
+
+
+def test_a_view_past_int32_indexing_is_refused_by_every_kernel() -> None:
+    spec = K.ReductionSpec(device=torch.device("cuda"), kind=ReduceKind.SUM, outer=1,
+                           r=1 << 31, inner=1, dtype="bfloat16")
+    why = "indexes in int32: 1 x 2147483648 x 1 elements is 2^31 or more"
+    assert K.ReductionRowKernel.region_refusal(spec) == why
+    assert K.ReductionColumnKernel.region_refusal(spec) == why
+    ok = K.ReductionSpec(device=torch.device("cuda"), kind=ReduceKind.SUM, outer=32768,
+                         r=8192, inner=1, dtype="bfloat16")
+    assert K.ReductionRowKernel.region_refusal(ok) is None
+    assert K.ReductionColumnKernel.region_refusal(ok) is None

@@ -716,6 +716,15 @@ def build_finish_kernel(kind: ReduceKind, p: int, splits: int, dtype: str, r: in
 # --- the implementations -------------------------------------------------------------------------
 
 
+def _index_refusal(spec: ReductionSpec) -> str | None:
+    """The programs index in int32 (TileLang's default for these sizes): a view of 2^31
+    elements or more, or a workspace of as many, is refused rather than wrapped."""
+    if spec.outer * spec.r * spec.inner >= _INT_MAX:
+        return (f"indexes in int32: {spec.outer} x {spec.r} x {spec.inner} elements is "
+                f"2^31 or more")
+    return None
+
+
 class _ReductionKernel(Kernel, ReductionInterface):
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -795,7 +804,7 @@ class ReductionRowKernel(_ReductionKernel):
     def region_refusal(cls, spec: ReductionSpec) -> str | None:
         if spec.inner != 1:
             return f"reduces rows (inner = 1), not columns (inner = {spec.inner})"
-        return None
+        return _index_refusal(spec)
 
     @classmethod
     def identity(cls, spec: ReductionSpec):
@@ -816,6 +825,10 @@ class ReductionColumnKernel(_ReductionKernel):
     correct but a warp a row is better)."""
 
     general = True
+
+    @classmethod
+    def region_refusal(cls, spec: ReductionSpec) -> str | None:
+        return _index_refusal(spec)
 
     @classmethod
     def identity(cls, spec: ReductionSpec):
