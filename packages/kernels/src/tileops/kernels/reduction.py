@@ -718,8 +718,9 @@ def build_finish_kernel(kind: ReduceKind, p: int, splits: int, dtype: str, r: in
 
 def _index_refusal(spec: ReductionSpec) -> str | None:
     """The programs index in int32 (TileLang's default for these sizes): a view of 2^31
-    elements or more, or a workspace of as many, is refused rather than wrapped."""
-    if spec.outer * spec.r * spec.inner >= _INT_MAX:
+    elements or more is refused rather than wrapped (a workspace is far smaller: splits are
+    made only where the output is small)."""
+    if spec.outer * spec.r * spec.inner >= 1 << 31:
         return (f"indexes in int32: {spec.outer} x {spec.r} x {spec.inner} elements is "
                 f"2^31 or more")
     return None
