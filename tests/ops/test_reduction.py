@@ -146,6 +146,7 @@ CASES = [
     pytest.param((4, 5, 6), None, True, id="every-dim-keepdim"),
     pytest.param((7, 3), 0, True, id="leading-keepdim"),
     pytest.param((2, 1, 9), 1, False, id="size-one-dim"),
+    pytest.param((4, 5), (), False, id="empty-tuple-every-dim"),
 ]
 
 
@@ -192,6 +193,14 @@ def test_output_dtypes_are_torchs(cls, dtype, out) -> None:
 
 
 # --- refusals --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [R.AllFwdOp, R.AnyFwdOp], ids=lambda c: c.__name__)
+def test_an_empty_dim_tuple_reduces_every_axis(cls) -> None:
+    # as torch.sum(x, ()) does; torch.all(x, ()) and torch.any(x, ()) reduce nothing
+    x = torch.tensor([[True, False], [True, True]])
+    got = cls(dim=(), target="reference")(x)
+    assert got.shape == () and bool(got) == (cls is R.AnyFwdOp)
 
 
 def test_an_axis_out_of_range_is_refused_by_name() -> None:

@@ -145,9 +145,13 @@ class ReductionOp(Op):
         return entry, perm, (outer, r, inner)
 
     def _dims(self, x: torch.Tensor) -> Any:
-        """``dim`` as torch's functions take it: None as every axis (``torch.amax`` and the
-        moments have no None of their own)."""
-        return tuple(range(x.dim())) if self.dim is None else self.dim
+        """``dim`` as torch's functions take it: None, and the empty tuple, as every axis
+        spelled out (``torch.amax`` and the moments have no None of their own, and
+        ``torch.all(x, ())`` / ``torch.any(x, ())`` reduce nothing, where the spec's
+        ``reduce_shape`` and torch's other reductions read ``()`` as every axis)."""
+        if self.dim is None or self.dim == ():
+            return tuple(range(x.dim()))
+        return self.dim
 
     def _torch(self, x: torch.Tensor) -> Any:
         """The op's torch function of ``x`` (its outputs: a tensor or a tuple)."""
