@@ -2,8 +2,8 @@
 
 | variable              | default                  | meaning                                        |
 |-----------------------|--------------------------|------------------------------------------------|
-| ``TILEOPS_CACHE_DIR`` | ``~/.cache/tileops``     | everything TileOPs writes: tuned configs and   |
-|                       |                          | compiled kernels (TileLang's cache)            |
+| ``TILEOPS_CACHE_DIR`` | ``~/.cache/tileops``     | everything TileOPs writes: tuned configs,      |
+|                       |                          | validated specs, compiled kernels (TileLang's) |
 | ``TILEOPS_LOG_LEVEL`` | ``WARNING``              | ``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``  |
 | ``TILEOPS_TARGET``    | unset (choose by device) | the process default target (``reference``, ...)|
 
@@ -29,8 +29,8 @@ __all__ = ["CACHE_PARTS", "KNOBS", "cache_dir", "cache_part", "compiler_cache_en
            "default_target", "log_level"]
 
 KNOBS = {
-    "TILEOPS_CACHE_DIR": "directory for everything TileOPs writes: tuned configs, compiled "
-                         "kernels",
+    "TILEOPS_CACHE_DIR": "directory for everything TileOPs writes: tuned configs, validated "
+                         "specs, compiled kernels",
     "TILEOPS_LOG_LEVEL": "DEBUG | INFO | WARNING | ERROR (default WARNING)",
     "TILEOPS_TARGET": "process default target name (default: choose by device)",
 }
@@ -38,6 +38,7 @@ KNOBS = {
 #: the folders under ``cache_dir()``, by name, with what each holds
 CACHE_PARTS = {
     "gemm": "tuned GEMM configurations (json)",
+    "specs": "validated spec files (msgpack), keyed by their bytes and the validator's code",
     "tilelang": "compiled kernels (TileLang's cache, TILELANG_CACHE_DIR)",
     "tvm-ffi": "tvm-ffi's build of its torch DLPack addon (TVM_FFI_CACHE_DIR)",
 }

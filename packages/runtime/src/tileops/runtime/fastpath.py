@@ -53,6 +53,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -65,7 +66,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .op import Op
 
-__all__ = ["NOT_GIVEN", "build_fast_call", "class_call"]
+__all__ = ["NOT_GIVEN", "build_fast_call", "class_call", "class_function"]
 
 
 def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
@@ -267,8 +268,27 @@ def class_call(plan: Any) -> tuple[Any, str]:
     plain call reaches the instance's fused call with no packing; anything else (keywords,
     ``out=``, too many or too few inputs, tracing, no fused call yet) goes to
     ``Op._general_call`` with the inputs exactly as given."""
-    names = plan.input_names
-    optional = set(plan.optional_inputs)
+    return class_function(plan), ast.unparse(_class_module(*_class_key(plan)))
+
+
+def class_function(plan: Any) -> Any:
+    """The ``__call__`` of :func:`class_call`, without its source text. Each class compiles
+    its own code object (a traced frame is cached per code object, so classes do not share
+    one); the module, which depends only on the input names and which are optional, is built
+    once for every class with those inputs."""
+    module = _class_module(*_class_key(plan))
+    ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling}
+    code = compile(module, f"<tileops.runtime {plan.name}.__call__>", "exec")
+    exec(code, ns)  # noqa: S102 - built from nodes over the plan's names
+    return ns["__call__"]
+
+
+def _class_key(plan: Any) -> tuple[tuple[str, ...], frozenset[str]]:
+    return tuple(plan.input_names), frozenset(plan.optional_inputs) & frozenset(plan.input_names)
+
+
+@functools.cache
+def _class_module(names: tuple[str, ...], optional: frozenset[str]) -> ast.Module:
     params = [_t(n) for n in names]
 
     def general() -> ast.stmt:
@@ -292,12 +312,8 @@ def class_call(plan: Any) -> tuple[Any, str]:
     args = ast.arguments(posonlyargs=[ast.arg(a) for a in ("self", *params)], args=[],
                          vararg=ast.arg("_rest"), kwonlyargs=[], kw_defaults=[],
                          kwarg=ast.arg("_kw"), defaults=[_load("_NO") for _ in params])
-    module = ast.Module([_function("__call__", args, body)], type_ignores=[])
-    ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling}
-    code = compile(ast.fix_missing_locations(module), f"<tileops.runtime {plan.name}.__call__>",
-                   "exec")
-    exec(code, ns)  # noqa: S102 - built from nodes over the plan's names
-    return ns["__call__"], ast.unparse(module)
+    return ast.fix_missing_locations(
+        ast.Module([_function("__call__", args, body)], type_ignores=[]))
 
 
 class _NotGiven:

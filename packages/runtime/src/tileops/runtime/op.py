@@ -50,7 +50,7 @@ from tileops.signature import SignatureCall, SignaturePlan
 
 from . import autograd, declared, log, targets
 from .errors import StageError, TargetError
-from .fastpath import build_fast_call, class_call
+from .fastpath import build_fast_call, class_function
 from .kernel import Kernel, KernelInterface, select
 from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_instance
 from .specs import SpecSet, default_specs
@@ -116,7 +116,7 @@ class Op(declared.Equivalents):
                                        validate=False)
         inputs = cls._signature.input_names
         if "__call__" not in cls.__dict__ and inputs and all(n.isidentifier() for n in inputs):
-            cls.__call__ = class_call(cls._signature)[0]  # type: ignore[method-assign]
+            cls.__call__ = class_function(cls._signature)  # type: ignore[method-assign]
         cls._param_names = tuple(op_entry.signature.params)
         declared.install(cls, op_entry)
         autograd.register_class(cls)

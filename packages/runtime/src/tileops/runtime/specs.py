@@ -7,11 +7,16 @@ packages add their specs to with :func:`register_specs`. The entry is found by c
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterable
 from pathlib import Path
 
-from tileops.spec import AdtDef, OpEntry, SpecError, SpecFile, check_paths
+from tileops.spec import AdtDef, OpEntry, SpecError, SpecFile, check_paths, stored
+from tileops.spec.validate import spec_paths
+
+from . import log
+from .env import cache_part
 
 __all__ = ["SpecSet", "default_specs", "register_specs"]
 
@@ -29,12 +34,22 @@ class SpecSet:
     @classmethod
     def load(cls, *paths: str | Path) -> SpecSet:
         """Load and validate files or folders (a ``types.yaml`` among or beside them gives
-        the ADTs). Raises :class:`tileops.spec.SpecError` with every diagnostic."""
-        loaded, diags = check_paths(paths)
-        if diags:
-            raise SpecError(diags)
+        the ADTs). Raises :class:`tileops.spec.SpecError` with every diagnostic.
+
+        Files validated before are read from the ``specs`` part of the cache
+        (:func:`_stored_load`): the record is keyed by the files' bytes and the spec
+        package's code, so an edited file or another version of the validator misses."""
+        hit = _stored_load(paths)
+        if hit is not None:
+            loaded, adts = hit
+        else:
+            loaded, diags = check_paths(paths)
+            if diags:
+                raise SpecError(diags)
+            adts = _adts_for(paths)
+            _stored_save(paths, loaded, adts)
         out = cls()
-        out.adts.update(_adts_for(paths))
+        out.adts.update(adts)
         for f in loaded:
             out.add_file(f)
         return out
@@ -73,6 +88,51 @@ def _adts_for(paths: Iterable[str | Path]) -> dict[str, AdtDef]:
                 seen.add(c)
                 out.update(load_types_file(c)[0].adts)
     return out
+
+
+def _stored_key(paths: Iterable[str | Path]) -> str | None:
+    files, type_files = spec_paths(paths)
+    try:
+        return stored.key([f.resolve() for f in files], [f.resolve() for f in type_files])
+    except OSError:
+        return None  # a file that cannot be read: the validator reports it
+
+
+def _stored_load(paths: Iterable[str | Path]) -> tuple[list[SpecFile], dict[str, AdtDef]] | None:
+    """The files and ADTs of ``paths`` from their record in the cache, or None when there is
+    none or it does not decode to the schema's types under this load's key (it is then
+    rebuilt)."""
+    digest = _stored_key(paths)
+    if digest is None:
+        return None
+    path = cache_part("specs") / f"{digest}.msgpack"
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    try:
+        return stored.load(data, digest)
+    except (ValueError, SpecError) as err:
+        log.debug("spec record %s is not usable (%s); validating the files again", path, err)
+        return None
+
+
+def _stored_save(paths: Iterable[str | Path], loaded: list[SpecFile],
+                 adts: dict[str, AdtDef]) -> None:
+    """Write the record of a validated load (atomically: a reader sees the whole record or
+    none). A cache that cannot be written costs the next process the validation, nothing
+    more."""
+    digest = _stored_key(paths)
+    if digest is None:
+        return
+    folder = cache_part("specs")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(stored.dump(digest, loaded, adts))
+        os.replace(tmp, folder / f"{digest}.msgpack")
+    except OSError as err:
+        log.debug("cannot write the spec record under %s: %s", folder, err)
 
 
 _default = SpecSet()

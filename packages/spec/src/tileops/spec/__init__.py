@@ -6,7 +6,7 @@ applied to its entries there), parse and print expressions
 :func:`validate_entry`). ``python -m tileops.spec check PATH...`` runs the validator.
 """
 
-from . import expr
+from . import expr, stored
 from .errors import Diagnostic, SpecError, SpecLoadError
 from .evaluate import AdtValue, EvalError, Scope, eval_shape, evaluate
 from .expr import ExprSyntaxError, Node
@@ -97,6 +97,7 @@ __all__ = [
     "eval_shape",
     "evaluate",
     "expr",
+    "stored",
     "feed_of",
     "kind_from_expr",
     "load_spec_file",

@@ -38,12 +38,13 @@ composition), :mod:`.families`, :mod:`.effects`, :mod:`.solvable`, :mod:`.worklo
 from .adts import validate_types
 from .context import EntryModel
 from .entry import validate_entry
-from .files import check_paths, validate_spec_file
+from .files import check_paths, spec_paths, validate_spec_file
 
 __all__ = [
     "EntryModel",
     "RULES",
     "check_paths",
+    "spec_paths",
     "validate_entry",
     "validate_spec_file",
     "validate_types",

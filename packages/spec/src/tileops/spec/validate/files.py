@@ -11,7 +11,7 @@ from ..schema import AdtDef, SpecFile
 from .adts import validate_types
 from .entry import validate_entry
 
-__all__ = ["check_paths", "validate_spec_file"]
+__all__ = ["check_paths", "spec_paths", "validate_spec_file"]
 
 
 def validate_spec_file(spec: SpecFile, adts: Mapping[str, AdtDef] | None = None,
@@ -25,9 +25,9 @@ def validate_spec_file(spec: SpecFile, adts: Mapping[str, AdtDef] | None = None,
     return out
 
 
-def check_paths(paths: Iterable[str | Path]) -> tuple[list[SpecFile], list[Diagnostic]]:
-    """Load and validate spec files and folders. A ``types.yaml`` found among them (or beside
-    them) provides the shared ADTs. Returns the loaded files and every diagnostic."""
+def spec_paths(paths: Iterable[str | Path]) -> tuple[list[Path], list[Path]]:
+    """``(files, type_files)``: the spec files ``paths`` name (a folder's ``*.yaml``, sorted)
+    and the ``types.yaml`` files giving their ADTs (among them, else beside them)."""
     files: list[Path] = []
     for p in map(Path, paths):
         if p.is_dir():
@@ -40,6 +40,13 @@ def check_paths(paths: Iterable[str | Path]) -> tuple[list[SpecFile], list[Diagn
             beside = f.parent / "types.yaml"
             if beside.is_file() and beside not in type_files:
                 type_files.append(beside)
+    return files, type_files
+
+
+def check_paths(paths: Iterable[str | Path]) -> tuple[list[SpecFile], list[Diagnostic]]:
+    """Load and validate spec files and folders. A ``types.yaml`` found among them (or beside
+    them) provides the shared ADTs. Returns the loaded files and every diagnostic."""
+    files, type_files = spec_paths(paths)
     diags: list[Diagnostic] = []
     adts: dict[str, AdtDef] = {}
     for tf in type_files:

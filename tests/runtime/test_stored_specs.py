@@ -1,0 +1,130 @@
+"""Validated spec files kept in the cache: a second load of the same files reads the record
+instead of validating again and gives equal entries; an edited file, another validator, a
+record written under another key, a truncated, corrupted or hostile record, and an unwritable
+cache each fall back to validating the files, with the same result or the same errors."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from tileops.runtime import SpecSet
+from tileops.runtime import specs as specs_mod
+from tileops.spec import SpecError, stored
+
+SPEC = """\
+ScaleOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[float16 | float32]"}
+    params:
+      factor: {type: float, default: 2.0}
+      dim: {type: "int | tuple[int, ...] | None", default: null}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
+  workloads:
+  - {S: [4, 8], factor: .inf, dtype_cases: [{T: float16}], label: inf}
+  roofline:
+    flops: "prod(S)"
+"""
+
+
+@pytest.fixture()
+def spec_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path / "cache"))
+    d = tmp_path / "specs"
+    d.mkdir()
+    (d / "scale.yaml").write_text(SPEC)
+    return d
+
+
+def records(tmp_path):
+    return sorted((tmp_path / "cache" / "specs").glob("*.msgpack"))
+
+
+def validations(monkeypatch) -> list:
+    seen: list = []
+    real = specs_mod.check_paths
+
+    def counted(paths):
+        seen.append(paths)
+        return real(paths)
+
+    monkeypatch.setattr(specs_mod, "check_paths", counted)
+    return seen
+
+
+def test_a_second_load_reads_the_record_and_gives_equal_entries(spec_dir, tmp_path,
+                                                                 monkeypatch) -> None:
+    seen = validations(monkeypatch)
+    first = SpecSet.load(spec_dir)
+    assert len(seen) == 1 and len(records(tmp_path)) == 1
+    second = SpecSet.load(spec_dir)
+    assert len(seen) == 1  # not validated again
+    a, b = first.find("ScaleOp")[0], second.find("ScaleOp")[0]
+    assert a == b
+    assert b.workloads[0].values["factor"] == float("inf")  # msgpack keeps non-finite floats
+    assert second.files[0].lines == first.files[0].lines
+    assert second.files[0].path == first.files[0].path
+
+
+def test_an_edited_file_misses_and_is_validated(spec_dir, tmp_path, monkeypatch) -> None:
+    seen = validations(monkeypatch)
+    SpecSet.load(spec_dir)
+    (spec_dir / "scale.yaml").write_text(SPEC.replace("default: 2.0", "default: 3.0"))
+    again = SpecSet.load(spec_dir)
+    assert len(seen) == 2 and len(records(tmp_path)) == 2
+    assert again.find("ScaleOp")[0].signature.params["factor"].default == 3.0
+    # an edit that breaks the file is reported as before, whatever the cache holds
+    (spec_dir / "scale.yaml").write_text(SPEC.replace("prod(S)", "prod(Q)"))
+    with pytest.raises(SpecError, match="Q"):
+        SpecSet.load(spec_dir)
+
+
+def test_another_validator_misses(spec_dir, tmp_path, monkeypatch) -> None:
+    seen = validations(monkeypatch)
+    SpecSet.load(spec_dir)
+    monkeypatch.setattr(stored, "FORMAT", stored.FORMAT + 1)
+    SpecSet.load(spec_dir)
+    assert len(seen) == 2
+
+
+@pytest.mark.parametrize("damage", [
+    lambda data: data[: len(data) // 2],  # truncated
+    lambda data: b"\x00" * len(data),  # overwritten
+    lambda data: b"",  # empty
+    lambda data: b"\x91" * 100_000 + b"\xc0",  # a 100000-deep array
+    lambda data: msgspec.msgpack.encode(["0" * 64, [], {}]),  # well formed, another key
+    lambda data: data.replace(b"prod(S)", b"prod(("),  # an expression that does not parse
+])
+def test_a_damaged_record_is_rebuilt(spec_dir, tmp_path, monkeypatch, damage) -> None:
+    seen = validations(monkeypatch)
+    want = SpecSet.load(spec_dir).find("ScaleOp")[0]
+    (path,) = records(tmp_path)
+    path.write_bytes(damage(path.read_bytes()))
+    got = SpecSet.load(spec_dir).find("ScaleOp")[0]
+    assert len(seen) == 2 and got == want
+    assert stored.load(path.read_bytes(), path.stem)[0][0].entries["ScaleOp"] == want
+
+
+def test_a_record_under_another_key_is_refused(spec_dir, tmp_path) -> None:
+    SpecSet.load(spec_dir)
+    (path,) = records(tmp_path)
+    with pytest.raises(ValueError, match="was written under key"):
+        stored.load(path.read_bytes(), "f" * 64)
+
+
+def test_an_unwritable_cache_costs_only_the_validation(tmp_path, monkeypatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(blocker))
+    d = tmp_path / "specs"
+    d.mkdir()
+    (d / "scale.yaml").write_text(SPEC)
+    seen = validations(monkeypatch)
+    for _ in range(2):
+        assert SpecSet.load(d).find("ScaleOp") is not None
+    assert len(seen) == 2
