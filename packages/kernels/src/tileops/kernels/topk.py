@@ -15,13 +15,14 @@ answer a stable sort gives (torch.topk allows any).
 The program, per row:
 
 1. **A bound.** The first ``pre`` chunks of the row (a chunk is 16 bytes a thread) are read
-   into registers. The threads are cut into at least ``k`` groups and each group's largest key
-   taken; the smallest of those maxima, ``tau``, is a lower bound of the k-th largest key (at
-   least k elements reach it). With more than ``threads`` groups needed, each thread's each
-   16-byte piece is a group.
+   into registers, and each thread takes the largest key it holds (for k above the thread
+   count, the largest of each 16-byte piece). The k-th largest of those maxima, ``tau``
+   (found by the radix select of step 3 over them), is a lower bound of the row's k-th
+   largest key: k distinct elements reach it.
 2. **One pass over the row.** Every element whose key reaches ``tau`` is appended to a
    candidate buffer in shared memory (an atomic counter; ``cap`` entries of key and index).
-   For logits and k = 50 the bound keeps a percent or two of a 128k row.
+   For normal logits the bound keeps about 0.5% of a 128k row at k = 50 (600 elements) and
+   8% at k = 1024, whose buffer is four times larger.
 3. **Radix select.** Rounds of 8 bits from the top: a 256-bin histogram in shared memory of
    the keys that match the digits found so far, the bin holding the k-th largest found by a
    warp's scan over the bins. After the last round the k-th largest key ``t`` is known
@@ -63,8 +64,8 @@ _WARP = 32
 _MAX_THREADS = 512
 #: chunks of the row held in registers for the bound
 _PRE = 4
-#: candidate buffer entries (a key and an index each: 8 bytes)
-_CAP = 4096
+#: candidate buffer entries (a key and an index each: 8 bytes), for k up to _CAP_K and above
+_CAP, _CAP_K, _CAP_LARGE = 4096, 256, 16384
 _BINS = 256
 
 #: the storage dtypes the top-k kernels are written for
@@ -120,7 +121,7 @@ def topk_plan(n: int, k: int, dtype: str) -> tuple[int, int, int, int, int]:
         vec //= 2
     threads = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-n // vec))))
     chunks = -(-n // (threads * vec))
-    cap = min(_CAP, _pow2_at_least(n))
+    cap = min(_CAP if k <= _CAP_K else _CAP_LARGE, _pow2_at_least(n))
     sort = max(_WARP, _pow2_at_least(2 * k))
     return threads, vec, min(_PRE, chunks), cap, sort
 
@@ -142,14 +143,10 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
     warps = threads // _WARP
     exact = chunks * chunk == n
     u32, i32, u64 = "uint32", "int32", "uint64"
-    kp = _pow2_at_least(max(k, 1))
-    # the bound's groups: `gs` consecutive threads (all their held elements), or each held
-    # 16-byte piece of each thread; None: too few elements held for k groups (tau = 0)
-    if kp <= threads:
-        gs, per_piece = min(_WARP, threads // kp), False
-    else:
-        gs, per_piece = 1, True
-    bounded = not per_piece or threads * pre >= k
+    # the bound's values: each thread's largest held key, or (k above the thread count) each
+    # held 16-byte piece's; too few of them for k (a short row): no bound
+    per = 1 if k <= threads else pre
+    bounded = threads * per >= k
     groups = -(-chunks // pre)
     # each round's digit: its shift, and the mask of the digits above it (found before)
     digits = [(bits - 8 * (r + 1), full ^ ((1 << (bits - 8 * r)) - 1)) for r in range(rounds)]
@@ -174,6 +171,66 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
         return (T.cast(kv, u64) << T.uint64(32)) | T.cast(
             T.uint32(0xFFFFFFFF) - T.cast(col, u32), u64)
 
+    @T.macro
+    def select(src, X, row, tx, gm, piece, bufk, hist, st, u, iv):
+        """The k-th largest key of a source into u[1], 8 bits a round from the top, and into
+        iv[0] how many of the keys equal to it are among the k largest, st[4] how many there
+        are: src 0 is the thread's ``per`` maxima ``gm``, 1 the candidate buffer (iv[1]
+        entries), 2 the row."""
+        iv[0] = k  # how many of the keys matching the digits found are still to keep
+        u[1] = T.uint32(0)  # the digits found so far
+        for shift, above in digits:
+            for j in T.unroll(-(-_BINS // threads)):
+                if j * threads + tx < _BINS:
+                    hist[j * threads + tx] = 0
+            T.sync_threads()
+            if src == 0:
+                for p in T.unroll(per):
+                    if (gm[p] & T.uint32(above)) == u[1]:
+                        T.atomic_add(hist[T.cast((gm[p] >> shift) & T.uint32(255), i32)], 1)
+            elif src == 1:
+                for j in T.serial(-(-cap // threads)):
+                    if j * threads + tx < iv[1]:
+                        u[2] = bufk[j * threads + tx]
+                        if (u[2] & T.uint32(above)) == u[1]:
+                            T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
+            else:
+                for c in T.serial(chunks):
+                    if exact or c * chunk + tx * vec < n:
+                        for i in T.vectorized(vec):
+                            piece[i] = X[row, c * chunk + tx * vec + i]
+                        for i in T.unroll(vec):
+                            u[2] = key(piece[i])
+                            if (u[2] & T.uint32(above)) == u[1]:
+                                T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)],
+                                             1)
+            T.sync_threads()
+            # warp 0 finds the bin holding the iv[0]-th largest: each lane sums 8 bins, from
+            # the top, and an inclusive scan over the lanes says whose they are
+            if tx < _WARP:
+                iv[3] = 0
+                for j in T.unroll(8):
+                    iv[3] += hist[_BINS - 1 - 8 * tx - j]
+                iv[4] = iv[3]
+                for s in T.unroll(5):
+                    iv[5] = T.shfl_up(iv[4], 1 << s)
+                    if tx >= (1 << s):
+                        iv[4] += iv[5]
+                iv[5] = iv[4] - iv[3]  # the count in the bins above this lane's
+                if iv[5] < iv[0] and iv[0] <= iv[4]:
+                    iv[6] = 0  # found
+                    for j in T.unroll(8):
+                        iv[7] = hist[_BINS - 1 - 8 * tx - j]
+                        if iv[6] == 0 and iv[5] + iv[7] >= iv[0]:
+                            st[2] = _BINS - 1 - 8 * tx - j
+                            st[3] = iv[5]
+                            st[4] = iv[7]
+                            iv[6] = 1
+                        iv[5] += iv[7]
+            T.sync_threads()
+            iv[0] -= st[3]
+            u[1] = u[1] | (T.cast(st[2], u32) << shift)
+
     @T.prim_func
     def main(X: T.Tensor((M, n), dtype), V: T.Tensor((M, k), dtype),
              Idx: T.Tensor((M, k), "int64")):
@@ -185,46 +242,31 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
             piece = T.alloc_local((vec,), dtype)
             kv = T.alloc_local((vec,), u32)
             sw = T.alloc_local((1,), u64)
-            u = T.alloc_local((4,), u32)  # group max / tau, prefix, scratch
+            gm = T.alloc_local((per,), u32)  # the bound's maxima
+            u = T.alloc_local((4,), u32)  # tau, the selected key, scratch
             iv = T.alloc_local((8,), i32)  # kk, count, scratch
             bufk = T.alloc_shared((cap,), u32)
             bufi = T.alloc_shared((cap,), i32)
             srt = T.alloc_shared((sort,), u64)
             hist = T.alloc_shared((_BINS,), i32)
             st = T.alloc_shared((8,), i32)  # count, sorted, bin, above, in bin, scan total
-            wsu = T.alloc_shared((warps,), u32)
             wsi = T.alloc_shared((warps,), i32)
 
-            # 1. the bound: the held chunks, each thread's (or piece's) largest key
+            # 1. the bound: the k-th largest of the held chunks' thread (or piece) maxima
             for c in T.unroll(pre):
                 if exact or c * chunk + tx * vec < n:
                     for i in T.vectorized(vec):
                         held[c * vec + i] = X[row, c * chunk + tx * vec + i]
-            u[0] = T.uint32(0xFFFFFFFF) if per_piece else T.uint32(0)
+            for p in T.unroll(per):
+                gm[p] = T.uint32(0)
             for c in T.unroll(pre):
-                u[2] = T.uint32(0)
                 for i in T.unroll(vec):
                     if exact or c * chunk + tx * vec < n:
-                        u[2] = T.max(u[2], key(held[c * vec + i]))
-                if per_piece:
-                    u[0] = T.min(u[0], u[2])
-                else:
-                    u[0] = T.max(u[0], u[2])
-            if not bounded:
-                u[0] = T.uint32(0)
-            else:
-                if gs > 1:
-                    for s in T.unroll(gs.bit_length() - 1):
-                        u[0] = T.max(u[0], T.shfl_xor(u[0], gs >> (s + 1)))
-                for s in T.unroll(5):
-                    u[0] = T.min(u[0], T.shfl_xor(u[0], 16 >> s))
-                if warps > 1:
-                    if lane == 0:
-                        wsu[warp] = u[0]
-                    T.sync_threads()
-                    u[0] = wsu[0]
-                    for w in T.unroll(1, warps):
-                        u[0] = T.min(u[0], wsu[w])
+                        gm[c % per] = T.max(gm[c % per], key(held[c * vec + i]))
+            u[0] = T.uint32(0)
+            if bounded:
+                select(0, X, row, tx, gm, piece, bufk, hist, st, u, iv)
+                u[0] = u[1]
             if tx == 0:
                 st[0] = 0
                 st[1] = 0
@@ -250,56 +292,11 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
             T.sync_threads()
             iv[1] = st[0]  # candidates (more than cap: the buffer overflowed)
 
-            # 3. radix select, 8 bits a round from the top
-            iv[0] = k  # how many of the elements matching the prefix are still to keep
-            u[1] = T.uint32(0)  # the digits found so far
-            for shift, above in digits:
-                above_mask = T.uint32(above)
-                for j in T.unroll(-(-_BINS // threads)):
-                    if j * threads + tx < _BINS:
-                        hist[j * threads + tx] = 0
-                T.sync_threads()
-                if iv[1] <= cap:
-                    for j in T.serial(-(-cap // threads)):
-                        if j * threads + tx < iv[1]:
-                            u[2] = bufk[j * threads + tx]
-                            if (u[2] & above_mask) == u[1]:
-                                T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
-                else:
-                    for c in T.serial(chunks):
-                        if exact or c * chunk + tx * vec < n:
-                            for i in T.vectorized(vec):
-                                piece[i] = X[row, c * chunk + tx * vec + i]
-                            for i in T.unroll(vec):
-                                u[2] = key(piece[i])
-                                if (u[2] & above_mask) == u[1]:
-                                    T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
-                T.sync_threads()
-                # warp 0 finds the bin holding the iv[0]-th largest: each lane sums 8 bins,
-                # from the top, and an inclusive scan over the lanes says whose they are
-                if tx < _WARP:
-                    iv[3] = 0
-                    for j in T.unroll(8):
-                        iv[3] += hist[_BINS - 1 - 8 * tx - j]
-                    iv[4] = iv[3]
-                    for s in T.unroll(5):
-                        iv[5] = T.shfl_up(iv[4], 1 << s)
-                        if tx >= (1 << s):
-                            iv[4] += iv[5]
-                    iv[5] = iv[4] - iv[3]  # the count in the bins above this lane's
-                    if iv[5] < iv[0] and iv[0] <= iv[4]:
-                        iv[6] = 0  # found
-                        for j in T.unroll(8):
-                            iv[7] = hist[_BINS - 1 - 8 * tx - j]
-                            if iv[6] == 0 and iv[5] + iv[7] >= iv[0]:
-                                st[2] = _BINS - 1 - 8 * tx - j
-                                st[3] = iv[5]
-                                st[4] = iv[7]
-                                iv[6] = 1
-                            iv[5] += iv[7]
-                T.sync_threads()
-                iv[0] -= st[3]
-                u[1] = u[1] | (T.cast(st[2], u32) << shift)
+            # 3. radix select of the k-th largest key, from the buffer or, overflowed, the row
+            if iv[1] <= cap:
+                select(1, X, row, tx, gm, piece, bufk, hist, st, u, iv)
+            else:
+                select(2, X, row, tx, gm, piece, bufk, hist, st, u, iv)
             # u[1]: the k-th largest key; iv[0]: how many equal to it are kept; st[4]: how
             # many equal it (all of them in the buffer when it did not overflow)
 
