@@ -86,12 +86,15 @@ class RopeOp(Op):
         self._cache = int(getattr(self, "cache_length", 0))
         #: (device, rotary_dim, long) -> the float64 aux tensor (see aux_layout)
         self._aux: dict[tuple, torch.Tensor | None] = {}
+        #: (device, rotary_dim, long) -> inv_freq in float64, for the reference and contenders
+        self._tables: dict[tuple, torch.Tensor] = {}
 
     # --- what a leaf states ----------------------------------------------------------------------
 
     def inv_freq(self, rotary_dim: int, long: bool) -> torch.Tensor:
-        """The ``rotary_dim / 2`` frequencies in float64 on the CPU (``long``: LongRoPE's
-        long factors; the others have one schedule)."""
+        """The ``rotary_dim / 2`` frequencies in float64, on the CPU or where the op's
+        construction tensors are (``long``: LongRoPE's long factors; the others have one
+        schedule)."""
         return _base_inv_freq(self.base, rotary_dim)
 
     def attention_scale(self) -> float:
@@ -106,13 +109,23 @@ class RopeOp(Op):
         """Whether a call whose largest position is ``max_position`` takes the long table."""
         return False
 
-    def long_of(self, positions: torch.Tensor) -> bool:
-        """:meth:`long_for` the largest of ``positions``, read on the host (the reference and
-        the contenders; the kernels read it on the device). Only a schedule with two tables
-        reads it (a host sync)."""
+    def inv_freq_of(self, positions: torch.Tensor, rd: int) -> torch.Tensor:
+        """The float64 frequencies a call at ``positions`` rotates by, on their device, for
+        the reference and the contenders: a schedule with two tables picks one by the largest
+        position with tensor ops (no host sync, so it also runs on fake tensors and under
+        torch.compile); the kernels read that position on the device."""
+        short = self._table(positions.device, rd, False)
         if type(self).long_for is RopeOp.long_for or not positions.numel():
-            return False
-        return self.long_for(int(positions.max()))
+            return short
+        top = positions.max().to(torch.float64)
+        return torch.where(top + 1 > self.original_max_position,
+                           self._table(positions.device, rd, True), short)
+
+    def _table(self, device: Any, rd: int, long: bool) -> torch.Tensor:
+        t = self._tables.get((device, rd, long))
+        if t is None:
+            t = self._tables[(device, rd, long)] = self.inv_freq(rd, long).to(device)
+        return t
 
     # --- the call ---------------------------------------------------------------------------------
 
@@ -172,7 +185,8 @@ class RopeOp(Op):
         elif freq is FreqSource.SWITCH:
             parts += [self.inv_freq(rd, False), self.inv_freq(rd, True)]
         if self._cache:
-            cos, sin = self.cos_sin(torch.arange(self._cache, dtype=torch.float64), rd, long)
+            cos, sin = self.cos_sin(torch.arange(self._cache, dtype=torch.float64),
+                                    self.inv_freq(rd, long))
             parts += [cos.reshape(-1), sin.reshape(-1)]
         aux = None
         if parts:
@@ -181,11 +195,10 @@ class RopeOp(Op):
             self._aux[(device, rd, long)] = aux
         return aux
 
-    def cos_sin(self, positions: torch.Tensor, rd: int, long: bool) -> tuple:
+    def cos_sin(self, positions: torch.Tensor, inv: torch.Tensor) -> tuple:
         """``cos, sin`` (float64, ``[*positions.shape, rd / 2]``, scaled by the attention
-        factor) of the float64 ``positions``."""
-        inv = self.inv_freq(rd, long).to(positions.device)
-        ang = positions[..., None] * inv
+        factor) of the float64 ``positions`` and frequencies ``inv``."""
+        ang = positions[..., None] * inv.to(positions.device)
         m = self.attention_scale()
         return torch.cos(ang) * m, torch.sin(ang) * m
 
@@ -199,7 +212,7 @@ class RopeOp(Op):
             pos = torch.arange(s, dtype=torch.float64, device=q.device).expand(b, s)
         else:
             pos = position_ids.to(torch.float64)
-        cos, sin = self.cos_sin(pos, rd, self.long_of(pos))
+        cos, sin = self.cos_sin(pos, self.inv_freq_of(pos, rd))
         if self.inverse:
             sin = -sin
         wide = torch.float64 if q.dtype == torch.float64 else torch.float32
@@ -212,18 +225,13 @@ class RopeOp(Op):
         op = self
         bhsd = self._layout is RopeLayout.BHSD
         style, inverse, inplace = self._style, self.inverse, self._inplace
-        tables: dict = {}
 
         def rope(q, k, position_ids=None):
             b, s, d = q.shape[0], q.shape[2 if bhsd else 1], q.shape[-1]
             rd = d if op.rotary_dim is None else op.rotary_dim
             pos = (torch.arange(s, device=q.device)[None].expand(b, s)
                    if position_ids is None else position_ids)
-            long = op.long_of(pos)
-            inv = tables.get((q.device, rd, long))
-            if inv is None:
-                inv = tables[(q.device, rd, long)] = op.inv_freq(rd, long).float().to(q.device)
-            freqs = pos[..., None].float() * inv
+            freqs = pos[..., None].float() * op.inv_freq_of(pos, rd).float()
             m = op.attention_scale()
             cos, sin = (freqs.cos() * m).to(q.dtype), (freqs.sin() * m).to(q.dtype)
             if inverse:
@@ -401,13 +409,15 @@ class _LongRope(RopeOp):
                              f"factors, got {f.numel()}")
         pos_freqs = self.base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64)
                                   / rotary_dim)
-        return 1.0 / (f.detach().to("cpu", torch.float64) * pos_freqs)
+        # on the factors' device (the call's, after step 3: meta tensors give meta tables)
+        return 1.0 / (f.detach().to(torch.float64) * pos_freqs.to(f.device))
 
 
 def _factors(op: Op, name: str, value: Any) -> torch.Tensor | None:
     if value is None:
         return None
-    t = torch.as_tensor(value)
+    # a sequence of numbers is read in float64 (as_tensor would round it to float32 first)
+    t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value, dtype=torch.float64)
     if t.dim() != 1 or not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
         raise ValueError(f"{type(op).__name__}: {name} must be a 1-D sequence of numbers, got "
                          f"a tensor of shape {tuple(t.shape)} and dtype {t.dtype}")
@@ -442,7 +452,6 @@ def _liger_rope(op: RopeOp) -> Any:
     if op._style is not RopeStyle.NEOX or op._inplace or op.inverse:
         return None  # Liger rotates halves, into new tensors
     bhsd = op._layout is RopeLayout.BHSD
-    tables: dict = {}
 
     def liger_rope(q, k, position_ids=None):
         b, s, d = q.shape[0], q.shape[2 if bhsd else 1], q.shape[-1]
@@ -450,11 +459,7 @@ def _liger_rope(op: RopeOp) -> Any:
             raise NotImplementedError("Liger's RoPE rotates the whole head")
         pos = (torch.arange(s, device=q.device)[None].expand(b, s)
                if position_ids is None else position_ids)
-        long = op.long_of(pos)
-        inv = tables.get((q.device, long))
-        if inv is None:
-            inv = tables[(q.device, long)] = op.inv_freq(d, long).float().to(q.device)
-        freqs = pos[..., None].float() * inv
+        freqs = pos[..., None].float() * op.inv_freq_of(pos, d).float()
         emb = torch.cat((freqs, freqs), dim=-1)
         m = op.attention_scale()
         cos, sin = (emb.cos() * m).to(q.dtype), (emb.sin() * m).to(q.dtype)
