@@ -1,0 +1,126 @@
+"""The rotary position embedding layer: :class:`RotaryEmbedding`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from tileops.ops import (
+    RopeLlama31FwdOp,
+    RopeLongRopeFwdOp,
+    RopeNeoxFwdOp,
+    RopeNonNeoxFwdOp,
+    RopeYarnFwdOp,
+)
+
+from ._holder import HoldsOp
+
+__all__ = ["RotaryEmbedding"]
+
+#: Hugging Face's ``rope_scaling`` keys -> the op's params, per ``rope_type``
+_SCALING = {
+    "llama3": (RopeLlama31FwdOp, {"factor": "factor", "low_freq_factor": "low_freq_factor",
+                                  "high_freq_factor": "high_freq_factor",
+                                  "original_max_position_embeddings":
+                                      "original_max_position"}),
+    "yarn": (RopeYarnFwdOp, {"factor": "factor", "beta_fast": "beta_fast",
+                             "beta_slow": "beta_slow", "attention_factor": "attention_factor",
+                             "original_max_position_embeddings": "original_max_position"}),
+    "longrope": (RopeLongRopeFwdOp, {"short_factor": "short_factor",
+                                     "long_factor": "long_factor",
+                                     "original_max_position_embeddings":
+                                         "original_max_position"}),
+}
+
+
+class RotaryEmbedding(HoldsOp, nn.Module):
+    """``forward(q, k, position_ids=None) -> (q_out, k_out)``: q and k rotated in one launch.
+
+    The layer stands for the two halves of a Hugging Face attention block's RoPE (the rotary
+    module making cos/sin and ``apply_rotary_pos_emb``): the op computes the angles itself,
+    so the layer holds no tensor and its ``state_dict`` is empty, as the rotary module's is
+    (its ``inv_freq`` buffer is not persistent). ``scaling`` is a model config's
+    ``rope_scaling`` (``rope_type`` ``default``, ``llama3``, ``yarn`` or ``longrope`` with
+    their keys; ``max_position_embeddings`` is the model's, for LongRoPE's attention factor).
+    ``interleaved`` pairs columns (2j, 2j + 1) as GPT-J does (Llama and most models rotate
+    halves); ``layout`` is ``"bshd"`` ([B, S, H, D], as the projections produce) or
+    ``"bhsd"``; ``cache_length`` > 0 reads cos/sin of the first positions from a table (not
+    with LongRoPE); ``inplace`` writes q and k. ``target`` is the op's."""
+
+    def __init__(self, head_dim: int, rotary_dim: int | None = None, base: float = 10000.0, *,
+                 interleaved: bool = False, layout: str = "bshd",
+                 scaling: dict[str, Any] | None = None, max_position_embeddings: int | None = None,
+                 cache_length: int = 0, inplace: bool = False,
+                 target: str | None = None) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.rotary_dim = rotary_dim
+        self.base = base
+        self.interleaved = interleaved
+        self.layout = layout
+        self.scaling = dict(scaling) if scaling else None
+        self.max_position_embeddings = max_position_embeddings
+        self.cache_length = cache_length
+        self.inplace = inplace
+        self.target = target
+        self._build_op()
+
+    op_attrs = ("head_dim", "rotary_dim", "base", "interleaved", "layout", "scaling",
+                "max_position_embeddings", "cache_length", "inplace")
+
+    def _build_op(self) -> Any:
+        scaling = self.scaling or {}
+        # transformers' older configs name it "type"
+        rope_type = scaling.get("rope_type", scaling.get("type", "default"))
+        common = {"rotary_dim": self.rotary_dim, "base": self.base, "layout": self.layout,
+                  "inplace": self.inplace}
+        if rope_type == "default":
+            cls = RopeNonNeoxFwdOp if self.interleaved else RopeNeoxFwdOp
+            params = {**common, "cache_length": self.cache_length}
+        elif rope_type in _SCALING:
+            cls, keys = _SCALING[rope_type]
+            unknown = sorted(set(scaling) - set(keys) - {"rope_type", "type"})
+            if unknown:
+                raise ValueError(f"RotaryEmbedding: scaling key {unknown[0]!r} is not a key of "
+                                 f"rope_type {rope_type!r} ({', '.join(keys)})")
+            params = {**common, "interleaved": self.interleaved,
+                      **{keys[k]: v for k, v in scaling.items() if k in keys}}
+            if rope_type == "longrope":
+                if self.cache_length:
+                    raise ValueError("RotaryEmbedding: rope_type 'longrope' computes every "
+                                     "angle (its table depends on the call); cache_length "
+                                     "must be 0")
+                if self.max_position_embeddings is not None:
+                    params["max_position"] = self.max_position_embeddings
+            else:
+                params["cache_length"] = self.cache_length
+        else:
+            raise ValueError(f"RotaryEmbedding: rope_type must be one of default, "
+                             f"{', '.join(_SCALING)}, got {rope_type!r}")
+        op = cls(**params, target=self.target)
+        self.__dict__["_op"] = op
+        return op
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                position_ids: torch.Tensor | None = None) -> tuple:
+        d = q.shape[-1]
+        if d != self.head_dim:
+            raise ValueError(f"RotaryEmbedding: q has head_dim {d}, the layer was made for "
+                             f"{self.head_dim}")
+        if position_ids is None:
+            return self.op(q, k)
+        return self.op(q, k, position_ids)
+
+    def extra_repr(self) -> str:
+        parts = [f"head_dim={self.head_dim}"]
+        if self.rotary_dim is not None:
+            parts.append(f"rotary_dim={self.rotary_dim}")
+        parts.append(f"base={self.base}")
+        for name, default in (("interleaved", False), ("layout", "bshd"), ("scaling", None),
+                              ("cache_length", 0), ("inplace", False)):
+            v = getattr(self, name)
+            if v != default:
+                parts.append(f"{name}={v!r}")
+        return ", ".join(parts) + self._target_repr()
