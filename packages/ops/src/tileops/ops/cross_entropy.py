@@ -1,0 +1,177 @@
+"""Cross-entropy over class indices: the loss and its gradient.
+
+:class:`CrossEntropyOp` is the family base of both ops. They share the call spec
+(:class:`~tileops.kernels.cross_entropy.CrossEntropySpec`: the row count and vocabulary the
+signature check read, the logits' dtype and the options), built once a configuration from the
+op's params (:meth:`CrossEntropyOp.derive` reads them once), and the layout the kernels read:
+contiguous ``(N, V)`` logits and gradient, a contiguous ``(N,)`` int64 target and a float32
+loss gradient (a view where the caller's tensor is one, else a copy: the gradient of a sum of
+the per-row losses arrives as an expanded scalar).
+
+The gradient is its own op (:class:`CrossEntropyBwdOp`, the entry's ``backward:`` block): the
+forward saves the logits and the target only, and the backward's kernel recomputes each row's
+log-sum-exp (two passes over the row, the second from L2) before it writes the gradient once.
+Computing the gradient in the forward, as Liger-Kernel does (the row read once, the gradient
+written in place of the logits, the backward only scaling it), saves one read of the logits
+but needs a forward output the caller does not see and a backward that writes a saved tensor;
+the spec's ``backward:`` block has neither (``docs/`` and the family's report say what it
+would take).
+
+Each op's reference, torch eager function and Liger-Kernel peer are declared here once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, get_args
+
+import torch
+import torch.nn.functional as F
+
+from tileops.kernels.cross_entropy import (
+    CrossEntropyBwdInterface,
+    CrossEntropyBwdKernel,
+    CrossEntropyDType,
+    CrossEntropyFwdInterface,
+    CrossEntropyFwdKernel,
+    CrossEntropySpec,
+    Reduction,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = ["CrossEntropyBwdOp", "CrossEntropyFwdOp", "CrossEntropyOp"]
+
+#: the dtypes the cross-entropy kernels state they serve
+_KERNEL_DTYPES = frozenset(get_args(CrossEntropyDType))
+
+
+class CrossEntropyOp(Op):
+    """Family base of the cross-entropy ops (see the module docstring)."""
+
+    def derive(self) -> None:
+        self._reduction = Reduction(self.reduction)
+        #: the call spec's fields that the params fix
+        self._options = dict(ignore_index=self.ignore_index, reduction=self._reduction,
+                             label_smoothing=float(self.label_smoothing),
+                             lse_square_scale=float(self.lse_square_scale),
+                             softcap=None if self.softcap is None else float(self.softcap))
+
+    def _entry(self, call: Any, interface: type, logits: torch.Tensor) -> Any:
+        rows, classes = logits.shape
+        dtype = logits.dtype
+        key = (call.device, dtype, rows, classes)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "cross-entropy")
+            entry = self.kernel_for(key, interface, lambda: CrossEntropySpec(
+                device=call.device, rows=rows, classes=classes, dtype=NAMES[dtype],
+                **self._options))
+        return entry
+
+    # --- shared by the references ---------------------------------------------------------
+
+    def _rows(self, logits: torch.Tensor, target: torch.Tensor) -> tuple:
+        """``(z, lse, valid, safe target)`` in float32 (float64 for float64 logits)."""
+        x = logits if logits.dtype == torch.float64 else logits.float()
+        z = x if self.softcap is None else self.softcap * torch.tanh(x / self.softcap)
+        valid = target != self.ignore_index
+        return z, torch.logsumexp(z, dim=-1), valid, torch.where(valid, target, 0)
+
+    def _count(self, valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return valid.sum().to(like.dtype)
+
+
+class CrossEntropyFwdOp(CrossEntropyOp):
+    kernel_types = {CrossEntropyFwdInterface: (CrossEntropyFwdKernel,)}
+
+    def forward(self, call, logits, target, loss) -> None:
+        entry = self._entry(call, CrossEntropyFwdInterface, logits)
+        entry(logits.contiguous(), target.contiguous(), loss)
+
+    def reference(self, call, logits, target):
+        z, lse, valid, t = self._rows(logits, target)
+        eps = self.label_smoothing
+        rows = lse - (1.0 - eps) * z.gather(1, t[:, None])[:, 0]
+        if eps > 0.0:
+            rows = rows - eps * z.mean(dim=-1)
+        if self.lse_square_scale > 0.0:
+            rows = rows + self.lse_square_scale * lse * lse
+        rows = torch.where(valid, rows, 0.0)
+        if self._reduction is Reduction.NONE:
+            return (rows,)
+        if self._reduction is Reduction.SUM:
+            return (rows.sum(),)
+        return (rows.sum() / self._count(valid, rows),)
+
+    def eager(self):
+        ignore, reduction, eps = self.ignore_index, self.reduction, self.label_smoothing
+        zscale, softcap = self.lse_square_scale, self.softcap
+
+        def cross_entropy(logits, target):  # torch.nn.functional.cross_entropy
+            z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+            if zscale == 0.0:
+                return F.cross_entropy(z, target, ignore_index=ignore, reduction=reduction,
+                                       label_smoothing=eps).float()
+            # the z-loss: scale * lse^2 of each row not ignored, reduced as the loss is
+            rows = F.cross_entropy(z, target, ignore_index=ignore, reduction="none",
+                                   label_smoothing=eps).float()
+            valid = target != ignore
+            lse = torch.logsumexp(z.float(), dim=-1)
+            rows = rows + torch.where(valid, zscale * lse * lse, 0.0)
+            if reduction == "none":
+                return rows
+            return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+        return cross_entropy
+
+    peers = {"liger": lambda op: _liger_ce(op)}
+
+
+class CrossEntropyBwdOp(CrossEntropyOp):
+    kernel_types = {CrossEntropyBwdInterface: (CrossEntropyBwdKernel,)}
+
+    def forward(self, call, logits, target, dloss, dlogits) -> None:
+        entry = self._entry(call, CrossEntropyBwdInterface, logits)
+        g = dloss if dloss.dtype == torch.float32 else dloss.float()
+        entry(logits.contiguous(), target.contiguous(), g.contiguous(), dlogits)
+
+    def reference(self, call, logits, target, dloss):
+        z, lse, valid, t = self._rows(logits, target)
+        eps, zscale = self.label_smoothing, self.lse_square_scale
+        p = torch.softmax(z, dim=-1)
+        if zscale > 0.0:
+            p = p * (1.0 + 2.0 * zscale * lse)[:, None]
+        g = p - eps / z.shape[-1]
+        g = g.scatter_add(1, t[:, None], torch.full_like(g[:, :1], -(1.0 - eps)))
+        if self.softcap is not None:
+            g = g * (1.0 - (z / self.softcap) ** 2)
+        d = dloss.to(g.dtype)
+        if self._reduction is Reduction.NONE:
+            scale = d[:, None]
+        elif self._reduction is Reduction.SUM:
+            scale = d
+        else:
+            scale = d / self._count(valid, g)
+        return (torch.where(valid[:, None], g * scale, 0.0),)
+
+
+# --- Liger-Kernel peer (present when liger_kernel is installed) ---------------------------------
+
+
+def _liger_ce(op: CrossEntropyFwdOp) -> Any:
+    try:
+        from liger_kernel.transformers.functional import liger_cross_entropy
+    except ImportError:
+        return None
+    options = dict(ignore_index=op.ignore_index, reduction=op.reduction,
+                   label_smoothing=op.label_smoothing, lse_square_scale=op.lse_square_scale,
+                   softcap=op.softcap)
+
+    def liger_cross_entropy_loss(logits, target):
+        out = liger_cross_entropy(logits, target, **options)
+        # versions differ: a tensor, a (loss, z_loss) tuple, or an output with .loss
+        out = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+        return out.float()
+
+    return liger_cross_entropy_loss
