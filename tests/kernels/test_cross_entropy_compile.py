@@ -1,0 +1,90 @@
+"""The cross-entropy kernels lower and compile for sm_90 on a machine without a GPU.
+
+Each compiled configuration stands for one code path of the generated programs (why it exists
+is on its line); the launch plans are checked over the whole input space without compiling.
+"""
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import cross_entropy as C
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
+
+PLAIN = (-100, 0.0, 0.0, None)
+EVERY = (-1, 0.1, 1e-4, 30.0)  # smoothing, z-loss and softcap, another ignore_index
+
+ROWS = [
+    # (classes, dtype, options, grad, per_row_scale)
+    pytest.param(128256, "bfloat16", PLAIN, False, False, id="loss-llama3-16B"),
+    pytest.param(7, "float32", PLAIN, False, False, id="loss-narrower-than-a-warp"),
+    pytest.param(4097, "bfloat16", EVERY, True, True, id="grad-odd-per-row-scale"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("classes", "dtype", "options", "grad", "per_row"), ROWS)
+def test_rows_program_compiles_for_sm90(classes, dtype, options, grad, per_row):
+    src = C.build_rows_kernel(classes, dtype, options, grad, per_row, 132,
+                              "sm_90").get_kernel_source()
+    threads, vec, _, ctas = C.rows_plan(classes, dtype, grad)
+    assert f"__launch_bounds__({threads}" in src
+    if vec * C._ITEMSIZE[dtype] == 16:
+        assert "uint4" in src  # 16-byte accesses where the row allows them
+    assert "CUDART_NAN_F" in src  # a target outside [0, V) gives NaN
+    assert ("tanhf" in src) == (options[3] is not None)
+    assert (f"/ {ctas})" in src) == grad  # the persistent row loop
+    if threads > 32:
+        assert "__syncthreads" in src  # the cross-warp merge
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("mean", "grad"), [(True, False), (True, True)],
+                         ids=["loss-mean", "grad-mean-scale"])
+def test_finish_program_compiles_for_sm90(mean, grad):
+    src = C.build_finish_kernel(-100, mean, grad, "sm_90").get_kernel_source()
+    assert "__launch_bounds__(1024" in src
+    assert ("/ acc[1]" in src) == mean
+
+
+@settings(max_examples=300, deadline=None)
+@given(classes=st.integers(1, 1 << 20), dtype=st.sampled_from(sorted(C._DTYPES)),
+       grad=st.booleans(), sms=st.sampled_from([108, 132, 144]))
+def test_rows_plan(classes, dtype, grad, sms):
+    threads, vec, per, ctas = C.rows_plan(classes, dtype, grad, sms)
+    item = C._ITEMSIZE[dtype]
+    assert classes % vec == 0 and vec * item <= 16  # aligned accesses on every row
+    assert 32 <= threads <= (1024 if grad else 512) and threads & (threads - 1) == 0
+    accesses = -(-classes // vec)
+    want = 1 << max(0, (-(-accesses // per) - 1).bit_length())  # a power of two >= accesses/per
+    assert threads == max(32, min(1024 if grad else 512, want))
+    if not grad:
+        assert ctas == 0
+        return
+    per_sm = ctas // sms
+    assert ctas % sms == 0 and per_sm >= 1 and per_sm * threads <= 1024  # all resident
+    if per_sm > 1:  # more than one CTA an SM only while the rows in flight fit the budget
+        assert ctas * classes * item <= C._L2_ROW_BUDGET
+
+
+def test_spec_refuses_what_the_kernels_do_not_serve():
+    ok = dict(device="cuda", rows=4, classes=7, dtype="bfloat16", ignore_index=-100,
+              reduction=C.Reduction.MEAN, label_smoothing=0.0, lse_square_scale=0.0,
+              softcap=None)
+    C.CrossEntropySpec(**ok)
+    for bad, msg in [({"dtype": "float64"}, "CrossEntropySpec.dtype must be one of bfloat16, "
+                                            "float16, float32, got 'float64'"),
+                     ({"classes": 0}, "CrossEntropySpec.classes must be > 0, got 0"),
+                     ({"label_smoothing": 1.5}, "CrossEntropySpec.label_smoothing must be in "
+                                                "[0, 1], got 1.5"),
+                     ({"softcap": 0.0}, "CrossEntropySpec.softcap must be > 0 or None, got 0.0")]:
+        with pytest.raises(ValueError) as info:
+            C.CrossEntropySpec(**{**ok, **bad})
+        assert str(info.value) == msg
+    with pytest.raises(TypeError, match="CrossEntropySpec.reduction must be a Reduction, got "
+                                        "'mean'"):
+        C.CrossEntropySpec(**{**ok, "reduction": "mean"})
