@@ -1,0 +1,160 @@
+"""The cross-entropy ops on the CPU (the reference target): torch's loss and gradient in
+float64 for every option (torch's own where it has the option, the closed forms of the z-loss
+and the softcap otherwise), gradcheck with the integer target kept int64, the compiled
+training step, the eager contender, and the refusals.
+
+The generic gradient tests cast every input to float64, the class indices too; these tests
+hold the gradient contract for an op with an integer input.
+"""
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from functorch.compile import make_boxed_func  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+from torch._dynamo.backends.common import aot_autograd  # noqa: E402
+
+from tileops.ops import CrossEntropyBwdOp, CrossEntropyFwdOp  # noqa: E402
+from tileops.signature import ConstructionError, SignatureCallError  # noqa: E402
+
+
+def _inputs(n, v, ignored=(), seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    x = (3 * torch.randn(n, v, generator=g, dtype=torch.float64)).to(dtype)
+    t = torch.randint(0, v, (n,), generator=g)
+    for i in ignored:
+        t[i] = -100
+    return x, t
+
+
+def _torch_loss(x, t, *, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
+                softcap=None, ignore_index=-100):
+    """The loss composed of torch functions in float64 (the z-loss and softcap in closed
+    form: torch has neither)."""
+    z = x if softcap is None else softcap * torch.tanh(x / softcap)
+    rows = F.cross_entropy(z, t, reduction="none", ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    rows = rows + torch.where(valid, lse_square_scale * torch.logsumexp(z, -1) ** 2, 0.0)
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+
+OPTIONS = st.fixed_dictionaries({
+    "reduction": st.sampled_from(["none", "mean", "sum"]),
+    "label_smoothing": st.sampled_from([0.0, 0.1, 1.0]),
+    "lse_square_scale": st.sampled_from([0.0, 1e-2]),
+    "softcap": st.sampled_from([None, 2.0]),
+})
+
+
+@settings(max_examples=40, deadline=None)
+@given(options=OPTIONS, n=st.integers(1, 6), v=st.integers(1, 9), seed=st.integers(0, 99),
+       ignored=st.sets(st.integers(0, 5)))
+def test_loss_and_gradient_are_torchs(options, n, v, seed, ignored):
+    x, t = _inputs(n, v, [i for i in ignored if i < n], seed)
+    x.requires_grad_(True)
+    got = CrossEntropyFwdOp(**options)(x, t)
+    xe = x.detach().clone().requires_grad_(True)
+    want = _torch_loss(xe, t, **options)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    w = torch.randn(want.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    if not want.isnan().any():
+        torch.testing.assert_close(x.grad, xe.grad, rtol=1e-10, atol=1e-12)
+
+
+def test_mean_over_no_rows_is_nan_as_torchs():
+    x, t = _inputs(4, 5, ignored=range(4))
+    assert CrossEntropyFwdOp()(x, t).isnan()
+    assert F.cross_entropy(x, t).isnan()
+    assert CrossEntropyFwdOp(reduction="sum")(x, t) == 0
+
+
+def test_a_narrow_logits_dtype_gives_a_float32_loss():
+    x, t = _inputs(3, 7, dtype=torch.bfloat16)
+    loss = CrossEntropyFwdOp()(x, t)
+    assert loss.dtype == torch.float32 and loss.shape == ()
+    torch.testing.assert_close(loss, F.cross_entropy(x.double(), t).float(), rtol=1e-6,
+                               atol=1e-6)
+    assert CrossEntropyFwdOp(reduction="none")(x, t).shape == (3,)
+
+
+@pytest.mark.parametrize("options", [{}, {"reduction": "none", "softcap": 3.0},
+                                     {"reduction": "sum", "label_smoothing": 0.2,
+                                      "lse_square_scale": 0.1}])
+def test_gradcheck_float64(options):
+    x, t = _inputs(3, 5, ignored=[1])
+    x.requires_grad_(True)
+    op = CrossEntropyFwdOp(**options)
+    assert torch.autograd.gradcheck(lambda x: op(x, t), (x,))
+
+
+def test_the_backward_reads_a_strided_upstream_gradient():
+    x, t = _inputs(4, 6, ignored=[2])
+    dloss = torch.randn(8, dtype=torch.float64)[::2]  # every other element
+    got = CrossEntropyBwdOp(reduction="none")(x, t, dloss)
+    xe = x.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(_torch_loss(xe, t, reduction="none"), xe, dloss)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_compiled_training_step_holds_both_ops_and_matches_eager():
+    torch._dynamo.reset()
+    x, t = _inputs(5, 7, ignored=[0])
+    op = CrossEntropyFwdOp(label_smoothing=0.1)
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
+        return make_boxed_func(gm.forward)
+
+    f = torch.compile(lambda x, t: op(x, t), fullgraph=True,
+                      backend=aot_autograd(fw_compiler=record, bw_compiler=record))
+    xc = x.clone().requires_grad_(True)
+    (got,) = torch.autograd.grad(f(xc, t), xc)
+    assert len(graphs) == 2
+    assert any("cross_entropy_fwd" in s for s in graphs[0]), graphs[0]
+    assert any("cross_entropy_bwd" in s for s in graphs[1]), graphs[1]
+    xe = x.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(F.cross_entropy(xe, t, label_smoothing=0.1), xe)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("options", [{}, {"lse_square_scale": 0.1, "reduction": "none"},
+                                     {"softcap": 2.0, "reduction": "sum"}])
+def test_the_eager_contender_computes_the_loss(options):
+    x, t = _inputs(4, 9, ignored=[3])
+    op = CrossEntropyFwdOp(**options)
+    torch.testing.assert_close(op.eager()(x, t), op(x, t).float(), rtol=1e-6, atol=1e-6)
+
+
+def test_refusals_name_the_op_the_argument_and_what_was_seen():
+    with pytest.raises(ConstructionError) as info:
+        CrossEntropyFwdOp(label_smoothing=1.5)
+    lines = str(info.value).splitlines()
+    assert lines[0] == ("CrossEntropyFwdOp: construction param label_smoothing does not match "
+                        "the signature")
+    assert lines[2] == "  seen:     label_smoothing = 1.5"
+    with pytest.raises(ConstructionError) as info:
+        CrossEntropyFwdOp(reduction="avg")
+    assert "  because:  reduction must be one of 'none', 'mean', 'sum'" in str(info.value)
+    with pytest.raises(SignatureCallError) as info:
+        CrossEntropyFwdOp()(torch.randn(3, 7), torch.zeros(3))
+    assert str(info.value).splitlines()[3] == ("  because:  target.dtype must be int64, but is "
+                                               "float32")
+
+
+def test_the_kernels_refuse_float64_naming_the_reference_target():
+    op = CrossEntropyFwdOp()
+    with pytest.raises(TypeError) as info:
+        op._entry(type("Call", (), {"device": torch.device("cuda")})(),
+                  None, torch.empty(2, 3, dtype=torch.float64, device="meta"))
+    assert str(info.value) == (
+        "CrossEntropyFwdOp: the in-tree cross-entropy kernels serve bfloat16, float16, "
+        "float32, not float64; construct the op with target='reference' for float64")
