@@ -220,8 +220,9 @@ class RopeOp(Op):
                      for x in (q, k))
 
     def eager(self):
-        """transformers' form: cos/sin in float32 from float32 frequencies and positions,
-        rounded to the tensors' dtype, then ``x * cos + rotate_half(x) * sin``."""
+        """transformers' form: cos/sin in float32 from float32 frequencies and positions (in
+        float64 for float64 tensors), rounded to the tensors' dtype, then
+        ``x * cos + rotate_half(x) * sin``."""
         op = self
         bhsd = self._layout is RopeLayout.BHSD
         style, inverse, inplace = self._style, self.inverse, self._inplace
@@ -231,7 +232,9 @@ class RopeOp(Op):
             rd = d if op.rotary_dim is None else op.rotary_dim
             pos = (torch.arange(s, device=q.device)[None].expand(b, s)
                    if position_ids is None else position_ids)
-            freqs = pos[..., None].float() * op.inv_freq_of(pos, rd).float()
+            # float32 as transformers computes them; float64 for float64 tensors
+            wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+            freqs = pos[..., None].to(wide) * op.inv_freq_of(pos, rd).to(wide)
             m = op.attention_scale()
             cos, sin = (freqs.cos() * m).to(q.dtype), (freqs.sin() * m).to(q.dtype)
             if inverse:
