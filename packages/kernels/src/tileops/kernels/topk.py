@@ -148,9 +148,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
     per = 1 if k <= threads else pre
     bounded = threads * per >= k
     groups = -(-chunks // pre)
-    # each round's digit: its shift, and the mask of the digits above it (found before)
-    digits = [(bits - 8 * (r + 1), full ^ ((1 << (bits - 8 * r)) - 1)) for r in range(rounds)]
-    stages = [(1 << a, 1 << b) for a in range(1, sort.bit_length()) for b in range(a - 1, -1, -1)]
+    log_sort = sort.bit_length() - 1
 
     def raw(v):
         """The bits of element ``v`` as uint32."""
@@ -179,20 +177,23 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
         entries), 2 the row."""
         iv[0] = k  # how many of the keys matching the digits found are still to keep
         u[1] = T.uint32(0)  # the digits found so far
-        for shift, above in digits:
+        for r in T.serial(rounds):
+            # this round's digit: its shift, and the mask of the digits above it (found before)
+            u[3] = T.uint32(full) ^ (T.uint32(full) >> T.cast(8 * r, u32))
+            shift = T.cast(bits - 8 - 8 * r, u32)
             for j in T.unroll(-(-_BINS // threads)):
                 if j * threads + tx < _BINS:
                     hist[j * threads + tx] = 0
             T.sync_threads()
             if src == 0:
                 for p in T.unroll(per):
-                    if (gm[p] & T.uint32(above)) == u[1]:
+                    if (gm[p] & u[3]) == u[1]:
                         T.atomic_add(hist[T.cast((gm[p] >> shift) & T.uint32(255), i32)], 1)
             elif src == 1:
                 for j in T.serial(-(-cap // threads)):
                     if j * threads + tx < iv[1]:
                         u[2] = bufk[j * threads + tx]
-                        if (u[2] & T.uint32(above)) == u[1]:
+                        if (u[2] & u[3]) == u[1]:
                             T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)], 1)
             else:
                 for c in T.serial(chunks):
@@ -201,7 +202,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                             piece[i] = X[row, c * chunk + tx * vec + i]
                         for i in T.unroll(vec):
                             u[2] = key(piece[i])
-                            if (u[2] & T.uint32(above)) == u[1]:
+                            if (u[2] & u[3]) == u[1]:
                                 T.atomic_add(hist[T.cast((u[2] >> shift) & T.uint32(255), i32)],
                                              1)
             T.sync_threads()
@@ -363,16 +364,20 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
 
             # 5. bitonic sort, descending: pairs (pos, pos + stride) with pos's stride bit
             # clear, ordered descending where pos's size bit is clear and ascending elsewhere
-            for size, stride in stages:
-                for j in T.unroll(-(-(sort // 2) // threads)):
-                    if j * threads + tx < sort // 2:
-                        iv[2] = 2 * (j * threads + tx) - ((j * threads + tx) & (stride - 1))
-                        if (((iv[2] & size) == 0 and srt[iv[2]] < srt[iv[2] + stride])
-                                or ((iv[2] & size) != 0 and srt[iv[2]] > srt[iv[2] + stride])):
-                            sw[0] = srt[iv[2]]
-                            srt[iv[2]] = srt[iv[2] + stride]
-                            srt[iv[2] + stride] = sw[0]
-                T.sync_threads()
+            for a in T.serial(1, log_sort + 1):
+                for b in T.serial(a):
+                    for j in T.unroll(-(-(sort // 2) // threads)):
+                        if j * threads + tx < sort // 2:
+                            # stride 2^(a-1-b) within bitonic runs of 2^a
+                            iv[3] = 1 << (a - 1 - b)
+                            iv[2] = 2 * (j * threads + tx) - ((j * threads + tx) & (iv[3] - 1))
+                            if (((iv[2] & (1 << a)) == 0 and srt[iv[2]] < srt[iv[2] + iv[3]])
+                                    or ((iv[2] & (1 << a)) != 0
+                                        and srt[iv[2]] > srt[iv[2] + iv[3]])):
+                                sw[0] = srt[iv[2]]
+                                srt[iv[2]] = srt[iv[2] + iv[3]]
+                                srt[iv[2] + iv[3]] = sw[0]
+                    T.sync_threads()
 
             # 6. the values and indices of the first k
             for j in T.serial(-(-k // threads)):
