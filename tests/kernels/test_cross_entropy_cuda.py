@@ -1,0 +1,216 @@
+"""The cross-entropy kernels on a GPU against torch in float64, through the ops as a training
+step calls them (the loss, then its backward).
+
+Fresh random logits (3 sigma, so rows are neither uniform nor one-hot) and targets over the
+whole vocabulary, one row in 32 ignored. Tolerances:
+- the loss within 1e-3 relative of the float64 loss (per row for reduction none; ignored rows
+  exactly 0);
+- each gradient element within ``eps(dtype) + 1e-3`` relative of the float64 gradient (the
+  element is computed in fp32 and rounded once to the logits' dtype), plus float16's smallest
+  subnormal where it underflows (a softmax of 1e-9 is below float16's range).
+
+``python3 tests/kernels/test_cross_entropy_cuda.py --prebuild --workers 15`` compiles every
+program these tests use in spawned processes first, so the tests load them from TileLang's
+disk cache.
+"""
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the prebuild entry point imports from the packages' sources
+    sys.path[:0] = [str(p) for p in sorted(
+        (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from tileops.kernels import cross_entropy as C  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+if __name__ != "__main__" and not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+EVERY = {"label_smoothing": 0.1, "lse_square_scale": 1e-4, "softcap": 30.0}
+
+# (rows, classes, dtype, options): why each exists is on its line
+CASES = [
+    pytest.param(8192, 128256, "bfloat16", {}, id="bar-llama3"),
+    pytest.param(4096, 32000, "float16", {"reduction": "sum"}, id="llama2-fp16-sum"),
+    pytest.param(1024, 262144, "bfloat16", {}, id="v262144-past-l2"),
+    pytest.param(3, 7, "float32", {}, id="tiny-fp32"),
+    pytest.param(3, 7, "bfloat16", {"reduction": "none"}, id="tiny-none"),
+    pytest.param(257, 4097, "bfloat16", {**EVERY, "reduction": "none"}, id="odd-every-option"),
+    pytest.param(1000, 50257, "float32", {"label_smoothing": 0.1}, id="gpt2-fp32-smoothing"),
+    pytest.param(512, 128256, "bfloat16", {"softcap": 30.0, "ignore_index": -1},
+                 id="softcap-other-ignore-index"),
+    pytest.param(600, 32000, "bfloat16", {"lse_square_scale": 1e-4}, id="z-loss-uneven-grid"),
+]
+
+
+def _inputs(n, v, dtype, ignore_index=-100, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = (3 * torch.randn(n, v, generator=g, device="cuda")).to(DTYPES[dtype])
+    t = torch.randint(0, v, (n,), generator=g, device="cuda")
+    t[::32] = ignore_index
+    return x, t
+
+
+def _torch_loss(x, t, reduction="mean", label_smoothing=0.0, lse_square_scale=0.0,
+                softcap=None, ignore_index=-100):
+    z = x if softcap is None else softcap * torch.tanh(x / softcap)
+    rows = F.cross_entropy(z, t, reduction="none", ignore_index=ignore_index,
+                           label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    rows = rows + torch.where(valid, lse_square_scale * torch.logsumexp(z, -1) ** 2, 0.0)
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+
+def _check_grad(got, want, dtype):
+    eps = torch.finfo(DTYPES[dtype]).eps
+    floor = 2.0 ** -24 if dtype == "float16" else 0.0
+    err = (got.double() - want).abs()
+    bad = err > (eps + 1e-3) * want.abs() + floor
+    assert not bad.any(), (f"{int(bad.sum())} gradient elements off, the worst "
+                           f"{float((err / want.abs().clamp_min(1e-30)).max()):.3g} relative")
+
+
+@pytest.mark.parametrize(("n", "v", "dtype", "options"), CASES)
+def test_loss_and_gradient_match_float64(n, v, dtype, options):
+    from tileops.ops import CrossEntropyFwdOp
+
+    op = CrossEntropyFwdOp(**options)
+    x, t = _inputs(n, v, dtype, options.get("ignore_index", -100))
+    xg = x.clone().requires_grad_(True)
+    loss = op(xg, t)
+    x64 = x.double().requires_grad_(True)
+    want = _torch_loss(x64, t, **options)
+    assert loss.dtype == torch.float32 and loss.shape == want.shape
+    torch.testing.assert_close(loss.double(), want, rtol=1e-3, atol=1e-6)
+    if options.get("reduction") == "none":
+        assert (loss[::32] == 0).all()
+    dloss = torch.rand(want.shape, device="cuda", dtype=torch.float64) + 0.5
+    loss.backward(dloss.float())
+    (want_grad,) = torch.autograd.grad(want, x64, dloss)
+    _check_grad(xg.grad, want_grad, dtype)
+    assert (xg.grad[::32] == 0).all()  # ignored rows
+
+
+def test_every_row_ignored_gives_nan_and_zero_gradients():
+    from tileops.ops import CrossEntropyFwdOp
+
+    x, t = _inputs(64, 32000, "bfloat16")
+    t[:] = -100
+    xg = x.clone().requires_grad_(True)
+    loss = CrossEntropyFwdOp()(xg, t)
+    assert loss.isnan() and F.cross_entropy(x.float(), t).isnan()
+    loss.backward()
+    assert (xg.grad == 0).all()  # torch: 0 / 0 scales zero rows to NaN; rows are ignored
+    assert CrossEntropyFwdOp(reduction="sum")(x, t) == 0
+
+
+def test_a_target_outside_the_vocabulary_gives_nan_not_a_stray_read():
+    from tileops.ops import CrossEntropyFwdOp
+
+    x, t = _inputs(4, 100, "bfloat16")
+    t[1], t[2] = 100, -5
+    xg = x.clone().requires_grad_(True)
+    loss = CrossEntropyFwdOp(reduction="none")(xg, t)
+    assert loss[1].isnan() and loss[2].isnan() and loss[3].isfinite()
+    loss.backward(torch.ones_like(loss))
+    assert xg.grad[1:3].isnan().all() and xg.grad[3].isfinite().all()
+
+
+def test_no_rows():
+    from tileops.ops import CrossEntropyFwdOp
+
+    x = torch.empty(0, 100, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    t = torch.empty(0, device="cuda", dtype=torch.long)
+    loss = CrossEntropyFwdOp()(x, t)
+    assert loss.isnan()  # torch's mean over no rows
+    loss.backward()
+    assert x.grad.shape == (0, 100)
+
+
+def test_cuda_graph_replays_the_training_step():
+    from tileops.ops import CrossEntropyFwdOp
+
+    op = CrossEntropyFwdOp()
+    x, t = _inputs(256, 32000, "bfloat16")
+    xg = x.clone().requires_grad_(True)
+    op(xg, t).backward()  # build outside the capture
+    xg.grad = None
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):  # the mean's count stays on the device: nothing syncs
+        loss = op(xg, t)
+        (grad,) = torch.autograd.grad(loss, xg)
+    graph.replay()
+    torch.cuda.synchronize()
+    torch.testing.assert_close(loss.double(), F.cross_entropy(x.double(), t), rtol=1e-3,
+                               atol=1e-6)
+    assert grad.isfinite().all()
+
+
+# --- the prebuild ----------------------------------------------------------------------------
+
+
+def program_keys(sms: int):
+    """The distinct programs the file compiles: ``(builder, args)``, deduplicated."""
+    configs = [(c.values[1], c.values[2], c.values[3]) for c in CASES]
+    configs += [(32000, "bfloat16", {}), (100, "bfloat16", {"reduction": "none"}),
+                (100, "bfloat16", {})]
+    keys = {}
+    for v, dtype, o in configs:
+        opts = (o.get("ignore_index", -100), float(o.get("label_smoothing", 0.0)),
+                float(o.get("lse_square_scale", 0.0)), o.get("softcap"))
+        red = o.get("reduction", "mean")
+        keys[("rows", (v, dtype, opts, False, False, sms))] = None
+        keys[("rows", (v, dtype, opts, True, red == "none", sms))] = None
+        if red != "none":
+            keys[("finish", (opts[0], red == "mean", False))] = None
+        if red == "mean":
+            keys[("finish", (opts[0], True, True))] = None
+    keys[("finish", (-100, False, False))] = None  # the all-ignored sum
+    return list(keys)
+
+
+def _build(key):
+    import time
+
+    t = time.perf_counter()
+    builder = C.build_rows_kernel if key[0] == "rows" else C.build_finish_kernel
+    try:
+        builder(*key[1])
+        status = "ok"
+    except Exception as exc:  # noqa: BLE001 - reported, the others go on
+        status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
+    return f"{key[0]} {key[1][:2]}", time.perf_counter() - t, status
+
+
+def main(argv=None) -> int:
+    import argparse
+    import time
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
+    ap.add_argument("--prebuild", action="store_true", required=True)
+    ap.add_argument("--workers", type=int, default=15)
+    args = ap.parse_args(argv)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    keys = program_keys(sms)
+    t, failed = time.perf_counter(), 0
+    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
+        for what, secs, status in pool.map(_build, keys):
+            failed += status != "ok"
+            print(f"{what} {secs:.1f}s {status}", flush=True)
+    print(f"prebuilt {len(keys)} programs in {time.perf_counter() - t:.0f}s, {failed} failed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
