@@ -1,0 +1,215 @@
+"""The top-k family on the CPU: how TopkFwdOp hands a call to the ``topk_fwd`` slot (the
+``(rows, n)`` view, the copy of a strided or misaligned input, the ``(rows, k)`` outputs), the
+answer its entry promises (ties keep the lowest indices, NaN above every number, -0.0 equal
+to 0.0, the same order whatever ``sorted`` says) against cases written out, the refusals'
+text, and the kernel's plan and bound: the order-preserving keys the program compares
+(mirrored here in torch integer arithmetic) order every value as torch does, and the bound
+the program starts from never passes the k-th largest, over hypothesis rows. The program
+compiles in tests/kernels/test_topk_compile.py and runs on a GPU in
+tests/kernels/test_topk_cuda.py."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tileops.ops as ops
+from tileops.kernels import topk as K
+from tileops.runtime import Kernel
+
+launched: list[tuple] = []
+
+
+class TorchTopkSlot(Kernel, K.TopkInterface):
+    """The slot on the CPU: checks what the op hands over, then answers with a stable sort."""
+
+    devices = ("cpu",)
+    general = True
+
+    @classmethod
+    def entry_for(cls, spec, op):
+        def run(x, values, indices):
+            launched.append((spec.rows, spec.n, spec.k, spec.dtype, spec.largest))
+            assert tuple(x.shape) == (spec.rows, spec.n) and x.is_contiguous()
+            assert x.data_ptr() % 16 == 0
+            assert tuple(values.shape) == tuple(indices.shape) == (spec.rows, spec.k)
+            assert indices.dtype == torch.int64 and values.dtype == x.dtype
+            v, i = torch.sort(x, dim=1, descending=spec.largest, stable=True)
+            values.copy_(v[:, :spec.k])
+            indices.copy_(i[:, :spec.k])
+
+        return run
+
+
+def _in_tree(**params):
+    return ops.TopkFwdOp(kernel_map={"topk_fwd": TorchTopkSlot}, **params)
+
+
+@pytest.mark.parametrize(("shape", "k", "view"), [
+    ((5, 7), 3, (5, 7)),
+    ((2, 3, 9), 4, (6, 9)),
+    ((9,), 9, (1, 9)),  # one row, every element
+    ((0, 6), 2, (0, 6)),  # no rows
+])
+def test_the_rows_are_handed_over_as_a_matrix(shape, k, view):
+    x = torch.randn(shape)
+    vals, idx = _in_tree(k=k)(x)
+    assert launched.pop() == (*view, k, "float32", True)
+    assert vals.shape == idx.shape == (*shape[:-1], k)
+    torch.testing.assert_close(vals, torch.topk(x, k).values)
+
+
+def test_a_strided_or_misaligned_input_is_copied_and_the_caller_keeps_its_tensor():
+    base = torch.randn(12, 10)
+    for x in (base.t(), base[:, 1:], base.view(-1)[1:100].view(9, 11)):
+        before = x.clone()
+        vals, idx = _in_tree(k=3, largest=False)(x)
+        launched.pop()
+        torch.testing.assert_close(vals, torch.topk(x, 3, largest=False).values)
+        assert torch.equal(torch.gather(x, 1, idx), vals)
+        assert torch.equal(x, before)
+
+
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(("row", "k", "largest", "values", "indices"), [
+    # equal values: the lowest indices, in index order
+    ([1.0, 3.0, 3.0, 2.0, 3.0], 2, True, [3.0, 3.0], [1, 2]),
+    ([1.0, 3.0, 3.0, 2.0, 3.0], 4, True, [3.0, 3.0, 3.0, 2.0], [1, 2, 4, 3]),
+    ([2.0, 1.0, 1.0, 1.0], 2, False, [1.0, 1.0], [1, 2]),
+    # NaN above every number, and infinities in their place
+    ([0.0, _NAN, _INF, -_INF, _NAN], 3, True, [_NAN, _NAN, _INF], [1, 4, 2]),
+    ([0.0, _NAN, _INF, -_INF, _NAN], 2, False, [-_INF, 0.0], [3, 0]),
+    ([_NAN, 1.0], 2, False, [1.0, _NAN], [1, 0]),
+    # -0.0 equals 0.0: index order between them, each keeping its sign
+    ([-0.0, 0.0, -1.0], 2, True, [-0.0, 0.0], [0, 1]),
+    ([0.0, -0.0, 1.0], 2, False, [0.0, -0.0], [0, 1]),
+])
+@pytest.mark.parametrize("sort", [True, False])
+def test_the_answer_is_the_stable_sorts(row, k, largest, values, indices, sort):
+    x = torch.tensor([row])
+    for op in (_in_tree(k=k, largest=largest, sorted=sort),
+               ops.TopkFwdOp(k=k, largest=largest, sorted=sort, target="reference")):
+        vals, idx = op(x)
+        launched.clear()
+        assert idx.tolist() == [indices]
+        assert torch.equal(vals.isnan(), torch.tensor([values]).isnan())
+        got = vals[0].tolist()
+        for g, w in zip(got, values, strict=True):
+            assert (math.isnan(g) and math.isnan(w)) or (g == w and math.copysign(1, g)
+                                                         == math.copysign(1, w))
+
+
+def test_float64_is_refused_by_name_on_the_in_tree_kernels():
+    with pytest.raises(TypeError) as err:
+        _in_tree(k=1)(torch.zeros(2, 3, dtype=torch.float64))
+    assert str(err.value) == (
+        "TopkFwdOp: the in-tree top-k kernels serve bfloat16, float16, float32, not float64; "
+        "construct the op with target='reference' for float64")
+    assert not launched
+
+
+@pytest.mark.parametrize(("k", "dim", "shape", "rule", "bound"), [
+    (8, -1, (3, 7), "0 <= k <= N", "N = 7, k = 8"),
+    (-1, -1, (3, 7), "0 <= k <= N", "N = 7, k = -1"),
+    (2, 0, (3, 7), "dim == -1 or dim == len(B)", "B = [3], dim = 0"),
+])
+def test_a_bad_k_or_dim_is_refused_naming_the_rule_and_the_sizes(k, dim, shape, rule, bound):
+    with pytest.raises(Exception) as err:
+        ops.TopkFwdOp(k=k, dim=dim)(torch.zeros(shape))
+    text = str(err.value)
+    assert text.startswith("TopkFwdOp: argument x does not match the signature")
+    assert f"because:  refinement '{rule}' does not hold (" in text
+    for part in bound.split(", "):
+        assert part in text
+
+
+def test_the_call_spec_refuses_a_k_above_the_row():
+    with pytest.raises(ValueError, match=r"TopkSpec: k \(8\) exceeds the row length \(7\)"):
+        K.TopkSpec(device="cuda", rows=1, n=7, k=8, dtype="float32", largest=True)
+
+
+# --- the plan and the bound ------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 1 << 19), data=st.data(),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
+def test_the_plan_fits_the_row(n, data, dtype):
+    k = data.draw(st.integers(0, min(n, 1024)))
+    threads, vec, pre, cap, sort = K.topk_plan(n, k, dtype)
+    assert threads & (threads - 1) == 0 and 32 <= threads <= 512
+    assert n % vec == 0 and vec * K._ITEMSIZE[dtype] <= 16
+    assert 1 <= pre <= K._PRE and (pre - 1) * threads * vec < n  # every held chunk has some
+    assert cap & (cap - 1) == 0 and cap <= K._CAP_LARGE
+    assert sort & (sort - 1) == 0 and sort >= 2 * k  # the k kept and as many ties
+    smem = cap * 8 + sort * 8 + K._BINS * 4
+    assert smem <= 227 * 1024  # an H100/H200 CTA's shared memory
+
+
+def _keys(x: torch.Tensor, largest: bool) -> torch.Tensor:
+    """The program's keys of ``x`` (see the kernels module): int64 holding the unsigned key."""
+    name = str(x.dtype).removeprefix("torch.")
+    bits, inf = K._KEY[name]
+    raw = x.view(torch.int32 if bits == 32 else torch.int16).to(torch.int64) & ((1 << bits) - 1)
+    full, sign = (1 << bits) - 1, 1 << (bits - 1)
+    mag = raw & (full >> 1)
+    ordered = torch.where(raw >= sign, (~raw) & full, raw | sign)
+    kv = torch.where(mag > inf, full, torch.where(mag == 0, sign, ordered))
+    return kv if largest else full - kv
+
+
+def _bound(kv: torch.Tensor, k: int, plan: tuple) -> int:
+    """The program's bound for one row of keys: the k-th largest of the held chunks' thread
+    maxima (piece maxima for k above the thread count), 0 where they are fewer than k."""
+    threads, vec, pre, _, _ = plan
+    held = torch.zeros(pre * threads * vec, dtype=torch.int64)
+    m = min(kv.numel(), held.numel())
+    held[:m] = kv[:m]
+    pieces = held.view(pre, threads, vec).amax(2)
+    maxima = pieces.amax(0) if k <= threads else pieces.flatten()
+    if maxima.numel() < k or k == 0:
+        return 0
+    return int(maxima.sort(descending=True).values[k - 1])
+
+
+_SPECIAL = [0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1.0, -1.0, 1e-40, -1e-40]
+
+
+@settings(max_examples=150, deadline=None)
+@given(n=st.integers(1, 5000), data=st.data(), largest=st.booleans(),
+       dtype=st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+       kind=st.sampled_from(["normal", "few-values", "ascending", "descending", "special"]))
+def test_the_keys_order_as_torch_and_the_bound_keeps_the_k_largest(n, data, largest, dtype,
+                                                                    kind):
+    k = data.draw(st.integers(1, min(n, 1024)))
+    g = torch.Generator().manual_seed(n * 7 + k)
+    x = {"normal": lambda: torch.randn(n, generator=g),
+         "few-values": lambda: torch.randint(0, 3, (n,), generator=g).float(),
+         "ascending": lambda: torch.arange(n, dtype=torch.float32),
+         "descending": lambda: -torch.arange(n, dtype=torch.float32),
+         "special": lambda: torch.tensor(_SPECIAL)[torch.randint(0, len(_SPECIAL), (n,),
+                                                                 generator=g)]}[kind]().to(dtype)
+    kv = _keys(x, largest)
+    # the greatest (key, -index) pairs are the stable sort's first k, in its order
+    order = sorted(range(n), key=lambda i: (-int(kv[i]), i))[:k]
+    want = torch.sort(x.float(), descending=largest, stable=True).indices[:k]
+    assert order == want.tolist()
+    bound = _bound(kv, k, K.topk_plan(n, k, str(dtype).removeprefix("torch.")))
+    assert int((kv >= bound).sum()) >= k
+    assert bound <= int(kv[order[-1]])
+
+
+def test_the_bound_keeps_few_candidates_of_logits():
+    """What the buffer sizes are chosen for: normal logits fit the buffer (the one pass), at
+    k = 50 in a quarter of it (about 400 of 128256, 800 of 262144; k = 1024 keeps 8%)."""
+    for n, k, share in ((128256, 50, 4), (262144, 50, 4), (131072, 1024, 1)):
+        plan = K.topk_plan(n, k, "bfloat16")
+        x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
+        kv = _keys(x, True)
+        assert int((kv >= _bound(kv, k, plan)).sum()) <= plan[3] // share
