@@ -18,11 +18,13 @@ computations as functions over a cache of op instances.
 from . import functional
 from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .linear import Linear
+from .loss import CrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 
 __all__ = [
     "ColumnParallelLinear",
+    "CrossEntropyLoss",
     "FusedAddRMSNorm",
     "GELU",
     "LayerNorm",

@@ -1,0 +1,91 @@
+"""tileops.nn.CrossEntropyLoss: torch.nn.CrossEntropyLoss's constructor and behaviour over
+(N, C) logits and class indices, on the ops (the reference target on the CPU), and its
+refusals of what the op does not compute."""
+
+from __future__ import annotations
+
+import copy
+import pickle
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import tileops.nn as tnn
+
+
+def _inputs(n=6, c=11, seed=0, ignore_index=-100):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, generator=g, dtype=torch.float64)
+    t = torch.randint(0, c, (n,), generator=g)
+    t[2] = ignore_index
+    return x, t
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"},
+                                {"label_smoothing": 0.2}, {"ignore_index": 3}])
+def test_the_loss_and_its_gradient_are_torchs(kw):
+    ours, theirs = tnn.CrossEntropyLoss(**kw), nn.CrossEntropyLoss(**kw)
+    assert isinstance(ours, nn.CrossEntropyLoss)
+    assert repr(ours) == repr(theirs)
+    x, t = _inputs(ignore_index=kw.get("ignore_index", -100))
+    xa, xb = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    got, want = ours(xa, t), theirs(xb, t)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    w = torch.rand(want.shape, dtype=torch.float64)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_the_op_keywords_and_the_repr():
+    layer = tnn.CrossEntropyLoss(lse_square_scale=1e-2, softcap=3.0)
+    assert repr(layer) == "CrossEntropyLoss(lse_square_scale=0.01, softcap=3.0)"
+    x, t = _inputs()
+    z = 3.0 * torch.tanh(x / 3.0)
+    valid = t != -100
+    want = (F.cross_entropy(z, t, reduction="none")
+            + torch.where(valid, 1e-2 * torch.logsumexp(z, -1) ** 2, 0.0)).sum() / valid.sum()
+    torch.testing.assert_close(layer(x, t), want, rtol=1e-12, atol=1e-12)
+
+
+def test_a_bfloat16_input_gives_a_float32_loss():
+    x, t = _inputs()
+    loss = tnn.CrossEntropyLoss()(x.bfloat16(), t)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, F.cross_entropy(x.bfloat16().double(), t).float())
+
+
+def test_pickle_copy_and_a_changed_attribute():
+    layer = tnn.CrossEntropyLoss(label_smoothing=0.1)
+    x, t = _inputs()
+    want = F.cross_entropy(x, t, label_smoothing=0.1)
+    for twin in (pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer)):
+        torch.testing.assert_close(twin(x, t), want)
+    layer.reduction = "sum"
+    torch.testing.assert_close(layer(x, t), F.cross_entropy(x, t, label_smoothing=0.1,
+                                                            reduction="sum"))
+    assert layer.op.reduction == "sum"
+
+
+def test_what_the_op_does_not_compute_is_refused():
+    with pytest.raises(ValueError) as info:
+        tnn.CrossEntropyLoss(weight=torch.ones(5))
+    assert str(info.value) == ("CrossEntropyLoss: weight= (a weight per class) is not "
+                               "supported; expected None, got a tensor of shape (5,)")
+    with pytest.raises(ValueError) as info:
+        tnn.CrossEntropyLoss(reduce=False)
+    assert str(info.value) == ("CrossEntropyLoss: reduce= is deprecated in torch and not "
+                               "supported; expected None, got False (use reduction=)")
+    layer = tnn.CrossEntropyLoss()
+    with pytest.raises(ValueError) as info:
+        layer(torch.randn(2, 3, 5), torch.zeros(2, 5, dtype=torch.long))
+    assert str(info.value) == ("CrossEntropyLoss: input must be (N, C) logits, got shape "
+                               "(2, 3, 5); flatten the positions into N rows")
+    with pytest.raises(ValueError) as info:
+        layer(torch.randn(2, 5), torch.rand(2, 5))
+    assert str(info.value) == ("CrossEntropyLoss: target must be int64 class indices; class "
+                               "probabilities (torch.float32) are not supported")
+    with pytest.raises(Exception, match="label_smoothing"):
+        tnn.CrossEntropyLoss(label_smoothing=2.0)  # the op's construction check
