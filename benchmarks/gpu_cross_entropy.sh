@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One GPU session for the cross-entropy family: unpack the bundle, prebuild the kernels the GPU
+# tests and the spec workloads use (parallel processes), the GPU tests of the kernels, the ops
+# and the harness, then the benchmarks: tileops bench of the spec workloads (against torch
+# eager, a fresh torch.compile per workload and Liger-Kernel) and benchmarks/cross_entropy.py,
+# forward + backward and peak memory of the loss and the fused linear loss at the bars. Logs
+# and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench).
+# About 10 minutes on one H200.
+STAGES=${STAGES:-prebuild tests bench}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
+  local log=$1; shift
+  "$@" 2>&1 | grep -v "TileLang" | tee "$OUT/$log" | tail -n "${TAIL:-30}"
+  echo "== $log: exit ${PIPESTATUS[0]}"
+}
+for stage in $STAGES; do case $stage in
+  prebuild)
+    TAIL=3 run prebuild_tests.log python3 tests/kernels/test_cross_entropy_cuda.py --prebuild --workers 15
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family cross_entropy --workers 15 ;;
+  tests)
+    TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_cross_entropy_cuda.py -q -p no:cacheprovider
+    TAIL=20 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k CrossEntropy -q -p no:cacheprovider --maxfail=20 ;;
+  bench)
+    TAIL=40 run bench_ce.log python3 -m tileops.ops.cli bench --name cross_entropy_fwd --out "$OUT" --no-plot CrossEntropyFwdOp
+    TAIL=40 run train_ce.log python3 benchmarks/cross_entropy.py --out "$OUT" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+esac; done
