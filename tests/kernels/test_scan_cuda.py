@@ -133,15 +133,28 @@ def test_a_transposed_input_is_scanned_as_torch_does():
 # --- the prebuild ----------------------------------------------------------------------------
 
 
+def _workloads():
+    """``(kind, shape, dim, dtype name)`` of the ops' spec workloads at full size, so that the
+    prebuild also covers the harness's and the benchmarks' calls."""
+    from tileops.ops import CumprodFwdOp, CumsumFwdOp
+    from tileops.ops.workloads import cases_of
+
+    return [(cls.kind.value, tuple(c.inputs[0].shape), c.params["dim"], c.inputs[0].dtype)
+            for cls in (CumsumFwdOp, CumprodFwdOp) for c in cases_of(cls)]
+
+
 def program_keys():
-    """The distinct programs the file compiles: ``(builder, arguments)``, deduplicated."""
+    """The distinct programs the file and the spec workloads compile: ``(builder,
+    arguments)``, deduplicated."""
     keys = {}
-    cases = [*CASES, ("sum", (300, 4096), 1, torch.float32)]
-    for kind, shape, dim, dtype in cases:
+    cases = [(kind, shape, dim, str(dtype).removeprefix("torch."))
+             for kind, shape, dim, dtype in CASES]
+    cases += [("sum", (300, 4096), 1, "float32"), *_workloads()]
+    for kind, shape, dim, name in cases:
         d = dim % len(shape)
         outer, length, inner = math.prod(shape[:d]), shape[d], math.prod(shape[d + 1:])
-        name = "uint8" if dtype == torch.bool else str(dtype).removeprefix("torch.")
-        if outer * length * inner == 0:
+        name = "uint8" if name == "bool" else name
+        if outer * length * inner == 0 or name not in K._SCAN_DTYPES:
             continue
         if inner == 1:
             plan = K.row_plan(length, name, outer)
