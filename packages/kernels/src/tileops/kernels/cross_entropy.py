@@ -42,6 +42,7 @@ the multiply), so any row count is one launch.
 
 import enum
 import functools
+import math
 from typing import Any, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
@@ -447,9 +448,12 @@ class CrossEntropyFwdKernel(_CrossEntropyKernel, CrossEntropyFwdInterface):
 
     def __call__(self, logits, target, loss) -> None:
         rows = logits.shape[0]
+        if not rows:  # nothing to launch over: torch's mean of no rows is NaN, its sum 0
+            if self.finish is not None:
+                loss.fill_(math.nan if self._reduction is Reduction.MEAN else 0.0)
+            return
         per_row = loss if self.finish is None else loss.new_empty((rows,))
-        if rows:
-            self.rows(logits, target, per_row)
+        self.rows(logits, target, per_row)
         if self.finish is not None:
             self.finish(per_row, target, loss.view(1))
 
@@ -470,6 +474,8 @@ class CrossEntropyBwdKernel(_CrossEntropyKernel, CrossEntropyBwdInterface):
 
     def __call__(self, logits, target, dloss, dlogits) -> None:
         rows = logits.shape[0]
+        if not rows:
+            return
         if self._none:
             g = dloss
         elif self.scale is not None:
@@ -477,6 +483,5 @@ class CrossEntropyBwdKernel(_CrossEntropyKernel, CrossEntropyBwdInterface):
             self.scale(target, dloss.view(1), g)
         else:
             g = dloss.view(1)
-        if rows:
-            self.rows(logits, target, g, dlogits)
+        self.rows(logits, target, g, dlogits)
 

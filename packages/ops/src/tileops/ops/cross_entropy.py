@@ -87,7 +87,7 @@ class CrossEntropyFwdOp(CrossEntropyOp):
 
     def forward(self, call, logits, target, loss) -> None:
         entry = self._entry(call, CrossEntropyFwdInterface, logits)
-        entry(logits.contiguous(), target.contiguous(), loss)
+        entry(_laid(logits), target.contiguous(), loss)
 
     def reference(self, call, logits, target):
         z, lse, valid, t = self._rows(logits, target)
@@ -134,7 +134,7 @@ class CrossEntropyBwdOp(CrossEntropyOp):
     def forward(self, call, logits, target, dloss, dlogits) -> None:
         entry = self._entry(call, CrossEntropyBwdInterface, logits)
         g = dloss if dloss.dtype == torch.float32 else dloss.float()
-        entry(logits.contiguous(), target.contiguous(), g.contiguous(), dlogits)
+        entry(_laid(logits), target.contiguous(), g.contiguous(), dlogits)
 
     def reference(self, call, logits, target, dloss):
         z, lse, valid, t = self._rows(logits, target)
@@ -154,6 +154,14 @@ class CrossEntropyBwdOp(CrossEntropyOp):
         else:
             scale = d / self._count(valid, g)
         return (torch.where(valid[:, None], g * scale, 0.0),)
+
+
+def _laid(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte aligned address (the kernels read 16-byte vectors): a
+    view where it is one already, else a copy."""
+    if t.is_contiguous() and t.data_ptr() % 16 == 0:
+        return t
+    return t.contiguous() if not t.is_contiguous() else t.clone()
 
 
 # --- Liger-Kernel peer (present when liger_kernel is installed) ---------------------------------
