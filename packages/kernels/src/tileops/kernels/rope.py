@@ -398,7 +398,7 @@ class RopeKernel(Kernel, RopeInterface):
         self._placeholders: dict[Any, tuple] = {}
 
     def __call__(self, q, k, pos, maxpos, aux, q_out, k_out) -> None:
-        if q.numel() == 0:
+        if q.numel() == 0 and k.numel() == 0:  # no token (or no head) to rotate
             return
         if pos is None or maxpos is None or aux is None:
             holder = self._placeholders.get(q.device)
