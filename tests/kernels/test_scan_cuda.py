@@ -36,13 +36,14 @@ if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available()
 
 #: (kind, shape, dim, dtype): why each exists is on its line
 CASES = [
-    ("sum", (600, 8192), -1, torch.bfloat16),  # 16-byte loads, 512 threads, two chunks
-    ("sum", (600, 4097), 1, torch.bfloat16),  # scalar accesses, a predicated tail
-    ("sum", (64, 8192), -1, torch.bfloat16),  # few rows: two segments of a chunk each
+    ("sum", (1100, 16384), -1, torch.bfloat16),  # 16-byte loads, 512 threads, two chunks
+    ("sum", (1100, 8193), 1, torch.bfloat16),  # scalar accesses, a predicated tail
+    ("sum", (600, 8192), -1, torch.bfloat16),  # one chunk
+    ("sum", (64, 65536), -1, torch.bfloat16),  # few rows: eight segments of a chunk each
     ("sum", (3, 7), 1, torch.float32),  # one warp, most of it idle
     ("prod", (3, 7), 1, torch.bfloat16),
-    ("sum", (1, 1 << 20), -1, torch.bfloat16),  # one long row over 256 segments
-    ("sum", (2, (1 << 20) + 3), -1, torch.float32),  # two chunks a segment, an odd tail
+    ("sum", (1, 1 << 20), -1, torch.bfloat16),  # one long row over 128 segments
+    ("sum", (2, 3_000_001), -1, torch.float32),  # two chunks a segment, an odd tail
     ("prod", (3, 200003), 1, torch.float32),
     ("sum", (8192, 4096), 0, torch.bfloat16),  # a leading dim, segmented
     ("sum", (2048, 1000), 0, torch.float16),  # inner off the 16-byte vector

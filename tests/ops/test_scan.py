@@ -161,7 +161,8 @@ def test_a_strided_plan_covers_the_axis_in_unrolled_steps(length, inner, outer, 
 
 
 def test_few_rows_are_split_and_many_are_not():
-    assert K.row_plan(1 << 20, "bfloat16", 1)[3] == 256  # a 2^20 row over 256 CTAs
+    assert K.row_plan(1 << 20, "bfloat16", 1)[3] == 128  # a 2^20 row over 128 CTAs
     assert K.row_plan(8192, "bfloat16", 4096)[3] == 1
-    assert K.strided_plan(8192, 4096, "bfloat16", 1)[2:] == (128, 64)  # dim 0 of 8192 x 4096
+    assert K.row_plan(3_000_001, "float32", 2)[3:] == (367, 8192)  # two chunks a segment
+    assert K.strided_plan(8192, 4096, "bfloat16", 1)[2:] == (256, 32)  # dim 0 of 8192 x 4096
     assert K.strided_plan(32, 64, "float16", 16)[2] == 2

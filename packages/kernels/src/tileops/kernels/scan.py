@@ -9,7 +9,7 @@ compiled in; ``outer`` is a launch-time size.
 Two implementations serve the one slot :class:`ScanInterface`:
 
 :class:`ScanRowKernel` -- ``inner == 1``: each row is walked in chunks by one CTA. A thread
-    reads ``per`` contiguous elements (16 bytes, in the widest accesses the row's alignment
+    reads ``per`` contiguous elements (32 bytes, in the widest accesses the row's alignment
     allows), scans them in registers, the threads' totals are scanned with warp shuffles and
     across warps through shared memory, and the chunk's total is carried to the next chunk.
 :class:`ScanStridedKernel` -- any ``inner`` (the general one): threads lie along ``inner``
@@ -53,13 +53,13 @@ __all__ = [
 
 _VECTOR_BYTES = 16
 _WARP = 32
-#: CTAs a call should launch at least before its scanned axis is split: four per SM of an
+#: CTAs a call should launch at least before its scanned axis is split: eight per SM of an
 #: H100/H200 (132 SMs)
-_WANT_CTAS = 528
+_WANT_CTAS = 1056
 _ROW_THREADS = 512
 _STRIDED_THREADS = 128
-#: rows a thread of the strided walk reads before it scans them
-_UNROLL = 4
+#: rows a thread of the strided walk reads before it scans them (eight 16-byte loads in flight)
+_UNROLL = 8
 #: the fewest rows of the scanned axis a strided segment holds
 _MIN_SEGMENT_ROWS = 16
 
@@ -134,11 +134,12 @@ def _vec(n: int, dtype: str) -> int:
 
 def row_plan(n: int, dtype: str, rows: int) -> tuple[int, int, int, int, int]:
     """``(threads, vec, per, segs, seg_len)`` of the row scan: each thread scans ``per``
-    contiguous elements of a chunk of ``threads * per``, read ``vec`` at a time; a row is cut
+    contiguous elements (32 bytes: two 16-byte loads in flight) of a chunk of
+    ``threads * per``, read ``vec`` at a time; a row is cut
     into ``segs`` segments of ``seg_len`` elements (a multiple of the chunk), split only when
     the rows alone launch fewer than :data:`_WANT_CTAS` CTAs."""
     vec = _vec(n, dtype)
-    per = max(vec, _VECTOR_BYTES // _ITEMSIZE[dtype])
+    per = max(vec, 2 * _VECTOR_BYTES // _ITEMSIZE[dtype])
     threads = min(_ROW_THREADS, max(_WARP, _pow2_at_least(-(-n // per))))
     chunk = threads * per
     chunks = max(1, -(-n // chunk))
