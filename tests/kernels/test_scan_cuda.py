@@ -91,7 +91,7 @@ def _check(kind, x, dim, got):
         bound = 2.0 ** -18 * torch.cumsum(x.double().abs(), dim)
     else:
         d = dim % x.dim()
-        k = torch.arange(x.shape[d], device="cuda", dtype=torch.float64)
+        k = torch.arange(x.shape[d], device=x.device, dtype=torch.float64)
         k = k.view([-1 if i == d else 1 for i in range(x.dim())])
         bound = 8 * torch.sqrt(k + 1) * 2.0 ** -24 * ref.abs()
     err = (got.double() - ref).abs()
