@@ -17,7 +17,8 @@ Two implementations serve the one slot :class:`ScanInterface`:
     running values, reading ``unroll`` rows before it scans them so that several loads are in
     flight.
 
-Both split the scanned axis into segments when the call alone would not fill the GPU (one long
+Every grid is one-dimensional (the row count or ``outer`` alone may pass the 65535 a grid's
+second and third dimensions allow). Both split the scanned axis into segments when the call alone would not fill the GPU (one long
 row, or a leading dim over few columns): a first program writes each segment's total (a sum
 or a product in the accumulation dtype) and the scan program starts each segment from the
 combination of the totals before it. That reads the input twice, which costs a third of the
@@ -229,7 +230,9 @@ def row_program(kind: str, n: int, dtype: str, totals: bool, threads: int, vec: 
     if totals:
         @T.prim_func
         def main(X: T.Tensor((M, n), dtype), Tot: T.Tensor((M, segs), acc)):
-            with T.Kernel(segs, M, threads=threads) as (sx, row):
+            with T.Kernel(M * segs, threads=threads) as bid:
+                row = bid // segs
+                sx = bid % segs
                 tx = T.get_thread_binding()
                 vals = T.alloc_local((per,), acc)
                 piece = T.alloc_local((vec,), dtype)
@@ -248,7 +251,9 @@ def row_program(kind: str, n: int, dtype: str, totals: bool, threads: int, vec: 
 
     @T.macro
     def body(X, Tot, Y):
-        with T.Kernel(segs, M, threads=threads) as (sx, row):
+        with T.Kernel(M * segs, threads=threads) as bid:
+            row = bid // segs
+            sx = bid % segs
             tx = T.get_thread_binding()
             lane = tx % _WARP
             warp = tx // _WARP
@@ -331,7 +336,10 @@ def strided_program(kind: str, length: int, inner: int, dtype: str, totals: bool
 
     @T.macro
     def walk(X, Tot, Y):
-        with T.Kernel(blocks, segs, B, threads=threads) as (bx, sx, o):
+        with T.Kernel(B * segs * blocks, threads=threads) as bid:
+            o = bid // (segs * blocks)
+            sx = bid // blocks % segs
+            bx = bid % blocks
             tx = T.get_thread_binding()
             col = (bx * threads + tx) * vec
             run = T.alloc_local((vec,), acc)
