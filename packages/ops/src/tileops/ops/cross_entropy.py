@@ -69,17 +69,47 @@ class CrossEntropyOp(Op):
                 **self._options))
         return entry
 
-    # --- shared by the references ---------------------------------------------------------
+    # --- shared by the references: x is the logits in float32, or float64 -----------------
 
-    def _rows(self, logits: torch.Tensor, target: torch.Tensor) -> tuple:
-        """``(z, lse, valid, safe target)`` in float32 (float64 for float64 logits)."""
-        x = logits if logits.dtype == torch.float64 else logits.float()
+    def _rows(self, x: torch.Tensor, target: torch.Tensor) -> tuple:
+        """``(z, lse, valid, safe target)``."""
         z = x if self.softcap is None else self.softcap * torch.tanh(x / self.softcap)
         valid = target != self.ignore_index
         return z, torch.logsumexp(z, dim=-1), valid, torch.where(valid, target, 0)
 
-    def _count(self, valid: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-        return valid.sum().to(like.dtype)
+    def _loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        z, lse, valid, t = self._rows(x, target)
+        eps = self.label_smoothing
+        rows = lse - (1.0 - eps) * z.gather(1, t[:, None])[:, 0]
+        if eps > 0.0:
+            rows = rows - eps * z.mean(dim=-1)
+        if self.lse_square_scale > 0.0:
+            rows = rows + self.lse_square_scale * lse * lse
+        rows = torch.where(valid, rows, 0.0)
+        if self._reduction is Reduction.NONE:
+            return rows
+        if self._reduction is Reduction.SUM:
+            return rows.sum()
+        return rows.sum() / valid.sum().to(rows.dtype)
+
+    def _grad(self, x: torch.Tensor, target: torch.Tensor, dloss: torch.Tensor) -> torch.Tensor:
+        z, lse, valid, t = self._rows(x, target)
+        eps, zscale = self.label_smoothing, self.lse_square_scale
+        p = torch.softmax(z, dim=-1)
+        if zscale > 0.0:
+            p = p * (1.0 + 2.0 * zscale * lse)[:, None]
+        g = p - eps / z.shape[-1]
+        g = g.scatter_add(1, t[:, None], torch.full_like(g[:, :1], -(1.0 - eps)))
+        if self.softcap is not None:
+            g = g * (1.0 - (z / self.softcap) ** 2)
+        d = dloss.to(g.dtype)
+        if self._reduction is Reduction.NONE:
+            scale = d[:, None]
+        elif self._reduction is Reduction.SUM:
+            scale = d
+        else:
+            scale = d / valid.sum().to(g.dtype)
+        return torch.where(valid[:, None], g * scale, 0.0)
 
 
 class CrossEntropyFwdOp(CrossEntropyOp):
@@ -90,19 +120,7 @@ class CrossEntropyFwdOp(CrossEntropyOp):
         entry(_laid(logits), target.contiguous(), loss)
 
     def reference(self, call, logits, target):
-        z, lse, valid, t = self._rows(logits, target)
-        eps = self.label_smoothing
-        rows = lse - (1.0 - eps) * z.gather(1, t[:, None])[:, 0]
-        if eps > 0.0:
-            rows = rows - eps * z.mean(dim=-1)
-        if self.lse_square_scale > 0.0:
-            rows = rows + self.lse_square_scale * lse * lse
-        rows = torch.where(valid, rows, 0.0)
-        if self._reduction is Reduction.NONE:
-            return (rows,)
-        if self._reduction is Reduction.SUM:
-            return (rows.sum(),)
-        return (rows.sum() / self._count(valid, rows),)
+        return (self._loss(_wide(logits), target),)
 
     def eager(self):
         ignore, reduction, eps = self.ignore_index, self.reduction, self.label_smoothing
@@ -137,23 +155,12 @@ class CrossEntropyBwdOp(CrossEntropyOp):
         entry(_laid(logits), target.contiguous(), g.contiguous(), dlogits)
 
     def reference(self, call, logits, target, dloss):
-        z, lse, valid, t = self._rows(logits, target)
-        eps, zscale = self.label_smoothing, self.lse_square_scale
-        p = torch.softmax(z, dim=-1)
-        if zscale > 0.0:
-            p = p * (1.0 + 2.0 * zscale * lse)[:, None]
-        g = p - eps / z.shape[-1]
-        g = g.scatter_add(1, t[:, None], torch.full_like(g[:, :1], -(1.0 - eps)))
-        if self.softcap is not None:
-            g = g * (1.0 - (z / self.softcap) ** 2)
-        d = dloss.to(g.dtype)
-        if self._reduction is Reduction.NONE:
-            scale = d[:, None]
-        elif self._reduction is Reduction.SUM:
-            scale = d
-        else:
-            scale = d / self._count(valid, g)
-        return (torch.where(valid[:, None], g * scale, 0.0),)
+        return (self._grad(_wide(logits), target, dloss),)
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when it is float64 already."""
+    return t if t.dtype == torch.float64 else t.float()
 
 
 def _laid(t: torch.Tensor) -> torch.Tensor:
@@ -183,3 +190,4 @@ def _liger_ce(op: CrossEntropyFwdOp) -> Any:
         return out.float()
 
     return liger_cross_entropy_loss
+
