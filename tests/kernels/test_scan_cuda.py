@@ -57,6 +57,8 @@ CASES = [
     ("prod", (300, 7), 0, torch.int8),
     ("sum", (4, 513, 2), 1, torch.int16),
     ("sum", (0, 5), 1, torch.bfloat16),  # empty
+    ("sum", (70000, 3), 1, torch.float32),  # more rows than a grid's y or z dimension holds
+    ("prod", (70000, 2, 3), 1, torch.float32),
 ]
 
 
