@@ -158,3 +158,67 @@ def test_the_kernels_refuse_float64_naming_the_reference_target():
     assert str(info.value) == (
         "CrossEntropyFwdOp: the in-tree cross-entropy kernels serve bfloat16, float16, "
         "float32, not float64; construct the op with target='reference' for float64")
+
+
+# --- the kernels' launches, with torch stand-ins for the compiled programs -----------------------
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_the_kernels_launch_the_programs_the_reduction_needs(monkeypatch, reduction):
+    """Each implementation's ``__call__`` with the row and finish programs replaced by torch
+    functions of the same contract: the loss row program writes each row's loss, the finish
+    program the mean (sum / rows not ignored) or the sum, the gradient row program each row's
+    gradient scaled by ``G[row]`` or ``G[0]`` (the finish's ``dloss / count`` for the mean)."""
+    from tileops.kernels import cross_entropy as C
+
+    opts = {"label_smoothing": 0.1, "lse_square_scale": 1e-2, "softcap": 4.0}
+    rows_ref = CrossEntropyFwdOp(reduction="none", **opts)
+    grad_ref = CrossEntropyBwdOp(reduction="none", **opts)
+    launched = []
+
+    def rows(classes, dtype, options, grad, per_row_scale, sms):
+        def run(x, t, g, d=None):
+            launched.append(("grad" if grad else "loss", per_row_scale))
+            if not grad:
+                g.copy_(rows_ref._loss(x.double(), t))
+                return
+            scale = g if per_row_scale else g.expand(x.shape[0])
+            d.copy_(grad_ref._grad(x.double(), t, scale.double()))
+        return run
+
+    def finish(ignore_index, mean, grad):
+        def run(a, b, out):
+            launched.append(("finish", grad))
+            target, first = (a, b) if grad else (b, a)
+            count = (target != ignore_index).sum()
+            total = first[0] if grad else first.sum()
+            out.copy_(total / count if mean else total)
+        return run
+
+    monkeypatch.setattr(C, "build_rows_kernel", rows)
+    monkeypatch.setattr(C, "build_finish_kernel", finish)
+    spec = C.CrossEntropySpec(device=torch.device("cpu"), rows=6, classes=9, dtype="float32",
+                              ignore_index=-100, reduction=C.Reduction(reduction), **opts)
+    x, t = _inputs(6, 9, ignored=[1, 4], dtype=torch.float32)
+    loss = torch.empty(6 if reduction == "none" else ())
+    C.CrossEntropyFwdKernel(spec)(x, t, loss)
+    want = _torch_loss(x.double(), t, reduction=reduction, **opts)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-6, atol=1e-6)
+    dloss = torch.rand(loss.shape) + 0.5
+    dx = torch.empty_like(x)
+    C.CrossEntropyBwdKernel(spec)(x, t, dloss, dx)
+    xe = x.double().requires_grad_(True)
+    (want_dx,) = torch.autograd.grad(_torch_loss(xe, t, reduction=reduction, **opts), xe,
+                                     dloss.double())
+    torch.testing.assert_close(dx.double(), want_dx, rtol=1e-5, atol=1e-7)
+    assert launched == {
+        "mean": [("loss", False), ("finish", False), ("finish", True), ("grad", False)],
+        "sum": [("loss", False), ("finish", False), ("grad", False)],
+        "none": [("loss", False), ("grad", True)]}[reduction]
+    launched.clear()
+    empty = torch.empty(0, 9)
+    out = torch.empty(0 if reduction == "none" else ())
+    C.CrossEntropyFwdKernel(spec)(empty, t[:0], out)  # no rows: nothing launches
+    assert launched == []
+    if reduction != "none":
+        assert out.isnan() if reduction == "mean" else out == 0
