@@ -290,8 +290,9 @@ def test_column_plan_covers_the_columns(outer, r, inner, dtype) -> None:
 def test_the_bars_get_split_plans() -> None:
     # 32768 rows of 8192 bf16: a CTA a row of 128 threads x 8 16-byte accesses, no split
     assert K.row_plan(32768, 8192, "bfloat16") == (128, 1, 8, 8, 1)
-    # dim=0 of 32768 x 8192: 32 column blocks, R split 66 ways (2112 CTAs, 16 an SM)
-    assert K.column_plan(1, 32768, 8192, "bfloat16") == (32, 8, 8, 8, 66)
+    # dim=0 of 32768 x 8192: 32 column blocks, R split 64 ways of 512 rows (2048 CTAs,
+    # about 16 an SM; whole steps of 64 rows, no row predicate)
+    assert K.column_plan(1, 32768, 8192, "bfloat16") == (32, 8, 8, 8, 64)
     # dim=None: one row split across the GPU, as far as the finish takes
     assert K.row_plan(1, 4096 * 4096, "bfloat16")[-1] == K._MAX_SPLITS
 

@@ -65,8 +65,9 @@ _WARP = 32
 #: CTAs a split aims for: 16 for each of an H200's 132 SMs. Several waves of short CTAs, not
 #: one wave of long ones, so that SMs finishing early take more work: dim=0 of 32768 x 8192
 #: has 32 column blocks, and 17 splits (544 CTAs, 4.1 an SM) would leave a fifth of the SMs
-#: one CTA behind the rest. The workspace stays small beside the input (66 splits of 8192
-#: float32 partials: 2.2 MB against 512 MB read).
+#: one CTA behind the rest (it gets 64 splits of 512 rows: a split is whole steps of a CTA's
+#: rows). The workspace stays small beside the input (64 x 8192 float32 partials: 2 MB
+#: against 512 MB read).
 _TARGET_CTAS = 132 * 16
 #: a split's share of a row, in accesses per thread, below which splitting further costs more
 #: in the finish than it gains in parallelism
@@ -205,7 +206,20 @@ def row_plan(m: int, n: int, dtype: str) -> tuple[int, int, int, int, int]:
     if rpc == 1 and ctas < _TARGET_CTAS:
         most = max(1, nv // (tpr * _MIN_SPLIT_ACCESSES))
         splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+        splits = -(-n // _row_segment(n, splits, tpr * per * vec, vec))
     return tpr, rpc, vec, per, splits
+
+
+def _row_segment(n: int, splits: int, chunk: int, vec: int) -> int:
+    """The columns of a row split: whole passes of ``chunk`` (no column predicate where they
+    tile the row), or the whole row in whole vectors without a split."""
+    return _ceil_to(-(-n // splits), chunk if splits > 1 else vec)
+
+
+def _column_segment(r: int, splits: int, rows: int) -> int:
+    """The rows of a column split: whole steps of ``rows`` (no row predicate where they tile
+    ``r``)."""
+    return _ceil_to(-(-r // splits), rows)
 
 
 def column_plan(outer: int, r: int, inner: int, dtype: str
@@ -225,6 +239,7 @@ def column_plan(outer: int, r: int, inner: int, dtype: str
     if ctas < _TARGET_CTAS:
         most = max(1, r // (ty * per))
         splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+        splits = -(-r // _column_segment(r, splits, ty * per))
     return tcols, ty, vec, per, splits
 
 
@@ -452,8 +467,8 @@ def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
     threads = tpr * rpc
     wpr = tpr // _WARP
-    seg = _ceil_to(-(-n // splits), vec)  # a split's columns, whole vectors
     chunk = tpr * per * vec
+    seg = _row_segment(n, splits, chunk, vec)
     steps = -(-seg // chunk)
     exact = splits * seg == n and steps * chunk == seg  # no column predicate
     spread = moments and _direct_row_load_fails(n)
@@ -474,7 +489,7 @@ def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
             sh = T.alloc_local((1,), "float32")
             take = T.alloc_local((1,), "bool")
             red = T.alloc_shared((slots * nparts,), acc_t)
-            redi = T.alloc_shared((slots,), "int32")
+            redi = T.alloc_shared((slots if arg else 1,), "int32")
             ident = ar.identity()
             for k in T.unroll(nparts):
                 acc[k] = ident[0] if nparts == 1 else T.cast(0, acc_t)
@@ -505,15 +520,18 @@ def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
                 if lane % _WARP == 0:
                     for k in T.unroll(nparts):
                         red[(base + lane // _WARP) * nparts + k] = acc[k]
-                    redi[base + lane // _WARP] = idx[0]
+                    if arg:
+                        redi[base + lane // _WARP] = idx[0]
                 T.sync_threads()
                 for k in T.unroll(nparts):
                     acc[k] = red[base * nparts + k]
-                idx[0] = redi[base]
+                if arg:
+                    idx[0] = redi[base]
                 for w in T.unroll(wpr - 1):
                     for k in T.unroll(nparts):
                         oth[k] = red[(base + w + 1) * nparts + k]
-                    idx[1] = redi[base + w + 1]
+                    if arg:
+                        idx[1] = redi[base + w + 1]
                     merge_into(acc, oth, idx)
             if row < m and lane == 0:
                 if splits == 1:
@@ -541,18 +559,23 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
     threads = tcols * ty
     width = tcols * vec  # columns a CTA
-    seg = -(-r // splits)  # rows a split
+    seg = _column_segment(r, splits, ty * per)
     steps = -(-seg // (ty * per))
     exact_rows = splits * seg == r and steps * ty * per == seg
     exact_cols = inner % width == 0
     rounds = -(-width // threads)  # columns a thread combines in the last step
+    blocks = -(-inner // width)
     p = outer * inner
     fold_in, merge_into, _ = _merging(ar)
     ident = ar.identity()
 
     @T.macro
     def body(X, Y0, Y1):
-        with T.Kernel(T.ceildiv(inner, width), outer, splits, threads=threads) as (bx, bo, bs):
+        # the column blocks of every outer index along x (gridDim.y stops at 65535; outer
+        # need not), the splits along y
+        with T.Kernel(blocks * outer, splits, threads=threads) as (bxo, bs):
+            bo = bxo // blocks
+            bx = bxo % blocks
             tx = T.get_thread_binding()
             c = tx % tcols
             t = tx // tcols
@@ -566,7 +589,7 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
             oth = T.alloc_local((nparts,), acc_t)
             pair = T.alloc_local((2,), "int32")
             red = T.alloc_shared((nparts * ty * width,), acc_t)
-            redi = T.alloc_shared((ty * width,), "int32")
+            redi = T.alloc_shared((ty * width if arg else 1,), "int32")
             for q in T.unroll(nparts * vec):
                 acc[q] = ident[0] if nparts == 1 else T.cast(0, acc_t)
             for i in T.unroll(vec):
@@ -590,7 +613,8 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
             for i in T.unroll(vec):
                 for k in T.unroll(nparts):
                     red[(k * ty + t) * width + c * vec + i] = acc[k * vec + i]
-                redi[t * width + c * vec + i] = idx[i]
+                if arg:
+                    redi[t * width + c * vec + i] = idx[i]
             T.sync_threads()
             # each of the CTA's columns: its ty partials, in row order
             for q in T.unroll(rounds):
@@ -599,11 +623,11 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
                 if e < width and gcol < inner:
                     for k in T.unroll(nparts):
                         one[k] = red[k * ty * width + e]
-                    pair[0] = redi[e]
+                    pair[0] = redi[e] if arg else 0
                     for j in T.serial(ty - 1):
                         for k in T.unroll(nparts):
                             oth[k] = red[(k * ty + j + 1) * width + e]
-                        pair[1] = redi[(j + 1) * width + e]
+                        pair[1] = redi[(j + 1) * width + e] if arg else 0
                         merge_into(one, oth, pair)
                     if splits == 1:
                         outs = ar.outputs(tuple(one[k] for k in range(nparts)), pair[0],
