@@ -51,6 +51,7 @@ CASES = [
     ((1, 8192, 4096), "bfloat16", FLOAT_KINDS),  # the leading dim: R split, finish
     ((4, 33, 7), "float16", FLOAT_KINDS),  # narrow odd inner: tcols < 32, predicated
     ((16, 1024, 512), "float32", FLOAT_KINDS),  # a middle dim
+    ((70000, 3, 5), "float32", [RK.SUM, RK.ARGMAX]),  # outer past gridDim.y's 65535
     ((256, 1000, 1), "int32", INT_KINDS),  # int64 accumulation
     ((8, 300, 65), "int32", INT_KINDS),  # integer columns
     ((64, 1000, 1), "bool", BOOL_KINDS),
@@ -179,8 +180,8 @@ def test_an_empty_run_gives_torchs_value(kind) -> None:
 
 
 def test_the_bar_shapes_run_through_the_ops() -> None:
-    """The 32768 x 8192 bfloat16 bars through the public ops (rows, the split leading dim, and
-    a permuted dims (0, 2))."""
+    """The 32768 x 8192 bfloat16 bars through the public ops (rows, the split leading dim), a
+    permuted dims (0, 2) and a middle dim with keepdim."""
     from tileops.ops import AmaxFwdOp, MeanFwdOp, SumFwdOp
 
     x = torch.randn(32768, 8192, device="cuda", dtype=torch.bfloat16)
@@ -192,6 +193,14 @@ def test_the_bar_shapes_run_through_the_ops() -> None:
     y = torch.randn(64, 512, 256, device="cuda", dtype=torch.bfloat16)
     torch.testing.assert_close(SumFwdOp(dim=(0, 2))(y).double(), y.double().sum((0, 2)),
                                rtol=2e-2, atol=0.5)
+    from tileops.ops import VarMeanFwdOp
+
+    z = torch.randn(16, 1024, 512, device="cuda", dtype=torch.bfloat16)
+    var, mean = VarMeanFwdOp(dim=1, keepdim=True)(z)
+    want_var, want_mean = torch.var_mean(z.double(), 1, keepdim=True)
+    assert var.shape == (16, 1, 512)
+    torch.testing.assert_close(var.double(), want_var, rtol=2e-2, atol=1e-3)
+    torch.testing.assert_close(mean.double(), want_mean, rtol=2e-2, atol=1e-3)
 
 
 # --- the prebuild ----------------------------------------------------------------------------
@@ -219,6 +228,9 @@ def program_keys():
         keys[("finish", op_kind, 8192, K.column_plan(1, 32768, 8192, "bfloat16")[-1],
               "bfloat16", 32768, 0.0)] = None
     keys[("row", RK.SUM, 512, 64 * 256, "bfloat16", 0.0)] = None
+    keys[("column", RK.VAR_MEAN, 16, 1024, 512, "bfloat16", 1.0)] = None
+    keys[("finish", RK.VAR_MEAN, 16 * 512, K.column_plan(16, 1024, 512, "bfloat16")[-1],
+          "bfloat16", 1024, 1.0)] = None
     return list(keys)
 
 
