@@ -166,3 +166,21 @@ def test_few_rows_are_split_and_many_are_not():
     assert K.row_plan(3_000_001, "float32", 2)[3:] == (367, 8192)  # two chunks a segment
     assert K.strided_plan(8192, 4096, "bfloat16", 1)[2:] == (256, 32)  # dim 0 of 8192 x 4096
     assert K.strided_plan(32, 64, "float16", 16)[2] == 2
+
+
+@pytest.mark.parametrize(("cls", "sizes"), [
+    (K.ScanRowKernel, (0, 64, 1)), (K.ScanRowKernel, (4, 0, 1)),
+    (K.ScanStridedKernel, (0, 64, 3)), (K.ScanStridedKernel, (4, 0, 3)),
+    (K.ScanStridedKernel, (4, 64, 0)),
+])
+def test_an_empty_call_builds_nothing_and_shares_no_entry_with_a_full_one(cls, sizes):
+    def spec(outer, length, inner):
+        return K.ScanSpec(device="cuda", kind=K.ScanKind.SUM, outer=outer, length=length,
+                          inner=inner, dtype="float32")
+
+    empty = spec(*sizes)
+    kernel = cls(empty)  # would compile otherwise (and fails to without nvcc and a GPU)
+    assert kernel.program is None and kernel.totals is None
+    kernel(torch.empty(sizes), torch.empty(sizes))  # returns at once
+    full = spec(*(s or 4 for s in sizes))
+    assert cls.identity(empty) != cls.identity(full)

@@ -163,7 +163,7 @@ def strided_plan(length: int, inner: int, dtype: str, outer: int
     while vec > 1 and -(-inner // vec) < _WARP:
         vec //= 2
     threads = min(_STRIDED_THREADS, max(_WARP, _pow2_at_least(-(-inner // vec))))
-    ctas = -(-inner // (threads * vec)) * max(outer, 1)
+    ctas = max(1, -(-inner // (threads * vec)) * outer)
     segs = 1
     if ctas < _WANT_CTAS:
         segs = max(1, min(-(-_WANT_CTAS // ctas), length // _MIN_SEGMENT_ROWS))
@@ -424,8 +424,8 @@ class ScanRowKernel(_ScanKernel):
 
     @classmethod
     def identity(cls, spec: ScanSpec):
-        # the row count matters only through the plan's split
-        return (spec.device, spec.kind, spec.length, spec.dtype,
+        # the row count matters only through the plan's split, and whether there are rows
+        return (spec.device, spec.kind, spec.length, spec.dtype, spec.outer == 0,
                 row_plan(spec.length, spec.dtype, spec.outer))
 
     def __init__(self, spec: ScanSpec) -> None:
@@ -433,14 +433,17 @@ class ScanRowKernel(_ScanKernel):
         plan = row_plan(spec.length, spec.dtype, spec.outer)
         self._segs = plan[3]
         self._acc = _TORCH_ACC[acc_dtype(spec.dtype)]
-        self.program = build_row_scan(spec.kind.value, spec.length, spec.dtype, False, plan)
+        # an empty call builds nothing (a program over a zero-length axis is not one)
+        empty = spec.outer * spec.length == 0
+        self.program = None if empty else build_row_scan(spec.kind.value, spec.length,
+                                                         spec.dtype, False, plan)
         self.totals = (build_row_scan(spec.kind.value, spec.length, spec.dtype, True, plan)
-                       if self._segs > 1 else None)
+                       if self._segs > 1 and not empty else None)
 
     def __call__(self, x, y) -> None:
-        rows = x.shape[0] * x.shape[2]
-        if rows == 0 or x.shape[1] == 0:
+        if self.program is None:
             return
+        rows = x.shape[0]
         x2, y2 = x.view(rows, x.shape[1]), y.view(rows, x.shape[1])
         if self.totals is None:
             self.program(x2, y2)
@@ -457,7 +460,7 @@ class ScanStridedKernel(_ScanKernel):
 
     @classmethod
     def identity(cls, spec: ScanSpec):
-        return (spec.device, spec.kind, spec.length, spec.inner, spec.dtype,
+        return (spec.device, spec.kind, spec.length, spec.inner, spec.dtype, spec.outer == 0,
                 strided_plan(spec.length, spec.inner, spec.dtype, spec.outer))
 
     def __init__(self, spec: ScanSpec) -> None:
@@ -466,11 +469,13 @@ class ScanStridedKernel(_ScanKernel):
         self._segs = plan[2]
         self._acc = _TORCH_ACC[acc_dtype(spec.dtype)]
         args = (spec.kind.value, spec.length, spec.inner, spec.dtype)
-        self.program = build_strided_scan(*args, False, plan)
-        self.totals = build_strided_scan(*args, True, plan) if self._segs > 1 else None
+        empty = spec.outer * spec.length * spec.inner == 0  # builds nothing
+        self.program = None if empty else build_strided_scan(*args, False, plan)
+        self.totals = (build_strided_scan(*args, True, plan) if self._segs > 1 and not empty
+                       else None)
 
     def __call__(self, x, y) -> None:
-        if x.numel() == 0:
+        if self.program is None:
             return
         if self.totals is None:
             self.program(x, y)
