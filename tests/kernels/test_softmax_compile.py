@@ -75,6 +75,28 @@ def test_gradient_programs_compile_for_sm90(layout, kind, outer, r, inner, dtype
     assert ("exp2f" in src) == (kind == "log_softmax")  # exp(y) only in log-softmax's
 
 
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "r", "inner", "dtype"), [
+    pytest.param(L.ROWS, 128256, 1, "bfloat16", id="rows-walk-in-steps"),
+    pytest.param(L.STRIDED, 512, 1024, "float32", id="strided"),
+])
+def test_logsumexp_gradient_programs_compile_for_sm90(layout, r, inner, dtype):
+    spec = _spec(S.LogSumExpBwdSpec, "logsumexp", 8, r, inner, dtype)
+    plan = S.plan_of(layout, spec)
+    src = S.build_lse_bwd(layout, "logsumexp", r, inner if layout is L.STRIDED else 1, dtype,
+                          plan, "sm_90").get_kernel_source()
+    assert "exp2f" in src and "__syncthreads" not in src  # no reduction: no barrier
+
+
+@settings(max_examples=300, deadline=None)
+@given(n=st.integers(1, 1 << 21), dtype=st.sampled_from(DTYPES))
+def test_rows_walk_plan_covers_the_row(n, dtype):
+    tpr, rpc, vec, per, steps = S.rows_walk_plan(n, dtype)
+    chunk = tpr * per * vec
+    assert n % vec == 0 and steps * chunk >= n > (steps - 1) * chunk  # covers, no empty step
+    assert steps == 1 or (tpr, rpc) == (1024, 1)
+
+
 @settings(max_examples=300, deadline=None)
 @given(n=st.integers(1, 1 << 19), dtype=st.sampled_from(DTYPES), held=st.sampled_from([1, 2]))
 def test_register_plan_covers_the_row_within_the_register_budget(n, dtype, held):
@@ -107,7 +129,7 @@ def test_looped_plan_holds_a_head_of_the_row_within_64_bytes_a_thread(n, dtype, 
     threads, vec, per, hold = S.looped_plan(n, dtype, held)
     item = S._ITEMSIZE[dtype]
     assert n % vec == 0 and vec * item <= 16 and threads == 1024 and per == 4
-    assert 1 <= hold and (hold * vec * item * held <= 64 or hold == 1)
+    assert hold >= 1 and (hold * vec * item * held <= 64 or hold == 1)
     assert (hold - 1) * threads * vec < n  # every held access starts inside the row
 
 
@@ -129,8 +151,12 @@ def test_strided_plan_tiles_the_inner_axis(outer, r, inner, dtype):
        dtype=st.sampled_from(DTYPES), kind=st.sampled_from(list(S.SoftmaxKind)),
        bwd=st.booleans())
 def test_exactly_one_kernel_claims_every_call(outer, r, inner, dtype, kind, bwd):
-    if bwd and kind is S.SoftmaxKind.LOGSUMEXP:
-        kind = S.SoftmaxKind.SOFTMAX
+    if bwd and kind is S.SoftmaxKind.LOGSUMEXP:  # logsumexp's gradient: its own slot
+        spec = _spec(S.LogSumExpBwdSpec, kind.value, outer, r, inner, dtype)
+        kernels = (S.LogSumExpBwdRowsKernel, S.LogSumExpBwdStridedKernel)
+        claim = [k for k in kernels if k.region_refusal(spec) is None]
+        assert [k.layout for k in claim] == [L.STRIDED if inner > 1 else L.ROWS]
+        return
     if bwd:
         spec = _spec(S.SoftmaxBwdSpec, kind.value, outer, r, inner, dtype)
         kernels = (S.SoftmaxBwdRegisterKernel, S.SoftmaxBwdLoopedKernel,

@@ -13,6 +13,8 @@ and the outputs are poisoned with NaN, so an element never written fails. A mask
 ``-inf`` in a third of the elements and one row of only ``-inf`` (torch: softmax NaN,
 logsumexp ``-inf``).
 
+logsumexp's gradient runs on the same grid, from the lse of the input rounded to its dtype.
+
 Tolerance: one rounding of the output to its dtype (``rtol`` = its epsilon) on top of the fp32
 arithmetic (``exp2`` within 2 ulp, sums of up to 2**18 terms): float32 is held to 2e-5.
 
@@ -48,6 +50,7 @@ FWD_KINDS = ("softmax", "log_softmax", "logsumexp")
 BWD_KINDS = ("softmax", "log_softmax")
 FWD_KERNELS = (S.SoftmaxRegisterKernel, S.SoftmaxLoopedKernel, S.SoftmaxStridedKernel)
 BWD_KERNELS = (S.SoftmaxBwdRegisterKernel, S.SoftmaxBwdLoopedKernel, S.SoftmaxBwdStridedKernel)
+LSE_BWD_KERNELS = (S.LogSumExpBwdRowsKernel, S.LogSumExpBwdStridedKernel)
 
 ROWS = [(3, 1), (1000, 1), (3, 7), (1000, 7), (3, 1024), (1000, 1024), (3, 4097), (129, 4097),
         (3, 8192), (129, 8192), (3, 32000), (129, 32000), (3, 65536), (129, 65536),
@@ -78,6 +81,11 @@ def _device():
 def fwd_spec(kind, outer, r, inner, dtype):
     return S.SoftmaxSpec(device=_device(), kind=S.SoftmaxKind(kind), outer=outer, r=r,
                          inner=inner, dtype=NAMES[dtype])
+
+
+def lse_bwd_spec(outer, r, inner, dtype):
+    return S.LogSumExpBwdSpec(device=_device(), kind=S.SoftmaxKind.LOGSUMEXP, outer=outer, r=r,
+                              inner=inner, dtype=NAMES[dtype])
 
 
 def bwd_spec(kind, outer, r, inner, dtype):
@@ -164,17 +172,34 @@ def test_gradient_matches_float64(kind, outer, r, inner, dtype):
     assert err <= 4 * RTOL[dtype], f"{kind} grad {outer}x{r}x{inner} {dtype}: {err}"
 
 
+@pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
+def test_logsumexp_gradient_matches_float64(outer, r, inner, dtype):
+    x = (torch.randn(outer, r, inner, device="cuda") * 4).to(dtype)
+    lse = torch.logsumexp(x.float(), 1).to(dtype)
+    dy = torch.randn(outer, inner, device="cuda").to(dtype)
+    dx = _poisoned((outer, r, inner), dtype)
+    _entry(S.LogSumExpBwdInterface, LSE_BWD_KERNELS, lse_bwd_spec(outer, r, inner, dtype))(
+        dy, x, lse, dx)
+    torch.cuda.synchronize()
+    ref = dy.double()[:, None] * (x.double() - lse.double()[:, None]).exp()
+    _check(dx, ref, dtype, "softmax", f"logsumexp grad {outer}x{r}x{inner} {dtype}")
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 
 def program_keys():
-    """The distinct programs this file compiles: (forward?, the build key)."""
+    """The distinct programs this file compiles: (which builder, the build key); the builder
+    is True for the forward, False for the softmax gradients, None for logsumexp's."""
     keys = {}
     specs = [(True, fwd_spec(k, o, r, i, d)) for k in FWD_KINDS for o, r, i, d in cases()]
     specs += [(False, bwd_spec(k, o, r, i, d)) for k in BWD_KINDS for o, r, i, d in cases()]
+    specs += [(None, lse_bwd_spec(o, r, i, d)) for o, r, i, d in cases()]
+    slots = {True: (S.SoftmaxFwdInterface, FWD_KERNELS),
+             False: (S.SoftmaxBwdInterface, BWD_KERNELS),
+             None: (S.LogSumExpBwdInterface, LSE_BWD_KERNELS)}
     for fwd, spec in specs:
-        impl = select(S.SoftmaxFwdInterface if fwd else S.SoftmaxBwdInterface,
-                      FWD_KERNELS if fwd else BWD_KERNELS, spec)
+        impl = select(*slots[fwd], spec)
         inner = spec.inner if impl.layout is S.Layout.STRIDED else 1
         keys[(fwd, impl.layout, spec.kind.value, spec.r, inner, spec.dtype,
               S.plan_of(impl.layout, spec))] = None
@@ -187,11 +212,11 @@ def _build(key):
     t = time.perf_counter()
     fwd, *args = key
     try:
-        (S.build_fwd if fwd else S.build_bwd)(*args)
+        {True: S.build_fwd, False: S.build_bwd, None: S.build_lse_bwd}[fwd](*args)
         status = "ok"
     except Exception as exc:  # noqa: BLE001 - reported, the others go on
         status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-    return f"{'fwd' if fwd else 'bwd'} {args[0].value} {args[1]} {args[2]}x{args[3]} " \
+    return f"{ {True: 'fwd', False: 'bwd', None: 'lse-bwd'}[fwd]} {args[0].value} {args[1]} {args[2]}x{args[3]} " \
            f"{args[4]}", time.perf_counter() - t, status
 
 

@@ -71,7 +71,29 @@ class TorchBwdSlot(Kernel, K.SoftmaxBwdInterface):
         return run
 
 
-_SLOTS = {"softmax_fwd": TorchFwdSlot, "softmax_bwd": TorchBwdSlot}
+class TorchLseBwdSlot(Kernel, K.LogSumExpBwdInterface):
+    """logsumexp's gradient slot on the CPU: dy * exp(x - lse) over the spec's view."""
+
+    devices = ("cpu",)
+    general = True
+
+    @classmethod
+    def entry_for(cls, spec, op):
+        def run(dy, x, lse, dx):
+            launched.append(spec)
+            _check_view(spec, x)
+            for t in (dy, lse):
+                assert t.is_contiguous() and t.numel() == spec.outer * spec.inner
+            xv = x.view(spec.outer, spec.r, spec.inner).float()
+            got = dy.view(spec.outer, 1, spec.inner) * (xv - lse.view(spec.outer, 1,
+                                                                       spec.inner)).exp()
+            dx.copy_(got.reshape(dx.shape))
+
+        return run
+
+
+_SLOTS = {"softmax_fwd": TorchFwdSlot, "softmax_bwd": TorchBwdSlot,
+          "logsumexp_bwd": TorchLseBwdSlot}
 
 
 def _in_tree(cls, **params):
@@ -126,6 +148,21 @@ def test_gradient_hands_the_view_of_dim_to_the_slot(name, fwd, shape, dim):
     assert spec.r == shape[dim] and spec.kind is cls.kind
     xr = x.double().requires_grad_()
     want, = torch.autograd.grad(fwd(xr, dim), xr, dy.double())
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("shape", "dim", "keepdim"), [((6, 10), -1, False), ((4, 6, 5), 1, True),
+                                                      ((4, 6, 5), 0, False)])
+def test_logsumexp_gradient_hands_the_views_to_the_slot(shape, dim, keepdim):
+    x = _rand(*shape, seed=1)
+    lse = torch.logsumexp(x, dim, keepdim)
+    # a transposed upstream gradient where the output has two axes (copied for the kernels)
+    dy = _rand(*lse.shape[::-1], seed=2).t() if lse.dim() == 2 else _rand(*lse.shape, seed=2)
+    got = _in_tree(ops.LogSumExpBwdOp, dim=dim, keepdim=keepdim)(x, dy, lse)
+    spec = launched.pop()
+    assert isinstance(spec, K.LogSumExpBwdSpec) and spec.r == shape[dim]
+    xr = x.double().requires_grad_()
+    want, = torch.autograd.grad(torch.logsumexp(xr, dim, keepdim), xr, dy.double())
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 

@@ -39,6 +39,11 @@ groups merge through shared memory and pass 2 writes. The vector narrows until t
 about two CTAs per SM, so a small ``outer * inner`` (dim 0 of 1024 x 4096) still fills the
 GPU.
 
+logsumexp's gradient ``dx = dy * exp(x - lse)`` has no reduction: :class:`LogSumExpBwdRowsKernel`
+walks rows in the register plan's shape (one step where the row fits, chunks of a 1024-thread
+CTA beyond), :class:`LogSumExpBwdStridedKernel` the strided kernels' CTAs, each thread reading
+its columns' ``dy`` and ``lse`` once.
+
 A row of every ``-inf`` follows torch: softmax and log-softmax give NaN, logsumexp ``-inf``;
 the running max starts at the most negative finite float so that such a row never computes
 ``-inf - -inf``.
@@ -57,6 +62,10 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 from ._tilelang import compile_program, tl
 
 __all__ = [
+    "LogSumExpBwdInterface",
+    "LogSumExpBwdRowsKernel",
+    "LogSumExpBwdSpec",
+    "LogSumExpBwdStridedKernel",
     "SoftmaxBwdInterface",
     "SoftmaxBwdLoopedKernel",
     "SoftmaxBwdRegisterKernel",
@@ -71,8 +80,10 @@ __all__ = [
     "SoftmaxStridedKernel",
     "build_bwd",
     "build_fwd",
+    "build_lse_bwd",
     "looped_plan",
     "register_plan",
+    "rows_walk_plan",
     "strided_plan",
 ]
 
@@ -142,6 +153,16 @@ class SoftmaxBwdSpec(_ViewSpec, frozen=True, kw_only=True):
                              "LOG_SOFTMAX, not LOGSUMEXP")
 
 
+class LogSumExpBwdSpec(_ViewSpec, frozen=True, kw_only=True):
+    """logsumexp's gradient: ``dx = dy * exp(x - lse)``, ``dy`` and ``lse`` of ``(outer,
+    inner)`` broadcast along the reduced axis. ``kind`` is LOGSUMEXP."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.kind is not SoftmaxKind.LOGSUMEXP:
+            raise ValueError(f"LogSumExpBwdSpec: the kind is LOGSUMEXP, not {self.kind}")
+
+
 class SoftmaxFwdInterface(KernelInterface):
     """``forward(x, out)``: ``x`` contiguous with ``outer * r * inner`` elements; ``out`` is
     ``y`` (like ``x``) or, for LOGSUMEXP, ``lse`` with ``outer * inner`` elements, contiguous."""
@@ -155,6 +176,14 @@ class SoftmaxBwdInterface(KernelInterface):
 
     slot = "softmax_bwd"
     call_spec = SoftmaxBwdSpec
+
+
+class LogSumExpBwdInterface(KernelInterface):
+    """``forward(dy, x, lse, dx)``: ``x`` and ``dx`` of ``outer * r * inner`` elements, ``dy``
+    and ``lse`` of ``outer * inner``, all contiguous."""
+
+    slot = "logsumexp_bwd"
+    call_spec = LogSumExpBwdSpec
 
 
 # --- plans -------------------------------------------------------------------------------------
@@ -212,6 +241,18 @@ def looped_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int]:
     hold = max(1, _HELD_LOOPED_BYTES // (vec * _ITEMSIZE[dtype] * held))
     hold = min(hold, -(-n // (_LOOPED_THREADS * vec)))  # no access wholly past the row
     return _LOOPED_THREADS, vec, 4, hold
+
+
+def rows_walk_plan(n: int, dtype: str) -> tuple[int, int, int, int, int]:
+    """``(threads_per_row, rows_per_cta, vec, per, steps)`` of logsumexp's gradient over rows:
+    no reduction, so a row is walked in ``steps`` chunks of ``threads_per_row * vec * per``;
+    rows that fit the register plan take its shape in one step, wider ones a CTA of 1024
+    threads each with 4 accesses in flight a step."""
+    plan = register_plan(n, dtype)
+    if plan is not None:
+        return (*plan, 1)
+    vec = _vec(n, dtype)
+    return _LOOPED_THREADS, 1, vec, 4, -(-n // (_LOOPED_THREADS * vec * 4))
 
 
 def strided_plan(outer: int, r: int, inner: int, dtype: str) -> tuple[int, int, int]:
@@ -754,6 +795,98 @@ def strided_bwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int, g
     return _bwd_signature(body, (outer, r, inner), dtype)
 
 
+# --- logsumexp's gradient --------------------------------------------------------------------
+
+
+def _lse_bwd_signature(body, xs, rs, dtype: str):
+    _, T = tl()
+
+    @T.prim_func
+    def main(DY: T.Tensor(rs, dtype), X: T.Tensor(xs, dtype), LSE: T.Tensor(rs, dtype),
+             DX: T.Tensor(xs, dtype)):
+        body(DY, X, LSE, DX)
+
+    return main
+
+
+def rows_lse_bwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec: int,
+                         per: int, steps: int):
+    """``dx = dy * exp(x - lse)`` over ``(M, n)`` rows with ``(M,)`` ``dy`` and ``lse``."""
+    _, T = tl()
+    M = T.dynamic("M")
+    chunk = tpr * per * vec
+    f32 = "float32"
+
+    @T.macro
+    def body(DY, X, LSE, DX):
+        with T.Kernel(T.ceildiv(M, rpc), threads=tpr * rpc) as bx:
+            tx = T.get_thread_binding()
+            lane = tx % tpr
+            row = bx * rpc + tx // tpr
+            piece = T.alloc_local((per * vec,), dtype)
+            g = T.alloc_local((2,), f32)  # dy, lse
+            if row < M:
+                g[0] = T.cast(DY[row], f32)
+                g[1] = T.cast(LSE[row], f32)
+            for step in T.serial(steps):
+                for v in T.unroll(per):
+                    col = step * chunk + (v * tpr + lane) * vec
+                    if row < M and col < n:
+                        for i in T.vectorized(vec):
+                            piece[v * vec + i] = X[row, col + i]
+                for v in T.unroll(per):
+                    col = step * chunk + (v * tpr + lane) * vec
+                    if row < M and col < n:
+                        for i in T.unroll(vec):
+                            piece[v * vec + i] = T.cast(g[0] * T.exp2(
+                                (T.cast(piece[v * vec + i], f32) - g[1]) * _LOG2E), dtype)
+                        for i in T.vectorized(vec):
+                            DX[row, col + i] = piece[v * vec + i]
+
+    return _lse_bwd_signature(body, (M, n), (M,), dtype)
+
+
+def strided_lse_bwd_program(kind: str, r: int, inner: int, dtype: str, lanes: int,
+                            groups: int, vec: int):
+    """``dx = dy * exp(x - lse)`` over an ``(outer, r, inner)`` view with ``(outer, inner)``
+    ``dy`` and ``lse``: the strided kernels' CTAs, each thread reading its columns' ``dy`` and
+    ``lse`` once and walking its share of ``r``."""
+    _, T = tl()
+    outer = T.dynamic("outer")
+    cols = lanes * vec
+    blocks = -(-inner // cols)
+    steps = -(-r // groups)
+    f32 = "float32"
+
+    @T.macro
+    def body(DY, X, LSE, DX):
+        with T.Kernel(outer * blocks, threads=lanes * groups) as bid:
+            o = bid // blocks
+            tx = T.get_thread_binding()
+            g = tx // lanes
+            c = (bid % blocks) * cols + (tx % lanes) * vec
+            piece = T.alloc_local((vec,), dtype)
+            d = T.alloc_local((vec,), dtype)
+            e = T.alloc_local((vec,), dtype)
+            if c < inner:
+                for i in T.vectorized(vec):
+                    d[i] = DY[o, c + i]
+                for i in T.vectorized(vec):
+                    e[i] = LSE[o, c + i]
+            for step in T.serial(steps):
+                k = step * groups + g
+                if k < r and c < inner:
+                    for i in T.vectorized(vec):
+                        piece[i] = X[o, k, c + i]
+                    for i in T.unroll(vec):
+                        piece[i] = T.cast(T.cast(d[i], f32) * T.exp2(
+                            (T.cast(piece[i], f32) - T.cast(e[i], f32)) * _LOG2E), dtype)
+                    for i in T.vectorized(vec):
+                        DX[o, k, c + i] = piece[i]
+
+    return _lse_bwd_signature(body, (outer, r, inner), (outer, inner), dtype)
+
+
 # --- building ----------------------------------------------------------------------------------
 
 
@@ -763,11 +896,14 @@ class Layout(enum.Enum):
     REGISTER = "register"
     LOOPED = "looped"
     STRIDED = "strided"
+    ROWS = "rows"  # logsumexp's gradient over rows: a walk without a reduction
 
 
 def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
     """The launch plan of ``layout`` for ``spec`` (the plan is part of the build key)."""
     held = 2 if isinstance(spec, SoftmaxBwdSpec) else 1
+    if layout is Layout.ROWS:
+        return rows_walk_plan(spec.r, spec.dtype)
     if layout is Layout.REGISTER:
         plan = register_plan(spec.r, spec.dtype, held)
         assert plan is not None, "the register kernel refuses rows it cannot hold"
@@ -781,6 +917,7 @@ _FWD = {Layout.REGISTER: register_fwd_program, Layout.LOOPED: looped_fwd_program
         Layout.STRIDED: strided_fwd_program}
 _BWD = {Layout.REGISTER: register_bwd_program, Layout.LOOPED: looped_bwd_program,
         Layout.STRIDED: strided_bwd_program}
+_LSE_BWD = {Layout.ROWS: rows_lse_bwd_program, Layout.STRIDED: strided_lse_bwd_program}
 
 
 def _program(table, layout: Layout, kind: str, r: int, inner: int, dtype: str, plan):
@@ -802,6 +939,13 @@ def build_bwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: t
               target: str | None = None):
     """Compile a gradient program (cached per configuration)."""
     return compile_program(_program(_BWD, layout, kind, r, inner, dtype, plan), target)
+
+
+@functools.lru_cache(maxsize=256)
+def build_lse_bwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
+                  target: str | None = None):
+    """Compile a program of logsumexp's gradient (cached per configuration)."""
+    return compile_program(_program(_LSE_BWD, layout, kind, r, inner, dtype, plan), target)
 
 
 # --- the implementations -----------------------------------------------------------------------
@@ -856,6 +1000,38 @@ class _BwdKernel(_SoftmaxKernel, SoftmaxBwdInterface):
             return
         v = self._rows
         self.program(y.view(v), dy.view(v), dx.view(v))
+
+
+class _LseBwdKernel(_SoftmaxKernel, LogSumExpBwdInterface):
+    _build = staticmethod(build_lse_bwd)
+
+    def __call__(self, dy, x, lse, dx) -> None:
+        if self._empty:
+            return
+        v, w = self._rows, self._lse
+        self.program(dy.view(w), x.view(v), lse.view(w), dx.view(v))
+
+
+class LogSumExpBwdRowsKernel(_LseBwdKernel):
+    """logsumexp's gradient over rows: each element read once and written once."""
+
+    layout = Layout.ROWS
+
+    @classmethod
+    def region_refusal(cls, spec: LogSumExpBwdSpec) -> str | None:
+        return _rows_refusal(cls, spec)
+
+
+class LogSumExpBwdStridedKernel(_LseBwdKernel):
+    """logsumexp's gradient over a reduced axis that is not the last, read in place."""
+
+    layout = Layout.STRIDED
+
+    @classmethod
+    def region_refusal(cls, spec: LogSumExpBwdSpec) -> str | None:
+        if spec.inner == 1:
+            return "the reduced axis is the last one (inner 1): the rows kernel serves it"
+        return None
 
 
 class SoftmaxRegisterKernel(_FwdKernel):

@@ -27,6 +27,10 @@ from typing import Any, ClassVar, get_args
 import torch
 
 from tileops.kernels.softmax import (
+    LogSumExpBwdInterface,
+    LogSumExpBwdRowsKernel,
+    LogSumExpBwdSpec,
+    LogSumExpBwdStridedKernel,
     SoftmaxBwdInterface,
     SoftmaxBwdLoopedKernel,
     SoftmaxBwdRegisterKernel,
@@ -47,6 +51,7 @@ from ._dtypes import NAMES, refuse_unserved
 __all__ = [
     "LogSoftmaxBwdOp",
     "LogSoftmaxFwdOp",
+    "LogSumExpBwdOp",
     "LogSumExpFwdOp",
     "SoftmaxBwdOp",
     "SoftmaxFamilyOp",
@@ -208,6 +213,50 @@ class LogSoftmaxBwdOp(SoftmaxGradOp):
             return torch.ops.aten._log_softmax_backward_data(dy, y, dim, y.dtype)
 
         return log_softmax_backward
+
+
+class LogSumExpBwdOp(Op):
+    """logsumexp's gradient ``dx = dy * exp(x - lse)`` (the forward saves ``x`` and ``lse``;
+    ``x`` comes first, binding the shape that ``dy``'s and ``lse``'s reduced one is read from):
+    ``x`` and ``dx`` as the contiguous ``(outer, R, inner)`` view, ``dy`` and ``lse`` as the
+    ``(outer, inner)`` one (a broadcast ``dy``, e.g. an expanded ``ones``, is copied)."""
+
+    kernel_types = {LogSumExpBwdInterface: (LogSumExpBwdRowsKernel, LogSumExpBwdStridedKernel)}
+
+    def forward(self, call, x, dy, lse, dx) -> None:
+        shape = x.shape
+        dtype = x.dtype
+        key = (call.device, dtype, shape)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if x.numel() == 0:
+                return
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "softmax")
+            outer, r, inner = view_of(tuple(shape), self.dim)
+            entry = self.kernel_for(key, LogSumExpBwdInterface, lambda: LogSumExpBwdSpec(
+                device=call.device, kind=SoftmaxKind.LOGSUMEXP, outer=outer, r=r,
+                inner=inner, dtype=NAMES[dtype]))
+        entry(_in_layout(dy), _in_layout(x), _in_layout(lse), dx)
+
+    def reference(self, call, x, dy, lse):
+        xf = _wide(x)
+        return (_along(_wide(dy), xf, self.dim, self.keepdim)
+                * torch.exp(xf - _along(_wide(lse), xf, self.dim, self.keepdim)),)
+
+    def eager(self):
+        dim, keepdim = self.dim, self.keepdim
+
+        def logsumexp_backward(x, dy, lse):  # autograd's formula for torch.logsumexp
+            return _along(dy, x, dim, keepdim) * torch.exp(x - _along(lse, x, dim, keepdim))
+
+        return logsumexp_backward
+
+
+def _along(t: torch.Tensor, x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
+    """A reduced tensor ``t`` broadcastable against ``x`` along ``dim``."""
+    if keepdim or x.dim() == 0:
+        return t
+    return t.unsqueeze(dim % x.dim())
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
