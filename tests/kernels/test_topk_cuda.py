@@ -33,15 +33,17 @@ if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available()
 
 #: (rows, n, k, dtype, largest, values)
 CASES = [
-    (64, 128256, 50, torch.bfloat16, True, "normal"),  # the vocabulary: thread maxima, one pass
-    (4, 131072, 1024, torch.bfloat16, True, "normal"),  # piece maxima, the large buffer
-    (1, 262144, 50, torch.bfloat16, True, "normal"),
+    (256, 128256, 50, torch.bfloat16, True, "normal"),  # the vocabulary: thread maxima, one pass
+    (1, 128256, 50, torch.bfloat16, True, "normal"),  # one row: 16 segments and the merge
+    (4, 131072, 1024, torch.bfloat16, True, "normal"),  # piece maxima, the large buffer, split
+    (1, 262144, 50, torch.bfloat16, True, "normal"),  # 64 segments
     (3, 7, 2, torch.float32, True, "normal"),  # one warp, 32-bit keys
     (3, 7, 2, torch.bfloat16, True, "normal"),
     (32, 32000, 50, torch.float32, True, "normal"),
     (32, 32000, 10, torch.bfloat16, False, "normal"),  # the smallest k
     (5, 4097, 8, torch.float16, True, "normal"),  # scalar loads, a predicated tail
     (4, 128256, 50, torch.bfloat16, True, "few-values"),  # overflow, ties past the sort array
+    (512, 32768, 50, torch.bfloat16, True, "few-values"),  # the same, unsplit
     (4, 32000, 50, torch.float32, True, "ascending"),  # the held chunks are the smallest
     (4, 32000, 50, torch.float32, False, "ascending"),
     (8, 4096, 16, torch.float32, True, "special"),  # NaN, infinities, signed zeros, subnormals
@@ -108,21 +110,33 @@ def test_a_transposed_input_is_selected_as_torch_does():
 # --- the prebuild ----------------------------------------------------------------------------
 
 
+def _programs(rows, n, k, dtype, largest):
+    """build_topk's arguments of the programs a call runs: one, or a split's two."""
+    if not k:
+        return []
+    segs = K.split_plan(rows, n, k)
+    out = [(n // segs, k, dtype, largest)]
+    return out + [(segs * k, k, dtype, largest)] if segs > 1 else out
+
+
 def program_keys():
     """The distinct programs the file and the spec workloads (at full size, so that the
     harness's and the benchmarks' calls are covered) compile: build_topk's arguments,
     deduplicated."""
+    import math
+
     from tileops.ops import TopkFwdOp
     from tileops.ops.workloads import cases_of
 
-    keys = {(n, k, str(dtype).removeprefix("torch."), largest): None
-            for _, n, k, dtype, largest, _ in CASES if k}
-    keys[(4096, 20, "float32", True)] = None
+    calls = [(rows, n, k, str(dtype).removeprefix("torch."), largest)
+             for rows, n, k, dtype, largest, _ in CASES]
+    calls.append((300, 4096, 20, "float32", True))
     for c in cases_of(TopkFwdOp):
-        k, largest = c.params["k"], c.params.get("largest", True)
-        if k and c.inputs[0].dtype in K._TOPK_DTYPES:
-            keys[(c.inputs[0].shape[-1], k, c.inputs[0].dtype, largest)] = None
-    return list(keys)
+        shape, dtype = c.inputs[0].shape, c.inputs[0].dtype
+        if dtype in K._TOPK_DTYPES:
+            calls.append((math.prod(shape[:-1]), shape[-1], c.params["k"], dtype,
+                          c.params.get("largest", True)))
+    return list(dict.fromkeys(p for call in calls for p in _programs(*call)))
 
 
 def _build(key):

@@ -213,3 +213,53 @@ def test_the_bound_keeps_few_candidates_of_logits():
         x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
         kv = _keys(x, True)
         assert int((kv >= _bound(kv, k, plan)).sum()) <= plan[3] // share
+
+
+def test_few_rows_are_split_and_many_are_not():
+    assert K.split_plan(1, 262144, 50) == 64  # one row over 64 CTAs of 4096
+    assert K.split_plan(64, 131072, 1024) == 4  # segments keep 8 k
+    assert K.split_plan(4096, 128256, 50) == 1
+    assert K.split_plan(3, 7, 2) == 1
+    assert K.split_plan(1, 40961, 2) == 1  # no power of two divides an odd row
+
+
+@settings(max_examples=40, deadline=None)
+@given(rows=st.integers(1, 3), log_segs=st.integers(1, 4), k=st.integers(1, 40),
+       largest=st.booleans(), few=st.booleans())
+def test_a_split_row_merges_into_the_one_pass_answer(monkeypatch_build, rows, log_segs, k,
+                                                      largest, few):
+    """The split's orchestration (the segments as rows, the merge, the positions mapped back)
+    over programs that answer as the one-pass program promises (a stable sort's first k),
+    on rows of few distinct values, where every tie matters."""
+    segs = 1 << log_segs
+    sub = max(K._MIN_SEGMENT, K._MIN_SEGMENT_K * k)
+    n = segs * sub
+    assert K.split_plan(rows, n, k) == segs
+    g = torch.Generator().manual_seed(rows * 1000 + k)
+    x = (torch.randint(0, 4, (rows, n), generator=g).float() if few
+         else torch.randn(rows, n, generator=g))
+    kernel = K.TopkRadixKernel(K.TopkSpec(device="cuda", rows=rows, n=n, k=k,
+                                          dtype="float32", largest=largest))
+    values = torch.empty(rows, k)
+    indices = torch.empty(rows, k, dtype=torch.int64)
+    kernel(x, values, indices)
+    want_v, want_i = torch.sort(x, dim=1, descending=largest, stable=True)
+    assert torch.equal(indices, want_i[:, :k]) and torch.equal(values, want_v[:, :k])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_build():
+    """build_topk answering with a stable sort on the CPU, so that a kernel object can be made
+    and called without compiling."""
+    def build(n, k, dtype, largest, target=None, plan=None):
+        def program(x, v, i):
+            assert tuple(x.shape[1:]) == (n,) and x.is_contiguous()
+            sv, si = torch.sort(x, dim=1, descending=largest, stable=True)
+            v.copy_(sv[:, :k])
+            i.copy_(si[:, :k])
+        return program
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(K, "build_topk", build)
+    yield
+    mp.undo()

@@ -36,6 +36,9 @@ The program, per row:
    those, before the same sort.
 5. The values are read back from the row by index.
 
+Few rows are split into segments, each a CTA, and their candidates merged by a second call of
+the same program (:class:`TopkRadixKernel`).
+
 The common case reads the row once from memory (the bound's chunks are held); only a row whose
 candidates overflow the buffer reads it again for each round and once more to gather.
 """
@@ -44,6 +47,8 @@ candidates overflow the buffer reads it again for each round and once more to ga
 
 import functools
 from typing import Literal, get_args
+
+import torch
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
@@ -56,6 +61,7 @@ __all__ = [
     "TopkRadixKernel",
     "TopkSpec",
     "build_topk",
+    "split_plan",
     "topk_plan",
 ]
 
@@ -405,9 +411,34 @@ def build_topk(n: int, k: int, dtype: str, largest: bool, target: str | None = N
 
 # --- the implementation ----------------------------------------------------------------------
 
+#: fewer CTAs than this (one an SM of an H100/H200) leave the GPU idle: rows are split
+_FEW_CTAS = 132
+#: the shortest segment a split row is cut into, in elements and in multiples of k
+_MIN_SEGMENT, _MIN_SEGMENT_K = 4096, 8
+
+
+def split_plan(rows: int, n: int, k: int) -> int:
+    """How many segments each row is cut into: doubled while the rows launch fewer than
+    :data:`_FEW_CTAS` CTAs and each segment keeps at least :data:`_MIN_SEGMENT` elements and
+    :data:`_MIN_SEGMENT_K` times k (a segment's top k are its candidates, and the second pass
+    selects from ``segs * k`` of them), dividing ``n`` exactly."""
+    segs = 1
+    while (rows * segs < _FEW_CTAS and n % (2 * segs) == 0
+           and n // (2 * segs) >= max(_MIN_SEGMENT, _MIN_SEGMENT_K * k)):
+        segs *= 2
+    return segs
+
 
 class TopkRadixKernel(Kernel, TopkInterface):
-    """Any row: one CTA a row, radix select over a bounded candidate buffer."""
+    """Any row: one CTA a row, radix select over a bounded candidate buffer.
+
+    Few rows (a sampling step's batch, one long row) are split (:func:`split_plan`): the same
+    program selects the top k of each of a row's ``segs`` equal segments, viewed as rows of
+    their own, and then the top k of those ``segs * k`` candidates, whose positions map back
+    to the row (segment ``p // k``, the first pass's index at ``p``). The candidates lie in
+    segment order and, within a segment, by value and then index, so among equal values a
+    lower position is a lower index: the second pass's ties resolve as one pass's would.
+    """
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -415,14 +446,33 @@ class TopkRadixKernel(Kernel, TopkInterface):
 
     @classmethod
     def identity(cls, spec: TopkSpec):
-        return (spec.device, spec.n, spec.k, spec.dtype, spec.largest)
+        # the row count matters only through the split
+        return (spec.device, spec.n, spec.k, spec.dtype, spec.largest,
+                split_plan(spec.rows, spec.n, spec.k))
 
     def __init__(self, spec: TopkSpec) -> None:
         super().__init__(spec)
         self._k = spec.k
-        self.program = build_topk(spec.n, spec.k, spec.dtype, spec.largest) if spec.k else None
+        self._segs = segs = split_plan(spec.rows, spec.n, spec.k)
+        self.program = self.merge = None
+        if spec.k:
+            self.program = build_topk(spec.n // segs, spec.k, spec.dtype, spec.largest)
+            if segs > 1:
+                self.merge = build_topk(segs * spec.k, spec.k, spec.dtype, spec.largest)
 
     def __call__(self, x, values, indices) -> None:
-        if x.shape[0] == 0 or self._k == 0:
+        rows = x.shape[0]
+        if rows == 0 or self.program is None:
             return
-        self.program(x, values, indices)
+        if self.merge is None:
+            self.program(x, values, indices)
+            return
+        segs, k = self._segs, self._k
+        sub = x.shape[1] // segs
+        v1 = torch.empty((rows * segs, k), dtype=x.dtype, device=x.device)
+        i1 = torch.empty((rows * segs, k), dtype=torch.int64, device=x.device)
+        self.program(x.view(rows * segs, sub), v1, i1)
+        pos = torch.empty((rows, k), dtype=torch.int64, device=x.device)
+        self.merge(v1.view(rows, segs * k), values, pos)
+        indices.copy_(torch.gather(i1.view(rows, segs * k), 1, pos)
+                      .add_(pos.div(k, rounding_mode="floor").mul_(sub)))
