@@ -104,6 +104,17 @@ def test_the_backward_reads_a_strided_upstream_gradient():
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
 
 
+def test_inplace_grad_writes_the_gradient_over_the_logits():
+    x, t = _inputs(4, 7, ignored=[1])
+    logits = x.clone().requires_grad_(True)
+    z = logits * 1.0  # a non-leaf, as an LM head's output is
+    CrossEntropyFwdOp(inplace_grad=True, label_smoothing=0.1)(z, t).backward()
+    xe = x.clone().requires_grad_(True)
+    F.cross_entropy(xe, t, label_smoothing=0.1).backward()
+    torch.testing.assert_close(logits.grad, xe.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(z.detach(), xe.grad, rtol=1e-12, atol=1e-12)  # overwritten
+
+
 def test_the_compiled_training_step_holds_both_ops_and_matches_eager():
     torch._dynamo.reset()
     x, t = _inputs(5, 7, ignored=[0])
@@ -114,7 +125,7 @@ def test_the_compiled_training_step_holds_both_ops_and_matches_eager():
         graphs.append([str(n.target) for n in gm.graph.nodes if n.op == "call_function"])
         return make_boxed_func(gm.forward)
 
-    f = torch.compile(lambda x, t: op(x, t), fullgraph=True,
+    f = torch.compile(lambda x, t: op(x * 1.0, t), fullgraph=True,
                       backend=aot_autograd(fw_compiler=record, bw_compiler=record))
     xc = x.clone().requires_grad_(True)
     (got,) = torch.autograd.grad(f(xc, t), xc)

@@ -11,11 +11,12 @@ the per-row losses arrives as an expanded scalar).
 The gradient is its own op (:class:`CrossEntropyBwdOp`, the entry's ``backward:`` block): the
 forward saves the logits and the target only, and the backward's kernel recomputes each row's
 log-sum-exp (two passes over the row, the second from L2) before it writes the gradient once.
-Computing the gradient in the forward, as Liger-Kernel does (the row read once, the gradient
-written in place of the logits, the backward only scaling it), saves one read of the logits
-but needs a forward output the caller does not see and a backward that writes a saved tensor;
-the spec's ``backward:`` block has neither (``docs/`` and the family's report say what it
-would take).
+With ``inplace_grad`` the backward writes the gradient over the saved logits (an effect of the
+backward's entry: ``logits`` mutated, ``dlogits`` its alias), so training holds no second
+``N x V`` tensor, as with Liger-Kernel. Liger also computes the gradient in the forward (the
+row read once, the backward only scaling it), which saves one read of the logits; that needs
+a forward output the caller does not see, which the spec's ``backward:`` block cannot
+express.
 
 Each op's reference, torch eager function and Liger-Kernel peer are declared here once.
 """
@@ -150,9 +151,17 @@ class CrossEntropyBwdOp(CrossEntropyOp):
     kernel_types = {CrossEntropyBwdInterface: (CrossEntropyBwdKernel,)}
 
     def forward(self, call, logits, target, dloss, dlogits) -> None:
+        # with inplace_grad, dlogits is logits: the kernel writes each element after its
+        # second read of it, by the same thread, so the row may be overwritten as it goes
         entry = self._entry(call, CrossEntropyBwdInterface, logits)
         g = dloss if dloss.dtype == torch.float32 else dloss.float()
-        entry(_laid(logits), target.contiguous(), g.contiguous(), dlogits)
+        x = _laid(logits)
+        d = dlogits if dlogits is not logits else x
+        if d is not x and not (d.is_contiguous() and d.data_ptr() % 16 == 0):
+            d = torch.empty_like(x)
+        entry(x, target.contiguous(), g.contiguous(), d)
+        if d is not dlogits:  # a strided or misaligned logits written in place
+            dlogits.copy_(d)
 
     def reference(self, call, logits, target, dloss):
         return (self._grad(_wide(logits), target, dloss),)
