@@ -50,6 +50,19 @@ def test_the_op_keywords_and_the_repr():
     torch.testing.assert_close(layer(x, t), want, rtol=1e-12, atol=1e-12)
 
 
+def test_inplace_grad_leaves_the_gradient_in_the_logits():
+    layer = tnn.CrossEntropyLoss(inplace_grad=True)
+    assert repr(layer) == "CrossEntropyLoss(inplace_grad=True)" and layer.op.inplace_grad
+    x, t = _inputs()
+    leaf = x.clone().requires_grad_(True)
+    z = leaf * 1.0
+    layer(z, t).backward()
+    xe = x.clone().requires_grad_(True)
+    F.cross_entropy(xe, t).backward()
+    torch.testing.assert_close(leaf.grad, xe.grad)
+    torch.testing.assert_close(z.detach(), xe.grad)
+
+
 def test_a_bfloat16_input_gives_a_float32_loss():
     x, t = _inputs()
     loss = tnn.CrossEntropyLoss()(x.bfloat16(), t)
