@@ -2,7 +2,8 @@
 
 A call is a contiguous ``(M, N)`` input; each row's ``k`` largest (or smallest) elements are
 written, by value and then by index, into ``values`` ``(M, k)`` and int64 ``indices``. ``N``,
-``k``, the dtype and ``largest`` are compiled in; ``M`` is a launch-time size. One CTA a row.
+``k``, the dtype and ``largest`` are compiled in; ``M`` is a launch-time size. One CTA a row
+(or a row's segment, below).
 
 Every element is compared as its order-preserving integer key (16 bits for float16 and
 bfloat16, 32 for float32): the bits of a non-negative number with the sign bit set, those of a
@@ -21,7 +22,7 @@ The program, per row:
    largest key: k distinct elements reach it.
 2. **One pass over the row.** Every element whose key reaches ``tau`` is appended to a
    candidate buffer in shared memory (an atomic counter; ``cap`` entries of key and index).
-   For normal logits the bound keeps about 0.5% of a 128k row at k = 50 (600 elements) and
+   For normal logits the bound keeps about 0.3% of a 128k row at k = 50 (400 elements) and
    8% at k = 1024, whose buffer is four times larger.
 3. **Radix select.** Rounds of 8 bits from the top: a 256-bin histogram in shared memory of
    the keys that match the digits found so far, the bin holding the k-th largest found by a
