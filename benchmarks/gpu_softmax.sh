@@ -28,6 +28,7 @@ for stage in $STAGES; do case $stage in
   bench)
     bench bars SoftmaxFwdOp LogSoftmaxFwdOp LogSumExpFwdOp "${BARS[@]}" --dtype bf16
     bench grads SoftmaxBwdOp LogSoftmaxBwdOp "${BARS[@]}" --dtype bf16
+    bench lse_grad LogSumExpBwdOp
     bench odd SoftmaxFwdOp -w odd-n4097 -w tiny-m3-n7 -w wide-n131072 -w wide-n262144 -w dim0-m1024-n4096 -w dim1-8x512x1024 ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done
