@@ -24,6 +24,7 @@ against the spec it came from.
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ import pytest
 import torch
 
 import tileops.ops
-from tileops.ops.workloads import Case, as_outputs, cases_of
+from tileops.ops.workloads import Case, InputSpec, as_outputs, cases_of
 from tileops.runtime import REFERENCE, Op
 from tileops.spec import EvalError, GradOf, Scope, eval_shape, evaluate
 from tileops.spec.kinds import BoolK, EnumK
@@ -165,12 +166,28 @@ def _inputs(cls: type[Op], case: Case, present: Mapping[str, bool], seed: int = 
     # AWAY from zero: central differences straddle a kink or a pole there (relu at 0, a
     # quotient's divisor near 0), where they measure nothing the gradient should match
     bools = {i.name for i in case.inputs if i.dtype == "bool"}
+    # an input the entry declares integral (class indices, positions) keeps its dtype: the
+    # case's generated values where it has them, else small non-negative integers (an input
+    # whose dtype is an index, an int case of a binary op, is drawn in float64 as the rest)
+    integral = ("uint8", "int8", "int16", "int32", "int64")
+    given = {i.name: i for i in case.inputs}
+    ints = {n: given.get(n) or InputSpec(n, None, d.dtype.text)
+            for n, d in cls._signature.entry.signature.inputs.items()
+            if d.dtype.text in integral}
     out: list[torch.Tensor | None] = []
     for n, s in zip(cls._signature.input_names, _shapes(cls, case, present), strict=True):
         if s is None:
             out.append(None)
         elif n in bools:
             out.append(torch.rand(s, generator=gen) > 0.5)
+        elif n in ints:
+            spec = ints[n]
+            dtype = getattr(torch, cls._signature.entry.signature.inputs[n].dtype.text)
+            if spec.values is not None and spec.shape is not None and \
+                    tuple(spec.shape) == tuple(s):
+                out.append(torch.tensor(spec.values, dtype=dtype).reshape(s))
+            else:
+                out.append(torch.randint(0, 8, s, generator=gen, dtype=dtype))
         else:
             t = torch.randn(s, generator=gen, dtype=torch.float64)
             out.append(t + AWAY * torch.sign(t))
@@ -401,10 +418,38 @@ def _scalar_expanded(shape: tuple, gen: torch.Generator) -> torch.Tensor:
 
 LAYOUTS = {"expanded-rows": _expanded, "transposed": _transposed,
            "expanded-scalar": _scalar_expanded}
+#: whether a layout makes an upstream gradient of this shape non-contiguous: a row expanded
+#: over more than one leading element, two axes longer than one to transpose, a value
+#: broadcast to more than one element
+_LAYOUT_APPLIES = {
+    "expanded-rows": lambda s: len(s) >= 2 and math.prod(s[:-1]) > 1 and s[-1] > 0,
+    "transposed": lambda s: sum(n > 1 for n in s) >= 2,
+    "expanded-scalar": lambda s: math.prod(s) > 1,
+}
 
 
-@pytest.mark.parametrize("layout", LAYOUTS)
-@pytest.mark.parametrize(("cls", "case", "present"), SMALL)
+def _output_shapes(cls: type[Op], case: Case, present: Mapping[str, bool]) -> list[tuple]:
+    """The shape of each output the spec gives at the case's values (a loss's 0-dim mean, a
+    per-row loss's one axis)."""
+    plan = cls._signature
+    scope = _scope(plan, case.values, present)
+    shapes = []
+    for d in plan.sig.outputs.values():
+        try:
+            shapes.append(tuple(eval_shape(d.shape.node, scope)))
+        except EvalError:  # an output the case leaves out (a nullable gradient)
+            continue
+    return shapes
+
+
+#: the (op, case, presence, layout) combinations where the layout makes some output's
+#: upstream gradient non-contiguous (a 0-dim loss has no strided gradient to hand the node)
+LAYOUT_CASES = [pytest.param(*p.values, layout, id=f"{p.id}-{layout}") for p in SMALL
+                for layout in LAYOUTS
+                if any(_LAYOUT_APPLIES[layout](s) for s in _output_shapes(*p.values))]
+
+
+@pytest.mark.parametrize(("cls", "case", "present", "layout"), LAYOUT_CASES)
 def test_non_contiguous_upstream_gradients(cls, case, present, layout):
     op = cls(target=REFERENCE, **case.params)
     inputs = _inputs(cls, case, present)

@@ -163,7 +163,10 @@ def _rank(b: _Base) -> Iterator[Refusal | Valid]:
                 yield b.refusal("rank", f"{n}-minus-one", n, _zeros(shape[1:], dt),
                                 culprits=(n,))
             continue
-        least = b.shape_at(n, dict.fromkeys(variadic, ()))
+        try:
+            least = b.shape_at(n, dict.fromkeys(variadic, ()))
+        except EvalError:  # a let refuses the emptied shape (reduce_shape over dim=1 at rank 0)
+            least = ()
         if least:
             yield b.refusal("rank", f"{n}-below-least", n, _zeros(least[1:], dt), culprits=(n,))
         s = variadic[0]

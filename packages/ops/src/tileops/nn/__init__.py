@@ -21,6 +21,7 @@ from .linear import Linear
 from .loss import CrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
+from .rotary import RotaryEmbedding
 
 __all__ = [
     "ColumnParallelLinear",
@@ -31,6 +32,7 @@ __all__ = [
     "Linear",
     "RMSNorm",
     "ReLU",
+    "RotaryEmbedding",
     "RowParallelLinear",
     "SiLU",
     "SwiGLUMLP",

@@ -128,15 +128,17 @@ class CrossEntropyFwdOp(CrossEntropyOp):
         zscale, softcap = self.lse_square_scale, self.softcap
 
         def cross_entropy(logits, target):  # torch.nn.functional.cross_entropy
+            # the loss is float32, float64 for float64 logits (the entry's dtype rule)
+            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
             z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
             if zscale == 0.0:
                 return F.cross_entropy(z, target, ignore_index=ignore, reduction=reduction,
-                                       label_smoothing=eps).float()
+                                       label_smoothing=eps).to(wide)
             # the z-loss: scale * lse^2 of each row not ignored, reduced as the loss is
             rows = F.cross_entropy(z, target, ignore_index=ignore, reduction="none",
-                                   label_smoothing=eps).float()
+                                   label_smoothing=eps).to(wide)
             valid = target != ignore
-            lse = torch.logsumexp(z.float(), dim=-1)
+            lse = torch.logsumexp(z.to(wide), dim=-1)
             rows = rows + torch.where(valid, zscale * lse * lse, 0.0)
             if reduction == "none":
                 return rows

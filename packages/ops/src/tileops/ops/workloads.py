@@ -253,14 +253,11 @@ class _Row:
 
     def scalable(self, tensor: str) -> list[str]:
         """The forall Dim/Shape indices ``tensor``'s shape names, in order, a ``let`` standing
-        for the indices its definition reads; indices that feed generated metadata values are
-        left out."""
+        for the indices its definition reads. An index a generator reads (``class_targets(N,
+        V, ...)``) shrinks like any other: each step evaluates the row again, generated
+        values included, so they follow it."""
         sig = self.entry.signature
         decl = sig.outputs[tensor[2:]] if tensor.startswith("->") else sig.inputs[tensor]
-        fed = set()
-        for d in sig.inputs.values():
-            if d.values is not None:
-                fed.update(d.values.names())
         out: list[str] = []
         names = list(decl.shape.names())
         seen = set()
@@ -271,8 +268,7 @@ class _Row:
             seen.add(n)
             if n in sig.let:  # a let shape (broadcast(SA, SB)) shrinks through what it reads
                 names[:0] = list(sig.let[n].names())
-            elif (n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK)
-                    and n not in fed):
+            elif n in sig.forall and isinstance(self.kinds.get(n), DimK | ShapeK):
                 out.append(n)
         return out
 

@@ -131,19 +131,13 @@ class Gradient:
         bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
         args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
                      for f in feeds)
+        # traced: the boundary's call gives every output in the entry's order, an output
+        # aliasing a written input (a gradient written over a saved tensor) as that input
         outs = bwd._boundary.call(bwd, args) if traced else bwd(*args)  # the fused call
         if not isinstance(outs, tuple):
             outs = (outs,)
-        if traced:  # the custom op returns the outputs the backward's branch returns
-            outs = _all_outputs(bwd, outs)
         return tuple(outs[k] if k is not None and needs[i] else None
                      for i, k in enumerate(by_input))
-
-
-def _all_outputs(bwd: Op, returned: tuple) -> tuple:
-    boundary = bwd._boundary
-    by_name = dict(zip(boundary.returned, returned, strict=True))
-    return tuple(by_name.get(n) for n in boundary.plan.output_names)
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
