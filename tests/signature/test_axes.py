@@ -143,3 +143,19 @@ def test_reduce_shape_is_torchs(case) -> None:
     got = point(dim=dims, keepdim=keepdim).check(x).output_shapes[0]
     if want is not None:
         assert got == tuple(want)
+
+
+def test_replace_axis_and_size_at_are_torch_topks_shape() -> None:
+    from tileops.spec.primitives import PrimitiveError, replace_axis, size_at
+
+    for shape in [(5,), (4, 7), (2, 3, 6)]:
+        x = torch.zeros(shape)
+        for d in range(-len(shape), len(shape)):
+            k = min(2, shape[d])
+            assert replace_axis(shape, d, k) == tuple(torch.topk(x, k, dim=d).values.shape)
+            assert size_at(shape, d) == x.shape[d]
+    assert size_at((), 0) == size_at((), -1) == 1
+    with pytest.raises(PrimitiveError, match="a 0-dim shape has no axis 0 to replace"):
+        replace_axis((), 0, 1)
+    with pytest.raises(PrimitiveError, match=r"expected an axis in \[-2, 1\]"):
+        replace_axis((2, 3), 2, 1)

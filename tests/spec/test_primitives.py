@@ -238,7 +238,7 @@ def test_the_tables_are_closed_and_named_by_their_keys() -> None:
     assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "itemsize", "len",
                                   "max", "min", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape",
-                                  "result_type"]
+                                  "replace_axis", "result_type", "size_at"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
                                   "prefix_sum"]
     for table in (PRIMITIVES, GENERATORS):

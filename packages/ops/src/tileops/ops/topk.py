@@ -1,9 +1,11 @@
-"""Top-k: ``torch.topk`` along the last dim, returning ``(values, indices)``.
+"""Top-k: ``torch.topk`` along any dim, returning ``(values, indices)``.
 
 :class:`TopkOp` is the family base: it owns the forward flow of the selections along a row:
 
 - layout: ``x`` as a contiguous ``(rows, n)`` view at a 16-byte aligned address (an input that
   is not one is copied), the outputs as ``(rows, k)`` views of the tensors the call allocated;
+  a ``dim`` that is not the last is moved last by one transposing copy of ``x`` (the kernels
+  read rows with unit stride), and the selections are written back along ``dim``;
 - the call spec: :class:`~tileops.kernels.topk.TopkSpec` from the row count and length the
   signature solved, ``k``, the dtype and which end is kept;
 - the slot ``topk_fwd``.
@@ -36,11 +38,23 @@ class TopkOp(Op):
 
     kernel_types = {TopkInterface: (TopkRadixKernel,)}
 
-    def derive(self) -> None:
-        self._read_n = self.index_reader("N")
-
     def forward(self, call, x, values, indices) -> None:
-        n = self._read_n(call)[0]
+        axis = self.dim % x.dim()
+        if axis != x.dim() - 1:  # one transposing copy: the kernels read rows
+            v, i = self.forward_last(call, x.movedim(axis, -1).contiguous())
+            values.copy_(v.movedim(-1, axis))
+            indices.copy_(i.movedim(-1, axis))
+            return
+        self.forward_last(call, x, values, indices)
+
+    def forward_last(self, call, x, values=None, indices=None):
+        """The selection along the last axis of ``x``, into ``values``/``indices`` (fresh
+        tensors of x's shape with k last where not given); returns them."""
+        n = x.shape[-1]
+        if values is None:
+            shape = (*x.shape[:-1], self.k)
+            values = torch.empty(shape, dtype=x.dtype, device=x.device)
+            indices = torch.empty(shape, dtype=torch.int64, device=x.device)
         rows = x.numel() // n if n else 0
         dtype = x.dtype
         key = (call.device, dtype, rows, n)
@@ -53,14 +67,15 @@ class TopkOp(Op):
         if not x.is_contiguous() or x.data_ptr() % 16:
             x = x.contiguous() if not x.is_contiguous() else x.clone()
         entry(x.view(rows, n), values.view(rows, self.k), indices.view(rows, self.k))
+        return values, indices
 
 
 class TopkFwdOp(TopkOp):
     def reference(self, call, x):
         # a stable sort: by value, equal values by index (NaN above every number, -0.0 == 0.0)
         wide = x.float() if x.dtype != torch.float64 else x
-        vals, idx = torch.sort(wide, dim=-1, descending=self.largest, stable=True)
-        return vals[..., :self.k], idx[..., :self.k]
+        vals, idx = torch.sort(wide, dim=self.dim, descending=self.largest, stable=True)
+        return vals.narrow(self.dim, 0, self.k), idx.narrow(self.dim, 0, self.k)
 
     def eager(self):
         k, dim, largest, sort = self.k, self.dim, self.largest, self.sorted

@@ -43,6 +43,8 @@ __all__ = [
     "pool_out",
     "prod",
     "reduce_shape",
+    "replace_axis",
+    "size_at",
 ]
 
 
@@ -199,6 +201,25 @@ def axis(d: int, rank: int) -> int:
     return d % top
 
 
+def replace_axis(shape: Sequence[int], d: int, n: int) -> tuple[int, ...]:
+    """``shape`` with axis ``d`` (wrapped by :func:`axis`) of length ``n``: torch.topk's
+    output over ``dim``. A 0-dim shape has no axis to replace (torch gives a 0-dim result for
+    k = 1, which no length names)."""
+    if not shape:
+        raise PrimitiveError(f"a 0-dim shape has no axis {d} to replace")
+    if n < 0:
+        raise PrimitiveError(f"an axis length must be >= 0, got {n}")
+    a = axis(d, len(shape))
+    return (*shape[:a], n, *shape[a + 1:])
+
+
+def size_at(shape: Sequence[int], d: int) -> int:
+    """The length of axis ``d`` of ``shape`` (wrapped by :func:`axis`; a 0-dim shape is one
+    element along its one admitted axis, as torch sizes it)."""
+    a = axis(d, len(shape))
+    return shape[a] if shape else 1
+
+
 def reduce_shape(shape: Sequence[int], dim, keepdim: bool) -> tuple[int, ...]:
     """``shape`` reduced over ``dim`` as torch's reductions reduce it: ``dim`` one axis or a
     tuple of axes (each wrapped by :func:`axis`, none repeated), None or an empty tuple meaning
@@ -350,6 +371,11 @@ PRIMITIVES: dict[str, Primitive] = {
         ),
         Primitive("axis", ("int", "int"), lambda a: IntK(), axis,
                   "axis(d, rank): the axis d of a tensor of that rank, wrapped to [0, rank)"),
+        Primitive("replace_axis", ("shape", "int", "int"), lambda a: ShapeK(), replace_axis,
+                  "replace_axis(S, d, n): S with its axis d (wrapped as axis() does) of length "
+                  "n"),
+        Primitive("size_at", ("shape", "int"), lambda a: DimK(), size_at,
+                  "size_at(S, d): the length of axis d of S (wrapped as axis() does)"),
         Primitive("len", ("shape",), lambda a: IntK(), _len, "len(S): the rank of a Shape"),
         Primitive(
             "ceil_div", ("int", "int"), _int_result, ceil_div, "ceil_div(a, b): ceil(a / b)"
