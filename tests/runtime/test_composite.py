@@ -282,3 +282,100 @@ def test_a_stage_outside_a_call_or_in_a_non_composite_op() -> None:
 
     with pytest.raises(StageError, match="declare delegate_types"):
         NotComposite()(torch.ones(2))
+
+
+# --- a composite op with a backward: one autograd node for the whole call ------------------------
+
+_GRAD_SPECS = """\
+ScaleAddGradOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, N: Dim, T: "DType[float32 | float16]"}
+    params:
+      alpha: {type: float, default: 2.0}
+    inputs:
+      x: {dtype: T, shape: "[*S, N]"}
+      b: {dtype: T, shape: "[*S, N]"}
+    outputs:
+      y: {dtype: T, shape: "[*S, N]"}
+  composition:
+    stages:
+    - {name: scale, op: ScaleOp}
+    - {name: add, op: AddOp}
+  roofline:
+    flops: "2 * prod(S) * N"
+  backward:
+    op: ScaleAddGradBwdOp
+    inputs: {dy: "grad(y)"}
+    grads: {x: dx, b: db}
+
+ScaleAddGradBwdOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, N: Dim, T: "DType[float32 | float16]"}
+    params:
+      alpha: {type: float, default: 2.0}
+    inputs:
+      dy: {dtype: T, shape: "[*S, N]"}
+    outputs:
+      dx: {dtype: T, shape: "[*S, N]"}
+      db: {dtype: T, shape: "[*S, N]"}
+  roofline:
+    flops: "2 * prod(S) * N"
+"""
+
+
+@pytest.fixture(scope="module")
+def grad_composite(tmp_path_factory):
+    path = tmp_path_factory.mktemp("specs") / "composite_grad.yaml"
+    path.write_text(_GRAD_SPECS)
+    # loaded with ops.yaml: the stages name its ops
+    specs = SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml", path)
+
+    class ScaleAddGradOp(Op, specs=specs):
+        delegate_types = {"scale": ScaleOp, "add": AddOp}
+
+        def forward(self, call, x, b, y):
+            with self.stage("scale"):
+                t = self.delegate_for("scale", alpha=self.alpha)(x)
+            assert not t.requires_grad and t.grad_fn is None  # grad is off inside the node
+            with self.stage("add"):
+                self.delegate_for("add")(t, b, out=y)
+
+    class ScaleAddGradBwdOp(Op, specs=specs):
+        calls = 0
+
+        def reference(self, call, dy):
+            ScaleAddGradBwdOp.calls += 1
+            return self.alpha * dy, dy.clone()
+
+    return ScaleAddGradOp, ScaleAddGradBwdOp
+
+
+def test_a_composite_with_a_backward_is_one_autograd_node(grad_composite) -> None:
+    fwd, bwd = grad_composite
+    op = fwd(alpha=3.0)
+    x = torch.randn(2, 4, requires_grad=True)
+    b = torch.randn(2, 4, requires_grad=True)
+    y = op(x, b)
+    # one node, named after the composite, whose inputs are the caller's leaves: the
+    # delegates (whose entries declare no gradient, so they would refuse) recorded nothing
+    assert type(y.grad_fn).__name__ == "ScaleAddGradOpBackward"
+    assert [type(f).__name__ for f, _ in y.grad_fn.next_functions] == ["AccumulateGrad"] * 2
+    assert torch.equal(y.detach(), 3.0 * x.detach() + b.detach())
+    assert [s.name for s in op.last_call.stages] == ["scale", "add"]
+    dy = torch.randn(2, 4)
+    before = bwd.calls
+    y.backward(dy)
+    assert bwd.calls == before + 1
+    assert torch.equal(x.grad, 3.0 * dy) and torch.equal(b.grad, dy)
+
+
+def test_a_composite_without_a_backward_leaves_the_node_to_its_delegates() -> None:
+    # ScaleAddOp's entry declares no backward: its delegates record (here: ScaleOp, which has
+    # no gradient, refuses by name), as before
+    x = torch.ones(2, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"^ScaleOp.*x requires grad"):
+        ScaleAddOp()(x, torch.ones(2))

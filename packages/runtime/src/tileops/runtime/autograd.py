@@ -13,7 +13,11 @@ Eager calls record a node only when grad mode is on and a differentiable input r
 whose forward is the ordinary call (grad is off inside it, so it is the cached call) and whose
 backward calls the backward op instance the forward op holds for that ``needs`` combination.
 No ``torch.library`` dispatch is involved: the Function's own cost is the only one added, and a
-call with grad off is the same code as before.
+call with grad off is the same code as before. A composite op whose entry declares a backward
+is one node too: its delegate calls run inside the node's forward with grad off, so a chunked
+composite (the fused linear cross-entropy) keeps no chunk's intermediates alive for autograd;
+its backward op recomputes what it needs. A composite op without a backward records no node of
+its own, and each delegate call records its own.
 
 Under ``torch.compile`` the compile boundary registers :func:`register` on its custom op: the
 same saves and the same backward op, emitted as the backward op's own custom op, so AOTAutograd

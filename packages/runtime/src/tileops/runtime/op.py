@@ -9,7 +9,8 @@ Everything else comes from here and from code generated from the entry:
 - ``Op.__init__`` runs the construction check and sets up the three groups of instance state
   (construction, binding, run); it reads no device property.
 - ``op(*inputs, **outs)`` runs the seven steps of a call (see ``_run_call``); with grad mode
-  on and an input requiring grad, as one autograd node (``_graph_call``, autograd.py).
+  on and an input requiring grad, as one autograd node (``_graph_call``, autograd.py), a
+  composite op's whole call included when its entry declares a backward.
 - an op pickles and deep-copies as its construction (``__reduce__``): the copy is a new
   instance with its own caches and locks.
 
@@ -19,7 +20,7 @@ Instance state (every field exists after construction):
 |--------------|--------------------------------------------------------------------|-------------|
 | construction | params, ``target``, ``_installed_kernel_types``, ``_preferred_over``,| kept        |
 |              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key``,|             |
-|              | ``_init_args``                                                     |             |
+|              | ``_init_args``, ``_records_node``                                  |             |
 | binding      | ``_target_builder``, ``_serving_target``, ``_entries_by_call``,      | initial     |
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
@@ -153,6 +154,10 @@ class Op(declared.Equivalents):
         self._n_required = max((i + 1 for i, n in enumerate(plan.input_names)
                                 if n not in plan.optional_inputs), default=0)
         self._composite = bool(cls.delegate_types)
+        #: a call with grad needed is one autograd node: every op with a gradient, and every
+        #: op that is not composite (the rest refuse, naming the inputs); a composite op
+        #: without one leaves each delegate call to record its own node
+        self._records_node = cls._gradient is not None or not self._composite
         if target is not None and target != targets.IN_TREE and target not in targets.targets():
             raise TargetError(f"{cls.__name__}: unknown target {target!r}; known: "
                               f"{', '.join([targets.IN_TREE, *targets.targets()])}")
@@ -309,7 +314,7 @@ class Op(declared.Equivalents):
         call = self._point.check(*inputs, **outs) if outs else self._point.check(*inputs)
         if len(inputs) < self._n_inputs:  # absent optional inputs are passed on as None
             inputs = inputs + (None,) * (self._n_inputs - len(inputs))
-        if _grad_enabled() and not self._composite:
+        if _grad_enabled() and self._records_node:
             for t in inputs:
                 if t is not None and t.requires_grad:
                     return self._graph_call(call, inputs, outs)
@@ -367,7 +372,9 @@ class Op(declared.Equivalents):
 
     def _graph_call(self, call: SignatureCall, inputs: tuple, outs: dict | None) -> Any:
         """A checked call with grad mode on and an input requiring grad: the call recorded as
-        one autograd node (a composite op's delegates record their own)."""
+        one autograd node. A composite op's delegates run inside the node's forward, where grad
+        mode is off, so they record nothing and save nothing: the node saves what the entry's
+        ``backward:`` block names, once for the whole call."""
         gradient = self._gradient
         if gradient is None:
             self._forward_only(inputs)
