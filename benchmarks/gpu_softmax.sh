@@ -4,7 +4,9 @@
 # through the harness, then the side-by-side benchmarks of the bars (tileops bench against
 # torch eager, a fresh torch.compile per workload and Liger-Kernel's softmax where it covers
 # the call) and of the gradients and the odd sizes. Logs and results go to $OUT (or
-# ./gpu-out). STAGES picks stages (default: prebuild tests bench). About 10 minutes on one H200.
+# ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, which times the
+# launch-plan choices not yet measured: the register softmax keeping its exponentials or not,
+# and the looped kernel's held head). About 10 minutes on one H200, the sweep 2 more.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -30,5 +32,44 @@ for stage in $STAGES; do case $stage in
     bench grads SoftmaxBwdOp LogSoftmaxBwdOp "${BARS[@]}" --dtype bf16
     bench lse_grad LogSumExpBwdOp
     bench odd SoftmaxFwdOp -w odd-n4097 -w tiny-m3-n7 -w wide-n131072 -w wide-n262144 -w dim0-m1024-n4096 -w dim1-8x512x1024 ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+  sweep) TAIL=40 run sweep.log python3 - <<'PY'
+# Each plan choice on the bars' shapes in bf16, through the kernels' builders: TB/s counted as
+# the bytes read and written once, timed by CUDA events over 50 calls after 5 warm-up calls.
+import torch
+from tileops.kernels import softmax as S
+
+L = S.Layout
+
+
+def tbps(prog, args, nbytes):
+    for _ in range(5):
+        prog(*args)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(50):
+        prog(*args)
+    b.record()
+    torch.cuda.synchronize()
+    return nbytes / (a.elapsed_time(b) / 50 * 1e-3) / 1e12
+
+
+def row(what, layout, m, n, plan):
+    x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+    y = torch.empty_like(x)
+    prog = S.build_fwd(layout, "softmax", n, 1, "bfloat16", plan)
+    print(f"{what:>34} {m:>6} x {n:<7} plan {plan}: {tbps(prog, (x, y), 4 * m * n):.2f} TB/s",
+          flush=True)
+
+
+for m, n in ((32768, 8192), (16384, 1024), (4096, 32000)):
+    base = S.register_plan(n, "bfloat16")
+    for keep in (False, True):
+        row("register, keep exp" if keep else "register, recompute exp", L.REGISTER, m, n,
+            (*base, keep))
+for hold in (1, 2, 4):
+    threads, vec, per, _ = S.looped_plan(128256, "bfloat16")
+    row("looped, head held", L.LOOPED, 4096, 128256, (threads, vec, per, hold))
+PY
+    ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done

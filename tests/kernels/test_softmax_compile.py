@@ -57,7 +57,11 @@ def test_forward_programs_compile_for_sm90(layout, kind, outer, r, inner, dtype)
     vec = plan[2]
     if vec * S._ITEMSIZE[dtype] == 16 and dtype != "float32":
         assert "uint4" in src  # 16-byte accesses where the layout allows them
-    assert "log2f" in src  # every forward takes the lse
+    keep = layout is L.REGISTER and plan[4]
+    assert keep == (kind == "softmax" and layout is L.REGISTER and plan[0] <= 128)
+    assert ("log2f" in src) != keep  # the lse, unless softmax scales its kept exponentials
+    if kind == "softmax" and layout is L.REGISTER:  # one exponential an element when kept
+        assert src.count("exp2f(") == (1 if keep else 2)
     if layout is L.REGISTER and plan[0] > 32 or layout is not L.REGISTER:
         assert "__syncthreads" in src  # the reduction across warps
     if layout is not L.STRIDED and vec > 1:  # a row's lse: one scalar store; rows: vectors

@@ -81,6 +81,7 @@ __all__ = [
     "build_bwd",
     "build_fwd",
     "build_lse_bwd",
+    "keep_exp",
     "looped_plan",
     "register_plan",
     "rows_walk_plan",
@@ -232,6 +233,16 @@ def register_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int
     return tpr, rpc, vec, per
 
 
+def keep_exp(kind: "SoftmaxKind", plan: tuple[int, int, int, int]) -> bool:
+    """Whether the register softmax keeps its ``exp(x - max)`` in fp32 registers (one
+    exponential an element instead of two): for rows of at most 128 threads, where the extra
+    registers (one a held element) still leave two CTAs of a row or more an SM. Wider rows
+    recompute them: at 512 threads a row the registers would leave one CTA an SM, whose
+    barriers nothing overlaps. A first choice, before any H200 sweep of it (gpu_softmax.sh's
+    sweep stage times both)."""
+    return kind is SoftmaxKind.SOFTMAX and plan[0] <= 128
+
+
 def looped_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int]:
     """``(threads, vec, per, hold)``: each thread holds ``hold`` accesses of the row's head (of
     each of the ``held`` tensors) in registers, and the passes walk the rest in chunks of
@@ -295,8 +306,11 @@ def _fwd_signature(body, kind: str, xs, os_, dtype: str):
 
 
 def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec: int,
-                         per: int):
-    """The register kernel's prim_func (not compiled) over an ``(M, n)`` view."""
+                         per: int, keep_exp: bool = False):
+    """The register kernel's prim_func (not compiled) over an ``(M, n)`` view. With
+    ``keep_exp`` (softmax only) the sum's ``exp(x - max)`` are kept in fp32 registers and the
+    output is each times ``1 / sum``: one exponential an element instead of two, for as many
+    more registers as the thread holds elements."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
@@ -315,7 +329,8 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
             grp = tx // tpr
             row = bx * rpc + grp
             held = T.alloc_local((held_n,), dtype)
-            acc = T.alloc_local((3,), f32)  # max, sum, lse
+            acc = T.alloc_local((3,), f32)  # max, sum, lse (1 / sum when keep_exp)
+            ex = T.alloc_local((held_n if keep_exp else 1,), f32)
             red = T.alloc_shared((rpc * wpr * 2,), f32)
             for v in T.unroll(per):
                 col = (v * tpr + lane) * vec
@@ -338,8 +353,13 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
                 for w in T.unroll(wpr):
                     acc[0] = T.max(acc[0], red[grp * wpr + w])
             acc[1] = T.cast(0, f32)
-            for j in T.unroll(held_n):
-                acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
+            if keep_exp:
+                for j in T.unroll(held_n):
+                    ex[j] = T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
+                    acc[1] += ex[j]
+            else:
+                for j in T.unroll(held_n):
+                    acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
             if span > 1:
                 for s in T.unroll(span.bit_length() - 1):
                     acc[1] += T.shfl_xor(acc[1], (span // 2) >> s)
@@ -350,7 +370,10 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
                 acc[1] = T.cast(0, f32)
                 for w in T.unroll(wpr):
                     acc[1] += red[rpc * wpr + grp * wpr + w]
-            acc[2] = _lse(T, acc[0], acc[1])
+            if keep_exp:
+                acc[2] = T.cast(1, f32) / acc[1]
+            else:
+                acc[2] = _lse(T, acc[0], acc[1])
             if lse_out:
                 if row < M and lane == 0:
                     Y[row] = T.cast(acc[2], dtype)
@@ -359,7 +382,9 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
                     col = (v * tpr + lane) * vec
                     if row < M and (exact or col < n):
                         for i in T.unroll(vec):
-                            if kind == "softmax":
+                            if keep_exp:
+                                held[v * vec + i] = T.cast(ex[v * vec + i] * acc[2], dtype)
+                            elif kind == "softmax":
                                 held[v * vec + i] = T.cast(T.exp2(
                                     (T.cast(held[v * vec + i], f32) - acc[2]) * _LOG2E), dtype)
                             else:
@@ -907,6 +932,8 @@ def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
     if layout is Layout.REGISTER:
         plan = register_plan(spec.r, spec.dtype, held)
         assert plan is not None, "the register kernel refuses rows it cannot hold"
+        if held == 1:  # the forward: whether softmax keeps its exponentials
+            return (*plan, keep_exp(spec.kind, plan))
         return plan
     if layout is Layout.LOOPED:
         return looped_plan(spec.r, spec.dtype, held)
