@@ -2,7 +2,10 @@
 # PYTHONPATH with the packages' sources, and the GPU's name and clocks recorded.
 set -uo pipefail
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
-mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz
+# unpacked once per bundle: the family scripts of one session share it
+if [ ! -f /tmp/site/.unpacked ] || [ .gpu/site.tar.xz -nt /tmp/site/.unpacked ]; then
+  mkdir -p /tmp/site && tar -C /tmp/site -xJf .gpu/site.tar.xz && touch /tmp/site/.unpacked
+fi
 export PYTHONPATH=/tmp/site:$(ls -d "$PWD"/packages/*/src | paste -sd:)
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,clocks.sm,clocks.mem,memory.used --format=csv | tee "$OUT/smi.txt"
