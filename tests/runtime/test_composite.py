@@ -379,3 +379,23 @@ def test_a_composite_without_a_backward_leaves_the_node_to_its_delegates() -> No
     x = torch.ones(2, requires_grad=True)
     with pytest.raises(RuntimeError, match=r"^ScaleOp.*x requires grad"):
         ScaleAddOp()(x, torch.ones(2))
+
+
+def test_a_composite_with_a_backward_compiles_to_its_own_node(grad_composite) -> None:
+    fwd, _ = grad_composite
+    op = fwd(alpha=3.0)
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    step = torch.compile(lambda x, b: op(x, b).sum(), backend=backend, fullgraph=True)
+    x = torch.randn(2, 4, requires_grad=True)
+    b = torch.randn(2, 4, requires_grad=True)
+    step(x, b).backward()
+    calls = [n for n in graphs[0].graph.nodes if n.op == "call_function"]
+    own = getattr(torch.ops.tileops, fwd.compile_op_names[0].split("::", 1)[1]).default
+    assert [n.target for n in calls][:1] == [own]  # then the sum
+    assert torch.equal(x.grad, torch.full((2, 4), 3.0)) and torch.equal(b.grad, torch.ones(2, 4))

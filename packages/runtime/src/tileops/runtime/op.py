@@ -172,7 +172,10 @@ class Op(declared.Equivalents):
                              f"apply")
         self._instance_key = register_instance(self)
         self._boundary = None
-        if plan.input_names and plan.entry.composition is None and not cls.delegate_types:
+        if plan.input_names:
+            # a composite op too: traced, its call is one custom op whose real call composes
+            # (eagerly, inside the op), so a compiled training step keeps one node and the
+            # entry's gradient, not the delegates' intermediates
             from .boundary import boundary_for
 
             self._boundary = boundary_for(self)
@@ -269,9 +272,8 @@ class Op(declared.Equivalents):
 
     def _traced_call(self, inputs: tuple, kwargs: dict) -> Any:
         if self._boundary is None:
-            raise RuntimeError(f"{type(self).__name__} has no compile boundary (a composite op "
-                               f"or one without tensor inputs); call it outside torch.compile "
-                               f"or compile its delegates")
+            raise RuntimeError(f"{type(self).__name__} has no compile boundary (an op without "
+                               f"tensor inputs); call it outside torch.compile")
         if kwargs:
             inputs, outs = self._split_kwargs(inputs, kwargs)
             if outs:
