@@ -16,6 +16,14 @@ Every call is handed over as a contiguous ``(outer, R, inner)`` view of its inpu
     memory. When ``outer x inner`` gives too few CTAs (``dim=0`` of 32768 x 8192 gives 32),
     ``R`` is split across CTAs.
 
+Sizes: the row count (``M = outer`` of the row program, ``outer`` of the column program, the
+outputs' count of the finish) is a launch-time size (``T.dynamic``), so a model calling a
+reduction on a new batch size reuses the program of the last one. The reduced length ``r``
+and ``inner`` stay compiled in: the access width, the threads and the loop's steps are
+functions of them. The row count reaches a plan only through the split count, which is asked
+for as a power of two, so the row counts of a row length share at most 11 programs (one, the
+unsplit, from ``_TARGET_CTAS`` CTAs of whole rows up).
+
 A split writes one partial state per (split, output) into a float32 / int64 workspace
 ``(parts, splits, P)`` (and an int32 ``(splits, P)`` of indices for argmax/argmin) and a second
 small program, the finish, combines the splits of each output in split order and writes it.
@@ -57,7 +65,9 @@ __all__ = [
     "build_finish_kernel",
     "build_row_kernel",
     "column_plan",
+    "column_shape",
     "row_plan",
+    "row_shape",
 ]
 
 _VECTOR_BYTES = 16
@@ -184,6 +194,25 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
+def _pow2_at_most(x: int) -> int:
+    p = 1
+    while 2 * p <= x:
+        p *= 2
+    return p
+
+
+def row_shape(n: int, dtype: str) -> tuple[int, int, int, int]:
+    """``(tpr, rpc, vec, per)`` of the row kernel for rows of ``n`` (see :func:`row_plan`):
+    what the program compiles in besides its split count, a function of the row alone."""
+    vec = _vec(n, dtype)
+    nv = -(-n // vec)  # accesses in a row
+    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16
+    tpr = _pow2_at_least(-(-nv // per))
+    tpr = _WARP if tpr <= _WARP else min(256, max(128, tpr))
+    rpc = 256 // _WARP if tpr == _WARP else 1
+    return tpr, rpc, vec, per
+
+
 def row_plan(m: int, n: int, dtype: str) -> tuple[int, int, int, int, int]:
     """``(tpr, rpc, vec, per, splits)`` for the row kernel: ``tpr`` threads a row, ``rpc``
     rows a CTA, accesses of ``vec`` elements, ``per`` in flight a thread, each row split over
@@ -194,18 +223,19 @@ def row_plan(m: int, n: int, dtype: str) -> tuple[int, int, int, int, int]:
     16; rows of at most a warp's share pack 8 rows a CTA. A reduction holds nothing, so a row
     longer than one pass loops. Rows are split only when the CTAs of whole rows cannot fill
     the SMs and each split keeps at least ``_MIN_SPLIT_ACCESSES`` accesses a thread.
+
+    The row count ``m`` is a launch-time size of the program; it reaches the plan only through
+    the split count, which is asked for as a power of two (rounded down), so every ``m`` of a
+    row length maps to one of at most 11 programs (``m >= _TARGET_CTAS``: always the unsplit
+    one).
     """
-    vec = _vec(n, dtype)
-    nv = -(-n // vec)  # accesses in a row
-    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16
-    tpr = _pow2_at_least(-(-nv // per))
-    tpr = _WARP if tpr <= _WARP else min(256, max(128, tpr))
-    rpc = 256 // _WARP if tpr == _WARP else 1
+    tpr, rpc, vec, per = row_shape(n, dtype)
+    nv = -(-n // vec)
     ctas = -(-m // rpc)
     splits = 1
     if rpc == 1 and ctas < _TARGET_CTAS:
         most = max(1, nv // (tpr * _MIN_SPLIT_ACCESSES))
-        splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+        splits = _pow2_at_most(min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1))))
         splits = -(-n // _row_segment(n, splits, tpr * per * vec, vec))
     return tpr, rpc, vec, per, splits
 
@@ -222,6 +252,16 @@ def _column_segment(r: int, splits: int, rows: int) -> int:
     return _ceil_to(-(-r // splits), rows)
 
 
+def column_shape(inner: int, dtype: str) -> tuple[int, int, int, int]:
+    """``(tcols, ty, vec, per)`` of the column kernel for ``inner`` columns (see
+    :func:`column_plan`), a function of ``inner`` alone."""
+    vec = _vec(inner, dtype)
+    tcols = min(_WARP, _pow2_at_least(-(-inner // vec)))
+    ty = 256 // tcols
+    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16  # as row_plan's
+    return tcols, ty, vec, per
+
+
 def column_plan(outer: int, r: int, inner: int, dtype: str
                 ) -> tuple[int, int, int, int, int]:
     """``(tcols, ty, vec, per, splits)`` for the column kernel: 256 threads, ``tcols`` over
@@ -229,16 +269,14 @@ def column_plan(outer: int, r: int, inner: int, dtype: str
     ``r`` split over ``splits`` CTAs. A warp spans a row's 32 vectors where ``inner`` has
     them (coalesced 512-byte reads); narrower ``inner`` gives more of the 256 threads to ``r``.
     ``r`` is split when the CTAs over ``outer x inner`` cannot fill the SMs, keeping at least
-    ``ty * per`` rows a split."""
-    vec = _vec(inner, dtype)
-    tcols = min(_WARP, _pow2_at_least(-(-inner // vec)))
-    ty = 256 // tcols
-    per = 8 if vec * _ITEMSIZE[_storage(dtype)] >= _VECTOR_BYTES else 16  # as row_plan's
+    ``ty * per`` rows a split. ``outer`` is a launch-time size: as in :func:`row_plan`, it
+    reaches the plan only through a power-of-two split count."""
+    tcols, ty, vec, per = column_shape(inner, dtype)
     ctas = outer * -(-inner // (tcols * vec))
     splits = 1
     if ctas < _TARGET_CTAS:
         most = max(1, r // (ty * per))
-        splits = min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1)))
+        splits = _pow2_at_most(min(_MAX_SPLITS, most, -(-_TARGET_CTAS // max(ctas, 1))))
         splits = -(-r // _column_segment(r, splits, ty * per))
     return tcols, ty, vec, per, splits
 
@@ -444,24 +482,26 @@ def _wrap(body, x_shape, x_dtype, outs: list[tuple[tuple, str]]):
     return main
 
 
-def _out_buffers(ar: _Arith, p: int, splits: int) -> list[tuple[tuple, str]]:
-    """What a main program writes: the output(s) of ``p`` elements, or with splits the
-    workspace ``(parts, splits, p)`` and, for the arg kinds, its ``(splits, p)`` indices (the
+def _out_buffers(ar: _Arith, kept: tuple, splits: int) -> list[tuple[tuple, str]]:
+    """What a main program writes: the output(s) of shape ``kept`` (the row program's
+    ``(M,)``, the column program's ``(outer, inner)``), or with splits the workspace
+    ``(parts, splits, *kept)`` and, for the arg kinds, its ``(splits, *kept)`` indices (the
     moments keep their shift as a third part, read back from split 0)."""
     if splits == 1:
         n = 2 if ar.kind is ReduceKind.VAR_MEAN else 1
-        return [((p,), ar.out)] * n
+        return [(kept, ar.out)] * n
     parts = ar.nparts + (1 if ar.kind in _MOMENTS else 0)
-    outs = [((parts, splits, p), ar.acc)]
+    outs = [((parts, splits, *kept), ar.acc)]
     if ar.arg:
-        outs.append(((splits, p), "int32"))
+        outs.append(((splits, *kept), "int32"))
     return outs
 
 
-def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
+def row_program(kind: ReduceKind, n: int, dtype: str, correction: float,
                 tpr: int, rpc: int, vec: int, per: int, splits: int):
-    """The row kernel over an ``(m, n)`` view (not compiled)."""
+    """The row kernel over an ``(M, n)`` view, ``M`` a launch-time size (not compiled)."""
     _, T = tl()
+    m = T.dynamic("M")
     ar = _Arith(kind, dtype, n, correction)
     store = _storage(dtype)
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
@@ -547,13 +587,15 @@ def row_program(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
                     if arg:
                         Y1[by, row] = idx[0]
 
-    return _wrap(body, (m, n), store, _out_buffers(ar, m, splits))
+    return _wrap(body, (m, n), store, _out_buffers(ar, (m,), splits))
 
 
-def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
-                   correction: float, tcols: int, ty: int, vec: int, per: int, splits: int):
-    """The column kernel over an ``(outer, r, inner)`` view (not compiled)."""
+def column_program(kind: ReduceKind, r: int, inner: int, dtype: str, correction: float,
+                   tcols: int, ty: int, vec: int, per: int, splits: int):
+    """The column kernel over an ``(outer, r, inner)`` view, ``outer`` a launch-time size,
+    writing ``(outer, inner)`` outputs (not compiled)."""
     _, T = tl()
+    outer = T.dynamic("outer")
     ar = _Arith(kind, dtype, r, correction)
     store = _storage(dtype)
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
@@ -565,7 +607,6 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
     exact_cols = inner % width == 0
     rounds = -(-width // threads)  # columns a thread combines in the last step
     blocks = -(-inner // width)
-    p = outer * inner
     fold_in, merge_into, _ = _merging(ar)
     ident = ar.identity()
 
@@ -633,31 +674,31 @@ def column_program(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
                         outs = ar.outputs(tuple(one[k] for k in range(nparts)), pair[0],
                                           T.cast(X[bo, 0, gcol], "float32") if moments
                                           else None)
-                        Y0[bo * inner + gcol] = outs[0]
+                        Y0[bo, gcol] = outs[0]
                         if kind is ReduceKind.VAR_MEAN:
-                            Y1[bo * inner + gcol] = outs[1]
+                            Y1[bo, gcol] = outs[1]
                     else:
                         for k in T.unroll(nparts):
-                            Y0[k, bs, bo * inner + gcol] = one[k]
+                            Y0[k, bs, bo, gcol] = one[k]
                         if moments:
-                            Y0[nparts, bs, bo * inner + gcol] = T.cast(X[bo, 0, gcol],
-                                                                       "float32")
+                            Y0[nparts, bs, bo, gcol] = T.cast(X[bo, 0, gcol], "float32")
                         if arg:
-                            Y1[bs, bo * inner + gcol] = pair[0]
+                            Y1[bs, bo, gcol] = pair[0]
 
-    return _wrap(body, (outer, r, inner), store, _out_buffers(ar, p, splits))
+    return _wrap(body, (outer, r, inner), store, _out_buffers(ar, (outer, inner), splits))
 
 
 #: outputs a CTA of the finish combines (a warp each)
 _FINISH_PER_CTA = 8
 
 
-def finish_program(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
-                   correction: float):
+def finish_program(kind: ReduceKind, splits: int, dtype: str, r: int, correction: float):
     """The second pass of a split: a warp per output reads its ``splits`` partial states
     (lane ``l`` the splits ``l, l + 32, ...``, in order), merges them with shuffles and writes
-    the output (not compiled)."""
+    the output; the outputs' count ``P`` is a launch-time size, the main program's workspace
+    handed over as ``(parts, splits, P)`` (not compiled)."""
     _, T = tl()
+    p = T.dynamic("P")
     ar = _Arith(kind, dtype, r, correction)
     acc_t, nparts, arg, moments = ar.acc, ar.nparts, ar.arg, kind in _MOMENTS
     parts = nparts + (1 if moments else 0)
@@ -714,27 +755,29 @@ def finish_program(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
 
 
 @functools.lru_cache(maxsize=256)
-def build_row_kernel(kind: ReduceKind, m: int, n: int, dtype: str, correction: float,
-                     target: str | None = None, plan: tuple | None = None):
-    """Compile the row kernel (cached per configuration); ``plan`` overrides
-    :func:`row_plan`, for tuning."""
-    plan = plan or row_plan(m, n, dtype)
-    return compile_program(row_program(kind, m, n, dtype, correction, *plan), target)
+def build_row_kernel(kind: ReduceKind, n: int, dtype: str, correction: float, splits: int,
+                     target: str | None = None):
+    """Compile the row kernel for rows of ``n`` split ``splits`` ways (cached per
+    configuration; the row count is the launch's)."""
+    plan = (*row_shape(n, dtype), splits)
+    return compile_program(row_program(kind, n, dtype, correction, *plan), target)
 
 
 @functools.lru_cache(maxsize=256)
-def build_column_kernel(kind: ReduceKind, outer: int, r: int, inner: int, dtype: str,
-                        correction: float, target: str | None = None,
-                        plan: tuple | None = None):
-    plan = plan or column_plan(outer, r, inner, dtype)
-    return compile_program(column_program(kind, outer, r, inner, dtype, correction, *plan),
-                           target)
+def build_column_kernel(kind: ReduceKind, r: int, inner: int, dtype: str, correction: float,
+                        splits: int, target: str | None = None):
+    """Compile the column kernel for ``(outer, r, inner)`` views with ``r`` split ``splits``
+    ways (cached per configuration; ``outer`` is the launch's)."""
+    plan = (*column_shape(inner, dtype), splits)
+    return compile_program(column_program(kind, r, inner, dtype, correction, *plan), target)
 
 
 @functools.lru_cache(maxsize=256)
-def build_finish_kernel(kind: ReduceKind, p: int, splits: int, dtype: str, r: int,
-                        correction: float, target: str | None = None):
-    return compile_program(finish_program(kind, p, splits, dtype, r, correction), target)
+def build_finish_kernel(kind: ReduceKind, splits: int, dtype: str, r: int, correction: float,
+                        target: str | None = None):
+    """Compile the finish of ``splits`` partial states a output (the outputs' count is the
+    launch's)."""
+    return compile_program(finish_program(kind, splits, dtype, r, correction), target)
 
 
 # --- the implementations -------------------------------------------------------------------------
@@ -751,8 +794,20 @@ def _index_refusal(spec: ReductionSpec) -> str | None:
 
 
 class _ReductionKernel(Kernel, ReductionInterface):
+    """What the two programs' entries share. An entry serves every call of its
+    :meth:`identity`: calls that differ in ``outer`` alone (and map to the same split count)
+    share it and its compiled programs, so each call takes its sizes from ``x``. An empty call
+    (no outputs or an empty run) builds nothing and has an identity of its own (split count
+    0)."""
+
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+
+    @classmethod
+    def _splits(cls, spec: ReductionSpec) -> int:
+        if spec.outer * spec.inner == 0 or spec.r == 0:
+            return 0
+        return cls._plan(spec)[-1]
 
     def __init__(self, spec: ReductionSpec) -> None:
         super().__init__(spec)
@@ -764,23 +819,19 @@ class _ReductionKernel(Kernel, ReductionInterface):
         self._arg = k in _ARG
         self._bool_in = spec.dtype == "bool"
         self._bool_out = spec.out_dtype == "bool"
-        self._p = spec.outer * spec.inner
-        self._empty = self._p == 0 or spec.r == 0
-        self.splits = 1
+        self.splits = self._splits(spec)
         self.program = self.finish = None
-        if self._empty:
+        if self.splits == 0:
             return
-        self.splits = self._plan(spec)[-1]
-        self.program = self._build(spec)
+        self.program = self._build(spec, self.splits)
         if self.splits > 1:
-            self.finish = build_finish_kernel(k, self._p, self.splits, spec.dtype, spec.r,
+            self.finish = build_finish_kernel(k, self.splits, spec.dtype, spec.r,
                                               spec.correction)
-            parts = _parts(k) + (1 if k in _MOMENTS else 0)
-            self._ws = ((parts, self.splits, self._p),
-                        getattr(torch, _acc_dtype(k, spec.dtype)))
+            self._parts = _parts(k) + (1 if k in _MOMENTS else 0)
+            self._ws_dtype = getattr(torch, _acc_dtype(k, spec.dtype))
 
     def __call__(self, x, out, out2) -> None:
-        if self._empty:
+        if self.splits == 0:
             self._fill_empty(out, out2)
             return
         u8 = self._torch.uint8
@@ -788,30 +839,34 @@ class _ReductionKernel(Kernel, ReductionInterface):
             x = x.view(u8)
         if self._bool_out:
             out = out.view(u8)
+        outer, _, inner = x.shape
+        x, kept = self._view(x)
         if self.finish is None:
             if self._two:
-                self.program(x, out, out2)
+                self.program(x, out.view(kept), out2.view(kept))
             else:
-                self.program(x, out)
+                self.program(x, out.view(kept))
             return
-        torch = self._torch
-        ws = torch.empty(self._ws[0], dtype=self._ws[1], device=x.device)
+        torch, p = self._torch, outer * inner
+        ws = torch.empty((self._parts, self.splits, *kept), dtype=self._ws_dtype,
+                         device=x.device)
+        flat = ws.view(self._parts, self.splits, p)
         if self._arg:
-            wi = torch.empty((self.splits, self._p), dtype=torch.int32, device=x.device)
+            wi = torch.empty((self.splits, *kept), dtype=torch.int32, device=x.device)
             self.program(x, ws, wi)
-            self.finish(ws, wi, out)
+            self.finish(flat, wi.view(self.splits, p), out)
         elif self._two:
             self.program(x, ws)
-            self.finish(ws, out, out2)
+            self.finish(flat, out, out2)
         else:
             self.program(x, ws)
-            self.finish(ws, out)
+            self.finish(flat, out)
 
     def _fill_empty(self, out, out2) -> None:
         """An empty reduced run gives torch's value of the empty reduction (sum 0, prod 1,
         all True, any False, NaN for mean and the moments; the spec refuses amax/amin/argmax
         of none); an empty output has nothing to write."""
-        if self._p == 0:
+        if out.numel() == 0:
             return
         k = self.spec.kind
         value = {ReduceKind.SUM: 0, ReduceKind.PROD: 1, ReduceKind.L2NORM: 0,
@@ -833,15 +888,21 @@ class ReductionRowKernel(_ReductionKernel):
 
     @classmethod
     def identity(cls, spec: ReductionSpec):
-        return (spec.kind, spec.outer, spec.r, spec.dtype, spec.correction, spec.device)
+        return (spec.kind, spec.r, spec.dtype, spec.correction, cls._splits(spec),
+                spec.device)
 
     @staticmethod
     def _plan(spec: ReductionSpec):
         return row_plan(spec.outer, spec.r, spec.dtype)
 
     @staticmethod
-    def _build(spec: ReductionSpec):
-        return build_row_kernel(spec.kind, spec.outer, spec.r, spec.dtype, spec.correction)
+    def _build(spec: ReductionSpec, splits: int):
+        return build_row_kernel(spec.kind, spec.r, spec.dtype, spec.correction, splits)
+
+    @staticmethod
+    def _view(x):
+        """The program's ``X`` is ``(M, n)``, its outputs ``(M,)``."""
+        return x.view(x.shape[0], x.shape[1]), (x.shape[0],)
 
 
 class ReductionColumnKernel(_ReductionKernel):
@@ -857,14 +918,20 @@ class ReductionColumnKernel(_ReductionKernel):
 
     @classmethod
     def identity(cls, spec: ReductionSpec):
-        return (spec.kind, spec.outer, spec.r, spec.inner, spec.dtype, spec.correction,
-                spec.device)
+        return (spec.kind, spec.r, spec.inner, spec.dtype, spec.correction,
+                cls._splits(spec), spec.device)
 
     @staticmethod
     def _plan(spec: ReductionSpec):
         return column_plan(spec.outer, spec.r, spec.inner, spec.dtype)
 
     @staticmethod
-    def _build(spec: ReductionSpec):
-        return build_column_kernel(spec.kind, spec.outer, spec.r, spec.inner, spec.dtype,
-                                   spec.correction)
+    def _build(spec: ReductionSpec, splits: int):
+        return build_column_kernel(spec.kind, spec.r, spec.inner, spec.dtype, spec.correction,
+                                   splits)
+
+    @staticmethod
+    def _view(x):
+        """The program's ``X`` is the ``(outer, r, inner)`` view, its outputs
+        ``(outer, inner)``."""
+        return x, (x.shape[0], x.shape[2])
