@@ -324,15 +324,60 @@ ScaleAddGradBwdOp:
       db: {dtype: T, shape: "[*S, N]"}
   roofline:
     flops: "2 * prod(S) * N"
+
+# A 0-dim output: its forward may keep its inputs' gradients.
+ScaledSumOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32 | float16]"}
+    params:
+      alpha: {type: float, default: 2.0}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+      b: {dtype: T, shape: "[*S]"}
+    outputs:
+      total: {dtype: T, shape: "[]"}
+  composition:
+    stages:
+    - {name: scale, op: ScaleOp}
+  roofline:
+    flops: "2 * prod(S)"
+  backward:
+    op: ScaledSumBwdOp
+    saves: [x]
+    inputs: {dtotal: "grad(total)", x: x}
+    grads: {x: dx, b: db}
+
+ScaledSumBwdOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32 | float16]"}
+    params:
+      alpha: {type: float, default: 2.0}
+    inputs:
+      dtotal: {dtype: T, shape: "[]"}
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      dx: {dtype: T, shape: "[*S]"}
+      db: {dtype: T, shape: "[*S]"}
+  roofline:
+    flops: "2 * prod(S)"
 """
 
 
 @pytest.fixture(scope="module")
-def grad_composite(tmp_path_factory):
+def grad_specs(tmp_path_factory):
     path = tmp_path_factory.mktemp("specs") / "composite_grad.yaml"
     path.write_text(_GRAD_SPECS)
     # loaded with ops.yaml: the stages name its ops
-    specs = SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml", path)
+    return SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml", path)
+
+
+@pytest.fixture(scope="module")
+def grad_composite(grad_specs):
+    specs = grad_specs
 
     class ScaleAddGradOp(Op, specs=specs):
         delegate_types = {"scale": ScaleOp, "add": AddOp}
@@ -352,6 +397,35 @@ def grad_composite(tmp_path_factory):
             return self.alpha * dy, dy.clone()
 
     return ScaleAddGradOp, ScaleAddGradBwdOp
+
+
+@pytest.fixture(scope="module")
+def sum_ops(grad_specs):
+    specs = grad_specs
+
+    class ScaledSumOp(Op, specs=specs):
+        delegate_types = {"scale": ScaleOp}
+        keep = True
+
+        def forward(self, call, x, b, total):
+            with self.stage("scale"):
+                t = self.delegate_for("scale", alpha=self.alpha)(x)
+            total.copy_(t.sum() + b.sum())
+            if self.keep == "unlike":
+                self.keep_gradient("x", torch.ones(3, dtype=torch.float64), x)
+            if self.keep and self.gradient_wanted("x"):
+                self.keep_gradient("x", torch.full_like(x, self.alpha), x)
+            if self.keep and self.gradient_wanted("b"):
+                self.keep_gradient("b", torch.ones_like(b), b)
+
+    class ScaledSumBwdOp(Op, specs=specs):
+        calls = 0
+
+        def reference(self, call, dtotal, x):
+            ScaledSumBwdOp.calls += 1
+            return self.alpha * dtotal.expand(x.shape), dtotal.expand(x.shape)
+
+    return ScaledSumOp, ScaledSumBwdOp
 
 
 def test_a_composite_with_a_backward_is_one_autograd_node(grad_composite) -> None:
@@ -399,3 +473,55 @@ def test_a_composite_with_a_backward_compiles_to_its_own_node(grad_composite) ->
     own = getattr(torch.ops.tileops, fwd.compile_op_names[0].split("::", 1)[1]).default
     assert [n.target for n in calls][:1] == [own]  # then the sum
     assert torch.equal(x.grad, torch.full((2, 4), 3.0)) and torch.equal(b.grad, torch.ones(2, 4))
+
+
+def test_a_forward_keeps_its_gradients_and_the_backward_scales_them(sum_ops) -> None:
+    fwd, bwd = sum_ops
+    op = fwd(alpha=3.0)
+    x, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    total = op(x, b)
+    assert torch.allclose(total.detach(), 3.0 * x.detach().sum() + b.detach().sum())
+    before = bwd.calls
+    (2.5 * total).backward(retain_graph=True)
+    assert bwd.calls == before  # the kept gradients, scaled: no backward op
+    assert torch.equal(x.grad, torch.full((5,), 7.5)) and torch.equal(b.grad, torch.full((5,), 2.5))
+    # kept gradients are scaled in place, so a second backward runs the backward op
+    (2.0 * total).backward()
+    assert bwd.calls == before + 1
+    assert torch.equal(x.grad, torch.full((5,), 13.5)) and torch.equal(b.grad, torch.full((5,), 4.5))
+
+
+def test_a_forward_that_keeps_fewer_gradients_than_needed_falls_back(sum_ops) -> None:
+    fwd, bwd = sum_ops
+    op = fwd(alpha=3.0)
+    op.keep = False
+    x, b = torch.randn(5, requires_grad=True), torch.randn(5, requires_grad=True)
+    before = bwd.calls
+    op(x, b).backward()
+    assert bwd.calls == before + 1
+    assert torch.equal(x.grad, torch.full((5,), 3.0)) and torch.equal(b.grad, torch.ones(5))
+
+
+def test_gradient_wanted_only_for_what_the_caller_needs(sum_ops) -> None:
+    fwd, bwd = sum_ops
+    op = fwd(alpha=3.0)
+    x, b = torch.randn(5, requires_grad=True), torch.randn(5)
+    before = bwd.calls
+    op(x, b).backward()
+    assert bwd.calls == before and torch.equal(x.grad, torch.full((5,), 3.0))
+    with torch.no_grad():  # no node: nothing is wanted, nothing may be kept
+        op(x, b)
+    assert not op.gradient_wanted("x")
+    with pytest.raises(RuntimeError, match=r"^ScaledSumOp: keep_gradient\('x'\) outside a "
+                                           r"forward that op.gradient_wanted\('x'\) said wants it$"):
+        op.keep_gradient("x", torch.ones(5), x)
+
+
+def test_a_kept_gradient_must_be_like_its_input(sum_ops) -> None:
+    fwd, _ = sum_ops
+    op = fwd()
+    op.keep = "unlike"
+    with pytest.raises(ValueError, match=r"^ScaledSumOp: the kept gradient of 'x' must be like x "
+                                         r"\(torch.float32\[5\] on cpu\), got "
+                                         r"torch.float64\[3\] on cpu$"):
+        op(torch.randn(5, requires_grad=True), torch.randn(5))

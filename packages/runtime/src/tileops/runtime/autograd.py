@@ -25,6 +25,16 @@ traces forward and backward with no graph break and builds no kernel while traci
 that write their inputs cannot carry an autograd formula in ``torch.library``; a traced call of
 an in-place branch with grad needed is refused by the op (``Op._traced_call``).
 
+A forward may compute its inputs' gradients itself (Liger-Kernel's fused linear cross-entropy
+does, while each block's logits are in hand): when the call's only output is 0-dim, the
+gradient of an input is the upstream gradient times a tensor the forward can produce, so inside
+its own node's forward an op may ask :meth:`Op.gradient_wanted` and hand tensors over with
+:meth:`Op.keep_gradient`. The node holds them (not ``save_for_backward``: they are the op's own,
+written by nothing else) and its backward scales them in place by the upstream gradient, the
+backward op unused; where the forward kept fewer than the caller needs, or a retained graph is
+run backward a second time, the backward op runs as usual. Compiled calls never keep (the
+custom op's forward runs outside any node): their backward is the backward op.
+
 The backward is once-differentiable: a double backward raises torch's own error.
 """
 
@@ -43,7 +53,8 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .op import Op
 
-__all__ = ["Gradient", "backward_class", "register", "register_class"]
+__all__ = ["Gradient", "backward_class", "gradient_wanted", "keep_gradient", "register",
+           "register_class"]
 
 #: (id of the spec file, entry name) -> (spec file, op class): the backward op is an entry of
 #: the forward's file, found here among the classes defined for that file (the last wins)
@@ -100,6 +111,9 @@ class Gradient:
         self.apply = _C_APPLY.__get__(None, self.node)
         #: the inputs not differentiable (by index), which must not require grad
         self.fixed_inputs = tuple(i for i in range(len(ins)) if i not in self.differentiable)
+        #: one output, written to no input: a call whose output is 0-dim may keep gradients
+        self.scalar_output = len(outs) == 1 and not any(
+            d.alias for d in plan.sig.outputs.values())
 
     def resolved(self) -> tuple:
         """``(backward class, feeds, grads)``: per backward input ``("grad", output index)``,
@@ -149,13 +163,56 @@ _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
 functorch_active = torch._C._are_functorch_transforms_active
 
 
+class _Keeping(threading.local):
+    """The node whose forward is running on this thread, where its op may keep gradients."""
+
+    op: Any = None
+    #: the indices of the inputs whose gradient the caller needs
+    wanted: frozenset = frozenset()
+    kept: dict | None = None
+
+
+_keeping = _Keeping()
+
+
+def gradient_wanted(op: Op, index: int) -> bool:
+    """Inside ``op``'s own node's forward with a 0-dim output: is input ``index``'s gradient
+    needed (see the module docstring)."""
+    return _keeping.op is op and index in _keeping.wanted
+
+
+def keep_gradient(op: Op, index: int, grad: Any, inp: Any) -> None:
+    """Hand over the gradient of input ``index`` for a unit upstream gradient."""
+    name = op._signature.input_names[index]  # type: ignore[union-attr]
+    if not gradient_wanted(op, index):
+        raise RuntimeError(f"{type(op).__name__}: keep_gradient({name!r}) outside a forward "
+                           f"that op.gradient_wanted({name!r}) said wants it")
+    if grad.shape != inp.shape or grad.dtype != inp.dtype or grad.device != inp.device:
+        raise ValueError(f"{type(op).__name__}: the kept gradient of {name!r} must be like "
+                         f"{name} ({inp.dtype}{list(inp.shape)} on {inp.device}), got "
+                         f"{grad.dtype}{list(grad.shape)} on {grad.device}")
+    assert _keeping.kept is not None
+    _keeping.kept[index] = grad
+
+
 class Node(torch.autograd.Function):
     """The autograd node of one eager call (see the module docstring)."""
 
     @staticmethod
     def forward(ctx: Any, op: Op, call: SignatureCall, *inputs: Any) -> Any:
-        outputs = op._execute(call, inputs, None)
         gradient = op._gradient
+        state = _keeping
+        before = (state.op, state.wanted, state.kept)
+        if gradient.scalar_output and call.output_shapes[0] == ():
+            state.op, state.kept = op, {}
+            state.wanted = frozenset(i for i, n in enumerate(ctx.needs_input_grad[2:]) if n)
+        else:
+            state.op, state.kept = None, None
+        try:
+            outputs = op._execute(call, inputs, None)
+            ctx.kept = state.kept or None
+        finally:
+            state.op, state.wanted, state.kept = before
         written = call.branch[0]
         if written:
             names = op._signature.input_names  # type: ignore[union-attr]
@@ -174,6 +231,11 @@ class Node(torch.autograd.Function):
     @once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
         op = ctx.op
+        kept, ctx.kept = ctx.kept, None  # scaled in place: usable once
+        needs = ctx.needs_input_grad[2:]
+        if kept is not None and all(i in kept for i, n in enumerate(needs) if n):
+            g = grads[0]
+            return (None, None, *(kept[i].mul_(g) if n else None for i, n in enumerate(needs)))
         return (None, None, *op._gradient.run(op, ctx.saved_tensors, grads,
                                                ctx.needs_input_grad[2:], traced=False))
 

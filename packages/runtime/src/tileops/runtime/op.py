@@ -416,6 +416,18 @@ class Op(declared.Equivalents):
             return gradient.node.apply(self, call, *inputs)
         return gradient.apply(self, call, *inputs)
 
+    def gradient_wanted(self, name: str) -> bool:
+        """Whether this forward runs in its own autograd node, its output 0-dim, and the
+        caller needs the gradient of input ``name``: the forward may then compute it (for a
+        unit upstream gradient) and hand it over with :meth:`keep_gradient`, and the node's
+        backward scales it instead of running the backward op (autograd.py)."""
+        return autograd.gradient_wanted(self, self._signature.input_names.index(name))  # type: ignore[union-attr]
+
+    def keep_gradient(self, name: str, grad: torch.Tensor, inp: torch.Tensor) -> None:
+        """Hand over ``grad``, the gradient of input ``name`` (``inp``, which it must be like)
+        for a unit upstream gradient; only where :meth:`gradient_wanted` said so."""
+        autograd.keep_gradient(self, self._signature.input_names.index(name), grad, inp)  # type: ignore[union-attr]
+
     def _backward_op(self, needs: tuple[bool, ...]) -> Op:
         """The backward op for this combination of the gradient's ``needs`` params (built
         once, held): the forward's params it shares by name, the ``needs`` flags, the
