@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One GPU session for the reduction family: prebuild the kernels the GPU tests and the spec
-# workloads use (parallel processes; the reduction kernels compile every size in, so the
-# workloads are prebuilt at full size), the GPU tests of the kernels and of the harness, then
+# workloads use (parallel processes; the row count is a launch-time size but the reduced
+# length is compiled in, and scaling a workload down shrinks its leading dim, which is the
+# reduced one of the dim=0 and dim=None rows, so the workloads are prebuilt at full size;
+# each distinct program is compiled once), the GPU tests of the kernels and of the harness, then
 # the side-by-side benchmarks of the bars (tileops bench against torch eager and a fresh
 # torch.compile per workload). Logs and results go to $OUT (or ./gpu-out). STAGES picks stages
 # (default: prebuild tests bench). About 10 minutes on one H200.
@@ -21,7 +23,7 @@ OPS="SumFwdOp MeanFwdOp ProdFwdOp AmaxFwdOp AminFwdOp VarFwdOp StdFwdOp VarMeanF
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=2 run prebuild_tests.log python3 tests/kernels/test_reduction_cuda.py --prebuild --workers 15
-    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family reduction --workers 8 --max-elements 0 ;;
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family reduction --workers 15 --max-elements 0 ;;
   tests)
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_reduction_cuda.py -q -p no:cacheprovider --maxfail=40
     # shellcheck disable=SC2086

@@ -307,3 +307,31 @@ def test_a_view_past_int32_indexing_is_refused_by_every_kernel() -> None:
                          r=8192, inner=1, dtype="bfloat16")
     assert K.ReductionRowKernel.region_refusal(ok) is None
     assert K.ReductionColumnKernel.region_refusal(ok) is None
+
+
+def test_calls_differing_in_outer_share_one_entry_and_program(monkeypatch) -> None:
+    """A model calling an op on new batch sizes builds no new program: the first call's entry
+    serves the others (stand-ins for the compiled programs record the row counts launched)."""
+    built: list = []
+
+    class Program:
+        def __init__(self, prim) -> None:
+            self.rows: list[int] = []
+            built.append(self)
+
+        def __call__(self, x, y) -> None:
+            self.rows.append(x.shape[0])
+
+    class CpuRows(K.ReductionRowKernel):
+        devices = ("cpu",)
+
+    monkeypatch.setattr(K, "compile_program", lambda prim, target=None: Program(prim))
+    K.build_row_kernel.cache_clear()
+    try:
+        op = R.SumFwdOp(dim=-1, kernel_map={"reduction": CpuRows})
+        for rows in (3, 17, 300):
+            op(torch.zeros(rows, 8192, dtype=torch.bfloat16))
+    finally:
+        K.build_row_kernel.cache_clear()
+    assert len(built) == 1 and built[0].rows == [3, 17, 300]
+    assert len(list(op.iter_kernels())) == 1
