@@ -2,8 +2,8 @@
 
 Every call is an ``(outer, R, inner)`` view of a contiguous tensor, reduced over ``R``. The
 storage dtype is float16, bfloat16 or float32; the arithmetic is fp32. ``exp(v - m)`` is
-computed as ``exp2(v * log2(e) - m * log2(e))`` (one FMA and the MUFU ``ex2``): these kernels
-are bound by memory, and ``ex2.approx`` is within 2 ulp of fp32.
+computed as ``exp2((v - m) * log2(e))`` (CUDA's ``exp2f``, the MUFU ``ex2``, within 2 ulp of
+fp32): the difference first, so ``v = -inf`` against a finite ``m`` is exactly 0.
 
 The reduced axis is the last one (``inner == 1``, rows):
 
@@ -12,9 +12,10 @@ The reduced axis is the last one (``inner == 1``, rows):
     loads, reduced with warp shuffles (and shared memory across the warps of a row), and the
     output written from registers: each tensor read once and written once, the floor. The
     forward reduces twice (the row max, then the sum of ``exp(x - max)``) over the held
-    values; the gradient reduces once (``sum(dy * y)`` or ``sum(dy)``). A thread holds at
-    most 128 bytes (8 accesses of 16 bytes in flight, the H200's best in the norm sweeps),
-    up to 512 threads a row; short rows take less than a warp (1024 columns of bf16: 16
+    values (softmax keeps the sum's exponentials in fp32 registers for rows of at most 128
+    threads, see :func:`keep_exp`); the gradient reduces once (``sum(dy * y)`` or
+    ``sum(dy)``). A thread holds at most 128 bytes (8 accesses of 16 bytes in flight, the
+    H200's best in the norm sweeps), up to 512 threads a row; short rows take less than a warp (1024 columns of bf16: 16
     threads a row, 16 rows a CTA), so many rows share a CTA.
 :class:`SoftmaxLoopedKernel` / :class:`SoftmaxBwdLoopedKernel` -- rows too wide to hold
     (the forward beyond 64 KiB a row: 128256 columns of bf16 is 256 KiB) take one CTA of
