@@ -18,6 +18,21 @@ row read once, the backward only scaling it), which saves one read of the logits
 a forward output the caller does not see, which the spec's ``backward:`` block cannot
 express.
 
+The fused linear cross-entropy (:class:`FusedLinearCrossEntropyFwdOp`, the loss of ``hidden @
+weight.T``) is a composite of the GEMM op and the two ops above over blocks of rows: a block's
+logits (at most :data:`BLOCK_BYTES`), its loss, and in training its gradient written over the
+logits, ``dhidden``'s rows (``dlogits @ weight``) and ``dweight``'s sum over blocks
+(``dlogits.T @ hidden``, by cuBLAS ``addmm`` into ``dweight``: the GEMM op has no accumulating
+form, and a per-block product added in float32 would hold 3 GiB at 128256 x 4096). A call is
+one autograd node (the runtime records a composite with a ``backward:`` block as one), so no
+block's logits outlive it. With a 0-dim loss the forward keeps ``dhidden`` and ``dweight``
+(``Op.keep_gradient``) and the backward only scales them by ``dloss``: three products a training
+step, as Liger-Kernel's, rather than four. :class:`FusedLinearCrossEntropyBwdOp` recomputes the
+blocks where nothing was kept (reduction none, whose per-row ``dloss`` cannot scale a sum over
+rows; compiled calls). The blocks' ops reduce by ``sum`` (``none`` for reduction none) and the
+mean's division by the count of rows not ignored is the composite's, so blocks of any size give
+the loss of the whole.
+
 Each op's reference, torch eager function and Liger-Kernel peer are declared here once.
 """
 
@@ -37,11 +52,14 @@ from tileops.kernels.cross_entropy import (
     CrossEntropySpec,
     Reduction,
 )
+from tileops.kernels.gemm import GemmDType
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from .gemm import GemmFwdOp
 
-__all__ = ["CrossEntropyBwdOp", "CrossEntropyFwdOp", "CrossEntropyOp"]
+__all__ = ["CrossEntropyBwdOp", "CrossEntropyFwdOp", "CrossEntropyOp",
+           "FusedLinearCrossEntropyBwdOp", "FusedLinearCrossEntropyFwdOp"]
 
 #: the dtypes the cross-entropy kernels state they serve
 _KERNEL_DTYPES = frozenset(get_args(CrossEntropyDType))
@@ -124,29 +142,35 @@ class CrossEntropyFwdOp(CrossEntropyOp):
         return (self._loss(_wide(logits), target),)
 
     def eager(self):
-        ignore, reduction, eps = self.ignore_index, self.reduction, self.label_smoothing
-        zscale, softcap = self.lse_square_scale, self.softcap
-
-        def cross_entropy(logits, target):  # torch.nn.functional.cross_entropy
-            # the loss is float32, float64 for float64 logits (the entry's dtype rule)
-            wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
-            z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
-            if zscale == 0.0:
-                return F.cross_entropy(z, target, ignore_index=ignore, reduction=reduction,
-                                       label_smoothing=eps).to(wide)
-            # the z-loss: scale * lse^2 of each row not ignored, reduced as the loss is
-            rows = F.cross_entropy(z, target, ignore_index=ignore, reduction="none",
-                                   label_smoothing=eps).to(wide)
-            valid = target != ignore
-            lse = torch.logsumexp(z.to(wide), dim=-1)
-            rows = rows + torch.where(valid, zscale * lse * lse, 0.0)
-            if reduction == "none":
-                return rows
-            return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
-
-        return cross_entropy
+        return _eager_cross_entropy(self)
 
     peers = {"liger": lambda op: _liger_ce(op)}
+
+
+def _eager_cross_entropy(op: CrossEntropyOp) -> Any:
+    """``torch.nn.functional.cross_entropy`` with ``op``'s options (the z-loss and the softcap
+    spelled in torch)."""
+    ignore, reduction, eps = op.ignore_index, op.reduction, op.label_smoothing
+    zscale, softcap = op.lse_square_scale, op.softcap
+
+    def cross_entropy(logits, target):  # torch.nn.functional.cross_entropy
+        # the loss is float32, float64 for float64 logits (the entry's dtype rule)
+        wide = torch.float64 if logits.dtype == torch.float64 else torch.float32
+        z = logits if softcap is None else softcap * torch.tanh(logits / softcap)
+        if zscale == 0.0:
+            return F.cross_entropy(z, target, ignore_index=ignore, reduction=reduction,
+                                   label_smoothing=eps).to(wide)
+        # the z-loss: scale * lse^2 of each row not ignored, reduced as the loss is
+        rows = F.cross_entropy(z, target, ignore_index=ignore, reduction="none",
+                               label_smoothing=eps).to(wide)
+        valid = target != ignore
+        lse = torch.logsumexp(z.to(wide), dim=-1)
+        rows = rows + torch.where(valid, zscale * lse * lse, 0.0)
+        if reduction == "none":
+            return rows
+        return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+    return cross_entropy
 
 
 class CrossEntropyBwdOp(CrossEntropyOp):
@@ -167,6 +191,164 @@ class CrossEntropyBwdOp(CrossEntropyOp):
 
     def reference(self, call, logits, target, dloss):
         return (self._grad(_wide(logits), target, dloss),)
+
+
+# --- the fused linear cross-entropy ---------------------------------------------------------------
+
+#: the most bytes a block's logits take: 256 MiB is 1024 rows of a 128256 vocabulary in
+#: bfloat16, rows enough for each block's GEMMs to fill an H200 (1002 x 8 tiles of 128 x 128
+#: for the logits), and the block's logits are all the loss holds beyond its inputs and their
+#: gradients (within the bar of 0.5 GiB)
+BLOCK_BYTES = 1 << 28
+
+
+def block_rows(rows: int, classes: int, itemsize: int) -> int:
+    """Rows per block: as many as :data:`BLOCK_BYTES` holds, a multiple of 128 (a GEMM tile's
+    rows) where more fit, at least one, at most ``rows``."""
+    fit = max(1, BLOCK_BYTES // max(1, classes * itemsize))
+    if fit > 128:
+        fit -= fit % 128
+    return max(1, min(rows, fit))
+
+
+class FusedLinearCrossEntropyOp(CrossEntropyOp):
+    """Family base of the fused linear cross-entropy's two ops: the blocks of rows they both
+    walk (see the module docstring)."""
+
+    delegate_types = {"logits": GemmFwdOp, "loss": CrossEntropyFwdOp,
+                      "grad": CrossEntropyBwdOp, "dhidden": GemmFwdOp}
+
+    def derive(self) -> None:
+        super().derive()
+        #: the blocks' cross-entropy params: a block's losses are summed, or kept per row
+        self._block_params = dict(
+            ignore_index=self.ignore_index, label_smoothing=self.label_smoothing,
+            lse_square_scale=self.lse_square_scale, softcap=self.softcap,
+            reduction="none" if self._reduction is Reduction.NONE else "sum")
+
+    def _refuse_unserved(self, hidden: torch.Tensor) -> None:
+        # on CUDA the GEMM delegates take the in-tree kernels (bound by device), which serve
+        # fewer dtypes than the entry: refuse by this op's name, not the delegate's
+        if hidden.is_cuda and self.target is None:
+            refuse_unserved(self, hidden.dtype, _GEMM_DTYPES, "GEMM")
+
+    def _scale(self, dloss: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Each row's share of ``dloss`` as the blocks' gradient op takes it: ``dloss`` (0-dim
+        for sum, per row for none) or ``dloss / count`` for mean, in float64 for float64."""
+        if self._reduction is Reduction.MEAN:
+            return dloss / (target != self.ignore_index).sum().to(dloss.dtype)
+        return dloss
+
+    def _blocks(self, hidden, weight, target, *, loss, scale, dhidden, dweight):
+        """Walk the blocks of rows: each block's logits, then (``loss`` given) its loss, summed
+        into the returned 0-dim tensor or written into ``loss``'s rows for reduction none; then
+        (a gradient given) the gradient of the logits scaled by ``scale`` written over them,
+        ``dhidden``'s rows and ``dweight``'s sum over blocks."""
+        n, v = hidden.shape[0], weight.shape[0]
+        rows = block_rows(n, v, hidden.element_size())
+        logits_of = self.delegate_for("logits", trans_b=True)
+        loss_of = self.delegate_for("loss", **self._block_params)
+        grad_of = self.delegate_for("grad", inplace_grad=True, **self._block_params)
+        dhidden_of = self.delegate_for("dhidden")
+        per_row = self._reduction is Reduction.NONE
+        total = None
+        if dweight is not None and n == 0:
+            dweight.zero_()
+        for r0 in range(0, n, rows):
+            r1 = min(n, r0 + rows)
+            h, t = hidden[r0:r1], target[r0:r1]
+            with self.stage("logits"):
+                z = logits_of(h, weight)
+            if loss is not None:
+                with self.stage("loss"):
+                    part = loss_of(z, t)
+                if per_row:
+                    loss[r0:r1].copy_(part)
+                else:
+                    total = part if total is None else total + part
+            if dhidden is None and dweight is None:
+                continue
+            with self.stage("grad"):  # z is the gradient of the block's logits after it
+                grad_of(z, t, scale[r0:r1] if per_row else scale)
+            if dhidden is not None:
+                with self.stage("dhidden"):
+                    dhidden[r0:r1].copy_(dhidden_of(z, weight))
+            if dweight is not None:  # cuBLAS: the GEMM op has no accumulating form
+                if r0 == 0:
+                    torch.mm(z.T, h, out=dweight)
+                else:
+                    dweight.addmm_(z.T, h)
+        return total
+
+    def _logits(self, call: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The references' logits: the product in float32 (float64 for float64 inputs),
+        stored in the call's dtype as ``F.linear`` and the GEMM op store them, then widened
+        (``fp64_reference`` passes float64 copies: the call has the dtype).
+        The rounding is the loss's definition, not an error of the op: on standard normal
+        inputs of 4096 features the logits are about 64 in size, a bfloat16 step there is 0.25
+        to 1, and softmax's response to it alone puts the gradients 2e-2 from those of
+        unrounded logits (measured at 256 x 4096 x 256), for torch's loss as for this one."""
+        logits = _wide(hidden) @ _wide(weight).T
+        return logits.to(call.d_hidden).to(logits.dtype)
+
+
+class FusedLinearCrossEntropyFwdOp(FusedLinearCrossEntropyOp):
+    def forward(self, call, hidden, weight, target, loss) -> None:
+        self._refuse_unserved(hidden)
+        # in training with a 0-dim loss, the gradients for dloss = 1 as the blocks go
+        want_h, want_w = self.gradient_wanted("hidden"), self.gradient_wanted("weight")
+        dhidden = _empty_as(hidden) if want_h else None
+        dweight = _empty_as(weight) if want_w else None
+        scale = None
+        if want_h or want_w:
+            scale = self._scale(torch.ones((), dtype=loss.dtype, device=loss.device), target)
+        total = self._blocks(hidden, weight, target, loss=loss, scale=scale, dhidden=dhidden,
+                             dweight=dweight)
+        if self._reduction is not Reduction.NONE:
+            if total is None:  # no rows: a sum of nothing (and the mean 0 / 0, NaN)
+                total = loss.new_zeros(())
+            if self._reduction is Reduction.MEAN:
+                total = total / (target != self.ignore_index).sum().to(total.dtype)
+            loss.copy_(total)
+        if want_h:
+            self.keep_gradient("hidden", dhidden, hidden)
+        if want_w:
+            self.keep_gradient("weight", dweight, weight)
+
+    def reference(self, call, hidden, weight, target):
+        return (self._loss(self._logits(call, hidden, weight), target),)
+
+    def eager(self):
+        cross_entropy = _eager_cross_entropy(self)
+
+        def linear_cross_entropy(hidden, weight, target):  # F.cross_entropy of F.linear
+            return cross_entropy(F.linear(hidden, weight), target)
+
+        return linear_cross_entropy
+
+    peers = {"liger": lambda op: _liger_flce(op)}
+
+
+class FusedLinearCrossEntropyBwdOp(FusedLinearCrossEntropyOp):
+    def forward(self, call, hidden, weight, target, dloss, dhidden, dweight) -> None:
+        self._refuse_unserved(hidden)
+        wide = torch.float64 if hidden.dtype == torch.float64 else torch.float32
+        self._blocks(hidden, weight, target, loss=None, scale=self._scale(dloss.to(wide), target),
+                     dhidden=dhidden, dweight=dweight)
+
+    def reference(self, call, hidden, weight, target, dloss):
+        h, w = _wide(hidden), _wide(weight)
+        g = self._grad(self._logits(call, hidden, weight), target, dloss)
+        return (g @ w if self.grad_hidden else None, g.T @ h if self.grad_weight else None)
+
+
+#: the dtypes the GEMM kernels serve (the fused loss's delegates on CUDA)
+_GEMM_DTYPES = frozenset(get_args(GemmDType))
+
+
+def _empty_as(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous tensor of ``t``'s shape, dtype and device: a kept gradient."""
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
@@ -202,3 +384,22 @@ def _liger_ce(op: CrossEntropyFwdOp) -> Any:
 
     return liger_cross_entropy_loss
 
+
+
+def _liger_flce(op: FusedLinearCrossEntropyFwdOp) -> Any:
+    try:
+        from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    except ImportError:
+        return None
+    if op.reduction == "none":  # Liger's fused loss reduces (mean or sum)
+        return None
+    options = dict(ignore_index=op.ignore_index, reduction=op.reduction,
+                   label_smoothing=op.label_smoothing, lse_square_scale=op.lse_square_scale,
+                   softcap=op.softcap)
+
+    def liger_fused_linear_cross_entropy_loss(hidden, weight, target):
+        out = liger_fused_linear_cross_entropy(hidden, weight, target, **options)
+        out = out[0] if isinstance(out, tuple) else getattr(out, "loss", out)
+        return out.float()
+
+    return liger_fused_linear_cross_entropy_loss
