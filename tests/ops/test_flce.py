@@ -1,0 +1,251 @@
+"""The fused linear cross-entropy (FusedLinearCrossEntropyFwdOp / BwdOp): the composite's walk
+over blocks of rows against torch in float64 (several blocks a call: BLOCK_BYTES shrunk), the
+gradients kept by the forward against those the backward op recomputes, what one autograd node
+saves, and (marked cuda) the bar's shape on the GPU: numerics against float64, the memory held
+beyond the inputs and gradients.
+
+On the CPU the composite composes with its delegates on the reference target, so these tests
+run its own orchestration: the blocks, the sums, the mean's count, the kept gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tileops.ops.cross_entropy as ce
+from tileops.ops import FusedLinearCrossEntropyBwdOp, FusedLinearCrossEntropyFwdOp
+
+
+@pytest.fixture
+def small_blocks(monkeypatch):
+    """Blocks of ``rows`` rows for a vocabulary of ``classes`` in float64."""
+    def set_rows(rows: int, classes: int) -> None:
+        monkeypatch.setattr(ce, "BLOCK_BYTES", rows * classes * 8)
+    return set_rows
+
+
+def _torch_loss(h, w, t, *, ignore_index=-100, reduction="mean", label_smoothing=0.0,
+                lse_square_scale=0.0, softcap=None):
+    """The loss in plain torch: F.cross_entropy of F.linear, the z-loss and softcap spelled
+    out."""
+    z = F.linear(h, w)
+    if softcap is not None:
+        z = softcap * torch.tanh(z / softcap)
+    rows = F.cross_entropy(z, t, ignore_index=ignore_index, reduction="none",
+                           label_smoothing=label_smoothing)
+    valid = t != ignore_index
+    rows = rows + torch.where(valid, lse_square_scale * torch.logsumexp(z, -1) ** 2, 0.0)
+    if reduction == "none":
+        return rows
+    return rows.sum() if reduction == "sum" else rows.sum() / valid.sum()
+
+
+def _inputs(n, h, v, ignored=(), seed=0, dtype=torch.float64):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, dtype=dtype)
+    weight = torch.randn(v, h, generator=g, dtype=dtype) / math.sqrt(max(h, 1))
+    target = torch.randint(0, v, (n,), generator=g)
+    for i in ignored:
+        target[i] = -100
+    return hidden, weight, target
+
+
+def _grads(loss_fn, hidden, weight, target, upstream):
+    h = hidden.clone().requires_grad_(True)
+    w = weight.clone().requires_grad_(True)
+    loss = loss_fn(h, w, target)
+    loss.backward(upstream)
+    return loss.detach(), h.grad, w.grad
+
+
+def _stages(call) -> Counter:
+    """How many times each stage was entered (once a block)."""
+    return Counter(s.name for s in call.stages)
+
+
+def test_block_rows() -> None:
+    assert ce.block_rows(8192, 128256, 2) == 1024  # the bar: eight blocks of 256 MiB at most
+    assert ce.block_rows(8192, 32000, 2) == 4096   # a multiple of 128 rows
+    assert ce.block_rows(300, 1 << 20, 2) == 128
+    assert ce.block_rows(300, 1 << 21, 2) == 64    # fewer than a tile: as many as fit
+    assert ce.block_rows(5, 1 << 30, 4) == 1       # at least one row
+    assert ce.block_rows(10, 7, 2) == 10           # at most every row
+    assert ce.block_rows(0, 7, 2) == 1
+
+
+options = st.fixed_dictionaries({
+    "reduction": st.sampled_from(["mean", "sum", "none"]),
+    "label_smoothing": st.sampled_from([0.0, 0.1]),
+    "lse_square_scale": st.sampled_from([0.0, 1e-2]),
+    "softcap": st.sampled_from([None, 3.0]),
+})
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 13), h=st.integers(1, 6), v=st.integers(1, 9), rows=st.integers(1, 5),
+       opts=options, data=st.data())
+def test_loss_and_gradients_match_torch_in_float64(n, h, v, rows, opts, data):
+    ignored = data.draw(st.lists(st.integers(0, n - 1), max_size=n, unique=True))
+    hidden, weight, target = _inputs(n, h, v, ignored, seed=n * 100 + v)
+    upstream = torch.randn(n, dtype=torch.float64) if opts["reduction"] == "none" else \
+        torch.tensor(1.7, dtype=torch.float64)
+    op = FusedLinearCrossEntropyFwdOp(**opts)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ce, "BLOCK_BYTES", rows * v * 8)  # ceil(n / rows) blocks
+        got = _grads(op, hidden, weight, target, upstream)
+    want = _grads(lambda a, b, c: _torch_loss(a, b, c, **opts), hidden, weight, target, upstream)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12, equal_nan=True)
+    assert _stages(op.last_call)["logits"] == -(-n // rows)  # the logits of every block
+
+
+def test_training_keeps_the_gradients_and_the_backward_op_is_not_run(small_blocks) -> None:
+    small_blocks(4, 9)
+    hidden, weight, target = _inputs(10, 6, 9, ignored=[2, 7])
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    op = FusedLinearCrossEntropyFwdOp()
+    loss = op(h, w, target)
+    # the node saves the inputs only: no block's logits outlive the call
+    assert [t.data_ptr() for t in loss.grad_fn.saved_tensors] == \
+        [h.data_ptr(), w.data_ptr(), target.data_ptr()]
+    assert [s.name for s in op.last_call.stages] == ["logits", "loss", "grad", "dhidden"] * 3
+    (2.0 * loss).backward()
+    assert op._backward_ops == {}  # the kept gradients, scaled by dloss
+    _, dh, dw = _grads(_torch_loss, hidden, weight, target, torch.tensor(2.0, dtype=torch.float64))
+    torch.testing.assert_close(h.grad, dh, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w.grad, dw, rtol=1e-10, atol=1e-12)
+
+
+def test_reduction_none_and_a_second_backward_run_the_backward_op(small_blocks) -> None:
+    small_blocks(3, 5)
+    hidden, weight, target = _inputs(7, 4, 5, ignored=[1])
+    up = torch.randn(7, dtype=torch.float64)
+    op = FusedLinearCrossEntropyFwdOp(reduction="none")
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss = op(h, w, target)
+    assert [s.name for s in op.last_call.stages] == ["logits", "loss"] * 3  # nothing kept
+    loss.backward(up)
+    bwd = op._backward_ops[(True, True)]
+    assert [s.name for s in bwd.last_call.stages] == ["logits", "grad", "dhidden"] * 3
+    _, dh, dw = _grads(lambda a, b, c: _torch_loss(a, b, c, reduction="none"), hidden, weight,
+                       target, up)
+    torch.testing.assert_close(h.grad, dh, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(w.grad, dw, rtol=1e-10, atol=1e-12)
+    # a mean loss backward twice through a retained graph: kept, then recomputed
+    op = FusedLinearCrossEntropyFwdOp(reduction="sum")
+    h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss = op(h, w, target)
+    first = torch.autograd.grad(loss, (h, w), retain_graph=True)
+    assert op._backward_ops == {}
+    second = torch.autograd.grad(loss, (h, w))
+    assert list(op._backward_ops) == [(True, True)]
+    for a, b in zip(first, second, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_only_the_gradient_asked_for(small_blocks) -> None:
+    small_blocks(2, 5)
+    hidden, weight, target = _inputs(5, 3, 5)
+    h = hidden.clone().requires_grad_(True)
+    loss = FusedLinearCrossEntropyFwdOp(reduction="sum")(h, weight, target)
+    (dh,) = torch.autograd.grad(loss, h)
+    _, want, _ = _grads(lambda a, b, c: _torch_loss(a, b, c, reduction="sum"), hidden, weight,
+                        target, torch.tensor(1.0, dtype=torch.float64))
+    torch.testing.assert_close(dh, want, rtol=1e-10, atol=1e-12)
+    w = weight.clone().requires_grad_(True)
+    bwd = FusedLinearCrossEntropyBwdOp(grad_hidden=False)
+    dh, dw = bwd(hidden, w.detach(), target, torch.tensor(1.0))
+    assert dh is None and dw.shape == weight.shape
+
+
+def test_no_rows() -> None:
+    hidden, weight, target = _inputs(0, 3, 5)
+    w = weight.clone().requires_grad_(True)
+    loss = FusedLinearCrossEntropyFwdOp(reduction="sum")(hidden, w, target)
+    assert loss.item() == 0.0
+    loss.backward()
+    assert torch.equal(w.grad, torch.zeros_like(weight))
+    assert FusedLinearCrossEntropyFwdOp()(hidden, weight, target).isnan()  # 0 / 0, as torch's
+
+
+def test_the_eager_contender_computes_the_loss() -> None:
+    hidden, weight, target = _inputs(6, 4, 7, ignored=[0])
+    op = FusedLinearCrossEntropyFwdOp(label_smoothing=0.1, softcap=2.0, lse_square_scale=0.1)
+    torch.testing.assert_close(op.eager()(hidden, weight, target), op(hidden, weight, target),
+                               rtol=1e-12, atol=1e-12)
+
+
+# --- on the GPU ----------------------------------------------------------------------------------
+
+
+def _gpu_inputs(n, h, v, seed=0):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g, device="cuda").bfloat16()
+    # a language model's head: logits of a few units, not sqrt(h)
+    weight = (torch.randn(v, h, generator=g, device="cuda") * 0.02).bfloat16()
+    target = torch.randint(0, v, (n,), generator=g, device="cuda")
+    target[::32] = -100
+    return hidden, weight, target
+
+
+def _rel(a, b):
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("shape", [(8192, 4096, 128256), (1000, 1000, 32001), (333, 999, 4097)],
+                         ids=["bar", "odd", "unaligned"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_gpu_loss_and_gradients_against_float64(shape, reduction):
+    n, h, v = shape
+    hidden, weight, target = _gpu_inputs(n, h, v)
+    up = torch.randn(n, device="cuda") if reduction == "none" else torch.tensor(1.0, device="cuda")
+    op = FusedLinearCrossEntropyFwdOp(reduction=reduction)
+    hh, ww = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    loss = op(hh, ww, target)
+    loss.backward(up)
+    assert op.serving_target == "tileops"
+    h64, w64 = hidden.double().requires_grad_(True), weight.double().requires_grad_(True)
+    # the logits stored in bfloat16, as F.linear stores them (the loss's definition)
+    p = h64 @ w64.T
+    z = p + (p.detach().bfloat16().double() - p.detach())  # rounded, differentiated as p
+    want = F.cross_entropy(z, target, reduction=reduction)
+    want.backward(up.double())
+    assert _rel(loss.detach(), want.detach()) < 1e-3
+    assert _rel(hh.grad, h64.grad) < 1e-2  # bfloat16 gradients: a rounding is ~2e-3
+    assert _rel(ww.grad, w64.grad) < 1e-2
+
+
+@pytest.mark.cuda
+def test_gpu_memory_beyond_inputs_and_gradients():
+    n, h, v = 8192, 4096, 128256
+    hidden, weight, target = _gpu_inputs(n, h, v)
+    hidden.requires_grad_(True)
+    weight.requires_grad_(True)
+    op = FusedLinearCrossEntropyFwdOp()
+    op(hidden, weight, target).backward()  # builds every kernel
+    hidden.grad = weight.grad = None
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    op(hidden, weight, target).backward()
+    torch.cuda.synchronize()
+    grads = hidden.grad.nbytes + weight.grad.nbytes
+    extra = torch.cuda.max_memory_allocated() - base - grads
+    assert extra <= 0.5 * 2**30, f"{extra / 2**30:.2f} GiB beyond the inputs and gradients"
+
+
+@pytest.mark.cuda
+def test_gpu_float32_is_refused_by_name():
+    hidden, weight, target = _gpu_inputs(4, 8, 16)
+    with pytest.raises(TypeError, match=r"^FusedLinearCrossEntropyFwdOp: the in-tree GEMM "
+                                        r"kernels serve bfloat16, float16, not float32; "
+                                        r"construct the op with target='reference'"):
+        FusedLinearCrossEntropyFwdOp()(hidden.float(), weight.float(), target)
