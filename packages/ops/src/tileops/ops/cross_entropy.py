@@ -266,10 +266,9 @@ class FusedLinearCrossEntropyOp(CrossEntropyOp):
                     loss[r0:r1].copy_(part)
                 else:
                     total = part if total is None else total + part
-            if dhidden is None and dweight is None:
-                continue
-            with self.stage("grad"):  # z is the gradient of the block's logits after it
-                grad_of(z, t, scale[r0:r1] if per_row else scale)
+            if dhidden is not None or dweight is not None:
+                with self.stage("grad"):  # z is the gradient of the block's logits after it
+                    grad_of(z, t, scale[r0:r1] if per_row else scale)
             if dhidden is not None:
                 with self.stage("dhidden"):
                     dhidden[r0:r1].copy_(dhidden_of(z, weight))
@@ -278,6 +277,8 @@ class FusedLinearCrossEntropyOp(CrossEntropyOp):
                     torch.mm(z.T, h, out=dweight)
                 else:
                     dweight.addmm_(z.T, h)
+            # freed before the next block's logits are allocated: one block's at a time
+            del z
         return total
 
     def _logits(self, call: Any, hidden: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
