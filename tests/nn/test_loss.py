@@ -102,3 +102,66 @@ def test_what_the_op_does_not_compute_is_refused():
                                "probabilities (torch.float32) are not supported")
     with pytest.raises(Exception, match="label_smoothing"):
         tnn.CrossEntropyLoss(label_smoothing=2.0)  # the op's construction check
+
+
+# --- FusedLinearCrossEntropyLoss ----------------------------------------------------------------
+
+from tileops.nn.loss import FusedLinearCrossEntropyLoss  # noqa: E402
+
+
+def _head(b=2, s=5, h=4, v=9, seed=0, ignore_index=-100):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(b, s, h, generator=g, dtype=torch.float64)
+    weight = torch.randn(v, h, generator=g, dtype=torch.float64)
+    target = torch.randint(0, v, (b, s), generator=g)
+    target[0, 1] = ignore_index
+    return hidden, weight, target
+
+
+@pytest.mark.parametrize("kw", [{}, {"reduction": "sum"}, {"reduction": "none"},
+                                {"label_smoothing": 0.2}, {"ignore_index": 3}])
+def test_the_fused_loss_and_its_gradients_are_torchs_of_the_logits(kw):
+    layer = FusedLinearCrossEntropyLoss(**kw)
+    hidden, weight, target = _head(ignore_index=kw.get("ignore_index", -100))
+    ha, wa = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    hb, wb = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
+    got = layer(ha, wa, target)
+    want = F.cross_entropy((hb @ wb.T).flatten(0, 1), target.flatten(), **kw)
+    want = want.reshape(target.shape) if kw.get("reduction") == "none" else want
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    w = torch.rand(want.shape, dtype=torch.float64)
+    (got * w).sum().backward()
+    (want * w).sum().backward()
+    torch.testing.assert_close(ha.grad, hb.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(wa.grad, wb.grad, rtol=1e-12, atol=1e-12)
+
+
+def test_the_fused_loss_repr_pickle_and_a_changed_attribute():
+    layer = FusedLinearCrossEntropyLoss(softcap=3.0)
+    assert repr(layer) == "FusedLinearCrossEntropyLoss(softcap=3.0)"
+    assert repr(FusedLinearCrossEntropyLoss()) == "FusedLinearCrossEntropyLoss()"
+    hidden, weight, target = _head()
+    z = 3.0 * torch.tanh((hidden @ weight.T) / 3.0)
+    want = F.cross_entropy(z.flatten(0, 1), target.flatten())
+    for twin in (layer, pickle.loads(pickle.dumps(layer)), copy.deepcopy(layer)):
+        torch.testing.assert_close(twin(hidden, weight, target), want, rtol=1e-12, atol=1e-12)
+    layer.reduction = "sum"
+    assert layer.op.reduction == "sum"
+    torch.testing.assert_close(layer(hidden, weight, target),
+                               F.cross_entropy(z.flatten(0, 1), target.flatten(),
+                                               reduction="sum"), rtol=1e-12, atol=1e-12)
+
+
+def test_the_fused_loss_refuses_mismatched_shapes():
+    layer = FusedLinearCrossEntropyLoss()
+    hidden, weight, target = _head()
+    with pytest.raises(ValueError) as info:
+        layer(hidden, weight[:, :3], target)
+    assert str(info.value) == ("FusedLinearCrossEntropyLoss: hidden must be (..., H) and "
+                               "weight (V, H), got shapes (2, 5, 4) and (9, 3)")
+    with pytest.raises(ValueError) as info:
+        layer(hidden, weight, target[:, :4])
+    assert str(info.value) == ("FusedLinearCrossEntropyLoss: target must have hidden's "
+                               "leading shape (2, 5), got (2, 4)")
+    with pytest.raises(Exception, match="label_smoothing"):
+        FusedLinearCrossEntropyLoss(label_smoothing=2.0)  # the op's construction check

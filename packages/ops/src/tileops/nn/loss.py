@@ -1,6 +1,8 @@
 """Loss layers: :class:`CrossEntropyLoss`, a subclass of ``torch.nn.CrossEntropyLoss`` running
 :class:`~tileops.ops.CrossEntropyFwdOp` (its gradient through
-:class:`~tileops.ops.CrossEntropyBwdOp`)."""
+:class:`~tileops.ops.CrossEntropyBwdOp`), and :class:`FusedLinearCrossEntropyLoss`, the loss of
+a language model's head (``F.cross_entropy(hidden @ weight.T, target)``) running
+:class:`~tileops.ops.FusedLinearCrossEntropyFwdOp`, which never holds every row's logits."""
 
 from __future__ import annotations
 
@@ -9,11 +11,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from tileops.ops import CrossEntropyFwdOp
+from tileops.ops import CrossEntropyFwdOp, FusedLinearCrossEntropyFwdOp
 
 from ._holder import HoldsOp
 
-__all__ = ["CrossEntropyLoss"]
+__all__ = ["CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
 
 
 class CrossEntropyLoss(HoldsOp, nn.CrossEntropyLoss):
@@ -73,3 +75,48 @@ class CrossEntropyLoss(HoldsOp, nn.CrossEntropyLoss):
         if self.target is not None:
             extra.append(f"target={self.target!r}")
         return ", ".join(extra)
+
+
+class FusedLinearCrossEntropyLoss(HoldsOp, nn.Module):
+    """``F.cross_entropy(hidden @ weight.T, target)`` without the logits of every row at once:
+    called as ``loss(hidden, weight, target)`` (the op's order; Liger-Kernel's layer takes the
+    weight first) with ``hidden`` of shape ``(..., H)``, the head's ``weight`` ``(V, H)`` and
+    int64 class indices of ``hidden``'s leading shape, whose positions are flattened into rows
+    (reduction ``none`` returns the losses in the target's shape). The keywords are
+    :class:`CrossEntropyLoss`'s: torch's ``ignore_index``, ``reduction`` and
+    ``label_smoothing``, and the op's ``lse_square_scale`` and ``softcap``. The loss is float32
+    (float64 for float64 inputs). The layer holds no weight: the head's stays where the model
+    keeps it (tied embeddings, an ``nn.Linear``), and its gradient arrives there."""
+
+    op_class = FusedLinearCrossEntropyFwdOp
+    op_attrs = ("ignore_index", "reduction", "label_smoothing", "lse_square_scale", "softcap")
+
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean",
+                 label_smoothing: float = 0.0, *, lse_square_scale: float = 0.0,
+                 softcap: float | None = None, target: str | None = None) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.reduction = reduction
+        self.label_smoothing = label_smoothing
+        self.lse_square_scale = lse_square_scale
+        self.softcap = softcap
+        self.target = target
+        self._build_op()
+
+    def forward(self, hidden: torch.Tensor, weight: torch.Tensor,
+                target: torch.Tensor) -> torch.Tensor:
+        if hidden.dim() < 1 or weight.dim() != 2 or hidden.shape[-1] != weight.shape[-1]:
+            raise ValueError(f"FusedLinearCrossEntropyLoss: hidden must be (..., H) and weight "
+                             f"(V, H), got shapes {tuple(hidden.shape)} and "
+                             f"{tuple(weight.shape)}")
+        if tuple(target.shape) != tuple(hidden.shape[:-1]):
+            raise ValueError(f"FusedLinearCrossEntropyLoss: target must have hidden's leading "
+                             f"shape {tuple(hidden.shape[:-1])}, got {tuple(target.shape)}")
+        loss = self.op(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1))
+        return loss.reshape(target.shape) if self.reduction == "none" else loss
+
+    def extra_repr(self) -> str:
+        defaults = {"ignore_index": -100, "reduction": "mean", "label_smoothing": 0.0,
+                    "lse_square_scale": 0.0, "softcap": None, "target": None}
+        return ", ".join(f"{k}={getattr(self, k)!r}" for k, v in defaults.items()
+                         if getattr(self, k) != v)
