@@ -775,7 +775,7 @@ def build_column_kernel(kind: ReduceKind, r: int, inner: int, dtype: str, correc
 @functools.lru_cache(maxsize=256)
 def build_finish_kernel(kind: ReduceKind, splits: int, dtype: str, r: int, correction: float,
                         target: str | None = None):
-    """Compile the finish of ``splits`` partial states a output (the outputs' count is the
+    """Compile the finish of ``splits`` partial states an output (the outputs' count is the
     launch's)."""
     return compile_program(finish_program(kind, splits, dtype, r, correction), target)
 
