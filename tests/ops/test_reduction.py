@@ -1,8 +1,9 @@
 """The reduction family on the CPU: the ``(outer, R, inner)`` view of any dim set (hypothesis
 against torch's own reductions), the family's forward through a torch stand-in for the
 ``reduction`` slot (middle dims, non-adjacent dims, strided inputs, keepdim, every kind)
-against the reference target, the plans' invariants, and the refusals' exact text. The
-generic harness covers the spec workloads; the kernels' numerics are the GPU tests'."""
+against the reference target, the plans' invariants, the refusals' exact text, and an op
+called on several row counts building one entry and one program. The generic harness covers
+the spec workloads; the kernels' numerics are the GPU tests'."""
 
 from __future__ import annotations
 
