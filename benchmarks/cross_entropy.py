@@ -6,12 +6,14 @@ eager, torch.compile and Liger-Kernel.
 
 - Shapes: cross-entropy over 8192 x 128256 bfloat16 logits (the bar: Llama-3's vocabulary),
   4096 x 32000 and 1024 x 262144; the fused linear cross-entropy over 8192 x 4096 hidden
-  states and a 128256 x 4096 weight (the bar). Targets are uniform over the vocabulary, one
+  states and a 128256 x 4096 weight (the bar), and over 4096 x 4096 and 32000 x 4096
+  (Llama-2's head, one block). Targets are uniform over the vocabulary, one
   row in 32 ignored (-100).
 - One cell times ``torch.autograd.grad(loss_fn(*inputs), differentiable inputs)``: the forward
   and the backward of a mean loss.
 - Contenders: ``tileops`` (CrossEntropyFwdOp, and with ``inplace_grad``, its gradient written
-  over the logits; FusedLinearCrossEntropyFwdOp where the package has it), ``torch`` (``F.cross_entropy`` on the logits as they are; for the fused form
+  over the logits; FusedLinearCrossEntropyFwdOp, its gradients computed in the forward
+  while each block's logits are in hand), ``torch`` (``F.cross_entropy`` on the logits as they are; for the fused form
   ``F.cross_entropy(hidden @ weight.T, target)``), ``torch.compile`` of that function
   (``torch._dynamo.reset()`` then ``dynamic=False``, compiled by a first call outside the
   timing) and ``liger`` (``liger_cross_entropy``, ``liger_fused_linear_cross_entropy``).
@@ -39,7 +41,7 @@ sys.path[:0] = [str(HERE), *(str(p) for p in sorted((HERE.parent / "packages").g
 import _common  # noqa: E402
 
 CE_SHAPES = [(8192, 128256), (4096, 32000), (1024, 262144)]
-FLCE_SHAPES = [(8192, 4096, 128256)]
+FLCE_SHAPES = [(8192, 4096, 128256), (4096, 4096, 32000)]
 
 
 def _targets(torch, n, v, dev):

@@ -3,7 +3,9 @@
 # tests and the spec workloads use (parallel processes), the GPU tests of the kernels, the ops
 # and the harness, then the benchmarks: tileops bench of the spec workloads (against torch
 # eager, a fresh torch.compile per workload and Liger-Kernel) and benchmarks/cross_entropy.py,
-# forward + backward and peak memory of the loss and the fused linear loss at the bars. Logs
+# forward + backward and peak memory of the loss and the fused linear loss at the bars (the
+# fused loss's GPU tests first run each case once in parallel processes, building its
+# blocks' GEMM and cross-entropy programs at their full sizes). Logs
 # and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench).
 # About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
@@ -16,12 +18,15 @@ run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=3 run prebuild_tests.log python3 tests/kernels/test_cross_entropy_cuda.py --prebuild --workers 15
-    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family cross_entropy --workers 15 ;;
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family cross_entropy --workers 15
+    TAIL=8 run prebuild_flce.log python3 tests/ops/test_flce.py --prebuild --workers 6 ;;
   tests)
     TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_cross_entropy_cuda.py -q -p no:cacheprovider
+    TAIL=20 run flce_cuda.log python3 -m pytest -m cuda tests/ops/test_flce.py -q -p no:cacheprovider
     TAIL=20 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k CrossEntropy -q -p no:cacheprovider --maxfail=20 ;;
   bench)
     TAIL=40 run bench_ce.log python3 -m tileops.ops.cli bench --name cross_entropy_fwd --out "$OUT" --no-plot CrossEntropyFwdOp
+    TAIL=20 run bench_flce.log python3 -m tileops.ops.cli bench --name cross_entropy_flce --out "$OUT" --no-plot FusedLinearCrossEntropyFwdOp
     TAIL=40 run train_ce.log python3 benchmarks/cross_entropy.py --out "$OUT" ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done
