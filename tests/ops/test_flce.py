@@ -6,8 +6,9 @@ beyond the inputs and gradients. ``python3 tests/ops/test_flce.py --prebuild --w
 each GPU case's training step once in spawned processes first (the GEMM and cross-entropy
 programs of its blocks land in TileLang's disk cache), so the tests load them.
 
-On the CPU the composite composes with its delegates on the reference target, so these tests
-run its own orchestration: the blocks, the sums, the mean's count, the kept gradients.
+On the CPU the ops run on a target that composes them with their delegates' references, so
+these tests run the composite's own orchestration: the blocks, the sums, the mean's count, the
+kept gradients.
 """
 
 from __future__ import annotations
@@ -28,7 +29,28 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import tileops.ops.cross_entropy as ce
-from tileops.ops import FusedLinearCrossEntropyBwdOp, FusedLinearCrossEntropyFwdOp
+from tileops.ops import (
+    CrossEntropyBwdOp,
+    CrossEntropyFwdOp,
+    FusedLinearCrossEntropyBwdOp,
+    FusedLinearCrossEntropyFwdOp,
+    GemmFwdOp,
+)
+from tileops.runtime import targets
+
+#: a target with builders for the fused loss's delegates (their references) and none for it,
+#: so the composite runs its own walk over the blocks on the CPU (bound by device there, the
+#: reference target would serve it whole)
+BLOCKS = "flce-blocks"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _blocks_target():
+    targets.register_target(BLOCKS, ("cpu",))
+    for cls in (GemmFwdOp, CrossEntropyFwdOp, CrossEntropyBwdOp):
+        targets.register_builder(BLOCKS, cls, targets.builder_for(targets.REFERENCE, cls))
+    yield
+    del targets._targets[BLOCKS], targets._builders[BLOCKS]
 
 
 @pytest.fixture
@@ -104,7 +126,7 @@ def test_loss_and_gradients_match_torch_in_float64(n, h, v, rows, opts, data):
     hidden, weight, target = _inputs(n, h, v, ignored, seed=n * 100 + v)
     upstream = torch.randn(n, dtype=torch.float64) if opts["reduction"] == "none" else \
         torch.tensor(1.7, dtype=torch.float64)
-    op = FusedLinearCrossEntropyFwdOp(**opts)
+    op = FusedLinearCrossEntropyFwdOp(target=BLOCKS, **opts)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ce, "BLOCK_BYTES", rows * v * 8)  # ceil(n / rows) blocks
         got = _grads(op, hidden, weight, target, upstream)
@@ -118,7 +140,7 @@ def test_training_keeps_the_gradients_and_the_backward_op_is_not_run(small_block
     small_blocks(4, 9)
     hidden, weight, target = _inputs(10, 6, 9, ignored=[2, 7])
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
-    op = FusedLinearCrossEntropyFwdOp()
+    op = FusedLinearCrossEntropyFwdOp(target=BLOCKS)
     loss = op(h, w, target)
     # the node saves the inputs only: no block's logits outlive the call
     assert [t.data_ptr() for t in loss.grad_fn.saved_tensors] == \
@@ -135,7 +157,7 @@ def test_reduction_none_and_a_second_backward_run_the_backward_op(small_blocks) 
     small_blocks(3, 5)
     hidden, weight, target = _inputs(7, 4, 5, ignored=[1])
     up = torch.randn(7, dtype=torch.float64)
-    op = FusedLinearCrossEntropyFwdOp(reduction="none")
+    op = FusedLinearCrossEntropyFwdOp(target=BLOCKS, reduction="none")
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     loss = op(h, w, target)
     assert [s.name for s in op.last_call.stages] == ["logits", "loss"] * 3  # nothing kept
@@ -147,7 +169,7 @@ def test_reduction_none_and_a_second_backward_run_the_backward_op(small_blocks) 
     torch.testing.assert_close(h.grad, dh, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(w.grad, dw, rtol=1e-10, atol=1e-12)
     # a mean loss backward twice through a retained graph: kept, then recomputed
-    op = FusedLinearCrossEntropyFwdOp(reduction="sum")
+    op = FusedLinearCrossEntropyFwdOp(target=BLOCKS, reduction="sum")
     h, w = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     loss = op(h, w, target)
     first = torch.autograd.grad(loss, (h, w), retain_graph=True)
@@ -162,13 +184,13 @@ def test_only_the_gradient_asked_for(small_blocks) -> None:
     small_blocks(2, 5)
     hidden, weight, target = _inputs(5, 3, 5)
     h = hidden.clone().requires_grad_(True)
-    loss = FusedLinearCrossEntropyFwdOp(reduction="sum")(h, weight, target)
+    loss = FusedLinearCrossEntropyFwdOp(target=BLOCKS, reduction="sum")(h, weight, target)
     (dh,) = torch.autograd.grad(loss, h)
     _, want, _ = _grads(lambda a, b, c: _torch_loss(a, b, c, reduction="sum"), hidden, weight,
                         target, torch.tensor(1.0, dtype=torch.float64))
     torch.testing.assert_close(dh, want, rtol=1e-10, atol=1e-12)
     w = weight.clone().requires_grad_(True)
-    bwd = FusedLinearCrossEntropyBwdOp(grad_hidden=False)
+    bwd = FusedLinearCrossEntropyBwdOp(target=BLOCKS, grad_hidden=False)
     dh, dw = bwd(hidden, w.detach(), target, torch.tensor(1.0))
     assert dh is None and dw.shape == weight.shape
 
@@ -176,16 +198,27 @@ def test_only_the_gradient_asked_for(small_blocks) -> None:
 def test_no_rows() -> None:
     hidden, weight, target = _inputs(0, 3, 5)
     w = weight.clone().requires_grad_(True)
-    loss = FusedLinearCrossEntropyFwdOp(reduction="sum")(hidden, w, target)
+    loss = FusedLinearCrossEntropyFwdOp(target=BLOCKS, reduction="sum")(hidden, w, target)
     assert loss.item() == 0.0
     loss.backward()
     assert torch.equal(w.grad, torch.zeros_like(weight))
-    assert FusedLinearCrossEntropyFwdOp()(hidden, weight, target).isnan()  # 0 / 0, as torch's
+    mean = FusedLinearCrossEntropyFwdOp(target=BLOCKS)(hidden, weight, target)
+    assert mean.isnan()  # 0 / 0, as torch's
+
+
+def test_by_device_on_the_cpu_the_reference_serves_it_whole() -> None:
+    hidden, weight, target = _inputs(5, 3, 4)
+    op = FusedLinearCrossEntropyFwdOp()
+    torch.testing.assert_close(op(hidden, weight, target),
+                               _torch_loss(hidden, weight, target), rtol=1e-12, atol=1e-12)
+    assert op.serving_target == "reference" and op.last_call.stages == ()
+    assert op._delegates == {}
 
 
 def test_the_eager_contender_computes_the_loss() -> None:
     hidden, weight, target = _inputs(6, 4, 7, ignored=[0])
-    op = FusedLinearCrossEntropyFwdOp(label_smoothing=0.1, softcap=2.0, lse_square_scale=0.1)
+    op = FusedLinearCrossEntropyFwdOp(target=BLOCKS, label_smoothing=0.1, softcap=2.0,
+                                      lse_square_scale=0.1)
     torch.testing.assert_close(op.eager()(hidden, weight, target), op(hidden, weight, target),
                                rtol=1e-12, atol=1e-12)
 

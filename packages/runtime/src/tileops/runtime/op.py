@@ -633,8 +633,13 @@ class Op(declared.Equivalents):
         for impls in self._installed_kernel_types.values():
             if any(dtype in k.devices for k in impls):
                 return targets.IN_TREE
-        if self.delegate_types and not self._installed_kernel_types:
-            return targets.IN_TREE  # a composite op composes; each delegate chooses its own
+        if self.delegate_types and not self._installed_kernel_types and any(
+                dtype in k.devices for d in self.delegate_types.values()
+                for ks in d.kernel_types.values() for k in ks):
+            # a composite op composes where its delegates' kernels run (each delegate chooses
+            # its own); elsewhere a target serves it whole (the reference target runs the
+            # op's own reference, not each stage's)
+            return targets.IN_TREE
         cls = type(self)
         for name in targets.targets():
             devices = targets.target_devices(name)
