@@ -525,3 +525,28 @@ def test_a_kept_gradient_must_be_like_its_input(sum_ops) -> None:
                                          r"\(torch.float32\[5\] on cpu\), got "
                                          r"torch.float64\[3\] on cpu$"):
         op(torch.randn(5, requires_grad=True), torch.randn(5))
+
+
+def test_a_composite_whose_delegates_run_elsewhere_is_served_whole_by_device() -> None:
+    class CudaMul(Mul):
+        devices = ("cuda",)
+
+    class CudaScale(Op, specs=SPECS, entry="ScaleOp"):
+        kernel_types = {Iface: (CudaMul,)}
+
+    class Elsewhere(Op, specs=SPECS, entry="ScaleAddOp"):
+        """Composes on CUDA, where its delegate's kernel runs; the reference serves it whole
+        on the CPU."""
+
+        delegate_types = {"scale": CudaScale}
+
+        def forward(self, call, x, b, y):
+            raise AssertionError("composed on a device its delegates' kernels do not run on")
+
+        def reference(self, call, x, b):
+            return (self.alpha * x + b,)
+
+    op = Elsewhere(alpha=3.0)
+    assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.full((2,), 4.0))
+    assert op.serving_target == REFERENCE and op.last_call.stages == ()
+    assert op._delegates == {}
