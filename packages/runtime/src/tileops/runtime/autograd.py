@@ -111,7 +111,8 @@ class Gradient:
         self.apply = _C_APPLY.__get__(None, self.node)
         #: the inputs not differentiable (by index), which must not require grad
         self.fixed_inputs = tuple(i for i in range(len(ins)) if i not in self.differentiable)
-        #: one output, written to no input: a call whose output is 0-dim may keep gradients
+        #: one output, written to no input: a call of it whose output is 0-dim may keep
+        #: gradients
         self.scalar_output = len(outs) == 1 and not any(
             d.alias for d in plan.sig.outputs.values())
 
@@ -167,9 +168,13 @@ class _Keeping(threading.local):
     """The node whose forward is running on this thread, where its op may keep gradients."""
 
     op: Any = None
+    call: Any = None
     #: the indices of the inputs whose gradient the caller needs
     wanted: frozenset = frozenset()
     kept: dict | None = None
+    #: whether the call's output is 0-dim, read from the record when first asked (deriving
+    #: the output shapes costs microseconds, which a call whose op never asks does not pay)
+    scalar: bool | None = None
 
 
 _keeping = _Keeping()
@@ -178,7 +183,12 @@ _keeping = _Keeping()
 def gradient_wanted(op: Op, index: int) -> bool:
     """Inside ``op``'s own node's forward with a 0-dim output: is input ``index``'s gradient
     needed (see the module docstring)."""
-    return _keeping.op is op and index in _keeping.wanted
+    state = _keeping
+    if state.op is not op or index not in state.wanted:
+        return False
+    if state.scalar is None:
+        state.scalar = state.call.output_shapes[0] == ()
+    return state.scalar
 
 
 def keep_gradient(op: Op, index: int, grad: Any, inp: Any) -> None:
@@ -202,17 +212,17 @@ class Node(torch.autograd.Function):
     def forward(ctx: Any, op: Op, call: SignatureCall, *inputs: Any) -> Any:
         gradient = op._gradient
         state = _keeping
-        before = (state.op, state.wanted, state.kept)
-        if gradient.scalar_output and call.output_shapes[0] == ():
-            state.op, state.kept = op, {}
+        before = (state.op, state.call, state.wanted, state.kept, state.scalar)
+        if gradient.scalar_output:
+            state.op, state.call, state.kept, state.scalar = op, call, {}, None
             state.wanted = frozenset(i for i, n in enumerate(ctx.needs_input_grad[2:]) if n)
         else:
-            state.op, state.kept = None, None
+            state.op, state.call, state.kept = None, None, None
         try:
             outputs = op._execute(call, inputs, None)
             ctx.kept = state.kept or None
         finally:
-            state.op, state.wanted, state.kept = before
+            state.op, state.call, state.wanted, state.kept, state.scalar = before
         written = call.branch[0]
         if written:
             names = op._signature.input_names  # type: ignore[union-attr]
