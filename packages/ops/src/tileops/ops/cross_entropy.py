@@ -14,9 +14,9 @@ log-sum-exp (two passes over the row, the second from L2) before it writes the g
 With ``inplace_grad`` the backward writes the gradient over the saved logits (an effect of the
 backward's entry: ``logits`` mutated, ``dlogits`` its alias), so training holds no second
 ``N x V`` tensor, as with Liger-Kernel. Liger also computes the gradient in the forward (the
-row read once, the backward only scaling it), which saves one read of the logits; that needs
-a forward output the caller does not see, which the spec's ``backward:`` block cannot
-express.
+row read once, the backward only scaling it), which saves one read of the logits; the
+runtime's kept gradients (``Op.keep_gradient``, for a 0-dim output) allow it for a mean or sum
+loss, which the fused loss below uses and this op does not yet.
 
 The fused linear cross-entropy (:class:`FusedLinearCrossEntropyFwdOp`, the loss of ``hidden @
 weight.T``) is a composite of the GEMM op and the two ops above over blocks of rows: a block's
