@@ -24,10 +24,15 @@ CASES = [c for cls in OPS.values() if cls._gradient is not None for c in base_ca
 
 
 def _leaves(op, inputs):
-    """The case's floating inputs in float64, the differentiable ones requiring grad; a bool
-    or integer input (a mask, a condition, class indices, positions) stays as it is."""
+    """The case's inputs in float64, the differentiable ones requiring grad; a bool input (a
+    mask, a condition) and one the entry declares integral (class indices, positions) stay as
+    they are (an integer case of a dtype index, a binary op's int32, is differentiated in
+    float64 like the rest)."""
     diff = op._gradient.differentiable
-    return [None if t is None else t if not t.is_floating_point() else
+    decls = op._signature.entry.signature.inputs
+    fixed = {i for i, n in enumerate(op._signature.input_names)
+             if decls[n].dtype.text in ("uint8", "int8", "int16", "int32", "int64")}
+    return [None if t is None else t if t.dtype is torch.bool or i in fixed else
             t.double().requires_grad_(i in diff)
             for i, t in enumerate(inputs)]
 

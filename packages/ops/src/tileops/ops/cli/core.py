@@ -209,10 +209,16 @@ def _tilelang_importable() -> bool:
 def serving_problem(cls: type[Op], target: str, device: torch.device) -> str | None:
     """Why ``target`` cannot serve ``cls`` on ``device`` (None when it can): the in-tree
     kernels (``tileops``) where none runs on the device's type, or TileLang is missing, or no
-    kernel supports the GPU's architecture; a registered target where it has no builder for
+    kernel supports the GPU's architecture (a composite op: where one of its delegates'
+    cannot); a registered target where it has no builder for
     the op or does not run on the device. The text names neither the op nor the target (and
     reads the same for several ops), so a caller puts it after both."""
     if target == targets.IN_TREE:
+        if cls.delegate_types and not cls.kernel_types:
+            # a composite runs where its delegates' kernels run: the first one that cannot
+            # says why
+            problems = (serving_problem(d, target, device) for d in cls.delegate_types.values())
+            return next((p for p in problems if p is not None), None)
         impls = [k for ks in cls.kernel_types.values() for k in ks]
         if not impls:
             return "the op has no in-tree kernels"
