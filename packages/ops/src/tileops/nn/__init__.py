@@ -8,7 +8,10 @@ holds where training code groups parameters or initializes weights by layer type
 decay on norms, ``normal_`` on every ``nn.Linear``). :class:`SiLU`, :class:`GELU` and
 :class:`ReLU` are torch.nn's activations the same way. :class:`FusedAddRMSNorm` has no torch.nn
 counterpart; its parameter is RMSNorm's. :class:`SwiGLUMLP` is the Llama MLP with Hugging
-Face's submodule names, on the GEMM and the fused SwiGLU.
+Face's submodule names, on the GEMM and the fused SwiGLU. :class:`CrossEntropyLoss` is
+torch.nn's loss over class indices; :class:`FusedLinearCrossEntropyLoss` is a language model's
+head and loss in one, never holding every row's logits. :class:`RotaryEmbedding` rotates q and
+k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope).
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -18,7 +21,7 @@ computations as functions over a cache of op instances.
 from . import functional
 from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .linear import Linear
-from .loss import CrossEntropyLoss
+from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
 from .rotary import RotaryEmbedding
@@ -27,6 +30,7 @@ __all__ = [
     "ColumnParallelLinear",
     "CrossEntropyLoss",
     "FusedAddRMSNorm",
+    "FusedLinearCrossEntropyLoss",
     "GELU",
     "LayerNorm",
     "Linear",
