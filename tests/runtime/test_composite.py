@@ -491,6 +491,24 @@ def test_a_forward_keeps_its_gradients_and_the_backward_scales_them(sum_ops) -> 
     assert torch.equal(x.grad, torch.full((5,), 13.5)) and torch.equal(b.grad, torch.full((5,), 4.5))
 
 
+def test_an_op_may_supply_the_scale_of_its_kept_gradients(sum_ops, monkeypatch) -> None:
+    fwd, bwd = sum_ops
+    seen = []
+
+    def scale_kept(self, name, grad, dout):
+        seen.append((name, grad.shape, dout.shape, float(dout)))
+        return grad * (10.0 * dout)  # not the default product: the hook's is returned
+
+    monkeypatch.setattr(fwd, "scale_kept", scale_kept)
+    op = fwd(alpha=3.0)
+    x, b = torch.randn(5, requires_grad=True), torch.randn(5)
+    before = bwd.calls
+    (2.0 * op(x, b)).backward()
+    assert bwd.calls == before
+    assert seen == [("x", (5,), (), 2.0)]  # only the gradients the caller needs
+    assert torch.equal(x.grad, torch.full((5,), 60.0))
+
+
 def test_a_forward_that_keeps_fewer_gradients_than_needed_falls_back(sum_ops) -> None:
     fwd, bwd = sum_ops
     op = fwd(alpha=3.0)

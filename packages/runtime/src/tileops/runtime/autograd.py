@@ -31,7 +31,8 @@ gradient of an input is the upstream gradient times a tensor the forward can pro
 its own node's forward an op may ask :meth:`Op.gradient_wanted` and hand tensors over with
 :meth:`Op.keep_gradient`. The node holds them (not ``save_for_backward``: they are the op's own,
 written by nothing else) and its backward scales them in place by the upstream gradient, the
-backward op unused; where the forward kept fewer than the caller needs, or a retained graph is
+backward op unused (:meth:`Op.scale_kept` scales them: a torch multiply unless the op
+supplies its own); where the forward kept fewer than the caller needs, or a retained graph is
 run backward a second time, the backward op runs as usual. Compiled calls never keep (the
 custom op's forward runs outside any node): their backward is the backward op.
 
@@ -244,8 +245,9 @@ class Node(torch.autograd.Function):
         kept, ctx.kept = ctx.kept, None  # scaled in place: usable once
         needs = ctx.needs_input_grad[2:]
         if kept is not None and all(i in kept for i, n in enumerate(needs) if n):
-            g = grads[0]
-            return (None, None, *(kept[i].mul_(g) if n else None for i, n in enumerate(needs)))
+            g, names = grads[0], op._signature.input_names
+            return (None, None, *(op.scale_kept(names[i], kept[i], g) if n else None
+                                  for i, n in enumerate(needs)))
         return (None, None, *op._gradient.run(op, ctx.saved_tensors, grads,
                                                ctx.needs_input_grad[2:], traced=False))
 

@@ -428,6 +428,13 @@ class Op(declared.Equivalents):
         for a unit upstream gradient; only where :meth:`gradient_wanted` said so."""
         autograd.keep_gradient(self, self._signature.input_names.index(name), grad, inp)  # type: ignore[union-attr]
 
+    def scale_kept(self, name: str, grad: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+        """The kept gradient of input ``name`` scaled by the upstream gradient ``dout`` (0-dim),
+        for the node's backward to return: ``grad`` multiplied in place by default. An op
+        overrides it where a torch multiply costs too much: a kept gradient the size of the
+        logits is read and written for it, though ``loss.backward()`` passes 1."""
+        return grad.mul_(dout)
+
     def _backward_op(self, needs: tuple[bool, ...]) -> Op:
         """The backward op for this combination of the gradient's ``needs`` params (built
         once, held): the forward's params it shares by name, the ``needs`` flags, the
