@@ -16,7 +16,14 @@ logsumexp ``-inf``).
 logsumexp's gradient runs on the same grid, from the lse of the input rounded to its dtype.
 
 Tolerance: one rounding of the output to its dtype (``rtol`` = its epsilon) on top of the fp32
-arithmetic (``exp2`` within 2 ulp, sums of up to 2**18 terms): float32 is held to 2e-5.
+arithmetic (``exp2`` within 2 ulp, sums of up to 2**18 terms): float32 is held to 2e-5. The
+softmax gradients are held to an element-wise bound of their fp32 arithmetic instead
+(:func:`gradient_bound`): ``dy - sum(dy * y)`` cancels where one ``y`` is near 1, so the
+fp32 error of a correct kernel can be the whole of a row's largest ``|dx|`` (a bound relative
+to it failed an exact fp32 emulation of the kernel in 1 of 60 rows of 7). The bound's CPU
+tests (not marked ``cuda``) hold such an emulation within it over a space of views and
+dominant rows, and show that a wrong row sum (a neighbour row's, a group's missing, an element
+left out) breaks it.
 
 ``python3 tests/kernels/test_softmax_cuda.py --prebuild --workers 15`` compiles every program
 these tests use in spawned processes first, so the tests load them from TileLang's disk cache.
@@ -31,15 +38,15 @@ if __name__ == "__main__":  # the prebuild entry point imports from the packages
         (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
 from tileops.kernels import softmax as S  # noqa: E402
 from tileops.runtime import select  # noqa: E402
 
-pytestmark = pytest.mark.cuda
-if __name__ != "__main__" and not torch.cuda.is_available():
-    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+cuda = pytest.mark.cuda  # every test but the bound's (tests/conftest.py skips them on a CPU)
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
@@ -122,6 +129,57 @@ def _reference(kind, x):
     return torch.logsumexp(xd, 1)
 
 
+#: fp32's unit roundoff, and each storage dtype's (half its epsilon) and the absolute error
+#: of its smallest values: float16's subnormal spacing; fp32's smallest normal for the others
+#: (fast math may flush fp32 subnormals to 0)
+U32 = 2.0 ** -24
+UNIT = {torch.bfloat16: 2.0 ** -8, torch.float16: 2.0 ** -11, torch.float32: U32}
+TINY = {torch.bfloat16: 2.0 ** -126, torch.float16: 2.0 ** -24, torch.float32: 2.0 ** -126}
+
+
+def gradient_bound(kind, y, dy):
+    """``(ref, bound)``: the float64 gradient from the stored ``y`` and ``dy`` (reduced over
+    dim 1) and an element-wise bound on ``|dx - ref|`` for any kernel that computes ``dx`` in
+    fp32 from them and rounds it once to their dtype.
+
+    The fp32 row sum, in any order, is off by at most ``(r + 1) u`` times the sum of its terms'
+    magnitudes (``r`` products, ``r - 1`` additions); softmax's ``y * (dy - s)`` adds two
+    roundings a element, log-softmax's ``dy - exp(y) * S`` the exponential's (``exp2f`` within
+    2 ulp of ``exp2`` of ``y * log2(e)``, whose rounding costs ``|y| u`` relative) and two.
+    Each arithmetic term is taken 4 times over (a margin, not a fudge: a row sum that is wrong
+    by a term is off by far more); the output's rounding is ``UNIT |dx| + TINY``."""
+    yd, dyd = y.double(), dy.double()
+    r = y.shape[1]
+    g = 4 * (r + 1) * U32
+    if kind == "softmax":
+        terms = dyd * yd
+        ref = yd * (dyd - terms.sum(1, keepdim=True))
+        mag = terms.abs().sum(1, keepdim=True)
+        arith = yd.abs() * (g * mag + 12 * U32 * (dyd.abs() + mag))
+    else:
+        total = dyd.sum(1, keepdim=True)
+        mag = dyd.abs().sum(1, keepdim=True)
+        e = yd.exp()
+        arith = e * (g * mag + 4 * (2 * yd.abs() + 8) * U32 * mag) + 12 * U32 * (
+            dyd.abs() + e * mag)
+        ref = dyd - e * total
+    unit, tiny = UNIT[y.dtype], TINY[y.dtype]
+    return ref, unit * ref.abs() + (1 + unit) * arith + tiny
+
+
+def _check_gradient(kind, y, dy, dx, what):
+    """``dx`` within :func:`gradient_bound` everywhere; the message names the worst element."""
+    ref, bound = gradient_bound(kind, y.cpu(), dy.cpu())
+    got = dx.cpu().double()
+    assert not torch.isnan(got).any(), f"{what}: an output element was never written"
+    ratio = (got - ref).abs() / bound
+    worst = int(ratio.argmax())
+    idx = tuple(int(i) for i in torch.unravel_index(torch.tensor(worst), ratio.shape))
+    assert ratio.max().item() <= 1, (
+        f"{what}: |dx - ref| is {ratio.max().item():.3g} times the bound at {idx}: got "
+        f"{got[idx].item()!r}, want {ref[idx].item()!r}")
+
+
 def _run_fwd(kind, x):
     outer, r, inner = x.shape
     out_shape = (outer, inner) if kind == "logsumexp" else (outer, r, inner)
@@ -131,6 +189,7 @@ def _run_fwd(kind, x):
     return out
 
 
+@cuda
 @pytest.mark.parametrize("kind", FWD_KINDS)
 @pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
 def test_forward_matches_float64(kind, outer, r, inner, dtype):
@@ -139,6 +198,7 @@ def test_forward_matches_float64(kind, outer, r, inner, dtype):
     _check(got, _reference(kind, x), dtype, kind, f"{kind} {outer}x{r}x{inner} {dtype}")
 
 
+@cuda
 @pytest.mark.parametrize("kind", FWD_KINDS)
 @pytest.mark.parametrize(("outer", "r", "inner"), [(8, 4097, 1), (4, 8192, 1), (4, 128256, 1),
                                                    (3, 64, 40)])
@@ -150,6 +210,7 @@ def test_masked_rows_follow_torch(kind, outer, r, inner):
     _check(got, _reference(kind, x), torch.float32, kind, f"masked {kind} {outer}x{r}x{inner}")
 
 
+@cuda
 @pytest.mark.parametrize("kind", BWD_KINDS)
 @pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
 def test_gradient_matches_float64(kind, outer, r, inner, dtype):
@@ -159,19 +220,10 @@ def test_gradient_matches_float64(kind, outer, r, inner, dtype):
     dx = _poisoned((outer, r, inner), dtype)
     _entry(S.SoftmaxBwdInterface, BWD_KERNELS, bwd_spec(kind, outer, r, inner, dtype))(y, dy, dx)
     torch.cuda.synchronize()
-    yd, dyd = y.double(), dy.double()
-    if kind == "softmax":
-        ref = yd * (dyd - (dyd * yd).sum(1, keepdim=True))
-    else:
-        ref = dyd - yd.exp() * dyd.sum(1, keepdim=True)
-    # the row sum in fp32 over r terms scales each output's error by the row's size
-    scale = ref.abs().amax(1, keepdim=True).clamp_min(1e-30)
-    got = dx.double()
-    assert not torch.isnan(got).any(), "an output element was never written"
-    err = ((got - ref).abs() / scale).max().item()
-    assert err <= 4 * RTOL[dtype], f"{kind} grad {outer}x{r}x{inner} {dtype}: {err}"
+    _check_gradient(kind, y, dy, dx, f"{kind} grad {outer}x{r}x{inner} {dtype}")
 
 
+@cuda
 @pytest.mark.parametrize(("outer", "r", "inner", "dtype"), cases())
 def test_logsumexp_gradient_matches_float64(outer, r, inner, dtype):
     x = (torch.randn(outer, r, inner, device="cuda") * 4).to(dtype)
@@ -183,6 +235,71 @@ def test_logsumexp_gradient_matches_float64(outer, r, inner, dtype):
     torch.cuda.synchronize()
     ref = dy.double()[:, None] * (x.double() - lse.double()[:, None]).exp()
     _check(dx, ref, dtype, "softmax", f"logsumexp grad {outer}x{r}x{inner} {dtype}")
+
+
+# --- the bound's own tests, on the CPU -----------------------------------------------------
+
+
+def _emulated(kind, y, dy, total=None):
+    """The gradient kernels' arithmetic in fp32 on the CPU (torch's summation order, not the
+    kernels': the bound holds for any), rounded once to the dtype; ``total`` replaces the
+    row sum, to stand for a kernel that sums the wrong elements."""
+    yf, df = y.float(), dy.float()
+    if total is None:
+        total = (df * yf if kind == "softmax" else df).sum(1, keepdim=True)
+    dx = yf * (df - total) if kind == "softmax" else df - yf.exp() * total
+    return dx.to(y.dtype)
+
+
+def _inputs(kind, outer, r, inner, dtype, scale, seed):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(outer, r, inner, generator=gen, dtype=torch.float64) * scale
+    y = (torch.softmax(x, 1) if kind == "softmax" else torch.log_softmax(x, 1)).to(dtype)
+    return y, torch.randn(outer, r, inner, generator=gen).to(dtype)
+
+
+def _within(kind, y, dy, dx):
+    ref, bound = gradient_bound(kind, y, dy)
+    return bool(((dx.double() - ref).abs() <= bound).all())
+
+
+@settings(max_examples=60, deadline=None)
+@given(kind=st.sampled_from(BWD_KINDS), outer=st.integers(1, 40), r=st.integers(1, 600),
+       inner=st.sampled_from([1, 1, 2, 7]), dtype=st.sampled_from(DTYPES),
+       scale=st.sampled_from([1.0, 4.0, 30.0]), seed=st.integers(0, 2 ** 31))
+def test_bound_holds_for_fp32_arithmetic(kind, outer, r, inner, dtype, scale, seed):
+    """A correct fp32 kernel is within the bound: scale 30 makes rows whose one ``y`` is 1
+    and the rest underflow, where ``dy - sum(dy * y)`` cancels to nothing."""
+    y, dy = _inputs(kind, outer, r, inner, dtype, scale, seed)
+    assert _within(kind, y, dy, _emulated(kind, y, dy))
+
+
+@pytest.mark.parametrize(("outer", "r", "inner", "dtype"), [
+    (1000, 7, 1, torch.float16), (1000, 7, 1, torch.float32), (3, 5, 7, torch.float32),
+    (8, 512, 64, torch.float32), (129, 4097, 1, torch.float32), (1000, 7, 1, torch.bfloat16)])
+@pytest.mark.parametrize("kind", BWD_KINDS)
+def test_bound_catches_a_wrong_row_sum(kind, outer, r, inner, dtype):
+    """The classes of bug a row sum has (the neighbour row's, a group of its terms missing,
+    its last element left out) each break the bound; the right sum keeps it (the cases that
+    failed a bound relative to the row's largest ``|dx|``, a 4097 row, and bfloat16: in a
+    wide bfloat16 row one element's ``exp(y) dy`` is below the output's rounding, seen by no
+    test)."""
+    y, dy = _inputs(kind, outer, r, inner, dtype, 4.0, 7)
+    yf, df = y.float(), dy.float()
+    terms = df * yf if kind == "softmax" else df
+    total = terms.sum(1, keepdim=True)
+    assert _within(kind, y, dy, _emulated(kind, y, dy, total))
+    wrong = {
+        "the next row's": total.roll(1, 0) if outer > 1 else total.roll(1, 2),
+        "a group missing": terms[:, : r // 2].sum(1, keepdim=True),
+        "the last left out": terms[:, :-1].sum(1, keepdim=True),
+    }
+    for what, bad in wrong.items():
+        if r == 1 and what != "the next row's":
+            continue  # a row of one has no group or other element to leave out
+        if what == "the last left out" and kind == "log_softmax" and r > 512:
+            continue  # one |dy| of thousands is within the sum's worst case, (r + 1) u sum|dy|
+        assert not _within(kind, y, dy, _emulated(kind, y, dy, bad)), what
 
 
 # --- the prebuild ----------------------------------------------------------------------------
