@@ -43,6 +43,47 @@ def test_rows_program_compiles_for_sm90(classes, dtype, options, grad, per_row):
 
 
 @needs_nvcc
+def test_kept_rows_program_compiles_for_sm90():
+    """The gradient program that also writes each row's loss (the kept gradient's): thread 0
+    reads the target's logit before the merge's barrier, the loss is written between the
+    passes, every option compiled in."""
+    src = C.build_rows_kernel(4097, "bfloat16", EVERY, True, False, 132, "sm_90",
+                              with_loss=True).get_kernel_source()
+    assert "float* __restrict__ L" in src and "L[" in src
+    assert src.index("xt[0] = ((float)") < src.index("__syncthreads") < src.index("L[")
+    assert "/ 132)" in src and "tanhf" in src
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("classes", "dtype"), [(128256, "bfloat16"), (7, "float32")],
+                         ids=["llama3-16B", "odd-fp32"])
+def test_scale_program_compiles_for_sm90(classes, dtype):
+    threads, vec, ctas = C.scale_plan(classes, dtype)
+    src = C.build_scale_kernel(classes, dtype, 132, "sm_90").get_kernel_source()
+    assert f"__launch_bounds__({threads}" in src and f"/ {ctas})" in src
+    assert "!= 0x1p+0f" in src  # the early exit for a scale of exactly 1
+    assert ("uint4" in src) == (vec * C._ITEMSIZE[dtype] == 16)
+
+
+def test_with_loss_is_the_gradient_scaled_by_one_value():
+    with pytest.raises(ValueError) as info:
+        C.rows_program(7, "float32", PLAIN, True, True, 32, 1, 2, 132, with_loss=True)
+    assert str(info.value) == ("rows_program: with_loss is the gradient scaled by G[0] (grad, "
+                               "not per_row_scale), got grad=True, per_row_scale=True")
+
+
+@settings(max_examples=200, deadline=None)
+@given(classes=st.integers(1, 1 << 20), dtype=st.sampled_from(sorted(C._DTYPES)),
+       sms=st.sampled_from([108, 132, 144]))
+def test_scale_plan(classes, dtype, sms):
+    threads, vec, ctas = C.scale_plan(classes, dtype, sms)
+    assert classes % vec == 0 and vec * C._ITEMSIZE[dtype] <= 16
+    assert 32 <= threads <= 512 and threads & (threads - 1) == 0
+    assert threads == 512 or threads * vec >= classes  # a narrow row in one step
+    assert ctas * threads == sms * 2048
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("mean", "grad"), [(True, False), (True, True)],
                          ids=["loss-mean", "grad-mean-scale"])
 def test_finish_program_compiles_for_sm90(mean, grad):

@@ -142,7 +142,7 @@ def test_the_compiled_training_step_holds_both_ops_and_matches_eager():
 def test_the_eager_contender_computes_the_loss(options):
     x, t = _inputs(4, 9, ignored=[3])
     op = CrossEntropyFwdOp(**options)
-    torch.testing.assert_close(op.eager()(x, t), op(x, t).float(), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(op.eager()(x, t), op(x, t), rtol=1e-12, atol=1e-12)  # float64
 
 
 def test_refusals_name_the_op_the_argument_and_what_was_seen():
@@ -164,8 +164,7 @@ def test_refusals_name_the_op_the_argument_and_what_was_seen():
 def test_the_kernels_refuse_float64_naming_the_reference_target():
     op = CrossEntropyFwdOp()
     with pytest.raises(TypeError) as info:
-        op._entry(type("Call", (), {"device": torch.device("cuda")})(),
-                  None, torch.empty(2, 3, dtype=torch.float64, device="meta"))
+        op._entry(torch.device("cuda"), None, torch.empty(2, 3, dtype=torch.float64, device="meta"))
     assert str(info.value) == (
         "CrossEntropyFwdOp: the in-tree cross-entropy kernels serve bfloat16, float16, "
         "float32, not float64; construct the op with target='reference' for float64")
@@ -187,7 +186,7 @@ def test_the_kernels_launch_the_programs_the_reduction_needs(monkeypatch, reduct
     grad_ref = CrossEntropyBwdOp(reduction="none", **opts)
     launched = []
 
-    def rows(classes, dtype, options, grad, per_row_scale, sms):
+    def rows(classes, dtype, options, grad, per_row_scale, sms, with_loss=False):
         def run(x, t, g, d=None):
             launched.append(("grad" if grad else "loss", per_row_scale))
             if not grad:
@@ -233,3 +232,160 @@ def test_the_kernels_launch_the_programs_the_reduction_needs(monkeypatch, reduct
     assert launched == []
     if reduction != "none":
         assert out.isnan() if reduction == "mean" else out == 0
+
+
+# --- training with a 0-dim loss: the gradient kept by the forward -----------------------------
+
+
+class _Launches:
+    """Torch stand-ins for the compiled programs (the contracts of the row, finish and scale
+    programs), recording each launch: ``(program, grad or with_loss)``; ``("scale", wrote)``."""
+
+    def __init__(self, opts):
+        self.rows_ref = CrossEntropyFwdOp(reduction="none", **opts)
+        self.grad_ref = CrossEntropyBwdOp(reduction="none", **opts)
+        self.launched = []
+
+    def rows(self, classes, dtype, options, grad, per_row_scale, sms, with_loss=False):
+        def run(x, t, *rest):
+            self.launched.append(("train" if with_loss else "grad" if grad else "loss",
+                                  per_row_scale))
+            if not grad:  # (x, t, L)
+                rest[0].copy_(self.rows_ref._loss(x.double(), t))
+                return
+            g, d = rest[0], rest[-1]  # (x, t, G, D) or, with_loss, (x, t, G, L, D)
+            scale = g if per_row_scale else g.expand(x.shape[0])
+            got = self.grad_ref._grad(x.double(), t, scale.double())
+            if with_loss:  # both read before D, which may be x, is written
+                rest[1].copy_(self.rows_ref._loss(x.double(), t))
+            d.copy_(got)
+        return run
+
+    def finish(self, ignore_index, mean, grad):
+        def run(a, b, out):
+            self.launched.append(("finish", grad))
+            target, first = (a, b) if grad else (b, a)
+            count = (target != ignore_index).sum()
+            total = first[0] if grad else first.sum()
+            out.copy_(total / count if mean else total)
+        return run
+
+    def scale(self, classes, dtype, sms):
+        def run(d, s):
+            assert s.shape == (1,) and s.dtype == torch.float32
+            self.launched.append(("scale", bool(s[0] != 1.0)))
+            if s[0] != 1.0:
+                d.mul_(s[0])
+        return run
+
+
+@pytest.fixture
+def stand_ins(monkeypatch):
+    """``make(**options) -> (op, launched)``: a CrossEntropyFwdOp whose slot is served on the
+    CPU by the in-tree implementation over the stand-in programs."""
+    from tileops.kernels import cross_entropy as C
+    from tileops.runtime import Kernel
+
+    class CpuFwd(C.CrossEntropyFwdKernel):
+        devices = ("cpu",)
+
+    made = {}
+
+    def make(**options):
+        opts = {k: v for k, v in options.items() if k not in ("reduction", "inplace_grad")}
+        launches = made.setdefault("launches", _Launches(opts))
+        for name in ("rows", "finish", "scale"):
+            monkeypatch.setattr(C, f"build_{name}_kernel", getattr(launches, name))
+        assert issubclass(CpuFwd, Kernel)
+        return CrossEntropyFwdOp(kernel_map={"cross_entropy_fwd": CpuFwd}, **options), \
+            launches.launched
+
+    return make
+
+
+@pytest.mark.parametrize("inplace_grad", [False, True])
+@pytest.mark.parametrize(("reduction", "opts"), [
+    ("mean", {}), ("sum", {"label_smoothing": 0.1, "lse_square_scale": 1e-2, "softcap": 4.0})])
+def test_training_keeps_the_gradient_of_one_launch(stand_ins, reduction, opts, inplace_grad):
+    op, launched = stand_ins(reduction=reduction, inplace_grad=inplace_grad, **opts)
+    x, t = _inputs(6, 9, ignored=[1, 4], dtype=torch.float32)
+    leaf = x.clone().requires_grad_(True)
+    z = leaf * 1.0  # a non-leaf, as an LM head's output is
+    loss = op(z, t)
+    xe = x.double().requires_grad_(True)
+    want = _torch_loss(xe, t, reduction=reduction, **opts)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-6, atol=1e-6)
+    (want_dx,) = torch.autograd.grad(want, xe)
+    # one row launch writes the losses and the gradient; the mean's 1 / count comes first
+    assert launched == ([("finish", True)] if reduction == "mean" else []) + [
+        ("train", False), ("finish", False)]
+    if inplace_grad:  # the logits hold the gradient once the loss is computed
+        torch.testing.assert_close(z.detach().double(), want_dx, rtol=1e-5, atol=1e-7)
+    else:
+        assert torch.equal(z.detach(), x)
+    launched.clear()
+    loss.backward()
+    assert launched == [("scale", False)]  # 1: nothing written, and no backward op
+    torch.testing.assert_close(leaf.grad.double(), want_dx, rtol=1e-5, atol=1e-7)
+
+
+def test_the_kept_gradient_is_scaled_by_the_upstream_gradient(stand_ins):
+    op, launched = stand_ins()
+    x, t = _inputs(5, 7, ignored=[2], dtype=torch.float32)
+    leaf = x.clone().requires_grad_(True)
+    (2.5 * op(leaf, t)).backward()
+    assert launched[-1] == ("scale", True)
+    xe = x.double().requires_grad_(True)
+    (want,) = torch.autograd.grad(2.5 * F.cross_entropy(xe, t), xe)
+    torch.testing.assert_close(leaf.grad.double(), want, rtol=1e-5, atol=1e-7)
+
+
+def test_inplace_grad_never_overwrites_a_leaf(stand_ins):
+    op, _ = stand_ins(inplace_grad=True)
+    x, t = _inputs(4, 7, ignored=[0], dtype=torch.float32)
+    leaf = x.clone().requires_grad_(True)
+    op(leaf, t).backward()
+    assert torch.equal(leaf.detach(), x) and leaf.grad is not None
+    xe = x.double().requires_grad_(True)
+    (want,) = torch.autograd.grad(F.cross_entropy(xe, t), xe)
+    torch.testing.assert_close(leaf.grad.double(), want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_mean_over_no_rows_keeps_torchs_zero_gradient(stand_ins):
+    op, _ = stand_ins()
+    x, t = _inputs(4, 7, ignored=range(4), dtype=torch.float32)
+    leaf = x.clone().requires_grad_(True)
+    loss = op(leaf, t)
+    loss.backward()
+    xe = x.clone().requires_grad_(True)
+    want = F.cross_entropy(xe, t)
+    want.backward()
+    assert loss.isnan() and want.isnan()
+    assert torch.equal(leaf.grad, xe.grad) and not xe.grad.any()  # torch's: zeros
+
+
+def test_a_second_backward_and_reduction_none_run_the_backward_op(stand_ins):
+    op, launched = stand_ins()
+    x, t = _inputs(5, 7, ignored=[3], dtype=torch.float32)
+    leaf = x.clone().requires_grad_(True)
+    loss = op(leaf, t)
+    loss.backward(retain_graph=True)
+    (2.0 * loss).backward()  # the kept gradient was used up: the backward op recomputes
+    xe = x.double().requires_grad_(True)
+    (want,) = torch.autograd.grad(3.0 * F.cross_entropy(xe, t), xe)
+    torch.testing.assert_close(leaf.grad.double(), want, rtol=1e-5, atol=1e-7)
+    launched.clear()
+    none, launched = stand_ins(reduction="none")
+    none(leaf, t).sum().backward()  # a per-row loss: nothing kept
+    assert launched == [("loss", False)]
+
+
+def test_a_kept_spec_needs_a_0_dim_loss():
+    from tileops.kernels import cross_entropy as C
+
+    with pytest.raises(ValueError) as info:
+        C.CrossEntropySpec(device="cuda", rows=4, classes=7, dtype="bfloat16", ignore_index=-100,
+                           reduction=C.Reduction.NONE, label_smoothing=0.0,
+                           lse_square_scale=0.0, softcap=None, kept=True)
+    assert str(info.value) == ("CrossEntropySpec.kept needs reduction mean or sum (a 0-dim "
+                               "loss), got reduction none")

@@ -29,6 +29,15 @@ Programs (all in :class:`CrossEntropyFwdKernel` and :class:`CrossEntropyBwdKerne
     (``grid * V * itemsize``: 132 rows of 128256 bfloat16 are 34 MB) stay within the H200's
     50 MB L2; a grid sized by occupancy alone (two CTAs an SM) would double that and send
     the second pass back to HBM.
+``rows`` (gradient and loss)
+    The gradient's program, scaled by one value, that also writes each row's loss between its
+    passes: the forward of a training step with a mean or sum loss (the gradient kept for a
+    unit upstream gradient, ``1 / count`` for the mean), so the step reads each row once from
+    HBM and once from L2 and writes the gradient once.
+``scale``
+    Persistent: the kept gradient times the upstream gradient, in place; every CTA returns at
+    once when the upstream gradient is exactly 1, as ``loss.backward()``'s is (it is a device
+    tensor: the host cannot tell without a sync).
 ``finish``
     One CTA: the sum of the row losses and the count of rows not ignored, giving the mean
     (``sum / count``, NaN when every row is ignored, as torch's) or the sum; in the gradient,
@@ -60,7 +69,9 @@ __all__ = [
     "Reduction",
     "build_finish_kernel",
     "build_rows_kernel",
+    "build_scale_kernel",
     "rows_plan",
+    "scale_plan",
 ]
 
 _VECTOR_BYTES = 16
@@ -100,6 +111,9 @@ class CrossEntropySpec(CallSpec, frozen=True, kw_only=True):
     label_smoothing: float
     lse_square_scale: float
     softcap: float | None
+    #: the forward also writes the gradient for a unit upstream gradient (a kept gradient:
+    #: reduction mean or sum), and scales it by the upstream gradient later
+    kept: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.reduction, Reduction):
@@ -111,6 +125,9 @@ class CrossEntropySpec(CallSpec, frozen=True, kw_only=True):
         if not 0.0 <= self.label_smoothing <= 1.0:
             raise ValueError(f"CrossEntropySpec.label_smoothing must be in [0, 1], got "
                              f"{self.label_smoothing!r}")
+        if self.kept and self.reduction is Reduction.NONE:
+            raise ValueError("CrossEntropySpec.kept needs reduction mean or sum (a 0-dim "
+                             "loss), got reduction none")
         if self.softcap is not None and not self.softcap > 0.0:
             raise ValueError(f"CrossEntropySpec.softcap must be > 0 or None, got "
                              f"{self.softcap!r}")
@@ -124,7 +141,12 @@ class CrossEntropySpec(CallSpec, frozen=True, kw_only=True):
 
 class CrossEntropyFwdInterface(KernelInterface):
     """``forward(logits, target, loss)``: ``logits`` contiguous ``(M, V)``, ``target`` ``(M,)``
-    int64, ``loss`` float32, ``(M,)`` for reduction none and ``()`` otherwise."""
+    int64, ``loss`` float32, ``(M,)`` for reduction none and ``()`` otherwise.
+
+    With the spec's ``kept``: ``forward(logits, target, loss, dlogits)`` also writes into
+    ``dlogits`` (contiguous ``(M, V)``, possibly ``logits`` itself) the gradient for a unit
+    upstream gradient, and ``scale(dlogits, dloss)`` multiplies it by ``dloss`` (a float32
+    0-dim tensor on the device)."""
 
     slot = "cross_entropy_fwd"
     call_spec = CrossEntropySpec
@@ -194,9 +216,17 @@ def _softcapped(T, x, softcap):
 
 
 def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_scale: bool,
-                 threads: int, vec: int, per: int, ctas: int):
+                 threads: int, vec: int, per: int, ctas: int, with_loss: bool = False):
     """The row program (not compiled): the loss of each row (``grad`` false), or its gradient
-    scaled by ``G[row]`` (``per_row_scale``, reduction none) or ``G[0]``."""
+    scaled by ``G[row]`` (``per_row_scale``, reduction none) or ``G[0]``; ``with_loss`` (a
+    gradient scaled by ``G[0]``) also writes each row's loss into ``L``, between the passes.
+
+    With ``with_loss`` thread 0 reads the target's logit at the start of the row, before the
+    merge's barriers (or, for a single warp, its shuffles), so no thread of the second pass
+    has written the gradient over it yet where ``D`` is ``X``."""
+    if with_loss and (not grad or per_row_scale):
+        raise ValueError("rows_program: with_loss is the gradient scaled by G[0] (grad, not "
+                         f"per_row_scale), got grad={grad!r}, per_row_scale={per_row_scale!r}")
     _, T = tl()
     ignore_index, smoothing, zscale, softcap = options
     M = T.dynamic("M")
@@ -212,13 +242,22 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
     spread_w = smoothing / V  # every class's
     nan = T.cast(float("nan"), f32)
 
+    def row_loss(zt, lse, zsum, valid, in_range):
+        """The row's loss from its target's ``z``, its log-sum-exp and its sum of ``z``."""
+        loss = lse - hit_w * zt
+        if smoothing > 0.0:
+            loss = loss - spread_w * zsum
+        if zscale > 0.0:
+            loss = loss + zscale * lse * lse
+        return T.if_then_else(valid, T.if_then_else(in_range, loss, nan), T.cast(0, f32))
+
     def merged(m, s, om, os_):
         """``(max, sum)`` of two (running max, sum of exp below it) pairs."""
         nm = T.max(m, om)
         return nm, s * T.exp2((m - nm) * _LOG2E) + os_ * T.exp2((om - nm) * _LOG2E)
 
     @T.macro
-    def body(X, Tg, G, OUT):
+    def body(X, Tg, G, OUT, L):
         with T.Kernel(grid, threads=threads) as bx:
             tx = T.get_thread_binding()
             held = T.alloc_local((per * vec,), dtype)
@@ -227,6 +266,7 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
             row_t = T.alloc_local((1,), "int64")
             cm = T.alloc_local((1,), f32)  # a vector's running max
             g = T.alloc_local((1,), f32)  # the row's share of the loss's gradient
+            xt = T.alloc_local((1,), f32)  # with_loss: the target's logit
             red = T.alloc_shared((warps * 3,), f32)
             for it in T.serial(T.ceildiv(M, grid) if persistent else 1):
                 row = it * grid + bx if persistent else bx
@@ -236,6 +276,10 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                 valid = row_t[0] != T.int64(ignore_index)
                 in_range = (row_t[0] >= T.int64(0)) and (row_t[0] < T.int64(V))
                 tcol = T.if_then_else(in_range, T.cast(row_t[0], "int32"), 0)
+                if with_loss:
+                    xt[0] = T.cast(0, f32)
+                    if tx == 0 and row < M:
+                        xt[0] = T.cast(X[row, tcol], f32)
                 acc[0] = T.cast(_LOWEST, f32)
                 acc[1] = T.cast(0, f32)
                 acc[2] = T.cast(0, f32)
@@ -287,14 +331,11 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                 if not grad:
                     if tx == 0 and row < M:
                         zt = _softcapped(T, T.cast(X[row, tcol], f32), softcap)
-                        loss = lse - hit_w * zt
-                        if smoothing > 0.0:
-                            loss = loss - spread_w * acc[2]
-                        if zscale > 0.0:
-                            loss = loss + zscale * lse * lse
-                        OUT[row] = T.if_then_else(valid, T.if_then_else(in_range, loss, nan),
-                                                  T.cast(0, f32))
+                        OUT[row] = row_loss(zt, lse, acc[2], valid, in_range)
                 else:
+                    if with_loss and tx == 0 and row < M:
+                        L[row] = row_loss(_softcapped(T, xt[0], softcap), lse, acc[2], valid,
+                                          in_range)
                     g[0] = T.cast(0, f32)
                     if row < M:
                         g[0] = G[row] if per_row_scale else G[0]
@@ -330,18 +371,68 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
         @T.prim_func
         def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
                  L: T.Tensor((M,), f32)):
-            body(X, Tg, None, L)
+            body(X, Tg, None, L, None)
+    elif with_loss:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, L)
     elif per_row_scale:
         @T.prim_func
         def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
                  G: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D)
+            body(X, Tg, G, D, None)
     else:
         @T.prim_func
         def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
                  G: T.Tensor((1,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D)
+            body(X, Tg, G, D, None)
     return main
+
+
+def scale_program(classes: int, dtype: str, threads: int, vec: int, ctas: int):
+    """``D *= S[0]`` over contiguous ``(M, V)`` rows, returning at once where ``S[0]`` is
+    exactly 1 (the scale of a kept gradient by the loss's upstream gradient: ``loss.backward()``
+    passes 1, and reading and writing ``D`` for it would cost as much as the gradient did)."""
+    _, T = tl()
+    M = T.dynamic("M")
+    V = classes
+    f32 = "float32"
+    chunk = threads * vec
+    steps = -(-V // chunk)
+    exact = V % chunk == 0
+
+    @T.prim_func
+    def main(D: T.Tensor((M, V), dtype), S: T.Tensor((1,), f32)):
+        with T.Kernel(ctas, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            held = T.alloc_local((vec,), dtype)
+            s = T.alloc_local((1,), f32)
+            s[0] = S[0]
+            if s[0] != T.cast(1.0, f32):  # NaN is not 1: it is multiplied in
+                for it in T.serial(T.ceildiv(M, ctas)):
+                    row = it * ctas + bx
+                    for step in T.serial(steps):
+                        col = step * chunk + tx * vec
+                        if row < M and (exact or col < V):
+                            for i in T.vectorized(vec):
+                                held[i] = D[row, col + i]
+                            for i in T.unroll(vec):
+                                held[i] = T.cast(T.cast(held[i], f32) * s[0], dtype)
+                            for i in T.vectorized(vec):
+                                D[row, col + i] = held[i]
+
+    return main
+
+
+def scale_plan(classes: int, dtype: str, sms: int = DEFAULT_SMS) -> tuple[int, int, int]:
+    """``(threads, vec, ctas)`` of the scale program: as few threads as cover a row's accesses
+    once, at least a warp and at most 512; a grid of 2048 threads an SM, each CTA walking rows
+    ``bx, bx + ctas, ...`` (a grid the size of the rows would launch 8192 CTAs only to exit
+    when the scale is 1)."""
+    vec = _vec(classes, dtype)
+    threads = min(512, max(_WARP, _pow2_at_least(-(-classes // vec))))
+    return threads, vec, sms * (2048 // threads)
 
 
 def finish_program(ignore_index: int, mean: bool, grad: bool, threads: int = 1024):
@@ -397,11 +488,21 @@ def finish_program(ignore_index: int, mean: bool, grad: bool, threads: int = 102
 
 @functools.lru_cache(maxsize=256)
 def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
-                      per_row_scale: bool, sms: int = DEFAULT_SMS, target: str | None = None):
+                      per_row_scale: bool, sms: int = DEFAULT_SMS, target: str | None = None,
+                      with_loss: bool = False):
     """Compile the row program (cached per configuration)."""
     threads, vec, per, ctas = rows_plan(classes, dtype, grad, sms)
-    prog = rows_program(classes, dtype, options, grad, per_row_scale, threads, vec, per, ctas)
+    prog = rows_program(classes, dtype, options, grad, per_row_scale, threads, vec, per, ctas,
+                        with_loss)
     return compile_program(prog, target)
+
+
+@functools.lru_cache(maxsize=64)
+def build_scale_kernel(classes: int, dtype: str, sms: int = DEFAULT_SMS,
+                       target: str | None = None):
+    """Compile the scale program (cached per configuration)."""
+    return compile_program(scale_program(classes, dtype, *scale_plan(classes, dtype, sms)),
+                           target)
 
 
 @functools.lru_cache(maxsize=64)
@@ -429,33 +530,66 @@ class _CrossEntropyKernel(Kernel):
     @classmethod
     def identity(cls, spec: CrossEntropySpec):
         # the programs take the row count at launch; the blocks are split per call
-        return (spec.classes, spec.dtype, spec.options, spec.reduction, spec.device)
+        return (spec.classes, spec.dtype, spec.options, spec.reduction, spec.kept, spec.device)
 
 
 class CrossEntropyFwdKernel(_CrossEntropyKernel, CrossEntropyFwdInterface):
     """The loss: the one-pass row program, then (mean, sum) the finish program over the row
-    losses."""
+    losses.
+
+    Kept (the spec's ``kept``): the loss and the gradient for a unit upstream gradient in one
+    launch of the persistent two-pass gradient program that also writes each row's loss (the
+    row read once from HBM and once from L2, the gradient written once), its scale ``1 /
+    count`` for the mean first computed on the device by the finish program's gradient form
+    (``dloss = 1``: no host sync), then the loss's finish; :meth:`scale` is the scale
+    program."""
 
     def __init__(self, spec: CrossEntropySpec) -> None:
         super().__init__(spec)
         self._reduction = spec.reduction
-        self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, False, False,
-                                      _sm_count(spec.device))
+        mean = spec.reduction is Reduction.MEAN
+        sms = _sm_count(spec.device)
         self.finish = None
         if spec.reduction is not Reduction.NONE:
-            self.finish = build_finish_kernel(spec.ignore_index,
-                                              spec.reduction is Reduction.MEAN, False)
+            self.finish = build_finish_kernel(spec.ignore_index, mean, False)
+        self.count = self.scaler = self._unit = None
+        if not spec.kept:
+            self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, False, False,
+                                          sms)
+            return
+        self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, True, False, sms,
+                                      with_loss=True)
+        self.scaler = build_scale_kernel(spec.classes, spec.dtype, sms)
+        if mean:
+            self.count = build_finish_kernel(spec.ignore_index, True, True)
+        import torch
 
-    def __call__(self, logits, target, loss) -> None:
+        #: the unit upstream gradient the kept gradient is computed for (made once here, not
+        #: per call: a call may be under CUDA graph capture)
+        self._unit = torch.ones(1, dtype=torch.float32, device=spec.device)
+
+    def __call__(self, logits, target, loss, dlogits=None) -> None:
         rows = logits.shape[0]
         if not rows:  # nothing to launch over: torch's mean of no rows is NaN, its sum 0
             if self.finish is not None:
                 loss.fill_(math.nan if self._reduction is Reduction.MEAN else 0.0)
             return
         per_row = loss if self.finish is None else loss.new_empty((rows,))
-        self.rows(logits, target, per_row)
+        if self._unit is None:
+            self.rows(logits, target, per_row)
+        else:
+            g = self._unit
+            if self.count is not None:  # the mean's 1 / count of the rows not ignored
+                g = loss.new_empty((1,))
+                self.count(target, self._unit, g)
+            self.rows(logits, target, g, per_row, dlogits)
         if self.finish is not None:
             self.finish(per_row, target, loss.view(1))
+
+    def scale(self, dlogits, dloss) -> None:
+        """``dlogits *= dloss`` on the device, nothing written where ``dloss`` is 1."""
+        if dlogits.shape[0]:
+            self.scaler(dlogits, dloss.reshape(1))
 
 
 class CrossEntropyBwdKernel(_CrossEntropyKernel, CrossEntropyBwdInterface):

@@ -13,10 +13,14 @@ forward saves the logits and the target only, and the backward's kernel recomput
 log-sum-exp (two passes over the row, the second from L2) before it writes the gradient once.
 With ``inplace_grad`` the backward writes the gradient over the saved logits (an effect of the
 backward's entry: ``logits`` mutated, ``dlogits`` its alias), so training holds no second
-``N x V`` tensor, as with Liger-Kernel. Liger also computes the gradient in the forward (the
-row read once, the backward only scaling it), which saves one read of the logits; the
-runtime's kept gradients (``Op.keep_gradient``, for a 0-dim output) allow it for a mean or sum
-loss, which the fused loss below uses and this op does not yet.
+``N x V`` tensor, as with Liger-Kernel. In training with a mean or sum loss the
+forward computes the gradient itself, as Liger-Kernel does (the runtime's kept gradients,
+``Op.keep_gradient``, for a 0-dim output): one kernel writes each row's loss and its gradient
+for a unit upstream gradient, and the node's backward only scales it, by a kernel that returns
+at once when the upstream gradient is 1 (:meth:`CrossEntropyFwdOp.scale_kept`), so the logits
+are read once from HBM (the second pass from L2) in the whole step. The backward op serves
+reduction none (a per-row upstream gradient), compiled calls and a retained graph's second
+backward.
 
 The fused linear cross-entropy (:class:`FusedLinearCrossEntropyFwdOp`, the loss of ``hidden @
 weight.T``) is a composite of the GEMM op and the two ops above over blocks of rows: a block's
@@ -76,15 +80,16 @@ class CrossEntropyOp(Op):
                              lse_square_scale=float(self.lse_square_scale),
                              softcap=None if self.softcap is None else float(self.softcap))
 
-    def _entry(self, call: Any, interface: type, logits: torch.Tensor) -> Any:
+    def _entry(self, device: Any, interface: type, logits: torch.Tensor,
+               kept: bool = False) -> Any:
         rows, classes = logits.shape
         dtype = logits.dtype
-        key = (call.device, dtype, rows, classes)
+        key = (device, dtype, rows, classes, kept)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
             refuse_unserved(self, dtype, _KERNEL_DTYPES, "cross-entropy")
             entry = self.kernel_for(key, interface, lambda: CrossEntropySpec(
-                device=call.device, rows=rows, classes=classes, dtype=NAMES[dtype],
+                device=device, rows=rows, classes=classes, dtype=NAMES[dtype], kept=kept,
                 **self._options))
         return entry
 
@@ -132,11 +137,38 @@ class CrossEntropyOp(Op):
 
 
 class CrossEntropyFwdOp(CrossEntropyOp):
+    """The loss; in training with a 0-dim loss (mean or sum), also the gradient of the logits.
+
+    There the forward's kernel writes each row's loss and its gradient for a unit upstream
+    gradient in one launch (the row read from HBM once, again from L2, the gradient written
+    once), and keeps the gradient (:meth:`Op.keep_gradient`); the node's backward scales it by
+    :meth:`scale_kept`, whose kernel returns at once for ``loss.backward()``'s 1, so a training
+    step reads the logits once and writes the gradient once, where the forward's loss then the
+    backward's two passes read them twice. With ``inplace_grad`` the gradient is written over
+    the logits in the forward (as Liger-Kernel does): they hold the gradient once the loss is
+    computed, not only after the backward. A leaf's values are never overwritten (its gradient
+    would be the tensor itself): it gets a gradient of its own, as without ``inplace_grad``."""
+
     kernel_types = {CrossEntropyFwdInterface: (CrossEntropyFwdKernel,)}
 
     def forward(self, call, logits, target, loss) -> None:
-        entry = self._entry(call, CrossEntropyFwdInterface, logits)
-        entry(_laid(logits), target.contiguous(), loss)
+        x = _laid(logits)
+        if not self.gradient_wanted("logits"):
+            self._entry(call.device, CrossEntropyFwdInterface, logits)(x, target.contiguous(),
+                                                                       loss)
+            return
+        entry = self._entry(call.device, CrossEntropyFwdInterface, logits, kept=True)
+        # over the logits with inplace_grad (their copy, where the kernels could not read them)
+        over = self.inplace_grad and (x is not logits or not logits.is_leaf)
+        grad = x if over else _empty_as(x)
+        entry(x, target.contiguous(), loss, grad)
+        self.keep_gradient("logits", grad, logits)
+
+    def scale_kept(self, name, grad, dout):
+        # the kernel that computed grad (only a kernel call keeps), reading dout on the device
+        entry = self._entry(grad.device, CrossEntropyFwdInterface, grad, kept=True)
+        entry.scale(grad, dout if dout.dtype == torch.float32 else dout.float())
+        return grad
 
     def reference(self, call, logits, target):
         return (self._loss(_wide(logits), target),)
@@ -179,7 +211,7 @@ class CrossEntropyBwdOp(CrossEntropyOp):
     def forward(self, call, logits, target, dloss, dlogits) -> None:
         # with inplace_grad, dlogits is logits: the kernel writes each element after its
         # second read of it, by the same thread, so the row may be overwritten as it goes
-        entry = self._entry(call, CrossEntropyBwdInterface, logits)
+        entry = self._entry(call.device, CrossEntropyBwdInterface, logits)
         g = dloss if dloss.dtype == torch.float32 else dloss.float()
         x = _laid(logits)
         d = dlogits if dlogits is not logits else x
