@@ -12,14 +12,16 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
 
 
 @needs_nvcc
-@pytest.mark.parametrize(("n", "k", "dtype", "largest"), [
-    pytest.param(128256, 50, "bfloat16", True, id="vocab-16B-thread-maxima"),
-    pytest.param(131072, 1024, "bfloat16", True, id="k1024-piece-maxima-large-buffer"),
-    pytest.param(7, 2, "float32", False, id="tiny-one-warp-32-bit-keys-smallest"),
+@pytest.mark.parametrize(("n", "k", "dtype", "largest", "lean"), [
+    pytest.param(128256, 50, "bfloat16", True, True, id="vocab-lean-float-filter"),
+    pytest.param(128256, 50, "bfloat16", True, False, id="vocab-earlier-plan-key-filter"),
+    pytest.param(131072, 1024, "bfloat16", True, True, id="k1024-piece-maxima-large-buffer"),
+    pytest.param(7, 2, "float32", False, True, id="tiny-one-warp-32-bit-keys-smallest"),
 ])
-def test_topk_compiles_for_sm90(n, k, dtype, largest):
-    threads, vec, _, cap, sort = topk.topk_plan(n, k, dtype)
-    src = topk.build_topk(n, k, dtype, largest, "sm_90").get_kernel_source()
+def test_topk_compiles_for_sm90(n, k, dtype, largest, lean):
+    plan = topk.topk_plan(n, k, dtype, lean)
+    threads, vec, _, cap, sort, _ = plan
+    src = topk.build_topk(n, k, dtype, largest, "sm_90", plan).get_kernel_source()
     assert f"__launch_bounds__({threads}" in src
     assert "AtomicAddRet" in src  # the buffer's and the sort array's appends
     assert "__shfl_up_sync" in src  # the bins' scan
@@ -27,3 +29,5 @@ def test_topk_compiles_for_sm90(n, k, dtype, largest):
         assert "uint4" in src
     assert f"for (int a = 1; a < {sort.bit_length()}; ++a)" in src  # the bitonic stages
     assert "(uint)4294967295 -" in src  # the composite key's complemented index
+    assert ("isnan(" in src) is lean  # the lean pass compares floats, NaN passing
+    assert f"< {cap})" in src  # the buffer's bound on the appends

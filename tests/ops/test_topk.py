@@ -168,13 +168,15 @@ def test_the_call_spec_refuses_a_k_above_the_row():
 
 @settings(max_examples=200, deadline=None)
 @given(n=st.integers(1, 1 << 19), data=st.data(),
-       dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
-def test_the_plan_fits_the_row(n, data, dtype):
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]), lean=st.booleans())
+def test_the_plan_fits_the_row(n, data, dtype, lean):
     k = data.draw(st.integers(0, min(n, 1024)))
-    threads, vec, pre, cap, sort = K.topk_plan(n, k, dtype)
-    assert threads & (threads - 1) == 0 and 32 <= threads <= 512
+    threads, vec, pre, cap, sort, got_lean = K.topk_plan(n, k, dtype, lean)
+    assert got_lean is lean
+    most, most_pre = (K._LEAN_THREADS, K._LEAN_PRE) if lean else (K._MAX_THREADS, K._PRE)
+    assert threads & (threads - 1) == 0 and 32 <= threads <= most
     assert n % vec == 0 and vec * K._ITEMSIZE[dtype] <= 16
-    assert 1 <= pre <= K._PRE and (pre - 1) * threads * vec < n  # every held chunk has some
+    assert 1 <= pre <= most_pre and (pre - 1) * threads * vec < n  # every held chunk has some
     assert cap & (cap - 1) == 0 and cap <= K._CAP_LARGE
     assert sort & (sort - 1) == 0 and sort >= 2 * k  # the k kept and as many ties
     smem = cap * 8 + sort * 8 + K._BINS * 4
@@ -196,7 +198,7 @@ def _keys(x: torch.Tensor, largest: bool) -> torch.Tensor:
 def _bound(kv: torch.Tensor, k: int, plan: tuple) -> int:
     """The program's bound for one row of keys: the k-th largest of the held chunks' thread
     maxima (piece maxima for k above the thread count), 0 where they are fewer than k."""
-    threads, vec, pre, _, _ = plan
+    threads, vec, pre = plan[:3]
     held = torch.zeros(pre * threads * vec, dtype=torch.int64)
     m = min(kv.numel(), held.numel())
     held[:m] = kv[:m]
@@ -229,19 +231,67 @@ def test_the_keys_order_as_torch_and_the_bound_keeps_the_k_largest(n, data, larg
     order = sorted(range(n), key=lambda i: (-int(kv[i]), i))[:k]
     want = torch.sort(x.float(), descending=largest, stable=True).indices[:k]
     assert order == want.tolist()
-    bound = _bound(kv, k, K.topk_plan(n, k, str(dtype).removeprefix("torch.")))
-    assert int((kv >= bound).sum()) >= k
-    assert bound <= int(kv[order[-1]])
+    for lean in (True, False):
+        bound = _bound(kv, k, K.topk_plan(n, k, str(dtype).removeprefix("torch."), lean))
+        assert int((kv >= bound).sum()) >= k
+        assert bound <= int(kv[order[-1]])
+
+
+def _bound_value(t: int, dtype: torch.dtype, largest: bool) -> float:
+    """The lean filter's value of bound key ``t``, as the program computes it."""
+    bits = K._KEY[str(dtype).removeprefix("torch.")][0]
+    full, sign = (1 << bits) - 1, 1 << (bits - 1)
+    if t == 0:
+        return -math.inf if largest else math.inf
+    kv = t if largest else full - t
+    b = kv ^ sign if kv >= sign else (~kv) & full
+    signed = b - (1 << bits) if b >= sign else b
+    as_int = torch.int32 if bits == 32 else torch.int16
+    return float(torch.tensor([signed], dtype=as_int).view(dtype).float())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("largest", [True, False])
+def test_the_lean_filter_passes_exactly_the_keys_reaching_the_bound(dtype, largest):
+    """Every 16-bit value (a sample of 32-bit ones with the special values) against bounds of
+    every kind (signed zeros, subnormals, infinities, NaN's key, no bound): the float
+    comparison passes a number exactly where its key reaches the bound (without nvcc's flush
+    of subnormals; the flush is monotone, so it can only pass more), and every NaN passes
+    (the smallest's NaN needlessly: a superset is harmless, the rounds select by key)."""
+    if dtype == torch.float32:
+        g = torch.Generator().manual_seed(0)
+        raw = torch.cat([torch.randint(-(1 << 31), 1 << 31, (60000,), generator=g),
+                         torch.tensor([0, 1, 0x7F800000, 0x7FC00000, 0x00800000])])
+        raw = torch.cat([raw, raw | (1 << 31) - (1 << 32)]).to(torch.int32)
+    else:
+        raw = torch.arange(-(1 << 15), 1 << 15, dtype=torch.int32).to(torch.int16)
+    x = raw.view(dtype)
+    kv = _keys(x, largest)
+    f = x.float()
+    # a bound is an element's key (the k-th largest of some elements' keys), or 0
+    tiny = torch.finfo(dtype).smallest_normal
+    special = torch.tensor(_SPECIAL + [tiny, -tiny, tiny / 4, -tiny / 4]).to(dtype)
+    bounds = {0} | {int(v) for v in kv[::1999]} | {int(v) for v in _keys(special, largest)}
+    for t in sorted(bounds):
+        lo = _bound_value(t, dtype, largest)
+        passes = (f >= lo if largest else f <= lo) | f.isnan()
+        want, nan = kv >= t, f.isnan()
+        assert torch.equal(passes[~nan], want[~nan]), (t, lo)
+        assert passes[nan].all()  # NaN is kept by the largest, and passed on by the smallest
 
 
 def test_the_bound_keeps_few_candidates_of_logits():
     """What the buffer sizes are chosen for: normal logits fit the buffer (the one pass), at
-    k = 50 in a quarter of it (about 400 of 128256, 800 of 262144; k = 1024 keeps 8%)."""
-    for n, k, share in ((128256, 50, 4), (262144, 50, 4), (131072, 1024, 1)):
-        plan = K.topk_plan(n, k, "bfloat16")
+    k = 50 in a quarter of the earlier plan's and half the lean plan's (about 400 of 128256,
+    800 of 262144; both plans hold the same 16384 elements for the bound; k = 1024 keeps
+    8%)."""
+    for n, k, share, lean_share in ((128256, 50, 4, 2), (262144, 50, 4, 2),
+                                    (131072, 1024, 1, 1)):
         x = torch.randn(n, generator=torch.Generator().manual_seed(0)).to(torch.bfloat16)
         kv = _keys(x, True)
-        assert int((kv >= _bound(kv, k, plan)).sum()) <= plan[3] // share
+        for lean, part in ((True, lean_share), (False, share)):
+            plan = K.topk_plan(n, k, "bfloat16", lean)
+            assert int((kv >= _bound(kv, k, plan)).sum()) <= plan[3] // part
 
 
 def test_few_rows_are_split_and_many_are_not():

@@ -23,7 +23,10 @@ The program, per row:
 2. **One pass over the row.** Every element whose key reaches ``tau`` is appended to a
    candidate buffer in shared memory (an atomic counter; ``cap`` entries of key and index).
    For normal logits the bound keeps about 0.3% of a 128k row at k = 50 (400 elements) and
-   8% at k = 1024, whose buffer is four times larger.
+   8% at k = 1024, whose buffer is four times larger. The lean plan (the default; see
+   :func:`topk_plan`) tests each element as a float against the bound's value and computes
+   the key of the candidates only: a comparison an element where the key took a dozen
+   integer operations, which at 4096 rows of 128256 cost as much time as the row's read.
 3. **Radix select.** Rounds of 8 bits from the top: a 256-bin histogram in shared memory of
    the keys that match the digits found so far, the bin holding the k-th largest found by a
    warp's scan over the bins. After the last round the k-th largest key ``t`` is known
@@ -74,6 +77,8 @@ _PRE = 4
 #: candidate buffer entries (a key and an index each: 8 bytes), for k up to _CAP_K and above
 _CAP, _CAP_K, _CAP_LARGE = 4096, 256, 16384
 _BINS = 256
+#: the lean plan's threads a CTA, chunks held, and buffer for k up to _LEAN_CAP_K
+_LEAN_THREADS, _LEAN_PRE, _LEAN_CAP, _LEAN_CAP_K = 256, 8, 2048, 64
 
 #: the storage dtypes the top-k kernels are written for
 TopkDType = Literal["float16", "bfloat16", "float32"]
@@ -118,26 +123,40 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-def topk_plan(n: int, k: int, dtype: str) -> tuple[int, int, int, int, int]:
-    """``(threads, vec, pre, cap, sort)``: ``threads`` a CTA, each reading ``vec`` elements a
-    chunk (the widest access the row length keeps aligned, up to 16 bytes); ``pre`` chunks
-    held for the bound; a candidate buffer of ``cap`` entries and a sort of ``sort``
-    composite keys (twice ``k``, so that ties at the threshold usually fit)."""
+def topk_plan(n: int, k: int, dtype: str, lean: bool = True
+              ) -> tuple[int, int, int, int, int, bool]:
+    """``(threads, vec, pre, cap, sort, lean)``: ``threads`` a CTA, each reading ``vec``
+    elements a chunk (the widest access the row length keeps aligned, up to 16 bytes); ``pre``
+    chunks held for the bound, and read together a step of the pass; a candidate buffer of
+    ``cap`` entries and a sort of ``sort`` composite keys (twice ``k``, so that ties at the
+    threshold usually fit).
+
+    ``lean`` (the default) is the plan for many CTAs an SM: at most 256 threads holding 8
+    chunks (the same 16384 held elements as 512 threads holding 4, so the bound is as tight,
+    with 8 loads in flight a thread), a 2048-entry buffer for k up to 64 (16 KiB where 4096
+    took 32 KiB: the bound keeps about 430 of a 128256 row at k = 50), and the pass's filter
+    a float comparison against the bound's value, the key computed only for the candidates.
+    ``lean=False`` is the earlier plan (512 threads, 4 chunks, the key of every element), kept
+    for comparison."""
     vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
     while vec > 1 and n % vec:
         vec //= 2
-    threads = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-n // vec))))
+    most, pre = (_LEAN_THREADS, _LEAN_PRE) if lean else (_MAX_THREADS, _PRE)
+    threads = min(most, max(_WARP, _pow2_at_least(-(-n // vec))))
     chunks = -(-n // (threads * vec))
-    cap = min(_CAP if k <= _CAP_K else _CAP_LARGE, _pow2_at_least(n))
+    cap = _CAP if k <= _CAP_K else _CAP_LARGE
+    if lean and k <= _LEAN_CAP_K:
+        cap = _LEAN_CAP
+    cap = min(cap, _pow2_at_least(n))
     sort = max(_WARP, _pow2_at_least(2 * k))
-    return threads, vec, min(_PRE, chunks), cap, sort
+    return threads, vec, min(pre, chunks), cap, sort, lean
 
 
 # --- the program -----------------------------------------------------------------------------
 
 
 def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: int, pre: int,
-                 cap: int, sort: int):
+                 cap: int, sort: int, lean: bool = True):
     """The TileLang prim_func of the radix select (not compiled)."""
     _, T = tl()
     M = T.dynamic("M")
@@ -175,6 +194,31 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
     def composite(kv, col):
         return (T.cast(kv, u64) << T.uint64(32)) | T.cast(
             T.uint32(0xFFFFFFFF) - T.cast(col, u32), u64)
+
+    def bound_value(t):
+        """The float32 value whose key is the bound ``t`` (an element's key, or 0), for the
+        lean filter: a number whose key reaches ``t`` compares at or beyond it as a float
+        (float order is the keys' but for NaN, and -0.0 compares equal to 0.0 as its key
+        does; nvcc's flush of subnormals to zero is monotone, so it may let more through,
+        never fewer). ``t = 0`` (no bound) is every element: the infinity of the far side."""
+        kv = t if largest else T.uint32(full) - t
+        b = T.if_then_else(kv >= T.uint32(sign), kv ^ T.uint32(sign), (~kv) & T.uint32(full))
+        if bits == 16:
+            f = T.cast(T.reinterpret(T.cast(b, "uint16"), dtype), "float32")
+        else:
+            f = T.reinterpret(b, "float32")
+        far = -T.infinity("float32") if largest else T.infinity("float32")
+        return T.if_then_else(t == T.uint32(0), far, f)
+
+    def reaches(v, lo):
+        """Whether element ``v`` passes the lean filter against bound value ``lo``: every
+        NaN passes, which the largest k must keep (its key is the greatest) and the smallest
+        passes on needlessly (a superset of the keys reaching the bound is harmless: the
+        rounds select by key), one test where telling them apart would take two."""
+        f = T.cast(v, "float32") if bits == 16 else v
+        beyond = f >= lo if largest else f <= lo
+        # CUDA's isnan as an opaque call (TVM folds f != f to False)
+        return T.Or(beyond, T.call_pure_extern("bool", "isnan", f))
 
     @T.macro
     def select(src, X, row, tx, gm, piece, bufk, hist, st, u, iv):
@@ -252,6 +296,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
             sw = T.alloc_local((1,), u64)
             gm = T.alloc_local((per,), u32)  # the bound's maxima
             u = T.alloc_local((4,), u32)  # tau, the selected key, scratch
+            lo = T.alloc_local((1,), "float32")  # tau's value (the lean filter)
             iv = T.alloc_local((8,), i32)  # kk, count, scratch
             bufk = T.alloc_shared((cap,), u32)
             bufi = T.alloc_shared((cap,), i32)
@@ -275,6 +320,8 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
             if bounded:
                 select(0, X, row, tx, gm, piece, bufk, hist, st, u, iv)
                 u[0] = u[1]
+            if lean:
+                lo[0] = bound_value(u[0])
             if tx == 0:
                 st[0] = 0
                 st[1] = 0
@@ -291,12 +338,23 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                 for c in T.unroll(pre):
                     for i in T.unroll(vec):
                         if (g * pre + c) * chunk + tx * vec < n:
-                            u[2] = key(held[c * vec + i])
-                            if u[2] >= u[0]:
-                                iv[2] = T.atomic_add(st[0], 1, return_prev=True)
-                                if iv[2] < cap:
-                                    bufk[iv[2]] = u[2]
-                                    bufi[iv[2]] = (g * pre + c) * chunk + tx * vec + i
+                            if lean:
+                                # held in a register: TileLang repeats the condition for each
+                                # statement of the branch
+                                u[2] = T.if_then_else(reaches(held[c * vec + i], lo[0]),
+                                                      T.uint32(1), T.uint32(0))
+                                if u[2] != T.uint32(0):
+                                    iv[2] = T.atomic_add(st[0], 1, return_prev=True)
+                                    if iv[2] < cap:
+                                        bufk[iv[2]] = key(held[c * vec + i])
+                                        bufi[iv[2]] = (g * pre + c) * chunk + tx * vec + i
+                            else:
+                                u[2] = key(held[c * vec + i])
+                                if u[2] >= u[0]:
+                                    iv[2] = T.atomic_add(st[0], 1, return_prev=True)
+                                    if iv[2] < cap:
+                                        bufk[iv[2]] = u[2]
+                                        bufi[iv[2]] = (g * pre + c) * chunk + tx * vec + i
             T.sync_threads()
             iv[1] = st[0]  # candidates (more than cap: the buffer overflowed)
 
@@ -405,7 +463,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
 def build_topk(n: int, k: int, dtype: str, largest: bool, target: str | None = None,
                plan: tuple | None = None):
     """Compile the radix select (cached per configuration); ``plan`` overrides
-    :func:`topk_plan`, for tuning."""
+    :func:`topk_plan`'s lean plan, for tuning and for the earlier plan."""
     plan = plan or topk_plan(n, k, dtype)
     return compile_program(topk_program(n, k, dtype, largest, *plan), target)
 
@@ -451,15 +509,20 @@ class TopkRadixKernel(Kernel, TopkInterface):
         return (spec.device, spec.n, spec.k, spec.dtype, spec.largest,
                 split_plan(spec.rows, spec.n, spec.k))
 
-    def __init__(self, spec: TopkSpec) -> None:
+    def __init__(self, spec: TopkSpec, lean: bool = True) -> None:
+        """``lean=False`` runs both passes on the earlier plan (:func:`topk_plan`), for the
+        GPU tests and the sweep's comparison; the runtime builds the lean one."""
         super().__init__(spec)
         self._k = spec.k
         self._segs = segs = split_plan(spec.rows, spec.n, spec.k)
         self.program = self.merge = None
         if spec.k:
-            self.program = build_topk(spec.n // segs, spec.k, spec.dtype, spec.largest)
+            sub = spec.n // segs
+            self.program = build_topk(sub, spec.k, spec.dtype, spec.largest,
+                                      plan=topk_plan(sub, spec.k, spec.dtype, lean))
             if segs > 1:
-                self.merge = build_topk(segs * spec.k, spec.k, spec.dtype, spec.largest)
+                self.merge = build_topk(segs * spec.k, spec.k, spec.dtype, spec.largest, plan=(
+                    topk_plan(segs * spec.k, spec.k, spec.dtype, lean)))
 
     def __call__(self, x, values, indices) -> None:
         rows = x.shape[0]
