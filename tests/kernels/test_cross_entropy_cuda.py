@@ -106,6 +106,78 @@ def test_loss_and_gradient_match_float64(n, v, dtype, options):
     assert (xg.grad[::32] == 0).all()  # ignored rows
 
 
+# (rows, classes, dtype, options) of the kept gradient (a mean or sum loss in training)
+KEPT = [
+    pytest.param(8192, 128256, "bfloat16", {"inplace_grad": True}, id="bar-llama3-inplace"),
+    pytest.param(1024, 262144, "bfloat16", {}, id="v262144-past-l2"),
+    pytest.param(3, 7, "float32", {"reduction": "sum"}, id="tiny-fp32-sum"),
+    pytest.param(257, 4097, "float16", {**EVERY, "inplace_grad": True}, id="odd-every-option"),
+    pytest.param(600, 32000, "bfloat16", {"ignore_index": -1, "reduction": "sum"},
+                 id="uneven-grid-other-ignore-index"),
+]
+
+
+@pytest.mark.parametrize(("n", "v", "dtype", "options"), KEPT)
+def test_the_kept_gradient_of_a_unit_backward(n, v, dtype, options):
+    """``loss.backward()``: the forward computed the loss and the gradient (over the logits
+    with ``inplace_grad``), the backward's scale wrote nothing and no backward op was built."""
+    from tileops.ops import CrossEntropyFwdOp
+
+    op = CrossEntropyFwdOp(**options)
+    x, t = _inputs(n, v, dtype, options.get("ignore_index", -100))
+    leaf = x.clone().requires_grad_(True)
+    z = leaf * 1  # a non-leaf, as an LM head's output is
+    loss = op(z, t)
+    x64 = x.double().requires_grad_(True)
+    want = _torch_loss(x64, t, **{k: v for k, v in options.items() if k != "inplace_grad"})
+    torch.testing.assert_close(loss.double(), want, rtol=1e-3, atol=1e-6)
+    (want_grad,) = torch.autograd.grad(want, x64)
+    if options.get("inplace_grad"):  # the logits hold the gradient after the forward
+        _check_grad(z.detach(), want_grad, dtype)
+    else:
+        assert torch.equal(z.detach(), x)
+    kept = z.detach().clone() if options.get("inplace_grad") else None
+    loss.backward()
+    _check_grad(leaf.grad, want_grad, dtype)
+    if kept is not None:
+        assert torch.equal(z.detach(), kept)  # the scale by 1 wrote nothing
+    assert not op._backward_ops  # the backward op was never needed
+    assert (leaf.grad[::32] == 0).all()  # ignored rows
+
+
+def test_the_kept_gradient_scaled_by_other_upstream_gradients():
+    from tileops.ops import CrossEntropyFwdOp
+
+    x, t = _inputs(333, 50257, "bfloat16")
+    x64 = x.double().requires_grad_(True)
+    want = F.cross_entropy(x64, t)
+    for scale in (0.25, 3.0, -1.0):
+        xg = x.clone().requires_grad_(True)
+        (scale * CrossEntropyFwdOp()(xg, t)).backward()
+        (want_grad,) = torch.autograd.grad(scale * want, x64, retain_graph=True)
+        _check_grad(xg.grad, want_grad, "bfloat16")
+
+
+def test_inplace_grad_holds_no_second_logits_tensor():
+    from tileops.ops import CrossEntropyFwdOp
+
+    op = CrossEntropyFwdOp(inplace_grad=True)
+    x, t = _inputs(4096, 32000, "bfloat16")
+    leaf = x.clone().requires_grad_(True)
+    op(leaf * 1, t).backward()  # built outside the measure
+    leaf.grad = None
+    torch.cuda.synchronize()
+    z = leaf * 1
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    op(z, t).backward()
+    torch.cuda.synchronize()
+    # the gradient flows into leaf.grad (one N x V tensor, AccumulateGrad's own) from z's
+    # storage: nothing else of the logits' size is allocated
+    extra = torch.cuda.max_memory_allocated() - base
+    assert extra < 1.5 * x.numel() * x.element_size(), extra
+
+
 def test_every_row_ignored_gives_nan_and_zero_gradients():
     from tileops.ops import CrossEntropyFwdOp
 
@@ -167,8 +239,13 @@ def test_cuda_graph_replays_the_training_step():
 def program_keys(sms: int):
     """The distinct programs the file compiles: ``(builder, args)``, deduplicated."""
     configs = [(c.values[1], c.values[2], c.values[3]) for c in CASES]
+    configs += [(c.values[1], c.values[2], c.values[3]) for c in KEPT]
     configs += [(32000, "bfloat16", {}), (100, "bfloat16", {"reduction": "none"}),
-                (100, "bfloat16", {})]
+                (100, "bfloat16", {}), (50257, "bfloat16", {})]
+    # the spec workloads' training steps that the harness runs (no case above has their options)
+    configs += [(7, "bfloat16", {}), (128256, "bfloat16", {"softcap": 30.0}),
+                (32000, "bfloat16", {"label_smoothing": 0.1}), (32000, "float32", {}),
+                (32000, "bfloat16", {"reduction": "sum"})]
     keys = {}
     for v, dtype, o in configs:
         opts = (o.get("ignore_index", -100), float(o.get("label_smoothing", 0.0)),
@@ -176,6 +253,9 @@ def program_keys(sms: int):
         red = o.get("reduction", "mean")
         keys[("rows", (v, dtype, opts, False, False, sms))] = None
         keys[("rows", (v, dtype, opts, True, red == "none", sms))] = None
+        if red != "none":  # the kept gradient's program and its scale
+            keys[("rows", (v, dtype, opts, True, False, sms, None, True))] = None
+            keys[("scale", (v, dtype, sms))] = None
         if red != "none":
             keys[("finish", (opts[0], red == "mean", False))] = None
         if red == "mean":
@@ -188,7 +268,8 @@ def _build(key):
     import time
 
     t = time.perf_counter()
-    builder = C.build_rows_kernel if key[0] == "rows" else C.build_finish_kernel
+    builder = {"rows": C.build_rows_kernel, "scale": C.build_scale_kernel,
+               "finish": C.build_finish_kernel}[key[0]]
     try:
         builder(*key[1])
         status = "ok"

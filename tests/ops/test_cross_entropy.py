@@ -326,6 +326,7 @@ def test_training_keeps_the_gradient_of_one_launch(stand_ins, reduction, opts, i
     launched.clear()
     loss.backward()
     assert launched == [("scale", False)]  # 1: nothing written, and no backward op
+    assert not op._backward_ops
     torch.testing.assert_close(leaf.grad.double(), want_dx, rtol=1e-5, atol=1e-7)
 
 
