@@ -3,8 +3,10 @@
 # the GPU tests and the spec workloads (at full size) use, in parallel processes; the GPU
 # tests of the kernels and the harness's; then the side-by-side benchmarks (tileops bench
 # against torch eager and a fresh torch.compile per workload). Logs and results go to $OUT (or
-# ./gpu-out). STAGES picks stages (default: prebuild tests bench). About 10 minutes on one
-# H200.
+# ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, which times the
+# top-k plans side by side, the lean default against the earlier one and the lean plan's
+# choices one at a time, benchmarks/sweep_topk.py; its programs are compiled in the
+# prebuild). About 10 minutes on one H200, the sweep 2 more.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -20,7 +22,8 @@ bench() {  # bench NAME OP... [-w LABEL ...]: one table, named NAME
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=3 run prebuild_topk.log python3 tests/kernels/test_topk_cuda.py --prebuild --workers 15
-    TAIL=3 run prebuild_scan.log python3 tests/kernels/test_scan_cuda.py --prebuild --workers 15 ;;
+    TAIL=3 run prebuild_scan.log python3 tests/kernels/test_scan_cuda.py --prebuild --workers 15
+    TAIL=3 run prebuild_sweep.log python3 benchmarks/sweep_topk.py --prebuild --workers 15 ;;
   tests)
     TAIL=20 run topk_cuda.log python3 -m pytest -m cuda tests/kernels/test_topk_cuda.py -q -p no:cacheprovider --maxfail=20
     TAIL=20 run scan_cuda.log python3 -m pytest -m cuda tests/kernels/test_scan_cuda.py -q -p no:cacheprovider --maxfail=20
@@ -28,5 +31,7 @@ for stage in $STAGES; do case $stage in
   bench)
     bench topk TopkFwdOp
     bench scan CumsumFwdOp CumprodFwdOp ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+  sweep)
+    TAIL=40 run sweep_topk.log python3 benchmarks/sweep_topk.py --out "$OUT" --workers 15 ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done

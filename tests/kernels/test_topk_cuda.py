@@ -7,7 +7,8 @@ Each case exercises a path of the program (why it exists is on its line): the on
 the candidate buffer with 16-byte and scalar loads, thread and piece maxima for the bound, 16-
 and 32-bit keys, the smallest k; rows whose candidates overflow the buffer (rounds over the
 row, then the index-ordered gather), rows of many equal values (ties past the sort array),
-special values, k equal to the row, k = 0, and a strided input.
+special values, k equal to the row, k = 0, and a strided input. Every case runs on the
+earlier plan too (``lean=False``), kept for comparison.
 
 ``python3 tests/kernels/test_topk_cuda.py --prebuild --workers 15`` compiles exactly the
 programs these tests use in spawned processes first, so the tests load them from TileLang's
@@ -99,6 +100,22 @@ def test_topk_matches_the_stable_sort(rows, n, k, dtype, largest, values):
         _check(x, k, largest, vals, idx)
 
 
+@pytest.mark.parametrize(("rows", "n", "k", "dtype", "largest", "values"),
+                         [c for c in CASES if c[2]], ids=lambda v: str(v).removeprefix("torch."))
+def test_the_earlier_plan_matches_the_stable_sort(rows, n, k, dtype, largest, values):
+    """The earlier plan (512 threads, the key of every element), kept for comparison, gives
+    the same answers: the kernel built with ``lean=False`` and called as the entry calls it."""
+    name = str(dtype).removeprefix("torch.")
+    kernel = K.TopkRadixKernel(K.TopkSpec(device="cuda", rows=rows, n=n, k=k, dtype=name,
+                                          largest=largest), lean=False)
+    x = _rows(rows, n, dtype, values, 2)
+    vals = torch.empty(rows, k, dtype=dtype, device="cuda")
+    idx = torch.empty(rows, k, dtype=torch.int64, device="cuda")
+    kernel(x, vals, idx)
+    torch.cuda.synchronize()
+    _check(x, k, largest, vals, idx)
+
+
 def test_a_transposed_input_is_selected_as_torch_does():
     from tileops.ops import TopkFwdOp
 
@@ -110,19 +127,21 @@ def test_a_transposed_input_is_selected_as_torch_does():
 # --- the prebuild ----------------------------------------------------------------------------
 
 
-def _programs(rows, n, k, dtype, largest):
-    """build_topk's arguments of the programs a call runs: one, or a split's two."""
+def _programs(rows, n, k, dtype, largest, lean=True):
+    """build_topk's arguments of the programs a call runs on a plan: one, or a split's two."""
     if not k:
         return []
     segs = K.split_plan(rows, n, k)
-    out = [(n // segs, k, dtype, largest)]
-    return out + [(segs * k, k, dtype, largest)] if segs > 1 else out
+    out = [(n // segs, k, dtype, largest, None, K.topk_plan(n // segs, k, dtype, lean))]
+    if segs > 1:
+        out.append((segs * k, k, dtype, largest, None, K.topk_plan(segs * k, k, dtype, lean)))
+    return out
 
 
 def program_keys():
-    """The distinct programs the file and the spec workloads (at full size, so that the
-    harness's and the benchmarks' calls are covered) compile: build_topk's arguments,
-    deduplicated."""
+    """The distinct programs the file (on both plans) and the spec workloads (at full size,
+    so that the harness's and the benchmarks' calls are covered) compile: build_topk's
+    arguments, deduplicated."""
     import math
 
     from tileops.ops import TopkFwdOp
@@ -136,7 +155,9 @@ def program_keys():
         if dtype in K._TOPK_DTYPES:
             calls.append((math.prod(shape[:-1]), shape[-1], c.params["k"], dtype,
                           c.params.get("largest", True)))
-    return list(dict.fromkeys(p for call in calls for p in _programs(*call)))
+    earlier = [(rows, n, k, str(dtype).removeprefix("torch."), largest, False)
+               for rows, n, k, dtype, largest, _ in CASES]
+    return list(dict.fromkeys(p for call in calls + earlier for p in _programs(*call)))
 
 
 def _build(key):
