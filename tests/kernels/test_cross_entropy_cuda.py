@@ -12,7 +12,8 @@ whole vocabulary, one row in 32 ignored. Tolerances:
 
 ``python3 tests/kernels/test_cross_entropy_cuda.py --prebuild --workers 15`` compiles every
 program these tests use in spawned processes first, so the tests load them from TileLang's
-disk cache.
+disk cache; ``--sweep`` times the kept program's launch plans at the bar's shape (see
+:func:`sweep`).
 """
 
 import sys
@@ -278,17 +279,92 @@ def _build(key):
     return f"{key[0]} {key[1][:2]}", time.perf_counter() - t, status
 
 
+# --- the sweep of the kept program's launch plans at the bar's shape ---------------------------
+
+#: (threads, accesses a thread issues before it reduces, CTAs an SM): the rows in flight are
+#: the grid (CTAs an SM times the SMs), whose bytes decide whether the second pass finds the row
+#: in L2; the plan rows_plan gives is the first
+SWEEP_PLANS = [(1024, 2, 1.0), (1024, 4, 1.0), (1024, 2, 0.75), (1024, 4, 0.75),
+               (1024, 4, 0.5), (512, 4, 2.0), (512, 4, 1.0), (512, 8, 1.0), (512, 8, 0.5)]
+SWEEP_SHAPE = (8192, 128256)
+
+
+def _sweep_kernel(plan, sms):
+    threads, per, per_sm = plan
+    v = SWEEP_SHAPE[1]
+    prog = C.rows_program(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, threads,
+                          C._vec(v, "bfloat16"), per, max(1, int(sms * per_sm)), with_loss=True)
+    return C.compile_program(prog, None)
+
+
+def _sweep_build(args):
+    _sweep_kernel(*args)
+    return args[0]
+
+
+def _events(fn, iters=20):
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
+
+
+def sweep(sms, workers):
+    """Time the kept program under each of :data:`SWEEP_PLANS` (compiled in parallel first),
+    the gradient program and the whole training step as the op runs them, at the bar's shape;
+    prints ms and the HBM bandwidth a read and a write of the logits would need at that time."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from tileops.ops import CrossEntropyFwdOp
+
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        list(pool.map(_sweep_build, [(p, sms) for p in SWEEP_PLANS]))
+    n, v = SWEEP_SHAPE
+    x, t = _inputs(n, v, "bfloat16")
+    g = torch.full((1,), 1.0 / int((t != -100).sum()), device="cuda")
+    per_row, d = torch.empty(n, device="cuda"), torch.empty_like(x)
+    moved = 2 * x.numel() * x.element_size()  # the logits read once, the gradient written once
+
+    def line(what, ms):
+        print(f"{what:<40} {ms:7.3f} ms {moved / ms / 1e9:6.2f} TB/s", flush=True)
+
+    for plan in SWEEP_PLANS:
+        k = _sweep_kernel(plan, sms)
+        line(f"kept rows {plan}", _events(lambda k=k: k(x, t, g, per_row, d)))
+    grad = C.build_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, sms)
+    line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
+    scale = C.build_scale_kernel(v, "bfloat16", sms)
+    one = torch.ones(1, device="cuda")
+    line("scale by 1 (returns at once)", _events(lambda: scale(d, one)))
+    for inplace in (False, True):
+        op, leaf = CrossEntropyFwdOp(inplace_grad=inplace), x.clone().requires_grad_(True)
+        line(f"training step, inplace_grad={inplace}",
+             _events(lambda op=op, leaf=leaf: torch.autograd.grad(op(leaf * 1, t), leaf)))
+    return 0
+
+
 def main(argv=None) -> int:
     import argparse
     import time
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
-    ap.add_argument("--prebuild", action="store_true", required=True)
+    ap = argparse.ArgumentParser(description="compile this file's programs in parallel, or "
+                                             "time the kept program's launch plans")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--prebuild", action="store_true")
+    mode.add_argument("--sweep", action="store_true")
     ap.add_argument("--workers", type=int, default=15)
     args = ap.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if args.sweep:
+        return sweep(sms, args.workers)
     keys = program_keys(sms)
     t, failed = time.perf_counter(), 0
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
