@@ -80,6 +80,43 @@ def test_gradient_programs_compile_for_sm90(layout, kind, outer, r, inner, dtype
 
 
 @needs_nvcc
+@pytest.mark.parametrize(("kind", "n", "dtype"), [
+    pytest.param("softmax", 128256, "bfloat16", id="bf16-whole-row-on-chip"),
+    pytest.param("log_softmax", 65537, "bfloat16", id="scalar-accesses-17-chunks"),
+])
+def test_staged_looped_programs_keep_their_chunks_in_shared_memory(kind, n, dtype):
+    plan = S.looped_staged_plan(S.SoftmaxKind(kind), n, dtype)
+    threads, vec, per, hold, stage = plan
+    src = S.build_fwd(L.LOOPED, kind, n, 1, dtype, plan, "sm_90").get_kernel_source()
+    assert "staged" in src and src.count("__syncthreads") == 1  # the staging needs no barrier
+    if vec == 8:  # the staged chunks are written and read back as 16-byte vectors
+        assert src.count("*(uint4*)(((bfloat16_t*)staged)") == 2  # one store, one load
+        assert src.count("= *(uint4*)(((bfloat16_t*)staged)") == 1
+    old = S.build_fwd(L.LOOPED, kind, n, 1, dtype, S.looped_plan(n, dtype), "sm_90")
+    assert "staged" not in old.get_kernel_source()
+
+
+@needs_nvcc
+def test_register_program_caps_its_registers_for_resident_ctas():
+    base = (*S.register_plan(32000, "bfloat16"), False)
+    src = S.build_fwd(L.REGISTER, "softmax", 32000, 1, "bfloat16", (*base, 2),
+                      "sm_90").get_kernel_source()
+    assert "__launch_bounds__(512, 2)" in src
+    src = S.build_fwd(L.REGISTER, "softmax", 32000, 1, "bfloat16", base,
+                      "sm_90").get_kernel_source()
+    assert "__launch_bounds__(512, 1)" in src
+
+
+def test_looped_program_refuses_stages_it_has_no_use_for():
+    with pytest.raises(ValueError, match=r"looped_fwd_program: 1 staged chunks for a logsumexp "
+                                         r"row of 128256 with 3 chunks past the head \(the lse "
+                                         r"has no second pass\)"):
+        S.looped_fwd_program("logsumexp", 128256, "bfloat16", 1024, 8, 4, 4, 1)
+    with pytest.raises(ValueError, match=r"4 staged chunks for a softmax row of 128256 with 3"):
+        S.looped_fwd_program("softmax", 128256, "bfloat16", 1024, 8, 4, 4, 4)
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("layout", "r", "inner", "dtype"), [
     pytest.param(L.ROWS, 128256, 1, "bfloat16", id="rows-walk-in-steps"),
     pytest.param(L.STRIDED, 512, 1024, "float32", id="strided"),
@@ -135,6 +172,29 @@ def test_looped_plan_holds_a_head_of_the_row_within_64_bytes_a_thread(n, dtype, 
     assert n % vec == 0 and vec * item <= 16 and threads == 1024 and per == 4
     assert hold >= 1 and (hold * vec * item * held <= 64 or hold == 1)
     assert (hold - 1) * threads * vec < n  # every held access starts inside the row
+
+
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 1 << 21), dtype=st.sampled_from(DTYPES),
+       kind=st.sampled_from(list(S.SoftmaxKind)))
+def test_looped_staged_plan_stages_what_fits_shared_memory(n, dtype, kind):
+    threads, vec, per, hold, stage = S.looped_staged_plan(kind, n, dtype)
+    assert (threads, vec, hold) == (lambda t, v, p, h: (t, v, h))(*S.looped_plan(n, dtype))
+    chunk = threads * vec * per
+    steps = max(0, -(-(n - threads * vec * hold) // chunk))
+    assert per == 2 and 0 <= stage <= steps
+    staged = stage * chunk * S._ITEMSIZE[dtype]
+    assert staged <= S._STAGED_BYTES and staged + threads // 32 * 8 <= 227 * 1024
+    if kind is S.SoftmaxKind.LOGSUMEXP:
+        assert stage == 0
+    else:  # as many as fit: the next chunk would pass the budget, or none is left
+        assert stage == steps or staged + chunk * S._ITEMSIZE[dtype] > S._STAGED_BYTES
+
+
+def test_staged_plan_of_the_bar_holds_the_whole_row():
+    """4096 x 128256 bf16: a 64 KiB head in registers and six 32 KiB chunks staged."""
+    assert S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 128256, "bfloat16") == (1024, 8, 2, 4, 6)
+    assert 1024 * 8 * 4 + 6 * 1024 * 8 * 2 >= 128256
 
 
 @settings(max_examples=200, deadline=None)

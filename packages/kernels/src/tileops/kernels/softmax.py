@@ -84,6 +84,7 @@ __all__ = [
     "build_lse_bwd",
     "keep_exp",
     "looped_plan",
+    "looped_staged_plan",
     "register_plan",
     "rows_walk_plan",
     "strided_plan",
@@ -255,6 +256,30 @@ def looped_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int]:
     return _LOOPED_THREADS, vec, 4, hold
 
 
+#: shared memory the staged looped forward may keep its chunks in (an H200 CTA may have
+#: 227 KiB; the rest is the reduction's and the runtime's)
+_STAGED_BYTES = 192 * 1024
+
+
+def looped_staged_plan(kind: "SoftmaxKind", n: int, dtype: str) -> tuple[int, int, int, int, int]:
+    """``(threads, vec, per, hold, stage)``: :func:`looped_plan`'s threads and head, walking
+    chunks of 2 accesses a thread, with as many of the chunks past the head kept in shared
+    memory (``stage``) as fit :data:`_STAGED_BYTES`, so the second pass reads them on chip:
+    128256 columns of bf16 are a 64 KiB head in registers and six 32 KiB chunks in shared
+    memory, the whole row read from HBM once. Two accesses, not the walk's four: with the
+    staging's addresses four take 64 registers and spill 40 bytes a thread (sm_90 ptxas), two
+    take 61 and spill none. The cost is one CTA an SM whatever its registers (the shared
+    memory), against the two-pass plan's reliance on L2 for the second read. Not the default
+    before an H200 sweep compares them (gpu_softmax.sh's sweep stage); logsumexp, with no
+    second pass, stages nothing."""
+    threads, vec, _, hold = looped_plan(n, dtype)
+    per = 2
+    chunk = threads * vec * per
+    steps = max(0, -(-(n - threads * vec * hold) // chunk))
+    stage = min(steps, _STAGED_BYTES // (chunk * _ITEMSIZE[dtype]))
+    return threads, vec, per, hold, 0 if kind is SoftmaxKind.LOGSUMEXP else stage
+
+
 def rows_walk_plan(n: int, dtype: str) -> tuple[int, int, int, int, int]:
     """``(threads_per_row, rows_per_cta, vec, per, steps)`` of logsumexp's gradient over rows:
     no reduction, so a row is walked in ``steps`` chunks of ``threads_per_row * vec * per``;
@@ -307,11 +332,15 @@ def _fwd_signature(body, kind: str, xs, os_, dtype: str):
 
 
 def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec: int,
-                         per: int, keep_exp: bool = False):
+                         per: int, keep_exp: bool = False, resident: int = 1):
     """The register kernel's prim_func (not compiled) over an ``(M, n)`` view. With
     ``keep_exp`` (softmax only) the sum's ``exp(x - max)`` are kept in fp32 registers and the
     output is each times ``1 / sum``: one exponential an element instead of two, for as many
-    more registers as the thread holds elements."""
+    more registers as the thread holds elements. ``resident`` above 1 caps the registers
+    (``__launch_bounds__``' second argument) so that many CTAs fit an SM together: 32000
+    columns of bf16 at 512 threads take 89 registers a thread unbounded (sm_90 ptxas), one
+    CTA an SM, and 64 at ``resident=2``, where one CTA's loads overlap the other's reduction
+    and stores."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
@@ -325,6 +354,8 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
     @T.macro
     def body(X, Y):
         with T.Kernel(T.ceildiv(M, rpc), threads=threads) as bx:
+            if resident > 1:
+                T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             lane = tx % tpr
             grp = tx // tpr
@@ -398,11 +429,17 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
 
 
 def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int,
-                       hold: int):
+                       hold: int, stage: int = 0):
     """The looped kernel's prim_func: one CTA a row. Pass 1 holds the row's first
     ``threads * vec * hold`` elements in registers and walks the rest in chunks of
     ``threads * vec * per`` with an online (max, sum); pass 2 (unless the output is the lse)
-    writes the held head from registers and reads the rest again."""
+    writes the held head from registers and reads the rest again.
+
+    With ``stage`` (see :func:`looped_staged_plan`) pass 1 also keeps its first ``stage``
+    chunks in shared memory, and pass 2 reads them from there instead of global memory. Each
+    thread reads back only the 16-byte slots it wrote (a chunk's access ``v`` of thread ``tx``
+    at row ``step * per + v``, column ``tx * vec``: a warp's accesses are contiguous, free of
+    bank conflicts), so the staging needs no barrier."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
@@ -411,6 +448,9 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     steps = max(0, -(-(n - head) // chunk))
     warps = threads // _WARP
     f32 = "float32"
+    if stage and (lse_out or stage > steps):
+        raise ValueError(f"looped_fwd_program: {stage} staged chunks for a {kind} row of {n} "
+                         f"with {steps} chunks past the head (the lse has no second pass)")
 
     @T.macro
     def tree(acc):
@@ -428,6 +468,40 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
         return T.cast(T.cast(v, f32) - lse, dtype)
 
     @T.macro
+    def load(X, row, tx, piece, step):
+        """Chunk ``step`` past the head into ``piece`` (``-inf`` past the row's end)."""
+        for v in T.unroll(per):
+            col = head + step * chunk + (v * threads + tx) * vec
+            if col < n:
+                for i in T.vectorized(vec):
+                    piece[v * vec + i] = X[row, col + i]
+            else:
+                for i in T.unroll(vec):
+                    piece[v * vec + i] = T.cast(-T.infinity(f32), dtype)
+
+    @T.macro
+    def online(acc, piece):
+        """Fold ``piece`` into the running (max, sum) ``acc[0:2]``."""
+        acc[4] = acc[0]
+        for j in T.unroll(per * vec):
+            acc[4] = T.max(acc[4], T.cast(piece[j], f32))
+        acc[1] = _rescaled(T, acc[1], acc[0], acc[4])
+        for j in T.unroll(per * vec):
+            acc[1] += T.exp2((T.cast(piece[j], f32) - acc[4]) * _LOG2E)
+        acc[0] = acc[4]
+
+    @T.macro
+    def store(Y, row, tx, piece, step, lse):
+        """``piece`` (chunk ``step``'s inputs) turned into outputs and written."""
+        for v in T.unroll(per):
+            col = head + step * chunk + (v * threads + tx) * vec
+            if col < n:
+                for i in T.unroll(vec):
+                    piece[v * vec + i] = out_value(piece[v * vec + i], lse)
+                for i in T.vectorized(vec):
+                    Y[row, col + i] = piece[v * vec + i]
+
+    @T.macro
     def body(X, Y):
         with T.Kernel(M, threads=threads) as row:
             tx = T.get_thread_binding()
@@ -435,6 +509,8 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
             piece = T.alloc_local((per * vec,), dtype)
             acc = T.alloc_local((5,), f32)  # max, sum, other max / lse, other sum, new max
             red = T.alloc_shared((warps * 2,), f32)
+            if stage:
+                staged = T.alloc_shared((stage * per, threads * vec), dtype)
             for v in T.unroll(hold):
                 col = (v * threads + tx) * vec
                 if col < n:
@@ -449,22 +525,16 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
             acc[1] = T.cast(0, f32)
             for j in T.unroll(hold * vec):
                 acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
-            for step in T.serial(steps):
-                for v in T.unroll(per):
-                    col = head + step * chunk + (v * threads + tx) * vec
-                    if col < n:
+            if stage:
+                for step in T.serial(stage):
+                    load(X, row, tx, piece, step)
+                    for v in T.unroll(per):
                         for i in T.vectorized(vec):
-                            piece[v * vec + i] = X[row, col + i]
-                    else:
-                        for i in T.unroll(vec):
-                            piece[v * vec + i] = T.cast(-T.infinity(f32), dtype)
-                acc[4] = acc[0]
-                for j in T.unroll(per * vec):
-                    acc[4] = T.max(acc[4], T.cast(piece[j], f32))
-                acc[1] = _rescaled(T, acc[1], acc[0], acc[4])
-                for j in T.unroll(per * vec):
-                    acc[1] += T.exp2((T.cast(piece[j], f32) - acc[4]) * _LOG2E)
-                acc[0] = acc[4]
+                            staged[step * per + v, tx * vec + i] = piece[v * vec + i]
+                    online(acc, piece)
+            for rest in T.serial(steps - stage):
+                load(X, row, tx, piece, stage + rest)
+                online(acc, piece)
             # the CTA's pairs: a shuffle tree within each warp, the warps' pairs through shared
             # memory, then the same tree over them in every warp (no second barrier)
             tree(acc)
@@ -491,19 +561,19 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
                             held[v * vec + i] = out_value(held[v * vec + i], acc[2])
                         for i in T.vectorized(vec):
                             Y[row, col + i] = held[v * vec + i]
-                for step in T.serial(steps):
+                if stage:
+                    for step in T.serial(stage):
+                        for v in T.unroll(per):
+                            for i in T.vectorized(vec):
+                                piece[v * vec + i] = staged[step * per + v, tx * vec + i]
+                        store(Y, row, tx, piece, step, acc[2])
+                for rest in T.serial(steps - stage):
                     for v in T.unroll(per):
-                        col = head + step * chunk + (v * threads + tx) * vec
+                        col = head + (stage + rest) * chunk + (v * threads + tx) * vec
                         if col < n:
                             for i in T.vectorized(vec):
                                 piece[v * vec + i] = X[row, col + i]
-                    for v in T.unroll(per):
-                        col = head + step * chunk + (v * threads + tx) * vec
-                        if col < n:
-                            for i in T.unroll(vec):
-                                piece[v * vec + i] = out_value(piece[v * vec + i], acc[2])
-                            for i in T.vectorized(vec):
-                                Y[row, col + i] = piece[v * vec + i]
+                    store(Y, row, tx, piece, stage + rest, acc[2])
 
     return _fwd_signature(body, kind, (M, n), (M,) if lse_out else (M, n), dtype)
 
