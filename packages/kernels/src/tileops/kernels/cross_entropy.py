@@ -28,7 +28,11 @@ Programs (all in :class:`CrossEntropyFwdKernel` and :class:`CrossEntropyBwdKerne
     second read served by L2. Rows in flight are bounded by the grid, so their bytes
     (``grid * V * itemsize``: 132 rows of 128256 bfloat16 are 34 MB) stay within the H200's
     50 MB L2; a grid sized by occupancy alone (two CTAs an SM) would double that and send
-    the second pass back to HBM.
+    the second pass back to HBM. The second pass walks the row from its end: with the L2's
+    least-recently-used eviction an element's reuse distance is then twice its distance from
+    the row's end (the bytes all the grid reads and writes in between), not the whole row
+    for every element, so where the rows in flight and the gradient written meanwhile
+    outgrow the L2 the row's tail still hits.
 ``rows`` (gradient and loss)
     The gradient's program, scaled by one value, that also writes each row's loss between its
     passes: the forward of a training step with a mean or sum loss (the gradient kept for a
@@ -341,7 +345,10 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                         g[0] = G[row] if per_row_scale else G[0]
                     g[0] = T.if_then_else(in_range, g[0], nan)
                     coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]
-                    for step in T.serial(steps):
+                    # the second pass walks the row backwards: its first reads are the first
+                    # pass's last, the freshest in L2 (see the module docstring)
+                    for back in T.serial(steps):
+                        step = steps - 1 - back
                         for u in T.unroll(per):
                             col = step * chunk + (u * threads + tx) * vec
                             if valid and (exact or col < V):
