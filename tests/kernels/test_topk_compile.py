@@ -17,6 +17,7 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
     pytest.param(128256, 50, "bfloat16", True, False, id="vocab-earlier-plan-key-filter"),
     pytest.param(131072, 1024, "bfloat16", True, True, id="k1024-piece-maxima-large-buffer"),
     pytest.param(7, 2, "float32", False, True, id="tiny-one-warp-32-bit-keys-smallest"),
+    pytest.param(4096, 200, "bfloat16", True, True, id="lean-sort-above-threads-bitonic"),
 ])
 def test_topk_compiles_for_sm90(n, k, dtype, largest, lean):
     plan = topk.topk_plan(n, k, dtype, lean)
@@ -27,7 +28,9 @@ def test_topk_compiles_for_sm90(n, k, dtype, largest, lean):
     assert "__shfl_up_sync" in src  # the bins' scan
     if vec * topk._ITEMSIZE[dtype] == 16:
         assert "uint4" in src
-    assert f"for (int a = 1; a < {sort.bit_length()}; ++a)" in src  # the bitonic stages
+    # the bitonic stages, or (lean, no more entries than threads) each entry put at its rank
+    ranked = lean and sort <= threads
+    assert (f"for (int a = 1; a < {sort.bit_length()}; ++a)" in src) is not ranked
     assert "(uint)4294967295 -" in src  # the composite key's complemented index
     assert ("isnan(" in src) is lean  # the lean pass compares floats, NaN passing
     assert f"< {cap})" in src  # the buffer's bound on the appends

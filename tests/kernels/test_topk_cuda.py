@@ -43,6 +43,7 @@ CASES = [
     (32, 32000, 50, torch.float32, True, "normal"),
     (32, 32000, 10, torch.bfloat16, False, "normal"),  # the smallest k
     (5, 4097, 8, torch.float16, True, "normal"),  # scalar loads, a predicated tail
+    (64, 32768, 100, torch.bfloat16, True, "normal"),  # lean: ranks over 256, bitonic merge
     (4, 128256, 50, torch.bfloat16, True, "few-values"),  # overflow, ties past the sort array
     (512, 32768, 50, torch.bfloat16, True, "few-values"),  # the same, unsplit
     (4, 32000, 50, torch.float32, True, "ascending"),  # the held chunks are the smallest

@@ -34,7 +34,8 @@ The program, per row:
    candidate buffer, or the row again when the buffer overflowed.
 4. **Gather and sort.** The candidates at or above ``t`` go to a shared array of ``sort``
    composite keys ``key << 32 | ~index`` when they fit, and a bitonic sort orders them; the
-   first k are the answer. Where they do not fit (a row of many equal values, or an overflowed
+   first k are the answer. (The lean plan, where the array has no more entries than the CTA
+   has threads, writes each entry at its rank instead: how many entries are greater.) Where they do not fit (a row of many equal values, or an overflowed
    buffer), a pass over the row in index order takes every element above ``t`` and, by a
    block scan of each chunk's count of elements equal to ``t``, the ``need`` lowest-indexed of
    those, before the same sort.
@@ -175,6 +176,8 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
     bounded = threads * per >= k
     groups = -(-chunks // pre)
     log_sort = sort.bit_length() - 1
+    # the lean plan places each of at most `threads` entries by its rank instead of sorting
+    ranked = lean and sort <= threads
 
     def raw(v):
         """The bits of element ``v`` as uint32."""
@@ -427,30 +430,49 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                     iv[6] += iv[5]
             T.sync_threads()
 
-            # 5. bitonic sort, descending: pairs (pos, pos + stride) with pos's stride bit
-            # clear, ordered descending where pos's size bit is clear and ascending elsewhere
-            for a in T.serial(1, log_sort + 1):
-                for b in T.serial(a):
-                    for j in T.unroll(-(-(sort // 2) // threads)):
-                        if j * threads + tx < sort // 2:
-                            # stride 2^(a-1-b) within bitonic runs of 2^a
-                            iv[3] = 1 << (a - 1 - b)
-                            iv[2] = 2 * (j * threads + tx) - ((j * threads + tx) & (iv[3] - 1))
-                            if (((iv[2] & (1 << a)) == 0 and srt[iv[2]] < srt[iv[2] + iv[3]])
-                                    or ((iv[2] & (1 << a)) != 0
-                                        and srt[iv[2]] > srt[iv[2] + iv[3]])):
-                                sw[0] = srt[iv[2]]
-                                srt[iv[2]] = srt[iv[2] + iv[3]]
-                                srt[iv[2] + iv[3]] = sw[0]
-                    T.sync_threads()
+            if ranked:
+                # 5-6. each entry's place is how many entries are greater (the composite keys
+                # of the gathered differ, and exceed the empty entries' 0): one scan of the
+                # array a thread, no barrier, where the bitonic sort takes log2(sort)^2 / 2
+                if tx < sort:
+                    sw[0] = srt[tx]
+                    if sw[0] != T.uint64(0):
+                        iv[3] = 0
+                        for j in T.serial(sort):
+                            if srt[j] > sw[0]:
+                                iv[3] += 1
+                        if iv[3] < k:
+                            iv[2] = T.cast(T.uint32(0xFFFFFFFF) - T.cast(
+                                sw[0] & T.uint64(0xFFFFFFFF), u32), i32)
+                            V[row, iv[3]] = X[row, iv[2]]
+                            Idx[row, iv[3]] = T.cast(iv[2], "int64")
+            else:
+                # 5. bitonic sort, descending: pairs (pos, pos + stride) with pos's stride
+                # bit clear, ordered descending where pos's size bit is clear, else ascending
+                for a in T.serial(1, log_sort + 1):
+                    for b in T.serial(a):
+                        for j in T.unroll(-(-(sort // 2) // threads)):
+                            if j * threads + tx < sort // 2:
+                                # stride 2^(a-1-b) within bitonic runs of 2^a
+                                iv[3] = 1 << (a - 1 - b)
+                                iv[2] = (2 * (j * threads + tx)
+                                         - ((j * threads + tx) & (iv[3] - 1)))
+                                if (((iv[2] & (1 << a)) == 0
+                                     and srt[iv[2]] < srt[iv[2] + iv[3]])
+                                        or ((iv[2] & (1 << a)) != 0
+                                            and srt[iv[2]] > srt[iv[2] + iv[3]])):
+                                    sw[0] = srt[iv[2]]
+                                    srt[iv[2]] = srt[iv[2] + iv[3]]
+                                    srt[iv[2] + iv[3]] = sw[0]
+                        T.sync_threads()
 
-            # 6. the values and indices of the first k
-            for j in T.serial(-(-k // threads)):
-                if j * threads + tx < k:
-                    iv[2] = T.cast(T.uint32(0xFFFFFFFF) - T.cast(
-                        srt[j * threads + tx] & T.uint64(0xFFFFFFFF), u32), i32)
-                    V[row, j * threads + tx] = X[row, iv[2]]
-                    Idx[row, j * threads + tx] = T.cast(iv[2], "int64")
+                # 6. the values and indices of the first k
+                for j in T.serial(-(-k // threads)):
+                    if j * threads + tx < k:
+                        iv[2] = T.cast(T.uint32(0xFFFFFFFF) - T.cast(
+                            srt[j * threads + tx] & T.uint64(0xFFFFFFFF), u32), i32)
+                        V[row, j * threads + tx] = X[row, iv[2]]
+                        Idx[row, j * threads + tx] = T.cast(iv[2], "int64")
 
     # every barrier the program needs is written above: TileLang's inserted ones would also
     # separate the appends of one phase (it cannot tell that atomically claimed slots differ),
