@@ -6,7 +6,10 @@
 # the call) and of the gradients and the odd sizes. Logs and results go to $OUT (or
 # ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, which times the
 # launch-plan choices not yet measured: the register softmax keeping its exponentials or not,
-# and the looped kernel's held head). About 10 minutes on one H200, the sweep 2 more.
+# holding less a thread or capping its registers for two CTAs an SM; the looped kernel's held
+# head and its chunks staged in shared memory, copied early or in the walk). The GPU tests
+# check each swept plan against float64 (test_other_plans_match_float64). About 10 minutes on
+# one H200, the sweep 3 more.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -66,9 +69,24 @@ for m, n in ((32768, 8192), (16384, 1024), (4096, 32000)):
     for keep in (False, True):
         row("register, keep exp" if keep else "register, recompute exp", L.REGISTER, m, n,
             (*base, keep))
+# more rows in flight: a row's threads holding less (more CTAs an SM), or registers capped
+# (__launch_bounds__' second argument) so that two 512-thread CTAs of 32000 columns fit an SM
+for what, m, n, plan in (("register, 32 lanes x 4, keep", 16384, 1024, (32, 8, 8, 4, True)),
+                         ("register, 64 lanes x 2, keep", 16384, 1024, (64, 4, 8, 2, True)),
+                         ("register, 2 CTAs an SM", 4096, 32000, (512, 1, 8, 8, False, 2)),
+                         ("register, 2 CTAs an SM, keep", 4096, 32000, (512, 1, 8, 8, True, 2)),
+                         ("register, 1024 threads x 4", 4096, 32000, (1024, 1, 8, 4, False))):
+    row(what, L.REGISTER, m, n, plan)
+threads, vec, per, _ = S.looped_plan(128256, "bfloat16")
 for hold in (1, 2, 4):
-    threads, vec, per, _ = S.looped_plan(128256, "bfloat16")
     row("looped, head held", L.LOOPED, 4096, 128256, (threads, vec, per, hold))
+# the row kept on chip: chunks past the head staged in shared memory for the second pass
+staged = S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 128256, "bfloat16")
+row("looped, staged", L.LOOPED, 4096, 128256, staged)
+row("looped, staged, early copies", L.LOOPED, 4096, 128256, (*staged, True))
+row("looped, 2 of 6 staged", L.LOOPED, 4096, 128256, (*staged[:4], 2))
+row("looped, 4 x 4 staged 3", L.LOOPED, 4096, 128256, (threads, vec, per, 4, 3))
+row("looped, 4 x 4 staged 3, early", L.LOOPED, 4096, 128256, (threads, vec, per, 4, 3, True))
 PY
     ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;

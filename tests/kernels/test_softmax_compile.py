@@ -94,6 +94,16 @@ def test_staged_looped_programs_keep_their_chunks_in_shared_memory(kind, n, dtyp
         assert src.count("= *(uint4*)(((bfloat16_t*)staged)") == 1
     old = S.build_fwd(L.LOOPED, kind, n, 1, dtype, S.looped_plan(n, dtype), "sm_90")
     assert "staged" not in old.get_kernel_source()
+    early = S.build_fwd(L.LOOPED, kind, n, 1, dtype, (*plan, True), "sm_90").get_kernel_source()
+    # the copies in an unrolled loop ahead of the head's arithmetic, and pass 1 reading the
+    # chunks back from shared memory before the CTA's merge (one store, one load)
+    lines = early.splitlines()
+    uses = [i for i, line in enumerate(lines) if "staged)" in line]
+    first = {w: next(i for i, line in enumerate(lines) if w in line)
+             for w in ("exp2f", "__shfl_xor_sync")}
+    assert uses[0] < first["exp2f"] and sum(i < first["__shfl_xor_sync"] for i in uses) == 2
+    loop = max(i for i in range(uses[0]) if lines[i].lstrip().startswith("for (int step"))
+    assert "#pragma unroll" in lines[loop - 1]
 
 
 @needs_nvcc
@@ -114,6 +124,9 @@ def test_looped_program_refuses_stages_it_has_no_use_for():
         S.looped_fwd_program("logsumexp", 128256, "bfloat16", 1024, 8, 4, 4, 1)
     with pytest.raises(ValueError, match=r"4 staged chunks for a softmax row of 128256 with 3"):
         S.looped_fwd_program("softmax", 128256, "bfloat16", 1024, 8, 4, 4, 4)
+    with pytest.raises(ValueError, match="looped_fwd_program: early copies staged chunks; "
+                                         "the plan stages none"):
+        S.looped_fwd_program("softmax", 128256, "bfloat16", 1024, 8, 4, 4, 0, True)
 
 
 @needs_nvcc

@@ -249,6 +249,12 @@ PLANS = [
      S.looped_staged_plan(S.SoftmaxKind.LOG_SOFTMAX, 65537, "bfloat16")),  # scalar, 17 chunks
     (S.Layout.LOOPED, "softmax", 7, 65544, torch.float16,
      S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 65544, "float16")),  # a partial last chunk
+    (S.Layout.LOOPED, "softmax", 64, 128256, torch.bfloat16,
+     (*S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 128256, "bfloat16"), True)),  # early copies
+    (S.Layout.LOOPED, "log_softmax", 5, 65537, torch.bfloat16,
+     (*S.looped_staged_plan(S.SoftmaxKind.LOG_SOFTMAX, 65537, "bfloat16"), True)),
+    (S.Layout.LOOPED, "softmax", 16, 131072, torch.float32,
+     (*S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 131072, "float32"), True)),  # then a walk
     (S.Layout.REGISTER, "softmax", 129, 32000, torch.bfloat16, (512, 1, 8, 8, False, 2)),
     (S.Layout.REGISTER, "log_softmax", 129, 32000, torch.float16, (1024, 1, 8, 4, False)),
     (S.Layout.REGISTER, "softmax", 1000, 1024, torch.bfloat16, (32, 8, 8, 4, True)),

@@ -429,7 +429,7 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
 
 
 def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int,
-                       hold: int, stage: int = 0):
+                       hold: int, stage: int = 0, early: bool = False):
     """The looped kernel's prim_func: one CTA a row. Pass 1 holds the row's first
     ``threads * vec * hold`` elements in registers and walks the rest in chunks of
     ``threads * vec * per`` with an online (max, sum); pass 2 (unless the output is the lse)
@@ -439,7 +439,10 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     chunks in shared memory, and pass 2 reads them from there instead of global memory. Each
     thread reads back only the 16-byte slots it wrote (a chunk's access ``v`` of thread ``tx``
     at row ``step * per + v``, column ``tx * vec``: a warp's accesses are contiguous, free of
-    bank conflicts), so the staging needs no barrier."""
+    bank conflicts), so the staging needs no barrier. With ``early`` the staged chunks are
+    copied in an unrolled loop issued right after the head's loads, before any arithmetic, so
+    the loads of the whole staged row are in flight together (the walk's loop waits on each
+    chunk's two accesses in turn), and pass 1 then folds them from shared memory."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
@@ -451,6 +454,8 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     if stage and (lse_out or stage > steps):
         raise ValueError(f"looped_fwd_program: {stage} staged chunks for a {kind} row of {n} "
                          f"with {steps} chunks past the head (the lse has no second pass)")
+    if early and not stage:
+        raise ValueError("looped_fwd_program: early copies staged chunks; the plan stages none")
 
     @T.macro
     def tree(acc):
@@ -519,13 +524,25 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
                 else:
                     for i in T.unroll(vec):
                         held[v * vec + i] = T.cast(-T.infinity(f32), dtype)
+            if stage and early:
+                for step in T.unroll(stage):
+                    load(X, row, tx, piece, step)
+                    for v in T.unroll(per):
+                        for i in T.vectorized(vec):
+                            staged[step * per + v, tx * vec + i] = piece[v * vec + i]
             acc[0] = T.min_value(f32)
             for j in T.unroll(hold * vec):
                 acc[0] = T.max(acc[0], T.cast(held[j], f32))
             acc[1] = T.cast(0, f32)
             for j in T.unroll(hold * vec):
                 acc[1] += T.exp2((T.cast(held[j], f32) - acc[0]) * _LOG2E)
-            if stage:
+            if stage and early:
+                for step in T.serial(stage):
+                    for v in T.unroll(per):
+                        for i in T.vectorized(vec):
+                            piece[v * vec + i] = staged[step * per + v, tx * vec + i]
+                    online(acc, piece)
+            if stage and not early:
                 for step in T.serial(stage):
                     load(X, row, tx, piece, step)
                     for v in T.unroll(per):
