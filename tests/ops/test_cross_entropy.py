@@ -365,6 +365,16 @@ def test_a_mean_over_no_rows_keeps_torchs_zero_gradient(stand_ins):
     assert torch.equal(leaf.grad, xe.grad) and not xe.grad.any()  # torch's: zeros
 
 
+
+def test_no_rows_launch_nothing_and_keep_an_empty_gradient(stand_ins):
+    op, launched = stand_ins(reduction="sum")
+    leaf = torch.empty(0, 7, requires_grad=True)
+    loss = op(leaf, torch.empty(0, dtype=torch.long))
+    assert loss == 0  # torch's sum of no rows
+    loss.backward()
+    assert launched == [] and leaf.grad.shape == (0, 7)
+
+
 def test_a_second_backward_and_reduction_none_run_the_backward_op(stand_ins):
     op, launched = stand_ins()
     x, t = _inputs(5, 7, ignored=[3], dtype=torch.float32)
