@@ -71,7 +71,8 @@ for m, n in ((32768, 8192), (16384, 1024), (4096, 32000)):
             (*base, keep))
 # more rows in flight: a row's threads holding less (more CTAs an SM), or registers capped
 # (__launch_bounds__' second argument) so that two 512-thread CTAs of 32000 columns fit an SM
-for what, m, n, plan in (("register, 32 lanes x 4, keep", 16384, 1024, (32, 8, 8, 4, True)),
+for what, m, n, plan in (("register, 256 threads x 4, keep", 32768, 8192, (256, 1, 8, 4, True)),
+                         ("register, 32 lanes x 4, keep", 16384, 1024, (32, 8, 8, 4, True)),
                          ("register, 64 lanes x 2, keep", 16384, 1024, (64, 4, 8, 2, True)),
                          ("register, 2 CTAs an SM", 4096, 32000, (512, 1, 8, 8, False, 2)),
                          ("register, 2 CTAs an SM, keep", 4096, 32000, (512, 1, 8, 8, True, 2)),
