@@ -88,6 +88,9 @@ row("looped, staged, early copies", L.LOOPED, 4096, 128256, (*staged, True))
 row("looped, 2 of 6 staged", L.LOOPED, 4096, 128256, (*staged[:4], 2))
 row("looped, 4 x 4 staged 3", L.LOOPED, 4096, 128256, (threads, vec, per, 4, 3))
 row("looped, 4 x 4 staged 3, early", L.LOOPED, 4096, 128256, (threads, vec, per, 4, 3, True))
+# 32000 columns whole on chip at fewer threads, registers capped for 2 or 3 CTAs an SM
+row("looped 512, staged 2, 2 CTAs an SM", L.LOOPED, 4096, 32000, (512, 8, 2, 4, 2, True, 2))
+row("looped 256, staged 3, 3 CTAs an SM", L.LOOPED, 4096, 32000, (256, 8, 4, 4, 3, True, 3))
 PY
     ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;

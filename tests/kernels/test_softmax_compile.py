@@ -115,6 +115,9 @@ def test_register_program_caps_its_registers_for_resident_ctas():
     src = S.build_fwd(L.REGISTER, "softmax", 32000, 1, "bfloat16", base,
                       "sm_90").get_kernel_source()
     assert "__launch_bounds__(512, 1)" in src
+    src = S.build_fwd(L.LOOPED, "softmax", 32000, 1, "bfloat16", (512, 8, 2, 4, 2, True, 2),
+                      "sm_90").get_kernel_source()
+    assert "__launch_bounds__(512, 2)" in src and "staged" in src
 
 
 def test_looped_program_refuses_stages_it_has_no_use_for():

@@ -255,6 +255,8 @@ PLANS = [
      (*S.looped_staged_plan(S.SoftmaxKind.LOG_SOFTMAX, 65537, "bfloat16"), True)),
     (S.Layout.LOOPED, "softmax", 16, 131072, torch.float32,
      (*S.looped_staged_plan(S.SoftmaxKind.SOFTMAX, 131072, "float32"), True)),  # then a walk
+    (S.Layout.LOOPED, "softmax", 129, 32000, torch.bfloat16, (512, 8, 2, 4, 2, True, 2)),
+    (S.Layout.LOOPED, "log_softmax", 129, 32000, torch.bfloat16, (256, 8, 4, 4, 3, True, 3)),
     (S.Layout.REGISTER, "softmax", 129, 8192, torch.bfloat16, (256, 1, 8, 4, True)),
     (S.Layout.REGISTER, "softmax", 129, 32000, torch.bfloat16, (512, 1, 8, 8, False, 2)),
     (S.Layout.REGISTER, "log_softmax", 129, 32000, torch.float16, (1024, 1, 8, 4, False)),

@@ -432,7 +432,7 @@ def register_fwd_program(kind: str, n: int, dtype: str, tpr: int, rpc: int, vec:
 
 
 def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, per: int,
-                       hold: int, stage: int = 0, early: bool = False):
+                       hold: int, stage: int = 0, early: bool = False, resident: int = 1):
     """The looped kernel's prim_func: one CTA a row. Pass 1 holds the row's first
     ``threads * vec * hold`` elements in registers and walks the rest in chunks of
     ``threads * vec * per`` with an online (max, sum); pass 2 (unless the output is the lse)
@@ -445,7 +445,11 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     bank conflicts), so the staging needs no barrier. With ``early`` the staged chunks are
     copied in an unrolled loop issued right after the head's loads, before any arithmetic, so
     the loads of the whole staged row are in flight together (the walk's loop waits on each
-    chunk's two accesses in turn), and pass 1 then folds them from shared memory."""
+    chunk's two accesses in turn), and pass 1 then folds them from shared memory. ``resident`` caps the
+    registers for that many CTAs an SM, as in :func:`register_fwd_program`: a row the staged
+    chunks hold whole at fewer threads (32000 columns of bf16 at 512 threads: a 32 KiB head
+    in registers, two 16 KiB chunks staged, 64 registers and no spill at two CTAs an SM) can
+    then share its SM with another row's CTA."""
     _, T = tl()
     M = T.dynamic("M")
     lse_out = kind == "logsumexp"
@@ -512,6 +516,8 @@ def looped_fwd_program(kind: str, n: int, dtype: str, threads: int, vec: int, pe
     @T.macro
     def body(X, Y):
         with T.Kernel(M, threads=threads) as row:
+            if resident > 1:
+                T.annotate_min_blocks_per_sm(resident)
             tx = T.get_thread_binding()
             held = T.alloc_local((hold * vec,), dtype)
             piece = T.alloc_local((per * vec,), dtype)
