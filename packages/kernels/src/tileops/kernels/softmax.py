@@ -272,9 +272,10 @@ def looped_staged_plan(kind: "SoftmaxKind", n: int, dtype: str) -> tuple[int, in
     memory, the whole row read from HBM once. Two accesses, not the walk's four: with the
     staging's addresses four take 64 registers and spill 40 bytes a thread (sm_90 ptxas), two
     take 61 and spill none. The cost is one CTA an SM whatever its registers (the shared
-    memory), against the two-pass plan's reliance on L2 for the second read. Not the default
-    before an H200 sweep compares them (gpu_softmax.sh's sweep stage); logsumexp, with no
-    second pass, stages nothing."""
+    memory), against the two-pass plan's reliance on L2 for the second read. The forward's
+    default (with its staged loads issued together) since the H200 sweep: 3.36 TB/s on 4096 x
+    128256 bf16 against the two-pass walk's 2.53; logsumexp, with no second pass, stages
+    nothing and keeps :func:`looped_plan`."""
     threads, vec, _, hold = looped_plan(n, dtype)
     per = 2
     chunk = threads * vec * per
@@ -1030,9 +1031,19 @@ def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
         plan = register_plan(spec.r, spec.dtype, held)
         assert plan is not None, "the register kernel refuses rows it cannot hold"
         if held == 1:  # the forward: whether softmax keeps its exponentials
-            return (*plan, keep_exp(spec.kind, plan))
+            keep = keep_exp(spec.kind, plan)
+            if plan[0] == _MAX_REGISTER_THREADS and not keep:
+                # registers capped for two CTAs an SM: on the H200 4096 x 32000 bf16 ran at
+                # 3.43 TB/s so against 3.11 at one (benchmarks/results/softmax_sweep-cuda0.txt)
+                return (*plan, keep, 2)
+            return (*plan, keep)
         return plan
     if layout is Layout.LOOPED:
+        if held == 1 and spec.kind is not SoftmaxKind.LOGSUMEXP:
+            # the row kept on chip (chunks past the head staged in shared memory, their loads
+            # issued together): 4096 x 128256 bf16 ran at 3.36 TB/s on the H200 against the
+            # two-pass walk's 2.53 (benchmarks/results/softmax_sweep-cuda0.txt)
+            return (*looped_staged_plan(spec.kind, spec.r, spec.dtype), True)
         return looped_plan(spec.r, spec.dtype, held)
     return strided_plan(spec.outer, spec.r, spec.inner, spec.dtype)
 
