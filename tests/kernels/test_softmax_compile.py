@@ -33,7 +33,8 @@ FWD = [
     pytest.param(L.REGISTER, "log_softmax", 16384, 1024, 1, "bfloat16", id="register-half-warp-a-row"),
     pytest.param(L.REGISTER, "softmax", 16384, 4097, 1, "bfloat16", id="register-scalar-predicated"),
     pytest.param(L.REGISTER, "logsumexp", 3, 7, 1, "float32", id="register-lse-thread-a-row"),
-    pytest.param(L.LOOPED, "softmax", 4096, 128256, 1, "bfloat16", id="looped-two-pass"),
+    pytest.param(L.LOOPED, "softmax", 4096, 128256, 1, "bfloat16", id="looped-staged-row"),
+    pytest.param(L.LOOPED, "softmax", 4096, 32000, 1, "bfloat16", id="looped-three-ctas-an-sm"),
     pytest.param(L.LOOPED, "logsumexp", 64, 262144, 1, "float32", id="looped-lse-one-pass"),
     pytest.param(L.STRIDED, "softmax", 1, 1024, 4096, "bfloat16", id="strided-narrowed-vector"),
     pytest.param(L.STRIDED, "logsumexp", 8, 3, 7, "float16", id="strided-lse-predicated"),
@@ -246,9 +247,33 @@ def test_exactly_one_kernel_claims_every_call(outer, r, inner, dtype, kind, bwd)
         kernels = (S.SoftmaxRegisterKernel, S.SoftmaxLoopedKernel, S.SoftmaxStridedKernel)
     claim = [k for k in kernels if k.region_refusal(spec) is None]
     assert len(claim) == 1
+    shared = None if bwd else S.shared_sm_plan(kind, r, dtype)
     expected = (L.STRIDED if inner > 1 else
-                L.REGISTER if S.register_plan(r, dtype, 2 if bwd else 1) else L.LOOPED)
+                L.REGISTER if S.register_plan(r, dtype, 2 if bwd else 1) and shared is None
+                else L.LOOPED)
     assert claim[0].layout is expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(r=st.integers(1, 1 << 17), dtype=st.sampled_from(DTYPES),
+       kind=st.sampled_from(list(S.SoftmaxKind)))
+def test_rows_of_512_register_threads_are_held_on_chip_at_three_ctas_an_sm(r, dtype, kind):
+    plan = S.shared_sm_plan(kind, r, dtype)
+    reg = S.register_plan(r, dtype)
+    if plan is None:
+        assert kind is S.SoftmaxKind.LOGSUMEXP or reg is None or reg[0] < 512 or \
+            S._vec(r, dtype) * S._ITEMSIZE[dtype] < 16
+        return
+    threads, vec, per, hold, stage, early, ctas = plan
+    assert reg[0] == 512 and kind is not S.SoftmaxKind.LOGSUMEXP
+    assert (threads, per, hold, early, ctas) == (256, 4, 4, True, 3) and vec == S._vec(r, dtype)
+    # the head and the staged chunks hold the whole row, at most 48 KiB staged a CTA
+    assert threads * vec * (hold + per * stage) >= r
+    assert stage <= 3 and stage * threads * vec * per * S._ITEMSIZE[dtype] <= 48 * 1024
+    spec = _spec(S.SoftmaxSpec, kind.value, 64, r, 1, dtype)
+    assert S.plan_of(L.LOOPED, spec) == plan
+    assert S.SoftmaxRegisterKernel.region_refusal(spec).endswith(
+        "the looped kernel holds it on chip at three CTAs an SM")
 
 
 def test_call_specs_refuse_what_no_kernel_serves():

@@ -284,6 +284,27 @@ def looped_staged_plan(kind: "SoftmaxKind", n: int, dtype: str) -> tuple[int, in
     return threads, vec, per, hold, 0 if kind is SoftmaxKind.LOGSUMEXP else stage
 
 
+def shared_sm_plan(kind: "SoftmaxKind", n: int, dtype: str) -> tuple | None:
+    """``(threads, vec, per, hold, stage, early, ctas)`` of the looped forward for the rows the
+    register kernel would spread over 512 threads (16 to 64 KiB of 16-byte accesses): 256
+    threads hold a 16 KiB head in registers and stage the rest (at most three 16 KiB chunks)
+    in shared memory, registers capped for three CTAs an SM, so the next rows' reads overlap a
+    row's reductions and writes. On the H200 4096 x 32000 bf16 ran at 3.91 TB/s so, against
+    3.43 for the register kernel at two CTAs an SM and 3.11 at one
+    (benchmarks/results/softmax_sweep-cuda0.txt). None for other rows, for rows of narrower
+    accesses (their head would cover less than the staging can hold) and for logsumexp (no
+    second pass to stage for)."""
+    if kind is SoftmaxKind.LOGSUMEXP:
+        return None
+    plan = register_plan(n, dtype)
+    vec = _vec(n, dtype)
+    if plan is None or plan[0] != _MAX_REGISTER_THREADS or vec * _ITEMSIZE[dtype] != _VECTOR_BYTES:
+        return None
+    threads, per, hold, ctas = 256, 4, 4, 3
+    stage = max(0, -(-(n - threads * vec * hold) // (threads * vec * per)))
+    return (threads, vec, per, hold, stage, True, ctas) if stage <= 3 else None
+
+
 def rows_walk_plan(n: int, dtype: str) -> tuple[int, int, int, int, int]:
     """``(threads_per_row, rows_per_cta, vec, per, steps)`` of logsumexp's gradient over rows:
     no reduction, so a row is walked in ``steps`` chunks of ``threads_per_row * vec * per``;
@@ -1039,6 +1060,9 @@ def plan_of(layout: Layout, spec: _ViewSpec) -> tuple[int, ...]:
             return (*plan, keep)
         return plan
     if layout is Layout.LOOPED:
+        shared = shared_sm_plan(spec.kind, spec.r, spec.dtype) if held == 1 else None
+        if shared is not None:
+            return shared
         if held == 1 and spec.kind is not SoftmaxKind.LOGSUMEXP:
             # the row kept on chip (chunks past the head staged in shared memory, their loads
             # issued together): 4096 x 128256 bf16 ran at 3.36 TB/s on the H200 against the
@@ -1180,6 +1204,9 @@ class SoftmaxRegisterKernel(_FwdKernel):
         if why is None and register_plan(spec.r, spec.dtype) is None:
             why = (f"a row of {spec.r} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
                    f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
+        if why is None and shared_sm_plan(spec.kind, spec.r, spec.dtype) is not None:
+            why = (f"a row of {spec.r} x {spec.dtype} would take {_MAX_REGISTER_THREADS} "
+                   f"threads: the looped kernel holds it on chip at three CTAs an SM")
         return why
 
 
@@ -1191,7 +1218,8 @@ class SoftmaxLoopedKernel(_FwdKernel):
     @classmethod
     def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
         why = _rows_refusal(cls, spec)
-        if why is None and register_plan(spec.r, spec.dtype) is not None:
+        if why is None and register_plan(spec.r, spec.dtype) is not None and \
+                shared_sm_plan(spec.kind, spec.r, spec.dtype) is None:
             why = f"a row of {spec.r} x {spec.dtype} fits the register kernel"
         return why
 
