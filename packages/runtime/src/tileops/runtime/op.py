@@ -39,7 +39,6 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
 from operator import itemgetter
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -50,11 +49,13 @@ from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 from tileops.signature import SignatureCall, SignaturePlan
 
 from . import autograd, declared, log, targets
-from .errors import StageError, TargetError
+from .composite import Composite
+from .errors import TargetError
 from .fastpath import build_fast_call, class_function
 from .kernel import Kernel, KernelInterface, select
 from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_instance
 from .specs import SpecSet, default_specs
+from .trained import Trained
 
 __all__ = ["Op", "instance_for_key"]
 
@@ -63,7 +64,7 @@ _UNRESOLVED: Any = UNRESOLVED
 _EMPTY: Mapping = MappingProxyType({})
 
 
-class Op(declared.Equivalents):
+class Op(declared.Equivalents, Composite, Trained):
     """Base of every operator (see the module docstring)."""
 
     # --- class attributes (installed by __init_subclass__ or declared by the op) -------------
@@ -415,43 +416,6 @@ class Op(declared.Equivalents):
         if autograd.functorch_active():
             return gradient.node.apply(self, call, *inputs)
         return gradient.apply(self, call, *inputs)
-
-    def gradient_wanted(self, name: str) -> bool:
-        """Whether this forward runs in its own autograd node, its output 0-dim, and the
-        caller needs the gradient of input ``name``: the forward may then compute it (for a
-        unit upstream gradient) and hand it over with :meth:`keep_gradient`, and the node's
-        backward scales it instead of running the backward op (autograd.py)."""
-        return autograd.gradient_wanted(self, self._signature.input_names.index(name))  # type: ignore[union-attr]
-
-    def keep_gradient(self, name: str, grad: torch.Tensor, inp: torch.Tensor) -> None:
-        """Hand over ``grad``, the gradient of input ``name`` (``inp``, which it must be like)
-        for a unit upstream gradient; only where :meth:`gradient_wanted` said so."""
-        autograd.keep_gradient(self, self._signature.input_names.index(name), grad, inp)  # type: ignore[union-attr]
-
-    def scale_kept(self, name: str, grad: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
-        """The kept gradient of input ``name`` scaled by the upstream gradient ``dout`` (0-dim),
-        for the node's backward to return: ``grad`` multiplied in place by default. An op
-        overrides it where a torch multiply costs too much: a kept gradient the size of the
-        logits is read and written for it, though ``loss.backward()`` passes 1."""
-        return grad.mul_(dout)
-
-    def _backward_op(self, needs: tuple[bool, ...]) -> Op:
-        """The backward op for this combination of the gradient's ``needs`` params (built
-        once, held): the forward's params it shares by name, the ``needs`` flags, the
-        forward's target."""
-        op = self._backward_ops.get(needs)
-        if op is None:
-            gradient = self._gradient
-            assert gradient is not None
-            bwd = gradient.resolved()[0]
-            params = {n: getattr(self, n) for n in bwd._param_names if n in self._param_names}
-            params.update((p, v) for (_, p), v in zip(gradient.needs, needs, strict=True))
-            with self._lock:
-                op = self._backward_ops.get(needs)
-                if op is None:
-                    op = bwd(target=self.target, tune=self._tune_requested, **params)
-                    self._backward_ops[needs] = op
-        return op
 
     # --- pickling -----------------------------------------------------------------------------------
 
@@ -817,69 +781,6 @@ class Op(declared.Equivalents):
             warnings.warn(f"{type(self).__name__}: the {self._serving_target} target's kernel "
                           f"cannot tune; tuning is ignored for it", RuntimeWarning, stacklevel=3)
 
-    # --- composite ops ----------------------------------------------------------------------------
-
-    def delegate_for(self, role: str, **params: Any) -> Op:
-        """The sub-op playing ``role`` with these construction params (built once, held)."""
-        cls = self.delegate_types.get(role)
-        if cls is None:
-            raise LookupError(f"{type(self).__name__} declares no delegate {role!r}; "
-                              f"delegate_types: {', '.join(self.delegate_types) or 'none'}")
-        key = (role, tuple(sorted((k, _freeze(v)) for k, v in params.items())))
-        op = self._delegates.get(key)
-        if op is None:
-            with self._lock:
-                op = self._delegates.get(key)
-                if op is None:
-                    op = cls(target=self.target, tune=self._tune_requested, **params)
-                    op._parent = self
-                    self._delegates[key] = op
-        return op
-
-    @contextmanager
-    def stage(self, name: str) -> Iterator[None]:
-        """Record the delegate calls made inside into the stage ``name`` of this call."""
-        state = self._delegate_stages
-        if getattr(state, "finished", None) is None:
-            raise StageError(f"{type(self).__name__}: stage {name!r} opened outside the "
-                             f"forward of a call; stages record a composite op's delegate "
-                             f"calls (declare delegate_types)")
-        declared = self._declared_stages
-        if declared is not None and name not in declared:
-            raise StageError(f"{type(self).__name__}: stage {name!r} is not declared in its "
-                             f"spec's composition; declared: {', '.join(declared)}")
-        if getattr(state, "current", None) is not None:
-            raise StageError(f"{type(self).__name__}: stage {name!r} opened inside stage "
-                             f"{state.current[0]!r}")
-        calls: list[SignatureCall] = []
-        state.current = (name, calls)
-        try:
-            yield
-        finally:
-            state.current = None
-        state.finished.append((name, tuple(calls)))
-
-    def _stage_sink(self, child: Op) -> list:
-        current = getattr(self._delegate_stages, "current", None)
-        if current is None:
-            raise StageError(f"{type(child).__name__} was called by {type(self).__name__} outside "
-                             f"any stage; wrap delegate calls in `with self.stage(name):`")
-        return current[1]
-
-    def _forward_in_stages(self, call: SignatureCall, inputs: tuple, outputs: tuple) -> Any:
-        if not self.delegate_types:
-            return self.forward(call, *inputs, *outputs)
-        state = self._delegate_stages
-        saved = (getattr(state, "current", None), getattr(state, "finished", None))
-        state.current, state.finished = None, []
-        try:
-            result = self.forward(call, *inputs, *outputs)
-            for name, calls in state.finished:
-                call.add_stage(name, calls)
-        finally:
-            state.current, state.finished = saved
-        return result
-
 
 _grad_enabled = torch._C.is_grad_enabled
 #: names Op.__init__ takes or sets that are not class attributes
@@ -900,12 +801,4 @@ def _not_capturing(op: Op, device: Any, what: str) -> None:
 def _rebuild(cls: type[Op], params: dict, target: str | None, kernel_map: Any,
              tune: bool) -> Op:
     return cls(target=target, kernel_map=kernel_map, tune=tune, **params)
-
-
-def _freeze(v: Any) -> Any:
-    if isinstance(v, list):
-        return tuple(_freeze(x) for x in v)
-    if isinstance(v, dict):
-        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
-    return v
 

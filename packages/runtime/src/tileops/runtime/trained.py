@@ -1,0 +1,64 @@
+"""What an op people train with adds to :class:`~tileops.runtime.op.Op` beyond its autograd
+node (``autograd.py``): the backward op of each combination of its ``needs`` flags, and the
+kept gradients (``docs/runtime-decisions.md``, Gradients) -- a forward with a 0-dim output may
+compute its inputs' gradients for a unit upstream gradient while it has what they need in hand
+(:meth:`Trained.gradient_wanted`, :meth:`Trained.keep_gradient`), and the node's backward then
+scales them (:meth:`Trained.scale_kept`) instead of running the backward op.
+
+:class:`Trained` is a base of ``Op``; its methods read the instance's signature, gradient,
+params and lock, which ``Op`` sets up.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from . import autograd
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .op import Op
+
+__all__ = ["Trained"]
+
+
+class Trained:
+    """The gradient methods of :class:`~tileops.runtime.op.Op`."""
+
+    def gradient_wanted(self, name: str) -> bool:
+        """Whether this forward runs in its own autograd node, its output 0-dim, and the
+        caller needs the gradient of input ``name``: the forward may then compute it (for a
+        unit upstream gradient) and hand it over with :meth:`keep_gradient`, and the node's
+        backward scales it instead of running the backward op (autograd.py)."""
+        return autograd.gradient_wanted(self, self._signature.input_names.index(name))  # type: ignore[union-attr]
+
+    def keep_gradient(self, name: str, grad: torch.Tensor, inp: torch.Tensor) -> None:
+        """Hand over ``grad``, the gradient of input ``name`` (``inp``, which it must be like)
+        for a unit upstream gradient; only where :meth:`gradient_wanted` said so."""
+        autograd.keep_gradient(self, self._signature.input_names.index(name), grad, inp)  # type: ignore[union-attr]
+
+    def scale_kept(self, name: str, grad: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
+        """The kept gradient of input ``name`` scaled by the upstream gradient ``dout`` (0-dim),
+        for the node's backward to return: ``grad`` multiplied in place by default. An op
+        overrides it where a torch multiply costs too much: a kept gradient the size of the
+        logits is read and written for it, though ``loss.backward()`` passes 1."""
+        return grad.mul_(dout)
+
+    def _backward_op(self, needs: tuple[bool, ...]) -> Op:
+        """The backward op for this combination of the gradient's ``needs`` params (built
+        once, held): the forward's params it shares by name, the ``needs`` flags, the
+        forward's target."""
+        op = self._backward_ops.get(needs)
+        if op is None:
+            gradient = self._gradient
+            assert gradient is not None
+            bwd = gradient.resolved()[0]
+            params = {n: getattr(self, n) for n in bwd._param_names if n in self._param_names}
+            params.update((p, v) for (_, p), v in zip(gradient.needs, needs, strict=True))
+            with self._lock:
+                op = self._backward_ops.get(needs)
+                if op is None:
+                    op = bwd(target=self.target, tune=self._tune_requested, **params)
+                    self._backward_ops[needs] = op
+        return op
