@@ -128,3 +128,14 @@ def test_an_unwritable_cache_costs_only_the_validation(tmp_path, monkeypatch) ->
     for _ in range(2):
         assert SpecSet.load(d).find("ScaleOp") is not None
     assert len(seen) == 2
+
+
+def test_a_record_serves_loads_naming_the_files_the_same_way(spec_dir, tmp_path,
+                                                             monkeypatch) -> None:
+    seen = validations(monkeypatch)
+    SpecSet.load(spec_dir)
+    monkeypatch.chdir(spec_dir.parent)
+    relative = SpecSet.load("specs")  # the same files by another path: their own record
+    assert len(seen) == 2
+    assert relative.files[0].path == str(spec_dir.relative_to(spec_dir.parent) / "scale.yaml")
+    assert SpecSet.load("specs").files[0].path == relative.files[0].path and len(seen) == 2

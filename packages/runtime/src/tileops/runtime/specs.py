@@ -93,7 +93,9 @@ def _adts_for(paths: Iterable[str | Path]) -> dict[str, AdtDef]:
 def _stored_key(paths: Iterable[str | Path]) -> str | None:
     files, type_files = spec_paths(paths)
     try:
-        return stored.key([f.resolve() for f in files], [f.resolve() for f in type_files])
+        # the paths as given: a loaded file records the path it was read by (its diagnostics
+        # name it), so a record serves loads that name the same files the same way
+        return stored.key(files, type_files)
     except OSError:
         return None  # a file that cannot be read: the validator reports it
 

@@ -50,9 +50,9 @@ def _code_digest() -> bytes:
 
 
 def key(files: Iterable[Path], type_files: Iterable[Path]) -> str:
-    """The digest of a load: the record format, this package's code, and each file's resolved
-    path (a loaded file records where it was read) and bytes, spec files and ADT files apart.
-    Raises OSError when a file cannot be read."""
+    """The digest of a load: the record format, this package's code, and each file's path as
+    the load names it (a loaded file records the path it was read by) and bytes, spec files
+    and ADT files apart. Raises OSError when a file cannot be read."""
     h = hashlib.sha256(f"tileops.spec stored {FORMAT}".encode())
     h.update(_code_digest())
     for tag, group in ((b"spec", files), (b"types", type_files)):
