@@ -266,17 +266,12 @@ def program_keys(sms: int):
 
 
 def _build(key):
-    import time
+    {"rows": C.build_rows_kernel, "scale": C.build_scale_kernel,
+     "finish": C.build_finish_kernel}[key[0]](*key[1])
 
-    t = time.perf_counter()
-    builder = {"rows": C.build_rows_kernel, "scale": C.build_scale_kernel,
-               "finish": C.build_finish_kernel}[key[0]]
-    try:
-        builder(*key[1])
-        status = "ok"
-    except Exception as exc:  # noqa: BLE001 - reported, the others go on
-        status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-    return f"{key[0]} {key[1][:2]}", time.perf_counter() - t, status
+
+def _describe(key) -> str:
+    return f"{key[0]} {key[1][:2]}"
 
 
 # --- the sweep of the kept program's launch plans at the bar's shape ---------------------------
@@ -351,9 +346,6 @@ def sweep(sms, workers):
 
 def main(argv=None) -> int:
     import argparse
-    import time
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
 
     ap = argparse.ArgumentParser(description="compile this file's programs in parallel, or "
                                              "time the kept program's launch plans")
@@ -365,14 +357,9 @@ def main(argv=None) -> int:
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.sweep:
         return sweep(sms, args.workers)
-    keys = program_keys(sms)
-    t, failed = time.perf_counter(), 0
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-        for what, secs, status in pool.map(_build, keys):
-            failed += status != "ok"
-            print(f"{what} {secs:.1f}s {status}", flush=True)
-    print(f"prebuilt {len(keys)} programs in {time.perf_counter() - t:.0f}s, {failed} failed")
-    return 1 if failed else 0
+    from _prebuild import build_all  # beside this file, which runs as a script here
+
+    return build_all(program_keys(sms), _build, _describe, args.workers)
 
 
 if __name__ == "__main__":

@@ -368,37 +368,20 @@ def program_keys():
 
 
 def _build(key):
-    import time
-
-    t = time.perf_counter()
     fwd, *args = key
-    try:
-        {True: S.build_fwd, False: S.build_bwd, None: S.build_lse_bwd}[fwd](*args)
-        status = "ok"
-    except Exception as exc:  # noqa: BLE001 - reported, the others go on
-        status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
-    return f"{ {True: 'fwd', False: 'bwd', None: 'lse-bwd'}[fwd]} {args[0].value} {args[1]} {args[2]}x{args[3]} " \
-           f"{args[4]}", time.perf_counter() - t, status
+    {True: S.build_fwd, False: S.build_bwd, None: S.build_lse_bwd}[fwd](*args)
+
+
+def _describe(key) -> str:
+    fwd, *args = key
+    return (f"{ {True: 'fwd', False: 'bwd', None: 'lse-bwd'}[fwd]} {args[0].value} {args[1]} "
+            f"{args[2]}x{args[3]} {args[4]}")
 
 
 def main(argv=None) -> int:
-    import argparse
-    import time
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
+    from _prebuild import main as prebuild  # beside this file, which runs as a script here
 
-    ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
-    ap.add_argument("--prebuild", action="store_true", required=True)
-    ap.add_argument("--workers", type=int, default=15)
-    args = ap.parse_args(argv)
-    keys = program_keys()
-    t, failed = time.perf_counter(), 0
-    with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
-        for what, secs, status in pool.map(_build, keys):
-            failed += status != "ok"
-            print(f"{what} {secs:.1f}s {status}", flush=True)
-    print(f"prebuilt {len(keys)} programs in {time.perf_counter() - t:.0f}s, {failed} failed")
-    return 1 if failed else 0
+    return prebuild(program_keys, _build, _describe, argv)
 
 
 if __name__ == "__main__":

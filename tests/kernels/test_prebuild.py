@@ -1,0 +1,30 @@
+"""The GPU test files' shared ``--prebuild`` entry point (tests/kernels/_prebuild.py) on the
+CPU: every key is built in a spawned worker, a line a key with its time and status, a failing
+build reported by its exception's first line while the others go on, and the exit status 1
+when any failed."""
+
+from __future__ import annotations
+
+import math
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _prebuild import build_all, main  # noqa: E402
+
+
+def test_every_key_is_built_and_a_failure_is_reported_by_its_first_line(capsys) -> None:
+    assert build_all([3, -1, 5], math.factorial, lambda k: f"factorial {k}", workers=2) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert re.fullmatch(r"factorial 3 \d+\.\ds ok", lines[0])
+    assert re.fullmatch(r"factorial -1 \d+\.\ds ValueError: factorial\(\) not defined for "
+                        r"negative values", lines[1])
+    assert re.fullmatch(r"factorial 5 \d+\.\ds ok", lines[2])
+    assert re.fullmatch(r"prebuilt 3 programs in \d+s, 1 failed", lines[3])
+
+
+def test_the_entry_point_takes_the_workers_and_succeeds_when_all_build(capsys) -> None:
+    assert main(lambda: [1, 2], math.factorial, str, ["--prebuild", "--workers", "1"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1].startswith("prebuilt 2 programs in ")
