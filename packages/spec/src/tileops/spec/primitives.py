@@ -508,6 +508,56 @@ def class_targets(n: int, classes: int, ignored: int, ignore_index: int) -> list
     return out
 
 
+def _moe_loads(total: int, experts: int, uneven: int) -> list[int]:
+    """``total`` rows over ``experts`` experts: evenly (``uneven`` 0, sizes differing by at
+    most one) or unevenly (``uneven`` 1: every fourth expert, 3, 7, ..., gets none and expert 0
+    eight times the share of each other one; the remainder goes to the first experts that get
+    rows)."""
+    if not uneven:
+        return balanced_sizes(total, experts)
+    weights = [8 if e == 0 else 0 if e % 4 == 3 else 1 for e in range(experts)]
+    out = [total * w // sum(weights) for w in weights]
+    left = total - sum(out)
+    for e in (e for e in range(experts) if weights[e]):
+        if left == 0:
+            break
+        out[e] += 1
+        left -= 1
+    return out
+
+
+def moe_metadata(layout, rows: int, experts: int, uneven: int) -> list[int]:
+    """The metadata of an M-grouped operand (an MGroupedLayout value ``layout``) of ``rows``
+    rows over ``experts`` experts, with even (``uneven`` 0) or uneven loads (1: every fourth
+    expert empty, expert 0 eight shares): contiguous with ``offsets``, the ``experts + 1`` row
+    offsets of the experts' segments, each rounded up to ``alignment`` rows (the loads share
+    ``rows - experts * (alignment - 1)`` rows, so the padded segments fit in ``rows``);
+    contiguous with ``per_row``, the expert of each of the ``rows`` rows, -1 for padding and
+    for rows past the last segment; masked, the valid rows of each ``max_m`` block (loads
+    sharing half the blocks' rows, each clipped to ``max_m``)."""
+    if experts <= 0:
+        raise PrimitiveError(f"moe_metadata needs experts > 0, got {experts}")
+    if uneven not in (0, 1):
+        raise PrimitiveError(f"moe_metadata: uneven must be 0 or 1, got {uneven}")
+    _length(experts, "moe_metadata")
+    ctor, fields = getattr(layout, "constructor", None), getattr(layout, "fields", None)
+    if ctor == "masked":
+        max_m = fields["max_m"]
+        return [min(c, max_m) for c in _moe_loads(experts * max_m // 2, experts, uneven)]
+    if ctor != "contiguous":
+        raise PrimitiveError(f"moe_metadata needs an MGroupedLayout value, got {layout!r}")
+    align = fields["alignment"]
+    loads = _moe_loads(max(0, rows - experts * (align - 1)), experts, uneven)
+    padded = [ceil_div(c, align) * align for c in loads]
+    if fields["metadata_kind"] == "offsets":
+        return prefix_sum(padded)
+    _length(rows, "moe_metadata")
+    out: list[int] = []
+    for e, (c, p) in enumerate(zip(loads, padded, strict=True)):
+        out += [e] * c + [-1] * (p - c)
+    return out + [-1] * (rows - len(out))
+
+
 GENERATORS: dict[str, Primitive] = {
     p.name: p
     for p in [
@@ -523,5 +573,10 @@ GENERATORS: dict[str, Primitive] = {
                   class_targets,
                   "class_targets(n, classes, ignored, ignore_index): n class indices spread "
                   "over [0, classes), `ignored` of them (evenly spaced) set to ignore_index"),
+        Primitive("moe_metadata", ("any", "int", "int", "int"), lambda a: ShapeK(),
+                  moe_metadata,
+                  "moe_metadata(layout, rows, experts, uneven): an M-grouped operand's metadata "
+                  "as the MGroupedLayout states it (offsets, per-row experts or masked counts), "
+                  "even (0) or uneven (1) loads"),
     ]
 }
