@@ -508,6 +508,31 @@ def class_targets(n: int, classes: int, ignored: int, ignore_index: int) -> list
     return out
 
 
+def kv_lengths(n: int, longest: int, step: int) -> list[int]:
+    """``n`` sequence lengths of a decode batch: ``longest``, then each ``step`` shorter than
+    the one before, floored at 0 (``step`` 0: every sequence at ``longest``). One batch holds
+    the longest, lengths off any tile and, where it reaches them, 1 and 0."""
+    _length(n, "kv_lengths")
+    if longest < 0 or step < 0:
+        raise PrimitiveError(f"kv_lengths needs longest >= 0 and step >= 0, got {longest} and "
+                             f"{step}")
+    return [max(longest - i * step, 0) for i in range(n)]
+
+
+def page_table(n: int, pages: int, pool: int) -> list[int]:
+    """The block table of ``n`` sequences of ``pages`` pages each over a pool of ``pool``
+    pages, row-major: entry ``i`` is page ``i * a % pool`` for the first stride ``a`` from 5/8
+    of the pool on that is coprime with it, so a sequence's pages are scattered over the pool,
+    and distinct while ``n * pages <= pool`` (a smaller pool is shared)."""
+    _length(n * pages, "page_table")
+    if pool <= 0:
+        raise PrimitiveError(f"page_table needs pool > 0, got {pool}")
+    a = max(2, pool * 5 // 8)
+    while math.gcd(a, pool) != 1:
+        a += 1
+    return [i * a % pool for i in range(n * pages)]
+
+
 def _moe_loads(total: int, experts: int, uneven: int) -> list[int]:
     """``total`` rows over ``experts`` experts: evenly (``uneven`` 0, sizes differing by at
     most one) or unevenly (``uneven`` 1: every fourth expert, 3, 7, ..., gets none and expert 0
@@ -578,5 +603,11 @@ GENERATORS: dict[str, Primitive] = {
                   "moe_metadata(layout, rows, experts, uneven): an M-grouped operand's metadata "
                   "as the MGroupedLayout states it (offsets, per-row experts or masked counts), "
                   "even (0) or uneven (1) loads"),
+        Primitive("kv_lengths", ("int", "int", "int"), lambda a: ShapeK(), kv_lengths,
+                  "kv_lengths(n, longest, step): n lengths from longest down by step, floored "
+                  "at 0"),
+        Primitive("page_table", ("int", "int", "int"), lambda a: ShapeK(), page_table,
+                  "page_table(n, pages, pool): n rows of pages page numbers scattered over a "
+                  "pool (distinct while n * pages <= pool)"),
     ]
 }
