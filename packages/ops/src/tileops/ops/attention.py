@@ -1,0 +1,248 @@
+"""Prefill attention: multi-head and grouped-query, FlashAttention's definition.
+
+``o = softmax(scale * q k^T, masked) v`` per query head, the scores capped by
+``softcap * tanh(s / softcap)`` first where ``softcap`` is given. Query head ``h`` reads key and
+value head ``h // (H / H_kv)`` (``scaled_dot_product_attention(..., enable_gqa=True)``'s
+grouping); multi-head attention is ``H_kv == H``.
+
+The mask is bottom-right aligned, as FlashAttention's (``torch``'s ``is_causal`` is top-left
+aligned, which differs only when ``S_q != S_kv``): query row ``i`` sits at key position
+``i + S_kv - S_q``; ``window=(left, right)`` lets it see the keys from ``left`` before that
+position to ``right`` after it (-1: unbounded on that side) and ``is_causal`` bounds the right
+side at 0. A row that sees no key (a window that ends before the first key) has output 0 and
+log-sum-exp -inf, as FlashAttention's; a softmax over nothing would be 0 / 0.
+
+:class:`AttentionOp` is the family base. It owns the forward flow of its ops:
+
+- layout: the kernels read q, k, v in the op's layout (``[B, S, H, D]`` or ``[B, H, S, D]``),
+  each contiguous at a 16-byte aligned address (a tensor that is not one is copied), and write
+  ``o`` in that layout and the log-sum-exp as ``[B, H, S_q]`` float32;
+- the call spec: :class:`~tileops.kernels.attention.AttentionFwdSpec`, the sizes the
+  signature solved, the dtype, the op's mask (the window with ``is_causal`` folded in), scale
+  and softcap, and whether the log-sum-exp is written; tile sizes are the kernel's;
+- the slot ``attention_fwd``.
+
+The leaf ops are their spec entries (``specs/attention.yaml``); the reference, the eager
+contender (``scaled_dot_product_attention``, its mask made explicit where torch's would differ)
+and the peers (torch's cuDNN and FlashAttention backends) are declared once, here.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar, get_args
+
+import torch
+import torch.nn.functional as F
+
+from tileops.kernels.attention import (
+    AttentionDType,
+    AttentionFwdInterface,
+    AttentionFwdKernel,
+    AttentionFwdSpec,
+    AttentionLayout,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = ["AttentionOp", "GroupedQueryAttentionFwdOp", "MultiHeadAttentionFwdOp"]
+
+#: the dtypes the attention kernels state they serve (their call spec's)
+_KERNEL_DTYPES = frozenset(get_args(AttentionDType))
+#: score-matrix elements the reference holds at once (float64: 512 MiB)
+_REFERENCE_CHUNK = 1 << 26
+
+
+def window_bounds(is_causal: bool, window: Any) -> tuple[int, int]:
+    """``(left, right)`` of the mask, -1 for an unbounded side: ``window`` (an int is both
+    sides, None unbounded) with ``is_causal`` bounding the right side at 0."""
+    if window is None:
+        left = right = -1
+    elif isinstance(window, int):
+        left = right = window
+    else:
+        left, right = window
+    if is_causal:
+        right = 0 if right < 0 else min(right, 0)
+    return left, right
+
+
+def visible(s_q: int, s_kv: int, left: int, right: int, device: Any = None) -> torch.Tensor:
+    """``[s_q, s_kv]`` bool: which keys each query row sees (bottom-right aligned)."""
+    diag = torch.arange(s_q, device=device)[:, None] + (s_kv - s_q)
+    j = torch.arange(s_kv, device=device)[None, :]
+    seen = torch.ones(s_q, s_kv, dtype=torch.bool, device=device)
+    if left >= 0:
+        seen &= j >= diag - left
+    if right >= 0:
+        seen &= j <= diag + right
+    return seen
+
+
+def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
+                        left: int, right: int, softcap: float | None,
+                        bshd: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` in float64 for float64 inputs, else float32: ``o`` in the inputs' layout,
+    ``lse`` as ``[B, H, S_q]``. The scores are formed a block of query rows at a time (at most
+    :data:`_REFERENCE_CHUNK` of them at once), so the full-size workloads fit a GPU."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if bshd:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    b, h, s_q, _ = q.shape
+    h_kv, s_kv = k.shape[1], k.shape[2]
+    if h_kv != h:
+        k = k.repeat_interleave(h // h_kv, dim=1)
+        v = v.repeat_interleave(h // h_kv, dim=1)
+    o = q.new_zeros(b, h, s_q, v.shape[-1])
+    lse = q.new_full((b, h, s_q), -math.inf)
+    seen = visible(s_q, s_kv, left, right, q.device)
+    rows = max(1, _REFERENCE_CHUNK // max(1, h * s_kv))
+    for bi in range(b):
+        for r0 in range(0, s_q, rows):
+            r1 = min(s_q, r0 + rows)
+            s = torch.matmul(q[bi, :, r0:r1], k[bi].transpose(-1, -2)) * scale
+            if softcap is not None:
+                s = softcap * torch.tanh(s / softcap)
+            mask = seen[r0:r1]
+            s = s.masked_fill(~mask, -math.inf)
+            m = torch.logsumexp(s, dim=-1)  # -inf where a row sees no key
+            p = torch.where(mask, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[..., None]),
+                            0.0)
+            o[bi, :, r0:r1] = torch.matmul(p, v[bi])
+            lse[bi, :, r0:r1] = m
+    return (o.transpose(1, 2) if bshd else o), lse
+
+
+class AttentionOp(Op):
+    """Family base of the prefill attention ops (see the module docstring). A subclass names
+    the index that counts its key heads (:attr:`kv_heads_index`)."""
+
+    kernel_types = {AttentionFwdInterface: (AttentionFwdKernel,)}
+    #: the index of the key/value heads: ``H`` for multi-head attention
+    kv_heads_index: ClassVar[str]
+
+    def derive(self) -> None:
+        self._read = self.index_reader("B", "S_q", "S_kv", "H", self.kv_heads_index, "D", "D_v")
+        #: the mask's (left, right), -1 unbounded; is_causal folded in
+        self._bounds = window_bounds(self.is_causal, self.window)
+
+    def softmax_scale(self, d: int) -> float:
+        """The scores' scale: the op's ``scale``, else ``1 / sqrt(D)``."""
+        return self.scale if self.scale is not None else 1.0 / math.sqrt(d)
+
+    def forward(self, call, q, k, v, o, lse) -> None:
+        b, s_q, s_kv, h, h_kv, d, d_v = self._read(call)
+        dtype = call.d_q
+        key = (call.device, dtype, b, s_q, s_kv, h, h_kv, d, d_v)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
+            left, right = self._bounds
+            entry = self.kernel_for(key, AttentionFwdInterface, lambda: AttentionFwdSpec(
+                device=call.device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv,
+                dim=d, dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
+                scale=self.softmax_scale(d), window_left=left, window_right=right,
+                softcap=self.softcap, write_lse=self.return_lse))
+        if not q.is_contiguous() or q.data_ptr() % 16:
+            q = _laid_out(q)
+        if not k.is_contiguous() or k.data_ptr() % 16:
+            k = _laid_out(k)
+        if not v.is_contiguous() or v.data_ptr() % 16:
+            v = _laid_out(v)
+        entry(q, k, v, o, lse)
+
+    def reference(self, call, q, k, v):
+        left, right = self._bounds
+        o, lse = attention_reference(q, k, v, scale=self.softmax_scale(q.shape[-1]), left=left,
+                                     right=right, softcap=self.softcap,
+                                     bshd=self.layout == "bshd")
+        return o, (lse if self.return_lse else None)
+
+    def eager(self):
+        """``scaled_dot_product_attention`` on ``[B, H, S, D]`` views, with ``enable_gqa``;
+        where torch's own mask would differ (a window, ``is_causal`` with ``S_q != S_kv``) it
+        gets the op's mask as a bool ``attn_mask``. A softcap or a returned log-sum-exp, which
+        it has no form for, is the same math in plain torch ops."""
+        left, right = self._bounds
+        bshd = self.layout == "bshd"
+        softcap, return_lse, plain_causal = self.softcap, self.return_lse, self.is_causal
+        windowed = self.window is not None
+        scale_of = self.softmax_scale
+
+        def attention(q, k, v):
+            scale = scale_of(q.shape[-1])
+            if softcap is not None or return_lse:
+                return _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse)
+            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+            s_q, s_kv = qh.shape[2], kh.shape[2]
+            mask, causal = None, plain_causal
+            if windowed or (plain_causal and s_q != s_kv):
+                mask, causal = visible(s_q, s_kv, left, right, q.device), False
+            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
+                                                 scale=scale, enable_gqa=kh.shape[1] != qh.shape[1])
+            return out.transpose(1, 2) if bshd else out
+
+        return attention
+
+    peers = {"sdpa-cudnn": lambda op: _sdpa_peer(op, "CUDNN_ATTENTION"),
+             "sdpa-flash": lambda op: _sdpa_peer(op, "FLASH_ATTENTION")}
+
+
+class MultiHeadAttentionFwdOp(AttentionOp):
+    kv_heads_index = "H"
+
+
+class GroupedQueryAttentionFwdOp(AttentionOp):
+    kv_heads_index = "H_kv"
+
+
+def _laid_out(t: torch.Tensor) -> torch.Tensor:
+    """``t`` contiguous at a 16-byte aligned address (TileLang vectorizes on that)."""
+    return t.contiguous() if not t.is_contiguous() else t.clone()
+
+
+def _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse):
+    """The op's math in plain torch ops in the inputs' dtype (a contender, not a reference:
+    one score matrix for the whole call)."""
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    h, h_kv = qh.shape[1], kh.shape[1]
+    if h_kv != h:
+        kh, vh = kh.repeat_interleave(h // h_kv, dim=1), vh.repeat_interleave(h // h_kv, dim=1)
+    s = torch.matmul(qh, kh.transpose(-1, -2)).float() * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    mask = visible(qh.shape[2], kh.shape[2], left, right, q.device)
+    s = s.masked_fill(~mask, -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+    o = torch.matmul(p.to(vh.dtype), vh)
+    o = o.transpose(1, 2) if bshd else o
+    return (o, lse) if return_lse else o
+
+
+def _sdpa_peer(op: AttentionOp, backend: str) -> Any:
+    """``scaled_dot_product_attention`` under one of torch's backends, or None where it has no
+    form for the op (a window, a softcap, a returned log-sum-exp); a bottom-right causal call
+    with ``S_q != S_kv`` or a configuration the backend refuses raises when called."""
+    try:
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+    except ImportError:
+        return None
+    if op.window is not None or op.softcap is not None or op.return_lse:
+        return None
+    chosen = getattr(SDPBackend, backend)
+    bshd, causal, scale_of = op.layout == "bshd", op.is_causal, op.softmax_scale
+
+    def sdpa(q, k, v):
+        qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+        if causal and qh.shape[2] != kh.shape[2]:
+            raise NotImplementedError("torch's is_causal is top-left aligned where S_q != S_kv")
+        with sdpa_kernel(chosen):
+            out = F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal,
+                                                 scale=scale_of(q.shape[-1]),
+                                                 enable_gqa=kh.shape[1] != qh.shape[1])
+        return out.transpose(1, 2) if bshd else out
+
+    return sdpa
