@@ -53,6 +53,8 @@ __all__ = [
     "attention_plan",
     "build_attention_fwd",
     "attention_fwd_program",
+    "first_key_tile",
+    "key_tiles_end",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -149,6 +151,30 @@ def _f32(x: float) -> float:
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
+def _bounds(seq_q: int, seq_kv: int, left: int, right: int) -> tuple[int, int]:
+    """The window's sides, an unbounded one (-1) as a bound no key reaches: one comparison
+    form for every mask."""
+    reach = seq_q + seq_kv + 1
+    return (left if left >= 0 else reach), (right if right >= 0 else reach)
+
+
+def first_key_tile(r0: Any, seq_q: int, seq_kv: int, left: int, bn: int, mx: Any = max) -> Any:
+    """The first key tile a query tile starting at row ``r0`` sees: its first row's leftmost
+    key. ``mx`` is ``max`` for ints, ``T.max`` in the program (the same formula for both)."""
+    lb, _ = _bounds(seq_q, seq_kv, left, -1)
+    return mx(0, r0 + (seq_kv - seq_q) - lb) // bn
+
+
+def key_tiles_end(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: int, bn: int,
+                  mx: Any = max, mn: Any = min) -> Any:
+    """One past the last key tile a query tile of ``bm`` rows from ``r0`` sees (its last
+    row's rightmost key, within ``S_kv``); never before :func:`first_key_tile`, so a tile
+    that sees no key runs no step."""
+    _, rb = _bounds(seq_q, seq_kv, left, right)
+    hi = mx(0, mn(seq_kv, r0 + bm + (seq_kv - seq_q) + rb))
+    return mx(first_key_tile(r0, seq_q, seq_kv, left, bn, mx), (hi + bn - 1) // bn)
+
+
 def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, heads: int,
                           heads_kv: int, dim: int, dim_v: int, dtype: str, scale: float,
                           left: int, right: int, softcap: float | None, plan: AttentionPlan):
@@ -165,10 +191,7 @@ def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, head
     o_shape = [batch, seq_q, heads, dim_v] if bshd else [batch, heads, seq_q, dim_v]
     m_tiles = T.ceildiv(seq_q, bm)
     causal_like = right >= 0  # later query tiles see more keys: launch them first
-    # an unbounded side is a bound no key reaches (one comparison form for every mask)
-    reach = seq_q + seq_kv + bm + bn
-    lb = left if left >= 0 else reach
-    rb = right if right >= 0 else reach
+    lb, rb = _bounds(seq_q, seq_kv, left, right)
     masked = left >= 0 or right >= 0 or seq_kv % bn != 0
     capped = softcap is not None
     # the factor of the raw scores in the base-2 exponent (1 once the softcap replaced them)
@@ -225,10 +248,8 @@ def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, head
             T.fill(scores_max, neg_inf)
 
             # the key tiles some row of this CTA sees
-            lo = T.max(0, r0 + offset - lb)
-            hi = T.max(0, T.min(seq_kv, r0 + bm - 1 + offset + rb + 1))
-            start = lo // bn
-            end = T.max(start, T.ceildiv(hi, bn))
+            start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
+            end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
 
             for kt in T.Pipelined(start, end, num_stages=plan.stages):
                 if bshd:

@@ -1,0 +1,138 @@
+"""The attention forward kernel lowers and compiles for sm_90a on a machine without a GPU, and
+its launch plans and call specs hold over the input space.
+
+Three programs are compiled, each standing for the code paths named on its line (a compile
+takes 10-20 seconds); the plans are checked for every served head-dim pair without compiling.
+"""
+
+import math
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+
+from tileops.kernels import attention as A  # noqa: E402
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90a needs nvcc (the CUDA toolkit)")
+
+HOPPER = "sm_90a"  # wgmma and the warp-specialized register split need the a-variant
+
+PROGRAMS = [
+    # causal over more keys than rows, GQA 8:2, rows and keys off the tile (the key-tile loop's
+    # end, the tail mask, the reversed tile order), the output staged through shared memory
+    pytest.param(dict(layout="bshd", batch=2, seq_q=1000, seq_kv=3001, heads=8, heads_kv=2,
+                      dim=128, dim_v=128, dtype="bfloat16", left=-1, right=0, softcap=None),
+                 id="bshd-bf16-d128-gqa-causal-odd"),
+    # [B, H, S, D], float16, D = 256 (64 keys a step, the output written from registers), a
+    # left-only window (the loop's start) and a softcap (tanh before the mask)
+    pytest.param(dict(layout="bhsd", batch=1, seq_q=513, seq_kv=513, heads=4, heads_kv=4,
+                      dim=256, dim_v=256, dtype="float16", left=64, right=-1, softcap=30.0),
+                 id="bhsd-fp16-d256-left-window-softcap"),
+    # q/k of 192 and v of 128, more rows than keys with a (16, 0) window: rows that see no key
+    pytest.param(dict(layout="bshd", batch=2, seq_q=300, seq_kv=100, heads=4, heads_kv=1,
+                      dim=192, dim_v=128, dtype="bfloat16", left=16, right=0, softcap=None),
+                 id="bshd-bf16-d192-dv128-unseen-rows"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("args", PROGRAMS)
+def test_program_compiles_for_sm90a(args):
+    plan = A.attention_plan(args["dim"], args["dim_v"])
+    prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
+    from tileops.kernels._tilelang import compile_program
+
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "wgmma" in src  # both products on the Hopper tensor cores
+    assert "LSE[" in src  # the log-sum-exp is written
+    assert ("tanh" in src) == (args["softcap"] is not None)
+    assert ("O_shared" in src) == plan.staged_output
+
+
+# --- plans and call specs (no compile) -------------------------------------------------------
+
+#: the shared memory an H100/H200 CTA may use
+SMEM_LIMIT = 227 * 1024
+
+
+def _smem(dim: int, dim_v: int, plan: A.AttentionPlan, itemsize: int = 2) -> int:
+    q = plan.block_m * dim
+    kv = plan.stages * plan.block_n * (dim + dim_v)
+    o = plan.block_m * dim_v if plan.staged_output else 0
+    return itemsize * (q + kv + o)
+
+
+@pytest.mark.parametrize(("dim", "dim_v"), sorted(A.HEAD_DIMS))
+def test_every_served_plan_fits_a_cta(dim, dim_v):
+    plan = A.attention_plan(dim, dim_v)
+    assert _smem(dim, dim_v, plan) <= SMEM_LIMIT
+    # the fp32 accumulators a consumer thread holds (scores and output), under the 255
+    # registers a thread may have with room for the rest
+    consumers = plan.threads
+    held = (plan.block_m * plan.block_n + plan.block_m * dim_v) // consumers
+    assert held <= 160
+    assert plan.block_m % 64 == 0 and plan.block_n % 16 == 0
+
+
+def test_head_dims_outside_the_served_pairs_are_refused_by_name():
+    spec = _spec(dim=96, dim_v=96)
+    assert A.AttentionFwdKernel.region_refusal(spec) == (
+        "head dims D = 96, D_v = 96 are none of the served D/D_v pairs 64/64, 128/128, "
+        "192/128, 256/256")
+    assert A.AttentionFwdKernel.region_refusal(_spec()) is None
+
+
+def _spec(**kw):
+    fields = dict(device=torch.device("cuda", 0), batch=2, seq_q=100, seq_kv=100, heads=8,
+                  heads_kv=2, dim=128, dim_v=128, dtype="bfloat16",
+                  layout=A.AttentionLayout.BSHD, scale=0.125, window_left=-1,
+                  window_right=0, softcap=None)
+    fields.update(kw)
+    return A.AttentionFwdSpec(**fields)
+
+
+@pytest.mark.parametrize(("kw", "error", "text"), [
+    (dict(heads=8, heads_kv=3), ValueError,
+     "AttentionFwdSpec: 8 query heads do not form groups of 3 key heads"),
+    (dict(heads_kv=0), ValueError, "AttentionFwdSpec: 8 query heads do not form groups of 0 "
+                                   "key heads"),
+    (dict(scale=0.0), ValueError, "AttentionFwdSpec.scale must be > 0, got 0.0"),
+    (dict(window_left=-2), ValueError, "AttentionFwdSpec: window bounds are >= -1, got (-2, 0)"),
+    (dict(softcap=-1.0), ValueError, "AttentionFwdSpec.softcap must be > 0, got -1.0"),
+    (dict(dtype="float32"), ValueError,
+     "AttentionFwdSpec.dtype must be one of bfloat16, float16, got 'float32'"),
+    (dict(layout="bshd"), TypeError,
+     "AttentionFwdSpec.layout must be an AttentionLayout, got 'bshd'"),
+])
+def test_call_spec_refuses_what_no_call_can_be(kw, error, text):
+    with pytest.raises(error) as exc:
+        _spec(**kw)
+    assert str(exc.value) == text
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq_q=st.integers(1, 700), seq_kv=st.integers(1, 700),
+       left=st.integers(-1, 300), right=st.integers(-1, 300),
+       bn=st.sampled_from([64, 128]), data=st.data())
+def test_key_tile_loop_covers_every_visible_key(seq_q, seq_kv, left, right, bn, data):
+    """Every key a row of a query tile sees lies in the tiles the loop visits, and the loop
+    visits no tile wholly outside the keys (bottom-right aligned mask): the program's own
+    formulas, evaluated on ints."""
+    bm = 128
+    tile = data.draw(st.integers(0, (seq_q - 1) // bm))
+    start = A.first_key_tile(tile * bm, seq_q, seq_kv, left, bn)
+    end = A.key_tiles_end(tile * bm, seq_q, seq_kv, left, right, bm, bn)
+    rows = range(tile * bm, min(seq_q, (tile + 1) * bm))
+    seen = set()
+    for i in rows:
+        diag = i + seq_kv - seq_q
+        lo = 0 if left < 0 else max(0, diag - left)
+        hi = seq_kv - 1 if right < 0 else min(seq_kv - 1, diag + right)
+        seen.update(range(lo, hi + 1))
+    visited = set(range(start * bn, end * bn))
+    assert seen <= visited
+    assert end * bn - bn < seq_kv or start == end
