@@ -1,0 +1,602 @@
+"""Max and average pooling, adaptive pooling and the gradients of max and average pooling, in
+TileLang.
+
+Every op of the family pools over up to three spatial axes; a 1-D or 2-D call is a 3-D one
+whose leading spatial axes have length 1 (a window of 1, a stride of 1, no padding), so one
+program generator serves all of them. Sizes, windows and strides are compiled in (the
+divisions of a flat index into coordinates are then multiplications, and a window's taps
+unroll).
+
+Forward (:func:`pool_program`): one thread per output element, ``per`` elements a thread
+(consecutive blocks of ``threads`` outputs, so every store and the loads of neighbouring
+windows are coalesced across a warp; overlapping windows are served by L1/L2, the input is read
+from HBM about once). The window is scanned in torch's order (depth, then rows, then columns),
+in float32:
+
+- max: a tap replaces the running maximum when it is greater, is NaN, or is the window's first
+  valid tap (torch's CUDA and CPU kernels: a window of -inf gives its first position, a NaN
+  wins over any number and the last NaN's position is kept); the index is the tap's flat
+  position in its input plane (``(d * H + h) * W + w``), written as int64 when asked for;
+- average: the sum divided by ``divisor_override``, else by the window's size clipped to the
+  padded input (``count_include_pad``) or to the input itself, as torch's ``avg_pool*d``;
+- adaptive: output ``i`` of an axis of ``In`` to ``Out`` pools ``[floor(i * In / Out),
+  ceil((i + 1) * In / Out))``; the taps run to the longest such window, masked past the end.
+
+Layouts: the input is read in place either as planes (``N, C, D, H, W``: torch's contiguous
+form; output elements in the same order) or channels last (``N, D, H, W, C``: torch's
+``channels_last`` / ``channels_last_3d``; the thread index runs over channels fastest, so a
+warp's loads are contiguous). The output is written in the planes order.
+
+Gradients (:func:`pool_bwd_program`): one thread per input element gathers from the windows
+that hold it (for each tap ``t`` of an axis, the window ``o`` with ``o * s - p + t * d == i``),
+so no atomics are needed and the result is deterministic: average pooling adds ``dy / divisor``
+of each such window; max pooling adds ``dy`` of each window whose maximum is this element, read
+from the forward's indices or, without them, found again by the forward's scan.
+
+The index arithmetic is written once, in :func:`tap_position`, :func:`tap_range` and
+:func:`divisor`, functions of plain integer operations that the programs apply to TIR
+expressions and :func:`emulate` (the CPU mirror of the programs' algorithm, which the tests
+hold to torch over the input space) to torch tensors.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import enum
+import functools
+import math
+from typing import Any, Literal, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "PoolBwdInterface",
+    "PoolBwdKernel",
+    "PoolDType",
+    "PoolFwdInterface",
+    "PoolKernel",
+    "PoolKind",
+    "PoolLayout",
+    "PoolSpec",
+    "adaptive_taps",
+    "build_pool_kernel",
+    "divisor",
+    "emulate",
+    "emulate_bwd",
+    "pool_bwd_program",
+    "pool_plan",
+    "pool_program",
+    "tap_position",
+    "tap_range",
+]
+
+PoolDType = Literal["float16", "bfloat16", "float32"]
+_DTYPES = frozenset(get_args(PoolDType))
+_THREADS = 256
+#: flat indices are int32: every tensor of a call holds fewer elements
+_MAX_ELEMENTS = 2**31 - 1
+#: windows of at most this many taps are unrolled; longer ones loop
+_UNROLL_TAPS = 64
+
+
+class PoolKind(enum.Enum):
+    MAX = "max"
+    AVG = "avg"
+
+
+class PoolLayout(enum.Enum):
+    """How the input's elements are ordered in memory."""
+
+    PLANES = "planes"  # N, C, D, H, W (contiguous)
+    CHANNELS_LAST = "channels_last"  # N, D, H, W, C
+
+
+class PoolSpec(CallSpec, frozen=True, kw_only=True):
+    """A pooling call, forward or gradient, as three spatial axes (a 1-D or 2-D call has
+    leading axes of length 1, window 1, stride 1). ``size_in``/``size_out`` are
+    ``(D, H, W)``; ``kernel``, ``stride``, ``padding``, ``dilation`` per axis (ignored when
+    ``adaptive``); ``divisor`` 0 means none (``divisor_override``); ``indices``: the forward
+    writes them, or the gradient reads them (max only)."""
+
+    kind: PoolKind
+    adaptive: bool
+    layout: PoolLayout
+    batch: int
+    channels: int
+    size_in: tuple[int, int, int]
+    size_out: tuple[int, int, int]
+    kernel: tuple[int, int, int]
+    stride: tuple[int, int, int]
+    padding: tuple[int, int, int]
+    dilation: tuple[int, int, int]
+    count_include_pad: bool
+    divisor: int
+    indices: bool
+    dtype: PoolDType
+
+    def __post_init__(self) -> None:
+        for f, enum_type in (("kind", PoolKind), ("layout", PoolLayout)):
+            if not isinstance(getattr(self, f), enum_type):
+                raise TypeError(f"PoolSpec.{f} must be a {enum_type.__name__}, "
+                                f"got {getattr(self, f)!r}")
+        self.check_fields(choices={"dtype": _DTYPES}, sizes=("batch", "channels"),
+                          flags=("adaptive", "count_include_pad", "indices"))
+        for f in ("size_in", "size_out", "kernel", "stride", "padding", "dilation"):
+            v = getattr(self, f)
+            if len(v) != 3 or any(isinstance(x, bool) or not isinstance(x, int) or x < 0
+                                  for x in v):
+                raise ValueError(f"PoolSpec.{f} must be three sizes (D, H, W), got {v!r}")
+        if not self.adaptive and min(*self.kernel, *self.stride, *self.dilation) < 1:
+            raise ValueError(f"PoolSpec: kernel, stride and dilation must be positive, got "
+                             f"{self.kernel}, {self.stride}, {self.dilation}")
+        if self.indices and self.kind is not PoolKind.MAX:
+            raise ValueError("PoolSpec.indices: only max pooling has indices")
+        if self.kind is PoolKind.AVG and self.dilation != (1, 1, 1):
+            raise ValueError(f"PoolSpec.dilation: average pooling has none, got "
+                             f"{self.dilation}")
+
+
+class PoolFwdInterface(KernelInterface):
+    """``forward(x, y, indices)``: ``x`` in the spec's layout, ``y`` contiguous (planes
+    order), ``indices`` an int64 tensor like ``y`` or None."""
+
+    slot = "pool_fwd"
+    call_spec = PoolSpec
+
+
+class PoolBwdInterface(KernelInterface):
+    """``forward(dy, x, indices, dx)``: every tensor contiguous in the planes order; ``x`` the
+    forward's input (read to find the maxima again when ``indices`` is None; not read by
+    average pooling), ``dx`` written whole."""
+
+    slot = "pool_bwd"
+    call_spec = PoolSpec
+
+
+# --- the index arithmetic (shared by the programs and emulate) -----------------------------------
+
+
+def adaptive_taps(n_in: int, n_out: int) -> int:
+    """The longest adaptive window of an axis of ``n_in`` pooled to ``n_out``."""
+    return max(-(-(o + 1) * n_in // n_out) - o * n_in // n_out for o in range(n_out))
+
+
+def taps(spec: PoolSpec) -> tuple[int, int, int]:
+    """Taps a window scans per axis."""
+    if spec.adaptive:
+        return tuple(adaptive_taps(i, o) for i, o in zip(spec.size_in, spec.size_out,
+                                                          strict=True))
+    return spec.kernel
+
+
+def tap_position(spec: PoolSpec, axis: int, o: Any, t: Any) -> Any:
+    """The input position of tap ``t`` of output ``o`` along ``axis`` (maybe outside the
+    input: :func:`tap_range` says where it is valid)."""
+    if spec.adaptive:
+        return o * spec.size_in[axis] // spec.size_out[axis] + t
+    return o * spec.stride[axis] - spec.padding[axis] + t * spec.dilation[axis]
+
+
+def tap_range(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> tuple[Any, Any]:
+    """``(lo, hi)``: the taps of output ``o`` along ``axis`` read the input where
+    ``lo <= position < hi`` (``mn``/``mx``: the min and max of the values' kind)."""
+    n = spec.size_in[axis]
+    if spec.adaptive:
+        no = spec.size_out[axis]
+        return o * n // no, ((o + 1) * n + no - 1) // no
+    return 0, n
+
+
+def divisor(spec: PoolSpec, o: tuple[Any, Any, Any], mn: Any, mx: Any) -> Any:
+    """What the sum of average pooling's window at output ``o`` (``(d, h, w)``) is divided by:
+    torch's ``avg_pool*d`` and ``adaptive_avg_pool*d``."""
+    if spec.divisor:
+        return spec.divisor
+    size = 1
+    for a in range(3):
+        n = spec.size_in[a]
+        if spec.adaptive:
+            lo, hi = tap_range(spec, a, o[a], mn, mx)
+            size = size * (hi - lo)
+            continue
+        start = o[a] * spec.stride[a] - spec.padding[a]
+        end = mn(start + spec.kernel[a], n + spec.padding[a])
+        if not spec.count_include_pad:
+            start, end = mx(start, 0), mn(end, n)
+        size = size * (end - start)
+    return size
+
+
+def pool_plan(spec: PoolSpec) -> tuple[int, int]:
+    """``(threads, per)``: threads a CTA, output (or, for the gradient, input) elements a
+    thread. Four elements a thread from a million outputs on (fewer CTAs, the index
+    arithmetic of a thread's elements shares its constants), one below."""
+    return _THREADS, 4 if _outputs(spec) >= 1 << 20 else 1
+
+
+def _outputs(spec: PoolSpec) -> int:
+    return spec.batch * spec.channels * math.prod(spec.size_out)
+
+
+def _inputs(spec: PoolSpec) -> int:
+    return spec.batch * spec.channels * math.prod(spec.size_in)
+
+
+# --- the programs ----------------------------------------------------------------------------------
+
+
+def _isnan(T, x):
+    """CUDA's ``isnan`` as an opaque call (TVM's simplifier folds ``x != x`` to False)."""
+    return T.call_pure_extern("bool", "isnan", x)
+
+
+def pool_program(spec: PoolSpec):
+    """The forward prim_func of ``spec`` (not compiled)."""
+    _, T = tl()
+    f32, i32 = "float32", "int32"
+    dtype = spec.dtype
+    Di, Hi, Wi = spec.size_in
+    Do, Ho, Wo = spec.size_out
+    C = spec.channels
+    n_out, n_in = _outputs(spec), _inputs(spec)
+    kd, kh, kw = taps(spec)
+    threads, per = pool_plan(spec)
+    block = threads * per
+    grid = max(1, -(-n_out // block))
+    is_max = spec.kind is PoolKind.MAX
+    channels_last = spec.layout is PoolLayout.CHANNELS_LAST
+    tap_loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
+
+    @T.macro
+    def scan(X, n, c, od, oh, ow, acc, arg):
+        """The window of output (od, oh, ow) of plane (n, c): max (acc, arg) or sum (acc)."""
+        lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
+        lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
+        lo_w, hi_w = tap_range(spec, 2, ow, T.min, T.max)
+        for td in tap_loop(kd):
+            for th in tap_loop(kh):
+                for tw in tap_loop(kw):
+                    d = tap_position(spec, 0, od, td)
+                    h = tap_position(spec, 1, oh, th)
+                    w = tap_position(spec, 2, ow, tw)
+                    if (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h and w >= lo_w
+                            and w < hi_w):
+                        spot = (d * Hi + h) * Wi + w
+                        if channels_last:
+                            v = T.cast(X[((n * Di * Hi * Wi) + spot) * C + c], f32)
+                        else:
+                            v = T.cast(X[(n * C + c) * (Di * Hi * Wi) + spot], f32)
+                        if is_max:
+                            if v > acc[0] or _isnan(T, v) or arg[0] < 0:
+                                acc[0] = v
+                                arg[0] = spot
+                        else:
+                            acc[0] = acc[0] + v
+
+    @T.macro
+    def body(X, Y, IDX):
+        with T.Kernel(grid, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((1,), f32)
+            arg = T.alloc_local((1,), i32)
+            for e in T.unroll(per):
+                t = bx * block + e * threads + tx
+                if t < n_out:
+                    if channels_last:  # t runs over (n, od, oh, ow, c), c fastest
+                        c = t % C
+                        ow = t // C % Wo
+                        oh = t // (C * Wo) % Ho
+                        od = t // (C * Wo * Ho) % Do
+                        n = t // (C * Wo * Ho * Do)
+                    else:  # t runs over (n, c, od, oh, ow), the output's order
+                        ow = t % Wo
+                        oh = t // Wo % Ho
+                        od = t // (Wo * Ho) % Do
+                        c = t // (Wo * Ho * Do) % C
+                        n = t // (Wo * Ho * Do * C)
+                    arg[0] = -1
+                    acc[0] = -T.infinity(f32) if is_max else T.float32(0)
+                    scan(X, n, c, od, oh, ow, acc, arg)
+                    out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
+                    if is_max:
+                        Y[out] = T.cast(acc[0], dtype)
+                        if spec.indices:
+                            IDX[out] = T.cast(arg[0], "int64")
+                    else:
+                        Y[out] = T.cast(acc[0] / T.cast(divisor(spec, (od, oh, ow), T.min,
+                                                                T.max), f32), dtype)
+
+    if spec.indices:
+        @T.prim_func
+        def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype),
+                 IDX: T.Tensor((n_out,), "int64")):
+            body(X, Y, IDX)
+    else:
+        @T.prim_func
+        def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype)):
+            body(X, Y, None)
+    return main
+
+
+def pool_bwd_program(spec: PoolSpec):
+    """The gradient prim_func of ``spec`` (planes layout, not adaptive; not compiled)."""
+    _, T = tl()
+    f32, i32 = "float32", "int32"
+    dtype = spec.dtype
+    Di, Hi, Wi = spec.size_in
+    Do, Ho, Wo = spec.size_out
+    n_out, n_in = _outputs(spec), _inputs(spec)
+    kd, kh, kw = spec.kernel
+    sd, sh, sw = spec.stride
+    threads, per = pool_plan(spec)
+    block = threads * per
+    grid = max(1, -(-n_in // block))
+    is_max = spec.kind is PoolKind.MAX
+    plane_in, plane_out = Di * Hi * Wi, Do * Ho * Wo
+    loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
+
+    @T.macro
+    def rescan(X, p, od, oh, ow, m, arg):
+        """The forward's scan of window (od, oh, ow) of plane p: its argmax into arg."""
+        m[0] = -T.infinity(f32)
+        arg[0] = -1
+        for ud in loop(kd):
+            for uh in loop(kh):
+                for uw in loop(kw):
+                    d = tap_position(spec, 0, od, ud)
+                    h = tap_position(spec, 1, oh, uh)
+                    w = tap_position(spec, 2, ow, uw)
+                    if d >= 0 and d < Di and h >= 0 and h < Hi and w >= 0 and w < Wi:
+                        v = T.cast(X[p * plane_in + (d * Hi + h) * Wi + w], f32)
+                        if v > m[0] or _isnan(T, v) or arg[0] < 0:
+                            m[0] = v
+                            arg[0] = (d * Hi + h) * Wi + w
+
+    @T.macro
+    def body(DY, X, IDX, DX):
+        with T.Kernel(grid, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((1,), f32)
+            m = T.alloc_local((1,), f32)
+            arg = T.alloc_local((1,), i32)
+            for e in T.unroll(per):
+                t = bx * block + e * threads + tx
+                if t < n_in:
+                    iw = t % Wi
+                    ih = t // Wi % Hi
+                    i_d = t // (Wi * Hi) % Di
+                    p = t // plane_in
+                    spot = t % plane_in
+                    acc[0] = T.float32(0)
+                    # the windows holding (i_d, ih, iw): tap t of window o reads
+                    # o * s - p + t * dil, so o = (i + p - t * dil) / s where that divides
+                    for td in loop(kd):
+                        for th in loop(kh):
+                            for tw in loop(kw):
+                                nd = i_d + spec.padding[0] - td * spec.dilation[0]
+                                nh = ih + spec.padding[1] - th * spec.dilation[1]
+                                nw = iw + spec.padding[2] - tw * spec.dilation[2]
+                                if (nd >= 0 and nd % sd == 0 and nd // sd < Do and nh >= 0
+                                        and nh % sh == 0 and nh // sh < Ho and nw >= 0
+                                        and nw % sw == 0 and nw // sw < Wo):
+                                    od, oh, ow = nd // sd, nh // sh, nw // sw
+                                    o = p * plane_out + (od * Ho + oh) * Wo + ow
+                                    if not is_max:
+                                        acc[0] = acc[0] + T.cast(DY[o], f32) / T.cast(
+                                            divisor(spec, (od, oh, ow), T.min, T.max), f32)
+                                    elif spec.indices:
+                                        if IDX[o] == T.cast(spot, "int64"):
+                                            acc[0] = acc[0] + T.cast(DY[o], f32)
+                                    else:
+                                        rescan(X, p, od, oh, ow, m, arg)
+                                        if arg[0] == spot:
+                                            acc[0] = acc[0] + T.cast(DY[o], f32)
+                    DX[t] = T.cast(acc[0], dtype)
+
+    if is_max and spec.indices:
+        @T.prim_func
+        def main(DY: T.Tensor((n_out,), dtype), X: T.Tensor((n_in,), dtype),
+                 IDX: T.Tensor((n_out,), "int64"), DX: T.Tensor((n_in,), dtype)):
+            body(DY, X, IDX, DX)
+    else:
+        @T.prim_func
+        def main(DY: T.Tensor((n_out,), dtype), X: T.Tensor((n_in,), dtype),
+                 DX: T.Tensor((n_in,), dtype)):
+            body(DY, X, None, DX)
+    return main
+
+
+# --- building and running -------------------------------------------------------------------------
+
+_SPEC_FIELDS = ("kind", "adaptive", "layout", "batch", "channels", "size_in", "size_out",
+                "kernel", "stride", "padding", "dilation", "count_include_pad", "divisor",
+                "indices", "dtype")
+
+
+def _identity(spec: PoolSpec) -> tuple:
+    """Every field but the device."""
+    return tuple(getattr(spec, f) for f in _SPEC_FIELDS)
+
+
+@functools.lru_cache(maxsize=256)
+def _build(identity: tuple, backward: bool, target: str | None):
+    spec = PoolSpec(device=None, **dict(zip(_SPEC_FIELDS, identity, strict=True)))
+    program = pool_bwd_program(spec) if backward else pool_program(spec)
+    return compile_program(program, target)
+
+
+def build_pool_kernel(spec: PoolSpec, target: str | None = None, backward: bool = False):
+    """Compile the forward (or gradient) program of ``spec`` (cached per configuration)."""
+    return _build(_identity(spec), backward, target)
+
+
+def _size_refusal(spec: PoolSpec) -> str | None:
+    n = max(_inputs(spec), _outputs(spec))
+    if n > _MAX_ELEMENTS:
+        return (f"indexes its tensors with int32: at most {_MAX_ELEMENTS} elements, got a "
+                f"tensor of {n}")
+    return None
+
+
+class PoolKernel(Kernel, PoolFwdInterface):
+    """The forward: every pooling of the family, in either layout."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    @classmethod
+    def region_refusal(cls, spec: PoolSpec) -> str | None:
+        return _size_refusal(spec)
+
+    @classmethod
+    def identity(cls, spec: PoolSpec):
+        return (*_identity(spec), spec.device)
+
+    def __init__(self, spec: PoolSpec) -> None:
+        super().__init__(spec)
+        self.program = build_pool_kernel(spec)
+        self._indices = spec.indices
+
+    def __call__(self, x, y, indices) -> None:
+        if y.numel() == 0:
+            return
+        if self._indices:
+            self.program(x, y, indices)
+        else:
+            self.program(x, y)
+
+
+class PoolBwdKernel(Kernel, PoolBwdInterface):
+    """The gradient of max and average pooling (planes layout, fixed windows)."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    @classmethod
+    def region_refusal(cls, spec: PoolSpec) -> str | None:
+        if spec.adaptive:
+            return "serves max and average pooling, not adaptive pooling"
+        if spec.layout is not PoolLayout.PLANES:
+            return "reads its tensors in the planes layout (contiguous N, C, D, H, W)"
+        return _size_refusal(spec)
+
+    @classmethod
+    def identity(cls, spec: PoolSpec):
+        return (*_identity(spec), spec.device)
+
+    def __init__(self, spec: PoolSpec) -> None:
+        super().__init__(spec)
+        self.program = build_pool_kernel(spec, backward=True)
+        self._indices = spec.indices
+
+    def __call__(self, dy, x, indices, dx) -> None:
+        if dx.numel() == 0:
+            return
+        if self._indices:
+            self.program(dy, x, indices, dx)
+        else:
+            self.program(dy, x, dx)
+
+
+# --- the CPU mirror of the programs ---------------------------------------------------------------
+
+
+def _tensor_minmax(torch):
+    """``min``/``max`` of tensors and ints, for the shared index arithmetic."""
+    def mn(a, b):
+        return torch.minimum(torch.as_tensor(a), torch.as_tensor(b))
+
+    def mx(a, b):
+        return torch.maximum(torch.as_tensor(a), torch.as_tensor(b))
+
+    return mn, mx
+
+
+def _window_taps(spec: PoolSpec, torch):
+    """Per tap, in scan order: ``(spot, valid)`` over every output ``(Do, Ho, Wo)``, where
+    ``spot`` is the tap's flat position in its plane (clamped where invalid)."""
+    outs = [torch.arange(n) for n in spec.size_out]
+    grid = torch.meshgrid(*outs, indexing="ij")
+    kd, kh, kw = taps(spec)
+    ranges = [tap_range(spec, a, grid[a], *_tensor_minmax(torch)) for a in range(3)]
+    _, Hi, Wi = spec.size_in
+    for td in range(kd):
+        for th in range(kh):
+            for tw in range(kw):
+                pos = [tap_position(spec, a, grid[a], t) for a, t in enumerate((td, th, tw))]
+                valid = torch.ones_like(grid[0], dtype=torch.bool)
+                for a in range(3):
+                    lo, hi = ranges[a]
+                    valid &= (pos[a] >= lo) & (pos[a] < hi)
+                spot = (pos[0] * Hi + pos[1]) * Wi + pos[2]
+                yield torch.where(valid, spot, 0), valid
+
+
+def emulate(spec: PoolSpec, x):
+    """What :func:`pool_program` computes, on CPU in float32 (float64 for a float64 ``x``),
+    by the same index arithmetic and scan rule: ``x`` is ``(N, C, D, H, W)`` (either memory
+    layout: the values, not the strides, are read); returns ``(y, indices)``, indices None for
+    average pooling."""
+    import torch
+
+    wide = x.double() if x.dtype == torch.float64 else x.float()
+    planes = wide.reshape(spec.batch * spec.channels, -1)
+    shape = (planes.shape[0], *spec.size_out)
+    if spec.kind is PoolKind.MAX:
+        acc = torch.full(shape, -math.inf, dtype=wide.dtype)
+        arg = torch.full(shape, -1, dtype=torch.int64)
+        for spot, valid in _window_taps(spec, torch):
+            v = planes[:, spot.flatten()].reshape(shape)
+            take = valid & ((v > acc) | v.isnan() | (arg < 0))
+            acc = torch.where(take, v, acc)
+            arg = torch.where(take, spot.expand(shape), arg)
+        out_shape = (spec.batch, spec.channels, *spec.size_out)
+        return acc.reshape(out_shape), arg.reshape(out_shape)
+    acc = torch.zeros(shape, dtype=wide.dtype)
+    for spot, valid in _window_taps(spec, torch):
+        acc += torch.where(valid, planes[:, spot.flatten()].reshape(shape), 0)
+    grid = torch.meshgrid(*[torch.arange(n) for n in spec.size_out], indexing="ij")
+    div = divisor(spec, grid, *_tensor_minmax(torch))
+    y = acc / torch.as_tensor(div, dtype=wide.dtype)
+    return y.reshape(spec.batch, spec.channels, *spec.size_out), None
+
+
+def emulate_bwd(spec: PoolSpec, dy, x, indices=None):
+    """What :func:`pool_bwd_program` computes, on CPU: for every input element, the gather over
+    the windows holding it by the program's arithmetic (``o = (i + p - t * dil) / s`` where it
+    divides), with the maxima from ``indices`` or found again by :func:`emulate`'s scan."""
+    import torch
+
+    wide = dy.double() if dy.dtype == torch.float64 else dy.float()
+    P = spec.batch * spec.channels
+    g = wide.reshape(P, -1)
+    if spec.kind is PoolKind.MAX:
+        arg = (indices if indices is not None else emulate(spec, x)[1]).reshape(P, -1)
+    else:
+        grid = torch.meshgrid(*[torch.arange(n) for n in spec.size_out], indexing="ij")
+        div = torch.as_tensor(divisor(spec, grid, *_tensor_minmax(torch)),
+                              dtype=wide.dtype)
+        g = g / div.reshape(1, -1)
+    ins = torch.meshgrid(*[torch.arange(n) for n in spec.size_in], indexing="ij")
+    Di, Hi, Wi = spec.size_in
+    Do, Ho, Wo = spec.size_out
+    spot = ((ins[0] * Hi + ins[1]) * Wi + ins[2]).flatten()
+    dx = torch.zeros(P, Di * Hi * Wi, dtype=wide.dtype)
+    for t in [(a, b, c) for a in range(spec.kernel[0]) for b in range(spec.kernel[1])
+              for c in range(spec.kernel[2])]:
+        num = [ins[a] + spec.padding[a] - t[a] * spec.dilation[a] for a in range(3)]
+        ok = torch.ones_like(ins[0], dtype=torch.bool)
+        for a, n_out in enumerate(spec.size_out):
+            s = spec.stride[a]
+            ok &= (num[a] >= 0) & (num[a] % s == 0) & (num[a] // s < n_out)
+        o = ((num[0] // spec.stride[0] * Ho + num[1] // spec.stride[1]) * Wo
+             + num[2] // spec.stride[2]).flatten()
+        o = torch.where(ok.flatten(), o, 0)
+        take = ok.flatten().expand(P, -1)
+        if spec.kind is PoolKind.MAX:
+            take = take & (arg[:, o] == spot)
+        dx += torch.where(take, g[:, o], 0)
+    return dx.reshape(spec.batch, spec.channels, *spec.size_in)

@@ -1,0 +1,393 @@
+"""Max, average and adaptive pooling, and the gradients of max and average pooling.
+
+:class:`PoolOp` is the family base of the forward ops and :class:`PoolGradOp` of the
+gradients. Every op pools ``nd`` spatial axes of a batched ``(N, C, *spatial)`` or unbatched
+``(C, *spatial)`` input, so the bases own the flow they share:
+
+- the window: the op's ``kernel_size``, ``stride`` (None: the kernel size), ``padding`` and
+  ``dilation``, each an int or one int per axis as torch takes them (``per_axis`` in the
+  spec), resolved once in :meth:`PoolOp.derive` to three axes (a 1-D or 2-D pool is a 3-D
+  one whose leading axes have a window of 1), which is how the kernels see every call;
+- layout: the input is read in place when it is contiguous or, batched in 2-D or 3-D, in
+  torch's ``channels_last`` / ``channels_last_3d`` form; any other strides are copied to
+  contiguous first. Outputs are contiguous (the runtime allocates them; see the spec header);
+- the call spec: :class:`~tileops.kernels.pooling.PoolSpec` from the input's and output's
+  sizes, the window, the op's kind and flags; a call with no output element launches nothing.
+
+A leaf op is its spec entry (``specs/pooling.yaml``), its :attr:`~PoolOp.kind` and ``nd``,
+and its reference and torch eager function, each stated once here (torch's functional form;
+Liger-Kernel has no pooling, so there are no peers).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, get_args
+
+import torch
+import torch.nn.functional as F
+
+from tileops.kernels.pooling import (
+    PoolBwdInterface,
+    PoolBwdKernel,
+    PoolDType,
+    PoolFwdInterface,
+    PoolKernel,
+    PoolKind,
+    PoolLayout,
+    PoolSpec,
+)
+from tileops.runtime import Op
+
+from ._dtypes import NAMES, refuse_unserved
+
+__all__ = [
+    "AdaptiveAvgPool2dFwdOp",
+    "AdaptiveMaxPool2dFwdOp",
+    "AvgPool1dBwdOp",
+    "AvgPool1dFwdOp",
+    "AvgPool2dBwdOp",
+    "AvgPool2dFwdOp",
+    "AvgPool3dBwdOp",
+    "AvgPool3dFwdOp",
+    "MaxPool1dBwdOp",
+    "MaxPool1dFwdOp",
+    "MaxPool2dBwdOp",
+    "MaxPool2dFwdOp",
+    "MaxPool3dBwdOp",
+    "MaxPool3dFwdOp",
+    "PoolGradOp",
+    "PoolOp",
+]
+
+#: the dtypes the pooling kernels state they serve
+_KERNEL_DTYPES = frozenset(get_args(PoolDType))
+#: the params a torch caller may spell as a list (torch takes lists and tuples alike)
+_WINDOW_PARAMS = ("kernel_size", "stride", "padding", "dilation", "output_size")
+_CHANNELS_LAST = {4: torch.channels_last, 5: torch.channels_last_3d}
+
+
+def per_axis(value: Any, nd: int, fallback: Any = None) -> tuple[int, ...]:
+    """``value`` (an int, or one int per axis; None takes ``fallback``) as ``nd`` ints: the
+    spec's ``per_axis`` over every axis."""
+    if value is None:
+        value = fallback
+    if isinstance(value, int):
+        return (value,) * nd
+    value = tuple(value)
+    return value * nd if len(value) == 1 else value
+
+
+def _three(t: tuple[int, ...], fill: int) -> tuple[int, int, int]:
+    """``t`` of one to three axes as three, leading axes of ``fill``."""
+    return (fill,) * (3 - len(t)) + tuple(t)  # type: ignore[return-value]
+
+
+def _layout(x: torch.Tensor) -> tuple[torch.Tensor, PoolLayout]:
+    """``x`` as the kernels read it: itself when contiguous or channels last, else a copy."""
+    if x.is_contiguous():
+        return x, PoolLayout.PLANES
+    fmt = _CHANNELS_LAST.get(x.dim())
+    if fmt is not None and x.is_contiguous(memory_format=fmt):
+        return x, PoolLayout.CHANNELS_LAST
+    return x.contiguous(), PoolLayout.PLANES
+
+
+def _wide(t: torch.Tensor) -> torch.Tensor:
+    """``t`` in float32, or as it is when it is float64 already."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
+class _Window:
+    """What the family's ops share about their window params."""
+
+    nd: ClassVar[int]
+    kind: ClassVar[PoolKind]
+    adaptive: ClassVar[bool] = False
+
+    @classmethod
+    def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
+        """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it."""
+        return {k: tuple(v) if k in _WINDOW_PARAMS and isinstance(v, list) else v
+                for k, v in params.items()}
+
+    def derive(self) -> None:
+        nd = self.nd
+        if self.adaptive:
+            self._kernel = self._stride = self._dilation = (1, 1, 1)
+            self._padding = (0, 0, 0)
+            return
+        kernel = per_axis(self.kernel_size, nd)
+        self._kernel = _three(kernel, 1)
+        self._stride = _three(per_axis(self.stride, nd, kernel), 1)
+        self._padding = _three(per_axis(self.padding, nd), 0)
+        self._dilation = _three(per_axis(getattr(self, "dilation", 1), nd), 1)
+        self._divisor = getattr(self, "divisor_override", None) or 0
+
+    def _spec(self, device: Any, dtype: torch.dtype, x_shape: tuple, y_shape: tuple,
+              layout: PoolLayout, indices: bool) -> PoolSpec:
+        nd = self.nd
+        batch = x_shape[0] if len(x_shape) == nd + 2 else 1
+        return PoolSpec(
+            device=device, kind=self.kind, adaptive=self.adaptive, layout=layout, batch=batch,
+            channels=x_shape[-nd - 1], size_in=_three(tuple(x_shape[-nd:]), 1),
+            size_out=_three(tuple(y_shape[-nd:]), 1), kernel=self._kernel,
+            stride=self._stride, padding=self._padding, dilation=self._dilation,
+            count_include_pad=getattr(self, "count_include_pad", True),
+            divisor=getattr(self, "_divisor", 0), indices=indices, dtype=NAMES[dtype])
+
+
+class PoolOp(_Window, Op):
+    """Family base of the forward ops (see the module docstring). A subclass sets
+    :attr:`nd` and :attr:`kind` (and :attr:`adaptive`)."""
+
+    kernel_types = {PoolFwdInterface: (PoolKernel,)}
+
+    def forward(self, call, x, y, indices=None) -> None:
+        x, layout = _layout(x)
+        key = (call.device, x.dtype, x.shape, layout, indices is not None)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if y.numel() == 0:
+                return
+            refuse_unserved(self, x.dtype, _KERNEL_DTYPES, "pooling")
+            entry = self.kernel_for(key, PoolFwdInterface, lambda: self._spec(
+                call.device, x.dtype, tuple(x.shape), tuple(y.shape), layout,
+                indices is not None))
+        entry(x, y, indices)
+
+
+class PoolGradOp(_Window, Op):
+    """Family base of the gradients: ``dx`` from ``dy``, the forward's input and (max pooling)
+    its indices, every tensor handed to the kernel contiguous (an expanded ``ones`` or a
+    channels-last gradient is copied). The references state each gradient in closed form (a
+    reference may run inside a compiled graph's custom op, where autograd does not record):
+    max pooling's adds ``dy`` at each window's argmax, average pooling's is torch's
+    ``avg_pool*d_backward``."""
+
+    kernel_types = {PoolBwdInterface: (PoolBwdKernel,)}
+
+    def forward(self, call, dy, x, *rest) -> None:
+        indices, dx = rest if len(rest) == 2 else (None, rest[0])
+        key = (call.device, x.dtype, x.shape, dy.shape, indices is not None)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if dx.numel() == 0:
+                return
+            refuse_unserved(self, x.dtype, _KERNEL_DTYPES, "pooling")
+            entry = self.kernel_for(key, PoolBwdInterface, lambda: self._spec(
+                call.device, x.dtype, tuple(x.shape), tuple(dy.shape), PoolLayout.PLANES,
+                indices is not None))
+        entry(dy.contiguous(), x.contiguous(),
+              None if indices is None else indices.contiguous(), dx)
+
+
+# --- max pooling ---------------------------------------------------------------------------------
+
+_MAX_POOL = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+_AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+
+class _MaxPoolFwd(PoolOp):
+    kind = PoolKind.MAX
+
+    def _pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _MAX_POOL[self.nd](x, self.kernel_size, self.stride, self.padding,
+                                  self.dilation, self.ceil_mode, return_indices=True)
+
+    def reference(self, call, x):
+        y, idx = self._pool(_wide(x))
+        return (y, idx if self.return_indices else None)
+
+    def eager(self):
+        fn, nd = _MAX_POOL[self.nd], self.nd
+        k, s, p, d, c, r = (self.kernel_size, self.stride, self.padding, self.dilation,
+                            self.ceil_mode, self.return_indices)
+
+        def max_pool(x):  # torch.nn.functional.max_pool{nd}d
+            out = fn(x, k, s, p, d, c, return_indices=r)
+            return out if r else (out, None)
+
+        max_pool.__name__ = f"max_pool{nd}d"
+        return max_pool
+
+
+class MaxPool1dFwdOp(_MaxPoolFwd):
+    nd = 1
+
+
+class MaxPool2dFwdOp(_MaxPoolFwd):
+    nd = 2
+
+
+class MaxPool3dFwdOp(_MaxPoolFwd):
+    nd = 3
+
+
+class _AvgPoolFwd(PoolOp):
+    kind = PoolKind.AVG
+
+    def _args(self) -> tuple:
+        args = (self.kernel_size, self.stride, self.padding, self.ceil_mode,
+                self.count_include_pad)
+        return args if self.nd == 1 else (*args, self.divisor_override)
+
+    def reference(self, call, x):
+        return (_AVG_POOL[self.nd](_wide(x), *self._args()),)
+
+    def eager(self):
+        fn, args = _AVG_POOL[self.nd], self._args()
+
+        def avg_pool(x):  # torch.nn.functional.avg_pool{nd}d
+            return fn(x, *args)
+
+        avg_pool.__name__ = f"avg_pool{self.nd}d"
+        return avg_pool
+
+
+class AvgPool1dFwdOp(_AvgPoolFwd):
+    nd = 1
+
+
+class AvgPool2dFwdOp(_AvgPoolFwd):
+    nd = 2
+
+
+class AvgPool3dFwdOp(_AvgPoolFwd):
+    nd = 3
+
+
+class AdaptiveAvgPool2dFwdOp(PoolOp):
+    nd, kind, adaptive = 2, PoolKind.AVG, True
+
+    def reference(self, call, x):
+        return (F.adaptive_avg_pool2d(_wide(x), self.output_size),)
+
+    def eager(self):
+        size = self.output_size
+
+        def adaptive_avg_pool2d(x):  # torch.nn.functional.adaptive_avg_pool2d
+            return F.adaptive_avg_pool2d(x, size)
+
+        return adaptive_avg_pool2d
+
+
+class AdaptiveMaxPool2dFwdOp(PoolOp):
+    nd, kind, adaptive = 2, PoolKind.MAX, True
+
+    def reference(self, call, x):
+        y, idx = F.adaptive_max_pool2d(_wide(x), self.output_size, return_indices=True)
+        return (y, idx if self.return_indices else None)
+
+    def eager(self):
+        size, r = self.output_size, self.return_indices
+
+        def adaptive_max_pool2d(x):  # torch.nn.functional.adaptive_max_pool2d
+            out = F.adaptive_max_pool2d(x, size, return_indices=r)
+            return out if r else (out, None)
+
+        return adaptive_max_pool2d
+
+
+# --- gradients -----------------------------------------------------------------------------------
+
+
+def _scatter_max(dy: torch.Tensor, x_shape: torch.Size, idx: torch.Tensor,
+                 nd: int) -> torch.Tensor:
+    """``dx``: each window's ``dy`` added at its argmax (a flat index into its plane)."""
+    planes = dy.shape[:-nd]
+    dx = dy.new_zeros((*planes, *x_shape[-nd:])).flatten(-nd)
+    dx.scatter_add_(-1, idx.flatten(-nd), dy.flatten(-nd))
+    return dx.unflatten(-1, tuple(x_shape[-nd:]))
+
+
+class _MaxPoolBwd(PoolGradOp):
+    kind = PoolKind.MAX
+
+    def _indices(self, x: torch.Tensor) -> torch.Tensor:
+        return _MAX_POOL[self.nd](x, self.kernel_size, self.stride, self.padding,
+                                  self.dilation, self.ceil_mode, return_indices=True)[1]
+
+    def reference(self, call, dy, x, indices=None):
+        idx = self._indices(x) if indices is None else indices
+        return (_scatter_max(_wide(dy), x.shape, idx, self.nd),)
+
+    def eager(self):
+        nd, find = self.nd, self._indices
+        k, s, p, d, c = (per_axis(self.kernel_size, nd), self.stride, self.padding,
+                         self.dilation, self.ceil_mode)
+        s = per_axis(s, nd, k)
+        p, d = per_axis(p, nd), per_axis(d, nd)
+
+        def max_pool_backward(dy, x, indices=None):  # aten.max_pool{2,3}d_with_indices_backward
+            idx = find(x) if indices is None else indices
+            if nd == 3:
+                return torch.ops.aten.max_pool3d_with_indices_backward(dy, x, k, s, p, d, c,
+                                                                       idx)
+            if nd == 2:
+                return torch.ops.aten.max_pool2d_with_indices_backward(dy, x, k, s, p, d, c,
+                                                                       idx)
+            return torch.ops.aten.max_pool2d_with_indices_backward(
+                dy.unsqueeze(-2), x.unsqueeze(-2), (1, *k), (1, *s), (0, *p), (1, *d), c,
+                idx.unsqueeze(-2)).squeeze(-2)
+
+        return max_pool_backward
+
+
+class MaxPool1dBwdOp(_MaxPoolBwd):
+    nd = 1
+
+
+class MaxPool2dBwdOp(_MaxPoolBwd):
+    nd = 2
+
+
+class MaxPool3dBwdOp(_MaxPoolBwd):
+    nd = 3
+
+
+def _avg_pool_backward(dy, x, nd, kernel, stride, padding, ceil_mode, count_include_pad,
+                       divisor_override):
+    """torch's ``avg_pool{2,3}d_backward`` (a 1-D pool as a 2-D one of one row)."""
+    if nd == 3:
+        return torch.ops.aten.avg_pool3d_backward(dy, x, kernel, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override)
+    if nd == 2:
+        return torch.ops.aten.avg_pool2d_backward(dy, x, kernel, stride, padding, ceil_mode,
+                                                  count_include_pad, divisor_override)
+    return torch.ops.aten.avg_pool2d_backward(
+        dy.unsqueeze(-2), x.unsqueeze(-2), (1, *kernel), (1, *stride), (0, *padding),
+        ceil_mode, count_include_pad, None).squeeze(-2)
+
+
+class _AvgPoolBwd(PoolGradOp):
+    kind = PoolKind.AVG
+
+    def _args(self) -> tuple:
+        nd = self.nd
+        k = per_axis(self.kernel_size, nd)
+        return (nd, k, per_axis(self.stride, nd, k), per_axis(self.padding, nd),
+                self.ceil_mode, self.count_include_pad, getattr(self, "divisor_override", None))
+
+    def reference(self, call, dy, x):
+        wdy = _wide(dy)
+        return (_avg_pool_backward(wdy, x.to(wdy.dtype), *self._args()),)
+
+    def eager(self):
+        args = self._args()
+
+        def avg_pool_backward(dy, x):  # aten.avg_pool{2,3}d_backward
+            return _avg_pool_backward(dy, x, *args)
+
+        return avg_pool_backward
+
+
+class AvgPool1dBwdOp(_AvgPoolBwd):
+    nd = 1
+
+
+class AvgPool2dBwdOp(_AvgPoolBwd):
+    nd = 2
+
+
+class AvgPool3dBwdOp(_AvgPoolBwd):
+    nd = 3
