@@ -204,13 +204,14 @@ def _laid_out(t: torch.Tensor) -> torch.Tensor:
 
 
 def _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse):
-    """The op's math in plain torch ops in the inputs' dtype (a contender, not a reference:
-    one score matrix for the whole call)."""
+    """The op's math in plain torch ops: the products in the inputs' dtype, the softmax in
+    float32 or wider (a contender, not a reference: one score matrix for the whole call)."""
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
     h, h_kv = qh.shape[1], kh.shape[1]
     if h_kv != h:
         kh, vh = kh.repeat_interleave(h // h_kv, dim=1), vh.repeat_interleave(h // h_kv, dim=1)
-    s = torch.matmul(qh, kh.transpose(-1, -2)).float() * scale
+    s = torch.matmul(qh, kh.transpose(-1, -2))
+    s = s.to(torch.promote_types(s.dtype, torch.float32)) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
     mask = visible(qh.shape[2], kh.shape[2], left, right, q.device)

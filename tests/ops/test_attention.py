@@ -1,0 +1,254 @@
+"""The prefill attention ops on the CPU (the reference target): the calling convention against
+``scaled_dot_product_attention``, FlashAttention's bottom-right mask, windows, the softcap, the
+log-sum-exp, rows that see no key, the layouts, the refusals by their exact text, and the
+reference against an independent per-row float64 computation over a space of calls
+(hypothesis). The harness covers every spec workload, the bad-input corpus, compile and fake
+tensors."""
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+from tileops.ops import SPEC_DIR, GroupedQueryAttentionFwdOp, MultiHeadAttentionFwdOp  # noqa: E402
+from tileops.ops.attention import visible, window_bounds  # noqa: E402
+from tileops.signature import ConstructionError, SignatureCallError  # noqa: E402
+
+
+def _qkv(b, s_q, s_kv, h, h_kv, d, d_v=None, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(b, s_q, h, d, generator=g, dtype=dtype)
+    k = torch.randn(b, s_kv, h_kv, d, generator=g, dtype=dtype)
+    v = torch.randn(b, s_kv, h_kv, d_v or d, generator=g, dtype=dtype)
+    return q, k, v
+
+
+def _sdpa(q, k, v, **kw):
+    """torch's attention on the [B, S, H, D] tensors, transposed as it takes them."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
+                                         v.transpose(1, 2), enable_gqa=True, **kw)
+    return out.transpose(1, 2)
+
+
+def test_grouped_query_call_matches_sdpa_with_enable_gqa():
+    q, k, v = _qkv(2, 33, 33, 8, 2, 16)
+    o, lse = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
+    assert lse is None  # not asked for
+    torch.testing.assert_close(o, _sdpa(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
+    o, _ = GroupedQueryAttentionFwdOp()(q, k, v)
+    torch.testing.assert_close(o, _sdpa(q, k, v), rtol=1e-12, atol=1e-12)
+
+
+def test_causal_mask_is_bottom_right_aligned():
+    """With S_q < S_kv the last query row sees every key (FlashAttention's alignment), where
+    torch's is_causal would align the first row with the first key."""
+    q, k, v = _qkv(1, 5, 12, 2, 2, 8)
+    o, _ = MultiHeadAttentionFwdOp(is_causal=True)(q, k, v)
+    mask = torch.ones(5, 12, dtype=torch.bool).tril(diagonal=12 - 5)
+    torch.testing.assert_close(o, _sdpa(q, k, v, attn_mask=mask), rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(o, _sdpa(q, k, v, is_causal=True))
+
+
+def test_window_sees_left_and_right_of_the_diagonal():
+    q, k, v = _qkv(2, 20, 20, 4, 4, 8)
+    o, _ = MultiHeadAttentionFwdOp(window=(3, 2))(q, k, v)
+    i, j = torch.arange(20)[:, None], torch.arange(20)[None, :]
+    mask = (j >= i - 3) & (j <= i + 2)
+    torch.testing.assert_close(o, _sdpa(q, k, v, attn_mask=mask), rtol=1e-12, atol=1e-12)
+    # is_causal bounds the right side at 0; an int window is both sides
+    assert window_bounds(True, (3, 2)) == (3, 0)
+    assert window_bounds(True, None) == (-1, 0)
+    assert window_bounds(False, 4) == (4, 4)
+    assert window_bounds(True, (-1, -1)) == (-1, 0)
+
+
+def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
+    """300 rows over 100 keys with a (16, 0) window: row i sits at key i - 200, so the first
+    200 rows see no key."""
+    q, k, v = _qkv(1, 300, 100, 2, 1, 8)
+    o, lse = GroupedQueryAttentionFwdOp(window=(16, 0), return_lse=True)(q, k, v)
+    assert torch.equal(o[:, :200], torch.zeros_like(o[:, :200]))
+    assert bool(torch.isneginf(lse[..., :200]).all())
+    assert bool(torch.isfinite(lse[..., 200:]).all()) and bool(torch.isfinite(o).all())
+    assert torch.equal(visible(300, 100, 16, 0).any(dim=1), torch.arange(300) >= 200)
+
+
+def test_lse_softcap_and_scale():
+    q, k, v = _qkv(2, 7, 9, 4, 2, 8)
+    op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)
+    o, lse = op(q, k, v)
+    assert lse.shape == (2, 4, 7) and lse.dtype == torch.float64
+    kk = k.repeat_interleave(2, dim=2)
+    vv = v.repeat_interleave(2, dim=2)
+    s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * 0.3
+    s = 2.0 * torch.tanh(s / 2.0)
+    torch.testing.assert_close(lse, torch.logsumexp(s, dim=-1), rtol=1e-12, atol=1e-12)
+    want = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(s, dim=-1), vv)
+    torch.testing.assert_close(o, want, rtol=1e-12, atol=1e-12)
+
+
+def test_lse_is_float32_for_narrower_inputs():
+    q, k, v = _qkv(1, 4, 4, 2, 2, 8, dtype=torch.bfloat16)
+    o, lse = MultiHeadAttentionFwdOp(return_lse=True)(q, k, v)
+    assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
+
+
+def test_bhsd_layout_is_the_transposed_call():
+    q, k, v = _qkv(2, 11, 13, 4, 2, 8, d_v=4)
+    o, lse = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True)(q, k, v)
+    t = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
+    o2, lse2 = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True, layout="bhsd")(*t)
+    assert o2.shape == (2, 4, 11, 4)
+    torch.testing.assert_close(o2, o.transpose(1, 2), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse2, lse, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("kw", [dict(is_causal=True, window=(4, 0)), dict(softcap=5.0),
+                                dict(return_lse=True, window=(2, 3)),
+                                dict(is_causal=True)])
+def test_eager_contender_is_the_reference(kw):
+    """The eager function (scaled_dot_product_attention, or the math where it has no form)
+    computes the op, in float64; S_q < S_kv, where torch's own causal mask would differ."""
+    q, k, v = _qkv(2, 6, 10, 4, 2, 8)
+    op = GroupedQueryAttentionFwdOp(**kw)
+    got = op.eager()(q, k, v)
+    got = got if isinstance(got, tuple) else (got,)
+    want = op(q, k, v)
+    for g, w in zip(got, want, strict=False):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+# --- refusals, by their text ------------------------------------------------------------------
+
+
+def _spec_line(line: int, path: str) -> str:
+    return f"  spec:     {SPEC_DIR / 'attention.yaml'}:{line} ({path})"
+
+
+def test_heads_that_do_not_group_are_refused():
+    q, k, v = _qkv(2, 5, 7, 4, 3, 16)
+    with pytest.raises(SignatureCallError) as exc:
+        GroupedQueryAttentionFwdOp()(q, k, v)
+    assert str(exc.value).splitlines() == [
+        "GroupedQueryAttentionFwdOp: argument q does not match the signature",
+        "  expected: H_kv > 0 and H % H_kv == 0",
+        "  seen:     q: f64[2, 5, 4, 16]",
+        "  because:  refinement 'H_kv > 0 and H % H_kv == 0' does not hold (H_kv = 3, H = 4)",
+        "  call:     q: f64[2, 5, 4, 16], k: f64[2, 7, 3, 16], v: f64[2, 7, 3, 16]",
+        "  bound:    T = float64, B = 2, S_q = 5, H = 4, D = 16, S_kv = 7, H_kv = 3, D_v = 16",
+        _spec_line(110, "GroupedQueryAttentionFwdOp.signature.shape_rules[0]"),
+    ]
+
+
+def test_head_dims_that_differ_are_refused():
+    q, _, v = _qkv(2, 5, 7, 4, 2, 16)
+    k = torch.randn(2, 7, 2, 8, dtype=torch.float64)
+    with pytest.raises(SignatureCallError) as exc:
+        GroupedQueryAttentionFwdOp()(q, k, v)
+    lines = str(exc.value).splitlines()
+    assert lines[:4] == [
+        "GroupedQueryAttentionFwdOp: argument k does not match the signature",
+        "  expected: k: Tensor[T, [B, S_kv, H_kv, D]]  (declared Seq[layout, B, S_kv, H_kv, D])",
+        "  seen:     k: f64[2, 7, 2, 8]",
+        "  because:  D bound to 16 by q.shape[3], but k.shape[3] is 8",
+    ]
+
+
+def test_multi_head_keys_must_have_every_head():
+    q, k, v = _qkv(2, 5, 7, 4, 2, 16)
+    with pytest.raises(SignatureCallError) as exc:
+        MultiHeadAttentionFwdOp()(q, k, v)
+    assert str(exc.value).splitlines()[3] == \
+        "  because:  H bound to 4 by q.shape[2], but k.shape[2] is 2"
+
+
+def test_causal_with_more_rows_than_keys_is_refused():
+    q, k, v = _qkv(2, 9, 7, 4, 2, 16)
+    with pytest.raises(SignatureCallError) as exc:
+        GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
+    assert str(exc.value).splitlines()[1:4] == [
+        "  expected: not is_causal or S_q <= S_kv",
+        "  seen:     q: f64[2, 9, 4, 16]",
+        "  because:  refinement 'not is_causal or S_q <= S_kv' does not hold (is_causal = True,"
+        " S_q = 9, S_kv = 7)",
+    ]
+
+
+def test_batch_and_key_lengths_must_agree():
+    q, k, v = _qkv(2, 5, 7, 4, 2, 16)
+    with pytest.raises(SignatureCallError) as exc:
+        GroupedQueryAttentionFwdOp()(q, k, v[:, :6])
+    assert str(exc.value).splitlines()[3] == \
+        "  because:  S_kv bound to 7 by k.shape[1], but v.shape[1] is 6"
+    with pytest.raises(SignatureCallError) as exc:
+        GroupedQueryAttentionFwdOp()(q, k[:1], v[:1])
+    assert str(exc.value).splitlines()[3] == \
+        "  because:  B bound to 2 by q.shape[0], but k.shape[0] is 1"
+
+
+@pytest.mark.parametrize(("kw", "line", "rule"), [
+    (dict(softcap=0.0), 4, "not present(softcap) or softcap.value > 0.0"),
+    (dict(scale=-1.0), 3, "not present(scale) or scale.value > 0.0"),
+    (dict(window=(-2, 0)), 5, "not present(window) or per_axis(window, 0, 2) >= -1 and "
+                              "per_axis(window, 1, 2) >= -1"),
+])
+def test_params_outside_their_range_are_refused_at_construction(kw, line, rule):
+    with pytest.raises(ConstructionError) as exc:
+        GroupedQueryAttentionFwdOp(**kw)
+    lines = str(exc.value).splitlines()
+    assert lines[1] == f"  expected: {rule}"
+    assert lines[3] == f"  because:  refinement '{rule}' does not hold"
+    assert lines[-1] == _spec_line(110 + line,
+                                   f"GroupedQueryAttentionFwdOp.signature.shape_rules[{line}]")
+
+
+# --- the reference over a space of calls -------------------------------------------------------
+
+
+def _per_row(q, k, v, scale, left, right, softcap):
+    """Attention one query row at a time, from the definition (float64, [B, S, H, D])."""
+    b, s_q, h, _ = q.shape
+    s_kv, h_kv = k.shape[1], k.shape[2]
+    o = torch.zeros(b, s_q, h, v.shape[-1], dtype=torch.float64)
+    lse = torch.full((b, h, s_q), -math.inf, dtype=torch.float64)
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // (h // h_kv)
+            for i in range(s_q):
+                diag = i + s_kv - s_q
+                keys = [j for j in range(s_kv) if (left < 0 or j >= diag - left)
+                        and (right < 0 or j <= diag + right)]
+                if not keys:
+                    continue
+                s = k[bi, keys, kh] @ q[bi, i, hi] * scale
+                if softcap is not None:
+                    s = softcap * torch.tanh(s / softcap)
+                lse[bi, hi, i] = torch.logsumexp(s, 0)
+                o[bi, i, hi] = torch.softmax(s, 0) @ v[bi, keys, kh]
+    return o, lse
+
+
+@settings(max_examples=40, deadline=None)
+@given(b=st.integers(1, 2), s_q=st.integers(1, 9), s_kv=st.integers(0, 9),
+       h_kv=st.integers(1, 2), groups=st.integers(1, 3), d=st.integers(1, 4),
+       causal=st.booleans(), left=st.integers(-1, 4), right=st.integers(-1, 4),
+       windowed=st.booleans(), softcap=st.none() | st.floats(0.5, 4.0),
+       scale=st.none() | st.floats(0.1, 2.0), seed=st.integers(0, 2 ** 16))
+def test_reference_matches_the_per_row_definition(b, s_q, s_kv, h_kv, groups, d, causal, left,
+                                                  right, windowed, softcap, scale, seed):
+    if causal and s_q > s_kv:
+        s_kv = s_q  # the refinement
+    q, k, v = _qkv(b, s_q, s_kv, h_kv * groups, h_kv, d, seed=seed)
+    window = (left, right) if windowed else None
+    op = GroupedQueryAttentionFwdOp(is_causal=causal, window=window, softcap=softcap,
+                                    scale=scale, return_lse=True)
+    o, lse = op(q, k, v)
+    lo, hi = window_bounds(causal, window)
+    want_o, want_lse = _per_row(q, k, v, scale if scale is not None else d ** -0.5, lo, hi,
+                                softcap)
+    torch.testing.assert_close(o, want_o, rtol=1e-10, atol=1e-10)
+    torch.testing.assert_close(lse, want_lse, rtol=1e-10, atol=1e-10)
