@@ -2,7 +2,8 @@
 its launch plans and call specs hold over the input space.
 
 Three programs are compiled, each standing for the code paths named on its line (a compile
-takes 10-20 seconds); the plans are checked for every served head-dim pair without compiling.
+takes 10-20 seconds; the sizes are launch-time, so a program serves every batch and length);
+the plans are checked for every served head-dim pair without compiling.
 """
 
 import math
@@ -22,20 +23,20 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
 HOPPER = "sm_90a"  # wgmma and the warp-specialized register split need the a-variant
 
 PROGRAMS = [
-    # causal over more keys than rows, GQA 8:2, rows and keys off the tile (the key-tile loop's
-    # end, the tail mask, the reversed tile order), the output staged through shared memory
-    pytest.param(dict(layout="bshd", batch=2, seq_q=1000, seq_kv=3001, heads=8, heads_kv=2,
-                      dim=128, dim_v=128, dtype="bfloat16", left=-1, right=0, softcap=None),
+    # causal GQA 8:2 (the key-tile loop's end, the mask, the reversed tile order), the output
+    # staged through shared memory
+    pytest.param(dict(layout="bshd", heads=8, heads_kv=2, dim=128, dim_v=128,
+                      dtype="bfloat16", left=-1, right=0, softcap=None, masked=True),
                  id="bshd-bf16-d128-gqa-causal-odd"),
     # [B, H, S, D], float16, D = 256 (64 keys a step, the output written from registers), a
     # left-only window (the loop's start) and a softcap (tanh before the mask)
-    pytest.param(dict(layout="bhsd", batch=1, seq_q=513, seq_kv=513, heads=4, heads_kv=4,
-                      dim=256, dim_v=256, dtype="float16", left=64, right=-1, softcap=30.0),
+    pytest.param(dict(layout="bhsd", heads=4, heads_kv=4, dim=256, dim_v=256,
+                      dtype="float16", left=64, right=-1, softcap=30.0, masked=True),
                  id="bhsd-fp16-d256-left-window-softcap"),
-    # q/k of 192 and v of 128, more rows than keys with a (16, 0) window: rows that see no key
-    pytest.param(dict(layout="bshd", batch=2, seq_q=300, seq_kv=100, heads=4, heads_kv=1,
-                      dim=192, dim_v=128, dtype="bfloat16", left=16, right=0, softcap=None),
-                 id="bshd-bf16-d192-dv128-unseen-rows"),
+    # q/k of 192 and v of 128, MQA, no mask at all (no window, keys a multiple of the tile)
+    pytest.param(dict(layout="bshd", heads=4, heads_kv=1, dim=192, dim_v=128,
+                      dtype="bfloat16", left=-1, right=-1, softcap=None, masked=False),
+                 id="bshd-bf16-d192-dv128-mqa-unmasked"),
 ]
 
 
@@ -76,6 +77,18 @@ def test_every_served_plan_fits_a_cta(dim, dim_v):
     held = (plan.block_m * plan.block_n + plan.block_m * dim_v) // consumers
     assert held <= 160
     assert plan.block_m % 64 == 0 and plan.block_n % 16 == 0
+
+
+@pytest.mark.parametrize(("seq_kv", "window", "masked"), [
+    (1024, (-1, -1), False), (1000, (-1, -1), True), (1024, (-1, 0), True),
+    (1024, (16, -1), True)])
+def test_the_mask_is_compiled_in_where_a_call_needs_it(seq_kv, window, masked):
+    spec = _spec(seq_kv=seq_kv, window_left=window[0], window_right=window[1])
+    assert A.needs_mask(spec, A.attention_plan(128, 128)) is masked
+    # the sizes are not part of the program: another batch and query length share it
+    other = _spec(batch=7, seq_q=3, seq_kv=seq_kv, window_left=window[0],
+                  window_right=window[1])
+    assert A.AttentionFwdKernel.identity(spec) == A.AttentionFwdKernel.identity(other)
 
 
 def test_head_dims_outside_the_served_pairs_are_refused_by_name():

@@ -25,7 +25,9 @@ for head dims up to 128), with what the ops need beyond it:
 - causal CTAs are launched longest first (the query tiles in reverse), so the short diagonal
   tiles fill the tail of the grid.
 
-Sizes are compiled in (one program per shape, as the examples build them). Query rows past
+``B``, ``S_q`` and ``S_kv`` are launch-time sizes: one program serves every batch and
+sequence length of a head configuration and the op's options (it is compiled with or without
+the mask, which a key length off the tile needs even without a window). Query rows past
 ``S_q`` and key rows past ``S_kv`` in the last tiles are TileLang's bounds-checked copies:
 loads outside the tensor read zeros and stores outside it are dropped.
 """
@@ -55,6 +57,8 @@ __all__ = [
     "attention_fwd_program",
     "first_key_tile",
     "key_tiles_end",
+    "needs_mask",
+    "program_key",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -175,14 +179,18 @@ def key_tiles_end(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: i
     return mx(first_key_tile(r0, seq_q, seq_kv, left, bn, mx), (hi + bn - 1) // bn)
 
 
-def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, heads: int,
-                          heads_kv: int, dim: int, dim_v: int, dtype: str, scale: float,
-                          left: int, right: int, softcap: float | None, plan: AttentionPlan):
-    """The prim_func of one call's sizes and options (see the module docstring)."""
+def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
+                          dtype: str, scale: float, left: int, right: int,
+                          softcap: float | None, masked: bool, plan: AttentionPlan):
+    """The prim_func of a head configuration and the op's options (see the module
+    docstring); ``B``, ``S_q`` and ``S_kv`` are launch-time sizes. ``masked``: whether any
+    score can be masked (a window, or a key length off the tile), which
+    :func:`needs_mask` decides from a call."""
     tilelang, T = tl()
     bm, bn, threads = plan.block_m, plan.block_n, plan.threads
     accum = "float32"
     groups = heads // heads_kv
+    batch, seq_q, seq_kv = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_kv")
     offset = seq_kv - seq_q  # a row's diagonal key position is its index + offset
     bshd = layout == "bshd"
     q_shape = [batch, seq_q, heads, dim] if bshd else [batch, heads, seq_q, dim]
@@ -192,7 +200,6 @@ def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, head
     m_tiles = T.ceildiv(seq_q, bm)
     causal_like = right >= 0  # later query tiles see more keys: launch them first
     lb, rb = _bounds(seq_q, seq_kv, left, right)
-    masked = left >= 0 or right >= 0 or seq_kv % bn != 0
     capped = softcap is not None
     # the factor of the raw scores in the base-2 exponent (1 once the softcap replaced them)
     sm = _f32(1.0 if capped else scale * _LOG2E)
@@ -306,16 +313,29 @@ def attention_fwd_program(layout: str, batch: int, seq_q: int, seq_kv: int, head
     return main
 
 
+def needs_mask(spec: AttentionFwdSpec, plan: AttentionPlan) -> bool:
+    """Whether a call's scores can be masked: a window (``is_causal`` is one), or a key
+    length that is not a multiple of the key tile (the last tile's keys past ``S_kv``)."""
+    return spec.window_left >= 0 or spec.window_right >= 0 or spec.seq_kv % plan.block_n != 0
+
+
+def program_key(spec: AttentionFwdSpec) -> tuple:
+    """What the compiled program of ``spec`` depends on (the sizes are launch-time)."""
+    plan = attention_plan(spec.dim, spec.dim_v)
+    return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
+            spec.scale, spec.window_left, spec.window_right, spec.softcap,
+            needs_mask(spec, plan))
+
+
 @functools.lru_cache(maxsize=128)
-def build_attention_fwd(spec: AttentionFwdSpec, target: str | None = None,
+def build_attention_fwd(key: tuple, target: str | None = None,
                         plan: AttentionPlan | None = None):
-    """Compile the program of ``spec`` (cached per spec). ``plan`` overrides
+    """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
     :func:`attention_plan`, for tuning."""
-    plan = plan or attention_plan(spec.dim, spec.dim_v)
-    prog = attention_fwd_program(spec.layout.value, spec.batch, spec.seq_q, spec.seq_kv,
-                                 spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
-                                 spec.scale, spec.window_left, spec.window_right, spec.softcap,
-                                 plan)
+    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked = key
+    plan = plan or attention_plan(dim, dim_v)
+    prog = attention_fwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
+                                 right, softcap, masked, plan)
     return compile_program(prog, target)
 
 
@@ -335,30 +355,31 @@ class AttentionFwdKernel(Kernel, AttentionFwdInterface):
 
     @classmethod
     def identity(cls, spec: AttentionFwdSpec):
-        return spec
+        return (spec.device, program_key(spec))
 
     def __init__(self, spec: AttentionFwdSpec) -> None:
         super().__init__(spec)
-        #: nothing to compute: no query row, or every row sees no key (output 0, lse -inf)
-        self._trivial = spec.batch * spec.heads * spec.seq_q == 0 or spec.seq_kv == 0
-        self.program = None if self._trivial else build_attention_fwd(spec)
-        self._scratch: dict[Any, Any] = {}
+        self.program = build_attention_fwd(program_key(spec))
+        self._seq_axis = 1 if spec.layout is AttentionLayout.BSHD else 2
+        #: the log-sum-exp of calls that do not ask for it (never read): grown as needed
+        self._scratch = None
 
     def __call__(self, q, k, v, o, lse) -> None:
-        if self._trivial:
+        if not q.numel():
+            return  # no query row
+        if not k.numel():  # no key: every row sees none
             o.zero_()
             if lse is not None:
                 lse.fill_(-math.inf)
             return
         if lse is None:
-            # the program always writes the log-sum-exp (a B x H x S_q float32 store, nothing
-            # beside the products); a call that does not ask for it writes a kept scratch
-            lse = self._scratch.get(q.device)
-            if lse is None:
+            # the program always writes the log-sum-exp (a B x H x S_q float32 store beside
+            # the products); a call that does not ask for it writes a kept scratch
+            b, h, s_q = q.shape[0], o.shape[3 - self._seq_axis], q.shape[self._seq_axis]
+            n = b * h * s_q
+            if self._scratch is None or self._scratch.numel() < n:
                 import torch
 
-                s = self.spec
-                lse = torch.empty(s.batch, s.heads, s.seq_q, dtype=torch.float32,
-                                  device=q.device)
-                self._scratch[q.device] = lse
+                self._scratch = torch.empty(n, dtype=torch.float32, device=q.device)
+            lse = self._scratch[:n].view(b, h, s_q)
         self.program(q, k, v, o, lse)

@@ -1,0 +1,210 @@
+"""The attention forward kernel on a GPU against float64, called through the slot as the ops
+call it (a spec from the sizes, the implementation the slot selects, its entry).
+
+Grid (why each point exists, on its line in CASES): lengths off the tile and aligned ones,
+causal over more keys than rows (bottom-right), one query row, rows that see no key (a window
+ending before the first key, from the left or only bounded on the right), windows on both
+sides and on the left only, a softcap, every served head-dim pair (D 256 writes its output from
+registers, 192/128 has a narrower value head), GQA and MQA groupings, both layouts, float16 and
+bfloat16, a scale of the caller's. Inputs are fresh standard normal values; the outputs are
+poisoned with NaN so an element never written fails.
+
+Tolerance: the probabilities are rounded to the storage dtype before the second product (as
+FlashAttention's), each a relative error of its epsilon, so an output element is off by at most
+about ``eps * max |v|`` plus its own rounding: bfloat16 is held to 1e-2 absolute and relative,
+float16 to 2e-3. The log-sum-exp comes from the fp32 scores and sums (``exp2`` within 2 ulp):
+2e-3 absolute. Where the reference is -inf (a row that sees no key) the kernel's must be -inf
+and its output exactly 0.
+
+``python3 tests/kernels/test_attention_cuda.py --prebuild --workers 15`` compiles every program
+these tests use in spawned processes first, so the tests load them from TileLang's disk cache.
+"""
+
+import math
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the prebuild entry point imports from the packages' sources
+    sys.path[:0] = [str(p) for p in sorted(
+        (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.kernels import attention as A  # noqa: E402
+from tileops.runtime import select  # noqa: E402
+
+cuda = pytest.mark.cuda
+
+NAMES = {torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+LSE_ATOL = 2e-3
+
+#: (layout, B, S_q, S_kv, H, H_kv, D, D_v, dtype, left, right, softcap, scale)
+CASES = [
+    ("bshd", 2, 1000, 1000, 8, 8, 128, 128, torch.bfloat16, -1, -1, None, None),  # off the tile
+    ("bshd", 2, 1024, 1024, 8, 2, 128, 128, torch.bfloat16, -1, 0, None, None),  # causal, GQA
+    ("bshd", 1, 1000, 3001, 8, 2, 128, 128, torch.float16, -1, 0, None, None),  # S_q < S_kv
+    ("bshd", 2, 1, 4096, 8, 8, 128, 128, torch.bfloat16, -1, -1, None, None),  # one row
+    ("bshd", 2, 300, 100, 4, 1, 64, 64, torch.bfloat16, 16, 0, None, None),  # 200 rows unseen
+    ("bshd", 1, 500, 200, 4, 4, 64, 64, torch.bfloat16, -1, 32, None, None),  # right bound only
+    ("bshd", 1, 2048, 2048, 4, 4, 128, 128, torch.bfloat16, 256, 256, None, None),  # both sides
+    ("bshd", 1, 777, 777, 4, 2, 64, 64, torch.bfloat16, -1, 0, 30.0, None),  # softcap
+    ("bshd", 4, 1024, 1024, 8, 8, 64, 64, torch.bfloat16, -1, 0, None, None),  # D 64 causal
+    ("bshd", 1, 1030, 1030, 4, 4, 256, 256, torch.bfloat16, -1, 0, None, None),  # D 256
+    ("bshd", 1, 1000, 1000, 4, 4, 192, 128, torch.bfloat16, -1, 0, None, None),  # 192 / 128
+    ("bhsd", 2, 1000, 1000, 8, 2, 128, 128, torch.bfloat16, -1, 0, None, None),  # [B, H, S, D]
+    ("bhsd", 1, 513, 513, 4, 4, 256, 256, torch.float16, 64, -1, 2.0, None),  # left, capped
+    ("bshd", 2, 640, 640, 4, 4, 128, 128, torch.float16, -1, -1, None, 0.3),  # caller's scale
+]
+
+
+def _device():
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() \
+        else torch.device("cuda", 0)
+
+
+def case_spec(case) -> A.AttentionFwdSpec:
+    layout, b, s_q, s_kv, h, h_kv, d, d_v, dtype, left, right, softcap, scale = case
+    return A.AttentionFwdSpec(
+        device=_device(), batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv, dim=d,
+        dim_v=d_v, dtype=NAMES[dtype], layout=A.AttentionLayout(layout),
+        scale=scale if scale is not None else 1.0 / math.sqrt(d), window_left=left,
+        window_right=right, softcap=softcap)
+
+
+def _case_id(case) -> str:
+    layout, b, s_q, s_kv, h, h_kv, d, d_v, dtype, left, right, softcap, scale = case
+    return (f"{layout}-b{b}-sq{s_q}-skv{s_kv}-h{h}x{h_kv}-d{d}x{d_v}-{NAMES[dtype]}"
+            f"-w{left},{right}" + (f"-cap{softcap}" if softcap else "")
+            + (f"-scale{scale}" if scale else ""))
+
+
+def _reference(spec: A.AttentionFwdSpec, q, k, v):
+    """(o, lse) in float64 from the definition, [B, S, H, D] or [B, H, S, D] as the spec."""
+    bshd = spec.layout is A.AttentionLayout.BSHD
+    if bshd:
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    q, k, v = q.double(), k.double(), v.double()
+    g = spec.heads // spec.heads_kv
+    k, v = k.repeat_interleave(g, dim=1), v.repeat_interleave(g, dim=1)
+    i = torch.arange(spec.seq_q, device=q.device)[:, None] + spec.seq_kv - spec.seq_q
+    j = torch.arange(spec.seq_kv, device=q.device)[None, :]
+    seen = torch.ones(spec.seq_q, spec.seq_kv, dtype=torch.bool, device=q.device)
+    if spec.window_left >= 0:
+        seen &= j >= i - spec.window_left
+    if spec.window_right >= 0:
+        seen &= j <= i + spec.window_right
+    o = torch.empty(*q.shape[:3], v.shape[-1], dtype=torch.float64, device=q.device)
+    lse = torch.empty(q.shape[:3], dtype=torch.float64, device=q.device)
+    for bi in range(q.shape[0]):  # one batch entry's scores at a time
+        s = q[bi] @ k[bi].transpose(-1, -2) * spec.scale
+        if spec.softcap is not None:
+            s = spec.softcap * torch.tanh(s / spec.softcap)
+        s = s.masked_fill(~seen, -math.inf)
+        m = torch.logsumexp(s, dim=-1)
+        p = torch.where(seen, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[..., None]), 0.0)
+        o[bi], lse[bi] = p @ v[bi], m
+    return (o.transpose(1, 2) if bshd else o), lse
+
+
+def _entry(spec):
+    impl = select(A.AttentionFwdInterface, (A.AttentionFwdKernel,), spec)
+    return impl.entry_for(spec, None)
+
+
+def _inputs(spec, dtype):
+    bshd = spec.layout is A.AttentionLayout.BSHD
+
+    def shaped(s, h, d):
+        shape = (spec.batch, s, h, d) if bshd else (spec.batch, h, s, d)
+        return torch.randn(shape, device="cuda", dtype=dtype)
+
+    q = shaped(spec.seq_q, spec.heads, spec.dim)
+    k = shaped(spec.seq_kv, spec.heads_kv, spec.dim)
+    v = shaped(spec.seq_kv, spec.heads_kv, spec.dim_v)
+    o = torch.full((*q.shape[:-1], spec.dim_v), float("nan"), device="cuda", dtype=dtype)
+    lse = torch.full((spec.batch, spec.heads, spec.seq_q), float("nan"), device="cuda")
+    return q, k, v, o, lse
+
+
+def _check(got, want, atol, rtol, what):
+    got = got.double()
+    unseen = torch.isneginf(want)
+    assert torch.equal(torch.isneginf(got), unseen), f"{what}: -inf where the reference is not"
+    ok = torch.isclose(got[~unseen], want[~unseen], rtol=rtol, atol=atol)
+    if not bool(ok.all()):
+        bad = int((~ok).sum())
+        worst = (got[~unseen] - want[~unseen]).abs().max().item()
+        raise AssertionError(f"{what}: {bad} of {ok.numel()} elements off (worst {worst:.3g})")
+
+
+@cuda
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_forward_matches_float64(case):
+    spec = case_spec(case)
+    dtype = case[8]
+    q, k, v, o, lse = _inputs(spec, dtype)
+    _entry(spec)(q, k, v, o, lse)
+    want_o, want_lse = _reference(spec, q, k, v)
+    assert not bool(torch.isnan(o).any()), "an output element was not written"
+    _check(lse, want_lse, LSE_ATOL, 1e-4, "lse")
+    rows_unseen = torch.isneginf(want_lse)  # [B, H, S_q]
+    if bool(rows_unseen.any()):
+        unseen_o = rows_unseen.transpose(1, 2) if spec.layout is A.AttentionLayout.BSHD \
+            else rows_unseen
+        assert bool((o[unseen_o] == 0).all()), "a row that sees no key is not 0"
+    _check(o, want_o, TOL[dtype], TOL[dtype], "o")
+
+
+@cuda
+def test_the_lse_is_optional():
+    """Without an lse tensor the entry writes a kept scratch; the output is the same."""
+    spec = case_spec(CASES[1])
+    q, k, v, o, lse = _inputs(spec, torch.bfloat16)
+    entry = _entry(spec)
+    entry(q, k, v, o, lse)
+    o2 = torch.full_like(o, float("nan"))
+    entry(q, k, v, o2, None)
+    assert torch.equal(o, o2)
+
+
+@cuda
+def test_no_key_and_no_row_launch_nothing():
+    for s_q, s_kv in ((5, 0), (0, 5)):
+        spec = A.AttentionFwdSpec(
+            device=_device(), batch=1, seq_q=s_q, seq_kv=s_kv, heads=2, heads_kv=2, dim=64,
+            dim_v=64, dtype="bfloat16", layout=A.AttentionLayout.BSHD, scale=0.125,
+            window_left=-1, window_right=-1, softcap=None)
+        q, k, v, o, lse = _inputs(spec, torch.bfloat16)
+        _entry(spec)(q, k, v, o, lse)
+        assert bool((o == 0).all()) and bool(torch.isneginf(lse).all())
+
+
+# --- the prebuild ----------------------------------------------------------------------------
+
+
+def program_keys():
+    """The distinct programs this file compiles: the program keys of CASES."""
+    return list(dict.fromkeys(A.program_key(case_spec(c)) for c in CASES))
+
+
+def _build(key):
+    A.build_attention_fwd(key)
+
+
+def _describe(key) -> str:
+    layout, h, h_kv, d, d_v, dtype, scale, left, right, softcap, masked = key
+    return (f"fwd {layout} h{h}x{h_kv} d{d}x{d_v} {dtype} scale {scale:.4g} window "
+            f"({left}, {right}) softcap {softcap} masked {masked}")
+
+
+def main(argv=None) -> int:
+    from _prebuild import main as prebuild  # beside this file, which runs as a script here
+
+    return prebuild(program_keys, _build, _describe, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
