@@ -13,10 +13,12 @@ windows are coalesced across a warp; overlapping windows are served by L1/L2, th
 from HBM about once). The window is scanned in torch's order (depth, then rows, then columns),
 in float32:
 
-- max: a tap replaces the running maximum when it is greater, is NaN, or is the window's first
-  valid tap (torch's CUDA and CPU kernels: a window of -inf gives its first position, a NaN
-  wins over any number and the last NaN's position is kept); the index is the tap's flat
-  position in its input plane (``(d * H + h) * W + w``), written as int64 when asked for;
+- max: the running maximum starts at -inf at the window's first tap that is not in the
+  leading padding (:func:`first_tap`), and a tap replaces it when it is greater or NaN
+  (torch's CUDA and CPU kernels: a window of -inf gives its first position, a NaN wins over
+  any number and the last NaN's position is kept, a dilated window wholly in the padding
+  gives -inf at that first position); the index is the flat position in the input plane
+  (``(d * H + h) * W + w``), written as int64 when asked for;
 - average: the sum divided by ``divisor_override``, else by the window's size clipped to the
   padded input (``count_include_pad``) or to the input itself, as torch's ``avg_pool*d``;
 - adaptive: output ``i`` of an axis of ``In`` to ``Out`` pools ``[floor(i * In / Out),
@@ -64,6 +66,7 @@ __all__ = [
     "divisor",
     "emulate",
     "emulate_bwd",
+    "first_tap",
     "pool_bwd_program",
     "pool_plan",
     "pool_program",
@@ -188,6 +191,15 @@ def tap_range(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> tuple[Any,
     return 0, n
 
 
+def first_tap(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> Any:
+    """The position of output ``o``'s first tap along ``axis`` that is not left of the input
+    (torch's ``while (start < 0) start += dilation``): where max pooling's index starts."""
+    if spec.adaptive:
+        return tap_position(spec, axis, o, 0)
+    s, p, d = spec.stride[axis], spec.padding[axis], spec.dilation[axis]
+    return o * s - p + (mx(p - o * s, 0) + d - 1) // d * d
+
+
 def divisor(spec: PoolSpec, o: tuple[Any, Any, Any], mn: Any, mx: Any) -> Any:
     """What the sum of average pooling's window at output ``o`` (``(d, h, w)``) is divided by:
     torch's ``avg_pool*d`` and ``adaptive_avg_pool*d``."""
@@ -268,7 +280,7 @@ def pool_program(spec: PoolSpec):
                         else:
                             v = T.cast(X[(n * C + c) * (Di * Hi * Wi) + spot], f32)
                         if is_max:
-                            if v > acc[0] or _isnan(T, v) or arg[0] < 0:
+                            if v > acc[0] or _isnan(T, v):
                                 acc[0] = v
                                 arg[0] = spot
                         else:
@@ -295,7 +307,9 @@ def pool_program(spec: PoolSpec):
                         od = t // (Wo * Ho) % Do
                         c = t // (Wo * Ho * Do) % C
                         n = t // (Wo * Ho * Do * C)
-                    arg[0] = -1
+                    arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
+                              + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
+                                  spec, 2, ow, T.min, T.max)
                     acc[0] = -T.infinity(f32) if is_max else T.float32(0)
                     scan(X, n, c, od, oh, ow, acc, arg)
                     out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
@@ -340,7 +354,8 @@ def pool_bwd_program(spec: PoolSpec):
     def rescan(X, p, od, oh, ow, m, arg):
         """The forward's scan of window (od, oh, ow) of plane p: its argmax into arg."""
         m[0] = -T.infinity(f32)
-        arg[0] = -1
+        arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi + first_tap(
+            spec, 1, oh, T.min, T.max)) * Wi + first_tap(spec, 2, ow, T.min, T.max)
         for ud in loop(kd):
             for uh in loop(kh):
                 for uw in loop(kw):
@@ -349,7 +364,7 @@ def pool_bwd_program(spec: PoolSpec):
                     w = tap_position(spec, 2, ow, uw)
                     if d >= 0 and d < Di and h >= 0 and h < Hi and w >= 0 and w < Wi:
                         v = T.cast(X[p * plane_in + (d * Hi + h) * Wi + w], f32)
-                        if v > m[0] or _isnan(T, v) or arg[0] < 0:
+                        if v > m[0] or _isnan(T, v):
                             m[0] = v
                             arg[0] = (d * Hi + h) * Wi + w
 
@@ -546,11 +561,14 @@ def emulate(spec: PoolSpec, x):
     planes = wide.reshape(spec.batch * spec.channels, -1)
     shape = (planes.shape[0], *spec.size_out)
     if spec.kind is PoolKind.MAX:
+        grid = torch.meshgrid(*[torch.arange(n) for n in spec.size_out], indexing="ij")
+        first = [first_tap(spec, a, grid[a], *_tensor_minmax(torch)) for a in range(3)]
+        _, Hi, Wi = spec.size_in
         acc = torch.full(shape, -math.inf, dtype=wide.dtype)
-        arg = torch.full(shape, -1, dtype=torch.int64)
+        arg = ((first[0] * Hi + first[1]) * Wi + first[2]).expand(shape)
         for spot, valid in _window_taps(spec, torch):
             v = planes[:, spot.flatten()].reshape(shape)
-            take = valid & ((v > acc) | v.isnan() | (arg < 0))
+            take = valid & ((v > acc) | v.isnan())
             acc = torch.where(take, v, acc)
             arg = torch.where(take, spot.expand(shape), arg)
         out_shape = (spec.batch, spec.channels, *spec.size_out)

@@ -1,0 +1,311 @@
+"""The pooling family on CPU: what the ops accept is what torch accepts, and the kernels'
+index arithmetic and scan rule (``emulate``, the CPU mirror of the programs) give torch's
+outputs, indices and gradients over the space of windows, strides, paddings, dilations and
+ceil_mode (ties and NaNs included). The generic harness covers the workloads' numerics, the
+bad-input corpus, compile, fake tensors and gradients through the reference target.
+"""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+import tileops.ops as O
+from tileops.kernels import pooling as K
+from tileops.ops.pooling import _layout, per_axis
+from tileops.signature import ConstructionError, SignatureCallError
+from tileops.spec.primitives import pool_out
+
+MAX = {1: O.MaxPool1dFwdOp, 2: O.MaxPool2dFwdOp, 3: O.MaxPool3dFwdOp}
+AVG = {1: O.AvgPool1dFwdOp, 2: O.AvgPool2dFwdOp, 3: O.AvgPool3dFwdOp}
+MAX_BWD = {1: O.MaxPool1dBwdOp, 2: O.MaxPool2dBwdOp, 3: O.MaxPool3dBwdOp}
+AVG_BWD = {1: O.AvgPool1dBwdOp, 2: O.AvgPool2dBwdOp, 3: O.AvgPool3dBwdOp}
+F_MAX = {1: F.max_pool1d, 2: F.max_pool2d, 3: F.max_pool3d}
+F_AVG = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
+
+REFUSED = (ConstructionError, SignatureCallError)
+
+
+@st.composite
+def windows(draw, max_pool: bool, valid: bool = True):
+    """``(nd, sizes, params)``: a pooling call's spatial sizes and the op's params, each an
+    int or a tuple per axis. ``valid``: inside torch's rules (padding at most half the
+    kernel, a positive output, and for 3-D average pooling no input axis shorter than the
+    kernel); else anything small, for comparing refusals."""
+    nd = draw(st.integers(1, 3))
+    sizes = tuple(draw(st.integers(1, 9)) for _ in range(nd))
+    k = tuple(draw(st.integers(1, 4)) for _ in range(nd))
+    s = tuple(draw(st.integers(1, 3)) for _ in range(nd))
+    hi = [kk // 2 for kk in k] if valid else [kk for kk in k]
+    p = tuple(draw(st.integers(0, h)) for h in hi)
+    d = tuple(draw(st.integers(1, 2)) for _ in range(nd)) if max_pool else (1,) * nd
+    ceil = draw(st.booleans())
+    if valid:
+        outs = [pool_out(n, *w, ceil) for n, *w in zip(sizes, k, s, p, d,
+                                                                 strict=True)]
+        assume(all(o > 0 for o in outs))
+        if nd == 3 and not max_pool:  # avg_pool3d's own rule
+            assume(all(n >= kk for n, kk in zip(sizes, k, strict=True)))
+
+    def spell(t):  # an int where every axis agrees, half the time
+        return t[0] if len(set(t)) == 1 and draw(st.booleans()) else t
+
+    params = {"kernel_size": spell(k), "padding": spell(p), "ceil_mode": ceil}
+    if draw(st.booleans()):
+        params["stride"] = spell(s)
+    elif valid:  # stride None: the kernel size
+        outs = [pool_out(n, kk, kk, pp, dd, ceil)
+                for n, kk, pp, dd in zip(sizes, k, p, d, strict=True)]
+        assume(all(o > 0 for o in outs))
+    if max_pool:
+        params["dilation"] = spell(d)
+    return nd, sizes, params
+
+
+def values(shape, draw_nan: bool, seed: int) -> torch.Tensor:
+    """Small integers (many ties in a window), and a few NaNs where asked: float32 values
+    that every comparison and sum of the tests holds exactly."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(-3, 4, shape, generator=g).float()
+    if draw_nan:
+        x[torch.rand(shape, generator=g) < 0.1] = math.nan
+    return x
+
+
+def spec_of(op, x, y, indices=False) -> K.PoolSpec:
+    return op._spec(None, x.dtype, tuple(x.shape), tuple(y.shape), K.PoolLayout.PLANES,
+                    indices)
+
+
+# --- the ops accept what torch accepts ----------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(w=windows(max_pool=True, valid=False), batched=st.booleans(), avg=st.booleans())
+def test_refused_exactly_where_torch_refuses(w, batched, avg):
+    nd, sizes, params = w
+    x = torch.randn(((2,) if batched else ()) + (3, *sizes))
+    if avg:
+        params = {k: v for k, v in params.items() if k != "dilation"}
+        op_cls, fn = AVG[nd], F_AVG[nd]
+    else:
+        op_cls, fn = MAX[nd], F_MAX[nd]
+    try:
+        want = fn(x, **params)
+    except RuntimeError:
+        want = None
+    try:
+        got = op_cls(**params)(x)
+    except REFUSED:
+        got = None
+    assert (got is None) == (want is None), (params, x.shape)
+    if want is not None:
+        got = got if avg else got[0]
+        assert got.shape == want.shape  # the lets over pool.out are torch's output sizes
+        torch.testing.assert_close(got, want)
+
+
+def test_padding_over_half_the_kernel_is_refused_by_name():
+    with pytest.raises(ConstructionError) as e:
+        O.MaxPool2dFwdOp(kernel_size=3, padding=2)
+    assert str(e.value).splitlines()[:4] == [
+        "MaxPool2dFwdOp: construction param padding, kernel_size does not match the signature",
+        "  expected: 0 <= pH <= kH // 2 and 0 <= pW <= kW // 2",
+        "  seen:     pH = 2, kH = 3, pW = 2, kW = 3",
+        "  because:  refinement '0 <= pH <= kH // 2 and 0 <= pW <= kW // 2' does not hold",
+    ]
+
+
+def test_an_empty_output_is_refused_by_name():
+    with pytest.raises(SignatureCallError) as e:
+        O.AvgPool2dFwdOp(kernel_size=5)(torch.randn(1, 2, 4, 9))
+    lines = str(e.value).splitlines()
+    assert lines[0] == "AvgPool2dFwdOp: argument input does not match the signature"
+    assert lines[3] == ("  because:  refinement 'H_out > 0 and W_out > 0' does not hold "
+                        "(H_out = 0, W_out = 1)")
+
+
+def test_a_second_batch_axis_is_refused_by_name():
+    with pytest.raises(SignatureCallError) as e:
+        O.MaxPool1dFwdOp(kernel_size=2)(torch.randn(2, 2, 3, 8))
+    assert "refinement 'len(B) <= 1' does not hold (B = [2, 2])" in str(e.value)
+
+
+def test_a_zero_divisor_override_is_refused_by_name():
+    with pytest.raises(ConstructionError) as e:
+        O.AvgPool2dFwdOp(kernel_size=2, divisor_override=0)
+    assert ("refinement 'not present(divisor_override) or divisor_override.value != 0' does "
+            "not hold") in str(e.value)
+
+
+def test_window_params_as_torch_spells_them():
+    x = torch.randn(2, 3, 10, 12)
+    # a list, an int, stride None (the kernel), a one-element tuple
+    got = O.MaxPool2dFwdOp(kernel_size=[3, 2], padding=(1,))(x)[0]
+    torch.testing.assert_close(got, F.max_pool2d(x, [3, 2], padding=(1,)), rtol=0, atol=0)
+    op = O.AvgPool3dFwdOp(kernel_size=(1, 2, 3), stride=[1, 2, 1])
+    assert op._kernel == (1, 2, 3) and op._stride == (1, 2, 1)
+    assert MAX[1](kernel_size=3)._kernel == (1, 1, 3)
+    assert per_axis(None, 2, (3, 2)) == (3, 2) and per_axis((4,), 3) == (4, 4, 4)
+
+
+def test_max_pool_returns_indices_when_asked():
+    x = torch.randn(2, 3, 9, 9)
+    y, idx = O.MaxPool2dFwdOp(kernel_size=3, stride=2, return_indices=True)(x)
+    ry, ridx = F.max_pool2d(x, 3, 2, return_indices=True)
+    assert torch.equal(y, ry) and torch.equal(idx, ridx) and idx.dtype == torch.int64
+    y, none = O.MaxPool2dFwdOp(kernel_size=3, stride=2)(x)
+    assert none is None and torch.equal(y, ry)
+
+
+# --- the kernels' arithmetic is torch's ----------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(w=windows(max_pool=True), nan=st.booleans(), seed=st.integers(0, 2**16))
+def test_max_scan_gives_torchs_values_and_indices(w, nan, seed):
+    """Ties take the first maximum in scan order, a NaN wins (the last NaN's position)."""
+    nd, sizes, params = w
+    x = values((2, 3, *sizes), nan, seed)
+    op = MAX[nd](**params)
+    want, want_idx = F_MAX[nd](x, **params, return_indices=True)
+    y, idx = K.emulate(spec_of(op, x, want, True), x)
+    assert torch.equal(idx.reshape(want.shape), want_idx)
+    torch.testing.assert_close(y.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+
+
+@settings(max_examples=50, deadline=None)
+@given(w=windows(max_pool=False), include=st.booleans(), divisor=st.sampled_from([None, 3]),
+       seed=st.integers(0, 2**16))
+def test_average_divisors_are_torchs(w, include, divisor, seed):
+    nd, sizes, params = w
+    params["count_include_pad"] = include
+    if nd > 1:
+        params["divisor_override"] = divisor
+    x = values((2, 3, *sizes), False, seed)
+    want = F_AVG[nd](x.double(), **params)
+    y, _ = K.emulate(spec_of(AVG[nd](**params), x, want), x)
+    torch.testing.assert_close(y.reshape(want.shape).double(), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 12), w=st.integers(1, 12), ho=st.integers(1, 8), wo=st.integers(1, 8),
+       nan=st.booleans(), seed=st.integers(0, 2**16))
+def test_adaptive_windows_are_torchs(h, w, ho, wo, nan, seed):
+    x = values((2, 3, h, w), nan, seed)
+    want, want_idx = F.adaptive_max_pool2d(x, (ho, wo), return_indices=True)
+    spec = spec_of(O.AdaptiveMaxPool2dFwdOp(output_size=(ho, wo)), x, want, True)
+    y, idx = K.emulate(spec, x)
+    assert torch.equal(idx.reshape(want.shape), want_idx)
+    torch.testing.assert_close(y.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
+    want = F.adaptive_avg_pool2d(x.double(), (ho, wo))
+    y, _ = K.emulate(spec_of(O.AdaptiveAvgPool2dFwdOp(output_size=(ho, wo)), x, want), x)
+    torch.testing.assert_close(y.reshape(want.shape).double(), want, equal_nan=True)
+
+
+def test_adaptive_taps_cover_the_longest_window():
+    assert K.adaptive_taps(37, 5) == 9  # [14, 23)
+    assert K.adaptive_taps(5, 8) == 2  # an output larger than the input: windows of 1 and 2
+    assert K.adaptive_taps(7, 1) == 7
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=windows(max_pool=True), given_indices=st.booleans(), seed=st.integers(0, 2**16))
+def test_max_gradient_gather_is_torchs(w, given_indices, seed):
+    """Each window's gradient lands on its maximum, found from the indices or by the scan."""
+    nd, sizes, params = w
+    x = values((2, 3, *sizes), False, seed).double().requires_grad_()
+    y, idx = F_MAX[nd](x, **params, return_indices=True)
+    dy = torch.randn_like(y)
+    (want,) = torch.autograd.grad(y, x, dy)
+    op = MAX_BWD[nd](**params)
+    got = K.emulate_bwd(spec_of(op, x.detach().float(), y.float(), given_indices), dy,
+                        x.detach().float(), idx if given_indices else None)
+    torch.testing.assert_close(got.reshape(want.shape), want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(w=windows(max_pool=False), include=st.booleans(), divisor=st.sampled_from([None, 3]),
+       seed=st.integers(0, 2**16))
+def test_average_gradient_gather_is_torchs(w, include, divisor, seed):
+    nd, sizes, params = w
+    params["count_include_pad"] = include
+    if nd > 1:
+        params["divisor_override"] = divisor
+    x = values((2, 3, *sizes), False, seed).double().requires_grad_()
+    y = F_AVG[nd](x, **params)
+    dy = torch.randn_like(y)
+    (want,) = torch.autograd.grad(y, x, dy)
+    op = AVG_BWD[nd](**params)
+    got = K.emulate_bwd(spec_of(op, x.detach().float(), y.float()), dy, x.detach().float())
+    torch.testing.assert_close(got.reshape(want.shape), want)
+
+
+# --- the ops' own flow ---------------------------------------------------------------------------
+
+
+def test_layouts_read_in_place():
+    x = torch.randn(2, 3, 5, 7)
+    assert _layout(x) == (x, K.PoolLayout.PLANES)
+    cl = x.to(memory_format=torch.channels_last)
+    got, layout = _layout(cl)
+    assert got is cl and layout is K.PoolLayout.CHANNELS_LAST
+    cl3 = torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d)
+    assert _layout(cl3)[1] is K.PoolLayout.CHANNELS_LAST
+    strided = x[..., ::2]
+    got, layout = _layout(strided)
+    assert layout is K.PoolLayout.PLANES and got.is_contiguous() and torch.equal(got, strided)
+
+
+def test_a_call_is_three_axes_to_the_kernels():
+    x = torch.randn(3, 17)  # unbatched 1-D: one batch, three channels
+    op = O.MaxPool1dFwdOp(kernel_size=3, stride=2, padding=1, dilation=2, return_indices=True)
+    y, _ = op(x)
+    s = op._spec("cpu", torch.bfloat16, tuple(x.shape), tuple(y.shape),
+                 K.PoolLayout.PLANES, True)
+    assert (s.batch, s.channels, s.size_in, s.size_out) == (1, 3, (1, 1, 17), (1, 1, 8))
+    assert (s.kernel, s.stride, s.padding, s.dilation) == ((1, 1, 3), (1, 1, 2), (0, 0, 1),
+                                                           (1, 1, 2))
+    avg = O.AvgPool2dFwdOp(kernel_size=2, divisor_override=3, count_include_pad=False)
+    s = avg._spec("cpu", torch.float16, (2, 4, 6, 6), (2, 4, 3, 3), K.PoolLayout.PLANES, False)
+    assert (s.divisor, s.count_include_pad, s.dtype) == (3, False, "float16")
+
+
+def test_kernels_refuse_float64_by_name():
+    op = O.MaxPool2dFwdOp(kernel_size=2)
+    with pytest.raises(TypeError) as e:
+        op.forward(op._point.check(torch.randn(1, 1, 4, 4, dtype=torch.float64)),
+                   torch.randn(1, 1, 4, 4, dtype=torch.float64), torch.empty(1, 1, 2, 2), None)
+    assert str(e.value) == ("MaxPool2dFwdOp: the in-tree pooling kernels serve bfloat16, "
+                            "float16, float32, not float64; construct the op with "
+                            "target='reference' for float64")
+
+
+def test_call_spec_refuses_what_no_program_serves():
+    base = dict(device=None, kind=K.PoolKind.AVG, adaptive=False, layout=K.PoolLayout.PLANES,
+                batch=1, channels=1, size_in=(1, 4, 4), size_out=(1, 2, 2), kernel=(1, 2, 2),
+                stride=(1, 2, 2), padding=(0, 0, 0), dilation=(1, 1, 1),
+                count_include_pad=True, divisor=0, indices=False, dtype="float32")
+    with pytest.raises(ValueError, match=r"PoolSpec.indices: only max pooling has indices"):
+        K.PoolSpec(**{**base, "indices": True})
+    with pytest.raises(ValueError, match=r"PoolSpec.dilation: average pooling has none"):
+        K.PoolSpec(**{**base, "dilation": (1, 2, 2)})
+    with pytest.raises(ValueError, match=r"PoolSpec.size_in must be three sizes"):
+        K.PoolSpec(**{**base, "size_in": (4, 4)})
+    big = K.PoolSpec(**{**base, "batch": 2**16, "channels": 2**16})
+    assert K.PoolKernel.region_refusal(big).startswith("indexes its tensors with int32")
+    assert K.PoolBwdKernel.region_refusal(K.PoolSpec(**{**base, "adaptive": True})) == \
+        "serves max and average pooling, not adaptive pooling"
+
+
+def test_gradient_through_max_pool_with_indices():
+    x = torch.randn(2, 3, 7, 8, dtype=torch.float64, requires_grad=True)
+    op = O.MaxPool2dFwdOp(kernel_size=3, stride=2, padding=1, return_indices=True)
+    assert torch.autograd.gradcheck(lambda t: op(t)[0], (x,))
+    y, _ = op(x)
+    (got,) = torch.autograd.grad(y.sum(), x)
+    (want,) = torch.autograd.grad(F.max_pool2d(x, 3, 2, 1).sum(), x)
+    assert torch.equal(got, want)
