@@ -240,7 +240,8 @@ def test_the_tables_are_closed_and_named_by_their_keys() -> None:
                                   "promote", "promote_int_to_float", "reduce_shape",
                                   "replace_axis", "result_type", "size_at"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
-                                  "kv_lengths", "moe_metadata", "page_table", "prefix_sum"]
+                                  "kv_lengths", "moe_metadata", "page_table", "prefix_sum",
+                                  "scaled_prefix_sum"]
     for table in (PRIMITIVES, GENERATORS):
         for name, prim in table.items():
             assert prim.name == name

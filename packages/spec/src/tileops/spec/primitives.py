@@ -583,6 +583,23 @@ def moe_metadata(layout, rows: int, experts: int, uneven: int) -> list[int]:
     return out + [-1] * (rows - len(out))
 
 
+def scaled_prefix_sum(xs: Sequence[int], total: int) -> list[int]:
+    """The offsets of packed sequences of lengths ``xs`` scaled to fill ``total`` items:
+    ``total * prefix_sum(xs)[i] // sum(xs)``, so ``prefix_sum(xs)`` itself where ``total`` is
+    their sum. A workload names its tensor's length as ``total``, so a row scaled down for a
+    smaller run keeps its offsets within the tensor and its mix of lengths (an empty sequence
+    stays empty; a short one may become empty)."""
+    _length(len(xs) + 1, "scaled_prefix_sum")
+    if any(x < 0 for x in xs) or total < 0:
+        raise PrimitiveError(f"scaled_prefix_sum needs lengths and a total >= 0, got {list(xs)} "
+                             f"and {total}")
+    whole = sum(xs)
+    if whole == 0 and total:
+        raise PrimitiveError(f"scaled_prefix_sum cannot fill {total} items with sequences of "
+                             f"no length")
+    return [total * c // whole if whole else 0 for c in prefix_sum(xs)]
+
+
 GENERATORS: dict[str, Primitive] = {
     p.name: p
     for p in [
@@ -609,5 +626,7 @@ GENERATORS: dict[str, Primitive] = {
         Primitive("page_table", ("int", "int", "int"), lambda a: ShapeK(), page_table,
                   "page_table(n, pages, pool): n rows of pages page numbers scattered over a "
                   "pool (distinct while n * pages <= pool)"),
+        Primitive("scaled_prefix_sum", ("shape", "int"), lambda a: ShapeK(), scaled_prefix_sum,
+                  "scaled_prefix_sum(xs, total): prefix_sum(xs) scaled to end at total"),
     ]
 }
