@@ -27,7 +27,7 @@ def test_offsets_rise_from_zero_to_the_total(xs, frac):
         total = 0
     out = scaled_prefix_sum(xs, total)
     assert len(out) == len(xs) + 1 and out[0] == 0 and out[-1] == total
-    steps = list(zip(out, out[1:], xs, strict=True))
+    steps = list(zip(out[:-1], out[1:], xs, strict=True))
     assert all(a <= b <= a + x for a, b, x in steps)  # rising; no sequence grows
     assert all(b == a for a, b, x in steps if x == 0)
 
