@@ -3,9 +3,11 @@ TileLang.
 
 Every op of the family pools over up to three spatial axes; a 1-D or 2-D call is a 3-D one
 whose leading spatial axes have length 1 (a window of 1, a stride of 1, no padding), so one
-program generator serves all of them. Sizes, windows and strides are compiled in (the
-divisions of a flat index into coordinates are then multiplications, and a window's taps
-unroll).
+program generator serves all of them. Sizes, windows and strides are compiled in, the batch
+included: the divisions of a flat index into coordinates are then multiplications by
+constants in int32, and a window's taps unroll. (With the batch a launch-time size, TileLang
+indexes the flat tensors in int64 and guards every load against their length; a new batch
+size costs one compile.)
 
 Forward (:func:`pool_program`): one thread per output element, ``per`` elements a thread
 (consecutive blocks of ``threads`` outputs, so every store and the loads of neighbouring
@@ -307,10 +309,13 @@ def pool_program(spec: PoolSpec):
                         od = t // (Wo * Ho) % Do
                         c = t // (Wo * Ho * Do) % C
                         n = t // (Wo * Ho * Do * C)
-                    arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
-                              + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
-                                  spec, 2, ow, T.min, T.max)
-                    acc[0] = -T.infinity(f32) if is_max else T.float32(0)
+                    if is_max:
+                        arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
+                                  + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
+                                      spec, 2, ow, T.min, T.max)
+                        acc[0] = -T.infinity(f32)
+                    else:
+                        acc[0] = T.float32(0)
                     scan(X, n, c, od, oh, ow, acc, arg)
                     out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
                     if is_max:
