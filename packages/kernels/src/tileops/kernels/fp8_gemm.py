@@ -1,0 +1,297 @@
+"""The fp8 GEMM ``c = (a * a_scale) @ (b * b_scale)^T + bias`` in TileLang, for sm_90.
+
+``a`` is ``[M, K]`` and ``b`` ``[N, K]``, both K-major and row-major contiguous, as wgmma's fp8
+forms need (no transposed fp8 operand exists); each is float8_e4m3fn or float8_e5m2. The
+products accumulate in float32 registers; ``c`` is bfloat16, float16 or float32, and so is
+``bias``. ``M`` is a launch-time size (one compiled program serves every M); ``N``, ``K``, the
+dtypes, the scaling and the tile configuration are compiled in.
+
+Scales (float32, dequantised = fp8 * scale; the ops module states their shapes):
+
+- tensor and row (:class:`GemmFp8ScaledKernel`): the scales factor out of the sum over K, so
+  the main loop is the plain fp8 GEMM (TMA loads into a ``stages``-deep pipeline, wgmma) and
+  the epilogue multiplies the accumulator by ``a_scale * b_scale`` (a row's and a column's for
+  ``row``: both staged in shared memory once a tile) and adds the bias before the one
+  rounding to ``c``'s dtype.
+- block (:class:`GemmFp8BlockKernel`, DeepSeek-V3's 1 x 128 groups of ``a`` and 128 x 128
+  blocks of ``b``): the scale changes every 128 steps of K, so each 128-deep K step's wgmma
+  writes a fresh float32 partial that is promoted into a second float32 accumulator scaled by
+  ``a_scale[m, k / 128] * b_scale[n / 128, k / 128]`` (the row's factor staged in shared
+  memory each step). Both accumulators are float32: the partial of one step holds 128
+  products, so no precision is lost to wgmma's own accumulation.
+
+Tiles: 128 x 256 x 128 (two math warpgroups; 128 x 128 for a float32 ``c``, whose staged
+output tile is twice as large) for M above the decode range, 64 x 64 x 256 for M up to 64
+(decode: ``b`` is read once, by ``N / 64`` CTAs streaming deep K tiles), 128 x 128 x 128 and
+64 x 64 x 128 for block scales (a K step is one scale block). Tile rows past ``M`` and columns
+past ``N`` or ``K`` are zero-filled on load (TMA does it natively) and not stored.
+
+TMA needs 16-byte aligned rows: ``K`` a multiple of 16 (fp8 rows of ``a`` and ``b``) and ``N``
+times ``c``'s element size a multiple of 16; calls that break it run the same programs with
+plain predicated copies (``tma=False``), slower but any shape.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import enum
+import functools
+from typing import Any, Literal, NamedTuple, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "BLOCK",
+    "DECODE_M",
+    "Fp8Config",
+    "GemmFp8BlockKernel",
+    "GemmFp8Interface",
+    "GemmFp8OutDType",
+    "GemmFp8ScaledKernel",
+    "GemmFp8Spec",
+    "Scaling",
+    "build_fp8_gemm_kernel",
+    "choose_fp8_config",
+    "fp8_gemm_program",
+    "fp8_tma_aligned",
+]
+
+#: the width of a scale block along K (and of b's blocks along N)
+BLOCK = 128
+#: calls with at most this many rows take the decode tiles
+DECODE_M = 64
+
+Fp8DType = Literal["float8_e4m3fn", "float8_e5m2"]
+GemmFp8OutDType = Literal["bfloat16", "float16", "float32"]
+_OUT_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+class Scaling(enum.Enum):
+    """How the operands are scaled: per tensor, per row of each, or in blocks."""
+
+    TENSOR = "tensor"
+    ROW = "row"
+    BLOCK = "block"
+
+
+class GemmFp8Spec(CallSpec, frozen=True, kw_only=True):
+    """An fp8 GEMM call: the solved sizes, the operands' and the output's dtypes, the scaling
+    and whether a bias is added."""
+
+    m: int
+    n: int
+    k: int
+    a_dtype: Fp8DType
+    b_dtype: Fp8DType
+    out_dtype: GemmFp8OutDType
+    scaling: Scaling
+    has_bias: bool
+
+    def __post_init__(self) -> None:
+        fp8 = frozenset(get_args(Fp8DType))
+        self.check_fields(choices={"a_dtype": fp8, "b_dtype": fp8,
+                                   "out_dtype": frozenset(get_args(GemmFp8OutDType)),
+                                   "scaling": frozenset(Scaling)},
+                          sizes=("m", "n", "k"), flags=("has_bias",))
+
+
+class GemmFp8Interface(KernelInterface):
+    """One slot: ``forward(a, b, a_scale, b_scale, bias, c)`` writes ``c`` (``bias`` may be
+    None; a per-tensor scale is handed as its 0-dim tensor)."""
+
+    slot = "gemm_fp8"
+    call_spec = GemmFp8Spec
+
+
+class Fp8Config(NamedTuple):
+    """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off) and
+    whether the global -> shared copies are TMA's."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    stages: int
+    threads: int
+    panel: int = 8
+    tma: bool = True
+
+    def label(self) -> str:
+        return "x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
+
+
+#: the configurations :func:`choose_fp8_config` picks from
+FP8_CONFIGS: dict[str, Fp8Config] = {
+    "128x256": Fp8Config(128, 256, 128, 3, 256),
+    "128x128": Fp8Config(128, 128, 128, 4, 256),
+    "decode": Fp8Config(64, 64, 256, 4, 128, 0),
+    "block": Fp8Config(128, 128, 128, 4, 256),
+    "block-decode": Fp8Config(64, 64, 128, 6, 128, 0),
+}
+
+
+def fp8_tma_aligned(n: int, k: int, out_dtype: str) -> bool:
+    """Whether every stored row meets TMA's 16 bytes: ``a``'s and ``b``'s K fp8 elements and
+    ``c``'s N elements (base pointers are 16-byte aligned: the op copies a view that is not)."""
+    return k % 16 == 0 and (n * _OUT_BYTES[out_dtype]) % 16 == 0
+
+
+def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
+    """The tile configuration of a call (see the module docstring)."""
+    decode = spec.m <= DECODE_M
+    if spec.scaling is Scaling.BLOCK:
+        cfg = FP8_CONFIGS["block-decode" if decode else "block"]
+    elif decode:
+        cfg = FP8_CONFIGS["decode"]
+    else:
+        cfg = FP8_CONFIGS["128x128" if spec.out_dtype == "float32" else "128x256"]
+    if not fp8_tma_aligned(spec.n, spec.k, spec.out_dtype):
+        cfg = cfg._replace(tma=False)
+    return cfg
+
+
+def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                     scaling: Scaling, has_bias: bool, cfg: Fp8Config):
+    """The prim_func ``(A, B, SA, SB, BIAS, C)`` (``BIAS`` ``[n]``, unread without a bias;
+    ``SA``, ``SB`` ``[1]`` per tensor, ``[M, 1]`` / ``[n, 1]`` per row, ``[M, ceil(k / 128)]`` /
+    ``[ceil(n / 128), ceil(k / 128)]`` in blocks), ``M`` dynamic."""
+    _, T = tl()
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    stages, threads, panel = cfg.stages, cfg.threads, cfg.panel
+    ann = None if cfg.tma else {"disable_tma": True}
+    kb = -(-k // BLOCK)
+    block = scaling is Scaling.BLOCK
+    if block and (bk != BLOCK or BLOCK % bn):
+        raise ValueError(f"block scales need 128-deep K tiles and block_n dividing 128, got "
+                         f"{cfg.label()}")
+    sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((M, 1), (n, 1)),
+                          Scaling.BLOCK: ((M, kb), (-(-n // BLOCK), kb))}[scaling]
+    iters = -(-k // bk)
+    f32 = "float32"
+
+    @T.prim_func
+    def gemm_fp8(
+        A: T.Tensor((M, k), a_dtype),
+        B: T.Tensor((n, k), b_dtype),
+        SA: T.Tensor(sa_shape, f32),
+        SB: T.Tensor(sb_shape, f32),
+        BIAS: T.Tensor((n,), out_dtype),
+        C: T.Tensor((M, n), out_dtype),
+    ):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(M, bm), threads=threads) as (bx, by):
+            A_s = T.alloc_shared((bm, bk), a_dtype)
+            B_s = T.alloc_shared((bn, bk), b_dtype)
+            C_l = T.alloc_fragment((bm, bn), f32)
+            row_s = T.alloc_shared((bm,), f32)  # a's factor of each row of the tile
+            col_s = T.alloc_shared((bn,), f32)  # b's factor (and the bias) of each column
+            if panel:
+                T.use_swizzle(panel_size=panel)
+            if block:
+                acc = T.alloc_fragment((bm, bn), f32)
+                step_l = T.alloc_fragment((bm,), f32)  # the step's factor of each row
+                T.clear(acc)
+                for ko in T.Pipelined(iters, num_stages=stages):
+                    T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
+                    T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
+                    # read by the math threads (registers, issued before the wgmma): staged in
+                    # shared memory, the scales would be a producer's copy, and a producer
+                    # warpgroup as wide as the math ones halves the registers of each
+                    for i in T.Parallel(bm):
+                        step_l[i] = T.if_then_else(
+                            by * bm + i < M,
+                            SA[by * bm + i, ko] * SB[(bx * bn) // BLOCK, ko], T.float32(0))
+                    T.gemm(A_s, B_s, C_l, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(bm, bn):
+                        acc[i, j] += C_l[i, j] * step_l[i]
+                for i, j in T.Parallel(bm, bn):
+                    C_l[i, j] = acc[i, j]
+            else:
+                T.clear(C_l)
+                for ko in T.Pipelined(iters, num_stages=stages):
+                    T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
+                    T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
+                    T.gemm(A_s, B_s, C_l, transpose_B=True)
+                if scaling is Scaling.ROW:
+                    for i in T.Parallel(bm):
+                        row_s[i] = T.if_then_else(by * bm + i < M, SA[by * bm + i, 0],
+                                                  T.float32(0))
+                    for j in T.Parallel(bn):
+                        col_s[j] = T.if_then_else(bx * bn + j < n, SB[bx * bn + j, 0],
+                                                  T.float32(0))
+                    for i, j in T.Parallel(bm, bn):
+                        C_l[i, j] = C_l[i, j] * row_s[i] * col_s[j]
+                else:
+                    for i, j in T.Parallel(bm, bn):
+                        C_l[i, j] = C_l[i, j] * (SA[0] * SB[0])
+            if has_bias:
+                for j in T.Parallel(bn):
+                    col_s[j] = T.if_then_else(bx * bn + j < n, T.Cast(f32, BIAS[bx * bn + j]),
+                                              T.float32(0))
+                for i, j in T.Parallel(bm, bn):
+                    C_l[i, j] = C_l[i, j] + col_s[j]
+            C_s = T.alloc_shared((bm, bn), out_dtype)
+            T.copy(C_l, C_s)
+            T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
+
+    return gemm_fp8
+
+
+@functools.lru_cache(maxsize=128)
+def build_fp8_gemm_kernel(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                          scaling: Scaling, has_bias: bool, cfg: Fp8Config,
+                          target: str | None = None):
+    """Compile :func:`fp8_gemm_program` (cached per process; TileLang also caches on disk)."""
+    return compile_program(fp8_gemm_program(n, k, a_dtype, b_dtype, out_dtype, scaling,
+                                            has_bias, cfg), target)
+
+
+class _Fp8GemmKernel(Kernel, GemmFp8Interface):
+    devices = ("cuda",)
+    supported_archs = frozenset({(9, 0)})  # wgmma's fp8 forms
+
+    @classmethod
+    def identity(cls, spec: GemmFp8Spec) -> Any:
+        # the program depends on M only through the decode / prefill tiles
+        return (spec.device, spec.n, spec.k, spec.a_dtype, spec.b_dtype, spec.out_dtype,
+                spec.scaling, spec.has_bias, choose_fp8_config(spec))
+
+    def __init__(self, spec: GemmFp8Spec) -> None:
+        super().__init__(spec)
+        self.config = choose_fp8_config(spec)
+        self.program = None if spec.n == 0 or spec.k == 0 else build_fp8_gemm_kernel(
+            spec.n, spec.k, spec.a_dtype, spec.b_dtype, spec.out_dtype, spec.scaling,
+            spec.has_bias, self.config)
+
+    def __call__(self, a, b, a_scale, b_scale, bias, c) -> None:
+        if c.numel() == 0:
+            return
+        if self.program is None:  # K = 0: the empty sum, plus the bias
+            c.zero_()
+            if bias is not None:
+                c.add_(bias)
+            return
+        if self.spec.scaling is Scaling.TENSOR:
+            a_scale, b_scale = a_scale.view(1), b_scale.view(1)
+        # an absent bias is never read: c's first row stands in for the argument
+        self.program(a, b, a_scale, b_scale, c[0] if bias is None else bias, c)
+
+
+class GemmFp8ScaledKernel(_Fp8GemmKernel):
+    """Per-tensor and row-wise scales: the plain fp8 GEMM, scales and bias in the epilogue."""
+
+    @classmethod
+    def region_refusal(cls, spec: GemmFp8Spec) -> str | None:
+        if spec.scaling is Scaling.BLOCK:
+            return "serves per-tensor and row-wise scales (block scales change along K)"
+        return None
+
+
+class GemmFp8BlockKernel(_Fp8GemmKernel):
+    """Block scales: each 128-deep K step's partial promoted into a scaled accumulator."""
+
+    @classmethod
+    def region_refusal(cls, spec: GemmFp8Spec) -> str | None:
+        if spec.scaling is not Scaling.BLOCK:
+            return "serves block scales (1 x 128 groups of a, 128 x 128 blocks of b)"
+        return None
