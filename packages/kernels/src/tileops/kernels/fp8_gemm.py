@@ -1,7 +1,8 @@
 """The fp8 GEMM ``c = (a * a_scale) @ (b * b_scale)^T + bias`` in TileLang, for sm_90.
 
 ``a`` is ``[M, K]`` and ``b`` ``[N, K]``, both K-major and row-major contiguous, as wgmma's fp8
-forms need (no transposed fp8 operand exists); each is float8_e4m3fn or float8_e5m2. The
+forms need (no transposed fp8 operand exists); both are float8_e4m3fn or both float8_e5m2
+(TileLang 0.1.15's Hopper GEMM refuses a mixed pair). The
 products accumulate in float32 registers; ``c`` is bfloat16, float16 or float32, and so is
 ``bias``. ``M`` is a launch-time size (one compiled program serves every M); ``N``, ``K``, the
 dtypes, the scaling and the tile configuration are compiled in.
@@ -90,6 +91,9 @@ class GemmFp8Spec(CallSpec, frozen=True, kw_only=True):
 
     def __post_init__(self) -> None:
         fp8 = frozenset(get_args(Fp8DType))
+        if self.a_dtype != self.b_dtype:
+            raise ValueError(f"GemmFp8Spec: a and b must share one fp8 dtype, got "
+                             f"{self.a_dtype} and {self.b_dtype}")
         self.check_fields(choices={"a_dtype": fp8, "b_dtype": fp8,
                                    "out_dtype": frozenset(get_args(GemmFp8OutDType)),
                                    "scaling": frozenset(Scaling)},
