@@ -63,12 +63,11 @@ _classes: dict[tuple[int, str], tuple[Any, type]] = {}
 _lock = threading.Lock()
 
 
-def register_class(cls: type[Op]) -> None:
-    """Record an op class with an entry, for the forward ops whose backward it computes."""
-    plan = cls._signature
-    assert plan is not None
+def register_class(cls: type[Op], spec: Any, name: str) -> None:
+    """Record an op class with entry ``name`` of spec file ``spec``, for the forward ops whose
+    backward it computes."""
     with _lock:
-        _classes[(id(plan.spec), plan.name)] = (plan.spec, cls)
+        _classes[(id(spec), name)] = (spec, cls)
 
 
 def backward_class(fwd: type[Op], name: str) -> type[Op]:

@@ -1,6 +1,8 @@
 """What an op class with a spec entry gets from the entry instead of writing it.
 
-``Op.__init_subclass__`` calls :func:`install` for each class with an entry:
+For each class with an entry, ``Op.__init_subclass__`` asks :func:`deferred_members` what the
+class does not write itself, and :func:`build_members` builds it on the class's first use
+(lazy.py):
 
 - ``__init__``, unless the class writes one: keyword-only parameters in the entry's manifest
   order with the spec's defaults (a param without one is required), then ``target``,
@@ -33,7 +35,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
     from .op import Op
 
-__all__ = ["REQUIRED", "Equivalents", "install", "reference_builder"]
+__all__ = ["REQUIRED", "Equivalents", "build_members", "deferred_members", "reference_builder"]
 
 _RUNTIME_PARAMS = (("target", None), ("kernel_map", None), ("tune", False))
 
@@ -61,12 +63,16 @@ def _make(__class__):
 """
 
 
-def _make_init(cls: type, params: dict[str, Any]) -> Callable[..., None]:
-    """``__init__(self, *, p1, p2=d2, ..., target=None, kernel_map=None, tune=False)``."""
-    names = [*params, *(n for n, _ in _RUNTIME_PARAMS)]
+def _check_names(cls: type, names: list[str]) -> None:
     for n in names:
         if not n.isidentifier() or keyword.iskeyword(n) or n in ("self", "unknown"):
             raise TypeError(f"{cls.__name__}: construction param {n!r} is not an identifier")
+
+
+def _make_init(cls: type, params: dict[str, Any]) -> Callable[..., None]:
+    """``__init__(self, *, p1, p2=d2, ..., target=None, kernel_map=None, tune=False)``."""
+    names = [*params, *(n for n, _ in _RUNTIME_PARAMS)]
+    _check_names(cls, names)
     defaults: dict[str, Any] = {}
     for n, decl in params.items():
         # a required param defaults to REQUIRED, which Op.__init__ drops: the construction
@@ -127,16 +133,33 @@ def _repr(self: Op) -> str:
     return f"{type(self).__name__}({', '.join(parts)})"
 
 
-def install(cls: type, entry: Any) -> None:
-    """Give ``cls`` what it does not write itself: ``__init__``, docstring, ``__repr__``."""
-    params = dict(entry.signature.params)
-    if "__init__" not in cls.__dict__:
-        cls.__init__ = _make_init(cls, params)  # type: ignore[misc]
-        cls.__init__.__doc__ = _docstring(cls, entry)
-    if cls.__dict__.get("__doc__") is None:
-        cls.__doc__ = _docstring(cls, entry)
+def deferred_members(cls: type, entry: Any) -> list[str]:
+    """The members :func:`build_members` gives ``cls`` (``__init__`` and the docstring, those
+    the class does not write itself), after checking what must fail when the class is defined:
+    the params' names. ``__repr__`` is installed here (it is one shared function)."""
+    _check_names(cls, [*entry.signature.params, *(n for n, _ in _RUNTIME_PARAMS)])
     if "__repr__" not in cls.__dict__:
         cls.__repr__ = _repr  # type: ignore[method-assign]
+    names = []
+    if "__init__" not in cls.__dict__:
+        names.append("__init__")
+    if cls.__dict__.get("__doc__") is None:
+        names.append("__doc__")
+    return names
+
+
+def build_members(cls: type, entry: Any, names: list[str]) -> dict[str, Any]:
+    """The members :func:`deferred_members` named: ``__init__`` (its docstring the class's)
+    and the docstring."""
+    doc = _docstring(cls, entry)
+    out: dict[str, Any] = {}
+    if "__init__" in names:
+        init = _make_init(cls, dict(entry.signature.params))
+        init.__doc__ = doc
+        out["__init__"] = init
+    if "__doc__" in names:
+        out["__doc__"] = doc
+    return out
 
 
 class Equivalents:

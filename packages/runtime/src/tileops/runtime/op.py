@@ -48,7 +48,7 @@ from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from tileops.signature import SignatureCall, SignaturePlan
 
-from . import autograd, declared, log, targets
+from . import autograd, declared, lazy, log, targets
 from .composite import Composite
 from .errors import TargetError
 from .fastpath import build_fast_call, class_function
@@ -114,17 +114,29 @@ class Op(declared.Equivalents, Composite, Trained):
             raise TypeError(
                 f"{cls.__name__}: construction param {clash[0]!r} of its spec entry would hide "
                 f"an attribute of Op (params become instance attributes); rename it in the spec")
-        cls._signature = SignaturePlan(name, op_entry, spec=spec_file, adts=adts,
-                                       validate=False)
-        inputs = cls._signature.input_names
-        if "__call__" not in cls.__dict__ and inputs and all(n.isidentifier() for n in inputs):
-            cls.__call__ = class_function(cls._signature)  # type: ignore[method-assign]
         cls._param_names = tuple(op_entry.signature.params)
-        declared.install(cls, op_entry)
-        autograd.register_class(cls)
-        block = getattr(op_entry, "backward", None)
-        cls._gradient = None if block is None else autograd.Gradient(cls, block)
-        # the reference target serves every op that declares its reference (targets.builder_for)
+        autograd.register_class(cls, spec_file, name)
+        members = ["_signature", "_gradient"]
+        inputs = tuple(op_entry.signature.inputs)
+        if "__call__" not in cls.__dict__ and inputs and all(n.isidentifier() for n in inputs):
+            members.append("__call__")
+        generated = declared.deferred_members(cls, op_entry)
+        members += generated
+
+        def build(cls: type[Op]) -> dict[str, Any]:
+            # the signature plan first: the generated members read it
+            plan = SignaturePlan(name, op_entry, spec=spec_file, adts=adts, validate=False)
+            type.__setattr__(cls, "_signature", plan)
+            out: dict[str, Any] = {"_signature": plan}
+            if "__call__" in members:
+                out["__call__"] = class_function(plan)
+            out.update(declared.build_members(cls, op_entry, generated))
+            block = getattr(op_entry, "backward", None)
+            out["_gradient"] = None if block is None else autograd.Gradient(cls, block)
+            return out
+
+        # built on the class's first use (lazy.py): the import defines every op class
+        lazy.defer(cls, tuple(members), build)
         cls._reference_builder = (declared.reference_builder if cls.reference is not Op.reference
                                   else None)
         cls.compile_op_names = ()

@@ -110,7 +110,8 @@ def op_classes() -> dict[str, type[Op]]:
             continue
         seen.add(cls)
         stack.extend(cls.__subclasses__())
-        plan = cls.__dict__.get("_signature")
+        # the class's own entry (a subclass without one inherits its base's plan)
+        plan = cls._signature if "_signature" in cls.__dict__ else None
         if plan is None or plan.entry.status != "implemented":
             continue
         prev = out.get(plan.name)
