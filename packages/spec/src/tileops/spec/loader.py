@@ -21,12 +21,12 @@ ways. The loader here:
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-import yaml
 
 from .bounds import (
     MAX_INT,
@@ -47,6 +47,9 @@ from .family_blocks import (
     relocate_lines,
 )
 from .schema import FamilyDef, OpEntry, SpecFile, TypesFile, Workload
+
+if TYPE_CHECKING:  # pragma: no cover
+    import yaml
 
 __all__ = [
     "load_spec_entries",
@@ -84,6 +87,8 @@ def _parser_base() -> type:
     resolver, where PyYAML was built with libyaml; else the pure-Python ``SafeLoader``. The
     composer stays Python's either way, so the depth bound below holds on both (libyaml also
     refuses flow nesting beyond its own limit while scanning, in C)."""
+    import yaml
+
     if not getattr(yaml, "__with_libyaml__", False):
         return yaml.SafeLoader
     from yaml._yaml import CParser  # type: ignore[import-not-found]
@@ -101,7 +106,13 @@ def _parser_base() -> type:
     return CSafeComposingLoader
 
 
-def _make_loader():
+@functools.cache
+def _loader() -> type:
+    """The loader class, made on the first load: PyYAML (some 30 ms of imports and regular
+    expressions) is imported only by a process that reads YAML, not by one whose specs come
+    from the validated record (runtime/specs.py)."""
+    import yaml
+
     class Loader(_parser_base()):
         depth = 0
 
@@ -193,16 +204,15 @@ def _make_loader():
     return Loader
 
 
-_Loader = _make_loader()
-
-
 def _read_yaml(text: str, file: str) -> Any:
     size = len(text.encode("utf-8"))
     if size > MAX_SPEC_BYTES:
         raise SpecLoadError(Diagnostic(
             file, text.encode("utf-8")[:MAX_SPEC_BYTES].count(b"\n") + 1, "",
             f"the file is {size} bytes; a spec file is at most {MAX_SPEC_BYTES}", "yaml"))
-    loader = _Loader(text)
+    import yaml
+
+    loader = _loader()(text)
     try:
         node = loader.get_single_node()
         if node is None:
@@ -232,6 +242,8 @@ def _check_expanded(root: yaml.Node) -> None:
     MAX_YAML_NODES nodes, nests deeper than MAX_YAML_DEPTH, or contains itself. Each
     distinct node is visited once (an alias is the same node object as its anchor), so an
     alias bomb costs what its text does."""
+    import yaml
+
     done: dict[int, tuple[int, int]] = {}  # id(node) -> (expanded size, expanded depth)
     open_: set[int] = set()
     stack: list[tuple[yaml.Node, bool]] = [(root, False)]
@@ -269,6 +281,8 @@ def _check_expanded(root: yaml.Node) -> None:
 def _path_at(text: str, index: int) -> str:
     """The entry path of the key or scalar that starts at character ``index`` (found on the
     composed node tree, which a trap does not stop), or "" if there is none."""
+    import yaml
+
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:  # pragma: no cover - the text composed once already
