@@ -8,7 +8,8 @@
 # ./gpu-out). STAGES picks stages (default: prebuild tests bench). The bars (bf16, H200):
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
-# (4 B H S_q S_kv D, halved for causal when S_q == S_kv).
+# (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
+# of the dense op's rate at the same total tokens.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -49,16 +50,32 @@ for name in ("MultiHeadAttentionFwdOp", "GroupedQueryAttentionFwdOp"):
             dtype=case.dtype, layout=A.AttentionLayout(op.layout),
             scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
             softcap=op.softcap)
-        keys[A.program_key(spec)] = None
-sys.exit(build_all(list(keys), A.build_attention_fwd, str, 15))
+        keys[("fwd", A.program_key(spec))] = None
+cls = ops.GroupedQueryAttentionVarlenFwdOp
+for case in cases_of(cls):
+    if case.dtype not in ("bfloat16", "float16"):
+        continue
+    op, v = cls(**case.params), case.values
+    left, right = op._bounds
+    spec = A.AttentionVarlenFwdSpec(
+        device=torch.device("cuda", 0), total_q=v["Z_q"], total_kv=v["Z_kv"], batch=v["B"],
+        heads=v["H"], heads_kv=v["H_kv"], dim=v["D"], dim_v=v["D_v"], dtype=case.dtype,
+        scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
+        softcap=op.softcap)
+    keys[("varlen", A.varlen_program_key(spec))] = None
+from test_attention_cuda import _build, _describe
+sys.exit(build_all(list(keys), _build, _describe, 15))
 PY
     ;;
   tests)
     TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_attention_cuda.py -q -p no:cacheprovider --maxfail=40
-    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "AttentionFwdOp" -q -p no:cacheprovider --maxfail=40 ;;
+    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "MultiHeadAttentionFwdOp or GroupedQueryAttentionFwdOp or GroupedQueryAttentionVarlenFwdOp" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
     bench bars MultiHeadAttentionFwdOp -w b4-s4096-d128 -w b4-s4096-d128-causal -w b16-s1024-d64-causal -w b2-s4096-d256-causal --dtype bf16
     bench gqa GroupedQueryAttentionFwdOp -w gqa-b2-s8192-32x8-causal -w gqa-b4-s4096-32x8 --dtype bf16
+    # varlen against the dense bar at the same 16384 tokens: four sequences of 4096 (the dense
+    # bar's flops exactly), then mixed lengths 32-4096 (flops by the equal-length floor)
+    bench varlen GroupedQueryAttentionVarlenFwdOp -w 'varlen-*' --dtype bf16
     bench edges MultiHeadAttentionFwdOp -w sq1-skv4096 -w odd-s1000 -w causal-sq1000-skv3001 -w window-256 -w softcap-50 -w d192-dv128 -w lse -w bhsd-causal ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done

@@ -1,9 +1,10 @@
 """The attention forward kernel lowers and compiles for sm_90a on a machine without a GPU, and
 its launch plans and call specs hold over the input space.
 
-Three programs are compiled, each standing for the code paths named on its line (a compile
-takes 10-20 seconds; the sizes are launch-time, so a program serves every batch and length);
-the plans are checked for every served head-dim pair without compiling.
+Three dense programs and the varlen one are compiled, each standing for the code paths named
+on its line (a compile takes 10-30 seconds; the sizes are launch-time, so a program serves
+every batch and length); the plans and the varlen grid are checked over their input spaces
+without compiling.
 """
 
 import math
@@ -149,3 +150,35 @@ def test_key_tile_loop_covers_every_visible_key(seq_q, seq_kv, left, right, bn, 
     visited = set(range(start * bn, end * bn))
     assert seen <= visited
     assert end * bn - bn < seq_kv or start == end
+
+
+@needs_nvcc
+def test_varlen_program_compiles_for_sm90a():
+    """The packed program: GQA, causal, the per-row stores within a sequence."""
+    plan = A.attention_plan(128, 128)
+    prog = A.attention_varlen_program(8, 2, 128, 128, "bfloat16", 128 ** -0.5, -1, 0, None,
+                                      plan)
+    from tileops.kernels._tilelang import compile_program
+
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "wgmma" in src and "TileBatch[" in src and "CuK[" in src
+
+
+@settings(max_examples=200, deadline=None)
+@given(lens=st.lists(st.integers(0, 700), min_size=1, max_size=12),
+       bm=st.sampled_from([64, 128]))
+def test_tile_batches_cover_every_row_once(lens, bm):
+    """The varlen grid: each CTA's tile, read as the program reads it (its sequence from
+    TileBatch, its first row from the sequence's first tile number), covers rows of its own
+    sequence only, and together the CTAs cover every packed row exactly once."""
+    cu = [0]
+    for n in lens:
+        cu.append(cu[-1] + n)
+    tb = A.tile_batches(torch.tensor(cu, dtype=torch.int32), cu[-1], bm)
+    assert tb.dtype == torch.int32 and tb.numel() == cu[-1] // bm + len(lens)
+    covered = []
+    for g, b in enumerate(tb.tolist()):
+        r0 = (g - (cu[b] // bm + b)) * bm
+        assert r0 >= 0
+        covered += range(cu[b] + r0, cu[b] + min(r0 + bm, max(r0, lens[b])))
+    assert sorted(covered) == list(range(cu[-1]))

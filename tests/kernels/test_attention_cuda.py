@@ -9,6 +9,10 @@ registers, 192/128 has a narrower value head), GQA and MQA groupings, both layou
 bfloat16, a scale of the caller's. Inputs are fresh standard normal values; the outputs are
 poisoned with NaN so an element never written fails.
 
+The varlen kernel runs mixed lengths off the tile, one-row and empty sequences (no query, no
+key, neither), more queries than keys under is_causal, a window with a softcap and D 256, each
+sequence checked against the float64 reference of its rows alone.
+
 Tolerance: the probabilities are rounded to the storage dtype before the second product (as
 FlashAttention's), each a relative error of its epsilon, so an output element is off by at most
 about ``eps * max |v|`` plus its own rounding: bfloat16 is held to 1e-2 absolute and relative,
@@ -182,22 +186,94 @@ def test_no_key_and_no_row_launch_nothing():
         assert bool((o == 0).all()) and bool(torch.isneginf(lse).all())
 
 
+# --- varlen ---------------------------------------------------------------------------------
+
+#: (lengths of the queries, of the keys, H, H_kv, D, D_v, dtype, left, right, softcap)
+VARLEN = [
+    # mixed lengths off the tile, sequences of one row, causal GQA
+    ([1000, 1, 129, 4096, 37], [1000, 1, 129, 4096, 37], 8, 2, 128, 128, torch.bfloat16,
+     -1, 0, None),
+    # empty sequences (no query, no key, neither) and more queries than keys under is_causal
+    ([0, 300, 1000, 0, 1, 300], [100, 0, 1000, 0, 257, 143], 4, 1, 64, 64, torch.bfloat16,
+     -1, 0, None),
+    # a window on both sides with a softcap, float16
+    ([129, 571, 64], [329, 571, 200], 4, 4, 128, 128, torch.float16, 64, 16, 20.0),
+    # D 256 (the output from registers as in every varlen program), no mask but the lengths'
+    ([513, 2048], [513, 2048], 4, 4, 256, 256, torch.bfloat16, -1, -1, None),
+]
+
+
+def varlen_spec(case) -> A.AttentionVarlenFwdSpec:
+    lens_q, lens_k, h, h_kv, d, d_v, dtype, left, right, softcap = case
+    return A.AttentionVarlenFwdSpec(
+        device=_device(), total_q=sum(lens_q), total_kv=sum(lens_k), batch=len(lens_q),
+        heads=h, heads_kv=h_kv, dim=d, dim_v=d_v, dtype=NAMES[dtype], scale=1.0 / math.sqrt(d),
+        window_left=left, window_right=right, softcap=softcap)
+
+
+def _offsets(lens):
+    out = [0]
+    for n in lens:
+        out.append(out[-1] + n)
+    return out
+
+
+@cuda
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: f"b{len(c[0])}-h{c[2]}x{c[3]}-d{c[4]}")
+def test_varlen_matches_float64_a_sequence_at_a_time(case):
+    spec = varlen_spec(case)
+    dtype = case[6]
+    cq, ck = _offsets(case[0]), _offsets(case[1])
+    q = torch.randn(spec.total_q, spec.heads, spec.dim, device="cuda", dtype=dtype)
+    k = torch.randn(spec.total_kv, spec.heads_kv, spec.dim, device="cuda", dtype=dtype)
+    v = torch.randn(spec.total_kv, spec.heads_kv, spec.dim_v, device="cuda", dtype=dtype)
+    o = torch.full((spec.total_q, spec.heads, spec.dim_v), float("nan"), device="cuda",
+                   dtype=dtype)
+    lse = torch.full((spec.heads, spec.total_q), float("nan"), device="cuda")
+    impl = select(A.AttentionVarlenFwdInterface, (A.AttentionVarlenFwdKernel,), spec)
+    impl.entry_for(spec, None)(q, k, v, torch.tensor(cq, dtype=torch.int32, device="cuda"),
+                               torch.tensor(ck, dtype=torch.int32, device="cuda"), o, lse)
+    assert not bool(torch.isnan(o).any()), "an output element was not written"
+    for b in range(spec.batch):
+        q0, q1, k0, k1 = cq[b], cq[b + 1], ck[b], ck[b + 1]
+        if q1 == q0:
+            continue
+        dense = A.AttentionFwdSpec(
+            device=spec.device, batch=1, seq_q=q1 - q0, seq_kv=k1 - k0, heads=spec.heads,
+            heads_kv=spec.heads_kv, dim=spec.dim, dim_v=spec.dim_v, dtype=spec.dtype,
+            layout=A.AttentionLayout.BSHD, scale=spec.scale, window_left=spec.window_left,
+            window_right=spec.window_right, softcap=spec.softcap)
+        if k1 == k0:
+            assert bool((o[q0:q1] == 0).all()) and bool(torch.isneginf(lse[:, q0:q1]).all())
+            continue
+        want_o, want_lse = _reference(dense, q[None, q0:q1], k[None, k0:k1], v[None, k0:k1])
+        _check(lse[:, q0:q1], want_lse[0], LSE_ATOL, 1e-4, f"lse of sequence {b}")
+        _check(o[q0:q1], want_o[0], TOL[dtype], TOL[dtype], f"o of sequence {b}")
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 
 def program_keys():
-    """The distinct programs this file compiles: the program keys of CASES."""
-    return list(dict.fromkeys(A.program_key(case_spec(c)) for c in CASES))
+    """The distinct programs this file compiles: the program keys of CASES and VARLEN."""
+    keys = [("fwd", A.program_key(case_spec(c))) for c in CASES]
+    keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
+    return list(dict.fromkeys(keys))
 
 
 def _build(key):
-    A.build_attention_fwd(key)
+    kind, program = key
+    (A.build_attention_fwd if kind == "fwd" else A.build_attention_varlen_fwd)(program)
 
 
 def _describe(key) -> str:
-    layout, h, h_kv, d, d_v, dtype, scale, left, right, softcap, masked = key
-    return (f"fwd {layout} h{h}x{h_kv} d{d}x{d_v} {dtype} scale {scale:.4g} window "
-            f"({left}, {right}) softcap {softcap} masked {masked}")
+    kind, program = key
+    if kind == "fwd":
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked = program
+        kind = f"fwd {layout}{' masked' if masked else ''}"
+    else:
+        h, h_kv, d, d_v, dtype, _, left, right, softcap = program
+    return f"{kind} h{h}x{h_kv} d{d}x{d_v} {dtype} window ({left}, {right}) softcap {softcap}"
 
 
 def main(argv=None) -> int:

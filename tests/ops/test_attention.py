@@ -1,8 +1,8 @@
 """The prefill attention ops on the CPU (the reference target): the calling convention against
 ``scaled_dot_product_attention``, FlashAttention's bottom-right mask, windows, the softcap, the
-log-sum-exp, rows that see no key, the layouts, the refusals by their exact text, and the
+log-sum-exp, rows that see no key, the layouts, the refusals by their exact text, the
 reference against an independent per-row float64 computation over a space of calls
-(hypothesis). The harness covers every spec workload, the bad-input corpus, compile and fake
+(hypothesis), and the packed (varlen) op against the dense one a sequence at a time. The harness covers every spec workload, the bad-input corpus, compile and fake
 tensors."""
 
 import math
@@ -14,7 +14,12 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
-from tileops.ops import SPEC_DIR, GroupedQueryAttentionFwdOp, MultiHeadAttentionFwdOp  # noqa: E402
+from tileops.ops import (  # noqa: E402
+    SPEC_DIR,
+    GroupedQueryAttentionFwdOp,
+    GroupedQueryAttentionVarlenFwdOp,
+    MultiHeadAttentionFwdOp,
+)
 from tileops.ops.attention import visible, window_bounds  # noqa: E402
 from tileops.signature import ConstructionError, SignatureCallError  # noqa: E402
 
@@ -252,3 +257,73 @@ def test_reference_matches_the_per_row_definition(b, s_q, s_kv, h_kv, groups, d,
                                 softcap)
     torch.testing.assert_close(o, want_o, rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(lse, want_lse, rtol=1e-10, atol=1e-10)
+
+
+# --- varlen -----------------------------------------------------------------------------------
+
+
+def _packed(lens_q, lens_k, h, h_kv, d, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(sum(lens_q), h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(sum(lens_k), h_kv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(sum(lens_k), h_kv, d, generator=g, dtype=torch.float64)
+
+    def offsets(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32)
+
+    return q, k, v, offsets(lens_q), offsets(lens_k)
+
+
+@settings(max_examples=30, deadline=None)
+@given(lens=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), min_size=1,
+                     max_size=4),
+       causal=st.booleans(), window=st.none() | st.tuples(st.integers(-1, 3),
+                                                           st.integers(-1, 3)),
+       softcap=st.none() | st.just(3.0), seed=st.integers(0, 2 ** 16))
+def test_varlen_is_the_dense_op_a_sequence_at_a_time(lens, causal, window, softcap, seed):
+    """Each packed sequence (empty ones, more queries than keys under is_causal included) is
+    what the dense op computes on its rows alone, with the same mask (is_causal as the
+    window's right bound of 0, which the dense op takes for any lengths)."""
+    lens_q, lens_k = [a for a, _ in lens], [b for _, b in lens]
+    q, k, v, cq, ck = _packed(lens_q, lens_k, 4, 2, 4, seed)
+    o, lse = GroupedQueryAttentionVarlenFwdOp(is_causal=causal, window=window,
+                                              softcap=softcap, return_lse=True)(q, k, v, cq, ck)
+    dense = GroupedQueryAttentionFwdOp(window=window_bounds(causal, window), softcap=softcap,
+                                       return_lse=True)
+    for b in range(len(lens)):
+        q0, q1, k0, k1 = cq[b].item(), cq[b + 1].item(), ck[b].item(), ck[b + 1].item()
+        if q1 == q0:
+            continue
+        want_o, want_lse = dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1])
+        torch.testing.assert_close(o[q0:q1], want_o[0], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(lse[:, q0:q1], want_lse[0], rtol=1e-12, atol=1e-12)
+
+
+def test_varlen_offsets_are_refused_by_length_and_dtype():
+    q, k, v, cq, ck = _packed([3, 2], [4, 4], 4, 2, 8)
+    op = GroupedQueryAttentionVarlenFwdOp()
+    with pytest.raises(SignatureCallError) as exc:
+        op(q, k, v, cq, ck[:2])
+    assert str(exc.value).splitlines()[1:4] == [
+        "  expected: cu_seqlens_k: Tensor[int32, [B + 1]]",
+        "  seen:     cu_seqlens_k: i32[2]",
+        "  because:  cu_seqlens_k.shape[0] must be B + 1 = 3, but is 2",
+    ]
+    with pytest.raises(SignatureCallError) as exc:
+        op(q, k, v, cq[:0], ck[:0])
+    assert str(exc.value).splitlines()[3] == \
+        "  because:  cu_seqlens_q.shape[0] is 0, but B + 1 has no solution B >= 0 there"
+    with pytest.raises(SignatureCallError) as exc:
+        op(q, k, v, cq.long(), ck)
+    assert str(exc.value).splitlines()[3] == \
+        "  because:  cu_seqlens_q.dtype must be int32, but is int64"
+
+
+def test_varlen_eager_contender_is_the_reference():
+    q, k, v, cq, ck = _packed([3, 0, 5, 2], [4, 2, 5, 0], 4, 2, 8)
+    for kw in (dict(is_causal=True), dict(window=(1, 1), return_lse=True), dict(softcap=2.0)):
+        op = GroupedQueryAttentionVarlenFwdOp(**kw)
+        got = op.eager()(q, k, v, cq, ck)
+        got = got if isinstance(got, tuple) else (got,)
+        for g, w in zip(got, op(q, k, v, cq, ck), strict=False):
+            torch.testing.assert_close(g, w.to(g.dtype), rtol=1e-6, atol=1e-6)

@@ -51,14 +51,21 @@ __all__ = [
     "AttentionFwdSpec",
     "AttentionLayout",
     "AttentionPlan",
+    "AttentionVarlenFwdInterface",
+    "AttentionVarlenFwdKernel",
+    "AttentionVarlenFwdSpec",
     "HEAD_DIMS",
     "attention_plan",
     "build_attention_fwd",
     "attention_fwd_program",
+    "attention_varlen_program",
+    "build_attention_varlen_fwd",
     "first_key_tile",
     "key_tiles_end",
     "needs_mask",
     "program_key",
+    "tile_batches",
+    "varlen_program_key",
 ]
 
 _LOG2E = 1.4426950408889634
@@ -104,16 +111,21 @@ class AttentionFwdSpec(CallSpec, frozen=True, kw_only=True):
         self.check_fields(choices={"dtype": _DTYPES},
                           sizes=("batch", "seq_q", "seq_kv", "heads", "heads_kv", "dim",
                                  "dim_v"))
-        if self.heads_kv == 0 or self.heads % self.heads_kv:
-            raise ValueError(f"AttentionFwdSpec: {self.heads} query heads do not form groups "
-                             f"of {self.heads_kv} key heads")
-        if not self.scale > 0.0:
-            raise ValueError(f"AttentionFwdSpec.scale must be > 0, got {self.scale!r}")
-        if self.window_left < -1 or self.window_right < -1:
-            raise ValueError(f"AttentionFwdSpec: window bounds are >= -1, got "
-                             f"({self.window_left}, {self.window_right})")
-        if self.softcap is not None and not self.softcap > 0.0:
-            raise ValueError(f"AttentionFwdSpec.softcap must be > 0, got {self.softcap!r}")
+        _check_options(type(self).__name__, self)
+
+
+def _check_options(name: str, spec: Any) -> None:
+    """What both call specs refuse of the heads and the op's options, naming the spec."""
+    if spec.heads_kv == 0 or spec.heads % spec.heads_kv:
+        raise ValueError(f"{name}: {spec.heads} query heads do not form groups of "
+                         f"{spec.heads_kv} key heads")
+    if not spec.scale > 0.0:
+        raise ValueError(f"{name}.scale must be > 0, got {spec.scale!r}")
+    if spec.window_left < -1 or spec.window_right < -1:
+        raise ValueError(f"{name}: window bounds are >= -1, got "
+                         f"({spec.window_left}, {spec.window_right})")
+    if spec.softcap is not None and not spec.softcap > 0.0:
+        raise ValueError(f"{name}.softcap must be > 0, got {spec.softcap!r}")
 
 
 class AttentionFwdInterface(KernelInterface):
@@ -122,6 +134,39 @@ class AttentionFwdInterface(KernelInterface):
 
     slot = "attention_fwd"
     call_spec = AttentionFwdSpec
+
+
+class AttentionVarlenFwdSpec(CallSpec, frozen=True, kw_only=True):
+    """The facts of one varlen call: the packed lengths, the batch, the heads, the dtype and
+    the op's mask, scale and softcap (as :class:`AttentionFwdSpec`'s)."""
+
+    total_q: int
+    total_kv: int
+    batch: int
+    heads: int
+    heads_kv: int
+    dim: int
+    dim_v: int
+    dtype: AttentionDType
+    scale: float
+    window_left: int
+    window_right: int
+    softcap: float | None
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _DTYPES},
+                          sizes=("total_q", "total_kv", "batch", "heads", "heads_kv", "dim",
+                                 "dim_v"))
+        _check_options(type(self).__name__, self)
+
+
+class AttentionVarlenFwdInterface(KernelInterface):
+    """One slot: ``forward(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse)``, q/k/v/o contiguous
+    ``[Z, H, D]``, the offsets int32 ``[B + 1]``, ``lse`` a ``[H, Z_q]`` float32 tensor or
+    None (not asked for)."""
+
+    slot = "attention_varlen_fwd"
+    call_spec = AttentionVarlenFwdSpec
 
 
 class AttentionPlan(NamedTuple):
@@ -179,6 +224,55 @@ def key_tiles_end(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: i
     return mx(first_key_tile(r0, seq_q, seq_kv, left, bn, mx), (hi + bn - 1) // bn)
 
 
+def _cap_constants(scale: float, softcap: float | None) -> tuple[float, float]:
+    """``(softcap * log2(e), scale / softcap)``: a capped score in the base-2 exponent's units
+    is ``cap_l2 * tanh(s * cap_in)``."""
+    return _f32((softcap or 1.0) * _LOG2E), _f32(scale / (softcap or 1.0))
+
+
+def _softmax_macros(T, bm: int, bn: int, dim_v: int, dtype: str, scale: float,
+                    softcap: float | None):
+    """What the dense and the varlen programs share of the online softmax: ``step`` (one key
+    tile's scores, masked to -inf where unseen, into the running maximum, the sum of
+    exponentials, the probabilities in the storage dtype and the rescaled output),
+    ``normalize`` (the output divided by the sum; 0 for a row that saw no key) and
+    ``lse_of`` (a row's natural log-sum-exp; -inf for a row that saw no key)."""
+    # the factor of the raw scores in the base-2 exponent (1 once the softcap replaced them)
+    sm = _f32(1.0 if softcap is not None else scale * _LOG2E)
+    ln2 = _f32(_LN2)
+    neg_inf = -math.inf
+
+    @T.macro
+    def step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe, scores_scale,
+             scores_sum, logsum):
+        T.copy(scores_max, scores_max_prev)
+        T.reduce_max(acc_s, scores_max, dim=1, clear=False)
+        for i in T.Parallel(bm):
+            scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
+        for i in T.Parallel(bm):
+            # 0 while the row has seen no key: exp2(-inf - 0) = 0, never -inf + inf
+            m_safe[i] = T.if_then_else(scores_max[i] == neg_inf, 0.0, scores_max[i] * sm)
+            scores_scale[i] = T.exp2(scores_max_prev[i] * sm - m_safe[i])
+        for i, j in T.Parallel(bm, bn):
+            acc_s[i, j] = T.exp2(acc_s[i, j] * sm - m_safe[i])
+        T.reduce_sum(acc_s, scores_sum, dim=1)
+        for i in T.Parallel(bm):
+            logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+        T.copy(acc_s, acc_s_cast)
+        for i, j in T.Parallel(bm, dim_v):
+            acc_o[i, j] *= scores_scale[i]
+
+    @T.macro
+    def normalize(acc_o, logsum):
+        for i, j in T.Parallel(bm, dim_v):
+            acc_o[i, j] = T.if_then_else(logsum[i] > 0, acc_o[i, j] / logsum[i], 0.0)
+
+    def lse_of(total, m):
+        return T.if_then_else(total > 0, (T.log2(total) + m) * ln2, neg_inf)
+
+    return step, normalize, lse_of
+
+
 def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
                           dtype: str, scale: float, left: int, right: int,
                           softcap: float | None, masked: bool, plan: AttentionPlan):
@@ -201,11 +295,8 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     causal_like = right >= 0  # later query tiles see more keys: launch them first
     lb, rb = _bounds(seq_q, seq_kv, left, right)
     capped = softcap is not None
-    # the factor of the raw scores in the base-2 exponent (1 once the softcap replaced them)
-    sm = _f32(1.0 if capped else scale * _LOG2E)
-    cap_l2 = _f32((softcap or 1.0) * _LOG2E)
-    cap_in = _f32(scale / (softcap or 1.0))
-    ln2 = _f32(_LN2)
+    cap_l2, cap_in = _cap_constants(scale, softcap)
+    softmax_step, normalize, lse_of = _softmax_macros(T, bm, bn, dim_v, dtype, scale, softcap)
     neg_inf = -math.inf
 
     @T.macro
@@ -280,35 +371,110 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                     T.copy(V[bz, kt * bn:(kt + 1) * bn, hk, :], V_shared)
                 else:
                     T.copy(V[bz, hk, kt * bn:(kt + 1) * bn, :], V_shared)
-                T.copy(scores_max, scores_max_prev)
-                T.reduce_max(acc_s, scores_max, dim=1, clear=False)
-                for i in T.Parallel(bm):
-                    scores_max[i] = T.max(scores_max[i], scores_max_prev[i])
-                for i in T.Parallel(bm):
-                    # 0 while the row has seen no key: exp2(-inf - 0) = 0, never -inf + inf
-                    m_safe[i] = T.if_then_else(scores_max[i] == neg_inf, 0.0,
-                                               scores_max[i] * sm)
-                    scores_scale[i] = T.exp2(scores_max_prev[i] * sm - m_safe[i])
-                for i, j in T.Parallel(bm, bn):
-                    acc_s[i, j] = T.exp2(acc_s[i, j] * sm - m_safe[i])
-                T.reduce_sum(acc_s, scores_sum, dim=1)
-                for i in T.Parallel(bm):
-                    logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
-                T.copy(acc_s, acc_s_cast)
-                for i, j in T.Parallel(bm, dim_v):
-                    acc_o[i, j] *= scores_scale[i]
+                softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
+                             scores_scale, scores_sum, logsum)
                 T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
-            for i, j in T.Parallel(bm, dim_v):
-                acc_o[i, j] = T.if_then_else(logsum[i] > 0, acc_o[i, j] / logsum[i], 0.0)
+            normalize(acc_o, logsum)
             for i in T.Parallel(bm):
                 if r0 + i < seq_q:
-                    LSE[bz, by, r0 + i] = T.if_then_else(
-                        logsum[i] > 0, (T.log2(logsum[i]) + m_safe[i]) * ln2, neg_inf)
+                    LSE[bz, by, r0 + i] = lse_of(logsum[i], m_safe[i])
             if plan.staged_output:
                 store_staged(acc_o, Out, r0, by, bz)
             else:
                 store_direct(acc_o, Out, r0, by, bz)
+
+    return main
+
+
+def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dtype: str,
+                             scale: float, left: int, right: int, softcap: float | None,
+                             plan: AttentionPlan):
+    """The varlen prim_func: packed ``[Z, H, D]`` tensors, sequence ``b``'s rows from
+    ``CuQ[b]`` / ``CuK[b]``; ``Z_q``, ``Z_kv``, ``B`` and the tile count are launch-time.
+
+    The grid is one CTA a (query tile, head): sequence ``b``'s tiles are numbered from
+    ``CuQ[b] // block_m + b`` on (a sequence of ``n`` rows starting mid-tile has at most
+    ``n // block_m + 1`` of them, so the numbers of two sequences never meet, and
+    ``Z_q // block_m + B`` CTAs cover every batch); ``TileBatch[t]`` names tile ``t``'s
+    sequence (a search the entry runs on the device). A CTA past its sequence's rows runs no
+    key step and writes nothing. Each sequence is masked as a dense call of its lengths (the
+    tail keys past its own length included), and the output and log-sum-exp rows are stored
+    one by one within the sequence (a tile's rows past it are the next sequence's)."""
+    tilelang, T = tl()
+    bm, bn, threads = plan.block_m, plan.block_n, plan.threads
+    accum = "float32"
+    groups = heads // heads_kv
+    z_q, z_kv = T.dynamic("Z_q"), T.dynamic("Z_kv")
+    b1, n_tiles = T.dynamic("B1"), T.dynamic("NT")
+    capped = softcap is not None
+    cap_l2, cap_in = _cap_constants(scale, softcap)
+    softmax_step, normalize, lse_of = _softmax_macros(T, bm, bn, dim_v, dtype, scale, softcap)
+    neg_inf = -math.inf
+
+    @T.prim_func
+    def main(Q: T.Tensor([z_q, heads, dim], dtype), K: T.Tensor([z_kv, heads_kv, dim], dtype),
+             V: T.Tensor([z_kv, heads_kv, dim_v], dtype), CuQ: T.Tensor([b1], "int32"),
+             CuK: T.Tensor([b1], "int32"), TileBatch: T.Tensor([n_tiles], "int32"),
+             Out: T.Tensor([z_q, heads, dim_v], dtype), LSE: T.Tensor([heads, z_q], accum)):
+        with T.Kernel(n_tiles, heads, threads=threads) as (bx, by):
+            Q_shared = T.alloc_shared([bm, dim], dtype)
+            K_shared = T.alloc_shared([bn, dim], dtype)
+            V_shared = T.alloc_shared([bn, dim_v], dtype)
+            acc_s = T.alloc_fragment([bm, bn], accum)
+            acc_s_cast = T.alloc_fragment([bm, bn], dtype)
+            acc_o = T.alloc_fragment([bm, dim_v], accum)
+            scores_max = T.alloc_fragment([bm], accum)
+            scores_max_prev = T.alloc_fragment([bm], accum)
+            m_safe = T.alloc_fragment([bm], accum)
+            scores_scale = T.alloc_fragment([bm], accum)
+            scores_sum = T.alloc_fragment([bm], accum)
+            logsum = T.alloc_fragment([bm], accum)
+
+            b = TileBatch[bx]
+            q0 = CuQ[b]
+            len_q = CuQ[b + 1] - q0
+            k0 = CuK[b]
+            len_k = CuK[b + 1] - k0
+            r0 = (bx - (q0 // bm + b)) * bm  # the tile's first row within its sequence
+            hk = by // groups
+            T.copy(Q[q0 + r0:q0 + r0 + bm, by, :], Q_shared)
+            T.fill(acc_o, 0)
+            T.fill(logsum, 0)
+            T.fill(m_safe, 0)
+            T.fill(scores_max, neg_inf)
+            lb, rb = _bounds(len_q, len_k, left, right)
+
+            start = first_key_tile(r0, len_q, len_k, left, bn, T.max)
+            end = T.if_then_else(
+                r0 < len_q, key_tiles_end(r0, len_q, len_k, left, right, bm, bn, T.max, T.min),
+                start)
+            for kt in T.Pipelined(start, end, num_stages=plan.stages):
+                T.copy(K[k0 + kt * bn:k0 + kt * bn + bn, hk, :], K_shared)
+                T.clear(acc_s)
+                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                if capped:
+                    for i, j in T.Parallel(bm, bn):
+                        acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
+                for i, j in T.Parallel(bm, bn):
+                    key = kt * bn + j
+                    diag = r0 + i + len_k - len_q
+                    acc_s[i, j] = T.if_then_else(
+                        key < len_k and key >= diag - lb and key <= diag + rb, acc_s[i, j],
+                        neg_inf)
+                T.copy(V[k0 + kt * bn:k0 + kt * bn + bn, hk, :], V_shared)
+                softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
+                             scores_scale, scores_sum, logsum)
+                T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+
+            normalize(acc_o, logsum)
+            for i in T.Parallel(bm):
+                if r0 + i < len_q:
+                    LSE[by, q0 + r0 + i] = lse_of(logsum[i], m_safe[i])
+            for i, j in T.Parallel(bm, dim_v):
+                if r0 + i < len_q:
+                    Out[q0 + r0 + i, by, j] = acc_o[i, j]
 
     return main
 
@@ -383,3 +549,72 @@ class AttentionFwdKernel(Kernel, AttentionFwdInterface):
                 self._scratch = torch.empty(n, dtype=torch.float32, device=q.device)
             lse = self._scratch[:n].view(b, h, s_q)
         self.program(q, k, v, o, lse)
+
+
+def varlen_program_key(spec: AttentionVarlenFwdSpec) -> tuple:
+    """What the compiled varlen program of ``spec`` depends on (the sizes are launch-time)."""
+    return (spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype, spec.scale,
+            spec.window_left, spec.window_right, spec.softcap)
+
+
+@functools.lru_cache(maxsize=128)
+def build_attention_varlen_fwd(key: tuple, target: str | None = None,
+                               plan: AttentionPlan | None = None):
+    """Compile the varlen program of a :func:`varlen_program_key` (cached per key)."""
+    heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap = key
+    plan = plan or attention_plan(dim, dim_v)
+    prog = attention_varlen_program(heads, heads_kv, dim, dim_v, dtype, scale, left, right,
+                                    softcap, plan)
+    return compile_program(prog, target)
+
+
+def tile_batches(cu_seqlens_q, total_q: int, block_m: int):
+    """``TileBatch`` of the varlen program: for each of the ``Z_q // block_m + B`` CTAs the
+    sequence its tile belongs to (the last sequence whose first tile number,
+    ``cu_seqlens_q[b] // block_m + b``, is at most the CTA's), found by a search on the
+    device: no offset is read on the host, so a call stays asynchronous and capturable in a
+    CUDA graph."""
+    import torch
+
+    batch = cu_seqlens_q.shape[0] - 1
+    first = torch.div(cu_seqlens_q[:-1], block_m, rounding_mode="floor")
+    first += torch.arange(batch, dtype=first.dtype, device=first.device)
+    tiles = torch.arange(total_q // block_m + batch, dtype=first.dtype, device=first.device)
+    return (torch.searchsorted(first, tiles, right=True) - 1).to(torch.int32)
+
+
+class AttentionVarlenFwdKernel(Kernel, AttentionVarlenFwdInterface):
+    """The varlen forward: the head-dim pairs of :data:`HEAD_DIMS`."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    region_refusal = AttentionFwdKernel.region_refusal
+
+    @classmethod
+    def identity(cls, spec: AttentionVarlenFwdSpec):
+        return (spec.device, varlen_program_key(spec))
+
+    def __init__(self, spec: AttentionVarlenFwdSpec) -> None:
+        super().__init__(spec)
+        self.program = build_attention_varlen_fwd(varlen_program_key(spec))
+        self._block_m = attention_plan(spec.dim, spec.dim_v).block_m
+        self._scratch = None
+
+    def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse) -> None:
+        import torch
+
+        batch = cu_seqlens_q.shape[0] - 1
+        if not q.numel() or batch <= 0:
+            return  # no query row
+        if not k.numel():  # no key: every row sees none
+            o.zero_()
+            if lse is not None:
+                lse.fill_(-math.inf)
+            return
+        if lse is None:
+            n = q.shape[0] * q.shape[1]
+            if self._scratch is None or self._scratch.numel() < n:
+                self._scratch = torch.empty(n, dtype=torch.float32, device=q.device)
+            lse = self._scratch[:n].view(q.shape[1], q.shape[0])
+        self.program(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                     tile_batches(cu_seqlens_q, q.shape[0], self._block_m), o, lse)

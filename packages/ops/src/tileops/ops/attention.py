@@ -29,6 +29,7 @@ and the peers (torch's cuDNN and FlashAttention backends) are declared once, her
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, ClassVar, get_args
 
@@ -41,12 +42,16 @@ from tileops.kernels.attention import (
     AttentionFwdKernel,
     AttentionFwdSpec,
     AttentionLayout,
+    AttentionVarlenFwdInterface,
+    AttentionVarlenFwdKernel,
+    AttentionVarlenFwdSpec,
 )
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["AttentionOp", "GroupedQueryAttentionFwdOp", "MultiHeadAttentionFwdOp"]
+__all__ = ["AttentionOp", "GroupedQueryAttentionFwdOp", "GroupedQueryAttentionVarlenFwdOp",
+           "MultiHeadAttentionFwdOp"]
 
 #: the dtypes the attention kernels state they serve (their call spec's)
 _KERNEL_DTYPES = frozenset(get_args(AttentionDType))
@@ -115,6 +120,62 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
     return (o.transpose(1, 2) if bshd else o), lse
 
 
+def varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, *, scale: float,
+                     left: int, right: int, softcap: float | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(o, lse)`` of packed sequences (``o`` as ``[Z_q, H, D_v]``, ``lse`` as ``[H, Z_q]``)
+    in float64 for float64 inputs, else float32: the packed call as one attention whose mask
+    is block-diagonal (a query row sees the keys of its own sequence its window lets it, at
+    the positions within the sequence), formed a block of query rows at a time. Nothing is
+    read on the host, so it runs on fake and meta tensors as on real ones; rows outside every
+    sequence are 0 with log-sum-exp -inf."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    z_q, h, _ = q.shape
+    z_kv, h_kv = k.shape[0], k.shape[1]
+    o = q.new_zeros(z_q, h, v.shape[-1], dtype=wide)
+    lse = q.new_full((h, z_q), -math.inf, dtype=wide)
+    batch = cu_seqlens_q.shape[0] - 1
+    if batch <= 0 or z_q == 0 or z_kv == 0:
+        return o, lse
+    cq, ck = cu_seqlens_q.long(), cu_seqlens_k.long()
+
+    def place(cu, n):  # each row's sequence, its position in it, whether any sequence has it
+        rows = torch.arange(n, device=q.device)
+        seq = torch.searchsorted(cu[1:].contiguous(), rows, right=True)
+        inside = (rows >= cu[0]) & (rows < cu[-1])
+        seq = seq.clamp(max=batch - 1)
+        return seq, rows - cu[seq], inside
+
+    seq_q, pos_q, in_q = place(cq, z_q)
+    seq_k, pos_k, in_k = place(ck, z_kv)
+    # a query row's diagonal key position within its sequence (bottom-right aligned)
+    diag = pos_q + (ck[seq_q + 1] - ck[seq_q]) - (cq[seq_q + 1] - cq[seq_q])
+    qw, kw, vw = q.to(wide), k.to(wide), v.to(wide)
+    if h_kv != h:
+        kw, vw = kw.repeat_interleave(h // h_kv, dim=1), vw.repeat_interleave(h // h_kv, dim=1)
+    kt, vt = kw.permute(1, 2, 0), vw.transpose(0, 1)  # [H, D, Z_kv], [H, Z_kv, D_v]
+    rows = max(1, _REFERENCE_CHUNK // max(1, h * z_kv))
+    for r0 in range(0, z_q, rows):
+        r1 = min(z_q, r0 + rows)
+        seen = (seq_q[r0:r1, None] == seq_k[None, :]) & in_q[r0:r1, None] & in_k[None, :]
+        d = diag[r0:r1, None]
+        if left >= 0:
+            seen &= pos_k[None, :] >= d - left
+        if right >= 0:
+            seen &= pos_k[None, :] <= d + right
+        s = torch.matmul(qw[r0:r1].transpose(0, 1), kt) * scale  # [H, rows, Z_kv]
+        if softcap is not None:
+            s = softcap * torch.tanh(s / softcap)
+        s = s.masked_fill(~seen, -math.inf)
+        m = torch.logsumexp(s, dim=-1)
+        p = torch.where(seen, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[..., None]),
+                        0.0)
+        o[r0:r1] = torch.matmul(p, vt).transpose(0, 1)
+        lse[:, r0:r1] = m
+    return o, lse
+
+
 class AttentionOp(Op):
     """Family base of the prefill attention ops (see the module docstring). A subclass names
     the index that counts its key heads (:attr:`kv_heads_index`)."""
@@ -165,26 +226,8 @@ class AttentionOp(Op):
         where torch's own mask would differ (a window, ``is_causal`` with ``S_q != S_kv``) it
         gets the op's mask as a bool ``attn_mask``. A softcap or a returned log-sum-exp, which
         it has no form for, is the same math in plain torch ops."""
-        left, right = self._bounds
-        bshd = self.layout == "bshd"
-        softcap, return_lse, plain_causal = self.softcap, self.return_lse, self.is_causal
-        windowed = self.window is not None
-        scale_of = self.softmax_scale
-
-        def attention(q, k, v):
-            scale = scale_of(q.shape[-1])
-            if softcap is not None or return_lse:
-                return _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse)
-            qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
-            s_q, s_kv = qh.shape[2], kh.shape[2]
-            mask, causal = None, plain_causal
-            if windowed or (plain_causal and s_q != s_kv):
-                mask, causal = visible(s_q, s_kv, left, right, q.device), False
-            out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
-                                                 scale=scale, enable_gqa=kh.shape[1] != qh.shape[1])
-            return out.transpose(1, 2) if bshd else out
-
-        return attention
+        return functools.partial(_eager_dense, options=_options(self),
+                                 bshd=self.layout == "bshd")
 
     peers = {"sdpa-cudnn": lambda op: _sdpa_peer(op, "CUDNN_ATTENTION"),
              "sdpa-flash": lambda op: _sdpa_peer(op, "FLASH_ATTENTION")}
@@ -198,9 +241,103 @@ class GroupedQueryAttentionFwdOp(AttentionOp):
     kv_heads_index = "H_kv"
 
 
+class GroupedQueryAttentionVarlenFwdOp(Op):
+    """Grouped-query attention over packed sequences (``specs/attention.yaml``): the dense
+    ops' definition per sequence. The slot ``attention_varlen_fwd`` reads the packed tensors
+    and the offsets where they are (contiguous, 16-byte aligned; a tensor that is not is
+    copied); the reference is one block-diagonal attention over the packed rows; the eager
+    contender walks the sequences (reading the offsets on the host)."""
+
+    kernel_types = {AttentionVarlenFwdInterface: (AttentionVarlenFwdKernel,)}
+    softmax_scale = AttentionOp.softmax_scale
+
+    def derive(self) -> None:
+        self._read = self.index_reader("Z_q", "Z_kv", "B", "H", "H_kv", "D", "D_v")
+        self._bounds = window_bounds(self.is_causal, self.window)
+
+    def forward(self, call, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse) -> None:
+        z_q, z_kv, b, h, h_kv, d, d_v = self._read(call)
+        dtype = call.d_q
+        key = (call.device, dtype, z_q, z_kv, b, h, h_kv, d, d_v)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
+            left, right = self._bounds
+            entry = self.kernel_for(key, AttentionVarlenFwdInterface, lambda: AttentionVarlenFwdSpec(
+                device=call.device, total_q=z_q, total_kv=z_kv, batch=b, heads=h,
+                heads_kv=h_kv, dim=d, dim_v=d_v, dtype=NAMES[dtype],
+                scale=self.softmax_scale(d), window_left=left, window_right=right,
+                softcap=self.softcap))
+        q, k, v, cu_seqlens_q, cu_seqlens_k = (
+            t if t.is_contiguous() and not t.data_ptr() % 16 else _laid_out(t)
+            for t in (q, k, v, cu_seqlens_q, cu_seqlens_k))
+        entry(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse)
+
+    def reference(self, call, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        left, right = self._bounds
+        o, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k,
+                                  scale=self.softmax_scale(q.shape[-1]), left=left,
+                                  right=right, softcap=self.softcap)
+        return o, (lse if self.return_lse else None)
+
+    def eager(self):
+        """The dense eager contender a sequence at a time (torch has no packed attention but
+        its nested tensors), the outputs written into packed tensors."""
+        options, return_lse = _options(self), self.return_lse
+
+        def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k):
+            o = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+            lse = q.new_full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32)
+            for (q0, q1), (k0, k1) in _sequences(cu_seqlens_q, cu_seqlens_k):
+                got = _eager_dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                   options=options, bshd=True)
+                if return_lse:
+                    o[q0:q1], lse[:, q0:q1] = got[0][0], got[1][0]
+                else:
+                    o[q0:q1] = got[0]
+            return (o, lse) if return_lse else o
+
+        return varlen_attention
+
+
+def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+    """``((q0, q1), (k0, k1))`` of each sequence with query rows, from the offsets (read on
+    the host)."""
+    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    for b in range(len(cq) - 1):
+        if cq[b + 1] > cq[b]:
+            yield (cq[b], cq[b + 1]), (ck[b], ck[b + 1])
+
+
 def _laid_out(t: torch.Tensor) -> torch.Tensor:
     """``t`` contiguous at a 16-byte aligned address (TileLang vectorizes on that)."""
     return t.contiguous() if not t.is_contiguous() else t.clone()
+
+
+def _options(op: Any) -> tuple:
+    """``(scale_of, left, right, softcap, is_causal, windowed, return_lse)`` of an op: what
+    its contenders compute with."""
+    left, right = op._bounds
+    return (op.softmax_scale, left, right, op.softcap, op.is_causal, op.window is not None,
+            op.return_lse)
+
+
+def _eager_dense(q, k, v, *, options: tuple, bshd: bool):
+    """The eager contender of one dense call (see :meth:`AttentionOp.eager`)."""
+    scale_of, left, right, softcap, is_causal, windowed, return_lse = options
+    scale = scale_of(q.shape[-1])
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
+    s_q, s_kv = qh.shape[2], kh.shape[2]
+    # torch's softmax of a row that sees no key is NaN: such calls take the math too
+    unseen = s_kv == 0 or (right >= 0 and s_kv - s_q + right < 0)
+    if softcap is not None or return_lse or unseen:
+        return _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse)
+    mask, causal = None, is_causal
+    if windowed or (is_causal and s_q != s_kv):
+        mask, causal = visible(s_q, s_kv, left, right, q.device), False
+    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
+                                         scale=scale, enable_gqa=kh.shape[1] != qh.shape[1])
+    return out.transpose(1, 2) if bshd else out
 
 
 def _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse):
