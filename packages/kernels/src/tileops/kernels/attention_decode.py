@@ -77,6 +77,8 @@ _THREADS = 128
 #: shared memory an SM of an H100/H200 gives its CTAs, and the CTAs counted an SM at most
 _SMEM_PER_SM, _MAX_RESIDENT = 227 * 1024, 4
 _MAX_SPLIT = 32
+#: 32-bit registers of an SM
+_REGISTERS = 65536
 #: a split count is taken once its last wave is within this fraction of the best
 _WAVE_SLACK = 0.9
 _SMS_H200 = 132
@@ -148,13 +150,15 @@ class AttentionDecodeInterface(KernelInterface):
 class DecodePlan:
     """A program's launch facts: ``vh`` query heads a CTA (padded to ``block_h`` MMA rows),
     ``block_n`` keys a tile, ``stages`` tiles in flight, ``num_split`` parts of each
-    sequence's keys."""
+    sequence's keys, and the CTAs an SM is to hold (``resident``: registers are capped for
+    them)."""
 
     vh: int
     block_h: int
     block_n: int
     stages: int
     num_split: int
+    resident: int = 1
 
     def smem_bytes(self, head_dim: int, itemsize: int = 2) -> int:
         """Shared memory of a CTA: the K and V stages, q and p."""
@@ -189,20 +193,27 @@ def split_count(ctas: int, tiles: int, slots: int) -> int:
 def decode_plan(*, batch: int, heads: int, kv_heads: int, head_dim: int, max_keys: int,
                 page_size: int = 0, sms: int = _SMS_H200) -> DecodePlan:
     """The launch plan of a call (see the module docstring): a pure function of the sizes and
-    the SM count. ``block_n`` is 64 keys for heads up to 128 wide (32 for wider), halved while
-    it does not tile a page (page sizes are powers of two from 16, so it divides the page or
-    the page divides it)."""
+    the SM count. ``block_n`` is 64 keys for heads up to 128 wide (32 for wider), whatever the
+    page: page sizes are powers of two from 16, so a tile lies inside one page or is 2 or 4
+    whole pages (``page_size`` only checks that). The CTAs an SM holds are bounded by shared
+    memory, registers (each of the two warpgroups at its math threads' estimate) and
+    :data:`_MAX_RESIDENT`."""
     vh = _head_block(heads // kv_heads)
     block_h = max(_MIN_BLOCK_H, 1 << (vh - 1).bit_length())
     block_n = 64 if head_dim <= 128 else 32
     stages = 2
-    if page_size and page_size < block_n:
-        block_n = max(16, page_size * (block_n // page_size))
+    if page_size and block_n % page_size and page_size % block_n:
+        raise ValueError(f"decode_plan: pages of {page_size} tokens do not tile by {block_n}")
     plan = DecodePlan(vh, block_h, block_n, stages, 1)
-    resident = max(1, min(_MAX_RESIDENT, _SMEM_PER_SM // plan.smem_bytes(head_dim)))
+    # a math thread holds its share of the scores and the output, and about 56 registers
+    # more; the producer warpgroup gets as many (the registers are split evenly)
+    regs = (block_h * head_dim + block_h * block_n) // _THREADS + 56
+    by_regs = _REGISTERS // (2 * _THREADS * regs)
+    resident = max(1, min(_MAX_RESIDENT, _SMEM_PER_SM // plan.smem_bytes(head_dim), by_regs))
     ctas = batch * (heads // vh)
     tiles = -(-max_keys // block_n)
-    return DecodePlan(vh, block_h, block_n, stages, split_count(ctas, tiles, sms * resident))
+    return DecodePlan(vh, block_h, block_n, stages, split_count(ctas, tiles, sms * resident),
+                      resident)
 
 
 # --- the TileLang program ----------------------------------------------------------------------
@@ -218,6 +229,7 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
     dtype, accum = spec.dtype, "float32"
     vh, bh, bn, stages, nsplit = (plan.vh, plan.block_h, plan.block_n, plan.stages,
                                   plan.num_split)
+    resident = plan.resident
     per_kv = (H // HK) // vh  # head blocks a key head
     cap = spec.max_keys
     ps, mp, pool = spec.page_size, spec.max_pages, spec.capacity
@@ -310,6 +322,12 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
     @T.macro
     def attend(Q, K, V, Lens, BT, Out, O_part, LSE):
         with T.Kernel(H // vh, B, nsplit, threads=_THREADS) as (hx, bx, sx):
+            # several CTAs an SM: the registers split evenly between the producer and the
+            # math warpgroups, capped for `resident` CTAs (TileLang's default gives the math
+            # warpgroup 240 a thread, one CTA an SM)
+            T.disable_warp_group_reg_alloc()
+            if resident > 1:
+                T.annotate_min_blocks_per_sm(resident)
             Q_s = T.alloc_shared((bh, D), dtype)
             K_s = T.alloc_shared((bn, D), dtype)
             V_s = T.alloc_shared((bn, D), dtype)
