@@ -269,3 +269,76 @@ def test_the_torch_contender_matches_the_reference():
 def test_peers_are_none_where_sdpa_cannot_express_the_op():
     assert set(GQA(softcap=2.0).contenders()) == {"torch"}
     assert set(Paged().contenders()) == {"torch", "sdpa-flash", "sdpa-cudnn"}
+
+
+# --- the family base: the call spec and the layout it hands the slot -----------------------------
+
+from tileops.kernels.attention_decode import (  # noqa: E402
+    AttentionDecodeInterface,
+    AttentionDecodeSpec,
+    CacheLayout,
+)
+from tileops.runtime import Kernel  # noqa: E402
+
+SEEN: list = []
+
+
+class TorchDecode(Kernel, AttentionDecodeInterface):
+    """The slot in plain PyTorch, on CPU: records its spec, asserts the layout the base
+    promises and computes the op from the gathered keys."""
+
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, q, k, v, cache_seqlens, block_table, o):
+        s = self.spec
+        SEEN.append(s)
+        for t in (q, k, v, cache_seqlens, block_table, o):
+            assert t is None or t.is_contiguous()
+        assert (block_table is None) is (s.layout is CacheLayout.CONTIGUOUS)
+        if block_table is not None:
+            pages = block_table.long().clamp(0, k.shape[0] - 1)
+            k = k[pages].flatten(1, 2)
+            v = v[pages].flatten(1, 2)
+        o.copy_(_attention64(q, k, v, cache_seqlens, s.scale, s.softcap))
+
+
+KMAP = {"attention_decode_fwd": TorchDecode}
+
+
+def test_the_call_spec_states_the_calls_facts():
+    SEEN.clear()
+    q, k, v = _random(3, 40, 8, 2, 64)
+    lens = _lens(40, 7, 0)
+    out = GQA(softcap=5.0, kernel_map=KMAP)(q, k, v, lens)
+    assert SEEN[-1] == AttentionDecodeSpec(
+        device=q.device, layout=CacheLayout.CONTIGUOUS, batch=3, heads=8, kv_heads=2,
+        head_dim=64, capacity=40, page_size=0, max_pages=0, dtype="bfloat16", scale=0.125,
+        softcap=5.0)
+    assert _rel(out, _attention64(q, k, v, lens, 0.125, 5.0)) < 1e-2
+    kp, vp, table = _paged_from(torch.cat([k, k[:, :8]], 1), torch.cat([v, v[:, :8]], 1), 16,
+                                lens)
+    Paged(scale=0.5, kernel_map=KMAP)(q, kp, vp, lens, table)
+    assert SEEN[-1] == AttentionDecodeSpec(
+        device=q.device, layout=CacheLayout.PAGED, batch=3, heads=8, kv_heads=2, head_dim=64,
+        capacity=kp.shape[0], page_size=16, max_pages=3, dtype="bfloat16", scale=0.5,
+        softcap=None)
+
+
+def test_strided_inputs_reach_the_slot_contiguous():
+    q, k, v = _random(2, 33, 4, 4, 32)
+    lens = _lens(33, 5)
+    wide = torch.stack([k, v], 2)  # (B, S, 2, H, D): the caches as strided views
+    op = MHA(kernel_map=KMAP)
+    out = op(q.transpose(0, 1).contiguous().transpose(0, 1), wide[:, :, 0], wide[:, :, 1], lens)
+    assert _rel(out, _attention64(q, k, v, lens, 32 ** -0.5)) < 1e-2
+    assert SEEN[-1].capacity == 33
+
+
+def test_the_in_tree_kernels_refuse_float32_by_name():
+    q, k, v = _random(2, 8, 4, 4, 32, torch.float32)
+    with pytest.raises(TypeError) as exc:
+        MHA(kernel_map=KMAP)(q, k, v, _lens(8, 1))
+    assert str(exc.value) == (
+        "MultiHeadAttentionDecodeWithKVCacheFwdOp: the in-tree decode attention kernels serve "
+        "bfloat16, float16, not float32; construct the op with target='reference' for float32")

@@ -78,7 +78,8 @@ class AttentionDecodeOp(Op):
             refuse_unserved(self, dtype, _KERNEL_DTYPES, "decode attention")
             entry = self.kernel_for(key, AttentionDecodeInterface, lambda: AttentionDecodeSpec(
                 device=call.device, layout=self.layout, batch=b, heads=h, kv_heads=hk,
-                head_dim=d, capacity=rows, page_size=width if paged else 0, max_pages=mp,
+                head_dim=d, capacity=rows if paged else width,
+                page_size=width if paged else 0, max_pages=mp,
                 dtype=NAMES[dtype], scale=self.resolved_scale(d), softcap=self.softcap))
         tensors = [q, k_cache, v_cache, cache_seqlens, block_table]
         for i, t in enumerate(tensors):
