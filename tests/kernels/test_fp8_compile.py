@@ -1,0 +1,193 @@
+"""The fp8 kernels on a CPU host: their launch plans over the input space, the call specs'
+checks, the implementations' regions, the calls that launch nothing, and a handful of programs
+compiled for Hopper (nvcc, no GPU): each quantising granularity (a ragged K, float16 and
+float32 inputs, e5m2) and the GEMM's epilogue-scaled, block-scaled, decode and unaligned
+programs."""
+
+import os
+import shutil
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import fp8_gemm as G
+from tileops.kernels import fp8_quant as Q
+from tileops.kernels.fp8_gemm import (
+    FP8_CONFIGS,
+    GemmFp8BlockKernel,
+    GemmFp8ScaledKernel,
+    GemmFp8Spec,
+    Scaling,
+    choose_fp8_config,
+)
+from tileops.kernels.fp8_quant import Fp8QuantKernel, Fp8QuantSpec, Granularity, quant_plan
+
+HOPPER = "sm_90a"
+CPU = torch.device("cpu")
+#: shared memory an sm_90 CTA may use
+SMEM = 227 * 1024
+
+
+def _have_compiler() -> bool:
+    try:
+        import tilelang  # noqa: F401
+    except Exception:  # noqa: BLE001
+        return False
+    return shutil.which("nvcc") is not None or os.path.exists("/usr/local/cuda/bin/nvcc")
+
+
+needs_nvcc = pytest.mark.skipif(not _have_compiler(), reason="needs tilelang and nvcc")
+
+
+def gemm_spec(m=4096, n=4096, k=4096, dtype="float8_e4m3fn", out="bfloat16",
+              scaling=Scaling.ROW, bias=False):
+    return GemmFp8Spec(device=CPU, m=m, n=n, k=k, a_dtype=dtype, b_dtype=dtype, out_dtype=out,
+                       scaling=scaling, has_bias=bias)
+
+
+def quant_spec(m=100, k=4096, dtype="bfloat16", fp8="float8_e4m3fn", g=Granularity.GROUP):
+    return Fp8QuantSpec(device=CPU, m=m, k=k, dtype=dtype, fp8_dtype=fp8, granularity=g)
+
+
+# --- plans ------------------------------------------------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(0, 20000), n=st.integers(1, 140000), k=st.integers(1, 20000),
+       scaling=st.sampled_from(list(Scaling)),
+       out=st.sampled_from(["bfloat16", "float16", "float32"]))
+def test_gemm_plan_over_the_input_space(m, n, k, scaling, out):
+    cfg = choose_fp8_config(gemm_spec(m, n, k, out=out, scaling=scaling))
+    # TMA exactly where every row is 16-byte aligned
+    size = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
+    assert cfg.tma == (k % 16 == 0 and n * size % 16 == 0)
+    if scaling is Scaling.BLOCK:  # one K step is one scale block, a column tile in one block
+        assert cfg.block_k == 128 and 128 % cfg.block_n == 0
+    assert (cfg.block_m == 64) == (m <= G.DECODE_M)
+    # the pipeline's stages and the staged output tile fit in shared memory
+    stage = (cfg.block_m + cfg.block_n) * cfg.block_k
+    assert stage * cfg.stages + cfg.block_m * cfg.block_n * size <= SMEM
+    # a math warpgroup per 64 rows of the tile (wgmma)
+    assert cfg.threads == 128 * (cfg.block_m // 64)
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(0, 100000), k=st.integers(0, 40000), g=st.sampled_from(list(Granularity)))
+def test_quant_plan_over_the_input_space(m, k, g):
+    plan = quant_plan(quant_spec(m, k, g=g))
+    chunks = -(-k // 128)
+    assert (plan.rows * 128) % plan.threads == 0  # a tile spreads evenly over the threads
+    assert 1 <= plan.tiles <= max(chunks, 1)
+    if g is Granularity.BLOCK:
+        assert (plan.rows, plan.tiles) == (128, 1)  # the tile is the block
+    if g is Granularity.ROW:
+        assert plan.tiles == max(chunks, 1)  # a CTA walks its whole rows
+    if g is Granularity.TENSOR:
+        assert 1 <= Q.tensor_partials(m, plan.rows) <= Q.TENSOR_PARTIALS
+
+
+def test_gemm_call_spec_checks():
+    with pytest.raises(ValueError, match=r"^GemmFp8Spec: a and b must share one fp8 dtype, "
+                                         r"got float8_e4m3fn and float8_e5m2$"):
+        GemmFp8Spec(device=CPU, m=1, n=2, k=3, a_dtype="float8_e4m3fn",
+                    b_dtype="float8_e5m2", out_dtype="bfloat16", scaling=Scaling.ROW,
+                    has_bias=False)
+    with pytest.raises(ValueError, match=r"^GemmFp8Spec.out_dtype must be one of bfloat16, "
+                                         r"float16, float32, got 'int8'$"):
+        gemm_spec(out="int8")
+    with pytest.raises(ValueError, match=r"^Fp8QuantSpec.dtype must be one of bfloat16, "
+                                         r"float16, float32, got 'float64'$"):
+        quant_spec(dtype="float64")
+
+
+def test_block_scales_need_128_deep_steps():
+    with pytest.raises(ValueError, match=r"^block scales need 128-deep K tiles and block_n "
+                                         r"dividing 128, got 128x256x128/st3$"):
+        G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.BLOCK, False, FP8_CONFIGS["128x256"])
+
+
+def test_each_gemm_kernel_states_its_scalings():
+    assert GemmFp8ScaledKernel.region_refusal(gemm_spec(scaling=Scaling.BLOCK)) == (
+        "serves per-tensor and row-wise scales (block scales change along K)")
+    assert GemmFp8ScaledKernel.region_refusal(gemm_spec(scaling=Scaling.TENSOR)) is None
+    assert GemmFp8BlockKernel.region_refusal(gemm_spec(scaling=Scaling.ROW)) == (
+        "serves block scales (1 x 128 groups of a, 128 x 128 blocks of b)")
+    assert GemmFp8BlockKernel.region_refusal(gemm_spec(scaling=Scaling.BLOCK)) is None
+
+
+def test_calls_that_launch_nothing():
+    # K = 0: the empty sum plus the bias; no program is built
+    kern = GemmFp8ScaledKernel(gemm_spec(m=3, n=5, k=0, bias=True))
+    assert kern.program is None
+    c = torch.full((3, 5), 7.0, dtype=torch.bfloat16)
+    bias = torch.arange(5, dtype=torch.bfloat16)
+    a, b = torch.empty(3, 0, dtype=torch.float8_e4m3fn), torch.empty(5, 0, dtype=torch.float8_e4m3fn)
+    kern(a, b, torch.ones(3, 1), torch.ones(5, 1), bias, c)
+    assert torch.equal(c, bias.expand(3, 5))
+    # no element to quantise: every scale block is empty, its scale the floor's
+    quant = Fp8QuantKernel(quant_spec(m=4, k=0, g=Granularity.ROW))
+    scale = torch.zeros(4, 1)
+    quant(torch.empty(4, 0), torch.empty(4, 0, dtype=torch.float8_e4m3fn), scale)
+    assert scale.flatten().tolist() == [pytest.approx(1e-12 / 448.0)] * 4
+
+
+# --- programs compiled for sm_90 ---------------------------------------------------------------
+
+QUANTS = [
+    # ragged K (a last tile of 127 columns) from float16
+    ("group-ragged-fp16", 4095, "float16", "float8_e4m3fn", Granularity.GROUP),
+    ("block-e5m2", 4096, "bfloat16", "float8_e5m2", Granularity.BLOCK),
+    ("row-fp32-short", 7, "float32", "float8_e4m3fn", Granularity.ROW),
+    ("tensor", 4096, "bfloat16", "float8_e4m3fn", Granularity.TENSOR),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("k", "dtype", "fp8", "g"), [q[1:] for q in QUANTS],
+                         ids=[q[0] for q in QUANTS])
+def test_quant_program_compiles(k, dtype, fp8, g):
+    plan = quant_plan(quant_spec(k=k, dtype=dtype, fp8=fp8, g=g))
+    src = Q.build_quant_kernel(k, dtype, fp8, g, plan, HOPPER).get_kernel_source()
+    assert ("fp8_e5_t* __restrict__ Q" if fp8 == "float8_e5m2" else "fp8_e4_t* __restrict__ Q") in src
+    assert "< M" in src  # rows past M are neither read nor written
+    if k % 128:
+        assert f"< {k}" in src  # nor columns past K
+    elif dtype != "float32":
+        assert "uint4" in src  # 16-byte loads
+    # each thread holds its share of the tile, not the tile (64 floats at most)
+    assert f"float xf[{plan.rows * 128 // plan.threads}];" in src
+    if g is Granularity.TENSOR:
+        assert "PART[" in src
+        amax = Q.build_amax_kernel(k, dtype, plan, HOPPER).get_kernel_source()
+        assert "PART[" in amax and "AllReduce<tl::MaxOp" in amax
+
+
+GEMMS = [
+    ("row-bias-128x256", 4096, 4096, 4096, "float8_e4m3fn", "bfloat16", Scaling.ROW, True),
+    ("block-128x128", 4096, 4096, 4096, "float8_e4m3fn", "bfloat16", Scaling.BLOCK, False),
+    ("decode-row-e5m2", 16, 8192, 8192, "float8_e5m2", "float16", Scaling.ROW, False),
+    ("block-unaligned-bias", 333, 4097, 4095, "float8_e4m3fn", "bfloat16", Scaling.BLOCK,
+     True),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("m", "n", "k", "dtype", "out", "scaling", "bias"),
+                         [g[1:] for g in GEMMS], ids=[g[0] for g in GEMMS])
+def test_gemm_program_compiles(m, n, k, dtype, out, scaling, bias):
+    spec = gemm_spec(m=m, n=n, k=k, dtype=dtype, out=out, scaling=scaling, bias=bias)
+    cfg = choose_fp8_config(spec)
+    src = G.build_fp8_gemm_kernel(n, k, dtype, dtype, out, scaling, bias, cfg,
+                                  HOPPER).get_kernel_source()
+    kind = "kFloat8_e5m2" if dtype == "float8_e5m2" else "kFloat8_e4m3"
+    assert f"wgmma_ss<tl::DataType::{kind}, tl::DataType::{kind}, tl::DataType::kFloat32" in src
+    assert ("tma_load" in src) == cfg.tma
+    assert ("BIAS[" in src) == bias
+    if scaling is Scaling.BLOCK:
+        # each step's partial is promoted: a second accumulator, the step's b block scale
+        assert src.count("float acc[") == 1 and "SB[" in src
+    if not cfg.tma:  # rows past M and N predicated (K's bound moves with the pipeline)
+        assert "< M" in src and f"< {n}" in src
