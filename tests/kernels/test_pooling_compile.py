@@ -52,6 +52,10 @@ BACKWARD = [
                       indices=True), id="max-indices-dilated"),
     pytest.param(spec(kind=P.PoolKind.AVG, padding=(0, 1, 1), size_out=(1, 56, 56),
                       dtype="float32"), id="avg-include-pad"),
+    # adaptive average: the run of windows holding an element (an output larger than the input)
+    pytest.param(spec(kind=P.PoolKind.AVG, adaptive=True, batch=2, channels=4,
+                      size_in=(1, 5, 5), size_out=(1, 8, 8), kernel=(1, 1, 1),
+                      stride=(1, 1, 1)), id="adaptive-avg-upsample"),
 ]
 
 

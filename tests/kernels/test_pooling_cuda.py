@@ -1,8 +1,8 @@
 """The pooling kernels on a GPU, through the public ops, with fresh random inputs: max pooling
 (values and indices) identical to torch's on the device, ties and NaNs included; average and
 adaptive pooling against the float64 reference; channels-last inputs read in place; odd sizes,
-per-axis windows, dilation, ceil_mode, unbatched inputs; and the gradients of max and average
-pooling (with the forward's indices and without) against torch's autograd in float64.
+per-axis windows, dilation, ceil_mode, unbatched inputs; and the gradients (max pooling's with
+the forward's indices and without) against torch's autograd in float64.
 
 ``python3 tests/kernels/test_pooling_cuda.py --prebuild --workers 15`` compiles exactly the
 programs these tests use, in spawned processes, so the tests load them from the disk cache.
@@ -103,6 +103,14 @@ GRADIENTS = [
     ("avg1d", O.AvgPool1dFwdOp, {"kernel_size": 3, "stride": 2}, (8, 256, 4096), BF, False),
     ("avg3d", O.AvgPool3dFwdOp, {"kernel_size": 3, "stride": 2, "padding": 1},
      (2, 16, 8, 28, 28), HF, False),
+    ("adaptive-avg-head", O.AdaptiveAvgPool2dFwdOp, {"output_size": 1}, (32, 2048, 7, 7), BF,
+     False),
+    ("adaptive-avg-upsample", O.AdaptiveAvgPool2dFwdOp, {"output_size": 8}, (2, 4, 5, 5), FP,
+     False),
+    ("adaptive-max-odd", O.AdaptiveMaxPool2dFwdOp, {"output_size": (5, 7)}, (3, 5, 37, 41),
+     BF, False),
+    ("adaptive-max-odd-indices", O.AdaptiveMaxPool2dFwdOp, {"output_size": (5, 7)},
+     (3, 5, 37, 41), FP, True),
 ]
 
 _TORCH = {O.MaxPool1dFwdOp: F.max_pool1d, O.MaxPool2dFwdOp: F.max_pool2d,

@@ -206,6 +206,26 @@ def test_adaptive_windows_are_torchs(h, w, ho, wo, nan, seed):
     torch.testing.assert_close(y.reshape(want.shape).double(), want, equal_nan=True)
 
 
+@settings(max_examples=40, deadline=None)
+@given(h=st.integers(1, 12), w=st.integers(1, 12), ho=st.integers(1, 8), wo=st.integers(1, 8),
+       given_indices=st.booleans(), seed=st.integers(0, 2**16))
+def test_adaptive_gradient_gathers_are_torchs(h, w, ho, wo, given_indices, seed):
+    """An input element's windows are the run floor(i * Out / In) to ceil((i + 1) * Out /
+    In): windows that overlap (Out > In / 2) and outputs larger than the input included."""
+    x = values((2, 3, h, w), False, seed).double().requires_grad_()
+    dy = torch.randn(2, 3, ho, wo, dtype=torch.float64)
+    y, idx = F.adaptive_max_pool2d(x, (ho, wo), return_indices=True)
+    (want,) = torch.autograd.grad(y, x, dy)
+    op = O.AdaptiveMaxPool2dBwdOp(output_size=(ho, wo))
+    got = K.emulate_bwd(spec_of(op, x.detach().float(), y.float(), given_indices), dy,
+                        x.detach().float(), idx if given_indices else None)
+    torch.testing.assert_close(got.reshape(want.shape), want)
+    (want,) = torch.autograd.grad(F.adaptive_avg_pool2d(x, (ho, wo)), x, dy)
+    op = O.AdaptiveAvgPool2dBwdOp(output_size=(ho, wo))
+    got = K.emulate_bwd(spec_of(op, x.detach().float(), y.float()), dy, x.detach().float())
+    torch.testing.assert_close(got.reshape(want.shape), want)
+
+
 def test_adaptive_taps_cover_the_longest_window():
     assert K.adaptive_taps(37, 5) == 9  # [14, 23)
     assert K.adaptive_taps(5, 8) == 2  # an output larger than the input: windows of 1 and 2
@@ -297,8 +317,8 @@ def test_call_spec_refuses_what_no_program_serves():
         K.PoolSpec(**{**base, "size_in": (4, 4)})
     big = K.PoolSpec(**{**base, "batch": 2**16, "channels": 2**16})
     assert K.PoolKernel.region_refusal(big).startswith("indexes its tensors with int32")
-    assert K.PoolBwdKernel.region_refusal(K.PoolSpec(**{**base, "adaptive": True})) == \
-        "serves max and average pooling, not adaptive pooling"
+    assert K.PoolBwdKernel.region_refusal(K.PoolSpec(**{
+        **base, "layout": K.PoolLayout.CHANNELS_LAST})).startswith("reads its tensors in the")
 
 
 def test_gradient_through_max_pool_with_indices():

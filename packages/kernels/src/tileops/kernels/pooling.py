@@ -32,8 +32,9 @@ form; output elements in the same order) or channels last (``N, D, H, W, C``: to
 warp's loads are contiguous). The output is written in the planes order.
 
 Gradients (:func:`pool_bwd_program`): one thread per input element gathers from the windows
-that hold it (for each tap ``t`` of an axis, the window ``o`` with ``o * s - p + t * d == i``),
-so no atomics are needed and the result is deterministic: average pooling adds ``dy / divisor``
+that hold it (:func:`window_of`: for each tap ``t`` of a fixed window, the window ``o`` with
+``o * s - p + t * d == i``; of adaptive ones, the run of windows whose range holds ``i``), so
+no atomics are needed and the result is deterministic: average pooling adds ``dy / divisor``
 of each such window; max pooling adds ``dy`` of each window whose maximum is this element, read
 from the forward's indices or, without them, found again by the forward's scan.
 
@@ -69,11 +70,13 @@ __all__ = [
     "emulate",
     "emulate_bwd",
     "first_tap",
+    "gather_taps",
     "pool_bwd_program",
     "pool_plan",
     "pool_program",
     "tap_position",
     "tap_range",
+    "window_of",
 ]
 
 PoolDType = Literal["float16", "bfloat16", "float32"]
@@ -191,6 +194,30 @@ def tap_range(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> tuple[Any,
         no = spec.size_out[axis]
         return o * n // no, ((o + 1) * n + no - 1) // no
     return 0, n
+
+
+def gather_taps(spec: PoolSpec) -> tuple[int, int, int]:
+    """How many windows the gradient's gather tries per axis for an input element: one per
+    tap of a fixed window, or the most adaptive windows one element is in."""
+    if spec.adaptive:
+        return tuple(adaptive_taps(o, i) for i, o in zip(spec.size_in, spec.size_out,
+                                                          strict=True))
+    return spec.kernel
+
+
+def window_of(spec: PoolSpec, axis: int, i: Any, t: Any) -> tuple[Any, tuple]:
+    """``(o, conditions)``: the ``t``-th window along ``axis`` that may hold input position
+    ``i``, and what must hold for it to. A fixed window's tap ``t`` reads ``o * s - p + t *
+    dil``, so ``o = (i + p - t * dil) / s`` where that divides and lies in ``[0, Out)``; the
+    adaptive windows holding ``i`` are ``floor(i * Out / In)`` up to ``ceil((i + 1) * Out /
+    In)``, exclusive."""
+    if spec.adaptive:
+        n_in, n_out = spec.size_in[axis], spec.size_out[axis]
+        o = i * n_out // n_in + t
+        return o, (o < ((i + 1) * n_out + n_in - 1) // n_in, True, True)
+    s = spec.stride[axis]
+    num = i + spec.padding[axis] - t * spec.dilation[axis]
+    return num // s, (num >= 0, num % s == 0, num // s < spec.size_out[axis])
 
 
 def first_tap(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> Any:
@@ -339,21 +366,22 @@ def pool_program(spec: PoolSpec):
 
 
 def pool_bwd_program(spec: PoolSpec):
-    """The gradient prim_func of ``spec`` (planes layout, not adaptive; not compiled)."""
+    """The gradient prim_func of ``spec`` (planes layout; not compiled)."""
     _, T = tl()
     f32, i32 = "float32", "int32"
     dtype = spec.dtype
     Di, Hi, Wi = spec.size_in
     Do, Ho, Wo = spec.size_out
     n_out, n_in = _outputs(spec), _inputs(spec)
-    kd, kh, kw = spec.kernel
-    sd, sh, sw = spec.stride
+    kd, kh, kw = taps(spec)
+    gd, gh, gw = gather_taps(spec)
     threads, per = pool_plan(spec)
     block = threads * per
     grid = max(1, -(-n_in // block))
     is_max = spec.kind is PoolKind.MAX
     plane_in, plane_out = Di * Hi * Wi, Do * Ho * Wo
     loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
+    gather = T.unroll if gd * gh * gw <= _UNROLL_TAPS else T.serial
 
     @T.macro
     def rescan(X, p, od, oh, ow, m, arg):
@@ -361,13 +389,17 @@ def pool_bwd_program(spec: PoolSpec):
         m[0] = -T.infinity(f32)
         arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi + first_tap(
             spec, 1, oh, T.min, T.max)) * Wi + first_tap(spec, 2, ow, T.min, T.max)
+        lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
+        lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
+        lo_w, hi_w = tap_range(spec, 2, ow, T.min, T.max)
         for ud in loop(kd):
             for uh in loop(kh):
                 for uw in loop(kw):
                     d = tap_position(spec, 0, od, ud)
                     h = tap_position(spec, 1, oh, uh)
                     w = tap_position(spec, 2, ow, uw)
-                    if d >= 0 and d < Di and h >= 0 and h < Hi and w >= 0 and w < Wi:
+                    if (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h and w >= lo_w
+                            and w < hi_w):
                         v = T.cast(X[p * plane_in + (d * Hi + h) * Wi + w], f32)
                         if v > m[0] or _isnan(T, v):
                             m[0] = v
@@ -389,18 +421,15 @@ def pool_bwd_program(spec: PoolSpec):
                     p = t // plane_in
                     spot = t % plane_in
                     acc[0] = T.float32(0)
-                    # the windows holding (i_d, ih, iw): tap t of window o reads
-                    # o * s - p + t * dil, so o = (i + p - t * dil) / s where that divides
-                    for td in loop(kd):
-                        for th in loop(kh):
-                            for tw in loop(kw):
-                                nd = i_d + spec.padding[0] - td * spec.dilation[0]
-                                nh = ih + spec.padding[1] - th * spec.dilation[1]
-                                nw = iw + spec.padding[2] - tw * spec.dilation[2]
-                                if (nd >= 0 and nd % sd == 0 and nd // sd < Do and nh >= 0
-                                        and nh % sh == 0 and nh // sh < Ho and nw >= 0
-                                        and nw % sw == 0 and nw // sw < Wo):
-                                    od, oh, ow = nd // sd, nh // sh, nw // sw
+                    # the windows holding (i_d, ih, iw), by window_of
+                    for td in gather(gd):
+                        for th in gather(gh):
+                            for tw in gather(gw):
+                                od, (d0, d1, d2) = window_of(spec, 0, i_d, td)
+                                oh, (h0, h1, h2) = window_of(spec, 1, ih, th)
+                                ow, (w0, w1, w2) = window_of(spec, 2, iw, tw)
+                                if (d0 and d1 and d2 and h0 and h1 and h2 and w0 and w1
+                                        and w2):
                                     o = p * plane_out + (od * Ho + oh) * Wo + ow
                                     if not is_max:
                                         acc[0] = acc[0] + T.cast(DY[o], f32) / T.cast(
@@ -489,7 +518,7 @@ class PoolKernel(Kernel, PoolFwdInterface):
 
 
 class PoolBwdKernel(Kernel, PoolBwdInterface):
-    """The gradient of max and average pooling (planes layout, fixed windows)."""
+    """The gradient of max, average and adaptive pooling (planes layout)."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -497,8 +526,6 @@ class PoolBwdKernel(Kernel, PoolBwdInterface):
 
     @classmethod
     def region_refusal(cls, spec: PoolSpec) -> str | None:
-        if spec.adaptive:
-            return "serves max and average pooling, not adaptive pooling"
         if spec.layout is not PoolLayout.PLANES:
             return "reads its tensors in the planes layout (contiguous N, C, D, H, W)"
         return _size_refusal(spec)
@@ -589,8 +616,8 @@ def emulate(spec: PoolSpec, x):
 
 def emulate_bwd(spec: PoolSpec, dy, x, indices=None):
     """What :func:`pool_bwd_program` computes, on CPU: for every input element, the gather over
-    the windows holding it by the program's arithmetic (``o = (i + p - t * dil) / s`` where it
-    divides), with the maxima from ``indices`` or found again by :func:`emulate`'s scan."""
+    the windows holding it by the program's arithmetic (:func:`window_of`), with the maxima
+    from ``indices`` or found again by :func:`emulate`'s scan."""
     import torch
 
     wide = dy.double() if dy.dtype == torch.float64 else dy.float()
@@ -608,15 +635,16 @@ def emulate_bwd(spec: PoolSpec, dy, x, indices=None):
     Do, Ho, Wo = spec.size_out
     spot = ((ins[0] * Hi + ins[1]) * Wi + ins[2]).flatten()
     dx = torch.zeros(P, Di * Hi * Wi, dtype=wide.dtype)
-    for t in [(a, b, c) for a in range(spec.kernel[0]) for b in range(spec.kernel[1])
-              for c in range(spec.kernel[2])]:
-        num = [ins[a] + spec.padding[a] - t[a] * spec.dilation[a] for a in range(3)]
+    gd, gh, gw = gather_taps(spec)
+    for t in [(a, b, c) for a in range(gd) for b in range(gh) for c in range(gw)]:
         ok = torch.ones_like(ins[0], dtype=torch.bool)
-        for a, n_out in enumerate(spec.size_out):
-            s = spec.stride[a]
-            ok &= (num[a] >= 0) & (num[a] % s == 0) & (num[a] // s < n_out)
-        o = ((num[0] // spec.stride[0] * Ho + num[1] // spec.stride[1]) * Wo
-             + num[2] // spec.stride[2]).flatten()
+        win = []
+        for a in range(3):
+            o_a, conds = window_of(spec, a, ins[a], t[a])
+            for c in conds:
+                ok = ok & c
+            win.append(o_a)
+        o = ((win[0] * Ho + win[1]) * Wo + win[2]).flatten()
         o = torch.where(ok.flatten(), o, 0)
         take = ok.flatten().expand(P, -1)
         if spec.kind is PoolKind.MAX:

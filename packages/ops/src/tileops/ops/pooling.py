@@ -1,4 +1,4 @@
-"""Max, average and adaptive pooling, and the gradients of max and average pooling.
+"""Max, average and adaptive pooling, and their gradients.
 
 :class:`PoolOp` is the family base of the forward ops and :class:`PoolGradOp` of the
 gradients. Every op pools ``nd`` spatial axes of a batched ``(N, C, *spatial)`` or unbatched
@@ -41,7 +41,9 @@ from tileops.runtime import Op
 from ._dtypes import NAMES, refuse_unserved
 
 __all__ = [
+    "AdaptiveAvgPool2dBwdOp",
     "AdaptiveAvgPool2dFwdOp",
+    "AdaptiveMaxPool2dBwdOp",
     "AdaptiveMaxPool2dFwdOp",
     "AvgPool1dBwdOp",
     "AvgPool1dFwdOp",
@@ -162,7 +164,7 @@ class PoolGradOp(_Window, Op):
     channels-last gradient is copied). The references state each gradient in closed form (a
     reference may run inside a compiled graph's custom op, where autograd does not record):
     max pooling's adds ``dy`` at each window's argmax, average pooling's is torch's
-    ``avg_pool*d_backward``."""
+    ``avg_pool*d_backward`` (``_adaptive_avg_pool2d_backward`` for adaptive windows)."""
 
     kernel_types = {PoolBwdInterface: (PoolBwdKernel,)}
 
@@ -391,3 +393,37 @@ class AvgPool2dBwdOp(_AvgPoolBwd):
 
 class AvgPool3dBwdOp(_AvgPoolBwd):
     nd = 3
+
+
+class AdaptiveAvgPool2dBwdOp(PoolGradOp):
+    nd, kind, adaptive = 2, PoolKind.AVG, True
+
+    def reference(self, call, dy, x):
+        wdy = _wide(dy)
+        return (torch.ops.aten._adaptive_avg_pool2d_backward(wdy, x.to(wdy.dtype)),)
+
+    def eager(self):
+        def adaptive_avg_pool2d_backward(dy, x):  # aten._adaptive_avg_pool2d_backward
+            return torch.ops.aten._adaptive_avg_pool2d_backward(dy, x)
+
+        return adaptive_avg_pool2d_backward
+
+
+class AdaptiveMaxPool2dBwdOp(PoolGradOp):
+    nd, kind, adaptive = 2, PoolKind.MAX, True
+
+    def _indices(self, x: torch.Tensor) -> torch.Tensor:
+        return F.adaptive_max_pool2d(x, self.output_size, return_indices=True)[1]
+
+    def reference(self, call, dy, x, indices=None):
+        idx = self._indices(x) if indices is None else indices
+        return (_scatter_max(_wide(dy), x.shape, idx, 2),)
+
+    def eager(self):
+        find = self._indices
+
+        def adaptive_max_pool2d_backward(dy, x, indices=None):  # aten's
+            idx = find(x) if indices is None else indices
+            return torch.ops.aten.adaptive_max_pool2d_backward(dy, x, idx)
+
+        return adaptive_max_pool2d_backward

@@ -1,0 +1,105 @@
+"""Pooling layers: :class:`MaxPool1d`, :class:`MaxPool2d`, :class:`MaxPool3d`,
+:class:`AvgPool1d`, :class:`AvgPool2d`, :class:`AvgPool3d`, :class:`AdaptiveAvgPool2d` and
+:class:`AdaptiveMaxPool2d`, subclasses of their ``torch.nn`` namesakes running TileOPs' pooling
+ops (same constructor, attributes and ``isinstance``, one more keyword, ``target``).
+
+The max pooling ops return ``(output, indices)`` with ``indices`` None unless
+``return_indices`` (every op returns each output of its entry); the layers return what
+torch.nn's return: the output alone, or the pair with ``return_indices``.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from tileops.ops import (
+    AdaptiveAvgPool2dFwdOp,
+    AdaptiveMaxPool2dFwdOp,
+    AvgPool1dFwdOp,
+    AvgPool2dFwdOp,
+    AvgPool3dFwdOp,
+    MaxPool1dFwdOp,
+    MaxPool2dFwdOp,
+    MaxPool3dFwdOp,
+)
+
+from ._holder import HoldsOp
+
+__all__ = ["AdaptiveAvgPool2d", "AdaptiveMaxPool2d", "AvgPool1d", "AvgPool2d", "AvgPool3d",
+           "MaxPool1d", "MaxPool2d", "MaxPool3d"]
+
+_MAX_ATTRS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
+_AVG_ATTRS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad")
+
+
+class _Pool(HoldsOp):
+    """What the layers share: torch.nn's constructor, then the op from its attributes; the
+    input through the op, torch's repr plus the target."""
+
+    def __init__(self, *args, target: str | None = None, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.target = target
+        self._build_op()
+
+    def forward(self, input: torch.Tensor):
+        return self.op(input)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + self._target_repr()  # type: ignore[misc]
+
+
+class _MaxPool(_Pool):
+    def forward(self, input: torch.Tensor):
+        output, indices = self.op(input)
+        return (output, indices) if self.return_indices else output
+
+
+class MaxPool1d(_MaxPool, nn.MaxPool1d):
+    """``torch.nn.MaxPool1d`` running :class:`~tileops.ops.MaxPool1dFwdOp`."""
+
+    op_class, op_attrs = MaxPool1dFwdOp, _MAX_ATTRS
+
+
+class MaxPool2d(_MaxPool, nn.MaxPool2d):
+    """``torch.nn.MaxPool2d`` running :class:`~tileops.ops.MaxPool2dFwdOp`."""
+
+    op_class, op_attrs = MaxPool2dFwdOp, _MAX_ATTRS
+
+
+class MaxPool3d(_MaxPool, nn.MaxPool3d):
+    """``torch.nn.MaxPool3d`` running :class:`~tileops.ops.MaxPool3dFwdOp`."""
+
+    op_class, op_attrs = MaxPool3dFwdOp, _MAX_ATTRS
+
+
+class AvgPool1d(_Pool, nn.AvgPool1d):
+    """``torch.nn.AvgPool1d`` running :class:`~tileops.ops.AvgPool1dFwdOp`."""
+
+    op_class, op_attrs = AvgPool1dFwdOp, _AVG_ATTRS
+
+
+class AvgPool2d(_Pool, nn.AvgPool2d):
+    """``torch.nn.AvgPool2d`` running :class:`~tileops.ops.AvgPool2dFwdOp`."""
+
+    op_class, op_attrs = AvgPool2dFwdOp, (*_AVG_ATTRS, "divisor_override")
+
+
+class AvgPool3d(_Pool, nn.AvgPool3d):
+    """``torch.nn.AvgPool3d`` running :class:`~tileops.ops.AvgPool3dFwdOp`."""
+
+    op_class, op_attrs = AvgPool3dFwdOp, (*_AVG_ATTRS, "divisor_override")
+
+
+class AdaptiveAvgPool2d(_Pool, nn.AdaptiveAvgPool2d):
+    """``torch.nn.AdaptiveAvgPool2d`` running :class:`~tileops.ops.AdaptiveAvgPool2dFwdOp`
+    (an ``output_size`` of ints: a None component, torch's "the input's size", is refused by
+    the op's construction check)."""
+
+    op_class, op_attrs = AdaptiveAvgPool2dFwdOp, ("output_size",)
+
+
+class AdaptiveMaxPool2d(_MaxPool, nn.AdaptiveMaxPool2d):
+    """``torch.nn.AdaptiveMaxPool2d`` running :class:`~tileops.ops.AdaptiveMaxPool2dFwdOp`."""
+
+    op_class, op_attrs = AdaptiveMaxPool2dFwdOp, ("output_size", "return_indices")

@@ -1,0 +1,58 @@
+"""tileops.nn's pooling layers are torch.nn's: the same constructor and attributes, the same
+outputs (indices included) and gradients, on the reference target here."""
+
+import copy
+
+import pytest
+import torch
+
+import tileops.nn.pooling as tp
+
+#: (layer, its constructor arguments, input shape)
+CASES = [
+    (tp.MaxPool1d, dict(kernel_size=3, stride=2, padding=1, dilation=2), (2, 3, 17)),
+    (tp.MaxPool2d, dict(kernel_size=3, stride=2, ceil_mode=True), (2, 3, 11, 12)),
+    (tp.MaxPool2d, dict(kernel_size=(3, 2), return_indices=True), (3, 11, 12)),
+    (tp.MaxPool3d, dict(kernel_size=2, padding=1, return_indices=True), (2, 3, 5, 6, 7)),
+    (tp.AvgPool1d, dict(kernel_size=4, stride=3, padding=2, count_include_pad=False),
+     (2, 3, 17)),
+    (tp.AvgPool2d, dict(kernel_size=3, stride=2, padding=1, divisor_override=4),
+     (2, 3, 11, 12)),
+    (tp.AvgPool3d, dict(kernel_size=(1, 2, 3), ceil_mode=True), (2, 3, 5, 6, 7)),
+    (tp.AdaptiveAvgPool2d, dict(output_size=(4, 5)), (2, 3, 11, 12)),
+    (tp.AdaptiveMaxPool2d, dict(output_size=3, return_indices=True), (2, 3, 11, 12)),
+]
+
+
+def torch_layer(cls):
+    return next(b for b in cls.__mro__ if b.__module__.startswith("torch.nn"))
+
+
+@pytest.mark.parametrize("cls,kw,shape", CASES, ids=lambda v: getattr(v, "__name__", ""))
+def test_layer_is_torchs(cls, kw, shape):
+    layer, ref = cls(**kw), torch_layer(cls)(**kw)
+    assert isinstance(layer, torch_layer(cls)) and repr(layer) == repr(ref)
+    x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    got, want = layer(x), ref(x)
+    if kw.get("return_indices"):
+        assert torch.equal(got[1], want[1])
+        got, want = got[0], want[0]
+    torch.testing.assert_close(got, want)
+    dy = torch.randn_like(want)
+    (g,) = torch.autograd.grad(got, x, dy)
+    (w,) = torch.autograd.grad(want, x, dy)
+    torch.testing.assert_close(g, w)
+
+
+def test_a_changed_attribute_rebuilds_the_op():
+    layer = tp.MaxPool2d(kernel_size=2, target="reference")
+    op = layer.op
+    layer.kernel_size = 3
+    assert layer.op is not op and layer.op.kernel_size == 3
+    assert repr(layer).endswith("target='reference')")
+    assert copy.deepcopy(layer).op.kernel_size == 3
+
+
+def test_a_bad_window_is_refused_where_the_layer_is_made():
+    with pytest.raises(Exception, match="0 <= pH <= kH // 2"):
+        tp.MaxPool2d(kernel_size=3, padding=2)
