@@ -13,7 +13,8 @@ output. The same call under other split counts checks the combine against one pa
 
 ``python3 tests/kernels/test_attention_decode_cuda.py --prebuild --workers 15`` compiles the
 programs these tests and the spec workloads use in spawned processes first, so the tests load
-them from TileLang's disk cache.
+them from TileLang's disk cache; ``--sweep`` times the bars under other split counts and
+pipeline depths (see :func:`sweep`).
 """
 
 import sys
@@ -247,10 +248,83 @@ def _describe(key) -> str:
             f"softcap={spec.softcap} {plan}")
 
 
-def main(argv=None) -> int:
-    from _prebuild import main as prebuild  # beside this file, which runs as a script here
+# --- the sweep of the split count and the pipeline depth at the bars' shapes -----------------
 
-    return prebuild(program_keys, _build, _describe, argv)
+#: (batch, S, page_size): the bars (32:8 heads, D 128, bf16, every length S)
+SWEEP_SHAPES = [(64, 8192, 0), (64, 8192, 64), (8, 32768, 0), (8, 32768, 64)]
+SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12)
+SWEEP_STAGES = (2, 3)
+
+
+def _sweep_keys(sms):
+    out = []
+    for b, s, ps in SWEEP_SHAPES:
+        spec = _spec(b, s, 32, 8, 128, ps, None, None, torch.bfloat16)
+        base = K.decode_plan(batch=b, heads=32, kv_heads=8, head_dim=128, max_keys=s,
+                             page_size=ps, sms=sms)
+        for stages in SWEEP_STAGES:
+            for n in SWEEP_SPLITS:
+                plan = K.DecodePlan(base.vh, base.block_h, base.block_n, stages, n,
+                                    base.resident if stages == 2 else min(base.resident, 2))
+                out.append((spec, plan, plan == base))
+    return out
+
+
+def _sweep_build(key):
+    K.build_decode(key[0], key[1])
+
+
+def sweep(workers) -> int:
+    """Time each bar under every split count and pipeline depth (compiled in parallel first),
+    each checked against float64 first; prints ms and TB/s of the KV read (the roofline's
+    bytes), the plan decode_plan picks marked with *."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from tileops.ops.cli.timing import device_time
+
+    sms = K._sms(torch.device("cuda", 0))
+    keys = _sweep_keys(sms)
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        list(pool.map(_sweep_build, keys))
+    dev = torch.device("cuda", 0)
+    last = None
+    for spec, plan, chosen in keys:
+        if spec != last:
+            b, h, d = spec.batch, spec.heads, spec.head_dim
+            s = spec.max_keys
+            args, k, v = _inputs(b, s, h, spec.kv_heads, d, spec.page_size, "full",
+                                 torch.bfloat16, 0)
+            ref = _expected(args[0].cpu(), k, v, args[3].cpu(), spec.scale, None)
+            moved = 2 * (2 * b * s * spec.kv_heads * d + 2 * b * h * d)
+            out = torch.empty(b, h, d, dtype=torch.bfloat16, device="cuda")
+            last = spec
+        kernel = K.AttentionDecodeSplitKernel(spec, plan)
+        kernel(*args, out)
+        _check(out, ref, args[3].cpu(), torch.bfloat16)
+        t = device_time(lambda kernel=kernel, args=args, out=out: kernel(*args, out), dev).seconds
+        print(f"{spec.layout.value:<10} B{spec.batch} S{spec.max_keys} ps{spec.page_size} "
+              f"split {plan.num_split:>2} stages {plan.stages} resident {plan.resident}"
+              f"{' *' if chosen else '  '} {t * 1e3:8.3f} ms {moved / t / 1e12:5.2f} TB/s",
+              flush=True)
+    return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="compile this file's programs in parallel, or "
+                                             "time the bars under other launch plans")
+    mode = ap.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--prebuild", action="store_true")
+    mode.add_argument("--sweep", action="store_true")
+    ap.add_argument("--workers", type=int, default=15)
+    args = ap.parse_args(argv)
+    if args.sweep:
+        return sweep(args.workers)
+    from _prebuild import build_all  # beside this file, which runs as a script here
+
+    return build_all(program_keys(), _build, _describe, args.workers)
 
 
 if __name__ == "__main__":
