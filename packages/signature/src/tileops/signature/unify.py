@@ -500,8 +500,10 @@ class Body:
             code = self.expr(node)
             names = [m for m in rule.names() if m in self.bound_set or m in self.g.const]
             text = rule.text
-            codes = {m: (f"i_{m}" if m in self.bound_set else repr(self.g.const[m]))
-                     for m in names}
+            # an index's value is read from the call; a construction value is shown as it
+            # is (an ADT value has no source text the generated code could evaluate)
+            codes = {m: (f"i_{m}" if m in self.bound_set else None) for m in names}
+            consts = {m: self.g.const[m] for m in names if m not in self.bound_set}
             # the argument: an input the rule names, else the first input that bound one of
             # its indices (looking through let definitions: H_out is read from H_in)
             reached = _through_lets(self.sig.let, rule.names())
@@ -509,9 +511,10 @@ class Body:
                        next((t for t in self.sig.inputs
                              if any(self.by.get(m, "").startswith(f"{t}.") for m in reached)),
                             "(refinement)"))
-            fid = self.fail_id(arg, f"{text}", lambda env, text=text, codes=codes:
+            fid = self.fail_id(arg, f"{text}", lambda env, text=text, codes=codes,
+                               consts=consts:
                                f"refinement {text!r} does not hold ("
-                               + ", ".join(f"{m} = {fmt_value(ev(c, env))}"
+                               + ", ".join(f"{m} = {fmt_value(consts[m] if c is None else ev(c, env))}"
                                            for m, c in codes.items()) + ")",
                                f"signature.shape_rules[{i}]")
             self.check(code, fid)
