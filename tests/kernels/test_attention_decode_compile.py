@@ -114,12 +114,12 @@ def test_the_call_spec_refuses_what_the_op_never_sends():
     assert _spec(K.CacheLayout.PAGED, capacity=9, page_size=16, max_pages=5).max_keys == 80
 
 
-def test_the_kernel_serves_head_widths_of_16_up_to_256():
-    assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=256)) is None
-    assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=72)) == \
-        "serves head widths that are multiples of 16 up to 256, not 72"
-    assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=320)) == \
-        "serves head widths that are multiples of 16 up to 256, not 320"
+def test_the_kernel_serves_head_widths_of_32_up_to_256():
+    for d in (32, 64, 96, 128, 256):
+        assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=d)) is None
+    for d in (16, 80, 320):
+        assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=d)) == \
+            f"serves head widths that are multiples of 32 up to 256, not {d}"
 
 
 # --- the programs -------------------------------------------------------------------------------

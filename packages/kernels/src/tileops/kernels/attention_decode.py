@@ -447,12 +447,13 @@ def build_decode(spec: AttentionDecodeSpec, plan: DecodePlan, target: str | None
 
 # --- the implementation ------------------------------------------------------------------------
 
-#: head widths the program serves: a multiple of the MMA's K step, K and V tiles in shared memory
+#: head widths the program serves: multiples of 32 (``o += p V`` spreads the width over the four
+#: math warps, 8 columns of the MMA at a time), K and V tiles in shared memory up to 256
 _MAX_HEAD_DIM = 256
 
 
 class AttentionDecodeSplitKernel(Kernel, AttentionDecodeInterface):
-    """Any decode call in float16 or bfloat16 with a head width a multiple of 16 up to 256:
+    """Any decode call in float16 or bfloat16 with a head width a multiple of 32 up to 256:
     the split-KV program of :func:`decode_program` under :func:`decode_plan` (the split from
     the device's SM count)."""
 
@@ -462,8 +463,8 @@ class AttentionDecodeSplitKernel(Kernel, AttentionDecodeInterface):
 
     @classmethod
     def region_refusal(cls, spec: AttentionDecodeSpec) -> str | None:
-        if spec.head_dim % 16 or spec.head_dim > _MAX_HEAD_DIM:
-            return (f"serves head widths that are multiples of 16 up to {_MAX_HEAD_DIM}, not "
+        if spec.head_dim % 32 or spec.head_dim > _MAX_HEAD_DIM:
+            return (f"serves head widths that are multiples of 32 up to {_MAX_HEAD_DIM}, not "
                     f"{spec.head_dim}")
         return None
 
