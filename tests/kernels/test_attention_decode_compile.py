@@ -154,3 +154,7 @@ def test_decode_compiles_for_sm90(spec, plan):
     assert f"min(Lens[((int)blockIdx.y)], {spec.max_keys})" in src
     if paged:
         assert re.search(rf", {spec.max_pages - 1}\)+\], {spec.capacity - 1}\), 0\)", src)
+
+
+def test_the_kernel_states_hopper():
+    assert K.AttentionDecodeSplitKernel.supported_archs == frozenset({(9, 0)})
