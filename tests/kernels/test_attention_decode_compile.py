@@ -156,5 +156,13 @@ def test_decode_compiles_for_sm90(spec, plan):
         assert re.search(rf", {spec.max_pages - 1}\)+\], {spec.capacity - 1}\), 0\)", src)
 
 
-def test_the_kernel_states_hopper():
-    assert K.AttentionDecodeSplitKernel.supported_archs == frozenset({(9, 0)})
+def test_the_kernel_refuses_gpus_before_hopper(monkeypatch):
+    import torch
+
+    from tileops.runtime import kernel as runtime_kernel
+
+    dev = torch.device("cuda", 7)
+    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, (8, 0))
+    assert K.AttentionDecodeSplitKernel.refusal(_spec(device=dev)) == "written for sm_90, not sm_80"
+    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, (9, 0))
+    assert K.AttentionDecodeSplitKernel.refusal(_spec(device=dev)) is None
