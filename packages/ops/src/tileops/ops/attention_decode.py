@@ -85,12 +85,7 @@ class AttentionDecodeOp(Op):
         for i, t in enumerate(tensors):
             if t is not None and not t.is_contiguous():
                 tensors[i] = t.contiguous()
-        if o.is_contiguous():
-            entry(*tensors, o)
-        else:
-            out = torch.empty_like(o, memory_format=torch.contiguous_format)
-            entry(*tensors, out)
-            o.copy_(out)
+        entry(*tensors, o)  # o is the call's own output, allocated contiguous
 
     def resolved_scale(self, head_dim: int) -> float:
         """The scores' scale: the op's, or ``1 / sqrt(head_dim)`` where it is None."""
