@@ -36,10 +36,11 @@ FORWARD = [
                       channels=3, size_in=(7, 9, 11), size_out=(4, 5, 6), kernel=(3, 3, 3),
                       stride=(2, 2, 2), padding=(1, 1, 1), count_include_pad=False, divisor=0,
                       dtype="float16"), id="avg3d-channels-last-exclude-pad"),
-    # adaptive max over windows of uneven length (masked taps), float32
+    # adaptive max over windows of uneven length (masked taps), float32; 11 x 10 taps, over
+    # the unrolled budget: the window loops
     pytest.param(spec(adaptive=True, batch=3, channels=5, size_in=(1, 37, 41),
-                      size_out=(1, 5, 7), kernel=(1, 1, 1), stride=(1, 1, 1), indices=True,
-                      dtype="float32"), id="adaptive-max-indices"),
+                      size_out=(1, 4, 5), kernel=(1, 1, 1), stride=(1, 1, 1), indices=True,
+                      dtype="float32"), id="adaptive-max-indices-looped"),
 ]
 
 BACKWARD = [
@@ -70,6 +71,9 @@ def test_forward_compiles_for_sm90(s):
         assert "isnan(" in src and "CUDART_INF_F" in src  # NaN wins; the scan starts at -inf
     else:
         assert " / ((float)" in src  # the sum over the divisor, in float32
+    kd, kh, kw = P.taps(s)
+    before = src.split(f"for (int tw = 0; tw < {kw}; ++tw)")[0].splitlines()[-2]
+    assert ("#pragma unroll" in before) is (kd * kh * kw <= P._UNROLL_TAPS)  # long ones loop
 
 
 @needs_nvcc

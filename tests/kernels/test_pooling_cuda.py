@@ -49,7 +49,7 @@ FORWARD = [
     ("max2d-odd-ceil-dilated", O.MaxPool2dFwdOp,
      {"kernel_size": (3, 2), "stride": (2, 1), "padding": 1, "dilation": (2, 1),
       "ceil_mode": True, "return_indices": True}, (3, 5, 37, 41), FP, False),
-    ("max2d-unbatched-cl-fp16", O.MaxPool2dFwdOp, {"kernel_size": 2, "return_indices": True},
+    ("max2d-unbatched-fp16", O.MaxPool2dFwdOp, {"kernel_size": 2, "return_indices": True},
      (16, 33, 33), HF, False),
     ("max1d-odd", O.MaxPool1dFwdOp, {"kernel_size": 4, "stride": 3, "padding": 2,
                                      "ceil_mode": True, "return_indices": True},
@@ -77,6 +77,9 @@ FORWARD = [
     ("adaptive-max-odd", O.AdaptiveMaxPool2dFwdOp, {"output_size": (5, 7),
                                                     "return_indices": True},
      (3, 5, 37, 41), BF, False),
+    ("adaptive-max-looped", O.AdaptiveMaxPool2dFwdOp, {"output_size": (4, 5),
+                                                       "return_indices": True},
+     (3, 5, 37, 41), BF, True),  # 10 x 9 taps: the window loops (not unrolled)
     ("adaptive-max-upsample", O.AdaptiveMaxPool2dFwdOp, {"output_size": 8,
                                                          "return_indices": True},
      (2, 4, 5, 5), FP, False),
