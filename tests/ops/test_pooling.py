@@ -294,6 +294,28 @@ def test_a_call_is_three_axes_to_the_kernels():
     assert (s.divisor, s.count_include_pad, s.dtype) == (3, False, "float16")
 
 
+def test_kernels_hand_the_programs_flat_views():
+    """The programs take flat tensors: a channels-last input is read in place as the
+    contiguous (N, H, W, C) its strides are, the outputs are viewed, nothing is copied."""
+    x = torch.randn(2, 3, 5, 7).to(memory_format=torch.channels_last)
+    y, idx = torch.empty(2, 3, 2, 3), torch.empty(2, 3, 2, 3, dtype=torch.int64)
+    seen = []
+    kernel = K.PoolKernel.__new__(K.PoolKernel)
+    kernel.program = lambda *flat: seen.extend(flat)
+    kernel._indices, kernel._channels_last = True, True
+    kernel(x, y, idx)
+    assert [t.shape for t in seen] == [(210,), (36,), (36,)]
+    assert seen[0].data_ptr() == x.data_ptr() and seen[1].data_ptr() == y.data_ptr()
+    assert torch.equal(seen[0], x.permute(0, 2, 3, 1).flatten())
+    grad = K.PoolBwdKernel.__new__(K.PoolBwdKernel)
+    seen.clear()
+    grad.program, grad._indices = (lambda *flat: seen.extend(flat)), False
+    dx = torch.empty(2, 3, 5, 7)
+    grad(y, x.contiguous(), None, dx)
+    assert [t.shape for t in seen] == [(36,), (210,), (210,)]
+    assert seen[2].data_ptr() == dx.data_ptr()
+
+
 def test_kernels_refuse_float64_by_name():
     op = O.MaxPool2dFwdOp(kernel_size=2)
     with pytest.raises(TypeError) as e:

@@ -507,14 +507,19 @@ class PoolKernel(Kernel, PoolFwdInterface):
         super().__init__(spec)
         self.program = build_pool_kernel(spec)
         self._indices = spec.indices
+        self._channels_last = spec.layout is PoolLayout.CHANNELS_LAST
 
     def __call__(self, x, y, indices) -> None:
+        """The programs take flat tensors: ``x`` (its channels-last strides read as the
+        contiguous ``(N, *spatial, C)`` they are), ``y`` and ``indices`` as views."""
         if y.numel() == 0:
             return
+        if self._channels_last:
+            x = x.permute(0, *range(2, x.dim()), 1)
         if self._indices:
-            self.program(x, y, indices)
+            self.program(x.view(-1), y.view(-1), indices.view(-1))
         else:
-            self.program(x, y)
+            self.program(x.view(-1), y.view(-1))
 
 
 class PoolBwdKernel(Kernel, PoolBwdInterface):
@@ -543,9 +548,9 @@ class PoolBwdKernel(Kernel, PoolBwdInterface):
         if dx.numel() == 0:
             return
         if self._indices:
-            self.program(dy, x, indices, dx)
+            self.program(dy.view(-1), x.view(-1), indices.view(-1), dx.view(-1))
         else:
-            self.program(dy, x, dx)
+            self.program(dy.view(-1), x.view(-1), dx.view(-1))
 
 
 # --- the CPU mirror of the programs ---------------------------------------------------------------
