@@ -198,3 +198,18 @@ def test_the_scaled_mm_peer_matches_the_reference(scaling):
 
 def test_block_scaling_has_no_scaled_mm_peer():
     assert "torch._scaled_mm" not in GemmFp8FwdOp(scaling="block").contenders()
+
+
+def test_the_torch_contenders_survive_torch_compile():
+    # the contenders spread scales by a gather: torch.compile (inductor, torch 2.13)
+    # miscomputed repeat_interleave(...)[:, :c] and the fp8 cast of a padded view's slice
+    # where c is not a whole number of blocks (the last group read as zeros)
+    torch.manual_seed(3)
+    x = torch.randn(6, 300, dtype=torch.bfloat16)
+    quant = Fp8QuantFwdOp(granularity="group").eager()
+    (q, s), (q0, s0) = torch.compile(quant, dynamic=False)(x), quant(x)
+    assert torch.equal(q.float(), q0.float()) and torch.equal(s, s0)
+    b, sb = Fp8QuantFwdOp(granularity="block")(torch.randn(130, 300, dtype=torch.bfloat16))
+    gemm = GemmFp8FwdOp(scaling="block").eager()
+    got = torch.compile(gemm, dynamic=False)(q, b, s, sb)
+    torch.testing.assert_close(got, gemm(q, b, s, sb), rtol=0, atol=0)

@@ -77,33 +77,41 @@ def _blocks(x: torch.Tensor, granularity: str) -> torch.Tensor:
     if granularity in ("tensor", "row"):  # a whole extent is one block, even an empty one
         cb = 1
         rb = 1 if granularity == "tensor" else r
-    padded = x.new_zeros((rb * br, cb * bc))
-    padded[:r, :c] = x
+    padded = torch.nn.functional.pad(x, (0, cb * bc - c, 0, rb * br - r))
     return padded.view(rb, br, cb, bc)
 
 
 def quantise(x: torch.Tensor, granularity: str, fp8_dtype: torch.dtype
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(x / scale, scale)`` unrounded in ``x``'s dtype (float32 or float64): the clamped
-    quotients and the scales of the module docstring, ``scale`` shaped as the spec states."""
-    r, c = x.shape
+    quotients and the scales of the module docstring, ``scale`` shaped as the spec states.
+    The quotients divide by the scales spread over ``x`` (:func:`_spread`), not block by block
+    in the padded view: torch.compile (inductor, torch 2.13) miscomputes the fp8 cast of the
+    latter's slice back to ``[r, c]``."""
     fmax = torch.finfo(fp8_dtype).max
-    blocks = _blocks(x, granularity)
-    amax = blocks.abs().amax(dim=(1, 3)).clamp_min(AMAX_FLOOR)  # [rb, cb]
+    amax = _blocks(x, granularity).abs().amax(dim=(1, 3)).clamp_min(AMAX_FLOOR)  # [rb, cb]
     scale = amax / fmax
-    q = (blocks / scale[:, None, :, None]).clamp(-fmax, fmax)
-    q = q.reshape(blocks.shape[0] * blocks.shape[1], -1)[:r, :c]
-    return q, scale.reshape(()) if granularity == "tensor" else scale
+    if granularity == "tensor":
+        scale = scale.reshape(())
+    return (x / _spread(scale, x, granularity)).clamp(-fmax, fmax), scale
+
+
+def _spread(scale: torch.Tensor, q: torch.Tensor, granularity: str) -> torch.Tensor:
+    """Each block's scale at each element of ``q``: a gather by block index (torch.compile
+    miscomputes products with ``repeat_interleave(...)[:, :c]`` where ``c`` is not a whole
+    number of blocks)."""
+    if granularity == "tensor":
+        return scale
+    r, c = q.shape
+    br, bc = _block_dims(granularity, r, c)
+    rows = torch.arange(r, device=q.device) // br
+    cols = torch.arange(c, device=q.device) // bc
+    return scale[rows[:, None], cols[None, :]]
 
 
 def dequantise(q: torch.Tensor, scale: torch.Tensor, granularity: str) -> torch.Tensor:
     """``q * scale`` with each scale spread over its block, in ``scale``'s dtype."""
-    r, c = q.shape
-    if granularity == "tensor":
-        return q.to(scale.dtype) * scale
-    br, bc = _block_dims(granularity, r, c)
-    full = scale.repeat_interleave(br, dim=0).repeat_interleave(bc, dim=1)[:r, :c]
-    return q.to(scale.dtype) * full
+    return q.to(scale.dtype) * _spread(scale, q, granularity)
 
 
 class Fp8Op(Op):
