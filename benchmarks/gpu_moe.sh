@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# One GPU session for the mixture-of-experts family: prebuild the kernels the GPU tests and
+# the spec workloads use (parallel processes), the GPU tests of the kernels and the harness,
+# then the side-by-side benchmarks of the bars (tileops bench against torch eager, a fresh
+# torch.compile per workload and torch._grouped_mm where torch has it): the grouped GEMM at
+# E64 x 512 rows x K4096 x N2048 (>= 730 TFLOP/s, and >= torch._grouped_mm on uneven loads),
+# the permutations (>= 0.9 of the copy bandwidth), the routing, and the fused layer at the
+# Mixtral-8x7B and DeepSeek-V3-like shapes at 1, 64 and 8192 tokens (faster than the torch
+# pipeline with torch._grouped_mm). Logs and results go to $OUT (or ./gpu-out). STAGES picks
+# stages (default: prebuild tests bench).
+STAGES=${STAGES:-prebuild tests bench}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
+  local log=$1; shift
+  "$@" 2>&1 | grep -v "TileLang" | tee "$OUT/$log" | tail -n "${TAIL:-30}"
+  echo "== $log: exit ${PIPESTATUS[0]}"
+}
+bench() {  # bench NAME OP... [-w LABEL ...]: one table of the bars, named moe_NAME
+  local name=$1; shift
+  TAIL=40 run "bench_$name.log" python3 -m tileops.ops.cli bench --name "moe_$name" \
+    --out "$OUT" --no-plot "$@"
+}
+for stage in $STAGES; do case $stage in
+  prebuild)
+    TAIL=3 run prebuild_tests.log python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family moe --workers 15 ;;
+  tests)
+    TAIL=25 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_moe_cuda.py -q -p no:cacheprovider
+    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "Moe or GroupedGemm" -q -p no:cacheprovider --maxfail=40 ;;
+  bench)
+    bench grouped_gemm GroupedGemmFwdOp -w 'e64-*' -w mixtral-up-uneven-m8192 -w deepseek-up-aligned128 -w deepseek-down-masked64 -w odd-uneven --dtype bf16
+    bench permute MoePermuteAlignFwdOp MoeUnpermuteFwdOp -w 'mixtral-*' -w 'deepseek-*'
+    bench gating MoeTopkGatingFwdOp -w 'mixtral-*' -w 'deepseek-*' -w qwen3-m8192
+    bench fused FusedMoeFwdOp -w 'mixtral-*' -w 'deepseek-*' ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+esac; done

@@ -1,0 +1,395 @@
+"""Mixture-of-experts routing and row movement in TileLang: the gating (scores, grouped top-k,
+gate weights) and the two row permutations around the grouped GEMM.
+
+Three slots:
+
+:class:`MoeGatingInterface` (``moe_gating``) -- ``forward(logits, bias, weights, ids)``: a
+    thread a token (:func:`gating_program`). The token's scores (softmax or sigmoid, float32)
+    and choice scores (plus the correction bias) are kept in the thread's local memory; with
+    groups, each group's sum of its two best choice scores, and the ``topk_groups`` best groups
+    by repeated arg-max; then ``top_k`` arg-max passes over the eligible experts, a strict
+    ``>`` so that equal scores keep the lowest id (a stable sort's order, as torch.topk gives).
+    Softmax and sigmoid are increasing, so without a bias the picks compare the logits
+    themselves, exactly, as the reference's sort of the scores does; with a bias they compare
+    the float32 choice scores.
+:class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, src, y)``: ``y[r] =
+    x[src[r]]``, or zeros where ``src[r] < 0``: a CTA a row, 16-byte vectors along it
+    (:func:`permute_program`); the op computes ``src`` (the token of each grouped row) with
+    the grouping.
+:class:`MoeUnpermuteInterface` (``moe_unpermute``) -- ``forward(y, rows, weights, out)``:
+    ``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, a slot with ``rows < 0`` skipped, in
+    float32: a CTA a token, 16-byte vectors along the row (:func:`unpermute_program`).
+
+Row lengths off the 16-byte vector (``H`` not a multiple of 8 two-byte elements) take
+element-wide accesses; the row counts are launch-time sizes, so one program serves every
+token count.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import functools
+from typing import Literal, get_args
+
+from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+from ._tilelang import compile_program, tl
+
+__all__ = [
+    "MoeDType",
+    "MoeGatingInterface",
+    "MoeGatingKernel",
+    "MoeGatingSpec",
+    "MoePermuteInterface",
+    "MoePermuteKernel",
+    "MoeRowsSpec",
+    "MoeUnpermuteInterface",
+    "MoeUnpermuteKernel",
+    "MoeUnpermuteSpec",
+    "build_gating",
+    "build_permute",
+    "build_unpermute",
+    "gating_program",
+    "permute_program",
+    "unpermute_program",
+    "row_vector",
+]
+
+MoeDType = Literal["float16", "bfloat16"]
+GatingDType = Literal["float16", "bfloat16", "float32"]
+_ROW_DTYPES = frozenset(get_args(MoeDType))
+_GATING_DTYPES = frozenset(get_args(GatingDType))
+_SCORINGS = frozenset({"softmax", "sigmoid"})
+
+#: threads of a row CTA (permutations) and tokens of a gating CTA
+_ROW_THREADS = 128
+_GATING_THREADS = 128
+
+
+def row_vector(h: int, dtype: str) -> int:
+    """Elements a thread moves at once along a row of ``h``: a 16-byte vector where the row is
+    a multiple of one, else 1."""
+    per = 16 // _ITEMSIZE[dtype]
+    return per if h % per == 0 else 1
+
+
+# --- gating ------------------------------------------------------------------------------------
+
+
+class MoeGatingSpec(CallSpec, frozen=True, kw_only=True):
+    """A routing call: ``e`` experts (the token count is a launch-time size), ``top_k``, the
+    logits' dtype, the scoring function, whether the weights are renormalized, the groups,
+    the scale of the weights and whether a correction bias is given."""
+
+    e: int
+    top_k: int
+    dtype: GatingDType
+    scoring: str
+    renormalize: bool
+    num_groups: int
+    topk_groups: int
+    scale: float
+    bias: bool
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _GATING_DTYPES, "scoring": _SCORINGS},
+                          sizes=("e", "top_k", "num_groups", "topk_groups"),
+                          flags=("renormalize", "bias"))
+        if self.num_groups < 1 or self.e % self.num_groups:
+            raise ValueError(f"MoeGatingSpec.num_groups must divide e = {self.e}, got "
+                             f"{self.num_groups}")
+
+
+class MoeGatingInterface(KernelInterface):
+    """``forward(logits, bias, weights, ids)``: ``logits (M, E)``, ``bias (E,)`` float32 or
+    None, ``weights (M, top_k)`` float32 and ``ids (M, top_k)`` int32 written."""
+
+    slot = "moe_gating"
+    call_spec = MoeGatingSpec
+
+
+def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
+                   num_groups: int, topk_groups: int, scale: float, bias: bool):
+    """The routing prim_func (see the module docstring); ``M`` dynamic."""
+    _, T = tl()
+    f32 = "float32"
+    M = T.dynamic("M")
+    threads = _GATING_THREADS
+    per_group = e // num_groups
+    grouped = num_groups > 1
+    exact = not bias  # picks compare the logits themselves (monotone scores)
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((M, e), dtype),
+        Bias: T.Tensor((e,), f32),
+        W: T.Tensor((M, top_k), f32),
+        Ids: T.Tensor((M, top_k), "int32"),
+    ):
+        with T.Kernel(T.ceildiv(M, threads), threads=threads) as bx:
+            tx = T.get_thread_binding(0)
+            t = bx * threads + tx
+            score = T.alloc_local((e,), f32)  # the scores (the weights' source)
+            choice = T.alloc_local((e,), f32)  # what the picks compare
+            out = T.alloc_local((e,), "int32")  # 1: out of the running (group, or picked)
+            gsum = T.alloc_local((num_groups,), f32)
+            kept = T.alloc_local((num_groups,), "int32")
+            acc = T.alloc_local((4,), f32)  # max, sum, best value, second value / weight sum
+            pick = T.alloc_local((1,), "int32")
+            if t < M:
+                acc[0] = T.cast(X[t, 0], f32)
+                for i in T.serial(e):
+                    acc[0] = T.max(acc[0], T.cast(X[t, i], f32))
+                acc[1] = 0.0
+                for i in T.serial(e):
+                    out[i] = 0
+                    v = T.cast(X[t, i], f32)
+                    if scoring == "softmax":
+                        score[i] = T.exp(v - acc[0])
+                        acc[1] = acc[1] + score[i]
+                    else:
+                        score[i] = 1.0 / (1.0 + T.exp(-v))
+                    choice[i] = v if exact else score[i]
+                if scoring == "softmax":
+                    for i in T.serial(e):
+                        score[i] = score[i] / acc[1]
+                if bias:
+                    for i in T.serial(e):
+                        choice[i] = score[i] + Bias[i]
+                if grouped:
+                    for g in T.serial(num_groups):  # the sum of the group's two best
+                        kept[g] = 0
+                        acc[2] = choice[g * per_group]
+                        acc[3] = choice[g * per_group + 1]
+                        if acc[3] > acc[2]:
+                            acc[2] = choice[g * per_group + 1]
+                            acc[3] = choice[g * per_group]
+                        for i in T.serial(2, per_group):
+                            v = choice[g * per_group + i]
+                            if v > acc[2]:
+                                acc[3] = acc[2]
+                                acc[2] = v
+                            elif v > acc[3]:
+                                acc[3] = v
+                        gsum[g] = acc[2] + acc[3]
+                    for _ in T.serial(topk_groups):  # the best groups, the lowest on ties
+                        pick[0] = -1
+                        for g in T.serial(num_groups):
+                            if kept[g] == 0 and (pick[0] < 0 or gsum[g] > acc[2]):
+                                pick[0] = g
+                                acc[2] = gsum[g]
+                        kept[pick[0]] = 1
+                    for g in T.serial(num_groups):  # the experts of the other groups are out
+                        if kept[g] == 0:
+                            for i in T.serial(per_group):
+                                out[g * per_group + i] = 1
+                acc[3] = 0.0
+                for j in T.serial(top_k):
+                    pick[0] = -1
+                    for i in T.serial(e):
+                        if out[i] == 0 and (pick[0] < 0 or choice[i] > acc[2]):
+                            pick[0] = i
+                            acc[2] = choice[i]
+                    out[pick[0]] = 1
+                    Ids[t, j] = pick[0]
+                    W[t, j] = score[pick[0]]
+                    acc[3] = acc[3] + score[pick[0]]
+                for j in T.serial(top_k):
+                    if renormalize:
+                        W[t, j] = W[t, j] / acc[3] * scale
+                    else:
+                        W[t, j] = W[t, j] * scale
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def build_gating(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
+                 num_groups: int, topk_groups: int, scale: float, bias: bool,
+                 target: str | None = None):
+    """Compile :func:`gating_program` (cached per process and on disk)."""
+    return compile_program(gating_program(e, top_k, dtype, scoring, renormalize, num_groups,
+                                          topk_groups, scale, bias), target)
+
+
+class MoeGatingKernel(Kernel, MoeGatingInterface):
+    """Any expert count and top-k, sm_80 to sm_90: a thread a token."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    def __init__(self, spec: MoeGatingSpec) -> None:
+        super().__init__(spec)
+        self.program = build_gating(spec.e, spec.top_k, spec.dtype, spec.scoring,
+                                    spec.renormalize, spec.num_groups, spec.topk_groups,
+                                    spec.scale, spec.bias)
+
+    def __call__(self, logits, bias, weights, ids) -> None:
+        if logits.shape[0] == 0:
+            return
+        if bias is None:  # the program reads no bias then; any float32 vector of E stands in
+            bias = weights.new_empty((self.spec.e,))
+        self.program(logits, bias, weights, ids)
+
+
+# --- permutations ------------------------------------------------------------------------------
+
+
+class MoeRowsSpec(CallSpec, frozen=True, kw_only=True):
+    """A row permutation: the row length ``h`` and the dtype (row counts are launch-time)."""
+
+    h: int
+    dtype: MoeDType
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _ROW_DTYPES}, sizes=("h",))
+
+
+class MoePermuteInterface(KernelInterface):
+    """``forward(x, src, y)``: ``x (M, H)``, ``src (R,)`` int32, ``y (R, H)`` written whole."""
+
+    slot = "moe_permute_rows"
+    call_spec = MoeRowsSpec
+
+
+def permute_program(h: int, dtype: str):
+    """``y[r] = x[src[r]]`` (zeros for ``src[r] < 0``): a CTA a row (see the module docstring)."""
+    _, T = tl()
+    M, R = T.dynamic("M"), T.dynamic("R")
+    threads = _ROW_THREADS
+    vec = row_vector(h, dtype)
+    chunks = -(-h // (threads * vec))
+
+    @T.prim_func
+    def main(
+        X: T.Tensor((M, h), dtype),
+        Src: T.Tensor((R,), "int32"),
+        Y: T.Tensor((R, h), dtype),
+    ):
+        with T.Kernel(R, threads=threads) as r:
+            tx = T.get_thread_binding(0)
+            buf = T.alloc_local((vec,), dtype)
+            s = Src[r]
+            for c in T.serial(chunks):
+                col = (c * threads + tx) * vec
+                if col < h:
+                    if s >= 0:
+                        for v in T.vectorized(vec):
+                            buf[v] = X[s, col + v]
+                    else:
+                        for v in T.vectorized(vec):
+                            buf[v] = T.cast(0, dtype)
+                    for v in T.vectorized(vec):
+                        Y[r, col + v] = buf[v]
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def build_permute(h: int, dtype: str, target: str | None = None):
+    """Compile :func:`permute_program`."""
+    return compile_program(permute_program(h, dtype), target)
+
+
+class MoePermuteKernel(Kernel, MoePermuteInterface):
+    """Any row length, sm_80 to sm_90."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    def __init__(self, spec: MoeRowsSpec) -> None:
+        super().__init__(spec)
+        self.program = build_permute(spec.h, spec.dtype) if spec.h else None
+
+    def __call__(self, x, src, y) -> None:
+        if self.program is None or y.shape[0] == 0:
+            return
+        self.program(x, src, y)
+
+
+class MoeUnpermuteSpec(CallSpec, frozen=True, kw_only=True):
+    """An unpermutation: the row length ``h``, the picks a token ``k`` and the dtype."""
+
+    h: int
+    k: int
+    dtype: MoeDType
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _ROW_DTYPES}, sizes=("h", "k"))
+
+
+class MoeUnpermuteInterface(KernelInterface):
+    """``forward(y, rows, weights, out)``: ``y (R, H)``, ``rows (M, K)`` int32, ``weights (M,
+    K)`` float32, ``out (M, H)`` written whole."""
+
+    slot = "moe_unpermute"
+    call_spec = MoeUnpermuteSpec
+
+
+def unpermute_program(h: int, k: int, dtype: str):
+    """``out[t] = sum_j weights[t, j] * y[rows[t, j]]``: a CTA a token (see the module
+    docstring)."""
+    _, T = tl()
+    M, R = T.dynamic("M"), T.dynamic("R")
+    threads = _ROW_THREADS
+    vec = row_vector(h, dtype)
+    chunks = -(-h // (threads * vec))
+    f32 = "float32"
+
+    @T.prim_func
+    def main(
+        Y: T.Tensor((R, h), dtype),
+        Rows: T.Tensor((M, k), "int32"),
+        W: T.Tensor((M, k), f32),
+        Out: T.Tensor((M, h), dtype),
+    ):
+        with T.Kernel(M, threads=threads) as t:
+            tx = T.get_thread_binding(0)
+            acc = T.alloc_local((vec,), f32)
+            buf = T.alloc_local((vec,), dtype)
+            for c in T.serial(chunks):
+                col = (c * threads + tx) * vec
+                if col < h:
+                    for v in T.vectorized(vec):
+                        acc[v] = 0.0
+                    for j in T.serial(k):
+                        src = Rows[t, j]
+                        if src >= 0:
+                            for v in T.vectorized(vec):
+                                buf[v] = Y[src, col + v]
+                            for v in T.unroll(vec):
+                                acc[v] = acc[v] + W[t, j] * T.cast(buf[v], f32)
+                    for v in T.vectorized(vec):
+                        Out[t, col + v] = T.cast(acc[v], dtype)
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def build_unpermute(h: int, k: int, dtype: str, target: str | None = None):
+    """Compile :func:`unpermute_program`."""
+    return compile_program(unpermute_program(h, k, dtype), target)
+
+
+class MoeUnpermuteKernel(Kernel, MoeUnpermuteInterface):
+    """Any row length and picks a token, sm_80 to sm_90."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    def __init__(self, spec: MoeUnpermuteSpec) -> None:
+        super().__init__(spec)
+        self.program = None
+        if spec.h:
+            self.program = build_unpermute(spec.h, spec.k, spec.dtype)
+
+    def __call__(self, y, rows, weights, out) -> None:
+        if self.program is None or out.shape[0] == 0:
+            return
+        if self.spec.k == 0:
+            out.zero_()
+            return
+        self.program(y, rows, weights, out)

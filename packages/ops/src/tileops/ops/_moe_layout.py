@@ -1,0 +1,230 @@
+"""The mixture-of-experts family's computations in plain PyTorch: the routing, the grouping of
+routed slots by expert in either layout, and the references of the staged ops.
+
+:func:`group_slots` is both the grouping the permutation's CUDA forward runs (torch ops on the
+device, none of which waits for the host: no boolean indexing, no ``bincount`` of unknown
+length) and half of its reference; the row movement is the kernel's. The other functions are
+the references: each computes in float32 for narrower inputs and in float64 for float64 ones,
+and never writes its inputs. The fused layer's reference, :func:`fused_reference`, is a loop
+over the experts that does not go through :func:`group_slots`, so it checks the composite's
+grouping too.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+__all__ = [
+    "Grouping",
+    "LayoutValue",
+    "expert_of_row",
+    "fused_reference",
+    "gating_reference",
+    "grouped_gemm_reference",
+    "group_slots",
+    "permute_reference",
+    "unpermute_reference",
+    "wide_dtype",
+]
+
+
+@dataclass(frozen=True)
+class LayoutValue:
+    """An MGroupedLayout value as the family reads it: ``masked`` with ``max_m``, or
+    contiguous with ``alignment`` and ``per_row`` (an expert per row, else the E + 1
+    offsets)."""
+
+    masked: bool
+    max_m: int = 0
+    alignment: int = 1
+    per_row: bool = False
+
+    def rows(self, slots: int, experts: int) -> int:
+        """The rows of a grouping of ``slots`` routed slots: the layout's bound."""
+        if self.masked:
+            return experts * self.max_m
+        return slots + experts * (self.alignment - 1)
+
+
+def wide_dtype(t: torch.Tensor) -> torch.dtype:
+    """float64 for a float64 tensor, else float32: what a reference computes in."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+# --- routing ----------------------------------------------------------------------------------
+
+
+def gating_reference(logits: torch.Tensor, bias: torch.Tensor | None, *, top_k: int,
+                     scoring: str, renormalize: bool, num_groups: int, topk_groups: int,
+                     scale: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(weights, ids)`` of MoeTopkGatingFwdOp. The picks are a stable descending sort of
+    the choice scores (ties keep the lowest id); without a bias or groups the choice scores
+    are the logits themselves (softmax and sigmoid are increasing, so the order is the
+    scores', exactly, with no rounding of the scores to tie two logits that differ)."""
+    wide = wide_dtype(logits)
+    z = logits.to(wide)
+    scores = torch.softmax(z, dim=-1) if scoring == "softmax" else torch.sigmoid(z)
+    if bias is None and num_groups == 1:
+        choice = z
+    else:
+        choice = scores if bias is None else scores + bias.to(wide)
+    m, e = z.shape
+    if num_groups > 1:
+        per = e // num_groups
+        top2 = torch.sort(choice.view(m, num_groups, per), dim=-1, descending=True).values
+        group_score = top2[..., :2].sum(-1)
+        keep = torch.sort(group_score, dim=-1, descending=True, stable=True).indices
+        kept = torch.zeros(m, num_groups, dtype=torch.bool, device=z.device)
+        kept.scatter_(1, keep[:, :topk_groups], True)
+        eligible = kept.repeat_interleave(per, dim=1)
+        choice = choice.masked_fill(~eligible, float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :top_k]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(-1, keepdim=True)
+    return weights * scale, ids.to(torch.int32)
+
+
+# --- the grouping ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grouping:
+    """Where the routed slots go: ``rows`` (the slot's row, -1 when dropped; the shape of
+    ``ids``), ``metadata`` (the layout's) and ``src`` (the token of each of the ``R`` rows, -1
+    for a row no slot fills)."""
+
+    rows: torch.Tensor
+    metadata: torch.Tensor
+    src: torch.Tensor
+
+
+def group_slots(ids: torch.Tensor, experts: int, layout: LayoutValue) -> Grouping:
+    """Group the slots of ``ids`` (``[M, K]``) by expert, in token order within an expert, as
+    MoePermuteAlignFwdOp states (see its spec entry). Device-side torch ops only."""
+    dev = ids.device
+    m, k = ids.shape
+    n = m * k
+    r = layout.rows(n, experts)
+    flat = ids.reshape(-1).to(torch.int64)
+    valid = (flat >= 0) & (flat < experts)
+    key = torch.where(valid, flat, experts)  # dropped slots sort last
+    order = torch.sort(key, stable=True).indices
+    counts = torch.zeros(experts + 1, dtype=torch.int64, device=dev)
+    counts.scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.cumsum(counts, 0) - counts  # each expert's first slot in sorted order
+    sorted_key = key[order]
+    pos = torch.arange(n, device=dev) - starts[sorted_key]  # the slot's rank in its expert
+    counts = counts[:experts]
+    if layout.masked:
+        kept = (sorted_key < experts) & (pos < layout.max_m)
+        row = torch.where(kept, sorted_key * layout.max_m + pos, -1)
+        metadata = counts.clamp(max=layout.max_m)
+    else:
+        a = layout.alignment
+        seg = (counts + (a - 1)) // a * a
+        offsets = torch.zeros(experts + 1, dtype=torch.int64, device=dev)
+        torch.cumsum(seg, 0, out=offsets[1:])
+        kept = sorted_key < experts
+        row = torch.where(kept, offsets[sorted_key.clamp(max=experts - 1)] + pos, -1)
+        metadata = offsets
+    rows = torch.empty(n, dtype=torch.int64, device=dev)
+    rows[order] = row
+    # every row's token (-1 where none): a scatter into one spare row for the dropped slots
+    spare = torch.where(row >= 0, row, r)
+    src = torch.full((r + 1,), -1, dtype=torch.int64, device=dev)
+    src.scatter_(0, spare, order // k)
+    if layout.per_row:
+        per_row = torch.full((r + 1,), -1, dtype=torch.int64, device=dev)
+        per_row.scatter_(0, spare, sorted_key)
+        metadata = per_row[:r]
+    return Grouping(rows.view(m, k).to(torch.int32), metadata.to(torch.int32),
+                    src[:r].to(torch.int32))
+
+
+def permute_reference(x: torch.Tensor, ids: torch.Tensor, experts: int,
+                      layout: LayoutValue) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(y, metadata, rows)`` of MoePermuteAlignFwdOp (``y`` ``(E, max_m, H)`` for masked)."""
+    g = group_slots(ids, experts, layout)
+    src = g.src.to(torch.int64)
+    m = x.shape[0]
+    padded = torch.cat([x, x.new_zeros((1, x.shape[1]))])  # row m: the zeros of unfilled rows
+    y = padded[torch.where(src >= 0, src, m)]
+    if layout.masked:
+        y = y.view(experts, layout.max_m, x.shape[1])
+    return y, g.metadata, g.rows
+
+
+def unpermute_reference(y: torch.Tensor, rows: torch.Tensor,
+                        weights: torch.Tensor) -> torch.Tensor:
+    """``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, dropped slots (-1) skipped."""
+    wide = torch.float64 if torch.float64 in (y.dtype, weights.dtype) else torch.float32
+    r = rows.to(torch.int64)
+    picked = y.to(wide)[r.clamp(min=0)]  # [M, K, H]
+    picked = torch.where((r >= 0)[..., None], picked, torch.zeros((), dtype=wide))
+    return (picked * weights.to(wide)[..., None]).sum(1)
+
+
+def expert_of_row(metadata: torch.Tensor, layout: LayoutValue, m: int,
+                   experts: int) -> torch.Tensor:
+    """The expert of each of the ``m`` rows of a contiguous operand (``experts`` for a row of
+    none), as the kernels read the metadata: expert ``e`` owns rows ``[hi[e - 1], hi[e])``
+    with ``hi`` the offsets past the first made non-decreasing and clamped into ``[0, m]``
+    (``hi[-1] = 0``), or the rows whose per-row expert is ``e``. Data-independent tensor ops,
+    so it runs on fake and meta tensors too."""
+    if layout.per_row:
+        e = metadata.to(torch.int64)
+        return torch.where((e >= 0) & (e < experts), e, experts)
+    hi = torch.cummax(metadata[1:].to(torch.int64), 0).values.clamp(0, m)
+    return torch.searchsorted(hi, torch.arange(m, device=metadata.device), right=True)
+
+
+def grouped_gemm_reference(a: torch.Tensor, b: torch.Tensor, metadata: torch.Tensor, *,
+                           layout: LayoutValue, trans_b: bool) -> torch.Tensor:
+    """GroupedGemmFwdOp's ``c``: a float64 (float32 for narrower) product per expert. A
+    masked block's product is kept for its first ``metadata[e]`` rows; a contiguous operand's
+    product with each expert's weights is kept on that expert's rows (every row is multiplied
+    by every expert: no loop bound reads the metadata, so fake tensors and CUDA graphs take
+    it)."""
+    wide = wide_dtype(a)
+    aw, bw = a.to(wide), b.to(wide)
+    bw = bw.transpose(-2, -1) if trans_b else bw  # [E, K, N]
+    if layout.masked:
+        valid = torch.arange(a.shape[1], device=a.device) < metadata.clamp(0, layout.max_m)[:, None]
+        return torch.where(valid[..., None], torch.bmm(aw, bw), torch.zeros((), dtype=wide))
+    experts = b.shape[0]
+    owner = expert_of_row(metadata, layout, a.shape[0], experts)
+    c = torch.zeros((a.shape[0], bw.shape[2]), dtype=wide, device=a.device)
+    for e in range(experts):
+        c = torch.where((owner == e)[:, None], aw @ bw[e], c)
+    return c
+
+
+def fused_reference(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
+                    w2: torch.Tensor, bias: torch.Tensor | None, *, layout: LayoutValue,
+                    **route) -> torch.Tensor:
+    """FusedMoeFwdOp's ``out`` by a loop over the experts, each applied to every token:
+    ``silu(x @ gate.T) * (x @ up.T) @ w2[e].T`` scaled by the token's gate weight for ``e``
+    (zero where it was not routed to ``e``, or, masked, where ``max_m`` earlier routed slots
+    fill the expert's block), summed. Nothing reads the routing's values on the host."""
+    wide = wide_dtype(x)
+    weights, ids = gating_reference(logits, bias, **route)
+    m, k = ids.shape
+    experts, two_i = w13.shape[0], w13.shape[1]
+    inter = two_i // 2
+    flat = ids.reshape(-1).to(torch.int64)
+    wflat = weights.reshape(-1).to(wide)
+    xw, w13w, w2w = x.to(wide), w13.to(wide), w2.to(wide)
+    out = torch.zeros(x.shape, dtype=wide, device=x.device)
+    for e in range(experts):
+        routed = flat == e
+        if layout.masked:  # the slot's rank among the expert's slots, in token order
+            routed = routed & (torch.cumsum(routed, 0) <= layout.max_m)
+        gate = torch.where(routed, wflat, torch.zeros((), dtype=wide)).view(m, k).sum(1)
+        h = xw @ w13w[e].T
+        act = F.silu(h[:, :inter]) * h[:, inter:]
+        out = out + (act @ w2w[e].T) * gate[:, None]
+    return out

@@ -1,0 +1,315 @@
+"""The mixture-of-experts kernels on a GPU, called through the ops (the layout, the slots,
+their entries), on fresh random inputs, against float64 computed on the CPU by the ops'
+references and by plain loops: the grouped GEMM over uneven loads (empty experts, one expert
+with eight times the rows of the others, loads off the tile, rows after the last segment),
+aligned and masked layouts, odd N and K (no 16-byte rows), both weight layouts; the routing
+(ties, groups, the bias); the permutations (exact: they move rows); the fused layer at the
+Mixtral and DeepSeek-V3 shapes of a few tokens.
+
+``python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15`` compiles exactly the
+programs these tests and the spec workloads use in spawned processes first, so the tests load
+them from TileLang's disk cache.
+"""
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__":  # the prebuild entry point imports from the packages' sources
+    sys.path[:0] = [str(p) for p in sorted(
+        (Path(__file__).resolve().parents[2] / "packages").glob("*/src"))]
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.kernels import grouped_gemm as G  # noqa: E402
+from tileops.kernels import moe as K  # noqa: E402
+
+pytestmark = pytest.mark.cuda
+if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available():
+    pytest.skip("needs a CUDA GPU", allow_module_level=True)
+
+#: (loads an expert, n, k, dtype, trans_b, alignment): contiguous grouped GEMMs
+GEMMS = [
+    ([512] * 64, 2048, 4096, torch.bfloat16, True, 1),  # the bar's shape, even loads
+    ([2048, 0, 256, 0, 256, 256, 0, 256] * 8, 2048, 4096, torch.bfloat16, True, 1),  # uneven
+    ([300, 0, 77, 1, 129, 0, 64, 5], 257, 200, torch.bfloat16, True, 1),  # off every tile
+    ([300, 0, 77, 1, 129, 0, 64, 5], 256, 7, torch.float16, False, 1),  # odd K: no 16-byte rows
+    ([40, 0, 3, 1], 512, 512, torch.bfloat16, True, 128),  # DeepGEMM's 128-row alignment
+    ([1, 2, 0, 1], 4096, 7168, torch.bfloat16, True, 1),  # decode: 64-row tiles
+]
+#: (experts, max_m, counts, n, k, dtype, trans_b): masked grouped GEMMs
+MASKED = [
+    (8, 256, [256, 0, 100, 1, 255, 128, 0, 64], 2048, 4096, torch.bfloat16, True),
+    (4, 96, [96, 0, 5, 70], 200, 7, torch.float16, False),
+]
+#: routing configurations (experts, top_k, options)
+ROUTES = [
+    (8, 2, dict()),  # Mixtral
+    (256, 8, dict(scoring="sigmoid", num_groups=8, topk_groups=4, routed_scaling_factor=2.5,
+                  bias=True)),  # DeepSeek-V3
+    (64, 6, dict(renormalize=False)),
+    (5, 2, dict(scoring="sigmoid")),
+]
+#: (tokens, hidden, top_k, experts, layout, dtype): permutations
+PERMUTES = [
+    (8192, 4096, 2, 8, dict(), torch.bfloat16),
+    (300, 7168, 8, 256, dict(contiguous=dict(packing="aligned", metadata_kind="offsets",
+                                            alignment=128)), torch.bfloat16),
+    (300, 4097, 4, 16, dict(masked=dict(max_m=64)), torch.float16),
+    (1, 4096, 2, 8, dict(), torch.bfloat16),
+]
+#: fused layers (tokens, hidden, intermediate, experts, top_k, options)
+FUSED = [
+    (64, 4096, 1024, 8, 2, dict()),
+    (1, 4096, 1024, 8, 2, dict()),
+    (64, 1024, 256, 64, 8, dict(scoring="sigmoid", num_groups=8, topk_groups=4,
+                                routed_scaling_factor=2.5, bias=True)),
+    (33, 512, 256, 8, 2, dict(layout=dict(masked=dict(max_m=16)))),
+]
+
+
+def _rel(out, ref):
+    out, ref = out.double().cpu(), ref.double().cpu()
+    return float((out - ref).norm() / ref.norm().clamp_min(1e-30))
+
+
+def _tol(dtype):
+    return 1e-2 if dtype == torch.bfloat16 else 2e-3
+
+
+# --- grouped GEMM -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", GEMMS, ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
+def test_contiguous_grouped_gemm(case):
+    from tileops.ops import GroupedGemmFwdOp
+
+    loads, n, k, dtype, trans_b, align = case
+    seg = [-(-c // align) * align for c in loads]
+    m = sum(seg) + 3 * align  # rows after the last segment: zero in c
+    offsets = torch.tensor([0] + torch.tensor(seg).cumsum(0).tolist(), dtype=torch.int32)
+    e = len(loads)
+    g = torch.Generator(device="cuda").manual_seed(m + n)
+    a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+    b = (torch.randn(e, *((n, k) if trans_b else (k, n)), device="cuda", generator=g)
+         / k ** 0.5).to(dtype)
+    layout = (dict(contiguous=dict(packing="aligned", metadata_kind="offsets", alignment=align))
+              if align > 1 else None)
+    op = GroupedGemmFwdOp(trans_b=trans_b, **({"layout": layout} if layout else {}))
+    c = op(a, b, offsets.cuda())
+    ref = torch.zeros(m, n, dtype=torch.float64)
+    bb = b.double().cpu()
+    for i in range(e):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        ref[lo:hi] = a[lo:hi].double().cpu() @ (bb[i].T if trans_b else bb[i])
+    assert _rel(c, ref) < _tol(dtype)
+    assert not c[int(offsets[-1]):].any()  # the rows of no expert
+
+
+@pytest.mark.parametrize("case", MASKED, ids=lambda c: f"e{c[0]}-max{c[1]}-k{c[4]}")
+def test_masked_grouped_gemm(case):
+    from tileops.ops import GroupedGemmFwdOp
+
+    e, max_m, counts, n, k, dtype, trans_b = case
+    g = torch.Generator(device="cuda").manual_seed(max_m + k)
+    a = torch.randn(e, max_m, k, device="cuda", generator=g).to(dtype)
+    b = (torch.randn(e, *((n, k) if trans_b else (k, n)), device="cuda", generator=g)
+         / k ** 0.5).to(dtype)
+    meta = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    c = GroupedGemmFwdOp(trans_b=trans_b, layout=dict(masked=dict(max_m=max_m)))(a, b, meta)
+    ref = torch.zeros(e, max_m, n, dtype=torch.float64)
+    for i, cnt in enumerate(counts):
+        bi = b[i].double().cpu()
+        ref[i, :cnt] = a[i, :cnt].double().cpu() @ (bi.T if trans_b else bi)
+    assert _rel(c, ref) < _tol(dtype)
+    for i, cnt in enumerate(counts):
+        assert not c[i, cnt:].any()  # past each block's count
+
+
+# --- routing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", ROUTES, ids=lambda c: f"e{c[0]}-k{c[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gating(case, dtype):
+    from tileops.ops import MoeTopkGatingFwdOp
+
+    e, top_k, opts = case
+    opts = dict(opts)
+    bias = opts.pop("bias", False)
+    m = 4099
+    g = torch.Generator(device="cuda").manual_seed(e * 10 + top_k)
+    logits = torch.randn(m, e, device="cuda", generator=g).to(dtype)
+    logits[:7] = torch.randint(-2, 3, (7, e), device="cuda", generator=g).to(dtype)  # ties
+    b = torch.randn(e, device="cuda", generator=g) / 10 if bias else None
+    op = MoeTopkGatingFwdOp(top_k=top_k, **opts)
+    w, ids = op(logits, b)
+    w_ref, ids_ref = op.fp64_reference(logits, b)
+    if not bias and opts.get("num_groups", 1) == 1:
+        # the picks compare the logits themselves: exactly the reference's
+        assert torch.equal(ids.cpu(), ids_ref.cpu())
+    else:  # float32 scores against float64 ones: the picks may differ only at near-ties
+        same = (ids.cpu() == ids_ref.cpu()).all(1)
+        assert same.float().mean() > 0.999
+    assert _rel(w[same] if bias else w, w_ref[same] if bias else w_ref) < 1e-5
+
+
+# --- permutations -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", PERMUTES, ids=lambda c: f"m{c[0]}-h{c[1]}-k{c[2]}")
+def test_permute_and_unpermute(case):
+    from tileops.ops import MoePermuteAlignFwdOp, MoeUnpermuteFwdOp
+
+    m, h, k, e, layout, dtype = case
+    g = torch.Generator(device="cuda").manual_seed(m + h)
+    x = torch.randn(m, h, device="cuda", generator=g).to(dtype)
+    hot = torch.rand(m, k, device="cuda", generator=g) < 0.3  # expert 0 hot, the last empty
+    ids = torch.where(hot, 0, torch.randint(0, e - 1, (m, k), device="cuda", generator=g))
+    ids = ids.to(torch.int32)
+    op = MoePermuteAlignFwdOp(num_experts=e, **({"layout": layout} if layout else {}))
+    y, meta, rows = op(x, ids)
+    y_ref, meta_ref, rows_ref = op.fp64_reference(x, ids)
+    assert torch.equal(meta.cpu(), meta_ref.cpu()) and torch.equal(rows.cpu(), rows_ref.cpu())
+    assert torch.equal(y.double().cpu(), y_ref.double().cpu())  # rows moved exactly
+    w = torch.rand(m, k, device="cuda", generator=g)
+    un = MoeUnpermuteFwdOp()
+    out = un(y.view(-1, h), rows, w)
+    assert _rel(out, un.fp64_reference(y.view(-1, h), rows, w)[0]) < _tol(dtype)
+
+
+# --- the fused layer ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", FUSED, ids=lambda c: f"m{c[0]}-h{c[1]}-e{c[3]}")
+def test_fused_layer(case):
+    from tileops.ops import FusedMoeFwdOp
+
+    m, h, inter, e, top_k, opts = case
+    opts = dict(opts)
+    bias = opts.pop("bias", False)
+    g = torch.Generator(device="cuda").manual_seed(m * h + e)
+    dt = torch.bfloat16
+    x = torch.randn(m, h, device="cuda", generator=g).to(dt)
+    logits = torch.randn(m, e, device="cuda", generator=g).to(dt)
+    w13 = (torch.randn(e, 2 * inter, h, device="cuda", generator=g) / h ** 0.5).to(dt)
+    w2 = (torch.randn(e, h, inter, device="cuda", generator=g) / inter ** 0.5).to(dt)
+    b = torch.randn(e, device="cuda", generator=g) / 10 if bias else None
+    op = FusedMoeFwdOp(num_experts=e, top_k=top_k, **opts)
+    out = op(x, logits, w13, w2, b)
+    assert [s.name for s in op.last_call.stages] == ["route", "permute", "gate_up", "act",
+                                                      "down", "unpermute"]
+    assert _rel(out, op.fp64_reference(x, logits, w13, w2, b)[0]) < 1e-2
+
+
+# --- the prebuild ----------------------------------------------------------------------------
+
+
+def _layout_of(params):
+    """(masked, max_m, alignment) of a case's ``layout`` param (the spec's spelling)."""
+    lay = params.get("layout") or {"contiguous": {"alignment": 1}}
+    if "masked" in lay:
+        return True, lay["masked"]["max_m"], 1
+    return False, 0, lay["contiguous"].get("alignment", 1)
+
+
+def program_keys():
+    """(builder, arguments) of every program the file and the spec workloads (at full size:
+    the grouped GEMM's tile follows the rows an expert) compile, deduplicated."""
+    from tileops.ops import (
+        FusedMoeFwdOp,
+        GroupedGemmFwdOp,
+        MoePermuteAlignFwdOp,
+        MoeTopkGatingFwdOp,
+        MoeUnpermuteFwdOp,
+    )
+    from tileops.ops.workloads import cases_of
+
+    keys = []
+
+    def gemm(m, e, n, k, dtype, trans_b, masked=False, max_m=0):
+        layout = G.GroupedLayoutKind.MASKED if masked else G.GroupedLayoutKind.CONTIGUOUS
+        spec = G.GroupedGemmSpec(device="cuda", m=m, e=e, n=n, k=k, dtype=dtype,
+                                 trans_b=trans_b, layout=layout, max_m=max_m)
+        keys.append(("gemm", (e, n, k, dtype, trans_b, layout, max_m, G.choose_config(spec))))
+
+    def gating(e, top_k, dtype, scoring="softmax", renormalize=True, num_groups=1,
+               topk_groups=1, routed_scaling_factor=1.0, bias=False):
+        keys.append(("gating", (e, top_k, dtype, scoring, renormalize, num_groups,
+                                topk_groups, float(routed_scaling_factor), bool(bias))))
+
+    def rows_of(h, k, dtype):
+        keys.extend([("permute", (h, dtype)), ("unpermute", (h, k, dtype))])
+
+    name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+    for loads, n, k, dt, tb, align in GEMMS:
+        gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
+             name[dt], tb)
+    for e, max_m, _, n, k, dt, tb in MASKED:
+        gemm(e * max_m, e, n, k, name[dt], tb, True, max_m)
+    for e, top_k, opts in ROUTES:
+        for dt in ("bfloat16", "float32"):
+            gating(e, top_k, dt, **opts)
+    for _, h, k, _, _, dt in PERMUTES:
+        rows_of(h, k, name[dt])
+    for m, h, inter, e, top_k, opts in FUSED:
+        opts = dict(opts)
+        masked, max_m, _ = _layout_of(opts)
+        rows = e * max_m if masked else m * top_k
+        gemm(rows, e, 2 * inter, h, "bfloat16", True, masked, max_m)
+        gemm(rows, e, h, inter, "bfloat16", True, masked, max_m)
+        rows_of(h, top_k, "bfloat16")
+        opts.pop("layout", None)
+        gating(e, top_k, "bfloat16", **opts)
+    served = ("bfloat16", "float16")
+    for c in cases_of(GroupedGemmFwdOp):
+        v, (masked, max_m, _) = c.values, _layout_of(c.params)
+        if c.dtypes["T"] in served:
+            gemm(v["M"] * (v["E"] if masked else 1), v["E"], v["N"], v["K"], c.dtypes["T"],
+                 bool(c.params.get("trans_b", False)), masked, max_m)
+    for c in cases_of(MoeTopkGatingFwdOp):
+        if c.dtypes["T"] in (*served, "float32"):
+            bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)
+            gating(c.values["E"], dtype=c.dtypes["T"], bias=bias, **c.params)
+    for c in cases_of(MoePermuteAlignFwdOp):
+        if c.dtypes["T"] in served:
+            keys.append(("permute", (c.values["H"], c.dtypes["T"])))
+    for c in cases_of(MoeUnpermuteFwdOp):
+        if c.dtypes["T"] in served:
+            keys.append(("unpermute", (c.values["H"], c.values["K"], c.dtypes["T"])))
+    for c in cases_of(FusedMoeFwdOp):
+        v, p, dt = c.values, dict(c.params), c.dtypes["T"]
+        if dt not in served:
+            continue
+        masked, max_m, align = _layout_of(p)
+        e, top_k = p["num_experts"], p["top_k"]
+        rows = e * max_m if masked else v["M"] * top_k + e * (align - 1)
+        gemm(rows, e, 2 * v["I"], v["H"], dt, True, masked, max_m)
+        gemm(rows, e, v["H"], v["I"], dt, True, masked, max_m)
+        rows_of(v["H"], top_k, dt)
+        p.pop("layout", None)
+        p.pop("num_experts")
+        bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)
+        gating(e, dtype=dt, bias=bias, **p)
+    return list(dict.fromkeys(keys))
+
+
+def _build(key):
+    kind, args = key
+    {"gemm": G.build_grouped_gemm, "gating": K.build_gating, "permute": K.build_permute,
+     "unpermute": K.build_unpermute}[kind](*args)
+
+
+def _describe(key) -> str:
+    return f"moe {key[0]} {key[1]}"
+
+
+def main(argv=None) -> int:
+    from _prebuild import main as prebuild  # beside this file, which runs as a script here
+
+    return prebuild(program_keys, _build, _describe, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

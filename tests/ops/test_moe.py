@@ -1,0 +1,399 @@
+"""The mixture-of-experts family on the CPU: the layout ADT's classes and spellings, the
+workload generator of grouped metadata, each staged op's reference against a float64 loop
+written out here (uneven loads, empty experts, dropped slots, ties), and the composite's
+forward, whose delegates run their references, against the layer's reference and with its
+stages recorded.
+
+The generic harness covers the spec workloads (numerics, bad inputs, fake tensors, compile);
+this file covers what is particular: the spaces of routings and layouts, by hypothesis.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.ops import SiluAndMulFwdOp
+from tileops.ops.moe import (
+    ContiguousLayoutSpec,
+    FusedMoeFwdOp,
+    GroupedGemmFwdOp,
+    MaskedLayoutSpec,
+    MoePermuteAlignFwdOp,
+    MoeTopkGatingFwdOp,
+    MoeUnpermuteFwdOp,
+    layout_spec,
+)
+from tileops.runtime import targets
+from tileops.signature import ConstructionError
+from tileops.spec import AdtValue
+from tileops.spec.primitives import PrimitiveError, moe_metadata
+
+REF = "reference"
+TIGHT = ContiguousLayoutSpec()
+
+
+def _layouts():
+    return st.one_of(
+        st.just(TIGHT),
+        st.integers(2, 5).map(lambda a: ContiguousLayoutSpec(packing="aligned", alignment=a)),
+        st.integers(2, 5).map(lambda a: ContiguousLayoutSpec(
+            packing="aligned", metadata_kind="per_row", alignment=a)),
+        st.integers(1, 6).map(MaskedLayoutSpec))
+
+
+# --- the layout ADT -----------------------------------------------------------------------------
+
+
+def test_every_spelling_of_a_layout_is_one_construction_point() -> None:
+    spellings = [MaskedLayoutSpec(8), AdtValue("masked", {"max_m": 8}), {"masked": {"max_m": 8}}]
+    points = {id(GroupedGemmFwdOp(layout=s)._point) for s in spellings}
+    assert len(points) == 1
+    op = GroupedGemmFwdOp()  # the spec's default: contiguous, tight, offsets
+    assert op._point.params["layout"] == AdtValue(
+        "contiguous", {"packing": "tight", "metadata_kind": "offsets", "alignment": 1})
+    assert layout_spec(op._point.params["layout"]) == TIGHT
+    assert layout_spec(AdtValue("masked", {"max_m": 3})) == MaskedLayoutSpec(3)
+
+
+def test_a_layout_breaking_its_invariant_is_refused_by_name() -> None:
+    with pytest.raises(ConstructionError) as info:
+        GroupedGemmFwdOp(layout=ContiguousLayoutSpec(packing="aligned", alignment=1))
+    lines = str(info.value).splitlines()
+    assert lines[0] == "GroupedGemmFwdOp: construction param layout does not match the signature"
+    assert lines[3] == ("  because:  contiguous breaks its invariant \"(packing == 'tight') == "
+                        "(alignment == 1) and alignment >= 1\"")
+
+
+def test_a_masked_block_must_have_max_m_rows() -> None:
+    op = GroupedGemmFwdOp(layout=MaskedLayoutSpec(4), target=REF)
+    with pytest.raises(ValueError) as info:
+        op(torch.randn(2, 3, 5), torch.randn(2, 5, 6), torch.zeros(2, dtype=torch.int32))
+    assert str(info.value).splitlines()[3] == (
+        "  because:  refinement 'prod(Block[layout, M]) == M' does not hold (layout = "
+        "AdtValue(constructor='masked', fields={'max_m': 4}), M = 3)")
+
+
+def test_top_k_beyond_the_experts_is_refused() -> None:
+    with pytest.raises(ValueError) as info:
+        MoeTopkGatingFwdOp(top_k=3, target=REF)(torch.randn(4, 2))
+    assert str(info.value).splitlines()[3] == (
+        "  because:  refinement '1 <= top_k <= E' does not hold (top_k = 3, E = 2)")
+
+
+# --- the workload generator -----------------------------------------------------------------------
+
+
+def test_moe_metadata_in_each_layout() -> None:
+    aligned = AdtValue("contiguous", {"packing": "aligned", "metadata_kind": "offsets",
+                                      "alignment": 4})
+    # 40 - 4 * 3 = 28 rows: expert 0 eight shares of 10, expert 3 none
+    assert moe_metadata(aligned, 40, 4, 1) == [0, 24, 28, 32, 32]
+    assert moe_metadata(aligned, 40, 4, 0) == [0, 8, 16, 24, 32]
+    per_row = AdtValue("contiguous", {"packing": "aligned", "metadata_kind": "per_row",
+                                      "alignment": 4})
+    rows = moe_metadata(per_row, 40, 4, 1)
+    assert len(rows) == 40 and rows[:23] == [0] * 23 and rows[23] == -1
+    assert rows[24:28] == [1, 1, 1, -1] and rows[28:32] == [2, 2, -1, -1]
+    assert rows[32:] == [-1] * 8
+    assert moe_metadata(AdtValue("masked", {"max_m": 8}), 0, 4, 1) == [8, 2, 1, 0]
+    with pytest.raises(PrimitiveError, match="uneven must be 0 or 1, got 2"):
+        moe_metadata(aligned, 40, 4, 2)
+    with pytest.raises(PrimitiveError, match="needs experts > 0, got 0"):
+        moe_metadata(aligned, 40, 0, 0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(rows=st.integers(0, 300), experts=st.integers(1, 9), uneven=st.integers(0, 1),
+       align=st.integers(1, 6))
+def test_moe_metadata_offsets_fit_the_rows(rows, experts, uneven, align) -> None:
+    packing = "tight" if align == 1 else "aligned"
+    lay = AdtValue("contiguous", {"packing": packing, "metadata_kind": "offsets",
+                                  "alignment": align})
+    off = moe_metadata(lay, rows, experts, uneven)
+    assert len(off) == experts + 1 and off[0] == 0 and off[-1] <= max(rows, 0) + 0
+    assert all(b >= a and (b - a) % align == 0 for a, b in zip(off, off[1:], strict=False))
+
+
+# --- routing ----------------------------------------------------------------------------------
+
+
+def _gating_loop(logits, bias, *, top_k, scoring, renormalize, num_groups, topk_groups, scale):
+    """Token by token, expert by expert, in float64: the spec entry's doc spelled out."""
+    m, e = logits.shape
+    z = logits.double()
+    scores = torch.softmax(z, -1) if scoring == "softmax" else torch.sigmoid(z)
+    ws, ids = [], []
+    for t in range(m):
+        choice = [float(scores[t, i]) + (0.0 if bias is None else float(bias[i]))
+                  for i in range(e)]
+        if bias is None and num_groups == 1:
+            choice = [float(z[t, i]) for i in range(e)]
+        eligible = set(range(e))
+        if num_groups > 1:
+            per = e // num_groups
+            sums = [sum(sorted(choice[g * per:(g + 1) * per], reverse=True)[:2])
+                    for g in range(num_groups)]
+            groups = sorted(range(num_groups), key=lambda g: (-sums[g], g))[:topk_groups]
+            eligible = {g * per + i for g in groups for i in range(per)}
+        picked = sorted(eligible, key=lambda i: (-choice[i], i))[:top_k]
+        w = [float(scores[t, i]) for i in picked]
+        total = sum(w)
+        ws.append([x / total * scale if renormalize else x * scale for x in w])
+        ids.append(picked)
+    return torch.tensor(ws, dtype=torch.float64), torch.tensor(ids, dtype=torch.int32)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 6), groups=st.sampled_from([1, 2, 4]), per=st.integers(2, 4),
+       data=st.data())
+def test_gating_matches_the_token_loop(m, groups, per, data) -> None:
+    e = groups * per
+    topk_groups = data.draw(st.integers(1, groups))
+    top_k = data.draw(st.integers(1, topk_groups * per))
+    opts = dict(top_k=top_k, scoring=data.draw(st.sampled_from(["softmax", "sigmoid"])),
+                renormalize=data.draw(st.booleans()), num_groups=groups,
+                topk_groups=topk_groups, routed_scaling_factor=data.draw(
+                    st.sampled_from([1.0, 2.5])))
+    g = torch.Generator().manual_seed(m * 131 + e)
+    # integer logits: ties everywhere, which the picks resolve to the lowest id
+    logits = torch.randint(-2, 3, (m, e), generator=g).double()
+    bias = torch.randint(-1, 2, (e,), generator=g).float() / 4 if data.draw(st.booleans()) \
+        else None
+    op = MoeTopkGatingFwdOp(target=REF, **opts)
+    w, ids = op(logits, bias)
+    route = {k: v for k, v in opts.items() if k != "routed_scaling_factor"}
+    w_ref, ids_ref = _gating_loop(logits, bias, scale=opts["routed_scaling_factor"], **route)
+    assert torch.equal(ids, ids_ref)
+    torch.testing.assert_close(w, w_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_ties_keep_the_lowest_ids() -> None:
+    """torch.topk leaves which of equal scores it keeps open (on the CPU it keeps 2, 4, 1 of
+    the first row); the picks are the answer a stable sort gives, the one TopkFwdOp gives, and
+    pick the same scores as torch.topk."""
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [2.0, 2.0, 2.0, 2.0, 2.0]])
+    _, ids = MoeTopkGatingFwdOp(top_k=3, target=REF)(logits)
+    assert ids.tolist() == [[1, 2, 4], [0, 1, 2]]
+    assert torch.equal(logits.gather(1, ids.long()), torch.topk(logits, 3).values)
+
+
+def test_mixtral_gating_is_a_softmax_over_the_top_logits() -> None:
+    logits = torch.randn(64, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    w, ids = MoeTopkGatingFwdOp(top_k=2, target=REF)(logits)
+    top = torch.topk(logits, 2)
+    assert torch.equal(ids.long(), top.indices)
+    torch.testing.assert_close(w, torch.softmax(top.values, -1), rtol=1e-12, atol=1e-12)
+
+
+# --- the permutations -------------------------------------------------------------------------
+
+
+def _permute_loop(x, ids, experts, lay):
+    """Slot by slot in token order: each expert's rows in order, padded or blocked."""
+    m, k = ids.shape
+    by_expert = [[] for _ in range(experts)]
+    for t in range(m):
+        for j in range(k):
+            e = int(ids[t, j])
+            if 0 <= e < experts:
+                by_expert[e].append((t, j))
+    rows = torch.full((m, k), -1, dtype=torch.int32)
+    if isinstance(lay, MaskedLayoutSpec):
+        y = torch.zeros(experts, lay.max_m, x.shape[1], dtype=x.dtype)
+        for e, slots in enumerate(by_expert):
+            for p, (t, j) in enumerate(slots[:lay.max_m]):
+                y[e, p] = x[t]
+                rows[t, j] = e * lay.max_m + p
+        meta = torch.tensor([min(len(s), lay.max_m) for s in by_expert], dtype=torch.int32)
+        return y, meta, rows
+    a = lay.alignment
+    total = m * k + experts * (a - 1)
+    y = torch.zeros(total, x.shape[1], dtype=x.dtype)
+    owner = torch.full((total,), -1, dtype=torch.int32)
+    offsets = [0]
+    for e, slots in enumerate(by_expert):
+        for p, (t, j) in enumerate(slots):
+            y[offsets[-1] + p] = x[t]
+            rows[t, j] = offsets[-1] + p
+            owner[offsets[-1] + p] = e
+        offsets.append(offsets[-1] + -(-len(slots) // a) * a)
+    meta = owner if lay.metadata_kind == "per_row" else torch.tensor(offsets, dtype=torch.int32)
+    return y, meta, rows
+
+
+def _ids(m, k, experts, seed, dropped=False):
+    """Uneven routing: expert 0 most, some experts empty, ids out of range when ``dropped``."""
+    g = torch.Generator().manual_seed(seed)
+    hot = torch.randint(0, 3, (m, k), generator=g) == 0
+    ids = torch.where(hot, 0, torch.randint(0, max(1, experts - 1), (m, k), generator=g))
+    if dropped:
+        ids = torch.where(torch.rand(m, k, generator=g) < 0.2, experts, ids)
+    return ids.to(torch.int32)
+
+
+@settings(max_examples=50, deadline=None)
+@given(m=st.integers(0, 9), k=st.integers(1, 3), experts=st.integers(1, 5), h=st.integers(1, 5),
+       lay=_layouts(), dropped=st.booleans())
+def test_permute_matches_the_slot_loop(m, k, experts, h, lay, dropped) -> None:
+    x = torch.randn(m, h, generator=torch.Generator().manual_seed(m + 10 * h), dtype=torch.float64)
+    ids = _ids(m, k, experts, seed=m * 7 + k, dropped=dropped)
+    op = MoePermuteAlignFwdOp(num_experts=experts, layout=lay, target=REF)
+    y, meta, rows = op(x, ids)
+    y_ref, meta_ref, rows_ref = _permute_loop(x, ids, experts, lay)
+    assert torch.equal(y, y_ref) and torch.equal(meta, meta_ref) and torch.equal(rows, rows_ref)
+    # and back: weights of one restore each kept slot's token, once a kept pick
+    out = MoeUnpermuteFwdOp(target=REF)(y.reshape(-1, h), rows, torch.ones(m, k))
+    kept = (rows >= 0).sum(1, keepdim=True).double()
+    torch.testing.assert_close(out, x * kept, rtol=0, atol=0)
+
+
+@settings(max_examples=30, deadline=None)
+@given(m=st.integers(1, 6), k=st.integers(1, 4), r=st.integers(1, 9), h=st.integers(1, 6))
+def test_unpermute_matches_the_token_loop(m, k, r, h) -> None:
+    g = torch.Generator().manual_seed(m * 100 + r)
+    y = torch.randn(r, h, generator=g, dtype=torch.float64)
+    rows = torch.randint(-1, r, (m, k), generator=g, dtype=torch.int32)
+    w = torch.rand(m, k, generator=g, dtype=torch.float64)
+    out = MoeUnpermuteFwdOp(target=REF)(y, rows, w)
+    ref = torch.zeros(m, h, dtype=torch.float64)
+    for t in range(m):
+        for j in range(k):
+            if rows[t, j] >= 0:
+                ref[t] += w[t, j] * y[rows[t, j]]
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+# --- the grouped GEMM --------------------------------------------------------------------------
+
+
+def _gemm_loop(a, b, meta, lay, trans_b):
+    """Expert by expert, in float64, reading the metadata as plain ints."""
+    bb = b.transpose(-2, -1) if trans_b else b
+    c = torch.zeros(*a.shape[:-1], bb.shape[-1], dtype=torch.float64)
+    if isinstance(lay, MaskedLayoutSpec):
+        for e in range(b.shape[0]):
+            n = min(max(int(meta[e]), 0), lay.max_m)
+            c[e, :n] = a[e, :n] @ bb[e]
+        return c
+    if lay.metadata_kind == "per_row":
+        for r in range(a.shape[0]):
+            if 0 <= int(meta[r]) < b.shape[0]:
+                c[r] = a[r] @ bb[int(meta[r])]
+        return c
+    lo = 0
+    for e in range(b.shape[0]):
+        hi = min(max(int(meta[e + 1]), lo), a.shape[0])
+        c[lo:hi] = a[lo:hi] @ bb[e]
+        lo = hi
+    return c
+
+
+@settings(max_examples=50, deadline=None)
+@given(experts=st.integers(1, 5), n=st.integers(1, 5), k=st.integers(1, 5), lay=_layouts(),
+       trans_b=st.booleans(), data=st.data())
+def test_grouped_gemm_matches_the_expert_loop(experts, n, k, lay, trans_b, data) -> None:
+    g = torch.Generator().manual_seed(experts * 50 + n * 7 + k)
+    if isinstance(lay, MaskedLayoutSpec):
+        a = torch.randn(experts, lay.max_m, k, generator=g, dtype=torch.float64)
+        meta = torch.tensor(data.draw(st.lists(st.integers(-1, lay.max_m + 2), min_size=experts,
+                                               max_size=experts)), dtype=torch.int32)
+    else:
+        m = data.draw(st.integers(0, 12))
+        a = torch.randn(m, k, generator=g, dtype=torch.float64)
+        if lay.metadata_kind == "per_row":
+            meta = torch.tensor(data.draw(st.lists(st.integers(-1, experts), min_size=m,
+                                                   max_size=m)), dtype=torch.int32)
+        else:  # offsets past the rows, decreasing ones: clamped as the kernels clamp them
+            meta = torch.tensor([0] + data.draw(st.lists(st.integers(0, m + 3),
+                                                         min_size=experts, max_size=experts)),
+                                dtype=torch.int32)
+    b = torch.randn(experts, *((n, k) if trans_b else (k, n)), generator=g, dtype=torch.float64)
+    op = GroupedGemmFwdOp(layout=lay, trans_b=trans_b, target=REF)
+    ref = _gemm_loop(a, b, meta, lay, trans_b)
+    torch.testing.assert_close(op(a, b, meta), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(op.eager()(a, b, meta), ref, rtol=1e-12, atol=1e-12)
+
+
+def test_grouped_gemm_uneven_loads_against_torch_grouped_mm() -> None:
+    """One expert with eight times the rows of the others, two empty: the op's reference and
+    its torch._grouped_mm peer agree (float32 on the CPU)."""
+    loads = [64, 8, 0, 8, 0, 8, 8, 8]
+    offsets = torch.tensor([0, *torch.tensor(loads).cumsum(0).tolist()], dtype=torch.int32)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(sum(loads), 16, generator=g)
+    b = torch.randn(8, 24, 16, generator=g)
+    op = GroupedGemmFwdOp(trans_b=True, target=REF)
+    peer = op.contenders()["grouped_mm"]
+    torch.testing.assert_close(peer(a, b, offsets), op(a, b, offsets), rtol=1e-5, atol=1e-5)
+
+
+# --- the composite ------------------------------------------------------------------------------
+
+#: a target with builders for the fused layer's delegates (their references) and none for the
+#: layer, so that the composite runs its own stages on the CPU
+STAGES = "moe-stages"
+_DELEGATES = (MoeTopkGatingFwdOp, MoePermuteAlignFwdOp, GroupedGemmFwdOp, SiluAndMulFwdOp,
+              MoeUnpermuteFwdOp)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _stages_target():
+    targets.register_target(STAGES, ("cpu",))
+    for cls in _DELEGATES:
+        targets.register_builder(STAGES, cls, targets.builder_for(targets.REFERENCE, cls))
+    yield
+    del targets._targets[STAGES], targets._builders[STAGES]
+
+
+CONFIGS = {
+    "mixtral": dict(num_experts=8, top_k=2),
+    "deepseek": dict(num_experts=16, top_k=4, scoring="sigmoid", num_groups=4, topk_groups=2,
+                     routed_scaling_factor=2.5),
+}
+
+
+@settings(max_examples=20, deadline=None)
+@given(m=st.integers(1, 12), config=st.sampled_from(sorted(CONFIGS)),
+       lay=_layouts().filter(lambda v: getattr(v, "metadata_kind", "") != "per_row"))
+def test_the_composite_runs_its_stages_and_matches_the_layer(m, config, lay) -> None:
+    opts = CONFIGS[config]
+    e, h, inter = opts["num_experts"], 12, 10
+    g = torch.Generator().manual_seed(m * 17 + e)
+    x = torch.randn(m, h, generator=g, dtype=torch.float64)
+    logits = torch.randn(m, e, generator=g, dtype=torch.float64)
+    w13 = torch.randn(e, 2 * inter, h, generator=g, dtype=torch.float64) / h ** 0.5
+    w2 = torch.randn(e, h, inter, generator=g, dtype=torch.float64) / inter ** 0.5
+    bias = torch.randn(e, generator=g) / 10 if config == "deepseek" else None
+    op = FusedMoeFwdOp(layout=lay, target=STAGES, **opts)
+    out = op(x, logits, w13, w2, bias)
+    assert [s.name for s in op.last_call.stages] == ["route", "permute", "gate_up", "act",
+                                                      "down", "unpermute"]
+    assert [len(s.calls) for s in op.last_call.stages] == [1] * 6
+    torch.testing.assert_close(out, op.fp64_reference(x, logits, w13, w2, bias)[0],
+                               rtol=1e-10, atol=1e-10)
+
+
+def test_the_layer_against_torch_ops_in_float32() -> None:
+    """The torch pipeline (the eager contender: torch._grouped_mm between the routing and
+    index_add_) and the op agree."""
+    g = torch.Generator().manual_seed(5)
+    m, h, inter, e = 9, 16, 8, 4
+    x, logits = torch.randn(m, h, generator=g), torch.randn(m, e, generator=g)
+    w13 = torch.randn(e, 2 * inter, h, generator=g) / 4
+    w2 = torch.randn(e, h, inter, generator=g) / 4
+    op = FusedMoeFwdOp(num_experts=e, top_k=2, target=STAGES)
+    torch.testing.assert_close(op.eager()(x, logits, w13, w2), op(x, logits, w13, w2),
+                               rtol=1e-4, atol=1e-4)
+    # and by hand: each token through its two experts
+    w, ids = torch.topk(torch.softmax(logits, -1), 2)
+    w = w / w.sum(-1, keepdim=True)
+    ref = torch.zeros(m, h)
+    for t in range(m):
+        for j in range(2):
+            hh = w13[ids[t, j]] @ x[t]
+            ref[t] += w[t, j] * (w2[ids[t, j]] @ (F.silu(hh[:inter]) * hh[inter:]))
+    torch.testing.assert_close(op(x, logits, w13, w2), ref, rtol=1e-4, atol=1e-4)
