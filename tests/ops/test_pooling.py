@@ -36,7 +36,7 @@ def windows(draw, max_pool: bool, valid: bool = True):
     kernel, a positive output, and for 3-D average pooling no input axis shorter than the
     kernel); else anything small, for comparing refusals."""
     nd = draw(st.integers(1, 3))
-    sizes = tuple(draw(st.integers(1, 9)) for _ in range(nd))
+    sizes = tuple(draw(st.integers(1 if valid else 0, 9)) for _ in range(nd))
     k = tuple(draw(st.integers(1, 4)) for _ in range(nd))
     s = tuple(draw(st.integers(1, 3)) for _ in range(nd))
     hi = [kk // 2 for kk in k] if valid else [kk for kk in k]
@@ -84,10 +84,12 @@ def spec_of(op, x, y, indices=False) -> K.PoolSpec:
 
 
 @settings(max_examples=60, deadline=None)
-@given(w=windows(max_pool=True, valid=False), batched=st.booleans(), avg=st.booleans())
-def test_refused_exactly_where_torch_refuses(w, batched, avg):
+@given(w=windows(max_pool=True, valid=False), batch=st.sampled_from([(), (0,), (2,)]),
+       channels=st.sampled_from([0, 3]), avg=st.booleans())
+def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
+    """Windows, paddings and sizes (empty ones included) that torch refuses are refused."""
     nd, sizes, params = w
-    x = torch.randn(((2,) if batched else ()) + (3, *sizes))
+    x = torch.randn((*batch, channels, *sizes))
     if avg:
         params = {k: v for k, v in params.items() if k != "dilation"}
         op_cls, fn = AVG[nd], F_AVG[nd]
@@ -106,6 +108,26 @@ def test_refused_exactly_where_torch_refuses(w, batched, avg):
         got = got if avg else got[0]
         assert got.shape == want.shape  # the lets over pool.out are torch's output sizes
         torch.testing.assert_close(got, want)
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.sampled_from([(), (0,), (2,)]), channels=st.sampled_from([0, 3]),
+       h=st.integers(0, 4), w=st.integers(0, 4), out=st.integers(1, 3), avg=st.booleans())
+def test_adaptive_refused_exactly_where_torch_refuses(batch, channels, h, w, out, avg):
+    x = torch.randn((*batch, channels, h, w))
+    op_cls, fn = ((O.AdaptiveAvgPool2dFwdOp, F.adaptive_avg_pool2d) if avg else
+                  (O.AdaptiveMaxPool2dFwdOp, F.adaptive_max_pool2d))
+    try:
+        want = fn(x, out)
+    except RuntimeError:
+        want = None
+    try:
+        got = op_cls(output_size=out)(x)
+    except REFUSED:
+        got = None
+    assert (got is None) == (want is None), x.shape
+    if want is not None:
+        assert (got if avg else got[0]).shape == want.shape
 
 
 def test_padding_over_half_the_kernel_is_refused_by_name():
