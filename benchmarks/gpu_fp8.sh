@@ -6,8 +6,9 @@
 # bench of each scaling's workloads against torch eager (the dequantised matmul), a fresh
 # torch.compile per workload, torch._scaled_mm (per tensor, per row) and F.scaled_mm's
 # block-wise form where the installed torch has it; the quantiser against torch eager and
-# torch.compile. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
-# prebuild tests bench).
+# torch.compile; and (stage sweep) the GEMM's tile configurations against torch._scaled_mm on
+# the bars' shapes (benchmarks/fp8.py). Logs and results go to $OUT (or ./gpu-out). STAGES
+# picks stages (default: prebuild tests bench; also: sweep).
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -32,5 +33,8 @@ for stage in $STAGES; do case $stage in
     bench gemm_row GemmFp8FwdOp -w 'row-*'
     bench gemm_block GemmFp8FwdOp -w 'block-*'
     bench quant Fp8QuantFwdOp ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+  sweep)
+    TAIL=3 run prebuild_sweep.log python3 benchmarks/fp8.py --prebuild --workers 15
+    TAIL=80 run sweep.log python3 benchmarks/fp8.py --out "$OUT" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done
