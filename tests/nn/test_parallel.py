@@ -44,14 +44,16 @@ def _torchrun(script: Path) -> subprocess.CompletedProcess[str]:
                           timeout=120)
 
 
-@pytest.mark.parametrize("script", ["tests/nn/_tp_worker.py", "examples/tensor_parallel_mlp.py"])
-def test_two_ranks_match_one_device(script: str) -> None:
+@pytest.mark.parametrize(("script", "cases"), [("tests/nn/_tp_worker.py", 11),
+                                             ("tests/nn/_tp_attention_worker.py", 5),
+                                             ("examples/tensor_parallel_mlp.py", None)])
+def test_two_ranks_match_one_device(script: str, cases: int | None) -> None:
     result = _torchrun(ROOT / script)
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{script} under torchrun exited {result.returncode}:\n{output}"
-    if script.endswith("_tp_worker.py"):
+    if cases is not None:
         for rank in (0, 1):
-            assert f"rank {rank} of 2: 11 of 11 cases match" in output, output
+            assert f"rank {rank} of 2: {cases} of {cases} cases match" in output, output
 
 
 NOT_INITIALISED = ("{}: torch.distributed is not initialised; expected "
@@ -67,6 +69,7 @@ NOT_INITIALISED = ("{}: torch.distributed is not initialised; expected "
     ("RowParallelLinear", lambda: tnn.RowParallelLinear.from_linear(nn.Linear(4, 6))),
     ("TensorParallelMLP", lambda: tnn.TensorParallelMLP.from_mlp(
         nn.Linear(4, 6), nn.Linear(4, 6), nn.Linear(6, 4))),
+    ("TensorParallelAttention", lambda: tnn.TensorParallelAttention(8, 2)),
 ])
 def test_refused_without_torch_distributed(name, build) -> None:
     assert not dist.is_initialized()
@@ -145,3 +148,49 @@ def test_shard_state_dict_and_init() -> None:
     layer.load_state_dict(full.state_dict())  # one rank: the shard is the whole layer
     x = torch.randn(3, 16)
     torch.testing.assert_close(layer(x), full(x))
+
+
+@pytest.mark.usefixtures("one_rank")
+@pytest.mark.parametrize(("build", "error", "message"), [
+    (lambda: tnn.TensorParallelAttention(32, 4, 3), ValueError,
+     "TensorParallelAttention: argument num_heads is 4, not a multiple of num_kv_heads 3; "
+     "expected each key/value head to serve the same number of query heads"),
+    (lambda: tnn.TensorParallelAttention(30, 4), ValueError,
+     "TensorParallelAttention: argument hidden is 30, not divisible by num_heads 4; give "
+     "head_dim"),
+    (lambda: tnn.TensorParallelAttention.from_linears(
+        nn.Linear(8, 8), nn.Linear(8, 4), nn.Identity(), nn.Linear(8, 8, bias=False), 2, 1),
+     TypeError, "TensorParallelAttention.from_linears: argument v must be a torch.nn.Linear "
+                "(the full, unsharded layer), seen Identity"),
+    (lambda: tnn.TensorParallelAttention.from_linears(
+        nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 8), nn.Linear(8, 8, bias=False), 2, 1),
+     ValueError, "TensorParallelAttention.from_linears: argument v does not match q (8 -> 2 "
+                 "heads of 4); expected 8 -> 4, seen 8 -> 8"),
+    (lambda: tnn.TensorParallelAttention.from_linears(
+        nn.Linear(8, 8), nn.Linear(8, 4), nn.Linear(8, 4), nn.Linear(8, 8), 2, 1),
+     ValueError, "TensorParallelAttention.from_linears: argument o has a bias; Llama's o_proj "
+                 "has none, and this block adds none"),
+    (lambda: tnn.TensorParallelAttention.from_linears(
+        nn.Linear(8, 8), nn.Linear(8, 4, bias=False), nn.Linear(8, 4),
+        nn.Linear(8, 8, bias=False), 2, 1),
+     ValueError, "TensorParallelAttention.from_linears: q, k and v must all have a bias or all "
+                 "have none; seen q True, k False, v True"),
+])
+def test_attention_refuses_blocks_that_do_not_fit(build, error, message) -> None:
+    with pytest.raises(error) as info:
+        build()
+    assert str(info.value) == message
+
+
+@pytest.mark.usefixtures("one_rank")
+def test_attention_on_one_rank_is_the_whole_block_and_its_names_are_llamas() -> None:
+    torch.manual_seed(0)
+    q, k, v = nn.Linear(16, 16, bias=False), nn.Linear(16, 8, bias=False), \
+        nn.Linear(16, 8, bias=False)
+    o = nn.Linear(16, 16, bias=False)
+    block = tnn.TensorParallelAttention.from_linears(q, k, v, o, 4, 2, target="reference")
+    assert set(block.state_dict()) == {"q_proj.weight", "k_proj.weight", "v_proj.weight",
+                                       "o_proj.weight"}
+    assert (block.local_heads, block.local_kv_heads, block.head_dim) == (4, 2, 4)
+    x = torch.randn(1, 3, 16)
+    assert block(x).shape == (1, 3, 16)

@@ -23,7 +23,12 @@ from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
-from .parallel import ColumnParallelLinear, RowParallelLinear, TensorParallelMLP
+from .parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelAttention,
+    TensorParallelMLP,
+)
 from .rotary import RotaryEmbedding
 
 __all__ = [
@@ -40,6 +45,7 @@ __all__ = [
     "RowParallelLinear",
     "SiLU",
     "SwiGLUMLP",
+    "TensorParallelAttention",
     "TensorParallelMLP",
     "functional",
 ]

@@ -1,5 +1,7 @@
 """Tensor parallelism over ``torch.distributed``: column- and row-parallel ``Linear`` layers and
-the Llama MLP built from them, each rank running :class:`~tileops.ops.GemmFwdOp` on its shard.
+the Llama MLP and attention blocks built from them, each rank running
+:class:`~tileops.ops.GemmFwdOp` on its shard (and the attention block RoPE and
+:class:`~tileops.ops.GroupedQueryAttentionFwdOp` on its heads).
 
 The layout is Megatron-LM's. A :class:`ColumnParallelLinear` holds a block of the weight's
 rows (output features) and reads the whole input; a :class:`RowParallelLinear` holds a block of
@@ -44,12 +46,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tileops.ops import GemmFwdOp, SwiGLUFwdOp
+from tileops.ops import GemmFwdOp, GroupedQueryAttentionFwdOp, SwiGLUFwdOp
 
 from ._holder import HoldsOp
 from .functional import linear_with
+from .rotary import RotaryEmbedding
 
-__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelMLP"]
+__all__ = ["ColumnParallelLinear", "RowParallelLinear", "TensorParallelAttention",
+           "TensorParallelMLP"]
 
 
 def _world(layer: str, group: Any) -> tuple[Any, int, int]:
@@ -376,3 +380,116 @@ class TensorParallelMLP(nn.Module):
         x = _CopyToParallel.apply(x, self.down_proj.group)
         h = self.swiglu(self.gate_proj.local_forward(x), self.up_proj.local_forward(x))
         return self.down_proj(h)
+
+
+class TensorParallelAttention(nn.Module):
+    """Llama's attention block, tensor-parallel over heads: ``q_proj``, ``k_proj`` and
+    ``v_proj`` are :class:`ColumnParallelLinear` (``num_heads / world_size`` query heads and
+    ``num_kv_heads / world_size`` key/value heads a rank, each rank the ``r``-th block of
+    heads), the rotary embedding (:class:`~tileops.nn.RotaryEmbedding`, Llama's halves) and
+    causal :class:`~tileops.ops.GroupedQueryAttentionFwdOp` run on this rank's heads, and
+    ``o_proj`` is a :class:`RowParallelLinear` reading them. A block of query heads keeps the
+    key/value heads it reads (query head ``h`` reads ``h // (num_heads / num_kv_heads)``), so
+    attention needs no communication; as in :class:`TensorParallelMLP`, one all-reduce runs in
+    forward (``o_proj``'s) and one in backward (the input gradient). The input and output are
+    replicated ``[B, S, hidden]`` tensors; ``position_ids`` (``[B, S]`` or ``[S]``) defaults
+    to ``0 .. S-1``. The submodules' names are Hugging Face's ``LlamaAttention``'s."""
+
+    def __init__(self, hidden: int, num_heads: int, num_kv_heads: int | None = None,
+                 head_dim: int | None = None, *, rope_theta: float = 10000.0,
+                 bias: bool = False, group: Any = None, device: Any = None, dtype: Any = None,
+                 target: str | None = None) -> None:
+        super().__init__()
+        name = type(self).__name__
+        group, world, _ = _world(name, group)
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        if num_kv_heads <= 0 or num_heads % num_kv_heads:
+            raise ValueError(f"{name}: argument num_heads is {num_heads}, not a multiple of "
+                             f"num_kv_heads {num_kv_heads}; expected each key/value head to "
+                             f"serve the same number of query heads")
+        if head_dim is None:
+            if hidden % num_heads:
+                raise ValueError(f"{name}: argument hidden is {hidden}, not divisible by "
+                                 f"num_heads {num_heads}; give head_dim")
+            head_dim = hidden // num_heads
+        self.local_heads = _shard(name, "num_heads", num_heads, world)
+        self.local_kv_heads = _shard(name, "num_kv_heads", num_kv_heads, world)
+        self.hidden, self.num_heads, self.num_kv_heads = hidden, num_heads, num_kv_heads
+        self.head_dim = head_dim
+        self.rope_theta = rope_theta
+        kw = {"group": group, "device": device, "dtype": dtype, "target": target}
+        self.q_proj = ColumnParallelLinear(hidden, num_heads * head_dim, bias, **kw)
+        self.k_proj = ColumnParallelLinear(hidden, num_kv_heads * head_dim, bias, **kw)
+        self.v_proj = ColumnParallelLinear(hidden, num_kv_heads * head_dim, bias, **kw)
+        self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, False, **kw)
+        self.rotary = RotaryEmbedding(head_dim, base=rope_theta, target=target)
+        self.target = target
+        self.attention = GroupedQueryAttentionFwdOp(is_causal=True, target=target)
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        # a move builds a fresh op, which chooses its target again on the new device
+        module = super()._apply(fn, *args, **kwargs)
+        self.attention = GroupedQueryAttentionFwdOp(is_causal=True, target=self.target)
+        return module
+
+    @classmethod
+    def from_linears(cls, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
+                     num_heads: int, num_kv_heads: int | None = None, group: Any = None, *,
+                     rope_theta: float = 10000.0,
+                     target: str | None = None) -> TensorParallelAttention:
+        """This rank's shard of the attention block whose projections are the full layers
+        ``q``, ``k``, ``v`` (``hidden -> heads * head_dim``, Llama's head-major features) and
+        ``o`` (``num_heads * head_dim -> hidden``, no bias)."""
+        name = cls.__name__
+        for argument, linear in (("q", q), ("k", k), ("v", v), ("o", o)):
+            if not isinstance(linear, nn.Linear):
+                raise TypeError(f"{name}.from_linears: argument {argument} must be a "
+                                f"torch.nn.Linear (the full, unsharded layer), seen "
+                                f"{type(linear).__name__}")
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        hidden = q.in_features
+        if q.out_features % num_heads:
+            raise ValueError(f"{name}.from_linears: argument q has {q.out_features} output "
+                             f"features, not a multiple of num_heads {num_heads}")
+        head_dim = q.out_features // num_heads
+        for argument, linear, shape in (
+                ("k", k, (num_kv_heads * head_dim, hidden)),
+                ("v", v, (num_kv_heads * head_dim, hidden)),
+                ("o", o, (hidden, num_heads * head_dim))):
+            if (linear.out_features, linear.in_features) != shape:
+                raise ValueError(f"{name}.from_linears: argument {argument} does not match q "
+                                 f"({hidden} -> {num_heads} heads of {head_dim}); expected "
+                                 f"{shape[1]} -> {shape[0]}, seen {linear.in_features} -> "
+                                 f"{linear.out_features}")
+        if o.bias is not None:
+            raise ValueError(f"{name}.from_linears: argument o has a bias; Llama's o_proj has "
+                             f"none, and this block adds none")
+        biases = {linear.bias is not None for linear in (q, k, v)}
+        if len(biases) != 1:
+            raise ValueError(f"{name}.from_linears: q, k and v must all have a bias or all "
+                             f"have none; seen q {q.bias is not None}, k {k.bias is not None}, "
+                             f"v {v.bias is not None}")
+        w = q.weight
+        block = cls(hidden, num_heads, num_kv_heads, head_dim, rope_theta=rope_theta,
+                    bias=biases.pop(), group=group, device=w.device, dtype=w.dtype,
+                    target=target)
+        for layer, linear in ((block.q_proj, q), (block.k_proj, k), (block.v_proj, v),
+                              (block.o_proj, o)):
+            layer.load_full(linear)
+        return block
+
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+        b, s = x.shape[0], x.shape[1]
+        d = self.head_dim
+        x = _CopyToParallel.apply(x, self.o_proj.group)
+        q = self.q_proj.local_forward(x).view(b, s, self.local_heads, d)
+        k = self.k_proj.local_forward(x).view(b, s, self.local_kv_heads, d)
+        v = self.v_proj.local_forward(x).view(b, s, self.local_kv_heads, d)
+        q, k = self.rotary(q, k, position_ids)
+        o, _ = self.attention(q, k, v)  # (output, log-sum-exp: None, not asked for)
+        return self.o_proj(o.reshape(b, s, self.local_heads * d))
+
+    def extra_repr(self) -> str:
+        return (f"hidden={self.hidden}, num_heads={self.num_heads}, "
+                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+                f"local_heads={self.local_heads}")
