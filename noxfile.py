@@ -54,7 +54,10 @@ def _has_tests(path: Path) -> bool:
 @nox.parametrize("package", PACKAGES, ids=PACKAGES)
 def tests(session: nox.Session, package: str) -> None:
     """Run tests/<package>/ against that package and its dependencies only."""
-    session.install(*_stack(package), *nox.project.dependency_groups(PYPROJECT, "test"))
+    stack = _stack(package)
+    if package == PACKAGES[-1]:  # tests/integrations: the transformers extra
+        stack[stack.index("packages/ops")] = "packages/ops[transformers]"
+    session.install(*stack, *nox.project.dependency_groups(PYPROJECT, "test"))
 
     paths = []
     if _has_tests(ROOT / "tests" / package):
@@ -65,7 +68,8 @@ def tests(session: nox.Session, package: str) -> None:
         paths.append("tests/signature")
     if package == PACKAGES[-1]:  # the whole stack is installed here
         # tileops.nn ships in tileops-ops; the benchmark scripts' tiny modes need the stack
-        paths += [f"tests/{d}" for d in ("nn", "benchmarks") if _has_tests(ROOT / "tests" / d)]
+        paths += [f"tests/{d}" for d in ("nn", "benchmarks", "integrations")
+                  if _has_tests(ROOT / "tests" / d)]
         paths += sorted(str(p.relative_to(ROOT)) for p in (ROOT / "tests").glob("test_*.py"))
     if not paths:
         session.skip(f"no tests in tests/{package}/")

@@ -1,0 +1,333 @@
+"""tileops.integrations.transformers on the CPU (the reference target): tiny Llama, Qwen2,
+Qwen3 and Mistral models patched against the same weights unpatched: logits, losses,
+gradients, a 30-step AdamW loss curve, each flag on its own, instance and class-level
+patching, the attention implementation's mask decisions, the refusals by their text."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+import transformers
+
+import tileops.integrations.transformers as tit
+from tileops.integrations import _hf_attention
+
+KINDS = {
+    "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
+              tit.apply_tileops_to_llama, {}),
+    "qwen2": (transformers.Qwen2Config, transformers.Qwen2ForCausalLM,
+              tit.apply_tileops_to_qwen2, {}),
+    "qwen3": (transformers.Qwen3Config, transformers.Qwen3ForCausalLM,
+              tit.apply_tileops_to_qwen3, {"head_dim": 16}),
+    # a window shorter than the sequences: the op's window, not a mask
+    "mistral": (transformers.MistralConfig, transformers.MistralForCausalLM,
+                tit.apply_tileops_to_mistral, {"sliding_window": 5, "head_dim": 16}),
+}
+
+
+def tiny_config(kind: str, **overrides):
+    config_cls, _, _, extra = KINDS[kind]
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+              max_position_embeddings=64, tie_word_embeddings=False)
+    kw.update(extra)
+    kw.update(overrides)
+    return config_cls(**kw)
+
+
+def build(kind: str, dtype=torch.float32, seed: int = 0, **overrides):
+    """A tiny causal LM of ``kind`` with the default attention (sdpa), seeded weights."""
+    _, model_cls, _, _ = KINDS[kind]
+    torch.manual_seed(seed)
+    model = model_cls(tiny_config(kind, **overrides))
+    return model.to(dtype)
+
+
+def pair(kind: str, dtype=torch.float32, **flags):
+    """``(reference, patched)``: two models of the same weights, the second patched at
+    instance level with ``flags``."""
+    ref = build(kind, dtype)
+    model = build(kind, dtype)
+    model.load_state_dict(ref.state_dict())
+    KINDS[kind][2](model, **flags)
+    return ref, model
+
+
+def graph_nodes(t: torch.Tensor) -> set[str]:
+    """The names of the autograd nodes ``t`` was computed through: an op's node is
+    ``<Op>Backward``, so the set says which ops ran."""
+    seen, names, stack = set(), set(), [t.grad_fn]
+    while stack:
+        fn = stack.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        names.add(type(fn).__name__)
+        stack.extend(f for f, _ in fn.next_functions)
+    return names
+
+
+#: the op nodes each flag puts in a training step's graph
+NODES = {"rms_norm": "RMSNormFwdOpBackward", "rope": "RopeNeoxFwdOpBackward",
+         "swiglu": "SwiGLUFwdOpBackward", "attention": "GroupedQueryAttentionFwdOpBackward",
+         "cross_entropy": "CrossEntropyFwdOpBackward",
+         "fused_linear_cross_entropy": "FusedLinearCrossEntropyFwdOpBackward"}
+FLAGS = tuple(NODES)
+OFF = dict.fromkeys(FLAGS, False)
+# float32: the ops reduce in another order than torch; float64: Hugging Face forms cos/sin
+# in float32 whatever the model's dtype, so a float64 model agrees to float32's rounding
+TOL = {torch.float32: 2e-5, torch.float64: 1e-6}
+
+
+def tokens(batch=2, seq=12, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 128, (batch, seq), generator=g)
+
+
+def assert_close(a, b, tol, what):
+    err = ((a - b).abs().max() / b.abs().max().clamp_min(1e-30)).item()
+    assert err <= tol, f"{what}: relative error {err:.3g} over {tol:g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["fp32", "fp64"])
+def test_llama_logits_loss_and_gradients(dtype):
+    ref, model = pair("llama", dtype)
+    ids = tokens()
+    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    assert_close(b.logits, a.logits, TOL[dtype], "logits")
+    assert_close(b.loss, a.loss, TOL[dtype], "loss")
+    # Hugging Face's loss is float32 whatever the logits (it casts them with .float()); the
+    # op's is float32 or wider
+    assert b.loss.dtype == torch.promote_types(dtype, torch.float32)
+    assert {NODES[f] for f in FLAGS if f != "fused_linear_cross_entropy"} <= graph_nodes(b.loss)
+    a.loss.backward()
+    b.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad is not None, name
+        assert_close(p.grad, ref_params[name].grad, 10 * TOL[dtype], f"grad of {name}")
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_each_flag_on_its_own(flag):
+    ref, model = pair("llama", **{**OFF, flag: True})
+    model.train()
+    ids = tokens()
+    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    nodes = graph_nodes(b.loss)
+    assert {NODES[f] for f in FLAGS if NODES[f] in nodes} == {NODES[flag]}
+    assert_close(b.loss, a.loss, 2e-5, "loss")
+    if flag == "fused_linear_cross_entropy":
+        assert b.logits is None  # a training step with labels forms no logits
+    else:
+        assert_close(b.logits, a.logits, 2e-5, "logits")
+
+
+def test_instance_patch_shares_parameters_and_state_dict():
+    ref = build("llama")
+    params = dict(ref.named_parameters())
+    keys = list(ref.state_dict())
+    tit.apply_tileops_to_llama(ref)
+    assert dict(ref.named_parameters()).keys() == params.keys()
+    assert all(p is params[n] for n, p in ref.named_parameters())  # the same objects
+    assert list(ref.state_dict()) == keys
+    layer = ref.model.layers[0]
+    assert isinstance(layer.input_layernorm, transformers.models.llama.modeling_llama.nn.Module)
+    assert type(layer.input_layernorm) is tit.TileOpsRMSNorm
+    assert type(layer.mlp) is tit.TileOpsSwiGLUMLP
+    assert type(ref.model.rotary_emb) is tit.TileOpsRotaryEmbedding
+    assert ref.config._attn_implementation == "tileops"
+    assert layer.input_layernorm.variance_epsilon == 1e-6
+
+
+def test_training_curve_30_steps():
+    """AdamW on synthetic tokens, fixed seed: the patched loss curve is the unpatched one
+    (every flag, the fused loss included)."""
+    curves = []
+    for patched in (False, True):
+        model = build("llama")
+        if patched:
+            tit.apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+        g = torch.Generator().manual_seed(7)
+        curve = []
+        for _ in range(30):
+            # sequences counting by 3 from a random start: learnable from the last token
+            ids = (torch.randint(0, 128, (2, 1), generator=g) + 3 * torch.arange(12)) % 128
+            loss = model(ids, labels=ids).loss
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            curve.append(loss.item())
+        curves.append(torch.tensor(curve))
+    ref, got = curves
+    assert ref[-1] < ref[0] - 0.5  # it learns
+    assert_close(got, ref, 1e-3, "loss curve")
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3", "mistral"])
+def test_other_models(kind):
+    ref, model = pair(kind)
+    ids = tokens(seq=12)
+    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    assert_close(b.logits, a.logits, 2e-5, "logits")
+    assert {NODES[f] for f in FLAGS if f != "fused_linear_cross_entropy"} <= graph_nodes(b.loss)
+    a.loss.backward()
+    b.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad, ref_params[name].grad, 2e-4, f"grad of {name}")
+    if kind == "qwen3":  # the per-head q_norm / k_norm are swapped too
+        assert type(model.model.layers[0].self_attn.q_norm) is tit.TileOpsRMSNorm
+
+
+def test_class_level_patch(restored):
+    ref = build("llama")
+    tit.apply_tileops_to_llama(fused_linear_cross_entropy=True)
+    model = build("llama")  # built by the patched modeling module
+    layer = model.model.layers[0]
+    assert type(layer.input_layernorm) is tit.TileOpsRMSNorm
+    assert type(layer.mlp) is tit.TileOpsSwiGLUMLP
+    assert type(model.model.rotary_emb) is tit.TileOpsRotaryEmbedding
+    assert model.config._attn_implementation == "tileops"
+    # the same seed draws the same weights: the swapped layers initialise as Hugging Face's
+    for (n, p), (n2, p2) in zip(ref.named_parameters(), model.named_parameters(), strict=True):
+        assert n == n2 and torch.equal(p, p2), n
+    ids = tokens()
+    model.train()
+    ref.train()
+    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    assert b.logits is None
+    assert_close(b.loss, a.loss, 2e-5, "loss")
+    assert set(NODES.values()) - {NODES["cross_entropy"]} <= graph_nodes(b.loss)
+    model.eval()
+    c = model(ids, labels=ids)  # logits formed: the cross-entropy flag's loss
+    assert NODES["cross_entropy"] in graph_nodes(c.loss)
+    assert_close(c.logits, ref(ids).logits, 2e-5, "logits")
+    # an explicit attention implementation still wins over the patched default
+    eager = transformers.LlamaForCausalLM._from_config(tiny_config("llama"),
+                                                       attn_implementation="eager")
+    assert eager.config._attn_implementation == "eager"
+
+
+def test_class_level_patch_through_a_class(restored):
+    assert tit.apply_tileops_to_qwen2(transformers.Qwen2ForCausalLM, rope=False) \
+        is transformers.Qwen2ForCausalLM
+    model = build("qwen2")
+    assert type(model.model.layers[0].mlp) is tit.TileOpsSwiGLUMLP
+    assert type(model.model.rotary_emb) is not tit.TileOpsRotaryEmbedding
+
+
+def test_padded_batch_takes_sdpa_with_its_mask():
+    ref, model = pair("llama")
+    ids = tokens()
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0  # left padding
+    a, b = ref(ids, attention_mask=mask), model(ids, attention_mask=mask)
+    assert_close(b.logits[:, 4:], a.logits[:, 4:], 2e-5, "logits")
+    assert_close(b.logits[1], a.logits[1], 2e-5, "logits")
+
+
+def test_decode_with_cache_matches():
+    ref, model = pair("llama")
+    ids = tokens(batch=1, seq=8)
+    with torch.no_grad():
+        a = ref.generate(ids, max_new_tokens=4, do_sample=False)
+        b = model.generate(ids, max_new_tokens=4, do_sample=False)
+    assert torch.equal(a, b)
+
+
+def test_attention_mask_decisions():
+    from transformers.masking_utils import causal_mask_function
+
+    pos = torch.arange(6)
+    assert _hf_attention.attention_mask(2, pos, 6) is None
+    assert _hf_attention.attention_mask(2, pos, 6, local_size=3) is None
+    assert _hf_attention.attention_mask(2, pos, 6, attention_mask=torch.ones(2, 6, dtype=bool)) \
+        is None
+    padded = torch.ones(2, 6, dtype=torch.bool)
+    padded[0, 0] = False
+    got = _hf_attention.attention_mask(2, pos, 6, attention_mask=padded)
+    assert got.shape == (2, 1, 6, 6) and not got[0, 0, 3, 0] and got[1, 0, 3, 0]
+    # a decode step over a cache, a compiled cache's forbidden skip: Hugging Face's mask
+    step = _hf_attention.attention_mask(2, torch.arange(5, 6), 6,
+                                        mask_function=causal_mask_function)
+    assert step is None  # sdpa's own skip: one query row sees every key
+    kept = _hf_attention.attention_mask(1, pos, 6, allow_is_causal_skip=False)
+    assert torch.equal(kept[0, 0], torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+def test_window_mask_is_hugging_faces_sliding_window(window):
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    hf = sdpa_mask(batch_size=1, cache_position=torch.arange(7), kv_length=7,
+                   mask_function=sliding_window_causal_mask_function(window),
+                   allow_is_causal_skip=False)
+    ours = _hf_attention.window_mask(7, 7, window - 1, True, "cpu")
+    assert torch.equal(ours, hf)
+
+
+def test_bad_arguments():
+    model = build("llama")
+    with pytest.raises(TypeError) as e:
+        tit.apply_tileops_to_llama(model, rope=1)
+    assert str(e.value) == "apply_tileops_to_llama: argument rope must be a bool, seen int 1"
+    with pytest.raises(TypeError) as e:
+        tit.apply_tileops_to_qwen2(model)
+    assert str(e.value) == (
+        "apply_tileops_to_qwen2: argument model_or_class must be a Qwen2 model (a "
+        "Qwen2PreTrainedModel), one of its classes, or None for the modeling module "
+        "transformers.models.qwen2.modeling_qwen2; seen LlamaForCausalLM")
+    gelu = build("llama", hidden_act="gelu")
+    with pytest.raises(ValueError) as e:
+        tit.apply_tileops_to_llama(gelu)
+    assert str(e.value) == ("TileOpsSwiGLUMLP: config.hidden_act must be 'silu' (the fused op "
+                            "computes silu(gate) * up), seen 'gelu'; patch with swiglu=False")
+    assert type(gelu.model.norm) is not tit.TileOpsRMSNorm  # a refusal changes nothing
+    dynamic = build("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
+    with pytest.raises(ValueError) as e:
+        tit.apply_tileops_to_llama(dynamic)
+    assert str(e.value) == ("TileOpsRotaryEmbedding: config.rope_scaling's rope_type must be "
+                            "one of default, llama3, yarn, longrope, seen 'dynamic'; patch "
+                            "with rope=False")
+
+
+def test_llama3_rope_scaling():
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    ref, model = (build("llama", rope_scaling=scaling) for _ in range(2))
+    tit.apply_tileops_to_llama(model, **{**OFF, "rope": True})
+    ids = tokens(seq=40)
+    with torch.no_grad():
+        assert_close(model(ids).logits, ref(ids).logits, 2e-5, "logits")
+
+
+def test_missing_transformers_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ImportError) as e:
+        tit.apply_tileops_to_llama()
+    assert str(e.value) == ("apply_tileops_to_llama: transformers is not installed; install "
+                            "the extra: pip install 'tileops-ops[transformers]'")
+
+
+def test_importing_the_ops_does_not_import_transformers():
+    code = ("import sys, tileops.ops, tileops.nn, tileops.integrations.transformers; "
+            "print('transformers' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_compiled_forward_has_no_graph_break():
+    ref, model = pair("llama")
+    ids = tokens()
+    compiled = torch.compile(model, backend="aot_eager", fullgraph=True)
+    with torch.no_grad():
+        assert_close(compiled(ids).logits, ref(ids).logits, 2e-5, "logits")
+
+
