@@ -120,6 +120,16 @@ def test_the_kernel_serves_head_widths_of_32_up_to_256():
     for d in (16, 80, 320):
         assert K.AttentionDecodeSplitKernel.region_refusal(_spec(head_dim=d)) == \
             f"serves head widths that are multiples of 32 up to 256, not {d}"
+    # a tile of several pages is copied 64 columns at a time
+    paged = dict(layout=K.CacheLayout.PAGED, capacity=9, max_pages=4)
+    assert K.AttentionDecodeSplitKernel.region_refusal(
+        _spec(head_dim=96, page_size=32, **paged)) == (
+        "serves pages shorter than a tile (32 < 64 keys) for head widths that are multiples of "
+        "64, not 96")
+    assert K.AttentionDecodeSplitKernel.region_refusal(
+        _spec(head_dim=96, page_size=64, **paged)) is None
+    assert K.AttentionDecodeSplitKernel.region_refusal(
+        _spec(head_dim=192, page_size=32, **paged)) is None
 
 
 # --- the programs -------------------------------------------------------------------------------
@@ -133,8 +143,9 @@ def test_the_kernel_serves_head_widths_of_32_up_to_256():
     # contiguous GQA with a softcap, three parts and the combine
     pytest.param(_spec(batch=64, heads=32, kv_heads=8, capacity=8192, softcap=30.0),
                  K.DecodePlan(4, 16, 64, 2, 3, 3), id="contiguous-gqa-softcap-split"),
-    # paged, 16-token pages: four TMA copies a tile, each at its page; split
-    pytest.param(_spec(K.CacheLayout.PAGED, batch=13, heads=8, kv_heads=2, head_dim=64,
+    # paged, 16-token pages: a tile is four pages, each copied (by TMA, at its page) in two
+    # pieces of 64 columns; split
+    pytest.param(_spec(K.CacheLayout.PAGED, batch=13, heads=8, kv_heads=2, head_dim=128,
                        capacity=260, page_size=16, max_pages=20),
                  K.DecodePlan(4, 16, 64, 2, 4, 3), id="paged16-split"),
 ])
@@ -143,8 +154,8 @@ def test_decode_compiles_for_sm90(spec, plan):
     paged = spec.layout is K.CacheLayout.PAGED
     # whole tiles by TMA through a producer warpgroup, registers capped for resident CTAs
     assert f"__launch_bounds__(256, {plan.resident})" in src
-    chunks = 4 if paged else 1
-    assert src.count("tl::tma_load(") == 2 * chunks  # K and V, a copy each (page)
+    copies = 4 * 2 if paged else 1  # pages a tile, pieces a page
+    assert src.count("tl::tma_load(") == 2 * copies  # K and V alike
     assert "warpgroup_reg_alloc" not in src
     assert "mma_sync" in src and "exp2f" in src
     assert ("tanhf" in src) is (spec.softcap is not None)

@@ -82,6 +82,8 @@ _REGISTERS = 65536
 #: a split count is taken once its last wave is within this fraction of the best
 _WAVE_SLACK = 0.9
 _SMS_H200 = 132
+#: the columns of a tile one copy of part of a page fills (128 bytes of 16-bit values)
+_PIECE = 64
 
 
 class CacheLayout(enum.Enum):
@@ -190,6 +192,12 @@ def split_count(ctas: int, tiles: int, slots: int) -> int:
     return min(s for s, f in fills.items() if f >= _WAVE_SLACK * best)
 
 
+def _block_n(head_dim: int) -> int:
+    """Keys a tile: 64 for heads up to 128 wide, 32 for wider (the K and V stages' shared
+    memory)."""
+    return 64 if head_dim <= 128 else 32
+
+
 def decode_plan(*, batch: int, heads: int, kv_heads: int, head_dim: int, max_keys: int,
                 page_size: int = 0, sms: int = _SMS_H200) -> DecodePlan:
     """The launch plan of a call (see the module docstring): a pure function of the sizes and
@@ -200,7 +208,7 @@ def decode_plan(*, batch: int, heads: int, kv_heads: int, head_dim: int, max_key
     :data:`_MAX_RESIDENT`."""
     vh = _head_block(heads // kv_heads)
     block_h = max(_MIN_BLOCK_H, 1 << (vh - 1).bit_length())
-    block_n = 64 if head_dim <= 128 else 32
+    block_n = _block_n(head_dim)
     stages = 2
     if page_size and block_n % page_size and page_size % block_n:
         raise ValueError(f"decode_plan: pages of {page_size} tokens do not tile by {block_n}")
@@ -239,6 +247,13 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
     if bn % chunk or chunks not in (1, 2, 4):
         raise ValueError(f"decode_program: a tile of {bn} keys is not 1, 2 or 4 pages of "
                          f"{ps}")
+    # a tile of several pages is copied page by page and, in the swizzled layout, 64 columns
+    # (128 bytes) at a time: a block of rows across the whole width is not contiguous there
+    piece = D if chunks == 1 else _PIECE
+    pieces = D // piece
+    if D % piece or pieces not in (1, 2, 4):
+        raise ValueError(f"decode_program: a head of {D} is not 1, 2 or 4 pieces of {piece} "
+                         f"columns")
     kv_shape = (pool, ps, HK, D) if paged else (B, spec.capacity, HK, D)
     softcap = spec.softcap
     # scores into the log2 domain: s * scale * log2(e), or softcap * tanh(s * scale / softcap)
@@ -253,12 +268,26 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
         return T.max(T.min(BT[b, T.min(key // ps, mp - 1)], pool - 1), 0)
 
     @T.macro
-    def load_chunk(K, V, BT, K_s, V_s, b, g, key0, c):
-        # rows [c * chunk, (c + 1) * chunk) of a paged tile: one page's
+    def load_piece(K, V, BT, K_s, V_s, b, g, key0, c, col):
+        # rows [c * chunk, (c + 1) * chunk) of a paged tile (one page's), columns [col, col +
+        # piece): a piece of the swizzled tile that is contiguous in shared memory, as a TMA
+        # copy's destination must be
         T.copy(K[page_at(BT, b, key0 + c * chunk), (key0 + c * chunk) % ps:
-                 (key0 + c * chunk) % ps + chunk, g, :], K_s[c * chunk:(c + 1) * chunk, :])
+                 (key0 + c * chunk) % ps + chunk, g, col:col + piece],
+               K_s[c * chunk:(c + 1) * chunk, col:col + piece])
         T.copy(V[page_at(BT, b, key0 + c * chunk), (key0 + c * chunk) % ps:
-                 (key0 + c * chunk) % ps + chunk, g, :], V_s[c * chunk:(c + 1) * chunk, :])
+                 (key0 + c * chunk) % ps + chunk, g, col:col + piece],
+               V_s[c * chunk:(c + 1) * chunk, col:col + piece])
+
+    @T.macro
+    def load_chunk(K, V, BT, K_s, V_s, b, g, key0, c):
+        # the copies are written out (a loop over them would not be pipelined)
+        load_piece(K, V, BT, K_s, V_s, b, g, key0, c, 0)
+        if pieces > 1:
+            load_piece(K, V, BT, K_s, V_s, b, g, key0, c, piece)
+        if pieces > 2:
+            load_piece(K, V, BT, K_s, V_s, b, g, key0, c, 2 * piece)
+            load_piece(K, V, BT, K_s, V_s, b, g, key0, c, 3 * piece)
 
     @T.macro
     def load_tile(K, V, BT, K_s, V_s, b, g, key0):
@@ -468,6 +497,11 @@ class AttentionDecodeSplitKernel(Kernel, AttentionDecodeInterface):
         if spec.head_dim % 32 or spec.head_dim > _MAX_HEAD_DIM:
             return (f"serves head widths that are multiples of 32 up to {_MAX_HEAD_DIM}, not "
                     f"{spec.head_dim}")
+        if spec.page_size and spec.page_size < _block_n(spec.head_dim) and \
+                spec.head_dim % _PIECE:
+            return (f"serves pages shorter than a tile ({spec.page_size} < "
+                    f"{_block_n(spec.head_dim)} keys) for head widths that are multiples of "
+                    f"{_PIECE}, not {spec.head_dim}")
         return None
 
     @classmethod
