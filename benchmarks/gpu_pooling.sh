@@ -6,7 +6,8 @@
 # torch.compile per workload; Liger-Kernel has no pooling) and the channels-last inputs, which
 # no spec workload can state (a timing of the op against torch eager and torch.compile on the
 # same tensors, CUDA graphs, bytes read once and written once). Logs and results go to $OUT
-# (or ./gpu-out). STAGES picks stages (default: prebuild tests bench channels_last).
+# (or ./gpu-out). STAGES picks stages (default: prebuild tests bench channels_last; also:
+# sweep, the forward program's launch plans on the bars' shapes, for choosing pool_plan).
 # The bars (H200, bf16): max and average pooling at least torch.compile on every workload
 # (2.40 TB/s on 32 x 256 x 112 x 112, k3 s2; eager 0.62) and at least 3.5 TB/s on the large
 # NCHW and channels-last inputs.
@@ -71,5 +72,45 @@ for label, cls, params, shape in CASES:
         print(f"{label:10} {layout:14} " + " ".join(f"{c:>16}" for c in cells))
 EOF
     ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench channels_last)" ;;
+  sweep)
+    TAIL=40 run sweep.log python3 - <<'EOF'
+import sys
+sys.path.insert(0, "benchmarks")
+import torch
+import torch.nn.functional as F
+import tileops.ops as O
+from tileops.kernels import pooling as K
+from _common import graph_events
+
+PLANS = [(128, 1), (256, 1), (256, 2), (256, 4), (512, 4), (256, 8), (128, 8)]
+CASES = [  # (label, op class, params, shape, channels_last)
+    ("max k3s2", O.MaxPool2dFwdOp, {"kernel_size": 3, "stride": 2}, (32, 256, 112, 112), False),
+    ("max k3s2 cl", O.MaxPool2dFwdOp, {"kernel_size": 3, "stride": 2}, (32, 256, 112, 112), True),
+    ("avg k3s2", O.AvgPool2dFwdOp, {"kernel_size": 3, "stride": 2}, (32, 256, 112, 112), False),
+    ("max k2s2", O.MaxPool2dFwdOp, {"kernel_size": 2, "stride": 2}, (64, 256, 112, 112), False),
+    ("max k2s2 cl", O.MaxPool2dFwdOp, {"kernel_size": 2, "stride": 2}, (64, 256, 112, 112), True),
+    ("avg k2s2 cl", O.AvgPool2dFwdOp, {"kernel_size": 2, "stride": 2}, (64, 256, 112, 112), True),
+]
+for label, cls, params, shape, cl in CASES:
+    fn = F.max_pool2d if cls is O.MaxPool2dFwdOp else F.avg_pool2d
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    if cl:
+        x = x.to(memory_format=torch.channels_last)
+    want = fn(x, **params).contiguous()
+    layout = K.PoolLayout.CHANNELS_LAST if cl else K.PoolLayout.PLANES
+    spec = cls(**params)._spec(None, x.dtype, shape, tuple(want.shape), layout, False)
+    flat_x = (x.permute(0, 2, 3, 1) if cl else x).reshape(-1)
+    y = torch.empty_like(want)
+    gb = (x.numel() + y.numel()) * 2 / 1e9
+    cells = [f"default {K.pool_plan(spec)}"]
+    for plan in PLANS:
+        prog = K.build_pool_kernel(spec, plan=plan)
+        prog(flat_x, y.view(-1))
+        ok = torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-2)
+        ms = graph_events(lambda: prog(flat_x, y.view(-1)), 20)
+        cells.append(f"{plan[0]}x{plan[1]} {gb / ms:4.2f}{'' if ok else ' WRONG'}")
+    print(f"{label:12} TB/s: " + " | ".join(cells))
+EOF
+    ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench channels_last sweep)" ;;
 esac; done

@@ -272,8 +272,9 @@ def _isnan(T, x):
     return T.call_pure_extern("bool", "isnan", x)
 
 
-def pool_program(spec: PoolSpec):
-    """The forward prim_func of ``spec`` (not compiled)."""
+def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
+    """The forward prim_func of ``spec`` (not compiled), under ``plan`` (``(threads, per)``;
+    None: :func:`pool_plan`'s, what the ops run; others are for the GPU script's sweep)."""
     _, T = tl()
     f32, i32 = "float32", "int32"
     dtype = spec.dtype
@@ -282,7 +283,7 @@ def pool_program(spec: PoolSpec):
     C = spec.channels
     n_out, n_in = _outputs(spec), _inputs(spec)
     kd, kh, kw = taps(spec)
-    threads, per = pool_plan(spec)
+    threads, per = plan or pool_plan(spec)
     block = threads * per
     grid = max(1, -(-n_out // block))
     is_max = spec.kind is PoolKind.MAX
@@ -365,8 +366,9 @@ def pool_program(spec: PoolSpec):
     return main
 
 
-def pool_bwd_program(spec: PoolSpec):
-    """The gradient prim_func of ``spec`` (planes layout; not compiled)."""
+def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
+    """The gradient prim_func of ``spec`` (planes layout; not compiled), under ``plan`` as
+    :func:`pool_program`'s."""
     _, T = tl()
     f32, i32 = "float32", "int32"
     dtype = spec.dtype
@@ -375,7 +377,7 @@ def pool_bwd_program(spec: PoolSpec):
     n_out, n_in = _outputs(spec), _inputs(spec)
     kd, kh, kw = taps(spec)
     gd, gh, gw = gather_taps(spec)
-    threads, per = pool_plan(spec)
+    threads, per = plan or pool_plan(spec)
     block = threads * per
     grid = max(1, -(-n_in // block))
     is_max = spec.kind is PoolKind.MAX
@@ -469,15 +471,17 @@ def _identity(spec: PoolSpec) -> tuple:
 
 
 @functools.lru_cache(maxsize=256)
-def _build(identity: tuple, backward: bool, target: str | None):
+def _build(identity: tuple, backward: bool, target: str | None, plan: tuple[int, int] | None):
     spec = PoolSpec(device=None, **dict(zip(_SPEC_FIELDS, identity, strict=True)))
-    program = pool_bwd_program(spec) if backward else pool_program(spec)
+    program = pool_bwd_program(spec, plan) if backward else pool_program(spec, plan)
     return compile_program(program, target)
 
 
-def build_pool_kernel(spec: PoolSpec, target: str | None = None, backward: bool = False):
-    """Compile the forward (or gradient) program of ``spec`` (cached per configuration)."""
-    return _build(_identity(spec), backward, target)
+def build_pool_kernel(spec: PoolSpec, target: str | None = None, backward: bool = False,
+                      plan: tuple[int, int] | None = None):
+    """Compile the forward (or gradient) program of ``spec`` (cached per configuration),
+    under ``plan`` (None: :func:`pool_plan`'s)."""
+    return _build(_identity(spec), backward, target, plan)
 
 
 def _size_refusal(spec: PoolSpec) -> str | None:
