@@ -294,7 +294,7 @@ class TorchDecode(Kernel, AttentionDecodeInterface):
         s = self.spec
         SEEN.append(s)
         for t in (q, k, v, cache_seqlens, block_table, o):
-            assert t is None or t.is_contiguous()
+            assert t is None or (t.is_contiguous() and t.data_ptr() % 16 == 0)
         assert (block_table is None) is (s.layout is CacheLayout.CONTIGUOUS)
         if block_table is not None:
             pages = block_table.long().clamp(0, k.shape[0] - 1)
@@ -333,6 +333,10 @@ def test_strided_inputs_reach_the_slot_contiguous():
     out = op(q.transpose(0, 1).contiguous().transpose(0, 1), wide[:, :, 0], wide[:, :, 1], lens)
     assert _rel(out, _attention64(q, k, v, lens, 32 ** -0.5)) < 1e-2
     assert SEEN[-1].capacity == 33
+    # a contiguous q starting mid-vector (one element into a buffer) is copied too
+    flat = torch.cat([torch.zeros(1, dtype=BF16), q.flatten()])
+    out = op(flat[1:].view(q.shape), k, v, lens)
+    assert _rel(out, _attention64(q, k, v, lens, 32 ** -0.5)) < 1e-2
 
 
 def test_the_in_tree_kernels_refuse_float32_by_name():

@@ -3,9 +3,10 @@ values cached so far, contiguous or paged.
 
 :class:`AttentionDecodeOp` is the family base; it owns the forward flow its ops share:
 
-- layout: every tensor contiguous (the kernels read K and V rows by TMA and index ``q``,
-  the lengths and the block table densely); a tensor that is not is copied, which for a
-  strided view of a cache is a copy of the cache: keep caches contiguous;
+- layout: every tensor contiguous at a 16-byte aligned address (the kernels read K and V by
+  TMA and ``q`` in 16-byte vectors, and index the lengths and the block table densely); a
+  tensor that is not is copied, which for a strided view of a cache is a copy of the cache:
+  keep caches contiguous;
 - the call spec: :class:`~tileops.kernels.attention_decode.AttentionDecodeSpec` from the
   tensors' sizes, the cache layout of the op (:attr:`AttentionDecodeOp.layout`), the dtype and
   the resolved scale (``scale=None`` is ``1 / sqrt(D)``) and softcap; the split of the keys is
@@ -83,8 +84,8 @@ class AttentionDecodeOp(Op):
                 dtype=NAMES[dtype], scale=self.resolved_scale(d), softcap=self.softcap))
         tensors = [q, k_cache, v_cache, cache_seqlens, block_table]
         for i, t in enumerate(tensors):
-            if t is not None and not t.is_contiguous():
-                tensors[i] = t.contiguous()
+            if t is not None and (not t.is_contiguous() or t.data_ptr() % 16):
+                tensors[i] = t.contiguous() if not t.is_contiguous() else t.clone()
         entry(*tensors, o)  # o is the call's own output, allocated contiguous
 
     def resolved_scale(self, head_dim: int) -> float:
