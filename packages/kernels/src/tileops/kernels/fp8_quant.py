@@ -12,7 +12,10 @@ float32 (an element outside ``[M, K]`` reads as 0, which changes no absolute max
 not written). ``M`` is a launch-time size (one program serves every row count); ``K``, the
 dtypes and the granularity are compiled in. One pass for a group or a block (the tile is the
 scale block, or ``rows`` of them), two for a row (the row's maximum over its tiles, then the
-quotients: the second read of a CTA's rows is served by L2) and two programs for the tensor:
+quotients: the second read of a CTA's rows is served by L2) and two programs for the tensor.
+Where a maximum runs over several tiles (a row, the tensor's partials), each thread keeps an
+elementwise running maximum of its share and the threads reduce it once, after the last tile,
+not once a tile (a named-barrier reduction every 128 columns). The tensor's programs:
 :func:`amax_program` folds the rows into at most :data:`TENSOR_PARTIALS` partial maxima (a grid
 of that many CTAs walking the row tiles), and the quantising program reduces those partials
 (4 KiB at most, from L2) in every CTA before its own tiles.
@@ -145,6 +148,18 @@ def _loader(T, M, k: int, rows: int):
     return load
 
 
+def _folder(T, rows: int):
+    """``fold(acc, xf)``: the running elementwise ``|x|`` maximum of a row's tiles, reduced
+    across threads once after the last tile instead of after each."""
+
+    @T.macro
+    def fold(acc, xf):
+        for i, j in T.Parallel(rows, GROUP):
+            acc[i, j] = T.max(acc[i, j], T.abs(xf[i, j]))
+
+    return fold
+
+
 def quant_program(k: int, dtype: str, fp8_dtype: str, granularity: Granularity,
                   plan: QuantPlan):
     """The quantising prim_func (``M`` dynamic). Arguments ``(X, Q, S)``, and for the tensor
@@ -161,6 +176,7 @@ def quant_program(k: int, dtype: str, fp8_dtype: str, granularity: Granularity,
                Granularity.GROUP: (M, chunks),
                Granularity.BLOCK: (T.ceildiv(M, GROUP), chunks)}[g]
     load = _loader(T, M, k, rows)
+    fold = _folder(T, rows)
 
     @T.macro
     def store(Q, xf, s, r0, c):
@@ -195,12 +211,12 @@ def quant_program(k: int, dtype: str, fp8_dtype: str, granularity: Granularity,
             sc = T.alloc_local((1,), "float32")
             r0 = by * rows
             if g is Granularity.ROW:
-                T.fill(run, 0.0)
+                acc = T.alloc_fragment((rows, GROUP), "float32")
+                T.fill(acc, 0.0)
                 for c in T.serial(chunks):
                     load(X, xf, r0, c)
-                    T.reduce_absmax(xf, amax, dim=1)
-                    for i in T.Parallel(rows):
-                        run[i] = T.max(run[i], amax[i])
+                    fold(acc, xf)
+                T.reduce_max(acc, run, dim=1)
                 scales_of(s, run)
                 for i in T.Parallel(rows):
                     if r0 + i < M:
@@ -265,21 +281,21 @@ def amax_program(k: int, dtype: str, plan: QuantPlan):
     rows, _, threads = plan
     chunks = -(-k // GROUP)
     load = _loader(T, M, k, rows)
+    fold = _folder(T, rows)
 
     @T.prim_func
     def amax(X: T.Tensor((M, k), dtype), PART: T.Tensor((P,), "float32")):
         with T.Kernel(P, threads=threads) as p:
             xf = T.alloc_fragment((rows, GROUP), "float32")
-            tile_max = T.alloc_fragment((rows,), "float32")
+            acc = T.alloc_fragment((rows, GROUP), "float32")
             run = T.alloc_fragment((rows,), "float32")
             whole = T.alloc_fragment((1,), "float32")
-            T.fill(run, 0.0)
+            T.fill(acc, 0.0)
             for t in T.serial(T.ceildiv(T.ceildiv(M, rows) - p, P)):
                 for c in T.serial(chunks):
                     load(X, xf, (p + t * P) * rows, c)
-                    T.reduce_absmax(xf, tile_max, dim=1)
-                    for i in T.Parallel(rows):
-                        run[i] = T.max(run[i], tile_max[i])
+                    fold(acc, xf)
+            T.reduce_max(acc, run, dim=1)
             T.reduce_max(run, whole, dim=0)
             PART[p] = whole[0]
 
