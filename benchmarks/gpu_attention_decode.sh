@@ -5,7 +5,7 @@
 # the GPU tests of the kernels and the harness, then the side-by-side benchmarks of the bars
 # (tileops bench against torch eager, a fresh torch.compile per workload and SDPA's flash and
 # cuDNN backends on the dense, for the paged op gathered, tensors) and the sweep of split counts
-# and pipeline depths at the bars' shapes. Bars (bf16): B64 x 8192 keys 32:8 D128 >= 4.4 TB/s of
+# and tile plans (keys a tile, pipeline depth, CTAs an SM) at the bars' shapes. Bars (bf16): B64 x 8192 keys 32:8 D128 >= 4.4 TB/s of
 # KV read, the paged op in 64-token pages within 5% of the contiguous op, B8 x 32768 >= 4.3.
 # Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests
 # bench; also: sweep). About 10 minutes on one H200.

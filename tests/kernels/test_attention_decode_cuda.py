@@ -14,7 +14,7 @@ output. The same call under other split counts checks the combine against one pa
 ``python3 tests/kernels/test_attention_decode_cuda.py --prebuild --workers 15`` compiles the
 programs these tests and the spec workloads use in spawned processes first, so the tests load
 them from TileLang's disk cache; ``--sweep`` times the bars under other split counts and
-pipeline depths (see :func:`sweep`).
+tile plans (see :func:`sweep`).
 """
 
 import sys
@@ -253,7 +253,9 @@ def _describe(key) -> str:
 #: (batch, S, page_size): the bars (32:8 heads, D 128, bf16, every length S)
 SWEEP_SHAPES = [(64, 8192, 0), (64, 8192, 64), (8, 32768, 0), (8, 32768, 64)]
 SWEEP_SPLITS = (1, 2, 3, 4, 6, 8, 12)
-SWEEP_STAGES = (2, 3)
+#: (keys a tile, tiles in flight, CTAs an SM): the default, a deeper pipeline, larger tiles
+#: (one CTA an SM by shared memory), smaller tiles deeper
+SWEEP_TILES = ((64, 2, 3), (64, 3, 2), (128, 2, 1), (32, 4, 3))
 
 
 def _sweep_keys(sms):
@@ -262,10 +264,9 @@ def _sweep_keys(sms):
         spec = _spec(b, s, 32, 8, 128, ps, None, None, torch.bfloat16)
         base = K.decode_plan(batch=b, heads=32, kv_heads=8, head_dim=128, max_keys=s,
                              page_size=ps, sms=sms)
-        for stages in SWEEP_STAGES:
+        for bn, stages, resident in SWEEP_TILES:
             for n in SWEEP_SPLITS:
-                plan = K.DecodePlan(base.vh, base.block_h, base.block_n, stages, n,
-                                    base.resident if stages == 2 else min(base.resident, 2))
+                plan = K.DecodePlan(base.vh, base.block_h, bn, stages, n, resident)
                 out.append((spec, plan, plan == base))
     return out
 
@@ -275,8 +276,8 @@ def _sweep_build(key):
 
 
 def sweep(workers) -> int:
-    """Time each bar under every split count and pipeline depth (compiled in parallel first),
-    each checked against float64 first; prints ms and TB/s of the KV read (the roofline's
+    """Time each bar under every split count and tile plan (compiled in parallel first), each
+    checked against float64 first; prints ms and TB/s of the KV read (the roofline's
     bytes), the plan decode_plan picks marked with *."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
@@ -304,7 +305,8 @@ def sweep(workers) -> int:
         _check(out, ref, args[3].cpu(), torch.bfloat16)
         t = device_time(lambda kernel=kernel, args=args, out=out: kernel(*args, out), dev).seconds
         print(f"{spec.layout.value:<10} B{spec.batch} S{spec.max_keys} ps{spec.page_size} "
-              f"split {plan.num_split:>2} stages {plan.stages} resident {plan.resident}"
+              f"split {plan.num_split:>2} keys {plan.block_n:>3} stages {plan.stages} "
+              f"resident {plan.resident}"
               f"{' *' if chosen else '  '} {t * 1e3:8.3f} ms {moved / t / 1e12:5.2f} TB/s",
               flush=True)
     return 0
