@@ -5,10 +5,10 @@
 # the GPU tests of the kernels and the harness, then the side-by-side benchmarks of the bars
 # (tileops bench against torch eager, a fresh torch.compile per workload and SDPA's flash and
 # cuDNN backends on the dense, for the paged op gathered, tensors) and the sweep of split counts
-# and tile plans (keys a tile, pipeline depth, CTAs an SM) at the bars' shapes. Bars (bf16): B64 x 8192 keys 32:8 D128 >= 4.4 TB/s of
-# KV read, the paged op in 64-token pages within 5% of the contiguous op, B8 x 32768 >= 4.3.
-# Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests
-# bench; also: sweep). About 10 minutes on one H200.
+# and tile plans (keys a tile, pipeline depth, CTAs an SM) at the bars' shapes. Bars (bf16):
+# B64 x 8192 keys 32:8 D128 >= 4.4 TB/s of KV read, the paged op in 64-token pages within 5% of
+# the contiguous op, B8 x 32768 >= 4.3. Logs and results go to $OUT (or ./gpu-out). STAGES
+# picks stages (default: prebuild tests bench; also: sweep). About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
