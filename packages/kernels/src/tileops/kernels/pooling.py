@@ -28,15 +28,20 @@ in float32:
 
 Layouts: the input is read in place either as planes (``N, C, D, H, W``: torch's contiguous
 form; output elements in the same order) or channels last (``N, D, H, W, C``: torch's
-``channels_last`` / ``channels_last_3d``; the thread index runs over channels fastest, so a
-warp's loads are contiguous). The output is written in the planes order.
+``channels_last`` / ``channels_last_3d``). The output is written in the planes order, so a
+channels-last call is a transpose: a CTA pools a tile of 32 channels by 32 output columns of
+one output row, a warp's loads running along the channels, parks the tile in shared memory
+and writes it out a warp along the columns, so both the loads and the stores are contiguous
+(without the tile, every warp's 32 stores would land in 32 different rows).
 
 Gradients (:func:`pool_bwd_program`): one thread per input element gathers from the windows
 that hold it (:func:`window_of`: for each tap ``t`` of a fixed window, the window ``o`` with
 ``o * s - p + t * d == i``; of adaptive ones, the run of windows whose range holds ``i``), so
 no atomics are needed and the result is deterministic: average pooling adds ``dy / divisor``
 of each such window; max pooling adds ``dy`` of each window whose maximum is this element, read
-from the forward's indices or, without them, found again by the forward's scan.
+from the forward's indices or, without them, found again by the forward's scan. (A dilated
+window wholly in the padding has no element: torch gives it -inf at its first tap's position
+and adds its gradient there, outside the window; the gather drops it.)
 
 The index arithmetic is written once, in :func:`tap_position`, :func:`tap_range` and
 :func:`divisor`, functions of plain integer operations that the programs apply to TIR
@@ -86,6 +91,8 @@ _THREADS = 256
 _MAX_ELEMENTS = 2**31 - 1
 #: windows of at most this many taps are unrolled; longer ones loop
 _UNROLL_TAPS = 64
+#: channels and output columns of a channels-last call's tile
+_TILE = 32
 
 
 class PoolKind(enum.Enum):
@@ -250,9 +257,10 @@ def divisor(spec: PoolSpec, o: tuple[Any, Any, Any], mn: Any, mx: Any) -> Any:
 
 
 def pool_plan(spec: PoolSpec) -> tuple[int, int]:
-    """``(threads, per)``: threads a CTA, output (or, for the gradient, input) elements a
-    thread. Four elements a thread from a million outputs on (fewer CTAs, the index
-    arithmetic of a thread's elements shares its constants), one below."""
+    """``(threads, per)``: threads a CTA (a multiple of 32 dividing 1024), output (or, for the
+    gradient, input) elements a thread. Four elements a thread from a million outputs on
+    (fewer CTAs, the index arithmetic of a thread's elements shares its constants), one
+    below. A channels-last forward reads the threads only: its CTA pools one tile."""
     return _THREADS, 4 if _outputs(spec) >= 1 << 20 else 1
 
 
@@ -289,6 +297,27 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     is_max = spec.kind is PoolKind.MAX
     channels_last = spec.layout is PoolLayout.CHANNELS_LAST
     tap_loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
+    # channels last: tiles of _TILE channels x _TILE columns, a row of outputs a CTA
+    rows = threads // _TILE
+    c_tiles, w_tiles = -(-C // _TILE), -(-Wo // _TILE)
+    grid_cl = spec.batch * Do * Ho * w_tiles * c_tiles
+
+    @T.macro
+    def start(od, oh, ow, acc, arg):
+        """A window's running value: -inf at its first tap (max), or 0 (sum)."""
+        if is_max:
+            arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
+                      + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
+                          spec, 2, ow, T.min, T.max)
+            acc[0] = -T.infinity(f32)
+        else:
+            acc[0] = T.float32(0)
+
+    def result(acc, od, oh, ow):
+        """The output value of a scanned window, in the output dtype."""
+        if is_max:
+            return T.cast(acc[0], dtype)
+        return T.cast(acc[0] / T.cast(divisor(spec, (od, oh, ow), T.min, T.max), f32), dtype)
 
     @T.macro
     def scan(X, n, c, od, oh, ow, acc, arg):
@@ -325,44 +354,65 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
             for e in T.unroll(per):
                 t = bx * block + e * threads + tx
                 if t < n_out:
-                    if channels_last:  # t runs over (n, od, oh, ow, c), c fastest
-                        c = t % C
-                        ow = t // C % Wo
-                        oh = t // (C * Wo) % Ho
-                        od = t // (C * Wo * Ho) % Do
-                        n = t // (C * Wo * Ho * Do)
-                    else:  # t runs over (n, c, od, oh, ow), the output's order
-                        ow = t % Wo
-                        oh = t // Wo % Ho
-                        od = t // (Wo * Ho) % Do
-                        c = t // (Wo * Ho * Do) % C
-                        n = t // (Wo * Ho * Do * C)
-                    if is_max:
-                        arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
-                                  + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
-                                      spec, 2, ow, T.min, T.max)
-                        acc[0] = -T.infinity(f32)
-                    else:
-                        acc[0] = T.float32(0)
+                    # t runs over (n, c, od, oh, ow), the output's order
+                    ow = t % Wo
+                    oh = t // Wo % Ho
+                    od = t // (Wo * Ho) % Do
+                    c = t // (Wo * Ho * Do) % C
+                    n = t // (Wo * Ho * Do * C)
+                    start(od, oh, ow, acc, arg)
                     scan(X, n, c, od, oh, ow, acc, arg)
-                    out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
-                    if is_max:
-                        Y[out] = T.cast(acc[0], dtype)
-                        if spec.indices:
-                            IDX[out] = T.cast(arg[0], "int64")
-                    else:
-                        Y[out] = T.cast(acc[0] / T.cast(divisor(spec, (od, oh, ow), T.min,
-                                                                T.max), f32), dtype)
+                    Y[t] = result(acc, od, oh, ow)
+                    if spec.indices:
+                        IDX[t] = T.cast(arg[0], "int64")
 
+    @T.macro
+    def body_cl(X, Y, IDX):
+        with T.Kernel(grid_cl, threads=threads) as bx:
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((1,), f32)
+            arg = T.alloc_local((1,), i32)
+            # [channel][column], a column of padding against bank conflicts
+            tile = T.alloc_shared((_TILE, _TILE + 1), dtype)
+            tile_idx = T.alloc_shared((_TILE if spec.indices else 1, _TILE + 1), i32)
+            cb = bx % c_tiles
+            wb = bx // c_tiles % w_tiles
+            oh = bx // (c_tiles * w_tiles) % Ho
+            od = bx // (c_tiles * w_tiles * Ho) % Do
+            n = bx // (c_tiles * w_tiles * Ho * Do)
+            for k in T.unroll(_TILE // rows):  # a warp along the channels: loads contiguous
+                lc = tx % _TILE
+                lw = tx // _TILE + k * rows
+                c = cb * _TILE + lc
+                ow = wb * _TILE + lw
+                if c < C and ow < Wo:
+                    start(od, oh, ow, acc, arg)
+                    scan(X, n, c, od, oh, ow, acc, arg)
+                    tile[lc, lw] = result(acc, od, oh, ow)
+                    if spec.indices:
+                        tile_idx[lc, lw] = arg[0]
+            T.sync_threads()
+            for k in T.unroll(_TILE // rows):  # a warp along the columns: stores contiguous
+                lc = tx // _TILE + k * rows
+                lw = tx % _TILE
+                c = cb * _TILE + lc
+                ow = wb * _TILE + lw
+                if c < C and ow < Wo:
+                    out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
+                    Y[out] = tile[lc, lw]
+                    if spec.indices:
+                        IDX[out] = T.cast(tile_idx[lc, lw], "int64")
+
+    run = body_cl if channels_last else body
     if spec.indices:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype),
                  IDX: T.Tensor((n_out,), "int64")):
-            body(X, Y, IDX)
+            run(X, Y, IDX)
     else:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype)):
-            body(X, Y, None)
+            run(X, Y, None)
     return main
 
 
