@@ -109,6 +109,18 @@ def test_block_scales_need_128_deep_steps():
                            Scaling.BLOCK, False, FP8_CONFIGS["128x256"])
 
 
+def test_a_persistent_grid_serves_epilogue_scales_through_tma():
+    with pytest.raises(ValueError, match=r"^a persistent grid serves per-tensor and row-wise "
+                                         r"scales through TMA, got block scales and "
+                                         r"128x128x128/st4p$"):
+        G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.BLOCK, False, FP8_CONFIGS["block"]._replace(persistent=True))
+    with pytest.raises(ValueError, match=r"got row scales and 128x256x128/st3/plainp$"):
+        G.fp8_gemm_program(4097, 4095, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.ROW, False,
+                           FP8_CONFIGS["128x256"]._replace(persistent=True, tma=False))
+
+
 def test_each_gemm_kernel_states_its_scalings():
     assert GemmFp8ScaledKernel.region_refusal(gemm_spec(scaling=Scaling.BLOCK)) == (
         "serves per-tensor and row-wise scales (block scales change along K)")
@@ -191,3 +203,15 @@ def test_gemm_program_compiles(m, n, k, dtype, out, scaling, bias):
         assert src.count("float acc[") == 1 and "SB[" in src
     if not cfg.tma:  # rows past M and N predicated (K's bound moves with the pipeline)
         assert "< M" in src and f"< {n}" in src
+
+
+@needs_nvcc
+def test_persistent_program_compiles():
+    """132 CTAs walking the tiles; the load warp's registers go to the math warpgroups, which
+    scale each tile (rows and columns past M and N scaled by 0) and add the bias."""
+    cfg = FP8_CONFIGS["128x256"]._replace(persistent=True)
+    src = G.build_fp8_gemm_kernel(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                                  Scaling.ROW, True, cfg, HOPPER).get_kernel_source()
+    assert ") / 132)" in src and "blockIdx.y" not in src
+    assert "warpgroup_reg_alloc<232>" in src and "warpgroup_reg_dealloc<40>" in src
+    assert "SA[" in src and "SB +" in src and "BIAS +" in src and "< M)" in src

@@ -22,7 +22,8 @@ Scales (float32, dequantised = fp8 * scale; the ops module states their shapes):
   products, so no precision is lost to wgmma's own accumulation.
 
 Tiles: 128 x 256 x 128 (two math warpgroups; 128 x 128 for a float32 ``c``, whose staged
-output tile is twice as large) for M above the decode range, 64 x 64 x 256 for M up to 64
+output tile is twice as large) for M above the decode range, one CTA a tile (a persistent grid,
+``Fp8Config.persistent``, is a candidate of benchmarks/fp8.py's sweep, not yet measured), 64 x 64 x 256 for M up to 64
 (decode: ``b`` is read once, by ``N / 64`` CTAs streaming deep K tiles), 128 x 128 x 128 and
 64 x 64 x 128 for block scales (a K step is one scale block). Tile rows past ``M`` and columns
 past ``N`` or ``K`` are zero-filled on load (TMA does it natively) and not stored.
@@ -41,6 +42,7 @@ from typing import Any, Literal, NamedTuple, get_args
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
 from ._tilelang import compile_program, tl
+from .gemm import sm_count
 
 __all__ = [
     "BLOCK",
@@ -60,6 +62,11 @@ __all__ = [
 
 #: the width of a scale block along K (and of b's blocks along N)
 BLOCK = 128
+#: SMs of an H100 / H200: the persistent grid's CTAs
+_SMS = 132
+#: registers a thread of the persistent program's load warpgroup and of its math warpgroups
+#: keep (setmaxnreg), as the dense GEMM's: 40 x 128 + 232 x 256 fits the SM's 64K
+_LOAD_NREG, _MATH_NREG = 40, 232
 #: calls with at most this many rows take the decode tiles
 DECODE_M = 64
 
@@ -109,8 +116,10 @@ class GemmFp8Interface(KernelInterface):
 
 
 class Fp8Config(NamedTuple):
-    """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off) and
-    whether the global -> shared copies are TMA's."""
+    """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off),
+    whether the global -> shared copies are TMA's, and whether the grid is persistent (one CTA
+    an SM walking the output tiles, its warp roles written out: :func:`_persistent_program`;
+    per-tensor and row-wise scales only)."""
 
     block_m: int
     block_n: int
@@ -119,9 +128,11 @@ class Fp8Config(NamedTuple):
     threads: int
     panel: int = 8
     tma: bool = True
+    persistent: bool = False
 
     def label(self) -> str:
-        return "x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
+        return ("x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
+                + ("p" if self.persistent else ""))
 
 
 #: the configurations :func:`choose_fp8_config` picks from
@@ -155,20 +166,26 @@ def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
 
 
 def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
-                     scaling: Scaling, has_bias: bool, cfg: Fp8Config):
+                     scaling: Scaling, has_bias: bool, cfg: Fp8Config, sms: int = _SMS):
     """The prim_func ``(A, B, SA, SB, BIAS, C)`` (``BIAS`` ``[n]``, unread without a bias;
     ``SA``, ``SB`` ``[1]`` per tensor, ``[M, 1]`` / ``[n, 1]`` per row, ``[M, ceil(k / 128)]`` /
     ``[ceil(n / 128), ceil(k / 128)]`` in blocks), ``M`` dynamic."""
+    block = scaling is Scaling.BLOCK
+    if block and (cfg.block_k != BLOCK or BLOCK % cfg.block_n):
+        raise ValueError(f"block scales need 128-deep K tiles and block_n dividing 128, got "
+                         f"{cfg.label()}")
+    if cfg.persistent:
+        if block or not cfg.tma:
+            raise ValueError(f"a persistent grid serves per-tensor and row-wise scales through "
+                             f"TMA, got {scaling.value} scales and {cfg.label()}")
+        return _persistent_program(n, k, a_dtype, b_dtype, out_dtype, scaling, has_bias, cfg,
+                                   sms)
     _, T = tl()
     M = T.dynamic("M")
     bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
     stages, threads, panel = cfg.stages, cfg.threads, cfg.panel
     ann = None if cfg.tma else {"disable_tma": True}
     kb = -(-k // BLOCK)
-    block = scaling is Scaling.BLOCK
-    if block and (bk != BLOCK or BLOCK % bn):
-        raise ValueError(f"block scales need 128-deep K tiles and block_n dividing 128, got "
-                         f"{cfg.label()}")
     sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((M, 1), (n, 1)),
                           Scaling.BLOCK: ((M, kb), (-(-n // BLOCK), kb))}[scaling]
     iters = -(-k // bk)
@@ -241,13 +258,97 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
     return gemm_fp8
 
 
+def _persistent_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                        scaling: Scaling, has_bias: bool, cfg: Fp8Config, sms: int):
+    """:func:`fp8_gemm_program` on a persistent grid (the dense GEMM's
+    ``_persistent_program``, with the fp8 epilogue): ``sms`` CTAs, CTA ``w`` computing the tiles
+    ``w, w + sms, ...`` of the swizzled order; one warp issues every tile's TMA loads into the
+    ``stages``-deep ring while the math warpgroups run wgmma, scale (and bias) each finished
+    tile in registers and store it, so a tile's loads overlap the previous tile's epilogue.
+    The scales are read from global memory by the math threads (each its rows' and columns'),
+    not staged: a staged copy would be a load role's, outside the tile's math."""
+    _, T = tl()
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    stages, threads, panel = cfg.stages, cfg.threads, max(cfg.panel, 1)
+    iters = -(-k // bk)
+    n_tiles = -(-n // bn)
+    sa_shape, sb_shape = ((1,), (1,)) if scaling is Scaling.TENSOR else ((M, 1), (n, 1))
+    row = scaling is Scaling.ROW
+    f32 = "float32"
+    ws = T.WSID
+    math_warps = threads // 32
+    load = [T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
+            T.WSSync.producer_commit("ring", stage=0)]
+    mma = [T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
+           T.WSSync.consumer_release("ring", stage=stages - 1)]
+
+    @T.prim_func
+    def gemm_fp8_persistent(
+        A: T.Tensor((M, k), a_dtype),
+        B: T.Tensor((n, k), b_dtype),
+        SA: T.Tensor(sa_shape, f32),
+        SB: T.Tensor(sb_shape, f32),
+        BIAS: T.Tensor((n,), out_dtype),
+        C: T.Tensor((M, n), out_dtype),
+    ):
+        with T.Kernel(sms, threads=threads) as wid:
+            A_s = T.alloc_shared((bm, bk), a_dtype)
+            B_s = T.alloc_shared((bn, bk), b_dtype)
+            C_l = T.alloc_fragment((bm, bn), f32)
+            C_s = T.alloc_shared((bm, bn), out_dtype)
+            m_tiles = T.ceildiv(M, bm)
+            order = T.PersistentTileScheduler(m_tiles, n_tiles, sms, swizzle_size=panel,
+                                              column_major=False, stateful=False)
+            T.annotate_ws_schedule(T.WSSchedule(
+                num_warps=4 + math_warps,
+                roles=[T.WSRole("load", warps_lo=0, warps_hi=1, max_nreg=_LOAD_NREG),
+                       T.WSRole("math", warps_lo=4, warps_hi=4 + math_warps,
+                                max_nreg=_MATH_NREG)],
+                pipelines=[T.WSPipeline("ring", [A_s, B_s], depth=stages)],
+                scopes=[
+                    T.WSScope("k_steps", {"load": load, "math": mma}),
+                    T.WSScope("tiles", {
+                        "load": ["coord", "k_steps"],
+                        "math": ["coord", "clear", "k_steps", "scale", "to_shared", "store"],
+                    }),
+                    T.WSScope(T.WSScope.ROOT, {"load": ["tiles"], "math": ["tiles"]}),
+                ]))
+            for i in T.serial(T.ceildiv(m_tiles * n_tiles - wid, sms), annotations={ws: "tiles"}):
+                with T.ws_op("coord"):
+                    by, bx = order.coord(i * sms + wid)
+                T.clear(C_l, annotations={ws: "clear"})
+                for ko in T.Pipelined(iters, num_stages=stages, annotations={ws: "k_steps"}):
+                    T.copy(A[by * bm, ko * bk], A_s, annotations={ws: "load_a"})
+                    T.copy(B[bx * bn, ko * bk], B_s, annotations={ws: "load_b"})
+                    T.gemm(A_s, B_s, C_l, transpose_B=True, annotations={ws: "mma"})
+                with T.ws_op("scale"):
+                    for r, j in T.Parallel(bm, bn):
+                        if row:
+                            C_l[r, j] = C_l[r, j] * T.if_then_else(
+                                T.And(by * bm + r < M, bx * bn + j < n),
+                                SA[by * bm + r, 0] * SB[bx * bn + j, 0], T.float32(0))
+                        else:
+                            C_l[r, j] = C_l[r, j] * (SA[0] * SB[0])
+                        if has_bias:
+                            C_l[r, j] = C_l[r, j] + T.if_then_else(
+                                bx * bn + j < n, T.Cast(f32, BIAS[bx * bn + j]), T.float32(0))
+                T.copy(C_l, C_s, annotations={ws: "to_shared"})
+                T.copy(C_s, C[by * bm, bx * bn], annotations={ws: "store"})
+
+    return gemm_fp8_persistent
+
+
 @functools.lru_cache(maxsize=128)
 def build_fp8_gemm_kernel(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                           scaling: Scaling, has_bias: bool, cfg: Fp8Config,
-                          target: str | None = None):
-    """Compile :func:`fp8_gemm_program` (cached per process; TileLang also caches on disk)."""
+                          target: str | None = None, sms: int = _SMS):
+    """Compile :func:`fp8_gemm_program` (cached per process; TileLang also caches on disk);
+    ``sms``: the persistent grid's CTAs (the device's SMs; only a persistent program reads
+    it)."""
     return compile_program(fp8_gemm_program(n, k, a_dtype, b_dtype, out_dtype, scaling,
-                                            has_bias, cfg), target)
+                                            has_bias, cfg, sms if cfg.persistent else _SMS),
+                           target)
 
 
 class _Fp8GemmKernel(Kernel, GemmFp8Interface):
@@ -265,7 +366,7 @@ class _Fp8GemmKernel(Kernel, GemmFp8Interface):
         self.config = choose_fp8_config(spec)
         self.program = None if spec.n == 0 or spec.k == 0 else build_fp8_gemm_kernel(
             spec.n, spec.k, spec.a_dtype, spec.b_dtype, spec.out_dtype, spec.scaling,
-            spec.has_bias, self.config)
+            spec.has_bias, self.config, None, sm_count(spec.device))
 
     def __call__(self, a, b, a_scale, b_scale, bias, c) -> None:
         if c.numel() == 0:
