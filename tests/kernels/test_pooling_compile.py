@@ -48,12 +48,11 @@ BACKWARD = [
     pytest.param(spec(batch=2, channels=3, size_in=(7, 9, 11), size_out=(6, 4, 5),
                       kernel=(2, 3, 3), stride=(1, 2, 2), dilation=(1, 1, 1)),
                  id="max3d-rescan"),
-    # max from the forward's indices, dilated; average with count_include_pad's divisor
+    # max from the forward's indices, dilated
     pytest.param(spec(padding=(0, 1, 1), dilation=(1, 2, 2), size_out=(1, 55, 55),
                       indices=True), id="max-indices-dilated"),
-    pytest.param(spec(kind=P.PoolKind.AVG, padding=(0, 1, 1), size_out=(1, 56, 56),
-                      dtype="float32"), id="avg-include-pad"),
-    # adaptive average: the run of windows holding an element (an output larger than the input)
+    # adaptive average (its divisors): the run of windows holding an element (an output
+    # larger than the input)
     pytest.param(spec(kind=P.PoolKind.AVG, adaptive=True, batch=2, channels=4,
                       size_in=(1, 5, 5), size_out=(1, 8, 8), kernel=(1, 1, 1),
                       stride=(1, 1, 1)), id="adaptive-avg-upsample"),

@@ -83,7 +83,7 @@ def spec_of(op, x, y, indices=False) -> K.PoolSpec:
 # --- the ops accept what torch accepts ----------------------------------------------------------
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=36, deadline=None)
 @given(w=windows(max_pool=True, valid=False), batch=st.sampled_from([(), (0,), (2,)]),
        channels=st.sampled_from([0, 3]), avg=st.booleans())
 def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
@@ -110,7 +110,7 @@ def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
         torch.testing.assert_close(got, want)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(batch=st.sampled_from([(), (0,), (2,)]), channels=st.sampled_from([0, 3]),
        h=st.integers(0, 4), w=st.integers(0, 4), out=st.integers(2, 3), avg=st.booleans())
 def test_adaptive_refused_exactly_where_torch_refuses(batch, channels, h, w, out, avg):
@@ -188,7 +188,7 @@ def test_max_pool_returns_indices_when_asked():
 # --- the kernels' arithmetic is torch's ----------------------------------------------------------
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(w=windows(max_pool=True), nan=st.booleans(), seed=st.integers(0, 2**16))
 def test_max_scan_gives_torchs_values_and_indices(w, nan, seed):
     """Ties take the first maximum in scan order, a NaN wins (the last NaN's position)."""
@@ -201,7 +201,7 @@ def test_max_scan_gives_torchs_values_and_indices(w, nan, seed):
     torch.testing.assert_close(y.reshape(want.shape), want, rtol=0, atol=0, equal_nan=True)
 
 
-@settings(max_examples=50, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(w=windows(max_pool=False), include=st.booleans(), divisor=st.sampled_from([None, 3]),
        seed=st.integers(0, 2**16))
 def test_average_divisors_are_torchs(w, include, divisor, seed):
@@ -215,7 +215,7 @@ def test_average_divisors_are_torchs(w, include, divisor, seed):
     torch.testing.assert_close(y.reshape(want.shape).double(), want)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(h=st.integers(1, 12), w=st.integers(1, 12), ho=st.integers(1, 8), wo=st.integers(1, 8),
        nan=st.booleans(), seed=st.integers(0, 2**16))
 def test_adaptive_windows_are_torchs(h, w, ho, wo, nan, seed):
@@ -230,7 +230,7 @@ def test_adaptive_windows_are_torchs(h, w, ho, wo, nan, seed):
     torch.testing.assert_close(y.reshape(want.shape).double(), want, equal_nan=True)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(h=st.integers(1, 12), w=st.integers(1, 12), ho=st.integers(1, 8), wo=st.integers(1, 8),
        given_indices=st.booleans(), seed=st.integers(0, 2**16))
 def test_adaptive_gradient_gathers_are_torchs(h, w, ho, wo, given_indices, seed):
@@ -256,7 +256,7 @@ def test_adaptive_taps_cover_the_longest_window():
     assert K.adaptive_taps(7, 1) == 7
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=windows(max_pool=True), given_indices=st.booleans(), seed=st.integers(0, 2**16))
 def test_max_gradient_gather_is_torchs(w, given_indices, seed):
     """Each window's gradient lands on its maximum, found from the indices or by the scan.
@@ -274,7 +274,7 @@ def test_max_gradient_gather_is_torchs(w, given_indices, seed):
     torch.testing.assert_close(got.reshape(want.shape), want)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(w=windows(max_pool=False), include=st.booleans(), divisor=st.sampled_from([None, 3]),
        seed=st.integers(0, 2**16))
 def test_average_gradient_gather_is_torchs(w, include, divisor, seed):
