@@ -103,8 +103,14 @@ def test_the_call_spec_refuses_what_the_op_never_sends():
                               "(4) > 0")
     with pytest.raises(ValueError) as exc:
         _spec(page_size=16)
-    assert str(exc.value) == ("AttentionDecodeSpec: page_size and max_pages are > 0 exactly "
-                              "for a paged cache, got 16 and 0 for contiguous")
+    assert str(exc.value) == ("AttentionDecodeSpec: page_size is > 0 exactly for a paged cache "
+                              "and max_pages 0 for a contiguous one, got 16 and 0 for "
+                              "contiguous")
+    with pytest.raises(ValueError) as exc:
+        _spec(K.CacheLayout.PAGED, page_size=0, max_pages=3)
+    assert str(exc.value).endswith("got 0 and 3 for paged")
+    # a block table of no columns: nothing to read, every output 0
+    assert _spec(K.CacheLayout.PAGED, page_size=16, max_pages=0).max_keys == 0
     with pytest.raises(ValueError) as exc:
         _spec(softcap=0.0)
     assert str(exc.value) == "AttentionDecodeSpec: scale and softcap must be > 0, got 0.125 and 0.0"

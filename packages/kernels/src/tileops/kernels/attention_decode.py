@@ -89,14 +89,14 @@ _PIECE = 64
 class CacheLayout(enum.Enum):
     """How the KV cache is laid out."""
 
-    CONTIGUOUS = "contiguous"  #: (B, S, H_kv, D): sequence b's keys at [b, :Lens]
+    CONTIGUOUS = "contiguous"  #: (B, S, H_kv, D): sequence b's keys at [b, :L]
     PAGED = "paged"  #: (P, page_size, H_kv, D) pages, a block table (B, max_pages)
 
 
 class AttentionDecodeSpec(CallSpec, frozen=True, kw_only=True):
     """What a decode implementation is told about a call. ``capacity`` is ``S`` (contiguous)
     or the pool's page count ``P`` (paged); ``page_size`` and ``max_pages`` are 0 for a
-    contiguous cache. ``scale`` is resolved (1 / sqrt(D) where the op's is None)."""
+    contiguous cache (a block table of no columns has ``max_pages`` 0 too). ``scale`` is resolved (1 / sqrt(D) where the op's is None)."""
 
     layout: CacheLayout
     batch: int
@@ -121,10 +121,10 @@ class AttentionDecodeSpec(CallSpec, frozen=True, kw_only=True):
             raise ValueError(f"{name}: heads ({self.heads}) must be a multiple of kv_heads "
                              f"({self.kv_heads}) > 0")
         paged = self.layout is CacheLayout.PAGED
-        if paged != (self.page_size > 0) or paged != (self.max_pages > 0):
-            raise ValueError(f"{name}: page_size and max_pages are > 0 exactly for a paged "
-                             f"cache, got {self.page_size} and {self.max_pages} for "
-                             f"{self.layout.value}")
+        if paged != (self.page_size > 0) or (not paged and self.max_pages):
+            raise ValueError(f"{name}: page_size is > 0 exactly for a paged cache and "
+                             f"max_pages 0 for a contiguous one, got {self.page_size} and "
+                             f"{self.max_pages} for {self.layout.value}")
         if not self.scale > 0 or (self.softcap is not None and not self.softcap > 0):
             raise ValueError(f"{name}: scale and softcap must be > 0, got {self.scale} and "
                              f"{self.softcap}")
