@@ -1,5 +1,4 @@
-"""Max and average pooling, adaptive pooling and the gradients of max and average pooling, in
-TileLang.
+"""Max, average and adaptive pooling and their gradients, in TileLang.
 
 Every op of the family pools over up to three spatial axes; a 1-D or 2-D call is a 3-D one
 whose leading spatial axes have length 1 (a window of 1, a stride of 1, no padding), so one
@@ -43,8 +42,8 @@ from the forward's indices or, without them, found again by the forward's scan. 
 window wholly in the padding has no element: torch gives it -inf at its first tap's position
 and adds its gradient there, outside the window; the gather drops it.)
 
-The index arithmetic is written once, in :func:`tap_position`, :func:`tap_range` and
-:func:`divisor`, functions of plain integer operations that the programs apply to TIR
+The index arithmetic is written once, in :func:`tap_position`, :func:`tap_range`,
+:func:`first_tap`, :func:`divisor` and :func:`window_of`, functions of plain integer operations that the programs apply to TIR
 expressions and :func:`emulate` (the CPU mirror of the programs' algorithm, which the tests
 hold to torch over the input space) to torch tensors.
 """
