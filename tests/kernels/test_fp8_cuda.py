@@ -14,7 +14,8 @@ written fails.
 The GEMM: every scaling at decode (1, 16 rows: the 64-row tiles), a row count past the decode
 range by one (65), prefill (2048), sizes that overhang the tiles and break TMA's alignment
 (333 x 4097 x 4095: the plain copies) and 1000^3, with and without a bias, each output dtype
-and e5m2 somewhere. The bound is elementwise: one rounding to the output dtype, plus 2^-12 of
+and e5m2 somewhere; the persistent program (a candidate of the sweep) per tensor and per row.
+The bound is elementwise: one rounding to the output dtype, plus 2^-12 of
 the product of the magnitudes (the float32 accumulation, and wgmma's fp8 accumulation, which
 keeps fewer bits than float32 between promotions).
 
@@ -178,6 +179,40 @@ def test_gemm_against_float64(scaling, m, n, k, out, fp8, bias):
                              f"got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
+#: the persistent program (a sweep candidate, not the heuristic's): per tensor and per row, a
+#: tile count that is not a multiple of the grid and rows past M
+PERSISTENT = G.FP8_CONFIGS["128x256"]._replace(persistent=True)
+PERSISTENT_CASES = [(G.Scaling.TENSOR, 2048, 4096, 4096, torch.bfloat16, False),
+                    (G.Scaling.ROW, 333, 4096, 1024, torch.bfloat16, True),
+                    (G.Scaling.ROW, 1000, 2048, 512, torch.float16, False)]
+
+
+@pytest.mark.parametrize(("scaling", "m", "n", "k", "out", "bias"), PERSISTENT_CASES,
+                         ids=[f"{c[0].value}-{c[1]}x{c[2]}x{c[3]}" for c in PERSISTENT_CASES])
+def test_persistent_gemm_against_float64(scaling, m, n, k, out, bias):
+    torch.manual_seed(m + n + k)
+    a = (torch.randn(m, k, device="cuda") * 2).to(E4M3)
+    b = (torch.randn(n, k, device="cuda") * 2).to(E4M3)
+    g = Q.Granularity.TENSOR if scaling is G.Scaling.TENSOR else Q.Granularity.ROW
+    sa = torch.rand(_scale_shape(g, m, k), device="cuda") + 0.5
+    sb = torch.rand(_scale_shape(g, n, k), device="cuda") * 0.01 + 0.005
+    bv = torch.randn(n, device="cuda").to(out) if bias else None
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    prog = G.build_fp8_gemm_kernel(n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias,
+                                   PERSISTENT, None, torch.cuda.get_device_properties(0)
+                                   .multi_processor_count)
+    flat = (lambda t: t.view(1)) if g is Q.Granularity.TENSOR else (lambda t: t)
+    prog(a, b, flat(sa), flat(sb), c[0] if bv is None else bv, c)
+    torch.cuda.synchronize()
+    da = a.double() * _spread(sa.double(), g, m, k)
+    db = b.double() * _spread(sb.double(), g, n, k)
+    want = da @ db.T + (bv.double() if bias else 0)
+    got = c.double()
+    assert not bool(got.isnan().any()), "an element of c was never written"
+    bound = EPS_OUT[out] * want.abs() + 2 ** -12 * (da.abs() @ db.abs().T) + 1e-30
+    assert bool(((got - want).abs() <= bound).all())
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 
@@ -195,6 +230,11 @@ def program_keys():
         spec = gemm_spec(scaling, m, n, k, out, fp8, bias)
         keys[("gemm", n, k, spec.a_dtype, spec.b_dtype, spec.out_dtype, scaling, bias,
               G.choose_fp8_config(spec))] = None
+    sms = torch.cuda.get_device_properties(0).multi_processor_count \
+        if torch.cuda.is_available() else 132
+    for scaling, _, n, k, out, bias in PERSISTENT_CASES:
+        keys[("gemm", n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias, PERSISTENT,
+              None, sms)] = None
     return list(keys)
 
 
@@ -207,7 +247,7 @@ def _build(key):
 def _describe(key) -> str:
     what, *args = key
     if what == "gemm":
-        n, k, dt, _, out, scaling, bias, cfg = args
+        n, k, dt, _, out, scaling, bias, cfg = args[:8]
         return f"gemm {scaling.value} n{n} k{k} {dt} -> {out}{' bias' if bias else ''} {cfg.label()}"
     if what == "amax":
         return f"amax k{args[0]} {args[1]}"
