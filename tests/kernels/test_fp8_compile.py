@@ -65,12 +65,24 @@ def test_gemm_plan_over_the_input_space(m, n, k, scaling, out):
     assert cfg.tma == (k % 16 == 0 and n * size % 16 == 0)
     if scaling is Scaling.BLOCK:  # one K step is one scale block, a column tile in one block
         assert cfg.block_k == 128 and 128 % cfg.block_n == 0
-    assert (cfg.block_m == 64) == (m <= G.DECODE_M)
-    # the pipeline's stages and the staged output tile fit in shared memory
-    stage = (cfg.block_m + cfg.block_n) * cfg.block_k
-    assert stage * cfg.stages + cfg.block_m * cfg.block_n * size <= SMEM
-    # a math warpgroup per 64 rows of the tile (wgmma)
-    assert cfg.threads == 128 * (cfg.block_m // 64)
+    if m <= G.DECODE_M:  # decode: 64-row tiles, b streamed by many CTAs
+        assert cfg.block_m == 64 and cfg.block_n == 64
+    if out == "float32":
+        assert cfg.block_m * cfg.block_n <= 128 * 128
+
+
+@pytest.mark.parametrize(("m", "n", "scaling", "out", "tile"), [
+    (8192, 8192, Scaling.ROW, "bfloat16", (128, 256)),  # 16 waves of the largest tile
+    (2048, 128256, Scaling.TENSOR, "bfloat16", (128, 256)),
+    (128, 4096, Scaling.ROW, "bfloat16", (64, 64)),  # 16 CTAs of 128 x 256 would idle the SMs
+    (2048, 4096, Scaling.TENSOR, "float32", (128, 128)),  # no 128 x 256 staged fp32 tile
+    (8192, 8192, Scaling.BLOCK, "bfloat16", (128, 128)),
+    (256, 4096, Scaling.BLOCK, "bfloat16", (64, 128)),
+    (16, 8192, Scaling.BLOCK, "bfloat16", (64, 64)),
+])
+def test_the_wave_model_picks(m, n, scaling, out, tile):
+    cfg = choose_fp8_config(gemm_spec(m, n, 4096, out=out, scaling=scaling))
+    assert (cfg.block_m, cfg.block_n) == tile
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,6 +193,8 @@ GEMMS = [
     ("row-bias-128x256", 4096, 4096, 4096, "float8_e4m3fn", "bfloat16", Scaling.ROW, True),
     ("block-128x128", 4096, 4096, 4096, "float8_e4m3fn", "bfloat16", Scaling.BLOCK, False),
     ("decode-row-e5m2", 16, 8192, 8192, "float8_e5m2", "float16", Scaling.ROW, False),
+    ("tensor-64x128-fp32", 256, 4096, 4096, "float8_e4m3fn", "float32", Scaling.TENSOR, False),
+    ("block-64x128", 256, 4096, 4096, "float8_e4m3fn", "bfloat16", Scaling.BLOCK, False),
     ("block-unaligned-bias", 333, 4097, 4095, "float8_e4m3fn", "bfloat16", Scaling.BLOCK,
      True),
 ]

@@ -17,16 +17,17 @@ Scales (float32, dequantised = fp8 * scale; the ops module states their shapes):
 - block (:class:`GemmFp8BlockKernel`, DeepSeek-V3's 1 x 128 groups of ``a`` and 128 x 128
   blocks of ``b``): the scale changes every 128 steps of K, so each 128-deep K step's wgmma
   writes a fresh float32 partial that is promoted into a second float32 accumulator scaled by
-  ``a_scale[m, k / 128] * b_scale[n / 128, k / 128]`` (the row's factor staged in shared
-  memory each step). Both accumulators are float32: the partial of one step holds 128
+  ``a_scale[m, k / 128] * b_scale[n / 128, k / 128]`` (the row's factor read into registers
+  by the math threads each step, before the step's wgmma). Both accumulators are float32: the partial of one step holds 128
   products, so no precision is lost to wgmma's own accumulation.
 
-Tiles: 128 x 256 x 128 (two math warpgroups; 128 x 128 for a float32 ``c``, whose staged
-output tile is twice as large) for M above the decode range, one CTA a tile (a persistent grid,
-``Fp8Config.persistent``, is a candidate of benchmarks/fp8.py's sweep, not yet measured), 64 x 64 x 256 for M up to 64
-(decode: ``b`` is read once, by ``N / 64`` CTAs streaming deep K tiles), 128 x 128 x 128 and
-64 x 64 x 128 for block scales (a K step is one scale block). Tile rows past ``M`` and columns
-past ``N`` or ``K`` are zero-filled on load (TMA does it natively) and not stored.
+Tiles (:func:`choose_fp8_config`): 128 x 256 x 128 (two math warpgroups), 128 x 128 x 128 or
+64 x 128 x 128 for M above the decode range, by a wave model, one CTA a tile (a persistent
+grid, ``Fp8Config.persistent``, is a candidate of benchmarks/fp8.py's sweep, not yet
+measured); 64 x 64 x 256 for M up to 64 (decode: ``b`` is read once, by ``N / 64`` CTAs
+streaming deep K tiles); 128 x 128 x 128, 64 x 128 x 128 and 64 x 64 x 128 for block scales
+(a K step is one scale block). Tile rows past ``M`` and columns past ``N`` or ``K`` are
+zero-filled on load (TMA does it natively) and not stored.
 
 TMA needs 16-byte aligned rows: ``K`` a multiple of 16 (fp8 rows of ``a`` and ``b``) and ``N``
 times ``c``'s element size a multiple of 16; calls that break it run the same programs with
@@ -135,13 +136,21 @@ class Fp8Config(NamedTuple):
                 + ("p" if self.persistent else ""))
 
 
-#: the configurations :func:`choose_fp8_config` picks from
+#: the configurations :func:`choose_fp8_config` picks from, with a relative cost a FLOP
+#: (bigger tiles reuse more of each load), by region: epilogue scales above the decode range,
+#: block scales above it, and either at decode sizes
 FP8_CONFIGS: dict[str, Fp8Config] = {
     "128x256": Fp8Config(128, 256, 128, 3, 256),
     "128x128": Fp8Config(128, 128, 128, 4, 256),
+    "64x128": Fp8Config(64, 128, 128, 4, 128),
     "decode": Fp8Config(64, 64, 256, 4, 128, 0),
     "block": Fp8Config(128, 128, 128, 4, 256),
+    "block-64x128": Fp8Config(64, 128, 128, 4, 128),
     "block-decode": Fp8Config(64, 64, 128, 6, 128, 0),
+}
+_WEIGHED = {
+    "scaled": (("128x256", 1.0), ("128x128", 1.12), ("64x128", 1.3), ("decode", 1.6)),
+    "block": (("block", 1.0), ("block-64x128", 1.2), ("block-decode", 1.5)),
 }
 
 
@@ -152,14 +161,26 @@ def fp8_tma_aligned(n: int, k: int, out_dtype: str) -> bool:
 
 
 def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
-    """The tile configuration of a call (see the module docstring)."""
-    decode = spec.m <= DECODE_M
-    if spec.scaling is Scaling.BLOCK:
-        cfg = FP8_CONFIGS["block-decode" if decode else "block"]
-    elif decode:
-        cfg = FP8_CONFIGS["decode"]
+    """The tile configuration of a call: at decode sizes the 64 x 64 tiles (``b`` streamed by
+    ``N / 64`` CTAs); above, the candidate of least ``waves x tile area x cost`` (the dense
+    GEMM's model, :data:`_WEIGHED`; a float32 ``c`` leaves out 128 x 256, whose staged output
+    would not fit), so a short call (M = 128 against N = 4096) takes tiles that fill the SMs.
+    Plain copies where a row breaks TMA's alignment."""
+    block = spec.scaling is Scaling.BLOCK
+    if spec.m <= DECODE_M:
+        cfg = FP8_CONFIGS["block-decode" if block else "decode"]
     else:
-        cfg = FP8_CONFIGS["128x128" if spec.out_dtype == "float32" else "128x256"]
+        best = None
+        for name, eff in _WEIGHED["block" if block else "scaled"]:
+            c = FP8_CONFIGS[name]
+            if spec.out_dtype == "float32" and c.block_m * c.block_n > 128 * 128:
+                continue
+            tiles = -(-spec.m // c.block_m) * -(-spec.n // c.block_n)
+            cost = -(-tiles // _SMS) * c.block_m * c.block_n * eff
+            if best is None or cost < best[0]:
+                best = (cost, c)
+        assert best is not None
+        cfg = best[1]
     if not fp8_tma_aligned(spec.n, spec.k, spec.out_dtype):
         cfg = cfg._replace(tma=False)
     return cfg
