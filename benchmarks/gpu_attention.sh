@@ -9,7 +9,7 @@
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
 # (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
-# of the dense op's rate at the same total tokens.
+# of the dense op's rate at the same total tokens; forward + backward >= cuDNN's (train.log).
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -33,6 +33,7 @@ sys.path[:0] = ["tests/kernels"]
 import torch  # noqa: F401
 import tileops.ops as ops
 from tileops.kernels import attention as A
+from tileops.kernels import attention_bwd as AB
 from tileops.ops.workloads import cases_of
 from _prebuild import build_all
 
@@ -51,6 +52,8 @@ for name in ("MultiHeadAttentionFwdOp", "GroupedQueryAttentionFwdOp"):
             scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
             softcap=op.softcap)
         keys[("fwd", A.program_key(spec))] = None
+        if (spec.dim, spec.dim_v) in AB.BWD_HEAD_DIMS:
+            keys[("bwd", AB.bwd_program_key(spec))] = None
 cls = ops.GroupedQueryAttentionVarlenFwdOp
 for case in cases_of(cls):
     if case.dtype not in ("bfloat16", "float16"):
@@ -69,13 +72,62 @@ PY
     ;;
   tests)
     TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_attention_cuda.py -q -p no:cacheprovider --maxfail=40
-    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "MultiHeadAttentionFwdOp or GroupedQueryAttentionFwdOp or GroupedQueryAttentionVarlenFwdOp" -q -p no:cacheprovider --maxfail=40 ;;
+    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "MultiHeadAttention or GroupedQueryAttention" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
     bench bars MultiHeadAttentionFwdOp -w b4-s4096-d128 -w b4-s4096-d128-causal -w b16-s1024-d64-causal -w b2-s4096-d256-causal --dtype bf16
     bench gqa GroupedQueryAttentionFwdOp -w gqa-b2-s8192-32x8-causal -w gqa-b4-s4096-32x8 --dtype bf16
     # varlen against the dense bar at the same 16384 tokens: four sequences of 4096 (the dense
     # bar's flops exactly), then mixed lengths 32-4096 (flops by the equal-length floor)
     bench varlen GroupedQueryAttentionVarlenFwdOp -w 'varlen-*' --dtype bf16
-    bench edges MultiHeadAttentionFwdOp -w sq1-skv4096 -w odd-s1000 -w causal-sq1000-skv3001 -w window-256 -w softcap-50 -w d192-dv128 -w lse -w bhsd-causal ;;
+    # the gradients alone, and forward + backward against cuDNN's (training: the bar is >= cuDNN)
+    bench bwd MultiHeadAttentionBwdOp GroupedQueryAttentionBwdOp --dtype bf16
+    TAIL=40 run train.log python3 - <<'PY'
+# forward + backward of one training step: the op (its autograd node: the forward kernel, the
+# gradients' kernel) against scaled_dot_product_attention under the cuDNN and FlashAttention
+# backends, bf16, CUDA events over 20 steps after 3; TFLOP/s by 3.5 x the forward's products
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+import tileops.ops as ops
+
+
+def step_ms(fn, q, k, v, dout):
+    for _ in range(3):
+        torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(20):
+        torch.autograd.grad(fn(q, k, v), (q, k, v), dout)
+    b.record()
+    torch.cuda.synchronize()
+    return a.elapsed_time(b) / 20
+
+
+for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
+                                 (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)):
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    op = ops.GroupedQueryAttentionFwdOp(is_causal=causal)
+    flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    rows = {"tileops": lambda q, k, v: op(q, k, v)[0]}
+    for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
+                          ("flash", SDPBackend.FLASH_ATTENTION)):
+        def sdpa(q, k, v, backend=backend):
+            with sdpa_kernel(backend):
+                return torch.nn.functional.scaled_dot_product_attention(
+                    q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+                    enable_gqa=h != h_kv).transpose(1, 2)
+        rows[name] = sdpa
+    for name, fn in rows.items():
+        try:
+            ms = step_ms(fn, q, k, v, dout)
+            print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} {name:>8}: {ms:.3f} ms "
+                  f"{flops / ms / 1e9:.0f} TFLOP/s", flush=True)
+        except Exception as exc:  # noqa: BLE001 - a backend that refuses the shape
+            print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} {name:>8}: {type(exc).__name__}: "
+                  f"{str(exc)[:120]}", flush=True)
+PY
+    bench edges MultiHeadAttentionFwdOp -w sq1-skv4096 -w odd-s1000 -w causal-sq1000-skv3001 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done

@@ -92,6 +92,15 @@ def test_the_mask_is_compiled_in_where_a_call_needs_it(seq_kv, window, masked):
     assert A.AttentionFwdKernel.identity(spec) == A.AttentionFwdKernel.identity(other)
 
 
+def test_backward_head_dims_are_refused_by_name():
+    from tileops.kernels import attention_bwd as AB
+
+    assert AB.AttentionBwdKernel.region_refusal(_spec(dim=256, dim_v=256)) == (
+        "head dims D = 256, D_v = 256 are none of the D/D_v pairs the backward serves, "
+        "64/64, 128/128")
+    assert AB.AttentionBwdKernel.region_refusal(_spec()) is None
+
+
 def test_head_dims_outside_the_served_pairs_are_refused_by_name():
     spec = _spec(dim=96, dim_v=96)
     assert A.AttentionFwdKernel.region_refusal(spec) == (
@@ -182,3 +191,46 @@ def test_tile_batches_cover_every_row_once(lens, bm):
         assert r0 >= 0
         covered += range(cu[b] + r0, cu[b] + min(r0 + bm, max(r0, lens[b])))
     assert sorted(covered) == list(range(cu[-1]))
+
+
+# --- the backward ------------------------------------------------------------------------------
+
+
+@needs_nvcc
+def test_backward_program_compiles_for_sm90a():
+    """The gradients' program: GQA 8:2, a causal window bounded on the left (the query-tile
+    loop's start and end), a softcap (tanh kept for its derivative), dQ added atomically."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(128, 128)
+    prog = AB.attention_bwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, 64, 0,
+                                    30.0, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "tanh" in src and "AtomicAdd" in src and "wgmma" in src
+
+
+@settings(max_examples=300, deadline=None)
+@given(seq_q=st.integers(1, 700), seq_kv=st.integers(1, 700),
+       left=st.integers(-1, 300), right=st.integers(-1, 300),
+       bn=st.sampled_from([64, 128]), data=st.data())
+def test_query_tile_loop_covers_every_row_that_sees_the_keys(seq_q, seq_kv, left, right, bn,
+                                                             data):
+    """The backward's loop over query tiles for a key tile visits every row that sees one of
+    its keys and no tile wholly past S_q (the program's formulas, evaluated on ints)."""
+    from tileops.kernels import attention_bwd as AB
+
+    bm = 32
+    tile = data.draw(st.integers(0, (seq_kv - 1) // bn))
+    j0 = tile * bn
+    start = AB.first_query_tile(j0, seq_q, seq_kv, right, bm)
+    end = AB.query_tiles_end(j0, seq_q, seq_kv, left, right, bn, bm)
+    rows = set()
+    for i in range(seq_q):
+        diag = i + seq_kv - seq_q
+        lo = 0 if left < 0 else max(0, diag - left)
+        hi = seq_kv - 1 if right < 0 else min(seq_kv - 1, diag + right)
+        if lo <= hi and max(lo, j0) <= min(hi, j0 + bn - 1):
+            rows.add(i)
+    assert rows <= set(range(start * bm, end * bm))
+    assert end * bm - bm < seq_q or start == end

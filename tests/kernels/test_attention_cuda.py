@@ -13,6 +13,11 @@ The varlen kernel runs mixed lengths off the tile, one-row and empty sequences (
 key, neither), more queries than keys under is_causal, a window with a softcap and D 256, each
 sequence checked against the float64 reference of its rows alone.
 
+The backward runs on most of the forward's grid, from the forward kernel's output and
+log-sum-exp with upstream gradients of both, against torch's autograd of the float64
+reference: each gradient within 2e-2 (bfloat16) or 5e-3 (float16) of its largest element
+(its products take the probabilities and dS in the storage dtype).
+
 Tolerance: the probabilities are rounded to the storage dtype before the second product (as
 FlashAttention's), each a relative error of its epsilon, so an output element is off by at most
 about ``eps * max |v|`` plus its own rounding: bfloat16 is held to 1e-2 absolute and relative,
@@ -37,6 +42,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tileops.kernels import attention as A  # noqa: E402
+from tileops.kernels import attention_bwd as AB  # noqa: E402
 from tileops.runtime import select  # noqa: E402
 
 cuda = pytest.mark.cuda
@@ -163,18 +169,6 @@ def test_forward_matches_float64(case):
 
 
 @cuda
-def test_the_lse_is_optional():
-    """Without an lse tensor the entry writes a kept scratch; the output is the same."""
-    spec = case_spec(CASES[1])
-    q, k, v, o, lse = _inputs(spec, torch.bfloat16)
-    entry = _entry(spec)
-    entry(q, k, v, o, lse)
-    o2 = torch.full_like(o, float("nan"))
-    entry(q, k, v, o2, None)
-    assert torch.equal(o, o2)
-
-
-@cuda
 def test_no_key_and_no_row_launch_nothing():
     for s_q, s_kv in ((5, 0), (0, 5)):
         spec = A.AttentionFwdSpec(
@@ -184,6 +178,45 @@ def test_no_key_and_no_row_launch_nothing():
         q, k, v, o, lse = _inputs(spec, torch.bfloat16)
         _entry(spec)(q, k, v, o, lse)
         assert bool((o == 0).all()) and bool(torch.isneginf(lse).all())
+
+
+# --- the backward -------------------------------------------------------------------------
+
+#: the CASES of the head dims the backward serves: off the tile, causal GQA, S_q < S_kv, rows
+#: that see no key, a right bound only, both sides, a softcap, D 64, [B, H, S, D], a scale
+BWD_CASES = [c for c in CASES if (c[6], c[7]) in AB.BWD_HEAD_DIMS]
+GRAD_TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
+
+
+def _bwd_entry(spec):
+    impl = select(AB.AttentionBwdInterface, (AB.AttentionBwdKernel,), spec)
+    return impl.entry_for(spec, None)
+
+
+@cuda
+@pytest.mark.parametrize("case", BWD_CASES, ids=_case_id)
+def test_backward_matches_float64_autograd(case):
+    """dq, dk, dv of the kernel (from the forward kernel's o and lse, with an upstream
+    gradient of both) against torch's autograd of the float64 reference, each held to its
+    largest element (the bf16 probabilities and dS of the products)."""
+    spec = case_spec(case)
+    dtype = case[8]
+    q, k, v, o, lse = _inputs(spec, dtype)
+    _entry(spec)(q, k, v, o, lse)
+    dout = torch.randn_like(o)
+    dlse = torch.randn_like(lse)
+    grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
+    _bwd_entry(spec)(dout, q, k, v, o, lse, dlse, *grads)
+    leaves = [t.double().requires_grad_() for t in (q, k, v)]
+    want_o, want_lse = _reference(spec, *leaves)
+    finite = torch.isfinite(want_lse)
+    loss = (want_o * dout.double()).sum() + (want_lse[finite] * dlse.double()[finite]).sum()
+    wants = torch.autograd.grad(loss, leaves)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, wants, strict=True):
+        assert not bool(torch.isnan(got).any()), f"{name}: an element was not written"
+        err = (got.double() - want).abs().max().item()
+        scale = max(want.abs().max().item(), 1e-6)
+        assert err <= GRAD_TOL[dtype] * scale, f"{name}: {err:.3g} off (largest {scale:.3g})"
 
 
 # --- varlen ---------------------------------------------------------------------------------
@@ -258,12 +291,14 @@ def program_keys():
     """The distinct programs this file compiles: the program keys of CASES and VARLEN."""
     keys = [("fwd", A.program_key(case_spec(c))) for c in CASES]
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
+    keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     return list(dict.fromkeys(keys))
 
 
 def _build(key):
     kind, program = key
-    (A.build_attention_fwd if kind == "fwd" else A.build_attention_varlen_fwd)(program)
+    {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
+     "bwd": AB.build_attention_bwd}[kind](program)
 
 
 def _describe(key) -> str:
@@ -271,6 +306,9 @@ def _describe(key) -> str:
     if kind == "fwd":
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked = program
         kind = f"fwd {layout}{' masked' if masked else ''}"
+    elif kind == "bwd":
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
+        kind = f"bwd {layout}"
     else:
         h, h_kv, d, d_v, dtype, _, left, right, softcap = program
     return f"{kind} h{h}x{h_kv} d{d}x{d_v} {dtype} window ({left}, {right}) softcap {softcap}"

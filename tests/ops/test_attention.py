@@ -22,6 +22,7 @@ from tileops.ops import (  # noqa: E402
 )
 from tileops.ops.attention import visible, window_bounds  # noqa: E402
 from tileops.signature import ConstructionError, SignatureCallError  # noqa: E402
+from tileops.spec import check_paths  # noqa: E402
 
 
 def _qkv(b, s_q, s_kv, h, h_kv, d, d_v=None, dtype=torch.float64, seed=0):
@@ -42,7 +43,7 @@ def _sdpa(q, k, v, **kw):
 def test_grouped_query_call_matches_sdpa_with_enable_gqa():
     q, k, v = _qkv(2, 33, 33, 8, 2, 16)
     o, lse = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
-    assert lse is None  # not asked for
+    assert lse.shape == (2, 8, 33)  # the second output, always
     torch.testing.assert_close(o, _sdpa(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
     o, _ = GroupedQueryAttentionFwdOp()(q, k, v)
     torch.testing.assert_close(o, _sdpa(q, k, v), rtol=1e-12, atol=1e-12)
@@ -75,7 +76,7 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
     """300 rows over 100 keys with a (16, 0) window: row i sits at key i - 200, so the first
     200 rows see no key."""
     q, k, v = _qkv(1, 300, 100, 2, 1, 8)
-    o, lse = GroupedQueryAttentionFwdOp(window=(16, 0), return_lse=True)(q, k, v)
+    o, lse = GroupedQueryAttentionFwdOp(window=(16, 0))(q, k, v)
     assert torch.equal(o[:, :200], torch.zeros_like(o[:, :200]))
     assert bool(torch.isneginf(lse[..., :200]).all())
     assert bool(torch.isfinite(lse[..., 200:]).all()) and bool(torch.isfinite(o).all())
@@ -84,9 +85,9 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
 
 def test_lse_softcap_and_scale():
     q, k, v = _qkv(2, 7, 9, 4, 2, 8)
-    op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)
+    op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0)
     o, lse = op(q, k, v)
-    assert lse.shape == (2, 4, 7) and lse.dtype == torch.float64
+    assert lse.shape == (2, 4, 7) and lse.dtype == torch.float64  # float32 for narrower
     kk = k.repeat_interleave(2, dim=2)
     vv = v.repeat_interleave(2, dim=2)
     s = torch.einsum("bqhd,bkhd->bhqk", q, kk) * 0.3
@@ -98,40 +99,41 @@ def test_lse_softcap_and_scale():
 
 def test_lse_is_float32_for_narrower_inputs():
     q, k, v = _qkv(1, 4, 4, 2, 2, 8, dtype=torch.bfloat16)
-    o, lse = MultiHeadAttentionFwdOp(return_lse=True)(q, k, v)
+    o, lse = MultiHeadAttentionFwdOp()(q, k, v)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
 
 
 def test_bhsd_layout_is_the_transposed_call():
     q, k, v = _qkv(2, 11, 13, 4, 2, 8, d_v=4)
-    o, lse = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True)(q, k, v)
+    o, lse = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
     t = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
-    o2, lse2 = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True, layout="bhsd")(*t)
+    o2, lse2 = GroupedQueryAttentionFwdOp(is_causal=True, layout="bhsd")(*t)
     assert o2.shape == (2, 4, 11, 4)
     torch.testing.assert_close(o2, o.transpose(1, 2), rtol=1e-12, atol=1e-12)
-    torch.testing.assert_close(lse2, lse, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse2, lse)
 
 
 @pytest.mark.parametrize("kw", [dict(is_causal=True, window=(4, 0)), dict(softcap=5.0),
-                                dict(return_lse=True, window=(2, 3)),
-                                dict(is_causal=True)])
+                                dict(window=(2, 3)), dict(is_causal=True)])
 def test_eager_contender_is_the_reference(kw):
     """The eager function (scaled_dot_product_attention, or the math where it has no form)
     computes the op, in float64; S_q < S_kv, where torch's own causal mask would differ."""
     q, k, v = _qkv(2, 6, 10, 4, 2, 8)
     op = GroupedQueryAttentionFwdOp(**kw)
-    got = op.eager()(q, k, v)
-    got = got if isinstance(got, tuple) else (got,)
-    want = op(q, k, v)
-    for g, w in zip(got, want, strict=False):
+    got, want = op.eager()(q, k, v), op(q, k, v)
+    for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
 # --- refusals, by their text ------------------------------------------------------------------
 
 
-def _spec_line(line: int, path: str) -> str:
-    return f"  spec:     {SPEC_DIR / 'attention.yaml'}:{line} ({path})"
+_SPEC = check_paths([SPEC_DIR / "attention.yaml", SPEC_DIR / "types.yaml"])[0][0]
+
+
+def _spec_line(path: str) -> str:
+    """The ``spec:`` line of an error raised at ``path`` of the shipped entry."""
+    return f"  spec:     {SPEC_DIR / 'attention.yaml'}:{_SPEC.lines[path]} ({path})"
 
 
 def test_heads_that_do_not_group_are_refused():
@@ -145,7 +147,7 @@ def test_heads_that_do_not_group_are_refused():
         "  because:  refinement 'H_kv > 0 and H % H_kv == 0' does not hold (H_kv = 3, H = 4)",
         "  call:     q: f64[2, 5, 4, 16], k: f64[2, 7, 3, 16], v: f64[2, 7, 3, 16]",
         "  bound:    T = float64, B = 2, S_q = 5, H = 4, D = 16, S_kv = 7, H_kv = 3, D_v = 16",
-        _spec_line(110, "GroupedQueryAttentionFwdOp.signature.shape_rules[0]"),
+        _spec_line("GroupedQueryAttentionFwdOp.signature.shape_rules[0]"),
     ]
 
 
@@ -207,8 +209,7 @@ def test_params_outside_their_range_are_refused_at_construction(kw, line, rule):
     lines = str(exc.value).splitlines()
     assert lines[1] == f"  expected: {rule}"
     assert lines[3] == f"  because:  refinement '{rule}' does not hold"
-    assert lines[-1] == _spec_line(110 + line,
-                                   f"GroupedQueryAttentionFwdOp.signature.shape_rules[{line}]")
+    assert lines[-1] == _spec_line(f"GroupedQueryAttentionFwdOp.signature.shape_rules[{line}]")
 
 
 # --- the reference over a space of calls -------------------------------------------------------
@@ -250,7 +251,7 @@ def test_reference_matches_the_per_row_definition(b, s_q, s_kv, h_kv, groups, d,
     q, k, v = _qkv(b, s_q, s_kv, h_kv * groups, h_kv, d, seed=seed)
     window = (left, right) if windowed else None
     op = GroupedQueryAttentionFwdOp(is_causal=causal, window=window, softcap=softcap,
-                                    scale=scale, return_lse=True)
+                                    scale=scale)
     o, lse = op(q, k, v)
     lo, hi = window_bounds(causal, window)
     want_o, want_lse = _per_row(q, k, v, scale if scale is not None else d ** -0.5, lo, hi,
@@ -287,9 +288,8 @@ def test_varlen_is_the_dense_op_a_sequence_at_a_time(lens, causal, window, softc
     lens_q, lens_k = [a for a, _ in lens], [b for _, b in lens]
     q, k, v, cq, ck = _packed(lens_q, lens_k, 4, 2, 4, seed)
     o, lse = GroupedQueryAttentionVarlenFwdOp(is_causal=causal, window=window,
-                                              softcap=softcap, return_lse=True)(q, k, v, cq, ck)
-    dense = GroupedQueryAttentionFwdOp(window=window_bounds(causal, window), softcap=softcap,
-                                       return_lse=True)
+                                              softcap=softcap)(q, k, v, cq, ck)
+    dense = GroupedQueryAttentionFwdOp(window=window_bounds(causal, window), softcap=softcap)
     for b in range(len(lens)):
         q0, q1, k0, k1 = cq[b].item(), cq[b + 1].item(), ck[b].item(), ck[b + 1].item()
         if q1 == q0:
@@ -321,9 +321,8 @@ def test_varlen_offsets_are_refused_by_length_and_dtype():
 
 def test_varlen_eager_contender_is_the_reference():
     q, k, v, cq, ck = _packed([3, 0, 5, 2], [4, 2, 5, 0], 4, 2, 8)
-    for kw in (dict(is_causal=True), dict(window=(1, 1), return_lse=True), dict(softcap=2.0)):
+    for kw in (dict(is_causal=True), dict(window=(1, 1)), dict(softcap=2.0)):
         op = GroupedQueryAttentionVarlenFwdOp(**kw)
-        got = op.eager()(q, k, v, cq, ck)
-        got = got if isinstance(got, tuple) else (got,)
-        for g, w in zip(got, op(q, k, v, cq, ck), strict=False):
-            torch.testing.assert_close(g, w.to(g.dtype), rtol=1e-6, atol=1e-6)
+        got, want = op.eager()(q, k, v, cq, ck), op(q, k, v, cq, ck)
+        torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(got[1], want[1].float(), rtol=1e-6, atol=1e-6)

@@ -130,7 +130,7 @@ def _check_options(name: str, spec: Any) -> None:
 
 class AttentionFwdInterface(KernelInterface):
     """One slot: ``forward(q, k, v, o, lse)``, q/k/v/o contiguous in the spec's layout, ``lse``
-    a ``[B, H, S_q]`` float32 tensor or None (not asked for)."""
+    a ``[B, H, S_q]`` float32 tensor."""
 
     slot = "attention_fwd"
     call_spec = AttentionFwdSpec
@@ -162,8 +162,7 @@ class AttentionVarlenFwdSpec(CallSpec, frozen=True, kw_only=True):
 
 class AttentionVarlenFwdInterface(KernelInterface):
     """One slot: ``forward(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse)``, q/k/v/o contiguous
-    ``[Z, H, D]``, the offsets int32 ``[B + 1]``, ``lse`` a ``[H, Z_q]`` float32 tensor or
-    None (not asked for)."""
+    ``[Z, H, D]``, the offsets int32 ``[B + 1]``, ``lse`` a ``[H, Z_q]`` float32 tensor."""
 
     slot = "attention_varlen_fwd"
     call_spec = AttentionVarlenFwdSpec
@@ -527,27 +526,14 @@ class AttentionFwdKernel(Kernel, AttentionFwdInterface):
         super().__init__(spec)
         self.program = build_attention_fwd(program_key(spec))
         self._seq_axis = 1 if spec.layout is AttentionLayout.BSHD else 2
-        #: the log-sum-exp of calls that do not ask for it (never read): grown as needed
-        self._scratch = None
 
     def __call__(self, q, k, v, o, lse) -> None:
         if not q.numel():
             return  # no query row
         if not k.numel():  # no key: every row sees none
             o.zero_()
-            if lse is not None:
-                lse.fill_(-math.inf)
+            lse.fill_(-math.inf)
             return
-        if lse is None:
-            # the program always writes the log-sum-exp (a B x H x S_q float32 store beside
-            # the products); a call that does not ask for it writes a kept scratch
-            b, h, s_q = q.shape[0], o.shape[3 - self._seq_axis], q.shape[self._seq_axis]
-            n = b * h * s_q
-            if self._scratch is None or self._scratch.numel() < n:
-                import torch
-
-                self._scratch = torch.empty(n, dtype=torch.float32, device=q.device)
-            lse = self._scratch[:n].view(b, h, s_q)
         self.program(q, k, v, o, lse)
 
 
@@ -598,23 +584,13 @@ class AttentionVarlenFwdKernel(Kernel, AttentionVarlenFwdInterface):
         super().__init__(spec)
         self.program = build_attention_varlen_fwd(varlen_program_key(spec))
         self._block_m = attention_plan(spec.dim, spec.dim_v).block_m
-        self._scratch = None
 
     def __call__(self, q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse) -> None:
-        import torch
-
-        batch = cu_seqlens_q.shape[0] - 1
-        if not q.numel() or batch <= 0:
+        if not q.numel() or cu_seqlens_q.shape[0] <= 1:
             return  # no query row
         if not k.numel():  # no key: every row sees none
             o.zero_()
-            if lse is not None:
-                lse.fill_(-math.inf)
+            lse.fill_(-math.inf)
             return
-        if lse is None:
-            n = q.shape[0] * q.shape[1]
-            if self._scratch is None or self._scratch.numel() < n:
-                self._scratch = torch.empty(n, dtype=torch.float32, device=q.device)
-            lse = self._scratch[:n].view(q.shape[1], q.shape[0])
         self.program(q, k, v, cu_seqlens_q, cu_seqlens_k,
                      tile_batches(cu_seqlens_q, q.shape[0], self._block_m), o, lse)

@@ -46,12 +46,14 @@ from tileops.kernels.attention import (
     AttentionVarlenFwdKernel,
     AttentionVarlenFwdSpec,
 )
+from tileops.kernels.attention_bwd import AttentionBwdInterface, AttentionBwdKernel
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["AttentionOp", "GroupedQueryAttentionFwdOp", "GroupedQueryAttentionVarlenFwdOp",
-           "MultiHeadAttentionFwdOp"]
+__all__ = ["AttentionBwdOp", "AttentionOp", "GroupedQueryAttentionBwdOp",
+           "GroupedQueryAttentionFwdOp", "GroupedQueryAttentionVarlenFwdOp",
+           "MultiHeadAttentionBwdOp", "MultiHeadAttentionFwdOp"]
 
 #: the dtypes the attention kernels state they serve (their call spec's)
 _KERNEL_DTYPES = frozenset(get_args(AttentionDType))
@@ -205,7 +207,7 @@ class AttentionOp(Op):
                 device=call.device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv,
                 dim=d, dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
                 scale=self.softmax_scale(d), window_left=left, window_right=right,
-                softcap=self.softcap, write_lse=self.return_lse))
+                softcap=self.softcap))
         if not q.is_contiguous() or q.data_ptr() % 16:
             q = _laid_out(q)
         if not k.is_contiguous() or k.data_ptr() % 16:
@@ -219,13 +221,14 @@ class AttentionOp(Op):
         o, lse = attention_reference(q, k, v, scale=self.softmax_scale(q.shape[-1]), left=left,
                                      right=right, softcap=self.softcap,
                                      bshd=self.layout == "bshd")
-        return o, (lse if self.return_lse else None)
+        return o, lse
 
     def eager(self):
-        """``scaled_dot_product_attention`` on ``[B, H, S, D]`` views, with ``enable_gqa``;
-        where torch's own mask would differ (a window, ``is_causal`` with ``S_q != S_kv``) it
-        gets the op's mask as a bool ``attn_mask``. A softcap or a returned log-sum-exp, which
-        it has no form for, is the same math in plain torch ops."""
+        """``scaled_dot_product_attention`` on ``[B, H, S, D]`` views (the key heads repeated
+        for GQA); where torch's own mask would differ (a window, ``is_causal`` with ``S_q !=
+        S_kv``) it gets the op's mask as a bool ``attn_mask``. A softcap, which it has no form
+        for, is the same math in plain torch ops; the log-sum-exp, which it does not return,
+        is ``torch.logsumexp`` of the scores (differentiable, as the op's)."""
         return functools.partial(_eager_dense, options=_options(self),
                                  bshd=self.layout == "bshd")
 
@@ -239,6 +242,105 @@ class MultiHeadAttentionFwdOp(AttentionOp):
 
 class GroupedQueryAttentionFwdOp(AttentionOp):
     kv_heads_index = "H_kv"
+
+
+class AttentionBwdOp(Op):
+    """Family base of the dense attention gradients (``MultiHeadAttentionBwdOp``,
+    ``GroupedQueryAttentionBwdOp``): the forward's layout and call spec, the slot
+    ``attention_bwd``; the reference is the gradient in closed form (it may run inside a
+    compiled graph's custom op, where autograd does not record), held to torch's autograd of
+    the forward by the tests."""
+
+    kernel_types = {AttentionBwdInterface: (AttentionBwdKernel,)}
+    kv_heads_index: ClassVar[str]
+    derive = AttentionOp.derive
+    softmax_scale = AttentionOp.softmax_scale
+
+    def forward(self, call, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
+        b, s_q, s_kv, h, h_kv, d, d_v = self._read(call)
+        dtype = call.d_q
+        key = (call.device, dtype, b, s_q, s_kv, h, h_kv, d, d_v)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
+            left, right = self._bounds
+            entry = self.kernel_for(key, AttentionBwdInterface, lambda: AttentionFwdSpec(
+                device=call.device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv,
+                dim=d, dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
+                scale=self.softmax_scale(d), window_left=left, window_right=right,
+                softcap=self.softcap))
+        dout, q, k, v, o = (t if t.is_contiguous() and not t.data_ptr() % 16 else _laid_out(t)
+                            for t in (dout, q, k, v, o))
+        if lse is not None and not lse.is_contiguous():
+            lse = lse.contiguous()
+        entry(dout, q, k, v, o, lse, dlse, dq, dk, dv)
+
+    def reference(self, call, dout, q, k, v, o, lse, dlse):
+        left, right = self._bounds
+        return attention_grads(dout, q, k, v, dlse=dlse, scale=self.softmax_scale(q.shape[-1]),
+                               left=left, right=right, softcap=self.softcap,
+                               bshd=self.layout == "bshd")
+
+
+class MultiHeadAttentionBwdOp(AttentionBwdOp):
+    kv_heads_index = "H"
+
+
+class GroupedQueryAttentionBwdOp(AttentionBwdOp):
+    kv_heads_index = "H_kv"
+
+
+def attention_grads(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
+                    dlse: torch.Tensor | None, scale: float, left: int, right: int,
+                    softcap: float | None,
+                    bshd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(dq, dk, dv)`` in float64 for float64 inputs, else float32, in the inputs' layout:
+    with ``P`` the probabilities of the capped, masked scores, ``dV = P^T dout``,
+    ``dS = P (dout v^T - rowsum(P dout v^T) + dlse)`` (the log-sum-exp's gradient is ``P``),
+    times ``1 - tanh^2`` under a softcap, ``dq = scale dS k``, ``dk = scale dS^T q``; ``dk``
+    and ``dv`` summed over each key head's group.
+    The probabilities are recomputed (the forward's log-sum-exp and output are not read), a
+    block of query rows at a time."""
+    wide = torch.float64 if q.dtype == torch.float64 else torch.float32
+    if bshd:
+        dout, q, k, v = (t.transpose(1, 2) for t in (dout, q, k, v))
+    dout, q, k, v = dout.to(wide), q.to(wide), k.to(wide), v.to(wide)
+    b, h, s_q, _ = q.shape
+    h_kv, s_kv = k.shape[1], k.shape[2]
+    g = h // h_kv
+    kf = k.repeat_interleave(g, dim=1) if g > 1 else k
+    vf = v.repeat_interleave(g, dim=1) if g > 1 else v
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(kf)
+    dv = torch.zeros_like(vf)
+    seen = visible(s_q, s_kv, left, right, q.device)
+    rows = max(1, _REFERENCE_CHUNK // max(1, h * s_kv))
+    for bi in range(b):
+        for r0 in range(0, s_q, rows):
+            r1 = min(s_q, r0 + rows)
+            qc, doc, mask = q[bi, :, r0:r1], dout[bi, :, r0:r1], seen[r0:r1]
+            s = torch.matmul(qc, kf[bi].transpose(-1, -2)) * scale
+            if softcap is not None:
+                s = softcap * torch.tanh(s / softcap)
+            s = s.masked_fill(~mask, -math.inf)
+            m = torch.logsumexp(s, dim=-1, keepdim=True)
+            p = torch.where(mask, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)), 0.0)
+            dv[bi] += torch.matmul(p.transpose(-1, -2), doc)
+            dp = torch.matmul(doc, vf[bi].transpose(-1, -2))
+            delta = (p * dp).sum(-1, keepdim=True)
+            if dlse is not None:
+                delta = delta - dlse[bi, :, r0:r1, None].to(wide)
+            ds = p * (dp - delta)
+            if softcap is not None:
+                ds = ds * (1 - torch.where(mask, s, 0.0).div(softcap).square())
+            dq[bi, :, r0:r1] = scale * torch.matmul(ds, kf[bi])
+            dk[bi] += scale * torch.matmul(ds.transpose(-1, -2), qc)
+    if g > 1:
+        dk = dk.view(b, h_kv, g, s_kv, -1).sum(2)
+        dv = dv.view(b, h_kv, g, s_kv, -1).sum(2)
+    if bshd:
+        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+    return dq, dk, dv
 
 
 class GroupedQueryAttentionVarlenFwdOp(Op):
@@ -278,24 +380,21 @@ class GroupedQueryAttentionVarlenFwdOp(Op):
         o, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                   scale=self.softmax_scale(q.shape[-1]), left=left,
                                   right=right, softcap=self.softcap)
-        return o, (lse if self.return_lse else None)
+        return o, lse
 
     def eager(self):
         """The dense eager contender a sequence at a time (torch has no packed attention but
         its nested tensors), the outputs written into packed tensors."""
-        options, return_lse = _options(self), self.return_lse
+        options = _options(self)
 
         def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k):
             o = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
             lse = q.new_full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32)
             for (q0, q1), (k0, k1) in _sequences(cu_seqlens_q, cu_seqlens_k):
-                got = _eager_dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
-                                   options=options, bshd=True)
-                if return_lse:
-                    o[q0:q1], lse[:, q0:q1] = got[0][0], got[1][0]
-                else:
-                    o[q0:q1] = got[0]
-            return (o, lse) if return_lse else o
+                ob, lb = _eager_dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
+                                      options=options, bshd=True)
+                o[q0:q1], lse[:, q0:q1] = ob[0], lb[0]
+            return o, lse
 
         return varlen_attention
 
@@ -315,49 +414,40 @@ def _laid_out(t: torch.Tensor) -> torch.Tensor:
 
 
 def _options(op: Any) -> tuple:
-    """``(scale_of, left, right, softcap, is_causal, windowed, return_lse)`` of an op: what
-    its contenders compute with."""
+    """``(scale_of, left, right, softcap, is_causal, windowed)`` of an op: what its
+    contenders compute with."""
     left, right = op._bounds
-    return (op.softmax_scale, left, right, op.softcap, op.is_causal, op.window is not None,
-            op.return_lse)
+    return op.softmax_scale, left, right, op.softcap, op.is_causal, op.window is not None
 
 
 def _eager_dense(q, k, v, *, options: tuple, bshd: bool):
     """The eager contender of one dense call (see :meth:`AttentionOp.eager`)."""
-    scale_of, left, right, softcap, is_causal, windowed, return_lse = options
+    scale_of, left, right, softcap, is_causal, windowed = options
     scale = scale_of(q.shape[-1])
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
     s_q, s_kv = qh.shape[2], kh.shape[2]
-    # torch's softmax of a row that sees no key is NaN: such calls take the math too
-    unseen = s_kv == 0 or (right >= 0 and s_kv - s_q + right < 0)
-    if softcap is not None or return_lse or unseen:
-        return _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse)
-    mask, causal = None, is_causal
-    if windowed or (is_causal and s_q != s_kv):
-        mask, causal = visible(s_q, s_kv, left, right, q.device), False
-    out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
-                                         scale=scale, enable_gqa=kh.shape[1] != qh.shape[1])
-    return out.transpose(1, 2) if bshd else out
-
-
-def _eager_math(q, k, v, scale, left, right, softcap, bshd, return_lse):
-    """The op's math in plain torch ops: the products in the inputs' dtype, the softmax in
-    float32 or wider (a contender, not a reference: one score matrix for the whole call)."""
-    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
-    h, h_kv = qh.shape[1], kh.shape[1]
-    if h_kv != h:
-        kh, vh = kh.repeat_interleave(h // h_kv, dim=1), vh.repeat_interleave(h // h_kv, dim=1)
+    if kh.shape[1] != qh.shape[1]:
+        g = qh.shape[1] // kh.shape[1]
+        kh, vh = kh.repeat_interleave(g, dim=1), vh.repeat_interleave(g, dim=1)
     s = torch.matmul(qh, kh.transpose(-1, -2))
     s = s.to(torch.promote_types(s.dtype, torch.float32)) * scale
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    mask = visible(qh.shape[2], kh.shape[2], left, right, q.device)
-    s = s.masked_fill(~mask, -math.inf)
+    seen = visible(s_q, s_kv, left, right, q.device)
+    s = s.masked_fill(~seen, -math.inf)
     lse = torch.logsumexp(s, dim=-1)
-    p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
-    o = torch.matmul(p.to(vh.dtype), vh)
-    o = o.transpose(1, 2) if bshd else o
-    return (o, lse) if return_lse else o
+    # torch's softmax of a row that sees no key is NaN: such calls take the math for o too
+    unseen = s_kv == 0 or (right >= 0 and s_kv - s_q + right < 0)
+    if softcap is not None or unseen:
+        p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+        o = torch.matmul(p.to(vh.dtype), vh)
+    else:
+        mask, causal = None, is_causal
+        if windowed or (is_causal and s_q != s_kv):
+            mask, causal = seen, False
+        o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
+                                           scale=scale)
+    return (o.transpose(1, 2) if bshd else o), lse
 
 
 def _sdpa_peer(op: AttentionOp, backend: str) -> Any:
@@ -368,7 +458,7 @@ def _sdpa_peer(op: AttentionOp, backend: str) -> Any:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
         return None
-    if op.window is not None or op.softcap is not None or op.return_lse:
+    if op.window is not None or op.softcap is not None:
         return None
     chosen = getattr(SDPBackend, backend)
     bshd, causal, scale_of = op.layout == "bshd", op.is_causal, op.softmax_scale

@@ -1,0 +1,298 @@
+"""Prefill attention backward in TileLang: dq, dk, dv of the forward in ``attention.py``.
+
+The pattern is TileLang's ``examples/flash_attention/example_gqa_bwd.py``: one CTA a (key
+tile, query head, batch entry) holds ``block_n`` keys and values in shared memory and walks
+the query tiles that see them (``T.Pipelined`` over ``block_m`` query rows a step), with the
+probabilities recomputed from the forward's log-sum-exp in their transposed form
+(``P^T = exp(K Q^T - lse)``, so the key tile's ``dK`` and ``dV`` accumulate in registers):
+
+- ``dV += P^T dO``; ``dP^T = V dO^T``; ``dS^T = P^T (dP^T - delta)`` with ``delta`` the row
+  sums of ``dO * O`` less the log-sum-exp's upstream gradient where it has one (computed
+  before the kernel: ``d lse / d s = P``), times ``1 - tanh^2`` of the capped scores
+  under a softcap and by the scale; ``dK += dS^T Q``; ``dQ += dS K`` added atomically into a
+  float32 ``dQ`` (every key tile adds its share of a query row's gradient);
+- the mask is the forward's, bottom-right aligned, with the window's bounds: the query-tile
+  loop starts and stops at the first and last query rows that see the CTA's keys, and a
+  probability outside a row's window, past ``S_kv`` or past ``S_q`` is selected to 0 (a row
+  that sees no key has log-sum-exp -inf and contributes nothing);
+- grouped-query heads: each CTA writes its query head's ``dK`` and ``dV`` to float32 buffers
+  with one slot a query head, summed over each key head's group after the kernel (one
+  deterministic sum instead of atomics between the heads of a group).
+
+``B``, ``S_q`` and ``S_kv`` are launch-time sizes, as the forward's. The entry runs the
+preprocess (``delta``), the kernel, the group sums and the casts of the float32 gradients.
+"""
+
+# (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
+
+import functools
+from typing import Any, NamedTuple
+
+from tileops.runtime import Kernel, KernelInterface
+
+from ._tilelang import compile_program, tl
+from .attention import (
+    AttentionFwdSpec,
+    AttentionLayout,
+    _bounds,
+    _cap_constants,
+    _f32,
+)
+
+__all__ = [
+    "AttentionBwdInterface",
+    "AttentionBwdKernel",
+    "AttentionBwdPlan",
+    "BWD_HEAD_DIMS",
+    "attention_bwd_plan",
+    "attention_bwd_program",
+    "bwd_program_key",
+    "build_attention_bwd",
+    "first_query_tile",
+    "query_tiles_end",
+]
+
+_LOG2E = 1.4426950408889634
+
+
+class AttentionBwdInterface(KernelInterface):
+    """One slot: ``forward(dout, q, k, v, o, lse, dlse, dq, dk, dv)``, every tensor contiguous
+    in the spec's layout, ``lse`` the forward's ``[B, H, S_q]`` float32 log-sum-exp, ``dlse``
+    its upstream gradient or None. The call spec is the forward's
+    (:class:`AttentionFwdSpec`)."""
+
+    slot = "attention_bwd"
+    call_spec = AttentionFwdSpec
+
+
+class AttentionBwdPlan(NamedTuple):
+    """``block_n`` keys a CTA, ``block_m`` query rows a step, ``stages`` of query-tile copies
+    in flight, ``threads`` a CTA."""
+
+    block_n: int
+    block_m: int
+    stages: int
+    threads: int
+
+
+#: the (D, D_v) pairs the backward serves. Wider heads would hold dK and dV of 64 keys over
+#: one warpgroup (256 float32 registers a thread for D 256) or split 64 keys over two, which
+#: TileLang 0.1.15 refuses ("layout infer conflict" between the probabilities and their cast);
+#: the reference target serves them
+BWD_HEAD_DIMS = frozenset({(64, 64), (128, 128)})
+
+
+def attention_bwd_plan(dim: int, dim_v: int) -> AttentionBwdPlan:
+    """128 keys a CTA (dK and dV of 128 x 128 in float32 are 64 registers each over 256
+    threads), 32 query rows a step, two stages, 256 threads."""
+    return AttentionBwdPlan(block_n=128, block_m=32, stages=2, threads=256)
+
+
+def first_query_tile(j0: Any, seq_q: Any, seq_kv: Any, right: int, bm: int,
+                     mx: Any = max) -> Any:
+    """The first query tile that sees a key tile starting at key ``j0``: row ``i`` sees key
+    ``j`` when ``j <= i + S_kv - S_q + right``. ``mx`` is ``max`` for ints, ``T.max`` in the
+    program."""
+    _, rb = _bounds(seq_q, seq_kv, -1, right)
+    return mx(0, j0 - (seq_kv - seq_q) - rb) // bm
+
+
+def query_tiles_end(j0: Any, seq_q: Any, seq_kv: Any, left: int, right: int, bn: int,
+                    bm: int, mx: Any = max, mn: Any = min) -> Any:
+    """One past the last query tile that sees a key tile of ``bn`` keys from ``j0`` (row ``i``
+    sees key ``j`` when ``j >= i + S_kv - S_q - left``), within ``S_q``; never before
+    :func:`first_query_tile`."""
+    lb, _ = _bounds(seq_q, seq_kv, left, right)
+    hi = mx(0, mn(seq_q, j0 + bn - (seq_kv - seq_q) + lb))
+    return mx(first_query_tile(j0, seq_q, seq_kv, right, bm, mx), (hi + bm - 1) // bm)
+
+
+def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
+                          dtype: str, scale: float, left: int, right: int,
+                          softcap: float | None, plan: AttentionBwdPlan):
+    """The backward prim_func (see the module docstring). ``dK``/``dV`` are float32 with one
+    slot a query head (``[B, S_kv, H, D]`` in the layout), ``dQ`` float32 and zeroed."""
+    tilelang, T = tl()
+    bn, bm, threads = plan.block_n, plan.block_m, plan.threads
+    accum = "float32"
+    groups = heads // heads_kv
+    batch, seq_q, seq_kv = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_kv")
+    offset = seq_kv - seq_q
+    bshd = layout == "bshd"
+
+    def shape(s, h, d):
+        return [batch, s, h, d] if bshd else [batch, h, s, d]
+
+    lb, rb = _bounds(seq_q, seq_kv, left, right)
+    capped = softcap is not None
+    cap_l2, cap_in = _cap_constants(scale, softcap)
+    sm = _f32(scale * _LOG2E)
+    log2e = _f32(_LOG2E)
+    # dS0 = dS * (1 - tanh^2) under a softcap; the scale of both products folded in
+    ds_scale = _f32(scale)
+
+    @T.prim_func
+    def main(dO: T.Tensor(shape(seq_q, heads, dim_v), dtype),
+             Q: T.Tensor(shape(seq_q, heads, dim), dtype),
+             K: T.Tensor(shape(seq_kv, heads_kv, dim), dtype),
+             V: T.Tensor(shape(seq_kv, heads_kv, dim_v), dtype),
+             LSE: T.Tensor([batch, heads, seq_q], accum),
+             Delta: T.Tensor([batch, heads, seq_q], accum),
+             dQ: T.Tensor(shape(seq_q, heads, dim), accum),
+             dK: T.Tensor(shape(seq_kv, heads, dim), accum),
+             dV: T.Tensor(shape(seq_kv, heads, dim_v), accum)):
+        with T.Kernel(T.ceildiv(seq_kv, bn), heads, batch, threads=threads) as (kx, by, bz):
+            K_shared = T.alloc_shared([bn, dim], dtype)
+            V_shared = T.alloc_shared([bn, dim_v], dtype)
+            q_shared = T.alloc_shared([bm, dim], dtype)
+            do_shared = T.alloc_shared([bm, dim_v], dtype)
+            lse_shared = T.alloc_shared([bm], accum)
+            delta_shared = T.alloc_shared([bm], accum)
+            dsT_shared = T.alloc_shared([bn, bm], dtype)
+            qkT = T.alloc_fragment([bn, bm], accum)
+            pT = T.alloc_fragment([bn, bm], accum)
+            dpT = T.alloc_fragment([bn, bm], accum)
+            pT_cast = T.alloc_fragment([bn, bm], dtype)
+            dsT_cast = T.alloc_fragment([bn, bm], dtype)
+            dk = T.alloc_fragment([bn, dim], accum)
+            dv = T.alloc_fragment([bn, dim_v], accum)
+            dq = T.alloc_fragment([bm, dim], accum)
+
+            j0 = kx * bn
+            hk = by // groups
+            if bshd:
+                T.copy(K[bz, j0:j0 + bn, hk, :], K_shared)
+                T.copy(V[bz, j0:j0 + bn, hk, :], V_shared)
+            else:
+                T.copy(K[bz, hk, j0:j0 + bn, :], K_shared)
+                T.copy(V[bz, hk, j0:j0 + bn, :], V_shared)
+            T.clear(dk)
+            T.clear(dv)
+            start = first_query_tile(j0, seq_q, seq_kv, right, bm, T.max)
+            end = query_tiles_end(j0, seq_q, seq_kv, left, right, bn, bm, T.max, T.min)
+
+            for it in T.Pipelined(start, end, num_stages=plan.stages):
+                i0 = it * bm
+                if bshd:
+                    T.copy(Q[bz, i0:i0 + bm, by, :], q_shared)
+                    T.copy(dO[bz, i0:i0 + bm, by, :], do_shared)
+                else:
+                    T.copy(Q[bz, by, i0:i0 + bm, :], q_shared)
+                    T.copy(dO[bz, by, i0:i0 + bm, :], do_shared)
+                T.copy(LSE[bz, by, i0:i0 + bm], lse_shared)
+                T.copy(Delta[bz, by, i0:i0 + bm], delta_shared)
+                T.clear(qkT)
+                T.gemm(K_shared, q_shared, qkT, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                if capped:
+                    for j, i in T.Parallel(bn, bm):
+                        qkT[j, i] = T.tanh(qkT[j, i] * cap_in)  # t; the score is cap * t
+                for j, i in T.Parallel(bn, bm):
+                    key = j0 + j
+                    diag = i0 + i + offset
+                    seen = (key < seq_kv and i0 + i < seq_q and key >= diag - lb
+                            and key <= diag + rb)
+                    s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
+                    pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_shared[i] * log2e), 0.0)
+                T.clear(dpT)
+                T.gemm(V_shared, do_shared, dpT, transpose_B=True,
+                       policy=T.GemmWarpPolicy.FullRow)
+                T.copy(pT, pT_cast)
+                T.gemm(pT_cast, do_shared, dv, policy=T.GemmWarpPolicy.FullRow)
+                for j, i in T.Parallel(bn, bm):
+                    ds = pT[j, i] * (dpT[j, i] - delta_shared[i]) * ds_scale
+                    if capped:
+                        ds = ds * (1.0 - qkT[j, i] * qkT[j, i])
+                    dsT_cast[j, i] = ds
+                T.gemm(dsT_cast, q_shared, dk, policy=T.GemmWarpPolicy.FullRow)
+                T.copy(dsT_cast, dsT_shared)
+                T.clear(dq)
+                T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
+                for i, d in T.Parallel(bm, dim):
+                    if i0 + i < seq_q:
+                        if bshd:
+                            T.atomic_add(dQ[bz, i0 + i, by, d], dq[i, d])
+                        else:
+                            T.atomic_add(dQ[bz, by, i0 + i, d], dq[i, d])
+
+            if bshd:
+                T.copy(dk, dK[bz, j0:j0 + bn, by, :])
+                T.copy(dv, dV[bz, j0:j0 + bn, by, :])
+            else:
+                T.copy(dk, dK[bz, by, j0:j0 + bn, :])
+                T.copy(dv, dV[bz, by, j0:j0 + bn, :])
+
+    return main
+
+
+def bwd_program_key(spec: AttentionFwdSpec) -> tuple:
+    """What the compiled backward program of ``spec`` depends on (sizes are launch-time)."""
+    return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
+            spec.scale, spec.window_left, spec.window_right, spec.softcap)
+
+
+@functools.lru_cache(maxsize=128)
+def build_attention_bwd(key: tuple, target: str | None = None,
+                        plan: AttentionBwdPlan | None = None):
+    """Compile the backward program of a :func:`bwd_program_key` (cached per key)."""
+    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap = key
+    plan = plan or attention_bwd_plan(dim, dim_v)
+    prog = attention_bwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
+                                 right, softcap, plan)
+    return compile_program(prog, target)
+
+
+class AttentionBwdKernel(Kernel, AttentionBwdInterface):
+    """The one backward implementation: the head-dim pairs of :data:`BWD_HEAD_DIMS`."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+
+    @classmethod
+    def region_refusal(cls, spec: AttentionFwdSpec) -> str | None:
+        if (spec.dim, spec.dim_v) not in BWD_HEAD_DIMS:
+            pairs = ", ".join(f"{d}/{dv}" for d, dv in sorted(BWD_HEAD_DIMS))
+            return (f"head dims D = {spec.dim}, D_v = {spec.dim_v} are none of the D/D_v pairs "
+                    f"the backward serves, {pairs}")
+        return None
+
+    @classmethod
+    def identity(cls, spec: AttentionFwdSpec):
+        return (spec.device, bwd_program_key(spec))
+
+    def __init__(self, spec: AttentionFwdSpec) -> None:
+        super().__init__(spec)
+        self.program = build_attention_bwd(bwd_program_key(spec))
+        self._bshd = spec.layout is AttentionLayout.BSHD
+        self._groups = spec.heads // spec.heads_kv
+
+    def __call__(self, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
+        import torch
+
+        if not q.numel() or not k.numel():  # no row or no key: no gradient flows
+            dq.zero_()
+            dk.zero_()
+            dv.zero_()
+            return
+        bshd = self._bshd
+        b = q.shape[0]
+        h = q.shape[2] if bshd else q.shape[1]
+        s_kv = k.shape[1] if bshd else k.shape[2]
+        delta = (dout.float() * o.float()).sum(-1)
+        delta = delta.transpose(1, 2) if bshd else delta
+        # the log-sum-exp's gradient (d lse / d s = P) joins the scores' through delta
+        delta = (delta - dlse if dlse is not None else delta).contiguous()
+        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        d_kv = (b, s_kv, h) if bshd else (b, h, s_kv)
+        dk_part = torch.empty(*d_kv, k.shape[-1], dtype=torch.float32, device=q.device)
+        dv_part = torch.empty(*d_kv, v.shape[-1], dtype=torch.float32, device=q.device)
+        self.program(dout, q, k, v, lse, delta, dq_acc, dk_part, dv_part)
+        dq.copy_(dq_acc)
+        g = self._groups
+        head_axis = 2 if bshd else 1
+        for part, out in ((dk_part, dk), (dv_part, dv)):
+            if g > 1:  # the query heads of a group are adjacent: h = h_kv * g + j
+                shape = list(part.shape)
+                shape[head_axis:head_axis + 1] = [shape[head_axis] // g, g]
+                part = part.view(shape).sum(head_axis + 1)
+            out.copy_(part)
