@@ -16,7 +16,8 @@ The attention function runs the op on a mask-less call unless the op cannot serv
 falls back to ``sdpa`` (the window made an explicit mask): attention dropout in training, a
 call that needs gradients while the op has no backward, or on a CUDA device a dtype or head
 dim the in-tree kernels do not serve (they serve float16 and bfloat16 at the head dims of
-:data:`tileops.kernels.attention.HEAD_DIMS`).
+:data:`tileops.kernels.attention.HEAD_DIMS`, and a call that needs gradients at those of
+:data:`tileops.kernels.attention_bwd.BWD_HEAD_DIMS`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any, get_args
 import torch
 
 from tileops.kernels.attention import HEAD_DIMS, AttentionDType
+from tileops.kernels.attention_bwd import BWD_HEAD_DIMS
 from tileops.nn.functional import op_for
 from tileops.ops import GroupedQueryAttentionFwdOp
 
@@ -108,8 +110,8 @@ def _op_serves(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> b
     if grad and GroupedQueryAttentionFwdOp._gradient is None:
         return False
     if query.device.type == "cuda":
-        return query.dtype in _KERNEL_DTYPES and \
-            (query.shape[-1], value.shape[-1]) in HEAD_DIMS
+        dims = (query.shape[-1], value.shape[-1])
+        return query.dtype in _KERNEL_DTYPES and dims in (BWD_HEAD_DIMS if grad else HEAD_DIMS)
     return True
 
 
