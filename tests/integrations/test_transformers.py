@@ -5,8 +5,12 @@ patching, the attention implementation's mask decisions, the refusals by their t
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -71,6 +75,7 @@ def graph_nodes(t: torch.Tensor) -> set[str]:
     return names
 
 
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 #: the op nodes each flag puts in a training step's graph
 NODES = {"rms_norm": "RMSNormFwdOpBackward", "rope": "RopeNeoxFwdOpBackward",
          "swiglu": "SwiGLUFwdOpBackward", "attention": "GroupedQueryAttentionFwdOpBackward",
@@ -357,3 +362,128 @@ def test_compiled_forward_has_no_graph_break():
         assert_close(compiled(ids).logits, ref(ids).logits, 2e-5, "logits")
 
 
+
+
+# --- benchmarks/llama.py -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("llama")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_benchmark_tiny_mode(bench, tmp_path, capsys):
+    # torch.compile's contender is left out: its compile of the step would take most of the
+    # test's time (test_compiled_forward_has_no_graph_break compiles the patched model)
+    rc = bench.main(["--dry-run", "--steps", "3", "--warmup", "1", "--against", "eager,liger",
+                     "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    doc = json.loads((tmp_path / "llama-cpu.json").read_text())
+    assert out.endswith(f"wrote {tmp_path / 'llama-cpu.json'}, {tmp_path / 'llama-cpu.md'}\n")
+    assert rc == 0
+    assert (doc["device"], doc["layers"], doc["tokens"], doc["steps"]) == ("cpu", 2, 32, 3)
+    cells = doc["contenders"]
+    assert list(cells) == ["eager", "tileops", "liger"]
+    for name in ("eager", "tileops"):
+        c = cells[name]
+        assert c["error"] is None and len(c["losses"]) == 3 and c["step_s"] > 0
+        assert c["loss_ok"] and c["logits_ok"] and c["logits_err"] < 1e-5
+    if importlib.util.find_spec("liger_kernel") is None:
+        assert cells["liger"]["note"].startswith("not run: ModuleNotFoundError")
+    assert doc["bars"] == {"1.15x eager": doc["bars"]["1.15x eager"], "1x torch.compile": None,
+                           "loss within 1%": True, "logits": True}
+    assert "| tileops |" in out and "bars (tileops): 1.15x eager" in out
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_benchmark_prebuild_job(bench, flag):
+    """Each prebuild job runs its flag's layers at the run's shapes (here the tiny ones)."""
+    options = {"dry_run": True, "device": "cpu", "batch": 2, "seq": 16, "eval_seq": 8,
+               "layers": 2}
+    label, _, status = bench._prebuild_one((flag, options))
+    assert (label, status) == (flag, "ok")
+
+
+def test_benchmark_refuses_bad_arguments(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--dry-run", "--against", "eager,flash"])
+    assert "--against: unknown contender 'flash'; valid: eager, torch.compile, liger" in \
+        capsys.readouterr().err
+
+
+# --- on the GPU ----------------------------------------------------------------------------------
+
+
+def cuda_pair(kind: str, **overrides):
+    """``(float32 reference, bf16 unpatched, bf16 patched)`` of one set of weights on the GPU,
+    head_dim 64 (a head dim the attention kernels serve)."""
+    kw = dict(hidden_size=256, intermediate_size=704, num_attention_heads=4,
+              num_key_value_heads=2, head_dim=64, vocab_size=1000)
+    kw.update(overrides)
+    wide = build(kind, torch.float32, **kw).cuda()
+    ref, model = (build(kind, torch.float32, **kw).to("cuda", torch.bfloat16)
+                  for _ in range(2))
+    KINDS[kind][2](model)
+    return wide, ref, model
+
+
+def logit_error(logits, wide):
+    return ((logits.float() - wide).abs().max() / wide.abs().max()).item()
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
+def test_cuda_bf16_logits_within_bf16_tolerance(kind):
+    wide, ref, model = cuda_pair(kind)
+    ids = tokens(batch=3, seq=333).cuda()  # lengths off every tile
+    with torch.no_grad():
+        exact = wide(ids).logits
+        err_ref, err = logit_error(ref(ids).logits, exact), logit_error(model(ids).logits, exact)
+    assert err <= 2 * err_ref + 1e-3, (err, err_ref)
+
+
+@pytest.mark.cuda
+def test_cuda_training_step_runs_the_ops_and_matches():
+    wide, ref, model = cuda_pair("llama")
+    model.train()
+    ref.train()
+    ids = tokens(batch=2, seq=257).cuda()
+    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    assert graph_nodes(b.loss) >= TRAINED
+    assert abs(b.loss.item() - a.loss.item()) <= 1e-2 * a.loss.item()
+    a.loss.backward()
+    b.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        g, r = p.grad.float(), ref_params[name].grad.float()
+        rel = ((g - r).norm() / r.norm().clamp_min(1e-12)).item()
+        assert rel <= 5e-2, f"grad of {name}: relative L2 error {rel:.3g}"
+
+
+@pytest.mark.cuda
+def test_cuda_loss_curve_30_steps():
+    curves = []
+    for patched in (False, True):
+        model = build("llama", torch.float32, hidden_size=256, intermediate_size=704,
+                      head_dim=64, vocab_size=1000).to("cuda", torch.bfloat16).train()
+        if patched:
+            tit.apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        g = torch.Generator().manual_seed(7)
+        curve = []
+        for _ in range(30):
+            ids = ((torch.randint(0, 1000, (4, 1), generator=g) + 3 * torch.arange(256))
+                   % 1000).cuda()
+            loss = model(ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            curve.append(loss.item())
+        curves.append(torch.tensor(curve))
+    ref, got = curves
+    assert ref[-1] < ref[0] - 1.0
+    assert abs(got[-1] - ref[-1]) <= 1e-2 * ref[-1], (got, ref)
