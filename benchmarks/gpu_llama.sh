@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One GPU session for the transformers integration: unpack the bundle (it must hold
+# transformers and its dependencies, and liger-kernel for the Liger contender), prebuild the
+# kernels of each patch flag at the benchmark's shapes (parallel processes), the integration's
+# GPU tests, then the training step of the 4-layer Llama-3-8B-shaped stack at 8 x 4096 tokens:
+# tileops against unpatched eager, unpatched torch.compile and Liger-Kernel's patch
+# (benchmarks/llama.py), and the example for a few steps. Logs and results go to $OUT (or
+# ./gpu-out). STAGES picks stages (default: prebuild tests bench example); BENCH_ARGS goes to
+# llama.py (e.g. BENCH_ARGS="--against eager --steps 12"). About 15 minutes on one H200, most
+# of it the prebuild and torch.compile's compile of the model's forward and backward.
+STAGES=${STAGES:-prebuild tests bench example}
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
+run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
+  local log=$1 t=$SECONDS; shift
+  "$@" 2>&1 | grep -v "TileLang" | tee "$OUT/$log" | tail -n "${TAIL:-30}"
+  echo "== $log: exit ${PIPESTATUS[0]}, $((SECONDS - t)) s"
+}
+for stage in $STAGES; do case $stage in
+  prebuild) TAIL=8 run prebuild_llama.log python3 benchmarks/llama.py --prebuild --workers 6 ;;
+  tests) TAIL=25 run integrations_cuda.log python3 -m pytest -m cuda tests/integrations -q -p no:cacheprovider ;;
+  bench) eval "TAIL=20 run bench_llama.log python3 benchmarks/llama.py --out \"\$OUT\" ${BENCH_ARGS:-}" ;;
+  example) TAIL=12 run example_llama.log python3 examples/llama_train.py --layers 2 --steps 10 ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench example)" ;;
+esac; done
