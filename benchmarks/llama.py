@@ -15,8 +15,8 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
   attention), ``torch.compile`` (unpatched, ``torch.compile(model)``; its first steps compile)
   and ``liger`` (``apply_liger_kernel_to_llama``: rope, rms_norm, swiglu and
   fused_linear_cross_entropy; left out with a note where Liger-Kernel is not installed).
-- A step: ``model(input_ids, labels=input_ids).loss``, backward, ``AdamW.step()`` (fused on
-  CUDA), ``zero_grad``; ``--steps`` of them (default 30) on the same synthetic tokens for
+- A step: ``model(input_ids, labels=input_ids, use_cache=False).loss``, backward,
+  ``AdamW.step()`` (fused on CUDA), ``zero_grad``; ``--steps`` of them (default 30) on the same synthetic tokens for
   every contender (each row counts by 3 from a random start, which a model can learn). Timing:
   wall clock of each step, the device synchronised after it; the median of the steps after
   ``--warmup`` (default 5). Peak memory: ``torch.cuda.max_memory_allocated`` over those steps
@@ -142,7 +142,7 @@ def train(name: str, config: Any, data: list[torch.Tensor], args: argparse.Names
                 torch.cuda.reset_peak_memory_stats(dev)
             sync(dev)
             t = time.perf_counter()
-            loss = fn(input_ids=ids, labels=ids).loss
+            loss = fn(input_ids=ids, labels=ids, use_cache=False).loss
             loss.backward()
             opt.step()
             opt.zero_grad(set_to_none=True)
@@ -224,8 +224,11 @@ def _prebuild_one(job: tuple[str, dict[str, Any]]) -> tuple[str, float, str]:
             _hf_loss.fused_causal_lm_loss(hidden, weight / 64, labels).backward()
         else:
             model = build(config, dev, torch.bfloat16, 0)
-            apply_tileops_to_llama(model, **{f: f == flag for f in FLAGS})
-            model.model(labels).last_hidden_state.float().square().mean().backward()
+            # the attention's layout is the rotary op's output's, as in the run
+            with_rope = {flag, "rope"} if flag == "attention" else {flag}
+            apply_tileops_to_llama(model, **{f: f in with_rope for f in FLAGS})
+            hidden = model.model(labels, use_cache=False).last_hidden_state
+            hidden.float().square().mean().backward()
             with torch.no_grad():
                 model.model(labels[:1, :args.eval_seq])
         sync(dev)
