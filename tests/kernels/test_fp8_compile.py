@@ -229,3 +229,33 @@ def test_persistent_program_compiles():
     assert ") / 132)" in src and "blockIdx.y" not in src
     assert "warpgroup_reg_alloc<232>" in src and "warpgroup_reg_dealloc<40>" in src
     assert "SA[" in src and "SB +" in src and "BIAS +" in src and "< M)" in src
+
+
+def test_the_sweep_candidates_are_valid_programs():
+    """benchmarks/fp8.py's candidates: within shared memory, 128-deep steps and block_n
+    dividing 128 for block scales, persistent ones only for epilogue scales; the heuristic's
+    choice of each swept shape is among them (so the sweep marks it)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[2] / "benchmarks"
+    sys.path.insert(0, str(bench))
+    try:
+        spec = importlib.util.spec_from_file_location("_fp8_sweep", bench / "fp8.py")
+        sweep = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sweep)
+    finally:
+        sys.path.remove(str(bench))
+    for region, cands in sweep.CANDIDATES.items():
+        for cfg in cands:
+            smem = (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.stages
+            assert smem + cfg.block_m * cfg.block_n * 2 <= SMEM, (region, cfg)
+            # one math warpgroup for a 64-row tile, two above (wgmma's 64-row forms)
+            assert cfg.threads == (128 if cfg.block_m == 64 else 256), (region, cfg)
+            if region.startswith("block"):
+                assert cfg.block_k == 128 and 128 % cfg.block_n == 0 and not cfg.persistent
+    for _, m, n, k in sweep.SHAPES:
+        for scaling in Scaling:
+            chosen = choose_fp8_config(gemm_spec(m, n, k, scaling=scaling))
+            assert chosen in sweep.CANDIDATES[sweep._region(m, scaling)], (m, n, k, scaling)
