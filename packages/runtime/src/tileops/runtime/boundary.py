@@ -111,11 +111,16 @@ class CompileBoundary:
             inputs = args[:n_inputs]
             missing = n_inputs - len(inputs)
             call = op._point.check_symbolic(*inputs, *([None] * missing))
+            fmt = op.output_memory_format
+            fresh = {} if fmt is None else {"memory_format": fmt(inputs)}
             outs = []
             for i in return_index:
                 shape = call.output_shapes[i]
+                # an output like an input is allocated as a contiguous one (op.py)
+                kw = {} if plan.output_names[i] in op._point.output_like else fresh
                 outs.append(None if shape is None else
-                            torch.empty(shape, dtype=call.output_dtypes[i], device=call.device))
+                            torch.empty(shape, dtype=call.output_dtypes[i], device=call.device,
+                                        **kw))
             if not outs:
                 return None
             return outs[0] if single else tuple(outs)

@@ -80,6 +80,10 @@ class Op(declared.Equivalents, Composite, Trained):
     construction_tensors: ClassVar[Mapping[str, str | None]] = _EMPTY
     #: False for composite ops whose forward returns its outputs
     allocate_outputs: ClassVar[bool] = True
+    #: None (contiguous), or ``output_memory_format(self, inputs) -> torch.memory_format``: the
+    #: format of the outputs the op allocates fresh (not one like an input, an alias or a given
+    #: buffer), eagerly and as the compile boundary's fakes (a channels-last pool's output)
+    output_memory_format: ClassVar[Any] = None
     #: the torch.library ops this class registered, one per effect branch
     compile_op_names: ClassVar[tuple[str, ...]] = ()
     #: the entry's ``backward`` block resolved (autograd.py), or None: forward-only
@@ -550,7 +554,11 @@ class Op(declared.Equivalents, Composite, Trained):
                 result.append(_empty_like(src) if src.is_contiguous() else
                               torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
             elif tag == "new":
-                result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
+                fmt = self.output_memory_format
+                result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
+                              if fmt is None else
+                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device,
+                                          memory_format=fmt(inputs)))
             elif tag == "alias":
                 result.append(inputs[r[1]])
             elif tag == "none":

@@ -1,0 +1,80 @@
+"""An op's ``output_memory_format``: the outputs it allocates fresh follow it, eagerly (the
+general call and the fused one) and as the compile boundary's fake outputs; without it they
+are contiguous."""
+
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tileops.runtime import Op, SpecSet, register_builder, register_target  # noqa: E402
+
+SPEC = """
+FormatPoolOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {N: Dim, C: Dim, H: Dim, W: Dim, T: "DType[float32 | bfloat16]"}
+    inputs:
+      x: {dtype: T, shape: "[N, C, H, W]"}
+    outputs:
+      y: {dtype: float32, shape: "[N, C, H, W]"}
+"""
+
+
+@pytest.fixture(scope="module")
+def classes(tmp_path_factory):
+    path = Path(tmp_path_factory.mktemp("spec")) / "format.yaml"
+    path.write_text(SPEC)
+    specs = SpecSet.load(path)
+
+    class FormatPoolOp(Op, specs=specs):
+        """Its outputs in its input's memory format, channels last or contiguous."""
+
+        def output_memory_format(self, inputs):
+            x = inputs[0]
+            return (torch.channels_last if not x.is_contiguous()
+                    and x.is_contiguous(memory_format=torch.channels_last)
+                    else torch.contiguous_format)
+
+    class PlainPoolOp(Op, specs=specs, entry="FormatPoolOp"):
+        pass
+
+    register_target("format-test", None)
+
+    def builder(op, call):
+        def kernel(x, y):
+            y.copy_(x.float() * 2)
+
+        return kernel
+
+    register_builder("format-test", FormatPoolOp, builder)
+    register_builder("format-test", PlainPoolOp, builder)
+    return FormatPoolOp, PlainPoolOp
+
+
+def test_fresh_outputs_follow_the_ops_format(classes):
+    fmt_cls, plain_cls = classes
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+    op = fmt_cls(target="format-test")
+    for _ in range(3):  # the general call, then the fused one
+        y = op(x)
+        assert y.is_contiguous(memory_format=torch.channels_last) and not y.is_contiguous()
+        torch.testing.assert_close(y, x.float() * 2)
+    assert op(x.contiguous()).is_contiguous()
+    assert plain_cls(target="format-test")(x).is_contiguous()  # no hook: contiguous
+
+
+def test_fake_outputs_follow_the_ops_format(classes):
+    fmt_cls, _ = classes
+    op = fmt_cls(target="format-test")
+    x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
+
+    def strides(t):
+        y = op(t)
+        # read while tracing: the fake output's strides
+        return y, torch.tensor(y.is_contiguous(memory_format=torch.channels_last))
+
+    y, cl = torch.compile(strides, fullgraph=True, backend="eager")(x)
+    assert bool(cl) and y.is_contiguous(memory_format=torch.channels_last)
