@@ -124,7 +124,7 @@ def test_block_scales_need_128_deep_steps():
 def test_a_persistent_grid_serves_epilogue_scales_through_tma():
     with pytest.raises(ValueError, match=r"^a persistent grid serves per-tensor and row-wise "
                                          r"scales through TMA, got block scales and "
-                                         r"128x128x128/st4p$"):
+                                         r"128x128x128/st4pr$"):
         G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
                            Scaling.BLOCK, False, FP8_CONFIGS["block"]._replace(persistent=True))
     with pytest.raises(ValueError, match=r"got row scales and 128x256x128/st3/plainp$"):

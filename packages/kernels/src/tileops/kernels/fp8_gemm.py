@@ -118,9 +118,12 @@ class GemmFp8Interface(KernelInterface):
 
 class Fp8Config(NamedTuple):
     """A tile configuration: block tile, pipeline depth, threads, swizzle panel (0: off),
-    whether the global -> shared copies are TMA's, and whether the grid is persistent (one CTA
-    an SM walking the output tiles, its warp roles written out: :func:`_persistent_program`;
-    per-tensor and row-wise scales only)."""
+    whether the global -> shared copies are TMA's, whether the grid is persistent (one CTA an
+    SM walking the output tiles, its warp roles written out: :func:`_persistent_program`;
+    per-tensor and row-wise scales only), and the math warpgroups' split of the tile:
+    ``"square"`` (TileLang's balanced split: two warpgroups on 128 x 256 take 128 x 128 each,
+    two wgmma of 64 x 128) or ``"row"`` (each warpgroup 64 full rows: one wgmma of 64 x
+    ``block_n``)."""
 
     block_m: int
     block_n: int
@@ -130,10 +133,11 @@ class Fp8Config(NamedTuple):
     panel: int = 8
     tma: bool = True
     persistent: bool = False
+    policy: str = "square"
 
     def label(self) -> str:
         return ("x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
-                + ("p" if self.persistent else ""))
+                + ("p" if self.persistent else "") + ("r" if self.policy == "row" else ""))
 
 
 #: the configurations :func:`choose_fp8_config` picks from, with a relative cost a FLOP
@@ -144,7 +148,8 @@ FP8_CONFIGS: dict[str, Fp8Config] = {
     "128x128": Fp8Config(128, 128, 128, 4, 256),
     "64x128": Fp8Config(64, 128, 128, 4, 128),
     "decode": Fp8Config(64, 64, 256, 4, 128, 0),
-    "block": Fp8Config(128, 128, 128, 4, 256),
+    # each warpgroup 64 rows x 128 (a balanced split would run two 64 x 64 wgmma a step each)
+    "block": Fp8Config(128, 128, 128, 4, 256, policy="row"),
     "block-64x128": Fp8Config(64, 128, 128, 4, 128),
     "block-decode": Fp8Config(64, 64, 128, 6, 128, 0),
 }
@@ -186,6 +191,10 @@ def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
     return cfg
 
 
+def _policy(T, cfg: Fp8Config):
+    return T.GemmWarpPolicy.FullRow if cfg.policy == "row" else T.GemmWarpPolicy.Square
+
+
 def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                      scaling: Scaling, has_bias: bool, cfg: Fp8Config, sms: int = _SMS):
     """The prim_func ``(A, B, SA, SB, BIAS, C)`` (``BIAS`` ``[n]``, unread without a bias;
@@ -207,6 +216,7 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
     stages, threads, panel = cfg.stages, cfg.threads, cfg.panel
     ann = None if cfg.tma else {"disable_tma": True}
     kb = -(-k // BLOCK)
+    policy = _policy(T, cfg)
     sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((M, 1), (n, 1)),
                           Scaling.BLOCK: ((M, kb), (-(-n // BLOCK), kb))}[scaling]
     iters = -(-k // bk)
@@ -243,7 +253,7 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                         step_l[i] = T.if_then_else(
                             by * bm + i < M,
                             SA[by * bm + i, ko] * SB[(bx * bn) // BLOCK, ko], T.float32(0))
-                    T.gemm(A_s, B_s, C_l, transpose_B=True, clear_accum=True)
+                    T.gemm(A_s, B_s, C_l, transpose_B=True, clear_accum=True, policy=policy)
                     for i, j in T.Parallel(bm, bn):
                         acc[i, j] += C_l[i, j] * step_l[i]
                 for i, j in T.Parallel(bm, bn):
@@ -253,7 +263,7 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                 for ko in T.Pipelined(iters, num_stages=stages):
                     T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
                     T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
-                    T.gemm(A_s, B_s, C_l, transpose_B=True)
+                    T.gemm(A_s, B_s, C_l, transpose_B=True, policy=policy)
                 if scaling is Scaling.ROW:
                     for i in T.Parallel(bm):
                         row_s[i] = T.if_then_else(by * bm + i < M, SA[by * bm + i, 0],
@@ -298,6 +308,7 @@ def _persistent_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: s
     row = scaling is Scaling.ROW
     f32 = "float32"
     ws = T.WSID
+    policy = _policy(T, cfg)
     math_warps = threads // 32
     load = [T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
             T.WSSync.producer_commit("ring", stage=0)]
@@ -342,7 +353,8 @@ def _persistent_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: s
                 for ko in T.Pipelined(iters, num_stages=stages, annotations={ws: "k_steps"}):
                     T.copy(A[by * bm, ko * bk], A_s, annotations={ws: "load_a"})
                     T.copy(B[bx * bn, ko * bk], B_s, annotations={ws: "load_b"})
-                    T.gemm(A_s, B_s, C_l, transpose_B=True, annotations={ws: "mma"})
+                    T.gemm(A_s, B_s, C_l, transpose_B=True, policy=policy,
+                           annotations={ws: "mma"})
                 with T.ws_op("scale"):
                     for r, j in T.Parallel(bm, bn):
                         if row:
