@@ -31,7 +31,7 @@ from tileops.kernels.attention_bwd import BWD_HEAD_DIMS
 from tileops.nn.functional import op_for
 from tileops.ops import GroupedQueryAttentionFwdOp
 
-__all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "attention_mask", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "attention_mask", "prepare", "register"]
 
 #: the name the implementation is registered under (``attn_implementation="tileops"``)
 ATTN_IMPLEMENTATION = "tileops"
@@ -46,6 +46,20 @@ def register() -> None:
 
     AttentionInterface.register(ATTN_IMPLEMENTATION, attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, attention_mask)
+
+
+def prepare(config: Any) -> None:
+    """Build the op instances a model of ``config`` calls (both layouts; with and without
+    its sliding window), so that a model compiled before its first eager step does not build
+    an op while torch.compile traces it (the op cache's miss constructs one)."""
+    head_dim = getattr(config, "head_dim", None) or \
+        config.hidden_size // config.num_attention_heads
+    sliding = getattr(config, "sliding_window", None)
+    windows = [None] if sliding is None else [None, (sliding - 1, 0)]
+    for layout in ("bshd", "bhsd"):
+        for window in windows:
+            op_for(GroupedQueryAttentionFwdOp, is_causal=True, scale=head_dim ** -0.5,
+                   window=window, softcap=None, layout=layout)
 
 
 def attention_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int,

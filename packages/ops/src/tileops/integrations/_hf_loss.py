@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 import tileops.nn as tnn
 
-__all__ = ["causal_lm_forward", "causal_lm_loss", "fused_causal_lm_loss"]
+__all__ = ["causal_lm_forward", "causal_lm_loss", "fused_causal_lm_loss", "prepare"]
 
 _layers: dict[tuple, torch.nn.Module] = {}
 _lock = threading.Lock()
@@ -37,6 +37,16 @@ def _layer(cls: type, ignore_index: int, reduction: str) -> Any:
         with _lock:
             layer = _layers.setdefault(key, built)
     return layer
+
+
+def prepare() -> None:
+    """Build the loss layers of Hugging Face's defaults (``ignore_index`` -100, the mean, and
+    the sum the Trainer's ``num_items_in_batch`` asks for) where a patch is applied: a step
+    compiled before any eager one then finds them (a layer built while torch.compile traces
+    would construct an op there)."""
+    for cls in (tnn.CrossEntropyLoss, tnn.FusedLinearCrossEntropyLoss):
+        for reduction in ("mean", "sum"):
+            _layer(cls, -100, reduction)
 
 
 def _shifted(labels: torch.Tensor, shift_labels: torch.Tensor | None,

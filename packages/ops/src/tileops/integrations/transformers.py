@@ -42,6 +42,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from . import _hf_attention, _hf_loss
 from ._hf_attention import ATTN_IMPLEMENTATION, register
 from ._hf_loss import causal_lm_forward, causal_lm_loss
 from ._hf_modules import TileOpsRMSNorm, TileOpsRotaryEmbedding, TileOpsSwiGLUMLP, rotary_dispatch
@@ -218,10 +219,13 @@ def _patch_instance(kind: _Kind, modeling: Any, model: Any, flags: dict[str, boo
     if flags["rope"]:
         _install_rotary_dispatch(modeling)
     if flags["attention"]:
+        _hf_attention.prepare(config)
         if hasattr(model, "set_attn_implementation"):
             model.set_attn_implementation(ATTN_IMPLEMENTATION)
         else:
             config._attn_implementation = ATTN_IMPLEMENTATION
+    if causal_lm and (flags["cross_entropy"] or flags["fused_linear_cross_entropy"]):
+        _hf_loss.prepare()
     if causal_lm and flags["cross_entropy"]:
         model.loss_function = causal_lm_loss
     if causal_lm and flags["fused_linear_cross_entropy"]:
@@ -240,6 +244,8 @@ def _patch_classes(kind: _Kind, modeling: Any, flags: dict[str, bool]) -> None:
         _replace(modeling, f"{prefix}RotaryEmbedding", TileOpsRotaryEmbedding)
         _install_rotary_dispatch(modeling)
     causal_lm = _original(modeling, f"{prefix}ForCausalLM")
+    if flags["cross_entropy"] or flags["fused_linear_cross_entropy"]:
+        _hf_loss.prepare()
     if flags["cross_entropy"]:
         causal_lm.loss_function = _LOSS_FUNCTION
     if flags["fused_linear_cross_entropy"]:
@@ -277,7 +283,10 @@ def _default_attention(kind: _Kind, base: type) -> None:
 
     def get_correct_attn_implementation(self, requested_attention=None, is_init_check=False):
         requested = ATTN_IMPLEMENTATION if requested_attention is None else requested_attention
-        return current(self, requested, is_init_check)
+        chosen = current(self, requested, is_init_check)
+        if chosen == ATTN_IMPLEMENTATION:
+            _hf_attention.prepare(self.config)
+        return chosen
 
     get_correct_attn_implementation.tileops_default = True  # type: ignore[attr-defined]
     base.get_correct_attn_implementation = get_correct_attn_implementation
