@@ -15,9 +15,11 @@ The GEMM: every scaling at decode (1, 16 rows: the 64-row tiles), a row count pa
 range by one (65), prefill (2048), sizes that overhang the tiles and break TMA's alignment
 (333 x 4097 x 4095: the plain copies) and 1000^3, with and without a bias, each output dtype
 and e5m2 somewhere; the persistent program (a candidate of the sweep) per tensor and per row.
-The bound is elementwise: one rounding to the output dtype, plus 2^-12 of
-the product of the magnitudes (the float32 accumulation, and wgmma's fp8 accumulation, which
-keeps fewer bits than float32 between promotions).
+The bound is elementwise: one rounding to the output dtype, plus a share of the product of the
+magnitudes ``|a| @ |b|^T`` for the accumulation. wgmma's fp8 accumulator keeps about 14 bits:
+over the whole of K (tensor and row scales, no promotion) its error grows to about 2^-13 of
+the magnitudes at a few sigma, held to 2^-10; promoted every 128 products (block scales) it
+stays within one step's partial, held to 2^-12.
 
 ``python3 tests/kernels/test_fp8_cuda.py --prebuild --workers 15`` compiles every program these
 tests use in spawned processes first, so the tests load them from TileLang's disk cache.
@@ -171,7 +173,8 @@ def test_gemm_against_float64(scaling, m, n, k, out, fp8, bias):
     mag = da.abs() @ db.abs().T
     got = c.double()
     assert not bool(got.isnan().any()), "an element of c was never written"
-    bound = EPS_OUT[out] * want.abs() + 2 ** -12 * mag + 1e-30
+    acc = 2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10
+    bound = EPS_OUT[out] * want.abs() + acc * mag + 1e-30
     bad = (got - want).abs() > bound
     if bool(bad.any()):
         idx = tuple(bad.nonzero()[0].tolist())
@@ -209,7 +212,7 @@ def test_persistent_gemm_against_float64(scaling, m, n, k, out, bias):
     want = da @ db.T + (bv.double() if bias else 0)
     got = c.double()
     assert not bool(got.isnan().any()), "an element of c was never written"
-    bound = EPS_OUT[out] * want.abs() + 2 ** -12 * (da.abs() @ db.abs().T) + 1e-30
+    bound = EPS_OUT[out] * want.abs() + 2 ** -10 * (da.abs() @ db.abs().T) + 1e-30
     assert bool(((got - want).abs() <= bound).all())
 
 

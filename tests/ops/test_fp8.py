@@ -188,16 +188,18 @@ def test_the_scaled_mm_peer_matches_the_reference(scaling):
     sa, sb = ((torch.tensor(0.5), torch.tensor(2.0)) if scaling == "tensor"
               else (torch.rand(24, 1) + 0.5, torch.rand(32, 1) + 0.5))
     bias = torch.randn(32).to(torch.bfloat16)
-    got = peers["torch._scaled_mm"](a, b, sa, sb, bias)
     (want,) = op.fp64_reference(a, b, sa, sb, bias)
-    torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=1e-2)
+    for name in ("torch._scaled_mm", "torch._scaled_mm_fast"):
+        got = peers[name](a, b, sa, sb, bias)
+        torch.testing.assert_close(got.double(), want, rtol=2**-7, atol=1e-2)
     # torch's eager equivalent rounds the dequantised operands to bfloat16 before its matmul
     eager = peers["torch"](a, b, sa, sb, bias)
     assert ((eager.double() - want).norm() / want.norm()).item() < 1e-2
 
 
 def test_block_scaling_has_no_scaled_mm_peer():
-    assert "torch._scaled_mm" not in GemmFp8FwdOp(scaling="block").contenders()
+    peers = GemmFp8FwdOp(scaling="block").contenders()
+    assert "torch._scaled_mm" not in peers and "torch._scaled_mm_fast" not in peers
 
 
 def test_the_torch_contenders_survive_torch_compile():

@@ -18,8 +18,14 @@ Scales (float32, dequantised = fp8 * scale; the ops module states their shapes):
   blocks of ``b``): the scale changes every 128 steps of K, so each 128-deep K step's wgmma
   writes a fresh float32 partial that is promoted into a second float32 accumulator scaled by
   ``a_scale[m, k / 128] * b_scale[n / 128, k / 128]`` (the row's factor read into registers
-  by the math threads each step, before the step's wgmma). Both accumulators are float32: the partial of one step holds 128
-  products, so no precision is lost to wgmma's own accumulation.
+  by the math threads each step, before the step's wgmma).
+
+Accumulation: Hopper's fp8 wgmma keeps about 14 bits of its accumulator (DeepSeek-V3's
+measurement), not float32's 24. The block kernel's promotion every 128 products bounds that
+error to one step's partial; the tensor and row kernels accumulate the whole of K in wgmma, as
+torch._scaled_mm does with ``use_fast_accum=True`` (its default promotes), which is why the ops
+module declares both forms as peers. Promoting there too needs a second 128 x 256 accumulator,
+more registers than a thread has; a 128 x 128 tile with promotion is the way to it.
 
 Tiles (:func:`choose_fp8_config`): 128 x 256 x 128 (two math warpgroups), 128 x 128 x 128 or
 64 x 128 x 128 for M above the decode range, by a wave model, one CTA a tile (a persistent

@@ -173,6 +173,7 @@ class GemmFp8FwdOp(Fp8Op):
 
     kernel_types = {GemmFp8Interface: (GemmFp8ScaledKernel, GemmFp8BlockKernel)}
     peers = {"torch._scaled_mm": lambda op: _scaled_mm_peer(op),
+             "torch._scaled_mm_fast": lambda op: _scaled_mm_peer(op, fast=True),
              "scaled_mm_blockwise": lambda op: _blockwise_peer(op)}
 
     def derive(self) -> None:
@@ -227,10 +228,12 @@ _GEMM_DTYPES = frozenset(get_args(GemmFp8OutDType))
 # --- peers ------------------------------------------------------------------------------------
 
 
-def _scaled_mm_peer(op: GemmFp8FwdOp) -> Any:
+def _scaled_mm_peer(op: GemmFp8FwdOp, fast: bool = False) -> Any:
     """``torch._scaled_mm`` (cuBLASLt) where it takes the op's scales: per tensor (a 0-dim
     scale each) or per row (``[M, 1]`` and ``b``'s ``[N, 1]`` viewed ``[1, N]``), ``b`` as the
-    column-major ``[K, N]`` view of its ``[N, K]``. None for block scales."""
+    column-major ``[K, N]`` view of its ``[N, K]``. None for block scales. ``fast``: with
+    ``use_fast_accum``, accumulating in wgmma's fp8 accumulator throughout as the in-tree
+    tensor and row kernels do (its default promotes partial sums to float32)."""
     if op.scaling == "block" or not hasattr(torch, "_scaled_mm"):
         return None
     out = getattr(torch, op.out_dtype)
@@ -239,7 +242,7 @@ def _scaled_mm_peer(op: GemmFp8FwdOp) -> Any:
     def scaled_mm(a, b, a_scale, b_scale, bias=None):
         sb = b_scale.view(1, -1) if row else b_scale
         return torch._scaled_mm(a, b.t(), scale_a=a_scale, scale_b=sb, bias=bias,
-                                out_dtype=out)
+                                out_dtype=out, use_fast_accum=fast)
 
     return scaled_mm
 
