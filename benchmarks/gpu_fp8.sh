@@ -4,11 +4,12 @@
 # compiles N and K in and picks its tiles by M), the kernels' GPU tests and the harness's
 # for Fp8QuantFwdOp and GemmFp8FwdOp, then the side-by-side benchmarks of the bars: tileops
 # bench of each scaling's workloads against torch eager (the dequantised matmul), a fresh
-# torch.compile per workload, torch._scaled_mm (per tensor, per row; with and without use_fast_accum) and F.scaled_mm's
-# block-wise form where the installed torch has it; the quantiser against torch eager and
-# torch.compile; and (stage sweep) the GEMM's tile configurations against torch._scaled_mm on
-# the bars' shapes (benchmarks/fp8.py). Logs and results go to $OUT (or ./gpu-out). STAGES
-# picks stages (default: prebuild tests bench; also: sweep).
+# torch.compile per workload, torch._scaled_mm (per tensor, per row; with and without
+# use_fast_accum) and F.scaled_mm's block-wise form where the installed torch has it; the
+# quantiser against torch eager and torch.compile; and (stage sweep) the GEMM's tile
+# configurations against torch._scaled_mm on the bars' shapes (benchmarks/fp8.py). Logs and
+# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench; also:
+# sweep).
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
