@@ -5,7 +5,8 @@
 # side-by-side benchmarks of the bars (tileops bench against torch eager and a fresh
 # torch.compile per workload; Liger-Kernel has no pooling) and the channels-last inputs, which
 # no spec workload can state (a timing of the op against torch eager and torch.compile on the
-# same tensors, CUDA graphs, bytes read once and written once). Logs and results go to $OUT
+# same tensors, the outputs channels last as torch's, CUDA graphs, bytes read once and written
+# once). Logs and results go to $OUT
 # (or ./gpu-out). STAGES picks stages (default: prebuild tests bench channels_last; also:
 # sweep, the forward program's launch plans on the bars' shapes, for choosing pool_plan).
 # The bars (H200, bf16): max and average pooling at least torch.compile on every workload
@@ -96,18 +97,18 @@ for label, cls, params, shape, cl in CASES:
     x = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
     if cl:
         x = x.to(memory_format=torch.channels_last)
-    want = fn(x, **params).contiguous()
+    want = fn(x, **params)  # channels last for a channels-last x, as the op's
     layout = K.PoolLayout.CHANNELS_LAST if cl else K.PoolLayout.PLANES
     spec = cls(**params)._spec(None, x.dtype, shape, tuple(want.shape), layout, False)
-    flat_x = (x.permute(0, 2, 3, 1) if cl else x).reshape(-1)
     y = torch.empty_like(want)
+    flat_x, flat_y = ((t.permute(0, 2, 3, 1) if cl else t).reshape(-1) for t in (x, y))
     gb = (x.numel() + y.numel()) * 2 / 1e9
     cells = [f"default {K.pool_plan(spec)}"]
     for plan in PLANS:
         prog = K.build_pool_kernel(spec, plan=plan)
-        prog(flat_x, y.view(-1))
+        prog(flat_x, flat_y)
         ok = torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-2)
-        ms = graph_events(lambda: prog(flat_x, y.view(-1)), 20)
+        ms = graph_events(lambda: prog(flat_x, flat_y), 20)
         cells.append(f"{plan[0]}x{plan[1]} {gb / ms:4.2f}{'' if ok else ' WRONG'}")
     print(f"{label:12} TB/s: " + " | ".join(cells))
 EOF

@@ -180,14 +180,16 @@ def test_gradient(case):
 
 
 def test_channels_last_reads_in_place():
-    """The same values in either memory format give the same outputs, and the channels-last
-    input is not copied (the kernel reads its strides)."""
+    """The same values in either memory format give the same outputs, in the input's format
+    as torch's, and the channels-last input is not copied (the kernel reads its strides)."""
     x = torch.randn(4, 64, 56, 56, device="cuda", dtype=BF)
     op = O.MaxPool2dFwdOp(kernel_size=3, stride=2, padding=1, return_indices=True)
     y, idx = op(x)
     cl = x.to(memory_format=torch.channels_last)
     y2, idx2 = op(cl)
     assert torch.equal(y, y2) and torch.equal(idx, idx2)
+    want, want_idx = F.max_pool2d(cl, 3, 2, 1, return_indices=True)  # torch's, channels last
+    assert y2.stride() == want.stride() and idx2.stride() == want_idx.stride()
     specs = [e.spec for e in op.built_entries[K.PoolFwdInterface].values()]
     assert {s.layout for s in specs} == {K.PoolLayout.PLANES, K.PoolLayout.CHANNELS_LAST}
 

@@ -307,6 +307,39 @@ def test_layouts_read_in_place():
     assert layout is K.PoolLayout.PLANES and got.is_contiguous() and torch.equal(got, strided)
 
 
+@pytest.mark.parametrize("cls,params,shape", [
+    (O.MaxPool2dFwdOp, {"kernel_size": 3, "stride": 2, "return_indices": True}, (2, 4, 9, 11)),
+    (O.AvgPool3dFwdOp, {"kernel_size": 2}, (2, 4, 4, 6, 6)),
+    (O.AdaptiveMaxPool2dFwdOp, {"output_size": (3, 4), "return_indices": True},
+     (2, 4, 9, 11)),
+], ids=["max2d", "avg3d", "adaptive-max"])
+def test_outputs_follow_a_channels_last_input(cls, params, shape):
+    """As torch's: the outputs of a channels-last input are channels last (3-D average
+    pooling's contiguous), eagerly and as the compiled graph's fake outputs; a contiguous
+    input's are contiguous."""
+    fmt = {4: torch.channels_last, 5: torch.channels_last_3d}[len(shape)]
+    x = torch.randn(shape).to(memory_format=fmt)
+    op = cls(**params)
+    outs = op(x)
+    outs = outs if isinstance(outs, tuple) else (outs,)
+    want = _TORCH_FWD[cls](x, **params)
+    want = want if isinstance(want, tuple) else (want,)
+    for got, w in zip(outs, want, strict=True):
+        assert got.stride() == w.stride() and torch.equal(got, w)
+    assert all(o.is_contiguous() for o in as_tuple(op(x.contiguous())))
+    traced = torch.compile(lambda t: as_tuple(op(t))[0].stride(), fullgraph=True,
+                           backend="eager")
+    assert traced(x) == want[0].stride()
+
+
+def as_tuple(out):
+    return out if isinstance(out, tuple) else (out,)
+
+
+_TORCH_FWD = {O.MaxPool2dFwdOp: F.max_pool2d, O.AvgPool3dFwdOp: F.avg_pool3d,
+              O.AdaptiveMaxPool2dFwdOp: F.adaptive_max_pool2d}
+
+
 def test_a_call_is_three_axes_to_the_kernels():
     x = torch.randn(3, 17)  # unbatched 1-D: one batch, three channels
     op = O.MaxPool1dFwdOp(kernel_size=3, stride=2, padding=1, dilation=2, return_indices=True)
@@ -322,23 +355,25 @@ def test_a_call_is_three_axes_to_the_kernels():
 
 
 def test_kernels_hand_the_programs_flat_views():
-    """The programs take flat tensors: a channels-last input is read in place as the
-    contiguous (N, H, W, C) its strides are, the outputs are viewed, nothing is copied."""
-    x = torch.randn(2, 3, 5, 7).to(memory_format=torch.channels_last)
-    y, idx = torch.empty(2, 3, 2, 3), torch.empty(2, 3, 2, 3, dtype=torch.int64)
+    """The programs take flat tensors: channels-last ones are read and written in place as
+    the contiguous (N, H, W, C) their strides are; nothing is copied."""
+    cl = torch.channels_last
+    x = torch.randn(2, 3, 5, 7).to(memory_format=cl)
+    y = torch.empty(2, 3, 2, 3).to(memory_format=cl)
+    idx = torch.empty(2, 3, 2, 3, dtype=torch.int64).to(memory_format=cl)
     seen = []
     kernel = K.PoolKernel.__new__(K.PoolKernel)
     kernel.program = lambda *flat: seen.extend(flat)
     kernel._indices, kernel._channels_last = True, True
     kernel(x, y, idx)
     assert [t.shape for t in seen] == [(210,), (36,), (36,)]
-    assert seen[0].data_ptr() == x.data_ptr() and seen[1].data_ptr() == y.data_ptr()
+    assert [t.data_ptr() for t in seen] == [x.data_ptr(), y.data_ptr(), idx.data_ptr()]
     assert torch.equal(seen[0], x.permute(0, 2, 3, 1).flatten())
     grad = K.PoolBwdKernel.__new__(K.PoolBwdKernel)
     seen.clear()
     grad.program, grad._indices = (lambda *flat: seen.extend(flat)), False
     dx = torch.empty(2, 3, 5, 7)
-    grad(y, x.contiguous(), None, dx)
+    grad(y.contiguous(), x.contiguous(), None, dx)
     assert [t.shape for t in seen] == [(36,), (210,), (210,)]
     assert seen[2].data_ptr() == dx.data_ptr()
 

@@ -25,13 +25,11 @@ in float32:
 - adaptive: output ``i`` of an axis of ``In`` to ``Out`` pools ``[floor(i * In / Out),
   ceil((i + 1) * In / Out))``; the taps run to the longest such window, masked past the end.
 
-Layouts: the input is read in place either as planes (``N, C, D, H, W``: torch's contiguous
-form; output elements in the same order) or channels last (``N, D, H, W, C``: torch's
-``channels_last`` / ``channels_last_3d``). The output is written in the planes order, so a
-channels-last call is a transpose: a CTA pools a tile of 32 channels by 32 output columns of
-one output row, a warp's loads running along the channels, parks the tile in shared memory
-and writes it out a warp along the columns, so both the loads and the stores are contiguous
-(without the tile, every warp's 32 stores would land in 32 different rows).
+Layouts: the input is read in place, and the output (and indices) written, either as planes
+(``N, C, D, H, W``: torch's contiguous form) or channels last (``N, D, H, W, C``: torch's
+``channels_last`` / ``channels_last_3d``, whose pooled output torch gives in the same format).
+The thread index runs over the output in its memory order, so a warp's stores are contiguous,
+and its loads too where they run along the channels.
 
 Gradients (:func:`pool_bwd_program`): one thread per input element gathers from the windows
 that hold it (:func:`window_of`: for each tap ``t`` of a fixed window, the window ``o`` with
@@ -90,8 +88,6 @@ _THREADS = 256
 _MAX_ELEMENTS = 2**31 - 1
 #: windows of at most this many taps are unrolled; longer ones loop
 _UNROLL_TAPS = 64
-#: channels and output columns of a channels-last call's tile
-_TILE = 32
 
 
 class PoolKind(enum.Enum):
@@ -152,8 +148,8 @@ class PoolSpec(CallSpec, frozen=True, kw_only=True):
 
 
 class PoolFwdInterface(KernelInterface):
-    """``forward(x, y, indices)``: ``x`` in the spec's layout, ``y`` contiguous (planes
-    order), ``indices`` an int64 tensor like ``y`` or None."""
+    """``forward(x, y, indices)``: ``x``, ``y`` and ``indices`` (int64, like ``y``, or None)
+    in the spec's layout."""
 
     slot = "pool_fwd"
     call_spec = PoolSpec
@@ -259,7 +255,7 @@ def pool_plan(spec: PoolSpec) -> tuple[int, int]:
     """``(threads, per)``: threads a CTA (a multiple of 32 dividing 1024), output (or, for the
     gradient, input) elements a thread. Four elements a thread from a million outputs on
     (fewer CTAs, the index arithmetic of a thread's elements shares its constants), one
-    below. A channels-last forward reads the threads only: its CTA pools one tile."""
+    below."""
     return _THREADS, 4 if _outputs(spec) >= 1 << 20 else 1
 
 
@@ -296,10 +292,6 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     is_max = spec.kind is PoolKind.MAX
     channels_last = spec.layout is PoolLayout.CHANNELS_LAST
     tap_loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
-    # channels last: tiles of _TILE channels x _TILE columns, a row of outputs a CTA
-    rows = threads // _TILE
-    c_tiles, w_tiles = -(-C // _TILE), -(-Wo // _TILE)
-    grid_cl = spec.batch * Do * Ho * w_tiles * c_tiles
 
     @T.macro
     def start(od, oh, ow, acc, arg):
@@ -353,65 +345,33 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
             for e in T.unroll(per):
                 t = bx * block + e * threads + tx
                 if t < n_out:
-                    # t runs over (n, c, od, oh, ow), the output's order
-                    ow = t % Wo
-                    oh = t // Wo % Ho
-                    od = t // (Wo * Ho) % Do
-                    c = t // (Wo * Ho * Do) % C
-                    n = t // (Wo * Ho * Do * C)
+                    if channels_last:  # t runs over (n, od, oh, ow, c), the output's order
+                        c = t % C
+                        ow = t // C % Wo
+                        oh = t // (C * Wo) % Ho
+                        od = t // (C * Wo * Ho) % Do
+                        n = t // (C * Wo * Ho * Do)
+                    else:  # t runs over (n, c, od, oh, ow)
+                        ow = t % Wo
+                        oh = t // Wo % Ho
+                        od = t // (Wo * Ho) % Do
+                        c = t // (Wo * Ho * Do) % C
+                        n = t // (Wo * Ho * Do * C)
                     start(od, oh, ow, acc, arg)
                     scan(X, n, c, od, oh, ow, acc, arg)
                     Y[t] = result(acc, od, oh, ow)
                     if spec.indices:
                         IDX[t] = T.cast(arg[0], "int64")
 
-    @T.macro
-    def body_cl(X, Y, IDX):
-        with T.Kernel(grid_cl, threads=threads) as bx:
-            tx = T.get_thread_binding()
-            acc = T.alloc_local((1,), f32)
-            arg = T.alloc_local((1,), i32)
-            # [channel][column], a column of padding against bank conflicts
-            tile = T.alloc_shared((_TILE, _TILE + 1), dtype)
-            tile_idx = T.alloc_shared((_TILE if spec.indices else 1, _TILE + 1), i32)
-            cb = bx % c_tiles
-            wb = bx // c_tiles % w_tiles
-            oh = bx // (c_tiles * w_tiles) % Ho
-            od = bx // (c_tiles * w_tiles * Ho) % Do
-            n = bx // (c_tiles * w_tiles * Ho * Do)
-            for k in T.unroll(_TILE // rows):  # a warp along the channels: loads contiguous
-                lc = tx % _TILE
-                lw = tx // _TILE + k * rows
-                c = cb * _TILE + lc
-                ow = wb * _TILE + lw
-                if c < C and ow < Wo:
-                    start(od, oh, ow, acc, arg)
-                    scan(X, n, c, od, oh, ow, acc, arg)
-                    tile[lc, lw] = result(acc, od, oh, ow)
-                    if spec.indices:
-                        tile_idx[lc, lw] = arg[0]
-            T.sync_threads()
-            for k in T.unroll(_TILE // rows):  # a warp along the columns: stores contiguous
-                lc = tx // _TILE + k * rows
-                lw = tx % _TILE
-                c = cb * _TILE + lc
-                ow = wb * _TILE + lw
-                if c < C and ow < Wo:
-                    out = ((n * C + c) * Do + od) * Ho * Wo + oh * Wo + ow
-                    Y[out] = tile[lc, lw]
-                    if spec.indices:
-                        IDX[out] = T.cast(tile_idx[lc, lw], "int64")
-
-    run = body_cl if channels_last else body
     if spec.indices:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype),
                  IDX: T.Tensor((n_out,), "int64")):
-            run(X, Y, IDX)
+            body(X, Y, IDX)
     else:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype)):
-            run(X, Y, None)
+            body(X, Y, None)
     return main
 
 
@@ -563,12 +523,14 @@ class PoolKernel(Kernel, PoolFwdInterface):
         self._channels_last = spec.layout is PoolLayout.CHANNELS_LAST
 
     def __call__(self, x, y, indices) -> None:
-        """The programs take flat tensors: ``x`` (its channels-last strides read as the
-        contiguous ``(N, *spatial, C)`` they are), ``y`` and ``indices`` as views."""
+        """The programs take flat views: channels-last tensors as the contiguous ``(N,
+        *spatial, C)`` their strides are."""
         if y.numel() == 0:
             return
         if self._channels_last:
-            x = x.permute(0, *range(2, x.dim()), 1)
+            last = (0, *range(2, x.dim()), 1)
+            x, y = x.permute(last), y.permute(last)
+            indices = None if indices is None else indices.permute(last)
         if self._indices:
             self.program(x.view(-1), y.view(-1), indices.view(-1))
         else:

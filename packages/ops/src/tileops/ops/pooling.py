@@ -10,7 +10,9 @@ gradients. Every op pools ``nd`` spatial axes of a batched ``(N, C, *spatial)`` 
   one whose leading axes have a window of 1), which is how the kernels see every call;
 - layout: the input is read in place when it is contiguous or, batched in 2-D or 3-D, in
   torch's ``channels_last`` / ``channels_last_3d`` form; any other strides are copied to
-  contiguous first. Outputs are contiguous (the runtime allocates them; see the spec header);
+  contiguous first. The forward's outputs are in the input's format, as torch's
+  (:meth:`PoolOp.output_memory_format`; 3-D average pooling's are contiguous, as torch's,
+  its channels-last input copied); the gradients' are contiguous;
 - the call spec: :class:`~tileops.kernels.pooling.PoolSpec` from the input's and output's
   sizes, the window, the op's kind and flags; a call with no output element launches nothing.
 
@@ -84,12 +86,18 @@ def _three(t: tuple[int, ...], fill: int) -> tuple[int, int, int]:
     return (fill,) * (3 - len(t)) + tuple(t)  # type: ignore[return-value]
 
 
+def _channels_last(x: torch.Tensor) -> bool:
+    """Whether ``x`` is channels last and not contiguous (a tensor that is both, one channel
+    or one pixel, is read as planes)."""
+    fmt = _CHANNELS_LAST.get(x.dim())
+    return fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt)
+
+
 def _layout(x: torch.Tensor) -> tuple[torch.Tensor, PoolLayout]:
     """``x`` as the kernels read it: itself when contiguous or channels last, else a copy."""
     if x.is_contiguous():
         return x, PoolLayout.PLANES
-    fmt = _CHANNELS_LAST.get(x.dim())
-    if fmt is not None and x.is_contiguous(memory_format=fmt):
+    if _channels_last(x):
         return x, PoolLayout.CHANNELS_LAST
     return x.contiguous(), PoolLayout.PLANES
 
@@ -143,9 +151,21 @@ class PoolOp(_Window, Op):
     :attr:`nd` and :attr:`kind` (and :attr:`adaptive`)."""
 
     kernel_types = {PoolFwdInterface: (PoolKernel,)}
+    #: whether a channels-last input gives channels-last outputs (torch's pools but
+    #: avg_pool3d)
+    keeps_channels_last: ClassVar[bool] = True
+
+    def output_memory_format(self, inputs: tuple) -> torch.memory_format:
+        """The outputs' memory format: channels last for a channels-last input, as torch's
+        pools give (the kernels then write them in that order), else contiguous."""
+        x = inputs[0]
+        if self.keeps_channels_last and _channels_last(x):
+            return _CHANNELS_LAST[x.dim()]
+        return torch.contiguous_format
 
     def forward(self, call, x, y, indices=None) -> None:
-        x, layout = _layout(x)
+        x, layout = _layout(x) if self.keeps_channels_last else (x.contiguous(),
+                                                                 PoolLayout.PLANES)
         key = (call.device, x.dtype, x.shape, layout, indices is not None)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
@@ -256,6 +276,7 @@ class AvgPool2dFwdOp(_AvgPoolFwd):
 
 class AvgPool3dFwdOp(_AvgPoolFwd):
     nd = 3
+    keeps_channels_last = False  # torch's avg_pool3d gives a contiguous output
 
 
 class AdaptiveAvgPool2dFwdOp(PoolOp):
