@@ -209,7 +209,8 @@ def program_keys():
         op = cls(**params)
         x = torch.empty(shape, dtype=dtype, device="meta")
         y = _meta_out(cls, params, x)
-        layout = K.PoolLayout.CHANNELS_LAST if channels_last else K.PoolLayout.PLANES
+        cl = channels_last and op.keeps_channels_last  # else the op reads a contiguous copy
+        layout = K.PoolLayout.CHANNELS_LAST if cl else K.PoolLayout.PLANES
         has_idx = bool(params.get("return_indices"))
         keys[(op._spec(None, dtype, shape, tuple(y.shape), layout, has_idx), False)] = None
     for _, cls, params, shape, dtype, indices in GRADIENTS:
