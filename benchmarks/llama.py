@@ -12,12 +12,15 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
   vocab 128, float32 on the CPU (the ops' reference target).
 - Contenders: ``tileops`` (``apply_tileops_to_llama`` with every flag and
   ``fused_linear_cross_entropy``), ``eager`` (unpatched, transformers' default sdpa
-  attention), ``torch.compile`` (unpatched, ``torch.compile(model)``; its first steps compile)
-  and ``liger`` (``apply_liger_kernel_to_llama``: rope, rms_norm, swiglu and
-  fused_linear_cross_entropy; left out with a note where Liger-Kernel is not installed).
+  attention), ``torch.compile`` (unpatched, ``torch.compile(model)``; its first steps
+  compile), ``liger`` (``apply_liger_kernel_to_llama``: rope, rms_norm, swiglu and
+  fused_linear_cross_entropy; left out with a note where Liger-Kernel is not installed) and
+  ``tileops+compile`` (the tileops patch, then ``torch.compile``: our ops as whole nodes of
+  the graph, the rest fused by inductor).
 - A step: ``model(input_ids, labels=input_ids, use_cache=False).loss``, backward,
-  ``AdamW.step()`` (fused on CUDA), ``zero_grad``; ``--steps`` of them (default 30) on the same synthetic tokens for
-  every contender (each row counts by 3 from a random start, which a model can learn). Timing:
+  ``AdamW.step()`` (fused on CUDA), ``zero_grad``; ``--steps`` of them (default 30) on the
+  same synthetic tokens for every contender (each row counts by 3 from a random start, which
+  a model can learn). Timing:
   wall clock of each step, the device synchronised after it; the median of the steps after
   ``--warmup`` (default 5). Peak memory: ``torch.cuda.max_memory_allocated`` over those steps
   (weights, gradients and AdamW's state included: the same for every contender).
@@ -63,7 +66,7 @@ from _common import (  # noqa: E402
     write_results,
 )
 
-CONTENDERS = ("tileops", "eager", "torch.compile", "liger")
+CONTENDERS = ("tileops", "eager", "torch.compile", "liger", "tileops+compile")
 SPEEDUP_BAR = 1.15
 LOSS_BAR = 0.01
 FLAGS = ("rms_norm", "rope", "swiglu", "attention", "cross_entropy",
@@ -98,10 +101,13 @@ def build(config: Any, dev: torch.device, dtype: torch.dtype, seed: int) -> Any:
 
 def prepare(name: str, model: Any, args: argparse.Namespace) -> Any:
     """The callable a contender trains (the model, patched or compiled), or raises."""
-    if name == "tileops":
+    if name in ("tileops", "tileops+compile"):
         from tileops.integrations.transformers import apply_tileops_to_llama
 
-        return apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
+        apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
+        if name == "tileops":
+            return model
+        return torch.compile(model, backend=args.compile_backend)
     if name == "eager":
         return model
     if name == "torch.compile":
@@ -294,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--against", default=",".join(CONTENDERS[1:]),
                     help="contenders beside tileops, comma-separated "
-                         "(default: eager,torch.compile,liger)")
+                         "(default: eager,torch.compile,liger,tileops+compile)")
     ap.add_argument("--layers", type=int, default=None, help="default 4 (2 with --dry-run)")
     ap.add_argument("--batch", type=int, default=None, help="default 8 (2 with --dry-run)")
     ap.add_argument("--seq", type=int, default=None, help="default 4096 (16 with --dry-run)")
