@@ -264,14 +264,15 @@ def test_attention_op_serves_inference(monkeypatch):
 
     monkeypatch.setattr(_hf_attention, "op_for", spy)
     ref, model = pair("mistral")
-    assert len(calls) == 4  # the patch built both layouts, with and without the window
+    # the patch built both layouts, with and without the window, for CUDA and the others
+    assert len(calls) == 8
     calls.clear()
     ids = tokens()
     with torch.no_grad():
         assert_close(model(ids).logits, ref(ids).logits, 2e-5, "logits")
     scale = 16 ** -0.5
     assert calls == [dict(is_causal=True, scale=scale, window=(4, 0), softcap=None,
-                          layout="bshd")] * 2  # two layers, the projections read in place
+                          layout="bshd", target="reference")] * 2  # two layers, read in place
 
 
 def test_attention_mask_decisions():

@@ -31,7 +31,8 @@ from tileops.kernels.attention_bwd import BWD_HEAD_DIMS
 from tileops.nn.functional import op_for
 from tileops.ops import GroupedQueryAttentionFwdOp
 
-__all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "attention_mask", "prepare", "register"]
+__all__ = ["ATTN_IMPLEMENTATION", "attention_forward", "attention_mask", "prepare", "register",
+           "target_for"]
 
 #: the name the implementation is registered under (``attn_implementation="tileops"``)
 ATTN_IMPLEMENTATION = "tileops"
@@ -50,16 +51,25 @@ def register() -> None:
 
 def prepare(config: Any) -> None:
     """Build the op instances a model of ``config`` calls (both layouts; with and without
-    its sliding window), so that a model compiled before its first eager step does not build
+    its sliding window; for CUDA and for other devices, :func:`target_for`), so that a model compiled before its first eager step does not build
     an op while torch.compile traces it (the op cache's miss constructs one)."""
     head_dim = getattr(config, "head_dim", None) or \
         config.hidden_size // config.num_attention_heads
     sliding = getattr(config, "sliding_window", None)
     windows = [None] if sliding is None else [None, (sliding - 1, 0)]
-    for layout in ("bshd", "bhsd"):
-        for window in windows:
-            op_for(GroupedQueryAttentionFwdOp, is_causal=True, scale=head_dim ** -0.5,
-                   window=window, softcap=None, layout=layout)
+    for target in (None, "reference"):
+        for layout in ("bshd", "bhsd"):
+            for window in windows:
+                op_for(GroupedQueryAttentionFwdOp, is_causal=True, scale=head_dim ** -0.5,
+                       window=window, softcap=None, layout=layout, target=target)
+
+
+def target_for(device: torch.device) -> str | None:
+    """The target an op instance of the process-wide caches is made with: an op binds its
+    target at its first call and keeps it, so the instances that serve CUDA tensors (the
+    in-tree kernels, chosen by device) and those that serve any other device (the reference
+    target) are kept apart; a model moved from the CPU to the GPU then calls the kernels."""
+    return None if device.type == "cuda" else "reference"
 
 
 def attention_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int,
@@ -110,7 +120,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     # the projections' [B, S, H, D] output, seen as [B, H, S, D]: read in place as bshd
     bshd = query.transpose(1, 2).is_contiguous()
     op = op_for(GroupedQueryAttentionFwdOp, is_causal=causal, scale=scaling, window=window,
-                softcap=softcap, layout="bshd" if bshd else "bhsd")
+                softcap=softcap, layout="bshd" if bshd else "bhsd",
+                target=target_for(query.device))
     if bshd:
         out, _ = op(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         return out, None

@@ -22,18 +22,22 @@ import torch.nn.functional as F
 
 import tileops.nn as tnn
 
+from ._hf_attention import target_for
+
 __all__ = ["causal_lm_forward", "causal_lm_loss", "fused_causal_lm_loss", "prepare"]
 
 _layers: dict[tuple, torch.nn.Module] = {}
 _lock = threading.Lock()
 
 
-def _layer(cls: type, ignore_index: int, reduction: str) -> Any:
-    """The loss layer of one configuration, built once per process."""
-    key = (cls, ignore_index, reduction)
+def _layer(cls: type, ignore_index: int, reduction: str, device: torch.device) -> Any:
+    """The loss layer of one configuration, built once per process, one for CUDA tensors and
+    one for the others (``_hf_attention.target_for`` says why)."""
+    target = target_for(device)
+    key = (cls, ignore_index, reduction, target)
     layer = _layers.get(key)
     if layer is None:
-        built = cls(ignore_index=ignore_index, reduction=reduction)
+        built = cls(ignore_index=ignore_index, reduction=reduction, target=target)
         with _lock:
             layer = _layers.setdefault(key, built)
     return layer
@@ -46,7 +50,8 @@ def prepare() -> None:
     would construct an op there)."""
     for cls in (tnn.CrossEntropyLoss, tnn.FusedLinearCrossEntropyLoss):
         for reduction in ("mean", "sum"):
-            _layer(cls, -100, reduction)
+            for device in (torch.device("cuda"), torch.device("cpu")):
+                _layer(cls, -100, reduction, device)
 
 
 def _shifted(labels: torch.Tensor, shift_labels: torch.Tensor | None,
@@ -71,7 +76,7 @@ def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, vocab_size: int,
     :class:`tileops.nn.CrossEntropyLoss`; the model's ``loss_function`` once patched."""
     target = _shifted(labels, shift_labels, ignore_index).reshape(-1).to(logits.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = _layer(tnn.CrossEntropyLoss, ignore_index, reduction)(
+    loss = _layer(tnn.CrossEntropyLoss, ignore_index, reduction, logits.device)(
         logits.reshape(-1, vocab_size), target)
     return _per_item(loss, num_items_in_batch)
 
@@ -86,7 +91,7 @@ def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
     label is ``ignore_index`` after the shift, so no ``[B, S - 1, H]`` slice is copied."""
     target = _shifted(labels, shift_labels, ignore_index).to(hidden.device)
     reduction = "mean" if num_items_in_batch is None else "sum"
-    loss = _layer(tnn.FusedLinearCrossEntropyLoss, ignore_index, reduction)(
+    loss = _layer(tnn.FusedLinearCrossEntropyLoss, ignore_index, reduction, hidden.device)(
         hidden, weight, target.contiguous())
     return _per_item(loss, num_items_in_batch)
 
