@@ -241,8 +241,8 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
             A_s = T.alloc_shared((bm, bk), a_dtype)
             B_s = T.alloc_shared((bn, bk), b_dtype)
             C_l = T.alloc_fragment((bm, bn), f32)
-            row_s = T.alloc_shared((bm,), f32)  # a's factor of each row of the tile
-            col_s = T.alloc_shared((bn,), f32)  # b's factor (and the bias) of each column
+            if scaling is Scaling.ROW or has_bias:
+                col_s = T.alloc_shared((bn,), f32)  # b's factor (or the bias) of each column
             if panel:
                 T.use_swizzle(panel_size=panel)
             if block:
@@ -271,6 +271,7 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                     T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
                     T.gemm(A_s, B_s, C_l, transpose_B=True, policy=policy)
                 if scaling is Scaling.ROW:
+                    row_s = T.alloc_shared((bm,), f32)  # a's factor of each row of the tile
                     for i in T.Parallel(bm):
                         row_s[i] = T.if_then_else(by * bm + i < M, SA[by * bm + i, 0],
                                                   T.float32(0))
