@@ -16,6 +16,7 @@ F = torch.nn.functional
 
 from tileops.ops import (  # noqa: E402
     SPEC_DIR,
+    GroupedQueryAttentionBwdOp,
     GroupedQueryAttentionFwdOp,
     GroupedQueryAttentionVarlenFwdOp,
     MultiHeadAttentionFwdOp,
@@ -123,6 +124,19 @@ def test_eager_contender_is_the_reference(kw):
     got, want = op.eager()(q, k, v), op(q, k, v)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+
+
+def test_backward_eager_contender_is_the_backward():
+    q, k, v = _qkv(2, 6, 10, 4, 2, 8)
+    fwd = GroupedQueryAttentionFwdOp(is_causal=True, softcap=4.0)
+    o, lse = fwd(q, k, v)
+    dout, dlse = torch.randn_like(o), torch.randn_like(lse)
+    bwd = GroupedQueryAttentionBwdOp(is_causal=True, softcap=4.0)
+    for extra in ((), (dlse,)):
+        want = bwd(dout, q, k, v, o, lse, *extra)
+        got = bwd.eager()(dout, q, k, v, o, lse, *extra)
+        for g, w in zip(got, want, strict=True):
+            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
 # --- refusals, by their text ------------------------------------------------------------------

@@ -281,6 +281,25 @@ class AttentionBwdOp(Op):
                                left=left, right=right, softcap=self.softcap,
                                bshd=self.layout == "bshd")
 
+    def eager(self):
+        """torch's autograd of the forward's eager contender: the forward recomputed, then
+        its backward (torch has no gradient of attention that takes a saved log-sum-exp but
+        inside its autograd), so it times a forward more than the op does."""
+        forward = functools.partial(_eager_dense, options=_options(self),
+                                    bshd=self.layout == "bshd")
+
+        def attention_backward(dout, q, k, v, o, lse, dlse=None):
+            with torch.enable_grad():
+                leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                out, out_lse = forward(*leaves)
+                outs, grads = [out], [dout]
+                if dlse is not None:
+                    outs.append(out_lse)
+                    grads.append(dlse.to(out_lse.dtype))
+                return torch.autograd.grad(outs, leaves, grads)
+
+        return attention_backward
+
 
 class MultiHeadAttentionBwdOp(AttentionBwdOp):
     kv_heads_index = "H"
