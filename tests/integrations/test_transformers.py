@@ -235,6 +235,26 @@ def test_class_level_patch_through_a_class(restored):
     assert type(model.model.rotary_emb) is not tit.TileOpsRotaryEmbedding
 
 
+def test_registered_attention_by_name(monkeypatch):
+    """register_attention alone: a model asks for "tileops" as for any implementation."""
+    calls, op_for = [], _hf_attention.op_for
+    monkeypatch.setattr(_hf_attention, "op_for",
+                        lambda cls, **params: calls.append(params) or op_for(cls, **params))
+    tit.register_attention()
+    ref = build("llama")
+    model = transformers.LlamaForCausalLM._from_config(tiny_config("llama"),
+                                                       attn_implementation="tileops")
+    model.load_state_dict(ref.state_dict())
+    assert model.config._attn_implementation == "tileops"
+    ids = tokens()
+    with torch.no_grad():
+        assert_close(model(ids).logits, ref(ids).logits, 2e-5, "logits")
+    # the op in each layer, reading q, k, v in place: Hugging Face's rotation of the
+    # projections' [B, S, H, D] output keeps that memory layout under its [B, H, S, D] view
+    assert len(calls) == 2
+    assert {c["layout"] for c in calls} == {"bshd"}
+
+
 def test_padded_batch_takes_sdpa_with_its_mask():
     ref, model = pair("llama")
     ids = tokens()
