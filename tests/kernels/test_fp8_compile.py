@@ -133,6 +133,18 @@ def test_a_persistent_grid_serves_epilogue_scales_through_tma():
                            FP8_CONFIGS["128x256"]._replace(persistent=True, tma=False))
 
 
+def test_promotion_is_for_one_cta_a_tile_epilogue_scales():
+    with pytest.raises(ValueError, match=r"^promote is for one-CTA-a-tile programs of "
+                                         r"per-tensor and row-wise scales \(block scales always "
+                                         r"promote\), got block scales and 128x128x128/st4r\+$"):
+        G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.BLOCK, False, FP8_CONFIGS["block"]._replace(promote=True))
+    with pytest.raises(ValueError, match=r"got row scales and 128x256x128/st3p\+$"):
+        G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.ROW, False,
+                           FP8_CONFIGS["128x256"]._replace(persistent=True, promote=True))
+
+
 def test_each_gemm_kernel_states_its_scalings():
     assert GemmFp8ScaledKernel.region_refusal(gemm_spec(scaling=Scaling.BLOCK)) == (
         "serves per-tensor and row-wise scales (block scales change along K)")
@@ -217,6 +229,17 @@ def test_gemm_program_compiles(m, n, k, dtype, out, scaling, bias):
         assert src.count("float acc[") == 1 and "SB[" in src
     if not cfg.tma:  # rows past M and N predicated (K's bound moves with the pipeline)
         assert "< M" in src and f"< {n}" in src
+
+
+@needs_nvcc
+def test_promoting_program_compiles():
+    """Each step's partial added into a second accumulator, the row scales after the loop."""
+    cfg = G.Fp8Config(128, 128, 128, 4, 256, policy="row", promote=True)
+    src = G.build_fp8_gemm_kernel(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                                  Scaling.ROW, True, cfg, HOPPER).get_kernel_source()
+    assert src.count("float acc[64];") == 1 and "float C_l[64];" in src
+    assert "tl::DataType::kFloat32, 64, 128, 32" in src  # one 64 x 128 wgmma a warpgroup
+    assert src.index("SA[") > src.rindex("wgmma_ss<")  # the row scales in the epilogue
 
 
 @needs_nvcc

@@ -14,7 +14,7 @@ written fails.
 The GEMM: every scaling at decode (1, 16 rows: the 64-row tiles), a row count past the decode
 range by one (65), prefill (2048), sizes that overhang the tiles and break TMA's alignment
 (333 x 4097 x 4095: the plain copies) and 1000^3, with and without a bias, each output dtype
-and e5m2 somewhere; the persistent program (a candidate of the sweep) per tensor and per row.
+and e5m2 somewhere; the sweep's persistent and promoting programs per tensor and per row.
 The bound is elementwise: one rounding to the output dtype, plus a share of the product of the
 magnitudes ``|a| @ |b|^T`` for the accumulation. wgmma's fp8 accumulator keeps about 14 bits:
 over the whole of K (tensor and row scales, no promotion) its error grows to about 2^-13 of
@@ -182,17 +182,22 @@ def test_gemm_against_float64(scaling, m, n, k, out, fp8, bias):
                              f"got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
-#: the persistent program (a sweep candidate, not the heuristic's): per tensor and per row, a
-#: tile count that is not a multiple of the grid and rows past M
+#: the sweep's other programs (not the heuristic's): the persistent grid per tensor and per
+#: row (a tile count that is not a multiple of the grid, rows past M) and the promoting
+#: 128 x 128 tile, held to the promoted bound, at a long K
 PERSISTENT = G.FP8_CONFIGS["128x256"]._replace(persistent=True)
-PERSISTENT_CASES = [(G.Scaling.TENSOR, 2048, 4096, 4096, torch.bfloat16, False),
-                    (G.Scaling.ROW, 333, 4096, 1024, torch.bfloat16, True),
-                    (G.Scaling.ROW, 1000, 2048, 512, torch.float16, False)]
+PROMOTED = G.Fp8Config(128, 128, 128, 4, 256, policy="row", promote=True)
+VARIANT_CASES = [(PERSISTENT, G.Scaling.TENSOR, 2048, 4096, 4096, torch.bfloat16, False),
+                 (PERSISTENT, G.Scaling.ROW, 333, 4096, 1024, torch.bfloat16, True),
+                 (PERSISTENT, G.Scaling.ROW, 1000, 2048, 512, torch.float16, False),
+                 (PROMOTED, G.Scaling.ROW, 333, 4096, 14336, torch.bfloat16, True),
+                 (PROMOTED, G.Scaling.TENSOR, 1000, 1000, 1000, torch.float32, False)]
 
 
-@pytest.mark.parametrize(("scaling", "m", "n", "k", "out", "bias"), PERSISTENT_CASES,
-                         ids=[f"{c[0].value}-{c[1]}x{c[2]}x{c[3]}" for c in PERSISTENT_CASES])
-def test_persistent_gemm_against_float64(scaling, m, n, k, out, bias):
+@pytest.mark.parametrize(("cfg", "scaling", "m", "n", "k", "out", "bias"), VARIANT_CASES,
+                         ids=[f"{c[0].label()}-{c[1].value}-{c[2]}x{c[3]}x{c[4]}"
+                              for c in VARIANT_CASES])
+def test_sweep_programs_against_float64(cfg, scaling, m, n, k, out, bias):
     torch.manual_seed(m + n + k)
     a = (torch.randn(m, k, device="cuda") * 2).to(E4M3)
     b = (torch.randn(n, k, device="cuda") * 2).to(E4M3)
@@ -201,9 +206,10 @@ def test_persistent_gemm_against_float64(scaling, m, n, k, out, bias):
     sb = torch.rand(_scale_shape(g, n, k), device="cuda") * 0.01 + 0.005
     bv = torch.randn(n, device="cuda").to(out) if bias else None
     c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    spec = gemm_spec(scaling, m, n, k, out, E4M3, bias)
+    cfg = cfg._replace(tma=G.choose_fp8_config(spec).tma)
     prog = G.build_fp8_gemm_kernel(n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias,
-                                   PERSISTENT, None, torch.cuda.get_device_properties(0)
-                                   .multi_processor_count)
+                                   cfg, None, _sms())
     flat = (lambda t: t.view(1)) if g is Q.Granularity.TENSOR else (lambda t: t)
     prog(a, b, flat(sa), flat(sb), c[0] if bv is None else bv, c)
     torch.cuda.synchronize()
@@ -212,8 +218,14 @@ def test_persistent_gemm_against_float64(scaling, m, n, k, out, bias):
     want = da @ db.T + (bv.double() if bias else 0)
     got = c.double()
     assert not bool(got.isnan().any()), "an element of c was never written"
-    bound = EPS_OUT[out] * want.abs() + 2 ** -10 * (da.abs() @ db.abs().T) + 1e-30
+    acc = 2 ** -12 if cfg.promote else 2 ** -10
+    bound = EPS_OUT[out] * want.abs() + acc * (da.abs() @ db.abs().T) + 1e-30
     assert bool(((got - want).abs() <= bound).all())
+
+
+def _sms() -> int:
+    return torch.cuda.get_device_properties(0).multi_processor_count \
+        if torch.cuda.is_available() else 132
 
 
 # --- the prebuild ----------------------------------------------------------------------------
@@ -233,11 +245,11 @@ def program_keys():
         spec = gemm_spec(scaling, m, n, k, out, fp8, bias)
         keys[("gemm", n, k, spec.a_dtype, spec.b_dtype, spec.out_dtype, scaling, bias,
               G.choose_fp8_config(spec))] = None
-    sms = torch.cuda.get_device_properties(0).multi_processor_count \
-        if torch.cuda.is_available() else 132
-    for scaling, _, n, k, out, bias in PERSISTENT_CASES:
-        keys[("gemm", n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias, PERSISTENT,
-              None, sms)] = None
+    for cfg, scaling, m, n, k, out, bias in VARIANT_CASES:
+        spec = gemm_spec(scaling, m, n, k, out, E4M3, bias)
+        cfg = cfg._replace(tma=G.choose_fp8_config(spec).tma)
+        keys[("gemm", n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias, cfg, None,
+              _sms())] = None
     return list(keys)
 
 

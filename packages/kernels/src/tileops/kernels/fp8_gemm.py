@@ -25,7 +25,8 @@ measurement), not float32's 24. The block kernel's promotion every 128 products 
 error to one step's partial; the tensor and row kernels accumulate the whole of K in wgmma, as
 torch._scaled_mm does with ``use_fast_accum=True`` (its default promotes), which is why the ops
 module declares both forms as peers. Promoting there too needs a second 128 x 256 accumulator,
-more registers than a thread has; a 128 x 128 tile with promotion is the way to it.
+more registers than a thread has: ``Fp8Config.promote`` on 128 x 128 tiles does it, a candidate
+of benchmarks/fp8.py's sweep.
 
 Tiles (:func:`choose_fp8_config`): 128 x 256 x 128 (two math warpgroups), 128 x 128 x 128 or
 64 x 128 x 128 for M above the decode range, by a wave model, one CTA a tile (a persistent
@@ -129,7 +130,9 @@ class Fp8Config(NamedTuple):
     per-tensor and row-wise scales only), and the math warpgroups' split of the tile:
     ``"square"`` (TileLang's balanced split: two warpgroups on 128 x 256 take 128 x 128 each,
     two wgmma of 64 x 128) or ``"row"`` (each warpgroup 64 full rows: one wgmma of 64 x
-    ``block_n``)."""
+    ``block_n``). ``promote`` (per-tensor and row-wise scales): each K step's wgmma partial is
+    added into a second float32 accumulator, as block scales need anyway, so wgmma's own
+    accumulation spans one step, not the whole of K (torch._scaled_mm's default accuracy)."""
 
     block_m: int
     block_n: int
@@ -140,10 +143,12 @@ class Fp8Config(NamedTuple):
     tma: bool = True
     persistent: bool = False
     policy: str = "square"
+    promote: bool = False
 
     def label(self) -> str:
         return ("x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
-                + ("p" if self.persistent else "") + ("r" if self.policy == "row" else ""))
+                + ("p" if self.persistent else "") + ("r" if self.policy == "row" else "")
+                + ("+" if self.promote else ""))
 
 
 #: the configurations :func:`choose_fp8_config` picks from, with a relative cost a FLOP
@@ -207,6 +212,10 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
     ``SA``, ``SB`` ``[1]`` per tensor, ``[M, 1]`` / ``[n, 1]`` per row, ``[M, ceil(k / 128)]`` /
     ``[ceil(n / 128), ceil(k / 128)]`` in blocks), ``M`` dynamic."""
     block = scaling is Scaling.BLOCK
+    if cfg.promote and (block or cfg.persistent):
+        raise ValueError(f"promote is for one-CTA-a-tile programs of per-tensor and row-wise "
+                         f"scales (block scales always promote), got {scaling.value} scales "
+                         f"and {cfg.label()}")
     if block and (cfg.block_k != BLOCK or BLOCK % cfg.block_n):
         raise ValueError(f"block scales need 128-deep K tiles and block_n dividing 128, got "
                          f"{cfg.label()}")
@@ -245,9 +254,10 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                 col_s = T.alloc_shared((bn,), f32)  # b's factor (or the bias) of each column
             if panel:
                 T.use_swizzle(panel_size=panel)
-            if block:
+            if block or cfg.promote:
                 acc = T.alloc_fragment((bm, bn), f32)
-                step_l = T.alloc_fragment((bm,), f32)  # the step's factor of each row
+                if block:
+                    step_l = T.alloc_fragment((bm,), f32)  # the step's factor of each row
                 T.clear(acc)
                 for ko in T.Pipelined(iters, num_stages=stages):
                     T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
@@ -255,13 +265,18 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                     # read by the math threads (registers, issued before the wgmma): staged in
                     # shared memory, the scales would be a producer's copy, and a producer
                     # warpgroup as wide as the math ones halves the registers of each
-                    for i in T.Parallel(bm):
-                        step_l[i] = T.if_then_else(
-                            by * bm + i < M,
-                            SA[by * bm + i, ko] * SB[(bx * bn) // BLOCK, ko], T.float32(0))
+                    if block:
+                        for i in T.Parallel(bm):
+                            step_l[i] = T.if_then_else(
+                                by * bm + i < M,
+                                SA[by * bm + i, ko] * SB[(bx * bn) // BLOCK, ko], T.float32(0))
                     T.gemm(A_s, B_s, C_l, transpose_B=True, clear_accum=True, policy=policy)
-                    for i, j in T.Parallel(bm, bn):
-                        acc[i, j] += C_l[i, j] * step_l[i]
+                    if block:
+                        for i, j in T.Parallel(bm, bn):
+                            acc[i, j] += C_l[i, j] * step_l[i]
+                    else:
+                        for i, j in T.Parallel(bm, bn):
+                            acc[i, j] += C_l[i, j]
                 for i, j in T.Parallel(bm, bn):
                     C_l[i, j] = acc[i, j]
             else:
@@ -270,6 +285,7 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                     T.copy(A[by * bm, ko * bk], A_s, annotations=ann)
                     T.copy(B[bx * bn, ko * bk], B_s, annotations=ann)
                     T.gemm(A_s, B_s, C_l, transpose_B=True, policy=policy)
+            if not block:
                 if scaling is Scaling.ROW:
                     row_s = T.alloc_shared((bm,), f32)  # a's factor of each row of the tile
                     for i in T.Parallel(bm):
