@@ -155,6 +155,22 @@ def test_instance_patch_shares_parameters_and_state_dict():
     assert layer.input_layernorm.variance_epsilon == 1e-6
 
 
+def test_gradient_checkpointing():
+    """Recomputed decoder layers (Hugging Face's gradient checkpointing) carry the rotary
+    module through the (cos, sin) slot as any argument, and give the same gradients."""
+    ref, model = pair("llama", fused_linear_cross_entropy=True)
+    for m in (ref, model):
+        m.gradient_checkpointing_enable()
+        m.train()
+    ids = tokens()
+    a, b = ref(ids, labels=ids, use_cache=False), model(ids, labels=ids, use_cache=False)
+    a.loss.backward()
+    b.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert_close(p.grad, ref_params[name].grad, 2e-4, f"grad of {name}")
+
+
 def test_training_curve_30_steps():
     """AdamW on synthetic tokens, fixed seed: the patched loss curve is the unpatched one
     (every flag, the fused loss included)."""
