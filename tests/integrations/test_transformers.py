@@ -385,6 +385,16 @@ def test_missing_transformers_is_named(monkeypatch):
                             "the extra: pip install 'tileops-ops[transformers]'")
 
 
+def test_too_old_transformers_is_named(monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers.masking_utils", None)
+    with pytest.raises(ImportError) as e:
+        tit.apply_tileops_to_qwen3()
+    assert str(e.value) == (
+        f"apply_tileops_to_qwen3: transformers {transformers.__version__} has no "
+        f"AttentionInterface / AttentionMaskInterface; the integration needs a newer one "
+        f"(written against 4.57): pip install -U 'tileops-ops[transformers]'")
+
+
 def test_importing_the_ops_does_not_import_transformers():
     code = ("import sys, tileops.ops, tileops.nn, tileops.integrations.transformers; "
             "print('transformers' in sys.modules)")

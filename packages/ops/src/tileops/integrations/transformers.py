@@ -89,13 +89,13 @@ class _Kind:
 def _require(function: str) -> None:
     try:
         import transformers
+    except ImportError as e:
+        raise ImportError(f"{function}: transformers is not installed; install the extra: "
+                          f"pip install '{EXTRA}'") from e
+    try:
         from transformers import AttentionInterface  # noqa: F401
         from transformers.masking_utils import AttentionMaskInterface  # noqa: F401
     except ImportError as e:
-        if e.name == "transformers":
-            raise ImportError(f"{function}: transformers is not installed; install the "
-                              f"extra: pip install '{EXTRA}'") from e
-        import transformers
         raise ImportError(f"{function}: transformers {transformers.__version__} has no "
                           f"AttentionInterface / AttentionMaskInterface; the integration "
                           f"needs a newer one (written against 4.57): pip install -U "
