@@ -82,6 +82,11 @@ def test_gradient_compiles_for_sm90(s):
     assert ("IDX" in src) is s.indices
     if s.kind is P.PoolKind.MAX and not s.indices:
         assert "isnan(" in src  # the forward's scan, found again
+        kd, kh, kw = P.taps(s)
+        gd, gh, gw = P.gather_taps(s)
+        before = src.split(f"for (int uw = 0; uw < {kw}; ++uw)")[0].splitlines()[-2]
+        nested = kd * kh * kw * gd * gh * gw  # 18 x 18 here: the scan inside loops
+        assert ("#pragma unroll" in before) is (nested <= 4 * P._UNROLL_TAPS)
     assert "atomic" not in src  # a gather: every input element written once
 
 

@@ -391,8 +391,10 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     grid = max(1, -(-n_in // block))
     is_max = spec.kind is PoolKind.MAX
     plane_in, plane_out = Di * Hi * Wi, Do * Ho * Wo
-    loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
     gather = T.unroll if gd * gh * gw <= _UNROLL_TAPS else T.serial
+    # the scan found again runs inside the gather: unrolled where both together stay small
+    # (a 3-D window of 27 taps would unroll 729 copies of it)
+    loop = T.unroll if kd * kh * kw * gd * gh * gw <= 4 * _UNROLL_TAPS else T.serial
 
     @T.macro
     def rescan(X, p, od, oh, ow, m, arg):
