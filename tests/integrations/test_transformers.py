@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import tileops.integrations.transformers as tit
 from tileops.integrations import _hf_attention
@@ -329,6 +331,39 @@ def test_attention_mask_decisions():
     assert step is None  # sdpa's own skip: one query row sees every key
     kept = _hf_attention.attention_mask(1, pos, 6, allow_is_causal_skip=False)
     assert torch.equal(kept[0, 0], torch.ones(6, 6, dtype=torch.bool).tril())
+
+
+@settings(max_examples=80, deadline=None)
+@given(batch=st.integers(1, 2), q_len=st.integers(1, 6), past=st.integers(0, 3),
+       offset=st.integers(0, 1), local=st.one_of(st.none(), st.integers(1, 6)),
+       pad=st.one_of(st.none(), st.integers(0, 3)), skip=st.booleans())
+def test_mask_none_only_where_it_is_the_ops_mask(batch, q_len, past, offset, local, pad, skip):
+    """Over a space of mask calls (decode steps over a cache, offsets, windows, padding):
+    where the mask function returns None, the op's bottom-right causal mask (with the
+    window) is exactly the mask Hugging Face would build; elsewhere it is sdpa's own."""
+    from transformers.masking_utils import (
+        causal_mask_function,
+        sdpa_mask,
+        sliding_window_causal_mask_function,
+    )
+
+    kv_len = q_len + past
+    cache_position = torch.arange(past, kv_len) + offset
+    fn = causal_mask_function if local is None else sliding_window_causal_mask_function(local)
+    padding = None
+    if pad is not None:
+        padding = torch.ones(batch, kv_len, dtype=torch.bool)
+        padding[0, :min(pad, kv_len - 1)] = False
+    kw = dict(batch_size=batch, cache_position=cache_position, kv_length=kv_len,
+              kv_offset=offset, mask_function=fn, attention_mask=padding, local_size=local)
+    got = _hf_attention.attention_mask(**kw, allow_is_causal_skip=skip)
+    if got is not None:
+        assert torch.equal(got, sdpa_mask(**kw, allow_is_causal_skip=skip))
+        return
+    full = sdpa_mask(**kw, allow_is_causal_skip=False)
+    left = -1 if local is None else local - 1
+    ours = _hf_attention.window_mask(q_len, kv_len, left, True, "cpu")
+    assert torch.equal(full, ours.expand_as(full))
 
 
 @pytest.mark.parametrize("window", [1, 3, 8])

@@ -154,11 +154,13 @@ def _sdpa(module, query, key, value, mask, dropout, scaling, is_causal, causal, 
 
 def window_mask(s_q: int, s_kv: int, left: int, causal: bool, device: Any) -> torch.Tensor:
     """``[1, 1, s_q, s_kv]`` bool: the keys each query row sees, its diagonal bottom-right
-    aligned (key ``i + s_kv - s_q`` for row ``i``), ``left`` keys before it and none after
-    it where ``causal``."""
+    aligned (key ``i + s_kv - s_q`` for row ``i``), ``left`` keys before it (-1: every one)
+    and none after it where ``causal``: the op's mask."""
     diag = torch.arange(s_q, device=device)[:, None] + (s_kv - s_q)
     j = torch.arange(s_kv, device=device)[None, :]
-    seen = j >= diag - left
+    seen = torch.ones(s_q, s_kv, dtype=torch.bool, device=device)
+    if left >= 0:
+        seen &= j >= diag - left
     if causal:
         seen &= j <= diag
     return seen[None, None]
