@@ -128,6 +128,6 @@ for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32
             print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} {name:>8}: {type(exc).__name__}: "
                   f"{str(exc)[:120]}", flush=True)
 PY
-    bench edges MultiHeadAttentionFwdOp -w sq1-skv4096 -w odd-s1000 -w causal-sq1000-skv3001 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
+    bench edges MultiHeadAttentionFwdOp -w sq1-skv1500 -w odd-s333 -w causal-sq300-skv901 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done
