@@ -24,6 +24,7 @@ bench() {  # bench NAME OP... [-w LABEL ...]: one table of the bars, named atten
 GQA=GroupedQueryAttentionDecodeWithKVCacheFwdOp
 PAGED=GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
 MHA=MultiHeadAttentionDecodeWithKVCacheFwdOp
+MHA_PAGED=MultiHeadAttentionDecodePagedWithKVCacheFwdOp
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=3 run prebuild_tests.log python3 tests/kernels/test_attention_decode_cuda.py --prebuild --workers 15 ;;
@@ -32,7 +33,7 @@ for stage in $STAGES; do case $stage in
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "AttentionDecode" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
     bench bars $GQA $PAGED -w b64-s8192-32x8 -w b64-s8192-32x8-page64 -w b8-s32768-32x8 -w b8-s32768-32x8-page64
-    bench mha $MHA -w b16-s8192-h32
+    bench mha $MHA $MHA_PAGED -w b16-s8192-h32 -w b16-s8192-h32-page64
     bench mixed $GQA $PAGED -w mixed-s301 -w d64-mixed -w d256-mixed -w softcap-30 -w mixed-page16 -w mixed-page256 -w softcap-page128 ;;
   sweep)
     TAIL=60 run sweep.log python3 tests/kernels/test_attention_decode_cuda.py --sweep --workers 15 ;;

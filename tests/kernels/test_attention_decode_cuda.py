@@ -56,6 +56,7 @@ CASES = [
     (3, 1024, 16, 4, 256, 256, "mixed", None, None, torch.bfloat16),  # D 256 in 256-token pages
     (4, 1, 8, 2, 128, 0, "short", None, None, torch.bfloat16),  # one key, every sequence
     (4, 64, 8, 2, 64, 16, "short", None, None, torch.bfloat16),  # paged, one key
+    (5, 320, 4, 4, 128, 32, "mixed", None, None, torch.bfloat16),  # paged MHA
 ]
 
 
@@ -121,12 +122,16 @@ def _op(ps, h, hk, scale, softcap):
     from tileops.ops import (
         GroupedQueryAttentionDecodePagedWithKVCacheFwdOp,
         GroupedQueryAttentionDecodeWithKVCacheFwdOp,
+        MultiHeadAttentionDecodePagedWithKVCacheFwdOp,
         MultiHeadAttentionDecodeWithKVCacheFwdOp,
     )
 
-    cls = (GroupedQueryAttentionDecodePagedWithKVCacheFwdOp if ps else
-           MultiHeadAttentionDecodeWithKVCacheFwdOp if h == hk else
-           GroupedQueryAttentionDecodeWithKVCacheFwdOp)
+    if ps:
+        cls = (MultiHeadAttentionDecodePagedWithKVCacheFwdOp if h == hk else
+               GroupedQueryAttentionDecodePagedWithKVCacheFwdOp)
+    else:
+        cls = (MultiHeadAttentionDecodeWithKVCacheFwdOp if h == hk else
+               GroupedQueryAttentionDecodeWithKVCacheFwdOp)
     return cls(scale=scale, softcap=softcap)
 
 
@@ -195,6 +200,7 @@ def program_keys():
     from tileops.ops import (
         GroupedQueryAttentionDecodePagedWithKVCacheFwdOp,
         GroupedQueryAttentionDecodeWithKVCacheFwdOp,
+        MultiHeadAttentionDecodePagedWithKVCacheFwdOp,
         MultiHeadAttentionDecodeWithKVCacheFwdOp,
     )
     from tileops.ops.workloads import cases_of
@@ -218,8 +224,9 @@ def program_keys():
         keys += planned(_spec(b, s, h, hk, d, ps, softcap, scale, dtype), splits)
     for cls in (MultiHeadAttentionDecodeWithKVCacheFwdOp,
                 GroupedQueryAttentionDecodeWithKVCacheFwdOp,
+                MultiHeadAttentionDecodePagedWithKVCacheFwdOp,
                 GroupedQueryAttentionDecodePagedWithKVCacheFwdOp):
-        paged = cls is GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
+        paged = cls.layout is K.CacheLayout.PAGED
         for c in cases_of(cls):
             shapes = {i.name: i.shape for i in c.inputs}
             dtype = c.inputs[0].dtype

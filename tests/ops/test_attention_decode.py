@@ -19,6 +19,9 @@ from tileops.ops import (  # noqa: E402
     GroupedQueryAttentionDecodeWithKVCacheFwdOp as GQA,
 )
 from tileops.ops import (  # noqa: E402
+    MultiHeadAttentionDecodePagedWithKVCacheFwdOp as MHAPaged,
+)
+from tileops.ops import (  # noqa: E402
     MultiHeadAttentionDecodeWithKVCacheFwdOp as MHA,
 )
 from tileops.runtime import REFERENCE  # noqa: E402
@@ -250,6 +253,18 @@ def test_paged_matches_the_same_keys_contiguous(page):
     contiguous = GQA(target=REFERENCE)(q, k, v, lens)
     torch.testing.assert_close(paged, contiguous, rtol=0, atol=0)
     assert _rel(paged, _attention64(q, k, v, lens, 1 / 8)) < 1e-2
+
+
+def test_paged_mha_matches_the_same_keys_contiguous():
+    q, k, v = _random(3, 64, 4, 4, 64)
+    lens = _lens(64, 33, 1)
+    kp, vp, table = _paged_from(k, v, 32, lens)
+    out = MHAPaged(target=REFERENCE)(q, kp, vp, lens, table)
+    torch.testing.assert_close(out, MHA(target=REFERENCE)(q, k, v, lens), rtol=0, atol=0)
+    with pytest.raises(SignatureCallError) as exc:
+        MHAPaged(target=REFERENCE)(q, kp[:, :, :2], vp[:, :, :2], lens, table)
+    assert _message_lines(exc)[3] == \
+        "  because:  H bound to 4 by q.shape[1], but k_cache.shape[2] is 2"
 
 
 def test_the_torch_contender_matches_the_reference():

@@ -52,6 +52,7 @@ __all__ = [
     "AttentionDecodeOp",
     "GroupedQueryAttentionDecodePagedWithKVCacheFwdOp",
     "GroupedQueryAttentionDecodeWithKVCacheFwdOp",
+    "MultiHeadAttentionDecodePagedWithKVCacheFwdOp",
     "MultiHeadAttentionDecodeWithKVCacheFwdOp",
 ]
 
@@ -177,6 +178,10 @@ class MultiHeadAttentionDecodeWithKVCacheFwdOp(AttentionDecodeOp):
 
 class GroupedQueryAttentionDecodeWithKVCacheFwdOp(AttentionDecodeOp):
     layout = CacheLayout.CONTIGUOUS
+
+
+class MultiHeadAttentionDecodePagedWithKVCacheFwdOp(AttentionDecodeOp):
+    layout = CacheLayout.PAGED
 
 
 class GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(AttentionDecodeOp):
