@@ -394,6 +394,13 @@ def test_bad_arguments():
     assert str(e.value) == ("TileOpsSwiGLUMLP: config.hidden_act must be 'silu' (the fused op "
                             "computes silu(gate) * up), seen 'gelu'; patch with swiglu=False")
     assert type(gelu.model.norm) is not tit.TileOpsRMSNorm  # a refusal changes nothing
+    biased = build("llama")
+    biased.lm_head.bias = torch.nn.Parameter(torch.zeros(128))
+    with pytest.raises(ValueError) as e:
+        tit.apply_tileops_to_llama(biased, fused_linear_cross_entropy=True)
+    assert str(e.value) == ("apply_tileops_to_llama: fused_linear_cross_entropy reads lm_head's "
+                            "weight only; this lm_head has a bias (pass "
+                            "fused_linear_cross_entropy=False)")
     dynamic = build("llama", rope_scaling={"rope_type": "dynamic", "factor": 2.0})
     with pytest.raises(ValueError) as e:
         tit.apply_tileops_to_llama(dynamic)
