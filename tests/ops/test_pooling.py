@@ -296,14 +296,19 @@ def test_average_gradient_gather_is_torchs(w, include, divisor, seed):
 
 def test_layouts_read_in_place():
     x = torch.randn(2, 3, 5, 7)
-    assert _layout(x) == (x, K.PoolLayout.PLANES)
+    assert _layout(x, 2) == (x, K.PoolLayout.PLANES)
     cl = x.to(memory_format=torch.channels_last)
-    got, layout = _layout(cl)
+    got, layout = _layout(cl, 2)
     assert got is cl and layout is K.PoolLayout.CHANNELS_LAST
     cl3 = torch.randn(2, 3, 4, 5, 6).to(memory_format=torch.channels_last_3d)
-    assert _layout(cl3)[1] is K.PoolLayout.CHANNELS_LAST
+    assert _layout(cl3, 3)[1] is K.PoolLayout.CHANNELS_LAST
+    # an unbatched 3-D input of channels-last strides: no channels-last form, copied (torch's
+    # max_pool3d refuses it; the op pools its values)
+    assert _layout(cl, 3)[1] is K.PoolLayout.PLANES
+    y, _ = O.MaxPool3dFwdOp(kernel_size=2)(cl)
+    assert y.is_contiguous() and torch.equal(y, F.max_pool3d(cl.contiguous(), 2))
     strided = x[..., ::2]
-    got, layout = _layout(strided)
+    got, layout = _layout(strided, 2)
     assert layout is K.PoolLayout.PLANES and got.is_contiguous() and torch.equal(got, strided)
 
 

@@ -86,25 +86,30 @@ def _three(t: tuple[int, ...], fill: int) -> tuple[int, int, int]:
     return (fill,) * (3 - len(t)) + tuple(t)  # type: ignore[return-value]
 
 
-def _channels_last(x: torch.Tensor) -> bool:
-    """Whether ``x`` is channels last and not contiguous (a tensor that is both, one channel
-    or one pixel, is read as planes)."""
+def _channels_last(x: torch.Tensor, nd: int) -> bool:
+    """Whether ``x``, a batched input of ``nd`` spatial axes, is channels last and not
+    contiguous (a tensor that is both, one channel or one pixel, is read as planes; an
+    unbatched one has no channels-last form: a 4-D unbatched 3-D input's strides are not
+    ``channels_last``'s axes)."""
     fmt = _CHANNELS_LAST.get(x.dim())
-    return fmt is not None and not x.is_contiguous() and x.is_contiguous(memory_format=fmt)
+    return (fmt is not None and x.dim() == nd + 2 and not x.is_contiguous()
+            and x.is_contiguous(memory_format=fmt))
 
 
-def _layout(x: torch.Tensor) -> tuple[torch.Tensor, PoolLayout]:
+def _layout(x: torch.Tensor, nd: int) -> tuple[torch.Tensor, PoolLayout]:
     """``x`` as the kernels read it: itself when contiguous or channels last, else a copy."""
     if x.is_contiguous():
         return x, PoolLayout.PLANES
-    if _channels_last(x):
+    if _channels_last(x, nd):
         return x, PoolLayout.CHANNELS_LAST
     return x.contiguous(), PoolLayout.PLANES
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
-    """``t`` in float32, or as it is when it is float64 already."""
-    return t if t.dtype == torch.float64 else t.float()
+    """``t`` in float32, or float64 when it is that already, contiguous: the references
+    compute values, and torch's pools refuse some strides the ops read (an unbatched 3-D input
+    in ``channels_last``'s)."""
+    return (t if t.dtype == torch.float64 else t.float()).contiguous()
 
 
 class _Window:
@@ -159,13 +164,13 @@ class PoolOp(_Window, Op):
         """The outputs' memory format: channels last for a channels-last input, as torch's
         pools give (the kernels then write them in that order), else contiguous."""
         x = inputs[0]
-        if self.keeps_channels_last and _channels_last(x):
+        if self.keeps_channels_last and _channels_last(x, self.nd):
             return _CHANNELS_LAST[x.dim()]
         return torch.contiguous_format
 
     def forward(self, call, x, y, indices=None) -> None:
-        x, layout = _layout(x) if self.keeps_channels_last else (x.contiguous(),
-                                                                 PoolLayout.PLANES)
+        x, layout = (_layout(x, self.nd) if self.keeps_channels_last else
+                     (x.contiguous(), PoolLayout.PLANES))
         key = (call.device, x.dtype, x.shape, layout, indices is not None)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
