@@ -48,7 +48,7 @@ def config_for(args: argparse.Namespace) -> LlamaConfig:
                                      "original_max_position_embeddings": 8192})
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=4)
@@ -56,7 +56,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--tiny", action="store_true", help="a tiny float32 model on the CPU")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     device = "cpu" if args.tiny else "cuda"
     dtype = torch.float32 if args.tiny else torch.bfloat16
     if args.tiny:

@@ -520,6 +520,18 @@ def test_benchmark_refuses_bad_arguments(bench, capsys):
         "tileops+compile\n")
 
 
+def test_example_trains_on_the_cpu(capsys):
+    spec = importlib.util.spec_from_file_location(
+        "llama_train", BENCHMARKS.parent / "examples" / "llama_train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--tiny", "--steps", "5"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:2] for line in lines] == [["step", "1"], ["step", "5"]]
+    first, last = (float(line.split()[3]) for line in lines)
+    assert last < first  # it learns
+
+
 # --- on the GPU ----------------------------------------------------------------------------------
 
 
