@@ -211,6 +211,15 @@ def _forward(op: Op, inputs: list, at: list[int]) -> Any:
     return f
 
 
+def _differentiable_outputs(f: Any) -> Any:
+    """``f`` returning only its floating outputs: gradcheck differentiates every output it is
+    given, and a None (an output not produced) or integer one (indices) has no gradient."""
+    def g(*tensors):
+        return tuple(o for o in as_outputs(f(*tensors))
+                     if o is not None and o.is_floating_point())
+    return g
+
+
 def _refused_in_place(op: Op, inputs: list, at: list[int]) -> bool:
     """Whether the op's params make it write an input its gradient reads (silu in place: the
     gradient reads x), in which case a call with grad is refused by the runtime, before it
@@ -244,8 +253,8 @@ def _douts(op: Op, inputs: list, seed: int = 1) -> list:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         outs = as_outputs(op(*[None if t is None else t.clone() for t in inputs]))
-    return [None if o is None else torch.randn(o.shape, generator=gen, dtype=o.dtype)
-            for o in outs]
+    return [None if o is None or not o.is_floating_point()
+            else torch.randn(o.shape, generator=gen, dtype=o.dtype) for o in outs]
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
@@ -284,7 +293,7 @@ def test_gradcheck_float64(cls, case, present):
     if _refused_in_place(op, inputs, at):
         return
     leaves = tuple(inputs[i].clone().requires_grad_() for i in at)
-    f = _forward(op, inputs, at)
+    f = _differentiable_outputs(_forward(op, inputs, at))
     if max(t.numel() for t in inputs if t is not None) > GRADCHECK_MAX:
         _projected_check(f, leaves)
     else:
@@ -380,7 +389,8 @@ def test_an_input_not_requiring_grad_gets_none_and_its_flag_is_off(cls, case, pr
         args[j] = inputs[j].clone()
         outs = as_outputs(op(*args))
         douts = _douts(op, inputs)
-        pairs = [(o, g) for o, g in zip(outs, douts, strict=True) if o is not None]
+        pairs = [(o, g) for o, g in zip(outs, douts, strict=True)
+                 if o is not None and g is not None]
         torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
         assert args[j].grad is None and not args[j].requires_grad
         flags = tuple(n != off and inputs[plan.input_names.index(n)] is not None
@@ -464,7 +474,7 @@ def test_non_contiguous_upstream_gradients(cls, case, present, layout):
                     f"pick a workload with more than one row")
     leaves = [inputs[i].clone().requires_grad_() for i in at]
     outs = as_outputs(_forward(op, inputs, at)(*leaves))
-    pairs = [(o, g) for o, g in zip(outs, douts, strict=True) if o is not None]
+    pairs = [(o, g) for o, g in zip(outs, douts, strict=True) if o is not None and g is not None]
     got = torch.autograd.grad([o for o, _ in pairs], leaves, [g for _, g in pairs])
     want = _eager_grads(op, inputs, at, douts)
     for i, g, w in zip(at, got, want, strict=True):
