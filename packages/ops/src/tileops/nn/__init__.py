@@ -11,7 +11,9 @@ counterpart; its parameter is RMSNorm's. :class:`SwiGLUMLP` is the Llama MLP wit
 Face's submodule names, on the GEMM and the fused SwiGLU. :class:`CrossEntropyLoss` is
 torch.nn's loss over class indices; :class:`FusedLinearCrossEntropyLoss` is a language model's
 head and loss in one, never holding every row's logits. :class:`RotaryEmbedding` rotates q and
-k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope).
+k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope). The pooling layers
+(:class:`MaxPool2d`, :class:`AvgPool2d`, :class:`AdaptiveAvgPool2d` and their 1-D and 3-D
+namesakes) are torch.nn's, returning what torch's return.
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -23,6 +25,16 @@ from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from .pooling import (
+    AdaptiveAvgPool2d,
+    AdaptiveMaxPool2d,
+    AvgPool1d,
+    AvgPool2d,
+    AvgPool3d,
+    MaxPool1d,
+    MaxPool2d,
+    MaxPool3d,
+)
 from .parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
@@ -32,6 +44,11 @@ from .parallel import (
 from .rotary import RotaryEmbedding
 
 __all__ = [
+    "AdaptiveAvgPool2d",
+    "AdaptiveMaxPool2d",
+    "AvgPool1d",
+    "AvgPool2d",
+    "AvgPool3d",
     "ColumnParallelLinear",
     "CrossEntropyLoss",
     "FusedAddRMSNorm",
@@ -39,6 +56,9 @@ __all__ = [
     "GELU",
     "LayerNorm",
     "Linear",
+    "MaxPool1d",
+    "MaxPool2d",
+    "MaxPool3d",
     "RMSNorm",
     "ReLU",
     "RotaryEmbedding",
