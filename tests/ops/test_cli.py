@@ -294,13 +294,13 @@ def test_cuda_without_a_gpu_lists_the_valid_devices() -> None:
 
 
 def test_unknown_dtype_lists_the_dtypes_the_ops_take() -> None:
-    # only what some op at hand takes (no complex or float8; the elementwise ops take bool
-    # and the integers), with the aliases of those
+    # only what some op at hand takes (no complex; the elementwise ops take bool and the
+    # integers, the fp8 ops the float8 types), with the aliases of those
     result = invoke("run", "--dtype", "float13")
     assert result.exit_code == 2
     assert result.output.endswith(
         "Error: unknown dtype 'float13'; valid: bool, uint8, int8, int16, int32, int64, "
-        "float16, bfloat16, float32, float64, bf16 (bfloat16), fp16 (float16), half (float16), "
+        "float8_e4m3fn, float8_e5m2, float16, bfloat16, float32, float64, bf16 (bfloat16), fp16 (float16), half (float16), "
         "fp32 (float32), float (float32), fp64 (float64), double (float64); did you mean "
         "float32, float16 or float?\n")
     result = invoke("run", "GemmFwdOp", "--dtype", "bf-16")

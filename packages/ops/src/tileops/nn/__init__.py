@@ -13,7 +13,8 @@ torch.nn's loss over class indices; :class:`FusedLinearCrossEntropyLoss` is a la
 head and loss in one, never holding every row's logits. :class:`RotaryEmbedding` rotates q and
 k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope). The pooling layers
 (:class:`MaxPool2d`, :class:`AvgPool2d`, :class:`AdaptiveAvgPool2d` and their 1-D and 3-D
-namesakes) are torch.nn's, returning what torch's return.
+namesakes) are torch.nn's, returning what torch's return. :class:`Attention` is FlashAttention's
+attention (GQA, bottom-right causal mask, window, softcap) as a parameter-free layer.
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -22,9 +23,16 @@ computations as functions over a cache of op instances.
 
 from . import functional
 from .activation import GELU, ReLU, SiLU, SwiGLUMLP
+from .attention import Attention
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
+from .parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    TensorParallelAttention,
+    TensorParallelMLP,
+)
 from .pooling import (
     AdaptiveAvgPool2d,
     AdaptiveMaxPool2d,
@@ -35,17 +43,12 @@ from .pooling import (
     MaxPool2d,
     MaxPool3d,
 )
-from .parallel import (
-    ColumnParallelLinear,
-    RowParallelLinear,
-    TensorParallelAttention,
-    TensorParallelMLP,
-)
 from .rotary import RotaryEmbedding
 
 __all__ = [
     "AdaptiveAvgPool2d",
     "AdaptiveMaxPool2d",
+    "Attention",
     "AvgPool1d",
     "AvgPool2d",
     "AvgPool3d",
