@@ -80,7 +80,8 @@ def tests(session: nox.Session, package: str) -> None:
 def lint(session: nox.Session) -> None:
     """ruff, then import-linter's layer contract (.importlinter)."""
     session.install(*nox.project.dependency_groups(PYPROJECT, "lint"))
-    targets = [p for p in ("noxfile.py", "packages", "tests", "benchmarks") if (ROOT / p).exists()]
+    targets = [p for p in ("noxfile.py", "packages", "tests", "benchmarks", "examples")
+               if (ROOT / p).exists()]
     session.run("ruff", "check", *targets, *session.posargs)
     # import-linter reads the sources statically; it needs them importable, not installed
     # (installing would pull torch and tilelang for nothing).
