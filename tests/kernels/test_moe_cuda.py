@@ -179,6 +179,53 @@ def test_permute_and_unpermute(case):
     assert _rel(out, un.fp64_reference(y.view(-1, h), rows, w)[0]) < _tol(dtype)
 
 
+# --- gradients --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", GEMMS[1:4], ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
+def test_grouped_gemm_gradient(case):
+    """da through the grouped GEMM kernel (the other weight layout), db a segment at a time,
+    both against float64 loops."""
+    from tileops.ops import GroupedGemmBwdOp
+
+    loads, n, k, dtype, trans_b, _ = case
+    m = sum(loads) + 5
+    offsets = torch.tensor([0] + torch.tensor(loads).cumsum(0).tolist(), dtype=torch.int32)
+    e = len(loads)
+    g = torch.Generator(device="cuda").manual_seed(m + 2 * n)
+    a = torch.randn(m, k, device="cuda", generator=g).to(dtype)
+    b = (torch.randn(e, *((n, k) if trans_b else (k, n)), device="cuda", generator=g)
+         / k ** 0.5).to(dtype)
+    dc = torch.randn(m, n, device="cuda", generator=g).to(dtype)
+    da, db = GroupedGemmBwdOp(trans_b=trans_b)(a, b, offsets.cuda(), dc)
+    da_ref = torch.zeros(m, k, dtype=torch.float64)
+    db_ref = torch.zeros(b.shape, dtype=torch.float64)
+    ad, bd, dcd = a.double().cpu(), b.double().cpu(), dc.double().cpu()
+    for i in range(e):
+        lo, hi = int(offsets[i]), int(offsets[i + 1])
+        op_b = bd[i].T if trans_b else bd[i]  # [K, N]
+        da_ref[lo:hi] = dcd[lo:hi] @ op_b.T
+        grad = ad[lo:hi].T @ dcd[lo:hi]  # [K, N]
+        db_ref[i] = grad.T if trans_b else grad
+    assert _rel(da, da_ref) < _tol(dtype) and _rel(db, db_ref) < _tol(dtype)
+    assert not da[int(offsets[-1]):].any()
+
+
+def test_unpermutation_gradient():
+    from tileops.ops import MoeUnpermuteBwdOp
+
+    m, h, k = 300, 4096, 2
+    g = torch.Generator(device="cuda").manual_seed(11)
+    rows = torch.randperm(m * k, device="cuda", generator=g).view(m, k).to(torch.int32)
+    rows[::7, 1] = -1  # dropped picks
+    y = torch.randn(m * k, h, device="cuda", generator=g).to(torch.bfloat16)
+    un = MoeUnpermuteBwdOp()
+    dout = torch.randn(m, h, device="cuda", generator=g).to(torch.bfloat16)
+    w = torch.rand(m, k, device="cuda", generator=g)
+    got, ref = un(dout, y, rows, w), un.fp64_reference(dout, y, rows, w)
+    assert _rel(got[0], ref[0]) < 1e-2 and _rel(got[1], ref[1]) < 1e-5
+
+
 # --- the fused layer ----------------------------------------------------------------------------
 
 
@@ -246,6 +293,8 @@ def program_keys():
     for loads, n, k, dt, tb, align in GEMMS:
         gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
              name[dt], tb)
+    for loads, n, k, dt, tb, _ in GEMMS[1:4]:  # the gradients' da: reduction over N
+        gemm(sum(loads) + 5, len(loads), k, n, name[dt], not tb)
     for e, max_m, _, n, k, dt, tb in MASKED:
         gemm(e * max_m, e, n, k, name[dt], tb, True, max_m)
     for e, top_k, opts in ROUTES:

@@ -23,6 +23,8 @@ __all__ = [
     "expert_of_row",
     "fused_reference",
     "gating_reference",
+    "grouped_gemm_bwd_reference",
+    "unpermute_bwd_reference",
     "grouped_gemm_reference",
     "group_slots",
     "permute_reference",
@@ -201,6 +203,49 @@ def grouped_gemm_reference(a: torch.Tensor, b: torch.Tensor, metadata: torch.Ten
     for e in range(experts):
         c = torch.where((owner == e)[:, None], aw @ bw[e], c)
     return c
+
+
+def unpermute_bwd_reference(dout: torch.Tensor, y: torch.Tensor, rows: torch.Tensor,
+                            weights: torch.Tensor, *, grad_y: bool, grad_weights: bool):
+    """``(dy, dweights)`` of MoeUnpermuteBwdOp: each kept pick's ``weights * dout`` summed
+    into its row (one spare row takes the dropped picks), and ``dout . y[row]``."""
+    wide = torch.float64 if torch.float64 in (y.dtype, weights.dtype) else torch.float32
+    r = rows.to(torch.int64)
+    kept = r >= 0
+    dy = dw = None
+    if grad_y:
+        spare = torch.where(kept, r, y.shape[0]).reshape(-1)
+        part = (dout.to(wide)[:, None, :] * weights.to(wide)[..., None]).reshape(-1, y.shape[1])
+        dy = torch.zeros((y.shape[0] + 1, y.shape[1]), dtype=wide, device=y.device)
+        dy = dy.index_add(0, spare, part)[:y.shape[0]]
+    if grad_weights:
+        picked = y.to(wide)[r.clamp(min=0)]  # [M, K, H]
+        dots = (picked * dout.to(wide)[:, None, :]).sum(-1)
+        dw = torch.where(kept, dots, torch.zeros((), dtype=wide))
+    return dy, dw
+
+
+def grouped_gemm_bwd_reference(dc: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+                               metadata: torch.Tensor, *, layout: LayoutValue, trans_b: bool,
+                               grad_a: bool, grad_b: bool):
+    """``(da, db)`` of GroupedGemmBwdOp: ``da`` the grouped GEMM of ``dc`` with the other
+    weight layout; ``op(db[e]) = a[rows of e].T @ dc[rows of e]`` over every row masked to the
+    expert's (no loop bound reads the metadata)."""
+    wide = wide_dtype(a)
+    da = db = None
+    if grad_a:
+        da = grouped_gemm_reference(dc, b, metadata, layout=layout, trans_b=not trans_b)
+    if grad_b:
+        aw, dcw = a.to(wide), dc.to(wide)
+        if layout.masked:
+            valid = torch.arange(a.shape[1], device=a.device) < \
+                metadata.clamp(0, layout.max_m)[:, None]
+            g = torch.bmm(aw.transpose(1, 2), dcw * valid[..., None])  # [E, K, N]
+        else:
+            owner = expert_of_row(metadata, layout, a.shape[0], b.shape[0])
+            g = torch.stack([(aw * (owner == e)[:, None]).T @ dcw for e in range(b.shape[0])])
+        db = g.transpose(1, 2) if trans_b else g
+    return da, db
 
 
 def fused_reference(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,

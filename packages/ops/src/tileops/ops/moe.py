@@ -64,8 +64,10 @@ from ._moe_layout import (
     fused_reference,
     gating_reference,
     group_slots,
+    grouped_gemm_bwd_reference,
     grouped_gemm_reference,
     permute_reference,
+    unpermute_bwd_reference,
     unpermute_reference,
 )
 from .elementwise import SiluAndMulFwdOp
@@ -73,11 +75,13 @@ from .elementwise import SiluAndMulFwdOp
 __all__ = [
     "ContiguousLayoutSpec",
     "FusedMoeFwdOp",
+    "GroupedGemmBwdOp",
     "GroupedGemmFwdOp",
     "MaskedLayoutSpec",
     "MoeOp",
     "MoePermuteAlignFwdOp",
     "MoeTopkGatingFwdOp",
+    "MoeUnpermuteBwdOp",
     "MoeUnpermuteFwdOp",
     "layout_spec",
 ]
@@ -240,7 +244,8 @@ class MoeUnpermuteFwdOp(MoeOp):
         def torch_unpermute(y, rows, weights):  # index_select, scale, sum over the picks
             r = rows.long()
             picked = torch.where((r >= 0)[..., None], y[r.clamp(min=0)], 0)
-            return (picked.float() * weights[..., None]).sum(1).to(y.dtype)
+            wide = torch.promote_types(weights.dtype, torch.float32)
+            return (picked.to(wide) * weights.to(wide)[..., None]).sum(1).to(y.dtype)
 
         return torch_unpermute
 
@@ -275,7 +280,7 @@ class GroupedGemmFwdOp(MoeOp):
             c = a.new_zeros((*a.shape[:-1], bt.shape[-1]))
             if layout.masked:
                 for e, n in enumerate(metadata.clamp(0, layout.max_m).tolist()):
-                    torch.mm(a[e, :n], bt[e], out=c[e, :n])
+                    c[e, :n] = a[e, :n] @ bt[e]
                 return c
             owner = expert_of_row(metadata, layout, a.shape[0], b.shape[0])
             if layout.per_row:
@@ -285,12 +290,75 @@ class GroupedGemmFwdOp(MoeOp):
                 return c
             hi = torch.cummax(metadata[1:].long(), 0).values.clamp(0, a.shape[0]).tolist()
             for e, (lo, end) in enumerate(zip([0, *hi[:-1]], hi, strict=True)):
-                torch.mm(a[lo:end], bt[e], out=c[lo:end])
+                c[lo:end] = a[lo:end] @ bt[e]
             return c
 
         return per_expert_mm
 
     peers = {"grouped_mm": lambda op: _grouped_mm_peer(op)}
+
+
+class MoeUnpermuteBwdOp(MoeOp):
+    """The unpermutation's gradient in torch ops on the device: the weighted upstream rows
+    summed into their rows (index_add_ over one spare row for the dropped picks) and a dot
+    product a pick for the weights."""
+
+    def forward(self, call, dout, y, rows, weights, dy, dweights) -> None:
+        g_y, g_w = unpermute_bwd_reference(dout, y, rows, weights, grad_y=dy is not None,
+                                           grad_weights=dweights is not None)
+        if dy is not None:
+            dy.copy_(g_y)
+        if dweights is not None:
+            dweights.copy_(g_w)
+
+    def reference(self, call, dout, y, rows, weights):
+        return unpermute_bwd_reference(dout, y, rows, weights, grad_y=self.grad_y,
+                                       grad_weights=self.grad_weights)
+
+
+class GroupedGemmBwdOp(MoeOp):
+    """The grouped GEMM's gradient: ``da`` through the forward's slot with the other weight
+    layout (``dc @ op(b)^T`` is a grouped GEMM of ``dc`` and ``b`` as stored, ``trans_b``
+    flipped, reduction over N); ``db`` an expert at a time in torch (a batched product of
+    the masked blocks, or torch.mm over each contiguous segment, whose bounds are read back)."""
+
+    kernel_types = {GroupedGemmInterface: (GroupedGemmKernel,)}
+
+    def derive(self) -> None:
+        super().derive()
+        self._read = self.index_reader("M", "E", "N", "K")
+
+    def forward(self, call, a, b, metadata, dc, da, db) -> None:
+        m, e, n, k = self._read(call)
+        lay = self.layout_value
+        if da is not None:
+            key = (call.device, dc.dtype, m, e, k, n)
+            entry = self._entry(key, GroupedGemmInterface, lambda: GroupedGemmSpec(
+                device=call.device, m=m, e=e, n=k, k=n, dtype=NAMES[dc.dtype],
+                trans_b=not self.trans_b,
+                layout=GroupedLayoutKind.MASKED if lay.masked else GroupedLayoutKind.CONTIGUOUS,
+                max_m=lay.max_m, per_row=lay.per_row), dc.dtype, _GEMM_DTYPES, "grouped GEMM")
+            entry(_laid(dc), _laid(b), _laid(metadata), da)
+        if db is not None:
+            db.copy_(self._weight_grad(dc, a, b, metadata, e))
+
+    def _weight_grad(self, dc, a, b, metadata, e):
+        lay = self.layout_value
+        if lay.masked or lay.per_row:  # data-independent: the reference's closed form
+            return grouped_gemm_bwd_reference(dc, a, b, metadata, layout=lay,
+                                              trans_b=self.trans_b, grad_a=False,
+                                              grad_b=True)[1]
+        g = a.new_zeros((e, a.shape[1], dc.shape[1]))
+        hi = torch.cummax(metadata[1:].long(), 0).values.clamp(0, a.shape[0]).tolist()
+        for i, (lo, end) in enumerate(zip([0, *hi[:-1]], hi, strict=True)):
+            if end > lo:
+                torch.mm(a[lo:end].T, dc[lo:end], out=g[i])
+        return g.transpose(1, 2) if self.trans_b else g
+
+    def reference(self, call, a, b, metadata, dc):
+        return grouped_gemm_bwd_reference(dc, a, b, metadata, layout=self.layout_value,
+                                          trans_b=self.trans_b, grad_a=self.grad_a,
+                                          grad_b=self.grad_b)
 
 
 class FusedMoeFwdOp(MoeOp):
