@@ -1,14 +1,10 @@
 """An op class's generated members (plan, ``__init__``, ``__call__``, docstring, gradient) are
 built on the class's first use, all at once, and are then plain attributes (lazy.py); what
-must fail at definition still does; importing the shipped ops builds almost none of them and,
-with the validated record present, imports no YAML parser."""
+must fail at definition still does. (That importing the shipped ops builds almost none of them
+is tests/ops/test_import_cost.py.)"""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -115,37 +111,3 @@ def test_a_param_that_is_not_an_identifier_is_still_refused_at_definition() -> N
     with pytest.raises(TypeError, match="construction param 'lambda' is not an identifier"):
         class ScaleOp(Op, specs=specs):
             pass
-
-
-_PROBE = """
-import json, sys
-import torch
-import tileops.ops as ops
-from tileops.runtime import Op
-from tileops.runtime.lazy import is_deferred
-classes = [c for c in vars(ops).values() if isinstance(c, type) and issubclass(c, Op)
-           and "_signature" in c.__dict__]
-print(json.dumps({"yaml": "yaml" in sys.modules, "classes": len(classes),
-                  "built": sorted(c.__name__ for c in classes
-                                  if not is_deferred(c, "_signature")
-                                  and c.__dict__["_signature"] is not None)}))
-"""
-
-
-def test_importing_the_ops_builds_few_classes_and_no_yaml_parser_from_the_record(
-        tmp_path) -> None:
-    env = {**os.environ, "TILEOPS_CACHE_DIR": str(tmp_path)}
-
-    def probe() -> dict:
-        out = subprocess.run([sys.executable, "-c", _PROBE], env=env, capture_output=True,
-                             text=True, check=True)
-        return json.loads(out.stdout.strip().splitlines()[-1])
-
-    first = probe()  # an empty cache: the files are read and validated, the record written
-    assert first["yaml"]
-    second = probe()
-    assert not second["yaml"]
-    assert second["classes"] > 100
-    # only the classes whose family base reads the plan when a class is defined (the row
-    # normalizations' slot layout) are built by the import
-    assert second["built"] and all("Norm" in n for n in second["built"]), second["built"]
