@@ -269,19 +269,22 @@ def permute_program(h: int, dtype: str):
     ):
         with T.Kernel(R, threads=threads) as r:
             tx = T.get_thread_binding(0)
-            buf = T.alloc_local((vec,), dtype)
+            buf = T.alloc_local((chunks, vec), dtype)
             s = Src[r]
-            for c in T.serial(chunks):
+            # every load of the row before any store: a thread's accesses in flight together
+            for c in T.unroll(chunks):
+                col = (c * threads + tx) * vec
+                if col < h and s >= 0:
+                    for v in T.vectorized(vec):
+                        buf[c, v] = X[s, col + v]
+                else:
+                    for v in T.vectorized(vec):
+                        buf[c, v] = T.cast(0, dtype)
+            for c in T.unroll(chunks):
                 col = (c * threads + tx) * vec
                 if col < h:
-                    if s >= 0:
-                        for v in T.vectorized(vec):
-                            buf[v] = X[s, col + v]
-                    else:
-                        for v in T.vectorized(vec):
-                            buf[v] = T.cast(0, dtype)
                     for v in T.vectorized(vec):
-                        Y[r, col + v] = buf[v]
+                        Y[r, col + v] = buf[c, v]
 
     return main
 
@@ -348,19 +351,23 @@ def unpermute_program(h: int, k: int, dtype: str):
         with T.Kernel(M, threads=threads) as t:
             tx = T.get_thread_binding(0)
             acc = T.alloc_local((vec,), f32)
-            buf = T.alloc_local((vec,), dtype)
+            buf = T.alloc_local((k, vec), dtype)
             for c in T.serial(chunks):
                 col = (c * threads + tx) * vec
                 if col < h:
-                    for v in T.vectorized(vec):
-                        acc[v] = 0.0
-                    for j in T.serial(k):
+                    for j in T.unroll(k):  # the picks' loads in flight together
                         src = Rows[t, j]
                         if src >= 0:
                             for v in T.vectorized(vec):
-                                buf[v] = Y[src, col + v]
-                            for v in T.unroll(vec):
-                                acc[v] = acc[v] + W[t, j] * T.cast(buf[v], f32)
+                                buf[j, v] = Y[src, col + v]
+                        else:
+                            for v in T.vectorized(vec):
+                                buf[j, v] = T.cast(0, dtype)
+                    for v in T.vectorized(vec):
+                        acc[v] = 0.0
+                    for j in T.unroll(k):
+                        for v in T.unroll(vec):
+                            acc[v] = acc[v] + W[t, j] * T.cast(buf[j, v], f32)
                     for v in T.vectorized(vec):
                         Out[t, col + v] = T.cast(acc[v], dtype)
 
