@@ -319,8 +319,10 @@ class MoeUnpermuteBwdOp(MoeOp):
 class GroupedGemmBwdOp(MoeOp):
     """The grouped GEMM's gradient: ``da`` through the forward's slot with the other weight
     layout (``dc @ op(b)^T`` is a grouped GEMM of ``dc`` and ``b`` as stored, ``trans_b``
-    flipped, reduction over N); ``db`` an expert at a time in torch (a batched product of
-    the masked blocks, or torch.mm over each contiguous segment, whose bounds are read back)."""
+    flipped, reduction over N); ``db`` an expert at a time in torch: a batched product of the
+    masked blocks, or over contiguous segments torch._grouped_mm of ``a.T`` and ``dc`` (its
+    offsets the segments' ends, on the device) where torch has it for the call (bfloat16 on
+    CUDA), else torch.mm a segment with the bounds read back (no CUDA graph captures that)."""
 
     kernel_types = {GroupedGemmInterface: (GroupedGemmKernel,)}
 
@@ -348,11 +350,18 @@ class GroupedGemmBwdOp(MoeOp):
             return grouped_gemm_bwd_reference(dc, a, b, metadata, layout=lay,
                                               trans_b=self.trans_b, grad_a=False,
                                               grad_b=True)[1]
-        g = a.new_zeros((e, a.shape[1], dc.shape[1]))
-        hi = torch.cummax(metadata[1:].long(), 0).values.clamp(0, a.shape[0]).tolist()
-        for i, (lo, end) in enumerate(zip([0, *hi[:-1]], hi, strict=True)):
-            if end > lo:
-                torch.mm(a[lo:end].T, dc[lo:end], out=g[i])
+        ends = torch.cummax(metadata[1:].long(), 0).values.clamp(0, a.shape[0])
+        grouped_mm = getattr(torch, "_grouped_mm", None)
+        if grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16:
+            # the segments' products over their rows, the bounds read on the device (a CUDA
+            # graph captures it)
+            g = grouped_mm(a.t(), dc, offs=ends.to(torch.int32))
+        else:  # the bounds read back: a product a segment
+            g = a.new_zeros((e, a.shape[1], dc.shape[1]))
+            hi = ends.tolist()
+            for i, (lo, end) in enumerate(zip([0, *hi[:-1]], hi, strict=True)):
+                if end > lo:
+                    torch.mm(a[lo:end].T, dc[lo:end], out=g[i])
         return g.transpose(1, 2) if self.trans_b else g
 
     def reference(self, call, a, b, metadata, dc):
