@@ -125,3 +125,7 @@ def test_permutations_compile_for_sm90(h, dtype, vector):
         assert ("uint4" in src) is vector
     assert "Src[" in perm  # the gather reads each row's token
     assert "if (0 <= src)" in unperm  # a dropped pick contributes nothing
+    if vector:  # the gates' gradient: a warp a token, its sums reduced by shuffles
+        grad = K.build_gate_grad(h, 8, dtype, "sm_90").get_kernel_source()
+        assert "__launch_bounds__(32, 1)" in grad and "__shfl_down_sync" in grad
+        assert "uint4" in grad

@@ -212,6 +212,7 @@ def test_grouped_gemm_gradient(case):
 
 
 def test_unpermutation_gradient():
+    """The gates' gradient through the warp-a-token kernel, the rows' in torch ops."""
     from tileops.ops import MoeUnpermuteBwdOp
 
     m, h, k = 300, 4096, 2
@@ -269,6 +270,7 @@ def program_keys():
         GroupedGemmFwdOp,
         MoePermuteAlignFwdOp,
         MoeTopkGatingFwdOp,
+        MoeUnpermuteBwdOp,
         MoeUnpermuteFwdOp,
     )
     from tileops.ops.workloads import cases_of
@@ -327,6 +329,10 @@ def program_keys():
     for c in cases_of(MoeUnpermuteFwdOp):
         if c.dtypes["T"] in served:
             keys.append(("unpermute", (c.values["H"], c.values["K"], c.dtypes["T"])))
+    for c in cases_of(MoeUnpermuteBwdOp):
+        if c.dtypes["T"] in served:
+            keys.append(("gate_grad", (c.values["H"], c.values["K"], c.dtypes["T"])))
+    keys.append(("gate_grad", (4096, 2, "bfloat16")))  # test_unpermutation_gradient
     for c in cases_of(FusedMoeFwdOp):
         v, p, dt = c.values, dict(c.params), c.dtypes["T"]
         if dt not in served:
@@ -347,7 +353,7 @@ def program_keys():
 def _build(key):
     kind, args = key
     {"gemm": G.build_grouped_gemm, "gating": K.build_gating, "permute": K.build_permute,
-     "unpermute": K.build_unpermute}[kind](*args)
+     "unpermute": K.build_unpermute, "gate_grad": K.build_gate_grad}[kind](*args)
 
 
 def _describe(key) -> str:

@@ -19,6 +19,10 @@ Three slots:
 :class:`MoeUnpermuteInterface` (``moe_unpermute``) -- ``forward(y, rows, weights, out)``:
     ``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, a slot with ``rows < 0`` skipped, in
     float32: a CTA a token, 16-byte vectors along the row (:func:`unpermute_program`).
+:class:`MoeGateGradInterface` (``moe_gate_grad``) -- ``forward(dout, y, rows, dweights)``:
+    the unpermutation's gradient for its gates, ``dweights[t, j] = dout[t] . y[rows[t, j]]``
+    (0 for a dropped pick): a warp a token, 16-byte vectors, the float32 sums reduced across
+    the warp (:func:`gate_grad_program`).
 
 Row lengths off the 16-byte vector (``H`` not a multiple of 8 two-byte elements) take
 element-wide accesses; the row counts are launch-time sizes, so one program serves every
@@ -46,6 +50,10 @@ __all__ = [
     "MoeUnpermuteInterface",
     "MoeUnpermuteKernel",
     "MoeUnpermuteSpec",
+    "MoeGateGradInterface",
+    "MoeGateGradKernel",
+    "build_gate_grad",
+    "gate_grad_program",
     "build_gating",
     "build_permute",
     "build_unpermute",
@@ -400,3 +408,83 @@ class MoeUnpermuteKernel(Kernel, MoeUnpermuteInterface):
             out.zero_()
             return
         self.program(y, rows, weights, out)
+
+
+class MoeGateGradInterface(KernelInterface):
+    """``forward(dout, y, rows, dweights)``: ``dout (M, H)``, ``y (R, H)``, ``rows (M, K)``
+    int32, ``dweights (M, K)`` float32 written whole."""
+
+    slot = "moe_gate_grad"
+    call_spec = MoeUnpermuteSpec
+
+
+def gate_grad_program(h: int, k: int, dtype: str):
+    """``dweights[t, j] = dout[t] . y[rows[t, j]]``: a warp a token (see the module
+    docstring); the lanes' sums are reduced by TVM's thread all-reduce over the warp."""
+    _, T = tl()
+    M, R = T.dynamic("M"), T.dynamic("R")
+    lanes = 32
+    vec = row_vector(h, dtype)
+    chunks = -(-h // (lanes * vec))
+    f32 = "float32"
+
+    @T.prim_func
+    def main(
+        Dout: T.Tensor((M, h), dtype),
+        Y: T.Tensor((R, h), dtype),
+        Rows: T.Tensor((M, k), "int32"),
+        DW: T.Tensor((M, k), f32),
+    ):
+        with T.Kernel(M, threads=lanes) as t:
+            lane = T.get_thread_binding(0)
+            a_l = T.alloc_local((vec,), dtype)
+            b_l = T.alloc_local((vec,), dtype)
+            acc = T.alloc_local((1,), f32)
+            red = T.alloc_local((1,), f32)
+            for j in T.serial(k):
+                src = Rows[t, j]
+                acc[0] = 0.0
+                if src >= 0:
+                    for c in T.serial(chunks):
+                        col = (c * lanes + lane) * vec
+                        if col < h:
+                            for v in T.vectorized(vec):
+                                a_l[v] = Dout[t, col + v]
+                            for v in T.vectorized(vec):
+                                b_l[v] = Y[src, col + v]
+                            for v in T.unroll(vec):
+                                acc[0] += T.cast(a_l[v], f32) * T.cast(b_l[v], f32)
+                with T.attr(T.comm_reducer(lambda x, y: x + y, [T.Cast(f32, 0)]),
+                            "reduce_scope", T.reinterpret(T.uint64(0), dtype="handle")):
+                    T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[0], True, red[0], lane,
+                                                      dtype="handle"))
+                if lane == 0:
+                    DW[t, j] = red[0]
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def build_gate_grad(h: int, k: int, dtype: str, target: str | None = None):
+    """Compile :func:`gate_grad_program`."""
+    return compile_program(gate_grad_program(h, k, dtype), target)
+
+
+class MoeGateGradKernel(Kernel, MoeGateGradInterface):
+    """Any row length and picks a token, sm_80 to sm_90."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    def __init__(self, spec: MoeUnpermuteSpec) -> None:
+        super().__init__(spec)
+        self.program = build_gate_grad(spec.h, spec.k, spec.dtype) if spec.k else None
+
+    def __call__(self, dout, y, rows, dweights) -> None:
+        if self.program is None or dweights.shape[0] == 0:
+            return
+        if self.spec.h == 0:
+            dweights.zero_()
+            return
+        self.program(dout, y, rows, dweights)

@@ -44,6 +44,8 @@ from tileops.kernels.grouped_gemm import (
 from tileops.kernels.moe import (
     GatingDType,
     MoeDType,
+    MoeGateGradInterface,
+    MoeGateGradKernel,
     MoeGatingInterface,
     MoeGatingKernel,
     MoeGatingSpec,
@@ -299,17 +301,27 @@ class GroupedGemmFwdOp(MoeOp):
 
 
 class MoeUnpermuteBwdOp(MoeOp):
-    """The unpermutation's gradient in torch ops on the device: the weighted upstream rows
-    summed into their rows (index_add_ over one spare row for the dropped picks) and a dot
-    product a pick for the weights."""
+    """The unpermutation's gradient: the gates' through the slot ``moe_gate_grad`` (a dot
+    product a pick, a warp a token); the rows' in torch ops on the device, each kept pick's
+    weighted upstream row summed into its row (index_add_ over one spare row for the dropped
+    picks: rows a routing names twice are summed, as the gradient of a gather is)."""
+
+    kernel_types = {MoeGateGradInterface: (MoeGateGradKernel,)}
 
     def forward(self, call, dout, y, rows, weights, dy, dweights) -> None:
-        g_y, g_w = unpermute_bwd_reference(dout, y, rows, weights, grad_y=dy is not None,
-                                           grad_weights=dweights is not None)
-        if dy is not None:
-            dy.copy_(g_y)
         if dweights is not None:
-            dweights.copy_(g_w)
+            h, k = y.shape[1], rows.shape[1]
+            key = (call.device, y.dtype, dweights.dtype, h, k)
+            entry = self._entries_by_call.get(key)
+            if entry is None:
+                refuse_unserved(self, y.dtype, _ROW_DTYPES, "unpermutation")
+                refuse_unserved(self, dweights.dtype, frozenset({"float32"}), "unpermutation")
+                entry = self.kernel_for(key, MoeGateGradInterface, lambda: MoeUnpermuteSpec(
+                    device=call.device, h=h, k=k, dtype=NAMES[y.dtype]))
+            entry(_laid(dout), _laid(y), _laid(rows), dweights)
+        if dy is not None:
+            dy.copy_(unpermute_bwd_reference(dout, y, rows, weights, grad_y=True,
+                                             grad_weights=False)[0])
 
     def reference(self, call, dout, y, rows, weights):
         return unpermute_bwd_reference(dout, y, rows, weights, grad_y=self.grad_y,
