@@ -16,18 +16,23 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tileops.kernels.grouped_gemm import GroupedGemmInterface, GroupedLayoutKind
+from tileops.kernels.moe import MoeGateGradInterface, MoePermuteInterface
 from tileops.ops import SiluAndMulFwdOp
+from tileops.ops._moe_layout import LayoutValue, grouped_gemm_reference
 from tileops.ops.moe import (
     ContiguousLayoutSpec,
     FusedMoeFwdOp,
+    GroupedGemmBwdOp,
     GroupedGemmFwdOp,
     MaskedLayoutSpec,
     MoePermuteAlignFwdOp,
     MoeTopkGatingFwdOp,
+    MoeUnpermuteBwdOp,
     MoeUnpermuteFwdOp,
     layout_spec,
 )
-from tileops.runtime import targets
+from tileops.runtime import Kernel, targets
 from tileops.signature import ConstructionError
 from tileops.spec import AdtValue
 from tileops.spec.primitives import PrimitiveError, moe_metadata
@@ -433,3 +438,83 @@ def test_gradients_through_the_grouped_layer_match_torch_autograd(m, lay, trans_
     want = torch.autograd.grad(ref, (y, b, w), up)
     for got, exp in zip(grads, want, strict=True):
         torch.testing.assert_close(got, exp, rtol=1e-10, atol=1e-10)
+
+
+# --- the forwards' glue, through CPU stand-ins of the kernels --------------------------------
+#
+# The in-tree kernels run on CUDA only; a stand-in implementing a slot on the CPU (the math of
+# the slot's contract in torch) runs each op's own forward here: the call spec it builds, the
+# tensors it hands over, what it computes around the slot.
+
+
+class _GemmStandIn(Kernel, GroupedGemmInterface):
+    devices = ("cpu",)
+    general = True
+    specs: list = []
+
+    def __call__(self, a, b, metadata, c) -> None:
+        s = self.spec
+        type(self).specs.append(s)
+        lay = LayoutValue(masked=s.layout is GroupedLayoutKind.MASKED, max_m=s.max_m)
+        c.copy_(grouped_gemm_reference(a, b, metadata, layout=lay, trans_b=s.trans_b))
+
+
+class _PermuteStandIn(Kernel, MoePermuteInterface):
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, x, src, y) -> None:
+        s = src.long()
+        y.copy_(torch.where((s >= 0)[:, None], x[s.clamp(min=0)], torch.zeros((), dtype=x.dtype)))
+
+
+class _GateGradStandIn(Kernel, MoeGateGradInterface):
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, dout, y, rows, dweights) -> None:
+        r = rows.long()
+        dots = (y[r.clamp(min=0)].float() * dout.float()[:, None, :]).sum(-1)
+        dweights.copy_(torch.where(r >= 0, dots, 0.0))
+
+
+def _bf16(*shape, seed):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+
+
+@pytest.mark.parametrize("masked", [False, True])
+def test_the_gemm_gradient_builds_the_flipped_product_and_the_segment_products(masked):
+    _GemmStandIn.specs.clear()
+    lay = MaskedLayoutSpec(4) if masked else TIGHT
+    op = GroupedGemmBwdOp(trans_b=True, layout=lay, target=targets.IN_TREE,
+                          kernel_map={GroupedGemmInterface: _GemmStandIn})
+    a = _bf16(3, 4, 6, seed=1) if masked else _bf16(10, 6, seed=1)
+    dc = _bf16(3, 4, 5, seed=2) if masked else _bf16(10, 5, seed=2)
+    b = _bf16(3, 5, 6, seed=3)
+    meta = torch.tensor([4, 0, 2] if masked else [0, 3, 3, 8], dtype=torch.int32)
+    da, db = op(a, b, meta, dc)
+    (spec,) = _GemmStandIn.specs
+    assert (spec.n, spec.k, spec.trans_b) == (6, 5, False)  # dc @ b[e]: N reduced, K out
+    ref_da, ref_db = op.fp64_reference(a, b, meta, dc)
+    torch.testing.assert_close(da.double(), ref_da, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(db.double(), ref_db, rtol=2e-2, atol=5e-2)
+
+
+def test_the_permutation_gathers_the_grouping_s_rows():
+    op = MoePermuteAlignFwdOp(num_experts=4, layout=MaskedLayoutSpec(3), target=targets.IN_TREE,
+                              kernel_map={MoePermuteInterface: _PermuteStandIn})
+    x, ids = _bf16(6, 8, seed=4), _ids(6, 2, 4, seed=5, dropped=True)
+    for got, want in zip(op(x, ids), op.fp64_reference(x, ids), strict=True):
+        assert torch.equal(got.double(), want.double())
+
+
+def test_the_unpermutation_gradient_takes_the_gates_from_the_slot():
+    op = MoeUnpermuteBwdOp(target=targets.IN_TREE,
+                           kernel_map={MoeGateGradInterface: _GateGradStandIn})
+    y, dout = _bf16(9, 8, seed=6), _bf16(4, 8, seed=7)
+    rows = torch.tensor([[0, 3], [5, -1], [8, 1], [2, 2]], dtype=torch.int32)
+    w = torch.rand(4, 2, generator=torch.Generator().manual_seed(8))
+    dy, dw = op(dout, y, rows, w)
+    ref_dy, ref_dw = op.fp64_reference(dout, y, rows, w)
+    torch.testing.assert_close(dy.double(), ref_dy, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(dw.double(), ref_dw, rtol=1e-5, atol=1e-5)
