@@ -361,7 +361,7 @@ CONFIGS = {
 }
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=10, deadline=None)
 @given(m=st.integers(1, 12), config=st.sampled_from(sorted(CONFIGS)),
        lay=_layouts().filter(lambda v: getattr(v, "metadata_kind", "") != "per_row"))
 def test_the_composite_runs_its_stages_and_matches_the_layer(m, config, lay) -> None:
