@@ -86,7 +86,8 @@ def test_outward_import_breaks_the_layers_contract(
     src = _fake_tree(tmp_path, {importer: f"import tileops.{imported}\n"})
     result = _run(tmp_path, [src])
     assert result.returncode != 0
-    assert "Layers: nn -> ops -> kernels -> runtime -> signature -> spec BROKEN" in result.stdout
+    assert ("Layers: integrations -> nn -> ops -> kernels -> runtime -> signature -> spec "
+            "BROKEN") in result.stdout
     assert f"tileops.{importer} -> tileops.{imported}" in result.stdout
 
 

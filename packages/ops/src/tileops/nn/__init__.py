@@ -15,6 +15,8 @@ k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope). The po
 (:class:`MaxPool2d`, :class:`AvgPool2d`, :class:`AdaptiveAvgPool2d` and their 1-D and 3-D
 namesakes) are torch.nn's, returning what torch's return. :class:`Attention` is FlashAttention's
 attention (GQA, bottom-right causal mask, window, softcap) as a parameter-free layer.
+:class:`MoE` is a mixture-of-experts layer on the fused MoE op (Mixtral and DeepSeek-V3
+configs).
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -26,6 +28,7 @@ from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .attention import Attention
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
+from .moe import MoE
 from .norm import FusedAddRMSNorm, LayerNorm, RMSNorm
 from .parallel import (
     ColumnParallelLinear,
@@ -62,6 +65,7 @@ __all__ = [
     "MaxPool1d",
     "MaxPool2d",
     "MaxPool3d",
+    "MoE",
     "RMSNorm",
     "ReLU",
     "RotaryEmbedding",
