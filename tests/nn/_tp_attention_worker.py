@@ -145,6 +145,9 @@ def main() -> int:
             print(f"rank {rank}: MISMATCH {e}", flush=True)
             failed += 1
     finally:
+        # every rank past its last collective before any tears gloo down (a rank leaving
+        # while its peer's connection is still in use can abort the process at exit)
+        dist.barrier()
         dist.destroy_process_group()
     total = len(cases) + 1
     print(f"rank {rank} of {world}: {total - failed} of {total} cases match", flush=True)

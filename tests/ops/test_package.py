@@ -29,10 +29,14 @@ def test_declared_dependencies() -> None:
     except importlib.metadata.PackageNotFoundError:
         pytest.skip("tileops-ops is imported from a source path, not installed")
     assert dist.version == "0.1.0"
-    requires = {Requirement(r).name for r in dist.requires or []}
-    # the kernels (and through them the lower layers); click, rich and matplotlib for the
-    # `tileops` command (packages/ops/README.md says why each)
-    assert requires == {"tileops-kernels", "click", "rich", "matplotlib"}
+    requires = [Requirement(r) for r in dist.requires or []]
+    # the kernels (and through them the lower layers); click and rich for the `tileops`
+    # command; matplotlib (its plot) and transformers (the Hugging Face integration) only as
+    # extras (packages/ops/README.md says why each)
+    assert {r.name for r in requires if r.marker is None} == {"tileops-kernels", "click", "rich"}
+    extras = {(str(r.marker), r.name) for r in requires if r.marker is not None}
+    assert extras == {('extra == "plot"', "matplotlib"),
+                      ('extra == "transformers"', "transformers")}
 
 
 def test_the_tileops_command_is_installed() -> None:
