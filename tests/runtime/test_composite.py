@@ -568,3 +568,16 @@ def test_a_composite_whose_delegates_run_elsewhere_is_served_whole_by_device() -
     assert torch.equal(op(torch.ones(2), torch.ones(2)), torch.full((2,), 4.0))
     assert op.serving_target == REFERENCE and op.last_call.stages == ()
     assert op._delegates == {}
+
+
+def test_a_delegate_key_holds_an_adt_param() -> None:
+    from tileops.runtime.composite import _freeze
+    from tileops.spec import AdtValue
+
+    masked = _freeze(AdtValue("masked", {"max_m": 64}))
+    hash(masked)
+    assert masked == _freeze(AdtValue("masked", {"max_m": 64}))
+    assert masked != _freeze(AdtValue("masked", {"max_m": 128}))
+    assert masked != _freeze(AdtValue("contiguous", {"max_m": 64}))
+    nested = _freeze({"layout": AdtValue("contiguous", {"packing": True, "alignment": [8]})})
+    hash(nested)

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
+from tileops.spec import AdtValue
+
 from .errors import StageError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -91,6 +93,10 @@ class Composite:
 
 
 def _freeze(v: Any) -> Any:
+    """A hashable key of a delegate's param value (lists, dicts and ADT values, whose fields
+    are a mapping, included)."""
+    if isinstance(v, AdtValue):
+        return ("adt", v.constructor, _freeze(dict(v.fields)))
     if isinstance(v, list):
         return tuple(_freeze(x) for x in v)
     if isinstance(v, dict):
