@@ -212,6 +212,12 @@ class _Rename(ast.NodeTransformer):
         back = E._from_py(node, "")
         return self.gen._py(back, self.presence_code)
 
+    def visit_List(self, node: ast.List) -> ast.AST:  # noqa: N802
+        # a shape is a tuple at call time, as a list literal compiled on its own is (_py):
+        # ``[*B, N] != [1, 1]`` compares tuples, not a list with a tuple
+        self.generic_visit(node)
+        return ast.Tuple(node.elts, ast.Load())
+
 
 def subst(node: E.Node, env: Mapping[str, E.Node], consts: Mapping[str, Any]) -> E.Node:
     """Substitute family params by argument nodes; fold field reads of ADT discriminants."""
