@@ -10,17 +10,19 @@ theta ** (-2i / D)``, causal ``scaled_dot_product_attention`` with ``enable_gqa`
 The sharded float32 results must match it within float32 tolerance: the output, the input
 gradient, and each shard's weight (and bias) gradients against the matching rows or columns of
 the full ones. Any mismatch exits non-zero with a line naming the rank, the case and the
-tensor.
+tensor (the run and the comparison are _tp_worker.py's).
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 
 import torch
-import torch.distributed as dist
 import torch.nn.functional as F
+from _tp_worker import _check as check
+from _tp_worker import _Mismatch, _randn, run
 from torch import nn
 
 from tileops.nn import TensorParallelAttention
@@ -30,22 +32,7 @@ RTOL, ATOL = 1e-4, 1e-5  # float32 against float64 through a softmax over at mos
 HIDDEN, THETA = 32, 500.0
 
 
-class _Mismatch(Exception):
-    pass
-
-
-def _check(case: str, what: str, seen: torch.Tensor, expected: torch.Tensor) -> None:
-    if seen.shape != expected.shape:
-        raise _Mismatch(f"{case}: {what} has shape {tuple(seen.shape)}, expected "
-                        f"{tuple(expected.shape)}")
-    if not torch.allclose(seen.double(), expected, rtol=RTOL, atol=ATOL):
-        err = (seen.double() - expected).abs().max().item()
-        raise _Mismatch(f"{case}: {what} differs from the single-device float64 result by up "
-                        f"to {err:.3e} (rtol {RTOL}, atol {ATOL})")
-
-
-def _randn(*shape: int, seed: int) -> torch.Tensor:
-    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+_check = functools.partial(check, rtol=RTOL, atol=ATOL)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -128,30 +115,8 @@ def indivisible(world: int) -> None:
 
 
 def main() -> int:
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
     cases = [(4, 2, False, True), (4, 4, True, True), (8, 2, False, True), (4, 2, False, False)]
-    failed = 0
-    try:
-        for args in cases:
-            try:
-                attention(*args, rank, world)
-            except _Mismatch as e:
-                print(f"rank {rank}: MISMATCH {e}", flush=True)
-                failed += 1
-        try:
-            indivisible(world)
-        except _Mismatch as e:
-            print(f"rank {rank}: MISMATCH {e}", flush=True)
-            failed += 1
-    finally:
-        # every rank past its last collective before any tears gloo down (a rank leaving
-        # while its peer's connection is still in use can abort the process at exit)
-        dist.barrier()
-        dist.destroy_process_group()
-    total = len(cases) + 1
-    print(f"rank {rank} of {world}: {total - failed} of {total} cases match", flush=True)
-    return 1 if failed else 0
+    return run([(attention, args) for args in cases], [indivisible])
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ Any mismatch exits non-zero with a line naming the rank, the case and the tensor
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 
 import torch
@@ -33,14 +34,15 @@ class _Mismatch(Exception):
     pass
 
 
-def _check(case: str, what: str, seen: torch.Tensor, expected: torch.Tensor) -> None:
+def _check(case: str, what: str, seen: torch.Tensor, expected: torch.Tensor, *,
+           rtol: float = RTOL, atol: float = ATOL) -> None:
     if seen.shape != expected.shape:
         raise _Mismatch(f"{case}: {what} has shape {tuple(seen.shape)}, expected "
                         f"{tuple(expected.shape)}")
-    if not torch.allclose(seen.double(), expected, rtol=RTOL, atol=ATOL):
+    if not torch.allclose(seen.double(), expected, rtol=rtol, atol=atol):
         err = (seen.double() - expected).abs().max().item()
         raise _Mismatch(f"{case}: {what} differs from the single-device float64 result by up "
-                        f"to {err:.3e} (rtol {RTOL}, atol {ATOL})")
+                        f"to {err:.3e} (rtol {rtol}, atol {atol})")
 
 
 def _randn(*shape: int, seed: int) -> torch.Tensor:
@@ -167,35 +169,37 @@ def indivisible(world: int) -> None:
             raise _Mismatch(f"{name} with 5 features on {world} ranks was not refused")
 
 
-def main() -> int:
+def run(cases: list, checks: list) -> int:
+    """One rank's run: each ``fn(*args, rank, world)`` of ``cases`` and each ``check(world)``
+    of ``checks``, a line for each mismatch and a count at the end; the exit status."""
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cases = [
-        *[(column, (gather, bias)) for gather in (True, False) for bias in (True, False)],
-        *[(row, (parallel, bias)) for parallel in (True, False) for bias in (True, False)],
-        *[(mlp, (bias,)) for bias in (False, True)],
-    ]
+    calls = [functools.partial(fn, *args, rank, world) for fn, args in cases]
+    calls += [functools.partial(check, world) for check in checks]
     failed = 0
     try:
-        for fn, args in cases:
+        for call in calls:
             try:
-                fn(*args, rank, world)
+                call()
             except _Mismatch as e:
                 print(f"rank {rank}: MISMATCH {e}", flush=True)
                 failed += 1
-        try:
-            indivisible(world)
-        except _Mismatch as e:
-            print(f"rank {rank}: MISMATCH {e}", flush=True)
-            failed += 1
     finally:
         # every rank past its last collective before any tears gloo down (a rank leaving
         # while its peer's connection is still in use can abort the process at exit)
         dist.barrier()
         dist.destroy_process_group()
-    total = len(cases) + 1
+    total = len(calls)
     print(f"rank {rank} of {world}: {total - failed} of {total} cases match", flush=True)
     return 1 if failed else 0
+
+
+def main() -> int:
+    return run([
+        *[(column, (gather, bias)) for gather in (True, False) for bias in (True, False)],
+        *[(row, (parallel, bias)) for parallel in (True, False) for bias in (True, False)],
+        *[(mlp, (bias,)) for bias in (False, True)],
+    ], [indivisible])
 
 
 if __name__ == "__main__":
