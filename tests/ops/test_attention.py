@@ -370,3 +370,51 @@ def test_a_training_step_on_the_gpu_matches_float64(kw):
     for name, a, b in zip("qkv", got, want, strict=True):
         err = (a.double().cpu() - b).abs().max().item()
         assert err <= 2e-2 * b.abs().max().item(), f"d{name} is {err:.3g} off"
+
+
+class _Recorded:
+    """A CPU stand-in of a slot's kernel: records which kernel ran under which call spec and
+    fills its outputs, so the family base's plumbing is checked without a GPU."""
+
+    devices = ("cpu",)
+    general = True
+    specs: list = []
+
+    def __call__(self, *tensors):
+        assert all(t.is_contiguous() and not t.data_ptr() % 16 for t in tensors[:3])
+        type(self).specs.append((id(self), self.spec))
+        for t in tensors[-self.n_out:]:
+            if t is not None:
+                t.fill_(1.5)
+
+
+def test_the_forward_and_gradient_hand_their_slot_one_call_spec_and_lay_out_their_inputs():
+    from tileops.kernels.attention import AttentionFwdInterface
+    from tileops.kernels.attention_bwd import AttentionBwdInterface
+    from tileops.runtime import Kernel
+
+    class Fwd(_Recorded, Kernel, AttentionFwdInterface):
+        n_out, specs = 2, []
+
+    class Bwd(_Recorded, Kernel, AttentionBwdInterface):
+        n_out, specs = 3, []
+
+    q, k, v = _qkv(2, 5, 7, 4, 2, 64, dtype=torch.float16)
+    q = q.transpose(1, 2).contiguous().transpose(1, 2)  # strided: laid out before the kernel
+    fwd = GroupedQueryAttentionFwdOp(is_causal=True, window=(3, -1), softcap=2.0,
+                                     kernel_map={AttentionFwdInterface: Fwd})
+    o, lse = fwd(q, k, v)
+    fwd(q, k, v)  # the cached call: the same kernel
+    assert torch.equal(o, torch.full_like(o, 1.5)) and lse.dtype == torch.float32
+    assert len(Fwd.specs) == 2 and Fwd.specs[0] == Fwd.specs[1]
+    spec = Fwd.specs[0][1]
+    assert (spec.batch, spec.seq_q, spec.seq_kv, spec.heads, spec.heads_kv, spec.dim,
+            spec.dim_v, spec.dtype, spec.layout.value) == (2, 5, 7, 4, 2, 64, 64, "float16",
+                                                           "bshd")
+    assert (spec.window_left, spec.window_right, spec.softcap) == (3, 0, 2.0)
+    assert spec.scale == pytest.approx(1 / 8)
+    bwd = GroupedQueryAttentionBwdOp(is_causal=True, window=(3, -1), softcap=2.0,
+                                     kernel_map={AttentionBwdInterface: Bwd})
+    dq, dk, dv = bwd(torch.ones_like(o), q, k, v, o, lse, torch.zeros_like(lse))
+    assert torch.equal(dq, torch.full_like(dq, 1.5)) and dk.shape == k.shape
+    assert [sp for _, sp in Bwd.specs] == [spec]

@@ -195,19 +195,25 @@ class AttentionOp(Op):
         """The scores' scale: the op's ``scale``, else ``1 / sqrt(D)``."""
         return self.scale if self.scale is not None else 1.0 / math.sqrt(d)
 
+    def _attention_entry(self, key: tuple, interface: type) -> Any:
+        """The entry of a call's ``key`` (device, dtype and the solved sizes) on the slot
+        ``interface``, forward or gradient: both read the same call spec."""
+        device, dtype, b, s_q, s_kv, h, h_kv, d, d_v = key
+        refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
+        left, right = self._bounds
+        return self.kernel_for(key, interface, lambda: AttentionFwdSpec(
+            device=device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv, dim=d,
+            dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
+            scale=self.softmax_scale(d), window_left=left, window_right=right,
+            softcap=self.softcap))
+
     def forward(self, call, q, k, v, o, lse) -> None:
         b, s_q, s_kv, h, h_kv, d, d_v = self._read(call)
         dtype = call.d_q
         key = (call.device, dtype, b, s_q, s_kv, h, h_kv, d, d_v)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
-            left, right = self._bounds
-            entry = self.kernel_for(key, AttentionFwdInterface, lambda: AttentionFwdSpec(
-                device=call.device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv,
-                dim=d, dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
-                scale=self.softmax_scale(d), window_left=left, window_right=right,
-                softcap=self.softcap))
+            entry = self._attention_entry(key, AttentionFwdInterface)
         if not q.is_contiguous() or q.data_ptr() % 16:
             q = _laid_out(q)
         if not k.is_contiguous() or k.data_ptr() % 16:
@@ -255,6 +261,7 @@ class AttentionBwdOp(Op):
     kv_heads_index: ClassVar[str]
     derive = AttentionOp.derive
     softmax_scale = AttentionOp.softmax_scale
+    _attention_entry = AttentionOp._attention_entry
 
     def forward(self, call, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
         b, s_q, s_kv, h, h_kv, d, d_v = self._read(call)
@@ -262,13 +269,7 @@ class AttentionBwdOp(Op):
         key = (call.device, dtype, b, s_q, s_kv, h, h_kv, d, d_v)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
-            refuse_unserved(self, dtype, _KERNEL_DTYPES, "attention")
-            left, right = self._bounds
-            entry = self.kernel_for(key, AttentionBwdInterface, lambda: AttentionFwdSpec(
-                device=call.device, batch=b, seq_q=s_q, seq_kv=s_kv, heads=h, heads_kv=h_kv,
-                dim=d, dim_v=d_v, dtype=NAMES[dtype], layout=AttentionLayout(self.layout),
-                scale=self.softmax_scale(d), window_left=left, window_right=right,
-                softcap=self.softcap))
+            entry = self._attention_entry(key, AttentionBwdInterface)
         dout, q, k, v, o = (t if t.is_contiguous() and not t.data_ptr() % 16 else _laid_out(t)
                             for t in (dout, q, k, v, o))
         if lse is not None and not lse.is_contiguous():
