@@ -170,7 +170,7 @@ ERRORS = [
     pytest.param(
         edit('y: {dtype: T, shape: "[M]"}', 'y: {dtype: T, shape: "[M]", aliased: x}'),
         "op.yaml:11: in Op.signature.outputs.y: unknown field 'aliased'; expected one of: "
-        "dtype, shape, nullable, alias, buffer, doc",
+        "dtype, shape, nullable, returned, alias, buffer, doc",
         id="unknown-field-output",
     ),
     pytest.param(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from .validate_base import (
+    FLAG,
     FLOPS,
     ROW,
     X,
@@ -28,6 +29,10 @@ PASSING = {
         ("write-only", edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true, '
                                'write_only: true}')),
         ("buffer", edit(Y, 'y: {dtype: T, shape: "[M, N]", buffer: true}')),
+        ("returned-on-a-param", edit(
+            Y, Y + '\n      z: {dtype: T, shape: "[M]", returned: flag}')),
+        ("returned-false-beside-a-returned-one", edit(
+            Y, Y + '\n      z: {dtype: T, shape: "[M]", returned: false}')),
         ("presence", edit(
             X, X + '\n      w: {dtype: T, shape: "[N]", optional: "not flag"}',
             FLOPS, 'flops: "M * N * (2 if present(w) else 1)"',
@@ -141,6 +146,76 @@ FAILING = [
             ),
         ],
         id="effects:nullable-depends-on-a-dim",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", returned: "N > 0"}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.returned: 'N > 0': returned may depend"
+                " only on construction params (a result's arity is fixed when the op is"
+                " built); 'N' is not a construction param",
+            ),
+        ],
+        id="effects:returned-depends-on-a-dim",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", returned: "present(x)"}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.returned: 'present(x)': returned may"
+                " depend only on construction params (a result's arity is fixed when the op is"
+                " built); 'x' is not a construction param",
+            ),
+        ],
+        id="effects:returned-depends-on-presence",
+    ),
+    pytest.param(
+        edit(FLAG, FLAG + "\n      n: {type: int, default: 1}",
+             Y, 'y: {dtype: T, shape: "[M, N]", returned: "n"}'),
+        [
+            (
+                "kind",
+                "op.yaml:12: in Op.signature.outputs.y.returned: 'n' is Int, but a Bool"
+                " predicate is expected here",
+            ),
+        ],
+        id="kind:returned-not-a-bool",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", buffer: true, returned: flag}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.returned: an output with buffer is the"
+                " caller's tensor and is always returned; drop returned or buffer",
+            ),
+        ],
+        id="effects:returned-with-buffer",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true}',
+             Y, 'y: {dtype: T, shape: "[M, N]", alias: x, returned: flag}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.returned: an output with alias is the"
+                " caller's tensor and is always returned; drop returned or alias",
+            ),
+        ],
+        id="effects:returned-with-alias",
+    ),
+    pytest.param(
+        edit(Y, 'y: {dtype: T, shape: "[M, N]", returned: false}'),
+        [
+            (
+                "effects",
+                "op.yaml:10: in Op.signature.outputs: every output is returned: false; a call"
+                " must return at least one",
+            ),
+        ],
+        id="effects:nothing-returned",
     ),
     pytest.param(
         edit(FLOPS, 'flops: "M if present(x) else N"'),

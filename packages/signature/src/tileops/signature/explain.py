@@ -65,6 +65,8 @@ def explain(target: SignaturePlan | tuple[str, OpEntry], *, code: bool = False,
             effects.append(f"{n} may be given (out=)")
         if d.nullable.text not in ("False",):
             effects.append(f"{n} is None when {d.nullable.text}")
+        if d.returned.text not in ("True",):
+            effects.append(f"{n} is left out of the result unless {d.returned.text}")
     if effects:
         lines.append("  effects: " + "; ".join(effects))
     if entry.roofline is not None:

@@ -74,6 +74,7 @@ class Expr:
 
 
 FALSE = Expr("False", E.Bool(False))
+TRUE = Expr("True", E.Bool(True))
 
 
 class Base(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
@@ -127,13 +128,17 @@ class InputDecl(Base, frozen=True):
 
 
 class OutputDecl(Base, frozen=True):
-    """An output tensor. ``nullable`` (bool or predicate): it may be None. ``alias``: the
-    output *is* that (mutated) input object. ``buffer``: the caller may pass its storage
-    (``out=``); the op then writes into it and returns it."""
+    """An output tensor. ``nullable`` (bool or predicate): it may be None. ``returned`` (bool
+    or predicate over construction params): whether the call's result holds it; an output
+    left out is still produced (a ``backward:`` block may save it), as attention's
+    log-sum-exp is unless ``return_lse``. ``alias``: the output *is* that (mutated) input
+    object. ``buffer``: the caller may pass its storage (``out=``); the op then writes into it
+    and returns it."""
 
     dtype: Expr
     shape: Expr
     nullable: Expr = FALSE
+    returned: Expr = TRUE
     alias: str | None = None
     buffer: bool = False
     doc: str = ""

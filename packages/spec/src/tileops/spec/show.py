@@ -58,6 +58,8 @@ def render_signature(name: str, entry: OpEntry) -> str:
         extra = f" = {d.alias}" if d.alias else ""
         if d.nullable.text not in ("False", "false"):
             extra += " | None"
+        if d.returned.text not in ("True", "true"):
+            extra += f" {{returned if {d.returned.text}}}"
         outs.append(f"{n}: " + _tensor(d.dtype, d.shape) + extra)
     out = outs[0] if len(outs) == 1 else "(" + ", ".join(outs) + ")"
     arrow = " -> ".join([*ins, out])

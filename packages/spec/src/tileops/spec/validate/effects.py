@@ -3,6 +3,7 @@
 An alias names an input of the same dtype and shape that is mutated, at least in some
 calls: the output is that input object in the calls that write it and a fresh tensor in
 the others. ``write_only`` is only on a mutated input; ``buffer`` never with ``alias``;
+``returned`` reads construction params only, and never with ``alias`` or ``buffer``;
 effect predicates depend only on construction params and presence, so they are fixed for a
 constructed op; ``present(x)`` only on a tensor that may be absent (checked in
 :mod:`.infer`).
@@ -12,7 +13,7 @@ from __future__ import annotations
 
 from .. import expr as E
 from ..primitives import DTYPE_PRIMITIVES, GENERATORS
-from ..schema import Expr, OutputDecl
+from ..schema import FALSE, TRUE, Expr, OutputDecl
 from .context import EntryContext
 
 __all__ = ["check_tensors"]
@@ -69,6 +70,30 @@ def check_tensors(ctx: EntryContext) -> None:
                     _check_values(ctx, f"{path}.values", d.values)
             else:
                 _check_alias(ctx, path, n, d)
+                _check_returned(ctx, path, d, params_only)
+    if ctx.sig.outputs and all(d.returned == FALSE for d in ctx.sig.outputs.values()):
+        ctx.report.add(f"{ctx.sig_path}.outputs", "every output is returned: false; a call must "
+                       "return at least one", "effects")
+
+
+def _check_returned(ctx: EntryContext, path: str, d: OutputDecl,
+                    params_only: dict) -> None:
+    """``returned`` is fixed for a constructed op (its result's arity never depends on a
+    call): a bool or a predicate over construction params alone; an output the caller aliases
+    or supplies (``alias``, ``buffer``) is always returned."""
+    if d.returned == TRUE:
+        return
+    bad = [m for m in d.returned.names() if m not in params_only]
+    if bad:
+        ctx.report.add(f"{path}.returned", f"{d.returned.text!r}: returned may depend only on "
+                       f"construction params (a result's arity is fixed when the op is built); "
+                       f"{bad[0]!r} is not a construction param", "effects")
+        return
+    ctx.check(f"{path}.returned", d.returned, "bool")
+    for flag, on in (("alias", d.alias is not None), ("buffer", d.buffer)):
+        if on:
+            ctx.report.add(f"{path}.returned", f"an output with {flag} is the caller's tensor "
+                           f"and is always returned; drop returned or {flag}", "effects")
 
 
 def _check_values(ctx: EntryContext, path: str, ex: Expr) -> None:
