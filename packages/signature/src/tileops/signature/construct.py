@@ -216,6 +216,30 @@ def check_param_refinements(plan: SignaturePlan, values: dict[str, Any],
                     call or "(no params)", {}, plan.where(f"signature.shape_rules[{i}]"))
 
 
+def returned_outputs(plan: SignaturePlan, values: dict[str, Any]) -> tuple[str, ...]:
+    """The outputs a call's result holds at these params: those whose ``returned`` holds."""
+    if not plan.may_leave_out:
+        return plan.output_names
+    scope = Scope({**values, **const_lets(plan, values)}, plan.sig.types)
+    return tuple(n for n, d in plan.sig.outputs.items() if evaluate(d.returned.node, scope))
+
+
+def check_returned(plan: SignaturePlan, values: dict[str, Any], params: Mapping) -> None:
+    """A construction whose result would hold no output is refused, naming the params the
+    outputs' ``returned`` predicates read."""
+    if returned_outputs(plan, values):
+        return
+    names = [m for d in plan.sig.outputs.values() for m in d.returned.names()]
+    rule = " or ".join(d.returned.text for d in plan.sig.outputs.values())
+    shown = ", ".join(f"{m} = {fmt_value(values[m])}" for m in dict.fromkeys(names)
+                      if m in values)
+    call = ", ".join(f"{k}={fmt_value(v)}" for k, v in params.items())
+    raise ConstructionError(
+        plan.name, ", ".join(_params_of(plan, names)), rule, shown,
+        "no output would be returned (each output's returned is false)",
+        call or "(no params)", {}, plan.where("signature.outputs"))
+
+
 def _params_of(plan: SignaturePlan, names: list[str]) -> list[str]:
     """The construction params ``names`` read, directly or through let definitions."""
     out: dict[str, None] = {}

@@ -51,7 +51,14 @@ from tileops.spec.kinds import DTypeK, Kind
 from .adapters import DTypeAdapter, torch_adapter
 from .call import SignatureCall, record_type
 from .common import Failure, FastBody, shape_text
-from .construct import check_param_refinements, const_lets, normalize_params, point_key
+from .construct import (
+    check_param_refinements,
+    check_returned,
+    const_lets,
+    normalize_params,
+    point_key,
+    returned_outputs,
+)
 from .errors import SignatureCallError
 from .gen_check import Generator
 
@@ -100,6 +107,9 @@ class SignaturePlan:
         self.optional_inputs = tuple(n for n, d in self.sig.inputs.items()
                                      if d.optional.node != E.Bool(False))
         self.buffer_outputs = tuple(n for n, d in self.sig.outputs.items() if d.buffer)
+        #: whether some construction leaves an output out of the call's result (``returned``)
+        self.may_leave_out = any(d.returned.node != E.Bool(True)
+                                 for d in self.sig.outputs.values())
         self._points: dict[tuple, ConstructionPoint] = {}
         self._lock = threading.Lock()
 
@@ -131,6 +141,7 @@ class SignaturePlan:
             point = self._points.get(key)
             if point is None:
                 check_param_refinements(self, values, params)
+                check_returned(self, values, params)
                 point = ConstructionPoint(self, values)
                 self._points[key] = point
         return point
@@ -148,6 +159,8 @@ class ConstructionPoint:
         self.adapter = plan.adapter
         self.input_names = plan.input_names
         self.output_names = plan.output_names
+        #: the outputs the call's result holds, in order (``returned`` at these params)
+        self.returned_outputs: tuple[str, ...] = returned_outputs(plan, self.params)
         self.dtype_indices = {n for n, k in plan.kinds.items()
                               if isinstance(k, DTypeK) and n in plan.sig.forall}
         self.constants: dict[str, Any] = {**self.params, **const_lets(plan, self.params)}
