@@ -152,7 +152,11 @@ class Gradient:
                      for f in feeds)
         # traced: the boundary's call gives every output in the entry's order, an output
         # aliasing a written input (a gradient written over a saved tensor) as that input
-        outs = bwd._boundary.call(bwd, args) if traced else bwd(*args)  # the fused call
+        # (a backward op leaving an output out of its result runs the general call, which
+        # gives them all)
+        outs = (bwd._boundary.call(bwd, args) if traced else
+                bwd(*args) if not bwd._point.plan.may_leave_out else  # the fused call
+                bwd._general_call(args, {}))
         if not isinstance(outs, tuple):
             outs = (outs,)
         return tuple(outs[k] if k is not None and needs[i] else None

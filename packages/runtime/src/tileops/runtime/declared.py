@@ -185,9 +185,10 @@ class Equivalents:
         raise NotImplementedError(f"{type(self).__name__} declares no reference")
 
     def fp64_reference(self, *inputs: Any) -> tuple:
-        """The op's outputs in float64 for these inputs (absent optional ones as None): the
-        call is checked as the op would check it, then :meth:`reference` runs on float64
-        copies of the floating-point inputs."""
+        """The op's outputs in float64 for these inputs (absent optional ones as None), those
+        a call returns (:attr:`returned_outputs`), as a tuple: the call is checked as the op
+        would check it, then :meth:`reference` runs on float64 copies of the floating-point
+        inputs."""
         n = self._n_inputs
         if len(inputs) > n:
             raise self._arity_error(inputs)
@@ -200,8 +201,12 @@ class Equivalents:
         wide = [t.double() if t is not None and t.is_floating_point() else t for t in inputs]
         wide += [None] * (n - len(wide))
         outs = self.reference(call, *wide)
-        return tuple(o.double() if o is not None and o.is_floating_point() else o
+        outs = tuple(o.double() if o is not None and o.is_floating_point() else o
                      for o in outs)
+        if self._point.plan.may_leave_out:  # the outputs a call returns (a tuple still)
+            outs = tuple(outs[self._signature.output_names.index(n)]
+                         for n in self.returned_outputs)
+        return outs
 
     def eager(self) -> Any:
         """The torch eager equivalent (the entry's ``ref_api``) as a callable taking the op's

@@ -274,8 +274,9 @@ def class_call(plan: Any) -> tuple[Any, str]:
 def class_function(plan: Any) -> Any:
     """The ``__call__`` of :func:`class_call`, without its source text. Each class compiles
     its own code object (a traced frame is cached per code object, so classes do not share
-    one); the module, which depends only on the input names and which are optional, is built
-    once for every class with those inputs."""
+    one); the module, which depends only on the input names, which are optional and whether
+    a construction may leave an output out of the result, is built once for every class with
+    those."""
     module = _class_module(*_class_key(plan))
     ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling}
     code = compile(module, f"<tileops.runtime {plan.name}.__call__>", "exec")
@@ -283,13 +284,22 @@ def class_function(plan: Any) -> Any:
     return ns["__call__"]
 
 
-def _class_key(plan: Any) -> tuple[tuple[str, ...], frozenset[str]]:
-    return tuple(plan.input_names), frozenset(plan.optional_inputs) & frozenset(plan.input_names)
+def _class_key(plan: Any) -> tuple[tuple[str, ...], frozenset[str], bool]:
+    return (tuple(plan.input_names), frozenset(plan.optional_inputs) & frozenset(plan.input_names),
+            plan.may_leave_out)
 
 
 @functools.cache
-def _class_module(names: tuple[str, ...], optional: frozenset[str]) -> ast.Module:
+def _class_module(names: tuple[str, ...], optional: frozenset[str],
+                  picks: bool = False) -> ast.Module:
+    """``picks``: a construction may leave outputs out of the result (``returned``), so each
+    path's full result goes through the instance's ``_result`` (Op: an itemgetter of the
+    returned outputs, or the identity); the calls inside the library (a composite's stages,
+    a gradient's ops, the compile boundary) run ``_run_call`` and see every output."""
     params = [_t(n) for n in names]
+
+    def ret(value: ast.expr) -> ast.stmt:
+        return _return(_call(_attr(_load("self"), "_result"), value) if picks else value)
 
     def general() -> ast.stmt:
         # the inputs as given: (() if t_a is _NO else (t_a,)) + ... + _rest
@@ -298,7 +308,7 @@ def _class_module(names: tuple[str, ...], optional: frozenset[str]) -> ast.Modul
         given = terms[0]
         for term in [*terms[1:], _load("_rest")]:
             given = ast.BinOp(given, ast.Add(), term)
-        return _return(_call(_attr(_load("self"), "_general_call"), given, _load("_kw")))
+        return ret(_call(_attr(_load("self"), "_general_call"), given, _load("_kw")))
 
     # tracing is tested first: dynamo then reads (and guards on) nothing of the instance
     missing = [_is(_load(_t(n)), _load("_NO")) for n in names if n not in optional]
@@ -307,7 +317,7 @@ def _class_module(names: tuple[str, ...], optional: frozenset[str]) -> ast.Modul
         _assign("fast", _attr(_load("self"), "_fast")),
         _if(_bool(ast.Or(), [_is(_load("fast"), _none()), _load("_kw"), _load("_rest"),
                              *missing]), [general()]),
-        _return(_call(_load("fast"), _load("self"), *(_load(p) for p in params))),
+        ret(_call(_load("fast"), _load("self"), *(_load(p) for p in params))),
     ]
     args = ast.arguments(posonlyargs=[ast.arg(a) for a in ("self", *params)], args=[],
                          vararg=ast.arg("_rest"), kwonlyargs=[], kw_defaults=[],

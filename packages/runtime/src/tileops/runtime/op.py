@@ -166,6 +166,7 @@ class Op(declared.Equivalents, Composite, Trained):
         for n, v in self._point.params.items():
             setattr(self, n, params.get(n, v))
         self._construction_indices = dict(self._point.params)
+        self._result = _result_getter(plan.output_names, self._point.returned_outputs)
         self._n_inputs = len(plan.input_names)
         #: inputs up to the last required one (the check takes them positionally)
         self._n_required = max((i + 1 for i, n in enumerate(plan.input_names)
@@ -280,7 +281,14 @@ class Op(declared.Equivalents, Composite, Trained):
     def __call__(self, *inputs: Any, **kwargs: Any) -> Any:
         # An op class with an entry gets a generated __call__ instead (fastpath.class_call):
         # a plain call goes straight to the instance's fused call, anything else here.
-        return self._general_call(inputs, kwargs)
+        return self._result(self._general_call(inputs, kwargs))
+
+    @property
+    def returned_outputs(self) -> tuple[str, ...]:
+        """The outputs a call's result holds, in order: every declared output but those whose
+        ``returned`` is false at this construction (attention's log-sum-exp unless
+        ``return_lse``). One name: the result is that tensor; several: a tuple."""
+        return self._point.returned_outputs
 
     def _general_call(self, inputs: tuple, kwargs: dict) -> Any:
         if _is_dynamo_compiling():  # tracing: emit the custom op, build nothing
@@ -821,4 +829,30 @@ def _not_capturing(op: Op, device: Any, what: str) -> None:
 def _rebuild(cls: type[Op], params: dict, target: str | None, kernel_map: Any,
              tune: bool) -> Op:
     return cls(target=target, kernel_map=kernel_map, tune=tune, **params)
+
+
+def _same(result: Any) -> Any:
+    return result
+
+
+def _result_getter(outputs: tuple[str, ...], returned: tuple[str, ...]) -> Any:
+    """What an op's ``__call__`` applies to its full result (a tensor for one output, else a
+    tuple in the entry's order): the identity when every output is returned, else the
+    returned outputs (a tensor for one). Plain functions, which dynamo traces (it does not
+    trace an ``operator.itemgetter``)."""
+    if returned == outputs:
+        return _same
+    picked = tuple(outputs.index(n) for n in returned)
+    if len(picked) == 1:
+        (i,) = picked
+
+        def one(result: Any) -> Any:
+            return result[i]
+
+        return one
+
+    def some(result: Any) -> Any:
+        return tuple(result[i] for i in picked)
+
+    return some
 
