@@ -10,7 +10,9 @@ import pytest
 
 import tileops.integrations.transformers as tit
 
-PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral"}
+PREFIX = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3", "mistral": "Mistral",
+          "mixtral": "Mixtral"}
+_ABSENT = object()
 
 
 @pytest.fixture
@@ -21,8 +23,10 @@ def restored():
     for kind, prefix in PREFIX.items():
         modeling = importlib.import_module(f"transformers.models.{kind}.modeling_{kind}")
         for name in (f"{prefix}RMSNorm", f"{prefix}MLP", f"{prefix}RotaryEmbedding",
-                     "apply_rotary_pos_emb"):
-            saved.append((modeling, name, getattr(modeling, name)))
+                     "apply_rotary_pos_emb", f"{prefix}SparseMoeBlock",
+                     f"{prefix}BlockSparseTop2MLP"):
+            if getattr(modeling, name, _ABSENT) is not _ABSENT:
+                saved.append((modeling, name, getattr(modeling, name)))
         for cls_name, attr in ((f"{prefix}ForCausalLM", "loss_function"),
                                (f"{prefix}ForCausalLM", "forward"),
                                (f"{prefix}PreTrainedModel", "get_correct_attn_implementation")):

@@ -97,23 +97,31 @@ def fused_causal_lm_loss(hidden: torch.Tensor, weight: torch.Tensor, labels: tor
 
 
 @functools.cache
-def causal_lm_forward() -> Any:
+def causal_lm_forward(moe: bool = False) -> Any:
     """The ``ForCausalLM.forward`` of a patch with ``fused_linear_cross_entropy``: Hugging
     Face's (4.57: the decoder, the logits of the last ``logits_to_keep`` positions, the loss),
     except that a call in training mode with ``labels`` returns the loss of
-    :func:`fused_causal_lm_loss` and ``logits=None`` (Liger-Kernel's rule). Built on first
-    use, as it wraps transformers' ``can_return_tuple`` (``return_dict=False``)."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
+    :func:`fused_causal_lm_loss` and ``logits=None`` (Liger-Kernel's rule). With ``moe``,
+    Mixtral's: ``output_router_logits`` (else the config's) returns the router logits and
+    adds ``router_aux_loss_coef`` times the load-balancing loss to the loss, as
+    ``MixtralForCausalLM.forward``. Built on first use, as it wraps transformers'
+    ``can_return_tuple`` (``return_dict=False``)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast, MoeCausalLMOutputWithPast
     from transformers.utils.generic import can_return_tuple
 
     @can_return_tuple
     def forward(self, input_ids=None, attention_mask=None, position_ids=None,
                 past_key_values=None, inputs_embeds=None, labels=None, use_cache=None,
-                cache_position=None, logits_to_keep=0, **kwargs):
+                cache_position=None, logits_to_keep=0, output_router_logits=None, **kwargs):
+        if moe:
+            if output_router_logits is None:
+                output_router_logits = self.config.output_router_logits
+            kwargs["output_router_logits"] = output_router_logits
         outputs = self.model(input_ids=input_ids, attention_mask=attention_mask,
                              position_ids=position_ids, past_key_values=past_key_values,
                              inputs_embeds=inputs_embeds, use_cache=use_cache,
                              cache_position=cache_position, **kwargs)
+        kwargs.pop("output_router_logits", None)
         hidden = outputs.last_hidden_state
         logits = loss = None
         if self.training and labels is not None:
@@ -125,10 +133,20 @@ def causal_lm_forward() -> Any:
             if labels is not None:
                 loss = self.loss_function(logits=logits, labels=labels,
                                           vocab_size=self.config.vocab_size, **kwargs)
-        return CausalLMOutputWithPast(loss=loss, logits=logits,
-                                      past_key_values=outputs.past_key_values,
-                                      hidden_states=outputs.hidden_states,
-                                      attentions=outputs.attentions)
+        common = dict(loss=loss, logits=logits, past_key_values=outputs.past_key_values,
+                      hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+        if not moe:
+            return CausalLMOutputWithPast(**common)
+        aux_loss = None
+        if output_router_logits:
+            from transformers.models.mixtral.modeling_mixtral import load_balancing_loss_func
+
+            aux_loss = load_balancing_loss_func(outputs.router_logits, self.num_experts,
+                                                self.num_experts_per_tok, attention_mask)
+            if labels is not None:
+                common["loss"] = loss + self.router_aux_loss_coef * aux_loss.to(loss.device)
+        return MoeCausalLMOutputWithPast(**common, aux_loss=aux_loss,
+                                         router_logits=outputs.router_logits)
 
     forward.tileops_fused = True  # type: ignore[attr-defined]
     return forward

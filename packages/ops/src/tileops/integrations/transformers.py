@@ -1,5 +1,5 @@
 """Hugging Face ``transformers`` models on TileOPs: ``apply_tileops_to_llama`` and its
-siblings for Qwen2, Qwen3 and Mistral.
+siblings for Qwen2, Qwen3, Mistral and Mixtral.
 
 Each ``apply_tileops_to_<model>(model_or_class, *, rms_norm, rope, swiglu, attention,
 cross_entropy, fused_linear_cross_entropy)`` patches one kind of model in one of two ways:
@@ -29,6 +29,13 @@ What each flag swaps (the names are Llama's; the other models have the same unde
   what the forward returns. With both loss flags, the fused loss serves training and the
   cross-entropy the calls that form logits (evaluation with labels).
 
+:func:`apply_tileops_to_mixtral` has the same flags and ``moe``: ``MixtralSparseMoeBlock`` ->
+:class:`~tileops.nn.MoE` (``TileOpsMixtralSparseMoeBlock``; an instance patch copies the
+experts' weights into the layer's stacked parameters, so build the optimizer after patching;
+``_hf_moe.py`` says how its routing matches Hugging Face's and which calls fall back to
+Hugging Face's expert loop); with ``moe=False``, ``swiglu`` puts each expert
+(``MixtralBlockSparseTop2MLP``) on the SwiGLU op instead.
+
 A model that is not a causal LM has no loss to patch: the loss flags do nothing there.
 ``transformers`` is imported when a function here is called (it is the ``transformers``
 extra of tileops-ops), never by ``import tileops.ops`` or ``tileops.nn``. The integration is
@@ -46,15 +53,19 @@ from . import _hf_attention, _hf_loss
 from ._hf_attention import ATTN_IMPLEMENTATION, register
 from ._hf_loss import causal_lm_forward, causal_lm_loss
 from ._hf_modules import TileOpsRMSNorm, TileOpsRotaryEmbedding, TileOpsSwiGLUMLP, rotary_dispatch
+from ._hf_moe import TileOpsMixtralExpertMLP, TileOpsMixtralSparseMoeBlock, block_class
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "EXTRA",
+    "TileOpsMixtralExpertMLP",
+    "TileOpsMixtralSparseMoeBlock",
     "TileOpsRMSNorm",
     "TileOpsRotaryEmbedding",
     "TileOpsSwiGLUMLP",
     "apply_tileops_to_llama",
     "apply_tileops_to_mistral",
+    "apply_tileops_to_mixtral",
     "apply_tileops_to_qwen2",
     "apply_tileops_to_qwen3",
     "causal_lm_loss",
@@ -76,6 +87,12 @@ class _Kind:
 
     name: str
     prefix: str
+    #: the dense MLP's class (``<prefix><mlp>``), or None where the model has experts instead
+    mlp: str | None = "MLP"
+
+    @property
+    def flags(self) -> tuple[str, ...]:
+        return _FLAGS if self.mlp is not None else (*_FLAGS, "moe")
 
     @property
     def function(self) -> str:
@@ -146,12 +163,24 @@ def apply_tileops_to_mistral(model_or_class: Any = None, *, rms_norm: bool = Tru
     return _apply(_MISTRAL, model_or_class, locals())
 
 
+def apply_tileops_to_mixtral(model_or_class: Any = None, *, rms_norm: bool = True,
+                             rope: bool = True, swiglu: bool = True, attention: bool = True,
+                             cross_entropy: bool = True,
+                             fused_linear_cross_entropy: bool = False, moe: bool = True) -> Any:
+    """:func:`apply_tileops_to_llama` for Mixtral, and ``moe``: its sparse MoE blocks on
+    :class:`~tileops.nn.MoE` (the module docstring; an instance patch copies the experts'
+    weights, so build the optimizer after it). ``swiglu`` swaps the experts one by one where
+    ``moe`` is off."""
+    return _apply(_MIXTRAL, model_or_class, locals())
+
+
 _LLAMA, _QWEN2, _QWEN3, _MISTRAL = (_Kind("llama", "Llama"), _Kind("qwen2", "Qwen2"),
                                     _Kind("qwen3", "Qwen3"), _Kind("mistral", "Mistral"))
+_MIXTRAL = _Kind("mixtral", "Mixtral", mlp=None)
 
 
 def _apply(kind: _Kind, target: Any, args: dict[str, Any]) -> Any:
-    flags = {name: args[name] for name in _FLAGS}
+    flags = {name: args[name] for name in kind.flags}
     for name, value in flags.items():
         if not isinstance(value, bool):
             raise TypeError(f"{kind.function}: argument {name} must be a bool, seen "
@@ -199,11 +228,18 @@ def _patch_instance(kind: _Kind, modeling: Any, model: Any, flags: dict[str, boo
     swapped = {
         "rms_norm": (_original(modeling, f"{kind.prefix}RMSNorm"),
                      TileOpsRMSNorm.sharing),
-        "swiglu": (_original(modeling, f"{kind.prefix}MLP"),
-                   lambda mlp: TileOpsSwiGLUMLP.sharing(mlp, config)),
         "rope": (_original(modeling, f"{kind.prefix}RotaryEmbedding"),
                  lambda rotary: TileOpsRotaryEmbedding(config)),
     }
+    if kind.mlp is not None:
+        swapped["swiglu"] = (_original(modeling, f"{kind.prefix}{kind.mlp}"),
+                             lambda mlp: TileOpsSwiGLUMLP.sharing(mlp, config))
+    else:
+        block = _original(modeling, f"{kind.prefix}SparseMoeBlock")
+        swapped["moe"] = (block, lambda moe: block_class(block).sharing(moe, config))
+        if not flags["moe"]:
+            swapped["swiglu"] = (_original(modeling, f"{kind.prefix}BlockSparseTop2MLP"),
+                                 lambda mlp: TileOpsMixtralExpertMLP.sharing(mlp, config))
     by_class = {cls: make for flag, (cls, make) in swapped.items() if flags[flag]}
     causal_lm = isinstance(model, _original(modeling, f"{kind.prefix}ForCausalLM"))
     if causal_lm and flags["fused_linear_cross_entropy"]:
@@ -215,6 +251,8 @@ def _patch_instance(kind: _Kind, modeling: Any, model: Any, flags: dict[str, boo
     if flags["attention"]:
         register()
     for parent, name, new in swaps:
+        if isinstance(new, TileOpsMixtralSparseMoeBlock):
+            new.take(getattr(parent, name))  # the experts' weights copied a block at a time
         setattr(parent, name, new)
     if flags["rope"]:
         _install_rotary_dispatch(modeling)
@@ -229,7 +267,7 @@ def _patch_instance(kind: _Kind, modeling: Any, model: Any, flags: dict[str, boo
     if causal_lm and flags["cross_entropy"]:
         model.loss_function = causal_lm_loss
     if causal_lm and flags["fused_linear_cross_entropy"]:
-        model.forward = causal_lm_forward().__get__(model)
+        model.forward = causal_lm_forward(kind.mlp is None).__get__(model)
 
 
 def _patch_classes(kind: _Kind, modeling: Any, flags: dict[str, bool]) -> None:
@@ -238,8 +276,13 @@ def _patch_classes(kind: _Kind, modeling: Any, flags: dict[str, bool]) -> None:
         _default_attention(kind, _original(modeling, f"{prefix}PreTrainedModel"))
     if flags["rms_norm"]:
         _replace(modeling, f"{prefix}RMSNorm", TileOpsRMSNorm)
-    if flags["swiglu"]:
-        _replace(modeling, f"{prefix}MLP", TileOpsSwiGLUMLP)
+    if kind.mlp is not None and flags["swiglu"]:
+        _replace(modeling, f"{prefix}{kind.mlp}", TileOpsSwiGLUMLP)
+    if kind.mlp is None and flags["moe"]:
+        _replace(modeling, f"{prefix}SparseMoeBlock",
+                 block_class(_original(modeling, f"{prefix}SparseMoeBlock")))
+    elif kind.mlp is None and flags["swiglu"]:
+        _replace(modeling, f"{prefix}BlockSparseTop2MLP", TileOpsMixtralExpertMLP)
     if flags["rope"]:
         _replace(modeling, f"{prefix}RotaryEmbedding", TileOpsRotaryEmbedding)
         _install_rotary_dispatch(modeling)
@@ -249,7 +292,7 @@ def _patch_classes(kind: _Kind, modeling: Any, flags: dict[str, bool]) -> None:
     if flags["cross_entropy"]:
         causal_lm.loss_function = _LOSS_FUNCTION
     if flags["fused_linear_cross_entropy"]:
-        causal_lm.forward = causal_lm_forward()
+        causal_lm.forward = causal_lm_forward(kind.mlp is None)
 
 
 def _loss_function(self: Any) -> Any:
