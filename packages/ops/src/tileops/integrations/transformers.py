@@ -36,6 +36,10 @@ experts' weights into the layer's stacked parameters, so build the optimizer aft
 Hugging Face's expert loop); with ``moe=False``, ``swiglu`` puts each expert
 (``MixtralBlockSparseTop2MLP``) on the SwiGLU op instead.
 
+:func:`generate_paged` decodes greedily with the keys and values in a paged cache (pages of 64
+tokens, a block table a sequence), each step's attention the paged decode op
+(``_hf_paged.py``), for any of these models, patched or not.
+
 A model that is not a causal LM has no loss to patch: the loss flags do nothing there.
 ``transformers`` is imported when a function here is called (it is the ``transformers``
 extra of tileops-ops), never by ``import tileops.ops`` or ``tileops.nn``. The integration is
@@ -54,10 +58,12 @@ from ._hf_attention import ATTN_IMPLEMENTATION, register
 from ._hf_loss import causal_lm_forward, causal_lm_loss
 from ._hf_modules import TileOpsRMSNorm, TileOpsRotaryEmbedding, TileOpsSwiGLUMLP, rotary_dispatch
 from ._hf_moe import TileOpsMixtralExpertMLP, TileOpsMixtralSparseMoeBlock, block_class
+from ._hf_paged import PagedKVCache, generate_paged
 
 __all__ = [
     "ATTN_IMPLEMENTATION",
     "EXTRA",
+    "PagedKVCache",
     "TileOpsMixtralExpertMLP",
     "TileOpsMixtralSparseMoeBlock",
     "TileOpsRMSNorm",
@@ -69,6 +75,7 @@ __all__ = [
     "apply_tileops_to_qwen2",
     "apply_tileops_to_qwen3",
     "causal_lm_loss",
+    "generate_paged",
     "register_attention",
 ]
 

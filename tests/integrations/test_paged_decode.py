@@ -1,0 +1,163 @@
+"""generate_paged on the CPU (the reference target): greedy tokens over the paged KV cache equal
+the unpatched model's ``generate(do_sample=False)`` for prompts of several lengths (one token,
+within a page, a page multiple, past one) decoded in one batch, a rectangular batch, an eos
+that stops sequences, a Mixtral, an unpatched model; the decode op serves every step; the
+block table; the refusals by their text."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import tileops.integrations.transformers as tit
+from tileops.integrations import _hf_paged
+from tileops.ops import GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
+
+LENGTHS = (1, 5, 16, 37)  # pages of 16: within one, exactly one, past two
+
+
+def llama(dtype=torch.float64, patched=True, seed=0, **overrides):
+    torch.manual_seed(seed)
+    kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
+              max_position_embeddings=128, tie_word_embeddings=False)
+    kw.update(overrides)
+    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).to(dtype).eval()
+    if patched:
+        tit.apply_tileops_to_llama(model)
+    return model
+
+
+def prompts(lengths=LENGTHS, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, 128, (n,), generator=g) for n in lengths]
+
+
+def hf_tokens(model, prompt, new, **kw):
+    """``generate``'s greedy tokens for one prompt alone, no padding."""
+    with torch.no_grad():
+        return model.generate(prompt[None], attention_mask=torch.ones(1, prompt.numel()),
+                              max_new_tokens=new, do_sample=False, **kw)[0]
+
+
+@pytest.fixture
+def decode_calls(monkeypatch):
+    """The decode op's calls, by a spy on the op cache the cache's attention asks."""
+    calls = []
+    op_for = _hf_paged.op_for
+
+    def spy(cls, **params):
+        op = op_for(cls, **params)
+        if cls is GroupedQueryAttentionDecodePagedWithKVCacheFwdOp:
+            calls.append(params)
+        return op
+
+    monkeypatch.setattr(_hf_paged, "op_for", spy)
+    return calls
+
+
+def test_ragged_prompts_match_generate(decode_calls):
+    ref, model = llama(patched=False), llama()
+    ps = prompts()
+    got = tit.generate_paged(model, ps, 9, page_size=16)
+    for p, tokens in zip(ps, got, strict=True):
+        assert torch.equal(tokens, hf_tokens(ref, p, 9)), p.numel()
+    # every layer of each of the 8 decode steps (the first token is the prefill's)
+    assert len(decode_calls) == 8 * 2
+    assert decode_calls[0] == {"scale": 16 ** -0.5, "softcap": None, "target": "reference"}
+
+
+def test_rectangular_batch_matches_generate_float32():
+    ref, model = llama(torch.float32, patched=False), llama(torch.float32)
+    ids = torch.stack(prompts((70, 70, 70)))
+    with torch.no_grad():
+        want = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=6,
+                            do_sample=False)
+    got = tit.generate_paged(model, ids, 6)  # pages of 64: the prompts past one
+    assert torch.equal(got, want)
+
+
+def test_eos_stops_as_generate():
+    """An eos the model emits mid-way: that sequence stops (ragged) or continues with pads
+    (a batch) exactly as generate's."""
+    ref, model = llama(patched=False), llama()
+    ps = prompts((5, 5))
+    free = hf_tokens(ref, ps[0], 8)
+    eos = int(free[5 + 3])  # the fourth new token of the first prompt
+    want = [hf_tokens(ref, p, 8, eos_token_id=eos, pad_token_id=0) for p in ps]
+    got = tit.generate_paged(model, ps, 8, eos_token_id=eos, pad_token_id=0)
+    assert got[0].numel() <= 5 + 4
+    for g, w in zip(got, want, strict=True):
+        assert torch.equal(g, w)
+    ids = torch.stack(ps)
+    with torch.no_grad():
+        batch = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
+                             do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(tit.generate_paged(model, ids, 8, eos_token_id=eos, pad_token_id=0),
+                       batch)
+
+
+def test_unpatched_model_and_mixtral():
+    """The loop runs over any model's modules: an unpatched Llama's, a patched Mixtral's."""
+    ref, plain = llama(patched=False), llama(patched=False)
+    ps = prompts((3, 20))
+    for p, tokens in zip(ps, tit.generate_paged(plain, ps, 5, page_size=16), strict=True):
+        assert torch.equal(tokens, hf_tokens(ref, p, 5))
+    assert plain.config._attn_implementation == ref.config._attn_implementation  # put back
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
+        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    mref = transformers.MixtralForCausalLM(config).eval()
+    mixtral = transformers.MixtralForCausalLM(config).eval()
+    mixtral.load_state_dict(mref.state_dict())
+    tit.apply_tileops_to_mixtral(mixtral)
+    for p, tokens in zip(ps, tit.generate_paged(mixtral, ps, 5, page_size=16), strict=True):
+        assert torch.equal(tokens, hf_tokens(mref, p, 5))
+
+
+def test_cache_pages_and_block_table():
+    model = llama()
+    ps = prompts((5, 40))
+    held = []
+    tit.generate_paged(model, ps, 4, page_size=16, cache_out=held)
+    cache = held[0]
+    # 44 tokens at most: 3 pages a sequence, handed out in turn
+    assert cache.block_table.tolist() == [[0, 2, 4], [1, 3, 5]]
+    assert cache.lengths.tolist() == [5 + 3, 40 + 3]  # the last token is chosen, not cached
+    assert cache.k[0].shape == (6, 16, 2, 16)
+    # sequence 1's keys at position 17 are in its second page (pool page 3), row 1; the keys
+    # of the tokens fed (prompt, then three new) recomputed by the model agree with them
+    with torch.no_grad():
+        out = model.model(torch.cat([ps[1], torch.zeros(3, dtype=torch.long)])[None],
+                          use_cache=True)
+    want = out.past_key_values.layers[0].keys[0, :, 17]  # [H_kv, D]
+    assert torch.allclose(cache.k[0][3, 1], want, rtol=1e-9, atol=1e-12)
+
+
+def test_refusals():
+    model = llama()
+    cases = [
+        (dict(input_ids=[], max_new_tokens=4),
+         "generate_paged: input_ids must hold at least one prompt of at least one token, seen "
+         "lengths []"),
+        (dict(input_ids=prompts((3,)), max_new_tokens=0),
+         "generate_paged: max_new_tokens must be an int >= 1, seen 0"),
+        (dict(input_ids=prompts((3,)), max_new_tokens=2, page_size=48),
+         "generate_paged: page_size must be one of 16, 32, 64, 128, 256 (the decode op's "
+         "pages), seen 48"),
+    ]
+    for kw, text in cases:
+        with pytest.raises(ValueError) as e:
+            tit.generate_paged(model, **kw)
+        assert str(e.value) == text
+    windowed = transformers.MistralForCausalLM(transformers.MistralConfig(
+        hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=128, sliding_window=8))
+    with pytest.raises(ValueError) as e:
+        tit.generate_paged(windowed, prompts((6,)), 4)
+    assert str(e.value) == ("generate_paged: the model attends over a sliding window of 8 keys "
+                            "and the decode op over every key; prompt and new tokens must fit "
+                            "in the window, seen 10")
