@@ -43,10 +43,14 @@ def _sdpa(q, k, v, **kw):
 
 def test_grouped_query_call_matches_sdpa_with_enable_gqa():
     q, k, v = _qkv(2, 33, 33, 8, 2, 16)
-    o, lse = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
-    assert lse.shape == (2, 8, 33)  # the second output, always
+    o = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
+    assert isinstance(o, torch.Tensor)  # the output alone, as torch's attention
     torch.testing.assert_close(o, _sdpa(q, k, v, is_causal=True), rtol=1e-12, atol=1e-12)
-    o, _ = GroupedQueryAttentionFwdOp()(q, k, v)
+    op = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True)
+    assert op.returned_outputs == ("o", "lse")
+    o2, lse = op(q, k, v)  # the log-sum-exp when asked
+    assert lse.shape == (2, 8, 33) and torch.equal(o2, o)
+    o = GroupedQueryAttentionFwdOp()(q, k, v)
     torch.testing.assert_close(o, _sdpa(q, k, v), rtol=1e-12, atol=1e-12)
 
 
@@ -54,7 +58,7 @@ def test_causal_mask_is_bottom_right_aligned():
     """With S_q < S_kv the last query row sees every key (FlashAttention's alignment), where
     torch's is_causal would align the first row with the first key."""
     q, k, v = _qkv(1, 5, 12, 2, 2, 8)
-    o, _ = MultiHeadAttentionFwdOp(is_causal=True)(q, k, v)
+    o = MultiHeadAttentionFwdOp(is_causal=True)(q, k, v)
     mask = torch.ones(5, 12, dtype=torch.bool).tril(diagonal=12 - 5)
     torch.testing.assert_close(o, _sdpa(q, k, v, attn_mask=mask), rtol=1e-12, atol=1e-12)
     assert not torch.allclose(o, _sdpa(q, k, v, is_causal=True))
@@ -62,7 +66,7 @@ def test_causal_mask_is_bottom_right_aligned():
 
 def test_window_sees_left_and_right_of_the_diagonal():
     q, k, v = _qkv(2, 20, 20, 4, 4, 8)
-    o, _ = MultiHeadAttentionFwdOp(window=(3, 2))(q, k, v)
+    o = MultiHeadAttentionFwdOp(window=(3, 2))(q, k, v)
     i, j = torch.arange(20)[:, None], torch.arange(20)[None, :]
     mask = (j >= i - 3) & (j <= i + 2)
     torch.testing.assert_close(o, _sdpa(q, k, v, attn_mask=mask), rtol=1e-12, atol=1e-12)
@@ -77,7 +81,7 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
     """300 rows over 100 keys with a (16, 0) window: row i sits at key i - 200, so the first
     200 rows see no key."""
     q, k, v = _qkv(1, 300, 100, 2, 1, 8)
-    o, lse = GroupedQueryAttentionFwdOp(window=(16, 0))(q, k, v)
+    o, lse = GroupedQueryAttentionFwdOp(window=(16, 0), return_lse=True)(q, k, v)
     assert torch.equal(o[:, :200], torch.zeros_like(o[:, :200]))
     assert bool(torch.isneginf(lse[..., :200]).all())
     assert bool(torch.isfinite(lse[..., 200:]).all()) and bool(torch.isfinite(o).all())
@@ -86,7 +90,7 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
 
 def test_lse_softcap_and_scale():
     q, k, v = _qkv(2, 7, 9, 4, 2, 8)
-    op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0)
+    op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)
     o, lse = op(q, k, v)
     assert lse.shape == (2, 4, 7) and lse.dtype == torch.float64  # float32 for narrower
     kk = k.repeat_interleave(2, dim=2)
@@ -100,15 +104,15 @@ def test_lse_softcap_and_scale():
 
 def test_lse_is_float32_for_narrower_inputs():
     q, k, v = _qkv(1, 4, 4, 2, 2, 8, dtype=torch.bfloat16)
-    o, lse = MultiHeadAttentionFwdOp()(q, k, v)
+    o, lse = MultiHeadAttentionFwdOp(return_lse=True)(q, k, v)
     assert o.dtype == torch.bfloat16 and lse.dtype == torch.float32
 
 
 def test_bhsd_layout_is_the_transposed_call():
     q, k, v = _qkv(2, 11, 13, 4, 2, 8, d_v=4)
-    o, lse = GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)
+    o, lse = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True)(q, k, v)
     t = [x.transpose(1, 2).contiguous() for x in (q, k, v)]
-    o2, lse2 = GroupedQueryAttentionFwdOp(is_causal=True, layout="bhsd")(*t)
+    o2, lse2 = GroupedQueryAttentionFwdOp(is_causal=True, layout="bhsd", return_lse=True)(*t)
     assert o2.shape == (2, 4, 11, 4)
     torch.testing.assert_close(o2, o.transpose(1, 2), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(lse2, lse)
@@ -120,15 +124,17 @@ def test_eager_contender_is_the_reference(kw):
     """The eager function (scaled_dot_product_attention, or the math where it has no form)
     computes the op, in float64; S_q < S_kv, where torch's own causal mask would differ."""
     q, k, v = _qkv(2, 6, 10, 4, 2, 8)
-    op = GroupedQueryAttentionFwdOp(**kw)
+    op = GroupedQueryAttentionFwdOp(**kw, return_lse=True)
     got, want = op.eager()(q, k, v), op(q, k, v)
     for g, w in zip(got, want, strict=True):
         torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+    alone = GroupedQueryAttentionFwdOp(**kw)  # without return_lse: the output alone
+    torch.testing.assert_close(alone.eager()(q, k, v), want[0], rtol=1e-10, atol=1e-10)
 
 
 def test_backward_eager_contender_is_the_backward():
     q, k, v = _qkv(2, 6, 10, 4, 2, 8)
-    fwd = GroupedQueryAttentionFwdOp(is_causal=True, softcap=4.0)
+    fwd = GroupedQueryAttentionFwdOp(is_causal=True, softcap=4.0, return_lse=True)
     o, lse = fwd(q, k, v)
     dout, dlse = torch.randn_like(o), torch.randn_like(lse)
     bwd = GroupedQueryAttentionBwdOp(is_causal=True, softcap=4.0)
@@ -265,7 +271,7 @@ def test_reference_matches_the_per_row_definition(b, s_q, s_kv, h_kv, groups, d,
     q, k, v = _qkv(b, s_q, s_kv, h_kv * groups, h_kv, d, seed=seed)
     window = (left, right) if windowed else None
     op = GroupedQueryAttentionFwdOp(is_causal=causal, window=window, softcap=softcap,
-                                    scale=scale)
+                                    scale=scale, return_lse=True)
     o, lse = op(q, k, v)
     lo, hi = window_bounds(causal, window)
     want_o, want_lse = _per_row(q, k, v, scale if scale is not None else d ** -0.5, lo, hi,
@@ -301,9 +307,10 @@ def test_varlen_is_the_dense_op_a_sequence_at_a_time(lens, causal, window, softc
     window's right bound of 0, which the dense op takes for any lengths)."""
     lens_q, lens_k = [a for a, _ in lens], [b for _, b in lens]
     q, k, v, cq, ck = _packed(lens_q, lens_k, 4, 2, 4, seed)
-    o, lse = GroupedQueryAttentionVarlenFwdOp(is_causal=causal, window=window,
-                                              softcap=softcap)(q, k, v, cq, ck)
-    dense = GroupedQueryAttentionFwdOp(window=window_bounds(causal, window), softcap=softcap)
+    o, lse = GroupedQueryAttentionVarlenFwdOp(is_causal=causal, window=window, softcap=softcap,
+                                              return_lse=True)(q, k, v, cq, ck)
+    dense = GroupedQueryAttentionFwdOp(window=window_bounds(causal, window), softcap=softcap,
+                                       return_lse=True)
     for b in range(len(lens)):
         q0, q1, k0, k1 = cq[b].item(), cq[b + 1].item(), ck[b].item(), ck[b + 1].item()
         if q1 == q0:
@@ -336,7 +343,7 @@ def test_varlen_offsets_are_refused_by_length_and_dtype():
 def test_varlen_eager_contender_is_the_reference():
     q, k, v, cq, ck = _packed([3, 0, 5, 2], [4, 2, 5, 0], 4, 2, 8)
     for kw in (dict(is_causal=True), dict(window=(1, 1)), dict(softcap=2.0)):
-        op = GroupedQueryAttentionVarlenFwdOp(**kw)
+        op = GroupedQueryAttentionVarlenFwdOp(**kw, return_lse=True)
         got, want = op.eager()(q, k, v, cq, ck), op(q, k, v, cq, ck)
         torch.testing.assert_close(got[0], want[0], rtol=1e-10, atol=1e-10)
         torch.testing.assert_close(got[1], want[1].float(), rtol=1e-6, atol=1e-6)
@@ -358,11 +365,11 @@ def test_a_training_step_on_the_gpu_matches_float64(kw):
         shapes = [(b, h, s, d) for b, s, h, d in shapes]
     leaves = [torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16)
               .requires_grad_() for s in shapes]
-    o, lse = GroupedQueryAttentionFwdOp(**kw)(*leaves)
+    o, lse = GroupedQueryAttentionFwdOp(**kw, return_lse=True)(*leaves)
     dout, dlse = torch.randn_like(o), torch.randn_like(lse)
     got = torch.autograd.grad([o, lse], leaves, [dout, dlse])
     wide = [t.detach().double().cpu().requires_grad_() for t in leaves]
-    want_o, want_lse = GroupedQueryAttentionFwdOp(**kw, target="reference")(*wide)
+    want_o, want_lse = GroupedQueryAttentionFwdOp(**kw, return_lse=True, target="reference")(*wide)
     want = torch.autograd.grad([want_o, want_lse], wide, [dout.double().cpu(),
                                                           dlse.double().cpu()])
     torch.testing.assert_close(o.double().cpu(), want_o, rtol=2e-2, atol=2e-2)
@@ -402,7 +409,7 @@ def test_the_forward_and_gradient_hand_their_slot_one_call_spec_and_lay_out_thei
     q, k, v = _qkv(2, 5, 7, 4, 2, 64, dtype=torch.float16)
     q = q.transpose(1, 2).contiguous().transpose(1, 2)  # strided: laid out before the kernel
     fwd = GroupedQueryAttentionFwdOp(is_causal=True, window=(3, -1), softcap=2.0,
-                                     kernel_map={AttentionFwdInterface: Fwd})
+                                     return_lse=True, kernel_map={AttentionFwdInterface: Fwd})
     o, lse = fwd(q, k, v)
     fwd(q, k, v)  # the cached call: the same kernel
     assert torch.equal(o, torch.full_like(o, 1.5)) and lse.dtype == torch.float32

@@ -104,8 +104,7 @@ def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
     except REFUSED:
         got = None
     assert (got is None) == (want is None), (params, x.shape)
-    if want is not None:
-        got = got if avg else got[0]
+    if want is not None:  # the output alone, as torch's
         assert got.shape == want.shape  # the lets over pool.out are torch's output sizes
         torch.testing.assert_close(got, want)
 
@@ -129,7 +128,7 @@ def test_adaptive_refused_exactly_where_torch_refuses(batch, channels, h, w, out
         got = None
     assert (got is None) == (want is None), x.shape
     if want is not None:
-        assert (got if avg else got[0]).shape == want.shape
+        assert got.shape == want.shape
 
 
 def test_padding_over_half_the_kernel_is_refused_by_name():
@@ -168,7 +167,7 @@ def test_a_zero_divisor_override_is_refused_by_name():
 def test_window_params_as_torch_spells_them():
     x = torch.randn(2, 3, 10, 12)
     # a list, an int, stride None (the kernel), a one-element tuple
-    got = O.MaxPool2dFwdOp(kernel_size=[3, 2], padding=(1,))(x)[0]
+    got = O.MaxPool2dFwdOp(kernel_size=[3, 2], padding=(1,))(x)
     torch.testing.assert_close(got, F.max_pool2d(x, [3, 2], padding=(1,)), rtol=0, atol=0)
     op = O.AvgPool3dFwdOp(kernel_size=(1, 2, 3), stride=[1, 2, 1])
     assert op._kernel == (1, 2, 3) and op._stride == (1, 2, 1)
@@ -181,8 +180,10 @@ def test_max_pool_returns_indices_when_asked():
     y, idx = O.MaxPool2dFwdOp(kernel_size=3, stride=2, return_indices=True)(x)
     ry, ridx = F.max_pool2d(x, 3, 2, return_indices=True)
     assert torch.equal(y, ry) and torch.equal(idx, ridx) and idx.dtype == torch.int64
-    y, none = O.MaxPool2dFwdOp(kernel_size=3, stride=2)(x)
-    assert none is None and torch.equal(y, ry)
+    op = O.MaxPool2dFwdOp(kernel_size=3, stride=2)
+    y = op(x)  # the output alone without return_indices, as torch's
+    assert isinstance(y, torch.Tensor) and torch.equal(y, ry)
+    assert op.returned_outputs == ("output",) and op.eager()(x).shape == ry.shape
 
 
 # --- the kernels' arithmetic is torch's ----------------------------------------------------------
@@ -305,7 +306,7 @@ def test_layouts_read_in_place():
     # an unbatched 3-D input of channels-last strides: no channels-last form, copied (torch's
     # max_pool3d refuses it; the op pools its values)
     assert _layout(cl, 3)[1] is K.PoolLayout.PLANES
-    y, _ = O.MaxPool3dFwdOp(kernel_size=2)(cl)
+    y = O.MaxPool3dFwdOp(kernel_size=2)(cl)
     assert y.is_contiguous() and torch.equal(y, F.max_pool3d(cl.contiguous(), 2))
     strided = x[..., ::2]
     got, layout = _layout(strided, 2)

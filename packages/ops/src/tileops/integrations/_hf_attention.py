@@ -123,9 +123,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                 softcap=softcap, layout="bshd" if bshd else "bhsd",
                 target=target_for(query.device))
     if bshd:
-        out, _ = op(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
+        out = op(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2))
         return out, None
-    out, _ = op(query, key, value)
+    out = op(query, key, value)
     return out.transpose(1, 2), None
 
 

@@ -24,7 +24,7 @@ class Attention(HoldsOp, nn.Module):
     first see only the first), bounded by ``window=(left, right)`` (-1: unbounded) and the
     scores capped by ``softcap``; a query that sees no key is 0. It has no parameters (the
     projections around it are the model's), so its ``state_dict`` is empty; ``forward``
-    returns ``o`` only, the op (``self.op``) returns its log-sum-exp beside it."""
+    returns ``o`` (the op's result without ``return_lse``)."""
 
     op_class = GroupedQueryAttentionFwdOp
     op_attrs = ("is_causal", "scale", "window", "softcap", "layout")
@@ -38,7 +38,7 @@ class Attention(HoldsOp, nn.Module):
         self._build_op()
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return self.op(q, k, v)[0]
+        return self.op(q, k, v)
 
     def extra_repr(self) -> str:
         text = f"is_causal={self.is_causal}, layout={self.layout!r}"

@@ -486,7 +486,7 @@ class TensorParallelAttention(nn.Module):
         k = self.k_proj.local_forward(x).view(b, s, self.local_kv_heads, d)
         v = self.v_proj.local_forward(x).view(b, s, self.local_kv_heads, d)
         q, k = self.rotary(q, k, position_ids)
-        o, _ = self.attention(q, k, v)  # (output, log-sum-exp)
+        o = self.attention(q, k, v)
         return self.o_proj(o.reshape(b, s, self.local_heads * d))
 
     def extra_repr(self) -> str:

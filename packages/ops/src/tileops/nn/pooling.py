@@ -3,9 +3,8 @@
 :class:`AdaptiveMaxPool2d`, subclasses of their ``torch.nn`` namesakes running TileOPs' pooling
 ops (same constructor, attributes and ``isinstance``, one more keyword, ``target``).
 
-The max pooling ops return ``(output, indices)`` with ``indices`` None unless
-``return_indices`` (every op returns each output of its entry); the layers return what
-torch.nn's return: the output alone, or the pair with ``return_indices``.
+The ops return what torch.nn's layers return (the output alone, or ``(output, indices)``
+with ``return_indices``), so each layer's forward is its op's call.
 """
 
 from __future__ import annotations
@@ -49,25 +48,19 @@ class _Pool(HoldsOp):
         return super().extra_repr() + self._target_repr()  # type: ignore[misc]
 
 
-class _MaxPool(_Pool):
-    def forward(self, input: torch.Tensor):
-        output, indices = self.op(input)
-        return (output, indices) if self.return_indices else output
-
-
-class MaxPool1d(_MaxPool, nn.MaxPool1d):
+class MaxPool1d(_Pool, nn.MaxPool1d):
     """``torch.nn.MaxPool1d`` running :class:`~tileops.ops.MaxPool1dFwdOp`."""
 
     op_class, op_attrs = MaxPool1dFwdOp, _MAX_ATTRS
 
 
-class MaxPool2d(_MaxPool, nn.MaxPool2d):
+class MaxPool2d(_Pool, nn.MaxPool2d):
     """``torch.nn.MaxPool2d`` running :class:`~tileops.ops.MaxPool2dFwdOp`."""
 
     op_class, op_attrs = MaxPool2dFwdOp, _MAX_ATTRS
 
 
-class MaxPool3d(_MaxPool, nn.MaxPool3d):
+class MaxPool3d(_Pool, nn.MaxPool3d):
     """``torch.nn.MaxPool3d`` running :class:`~tileops.ops.MaxPool3dFwdOp`."""
 
     op_class, op_attrs = MaxPool3dFwdOp, _MAX_ATTRS
@@ -99,7 +92,7 @@ class AdaptiveAvgPool2d(_Pool, nn.AdaptiveAvgPool2d):
     op_class, op_attrs = AdaptiveAvgPool2dFwdOp, ("output_size",)
 
 
-class AdaptiveMaxPool2d(_MaxPool, nn.AdaptiveMaxPool2d):
+class AdaptiveMaxPool2d(_Pool, nn.AdaptiveMaxPool2d):
     """``torch.nn.AdaptiveMaxPool2d`` running :class:`~tileops.ops.AdaptiveMaxPool2dFwdOp`."""
 
     op_class, op_attrs = AdaptiveMaxPool2dFwdOp, ("output_size", "return_indices")

@@ -233,10 +233,11 @@ class AttentionOp(Op):
         """``scaled_dot_product_attention`` on ``[B, H, S, D]`` views (the key heads repeated
         for GQA); where torch's own mask would differ (a window, ``is_causal`` with ``S_q !=
         S_kv``) it gets the op's mask as a bool ``attn_mask``. A softcap, which it has no form
-        for, is the same math in plain torch ops; the log-sum-exp, which it does not return,
-        is ``torch.logsumexp`` of the scores (differentiable, as the op's)."""
+        for, is the same math in plain torch ops; the log-sum-exp (with ``return_lse``), which
+        it does not return, is ``torch.logsumexp`` of the scores (differentiable, as the
+        op's)."""
         return functools.partial(_eager_dense, options=_options(self),
-                                 bshd=self.layout == "bshd")
+                                 bshd=self.layout == "bshd", with_lse=self.return_lse)
 
     peers = {"sdpa-cudnn": lambda op: _sdpa_peer(op, "CUDNN_ATTENTION"),
              "sdpa-flash": lambda op: _sdpa_peer(op, "FLASH_ATTENTION")}
@@ -407,6 +408,8 @@ class GroupedQueryAttentionVarlenFwdOp(Op):
         its nested tensors), the outputs written into packed tensors."""
         options = _options(self)
 
+        with_lse = self.return_lse
+
         def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k):
             o = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
             lse = q.new_full((q.shape[1], q.shape[0]), -math.inf, dtype=torch.float32)
@@ -414,7 +417,7 @@ class GroupedQueryAttentionVarlenFwdOp(Op):
                 ob, lb = _eager_dense(q[None, q0:q1], k[None, k0:k1], v[None, k0:k1],
                                       options=options, bshd=True)
                 o[q0:q1], lse[:, q0:q1] = ob[0], lb[0]
-            return o, lse
+            return (o, lse) if with_lse else o
 
         return varlen_attention
 
@@ -440,8 +443,10 @@ def _options(op: Any) -> tuple:
     return op.softmax_scale, left, right, op.softcap, op.is_causal, op.window is not None
 
 
-def _eager_dense(q, k, v, *, options: tuple, bshd: bool):
-    """The eager contender of one dense call (see :meth:`AttentionOp.eager`)."""
+def _eager_dense(q, k, v, *, options: tuple, bshd: bool, with_lse: bool = True):
+    """The eager contender of one dense call (see :meth:`AttentionOp.eager`): ``(o, lse)``,
+    or ``o`` alone without ``with_lse`` (then torch's attention alone where it has the
+    mask's form)."""
     scale_of, left, right, softcap, is_causal, windowed = options
     scale = scale_of(q.shape[-1])
     qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v)) if bshd else (q, k, v)
@@ -455,9 +460,9 @@ def _eager_dense(q, k, v, *, options: tuple, bshd: bool):
         s = softcap * torch.tanh(s / softcap)
     seen = visible(s_q, s_kv, left, right, q.device)
     s = s.masked_fill(~seen, -math.inf)
-    lse = torch.logsumexp(s, dim=-1)
     # torch's softmax of a row that sees no key is NaN: such calls take the math for o too
     unseen = s_kv == 0 or (right >= 0 and s_kv - s_q + right < 0)
+    lse = torch.logsumexp(s, dim=-1) if with_lse or softcap is not None or unseen else None
     if softcap is not None or unseen:
         p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
         o = torch.matmul(p.to(vh.dtype), vh)
@@ -467,7 +472,8 @@ def _eager_dense(q, k, v, *, options: tuple, bshd: bool):
             mask, causal = seen, False
         o = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, is_causal=causal,
                                            scale=scale)
-    return (o.transpose(1, 2) if bshd else o), lse
+    o = o.transpose(1, 2) if bshd else o
+    return (o, lse) if with_lse else o
 
 
 def _sdpa_peer(op: AttentionOp, backend: str) -> Any:
@@ -478,7 +484,7 @@ def _sdpa_peer(op: AttentionOp, backend: str) -> Any:
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
         return None
-    if op.window is not None or op.softcap is not None:
+    if op.window is not None or op.softcap is not None or op.return_lse:
         return None
     chosen = getattr(SDPBackend, backend)
     bshd, causal, scale_of = op.layout == "bshd", op.is_causal, op.softmax_scale

@@ -231,8 +231,7 @@ class _MaxPoolFwd(PoolOp):
                             self.ceil_mode, self.return_indices)
 
         def max_pool(x):  # torch.nn.functional.max_pool{nd}d
-            out = fn(x, k, s, p, d, c, return_indices=r)
-            return out if r else (out, None)
+            return fn(x, k, s, p, d, c, return_indices=r)
 
         max_pool.__name__ = f"max_pool{nd}d"
         return max_pool
@@ -310,8 +309,7 @@ class AdaptiveMaxPool2dFwdOp(PoolOp):
         size, r = self.output_size, self.return_indices
 
         def adaptive_max_pool2d(x):  # torch.nn.functional.adaptive_max_pool2d
-            out = F.adaptive_max_pool2d(x, size, return_indices=r)
-            return out if r else (out, None)
+            return F.adaptive_max_pool2d(x, size, return_indices=r)
 
         return adaptive_max_pool2d
 
