@@ -4,11 +4,15 @@
 # kernels of each patch flag at the benchmark's shapes (parallel processes), the integration's
 # GPU tests, then the training step of the 4-layer Llama-3-8B-shaped stack at 8 x 4096 tokens:
 # tileops against unpatched eager, unpatched torch.compile and Liger-Kernel's patch
-# (benchmarks/llama.py), and the example for a few steps. Logs and results go to $OUT (or
-# ./gpu-out). STAGES picks stages (default: prebuild tests bench example); BENCH_ARGS goes to
-# llama.py (e.g. BENCH_ARGS="--against eager --steps 12"). About 15 minutes on one H200, most
-# of it the prebuild and torch.compile's compile of the model's forward and backward.
-STAGES=${STAGES:-prebuild tests bench example}
+# (benchmarks/llama.py), and the example for a few steps; then greedy decode of the same stack
+# at batch 32 x 2048-token prompts, 128 new tokens, over the paged KV cache against unpatched
+# eager generate and torch.compile's static-cache generate (llama.py --decode, its kernels
+# prebuilt first). Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
+# prebuild tests bench example prebuild_decode decode); BENCH_ARGS goes to llama.py (e.g.
+# BENCH_ARGS="--against eager --steps 12"), DECODE_ARGS to llama.py --decode (e.g.
+# DECODE_ARGS="--against eager --new 64"). About 25 minutes on one H200, most of it the
+# prebuilds and torch.compile's compiles.
+STAGES=${STAGES:-prebuild tests bench example prebuild_decode decode}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1 t=$SECONDS; shift
@@ -18,7 +22,9 @@ run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail
 for stage in $STAGES; do case $stage in
   prebuild) TAIL=8 run prebuild_llama.log python3 benchmarks/llama.py --prebuild --workers 6 ;;
   tests) TAIL=25 run integrations_cuda.log python3 -m pytest -m cuda tests/integrations -q -p no:cacheprovider ;;
+  prebuild_decode) TAIL=8 run prebuild_llama_decode.log python3 benchmarks/llama.py --decode --prebuild --workers 4 ;;
+  decode) eval "TAIL=20 run bench_llama_decode.log python3 benchmarks/llama.py --decode --out \"\$OUT\" ${DECODE_ARGS:-}" ;;
   bench) eval "TAIL=20 run bench_llama.log python3 benchmarks/llama.py --out \"\$OUT\" ${BENCH_ARGS:-}" ;;
   example) TAIL=12 run example_llama.log python3 examples/llama_train.py --layers 2 --steps 10 ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench example)" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench example prebuild_decode decode)" ;;
 esac; done

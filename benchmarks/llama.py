@@ -4,6 +4,7 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
     python benchmarks/llama.py [--out DIR] [--layers N] [--batch B] [--seq S] [--against ...]
     python benchmarks/llama.py --prebuild [--workers N]     # build our kernels first
     python benchmarks/llama.py --dry-run [...]              # CPU, reference target, tiny
+    python benchmarks/llama.py --decode [...]               # greedy decode (llama_decode.py)
 
 - Model: a Llama-3-8B-shaped stack (hidden 4096, 32 query heads over 8 key/value heads of 128,
   MLP 14336, vocab 128256, rope_theta 500000 with Llama 3.1's rope scaling, untied head) of
@@ -296,7 +297,15 @@ def markdown(head: dict[str, Any], cells: dict[str, dict[str, Any]],
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--decode" in argv:  # the decode benchmark, its own options
+        import llama_decode
+
+        return llama_decode.main([a for a in argv if a != "--decode"])
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--decode", action="store_true",
+                    help="greedy decode over the paged KV cache instead (benchmarks/"
+                         "llama_decode.py; its options: --decode -h)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
     ap.add_argument("--against", default=",".join(CONTENDERS[1:]),
                     help="contenders beside tileops, comma-separated "

@@ -219,3 +219,21 @@ def test_refusals():
             vocab_size=8)))
     assert str(e.value).startswith("apply_tileops_to_mixtral: argument model_or_class must be "
                                    "a Mixtral model (a MixtralPreTrainedModel)")
+
+
+@pytest.mark.cuda
+def test_cuda_bf16_logits_within_bf16_tolerance():
+    """bf16 on the kernels (the fused MoE op, attention at head dim 64): the patched model's
+    logits are as close to a float32 copy's as the unpatched bf16 model's."""
+    kw = dict(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1000,
+              num_local_experts=8)
+    wide = build(torch.float32, **kw).cuda().eval()
+    ref, model = (build(torch.float32, **kw).to("cuda", torch.bfloat16).eval()
+                  for _ in range(2))
+    tit.apply_tileops_to_mixtral(model)
+    ids = tokens(batch=3, seq=333).cuda()  # lengths off every tile
+    with torch.no_grad():
+        exact = wide(ids).logits.float()
+        err_ref = ((ref(ids).logits.float() - exact).abs().max() / exact.abs().max()).item()
+        err = ((model(ids).logits.float() - exact).abs().max() / exact.abs().max()).item()
+    assert err <= 2 * err_ref + 1e-3, (err, err_ref)
