@@ -113,6 +113,23 @@ def test_gating_compiles_for_sm90():
 
 
 @needs_nvcc
+@pytest.mark.parametrize(("e", "k", "dtype", "scoring", "renormalize", "scale"), [
+    # Mixtral's: softmax over 8 (the row's max and exponential sum), renormalised top-2
+    pytest.param(8, 2, "bfloat16", "softmax", True, 1.0, id="mixtral-softmax"),
+    # DeepSeek-V3's: sigmoid over 256, renormalised top-8 scaled by 2.5
+    pytest.param(256, 8, "float32", "sigmoid", True, 2.5, id="deepseek-sigmoid"),
+])
+def test_gating_gradient_compiles_for_sm90(e, k, dtype, scoring, renormalize, scale):
+    src = K.build_gating_bwd(e, k, dtype, scoring, renormalize, scale,
+                             "sm_90").get_kernel_source()
+    assert "__launch_bounds__(128, 1)" in src
+    # only the picks are held (no row of E in local memory); each column finds its picks
+    assert f"float picked[{k}]" in src and f"float g[{k}]" in src and f"[{e}]" not in src
+    assert "Ids[" in src and "expf(" in src
+    assert ("max(acc[0]" in src) is (scoring == "softmax")  # only softmax reads the row's max
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("h", "dtype", "vector"), [
     pytest.param(7168, "bfloat16", True, id="16-byte-rows"),
     pytest.param(4097, "float16", False, id="odd-row-elementwise"),

@@ -1,7 +1,7 @@
 """Mixture-of-experts routing and row movement in TileLang: the gating (scores, grouped top-k,
 gate weights) and the two row permutations around the grouped GEMM.
 
-Three slots:
+Five slots:
 
 :class:`MoeGatingInterface` (``moe_gating``) -- ``forward(logits, bias, weights, ids)``: a
     thread a token (:func:`gating_program`). The token's scores (softmax or sigmoid, float32)
@@ -12,6 +12,9 @@ Three slots:
     Softmax and sigmoid are increasing, so without a bias the picks compare the logits
     themselves, exactly, as the reference's sort of the scores does; with a bias they compare
     the float32 choice scores.
+:class:`MoeGatingBwdInterface` (``moe_gating_bwd``) -- ``forward(dweights, logits, ids,
+    dlogits)``: the weights' gradient through the renormalisation and the scoring function,
+    the picks fixed: a thread a token (:func:`gating_bwd_program`).
 :class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, src, y)``: ``y[r] =
     x[src[r]]``, or zeros where ``src[r] < 0``: a CTA a row, 16-byte vectors along it
     (:func:`permute_program`); the op computes ``src`` (the token of each grouped row) with
@@ -41,6 +44,9 @@ from ._tilelang import compile_program, tl
 
 __all__ = [
     "MoeDType",
+    "MoeGatingBwdInterface",
+    "MoeGatingBwdKernel",
+    "MoeGatingBwdSpec",
     "MoeGatingInterface",
     "MoeGatingKernel",
     "MoeGatingSpec",
@@ -55,8 +61,10 @@ __all__ = [
     "build_gate_grad",
     "gate_grad_program",
     "build_gating",
+    "build_gating_bwd",
     "build_permute",
     "build_unpermute",
+    "gating_bwd_program",
     "gating_program",
     "permute_program",
     "unpermute_program",
@@ -239,6 +247,134 @@ class MoeGatingKernel(Kernel, MoeGatingInterface):
         if bias is None:  # the program reads no bias then; any float32 vector of E stands in
             bias = weights.new_empty((self.spec.e,))
         self.program(logits, bias, weights, ids)
+
+
+class MoeGatingBwdSpec(CallSpec, frozen=True, kw_only=True):
+    """The routing weights' gradient: ``e`` experts, ``top_k``, the logits' dtype, the
+    scoring function, whether the weights were renormalized and their scale (the token count
+    is a launch-time size; the groups and the correction bias only chose the picks, which are
+    an input here)."""
+
+    e: int
+    top_k: int
+    dtype: GatingDType
+    scoring: str
+    renormalize: bool
+    scale: float
+
+    def __post_init__(self) -> None:
+        self.check_fields(choices={"dtype": _GATING_DTYPES, "scoring": _SCORINGS},
+                          sizes=("e", "top_k"), flags=("renormalize",))
+
+
+class MoeGatingBwdInterface(KernelInterface):
+    """``forward(dweights, logits, ids, dlogits)``: ``dweights (M, top_k)`` float32, ``logits
+    (M, E)``, ``ids (M, top_k)`` int32, ``dlogits (M, E)`` (the logits' dtype) written whole."""
+
+    slot = "moe_gating_bwd"
+    call_spec = MoeGatingBwdSpec
+
+
+def gating_bwd_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
+                       scale: float):
+    """``dlogits`` of the routing's weights: a thread a token, as the forward. The token's row
+    is read twice for softmax (its max, then its sum of exponentials) and once more as the
+    gradient is written; only the picks' scores and score gradients are held (``top_k``
+    floats each), since a column's score gradient is the sum of its picks' (a column no pick
+    names gets ``-s * dot`` under softmax, 0 under sigmoid). Each column looks through the
+    ``top_k`` picks for its own, so ids a caller repeats sum, as the reference's scatter_add
+    does; an id outside ``[0, E)`` reads nothing and names no column."""
+    _, T = tl()
+    f32 = "float32"
+    M = T.dynamic("M")
+    threads = _GATING_THREADS
+    softmax = scoring == "softmax"
+
+    @T.prim_func
+    def main(
+        DW: T.Tensor((M, top_k), f32),
+        X: T.Tensor((M, e), dtype),
+        Ids: T.Tensor((M, top_k), "int32"),
+        DX: T.Tensor((M, e), dtype),
+    ):
+        with T.Kernel(T.ceildiv(M, threads), threads=threads) as bx:
+            tx = T.get_thread_binding(0)
+            t = bx * threads + tx
+            picked = T.alloc_local((top_k,), f32)  # the picks' scores
+            g = T.alloc_local((top_k,), f32)  # the picks' score gradients
+            idx = T.alloc_local((top_k,), "int32")
+            acc = T.alloc_local((4,), f32)  # max, exp sum (softmax), picks' score sum, dot
+            col = T.alloc_local((1,), f32)  # a column's score gradient
+            if t < M:
+                acc[0] = 0.0
+                acc[1] = 1.0
+                if softmax:
+                    acc[0] = T.cast(X[t, 0], f32)
+                    for i in T.serial(e):
+                        acc[0] = T.max(acc[0], T.cast(X[t, i], f32))
+                    acc[1] = 0.0
+                    for i in T.serial(e):
+                        acc[1] = acc[1] + T.exp(T.cast(X[t, i], f32) - acc[0])
+                acc[2] = 0.0
+                for j in T.serial(top_k):
+                    idx[j] = Ids[t, j]
+                    picked[j] = 0.0
+                    if idx[j] >= 0 and idx[j] < e:
+                        v = T.cast(X[t, idx[j]], f32)
+                        if softmax:
+                            picked[j] = T.exp(v - acc[0]) / acc[1]
+                        else:
+                            picked[j] = 1.0 / (1.0 + T.exp(-v))
+                    acc[2] = acc[2] + picked[j]
+                    g[j] = DW[t, j] * scale
+                if renormalize:  # w = s / S: ds = (g - sum(g * w)) / S
+                    acc[3] = 0.0
+                    for j in T.serial(top_k):
+                        acc[3] = acc[3] + g[j] * picked[j]
+                    for j in T.serial(top_k):
+                        g[j] = (g[j] - acc[3] / acc[2]) / acc[2]
+                acc[3] = 0.0  # sum(ds * s): only the picks' columns have ds
+                for j in T.serial(top_k):
+                    acc[3] = acc[3] + g[j] * picked[j]
+                for i in T.serial(e):
+                    col[0] = 0.0
+                    for j in T.serial(top_k):
+                        if idx[j] == i:
+                            col[0] = col[0] + g[j]
+                    v = T.cast(X[t, i], f32)
+                    if softmax:
+                        DX[t, i] = T.cast(T.exp(v - acc[0]) / acc[1] * (col[0] - acc[3]), dtype)
+                    else:
+                        sg = 1.0 / (1.0 + T.exp(-v))
+                        DX[t, i] = T.cast(col[0] * sg * (1.0 - sg), dtype)
+
+    return main
+
+
+@functools.lru_cache(maxsize=64)
+def build_gating_bwd(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
+                     scale: float, target: str | None = None):
+    """Compile :func:`gating_bwd_program`."""
+    return compile_program(gating_bwd_program(e, top_k, dtype, scoring, renormalize, scale),
+                           target)
+
+
+class MoeGatingBwdKernel(Kernel, MoeGatingBwdInterface):
+    """Any expert count and top-k, sm_80 to sm_90: a thread a token."""
+
+    devices = ("cuda",)
+    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
+    general = True
+
+    def __init__(self, spec: MoeGatingBwdSpec) -> None:
+        super().__init__(spec)
+        self.program = build_gating_bwd(spec.e, spec.top_k, spec.dtype, spec.scoring,
+                                        spec.renormalize, spec.scale)
+
+    def __call__(self, dweights, logits, ids, dlogits) -> None:
+        if logits.shape[0] == 0:
+            return
+        self.program(dweights, logits, ids, dlogits)
 
 
 # --- permutations ------------------------------------------------------------------------------

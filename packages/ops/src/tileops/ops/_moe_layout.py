@@ -22,7 +22,9 @@ __all__ = [
     "LayoutValue",
     "expert_of_row",
     "fused_reference",
+    "gating_bwd_reference",
     "gating_reference",
+    "permute_bwd_reference",
     "grouped_gemm_bwd_reference",
     "unpermute_bwd_reference",
     "grouped_gemm_reference",
@@ -88,6 +90,33 @@ def gating_reference(logits: torch.Tensor, bias: torch.Tensor | None, *, top_k: 
     if renormalize:
         weights = weights / weights.sum(-1, keepdim=True)
     return weights * scale, ids.to(torch.int32)
+
+
+def gating_bwd_reference(dweights: torch.Tensor, logits: torch.Tensor, ids: torch.Tensor, *,
+                         top_k: int, scoring: str, renormalize: bool,
+                         scale: float) -> torch.Tensor:
+    """``dlogits`` of MoeTopkGatingBwdOp: the weights' chain rule with the picks fixed. Each
+    pick's score gradient (``g = scale * dweights``, through the renormalisation ``w = s / S``:
+    ``(g - sum(g * w)) / S``) is summed into its expert's column (``scatter_add``: a column two
+    picks name gets both), then taken through the softmax's or the sigmoid's Jacobian. A pick
+    whose id is outside ``[0, E)`` has score 0 and no column."""
+    wide = wide_dtype(logits)
+    z = logits.to(wide)
+    s = torch.softmax(z, dim=-1) if scoring == "softmax" else torch.sigmoid(z)
+    e = z.shape[1]
+    idx = ids.to(torch.int64)
+    valid = (idx >= 0) & (idx < e)
+    idx = idx.clamp(0, e - 1)
+    picked = torch.where(valid, s.gather(1, idx), torch.zeros((), dtype=wide))
+    g = dweights.to(wide) * scale
+    if renormalize:
+        total = picked.sum(-1, keepdim=True)
+        g = (g - (g * picked).sum(-1, keepdim=True) / total) / total
+    g = torch.where(valid, g, torch.zeros((), dtype=wide))
+    ds = torch.zeros_like(s).scatter_add(1, idx, g)
+    if scoring == "softmax":
+        return s * (ds - (ds * s).sum(-1, keepdim=True))
+    return ds * s * (1 - s)
 
 
 # --- the grouping ------------------------------------------------------------------------------
@@ -168,6 +197,13 @@ def unpermute_reference(y: torch.Tensor, rows: torch.Tensor,
     picked = y.to(wide)[r.clamp(min=0)]  # [M, K, H]
     picked = torch.where((r >= 0)[..., None], picked, torch.zeros((), dtype=wide))
     return (picked * weights.to(wide)[..., None]).sum(1)
+
+
+def permute_bwd_reference(dy: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``dx`` of MoePermuteAlignBwdOp: the unpermutation of ``dy``'s rows (flattened over a
+    masked layout's blocks) with unit weights."""
+    unit = torch.ones(rows.shape, dtype=wide_dtype(dy), device=rows.device)
+    return unpermute_reference(dy.reshape(-1, dy.shape[-1]), rows, unit)
 
 
 def expert_of_row(metadata: torch.Tensor, layout: LayoutValue, m: int,

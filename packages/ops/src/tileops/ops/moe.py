@@ -11,11 +11,13 @@ fields and the constructor's invariant, and the family reads the value as a
 :class:`MoeOp` is the family base: it reads the layout once (``derive``) and brings tensors to
 the kernels' layout (contiguous, 16-byte aligned). Its ops:
 
-- :class:`MoeTopkGatingFwdOp`: the slot ``moe_gating`` (a thread a token);
+- :class:`MoeTopkGatingFwdOp`: the slot ``moe_gating`` (a thread a token); its weights'
+  gradient :class:`MoeTopkGatingBwdOp` the slot ``moe_gating_bwd`` (a thread a token);
 - :class:`MoePermuteAlignFwdOp`: the grouping in torch ops on the device
   (:func:`~tileops.ops._moe_layout.group_slots`: a stable sort of the slots by expert, the
   segment offsets, the inverse index, the token of each row), then the row gather of the slot
   ``moe_permute_rows`` (16-byte vectors), which writes every row, zeros where no slot goes;
+  its gradient :class:`MoePermuteAlignBwdOp` the unpermutation's slot with unit weights;
 - :class:`MoeUnpermuteFwdOp`: the slot ``moe_unpermute`` (a CTA a token, float32 sums);
 - :class:`GroupedGemmFwdOp`: the slot ``grouped_gemm_fwd`` (a tile scheduler over the
   experts' rows read from the metadata on the device);
@@ -46,6 +48,9 @@ from tileops.kernels.moe import (
     MoeDType,
     MoeGateGradInterface,
     MoeGateGradKernel,
+    MoeGatingBwdInterface,
+    MoeGatingBwdKernel,
+    MoeGatingBwdSpec,
     MoeGatingInterface,
     MoeGatingKernel,
     MoeGatingSpec,
@@ -64,10 +69,12 @@ from ._moe_layout import (
     LayoutValue,
     expert_of_row,
     fused_reference,
+    gating_bwd_reference,
     gating_reference,
     group_slots,
     grouped_gemm_bwd_reference,
     grouped_gemm_reference,
+    permute_bwd_reference,
     permute_reference,
     unpermute_bwd_reference,
     unpermute_reference,
@@ -81,7 +88,9 @@ __all__ = [
     "GroupedGemmFwdOp",
     "MaskedLayoutSpec",
     "MoeOp",
+    "MoePermuteAlignBwdOp",
     "MoePermuteAlignFwdOp",
+    "MoeTopkGatingBwdOp",
     "MoeTopkGatingFwdOp",
     "MoeUnpermuteBwdOp",
     "MoeUnpermuteFwdOp",
@@ -177,13 +186,17 @@ class MoeTopkGatingFwdOp(MoeOp):
 
     def forward(self, call, logits, correction_bias, weights, ids) -> None:
         has_bias = correction_bias is not None
-        key = (call.device, logits.dtype, has_bias)
-        entry = self._entry(key, MoeGatingInterface, lambda: MoeGatingSpec(
-            device=call.device, e=logits.shape[1], top_k=self.top_k,
-            dtype=NAMES[logits.dtype], scoring=self.scoring, renormalize=self.renormalize,
-            num_groups=self.num_groups, topk_groups=self.topk_groups,
-            scale=float(self.routed_scaling_factor), bias=has_bias),
-            logits.dtype, _GATING_DTYPES, "gating")
+        key = (call.device, logits.dtype, has_bias and correction_bias.dtype)
+        entry = self._entries_by_call.get(key)
+        if entry is None:
+            refuse_unserved(self, logits.dtype, _GATING_DTYPES, "gating")
+            if has_bias:
+                refuse_unserved(self, correction_bias.dtype, frozenset({"float32"}), "gating")
+            entry = self.kernel_for(key, MoeGatingInterface, lambda: MoeGatingSpec(
+                device=call.device, e=logits.shape[1], top_k=self.top_k,
+                dtype=NAMES[logits.dtype], scoring=self.scoring, renormalize=self.renormalize,
+                num_groups=self.num_groups, topk_groups=self.topk_groups,
+                scale=float(self.routed_scaling_factor), bias=has_bias))
         entry(_laid(logits), None if correction_bias is None else _laid(correction_bias),
               weights, ids)
 
@@ -298,6 +311,52 @@ class GroupedGemmFwdOp(MoeOp):
         return per_expert_mm
 
     peers = {"grouped_mm": lambda op: _grouped_mm_peer(op)}
+
+
+class MoeTopkGatingBwdOp(MoeOp):
+    """The routing weights' gradient through the slot ``moe_gating_bwd`` (a thread a token,
+    as the forward): the picks are the forward's ids, so the groups and the correction bias,
+    which only chose them, are not this op's params."""
+
+    kernel_types = {MoeGatingBwdInterface: (MoeGatingBwdKernel,)}
+
+    def forward(self, call, dweights, logits, ids, dlogits) -> None:
+        key = (call.device, logits.dtype, dweights.dtype)
+        entry = self._entries_by_call.get(key)
+        if entry is None:
+            refuse_unserved(self, logits.dtype, _GATING_DTYPES, "gating")
+            refuse_unserved(self, dweights.dtype, frozenset({"float32"}), "gating")
+            entry = self.kernel_for(key, MoeGatingBwdInterface, lambda: MoeGatingBwdSpec(
+                device=call.device, e=logits.shape[1], top_k=self.top_k,
+                dtype=NAMES[logits.dtype], scoring=self.scoring,
+                renormalize=self.renormalize, scale=float(self.routed_scaling_factor)))
+        entry(_laid(dweights), _laid(logits), _laid(ids), dlogits)
+
+    def reference(self, call, dweights, logits, ids):
+        return (gating_bwd_reference(dweights, logits, ids, top_k=self.top_k,
+                                     scoring=self.scoring, renormalize=self.renormalize,
+                                     scale=self.routed_scaling_factor),)
+
+
+class MoePermuteAlignBwdOp(MoeOp):
+    """The permutation's gradient: the unpermutation with unit weights, through the
+    unpermutation's own slot (``moe_unpermute``: the same kernel, a CTA a token, float32
+    sums); the weights are a ones tensor of the picks, a float a routed slot beside the rows
+    it sums."""
+
+    kernel_types = {MoeUnpermuteInterface: (MoeUnpermuteKernel,)}
+
+    def forward(self, call, dy, rows, dx) -> None:
+        h, k = dy.shape[-1], rows.shape[1]
+        key = (call.device, dy.dtype, h, k)
+        entry = self._entry(key, MoeUnpermuteInterface, lambda: MoeUnpermuteSpec(
+            device=call.device, h=h, k=k, dtype=NAMES[dy.dtype]), dy.dtype, _ROW_DTYPES,
+            "unpermutation")
+        unit = torch.ones(rows.shape, dtype=torch.float32, device=rows.device)
+        entry(_laid(dy).view(-1, h), _laid(rows), unit, dx)
+
+    def reference(self, call, dy, rows):
+        return (permute_bwd_reference(dy, rows),)
 
 
 class MoeUnpermuteBwdOp(MoeOp):
