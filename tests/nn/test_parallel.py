@@ -36,12 +36,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _torchrun(script: Path) -> subprocess.CompletedProcess[str]:
+def _torchrun(script: Path, *, gpus: bool = False) -> subprocess.CompletedProcess[str]:
+    """Two ranks of ``script``: on the CPU (gloo; no GPU visible), or with ``gpus`` on this
+    host's GPUs (NCCL, a GPU a rank)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                "--master-addr", "127.0.0.1", "--master-port", str(_free_port()), str(script)]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=120)
+                          timeout=600 if gpus else 120)
 
 
 @pytest.mark.parametrize(("script", "cases"), [("tests/nn/_tp_worker.py", 11),
@@ -54,6 +58,17 @@ def test_two_ranks_match_one_device(script: str, cases: int | None) -> None:
     if cases is not None:
         for rank in (0, 1):
             assert f"rank {rank} of 2: {cases} of {cases} cases match" in output, output
+
+
+@pytest.mark.cuda2
+@pytest.mark.parametrize("script", ["examples/tensor_parallel_mlp.py"])
+def test_two_gpus_match_one_device(script: str) -> None:
+    """The examples on two GPUs: NCCL, bfloat16, the in-tree kernels."""
+    result = _torchrun(ROOT / script, gpus=True)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, f"{script} on two GPUs exited {result.returncode}:\n{output}"
+    for rank in (0, 1):
+        assert f"rank {rank} of 2 (cuda:{rank}, torch.bfloat16)" in output, output
 
 
 NOT_INITIALISED = ("{}: torch.distributed is not initialised; expected "
