@@ -1,11 +1,15 @@
-"""tileops.nn.MoE on the CPU (the reference target serves its op): the Mixtral and DeepSeek-V3
+"""tileops.nn.MoE on the CPU (the reference target serves its ops): the Mixtral and DeepSeek-V3
 configs against the block written token by token in float64 as the models' reference code
-computes it, the parameters and buffers it saves, and the op rebuilt by ``.to()``."""
+computes it, the parameters and buffers it saves, and the op rebuilt by ``.to()``; in
+training, the gradients of x and of every parameter against a float64 loop over the experts
+in torch (Mixtral's and DeepSeek-V3's routing, empty experts, a masked layout's drops), SGD
+steps whose losses follow the loop's, and inference still on the fused composite."""
 
 from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -85,3 +89,138 @@ def test_to_rebuilds_the_op_and_keeps_the_config() -> None:
     assert layer.op is not op and layer.op.num_experts == 4 and layer.w13.dtype == torch.float64
     assert repr(layer).startswith("MoE(\n  hidden_size=8, intermediate_size=4, num_experts=4, "
                                   "top_k=2, scoring='softmax'")
+
+
+# --- training -------------------------------------------------------------------------------
+
+
+def _expert_loop(layer: MoE, x: torch.Tensor, max_m: int | None = None) -> torch.Tensor:
+    """The layer's routed experts in float64 torch, differentiable in ``x`` and every
+    parameter: the routing of ``_token_loop`` for all tokens at once, then a loop over the
+    experts, each applied to the tokens routed to it (a masked layout of ``max_m`` rows keeps
+    an expert's first ``max_m`` slots in token order, the rest dropped)."""
+    e, k, inter = layer.num_experts, layer.top_k, layer.intermediate_size
+    logits = x @ layer.gate.weight.T
+    scores = torch.softmax(logits, -1) if layer.scoring == "softmax" else torch.sigmoid(logits)
+    bias = layer.e_score_correction_bias
+    choice = scores.detach() + (bias.double() if bias is not None else 0.0)
+    if layer.num_groups > 1:
+        per = e // layer.num_groups
+        sums = choice.view(-1, layer.num_groups, per).topk(2, -1).values.sum(-1)
+        keep = torch.sort(sums, dim=-1, descending=True, stable=True).indices
+        keep = keep[:, :layer.topk_groups]
+        mask = torch.zeros_like(sums, dtype=torch.bool).scatter_(1, keep, True)
+        choice = choice.masked_fill(~mask.repeat_interleave(per, 1), float("-inf"))
+    ids = torch.sort(choice, dim=-1, descending=True, stable=True).indices[:, :k]
+    w = scores.gather(1, ids)
+    if layer.renormalize:
+        w = w / w.sum(-1, keepdim=True)
+    w = w * layer.routed_scaling_factor
+    out = torch.zeros_like(x)
+    flat = ids.reshape(-1)
+    for i in range(e):
+        slots = (flat == i).nonzero().squeeze(1)
+        if max_m is not None:
+            slots = slots[:max_m]
+        if slots.numel() == 0:
+            continue
+        tok = slots // k
+        h = x[tok] @ layer.w13[i].T
+        o = (F.silu(h[:, :inter]) * h[:, inter:]) @ layer.w2[i].T
+        out = out.index_add(0, tok, o * w.reshape(-1)[slots, None])
+    return out
+
+
+def _params(layer: MoE) -> dict[str, torch.Tensor]:
+    return {"gate.weight": layer.gate.weight, "w13": layer.w13, "w2": layer.w2}
+
+
+#: Mixtral-like softmax top-2; DeepSeek-like sigmoid grouped top-k with a correction bias and
+#: scaling; more experts than one batch's picks reach (empty experts); a masked layout whose
+#: blocks drop the slots past them
+TRAIN_CONFIGS = {
+    "mixtral": (lambda: MoE.mixtral(hidden_size=12, intermediate_size=10, num_experts=4,
+                                    dtype=torch.float64), None),
+    "deepseek": (lambda: MoE.deepseek_v3(hidden_size=12, intermediate_size=6, num_experts=16,
+                                         top_k=4, num_groups=4, topk_groups=2,
+                                         dtype=torch.float64), None),
+    "empty-experts": (lambda: MoE(12, 6, 32, 1, dtype=torch.float64), None),
+    "masked-drops": (lambda: MoE(12, 6, 4, 2, layout=MaskedLayoutSpec(3),
+                                 dtype=torch.float64), 3),
+}
+
+
+@pytest.mark.parametrize("config", list(TRAIN_CONFIGS))
+def test_every_gradient_matches_the_float64_expert_loop(config) -> None:
+    build, max_m = TRAIN_CONFIGS[config]
+    torch.manual_seed(3)
+    layer = build()
+    if layer.e_score_correction_bias is not None:
+        with torch.no_grad():
+            layer.e_score_correction_bias.copy_(torch.randn(layer.num_experts) / 10)
+    x = torch.randn(2, 5, 12, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 5, 12, dtype=torch.float64)
+    out = layer(x)
+    assert out.shape == x.shape
+    got = torch.autograd.grad(out, [x, *_params(layer).values()], upstream)
+    xr = x.detach().clone().requires_grad_(True)
+    ref = _expert_loop(layer, xr.view(-1, 12), max_m).view(x.shape)
+    want = torch.autograd.grad(ref, [xr, *_params(layer).values()], upstream)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+    for name, g, w in zip(["x", *_params(layer)], got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-9, atol=1e-11, msg=lambda m, n=name: f"{n}: {m}")
+    if config == "empty-experts":  # 10 tokens, one pick each, 32 experts: some get none
+        assert (got[2].abs().sum((1, 2)) == 0).any()
+    if config == "masked-drops":  # 20 slots over 4 blocks of 3: the drops change the output
+        assert not torch.allclose(ref, _expert_loop(layer, xr.view(-1, 12)).view(x.shape))
+
+
+def test_inference_keeps_the_fused_composite() -> None:
+    layer = MoE.mixtral(hidden_size=8, intermediate_size=4, num_experts=4, dtype=torch.float64)
+    x = torch.randn(3, 8, dtype=torch.float64)
+    assert layer.op.last_call is None
+    with torch.no_grad():
+        layer(x)
+    assert layer.op.last_call.s_x == (3, 8)  # the composite ran
+    assert layer.__dict__.get("_stages") is None  # no stage op was built
+    staged = layer(x)  # parameters require grad: the training path
+    assert staged.grad_fn is not None and layer.__dict__["_stages"] is not None
+    with torch.no_grad():
+        torch.testing.assert_close(staged, layer(x), rtol=1e-12, atol=1e-14)
+
+
+def test_training_steps_follow_the_expert_loop() -> None:
+    """Five SGD steps of the layer and of the loop's copy from the same weights: the losses
+    agree step by step and fall."""
+    torch.manual_seed(4)
+    layer = MoE.deepseek_v3(hidden_size=12, intermediate_size=6, num_experts=8, top_k=2,
+                            num_groups=4, topk_groups=2, dtype=torch.float64)
+    twin = copy.deepcopy(layer)
+    x = torch.randn(16, 12, dtype=torch.float64)
+    target = torch.randn(16, 12, dtype=torch.float64)
+    opts = [torch.optim.SGD(m.parameters(), lr=0.5) for m in (layer, twin)]
+    losses: list[tuple[float, float]] = []
+    for _ in range(5):
+        pair = []
+        for m, opt, f in ((layer, opts[0], layer), (twin, opts[1], None)):
+            opt.zero_grad()
+            out = m(x) if f is not None else _expert_loop(m, x)
+            loss = F.mse_loss(out, target)
+            loss.backward()
+            opt.step()
+            pair.append(loss.item())
+        losses.append((pair[0], pair[1]))
+    for a, b in losses:
+        assert a == pytest.approx(b, rel=1e-9)
+    assert losses[-1][0] < losses[0][0]
+    torch.testing.assert_close(layer.w13, twin.w13, rtol=1e-9, atol=1e-11)
+
+
+def test_pickling_leaves_the_stage_ops_out() -> None:
+    layer = MoE.mixtral(hidden_size=8, intermediate_size=4, num_experts=4, dtype=torch.float64)
+    layer(torch.randn(2, 8, dtype=torch.float64))
+    assert "_stages" in layer.__dict__
+    restored = copy.deepcopy(layer)
+    assert "_stages" not in restored.__dict__
+    x = torch.randn(2, 8, dtype=torch.float64)
+    torch.testing.assert_close(restored(x), layer(x), rtol=0, atol=0)

@@ -1,5 +1,6 @@
-""":class:`MoE`, a mixture-of-experts layer (its routed experts) running
-:class:`~tileops.ops.FusedMoeFwdOp`."""
+""":class:`MoE`, a mixture-of-experts layer (its routed experts): inference on
+:class:`~tileops.ops.FusedMoeFwdOp`, training on its stages as ops with gradients
+(:class:`MoeStages`, which :class:`~tileops.nn.expert_parallel.ExpertParallelMoE` runs too)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,67 @@ from typing import Any
 import torch
 from torch import nn
 
-from tileops.ops import FusedMoeFwdOp
+from tileops.ops import (
+    FusedMoeFwdOp,
+    GroupedGemmFwdOp,
+    MoePermuteAlignFwdOp,
+    MoeTopkGatingFwdOp,
+    MoeUnpermuteFwdOp,
+    SiluAndMulFwdOp,
+)
 from tileops.ops.moe import ContiguousLayoutSpec, MaskedLayoutSpec
 
 from ._holder import HoldsOp
 
-__all__ = ["MoE"]
+__all__ = ["MoE", "MoeStages", "stages_of"]
+
+Layout = ContiguousLayoutSpec | MaskedLayoutSpec
+
+#: the routing options a layer passes to MoeTopkGatingFwdOp under the same names
+ROUTE_ATTRS = ("top_k", "scoring", "renormalize", "num_groups", "topk_groups",
+               "routed_scaling_factor")
+
+
+class MoeStages:
+    """The layer's stages as separate ops, each call an autograd node whose backward is its
+    entry's gradient op: the routing (``route``: MoeTopkGatingFwdOp, weights differentiable
+    in the logits), the grouping of ``experts`` experts' rows in ``layout`` (``permute``:
+    MoePermuteAlignFwdOp, its gradient the unpermutation with unit weights), one grouped GEMM
+    op for both products (``gemm``: GroupedGemmFwdOp, ``w[e]`` stored ``[out, in]`` as
+    torch.nn.Linear stores it, so ``trans_b``), SiluAndMulFwdOp between them (``act``) and
+    the weighted unpermutation (``unpermute``: MoeUnpermuteFwdOp)."""
+
+    def __init__(self, route: dict[str, Any], experts: int, layout: Layout,
+                 target: str | None) -> None:
+        self.route = MoeTopkGatingFwdOp(**route, target=target)
+        self.permute = MoePermuteAlignFwdOp(num_experts=experts, layout=layout, target=target)
+        self.gemm = GroupedGemmFwdOp(layout=layout, trans_b=True, target=target)
+        self.act = SiluAndMulFwdOp(target=target)
+        self.unpermute = MoeUnpermuteFwdOp(target=target)
+
+    def experts(self, y: torch.Tensor, metadata: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor) -> torch.Tensor:
+        """Each grouped row through its expert's SwiGLU: ``silu(y @ gate.T) * (y @ up.T)
+        @ w2[e].T``, rows flattened to ``[R, H]``."""
+        h = self.gemm(y, w13, metadata)
+        o = self.gemm(self.act(h), w2, metadata)
+        return o.view(-1, o.shape[-1])
+
+
+def stages_of(layer: nn.Module, device: torch.device, experts: int,
+              layout: Layout) -> MoeStages:
+    """``layer``'s :class:`MoeStages` for calls on ``device``, built from its routing
+    attributes, ``target``, ``experts`` and ``layout`` (the key of the one set held: a config
+    attribute assigned, or a call on another device, builds a fresh set, as an op binds its
+    target at its first call and keeps it). Held in the instance dict under ``_stages``,
+    which the layers leave out of their pickled state."""
+    route = {a: getattr(layer, a) for a in ROUTE_ATTRS}
+    key = (device, layer.target, tuple(route.values()), experts, layout)
+    held = layer.__dict__.get("_stages")
+    if held is None or held[0] != key:
+        held = (key, MoeStages(route, experts, layout, layer.target))
+        layer.__dict__["_stages"] = held
+    return held[1]
 
 
 class MoE(HoldsOp, nn.Module):
@@ -29,8 +85,15 @@ class MoE(HoldsOp, nn.Module):
     ``e_score_correction_bias`` buffer (float32, zeros), which shifts the choice of experts but
     not their weights. :meth:`mixtral` and :meth:`deepseek_v3` build the two models' configs;
     shared experts, where a model has them, are a dense MLP beside this layer. Any number of
-    leading axes is flattened into tokens. The op has no gradient: the layer serves inference
-    (``torch.no_grad``)."""
+    leading axes is flattened into tokens.
+
+    The fused op has no gradient, so where one is needed (grad mode on and ``x`` or a
+    parameter requiring grad) the layer runs the same computation as :class:`MoeStages`'s
+    ops instead: route, permute, grouped GEMM with ``w13``, SiluAndMul, grouped GEMM with
+    ``w2``, unpermute, each recording its gradient, so ``x``, ``gate.weight``, ``w13`` and
+    ``w2`` all get theirs (the correction bias is a buffer: it chooses experts, it has no
+    gradient). Under ``torch.no_grad`` (or with nothing requiring grad) it runs the fused
+    composite."""
 
     op_class = FusedMoeFwdOp
     op_attrs = ("num_experts", "top_k", "scoring", "renormalize", "num_groups", "topk_groups",
@@ -89,8 +152,24 @@ class MoE(HoldsOp, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(-1, self.hidden_size)
         logits = self.gate(rows)
-        out = self.op(rows, logits, self.w13, self.w2, self.e_score_correction_bias)
+        if torch.is_grad_enabled() and (x.requires_grad or any(
+                p.requires_grad for p in self.parameters())):
+            out = self._staged(rows, logits)
+        else:
+            out = self.op(rows, logits, self.w13, self.w2, self.e_score_correction_bias)
         return out.view(x.shape)
+
+    def _staged(self, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """The training path (see the class docstring)."""
+        st = stages_of(self, rows.device, self.num_experts, self.layout)
+        weights, ids = st.route(logits, self.e_score_correction_bias)
+        y, metadata, slots = st.permute(rows, ids)
+        return st.unpermute(st.experts(y, metadata, self.w13, self.w2), slots, weights)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state.pop("_stages", None)
+        return state
 
     def extra_repr(self) -> str:
         return (f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}, "
