@@ -11,6 +11,8 @@
     tileops scaffold OP            write the op module skeleton for a spec entry
     tileops env                    versions, GPUs, the cache directory, environment knobs
     tileops cache clear            empty the cache directory
+    tileops model llama            a Hugging Face model patched onto the ops: its training step
+                                   and greedy decode against the unpatched model
 
 Also ``python -m tileops.ops.cli``. Exit status: 0 success, 1 a failed check (a mismatch, an
 invalid spec, an op that failed), 2 bad usage (an unknown op, device, dtype or option).
@@ -27,7 +29,7 @@ from __future__ import annotations
 
 import click
 
-from . import bench, cache, explain, run, scaffold
+from . import bench, cache, explain, model, run, scaffold
 
 __all__ = ["main"]
 
@@ -45,5 +47,5 @@ def main() -> None:
 
 # the modules stay reachable under their names (tileops.ops.cli.bench is the module)
 for _command in (run.run, bench.bench, explain.list_ops, explain.explain, explain.check,
-                 scaffold.scaffold, cache.env_cmd, cache.cache):
+                 scaffold.scaffold, cache.env_cmd, cache.cache, model.model):
     main.add_command(_command)
