@@ -66,6 +66,7 @@ def test_decode_refuses_bad_options(bench, capsys):
         "error: --against: unknown contender 'vllm'; valid: tileops-eager-steps, eager, "
         "torch.compile\n")
     with pytest.raises(SystemExit):
-        llama.main(["--decode", "--dry-run", "--new", "1"])
+        llama.main(["--decode", "--dry-run", "--new", "3"])
     assert capsys.readouterr().err.endswith(
-        "error: --new must be at least 2 (a decode step after the prefill's token), got 1\n")
+        "error: --new must be at least 4 (two steady decode steps after the first 2 tokens), "
+        "got 3\n")
