@@ -423,7 +423,9 @@ class GroupedGemmBwdOp(MoeOp):
                                               grad_b=True)[1]
         ends = torch.cummax(metadata[1:].long(), 0).values.clamp(0, a.shape[0])
         grouped_mm = getattr(torch, "_grouped_mm", None)
-        if grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16:
+        if a.shape[0] == 0:  # no rows: every expert's gradient is 0, no product asked for
+            g = a.new_zeros((e, a.shape[1], dc.shape[1]))
+        elif grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16:
             # the segments' products over their rows, the bounds read on the device (a CUDA
             # graph captures it)
             g = grouped_mm(a.t(), dc, offs=ends.to(torch.int32))
