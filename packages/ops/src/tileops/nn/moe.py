@@ -57,19 +57,19 @@ class MoeStages:
         return o.view(-1, o.shape[-1])
 
 
-def stages_of(layer: nn.Module, device: torch.device, experts: int,
-              layout: Layout) -> MoeStages:
+def stages_of(layer: nn.Module, device: torch.device, experts: int, layout: Layout,
+              slot: str = "_stages") -> MoeStages:
     """``layer``'s :class:`MoeStages` for calls on ``device``, built from its routing
     attributes, ``target``, ``experts`` and ``layout`` (the key of the one set held: a config
     attribute assigned, or a call on another device, builds a fresh set, as an op binds its
-    target at its first call and keeps it). Held in the instance dict under ``_stages``,
-    which the layers leave out of their pickled state."""
+    target at its first call and keeps it). Held in the instance dict under ``slot``, which
+    the layers leave out of their pickled state."""
     route = {a: getattr(layer, a) for a in ROUTE_ATTRS}
     key = (device, layer.target, tuple(route.values()), experts, layout)
-    held = layer.__dict__.get("_stages")
+    held = layer.__dict__.get(slot)
     if held is None or held[0] != key:
         held = (key, MoeStages(route, experts, layout, layer.target))
-        layer.__dict__["_stages"] = held
+        layer.__dict__[slot] = held
     return held[1]
 
 
