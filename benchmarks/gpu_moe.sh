@@ -6,9 +6,13 @@
 # E64 x 512 rows x K4096 x N2048 (>= 730 TFLOP/s, and >= torch._grouped_mm on uneven loads),
 # the permutations (>= 0.9 of the copy bandwidth), the routing, and the fused layer at the
 # Mixtral-8x7B and DeepSeek-V3-like shapes at 1, 64 and 8192 tokens (faster than the torch
-# pipeline with torch._grouped_mm). Logs and results go to $OUT (or ./gpu-out). STAGES picks
-# stages (default: prebuild tests bench).
-STAGES=${STAGES:-prebuild tests bench}
+# pipeline with torch._grouped_mm); the routing's and the permutation's gradients (the
+# permutation's at the unpermutation's bandwidth); tileops.nn.MoE's training step is in the
+# kernel tests. Stage ep runs examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL,
+# bfloat16: ExpertParallelMoE against the one-device layer, forward and backward) where the
+# machine has two. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
+# prebuild tests bench ep).
+STAGES=${STAGES:-prebuild tests bench ep}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -31,6 +35,13 @@ for stage in $STAGES; do case $stage in
     bench grouped_gemm GroupedGemmFwdOp -w 'e64-*' -w mixtral-up-uneven-m8192 -w deepseek-up-aligned128 -w deepseek-down-masked64 -w odd-uneven --dtype bf16
     bench permute MoePermuteAlignFwdOp MoeUnpermuteFwdOp -w 'mixtral-*' -w 'deepseek-*'
     bench gating MoeTopkGatingFwdOp -w 'mixtral-*' -w 'deepseek-*' -w qwen3-m8192
-    bench fused FusedMoeFwdOp -w 'mixtral-*' -w 'deepseek-*' ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+    bench fused FusedMoeFwdOp -w 'mixtral-*' -w 'deepseek-*'
+    bench gradients MoeTopkGatingBwdOp MoePermuteAlignBwdOp -w 'mixtral-*' -w 'deepseek-*' -w no-renorm-m8192 ;;
+  ep)
+    if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
+      run ep_example.log python3 -m torch.distributed.run --nproc-per-node 2 examples/expert_parallel_moe.py
+    else
+      echo "== ep: skipped, one GPU (the example needs two)"
+    fi ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench ep)" ;;
 esac; done

@@ -3,8 +3,9 @@ their entries), on fresh random inputs, against float64 computed on the CPU by t
 references and by plain loops: the grouped GEMM over uneven loads (empty experts, one expert
 with eight times the rows of the others, loads off the tile, rows after the last segment),
 aligned and masked layouts, odd N and K (no 16-byte rows), both weight layouts; the routing
-(ties, groups, the bias); the permutations (exact: they move rows); the fused layer at the
-Mixtral and DeepSeek-V3 shapes of a few tokens.
+(ties, groups, the bias); the permutations (exact: they move rows); the gradients of the grouped
+GEMM, the unpermutation, the routing and the permutation; the fused layer at the Mixtral and
+DeepSeek-V3 shapes of a few tokens, and tileops.nn.MoE's training step.
 
 ``python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15`` compiles exactly the
 programs these tests and the spec workloads use in spawned processes first, so the tests load
@@ -227,6 +228,92 @@ def test_unpermutation_gradient():
     assert _rel(got[0], ref[0]) < 1e-2 and _rel(got[1], ref[1]) < 1e-5
 
 
+def test_grouped_gemm_gradient_of_no_rows():
+    """An expert-parallel rank may receive no rows: zero weight gradients, an empty da."""
+    from tileops.ops import GroupedGemmBwdOp
+
+    e, n, k = 4, 256, 512
+    a = torch.empty(0, k, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(e, n, k, device="cuda").to(torch.bfloat16)
+    dc = torch.empty(0, n, device="cuda", dtype=torch.bfloat16)
+    da, db = GroupedGemmBwdOp(trans_b=True)(a, b, torch.zeros(e + 1, dtype=torch.int32,
+                                                              device="cuda"), dc)
+    assert da.shape == (0, k) and db.shape == b.shape and not db.any()
+
+
+@pytest.mark.parametrize("case", ROUTES, ids=lambda c: f"e{c[0]}-k{c[1]}")
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gating_gradient(case, dtype):
+    """The weights' gradient in the logits at the forward's own picks (the bias and the
+    groups chose them), against the float64 closed form."""
+    from tileops.ops import MoeTopkGatingBwdOp, MoeTopkGatingFwdOp
+
+    e, top_k, opts = case
+    opts = dict(opts)
+    bias = opts.pop("bias", False)
+    m = 4099
+    g = torch.Generator(device="cuda").manual_seed(e * 10 + top_k + 1)
+    logits = torch.randn(m, e, device="cuda", generator=g).to(dtype)
+    b = torch.randn(e, device="cuda", generator=g) / 10 if bias else None
+    _, ids = MoeTopkGatingFwdOp(top_k=top_k, **opts)(logits, b)
+    bwd = MoeTopkGatingBwdOp(top_k=top_k, **{n: v for n, v in opts.items() if n in (
+        "scoring", "renormalize", "routed_scaling_factor")})
+    dw = torch.randn(m, top_k, device="cuda", generator=g)
+    got = bwd(dw, logits, ids)
+    assert got.dtype == dtype
+    assert _rel(got, bwd.fp64_reference(dw, logits, ids)[0]) < (1e-2 if dtype ==
+                                                                  torch.bfloat16 else 1e-5)
+
+
+@pytest.mark.parametrize("case", PERMUTES, ids=lambda c: f"m{c[0]}-h{c[1]}-k{c[2]}")
+def test_permutation_gradient(case):
+    """The unit-weight unpermutation of the grouped rows' gradient, over the forward's rows
+    (dropped picks, rows a routing names twice never: one slot a row)."""
+    from tileops.ops import MoePermuteAlignBwdOp, MoePermuteAlignFwdOp
+
+    m, h, k, e, layout, dtype = case
+    g = torch.Generator(device="cuda").manual_seed(m + h + 1)
+    x = torch.randn(m, h, device="cuda", generator=g).to(dtype)
+    ids = torch.randint(0, e, (m, k), device="cuda", generator=g).to(torch.int32)
+    y, _, rows = MoePermuteAlignFwdOp(num_experts=e, **({"layout": layout} if layout else {}))(
+        x, ids)
+    dy = torch.randn(y.shape, device="cuda", generator=g).to(dtype)
+    bwd = MoePermuteAlignBwdOp()
+    assert _rel(bwd(dy, rows), bwd.fp64_reference(dy, rows)[0]) < _tol(dtype)
+
+
+#: the training step's sizes (tokens, hidden, intermediate), Mixtral's routing over 8 experts
+TRAIN_M, TRAIN_H, TRAIN_I = 64, 128, 64
+
+
+def test_layer_training_step():
+    """tileops.nn.MoE's training path on the GPU (every stage's forward and gradient kernels)
+    against the same layer in float64 on the CPU. The tokens and the router are small
+    integers over 8, so the bfloat16 logits are exact and both route alike."""
+    import copy
+
+    from tileops.nn import MoE
+
+    torch.manual_seed(12)
+    layer = MoE.mixtral(hidden_size=TRAIN_H, intermediate_size=TRAIN_I, num_experts=8,
+                        device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        layer.gate.weight.copy_(torch.randint(-1, 2, layer.gate.weight.shape) / 8)
+    ref = copy.deepcopy(layer).to("cpu", torch.float64)
+    x = torch.randint(-1, 2, (TRAIN_M, TRAIN_H), device="cuda").to(torch.bfloat16)
+    g = torch.randn(TRAIN_M, TRAIN_H, device="cuda").to(torch.bfloat16)
+    xg, xr = x.clone().requires_grad_(), x.double().cpu().requires_grad_()
+    out, out_ref = layer(xg), ref(xr)
+    out.backward(g)
+    out_ref.backward(g.double().cpu())
+    assert _rel(out, out_ref) < 1e-2
+    for got, want in [(xg.grad, xr.grad), (layer.w13.grad, ref.w13.grad),
+                      (layer.w2.grad, ref.w2.grad), (layer.gate.weight.grad,
+                                                     ref.gate.weight.grad)]:
+        assert _rel(got, want) < 2e-2
+
+
+
 # --- the fused layer ----------------------------------------------------------------------------
 
 
@@ -268,7 +355,9 @@ def program_keys():
     from tileops.ops import (
         FusedMoeFwdOp,
         GroupedGemmFwdOp,
+        MoePermuteAlignBwdOp,
         MoePermuteAlignFwdOp,
+        MoeTopkGatingBwdOp,
         MoeTopkGatingFwdOp,
         MoeUnpermuteBwdOp,
         MoeUnpermuteFwdOp,
@@ -287,6 +376,11 @@ def program_keys():
                topk_groups=1, routed_scaling_factor=1.0, bias=False):
         keys.append(("gating", (e, top_k, dtype, scoring, renormalize, num_groups,
                                 topk_groups, float(routed_scaling_factor), bool(bias))))
+
+    def gating_bwd(e, top_k, dtype, scoring="softmax", renormalize=True,
+                   routed_scaling_factor=1.0, **_):  # the groups and the bias: not its own
+        keys.append(("gating_bwd", (e, top_k, dtype, scoring, renormalize,
+                                    float(routed_scaling_factor))))
 
     def rows_of(h, k, dtype):
         keys.extend([("permute", (h, dtype)), ("unpermute", (h, k, dtype))])
@@ -333,6 +427,26 @@ def program_keys():
         if c.dtypes["T"] in served:
             keys.append(("gate_grad", (c.values["H"], c.values["K"], c.dtypes["T"])))
     keys.append(("gate_grad", (4096, 2, "bfloat16")))  # test_unpermutation_gradient
+    for e, top_k, opts in ROUTES:  # test_gating_gradient
+        for dt in ("bfloat16", "float32"):
+            gating_bwd(e, top_k, dt, **opts)
+    for c in cases_of(MoeTopkGatingBwdOp):
+        if c.dtypes["T"] in (*served, "float32"):
+            gating_bwd(c.values["E"], dtype=c.dtypes["T"], **c.params)
+    for c in cases_of(MoePermuteAlignBwdOp):  # the unpermutation's program, unit weights
+        if c.dtypes["T"] in served:
+            keys.append(("unpermute", (c.values["H"], c.values["K"], c.dtypes["T"])))
+    # test_layer_training_step: both products, both da (reduction over N), the rows, the
+    # routing and their gradients
+    rows = TRAIN_M * 2
+    gemm(rows, 8, 2 * TRAIN_I, TRAIN_H, "bfloat16", True)
+    gemm(rows, 8, TRAIN_H, TRAIN_I, "bfloat16", True)
+    gemm(rows, 8, TRAIN_H, 2 * TRAIN_I, "bfloat16", False)
+    gemm(rows, 8, TRAIN_I, TRAIN_H, "bfloat16", False)
+    rows_of(TRAIN_H, 2, "bfloat16")
+    keys.append(("gate_grad", (TRAIN_H, 2, "bfloat16")))
+    gating(8, 2, "bfloat16")
+    gating_bwd(8, 2, "bfloat16")
     for c in cases_of(FusedMoeFwdOp):
         v, p, dt = c.values, dict(c.params), c.dtypes["T"]
         if dt not in served:
@@ -353,7 +467,8 @@ def program_keys():
 def _build(key):
     kind, args = key
     {"gemm": G.build_grouped_gemm, "gating": K.build_gating, "permute": K.build_permute,
-     "unpermute": K.build_unpermute, "gate_grad": K.build_gate_grad}[kind](*args)
+     "unpermute": K.build_unpermute, "gate_grad": K.build_gate_grad,
+     "gating_bwd": K.build_gating_bwd}[kind](*args)
 
 
 def _describe(key) -> str:

@@ -332,10 +332,20 @@ class MoeTopkGatingBwdOp(MoeOp):
                 renormalize=self.renormalize, scale=float(self.routed_scaling_factor)))
         entry(_laid(dweights), _laid(logits), _laid(ids), dlogits)
 
+    def _grad(self) -> dict[str, Any]:
+        return dict(top_k=self.top_k, scoring=self.scoring, renormalize=self.renormalize,
+                    scale=self.routed_scaling_factor)
+
     def reference(self, call, dweights, logits, ids):
-        return (gating_bwd_reference(dweights, logits, ids, top_k=self.top_k,
-                                     scoring=self.scoring, renormalize=self.renormalize,
-                                     scale=self.routed_scaling_factor),)
+        return (gating_bwd_reference(dweights, logits, ids, **self._grad()),)
+
+    def eager(self):
+        grad = self._grad()
+
+        def torch_gating_bwd(dweights, logits, ids):  # the closed form in torch ops
+            return gating_bwd_reference(dweights, logits, ids, **grad).to(logits.dtype)
+
+        return torch_gating_bwd
 
 
 class MoePermuteAlignBwdOp(MoeOp):
@@ -357,6 +367,12 @@ class MoePermuteAlignBwdOp(MoeOp):
 
     def reference(self, call, dy, rows):
         return (permute_bwd_reference(dy, rows),)
+
+    def eager(self):
+        def torch_permute_bwd(dy, rows):  # index_select of the picks' rows, summed
+            return permute_bwd_reference(dy, rows).to(dy.dtype)
+
+        return torch_permute_bwd
 
 
 class MoeUnpermuteBwdOp(MoeOp):
