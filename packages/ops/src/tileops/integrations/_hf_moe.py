@@ -22,12 +22,18 @@ still load into a patched block through ``load_state_dict`` (they are stacked on
 ``from_pretrained`` sets parameters by name, so load a checkpoint into the unpatched model
 first and patch the instance.
 
-Gradients: :class:`~tileops.ops.FusedMoeFwdOp` has none, so a call that needs gradients
-(training, or any input or parameter requiring grad under autograd) runs Hugging Face's expert
-loop in torch on the stacked weights instead (its routing, per-expert products and
-``index_add_``), which trains ``gate``, ``w13`` and ``w2``; calls without gradients run the op.
-Hugging Face's router jitter (``router_jitter_noise`` in training) is applied as Hugging
-Face's, drawing the same random numbers.
+Gradients: a call that needs them (grad mode on and the input or a parameter requiring grad)
+runs :class:`tileops.nn.MoE`'s training path (its stages as ops with gradients: routing,
+grouping, grouped GEMMs, SiluAndMul, the weighted unpermutation), which trains ``gate``,
+``w13`` and ``w2``; there the layer forms the router logits itself, so the block's returned
+logits are a second ``[tokens, E]`` product of the same router (a fraction ``E / (3 * top_k *
+intermediate_size)`` of the experts' work), whose gradient (the load-balancing loss's) adds to
+the layer's. An expert that no token chose in a step gets a zero slice of the stacked
+gradient where Hugging Face's expert gets none, which an optimizer skips (AdamW's decay and
+moments then part ways for that expert); ``zero_grad(set_to_none=False)`` treats them alike.
+Calls without gradients run the fused op on the returned logits. Hugging Face's
+router jitter (``router_jitter_noise`` in training) is applied as Hugging Face's, drawing the
+same random numbers.
 
 The block is also an instance of transformers' ``MixtralSparseMoeBlock`` (:func:`block_class`
 makes the subclass): the model records ``router_logits`` by ``isinstance`` on that class.
@@ -39,7 +45,6 @@ import functools
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import tileops.nn as tnn
@@ -105,25 +110,9 @@ class TileOpsMixtralSparseMoeBlock(tnn.MoE):
         router_logits = self.gate(rows)
         if torch.is_grad_enabled() and any(
                 t.requires_grad for t in (rows, self.gate.weight, self.w13, self.w2)):
-            out = self._experts_in_torch(rows, router_logits)
-        else:
-            out = self.op(rows, router_logits, self.w13, self.w2, None)
+            return super().forward(hidden_states), router_logits  # the training path
+        out = self.op(rows, router_logits, self.w13, self.w2, None)
         return out.view(shape), router_logits
-
-    def _experts_in_torch(self, rows: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
-        """Hugging Face's block on the stacked weights: its routing and expert loop."""
-        weights = F.softmax(router_logits, dim=1, dtype=torch.float)
-        weights, chosen = torch.topk(weights, self.top_k, dim=-1)
-        weights = (weights / weights.sum(dim=-1, keepdim=True)).to(rows.dtype)
-        out = torch.zeros_like(rows)
-        inter = self.intermediate_size
-        mask = F.one_hot(chosen, num_classes=self.num_experts).permute(2, 1, 0)
-        for e in torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist():
-            pick, token = torch.where(mask[e])
-            x = rows[token]
-            h = F.silu(F.linear(x, self.w13[e, :inter])) * F.linear(x, self.w13[e, inter:])
-            out.index_add_(0, token, F.linear(h, self.w2[e]) * weights[token, pick, None])
-        return out
 
 
 def _stack_expert_keys(module: TileOpsMixtralSparseMoeBlock, state_dict: dict, prefix: str,
