@@ -32,9 +32,9 @@ What each flag swaps (the names are Llama's; the other models have the same unde
 :func:`apply_tileops_to_mixtral` has the same flags and ``moe``: ``MixtralSparseMoeBlock`` ->
 :class:`~tileops.nn.MoE` (``TileOpsMixtralSparseMoeBlock``; an instance patch copies the
 experts' weights into the layer's stacked parameters, so build the optimizer after patching;
-``_hf_moe.py`` says how its routing matches Hugging Face's and which calls fall back to
-Hugging Face's expert loop); with ``moe=False``, ``swiglu`` puts each expert
-(``MixtralBlockSparseTop2MLP``) on the SwiGLU op instead.
+``_hf_moe.py`` says how its routing matches Hugging Face's and how it trains); with
+``moe=False``, ``swiglu`` puts each expert (``MixtralBlockSparseTop2MLP``) on the SwiGLU op
+instead.
 
 :func:`generate_paged` decodes greedily with the keys and values in a paged cache (pages of 64
 tokens, a block table a sequence), each step's attention the paged decode op
