@@ -5,7 +5,8 @@
 # ops through the harness, then the side-by-side benchmarks of the bars (tileops bench against
 # torch eager, a fresh torch.compile per workload and scaled_dot_product_attention under its
 # cuDNN and FlashAttention backends) and of the edges. Logs and results go to $OUT (or
-# ./gpu-out). STAGES picks stages (default: prebuild tests bench). The bars (bf16, H200):
+# ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, the forward
+# program's plans side by side with cuDNN, for choosing attention_plan). The bars (bf16, H200):
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
 # (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
@@ -111,7 +112,7 @@ for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32
     dout = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
     op = ops.GroupedQueryAttentionFwdOp(is_causal=causal)
     flops = 3.5 * 4 * b * h * s * s * d / (2 if causal else 1)
-    rows = {"tileops": lambda q, k, v: op(q, k, v)[0]}
+    rows = {"tileops": lambda q, k, v: op(q, k, v)}
     for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION),
                           ("flash", SDPBackend.FLASH_ATTENTION)):
         def sdpa(q, k, v, backend=backend):
@@ -130,5 +131,56 @@ for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32
                   f"{str(exc)[:120]}", flush=True)
 PY
     bench edges MultiHeadAttentionFwdOp -w sq1-skv1500 -w odd-s333 -w causal-sq300-skv901 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+  sweep)
+    TAIL=30 run sweep.log python3 - <<'PY'
+# The forward program's plans on the bars' shapes, side by side: fast math on (the default)
+# and off, two and three stages; each checked against SDPA (cuDNN) first, then timed from CUDA
+# graph replays. TFLOP/s by the roofline (4 B H S^2 D, halved for causal).
+import sys
+sys.path.insert(0, "benchmarks")
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tileops.kernels import attention as A
+from _common import graph_events
+
+CASES = [(4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
+         (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)]
+for b, s, h, h_kv, d, causal in CASES:
+    q = torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn(b, s, h_kv, d, device="cuda", dtype=torch.bfloat16)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        want = torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+            enable_gqa=h != h_kv).transpose(1, 2)
+    spec = A.AttentionFwdSpec(device=q.device, batch=b, seq_q=s, seq_kv=s, heads=h,
+                              heads_kv=h_kv, dim=d, dim_v=d, dtype="bfloat16",
+                              layout=A.AttentionLayout.BSHD, scale=d ** -0.5, window_left=-1,
+                              window_right=0 if causal else -1, softcap=None)
+    key = A.program_key(spec)
+    base = A.attention_plan(d, d)
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    cells = []
+    for plan in (base, base._replace(fast_math=False), base._replace(stages=3),
+                 base._replace(fast_math=False, stages=3)):
+        label = f"st{plan.stages}{' fm' if plan.fast_math else ''}"
+        try:
+            prog = A.build_attention_fwd(key, None, plan)
+            o, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+            prog(q, k, v, o, lse)
+            err = ((o.float() - want.float()).norm() / want.float().norm()).item()
+            ms = graph_events(lambda: prog(q, k, v, o, lse), 10)
+            cells.append(f"{label} {flops / ms / 1e9:4.0f}{'' if err < 1e-2 else ' WRONG'}")
+        except Exception as exc:  # noqa: BLE001 - a plan that does not fit or compile
+            cells.append(f"{label} {type(exc).__name__}")
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        ms = graph_events(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
+            enable_gqa=h != h_kv), 10)
+    cells.append(f"cudnn {flops / ms / 1e9:4.0f}")
+    print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} TFLOP/s: " + " | ".join(cells),
+          flush=True)
+PY
+    ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done

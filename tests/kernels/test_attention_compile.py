@@ -159,6 +159,59 @@ def test_key_tile_loop_covers_every_visible_key(seq_q, seq_kv, left, right, bn, 
 
 
 @needs_nvcc
+@settings(max_examples=300, deadline=None)
+@given(seq_q=st.integers(1, 700), seq_kv=st.integers(1, 700),
+       left=st.integers(-1, 300), right=st.integers(-1, 300),
+       bn=st.sampled_from([64, 128]), data=st.data())
+def test_the_tiles_left_unmasked_are_seen_whole_by_every_row(seq_q, seq_kv, left, right, bn,
+                                                             data):
+    """The program masks the scores of a key tile unless :func:`full_key_tiles` puts it in
+    its whole range: every key of such a tile is in ``S_kv`` and in every row's window (the
+    tile's rows past ``S_q`` included), and in a dense call (no window, ``S_kv`` a multiple of
+    the tile) no tile is masked. The program's own formulas, evaluated on ints."""
+    bm = 128
+    tile = data.draw(st.integers(0, (seq_q - 1) // bm))
+    r0 = tile * bm
+    start, end = A.full_key_tiles(r0, seq_q, seq_kv, left, right, bm, bn)
+    for kt in range(start, end):
+        for i in range(r0, r0 + bm):
+            diag = i + seq_kv - seq_q
+            lo = 0 if left < 0 else diag - left
+            hi = seq_kv - 1 if right < 0 else min(seq_kv - 1, diag + right)
+            assert lo <= kt * bn and kt * bn + bn - 1 <= hi, (kt, i)
+    first = A.first_key_tile(r0, seq_q, seq_kv, left, bn)
+    last = A.key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn)
+    if left < 0 and right < 0:
+        assert (start, end) == (0, seq_kv // bn)  # only a tail past S_kv is masked
+        assert last - first - (end - start) == (seq_kv % bn != 0)
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_fast_math_is_the_plans_choice(fast):
+    """The default plan compiles with TileLang's fast math (nvcc's --use_fast_math, through
+    the prim_func's pass configs); a plan without it carries none."""
+    plan = A.attention_plan(128, 128)
+    assert plan.fast_math
+    prog = A.attention_fwd_program("bshd", 8, 8, 128, 128, "bfloat16", 128 ** -0.5, -1, -1,
+                                   None, False, plan._replace(fast_math=fast))
+    configs = dict(prog.attrs["tilelang_pass_configs"]) if "tilelang_pass_configs" in \
+        (prog.attrs or {}) else {}
+    assert bool(configs.get("tl.enable_fast_math", False)) is fast
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_the_mask_is_applied_on_the_tiles_seen_in_part_only(masked):
+    """A masked program branches on the key tile: the select runs only outside the whole
+    tiles; an unmasked one has no branch in its loop."""
+    plan = A.attention_plan(128, 128)
+    prog = A.attention_fwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, -1,
+                                   0 if masked else -1, None, masked, plan)
+    branches = [line.strip() for line in prog.script().splitlines()
+                if line.strip().startswith("if ")]
+    assert branches == (["if kt < whole_start or kt >= whole_end:"] if masked else []) + \
+        ["if r0 + i < S_q:"]
+
+
 def test_varlen_program_compiles_for_sm90a():
     """The packed program: GQA, causal, the per-row stores within a sequence."""
     plan = A.attention_plan(128, 128)

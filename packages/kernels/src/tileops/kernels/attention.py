@@ -16,6 +16,9 @@ for head dims up to 128), with what the ops need beyond it:
 - the running maximum used in the exponent is 0 while a row has seen no key (FlashAttention's
   ``Check_inf``), so a row that sees no key accumulates nothing, is written 0 and its
   log-sum-exp -inf, instead of 0 / 0;
+- only the key tiles some row sees in part (a causal diagonal, a window's edges, the tail
+  past ``S_kv``) are masked: the tiles every row of the CTA sees whole
+  (:func:`full_key_tiles`) skip the select, a branch the CTA takes alike;
 - the scores' scale is folded into the base-2 exponent (one FFMA an element); with a softcap
   the scores are replaced by ``softcap * log2(e) * tanh(scale * s / softcap)`` first, and the
   exponent's factor is 1;
@@ -178,6 +181,10 @@ class AttentionPlan(NamedTuple):
     stages: int
     threads: int
     staged_output: bool
+    #: compiled with TileLang's fast math (``tl.enable_fast_math``: the exponentials, the
+    #: division by the sum and the log-sum-exp's log2 as the approximate instructions), as
+    #: TileLang's flash-attention example is; within the outputs' storage precision
+    fast_math: bool = True
 
 
 def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
@@ -221,6 +228,22 @@ def key_tiles_end(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: i
     _, rb = _bounds(seq_q, seq_kv, left, right)
     hi = mx(0, mn(seq_kv, r0 + bm + (seq_kv - seq_q) + rb))
     return mx(first_key_tile(r0, seq_q, seq_kv, left, bn, mx), (hi + bn - 1) // bn)
+
+
+def full_key_tiles(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: int, bn: int,
+                   mx: Any = max, mn: Any = min) -> tuple[Any, Any]:
+    """``(start, end)``: the key tiles from ``start`` to before ``end`` are seen whole by every
+    row of the query tile of ``bm`` rows from ``r0`` (in ``S_kv``, inside every row's window),
+    so their scores need no mask; the others of the loop are masked. Conservative over the
+    tile's rows past ``S_q``, which are not stored. ``mx`` / ``mn`` as in
+    :func:`first_key_tile`."""
+    lb, rb = _bounds(seq_q, seq_kv, left, right)
+    offset = seq_kv - seq_q
+    # the last row's leftmost key starts the first whole tile; the first row's rightmost key
+    # (and S_kv) ends the last
+    start = mx(0, r0 + bm - 1 + offset - lb + bn - 1) // bn
+    end = mx(0, mn(seq_kv, r0 + offset + rb + 1)) // bn
+    return start, end
 
 
 def _cap_constants(scale: float, softcap: float | None) -> tuple[float, float]:
@@ -344,9 +367,11 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             T.fill(m_safe, 0)
             T.fill(scores_max, neg_inf)
 
-            # the key tiles some row of this CTA sees
+            # the key tiles some row of this CTA sees, and those every row sees whole
             start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
             end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
+            whole_start, whole_end = full_key_tiles(r0, seq_q, seq_kv, left, right, bm, bn,
+                                                    T.max, T.min)
 
             for kt in T.Pipelined(start, end, num_stages=plan.stages):
                 if bshd:
@@ -359,13 +384,16 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 if capped:
                     for i, j in T.Parallel(bm, bn):
                         acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
-                if masked:
-                    for i, j in T.Parallel(bm, bn):
-                        key = kt * bn + j
-                        diag = r0 + i + offset
-                        acc_s[i, j] = T.if_then_else(
-                            key < seq_kv and key >= diag - lb and key <= diag + rb,
-                            acc_s[i, j], neg_inf)
+                if masked:  # noqa: SIM102 - the program's choice, then the tile's branch
+                    # only the tiles a row sees in part (a causal diagonal, a window's edges,
+                    # the tail past S_kv): a branch the whole CTA takes alike
+                    if kt < whole_start or kt >= whole_end:
+                        for i, j in T.Parallel(bm, bn):
+                            key = kt * bn + j
+                            diag = r0 + i + offset
+                            acc_s[i, j] = T.if_then_else(
+                                key < seq_kv and key >= diag - lb and key <= diag + rb,
+                                acc_s[i, j], neg_inf)
                 if bshd:
                     T.copy(V[bz, kt * bn:(kt + 1) * bn, hk, :], V_shared)
                 else:
@@ -383,6 +411,8 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             else:
                 store_direct(acc_o, Out, r0, by, bz)
 
+    if plan.fast_math:
+        return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
     return main
 
 
@@ -475,6 +505,8 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
                 if r0 + i < len_q:
                     Out[q0 + r0 + i, by, j] = acc_o[i, j]
 
+    if plan.fast_math:
+        return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
     return main
 
 
