@@ -2,7 +2,8 @@
 MoeTopkGatingBwdOp and MoePermuteAlignBwdOp through their forwards' public ops (gradcheck in
 float64 over the routing configs the models use, the correction bias given in float32 as the
 layer holds it), their closed forms against a pick-by-pick loop written out here (repeated and
-out-of-range ids, dropped picks), and each op's own forward through a CPU stand-in of its
+out-of-range ids, dropped picks) and, by hypothesis over routings and layouts, against torch's
+autograd of the forwards' torch ops, and each op's own forward through a CPU stand-in of its
 kernel slot (the call spec it builds, the unit weights it hands the unpermutation's kernel, the
 dtypes it refuses by name).
 
@@ -14,9 +15,18 @@ from __future__ import annotations
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tileops.kernels.moe import MoeGatingBwdInterface, MoeUnpermuteInterface
-from tileops.ops._moe_layout import gating_bwd_reference, unpermute_reference
+from tileops.ops._moe_layout import (
+    LayoutValue,
+    gating_bwd_reference,
+    gating_reference,
+    permute_bwd_reference,
+    permute_reference,
+    unpermute_reference,
+)
 from tileops.ops.moe import (
     ContiguousLayoutSpec,
     MaskedLayoutSpec,
@@ -133,6 +143,46 @@ def test_the_permutation_gradient_is_the_unit_unpermutation() -> None:
     flat = dy.reshape(-1, 6)
     want = torch.stack([flat[0] + flat[5], flat[11], 2 * flat[5]])
     torch.testing.assert_close(dx, want, rtol=0, atol=1e-15)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 6), groups=st.sampled_from([1, 2, 4]), per=st.integers(2, 5),
+       data=st.data())
+def test_the_gating_closed_form_is_torch_autograd_over_routings(m, groups, per, data) -> None:
+    """Over routings (scoring, groups, a bias, renormalisation, scale): the closed form at the
+    forward's picks is torch's autograd of the forward's torch ops."""
+    e = groups * per
+    topk_groups = data.draw(st.integers(1, groups))
+    top_k = data.draw(st.integers(1, topk_groups * per))
+    route = dict(top_k=top_k, scoring=data.draw(st.sampled_from(["softmax", "sigmoid"])),
+                 renormalize=data.draw(st.booleans()), num_groups=groups,
+                 topk_groups=topk_groups, scale=data.draw(st.sampled_from([1.0, 2.5])))
+    seed = data.draw(st.integers(0, 2**16))
+    logits = torch.randn(m, e, generator=_gen(seed), dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(e, generator=_gen(seed + 1)) / 4 if data.draw(st.booleans()) else None
+    weights, ids = gating_reference(logits, bias, **route)
+    dw = torch.randn(weights.shape, generator=_gen(seed + 2), dtype=torch.float64)
+    (want,) = torch.autograd.grad(weights, logits, dw)
+    got = gating_bwd_reference(dw, logits.detach(), ids, top_k=top_k, scoring=route["scoring"],
+                               renormalize=route["renormalize"], scale=route["scale"])
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(1, 8), k=st.integers(1, 3), experts=st.integers(1, 5),
+       lay=st.sampled_from([LayoutValue(masked=False), LayoutValue(masked=False, alignment=4),
+                            LayoutValue(masked=True, max_m=2)]),
+       seed=st.integers(0, 2**16))
+def test_the_permutation_closed_form_is_torch_autograd_over_routings(m, k, experts, lay,
+                                                                    seed) -> None:
+    """Over routings with dropped ids (-1, past the experts) and overflowing blocks: the unit
+    unpermutation of the grouped rows' gradient is torch's autograd of the gather."""
+    x = torch.randn(m, 3, generator=_gen(seed), dtype=torch.float64, requires_grad=True)
+    ids = torch.randint(-1, experts + 1, (m, k), generator=_gen(seed + 1), dtype=torch.int32)
+    y, _, rows = permute_reference(x, ids, experts, lay)
+    dy = torch.randn(y.shape, generator=_gen(seed + 2), dtype=torch.float64)
+    (want,) = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(permute_bwd_reference(dy, rows), want, rtol=1e-12, atol=1e-14)
 
 
 # --- the ops' own forwards, through CPU stand-ins of their slots -------------------------------
