@@ -137,6 +137,28 @@ def test_cache_pages_and_block_table():
     assert torch.allclose(cache.k[0][3, 1], want, rtol=1e-9, atol=1e-12)
 
 
+def test_decode_step_traces_whole():
+    """The decode step's forward (the model's, the pages written, the decode op) traces as one
+    graph under torch.compile(fullgraph=True): no host synchronisation or data-dependent
+    branch in it, which a CUDA graph's capture needs too; its logits are the eager step's."""
+    model = llama(torch.float32)
+    held = []
+    tit.generate_paged(model, torch.stack(prompts((20, 20))), 3, cache_out=held)
+    cache = held[0]
+    saved = model.config._attn_implementation
+    model.config._attn_implementation = _hf_paged.ATTN_PAGED
+    try:
+        step = _hf_paged._Step(model, cache, 2, graphs=False)
+        step.ids.fill_(3)
+        step.positions.copy_(cache.decode())
+        with torch.no_grad():
+            want = step.forward()
+            got = torch.compile(step.forward, fullgraph=True, backend="eager")()
+    finally:
+        model.config._attn_implementation = saved
+    torch.testing.assert_close(got, want)
+
+
 def test_refusals():
     model = llama()
     cases = [

@@ -50,7 +50,7 @@ from tileops.ops import GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
 from . import _hf_attention
 
 __all__ = ["ATTN_PAGED", "PAGE_SIZE", "PagedKVCache", "generate_paged",
-           "paged_attention_forward", "register"]
+           "paged_attention_forward", "paged_mask", "register"]
 
 #: the attention implementation the decode loop's calls run under
 ATTN_PAGED = "tileops_paged"
@@ -61,13 +61,21 @@ _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def register() -> None:
-    """Register :func:`paged_attention_forward` (and the ``"tileops"`` mask function) as
-    ``"tileops_paged"`` with transformers."""
+    """Register :func:`paged_attention_forward` and :func:`paged_mask` as ``"tileops_paged"``
+    with transformers."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_PAGED, paged_attention_forward)
-    AttentionMaskInterface.register(ATTN_PAGED, _hf_attention.attention_mask)
+    AttentionMaskInterface.register(ATTN_PAGED, paged_mask)
+
+
+def paged_mask(*args: Any, **kwargs: Any) -> None:
+    """No mask: the config names ``"tileops_paged"`` only for the loop's own calls, each a
+    prefill of unpadded prompts from position 0 (the prefill op's causal mask, and its window
+    where the model has one) or a decode step (the lengths are its mask). Hugging Face would
+    otherwise build a packed-sequence mask every step from the positions the loop passes."""
+    return None
 
 
 class PagedKVCache:
