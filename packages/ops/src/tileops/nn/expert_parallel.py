@@ -20,8 +20,8 @@ Every stage is an op with its gradient, so the backward is those ops' gradients 
 with the row exchanges reversed: ``_AllToAll`` is the one autograd function here, whose
 backward is the all-to-all with the split sizes swapped (the adjoint of a permutation of rows
 between ranks). The counts are integers, exchanged once forward and reused backward. gloo
-implements ``all_to_all_single`` with uneven split sizes on the CPU (torch 2.11 to 2.13), NCCL
-on GPUs, so one code path serves both.
+implements ``all_to_all_single`` with uneven split sizes on the CPU (the two-rank tests run it
+on torch 2.13), as NCCL does on GPUs, so one code path serves both.
 
 Gradients: ``x``'s is this rank's tokens', exact; each expert's is over every rank's tokens
 routed to it (they came through the exchange), so an expert shard's gradient is the one-device
