@@ -6,6 +6,9 @@ block table; the refusals by their text."""
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -14,6 +17,7 @@ import tileops.integrations.transformers as tit
 from tileops.integrations import _hf_paged
 from tileops.ops import GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
 
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
 LENGTHS = (1, 5, 16, 37)  # pages of 16: within one, exactly one, past two
 
 
@@ -157,6 +161,18 @@ def test_decode_step_traces_whole():
     finally:
         model.config._attn_implementation = saved
     torch.testing.assert_close(got, want)
+
+
+def test_example_decodes_on_the_cpu(capsys):
+    """examples/llama_decode.py --tiny, its training left out: a line a prompt, then the total."""
+    spec = importlib.util.spec_from_file_location("llama_decode_example", EXAMPLE)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    example.main(["--tiny", "--train-steps", "0"])
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[:3] for line in lines[:3]] == [["prompt", "of", n] for n in
+                                                        ("6", "13", "20")]
+    assert lines[3].startswith("24 tokens in ") and len(lines) == 4
 
 
 def test_refusals():
