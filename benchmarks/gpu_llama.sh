@@ -4,7 +4,7 @@
 # kernels of each patch flag at the benchmark's shapes (parallel processes), the integration's
 # GPU tests, then the training step of the 4-layer Llama-3-8B-shaped stack at 8 x 4096 tokens:
 # tileops against unpatched eager, unpatched torch.compile and Liger-Kernel's patch
-# (benchmarks/llama.py), and the example for a few steps; then greedy decode of the same stack
+# (benchmarks/llama.py), and the examples (training for a few steps, a paged decode); then greedy decode of the same stack
 # at batch 32 x 2048-token prompts, 128 new tokens, over the paged KV cache against unpatched
 # eager generate and torch.compile's static-cache generate (llama.py --decode, its kernels
 # prebuilt first). Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
@@ -25,6 +25,7 @@ for stage in $STAGES; do case $stage in
   prebuild_decode) TAIL=8 run prebuild_llama_decode.log python3 benchmarks/llama.py --decode --prebuild --workers 4 ;;
   decode) eval "TAIL=20 run bench_llama_decode.log python3 benchmarks/llama.py --decode --out \"\$OUT\" ${DECODE_ARGS:-}" ;;
   bench) eval "TAIL=20 run bench_llama.log python3 benchmarks/llama.py --out \"\$OUT\" ${BENCH_ARGS:-}" ;;
-  example) TAIL=12 run example_llama.log python3 examples/llama_train.py --layers 2 --steps 10 ;;
+  example) TAIL=12 run example_llama.log python3 examples/llama_train.py --layers 2 --steps 10
+           TAIL=12 run example_llama_decode.log python3 examples/llama_decode.py --layers 2 --new 32 ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench example prebuild_decode decode)" ;;
 esac; done
