@@ -4,14 +4,14 @@
 # kernels of each patch flag at the benchmark's shapes (parallel processes), the integration's
 # GPU tests, then the training step of the 4-layer Llama-3-8B-shaped stack at 8 x 4096 tokens:
 # tileops against unpatched eager, unpatched torch.compile and Liger-Kernel's patch
-# (benchmarks/llama.py), and the examples (training for a few steps, a paged decode); then greedy decode of the same stack
-# at batch 32 x 2048-token prompts, 128 new tokens, over the paged KV cache against unpatched
-# eager generate and torch.compile's static-cache generate (llama.py --decode, its kernels
-# prebuilt first). Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
-# prebuild tests bench example prebuild_decode decode); BENCH_ARGS goes to llama.py (e.g.
-# BENCH_ARGS="--against eager --steps 12"), DECODE_ARGS to llama.py --decode (e.g.
-# DECODE_ARGS="--against eager --new 64"). About 25 minutes on one H200, most of it the
-# prebuilds and torch.compile's compiles.
+# (benchmarks/llama.py), and the examples (training for a few steps, a paged decode); then
+# greedy decode of the same stack at batch 32 x 2048-token prompts, 128 new tokens, over the
+# paged KV cache against unpatched eager generate and torch.compile's static-cache generate
+# (llama.py --decode, its kernels prebuilt first). Logs and results go to $OUT (or ./gpu-out).
+# STAGES picks stages (default: prebuild tests bench example prebuild_decode decode);
+# BENCH_ARGS goes to llama.py (e.g. BENCH_ARGS="--against eager --steps 12"), DECODE_ARGS to
+# llama.py --decode (e.g. DECODE_ARGS="--against eager --new 64"). About 25 minutes on one
+# H200, most of it the prebuilds and torch.compile's compiles.
 STAGES=${STAGES:-prebuild tests bench example prebuild_decode decode}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
