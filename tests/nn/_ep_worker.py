@@ -13,8 +13,9 @@ and, summed over the ranks, its router gradient (the module docstring's contract
 Cases: Mixtral's routing; DeepSeek-V3's (sigmoid, groups, a correction bias, a scale); a
 correction bias that keeps every token off rank 1's experts (that rank receives no rows: its
 output rows still come back, its expert gradients are zero); a masked layout whose blocks drop
-slots (the drops are the one-device layer's: the rows arrive in the batch's token order); and
-the refusal of an expert count the world size does not divide.
+slots (the drops are the one-device layer's: the rows arrive in the batch's token order); a last
+rank with no tokens of its own (it sends nothing and still serves the others' rows); and the
+refusal of an expert count the world size does not divide.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def _layer(config: str) -> MoE:
         return MoE(8, 4, 4, 1, scoring="sigmoid", correction_bias=True, **kw)
     if config == "masked":
         return MoE(8, 4, 4, 2, layout=MaskedLayoutSpec(4), **kw)
+    if config == "last-rank-no-tokens":
+        return MoE(8, 4, 4, 2, **kw)
     raise ValueError(config)
 
 
@@ -58,9 +61,11 @@ def moe(config: str, rank: int, world: int) -> None:
         if config == "rank-1-idle":  # experts 2 and 3 (rank 1's) are never chosen
             full.e_score_correction_bias.copy_(torch.tensor([0.0, 0.0, -10.0, -10.0]))
     h = full.hidden_size
-    x_all = _randn(world * TOKENS, h, seed=1).double()
-    g_all = _randn(world * TOKENS, h, seed=2).double()
-    mine = slice(rank * TOKENS, (rank + 1) * TOKENS)
+    # a rank's tokens: TOKENS each, or none on the last rank (it still joins every exchange)
+    counts = [TOKENS] * world if config != "last-rank-no-tokens" else [TOKENS] * (world - 1) + [0]
+    x_all = _randn(sum(counts), h, seed=1).double()
+    g_all = _randn(sum(counts), h, seed=2).double()
+    mine = slice(sum(counts[:rank]), sum(counts[:rank + 1]))
 
     xr = x_all.clone().requires_grad_()
     y_ref = full(xr)
@@ -71,7 +76,7 @@ def moe(config: str, rank: int, world: int) -> None:
     if (n, layer.expert_offset) != (full.num_experts // world, rank * n) or \
             layer.w13.shape != (n, *full.w13.shape[1:]):
         raise _Mismatch(f"{case}: shard of {tuple(layer.w13.shape)} at {layer.expert_offset}")
-    x = x_all[mine].clone().view(2, TOKENS // 2, h).requires_grad_()  # leading axes flatten
+    x = x_all[mine].clone().view(2, -1, h).requires_grad_()  # leading axes flatten
     y = layer(x)
     (y * g_all[mine].view(x.shape)).sum().backward()
     _check(case, "output", y.detach().view(-1, h), y_ref.detach()[mine], **TOL)
@@ -114,7 +119,8 @@ def indivisible(world: int) -> None:
 
 
 def main() -> int:
-    return run([(moe, (c,)) for c in ("mixtral", "deepseek", "rank-1-idle", "masked")],
+    return run([(moe, (c,)) for c in ("mixtral", "deepseek", "rank-1-idle", "masked",
+                                      "last-rank-no-tokens")],
                [indivisible])
 
 

@@ -40,7 +40,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.mark.parametrize(("script", "cases"), [("tests/nn/_ep_worker.py", 5),
+@pytest.mark.parametrize(("script", "cases"), [("tests/nn/_ep_worker.py", 6),
                                              ("examples/expert_parallel_moe.py", None)])
 def test_two_ranks_match_one_device(script: str, cases: int | None) -> None:
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
