@@ -101,7 +101,8 @@ class PagedKVCache:
         pages = torch.arange(pool, device=device, dtype=torch.int32)
         self.block_table = pages.view(self.max_pages, batch).t().contiguous()
         self.lengths = torch.zeros(batch, device=device, dtype=torch.int32)
-        self.rows: torch.Tensor | None = None  # the sequences of the call (a prefill group)
+        #: the pool rows of a prefill's tokens ``[n * S]`` (a decode step's: ``slots``, ``[B]``)
+        self.prefill_slots = torch.zeros(0, device=device, dtype=torch.int64)
         self.slots = torch.zeros(batch, device=device, dtype=torch.int64)
         self.seqlens = torch.zeros(batch, device=device, dtype=torch.int32)
         self.decoding = False
@@ -116,14 +117,14 @@ class PagedKVCache:
     def prefill(self, rows: torch.Tensor, length: int) -> None:
         """Set up a call of the prompts of ``rows``, ``length`` tokens each from position 0."""
         positions = torch.arange(length, device=rows.device)[None].expand(rows.shape[0], -1)
-        self.rows, self.decoding = rows, False
-        self.prefill_slots = self.slots_of(rows, positions)
+        self.decoding = False
+        self.prefill_slots = self.slots_of(rows, positions).reshape(-1)
         self.lengths[rows] = length
 
     def decode(self) -> torch.Tensor:
         """Set up a decode step of every sequence, in place (the graph's inputs): its token
         goes to position ``lengths[b]``; returns those positions ``[B, 1]`` (int64)."""
-        self.rows, self.decoding = None, True
+        self.decoding = True
         rows = torch.arange(self.lengths.shape[0], device=self.lengths.device)
         positions = self.lengths.long()[:, None]
         self.slots.copy_(self.slots_of(rows, positions)[:, 0])
@@ -135,7 +136,7 @@ class PagedKVCache:
 
     def write(self, layer: int, key: torch.Tensor, value: torch.Tensor) -> None:
         """The call's keys and values ``[n, H_kv, S, D]`` into ``layer``'s pages."""
-        slots = self.slots if self.decoding else self.prefill_slots.reshape(-1)
+        slots = self.slots if self.decoding else self.prefill_slots
         for pool, new in ((self.k[layer], key), (self.v[layer], value)):
             rows = new.transpose(1, 2).reshape(-1, self.kv_heads, self.head_dim)
             pool.view(-1, self.kv_heads, self.head_dim).index_copy_(0, slots, rows.to(pool.dtype))
@@ -147,7 +148,6 @@ class PagedKVCache:
         op = op_for(GroupedQueryAttentionDecodePagedWithKVCacheFwdOp, scale=scale,
                     softcap=softcap, target=_hf_attention.target_for(query.device))
         o = op(query[:, :, 0], self.k[layer], self.v[layer], self.seqlens, self.block_table)
-        o = o[0] if isinstance(o, tuple) else o
         return o[:, None]
 
 
