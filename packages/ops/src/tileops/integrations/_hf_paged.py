@@ -328,8 +328,9 @@ class _Step:
         try:
             stream = torch.cuda.Stream()
             stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                self.forward()
+            with torch.cuda.stream(stream):  # cuBLAS's and the ops' first calls on it
+                for _ in range(2):
+                    self.forward()
             torch.cuda.current_stream().wait_stream(stream)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -338,6 +339,7 @@ class _Step:
             self.graph = graph
             return self.logits
         except Exception as exc:  # noqa: BLE001 - the eager step serves instead, noted
+            torch.cuda.synchronize()
             self.graphs = False
             self.cache.graph_note = f"CUDA graph capture failed, eager steps: " \
                                     f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
