@@ -163,6 +163,81 @@ def test_decode_step_traces_whole():
     torch.testing.assert_close(got, want)
 
 
+class _Graphs:
+    """CPU stand-ins of torch.cuda's graph API for the loop's control flow: a capture runs the
+    step's forward once and keeps its output tensor; a replay runs it again into that tensor
+    (what a replay of a graph reading the step's input buffers computes)."""
+
+    def __init__(self, monkeypatch, fail: bool) -> None:
+        import contextlib
+
+        self.captures = self.replays = 0
+        self.capturing, self.step, self.out = False, None, None
+        original = _hf_paged._Step.forward
+        stand_in = self
+
+        def forward(step):
+            out = original(step)
+            if stand_in.capturing:
+                stand_in.step, stand_in.out = step, out
+            return out
+
+        class Graph:
+            def replay(self):
+                stand_in.replays += 1
+                stand_in.out.copy_(original(stand_in.step))
+
+        @contextlib.contextmanager
+        def graph(g):
+            if fail:
+                raise RuntimeError("operation not permitted when stream is capturing")
+            self.captures += 1
+            self.capturing = True
+            yield
+            self.capturing = False
+
+        class Stream:
+            def wait_stream(self, other):
+                pass
+
+        monkeypatch.setattr(_hf_paged._Step, "forward", forward)
+        for name, value in (("CUDAGraph", Graph), ("graph", graph), ("Stream", Stream),
+                            ("current_stream", Stream),
+                            ("stream", lambda s: contextlib.nullcontext()),
+                            ("synchronize", lambda: None)):
+            monkeypatch.setattr(torch.cuda, name, value)
+
+
+@pytest.mark.parametrize("fail", [False, True], ids=["captured", "capture-fails"])
+def test_graph_steps_choose_the_eager_tokens(monkeypatch, fail):
+    """The loop's graph path, through CPU stand-ins of the graph API: the first decode step is
+    eager, the second captures (after two warm-ups) and replays, the later ones replay; the
+    tokens are the eager loop's. A capture that fails leaves eager steps and a note."""
+    model = llama(torch.float32)
+    ps = torch.stack(prompts((9, 9)))
+    want = tit.generate_paged(model, ps, 7)
+    graphs = _Graphs(monkeypatch, fail)
+    monkeypatch.setattr(_hf_paged._Step, "__init__", _on_cuda(_hf_paged._Step.__init__))
+    held = []
+    got = tit.generate_paged(model, ps, 7, graphs=True, cache_out=held)
+    assert torch.equal(got, want)
+    if fail:
+        assert (graphs.captures, graphs.replays) == (0, 0)
+        assert held[0].graph_note == ("CUDA graph capture failed, eager steps: RuntimeError: "
+                                      "operation not permitted when stream is capturing")
+    else:  # six decode steps: one eager, one captured and replayed, four replayed
+        assert (graphs.captures, graphs.replays) == (1, 5)
+        assert held[0].graph_note is None
+
+
+def _on_cuda(init):
+    """``_Step.__init__`` asked for graphs as on a CUDA device."""
+    def wrapped(self, model, cache, batch, graphs):
+        init(self, model, cache, batch, graphs)
+        self.graphs = True
+    return wrapped
+
+
 def test_example_decodes_on_the_cpu(capsys):
     """examples/llama_decode.py --tiny, its training left out: a line a prompt, then the total."""
     spec = importlib.util.spec_from_file_location("llama_decode_example", EXAMPLE)
