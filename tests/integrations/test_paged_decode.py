@@ -33,6 +33,19 @@ def llama(dtype=torch.float64, patched=True, seed=0, **overrides):
     return model
 
 
+def mixtral(patched=True):
+    """A tiny float32 Mixtral of seeded weights, patched with every flag."""
+    torch.manual_seed(0)
+    config = transformers.MixtralConfig(
+        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
+        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
+    model = transformers.MixtralForCausalLM(config).eval()
+    if patched:
+        tit.apply_tileops_to_mixtral(model)
+    return model
+
+
 def prompts(lengths=LENGTHS, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, 128, (n,), generator=g) for n in lengths]
@@ -109,16 +122,8 @@ def test_unpatched_model_and_mixtral():
     for p, tokens in zip(ps, tit.generate_paged(plain, ps, 5, page_size=16), strict=True):
         assert torch.equal(tokens, hf_tokens(ref, p, 5))
     assert plain.config._attn_implementation == ref.config._attn_implementation  # put back
-    torch.manual_seed(0)
-    config = transformers.MixtralConfig(
-        hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, vocab_size=128, max_position_embeddings=128,
-        num_local_experts=4, num_experts_per_tok=2, tie_word_embeddings=False)
-    mref = transformers.MixtralForCausalLM(config).eval()
-    mixtral = transformers.MixtralForCausalLM(config).eval()
-    mixtral.load_state_dict(mref.state_dict())
-    tit.apply_tileops_to_mixtral(mixtral)
-    for p, tokens in zip(ps, tit.generate_paged(mixtral, ps, 5, page_size=16), strict=True):
+    mref, model = mixtral(patched=False), mixtral()
+    for p, tokens in zip(ps, tit.generate_paged(model, ps, 5, page_size=16), strict=True):
         assert torch.equal(tokens, hf_tokens(mref, p, 5))
 
 
@@ -141,11 +146,13 @@ def test_cache_pages_and_block_table():
     assert torch.allclose(cache.k[0][3, 1], want, rtol=1e-9, atol=1e-12)
 
 
-def test_decode_step_traces_whole():
-    """The decode step's forward (the model's, the pages written, the decode op) traces as one
-    graph under torch.compile(fullgraph=True): no host synchronisation or data-dependent
-    branch in it, which a CUDA graph's capture needs too; its logits are the eager step's."""
-    model = llama(torch.float32)
+@pytest.mark.parametrize("kind", ["llama", "mixtral"])
+def test_decode_step_traces_whole(kind):
+    """The decode step's forward (the model's, the pages written, the decode op; Mixtral's
+    fused MoE op) traces as one graph under torch.compile(fullgraph=True): no host
+    synchronisation or data-dependent branch in it, which a CUDA graph's capture needs too;
+    its logits are the eager step's."""
+    model = llama(torch.float32) if kind == "llama" else mixtral()
     held = []
     tit.generate_paged(model, torch.stack(prompts((20, 20))), 3, cache_out=held)
     cache = held[0]
