@@ -61,7 +61,8 @@ def test_two_ranks_match_one_device(script: str, cases: int | None) -> None:
 
 
 @pytest.mark.cuda2
-@pytest.mark.parametrize("script", ["examples/tensor_parallel_mlp.py"])
+@pytest.mark.parametrize("script", ["examples/tensor_parallel_mlp.py",
+                                    "examples/expert_parallel_moe.py"])
 def test_two_gpus_match_one_device(script: str) -> None:
     """The examples on two GPUs: NCCL, bfloat16, the in-tree kernels."""
     result = _torchrun(ROOT / script, gpus=True)

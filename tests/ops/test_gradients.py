@@ -174,6 +174,12 @@ def _inputs(cls: type[Op], case: Case, present: Mapping[str, bool], seed: int = 
     ints = {n: given.get(n) or InputSpec(n, None, d.dtype.text)
             for n, d in cls._signature.entry.signature.inputs.items()
             if d.dtype.text in integral}
+    # an input the entry declares with a named floating dtype and no gradient (a float32
+    # bias beside float64 logits) keeps that dtype: the signature admits no other
+    entry = cls._signature.entry
+    grads = entry.backward.grads if entry.backward else {}
+    named = {n: getattr(torch, d.dtype.text) for n, d in entry.signature.inputs.items()
+             if d.dtype.text in ("float16", "bfloat16", "float32") and n not in grads}
     out: list[torch.Tensor | None] = []
     for n, s in zip(cls._signature.input_names, _shapes(cls, case, present), strict=True):
         if s is None:
@@ -189,7 +195,7 @@ def _inputs(cls: type[Op], case: Case, present: Mapping[str, bool], seed: int = 
             else:
                 out.append(torch.randint(0, 8, s, generator=gen, dtype=dtype))
         else:
-            t = torch.randn(s, generator=gen, dtype=torch.float64)
+            t = torch.randn(s, generator=gen, dtype=named.get(n, torch.float64))
             out.append(t + AWAY * torch.sign(t))
     return out
 
@@ -297,7 +303,13 @@ def test_gradcheck_float64(cls, case, present):
     if max(t.numel() for t in inputs if t is not None) > GRADCHECK_MAX:
         _projected_check(f, leaves)
     else:
-        numel = sum(t.numel() for t in inputs if t is not None)
+        # full mode runs a backward per output element and a forward per input element:
+        # fast mode past the bound on either
+        with torch.no_grad():
+            outs = f(*leaves)
+        outs = outs if isinstance(outs, tuple) else (outs,)
+        numel = max(sum(t.numel() for t in inputs if t is not None),
+                    sum(o.numel() for o in outs if o is not None))
         assert torch.autograd.gradcheck(f, leaves, fast_mode=numel > FULL_GRADCHECK,
                                         rtol=RTOL, atol=ATOL)
     assert op.serving_target == REFERENCE
@@ -327,15 +339,19 @@ def test_backward_reference_is_torchs_autograd(cls, case, present):
     if _refused_in_place(fwd, inputs, [i for i in _differentiable(cls) if inputs[i] is not None]):
         return
     with torch.no_grad():
-        outputs = as_outputs(fwd(*[None if t is None else t.clone() for t in inputs]))
+        # every output, those a call leaves out of its result too (returned: the runtime saves
+        # them for the backward all the same), as the runtime's node has them
+        outputs = as_outputs(fwd._general_call(
+            tuple(None if t is None else t.clone() for t in inputs), {}))
     douts = _douts(fwd, inputs)
     at = [i for i in _differentiable(cls) if inputs[i] is not None]
     want = dict(zip(at, _eager_grads(fwd, inputs, at, douts), strict=True))
     tensors = dict(zip(plan.input_names, inputs, strict=True))
     tensors.update(zip(plan.output_names, outputs, strict=True))
-    grads_of = dict(zip(plan.output_names, douts, strict=True))
+    # an upstream gradient for each output a call returns; one left out gets none
+    grads_of = dict(zip(fwd.returned_outputs, douts, strict=True))
     args = [None if (f := block.feeds.get(n)) is None
-            else grads_of[f.output] if isinstance(f, GradOf) else tensors[f.name]
+            else grads_of.get(f.output) if isinstance(f, GradOf) else tensors[f.name]
             for n in bwd_cls._signature.input_names]
     shared = {n: getattr(fwd, n) for n in bwd_cls._signature.param_names
               if n in plan.param_names}

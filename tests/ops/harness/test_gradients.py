@@ -25,13 +25,16 @@ CASES = [c for cls in OPS.values() if cls._gradient is not None for c in base_ca
 
 def _leaves(op, inputs):
     """The case's inputs in float64, the differentiable ones requiring grad; a bool input (a
-    mask, a condition) and one the entry declares integral (class indices, positions) stay as
-    they are (an integer case of a dtype index, a binary op's int32, is differentiated in
+    mask, a condition), one the entry declares integral (class indices, positions) and one of
+    a named floating dtype without a gradient stay as they are (an integer case of a dtype index, a binary op's int32, is differentiated in
     float64 like the rest)."""
     diff = op._gradient.differentiable
     decls = op._signature.entry.signature.inputs
+    # an integral input, and one of a named floating dtype that gets no gradient (a float32
+    # bias), keep their declared dtype: the signature admits no other
     fixed = {i for i, n in enumerate(op._signature.input_names)
-             if decls[n].dtype.text in ("uint8", "int8", "int16", "int32", "int64")}
+             if decls[n].dtype.text in ("uint8", "int8", "int16", "int32", "int64")
+             or (decls[n].dtype.text in ("float16", "bfloat16", "float32") and i not in diff)}
     return [None if t is None else t if t.dtype is torch.bool or i in fixed else
             t.double().requires_grad_(i in diff)
             for i, t in enumerate(inputs)]

@@ -16,7 +16,8 @@ k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope). The po
 namesakes) are torch.nn's, returning what torch's return. :class:`Attention` is FlashAttention's
 attention (GQA, bottom-right causal mask, window, softcap) as a parameter-free layer.
 :class:`MoE` is a mixture-of-experts layer on the fused MoE op (Mixtral and DeepSeek-V3
-configs).
+configs; it trains through the stage ops); :class:`ExpertParallelMoE` shards its experts over a
+process group (torch.distributed's all-to-all).
 
 Each layer holds its op, built from the layer's attributes and left out of its pickled state
 (``_holder.py`` says when it is rebuilt); :mod:`tileops.nn.functional` has the same
@@ -26,6 +27,7 @@ computations as functions over a cache of op instances.
 from . import functional
 from .activation import GELU, ReLU, SiLU, SwiGLUMLP
 from .attention import Attention
+from .expert_parallel import ExpertParallelMoE
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
 from .moe import MoE
@@ -57,6 +59,7 @@ __all__ = [
     "AvgPool3d",
     "ColumnParallelLinear",
     "CrossEntropyLoss",
+    "ExpertParallelMoE",
     "FusedAddRMSNorm",
     "FusedLinearCrossEntropyLoss",
     "GELU",
