@@ -218,3 +218,67 @@ def test_the_first_build_of_a_process_says_so_first(monkeypatch, caplog):
         "building TileLang kernels (the first build of a configuration takes seconds; built "
         f"kernels are cached under {env.compiler_cache_env()['TILELANG_CACHE_DIR']} and load "
         "from there); TILEOPS_LOG_LEVEL=INFO names each one"]
+
+
+# --- the cluster kernel: few rows of a wide row split over a thread-block cluster -------------
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "rows", "n", "dtype", "weight", "bias"), [
+    pytest.param("rms", 8, 131072, "bfloat16", True, False, id="rms-8x131072"),
+    pytest.param("layer", 4, 100000, "bfloat16", True, True, id="layer-predicated-two-rounds"),
+    pytest.param("add_rms", 1, 65536, "float16", True, False, id="fused-add-one-row"),
+    pytest.param("rms", 3, 8191, "float32", False, False, id="rms-scalar-two-ctas"),
+])
+def test_cluster_kernel_compiles_for_sm90a(kind, rows, n, dtype, weight, bias):
+    plan = norm.cluster_plan(rows, n, dtype)
+    cluster, threads = plan[0], plan[1]
+    src = norm.build_cluster_kernel(kind, n, dtype, 1e-6, weight, bias, "sm_90a",
+                                    plan).get_kernel_source()
+    assert f"__launch_bounds__({threads}" in src
+    rounds = 2 if kind == "layer" else 1
+    # the partials pushed into each CTA of the cluster, a barrier before they are read (and
+    # one before the first push: every CTA is running)
+    assert src.count("map_shared_rank") == rounds
+    assert src.count("cluster_sync") == rounds + 1
+    assert f"& {cluster - 1})" in src or cluster == 1  # the CTA's rank in its cluster
+    # one shared array: the storage planner cannot overlap the partials other CTAs write
+    assert src.count("extern __shared__") == 1 and "scratch" in src
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 200), n=st.integers(1, 1 << 20),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
+def test_cluster_plan_covers_the_row_within_the_budget(rows, n, dtype):
+    plan = norm.cluster_plan(rows, n, dtype)
+    if plan is None:
+        return
+    cluster, threads, vec, per = plan
+    item = norm._ITEMSIZE[dtype]
+    assert cluster in (2, 4, 8) and rows * cluster <= norm.FEW_ROWS
+    assert n // cluster >= norm._MIN_CLUSTER_SHARE
+    assert n % vec == 0 and vec * item <= 16
+    share = threads * per * vec
+    assert cluster * share >= n > cluster * threads * (per - 1) * vec  # no empty access
+    assert per * vec * item <= norm._HELD_BYTES_PER_THREAD
+    assert threads % 32 == 0 and threads & (threads - 1) == 0 and threads <= 1024
+
+
+def test_cluster_kernel_states_its_region_and_wins_where_the_register_kernel_claims():
+    import torch
+
+    def spec(rows, n):
+        return norm.RowNormSpec(device=torch.device("cuda", 0), kind=norm.RowNormKind.RMS,
+                                rows=rows, n=n, dtype="bfloat16", eps=1e-6, has_weight=True,
+                                has_bias=False)
+
+    k = norm.RowNormClusterKernel
+    assert k.region_refusal(spec(8, 131072)) is None
+    assert k.region_refusal(spec(132, 131072)) == (
+        "132 rows of 131072 x bfloat16 do not split over a cluster (at least 2048 elements a "
+        "CTA, rows x 2 within 132, at most 128 bytes a thread)")
+    assert norm.RowNormRegisterKernel in k.preferred_over
+    assert k.supported_archs == frozenset({(9, 0)})
+    # the row count picks the cluster, so it is part of the built program's identity
+    assert k.identity(spec(8, 131072)) != k.identity(spec(64, 131072))
+    assert k.identity(spec(9, 131072)) == k.identity(spec(16, 131072))

@@ -12,6 +12,9 @@ Two implementations serve the one slot :class:`RowNormFwdInterface`:
     Memory traffic is the floor: each input read once, each output written once. It serves
     rows whose share per thread fits the register budget (128 bytes a thread, up to 512
     threads: rows up to 64 KiB).
+:class:`RowNormClusterKernel` -- few rows of a wide row (sm_90): a row split over the CTAs
+    of a thread-block cluster, each holding its share in registers, the sums exchanged over
+    distributed shared memory; one read and one write. Installed through ``kernel_map``.
 :class:`RowNormLoopedKernel` -- the general one: any ``N``. One CTA a row, 1024 threads,
     walking the row in chunks twice (sums, then normalize and write); the second read comes
     from L2 for all but the widest rows.
@@ -38,14 +41,17 @@ from ._tilelang import compile_program, tl
 
 __all__ = [
     "FEW_ROWS",
+    "RowNormClusterKernel",
     "RowNormDType",
     "RowNormFwdInterface",
     "RowNormKind",
     "RowNormLoopedKernel",
     "RowNormRegisterKernel",
     "RowNormSpec",
+    "build_cluster_kernel",
     "build_register_kernel",
     "build_looped_kernel",
+    "cluster_plan",
     "register_plan",
     "looped_plan",
 ]
@@ -361,6 +367,173 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
+#: the most CTAs a row is split over (a portable cluster: up to 8 CTAs on sm_90)
+_MAX_CLUSTER = 8
+#: the fewest elements a CTA of a split row takes (below that, one CTA a row is as fast)
+_MIN_CLUSTER_SHARE = 2048
+
+
+def cluster_plan(rows: int, n: int, dtype: str) -> tuple[int, int, int, int] | None:
+    """``(cluster, threads, vec, per)`` for the cluster kernel, or None where it does not
+    apply: a row split over ``cluster`` CTAs of one cluster (a power of two, 2 to 8, as many
+    as keep ``rows * cluster`` within :data:`FEW_ROWS` and each CTA's share at least
+    ``_MIN_CLUSTER_SHARE`` elements), each holding its share in registers (``threads``
+    threads with ``per`` accesses of ``vec`` elements, at most
+    ``_HELD_BYTES_PER_THREAD`` bytes a thread, up to 1024 threads)."""
+    if rows < 1:
+        return None
+    cluster = 1
+    while (cluster * 2 <= _MAX_CLUSTER and rows * cluster * 2 <= FEW_ROWS
+           and n // (cluster * 2) >= _MIN_CLUSTER_SHARE):
+        cluster *= 2
+    if cluster == 1:
+        return None
+    item = _ITEMSIZE[dtype]
+    vec = _vec(n, dtype)
+    accesses = -(-n // vec)  # in a row
+    share = -(-accesses // cluster)  # a CTA's
+    threads = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-share // 4))))
+    per = -(-share // threads)
+    if per * vec * item > _HELD_BYTES_PER_THREAD:
+        return None
+    return cluster, threads, vec, per
+
+
+def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                    has_bias: bool, cluster: int, threads: int, vec: int, per: int):
+    """The TileLang prim_func of the cluster kernel (not compiled): the register kernel's
+    arithmetic with each row split over the ``cluster`` CTAs of a thread-block cluster
+    (sm_90). CTA ``r`` of a row's cluster holds columns ``r * share`` on; each reduction (the
+    sum of squares, or LayerNorm's sum then centred sum of squares) is summed in the CTA, then
+    each CTA pushes its partial into slot ``r`` of every CTA's shared array over distributed
+    shared memory (``T.copy_cluster``), a cluster barrier orders the pushes before the reads,
+    and every CTA adds the ``cluster`` partials in the same order, so all of a row's CTAs
+    normalize with the same value. One read and one write of the row, as the register
+    kernel; the grid is ``M * cluster`` CTAs."""
+    _, T = tl()
+    M = T.dynamic("M")
+    shapes = _tensor_shapes(kind, n, has_weight, has_bias, M)
+    add, layer = kind == "add_rms", kind == "layer"
+    wpr = threads // _WARP
+    share = threads * per * vec  # columns a CTA covers
+    exact = n == cluster * share
+    f32 = "float32"
+    inv_n = 1.0 / n
+
+    # one shared array, its parts disjoint: the warps' sums (2 * wpr), this CTA's partials (2),
+    # the cluster's partials (2 * cluster). Separate arrays would let the storage planner
+    # overlap them, unaware that other CTAs write the partials while this one still sums
+    # its warps.
+    mine, parts = 2 * wpr, 2 * wpr + 2
+
+    @T.macro
+    def cta_sum(acc, k, scratch, tx):
+        # acc[k] summed over the CTA's threads; every thread ends with the total
+        for s in T.unroll(5):
+            acc[k] += T.shfl_xor(acc[k], 16 >> s)
+        if wpr > 1:
+            if tx % _WARP == 0:
+                scratch[k * wpr + tx // _WARP] = acc[k]
+            T.sync_threads()
+            acc[k] = T.cast(0, f32)
+            for w in T.unroll(wpr):
+                acc[k] += scratch[k * wpr + w]
+
+    @T.macro
+    def cluster_sum(acc, k, scratch, rank, tx):
+        # acc[k] summed over the cluster's CTAs, in rank order on every CTA
+        if tx == 0:
+            scratch[mine + k] = acc[k]
+        T.sync_threads()
+        slot = parts + k * cluster + rank
+        for d in T.unroll(cluster):
+            T.copy_cluster(scratch[mine + k:mine + k + 1], scratch[slot:slot + 1], dst_block=d)
+        T.cluster_sync()
+        acc[k] = T.cast(0, f32)
+        for c in T.unroll(cluster):
+            acc[k] += scratch[parts + k * cluster + c]
+
+    @T.macro
+    def body(X, R, W, B, Y, RO):
+        with T.Kernel(M * cluster, threads=threads, cluster_dims=(cluster, 1, 1)) as bx:
+            tx = T.get_thread_binding()
+            rank = bx % cluster
+            row = bx // cluster
+            base = rank * share
+            held = T.alloc_local((per * vec,), dtype)
+            held_r = T.alloc_local((per * vec if add else 1,), dtype)
+            piece = T.alloc_local((vec,), dtype)
+            other = T.alloc_local((vec,), dtype)
+            acc = T.alloc_local((2,), f32)
+            scratch = T.alloc_shared((2 * wpr + 2 + 2 * cluster,), f32)
+            acc[0] = T.cast(0, f32)
+            acc[1] = T.cast(0, f32)
+            for v in T.unroll(per):
+                col = base + (v * threads + tx) * vec
+                if exact or col < n:
+                    for i in T.vectorized(vec):
+                        held[v * vec + i] = X[row, col + i]
+                    if add:
+                        for i in T.vectorized(vec):
+                            held_r[v * vec + i] = R[row, col + i]
+                else:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(0, dtype)
+                        if add:
+                            held_r[v * vec + i] = T.cast(0, dtype)
+            # every CTA of the cluster is running before any writes into another's memory
+            T.cluster_sync()
+            for v in T.unroll(per):
+                col = base + (v * threads + tx) * vec
+                if add:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(T.cast(held[v * vec + i], f32)
+                                                   + T.cast(held_r[v * vec + i], f32), dtype)
+                    if exact or col < n:
+                        for i in T.vectorized(vec):
+                            RO[row, col + i] = held[v * vec + i]
+                for i in T.unroll(vec):
+                    acc[0] += T.cast(held[v * vec + i], f32) * (
+                        1.0 if layer else T.cast(held[v * vec + i], f32))
+            cta_sum(acc, 0, scratch, tx)
+            cluster_sum(acc, 0, scratch, rank, tx)
+            if layer:
+                mean = acc[0] * inv_n
+                for v in T.unroll(per):
+                    col = base + (v * threads + tx) * vec
+                    if exact or col < n:
+                        for i in T.unroll(vec):
+                            d = T.cast(held[v * vec + i], f32) - mean
+                            acc[1] += d * d
+                cta_sum(acc, 1, scratch, tx)
+                cluster_sum(acc, 1, scratch, rank, tx)
+                acc[1] = T.rsqrt(acc[1] * inv_n + eps)
+                acc[0] = mean
+            else:
+                acc[1] = T.rsqrt(acc[0] * inv_n + eps)
+                acc[0] = T.cast(0, f32)
+            for v in T.unroll(per):
+                col = base + (v * threads + tx) * vec
+                if exact or col < n:
+                    if has_weight:
+                        for i in T.vectorized(vec):
+                            other[i] = W[col + i]
+                    if has_bias:
+                        for i in T.vectorized(vec):
+                            piece[i] = B[col + i]
+                    for i in T.unroll(vec):
+                        val = (T.cast(held[v * vec + i], f32) - acc[0]) * acc[1]
+                        if has_weight:
+                            val = val * T.cast(other[i], f32)
+                        if has_bias:
+                            val = val + T.cast(piece[i], f32)
+                        held[v * vec + i] = T.cast(val, dtype)
+                    for i in T.vectorized(vec):
+                        Y[row, col + i] = held[v * vec + i]
+
+    return _with_params(body, shapes, dtype, add, has_weight, has_bias)
+
+
 def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                    has_bias: bool, threads: int, vec: int, per: int):
     """The general kernel: one CTA a row, two passes over the row in chunks."""
@@ -480,6 +653,17 @@ def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight:
 
 
 @functools.lru_cache(maxsize=256)
+def build_cluster_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
+                         has_bias: bool, target: str | None = None,
+                         plan: tuple[int, int, int, int] | None = None):
+    """Compile the cluster kernel for a :func:`cluster_plan` (cached per configuration)."""
+    if plan is None:
+        raise ValueError("the cluster kernel needs its plan (cluster_plan of the row count)")
+    prog = cluster_program(kind, n, dtype, eps, has_weight, has_bias, *plan)
+    return compile_program(prog, target)
+
+
+@functools.lru_cache(maxsize=256)
 def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                         has_bias: bool, target: str | None = None, plan: Any = None,
                         few_rows: bool = False):
@@ -541,6 +725,39 @@ class RowNormRegisterKernel(_RowNormKernel):
             return (f"a row of {spec.n} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
                     f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
         return None
+
+
+class RowNormClusterKernel(_RowNormKernel):
+    """Few rows of a wide row: each row split over the CTAs of a thread-block cluster
+    (sm_90), its reductions exchanged over distributed shared memory (:func:`cluster_program`),
+    so ``rows * cluster`` CTAs share the read instead of ``rows``. Preferred over the register
+    kernel where both apply; installed through ``kernel_map`` (``{"row_norm_fwd":
+    (RowNormClusterKernel, RowNormRegisterKernel, RowNormLoopedKernel)}``) until the GPU's
+    sweep (``benchmarks/gpu_norm.sh``, stage ``few_rows``) has timed it against the default
+    pair."""
+
+    supported_archs = frozenset({(9, 0)})
+    preferred_over = (RowNormRegisterKernel,)
+
+    @classmethod
+    def region_refusal(cls, spec: RowNormSpec) -> str | None:
+        if cluster_plan(spec.rows, spec.n, spec.dtype) is None:
+            return (f"{spec.rows} rows of {spec.n} x {spec.dtype} do not split over a "
+                    f"cluster (at least {_MIN_CLUSTER_SHARE} elements a CTA, rows x 2 "
+                    f"within {FEW_ROWS}, at most {_HELD_BYTES_PER_THREAD} bytes a thread)")
+        return None
+
+    @classmethod
+    def identity(cls, spec: RowNormSpec):
+        # the row count picks the cluster size
+        return (*super().identity(spec), cluster_plan(spec.rows, spec.n, spec.dtype))
+
+    def __init__(self, spec: RowNormSpec) -> None:
+        Kernel.__init__(self, spec)
+        self.plan = cluster_plan(spec.rows, spec.n, spec.dtype)
+        self.program = build_cluster_kernel(spec.kind.value, spec.n, spec.dtype, spec.eps,
+                                            spec.has_weight, spec.has_bias, None, self.plan)
+        self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight, spec.has_bias)
 
 
 class RowNormLoopedKernel(_RowNormKernel):
