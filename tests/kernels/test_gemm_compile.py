@@ -6,12 +6,14 @@ reallocation (setmaxnreg) exist only on the arch-specific target (TileLang itsel
 ``sm_90a`` for a 9.0 device when no target is given).
 """
 
+import hashlib
 import json
 import logging
 import os
 import re
 import shutil
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -337,7 +339,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     built = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: built.append(cfg) or
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc: built.append(cfg) or
                         (lambda a, b, c: None))
     monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -353,7 +355,8 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
 def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: (lambda a, b, c, cfg=cfg: cfg))
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -369,7 +372,7 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
 
     spec = _spec(2048, 4096, 4096)
 
-    def build(n, k, dt, ta, tb, cfg, target, pdl, sms):
+    def build(n, k, dt, ta, tb, cfg, target, pdl, sms, acc):
         if cfg == HOPPER_CONFIGS["64x64"][0]:
             raise RuntimeError("no fit")
         return lambda a, b, c, cfg=cfg: cfg
@@ -402,7 +405,8 @@ def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, m
     another version of the candidate lists) is not run: the candidates are timed again."""
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms: (lambda a, b, c, cfg=cfg: cfg))
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     timed = []
     monkeypatch.setattr(G, "_time_ms",
@@ -445,9 +449,11 @@ def test_an_entry_shared_across_m_checks_every_call_for_an_empty_output(monkeypa
 # --- the regions and the heuristic over the whole call space ------------------------------------
 
 _specs = st.builds(
-    lambda m, n, k, dt, ta, tb, aligned: GemmPlan("cuda", m_bucket(m), n, k, dt, ta, tb, aligned),
+    lambda m, n, k, dt, ta, tb, aligned, acc: GemmPlan("cuda", m_bucket(m), n, k, dt, ta, tb,
+                                                       aligned, acc),
     st.integers(0, 1 << 16), st.integers(1, 1 << 18), st.integers(1, 1 << 16),
-    st.sampled_from(["bfloat16", "float16"]), st.booleans(), st.booleans(), st.booleans())
+    st.sampled_from(["bfloat16", "float16"]), st.booleans(), st.booleans(), st.booleans(),
+    st.booleans())
 
 
 @settings(max_examples=400, deadline=None)
@@ -473,6 +479,12 @@ def test_at_most_one_specialised_implementation_claims_a_call(spec):
     impls = (*specialised, G.GemmGeneralKernel)
     chosen = select(G.GemmFwdInterface, impls, spec)  # never ambiguous
     assert chosen is (G.GemmGemvKernel if gemv else others[0] if others else G.GemmGeneralKernel)
+    # the accumulating call and the plain one are served alike: every implementation, with
+    # the configuration the heuristic picks, has its accumulating twin
+    twin = msgspec.structs.replace(spec, accumulate=not spec.accumulate)
+    assert select(G.GemmFwdInterface, impls, twin) is chosen
+    assert chosen.config_for(twin) == chosen.config_for(spec)
+    assert chosen.identity(twin) != chosen.identity(spec)  # but they are built apart
 
 
 @settings(max_examples=400, deadline=None)
@@ -532,3 +544,164 @@ def test_gemm_call_spec_invariants(field, value, error):
     assert str(info.value) == error
     with pytest.raises(TypeError):  # keyword-only
         GemmSpec("cuda", 1, 8, 8, "bfloat16", False, False)
+
+
+# --- the accumulating form ----------------------------------------------------------------------
+
+#: sha256 (first 16 hex digits) of the TileLang script of one program of each kind, recorded
+#: before the programs had an accumulating form: with the flag off they must stay exactly what
+#: they were (a TileLang upgrade that prints scripts differently means recording them again,
+#: from the programs of the commit before the upgrade)
+_PLAIN_SCRIPTS = {
+    "hopper-64x64-tn-pdl": ("0aab86725b7e9286", lambda: G.gemm_program(
+        4096, 14336, "bfloat16", True, False, HOPPER_CONFIGS["64x64"][0])),
+    "persistent-128x256-nn-pdl": ("fb8be9b96708d3d0", lambda: G.gemm_program(
+        4096, 4096, "bfloat16", False, False, HOPPER_CONFIGS["128x256"][0], True)),
+    "split-128x128s2-tt-pdl": ("6cbe8ebbbef5d327", lambda: G.gemm_program(
+        1000, 1000, "bfloat16", True, True, HOPPER_SPLIT_CONFIGS["128x128s2"], True)),
+    "general-tt-odd": ("894a4606bd80259e", lambda: G.gemm_program(
+        37, 19, "bfloat16", True, True, GENERAL_CONFIG)),
+    "reduce-s2-pdl": ("65ecdcb5284c23fe", lambda: G.splitk_reduce_program(
+        1000, "bfloat16", 2, True)),
+    "gemv-4x4-pdl": ("14767bc271484e6b", lambda: G.gemv_program(
+        4096, 4096, "bfloat16", False, G.GEMV_CONFIGS["4x4"], True)),
+}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(_PLAIN_SCRIPTS))
+def test_the_plain_programs_are_unchanged_by_the_accumulating_form(name):
+    want, program = _PLAIN_SCRIPTS[name]
+    assert hashlib.sha256(program().script().encode()).hexdigest()[:16] == want
+
+
+#: one accumulating program of each kind: (builder, where C's prior values are read)
+_ACCUMULATING = {
+    "hopper-64x64-tn": lambda: G.build_gemm_kernel(
+        4096, 14336, "bfloat16", True, False, HOPPER_CONFIGS["64x64"][0], HOPPER, True, 132, True),
+    "persistent-128x256-nn": lambda: G.build_gemm_kernel(
+        4096, 4096, "bfloat16", False, False, HOPPER_CONFIGS["128x256"][0], HOPPER, True, 132,
+        True),
+    "small-16x64-nt-fp16": lambda: G.build_gemm_kernel(
+        4096, 4096, "float16", False, True, SMALL_M_CONFIGS["16x64"], HOPPER, True, 132, True),
+    "general-tt-odd": lambda: G.build_gemm_kernel(
+        37, 19, "bfloat16", True, True, GENERAL_CONFIG, HOPPER, False, 132, True),
+    "reduce-s2": lambda: G.build_reduce_kernel(1000, "bfloat16", 2, HOPPER, True, True),
+    "gemv-4x4": lambda: G.build_gemv_kernel(4096, 4096, "bfloat16", False, G.GEMV_CONFIGS["4x4"],
+                                            HOPPER, True, True),
+}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(_ACCUMULATING))
+def test_accumulating_programs_compile_and_read_c(name):
+    src = _ACCUMULATING[name]().get_kernel_source()
+    if name.startswith("gemv"):  # lane 0 adds c's element to the warp's sum
+        assert re.search(r"C\[(.*)\] = \(\(bfloat16_t\)\(red_buf0\[0\] \+ \(\(float\)C\[\1\]\)\)\)",
+                         src)
+        return
+    # c is read through a plain pointer (as well as written), after the previous kernel is
+    # done (programmatic dependent launch) and cast to fp32 into the accumulator
+    dt = "half_t" if "fp16" in name else "bfloat16_t"
+    assert re.search(rf"{dt}\* (__restrict__ )?C\b", src)  # c in the operands' dtype
+    if name.startswith("general"):  # element by element, each predicated on both edges
+        read = src.index("((float)C[")
+        assert re.search(r"< M\) && \(.*< 37\)\)\) \{\s*condval = \(\(float\)C\[", src)
+    else:  # vectors of 2 (4 bytes), widened in pairs
+        read = src.index("(C + ")
+        assert src.index("cudaGridDependencySynchronize();") < read
+        assert "2float2(" in src[read:]
+    if name.startswith("reduce"):  # added to the partial sums, once, before the one cast
+        assert src.index("(W + ") < read < src.rindex("__float22bfloat162_rn")
+        assert "< M" in src
+        return
+    # the accumulator starts from c where it was cleared, before the first MMA
+    mma = "tl::mma_sync<" if name.startswith("small") else "tl::wgmma_"
+    assert mma not in src[:read] and mma in src[read:]
+    assert "make_float4(broadcast_var" not in src  # no clear of the accumulator
+    assert "M + " in src[read - 600:read] or "< M" in src[read - 600:read]  # rows past M
+    if name.startswith("persistent"):  # per tile, by the math warpgroups, in their tile loop
+        after = src[src.index("warpgroup_reg_alloc<232>"):]
+        assert after.index("(C + ") < after.index("wgmma")
+        assert re.match(r"warpgroup_reg_alloc<232>\(\);\s*cudaGridDependencySynchronize\(\);\s*"
+                        r"for \(int \w+ = 0; [^\n]*/ 132\)", after)
+
+
+def test_a_split_program_accumulates_in_its_reduction():
+    with pytest.raises(ValueError, match=r"^a split-K program writes partial sums; its reduction "
+                       r"accumulates \(got accumulate=True with split=2\)$"):
+        G.gemm_program(1000, 1000, "bfloat16", False, False, HOPPER_SPLIT_CONFIGS["128x128s2"],
+                       accumulate=True)
+
+
+def test_a_split_accumulating_call_builds_the_plain_main_program_and_an_adding_reduction(
+        monkeypatch):
+    built = []
+    monkeypatch.setattr(G, "build_gemm_kernel", lambda *a: built.append(("main", a[-1])) or a)
+    monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: built.append(("reduce", a[-1])) or a)
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    kern = G.GemmHopperKernel(GemmPlan("cuda", 2048, 4096, 4096, "bfloat16", False, False, True,
+                                       True))
+    built.clear()
+    launch = kern._build(HOPPER_SPLIT_CONFIGS["128x128s2"])
+    assert isinstance(launch, G.SplitKLaunch)
+    assert built == [("main", False), ("reduce", True)]
+    built.clear()
+    kern._build(HOPPER_CONFIGS["128x256"][0])
+    assert built == [("main", True)]
+
+
+class _Acc:
+    """A stand-in for ``c``: records the calls a kernel makes on it."""
+
+    def __init__(self, shape):
+        self.shape, self.device, self.seen = shape, "cpu", []
+
+    def numel(self):
+        return self.shape[0] * self.shape[1]
+
+    def zero_(self):
+        self.seen.append("zero_")
+
+    def clone(self):
+        self.seen.append("clone")
+        return _Acc(self.shape)
+
+
+def test_k_zero_leaves_an_accumulated_c_as_it_is(monkeypatch):
+    monkeypatch.setattr(G, "build_gemm_kernel", lambda *a: pytest.fail("K = 0 builds nothing"))
+    for acc, want in ((True, []), (False, ["zero_"])):
+        kern = G.GemmGeneralKernel(GemmPlan("cuda", 64, 64, 0, "bfloat16", False, False, False,
+                                            acc))
+        c = _Acc((64, 64))
+        kern(_FakeTensor((64, 0)), _FakeTensor((0, 64)), c)
+        assert c.seen == want
+
+
+def test_tuning_an_accumulating_call_times_the_candidates_on_a_copy_of_c(cache, monkeypatch):
+    spec = GemmPlan("cuda", 2048, 4096, 4096, "bfloat16", False, False, True, True)
+    ran = []
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        (lambda a, b, c: ran.append(c)))
+    monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: (lambda w, c: ran.append(c)))
+    monkeypatch.setattr(G, "_time_ms", lambda fn: fn() or 1.0)
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    kern = G.GemmHopperKernel(spec)
+    kern.request_tune()
+    c = _Acc((2048, 4096))
+    monkeypatch.setattr(G.SplitKLaunch, "__call__", lambda self, a, b, c: ran.append(c))
+    kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), c)
+    assert c.seen == ["clone"] and len(ran) == len(G.GemmHopperKernel.tune_candidates) + 1
+    assert all(x is not c for x in ran[:-1]) and ran[-1] is c  # only the call itself adds into c
+    key = tune_key("sm_90", spec, "GemmHopperKernel")
+    assert "-al-acc-" in key and key != tune_key("sm_90", _spec(2048, 4096, 4096),
+                                                 "GemmHopperKernel")
+
+
+def test_the_call_spec_accumulate_flag():
+    good = dict(device="cuda", m=1, n=8, k=8, dtype="bfloat16", trans_a=False, trans_b=False)
+    assert GemmSpec(**good).accumulate is False  # the plain product unless asked
+    assert G.plan_of(GemmSpec(**good, accumulate=True)).accumulate is True
+    with pytest.raises(TypeError, match=r"^GemmSpec.accumulate must be a bool, got 1$"):
+        GemmSpec(**good, accumulate=1)

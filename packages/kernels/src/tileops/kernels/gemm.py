@@ -34,6 +34,14 @@ workspace and a second kernel (:func:`splitk_reduce_program`) sums and casts the
 heuristic does not pick a split today (none beat the unsplit tiles on the H200 sweep,
 benchmarks/results/gemm_sweep.txt); tuning tries them.
 
+The accumulating form (``GemmSpec.accumulate``: ``c += op(a) @ op(b)``, torch's ``addmm_``) is
+a compile-time flag of every program: the fp32 accumulator starts from the loaded ``C`` tile
+instead of zero (the persistent program loads it per tile on the math warpgroups' side, where
+the plain one clears), a split-K call's reduction adds ``C`` to the partial sums, and the
+one-row program adds it to its warp's sum; each sum is rounded once. With the flag off the
+programs are what they were before it existed (their source is pinned by a compile test).
+Every implementation and configuration has its accumulating twin.
+
 TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
 that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
 views) are outside the region of the two TMA kernels (``GemmPlan.aligned`` is False) and run
@@ -223,10 +231,11 @@ class GemmSpec(CallSpec, frozen=True, kw_only=True):
     dtype: GemmDType
     trans_a: bool  # a stored (K, M)
     trans_b: bool  # b stored (N, K)
+    accumulate: bool = False  # c += op(a) @ op(b): c is read (fp32 sum, one rounding)
 
     def __post_init__(self) -> None:
         self.check_fields(choices={"dtype": _GEMM_DTYPES}, sizes=("m", "n", "k"),
-                          flags=("trans_a", "trans_b"))
+                          flags=("trans_a", "trans_b", "accumulate"))
 
 
 class GemmPlan(CallSpec, frozen=True):
@@ -241,6 +250,7 @@ class GemmPlan(CallSpec, frozen=True):
     trans_a: bool
     trans_b: bool
     aligned: bool = True
+    accumulate: bool = False
 
 
 def tma_aligned(m: int, n: int, k: int, dtype: str, trans_a: bool, trans_b: bool) -> bool:
@@ -259,12 +269,15 @@ def plan_of(spec: GemmSpec | GemmPlan) -> GemmPlan:
         return spec
     return GemmPlan(spec.device, m_bucket(spec.m), spec.n, spec.k, spec.dtype, spec.trans_a,
                     spec.trans_b,
-                    tma_aligned(spec.m, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b))
+                    tma_aligned(spec.m, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b),
+                    spec.accumulate)
 
 
 class GemmFwdInterface(KernelInterface):
-    """One slot: ``forward(a, b, c)`` writes ``op(a) @ op(b)`` into ``c``; ``a``, ``b`` and
-    ``c`` are contiguous, ``a`` is ``(M, K)`` or ``(K, M)``, ``b`` ``(K, N)`` or ``(N, K)``."""
+    """One slot: ``forward(a, b, c)`` writes ``op(a) @ op(b)`` into ``c`` (adds it to ``c``'s
+    values when the spec's ``accumulate``); ``a``, ``b`` and ``c`` are contiguous, ``a`` is
+    ``(M, K)`` or ``(K, M)``, ``b`` ``(K, N)`` or ``(N, K)``, ``c`` shares memory with
+    neither."""
 
     slot = "gemm_fwd"
     call_spec = GemmSpec
@@ -330,7 +343,7 @@ def _layout(T, n: int, k: int, trans_a: bool, trans_b: bool, cfg: GemmConfig):
 
 
 def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig,
-                 pdl: bool = False, sms: int = _SMS):
+                 pdl: bool = False, sms: int = _SMS, accumulate: bool = False):
     """The TileLang prim_func (not compiled): M dynamic, everything else static. With
     ``cfg.split > 1`` the third operand is the fp32 workspace ``(split, M, n)`` of partial
     sums (:func:`splitk_reduce_program` turns it into ``C``).
@@ -343,13 +356,21 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     start (shared memory, barriers, descriptor prefetch) overlaps the previous kernel's tail;
     every thread waits for that kernel's completion before the first global read
     (``cudaGridDependencySynchronize``), and the CTA lets the next kernel start launching
-    once its main loop is done (persistent: once its last tile's is)."""
+    once its main loop is done (persistent: once its last tile's is).
+
+    ``accumulate``: ``C += op(A) @ op(B)``, the accumulator loaded from ``C`` (cast to fp32;
+    rows and columns past the edges read as zero and are never stored) where it is cleared
+    otherwise. Not with a split: there the reduction adds ``C``
+    (:func:`splitk_reduce_program`), and the main program's third operand is the workspace."""
+    if accumulate and cfg.split > 1:
+        raise ValueError(f"a split-K program writes partial sums; its reduction accumulates "
+                         f"(got accumulate=True with split={cfg.split})")
     if cfg.persistent:
         if cfg.split > 1:
             raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
         if not cfg.tma:
             raise ValueError("a persistent tile order loads through TMA (got tma=False)")
-        return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms)
+        return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms, accumulate)
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
@@ -377,7 +398,10 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
                 T.use_swizzle(panel_size=panel)
             if pdl:
                 sync()
-            T.clear(C_l)
+            if accumulate:
+                T.copy(C[by * bm, bx * bn], C_l)
+            else:
+                T.clear(C_l)
             for ko in T.Pipelined(iters, num_stages=stages):
                 kt = bz * iters + ko
                 if trans_a:
@@ -407,7 +431,7 @@ _LOAD_NREG, _MATH_NREG = 40, 232
 
 
 def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                        cfg: GemmConfig, pdl: bool, sms: int):
+                        cfg: GemmConfig, pdl: bool, sms: int, accumulate: bool = False):
     """:func:`gemm_program` with ``cfg.persistent``: ``sms`` CTAs, CTA ``w`` computing the
     tiles ``w, w + sms, ...`` of the swizzled order, with the warp roles written out
     (``T.WSSchedule``): one warp issues the TMA loads of every tile's K steps into the
@@ -416,7 +440,12 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     while the previous tile is being stored; registers move from the load warpgroup to the
     math ones once per CTA. The persistent loop is the part an automatic split does not
     cover: specialized inside it, the registers would stay evenly spread (slower than one
-    CTA per tile, benchmarks/results/gemm_sweep_order.txt)."""
+    CTA per tile, benchmarks/results/gemm_sweep_order.txt).
+
+    ``accumulate``: the math warpgroups load each tile's ``C`` into the accumulator where they
+    would clear it (``load_c``, straight from global memory into the registers of the wgmma
+    layout), so the load warp's ring and the shared ``C`` tile of the previous tile's store
+    are untouched; the next tile's operand loads are in flight meanwhile."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
@@ -431,6 +460,7 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     mma = ([T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
             T.WSSync.consumer_release("ring", stage=stages - 1)])
     root = ["pdl_wait", "tiles", "pdl_done"] if pdl else ["tiles"]
+    init = "load_c" if accumulate else "clear"
 
     @T.prim_func
     def persistent(
@@ -456,7 +486,7 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
                     T.WSScope("k_steps", {"load": load, "math": mma}),
                     T.WSScope("tiles", {
                         "load": ["coord", "k_steps"],
-                        "math": ["coord", "clear", "k_steps", "to_shared", "store"],
+                        "math": ["coord", init, "k_steps", "to_shared", "store"],
                     }),
                     T.WSScope(T.WSScope.ROOT, {"load": root, "math": root}),
                 ]))
@@ -467,7 +497,10 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
             for i in T.serial(T.ceildiv(m_tiles * n_tiles - wid, sms), annotations={ws: "tiles"}):
                 with T.ws_op("coord"):
                     by, bx = order.coord(i * sms + wid)
-                T.clear(C_l, annotations={ws: "clear"})
+                if accumulate:
+                    T.copy(C[by * bm, bx * bn], C_l, annotations={ws: "load_c"})
+                else:
+                    T.clear(C_l, annotations={ws: "clear"})
                 for ko in T.Pipelined(iters, num_stages=stages, annotations={ws: "k_steps"}):
                     if trans_a:
                         T.copy(A[ko * bk, by * bm], A_s, annotations={ws: "load_a"})
@@ -492,9 +525,11 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
 _REDUCE_TILE = (16, 256, 256)
 
 
-def splitk_reduce_program(n: int, dtype: str, split: int, pdl: bool = False):
+def splitk_reduce_program(n: int, dtype: str, split: int, pdl: bool = False,
+                          accumulate: bool = False):
     """``C[m, j] = sum_s W[s, m, j]`` cast to ``dtype``: the second kernel of a split-K call
-    (``pdl`` as in :func:`gemm_program`)."""
+    (``pdl`` as in :func:`gemm_program`); with ``accumulate``, ``C[m, j] + sum_s W[s, m, j]``,
+    summed in fp32 and rounded once."""
     _, T = tl()
     sync, _ = _pdl() if pdl else (None, None)
     M = T.dynamic("M")
@@ -512,6 +547,11 @@ def splitk_reduce_program(n: int, dtype: str, split: int, pdl: bool = False):
                 T.copy(W[s, by * rm, bx * rn], part)
                 for i, j in T.Parallel(rm, rn):
                     acc[i, j] += part[i, j]
+            if accumulate:
+                prior = T.alloc_fragment((rm, rn), dtype)
+                T.copy(C[by * rm, bx * rn], prior)
+                for i, j in T.Parallel(rm, rn):
+                    acc[i, j] += T.cast(prior[i, j], "float32")
             T.copy(acc, C[by * rm, bx * rn])
 
     return main
@@ -522,7 +562,7 @@ _VEC = 8
 
 
 def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
-                 pdl: bool = False):
+                 pdl: bool = False, accumulate: bool = False):
     """``c[0, j] = sum_k a[k] * b[j, k]``: one row of ``a`` against ``b`` stored ``(N, K)``
     (``trans_b``), without tensor cores. A warp per row of ``b``: each lane reads 16-byte
     chunks of that row (a warp reads 512 contiguous bytes per load), ``cfg.stages`` chunks in
@@ -530,7 +570,8 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
     CTA (``cfg.threads == 32 * cfg.block_n``); ``a`` (``(1, K)`` or ``(K, 1)``: contiguous
     either way) is read through L1. Launched only for ``M == 1`` (an empty call launches
     nothing); ``K`` is a multiple of 8 (16-byte aligned rows), chunks past ``K`` read as 0
-    and rows past ``N`` store nothing."""
+    and rows past ``N`` store nothing. ``accumulate``: lane 0 adds ``C[0, row]`` (in fp32) to
+    the warp's sum before the one rounding."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     rows, unroll = cfg.block_n, cfg.stages
@@ -579,7 +620,10 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
                 T.evaluate(T.tvm_thread_allreduce(T.uint32(1), acc[0], True, red[0], lane,
                                                   dtype="handle"))
             if lane == 0 and row < n:
-                C[0, row] = T.cast(red[0], dtype)
+                if accumulate:
+                    C[0, row] = T.cast(red[0] + T.cast(C[0, row], accum), dtype)
+                else:
+                    C[0, row] = T.cast(red[0], dtype)
 
     return main
 
@@ -587,26 +631,28 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
 @functools.lru_cache(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                       cfg: GemmConfig, target: str | None = None, pdl: bool = False,
-                      sms: int = _SMS):
+                      sms: int = _SMS, accumulate: bool = False):
     """Compile the program for one configuration (cached per process; TileLang also caches
     on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device;
     ``pdl`` only for sm_90+ (TileLang refuses it below); ``sms``: the persistent grid
-    (:func:`program_sms`)."""
-    return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms), target)
+    (:func:`program_sms`); ``accumulate`` as in :func:`gemm_program`."""
+    return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms,
+                                        accumulate), target)
 
 
 @functools.lru_cache(maxsize=64)
 def build_gemv_kernel(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
-                      target: str | None = None, pdl: bool = False):
+                      target: str | None = None, pdl: bool = False, accumulate: bool = False):
     """Compile :func:`gemv_program` (cached per process and on disk, as the others)."""
-    return compile_program(gemv_program(n, k, dtype, trans_a, cfg, pdl), target)
+    return compile_program(gemv_program(n, k, dtype, trans_a, cfg, pdl, accumulate), target)
 
 
 @functools.lru_cache(maxsize=64)
 def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = None,
-                        pdl: bool = False):
-    """Compile the split-K reduction for ``n`` columns and ``split`` partial sums."""
-    return compile_program(splitk_reduce_program(n, dtype, split, pdl), target)
+                        pdl: bool = False, accumulate: bool = False):
+    """Compile the split-K reduction for ``n`` columns and ``split`` partial sums (adding
+    ``C`` with ``accumulate``)."""
+    return compile_program(splitk_reduce_program(n, dtype, split, pdl, accumulate), target)
 
 
 @functools.lru_cache(maxsize=16)
@@ -635,7 +681,8 @@ def uses_pdl(cfg: GemmConfig, arch: tuple[int, int] | None) -> bool:
 class SplitKLaunch:
     """One split-K call: the main program writes ``split`` fp32 partial sums into a
     workspace taken from torch's caching allocator on the call's stream (so graph capture
-    and several streams are safe), the reduction sums them into ``c``."""
+    and several streams are safe), the reduction sums them into ``c`` (adds them to it, for
+    an accumulating call: its reduction program reads ``c``)."""
 
     def __init__(self, main, reduce, split: int, n: int) -> None:
         self.main, self.reduce, self.split, self.n = main, reduce, split, n
@@ -676,7 +723,8 @@ def tune_key(arch: str, spec: GemmPlan, kernel: str) -> str:
     another implementation, whose configurations mean other programs)."""
     return (f"{kernel}-{arch}-{spec.dtype}-{'T' if spec.trans_a else 'N'}"
             f"{'T' if spec.trans_b else 'N'}-m{spec.m}-n{spec.n}-k{spec.k}-"
-            f"{'al' if spec.aligned else 'un'}-{_source_hash()}")
+            f"{'al' if spec.aligned else 'un'}-{'acc-' if spec.accumulate else ''}"
+            f"{_source_hash()}")
 
 
 def _cache_root() -> Path:
@@ -868,12 +916,13 @@ class _GemmKernel(Kernel, GemmFwdInterface):
 
     def _build_for(self, s: GemmPlan, cfg: GemmConfig):
         pdl = uses_pdl(cfg, device_arch(s.device))
+        # a split call accumulates in its reduction, its main program is the plain one
         main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
-                                 program_sms(cfg, s.device))
+                                 program_sms(cfg, s.device), s.accumulate and cfg.split == 1)
         if cfg.split == 1:
             return main
-        return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl),
-                            cfg.split, s.n)
+        return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl,
+                                                      s.accumulate), cfg.split, s.n)
 
     def request_tune(self) -> None:
         """Tune on the next call (it needs real tensors on the device)."""
@@ -885,6 +934,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return  # timing needs its own graphs: tune on the first call outside capture
         self._tune_pending = False
+        if self.spec.accumulate:  # the candidates' runs add into a copy, not the caller's c
+            c = c.clone()
         arch = device_arch(a.device)
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
         key = tune_key(arch_name, self.spec, type(self).__name__)
@@ -924,11 +975,13 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         self.program(a, b, c)  # type: ignore[misc] - None only where every call is degenerate
 
     def _degenerate_call(self, c) -> bool:
-        """Handle an empty output or K = 0 (no launch); True when handled."""
+        """Handle an empty output or K = 0 (no launch: ``c`` is zeroed, or left as it is when
+        accumulating); True when handled."""
         if c.numel() == 0:
             return True
         if self.spec.k == 0:
-            c.zero_()
+            if not self.spec.accumulate:
+                c.zero_()
             return True
         return False
 
@@ -998,7 +1051,7 @@ class GemmGemvKernel(_GemmKernel):
     def _build_for(self, s: GemmPlan, cfg: GemmConfig):
         arch = device_arch(s.device)
         return build_gemv_kernel(s.n, s.k, s.dtype, s.trans_a, cfg, None,
-                                 arch is not None and arch >= (9, 0))
+                                 arch is not None and arch >= (9, 0), s.accumulate)
 
 
 def _round8(x: int) -> int:
@@ -1015,7 +1068,8 @@ class GemmPaddedKernel(_GemmKernel):
     operands are copied once into buffers whose row lengths are padded to a multiple of 8
     elements with zeros (``F.pad``: one read and one write each), the Hopper program runs on
     the padded sizes (zero rows and columns of K add nothing), and the ``(M, N)`` corner of
-    its output is copied into ``c``. The copies cost two passes over the operands; the
+    its output is copied into ``c`` (an accumulating call pads ``c`` the same way first, so
+    the program adds into the padded copy). The copies cost two passes over the operands; the
     alternative, 2-byte predicated loads on the general kernel, costs more above
     :data:`PAD_MIN_FLOPS`."""
 
@@ -1026,7 +1080,7 @@ class GemmPaddedKernel(_GemmKernel):
     def padded_spec(cls, spec: GemmPlan) -> GemmPlan:
         """The aligned call the Hopper program runs (M stays, N and K round up to 8)."""
         return GemmPlan(spec.device, spec.m, _round8(spec.n), _round8(spec.k), spec.dtype,
-                        spec.trans_a, spec.trans_b, True)
+                        spec.trans_a, spec.trans_b, True, spec.accumulate)
 
     @classmethod
     def config_for(cls, spec: GemmPlan) -> GemmConfig:
@@ -1057,7 +1111,7 @@ class GemmPaddedKernel(_GemmKernel):
         a_p = F.pad(a, (0, mp - m, 0, kp - s.k) if s.trans_a else (0, kp - s.k))
         b_p = F.pad(b, (0, kp - s.k, 0, np_ - n) if s.trans_b else (0, np_ - n, 0, kp - s.k))
         rows = mp if s.trans_a else m
-        c_p = c.new_empty((rows, np_))
+        c_p = F.pad(c, (0, np_ - n, 0, rows - m)) if s.accumulate else c.new_empty((rows, np_))
         if self._tune_pending:
             self._tune(a_p, b_p, c_p)
         self.program(a_p, b_p, c_p)
@@ -1077,7 +1131,8 @@ class GemmGeneralKernel(_GemmKernel):
     @classmethod
     def identity(cls, spec: GemmSpec | GemmPlan) -> Any:
         # the program depends on neither the M bucket nor the alignment
-        return (spec.device, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b)
+        return (spec.device, spec.n, spec.k, spec.dtype, spec.trans_a, spec.trans_b,
+                spec.accumulate)
 
     def __init__(self, spec: GemmSpec | GemmPlan) -> None:
         super().__init__(spec)
