@@ -21,10 +21,30 @@ synchronises with the host and a CUDA graph replays it whatever the routing. Til
 their expert's rows: the loads read the next expert's rows (or zeros past ``M``), and the
 store writes only the expert's own.
 
-Copies are the predicated cp.async copies of TileLang's grouped GEMM example (the row offset
-of a tile is known only on the device, so the TMA descriptors of the dense Hopper kernel, which
-the warp-specialized persistent schedule builds around, are not used; that kernel's schedule
-over this grid is the next step for the H200 bar, see benchmarks/gpu_moe.sh).
+Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`GroupedProgram`):
+
+- ``PIPELINED`` (:func:`grouped_gemm_program`, the default): one CTA a slot of the grid above,
+  the predicated copies of TileLang's grouped GEMM example in a plain ``T.Pipelined`` loop
+  (warp specialization off: the slot's expert is known only after the scheduler's loop), sm_80
+  to sm_90, any alignment.
+- ``WARP_SPECIALIZED`` (:func:`grouped_gemm_ws_program`, sm_90, 16-byte rows): the dense
+  GEMM's persistent schedule (:func:`tileops.kernels.gemm._persistent_program`) over the same
+  slots: one CTA an SM walking slots ``w, w + sms, ...`` of (row slot, column tile), a load
+  warp issuing TMA loads of ``a``'s and ``b[e]``'s tiles into a ring of shared stages, the math
+  warpgroups (their registers raised by setmaxnreg) running wgmma and storing each tile. Every
+  role walks the offsets itself with a cursor that only moves forward (a CTA's row slots never
+  decrease), so a CTA reads the ``E + 1`` offsets once in all, not once a tile.
+
+A tile stays inside its segment because of what is stored, not of what is loaded. TMA clips a
+box at the tensor's bounds, not the segment's: a tile's load of ``bm`` rows from its first row
+reads the next expert's rows (zeros past ``M``, or past the masked block's ``max_m``, where the
+box is clipped) into accumulator rows that are never stored. The store writes only the rows
+``[start, end)`` of the tile's expert: through shared memory and a TMA store when the box,
+clipped at the tensor's bounds, holds nothing else (a tile whose rows all lie in its segment, or
+end at ``M`` / ``max_m``, or whose rows are all zero rows), else from the accumulator fragment
+with a predicate on each row and column (the last, partial tile of a segment; every tile when
+``N`` breaks TMA's 16-byte rows of ``c``). :func:`contiguous_schedule` and
+:func:`masked_schedule` evaluate the program's formulas on ints (the tests check them).
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -33,10 +53,11 @@ import enum
 import functools
 from typing import Literal, NamedTuple, get_args
 
-from tileops.runtime import CallSpec, Kernel, KernelInterface
+from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, log
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._tilelang import compile_program, tl
+from .gemm import _LOAD_NREG, _MATH_NREG, _time_ms, sm_count
 
 __all__ = [
     "GroupedGemmConfig",
@@ -45,9 +66,15 @@ __all__ = [
     "GroupedGemmKernel",
     "GroupedGemmSpec",
     "GroupedLayoutKind",
+    "GroupedProgram",
+    "SchedTile",
     "build_grouped_gemm",
     "choose_config",
+    "contiguous_schedule",
     "grouped_gemm_program",
+    "grouped_gemm_ws_program",
+    "masked_schedule",
+    "ws_refusal",
 ]
 
 GroupedGemmDType = Literal["float16", "bfloat16"]
@@ -97,26 +124,72 @@ class GroupedGemmInterface(KernelInterface):
     call_spec = GroupedGemmSpec
 
 
+class GroupedProgram(enum.Enum):
+    """Which program a configuration builds (the module docstring has both)."""
+
+    PIPELINED = "pipelined"
+    WARP_SPECIALIZED = "warp_specialized"
+
+
 class GroupedGemmConfig(NamedTuple):
-    """A tile: rows, columns, K depth, pipeline stages, threads."""
+    """A tile: rows, columns, K depth, pipeline stages, math threads (the warp-specialized
+    program adds a load warpgroup of 128), and the program."""
 
     block_m: int
     block_n: int
     block_k: int
     stages: int
     threads: int
+    program: GroupedProgram = GroupedProgram.PIPELINED
 
 
 #: 128-row tiles where the experts' rows fill them (two warpgroups of wgmma), 64-row tiles for
 #: few rows an expert (decode: one warpgroup, half the rows wasted at most)
 _WIDE = GroupedGemmConfig(128, 128, 64, 3, 256)
 _NARROW = GroupedGemmConfig(64, 128, 64, 4, 128)
+#: the warp-specialized program's tiles: the dense GEMM's persistent 128x256 and 64x128 ones
+#: (HOPPER_CONFIGS in kernels/gemm.py, at cuBLAS on the H200's large shapes); shared memory of
+#: the wide one: 3 stages of 48 KiB and the 64 KiB output tile
+_WS_WIDE = GroupedGemmConfig(128, 256, 64, 3, 256, GroupedProgram.WARP_SPECIALIZED)
+_WS_NARROW = GroupedGemmConfig(64, 128, 64, 4, 128, GroupedProgram.WARP_SPECIALIZED)
 
 
-def choose_config(spec: GroupedGemmSpec) -> GroupedGemmConfig:
-    """128-row tiles when an expert averages at least 128 rows, else 64-row ones."""
+def ws_refusal(spec: GroupedGemmSpec, arch: tuple[int, int] | None) -> str | None:
+    """Why the warp-specialized program cannot serve ``spec`` on a device of compute
+    capability ``arch`` (None: it can): it is written for sm_90 (TMA, wgmma, setmaxnreg) and
+    loads every operand through TMA, whose rows must be multiples of 16 bytes (base pointers
+    are: the op copies a view that is not). ``c`` may have any N: its tiles are then stored
+    from the fragment, row by row."""
+    per = 16 // _ITEMSIZE[spec.dtype]
+    if arch != (9, 0):
+        return "runs on sm_90 (TMA loads, wgmma, setmaxnreg)"
+    if spec.per_row:
+        return "serves offsets or masked metadata"
+    if spec.k % per:
+        return f"needs K a multiple of {per} (TMA loads 16-byte rows of a and b)"
+    if not spec.trans_b and spec.n % per:
+        return (f"needs N a multiple of {per} with b stored (E, K, N) (TMA loads 16-byte rows "
+                f"of b)")
+    return None
+
+
+def choose_config(spec: GroupedGemmSpec, program: GroupedProgram = GroupedProgram.PIPELINED,
+                  arch: tuple[int, int] | None = None) -> GroupedGemmConfig:
+    """128-row tiles when an expert averages at least 128 rows, else 64-row ones, of
+    ``program``; the warp-specialized program only where its preconditions hold on ``arch``
+    (:func:`ws_refusal`), else the pipelined one.
+
+    The pipelined program stays the default: the warp-specialized one is the dense GEMM's
+    persistent schedule, measured at cuBLAS there, but nothing of it has been measured on
+    grouped shapes yet, where the cursor's walk and the fragment stores of partial tiles are
+    its own. ``GroupedGemmFwdOp(tune=True)`` times both on the first call and keeps the
+    faster (:meth:`GroupedGemmKernel.request_tune`); benchmarks/gpu_moe.sh's sweep times both
+    side by side."""
     rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m // max(spec.e, 1)
-    return _WIDE if rows >= 128 else _NARROW
+    wide = rows >= 128
+    if program is GroupedProgram.WARP_SPECIALIZED and ws_refusal(spec, arch) is None:
+        return _WS_WIDE if wide else _WS_NARROW
+    return _WIDE if wide else _NARROW
 
 
 def _ceil(a: int, b: int) -> int:
@@ -128,7 +201,7 @@ def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     """The TileLang prim_func (not compiled): the rows ``M`` of a contiguous ``a`` dynamic,
     everything else static (see the module docstring)."""
     _, T = tl()
-    bm, bn, bk, stages, threads = cfg
+    bm, bn, bk, stages, threads, _ = cfg
     accum = "float32"
     b_shape = (e, n, k) if trans_b else (e, k, n)
     b_tile = (bn, bk) if trans_b else (bk, bn)
@@ -220,18 +293,283 @@ def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     return main.with_attr("tilelang_pass_configs", {"tl.disable_warp_specialized": True})
 
 
+# --- the warp-specialized program and its tile schedule ----------------------------------------
+#
+# The formulas below are the program's: it calls them on TIR expressions (``mx``/``mn`` are
+# ``T.max``/``T.min``, ``either`` is ``T.Or``), :func:`contiguous_schedule` and
+# :func:`masked_schedule` on ints.
+
+
+def segment_end(offset, lo, m, mx=max, mn=min):
+    """The end of an expert's rows: its offset clamped into ``[lo, m]`` (``lo`` the previous
+    expert's end), so no metadata sends a tile outside ``a`` or backwards."""
+    return mn(mx(offset, lo), m)
+
+
+def row_tiles(lo, hi, bm: int):
+    """Row tiles of ``bm`` rows covering ``[lo, hi)`` (``hi >= lo``)."""
+    return (hi - lo + bm - 1) // bm
+
+
+def tile_start(row, lo, before, bm: int):
+    """The first row of row slot ``row`` in the segment from ``lo`` whose first tile is slot
+    ``before`` (or in the zero rows from ``lo``, past every segment)."""
+    return lo + (row - before) * bm
+
+
+def masked_rows(count, max_m: int, mx=max, mn=min):
+    """A masked block's rows: its count clamped into ``[0, max_m]``."""
+    return mn(mx(count, 0), max_m)
+
+
+def whole_box(start, stop, end, bound, bm: int, masked: bool, either=lambda x, y: x or y):
+    """Whether the store may write the tile's box whole (a TMA store, clipped at the tensor's
+    bounds: ``M``, or the block's ``max_m``). Contiguous: the rows ``[start, end)`` end at the
+    box's end or at ``M``, so the clipped box holds only them (a segment's rows, or zero rows).
+    Masked: the box ends at the block or is clipped there, and its rows are all computed
+    (``stop >= end``) or all zero (``stop <= start``, nothing computed: the cleared tile)."""
+    if masked:
+        return either(stop >= end, stop <= start)
+    return either(end == start + bm, end == bound)
+
+
+class SchedTile(NamedTuple):
+    """One slot of the schedule as the program sees it: the expert (-1: the zero rows after
+    every segment), the first row, the end of the computed rows (``stop``: rows ``[start,
+    stop)`` come from the GEMM, ``[stop, end)`` are zeros), the end of the rows the store
+    writes, the first column, and whether the box is stored whole (:func:`whole_box`)."""
+
+    cta: int
+    expert: int
+    start: int
+    stop: int
+    end: int
+    col: int
+    whole: bool
+
+
+def contiguous_schedule(offsets: list[int], m: int, n: int, bm: int, bn: int,
+                        sms: int) -> list[SchedTile]:
+    """The contiguous program's slots evaluated on ints, CTA by CTA, each CTA's cursor moving
+    as the program's does; slots that write nothing (past ``M``) are left out. ``offsets``
+    are the ``E + 1`` metadata values (the first is not read: the segments start at 0)."""
+    e = len(offsets) - 1
+    n_tiles = _ceil(n, bn)
+    slots = (_ceil(m, bm) + e + 1) * n_tiles
+    out = []
+    for wid in range(sms):
+        g, lo, before = 0, 0, 0
+        hi = segment_end(offsets[1], 0, m)
+        cnt = row_tiles(0, hi, bm)
+        for i in range(_ceil(slots - wid, sms)):
+            slot = i * sms + wid
+            row, col = slot // n_tiles, slot % n_tiles * bn
+            while g < e and row >= before + cnt:
+                before, lo, g = before + cnt, hi, g + 1
+                if g < e:
+                    hi = segment_end(offsets[g + 1], lo, m)
+                    cnt = row_tiles(lo, hi, bm)
+            start = tile_start(row, lo, before, bm)
+            if g < e:
+                ex, stop, end = g, hi, min(start + bm, hi)
+            else:
+                ex, stop, end = -1, start, min(start + bm, m)
+            if start < end:
+                out.append(SchedTile(wid, ex, start, stop, end, col,
+                                     whole_box(start, stop, end, m, bm, False)))
+    return out
+
+
+def masked_schedule(counts: list[int], max_m: int, n: int, bm: int, bn: int,
+                    sms: int) -> list[SchedTile]:
+    """The masked program's slots evaluated on ints (every slot writes its tile's rows of the
+    block: computed ones, then zeros)."""
+    e, per, n_tiles = len(counts), _ceil(max_m, bm), _ceil(n, bn)
+    out = []
+    for wid in range(sms):
+        for i in range(_ceil(e * per * n_tiles - wid, sms)):
+            slot = i * sms + wid
+            row, col = slot // n_tiles, slot % n_tiles * bn
+            ex, start = row // per, row % per * bm
+            stop, end = masked_rows(counts[ex], max_m), min(start + bm, max_m)
+            out.append(SchedTile(wid, ex, start, stop, end, col,
+                                 whole_box(start, stop, end, max_m, bm, True)))
+    return out
+
+
+#: SMs of an H100 / H200: the persistent grid a program is compiled for off the device
+_SMS = 132
+
+
+def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
+                            layout: GroupedLayoutKind, max_m: int, cfg: GroupedGemmConfig,
+                            sms: int = _SMS):
+    """The warp-specialized TileLang prim_func (not compiled), same operands as
+    :func:`grouped_gemm_program`: ``sms`` CTAs, CTA ``w`` walking the slots ``w, w + sms, ...``
+    of ``(row slot, column tile)`` in row-major order (the row slots of the pipelined grid:
+    ``ceil(M / bm) + E + 1`` contiguous, ``E * ceil(max_m / bm)`` masked).
+
+    Roles (``T.WSSchedule``, as the dense persistent program): warp 0 loads, the math
+    warpgroups compute and store; both run ``coord`` (the cursor over the offsets, in each
+    role's own registers: the same values, so every branch is taken alike by both), and the
+    K loop of a slot runs only where the slot has rows to compute (a guard on the scope: the
+    ring's phases are counted at run time). A slot's store: ``to_shared`` and a TMA ``store``
+    where :func:`whole_box` holds and ``c``'s rows are 16-byte ones, else ``store_rows`` from
+    the fragment, predicated on each row and column."""
+    _, T = tl()
+    bm, bn, bk, stages, threads, _ = cfg
+    accum = "float32"
+    ws = T.WSID
+    b_shape = (e, n, k) if trans_b else (e, k, n)
+    b_tile = (bn, bk) if trans_b else (bk, bn)
+    iters = _ceil(k, bk)
+    n_tiles = _ceil(n, bn)
+    masked = layout is GroupedLayoutKind.MASKED
+    tma_store = n % (16 // _ITEMSIZE[dtype]) == 0  # c's rows of N
+    if masked:
+        per = _ceil(max_m, bm)
+        a_shape, c_shape, meta_len, slots = (e, max_m, k), (e, max_m, n), e, e * per * n_tiles
+        m = max_m
+    else:
+        per = 0
+        m = T.dynamic("M")
+        a_shape, c_shape, meta_len = (m, k), (m, n), e + 1
+        slots = (T.ceildiv(m, bm) + e + 1) * n_tiles
+    load = [T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
+            T.WSSync.producer_commit("ring", stage=0)]
+    mma = [T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
+           T.WSSync.consumer_release("ring", stage=stages - 1)]
+    store = ["to_shared", "store", "store_rows"] if tma_store else ["store_rows"]
+    root = ["tiles"] if masked else ["init", "tiles"]
+
+    @T.prim_func
+    def main(
+        A: T.Tensor(a_shape, dtype),
+        B: T.Tensor(b_shape, dtype),
+        Meta: T.Tensor((meta_len,), "int32"),
+        C: T.Tensor(c_shape, dtype),
+    ):
+        with T.Kernel(sms, threads=threads) as wid:
+            A_s = T.alloc_shared((bm, bk), dtype)
+            B_s = T.alloc_shared(b_tile, dtype)
+            C_l = T.alloc_fragment((bm, bn), accum)
+            C_s = T.alloc_shared((bm, bn), dtype)
+            # the slot (SchedTile): expert, rows [start, stop) computed, [stop, end) zeros,
+            # first column, stored whole
+            ex = T.alloc_local((1,), "int32")
+            start = T.alloc_local((1,), "int32")
+            stop = T.alloc_local((1,), "int32")
+            end = T.alloc_local((1,), "int32")
+            col = T.alloc_local((1,), "int32")
+            whole = T.alloc_local((1,), "int32")
+            # the cursor: expert g owns rows [lo, hi), its cnt row tiles start at slot before
+            g = T.alloc_local((1,), "int32")
+            lo = T.alloc_local((1,), "int32")
+            hi = T.alloc_local((1,), "int32")
+            cnt = T.alloc_local((1,), "int32")
+            before = T.alloc_local((1,), "int32")
+            T.annotate_ws_schedule(T.WSSchedule(
+                num_warps=4 + threads // 32,
+                roles=[T.WSRole("load", warps_lo=0, warps_hi=1, max_nreg=_LOAD_NREG),
+                       T.WSRole("math", warps_lo=4, warps_hi=4 + threads // 32,
+                                max_nreg=_MATH_NREG)],
+                pipelines=[T.WSPipeline("ring", [A_s, B_s], depth=stages)],
+                scopes=[
+                    T.WSScope("k_steps", {"load": load, "math": mma}),
+                    T.WSScope("tiles", {"load": ["coord", "k_steps"],
+                                        "math": ["coord", "clear", "k_steps", *store]}),
+                    T.WSScope(T.WSScope.ROOT, {"load": root, "math": root}),
+                ]))
+            if not masked:
+                with T.ws_op("init"):
+                    g[0] = 0
+                    lo[0] = 0
+                    before[0] = 0
+                    hi[0] = segment_end(Meta[1], 0, m, T.max, T.min)
+                    cnt[0] = row_tiles(0, hi[0], bm)
+            for i in T.serial(T.ceildiv(slots - wid, sms), annotations={ws: "tiles"}):
+                with T.ws_op("coord"):
+                    row = (i * sms + wid) // n_tiles
+                    col[0] = (i * sms + wid) % n_tiles * bn
+                    if masked:
+                        ex[0] = row // per
+                        start[0] = row % per * bm
+                        stop[0] = masked_rows(Meta[row // per], max_m, T.max, T.min)
+                        end[0] = T.min(start[0] + bm, max_m)
+                    else:
+                        while g[0] < e and row >= before[0] + cnt[0]:
+                            before[0] = before[0] + cnt[0]
+                            lo[0] = hi[0]
+                            g[0] = g[0] + 1
+                            if g[0] < e:
+                                hi[0] = segment_end(Meta[g[0] + 1], lo[0], m, T.max, T.min)
+                                cnt[0] = row_tiles(lo[0], hi[0], bm)
+                        start[0] = tile_start(row, lo[0], before[0], bm)
+                        if g[0] < e:
+                            ex[0] = g[0]
+                            stop[0] = hi[0]
+                            end[0] = T.min(start[0] + bm, hi[0])
+                        else:  # the zero rows after the last segment (no b is read)
+                            ex[0] = 0
+                            stop[0] = start[0]
+                            end[0] = T.min(start[0] + bm, m)
+                    whole[0] = T.if_then_else(
+                        whole_box(start[0], stop[0], end[0], m, bm, masked, T.Or), 1, 0)
+                T.clear(C_l, annotations={ws: "clear"})
+                if start[0] < stop[0]:
+                    for ko in T.Pipelined(iters, num_stages=stages, annotations={ws: "k_steps"}):
+                        if masked:
+                            T.copy(A[ex[0], start[0]:start[0] + bm, ko * bk:(ko + 1) * bk], A_s,
+                                   annotations={ws: "load_a"})
+                        else:
+                            T.copy(A[start[0]:start[0] + bm, ko * bk:(ko + 1) * bk], A_s,
+                                   annotations={ws: "load_a"})
+                        if trans_b:
+                            T.copy(B[ex[0], col[0]:col[0] + bn, ko * bk:(ko + 1) * bk], B_s,
+                                   annotations={ws: "load_b"})
+                        else:
+                            T.copy(B[ex[0], ko * bk:(ko + 1) * bk, col[0]:col[0] + bn], B_s,
+                                   annotations={ws: "load_b"})
+                        T.gemm(A_s, B_s, C_l, transpose_B=trans_b, annotations={ws: "mma"})
+                if tma_store and start[0] < end[0] and whole[0] == 1:
+                    T.copy(C_l, C_s, annotations={ws: "to_shared"})
+                    if masked:
+                        T.copy(C_s, C[ex[0], start[0]:start[0] + bm, col[0]:col[0] + bn],
+                               annotations={ws: "store"})
+                    else:
+                        T.copy(C_s, C[start[0]:start[0] + bm, col[0]:col[0] + bn],
+                               annotations={ws: "store"})
+                if start[0] < end[0] and (not tma_store or whole[0] == 0):
+                    with T.ws_op("store_rows"):
+                        for r, j in T.Parallel(bm, bn):
+                            if start[0] + r < end[0] and col[0] + j < n:
+                                if masked:
+                                    C[ex[0], start[0] + r, col[0] + j] = T.if_then_else(
+                                        start[0] + r < stop[0], C_l[r, j],
+                                        T.cast(0, accum)).astype(dtype)
+                                else:  # contiguous: end <= stop, or a zero tile (cleared)
+                                    C[start[0] + r, col[0] + j] = C_l[r, j].astype(dtype)
+
+    return main
+
+
 @functools.lru_cache(maxsize=64)
 def build_grouped_gemm(e: int, n: int, k: int, dtype: str, trans_b: bool,
                        layout: GroupedLayoutKind, max_m: int, cfg: GroupedGemmConfig,
-                       target: str | None = None):
-    """Compile :func:`grouped_gemm_program` (cached per process; TileLang caches on disk)."""
-    return compile_program(grouped_gemm_program(e, n, k, dtype, trans_b, layout, max_m, cfg),
-                           target)
+                       target: str | None = None, sms: int = _SMS):
+    """Compile the program of ``cfg`` (cached per process; TileLang caches on disk); ``sms``
+    is the persistent grid of the warp-specialized one (the others ignore it)."""
+    if cfg.program is GroupedProgram.WARP_SPECIALIZED:
+        prog = grouped_gemm_ws_program(e, n, k, dtype, trans_b, layout, max_m, cfg, sms)
+    else:
+        prog = grouped_gemm_program(e, n, k, dtype, trans_b, layout, max_m, cfg)
+    return compile_program(prog, target)
 
 
 class GroupedGemmKernel(Kernel, GroupedGemmInterface):
     """sm_80 to sm_90, offsets or masked metadata, any sizes (predicated copies): the
-    module's program for the call's shape."""
+    module's pipelined program for the call's shape; on sm_90 with 16-byte rows, the
+    warp-specialized one instead where tuning (``tune=True`` on the op) measures it faster."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -257,14 +595,52 @@ class GroupedGemmKernel(Kernel, GroupedGemmInterface):
         rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m
         self._empty = rows == 0 or spec.e == 0 or spec.n == 0
         self._zero_k = spec.k == 0
+        self._tune_pending = False
         self.program = None
         if not (self._empty or self._zero_k):
-            self.program = build_grouped_gemm(spec.e, spec.n, spec.k, spec.dtype, spec.trans_b,
-                                              spec.layout, spec.max_m, self.config)
+            self.program = self._build(self.config)
+
+    def _build(self, cfg: GroupedGemmConfig):
+        s = self.spec
+        sms = sm_count(s.device) if cfg.program is GroupedProgram.WARP_SPECIALIZED else _SMS
+        return build_grouped_gemm(s.e, s.n, s.k, s.dtype, s.trans_b, s.layout, s.max_m, cfg,
+                                  None, sms)
+
+    def request_tune(self) -> None:
+        """On the next call, time both programs on its tensors and keep the faster, where the
+        warp-specialized one applies (:func:`ws_refusal`); an entry that launches nothing
+        has nothing to tune."""
+        self._tune_pending = (self.program is not None
+                              and ws_refusal(self.spec, device_arch(self.spec.device)) is None)
+
+    def _tune(self, a, b, metadata, c) -> None:
+        import torch
+
+        if torch.cuda.is_current_stream_capturing():
+            return  # timing needs its own graphs: tune on the first call outside capture
+        self._tune_pending = False
+        arch = device_arch(self.spec.device)
+        best = None
+        for program in GroupedProgram:
+            cfg = choose_config(self.spec, program, arch)
+            try:
+                built = self.program if cfg == self.config else self._build(cfg)
+                ms = _time_ms(lambda p=built: p(a, b, metadata, c))
+            except Exception as exc:  # noqa: BLE001 - a candidate that fails is skipped
+                log.info("GroupedGemmKernel: %s failed: %s: %s", program.value,
+                         type(exc).__name__, str(exc)[-200:])
+                continue
+            log.info("GroupedGemmKernel: %s %s %.4f ms", program.value, cfg[:5], ms)
+            if best is None or ms < best[0]:
+                best = (ms, cfg, built)
+        if best is not None:
+            _, self.config, self.program = best
 
     def __call__(self, a, b, metadata, c) -> None:
         if self.program is None:
             if self._zero_k:
                 c.zero_()
             return
+        if self._tune_pending:
+            self._tune(a, b, metadata, c)
         self.program(a, b, metadata, c)
