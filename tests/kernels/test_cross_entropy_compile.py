@@ -129,3 +129,64 @@ def test_spec_refuses_what_the_kernels_do_not_serve():
     with pytest.raises(TypeError, match="CrossEntropySpec.reduction must be a Reduction, got "
                                         "'mean'"):
         C.CrossEntropySpec(**{**ok, "reduction": "mean"})
+
+
+# --- the cluster gradient program: a row held on chip over a thread-block cluster ------------
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("classes", "dtype", "options", "per_row", "with_loss"), [
+    pytest.param(128256, "bfloat16", (-100, 0.0, 0.0, None), False, True, id="bar-kept"),
+    pytest.param(151936, "bfloat16", (-100, 0.1, 1e-4, 30.0), True, False,
+                 id="every-option-per-row"),
+    pytest.param(128257, "float32", (-1, 0.0, 0.0, None), False, False, id="odd-scalar"),
+])
+def test_cluster_rows_program_compiles_for_sm90a(classes, dtype, options, per_row, with_loss):
+    cluster, threads, _vec, _per = C.cluster_plan(classes, dtype)
+    src = C.build_cluster_rows_kernel(classes, dtype, options, per_row, "sm_90a",
+                                      with_loss).get_kernel_source()
+    assert f"__launch_bounds__({threads}" in src
+    # the triples pushed into every CTA of the cluster, a barrier before the first push (all
+    # running) and one before they are read
+    assert src.count("map_shared_rank") == 1 and src.count("cluster_sync") == 2
+    assert f"for (int d = 0; d < {cluster}; ++d)" in src
+    assert src.count("extern __shared__") == 1  # one array: the parts cannot overlap
+    assert ("tanhf" in src or "tanh" in src) == (options[3] is not None)
+
+
+@settings(max_examples=300, deadline=None)
+@given(classes=st.integers(1, 600_000), dtype=st.sampled_from(["float16", "bfloat16",
+                                                               "float32"]))
+def test_cluster_plan_holds_the_row_within_the_budget(classes, dtype):
+    plan = C.cluster_plan(classes, dtype)
+    item = C._ITEMSIZE[dtype]
+    if plan is None:
+        return
+    cluster, threads, vec, per = plan
+    assert classes * item * C.DEFAULT_SMS > C._L2_ROW_BUDGET  # only rows past the L2's grid
+    assert cluster in (2, 4, 8) and classes // cluster >= C._MIN_CLUSTER_SHARE
+    assert classes % vec == 0 and vec * item <= 16
+    share = threads * per * vec
+    assert cluster * share >= classes > cluster * threads * (per - 1) * vec  # no empty access
+    assert per * vec * item <= C._CLUSTER_HELD_BYTES and threads <= 1024
+
+
+def test_cluster_kernels_state_their_region_and_win_where_they_apply():
+    import torch
+
+    def spec(classes, kept=True, reduction=C.Reduction.MEAN):
+        return C.CrossEntropySpec(device=torch.device("cuda", 0), rows=8192, classes=classes,
+                                  dtype="bfloat16", ignore_index=-100, reduction=reduction,
+                                  label_smoothing=0.0, lse_square_scale=0.0, softcap=None,
+                                  kept=kept)
+
+    fwd, bwd = C.CrossEntropyClusterFwdKernel, C.CrossEntropyClusterBwdKernel
+    assert fwd.region_refusal(spec(128256)) is None and bwd.region_refusal(spec(128256)) is None
+    assert fwd.region_refusal(spec(128256, kept=False)) == (
+        "no kept gradient: the one-pass loss program reads each row once already")
+    assert bwd.region_refusal(spec(32000)) == (
+        "rows of 32000 bfloat16 classes: a grid of them stays in L2 (the two-pass program "
+        "reads each from HBM once), or a CTA's share exceeds 64 bytes a thread")
+    assert fwd.preferred_over == (C.CrossEntropyFwdKernel,) and not fwd.general
+    assert bwd.preferred_over == (C.CrossEntropyBwdKernel,) and not bwd.general
+    assert fwd.supported_archs == bwd.supported_archs == frozenset({(9, 0)})

@@ -234,6 +234,60 @@ def test_cuda_graph_replays_the_training_step():
     assert grad.isfinite().all()
 
 
+# --- the cluster gradient program (installed through kernel_map until it is the default) -----
+
+CLUSTER = [
+    pytest.param(8192, 128256, "bfloat16", {"inplace_grad": True}, id="bar-llama3-inplace"),
+    pytest.param(257, 151936, "bfloat16", {**EVERY, "reduction": "sum"}, id="every-option"),
+    pytest.param(64, 262144, "bfloat16", {"ignore_index": -1}, id="v262144-other-ignore"),
+    pytest.param(33, 128257, "float32", {}, id="odd-fp32"),
+]
+
+
+def _cluster_maps():
+    return ({"cross_entropy_fwd": (C.CrossEntropyClusterFwdKernel, C.CrossEntropyFwdKernel)},
+            {"cross_entropy_bwd": (C.CrossEntropyClusterBwdKernel, C.CrossEntropyBwdKernel)})
+
+
+@pytest.mark.parametrize(("n", "v", "dtype", "options"), CLUSTER)
+def test_cluster_programs_match_float64(n, v, dtype, options):
+    """The kept gradient of a training step (the forward's cluster program) and the backward
+    op's gradient for reduction none (the backward's), each against float64, the cluster
+    kernels the ones that ran; a target outside the vocabulary gives a NaN row."""
+    from tileops.ops import CrossEntropyBwdOp, CrossEntropyFwdOp
+
+    fwd_map, bwd_map = _cluster_maps()
+    assert C.cluster_plan(v, dtype) is not None  # each case takes the cluster program
+    ignore = options.get("ignore_index", -100)
+    loss_opts = {k: val for k, val in options.items() if k != "inplace_grad"}
+    x, t = _inputs(n, v, dtype, ignore)
+    op = CrossEntropyFwdOp(**options, kernel_map=fwd_map)
+    leaf = x.clone().requires_grad_(True)
+    loss = op(leaf * 1, t)  # a non-leaf, as an LM head's output is
+    assert [type(e) for es in op.built_entries.values() for e in es.values()] == \
+        [C.CrossEntropyClusterFwdKernel]
+    x64 = x.double().requires_grad_(True)
+    want = _torch_loss(x64, t, **loss_opts)
+    torch.testing.assert_close(loss.double(), want, rtol=1e-3, atol=1e-6)
+    loss.backward()
+    (want_grad,) = torch.autograd.grad(want, x64)
+    _check_grad(leaf.grad, want_grad, dtype)
+    assert (leaf.grad[t == ignore] == 0).all()
+    # the backward op, reduction none, a dloss a row, one target outside the vocabulary
+    t[1] = v + 3
+    bwd = CrossEntropyBwdOp(**{**loss_opts, "reduction": "none"}, kernel_map=bwd_map)
+    dloss = torch.rand(n, device="cuda") + 0.5
+    got = bwd(x, t, dloss)
+    assert [type(e) for es in bwd.built_entries.values() for e in es.values()] == \
+        [C.CrossEntropyClusterBwdKernel]
+    keep = t != v + 3
+    x64 = x.double()[keep].requires_grad_(True)
+    per_row = _torch_loss(x64, t[keep], **{**loss_opts, "reduction": "none"})
+    (want_b,) = torch.autograd.grad(per_row, x64, dloss[keep].double())
+    _check_grad(got[keep], want_b, dtype)
+    assert got[1].isnan().all() and (got[t == ignore] == 0).all()
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 
@@ -262,12 +316,24 @@ def program_keys(sms: int):
         if red == "mean":
             keys[("finish", (opts[0], True, True))] = None
     keys[("finish", (-100, False, False))] = None  # the all-ignored sum
+    for c in CLUSTER:  # the cluster programs: the kept gradient's and the backward's (none)
+        v, dtype, o = c.values[1], c.values[2], c.values[3]
+        opts = (o.get("ignore_index", -100), float(o.get("label_smoothing", 0.0)),
+                float(o.get("lse_square_scale", 0.0)), o.get("softcap"))
+        keys[("cluster", (v, dtype, opts, False, None, True))] = None
+        keys[("cluster", (v, dtype, opts, True, None, False))] = None
+        keys[("scale", (v, dtype, sms))] = None
+        keys[("rows", (v, dtype, opts, True, True, sms))] = None
+        red = o.get("reduction", "mean")
+        keys[("finish", (opts[0], red == "mean", False))] = None
+        if red == "mean":
+            keys[("finish", (opts[0], True, True))] = None
     return list(keys)
 
 
 def _build(key):
     {"rows": C.build_rows_kernel, "scale": C.build_scale_kernel,
-     "finish": C.build_finish_kernel}[key[0]](*key[1])
+     "finish": C.build_finish_kernel, "cluster": C.build_cluster_rows_kernel}[key[0]](*key[1])
 
 
 def _describe(key) -> str:
@@ -334,13 +400,22 @@ def sweep(sms, workers):
         line(f"kept rows {plan}", _events(lambda k=k: k(x, t, g, per_row, d)))
     grad = C.build_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, sms)
     line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
+    kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                       with_loss=True)
+    line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}",
+         _events(lambda: kept(x, t, g, per_row, d)))
+    cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
+    line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))
     scale = C.build_scale_kernel(v, "bfloat16", sms)
     one = torch.ones(1, device="cuda")
     line("scale by 1 (returns at once)", _events(lambda: scale(d, one)))
+    fwd_map, _ = _cluster_maps()
     for inplace in (False, True):
-        op, leaf = CrossEntropyFwdOp(inplace_grad=inplace), x.clone().requires_grad_(True)
-        line(f"training step, inplace_grad={inplace}",
-             _events(lambda op=op, leaf=leaf: torch.autograd.grad(op(leaf * 1, t), leaf)))
+        for name, kmap in (("", None), (", cluster", fwd_map)):
+            op = CrossEntropyFwdOp(inplace_grad=inplace, kernel_map=kmap)
+            leaf = x.clone().requires_grad_(True)
+            line(f"training step, inplace_grad={inplace}{name}",
+                 _events(lambda op=op, leaf=leaf: torch.autograd.grad(op(leaf * 1, t), leaf)))
     return 0
 
 

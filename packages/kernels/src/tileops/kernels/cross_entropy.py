@@ -66,14 +66,18 @@ from ._tilelang import compile_program, tl
 __all__ = [
     "CrossEntropyBwdInterface",
     "CrossEntropyBwdKernel",
+    "CrossEntropyClusterBwdKernel",
+    "CrossEntropyClusterFwdKernel",
     "CrossEntropyDType",
     "CrossEntropyFwdInterface",
     "CrossEntropyFwdKernel",
     "CrossEntropySpec",
     "Reduction",
+    "build_cluster_rows_kernel",
     "build_finish_kernel",
     "build_rows_kernel",
     "build_scale_kernel",
+    "cluster_plan",
     "rows_plan",
     "scale_plan",
 ]
@@ -219,6 +223,44 @@ def _softcapped(T, x, softcap):
     return T.tanh(x * (1.0 / softcap)) * softcap
 
 
+def _row_math(T, options: tuple, V: int):
+    """What every row program computes the same way from a row's reductions:
+    ``row_loss(zt, lse, zsum, valid, in_range)`` (the loss from the target's ``z``, the
+    log-sum-exp and the sum of ``z``), ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two
+    (running max, sum of exp below it) pairs) and ``grad_of(z, col, tcol, g, coef, valid)``
+    (the gradient of the logit at ``col`` whose ``z`` is ``z``, for the row's share ``g``
+    of the loss's gradient and ``coef = g (1 + 2 s lse)``; 0 for an ignored row)."""
+    ignore_index, smoothing, zscale, softcap = options
+    f32 = "float32"
+    hit_w = 1.0 - smoothing  # the target's weight in the loss
+    spread_w = smoothing / V  # every class's
+    nan = T.cast(float("nan"), f32)
+
+    def row_loss(zt, lse, zsum, valid, in_range):
+        loss = lse - hit_w * zt
+        if smoothing > 0.0:
+            loss = loss - spread_w * zsum
+        if zscale > 0.0:
+            loss = loss + zscale * lse * lse
+        return T.if_then_else(valid, T.if_then_else(in_range, loss, nan), T.cast(0, f32))
+
+    def merged(m, s, om, os_):
+        nm = T.max(m, om)
+        return nm, s * T.exp2((m - nm) * _LOG2E) + os_ * T.exp2((om - nm) * _LOG2E)
+
+    def grad_of(z, lse, col, tcol, g, coef, valid):
+        d = coef * T.exp2((z - lse) * _LOG2E) - T.if_then_else(
+            col == tcol, g * hit_w, T.cast(0, f32))
+        if smoothing > 0.0:
+            d = d - g * spread_w
+        if softcap is not None:
+            th = z * (1.0 / softcap)  # tanh(x / softcap)
+            d = d * (1.0 - th * th)
+        return T.if_then_else(valid, d, T.cast(0, f32))
+
+    return row_loss, merged, grad_of, nan
+
+
 def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_scale: bool,
                  threads: int, vec: int, per: int, ctas: int, with_loss: bool = False):
     """The row program (not compiled): the loss of each row (``grad`` false), or its gradient
@@ -242,23 +284,7 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
     warps = threads // _WARP
     persistent = ctas > 0
     grid = ctas if persistent else M
-    hit_w = 1.0 - smoothing  # the target's weight in the loss
-    spread_w = smoothing / V  # every class's
-    nan = T.cast(float("nan"), f32)
-
-    def row_loss(zt, lse, zsum, valid, in_range):
-        """The row's loss from its target's ``z``, its log-sum-exp and its sum of ``z``."""
-        loss = lse - hit_w * zt
-        if smoothing > 0.0:
-            loss = loss - spread_w * zsum
-        if zscale > 0.0:
-            loss = loss + zscale * lse * lse
-        return T.if_then_else(valid, T.if_then_else(in_range, loss, nan), T.cast(0, f32))
-
-    def merged(m, s, om, os_):
-        """``(max, sum)`` of two (running max, sum of exp below it) pairs."""
-        nm = T.max(m, om)
-        return nm, s * T.exp2((m - nm) * _LOG2E) + os_ * T.exp2((om - nm) * _LOG2E)
+    row_loss, merged, grad_of, nan = _row_math(T, options, V)
 
     @T.macro
     def body(X, Tg, G, OUT, L):
@@ -361,15 +387,8 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                                     zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32),
                                                         softcap)
                                 for i in T.unroll(vec):
-                                    d = coef * T.exp2((zv[i] - lse) * _LOG2E) - T.if_then_else(
-                                        col + i == tcol, g[0] * hit_w, T.cast(0, f32))
-                                    if smoothing > 0.0:
-                                        d = d - g[0] * spread_w
-                                    if softcap is not None:
-                                        th = zv[i] * (1.0 / softcap)  # tanh(x / softcap)
-                                        d = d * (1.0 - th * th)
-                                    held[u * vec + i] = T.cast(
-                                        T.if_then_else(valid, d, T.cast(0, f32)), dtype)
+                                    held[u * vec + i] = T.cast(grad_of(
+                                        zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
                                 for i in T.vectorized(vec):
                                     OUT[row, col + i] = held[u * vec + i]
 
@@ -380,6 +399,190 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                  L: T.Tensor((M,), f32)):
             body(X, Tg, None, L, None)
     elif with_loss:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, L)
+    elif per_row_scale:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, None)
+    else:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((1,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, None)
+    return main
+
+
+#: the most CTAs a row is split over (a portable cluster on sm_90) and the fewest classes a
+#: CTA of a split row takes
+_MAX_CLUSTER = 8
+_MIN_CLUSTER_SHARE = 4096
+#: bytes of its share of a row one thread of a cluster program holds in registers
+_CLUSTER_HELD_BYTES = 64
+
+
+def cluster_plan(classes: int, dtype: str) -> tuple[int, int, int, int] | None:
+    """``(cluster, threads, vec, per)`` of the cluster gradient program, or None where a row
+    is narrow enough for the persistent two-pass program's rows to stay in L2: a row split
+    over ``cluster`` CTAs (a power of two up to 8, each taking at least
+    ``_MIN_CLUSTER_SHARE`` classes), each thread holding ``per`` accesses of ``vec`` classes
+    (at most ``_CLUSTER_HELD_BYTES``, up to 1024 threads). 128256 bfloat16 classes: 8 CTAs of
+    512 threads holding 4 x 8."""
+    row_bytes = classes * _ITEMSIZE[dtype]
+    if row_bytes * DEFAULT_SMS <= _L2_ROW_BUDGET:
+        return None  # a grid of rows fits the L2: the two-pass program reads HBM once
+    cluster = 1
+    while cluster * 2 <= _MAX_CLUSTER and classes // (cluster * 2) >= _MIN_CLUSTER_SHARE:
+        cluster *= 2
+    vec = _vec(classes, dtype)
+    accesses = -(-classes // vec)  # a row's
+    share = -(-accesses // cluster)  # a CTA's
+    threads = min(1024, max(_WARP, _pow2_at_least(-(-share * vec * _ITEMSIZE[dtype]
+                                                   // _CLUSTER_HELD_BYTES))))
+    per = -(-share // threads)
+    if cluster == 1 or per * vec * _ITEMSIZE[dtype] > _CLUSTER_HELD_BYTES:
+        return None
+    return cluster, threads, vec, per
+
+
+def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale: bool,
+                         cluster: int, threads: int, vec: int, per: int,
+                         with_loss: bool = False):
+    """The gradient program with each row held on chip (not compiled; sm_90): a row split
+    over the ``cluster`` CTAs of a thread-block cluster, CTA ``r`` holding its share of the
+    row (columns ``r * share`` on) in registers from one read; the CTAs' (max, sum of exp, sum
+    of z) triples pushed into every CTA of the cluster over distributed shared memory and
+    merged there in rank order (all of a row's CTAs get the same log-sum-exp); the gradient
+    written from the registers. One read of the logits from HBM and one write of the
+    gradient: no second pass to miss L2 (the two-pass program's limit for rows of 128256
+    classes). The scale and ``with_loss`` as :func:`rows_program`'s (``L[row]`` written by
+    CTA 0 of the row, from the target's logit it reads before the cluster's first barrier,
+    so no CTA has written the gradient over it yet where ``D`` is ``X``)."""
+    _, T = tl()
+    ignore_index, smoothing, zscale, softcap = options
+    M = T.dynamic("M")
+    V = classes
+    f32 = "float32"
+    share = threads * per * vec  # columns a CTA covers
+    exact = cluster * share == V
+    warps = threads // _WARP
+    row_loss, merged, grad_of, nan = _row_math(T, options, V)
+    # one shared array, its parts disjoint (the storage planner would otherwise overlap
+    # them, unaware that the other CTAs push into the cluster's part): the warps' triples,
+    # this CTA's triple, the cluster's triples
+    mine, parts = 3 * warps, 3 * warps + 3
+
+    @T.macro
+    def body(X, Tg, G, D, L):
+        with T.Kernel(M * cluster, threads=threads, cluster_dims=(cluster, 1, 1)) as bx:
+            tx = T.get_thread_binding()
+            rank = bx % cluster
+            row = bx // cluster
+            base = rank * share
+            held = T.alloc_local((per * vec,), dtype)
+            zv = T.alloc_local((vec,), f32)
+            acc = T.alloc_local((3,), f32)  # running max, sum of exp, sum of z
+            cm = T.alloc_local((1,), f32)
+            g = T.alloc_local((1,), f32)
+            xt = T.alloc_local((1,), f32)
+            scratch = T.alloc_shared((3 * warps + 3 + 3 * cluster,), f32)
+            target = Tg[row]
+            valid = target != T.int64(ignore_index)
+            in_range = (target >= T.int64(0)) and (target < T.int64(V))
+            tcol = T.if_then_else(in_range, T.cast(target, "int32"), 0)
+            xt[0] = T.cast(0, f32)
+            if with_loss:  # noqa: SIM102 - the program's choice, then the thread's
+                if tx == 0 and rank == 0:
+                    xt[0] = T.cast(X[row, tcol], f32)
+            for u in T.unroll(per):
+                col = base + (u * threads + tx) * vec
+                if valid and (exact or col < V):
+                    for i in T.vectorized(vec):
+                        held[u * vec + i] = X[row, col + i]
+            # every CTA of the cluster is running before any pushes into another's memory
+            T.cluster_sync()
+            acc[0] = T.cast(_LOWEST, f32)
+            acc[1] = T.cast(0, f32)
+            acc[2] = T.cast(0, f32)
+            for u in T.unroll(per):
+                col = base + (u * threads + tx) * vec
+                if valid and (exact or col < V):
+                    for i in T.unroll(vec):
+                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                    cm[0] = acc[0]
+                    for i in T.unroll(vec):
+                        cm[0] = T.max(cm[0], zv[i])
+                    acc[1] = acc[1] * T.exp2((acc[0] - cm[0]) * _LOG2E)
+                    for i in T.unroll(vec):
+                        acc[1] += T.exp2((zv[i] - cm[0]) * _LOG2E)
+                        if smoothing > 0.0:
+                            acc[2] += zv[i]
+                    acc[0] = cm[0]
+            for k in T.unroll(5):
+                om = T.shfl_xor(acc[0], 16 >> k)
+                os_ = T.shfl_xor(acc[1], 16 >> k)
+                nm, ns = merged(acc[0], acc[1], om, os_)
+                acc[0] = nm
+                acc[1] = ns
+                if smoothing > 0.0:
+                    acc[2] += T.shfl_xor(acc[2], 16 >> k)
+            if warps > 1:
+                if tx % _WARP == 0:
+                    scratch[tx // _WARP] = acc[0]
+                    scratch[warps + tx // _WARP] = acc[1]
+                    scratch[2 * warps + tx // _WARP] = acc[2]
+                T.sync_threads()
+                acc[0] = scratch[0]
+                acc[1] = scratch[warps]
+                acc[2] = scratch[2 * warps]
+                for w in T.serial(1, warps):
+                    nm, ns = merged(acc[0], acc[1], scratch[w], scratch[warps + w])
+                    acc[0] = nm
+                    acc[1] = ns
+                    acc[2] += scratch[2 * warps + w]
+            # the cluster's triples, merged in rank order on every CTA of the row
+            if tx == 0:
+                scratch[mine] = acc[0]
+                scratch[mine + 1] = acc[1]
+                scratch[mine + 2] = acc[2]
+            T.sync_threads()
+            slot = parts + 3 * rank
+            for d in T.unroll(cluster):
+                T.copy_cluster(scratch[mine:mine + 3], scratch[slot:slot + 3], dst_block=d)
+            T.cluster_sync()
+            acc[0] = scratch[parts]
+            acc[1] = scratch[parts + 1]
+            acc[2] = scratch[parts + 2]
+            for c in T.serial(1, cluster):
+                nm, ns = merged(acc[0], acc[1], scratch[parts + 3 * c],
+                                scratch[parts + 3 * c + 1])
+                acc[0] = nm
+                acc[1] = ns
+                acc[2] += scratch[parts + 3 * c + 2]
+            lse = acc[0] + T.log2(acc[1]) * _LN2
+            if with_loss:  # noqa: SIM102 - the program's choice, then the thread's
+                if tx == 0 and rank == 0:
+                    L[row] = row_loss(_softcapped(T, xt[0], softcap), lse, acc[2], valid,
+                                      in_range)
+            g[0] = G[row] if per_row_scale else G[0]
+            g[0] = T.if_then_else(in_range, g[0], nan)
+            coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]
+            for u in T.unroll(per):
+                col = base + (u * threads + tx) * vec
+                if exact or col < V:
+                    for i in T.unroll(vec):
+                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                    for i in T.unroll(vec):
+                        held[u * vec + i] = T.cast(grad_of(
+                            zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
+                    for i in T.vectorized(vec):
+                        D[row, col + i] = held[u * vec + i]
+
+    xs = (M, V)
+    if with_loss:
         @T.prim_func
         def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
                  G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
@@ -505,6 +708,18 @@ def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
 
 
 @functools.lru_cache(maxsize=64)
+def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_scale: bool,
+                              target: str | None = None, with_loss: bool = False):
+    """Compile the cluster gradient program of :func:`cluster_plan` (cached)."""
+    plan = cluster_plan(classes, dtype)
+    if plan is None:
+        raise ValueError(f"rows of {classes} {dtype} classes take the two-pass program (a "
+                         f"grid of them fits the L2), not the cluster one")
+    return compile_program(cluster_rows_program(classes, dtype, options, per_row_scale, *plan,
+                                                with_loss=with_loss), target)
+
+
+@functools.lru_cache(maxsize=64)
 def build_scale_kernel(classes: int, dtype: str, sms: int = DEFAULT_SMS,
                        target: str | None = None):
     """Compile the scale program (cached per configuration)."""
@@ -539,6 +754,38 @@ class _CrossEntropyKernel(Kernel):
         # the programs take the row count at launch; the blocks are split per call
         return (spec.classes, spec.dtype, spec.options, spec.reduction, spec.kept, spec.device)
 
+    @staticmethod
+    def _gradient_rows(spec: CrossEntropySpec, sms: int, per_row_scale: bool,
+                       with_loss: bool = False):
+        """The gradient's row program: the persistent two-pass one."""
+        return build_rows_kernel(spec.classes, spec.dtype, spec.options, True, per_row_scale,
+                                 sms, with_loss=with_loss)
+
+
+class _ClusterRows:
+    """The cluster gradient program (:func:`cluster_rows_program`, sm_90) in place of the
+    two-pass one, for rows too wide for a grid of them to stay in L2 (:func:`cluster_plan`).
+    Preferred over the general kernel of its slot where its region holds; installed through
+    ``kernel_map`` until the GPU's sweep (``benchmarks/gpu_cross_entropy.sh``, stage
+    ``cluster``) has timed it against the two-pass program."""
+
+    supported_archs = frozenset({(9, 0)})
+    general = False
+
+    @classmethod
+    def region_refusal(cls, spec: CrossEntropySpec) -> str | None:
+        if cluster_plan(spec.classes, spec.dtype) is None:
+            return (f"rows of {spec.classes} {spec.dtype} classes: a grid of them stays in L2 "
+                    f"(the two-pass program reads each from HBM once), or a CTA's share "
+                    f"exceeds {_CLUSTER_HELD_BYTES} bytes a thread")
+        return None
+
+    @staticmethod
+    def _gradient_rows(spec: CrossEntropySpec, sms: int, per_row_scale: bool,
+                       with_loss: bool = False):
+        return build_cluster_rows_kernel(spec.classes, spec.dtype, spec.options,
+                                         per_row_scale, with_loss=with_loss)
+
 
 class CrossEntropyFwdKernel(_CrossEntropyKernel, CrossEntropyFwdInterface):
     """The loss: the one-pass row program, then (mean, sum) the finish program over the row
@@ -564,8 +811,7 @@ class CrossEntropyFwdKernel(_CrossEntropyKernel, CrossEntropyFwdInterface):
             self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, False, False,
                                           sms)
             return
-        self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, True, False, sms,
-                                      with_loss=True)
+        self.rows = self._gradient_rows(spec, sms, False, with_loss=True)
         self.scaler = build_scale_kernel(spec.classes, spec.dtype, sms)
         if mean:
             self.count = build_finish_kernel(spec.ignore_index, True, True)
@@ -606,8 +852,7 @@ class CrossEntropyBwdKernel(_CrossEntropyKernel, CrossEntropyBwdInterface):
     def __init__(self, spec: CrossEntropySpec) -> None:
         super().__init__(spec)
         none = spec.reduction is Reduction.NONE
-        self.rows = build_rows_kernel(spec.classes, spec.dtype, spec.options, True, none,
-                                      _sm_count(spec.device))
+        self.rows = self._gradient_rows(spec, _sm_count(spec.device), none)
         self.scale = None
         if spec.reduction is Reduction.MEAN:
             self.scale = build_finish_kernel(spec.ignore_index, True, True)
@@ -625,4 +870,24 @@ class CrossEntropyBwdKernel(_CrossEntropyKernel, CrossEntropyBwdInterface):
         else:
             g = dloss.view(1)
         self.rows(logits, target, g, dlogits)
+
+
+class CrossEntropyClusterFwdKernel(_ClusterRows, CrossEntropyFwdKernel):
+    """:class:`CrossEntropyFwdKernel` with the kept gradient from the cluster program (the
+    loss alone reads each row once already: a forward without a kept gradient is refused to
+    it)."""
+
+    preferred_over = (CrossEntropyFwdKernel,)
+
+    @classmethod
+    def region_refusal(cls, spec: CrossEntropySpec) -> str | None:
+        if not spec.kept:
+            return "no kept gradient: the one-pass loss program reads each row once already"
+        return super().region_refusal(spec)
+
+
+class CrossEntropyClusterBwdKernel(_ClusterRows, CrossEntropyBwdKernel):
+    """:class:`CrossEntropyBwdKernel` with the cluster program."""
+
+    preferred_over = (CrossEntropyBwdKernel,)
 
