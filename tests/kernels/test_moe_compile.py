@@ -1,7 +1,8 @@
 """The mixture-of-experts kernels on a machine without a GPU: the launch facts each
 implementation derives from a call (the tile, which calls share a built entry, the region) over
-the input space, and one program for each code path lowering and compiling for sm_90 (why it
-exists is on its line) with what its source must show."""
+the input space, the warp-specialized grouped GEMM's tile schedule evaluated on ints (its
+program's formulas) over routings, and one program for each code path lowering and compiling
+for sm_90 (why it exists is on its line) with what its source must show."""
 
 import shutil
 
@@ -79,6 +80,122 @@ def test_rows_move_in_16_byte_vectors_where_they_divide(h, dtype) -> None:
     assert K.row_vector(h, dtype) == (8 if h % 8 == 0 else 1)
 
 
+# --- the warp-specialized grouped GEMM's plan and schedule -------------------------------------
+
+HOPPER = (9, 0)
+
+
+@settings(max_examples=80, deadline=None)
+@given(n=st.integers(1, 9000), k=st.integers(1, 9000), trans_b=st.booleans(),
+       dtype=st.sampled_from(["bfloat16", "float16"]), masked=st.booleans(),
+       arch=st.sampled_from([(9, 0), (8, 0), (8, 9), None]))
+def test_the_warp_specialized_program_is_chosen_only_where_it_holds(n, k, trans_b, dtype, masked,
+                                                                    arch) -> None:
+    spec = _spec(n=n, k=k, trans_b=trans_b, dtype=dtype, layout=MASKED if masked else CONTIGUOUS,
+                 max_m=96 if masked else 0)
+    holds = arch == HOPPER and k % 8 == 0 and (trans_b or n % 8 == 0)
+    assert (G.ws_refusal(spec, arch) is None) is holds
+    ws = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, arch)
+    assert ws.program is (G.GroupedProgram.WARP_SPECIALIZED if holds
+                          else G.GroupedProgram.PIPELINED)
+    # the default stays the pipelined program whatever holds
+    assert G.choose_config(spec).program is G.GroupedProgram.PIPELINED
+    assert G.choose_config(spec, arch=arch) == G.choose_config(spec)
+
+
+@pytest.mark.parametrize(("kw", "arch", "text"), [
+    (dict(), (8, 0), "runs on sm_90 (TMA loads, wgmma, setmaxnreg)"),
+    (dict(per_row=True), HOPPER, "serves offsets or masked metadata"),
+    (dict(k=4100), HOPPER, "needs K a multiple of 8 (TMA loads 16-byte rows of a and b)"),
+    (dict(n=257, trans_b=False), HOPPER,
+     "needs N a multiple of 8 with b stored (E, K, N) (TMA loads 16-byte rows of b)"),
+])
+def test_the_warp_specialized_program_says_why_not(kw, arch, text) -> None:
+    assert G.ws_refusal(_spec(**kw), arch) == text
+
+
+def test_odd_n_with_b_stored_n_by_k_is_the_warp_specialized_programs() -> None:
+    # b's rows are of K; only c's rows break 16 bytes, and c is then stored row by row
+    assert G.ws_refusal(_spec(n=257, trans_b=True), HOPPER) is None
+
+
+def _segments(offsets, m):
+    """The experts' rows by the metadata's contract (ends clamped into [previous end, M],
+    the first segment from row 0): ``[(lo, hi)]`` and the first row after them."""
+    out, lo = [], 0
+    for off in offsets[1:]:
+        hi = min(max(off, lo), m)
+        out.append((lo, hi))
+        lo = hi
+    return out, lo
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_the_contiguous_schedule_covers_each_row_once_inside_its_segment(data) -> None:
+    e = data.draw(st.integers(1, 12), label="e")
+    bm = data.draw(st.sampled_from([64, 128]), label="bm")
+    bn = data.draw(st.sampled_from([128, 256]), label="bn")
+    n = data.draw(st.integers(1, 700), label="n")
+    loads = data.draw(st.lists(st.one_of(st.just(0), st.integers(0, 9 * bm // 2)), min_size=e,
+                               max_size=e), label="loads")
+    m = sum(loads) + data.draw(st.integers(0, 3 * bm), label="tail")
+    offsets = [0]
+    for c in loads:
+        offsets.append(offsets[-1] + c)
+    if data.draw(st.booleans(), label="corrupt"):  # out of range, decreasing: clamped
+        offsets = data.draw(st.lists(st.integers(-bm, m + bm), min_size=e + 1, max_size=e + 1))
+    sms = data.draw(st.integers(1, 9), label="sms")
+    segs, tail = _segments(offsets, m)
+    n_tiles = -(-n // bn)
+    covered = {}
+    for t in G.contiguous_schedule(offsets, m, n, bm, bn, sms):
+        if t.expert >= 0:
+            lo, hi = segs[t.expert]
+            assert lo < hi  # an empty expert has no tile
+            assert lo <= t.start < t.end <= hi and t.stop == hi  # inside its segment
+            assert (t.start - lo) % bm == 0
+        else:  # the zero rows after every segment: nothing computed
+            lo, hi = tail, m
+            assert tail <= t.start < t.end <= m and t.stop == t.start
+        assert t.end - t.start <= bm
+        # stored whole exactly when the box, clipped at M, holds only the tile's own rows
+        assert t.whole == (min(t.start + bm, m) <= hi)
+        for r in range(t.start, t.end):
+            covered[r, t.col] = covered.get((r, t.col), 0) + 1
+    assert covered == {(r, c * bn): 1 for r in range(m) for c in range(n_tiles)}
+
+
+@settings(max_examples=60, deadline=None)
+@given(e=st.integers(1, 8), max_m=st.integers(1, 300), bm=st.sampled_from([64, 128]),
+       n=st.integers(1, 600), sms=st.integers(1, 9), data=st.data())
+def test_the_masked_schedule_covers_each_block_once(e, max_m, bm, n, sms, data) -> None:
+    counts = data.draw(st.lists(st.integers(-3, max_m + 3), min_size=e, max_size=e))
+    bn = 128
+    covered = {}
+    for t in G.masked_schedule(counts, max_m, n, bm, bn, sms):
+        valid = min(max(counts[t.expert], 0), max_m)
+        assert t.stop == valid and t.start % bm == 0
+        assert t.end == min(t.start + bm, max_m)
+        # whole: every row of the clipped box computed, or none (the cleared tile's zeros)
+        assert t.whole == (valid >= t.end or valid <= t.start)
+        for r in range(t.start, t.end):
+            covered[t.expert, r, t.col] = covered.get((t.expert, r, t.col), 0) + 1
+    assert covered == {(x, r, c * bn): 1 for x in range(e) for r in range(max_m)
+                       for c in range(-(-n // bn))}
+
+
+def test_each_cta_walks_its_slots_forward() -> None:
+    # CTA w takes slots w, w + sms, ...: its rows never go back, so the cursor only moves on
+    offsets = [0, 300, 300, 377, 378, 507, 507, 571, 576]
+    tiles = G.contiguous_schedule(offsets, 600, 257, 64, 128, 5)
+    for w in range(5):
+        rows = [(t.start, t.col) for t in tiles if t.cta == w]
+        assert rows == sorted(rows) and rows
+    experts = {t.expert for t in tiles}
+    assert experts == {0, 2, 3, 4, 6, 7, -1}  # 1 and 5 are empty
+
+
 # --- programs ---------------------------------------------------------------------------------
 
 
@@ -100,6 +217,45 @@ def test_grouped_gemm_compiles_for_sm90(e, n, k, dtype, trans_b, layout, max_m, 
         assert "int M)" in src  # the rows are a launch-time size
     else:
         assert "min(max(Meta[" in src  # the block's count, clamped
+
+
+def _ws_config(**kw):
+    cfg = G.choose_config(_spec(**kw), G.GroupedProgram.WARP_SPECIALIZED, HOPPER)
+    assert cfg.program is G.GroupedProgram.WARP_SPECIALIZED
+    return cfg
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "n", "k", "dtype", "trans_b", "layout", "max_m", "rows"), [
+    # the bar's shape: 512 rows an expert, 128x256 tiles, two math warpgroups
+    pytest.param(64, 2048, 4096, "bfloat16", True, CONTIGUOUS, 0, 32768, id="bar"),
+    # an uneven routing of few rows an expert (256 experts, 8 rows on average): 64-row tiles,
+    # one math warpgroup; b stored (E, K, N); the routing itself is read at launch
+    pytest.param(256, 4096, 7168, "float16", False, CONTIGUOUS, 0, 2048, id="uneven-nn"),
+    # DeepSeek-V3's masked blocks of 64 rows: 3-D boxes of a and c, clipped at the block
+    pytest.param(256, 7168, 2048, "bfloat16", True, MASKED, 64, 256 * 64, id="masked"),
+    # odd N and K off the K tile with b stored (E, N, K): c's rows are not 16-byte ones
+    pytest.param(4, 257, 200, "bfloat16", True, CONTIGUOUS, 0, 300, id="odd-n"),
+])
+def test_warp_specialized_grouped_gemm_compiles_for_sm90a(e, n, k, dtype, trans_b, layout, max_m,
+                                                          rows):
+    cfg = _ws_config(m=rows, e=e, n=n, k=k, dtype=dtype, trans_b=trans_b, layout=layout,
+                     max_m=max_m)
+    src = G.build_grouped_gemm(e, n, k, dtype, trans_b, layout, max_m, cfg,
+                               "sm_90a").get_kernel_source()
+    assert f"__launch_bounds__({cfg.threads + 128}, 1)" in src  # a load warpgroup more
+    assert "tma_load(A_desc" in src and "tma_load(B_desc" in src and "wgmma" in src
+    # the split: warp 0 loads with its registers given up, the math warpgroups take them
+    assert "if (((int)threadIdx.x) < 32) {" in src
+    assert src.count("warpgroup_reg_dealloc<40>") == 2 and "warpgroup_reg_alloc<232>" in src
+    assert ") / 132)" in src and "blockIdx.y" not in src  # persistent: 132 CTAs
+    # whole boxes through TMA where c's rows are 16-byte ones; every tile row by row else
+    assert ("tma_store(C_desc" in src) is (n % 8 == 0)
+    if layout is CONTIGUOUS:
+        assert "while (1)" in src and "min(max(Meta[1], 0), M)" in src  # the cursor
+        assert "int M)" in src
+    else:
+        assert "min(max(Meta[" in src and "while (1)" not in src
 
 
 @needs_nvcc
