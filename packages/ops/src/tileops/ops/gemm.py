@@ -15,6 +15,16 @@ entries give ``a`` and ``b`` the shapes ``Mat[trans_a, M, K]`` and ``Mat[trans_b
 
 :class:`GemmFwdOp` is its spec entry (``specs/gemm.yaml``) plus its reference and its torch
 equivalent (``torch.matmul``, i.e. cuBLAS), declared once here.
+
+:class:`GemmAccumulateFwdOp` is the accumulating form, ``c += op(a) @ op(b)`` (torch's
+``c.addmm_``): the same slot with the call spec's ``accumulate``, whose programs start their fp32
+accumulator from ``c``'s tile, so ``c + op(a) @ op(b)`` is rounded once. Its entry declares
+``c`` written and the result its alias, so the effect (``last_call``'s written inputs, ``c``
+read and written in the traffic, the compile boundary's mutated argument) is the spec's. A
+``c`` the kernels cannot write as it is (strided, or not 16-byte aligned) is accumulated in a
+contiguous copy, written back; one whose elements share memory (an expanded view), or that
+shares memory with ``a`` or ``b`` (the kernels read the operands while they write ``c``), is
+refused by name before anything runs, on every target.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from __future__ import annotations
 from typing import get_args
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 
 from tileops.kernels.gemm import (
     GemmDType,
@@ -37,7 +48,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["GemmBwdOp", "GemmFwdOp", "GemmOp"]
+__all__ = ["GemmAccumulateFwdOp", "GemmBwdOp", "GemmFwdOp", "GemmOp"]
 
 
 def _kernel_layout(t: torch.Tensor) -> torch.Tensor:
@@ -51,6 +62,8 @@ class GemmOp(Op):
 
     kernel_types = {GemmFwdInterface: (GemmHopperKernel, GemmSmallMKernel, GemmGemvKernel,
                                        GemmPaddedKernel, GemmGeneralKernel)}
+    #: whether the op's products add into their output (the call spec's ``accumulate``)
+    accumulate = False
 
     def derive(self) -> None:
         self._read_mnk = self.index_reader("M", "N", "K")
@@ -71,7 +84,7 @@ class GemmOp(Op):
             refuse_unserved(self, dtype, _KERNEL_DTYPES, "GEMM")
             entry = self.kernel_for(key, GemmFwdInterface, lambda: GemmSpec(
                 device=device, m=m, n=n, k=k, dtype=NAMES[dtype], trans_a=trans_a,
-                trans_b=trans_b))
+                trans_b=trans_b, accumulate=self.accumulate))
         entry(a, b, c)
 
 
@@ -92,6 +105,74 @@ class GemmFwdOp(GemmOp):
             return torch.matmul(a.T if trans_a else a, b.T if trans_b else b)
 
         return matmul
+
+
+class GemmAccumulateFwdOp(GemmOp):
+    """``c += op(a) @ op(b)`` in place (see the module docstring)."""
+
+    accumulate = True
+
+    def forward(self, call, c, a, b, d) -> None:
+        _refuse_unwritable(self, c, a, b)
+        m, n, k = self._read_mnk(call)
+        out = c
+        if not c.is_contiguous() or c.data_ptr() % 16:
+            out = _kernel_layout(c)  # a copy holding c's values, written back below
+        self._product(call.device, call.d_c, a, b, out, m, n, k, self.trans_a, self.trans_b)
+        if out is not c:
+            c.copy_(out)
+
+    def reference(self, call, c, a, b):
+        _refuse_unwritable(self, c, a, b)
+        wide = torch.float64 if c.dtype == torch.float64 else torch.float32
+        am, bm = a.to(wide), b.to(wide)
+        prod = torch.matmul(am.T if self.trans_a else am, bm.T if self.trans_b else bm)
+        return (c.to(wide) + prod,)  # rounded once, into c
+
+    def eager(self):
+        trans_a, trans_b = self.trans_a, self.trans_b
+
+        def addmm_(c, a, b):  # torch.Tensor.addmm_ (cuBLAS on CUDA)
+            return c.addmm_(a.T if trans_a else a, b.T if trans_b else b)
+
+        return addmm_
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The byte range ``[first, last)`` the elements of a non-empty ``t`` lie in (torch's
+    strides are never negative)."""
+    span = sum((size - 1) * step for size, step in zip(t.shape, t.stride(), strict=True))
+    return t.data_ptr(), t.data_ptr() + (span + 1) * t.itemsize
+
+
+def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """Refuse, naming the op and ``c``, a ``c`` that cannot be written in place: elements that
+    share memory (an expanded view: which of the sums would it hold?), or memory shared with
+    ``a`` or ``b``, which the kernels read while they write ``c`` (and torch would read after
+    its first writes). Two tensors share memory here when their byte ranges in one storage
+    intersect (interleaved views that touch no common element are refused too)."""
+    name = type(op).__name__
+    if c.numel() == 0:
+        return
+    if torch._debug_has_internal_overlap(c) == 1:
+        raise RuntimeError(
+            f"{name}: c is written in place, but its elements share memory (an expanded or "
+            f"overlapping view of shape {tuple(c.shape)} and strides {c.stride()}), so which "
+            f"sum an element holds is ambiguous; pass a tensor that owns its elements "
+            f"(.contiguous())")
+    if c.is_meta or is_fake(c):  # no memory to compare (fake tensors: tracing, shape checks)
+        return
+    storage = c.untyped_storage().data_ptr()
+    for other, t in (("a", a), ("b", b)):
+        if t.numel() == 0 or t.untyped_storage().data_ptr() != storage:
+            continue
+        (c0, c1), (t0, t1) = _extent(c), _extent(t)
+        if c0 < t1 and t0 < c1:
+            raise RuntimeError(
+                f"{name}: c is written in place, but it shares memory with {other} (bytes "
+                f"[{c0 - storage}, {c1 - storage}) and [{t0 - storage}, {t1 - storage}) of one "
+                f"storage), which the product reads while c is written; pass a copy of {other} "
+                f"({other}.clone())")
 
 
 class GemmBwdOp(GemmOp):
