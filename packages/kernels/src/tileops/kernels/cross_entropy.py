@@ -261,6 +261,95 @@ def _row_math(T, options: tuple, V: int):
     return row_loss, merged, grad_of, nan
 
 
+def _row_macros(T, options: tuple, V: int, dtype: str, threads: int, vec: int, per: int,
+                exact: bool):
+    """The statements both gradient programs (and the loss) run on a thread's ``per``
+    accesses of ``vec`` classes from column ``base`` (``base + (u * threads + tx) * vec``):
+    ``load`` them (a row not ignored), ``accumulate`` them into the thread's running (max,
+    sum of exp, sum of z), ``cta_merge`` the threads' triples (warp shuffles, then the warps'
+    through ``red``: every thread ends with the CTA's), and ``store_grad`` their gradient
+    into ``D`` (``check_row``: only a row below ``M``). ``exact``: no column predicate."""
+    _, smoothing, _, softcap = options
+    f32 = "float32"
+    warps = threads // _WARP
+    _, merged, grad_of, _ = _row_math(T, options, V)
+
+    @T.macro
+    def load(X, held, row, base, tx, valid):
+        for u in T.unroll(per):
+            col = base + (u * threads + tx) * vec
+            if valid and (exact or col < V):
+                for i in T.vectorized(vec):
+                    held[u * vec + i] = X[row, col + i]
+
+    @T.macro
+    def accumulate(held, zv, cm, acc, base, tx, valid):
+        for u in T.unroll(per):
+            col = base + (u * threads + tx) * vec
+            if valid and (exact or col < V):
+                for i in T.unroll(vec):
+                    zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                cm[0] = acc[0]
+                for i in T.unroll(vec):
+                    cm[0] = T.max(cm[0], zv[i])
+                acc[1] = acc[1] * T.exp2((acc[0] - cm[0]) * _LOG2E)
+                for i in T.unroll(vec):
+                    acc[1] += T.exp2((zv[i] - cm[0]) * _LOG2E)
+                    if smoothing > 0.0:
+                        acc[2] += zv[i]
+                acc[0] = cm[0]
+
+    @T.macro
+    def cta_merge(acc, red, tx):
+        # within the warp, then across warps
+        for k in T.unroll(5):
+            om = T.shfl_xor(acc[0], 16 >> k)
+            os_ = T.shfl_xor(acc[1], 16 >> k)
+            nm, ns = merged(acc[0], acc[1], om, os_)
+            acc[0] = nm
+            acc[1] = ns
+            if smoothing > 0.0:
+                acc[2] += T.shfl_xor(acc[2], 16 >> k)
+        if warps > 1:
+            if tx % _WARP == 0:
+                red[tx // _WARP] = acc[0]
+                red[warps + tx // _WARP] = acc[1]
+                red[2 * warps + tx // _WARP] = acc[2]
+            T.sync_threads()
+            acc[0] = red[0]
+            acc[1] = red[warps]
+            acc[2] = red[2 * warps]
+            for w in T.serial(1, warps):
+                nm, ns = merged(acc[0], acc[1], red[w], red[warps + w])
+                acc[0] = nm
+                acc[1] = ns
+                acc[2] += red[2 * warps + w]
+
+    @T.macro
+    def store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M, check_row):
+        for u in T.unroll(per):
+            col = base + (u * threads + tx) * vec
+            if check_row:
+                if row < M and (exact or col < V):
+                    for i in T.unroll(vec):
+                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                    for i in T.unroll(vec):
+                        held[u * vec + i] = T.cast(grad_of(
+                            zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
+                    for i in T.vectorized(vec):
+                        D[row, col + i] = held[u * vec + i]
+            elif exact or col < V:
+                for i in T.unroll(vec):
+                    zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                for i in T.unroll(vec):
+                    held[u * vec + i] = T.cast(grad_of(
+                        zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
+                for i in T.vectorized(vec):
+                    D[row, col + i] = held[u * vec + i]
+
+    return load, accumulate, cta_merge, store_grad
+
+
 def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_scale: bool,
                  threads: int, vec: int, per: int, ctas: int, with_loss: bool = False):
     """The row program (not compiled): the loss of each row (``grad`` false), or its gradient
@@ -284,7 +373,9 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
     warps = threads // _WARP
     persistent = ctas > 0
     grid = ctas if persistent else M
-    row_loss, merged, grad_of, nan = _row_math(T, options, V)
+    row_loss, _, _, nan = _row_math(T, options, V)
+    load, accumulate, cta_merge, store_grad = _row_macros(T, options, V, dtype, threads, vec,
+                                                          per, exact)
 
     @T.macro
     def body(X, Tg, G, OUT, L):
@@ -314,48 +405,10 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                 acc[1] = T.cast(0, f32)
                 acc[2] = T.cast(0, f32)
                 for step in T.serial(steps):
-                    for u in T.unroll(per):
-                        col = step * chunk + (u * threads + tx) * vec
-                        if valid and (exact or col < V):
-                            for i in T.vectorized(vec):
-                                held[u * vec + i] = X[row, col + i]
-                    for u in T.unroll(per):
-                        col = step * chunk + (u * threads + tx) * vec
-                        if valid and (exact or col < V):
-                            for i in T.unroll(vec):
-                                zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
-                            cm[0] = acc[0]
-                            for i in T.unroll(vec):
-                                cm[0] = T.max(cm[0], zv[i])
-                            acc[1] = acc[1] * T.exp2((acc[0] - cm[0]) * _LOG2E)
-                            for i in T.unroll(vec):
-                                acc[1] += T.exp2((zv[i] - cm[0]) * _LOG2E)
-                                if smoothing > 0.0:
-                                    acc[2] += zv[i]
-                            acc[0] = cm[0]
-                # merge the threads' pairs: within the warp, then across warps
-                for k in T.unroll(5):
-                    om = T.shfl_xor(acc[0], 16 >> k)
-                    os_ = T.shfl_xor(acc[1], 16 >> k)
-                    nm, ns = merged(acc[0], acc[1], om, os_)
-                    acc[0] = nm
-                    acc[1] = ns
-                    if smoothing > 0.0:
-                        acc[2] += T.shfl_xor(acc[2], 16 >> k)
+                    load(X, held, row, step * chunk, tx, valid)
+                    accumulate(held, zv, cm, acc, step * chunk, tx, valid)
+                cta_merge(acc, red, tx)
                 if warps > 1:
-                    if tx % _WARP == 0:
-                        red[tx // _WARP] = acc[0]
-                        red[warps + tx // _WARP] = acc[1]
-                        red[2 * warps + tx // _WARP] = acc[2]
-                    T.sync_threads()
-                    acc[0] = red[0]
-                    acc[1] = red[warps]
-                    acc[2] = red[2 * warps]
-                    for w in T.serial(1, warps):
-                        nm, ns = merged(acc[0], acc[1], red[w], red[warps + w])
-                        acc[0] = nm
-                        acc[1] = ns
-                        acc[2] += red[2 * warps + w]
                     T.sync_threads()  # red is written again by the next row
                 lse = acc[0] + T.log2(acc[1]) * _LN2
                 if not grad:
@@ -375,22 +428,9 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                     # pass's last, the freshest in L2 (see the module docstring)
                     for back in T.serial(steps):
                         step = steps - 1 - back
-                        for u in T.unroll(per):
-                            col = step * chunk + (u * threads + tx) * vec
-                            if valid and (exact or col < V):
-                                for i in T.vectorized(vec):
-                                    held[u * vec + i] = X[row, col + i]
-                        for u in T.unroll(per):
-                            col = step * chunk + (u * threads + tx) * vec
-                            if row < M and (exact or col < V):
-                                for i in T.unroll(vec):
-                                    zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32),
-                                                        softcap)
-                                for i in T.unroll(vec):
-                                    held[u * vec + i] = T.cast(grad_of(
-                                        zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
-                                for i in T.vectorized(vec):
-                                    OUT[row, col + i] = held[u * vec + i]
+                        load(X, held, row, step * chunk, tx, valid)
+                        store_grad(OUT, held, zv, row, step * chunk, tx, lse, tcol, g, coef,
+                                   valid, M, True)
 
     xs = (M, V)
     if not grad:
@@ -469,7 +509,9 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
     share = threads * per * vec  # columns a CTA covers
     exact = cluster * share == V
     warps = threads // _WARP
-    row_loss, merged, grad_of, nan = _row_math(T, options, V)
+    row_loss, merged, _, nan = _row_math(T, options, V)
+    load, accumulate, cta_merge, store_grad = _row_macros(T, options, V, dtype, threads, vec,
+                                                          per, exact)
     # one shared array, its parts disjoint (the storage planner would otherwise overlap
     # them, unaware that the other CTAs push into the cluster's part): the warps' triples,
     # this CTA's triple, the cluster's triples
@@ -497,52 +539,14 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
             if with_loss:  # noqa: SIM102 - the program's choice, then the thread's
                 if tx == 0 and rank == 0:
                     xt[0] = T.cast(X[row, tcol], f32)
-            for u in T.unroll(per):
-                col = base + (u * threads + tx) * vec
-                if valid and (exact or col < V):
-                    for i in T.vectorized(vec):
-                        held[u * vec + i] = X[row, col + i]
+            load(X, held, row, base, tx, valid)
             # every CTA of the cluster is running before any pushes into another's memory
             T.cluster_sync()
             acc[0] = T.cast(_LOWEST, f32)
             acc[1] = T.cast(0, f32)
             acc[2] = T.cast(0, f32)
-            for u in T.unroll(per):
-                col = base + (u * threads + tx) * vec
-                if valid and (exact or col < V):
-                    for i in T.unroll(vec):
-                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
-                    cm[0] = acc[0]
-                    for i in T.unroll(vec):
-                        cm[0] = T.max(cm[0], zv[i])
-                    acc[1] = acc[1] * T.exp2((acc[0] - cm[0]) * _LOG2E)
-                    for i in T.unroll(vec):
-                        acc[1] += T.exp2((zv[i] - cm[0]) * _LOG2E)
-                        if smoothing > 0.0:
-                            acc[2] += zv[i]
-                    acc[0] = cm[0]
-            for k in T.unroll(5):
-                om = T.shfl_xor(acc[0], 16 >> k)
-                os_ = T.shfl_xor(acc[1], 16 >> k)
-                nm, ns = merged(acc[0], acc[1], om, os_)
-                acc[0] = nm
-                acc[1] = ns
-                if smoothing > 0.0:
-                    acc[2] += T.shfl_xor(acc[2], 16 >> k)
-            if warps > 1:
-                if tx % _WARP == 0:
-                    scratch[tx // _WARP] = acc[0]
-                    scratch[warps + tx // _WARP] = acc[1]
-                    scratch[2 * warps + tx // _WARP] = acc[2]
-                T.sync_threads()
-                acc[0] = scratch[0]
-                acc[1] = scratch[warps]
-                acc[2] = scratch[2 * warps]
-                for w in T.serial(1, warps):
-                    nm, ns = merged(acc[0], acc[1], scratch[w], scratch[warps + w])
-                    acc[0] = nm
-                    acc[1] = ns
-                    acc[2] += scratch[2 * warps + w]
+            accumulate(held, zv, cm, acc, base, tx, valid)
+            cta_merge(acc, scratch, tx)  # the warps' triples: the array's first part
             # the cluster's triples, merged in rank order on every CTA of the row
             if tx == 0:
                 scratch[mine] = acc[0]
@@ -570,16 +574,7 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
             g[0] = G[row] if per_row_scale else G[0]
             g[0] = T.if_then_else(in_range, g[0], nan)
             coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]
-            for u in T.unroll(per):
-                col = base + (u * threads + tx) * vec
-                if exact or col < V:
-                    for i in T.unroll(vec):
-                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
-                    for i in T.unroll(vec):
-                        held[u * vec + i] = T.cast(grad_of(
-                            zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
-                    for i in T.vectorized(vec):
-                        D[row, col + i] = held[u * vec + i]
+            store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M, False)
 
     xs = (M, V)
     if with_loss:
