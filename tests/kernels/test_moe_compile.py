@@ -196,6 +196,42 @@ def test_each_cta_walks_its_slots_forward() -> None:
     assert experts == {0, 2, 3, 4, 6, 7, -1}  # 1 and 5 are empty
 
 
+@pytest.mark.parametrize("faster", list(G.GroupedProgram))
+def test_tuning_keeps_the_faster_program(monkeypatch, faster) -> None:
+    """request_tune: the next call times both programs (stand-ins here) on its tensors, keeps
+    the faster and runs it; sm_90 only, where the warp-specialized program holds."""
+    ran = []
+
+    def build(e, n, k, dtype, trans_b, layout, max_m, cfg, target=None, sms=132):
+        return lambda a, b, meta, c: ran.append(cfg.program) or cfg.program
+
+    monkeypatch.setattr(G, "build_grouped_gemm", build)
+    monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() is faster else 2.0)
+    monkeypatch.setattr(G, "device_arch", lambda device: HOPPER)
+    kern = G.GroupedGemmKernel(_spec(m=32768, e=64, n=2048, k=4096))
+    assert kern.config.program is G.GroupedProgram.PIPELINED  # the default until tuned
+    kern.request_tune()
+    ran.clear()
+    kern(None, None, None, None)
+    assert kern.config.program is faster and ran[-1] is faster
+    assert sorted(p.value for p in ran[:-1]) == ["pipelined", "warp_specialized"]
+    ran.clear()
+    kern(None, None, None, None)  # tuned once
+    assert ran == [faster]
+
+
+def test_tuning_off_hopper_times_nothing(monkeypatch) -> None:
+    ran = []
+    monkeypatch.setattr(G, "build_grouped_gemm",
+                        lambda *args, **kw: lambda a, b, meta, c: ran.append("run"))
+    monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("timed off sm_90"))
+    monkeypatch.setattr(G, "device_arch", lambda device: (8, 0))
+    kern = G.GroupedGemmKernel(_spec())
+    kern.request_tune()
+    kern(None, None, None, None)
+    assert ran == ["run"] and kern.config.program is G.GroupedProgram.PIPELINED
+
+
 # --- programs ---------------------------------------------------------------------------------
 
 

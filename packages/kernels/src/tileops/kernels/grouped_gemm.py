@@ -616,7 +616,7 @@ class GroupedGemmKernel(Kernel, GroupedGemmInterface):
     def _tune(self, a, b, metadata, c) -> None:
         import torch
 
-        if torch.cuda.is_current_stream_capturing():
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             return  # timing needs its own graphs: tune on the first call outside capture
         self._tune_pending = False
         arch = device_arch(self.spec.device)
