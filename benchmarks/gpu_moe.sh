@@ -8,11 +8,15 @@
 # Mixtral-8x7B and DeepSeek-V3-like shapes at 1, 64 and 8192 tokens (faster than the torch
 # pipeline with torch._grouped_mm); the routing's and the permutation's gradients (the
 # permutation's at the unpermutation's bandwidth); tileops.nn.MoE's training step is in the
-# kernel tests. Stage ep runs examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL,
-# bfloat16: ExpertParallelMoE against the one-device layer, forward and backward) where the
-# machine has two. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages (default:
-# prebuild tests bench ep).
-STAGES=${STAGES:-prebuild tests bench ep}
+# kernel tests. Stage sweep times the grouped GEMM's two programs (the pipelined default and the
+# warp-specialized TMA one) beside torch._grouped_mm and a loop of torch.mm on the bar's shapes
+# (E64 x 512 x 4096 -> 2048 even and uneven, Mixtral-8x7B up and down, DeepSeek-V3 aligned and
+# masked), TFLOP/s, each cell checked against float64 (grouped_gemm_sweep.json); it decides
+# whether the warp-specialized program becomes the default anywhere. Stage ep runs
+# examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL, bfloat16: ExpertParallelMoE
+# against the one-device layer, forward and backward) where the machine has two. Logs and
+# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench ep).
+STAGES=${STAGES:-prebuild tests sweep bench ep}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -28,6 +32,8 @@ for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=3 run prebuild_tests.log python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15
     TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family moe --workers 15 ;;
+  sweep)
+    TAIL=60 run sweep_grouped_gemm.log python3 tests/kernels/test_moe_cuda.py --sweep --out "$OUT" ;;
   tests)
     TAIL=25 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_moe_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "Moe or GroupedGemm" -q -p no:cacheprovider --maxfail=40 ;;
@@ -43,5 +49,5 @@ for stage in $STAGES; do case $stage in
     else
       echo "== ep: skipped, one GPU (the example needs two)"
     fi ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench ep)" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests sweep bench ep)" ;;
 esac; done

@@ -5,11 +5,15 @@ with eight times the rows of the others, loads off the tile, rows after the last
 aligned and masked layouts, odd N and K (no 16-byte rows), both weight layouts; the routing
 (ties, groups, the bias); the permutations (exact: they move rows); the gradients of the grouped
 GEMM, the unpermutation, the routing and the permutation; the fused layer at the Mixtral and
-DeepSeek-V3 shapes of a few tokens, and tileops.nn.MoE's training step.
+DeepSeek-V3 shapes of a few tokens, and tileops.nn.MoE's training step. The grouped GEMM's
+warp-specialized program (sm_90) runs on the same loads, into an output of NaNs (every row of
+it must be written), from a CUDA graph replayed over a new routing, and under the op's tuning.
 
 ``python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15`` compiles exactly the
-programs these tests and the spec workloads use in spawned processes first, so the tests load
-them from TileLang's disk cache.
+programs these tests, the spec workloads and the sweep use in spawned processes first, so the
+tests load them from TileLang's disk cache. ``python3 tests/kernels/test_moe_cuda.py --sweep
+[--out DIR]`` times the grouped GEMM's two programs, torch._grouped_mm and a loop of torch.mm
+side by side on the bar's shapes (TFLOP/s, each cell checked against float64).
 """
 
 import sys
@@ -82,10 +86,9 @@ def _tol(dtype):
 # --- grouped GEMM -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("case", GEMMS, ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
-def test_contiguous_grouped_gemm(case):
-    from tileops.ops import GroupedGemmFwdOp
-
+def _contiguous_case(case):
+    """``a``, ``b``, the offsets (on the CPU), the op's layout param (None: the default) and
+    the float64 result of a case of GEMMS: rows after the last segment included (zero)."""
     loads, n, k, dtype, trans_b, align = case
     seg = [-(-c // align) * align for c in loads]
     m = sum(seg) + 3 * align  # rows after the last segment: zero in c
@@ -97,13 +100,42 @@ def test_contiguous_grouped_gemm(case):
          / k ** 0.5).to(dtype)
     layout = (dict(contiguous=dict(packing="aligned", metadata_kind="offsets", alignment=align))
               if align > 1 else None)
-    op = GroupedGemmFwdOp(trans_b=trans_b, **({"layout": layout} if layout else {}))
-    c = op(a, b, offsets.cuda())
-    ref = torch.zeros(m, n, dtype=torch.float64)
+    return a, b, offsets, layout, _loop_reference(a, b, offsets, trans_b)
+
+
+def _loop_reference(a, b, offsets, trans_b):
+    """float64 on the CPU, an expert at a time over its segment (offsets read as given)."""
+    ref = torch.zeros(a.shape[0], b.shape[1] if trans_b else b.shape[2], dtype=torch.float64)
     bb = b.double().cpu()
-    for i in range(e):
+    for i in range(b.shape[0]):
         lo, hi = int(offsets[i]), int(offsets[i + 1])
         ref[lo:hi] = a[lo:hi].double().cpu() @ (bb[i].T if trans_b else bb[i])
+    return ref
+
+
+def _masked_case(case):
+    """``a``, ``b``, the counts (on the GPU) and the float64 result of a case of MASKED."""
+    e, max_m, counts, n, k, dtype, trans_b = case
+    g = torch.Generator(device="cuda").manual_seed(max_m + k)
+    a = torch.randn(e, max_m, k, device="cuda", generator=g).to(dtype)
+    b = (torch.randn(e, *((n, k) if trans_b else (k, n)), device="cuda", generator=g)
+         / k ** 0.5).to(dtype)
+    meta = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    ref = torch.zeros(e, max_m, n, dtype=torch.float64)
+    for i, cnt in enumerate(counts):
+        bi = b[i].double().cpu()
+        ref[i, :cnt] = a[i, :cnt].double().cpu() @ (bi.T if trans_b else bi)
+    return a, b, meta, ref
+
+
+@pytest.mark.parametrize("case", GEMMS, ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
+def test_contiguous_grouped_gemm(case):
+    from tileops.ops import GroupedGemmFwdOp
+
+    a, b, offsets, layout, ref = _contiguous_case(case)
+    dtype, trans_b = case[3], case[4]
+    op = GroupedGemmFwdOp(trans_b=trans_b, **({"layout": layout} if layout else {}))
+    c = op(a, b, offsets.cuda())
     assert _rel(c, ref) < _tol(dtype)
     assert not c[int(offsets[-1]):].any()  # the rows of no expert
 
@@ -112,20 +144,124 @@ def test_contiguous_grouped_gemm(case):
 def test_masked_grouped_gemm(case):
     from tileops.ops import GroupedGemmFwdOp
 
-    e, max_m, counts, n, k, dtype, trans_b = case
-    g = torch.Generator(device="cuda").manual_seed(max_m + k)
-    a = torch.randn(e, max_m, k, device="cuda", generator=g).to(dtype)
-    b = (torch.randn(e, *((n, k) if trans_b else (k, n)), device="cuda", generator=g)
-         / k ** 0.5).to(dtype)
-    meta = torch.tensor(counts, dtype=torch.int32, device="cuda")
+    a, b, meta, ref = _masked_case(case)
+    e, max_m, counts, _, _, dtype, trans_b = case
     c = GroupedGemmFwdOp(trans_b=trans_b, layout=dict(masked=dict(max_m=max_m)))(a, b, meta)
-    ref = torch.zeros(e, max_m, n, dtype=torch.float64)
-    for i, cnt in enumerate(counts):
-        bi = b[i].double().cpu()
-        ref[i, :cnt] = a[i, :cnt].double().cpu() @ (bi.T if trans_b else bi)
     assert _rel(c, ref) < _tol(dtype)
     for i, cnt in enumerate(counts):
         assert not c[i, cnt:].any()  # past each block's count
+
+
+# --- the warp-specialized grouped GEMM (sm_90) ---------------------------------------------------
+
+HOPPER = (9, 0)
+on_hopper = pytest.mark.skipif(
+    not (torch.cuda.is_available() and torch.cuda.get_device_capability() == HOPPER),
+    reason="the warp-specialized program is written for sm_90")
+_NAME = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+
+
+def _gemm_spec(m, e, n, k, dtype, trans_b, masked=False, max_m=0):
+    layout = G.GroupedLayoutKind.MASKED if masked else G.GroupedLayoutKind.CONTIGUOUS
+    return G.GroupedGemmSpec(device="cuda", m=m, e=e, n=n, k=k, dtype=dtype, trans_b=trans_b,
+                             layout=layout, max_m=max_m)
+
+
+def _ws_holds(n, k, dtype, trans_b) -> bool:
+    return G.ws_refusal(_gemm_spec(1, 1, n, k, _NAME[dtype], trans_b), HOPPER) is None
+
+
+def _sms() -> int:
+    return G.sm_count(torch.device("cuda")) if torch.cuda.is_available() else 132
+
+
+def _ws_program(spec):
+    """The warp-specialized program for ``spec`` (as the tuned kernel would build it)."""
+    cfg = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, HOPPER)
+    assert cfg.program is G.GroupedProgram.WARP_SPECIALIZED
+    return G.build_grouped_gemm(spec.e, spec.n, spec.k, spec.dtype, spec.trans_b, spec.layout,
+                                spec.max_m, cfg, None, _sms())
+
+
+#: the cases of GEMMS and MASKED whose rows TMA can load (odd K is the pipelined program's)
+WS_GEMMS = [c for c in GEMMS if _ws_holds(c[1], c[2], c[3], c[4])]
+WS_MASKED = [c for c in MASKED if _ws_holds(c[3], c[4], c[5], c[6])]
+
+
+@on_hopper
+@pytest.mark.parametrize("case", WS_GEMMS, ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
+def test_warp_specialized_contiguous_grouped_gemm(case):
+    a, b, offsets, _, ref = _contiguous_case(case)
+    loads, n, k, dtype, trans_b, _ = case
+    m = a.shape[0]
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)  # every row is written
+    _ws_program(_gemm_spec(m, len(loads), n, k, _NAME[dtype], trans_b))(a, b, offsets.cuda(), c)
+    assert not c.isnan().any()
+    assert _rel(c, ref) < _tol(dtype)
+    assert not c[int(offsets[-1]):].any()  # the rows of no expert
+
+
+@on_hopper
+@pytest.mark.parametrize("case", WS_MASKED, ids=lambda c: f"e{c[0]}-max{c[1]}-k{c[4]}")
+def test_warp_specialized_masked_grouped_gemm(case):
+    a, b, meta, ref = _masked_case(case)
+    e, max_m, counts, n, k, dtype, trans_b = case
+    c = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=dtype)
+    _ws_program(_gemm_spec(e * max_m, e, n, k, _NAME[dtype], trans_b, True, max_m))(a, b, meta, c)
+    assert not c.isnan().any()
+    assert _rel(c, ref) < _tol(dtype)
+    for i, cnt in enumerate(counts):
+        assert not c[i, cnt:].any()
+
+
+#: the graph test's routings over 2048 rows of 8 experts: even, then uneven (two experts empty,
+#: one with eight times another's rows, segments off the tile, zero rows at the end)
+GRAPH_ROUTES = ([256] * 8, [1024, 0, 128, 77, 300, 0, 129, 190])
+
+
+@on_hopper
+def test_warp_specialized_program_replays_a_new_routing_from_a_cuda_graph():
+    """The offsets are read on the device: a graph captured over one routing serves another
+    written into the same metadata tensor (no host sync, nothing re-planned)."""
+    e, n, k, m = 8, 512, 1024, 2048
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn(m, k, device="cuda", generator=g).to(torch.bfloat16)
+    b = (torch.randn(e, n, k, device="cuda", generator=g) / k ** 0.5).to(torch.bfloat16)
+    ends = [torch.tensor([0, *torch.tensor(r).cumsum(0).tolist()], dtype=torch.int32)
+            for r in GRAPH_ROUTES]
+    meta = ends[0].cuda()
+    c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    prog = _ws_program(_gemm_spec(m, e, n, k, "bfloat16", True))
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        prog(a, b, meta, c)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        prog(a, b, meta, c)
+    for offsets in (ends[1], ends[0]):
+        meta.copy_(offsets)
+        c.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert not c.isnan().any()
+        assert _rel(c, _loop_reference(a, b, offsets, True)) < 1e-2
+        assert not c[int(offsets[-1]):].any()
+
+
+@on_hopper
+def test_a_tuned_grouped_gemm_is_right_with_the_program_it_keeps():
+    """``tune=True``: the first call times the pipelined and the warp-specialized program on
+    its tensors (the choice itself is tested on the CPU) and keeps the faster; the first and a
+    second call are right whichever it kept."""
+    from tileops.ops import GroupedGemmFwdOp
+
+    a, b, offsets, _, ref = _contiguous_case(GEMMS[1])
+    op = GroupedGemmFwdOp(trans_b=True, tune=True)
+    first = op(a, b, offsets.cuda())
+    second = op(a, b, offsets.cuda())
+    assert _rel(first, ref) < 1e-2 and _rel(second, ref) < 1e-2
 
 
 # --- routing ----------------------------------------------------------------------------------
@@ -366,11 +502,14 @@ def program_keys():
 
     keys = []
 
-    def gemm(m, e, n, k, dtype, trans_b, masked=False, max_m=0):
-        layout = G.GroupedLayoutKind.MASKED if masked else G.GroupedLayoutKind.CONTIGUOUS
-        spec = G.GroupedGemmSpec(device="cuda", m=m, e=e, n=n, k=k, dtype=dtype,
-                                 trans_b=trans_b, layout=layout, max_m=max_m)
-        keys.append(("gemm", (e, n, k, dtype, trans_b, layout, max_m, G.choose_config(spec))))
+    def gemm(m, e, n, k, dtype, trans_b, masked=False, max_m=0, ws=False):
+        spec = _gemm_spec(m, e, n, k, dtype, trans_b, masked, max_m)
+        keys.append(("gemm", (e, n, k, dtype, trans_b, spec.layout, max_m,
+                              G.choose_config(spec), None, 132)))
+        if ws and G.ws_refusal(spec, HOPPER) is None:  # the tests' and the sweep's, on sm_90
+            cfg = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, HOPPER)
+            keys.append(("gemm", (e, n, k, dtype, trans_b, spec.layout, max_m, cfg, None,
+                                  _sms())))
 
     def gating(e, top_k, dtype, scoring="softmax", renormalize=True, num_groups=1,
                topk_groups=1, routed_scaling_factor=1.0, bias=False):
@@ -388,11 +527,12 @@ def program_keys():
     name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
     for loads, n, k, dt, tb, align in GEMMS:
         gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
-             name[dt], tb)
+             name[dt], tb, ws=True)
+    gemm(2048, 8, 512, 1024, "bfloat16", True, ws=True)  # the graph test's
     for loads, n, k, dt, tb, _ in GEMMS[1:4]:  # the gradients' da: reduction over N
         gemm(sum(loads) + 5, len(loads), k, n, name[dt], not tb)
     for e, max_m, _, n, k, dt, tb in MASKED:
-        gemm(e * max_m, e, n, k, name[dt], tb, True, max_m)
+        gemm(e * max_m, e, n, k, name[dt], tb, True, max_m, ws=True)
     for e, top_k, opts in ROUTES:
         for dt in ("bfloat16", "float32"):
             gating(e, top_k, dt, **opts)
@@ -412,7 +552,11 @@ def program_keys():
         v, (masked, max_m, _) = c.values, _layout_of(c.params)
         if c.dtypes["T"] in served:
             gemm(v["M"] * (v["E"] if masked else 1), v["E"], v["N"], v["K"], c.dtypes["T"],
-                 bool(c.params.get("trans_b", False)), masked, max_m)
+                 bool(c.params.get("trans_b", False)), masked, max_m, ws=True)
+    for _, case, n, k in _sweep_cells(cases_of(GroupedGemmFwdOp, labels=SWEEP)):
+        s = _cell_spec(case, n, k)
+        gemm(s.m, s.e, n, k, s.dtype, s.trans_b, s.layout is G.GroupedLayoutKind.MASKED,
+             s.max_m, ws=True)
     for c in cases_of(MoeTopkGatingFwdOp):
         if c.dtypes["T"] in (*served, "float32"):
             bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)
@@ -475,7 +619,173 @@ def _describe(key) -> str:
     return f"moe {key[0]} {key[1]}"
 
 
+# --- the sweep -------------------------------------------------------------------------------
+
+#: the sweep's spec workloads: the bar's E64 shape with even and uneven loads, Mixtral-8x7B's up
+#: projection (its down projection is built over the same routing, :func:`_sweep_cells`),
+#: DeepSeek-V3's 128-row aligned segments and 64-row masked blocks
+SWEEP = ["e64-m512-k4096-n2048", "e64-uneven-k4096-n2048", "mixtral-up-uneven-m8192",
+         "deepseek-up-aligned128", "deepseek-down-masked64"]
+
+
+def _sweep_cells(cases):
+    """``(label, case, n, k)`` of every sweep cell: each case as it is, and after Mixtral's up
+    projection its down one (N its K, K half its N) over the same routing."""
+    out = []
+    for c in cases:
+        out.append((c.label, c, c.values["N"], c.values["K"]))
+        if c.label.startswith("mixtral-up"):
+            out.append((c.label.replace("-up-", "-down-"), c, c.values["K"], c.values["N"] // 2))
+    return out
+
+
+def _cell_spec(case, n, k):
+    masked, max_m, _ = _layout_of(case.params)
+    v = case.values
+    return _gemm_spec(v["M"] * (v["E"] if masked else 1), v["E"], n, k, case.dtypes["T"],
+                      bool(case.params.get("trans_b", False)), masked, max_m)
+
+
+def _reference64(a, b, meta, spec):
+    """float64 on the GPU, an expert at a time (the metadata clamped as the kernels clamp
+    it), and the routed rows: ``(c, rows)``."""
+    trans_b = spec.trans_b
+    ref = torch.zeros(*a.shape[:-1], spec.n, dtype=torch.float64, device=a.device)
+    rows, lo = 0, 0
+    meta = meta.tolist()
+    for e in range(spec.e):
+        bt = b[e].double().T if trans_b else b[e].double()
+        if spec.layout is G.GroupedLayoutKind.MASKED:
+            cnt = G.masked_rows(meta[e], spec.max_m)
+            ref[e, :cnt] = a[e, :cnt].double() @ bt
+            rows += cnt
+        else:
+            hi = G.segment_end(meta[e + 1], lo, a.shape[0])
+            ref[lo:hi] = a[lo:hi].double() @ bt
+            rows, lo = rows + hi - lo, hi
+    return ref, rows
+
+
+def _time_eager_ms(fn, iters: int = 10) -> float:
+    """Best of 3 timings of ``iters`` back-to-back calls (a contender that reads the metadata
+    back on the host cannot be captured into a graph)."""
+    fn()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    best = float("inf")
+    for _ in range(3):
+        start.record()
+        for _ in range(iters):
+            fn()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / iters)
+    return best
+
+
+def _sweep_cell(label, case, n, k, arch) -> list[dict]:
+    """One cell of the sweep: its table printed, a result a contender returned."""
+    from tileops.kernels.gemm import _time_ms
+    from tileops.ops import GroupedGemmFwdOp
+    from tileops.ops.moe import _grouped_mm_peer
+    from tileops.ops.workloads import make_inputs
+
+    spec = _cell_spec(case, n, k)
+    a, b, meta = make_inputs(case, "cuda")
+    if (n, k) != (case.values["N"], case.values["K"]):  # the down projection's operands
+        g = torch.Generator(device="cuda").manual_seed(n + k)
+        a = torch.randn(*a.shape[:-1], k, device="cuda", generator=g).to(a.dtype)
+        b = torch.randn(spec.e, *((n, k) if spec.trans_b else (k, n)), device="cuda",
+                        generator=g).to(b.dtype)
+    op = GroupedGemmFwdOp(**case.params)
+    ref, rows = _reference64(a, b, meta, spec)
+    masked = spec.layout is G.GroupedLayoutKind.MASKED
+    end = a.shape[0] if masked else G.segment_end(int(meta[-1]), 0, a.shape[0])
+    valid = ((torch.arange(spec.max_m, device="cuda") < meta.clamp(0, spec.max_m)[:, None])
+             if masked else None)
+
+    def program_of(cfg, sms):
+        prog = G.build_grouped_gemm(spec.e, n, k, spec.dtype, spec.trans_b, spec.layout,
+                                    spec.max_m, cfg, None, sms)
+        c = torch.empty(*a.shape[:-1], n, device="cuda", dtype=a.dtype)
+        return lambda: (prog(a, b, meta, c), c)[1]
+
+    contenders = {}  # name -> (call, timer, whether its rows of no expert must be zero)
+    for program in G.GroupedProgram:
+        cfg = G.choose_config(spec, program, arch)
+        if cfg.program is not program:
+            continue  # the warp-specialized program does not hold here
+        sms = _sms() if program is G.GroupedProgram.WARP_SPECIALIZED else 132
+        name = f"{program.value} {'x'.join(map(str, cfg[:3]))}/st{cfg.stages}"
+        contenders[name] = (program_of(cfg, sms), _time_ms, True)
+    peer = _grouped_mm_peer(op)
+    if peer is not None:
+        contenders["torch._grouped_mm"] = (lambda: peer(a, b, meta), _time_ms, False)
+    loop = op.eager()
+    contenders["torch.mm loop"] = (lambda: loop(a, b, meta), _time_eager_ms, False)
+    print(f"{label}  E{spec.e} x {tuple(a.shape[:-1])} rows ({rows} routed) x K{k} -> N{n}"
+          f"  {'NT' if spec.trans_b else 'NN'} {spec.layout.value}", flush=True)
+    base = None
+    results = []
+    for name, (fn, timer, ours) in sorted(contenders.items(),
+                                          key=lambda kv: kv[0] != "torch._grouped_mm"):
+        ms = timer(fn)
+        out = fn()
+        torch.cuda.synchronize()
+        if masked:
+            err = _rel(out * valid[..., None], ref)
+            zeros = not (out * ~valid[..., None]).any()
+        else:
+            err = _rel(out[:end], ref[:end])
+            zeros = not out[end:].any()
+        ok = err < 1e-2 and (zeros or not ours)
+        base = ms if name == "torch._grouped_mm" else base
+        ratio = f"x{base / ms:.3f}" if base else "      "
+        print(f"  {name:34s} {ms * 1e3:9.1f} us {2 * rows * n * k / ms / 1e9:7.1f} TF  "
+              f"{ratio}  {'ok' if ok else 'BAD'} {err:.1e}", flush=True)
+        results.append(dict(label=label, contender=name, ms=ms, rows=rows, n=n, k=k,
+                            e=spec.e, layout=spec.layout.value, rel_err=err, ok=ok))
+    return results
+
+
+def sweep(argv=None) -> int:
+    """Time the grouped GEMM's programs, torch._grouped_mm and the op's loop of torch.mm on
+    every cell of :data:`SWEEP`, print one table a cell and write grouped_gemm_sweep.json
+    under ``--out``; 1 when any output fails its check."""
+    import argparse
+    import json
+
+    from tileops.ops import GroupedGemmFwdOp
+    from tileops.ops.workloads import cases_of
+
+    ap = argparse.ArgumentParser(description="the grouped GEMM's programs side by side")
+    ap.add_argument("--sweep", action="store_true", required=True)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    arch = torch.cuda.get_device_capability()
+    print(f"grouped GEMM sweep on {torch.cuda.get_device_name()}, torch {torch.__version__}: "
+          f"CUDA-graph replay times (best of 3 x 10 launches; the torch.mm loop reads the "
+          f"offsets back, so its launches are eager), operands warm; TF = TFLOP/s of the routed "
+          f"rows; x = torch._grouped_mm's time / this time; check: relative L2 error of the "
+          f"routed rows against float64 < 1e-2, and the TileOPs programs' other rows zero",
+          flush=True)
+    results = []
+    for label, case, n, k in _sweep_cells(cases_of(GroupedGemmFwdOp, labels=SWEEP)):
+        results += _sweep_cell(label, case, n, k, arch)
+        torch.cuda.empty_cache()
+    failed = sum(not r["ok"] for r in results)
+    if args.out:
+        path = Path(args.out) / "grouped_gemm_sweep.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(results, indent=1))
+        print(f"wrote {path}")
+    print(f"{len(results)} cells, {failed} failed their check")
+    return 1 if failed else 0
+
+
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if "--sweep" in argv:
+        return sweep(argv)
     from _prebuild import main as prebuild  # beside this file, which runs as a script here
 
     return prebuild(program_keys, _build, _describe, argv)
