@@ -257,6 +257,81 @@ def _with_params(body, shapes: dict, dtype: str, add: bool, has_weight: bool, ha
     return main
 
 
+def _held_macros(T, kind: str, n: int, dtype: str, has_weight: bool, has_bias: bool,
+                 width: int, vec: int, per: int, exact: bool):
+    """What the register and the cluster programs do with a thread's ``per`` accesses of
+    ``vec`` elements of its row (columns ``base + (v * width + lane) * vec``; a row below
+    ``M`` only): ``load`` them (and the residual's), ``add_and_sum`` (the fused add, written
+    to ``RO``, then the sum, or sum of squares, into ``acc[0]``), ``centred`` (LayerNorm's sum
+    of squares about ``mean`` into ``acc[1]``) and ``normalize`` (``(x - acc[0]) * acc[1]``,
+    the weight and bias, stored to ``Y``). ``exact``: no column predicate."""
+    add, layer = kind == "add_rms", kind == "layer"
+    f32 = "float32"
+
+    @T.macro
+    def load(X, R, held, held_r, row, base, lane, M):
+        for v in T.unroll(per):
+            col = base + (v * width + lane) * vec
+            if row < M and (exact or col < n):
+                for i in T.vectorized(vec):
+                    held[v * vec + i] = X[row, col + i]
+                if add:
+                    for i in T.vectorized(vec):
+                        held_r[v * vec + i] = R[row, col + i]
+            else:
+                for i in T.unroll(vec):
+                    held[v * vec + i] = T.cast(0, dtype)
+                    if add:
+                        held_r[v * vec + i] = T.cast(0, dtype)
+
+    @T.macro
+    def add_and_sum(RO, held, held_r, acc, row, base, lane, M):
+        for v in T.unroll(per):
+            col = base + (v * width + lane) * vec
+            if add:
+                for i in T.unroll(vec):
+                    held[v * vec + i] = T.cast(T.cast(held[v * vec + i], f32)
+                                               + T.cast(held_r[v * vec + i], f32), dtype)
+                if row < M and (exact or col < n):
+                    for i in T.vectorized(vec):
+                        RO[row, col + i] = held[v * vec + i]
+            for i in T.unroll(vec):
+                acc[0] += T.cast(held[v * vec + i], f32) * (
+                    1.0 if layer else T.cast(held[v * vec + i], f32))
+
+    @T.macro
+    def centred(held, acc, mean, row, base, lane, M):
+        for v in T.unroll(per):
+            col = base + (v * width + lane) * vec
+            if row < M and (exact or col < n):
+                for i in T.unroll(vec):
+                    d = T.cast(held[v * vec + i], f32) - mean
+                    acc[1] += d * d
+
+    @T.macro
+    def normalize(W, B, Y, held, piece, other, acc, row, base, lane, M):
+        for v in T.unroll(per):
+            col = base + (v * width + lane) * vec
+            if row < M and (exact or col < n):
+                if has_weight:
+                    for i in T.vectorized(vec):
+                        other[i] = W[col + i]
+                if has_bias:
+                    for i in T.vectorized(vec):
+                        piece[i] = B[col + i]
+                for i in T.unroll(vec):
+                    val = (T.cast(held[v * vec + i], f32) - acc[0]) * acc[1]
+                    if has_weight:
+                        val = val * T.cast(other[i], f32)
+                    if has_bias:
+                        val = val + T.cast(piece[i], f32)
+                    held[v * vec + i] = T.cast(val, dtype)
+                for i in T.vectorized(vec):
+                    Y[row, col + i] = held[v * vec + i]
+
+    return load, add_and_sum, centred, normalize
+
+
 def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                      has_bias: bool, tpr: int, rpc: int, vec: int, per: int):
     """The TileLang prim_func of the register kernel (not compiled)."""
@@ -269,6 +344,8 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
     exact = n == tpr * per * vec  # no column predicate needed
     f32 = "float32"
     inv_n = 1.0 / n
+    load, add_and_sum, centred, normalize = _held_macros(
+        T, kind, n, dtype, has_weight, has_bias, tpr, vec, per, exact)
 
     @T.macro
     def body(X, R, W, B, Y, RO):
@@ -287,31 +364,8 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
             # Issue every load of the row before any store: the fused form may write RO over
             # R (in place), so a store between loads would keep the compiler from hoisting
             # the later loads and leave one vector in flight instead of `per`.
-            for v in T.unroll(per):
-                col = (v * tpr + lane) * vec
-                if row < M and (exact or col < n):
-                    for i in T.vectorized(vec):
-                        held[v * vec + i] = X[row, col + i]
-                    if add:
-                        for i in T.vectorized(vec):
-                            held_r[v * vec + i] = R[row, col + i]
-                else:
-                    for i in T.unroll(vec):
-                        held[v * vec + i] = T.cast(0, dtype)
-                        if add:
-                            held_r[v * vec + i] = T.cast(0, dtype)
-            for v in T.unroll(per):
-                col = (v * tpr + lane) * vec
-                if add:
-                    for i in T.unroll(vec):
-                        held[v * vec + i] = T.cast(T.cast(held[v * vec + i], f32)
-                                                   + T.cast(held_r[v * vec + i], f32), dtype)
-                    if row < M and (exact or col < n):
-                        for i in T.vectorized(vec):
-                            RO[row, col + i] = held[v * vec + i]
-                for i in T.unroll(vec):
-                    acc[0] += T.cast(held[v * vec + i], f32) * (
-                        1.0 if layer else T.cast(held[v * vec + i], f32))
+            load(X, R, held, held_r, row, 0, lane, M)
+            add_and_sum(RO, held, held_r, acc, row, 0, lane, M)
             # row sum (layer) or sum of squares (rms) across the row's threads
             for s in T.unroll(5):
                 acc[0] += T.shfl_xor(acc[0], 16 >> s)
@@ -325,12 +379,7 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
             if layer:
                 # centred second moment from the held values: exact two-pass variance
                 mean = acc[0] * inv_n
-                for v in T.unroll(per):
-                    col = (v * tpr + lane) * vec
-                    if row < M and (exact or col < n):
-                        for i in T.unroll(vec):
-                            d = T.cast(held[v * vec + i], f32) - mean
-                            acc[1] += d * d
+                centred(held, acc, mean, row, 0, lane, M)
                 for s in T.unroll(5):
                     acc[1] += T.shfl_xor(acc[1], 16 >> s)
                 if wpr > 1:
@@ -345,24 +394,7 @@ def register_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool
             else:
                 acc[1] = T.rsqrt(acc[0] * inv_n + eps)
                 acc[0] = T.cast(0, f32)
-            for v in T.unroll(per):
-                col = (v * tpr + lane) * vec
-                if row < M and (exact or col < n):
-                    if has_weight:
-                        for i in T.vectorized(vec):
-                            other[i] = W[col + i]
-                    if has_bias:
-                        for i in T.vectorized(vec):
-                            piece[i] = B[col + i]
-                    for i in T.unroll(vec):
-                        val = (T.cast(held[v * vec + i], f32) - acc[0]) * acc[1]
-                        if has_weight:
-                            val = val * T.cast(other[i], f32)
-                        if has_bias:
-                            val = val + T.cast(piece[i], f32)
-                        held[v * vec + i] = T.cast(val, dtype)
-                    for i in T.vectorized(vec):
-                        Y[row, col + i] = held[v * vec + i]
+            normalize(W, B, Y, held, piece, other, acc, row, 0, lane, M)
 
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
@@ -419,6 +451,8 @@ def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     exact = n == cluster * share
     f32 = "float32"
     inv_n = 1.0 / n
+    load, add_and_sum, centred, normalize = _held_macros(
+        T, kind, n, dtype, has_weight, has_bias, threads, vec, per, exact)
 
     # one shared array, its parts disjoint: the warps' sums (2 * wpr), this CTA's partials (2),
     # the cluster's partials (2 * cluster). Separate arrays would let the storage planner
@@ -468,43 +502,15 @@ def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
             scratch = T.alloc_shared((2 * wpr + 2 + 2 * cluster,), f32)
             acc[0] = T.cast(0, f32)
             acc[1] = T.cast(0, f32)
-            for v in T.unroll(per):
-                col = base + (v * threads + tx) * vec
-                if exact or col < n:
-                    for i in T.vectorized(vec):
-                        held[v * vec + i] = X[row, col + i]
-                    if add:
-                        for i in T.vectorized(vec):
-                            held_r[v * vec + i] = R[row, col + i]
-                else:
-                    for i in T.unroll(vec):
-                        held[v * vec + i] = T.cast(0, dtype)
-                        if add:
-                            held_r[v * vec + i] = T.cast(0, dtype)
+            load(X, R, held, held_r, row, base, tx, M)
             # every CTA of the cluster is running before any writes into another's memory
             T.cluster_sync()
-            for v in T.unroll(per):
-                col = base + (v * threads + tx) * vec
-                if add:
-                    for i in T.unroll(vec):
-                        held[v * vec + i] = T.cast(T.cast(held[v * vec + i], f32)
-                                                   + T.cast(held_r[v * vec + i], f32), dtype)
-                    if exact or col < n:
-                        for i in T.vectorized(vec):
-                            RO[row, col + i] = held[v * vec + i]
-                for i in T.unroll(vec):
-                    acc[0] += T.cast(held[v * vec + i], f32) * (
-                        1.0 if layer else T.cast(held[v * vec + i], f32))
+            add_and_sum(RO, held, held_r, acc, row, base, tx, M)
             cta_sum(acc, 0, scratch, tx)
             cluster_sum(acc, 0, scratch, rank, tx)
             if layer:
                 mean = acc[0] * inv_n
-                for v in T.unroll(per):
-                    col = base + (v * threads + tx) * vec
-                    if exact or col < n:
-                        for i in T.unroll(vec):
-                            d = T.cast(held[v * vec + i], f32) - mean
-                            acc[1] += d * d
+                centred(held, acc, mean, row, base, tx, M)
                 cta_sum(acc, 1, scratch, tx)
                 cluster_sum(acc, 1, scratch, rank, tx)
                 acc[1] = T.rsqrt(acc[1] * inv_n + eps)
@@ -512,24 +518,7 @@ def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
             else:
                 acc[1] = T.rsqrt(acc[0] * inv_n + eps)
                 acc[0] = T.cast(0, f32)
-            for v in T.unroll(per):
-                col = base + (v * threads + tx) * vec
-                if exact or col < n:
-                    if has_weight:
-                        for i in T.vectorized(vec):
-                            other[i] = W[col + i]
-                    if has_bias:
-                        for i in T.vectorized(vec):
-                            piece[i] = B[col + i]
-                    for i in T.unroll(vec):
-                        val = (T.cast(held[v * vec + i], f32) - acc[0]) * acc[1]
-                        if has_weight:
-                            val = val * T.cast(other[i], f32)
-                        if has_bias:
-                            val = val + T.cast(piece[i], f32)
-                        held[v * vec + i] = T.cast(val, dtype)
-                    for i in T.vectorized(vec):
-                        Y[row, col + i] = held[v * vec + i]
+            normalize(W, B, Y, held, piece, other, acc, row, base, tx, M)
 
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
