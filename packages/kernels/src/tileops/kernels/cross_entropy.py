@@ -268,7 +268,8 @@ def _row_macros(T, options: tuple, V: int, dtype: str, threads: int, vec: int, p
     ``load`` them (a row not ignored), ``accumulate`` them into the thread's running (max,
     sum of exp, sum of z), ``cta_merge`` the threads' triples (warp shuffles, then the warps'
     through ``red``: every thread ends with the CTA's), and ``store_grad`` their gradient
-    into ``D`` (``check_row``: only a row below ``M``). ``exact``: no column predicate."""
+    into ``D`` (a row below ``M``: the cluster program's rows always are). ``exact``: no
+    column predicate."""
     _, smoothing, _, softcap = options
     f32 = "float32"
     warps = threads // _WARP
@@ -326,19 +327,10 @@ def _row_macros(T, options: tuple, V: int, dtype: str, threads: int, vec: int, p
                 acc[2] += red[2 * warps + w]
 
     @T.macro
-    def store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M, check_row):
+    def store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M):
         for u in T.unroll(per):
             col = base + (u * threads + tx) * vec
-            if check_row:
-                if row < M and (exact or col < V):
-                    for i in T.unroll(vec):
-                        zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
-                    for i in T.unroll(vec):
-                        held[u * vec + i] = T.cast(grad_of(
-                            zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
-                    for i in T.vectorized(vec):
-                        D[row, col + i] = held[u * vec + i]
-            elif exact or col < V:
+            if row < M and (exact or col < V):
                 for i in T.unroll(vec):
                     zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
                 for i in T.unroll(vec):
@@ -430,7 +422,7 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                         step = steps - 1 - back
                         load(X, held, row, step * chunk, tx, valid)
                         store_grad(OUT, held, zv, row, step * chunk, tx, lse, tcol, g, coef,
-                                   valid, M, True)
+                                   valid, M)
 
     xs = (M, V)
     if not grad:
@@ -574,7 +566,7 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
             g[0] = G[row] if per_row_scale else G[0]
             g[0] = T.if_then_else(in_range, g[0], nan)
             coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]
-            store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M, False)
+            store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M)
 
     xs = (M, V)
     if with_loss:
