@@ -10,16 +10,15 @@ Two layouts (the ``MGroupedLayout`` ADT of the ops' types.yaml):
 - masked: ``a`` is ``(E, max_m, K)``, expert ``e`` owns its block's first ``counts[e]`` rows
   (clamped into ``[0, max_m]``); the rest of the block is zero in ``c``.
 
-The program is the dense GEMM's pipelined tile (shared tiles, ``T.gemm`` lowering to wgmma on
-sm_90, fp32 accumulation) under a tile scheduler that reads the metadata on the device: the
-grid's row axis has one slot a tile of each expert's rows, ``ceil(M / block_m) + E + 1`` for
-contiguous (each expert's segment rounds up to one partial tile at most, and one more slot
-covers the zero rows after the last segment; a slot past the tiles of every expert and of the
-tail exits), ``E * ceil(max_m / block_m)`` for masked. A CTA of the contiguous layout walks
-the ``E + 1`` offsets once to find its expert (a prefix of tile counts), so a call never
-synchronises with the host and a CUDA graph replays it whatever the routing. Tiles overhang
-their expert's rows: the loads read the next expert's rows (or zeros past ``M``), and the
-store writes only the expert's own.
+Both programs run the dense GEMM's tile (shared tiles, ``T.gemm`` lowering to wgmma on sm_90,
+fp32 accumulation) over the slots of a tile schedule that reads the metadata on the device:
+one row slot a tile of each expert's rows, ``ceil(M / block_m) + E + 1`` for contiguous (each
+expert's segment rounds up to one partial tile at most, and one more slot covers the zero rows
+after the last segment; a slot past the tiles of every expert and of the tail does nothing),
+``E * ceil(max_m / block_m)`` for masked. A contiguous slot finds its expert from the ``E +
+1`` offsets (a prefix of tile counts), so a call never synchronises with the host and a CUDA
+graph replays it whatever the routing. Tiles overhang their expert's rows: the loads read the
+next expert's rows (or zeros past ``M``), and the store writes only the expert's own.
 
 Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`GroupedProgram`):
 
