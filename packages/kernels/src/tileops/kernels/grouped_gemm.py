@@ -38,11 +38,12 @@ A tile stays inside its segment because of what is stored, not of what is loaded
 box at the tensor's bounds, not the segment's: a tile's load of ``bm`` rows from its first row
 reads the next expert's rows (zeros past ``M``, or past the masked block's ``max_m``, where the
 box is clipped) into accumulator rows that are never stored. The store writes only the rows
-``[start, end)`` of the tile's expert: through shared memory and a TMA store when the box,
-clipped at the tensor's bounds, holds nothing else (a tile whose rows all lie in its segment, or
-end at ``M`` / ``max_m``, or whose rows are all zero rows), else from the accumulator fragment
-with a predicate on each row and column (the last, partial tile of a segment; every tile when
-``N`` breaks TMA's 16-byte rows of ``c``). :func:`contiguous_schedule` and
+``[start, end)`` of the tile's expert. Every tile goes from the fragment into shared memory;
+a TMA store writes it when the box, clipped at the tensor's bounds, holds nothing else (a tile
+whose rows all lie in its segment, or end at ``M`` / ``max_m``, or whose rows are all zero
+rows), else the math threads copy it out a column a thread, each row and column predicated
+(the last, partial tile of a segment; every tile when ``N`` breaks TMA's 16-byte rows of
+``c``). :func:`contiguous_schedule` and
 :func:`masked_schedule` evaluate the program's formulas on ints (the tests check them).
 """
 
@@ -412,9 +413,10 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     warpgroups compute and store; both run ``coord`` (the cursor over the offsets, in each
     role's own registers: the same values, so every branch is taken alike by both), and the
     K loop of a slot runs only where the slot has rows to compute (a guard on the scope: the
-    ring's phases are counted at run time). A slot's store: ``to_shared`` and a TMA ``store``
-    where :func:`whole_box` holds and ``c``'s rows are 16-byte ones, else ``store_rows`` from
-    the fragment, predicated on each row and column."""
+    ring's phases are counted at run time). A slot's store: ``to_shared`` (the fragment into
+    ``C_s``), then a TMA ``store`` where :func:`whole_box` holds and ``c``'s rows are 16-byte
+    ones, else ``store_rows``: ``C_s`` copied out a column a thread (coalesced rows), each row
+    and column predicated."""
     _, T = tl()
     bm, bn, bk, stages, threads, _ = cfg
     accum = "float32"
@@ -438,7 +440,7 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
             T.WSSync.producer_commit("ring", stage=0)]
     mma = [T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
            T.WSSync.consumer_release("ring", stage=stages - 1)]
-    store = ["to_shared", "store", "store_rows"] if tma_store else ["store_rows"]
+    store = ["to_shared", "store", "store_rows"] if tma_store else ["to_shared", "store_rows"]
     root = ["tiles"] if masked else ["init", "tiles"]
 
     @T.prim_func
@@ -530,8 +532,9 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                             T.copy(B[ex[0], ko * bk:(ko + 1) * bk, col[0]:col[0] + bn], B_s,
                                    annotations={ws: "load_b"})
                         T.gemm(A_s, B_s, C_l, transpose_B=trans_b, annotations={ws: "mma"})
-                if tma_store and start[0] < end[0] and whole[0] == 1:
+                if start[0] < end[0]:
                     T.copy(C_l, C_s, annotations={ws: "to_shared"})
+                if tma_store and start[0] < end[0] and whole[0] == 1:
                     if masked:
                         T.copy(C_s, C[ex[0], start[0]:start[0] + bm, col[0]:col[0] + bn],
                                annotations={ws: "store"})
@@ -544,10 +547,9 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                             if start[0] + r < end[0] and col[0] + j < n:
                                 if masked:
                                     C[ex[0], start[0] + r, col[0] + j] = T.if_then_else(
-                                        start[0] + r < stop[0], C_l[r, j],
-                                        T.cast(0, accum)).astype(dtype)
+                                        start[0] + r < stop[0], C_s[r, j], T.cast(0, dtype))
                                 else:  # contiguous: end <= stop, or a zero tile (cleared)
-                                    C[start[0] + r, col[0] + j] = C_l[r, j].astype(dtype)
+                                    C[start[0] + r, col[0] + j] = C_s[r, j]
 
     return main
 
