@@ -705,3 +705,34 @@ def test_the_call_spec_accumulate_flag():
     assert G.plan_of(GemmSpec(**good, accumulate=True)).accumulate is True
     with pytest.raises(TypeError, match=r"^GemmSpec.accumulate must be a bool, got 1$"):
         GemmSpec(**good, accumulate=1)
+
+
+@pytest.mark.parametrize(("ta", "tb"), [(False, False), (False, True), (True, False), (True, True)])
+@pytest.mark.parametrize("acc", [False, True], ids=["plain", "accumulate"])
+def test_the_padded_kernel_pads_c_when_it_accumulates(monkeypatch, ta, tb, acc):
+    """The padded kernel's own work on the CPU (a stand-in for the Hopper program on the
+    padded sizes): an accumulating call pads c with the operands and copies the corner back,
+    so c's values are in the sum; a plain call's output starts from nothing."""
+    import torch
+
+    def program(n, k, dt, ta_, tb_, cfg, target, pdl, sms, accumulate):
+        assert n % 8 == 0 and k % 8 == 0 and accumulate is acc
+
+        def run(a, b, c):
+            am = a.double().T if ta_ else a.double()
+            bm = b.double().T if tb_ else b.double()
+            out = am @ bm
+            c.copy_(out[:c.shape[0]] + c.double() if accumulate else out[:c.shape[0]])
+        return run
+
+    monkeypatch.setattr(G, "build_gemm_kernel", program)
+    monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    m, n, k = 100, 37, 19
+    kern = G.GemmPaddedKernel(GemmPlan("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, False, acc))
+    g = torch.Generator().manual_seed(5)
+    a = torch.randn((k, m) if ta else (m, k), generator=g, dtype=torch.float64)
+    b = torch.randn((n, k) if tb else (k, n), generator=g, dtype=torch.float64)
+    c = torch.randn((m, n), generator=g, dtype=torch.float64)
+    want = (a.T if ta else a) @ (b.T if tb else b) + (c if acc else 0)
+    kern(a, b, c)
+    assert torch.allclose(c, want, rtol=1e-12, atol=1e-12)
