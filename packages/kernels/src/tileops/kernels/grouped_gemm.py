@@ -28,11 +28,14 @@ Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`Grou
   to sm_90, any alignment.
 - ``WARP_SPECIALIZED`` (:func:`grouped_gemm_ws_program`, sm_90, 16-byte rows): the dense
   GEMM's persistent schedule (:func:`tileops.kernels.gemm._persistent_program`) over the same
-  slots: one CTA an SM walking slots ``w, w + sms, ...`` of (row slot, column tile), a load
-  warp issuing TMA loads of ``a``'s and ``b[e]``'s tiles into a ring of shared stages, the math
+  slots: one CTA an SM walking slots ``w, w + sms, ...`` of (row slot, column tile) in panels
+  of :data:`PANEL` row slots taken column by column (the dense GEMM's swizzle), a load warp
+  issuing TMA loads of ``a``'s and ``b[e]``'s tiles into a ring of shared stages, the math
   warpgroups (their registers raised by setmaxnreg) running wgmma and storing each tile. Every
-  role walks the offsets itself with a cursor that only moves forward (a CTA's row slots never
-  decrease), so a CTA reads the ``E + 1`` offsets once in all, not once a tile.
+  role walks the offsets itself: a cursor kept at the first row slot of the CTA's panel only
+  moves forward (a CTA's panels never go back), and a copy of it walks on to the slot's row
+  (the few experts of one panel), so a CTA reads the ``E + 1`` offsets about once in all, not
+  once a tile.
 
 A tile stays inside its segment because of what is stored, not of what is loaded. TMA clips a
 box at the tensor's bounds, not the segment's: a tile's load of ``bm`` rows from its first row
@@ -74,6 +77,7 @@ __all__ = [
     "grouped_gemm_program",
     "grouped_gemm_ws_program",
     "masked_schedule",
+    "panel_slot",
     "ws_refusal",
 ]
 
@@ -317,6 +321,22 @@ def tile_start(row, lo, before, bm: int):
     return lo + (row - before) * bm
 
 
+#: row slots of a panel: the slots walk every column tile of ``PANEL`` row slots before the
+#: next ones (the dense GEMM's swizzle panel), so the CTAs of a wave share a few row tiles of
+#: ``a`` and a band of ``b[e]``'s column tiles in L2 even where N has a hundred column tiles
+PANEL = 8
+
+
+def panel_slot(slot, rows, n_tiles: int, panel: int = PANEL, mn=min):
+    """``(row slot, column tile, first row slot of the panel)`` of ``slot`` among ``rows *
+    n_tiles``: panels of ``panel`` row slots (the last one shorter), walked column by column.
+    A CTA's slots increase, so its panels never go back (its rows may, inside a panel)."""
+    first = slot // (panel * n_tiles) * panel
+    height = mn(panel, rows - first)
+    rest = slot - first * n_tiles
+    return first + rest % height, rest // height, first
+
+
 def masked_rows(count, max_m: int, mx=max, mn=min):
     """A masked block's rows: its count clamped into ``[0, max_m]``."""
     return mn(mx(count, 0), max_m)
@@ -351,31 +371,37 @@ class SchedTile(NamedTuple):
 def contiguous_schedule(offsets: list[int], m: int, n: int, bm: int, bn: int,
                         sms: int) -> list[SchedTile]:
     """The contiguous program's slots evaluated on ints, CTA by CTA, each CTA's cursor moving
-    as the program's does; slots that write nothing (past ``M``) are left out. ``offsets``
-    are the ``E + 1`` metadata values (the first is not read: the segments start at 0)."""
+    as the program's does (forward to the panel's first row slot, then a walk from there to the
+    slot's row); slots that write nothing (past ``M``) are left out. ``offsets`` are the ``E +
+    1`` metadata values (the first is not read: the segments start at 0)."""
     e = len(offsets) - 1
     n_tiles = _ceil(n, bn)
-    slots = (_ceil(m, bm) + e + 1) * n_tiles
+    rows = _ceil(m, bm) + e + 1
+
+    def walk(cur, target):  # (g, lo, hi, cnt, before) moved on to the expert of row `target`
+        g, lo, hi, cnt, before = cur
+        while g < e and target >= before + cnt:
+            before, lo, g = before + cnt, hi, g + 1
+            if g < e:
+                hi = segment_end(offsets[g + 1], lo, m)
+                cnt = row_tiles(lo, hi, bm)
+        return g, lo, hi, cnt, before
+
     out = []
     for wid in range(sms):
-        g, lo, before = 0, 0, 0
         hi = segment_end(offsets[1], 0, m)
-        cnt = row_tiles(0, hi, bm)
-        for i in range(_ceil(slots - wid, sms)):
-            slot = i * sms + wid
-            row, col = slot // n_tiles, slot % n_tiles * bn
-            while g < e and row >= before + cnt:
-                before, lo, g = before + cnt, hi, g + 1
-                if g < e:
-                    hi = segment_end(offsets[g + 1], lo, m)
-                    cnt = row_tiles(lo, hi, bm)
+        cursor = (0, 0, hi, row_tiles(0, hi, bm), 0)
+        for i in range(_ceil(rows * n_tiles - wid, sms)):
+            row, ct, first = panel_slot(i * sms + wid, rows, n_tiles)
+            cursor = walk(cursor, first)
+            g, lo, hi, _, before = walk(cursor, row)
             start = tile_start(row, lo, before, bm)
             if g < e:
                 ex, stop, end = g, hi, min(start + bm, hi)
             else:
                 ex, stop, end = -1, start, min(start + bm, m)
             if start < end:
-                out.append(SchedTile(wid, ex, start, stop, end, col,
+                out.append(SchedTile(wid, ex, start, stop, end, ct * bn,
                                      whole_box(start, stop, end, m, bm, False)))
     return out
 
@@ -388,8 +414,8 @@ def masked_schedule(counts: list[int], max_m: int, n: int, bm: int, bn: int,
     out = []
     for wid in range(sms):
         for i in range(_ceil(e * per * n_tiles - wid, sms)):
-            slot = i * sms + wid
-            row, col = slot // n_tiles, slot % n_tiles * bn
+            row, ct, _ = panel_slot(i * sms + wid, e * per, n_tiles)
+            col = ct * bn
             ex, start = row // per, row % per * bm
             stop, end = masked_rows(counts[ex], max_m), min(start + bm, max_m)
             out.append(SchedTile(wid, ex, start, stop, end, col,
@@ -406,8 +432,8 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                             sms: int = _SMS):
     """The warp-specialized TileLang prim_func (not compiled), same operands as
     :func:`grouped_gemm_program`: ``sms`` CTAs, CTA ``w`` walking the slots ``w, w + sms, ...``
-    of ``(row slot, column tile)`` in row-major order (the row slots of the pipelined grid:
-    ``ceil(M / bm) + E + 1`` contiguous, ``E * ceil(max_m / bm)`` masked).
+    of ``(row slot, column tile)`` in :func:`panel_slot`'s order (the row slots of the pipelined
+    grid: ``ceil(M / bm) + E + 1`` contiguous, ``E * ceil(max_m / bm)`` masked).
 
     Roles (``T.WSSchedule``, as the dense persistent program): warp 0 loads, the math
     warpgroups compute and store; both run ``coord`` (the cursor over the offsets, in each
@@ -429,19 +455,31 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     tma_store = n % (16 // _ITEMSIZE[dtype]) == 0  # c's rows of N
     if masked:
         per = _ceil(max_m, bm)
-        a_shape, c_shape, meta_len, slots = (e, max_m, k), (e, max_m, n), e, e * per * n_tiles
+        a_shape, c_shape, meta_len, rows = (e, max_m, k), (e, max_m, n), e, e * per
         m = max_m
     else:
         per = 0
         m = T.dynamic("M")
         a_shape, c_shape, meta_len = (m, k), (m, n), e + 1
-        slots = (T.ceildiv(m, bm) + e + 1) * n_tiles
+        rows = T.ceildiv(m, bm) + e + 1
     load = [T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
             T.WSSync.producer_commit("ring", stage=0)]
     mma = [T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
            T.WSSync.consumer_release("ring", stage=stages - 1)]
     store = ["to_shared", "store", "store_rows"] if tma_store else ["to_shared", "store_rows"]
     root = ["tiles"] if masked else ["init", "tiles"]
+
+    @T.macro
+    def walk(meta, g, lo, hi, cnt, before, target):
+        # the cursor moved on to the expert whose tiles hold row slot `target` (past the last
+        # expert: the zero rows)
+        while g[0] < e and target >= before[0] + cnt[0]:
+            before[0] = before[0] + cnt[0]
+            lo[0] = hi[0]
+            g[0] = g[0] + 1
+            if g[0] < e:
+                hi[0] = segment_end(meta[g[0] + 1], lo[0], m, T.max, T.min)
+                cnt[0] = row_tiles(lo[0], hi[0], bm)
 
     @T.prim_func
     def main(
@@ -463,12 +501,19 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
             end = T.alloc_local((1,), "int32")
             col = T.alloc_local((1,), "int32")
             whole = T.alloc_local((1,), "int32")
-            # the cursor: expert g owns rows [lo, hi), its cnt row tiles start at slot before
+            row_s = T.alloc_local((1,), "int32")  # the slot's row slot
+            # the cursor: expert g owns rows [lo, hi), its cnt row tiles start at slot before;
+            # kept at the panel's first row slot, and its copy (the *_t) walked on to the row
             g = T.alloc_local((1,), "int32")
             lo = T.alloc_local((1,), "int32")
             hi = T.alloc_local((1,), "int32")
             cnt = T.alloc_local((1,), "int32")
             before = T.alloc_local((1,), "int32")
+            g_t = T.alloc_local((1,), "int32")
+            lo_t = T.alloc_local((1,), "int32")
+            hi_t = T.alloc_local((1,), "int32")
+            cnt_t = T.alloc_local((1,), "int32")
+            before_t = T.alloc_local((1,), "int32")
             T.annotate_ws_schedule(T.WSSchedule(
                 num_warps=4 + threads // 32,
                 roles=[T.WSRole("load", warps_lo=0, warps_hi=1, max_nreg=_LOAD_NREG),
@@ -488,28 +533,29 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                     before[0] = 0
                     hi[0] = segment_end(Meta[1], 0, m, T.max, T.min)
                     cnt[0] = row_tiles(0, hi[0], bm)
-            for i in T.serial(T.ceildiv(slots - wid, sms), annotations={ws: "tiles"}):
+            for i in T.serial(T.ceildiv(rows * n_tiles - wid, sms), annotations={ws: "tiles"}):
                 with T.ws_op("coord"):
-                    row = (i * sms + wid) // n_tiles
-                    col[0] = (i * sms + wid) % n_tiles * bn
+                    row, ct, first = panel_slot(i * sms + wid, rows, n_tiles, PANEL, T.min)
+                    row_s[0] = row  # evaluated once (the walk's test reads it each step)
+                    col[0] = ct * bn
                     if masked:
-                        ex[0] = row // per
-                        start[0] = row % per * bm
-                        stop[0] = masked_rows(Meta[row // per], max_m, T.max, T.min)
+                        ex[0] = row_s[0] // per
+                        start[0] = row_s[0] % per * bm
+                        stop[0] = masked_rows(Meta[ex[0]], max_m, T.max, T.min)
                         end[0] = T.min(start[0] + bm, max_m)
                     else:
-                        while g[0] < e and row >= before[0] + cnt[0]:
-                            before[0] = before[0] + cnt[0]
-                            lo[0] = hi[0]
-                            g[0] = g[0] + 1
-                            if g[0] < e:
-                                hi[0] = segment_end(Meta[g[0] + 1], lo[0], m, T.max, T.min)
-                                cnt[0] = row_tiles(lo[0], hi[0], bm)
-                        start[0] = tile_start(row, lo[0], before[0], bm)
-                        if g[0] < e:
-                            ex[0] = g[0]
-                            stop[0] = hi[0]
-                            end[0] = T.min(start[0] + bm, hi[0])
+                        walk(Meta, g, lo, hi, cnt, before, first)
+                        g_t[0] = g[0]
+                        lo_t[0] = lo[0]
+                        hi_t[0] = hi[0]
+                        cnt_t[0] = cnt[0]
+                        before_t[0] = before[0]
+                        walk(Meta, g_t, lo_t, hi_t, cnt_t, before_t, row_s[0])
+                        start[0] = tile_start(row_s[0], lo_t[0], before_t[0], bm)
+                        if g_t[0] < e:
+                            ex[0] = g_t[0]
+                            stop[0] = hi_t[0]
+                            end[0] = T.min(start[0] + bm, hi_t[0])
                         else:  # the zero rows after the last segment (no b is read)
                             ex[0] = 0
                             stop[0] = start[0]
