@@ -211,7 +211,9 @@ def test_k0_and_empty_calls_leave_c_as_it_is(m, n, k, tb):
 def test_a_chain_of_accumulations_reads_each_previous_write(m, n, k, ta):
     """Each launch starts before the previous one ends (programmatic dependent launch) and
     must read c only after it: twenty accumulations into one c, as the fused loss's blocks,
-    against the float64 running sum."""
+    against the float64 running sum (twice the tolerance: c is rounded to bfloat16 twenty
+    times, a relative error of about 4e-3 by the end; a launch that read a stale c would be
+    off by a whole product)."""
     c, a, b = _operands(m, n, k, ta, False, torch.bfloat16)
     b.mul_(0.25)
     op = _op(ta, False)
@@ -220,7 +222,7 @@ def test_a_chain_of_accumulations_reads_each_previous_write(m, n, k, ta):
         a.normal_()  # written by the kernel right before the GEMM that reads it
         ref = ref + _ref(torch.zeros_like(c), a, b, ta, False)
         op(c, a, b)
-        assert _rel(c, ref) < TOL, i
+        assert _rel(c, ref) < 2 * TOL, i
 
 
 def test_a_strided_c_is_written_back():
@@ -310,7 +312,7 @@ def program_keys():
     cases += [(*size, "bfloat16") for size in _OTHER_CALLS]
     cases += _workload_calls()
     for m, n, k, ta, tb, dt in cases:
-        if m * n * k == 0:
+        if n * k == 0:  # nothing is built (an empty M still builds its bucket's program)
             continue
         plan = _plan(m, n, k, ta, tb, dt)
         keys[(select(G.GemmFwdInterface, IMPLS, plan).__name__, plan, None)] = None
