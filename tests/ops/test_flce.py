@@ -34,6 +34,7 @@ from tileops.ops import (
     CrossEntropyFwdOp,
     FusedLinearCrossEntropyBwdOp,
     FusedLinearCrossEntropyFwdOp,
+    GemmAccumulateFwdOp,
     GemmFwdOp,
 )
 from tileops.runtime import targets
@@ -47,7 +48,7 @@ BLOCKS = "flce-blocks"
 @pytest.fixture(scope="module", autouse=True)
 def _blocks_target():
     targets.register_target(BLOCKS, ("cpu",))
-    for cls in (GemmFwdOp, CrossEntropyFwdOp, CrossEntropyBwdOp):
+    for cls in (GemmFwdOp, GemmAccumulateFwdOp, CrossEntropyFwdOp, CrossEntropyBwdOp):
         targets.register_builder(BLOCKS, cls, targets.builder_for(targets.REFERENCE, cls))
     yield
     del targets._targets[BLOCKS], targets._builders[BLOCKS]
@@ -145,7 +146,10 @@ def test_training_keeps_the_gradients_and_the_backward_op_is_not_run(small_block
     # the node saves the inputs only: no block's logits outlive the call
     assert [t.data_ptr() for t in loss.grad_fn.saved_tensors] == \
         [h.data_ptr(), w.data_ptr(), target.data_ptr()]
-    assert [s.name for s in op.last_call.stages] == ["logits", "loss", "grad", "dhidden"] * 3
+    # dweight: the first block's product, then the next blocks' added to it
+    assert [s.name for s in op.last_call.stages] == (
+        ["logits", "loss", "grad", "dhidden", "dweight"]
+        + ["logits", "loss", "grad", "dhidden", "dweight_sum"] * 2)
     (2.0 * loss).backward()
     assert op._backward_ops == {}  # the kept gradients, scaled by dloss
     _, dh, dw = _grads(_torch_loss, hidden, weight, target, torch.tensor(2.0, dtype=torch.float64))
@@ -163,7 +167,8 @@ def test_reduction_none_and_a_second_backward_run_the_backward_op(small_blocks) 
     assert [s.name for s in op.last_call.stages] == ["logits", "loss"] * 3  # nothing kept
     loss.backward(up)
     bwd = op._backward_ops[(True, True)]
-    assert [s.name for s in bwd.last_call.stages] == ["logits", "grad", "dhidden"] * 3
+    assert [s.name for s in bwd.last_call.stages] == ["logits", "grad", "dhidden",
+                                                      "dweight_sum"] * 3
     _, dh, dw = _grads(lambda a, b, c: _torch_loss(a, b, c, reduction="none"), hidden, weight,
                        target, up)
     torch.testing.assert_close(h.grad, dh, rtol=1e-10, atol=1e-12)
