@@ -6,7 +6,8 @@
 # forward + backward and peak memory of the loss and the fused linear loss at the bars (the
 # fused loss's GPU tests first run each case once in parallel processes, building its
 # blocks' GEMM and cross-entropy programs at their full sizes). Logs
-# and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench).
+# and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench;
+# also: sweep, the gradient programs' plans and the cluster programs at the bar's shape).
 # About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -28,5 +29,8 @@ for stage in $STAGES; do case $stage in
     TAIL=40 run bench_ce.log python3 -m tileops.ops.cli bench --name cross_entropy_fwd --out "$OUT" --no-plot CrossEntropyFwdOp
     TAIL=20 run bench_flce.log python3 -m tileops.ops.cli bench --name cross_entropy_flce --out "$OUT" --no-plot FusedLinearCrossEntropyFwdOp
     TAIL=40 run train_ce.log python3 benchmarks/cross_entropy.py --out "$OUT" ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
+  sweep)  # the kept program's launch plans, the cluster programs and the training step with
+    # each, at the bar's shape (8192 x 128256 bf16), ms and the HBM rate of one read + one write
+    TAIL=20 run sweep.log python3 tests/kernels/test_cross_entropy_cuda.py --sweep --workers 15 ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done
