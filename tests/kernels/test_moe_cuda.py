@@ -42,11 +42,15 @@ GEMMS = [
     ([300, 0, 77, 1, 129, 0, 64, 5], 256, 7, torch.float16, False, 1),  # odd K: no 16-byte rows
     ([40, 0, 3, 1], 512, 512, torch.bfloat16, True, 128),  # DeepGEMM's 128-row alignment
     ([1, 2, 0, 1], 4096, 7168, torch.bfloat16, True, 1),  # decode: 64-row tiles
+    ([300, 0, 77, 1, 129, 0, 64, 5], 256, 200, torch.float16, False, 1),  # b (E, K, N), TMA rows
 ]
 #: (experts, max_m, counts, n, k, dtype, trans_b): masked grouped GEMMs
 MASKED = [
     (8, 256, [256, 0, 100, 1, 255, 128, 0, 64], 2048, 4096, torch.bfloat16, True),
     (4, 96, [96, 0, 5, 70], 200, 7, torch.float16, False),
+    # blocks off the tile (the second tile's box clipped at max_m), odd N: c's rows stored a row
+    # at a time, negative and overflowing counts clamped
+    (4, 100, [100, -3, 37, 164], 257, 200, torch.bfloat16, True),
 ]
 #: routing configurations (experts, top_k, options)
 ROUTES = [
@@ -114,7 +118,8 @@ def _loop_reference(a, b, offsets, trans_b):
 
 
 def _masked_case(case):
-    """``a``, ``b``, the counts (on the GPU) and the float64 result of a case of MASKED."""
+    """``a``, ``b``, the counts (on the GPU) and the float64 result of a case of MASKED (each
+    count clamped into ``[0, max_m]``, as the kernels read it)."""
     e, max_m, counts, n, k, dtype, trans_b = case
     g = torch.Generator(device="cuda").manual_seed(max_m + k)
     a = torch.randn(e, max_m, k, device="cuda", generator=g).to(dtype)
@@ -122,7 +127,7 @@ def _masked_case(case):
          / k ** 0.5).to(dtype)
     meta = torch.tensor(counts, dtype=torch.int32, device="cuda")
     ref = torch.zeros(e, max_m, n, dtype=torch.float64)
-    for i, cnt in enumerate(counts):
+    for i, cnt in enumerate(_valid(case)):
         bi = b[i].double().cpu()
         ref[i, :cnt] = a[i, :cnt].double().cpu() @ (bi.T if trans_b else bi)
     return a, b, meta, ref
@@ -140,15 +145,20 @@ def test_contiguous_grouped_gemm(case):
     assert not c[int(offsets[-1]):].any()  # the rows of no expert
 
 
+def _valid(case) -> list[int]:
+    """The rows of each block a masked case computes: its counts clamped into [0, max_m]."""
+    return [min(max(c, 0), case[1]) for c in case[2]]
+
+
 @pytest.mark.parametrize("case", MASKED, ids=lambda c: f"e{c[0]}-max{c[1]}-k{c[4]}")
 def test_masked_grouped_gemm(case):
     from tileops.ops import GroupedGemmFwdOp
 
     a, b, meta, ref = _masked_case(case)
-    e, max_m, counts, _, _, dtype, trans_b = case
+    e, max_m, _, _, _, dtype, trans_b = case
     c = GroupedGemmFwdOp(trans_b=trans_b, layout=dict(masked=dict(max_m=max_m)))(a, b, meta)
     assert _rel(c, ref) < _tol(dtype)
-    for i, cnt in enumerate(counts):
+    for i, cnt in enumerate(_valid(case)):
         assert not c[i, cnt:].any()  # past each block's count
 
 
@@ -205,12 +215,12 @@ def test_warp_specialized_contiguous_grouped_gemm(case):
 @pytest.mark.parametrize("case", WS_MASKED, ids=lambda c: f"e{c[0]}-max{c[1]}-k{c[4]}")
 def test_warp_specialized_masked_grouped_gemm(case):
     a, b, meta, ref = _masked_case(case)
-    e, max_m, counts, n, k, dtype, trans_b = case
+    e, max_m, _, n, k, dtype, trans_b = case
     c = torch.full((e, max_m, n), float("nan"), device="cuda", dtype=dtype)
     _ws_program(_gemm_spec(e * max_m, e, n, k, _NAME[dtype], trans_b, True, max_m))(a, b, meta, c)
     assert not c.isnan().any()
     assert _rel(c, ref) < _tol(dtype)
-    for i, cnt in enumerate(counts):
+    for i, cnt in enumerate(_valid(case)):
         assert not c[i, cnt:].any()
 
 
