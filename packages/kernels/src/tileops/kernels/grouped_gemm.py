@@ -162,8 +162,8 @@ def ws_refusal(spec: GroupedGemmSpec, arch: tuple[int, int] | None) -> str | Non
     """Why the warp-specialized program cannot serve ``spec`` on a device of compute
     capability ``arch`` (None: it can): it is written for sm_90 (TMA, wgmma, setmaxnreg) and
     loads every operand through TMA, whose rows must be multiples of 16 bytes (base pointers
-    are: the op copies a view that is not). ``c`` may have any N: its tiles are then stored
-    from the fragment, row by row."""
+    are: the op copies a view that is not). ``c`` may have any N: its tiles are then copied
+    out of shared memory by the math threads instead of a TMA store."""
     per = 16 // _ITEMSIZE[spec.dtype]
     if arch != (9, 0):
         return "runs on sm_90 (TMA loads, wgmma, setmaxnreg)"
@@ -185,8 +185,8 @@ def choose_config(spec: GroupedGemmSpec, program: GroupedProgram = GroupedProgra
 
     The pipelined program stays the default: the warp-specialized one is the dense GEMM's
     persistent schedule, measured at cuBLAS there, but nothing of it has been measured on
-    grouped shapes yet, where the cursor's walk and the fragment stores of partial tiles are
-    its own. ``GroupedGemmFwdOp(tune=True)`` times both on the first call and keeps the
+    grouped shapes yet, where the cursor's walk and the predicated stores of partial tiles
+    are its own. ``GroupedGemmFwdOp(tune=True)`` times both on the first call and keeps the
     faster (:meth:`GroupedGemmKernel.request_tune`); benchmarks/gpu_moe.sh's sweep times both
     side by side."""
     rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m // max(spec.e, 1)
