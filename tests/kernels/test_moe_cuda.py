@@ -12,8 +12,8 @@ it must be written), from a CUDA graph replayed over a new routing, and under th
 ``python3 tests/kernels/test_moe_cuda.py --prebuild --workers 15`` compiles exactly the
 programs these tests, the spec workloads and the sweep use in spawned processes first, so the
 tests load them from TileLang's disk cache. ``python3 tests/kernels/test_moe_cuda.py --sweep
-[--out DIR]`` times the grouped GEMM's two programs, torch._grouped_mm and a loop of torch.mm
-side by side on the bar's shapes (TFLOP/s, each cell checked against float64).
+[--out DIR]`` times the grouped GEMM's two programs and torch._grouped_mm side by side on the
+bar's shapes (TFLOP/s, each cell checked against float64).
 """
 
 import sys
@@ -534,7 +534,7 @@ def program_keys():
     def rows_of(h, k, dtype):
         keys.extend([("permute", (h, dtype)), ("unpermute", (h, k, dtype))])
 
-    name = {torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float32: "float32"}
+    name = _NAME
     for loads, n, k, dt, tb, align in GEMMS:
         gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
              name[dt], tb, ws=True)
@@ -658,7 +658,7 @@ def _cell_spec(case, n, k):
 
 def _reference64(a, b, meta, spec):
     """float64 on the GPU, an expert at a time (the metadata clamped as the kernels clamp
-    it), and the routed rows: ``(c, rows)``."""
+    it), the routed rows and the end of the segments (masked: the blocks' rows)."""
     trans_b = spec.trans_b
     ref = torch.zeros(*a.shape[:-1], spec.n, dtype=torch.float64, device=a.device)
     rows, lo = 0, 0
@@ -673,23 +673,7 @@ def _reference64(a, b, meta, spec):
             hi = G.segment_end(meta[e + 1], lo, a.shape[0])
             ref[lo:hi] = a[lo:hi].double() @ bt
             rows, lo = rows + hi - lo, hi
-    return ref, rows
-
-
-def _time_eager_ms(fn, iters: int = 10) -> float:
-    """Best of 3 timings of ``iters`` back-to-back calls (a contender that reads the metadata
-    back on the host cannot be captured into a graph)."""
-    fn()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    best = float("inf")
-    for _ in range(3):
-        start.record()
-        for _ in range(iters):
-            fn()
-        end.record()
-        end.synchronize()
-        best = min(best, start.elapsed_time(end) / iters)
-    return best
+    return ref, rows, a.shape[0] if spec.layout is G.GroupedLayoutKind.MASKED else lo
 
 
 def _sweep_cell(label, case, n, k, arch) -> list[dict]:
@@ -707,9 +691,8 @@ def _sweep_cell(label, case, n, k, arch) -> list[dict]:
         b = torch.randn(spec.e, *((n, k) if spec.trans_b else (k, n)), device="cuda",
                         generator=g).to(b.dtype)
     op = GroupedGemmFwdOp(**case.params)
-    ref, rows = _reference64(a, b, meta, spec)
+    ref, rows, end = _reference64(a, b, meta, spec)
     masked = spec.layout is G.GroupedLayoutKind.MASKED
-    end = a.shape[0] if masked else G.segment_end(int(meta[-1]), 0, a.shape[0])
     valid = ((torch.arange(spec.max_m, device="cuda") < meta.clamp(0, spec.max_m)[:, None])
              if masked else None)
 
@@ -719,26 +702,24 @@ def _sweep_cell(label, case, n, k, arch) -> list[dict]:
         c = torch.empty(*a.shape[:-1], n, device="cuda", dtype=a.dtype)
         return lambda: (prog(a, b, meta, c), c)[1]
 
-    contenders = {}  # name -> (call, timer, whether its rows of no expert must be zero)
+    contenders = {}  # name -> (call, whether its rows of no expert must be zero)
     for program in G.GroupedProgram:
         cfg = G.choose_config(spec, program, arch)
         if cfg.program is not program:
             continue  # the warp-specialized program does not hold here
         sms = _sms() if program is G.GroupedProgram.WARP_SPECIALIZED else 132
         name = f"{program.value} {'x'.join(map(str, cfg[:3]))}/st{cfg.stages}"
-        contenders[name] = (program_of(cfg, sms), _time_ms, True)
+        contenders[name] = (program_of(cfg, sms), True)
     peer = _grouped_mm_peer(op)
     if peer is not None:
-        contenders["torch._grouped_mm"] = (lambda: peer(a, b, meta), _time_ms, False)
-    loop = op.eager()
-    contenders["torch.mm loop"] = (lambda: loop(a, b, meta), _time_eager_ms, False)
+        contenders["torch._grouped_mm"] = (lambda: peer(a, b, meta), False)
     print(f"{label}  E{spec.e} x {tuple(a.shape[:-1])} rows ({rows} routed) x K{k} -> N{n}"
           f"  {'NT' if spec.trans_b else 'NN'} {spec.layout.value}", flush=True)
     base = None
     results = []
-    for name, (fn, timer, ours) in sorted(contenders.items(),
-                                          key=lambda kv: kv[0] != "torch._grouped_mm"):
-        ms = timer(fn)
+    for name, (fn, ours) in sorted(contenders.items(),
+                                   key=lambda kv: kv[0] != "torch._grouped_mm"):
+        ms = _time_ms(fn)
         out = fn()
         torch.cuda.synchronize()
         if masked:
@@ -758,9 +739,9 @@ def _sweep_cell(label, case, n, k, arch) -> list[dict]:
 
 
 def sweep(argv=None) -> int:
-    """Time the grouped GEMM's programs, torch._grouped_mm and the op's loop of torch.mm on
-    every cell of :data:`SWEEP`, print one table a cell and write grouped_gemm_sweep.json
-    under ``--out``; 1 when any output fails its check."""
+    """Time the grouped GEMM's programs and torch._grouped_mm on every cell of :data:`SWEEP`,
+    print one table a cell and write grouped_gemm_sweep.json under ``--out``; 1 when any
+    output fails its check."""
     import argparse
     import json
 
@@ -773,11 +754,10 @@ def sweep(argv=None) -> int:
     args = ap.parse_args(argv)
     arch = torch.cuda.get_device_capability()
     print(f"grouped GEMM sweep on {torch.cuda.get_device_name()}, torch {torch.__version__}: "
-          f"CUDA-graph replay times (best of 3 x 10 launches; the torch.mm loop reads the "
-          f"offsets back, so its launches are eager), operands warm; TF = TFLOP/s of the routed "
-          f"rows; x = torch._grouped_mm's time / this time; check: relative L2 error of the "
-          f"routed rows against float64 < 1e-2, and the TileOPs programs' other rows zero",
-          flush=True)
+          f"CUDA-graph replay times (best of 3 x 10 launches), operands warm; TF = TFLOP/s of "
+          f"the routed rows; x = torch._grouped_mm's time / this time; check: relative L2 error "
+          f"of the routed rows against float64 < 1e-2, and the TileOPs programs' other rows "
+          f"zero", flush=True)
     results = []
     for label, case, n, k in _sweep_cells(cases_of(GroupedGemmFwdOp, labels=SWEEP)):
         results += _sweep_cell(label, case, n, k, arch)
