@@ -179,8 +179,11 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 else:
                     T.copy(Q[bz, by, i0:i0 + bm, :], q_shared)
                     T.copy(dO[bz, by, i0:i0 + bm, :], do_shared)
-                T.copy(LSE[bz, by, i0:i0 + bm], lse_shared)
-                T.copy(Delta[bz, by, i0:i0 + bm], delta_shared)
+                # plain loads: a row of S_q float32 values is a stride TMA refuses unless
+                # S_q is a multiple of 4 (16 bytes)
+                T.copy(LSE[bz, by, i0:i0 + bm], lse_shared, annotations={"disable_tma": True})
+                T.copy(Delta[bz, by, i0:i0 + bm], delta_shared,
+                       annotations={"disable_tma": True})
                 T.clear(qkT)
                 T.gemm(K_shared, q_shared, qkT, transpose_B=True,
                        policy=T.GemmWarpPolicy.FullRow)
