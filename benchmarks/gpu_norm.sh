@@ -3,7 +3,7 @@
 # cuda tests, the side-by-side benchmark (tileops bench: every spec workload against torch
 # eager, torch.compile and Liger-Kernel), then the host cost and first call. Logs and results
 # go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench host; also:
-# sweep; few_rows, the cluster kernel for fewer rows than SMs beside the default and
+# sweep; few_rows, the cluster kernel for fewer rows than SMs beside the one-CTA kernels and
 # torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
 STAGES=${STAGES:-prebuild tests bench host}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -14,8 +14,9 @@ for stage in $STAGES; do case $stage in
   tests) python3 -m pytest -m cuda tests -x -q -p no:cacheprovider 2>&1 | tail -n 15 | tee "$OUT/pytest.log" ;;
   bench) python3 -m tileops.ops.cli bench RMSNormFwdOp FusedAddRMSNormFwdOp LayerNormFwdOp --name norm --out "$OUT" $PLOT ${BENCH_ARGS:-} 2>&1 | grep -v "TileLang" | tee "$OUT/bench.log" | tail -n 40 ;;
   host) python3 benchmarks/norm.py --out "$OUT" 2>&1 | grep -v "TileLang" | tee "$OUT/host.log" | tail -n 6 ;;
-  few_rows)  # RMSNorm with fewer rows than SMs: the default kernels, the cluster kernel and
-    # torch.compile (fresh per shape) side by side, CUDA graphs, TB/s of one read + one write
+  few_rows)  # RMSNorm with fewer rows than SMs: the one-CTA-a-row kernels, the cluster kernel
+    # (outside its region the op's others) and torch.compile (fresh per shape) side by side,
+    # CUDA graphs, TB/s of one read + one write
     python3 - <<'PY' 2>&1 | grep -v "TileLang" | tee "$OUT/few_rows.log" | tail -n 40
 import sys
 sys.path.insert(0, "benchmarks")
@@ -25,8 +26,9 @@ from tileops.kernels.norm import RowNormClusterKernel, RowNormLoopedKernel, RowN
 from tileops.ops import RMSNormFwdOp
 from _common import graph_events
 
+ONE_CTA = {"row_norm_fwd": (RowNormRegisterKernel, RowNormLoopedKernel)}
 CLUSTER = {"row_norm_fwd": (RowNormClusterKernel, RowNormRegisterKernel, RowNormLoopedKernel)}
-print(f"{'rows':>5} {'N':>7} {'default':>9} {'cluster':>9} {'compile':>9} {'eager':>9}  TB/s")
+print(f"{'rows':>5} {'N':>7} {'one CTA':>9} {'cluster':>9} {'compile':>9} {'eager':>9}  TB/s")
 for n in (16384, 65536, 100000, 131072, 262144):
     for rows in (1, 4, 8, 16, 32, 64, 128):
         x = torch.randn(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -36,7 +38,7 @@ for n in (16384, 65536, 100000, 131072, 262144):
         torch._dynamo.reset()
         compiled = torch.compile(lambda t: F.rms_norm(t, (n,), w, 1e-6), dynamic=False)
         cells = []
-        for fn in (RMSNormFwdOp(normalized_shape=[n], eps=1e-6),
+        for fn in (RMSNormFwdOp(normalized_shape=[n], eps=1e-6, kernel_map=ONE_CTA),
                    RMSNormFwdOp(normalized_shape=[n], eps=1e-6, kernel_map=CLUSTER), None, 0):
             f = ((lambda: fn(x, w)) if fn not in (None, 0) else
                  (lambda: compiled(x)) if fn is None else (lambda: F.rms_norm(x, (n,), w, 1e-6)))

@@ -277,6 +277,12 @@ def test_cluster_kernel_states_its_region_and_wins_where_the_register_kernel_cla
     assert k.region_refusal(spec(132, 131072)) == (
         "132 rows of 131072 x bfloat16 do not split over a cluster (at least 2048 elements a "
         "CTA, rows x 2 within 132, at most 128 bytes a thread)")
+    assert k.region_refusal(spec(64, 131072)) == (
+        "64 rows of 131072 x bfloat16 split over 2 CTAs: the split serves rows of at least "
+        "128 KiB over at least 4 CTAs")
+    assert k.region_refusal(spec(8, 16384)) == (
+        "8 rows of 16384 x bfloat16 split over 8 CTAs: the split serves rows of at least "
+        "128 KiB over at least 4 CTAs")
     assert norm.RowNormRegisterKernel in k.preferred_over
     assert k.supported_archs == frozenset({(9, 0)})
     # the row count picks the cluster, so it is part of the built program's identity

@@ -291,26 +291,16 @@ def test_misaligned_views_are_handled_or_refused():
     assert torch.equal(s, (x.float() + r.float()).to(torch.bfloat16))
 
 
-# --- the cluster kernel (installed through kernel_map until it is the default) ----------------
-
-def _cluster_map():
-    from tileops.kernels.norm import (
-        RowNormClusterKernel,
-        RowNormLoopedKernel,
-        RowNormRegisterKernel,
-    )
-
-    return {"row_norm_fwd": (RowNormClusterKernel, RowNormRegisterKernel, RowNormLoopedKernel)}
-
+# --- the cluster kernel: fewer rows than SMs of rows of 128 KiB or more ----------------------
 
 @pytest.mark.parametrize(("m", "n", "dtype"), [
     (8, 131072, torch.bfloat16), (1, 131072, torch.bfloat16), (16, 100000, torch.bfloat16),
-    (3, 8191, torch.float32), (64, 4096, torch.float16), (8, 16384, torch.bfloat16),
+    (3, 65536, torch.float32), (32, 65536, torch.float16), (33, 131072, torch.bfloat16),
     (2, 65537, torch.bfloat16),
 ])
 def test_cluster_kernel_matches_float64(m, n, dtype):
-    """Few rows of a wide row through the cluster kernel: each norm against float64, the
-    cluster kernel the one that ran, a fused add's residual exact."""
+    """Few rows of a wide row through the cluster kernel (the ops' own choice there): each
+    norm against float64, the cluster kernel the one that ran, a fused add's residual exact."""
     from tileops.kernels.norm import RowNormClusterKernel, cluster_plan
 
     assert cluster_plan(m, n, str(dtype)[6:]) is not None  # each case splits its rows
@@ -319,9 +309,9 @@ def test_cluster_kernel_matches_float64(m, n, dtype):
     b = torch.randn(n, dtype=dtype, device="cuda")
     r = torch.randn(m, n, dtype=dtype, device="cuda")
     cases = [
-        (RMSNormFwdOp(normalized_shape=[n], eps=1e-6, kernel_map=_cluster_map()), (x, w),
+        (RMSNormFwdOp(normalized_shape=[n], eps=1e-6), (x, w),
          lambda: rms_norm_reference(x.double(), w.double(), 1, 1e-6)),
-        (LayerNormFwdOp(normalized_shape=n, kernel_map=_cluster_map()), (x, w, b),
+        (LayerNormFwdOp(normalized_shape=n), (x, w, b),
          lambda: layer_norm_reference(x.double(), w.double(), b.double(), 1, 1e-5)),
     ]
     for op, args, ref in cases:
@@ -330,7 +320,7 @@ def test_cluster_kernel_matches_float64(m, n, dtype):
         assert _rel(y, ref()) < TOL[dtype], type(op).__name__
         built = [type(e) for es in op.built_entries.values() for e in es.values()]
         assert built == [RowNormClusterKernel], built
-    add = FusedAddRMSNormFwdOp(eps=1e-6, kernel_map=_cluster_map())
+    add = FusedAddRMSNormFwdOp(eps=1e-6)
     y, s = add(x, r, w)
     s_ref = (x.float() + r.float()).to(dtype)
     assert torch.equal(s, s_ref)

@@ -14,7 +14,8 @@ Two implementations serve the one slot :class:`RowNormFwdInterface`:
     threads: rows up to 64 KiB).
 :class:`RowNormClusterKernel` -- few rows of a wide row (sm_90): a row split over the CTAs
     of a thread-block cluster, each holding its share in registers, the sums exchanged over
-    distributed shared memory; one read and one write. Installed through ``kernel_map``.
+    distributed shared memory; one read and one write. It serves 32 rows or fewer of rows of
+    at least 128 KiB (where the H200 measured it ahead).
 :class:`RowNormLoopedKernel` -- the general one: any ``N``. One CTA a row, 1024 threads,
     walking the row in chunks twice (sums, then normalize and write); the second read comes
     from L2 for all but the widest rows.
@@ -716,24 +717,35 @@ class RowNormRegisterKernel(_RowNormKernel):
         return None
 
 
+#: the region the cluster kernel serves, from the H200's few_rows sweep (RMSNorm bf16,
+#: benchmarks/results/norm_few_rows-cuda0.md): at least 4 CTAs a row (32 rows or fewer)
+#: and rows of at least 128 KiB, where it ran 1.2-3.2x the one-CTA-a-row kernels and ahead of
+#: torch.compile; with 2 CTAs a row (64 rows) it was 0.92-1.13x of them
+_CLUSTER_MIN_CTAS = 4
+_CLUSTER_MIN_ROW_BYTES = 128 << 10
+
+
 class RowNormClusterKernel(_RowNormKernel):
     """Few rows of a wide row: each row split over the CTAs of a thread-block cluster
     (sm_90), its reductions exchanged over distributed shared memory (:func:`cluster_program`),
     so ``rows * cluster`` CTAs share the read instead of ``rows``. Preferred over the register
-    kernel where both apply; installed through ``kernel_map`` (``{"row_norm_fwd":
-    (RowNormClusterKernel, RowNormRegisterKernel, RowNormLoopedKernel)}``) until the GPU's
-    sweep (``benchmarks/gpu_norm.sh``, stage ``few_rows``) has timed it against the default
-    pair."""
+    kernel where both apply, in the region the H200's sweep measured it ahead
+    (``_CLUSTER_MIN_CTAS``, ``_CLUSTER_MIN_ROW_BYTES``)."""
 
     supported_archs = frozenset({(9, 0)})
     preferred_over = (RowNormRegisterKernel,)
 
     @classmethod
     def region_refusal(cls, spec: RowNormSpec) -> str | None:
-        if cluster_plan(spec.rows, spec.n, spec.dtype) is None:
+        plan = cluster_plan(spec.rows, spec.n, spec.dtype)
+        if plan is None:
             return (f"{spec.rows} rows of {spec.n} x {spec.dtype} do not split over a "
                     f"cluster (at least {_MIN_CLUSTER_SHARE} elements a CTA, rows x 2 "
                     f"within {FEW_ROWS}, at most {_HELD_BYTES_PER_THREAD} bytes a thread)")
+        if plan[0] < _CLUSTER_MIN_CTAS or spec.n * _ITEMSIZE[spec.dtype] < _CLUSTER_MIN_ROW_BYTES:
+            return (f"{spec.rows} rows of {spec.n} x {spec.dtype} split over {plan[0]} CTAs: "
+                    f"the split serves rows of at least {_CLUSTER_MIN_ROW_BYTES >> 10} KiB over "
+                    f"at least {_CLUSTER_MIN_CTAS} CTAs")
         return None
 
     @classmethod

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.kernels.norm import (
+    RowNormClusterKernel,
     RowNormDType,
     RowNormFwdInterface,
     RowNormKind,
@@ -120,7 +121,8 @@ class RowNormOp(_RowSlotOp):
     :attr:`kind`."""
 
     kind: ClassVar[RowNormKind]
-    kernel_types = {RowNormFwdInterface: (RowNormRegisterKernel, RowNormLoopedKernel)}
+    kernel_types = {RowNormFwdInterface: (RowNormClusterKernel, RowNormRegisterKernel,
+                                          RowNormLoopedKernel)}
     _slot_args = {a: p for p, a in enumerate(_SLOT_ARGS)}
     _slot_name = "row_norm_fwd"
 
