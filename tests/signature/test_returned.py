@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tileops.signature import ConstructionError, SignaturePlan
-from tileops.spec import load_spec_text
+pytest.importorskip("torch")  # a construction point adapts torch tensors
+
+from tileops.signature import ConstructionError, SignaturePlan  # noqa: E402
+from tileops.spec import load_spec_text  # noqa: E402
 
 SPEC = """\
 TwoOut:
