@@ -293,9 +293,10 @@ def _class_key(plan: Any) -> tuple[tuple[str, ...], frozenset[str], bool]:
 def _class_module(names: tuple[str, ...], optional: frozenset[str],
                   picks: bool = False) -> ast.Module:
     """``picks``: a construction may leave outputs out of the result (``returned``), so each
-    path's full result goes through the instance's ``_result`` (Op: an itemgetter of the
-    returned outputs, or the identity); the calls inside the library (a composite's stages,
-    a gradient's ops, the compile boundary) run ``_run_call`` and see every output."""
+    path's full result goes through the instance's ``_result`` (Op: the returned outputs
+    picked, or the identity). The compile boundary's custom op returns every output (the
+    pick follows it), and a gradient whose backward op leaves some out runs that op's general
+    call (autograd.py), which gives them all."""
     params = [_t(n) for n in names]
 
     def ret(value: ast.expr) -> ast.stmt:

@@ -20,7 +20,7 @@ Instance state (every field exists after construction):
 |--------------|--------------------------------------------------------------------|-------------|
 | construction | params, ``target``, ``_installed_kernel_types``, ``_preferred_over``,| kept        |
 |              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key``,|             |
-|              | ``_init_args``, ``_records_node``                                  |             |
+|              | ``_init_args``, ``_records_node``, ``_result``                     |             |
 | binding      | ``_target_builder``, ``_serving_target``, ``_entries_by_call``,      | initial     |
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
