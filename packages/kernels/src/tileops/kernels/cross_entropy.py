@@ -342,6 +342,36 @@ def _row_macros(T, options: tuple, V: int, dtype: str, threads: int, vec: int, p
     return load, accumulate, cta_merge, store_grad
 
 
+def _row_prim_func(T, body, M, V: int, dtype: str, grad: bool, per_row_scale: bool,
+                   with_loss: bool):
+    """The prim_func of a row program's ``body(X, Tg, G, D, L)`` over the tensors its kind
+    takes: the loss ``(X, Tg, L)``; the gradient scaled by one value ``(X, Tg, G, D)`` or
+    per row ``(X, Tg, G[M], D)``; with its loss ``(X, Tg, G, L, D)``."""
+    f32 = "float32"
+    xs = (M, V)
+    if not grad:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 L: T.Tensor((M,), f32)):
+            body(X, Tg, None, L, None)
+    elif with_loss:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, L)
+    elif per_row_scale:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, None)
+    else:
+        @T.prim_func
+        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
+                 G: T.Tensor((1,), f32), D: T.Tensor(xs, dtype)):
+            body(X, Tg, G, D, None)
+    return main
+
+
 def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_scale: bool,
                  threads: int, vec: int, per: int, ctas: int, with_loss: bool = False):
     """The row program (not compiled): the loss of each row (``grad`` false), or its gradient
@@ -424,28 +454,7 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                         store_grad(OUT, held, zv, row, step * chunk, tx, lse, tcol, g, coef,
                                    valid, M)
 
-    xs = (M, V)
-    if not grad:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 L: T.Tensor((M,), f32)):
-            body(X, Tg, None, L, None)
-    elif with_loss:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, L)
-    elif per_row_scale:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, None)
-    else:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((1,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, None)
-    return main
+    return _row_prim_func(T, body, M, V, dtype, grad, per_row_scale, with_loss)
 
 
 #: the most CTAs a row is split over (a portable cluster on sm_90) and the fewest classes a
@@ -568,23 +577,7 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
             coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]
             store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M)
 
-    xs = (M, V)
-    if with_loss:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((1,), f32), L: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, L)
-    elif per_row_scale:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((M,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, None)
-    else:
-        @T.prim_func
-        def main(X: T.Tensor(xs, dtype), Tg: T.Tensor((M,), "int64"),
-                 G: T.Tensor((1,), f32), D: T.Tensor(xs, dtype)):
-            body(X, Tg, G, D, None)
-    return main
+    return _row_prim_func(T, body, M, V, dtype, True, per_row_scale, with_loss)
 
 
 def scale_program(classes: int, dtype: str, threads: int, vec: int, ctas: int):
