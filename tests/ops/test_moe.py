@@ -518,3 +518,17 @@ def test_the_unpermutation_gradient_takes_the_gates_from_the_slot():
     ref_dy, ref_dw = op.fp64_reference(dout, y, rows, w)
     torch.testing.assert_close(dy.double(), ref_dy, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(dw.double(), ref_dw, rtol=1e-5, atol=1e-5)
+
+
+def test_weight_gradient_takes_grouped_mm_only_on_16_byte_rows() -> None:
+    """torch._grouped_mm refuses rows that are not whole 16 bytes (257 bfloat16 values): the
+    weight gradient takes it only where every operand's rows are."""
+    from tileops.ops.moe import _mm_aligned
+
+    a = torch.empty(64, 200, dtype=torch.bfloat16)
+    assert _mm_aligned(a, torch.empty(64, 256, dtype=torch.bfloat16))
+    assert _mm_aligned(a.t(), torch.empty(64, 256, dtype=torch.bfloat16))
+    assert not _mm_aligned(a, torch.empty(64, 257, dtype=torch.bfloat16))
+    assert not _mm_aligned(torch.empty(64, 201, dtype=torch.bfloat16).t())
+    assert not _mm_aligned(torch.empty(64, 256, dtype=torch.bfloat16)[:, 1:9])
+    assert _mm_aligned(torch.empty(1, 257, dtype=torch.bfloat16))  # one row: no stride read

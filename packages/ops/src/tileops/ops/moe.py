@@ -441,9 +441,10 @@ class GroupedGemmBwdOp(MoeOp):
         grouped_mm = getattr(torch, "_grouped_mm", None)
         if a.shape[0] == 0:  # no rows: every expert's gradient is 0, no product asked for
             g = a.new_zeros((e, a.shape[1], dc.shape[1]))
-        elif grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16:
+        elif (grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16
+              and _mm_aligned(a, dc)):
             # the segments' products over their rows, the bounds read on the device (a CUDA
-            # graph captures it)
+            # graph captures it); torch's kernel needs rows of whole 16 bytes
             g = grouped_mm(a.t(), dc, offs=ends.to(torch.int32))
         else:  # the bounds read back: a product a segment
             g = a.new_zeros((e, a.shape[1], dc.shape[1]))
@@ -503,6 +504,15 @@ class FusedMoeFwdOp(MoeOp):
 
     def eager(self):
         return _torch_moe(self)
+
+
+def _mm_aligned(*tensors: torch.Tensor) -> bool:
+    """Whether torch._grouped_mm takes these operands (and its output, whose rows are the
+    second's columns): each base 16-byte aligned and each row stride a whole number of 16
+    bytes; rows of 257 bfloat16 values are not."""
+    return all(t.data_ptr() % 16 == 0 and all(
+        (st * t.element_size()) % 16 == 0 for st, sz in zip(t.stride(), t.shape, strict=True)
+        if st != 1 and sz > 1) for t in tensors)
 
 
 # --- torch contenders ---------------------------------------------------------------------------
