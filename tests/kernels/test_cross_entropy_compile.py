@@ -51,7 +51,8 @@ def test_kept_rows_program_compiles_for_sm90():
                               with_loss=True).get_kernel_source()
     assert "float* __restrict__ L" in src and "L[" in src
     assert src.index("xt[0] = ((float)") < src.index("__syncthreads") < src.index("L[")
-    assert "/ 132)" in src and "tanhf" in src
+    ctas = C.rows_plan(4097, "bfloat16", True, 132)[3]  # the persistent grid's stride
+    assert f"/ {ctas})" in src and "tanhf" in src
 
 
 @needs_nvcc
@@ -99,17 +100,15 @@ def test_rows_plan(classes, dtype, grad, sms):
     threads, vec, per, ctas = C.rows_plan(classes, dtype, grad, sms)
     item = C._ITEMSIZE[dtype]
     assert classes % vec == 0 and vec * item <= 16  # aligned accesses on every row
-    assert 32 <= threads <= (1024 if grad else 512) and threads & (threads - 1) == 0
+    assert 32 <= threads <= 512 and threads & (threads - 1) == 0 and per == 4
     accesses = -(-classes // vec)
     want = 1 << max(0, (-(-accesses // per) - 1).bit_length())  # a power of two >= accesses/per
-    assert threads == max(32, min(1024 if grad else 512, want))
+    assert threads == max(32, min(512, want))
     if not grad:
         assert ctas == 0
         return
     per_sm = ctas // sms
-    assert ctas % sms == 0 and per_sm >= 1 and per_sm * threads <= 1024  # all resident
-    if per_sm > 1:  # more than one CTA an SM only while the rows in flight fit the budget
-        assert ctas * classes * item <= C._L2_ROW_BUDGET
+    assert ctas % sms == 0 and per_sm * threads == 1024  # every CTA the SMs hold at once
 
 
 def test_spec_refuses_what_the_kernels_do_not_serve():

@@ -345,14 +345,14 @@ def _describe(key) -> str:
 #: (threads, accesses a thread issues before it reduces, CTAs an SM): the rows in flight are
 #: the grid (CTAs an SM times the SMs), whose bytes decide whether the second pass finds the row
 #: in L2; the plan rows_plan gives is the first
-SWEEP_PLANS = [(1024, 2, 1.0), (1024, 4, 1.0), (1024, 2, 0.75), (1024, 4, 0.75),
-               (1024, 4, 0.5), (512, 4, 2.0), (512, 4, 1.0), (512, 8, 1.0), (512, 8, 0.5)]
+SWEEP_PLANS = [(1024, 2, 1.0), (1024, 4, 1.0), (1024, 4, 0.75), (1024, 4, 0.5),
+               (512, 4, 2.0), (512, 2, 2.0), (512, 4, 1.0), (512, 8, 1.0), (256, 4, 4.0),
+               (256, 8, 2.0)]
 SWEEP_SHAPE = (8192, 128256)
 
 
-def _sweep_kernel(plan, sms):
+def _sweep_kernel(plan, sms, v):
     threads, per, per_sm = plan
-    v = SWEEP_SHAPE[1]
     prog = C.rows_program(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, threads,
                           C._vec(v, "bfloat16"), per, max(1, int(sms * per_sm)), with_loss=True)
     return C.compile_program(prog, None)
@@ -375,7 +375,7 @@ def _events(fn, iters=20):
     return start.elapsed_time(end) / iters
 
 
-def sweep(sms, workers):
+def sweep(sms, workers, shape=SWEEP_SHAPE):
     """Time the kept program under each of :data:`SWEEP_PLANS` (compiled in parallel first),
     the gradient program and the whole training step as the op runs them, at the bar's shape;
     prints ms and the HBM bandwidth a read and a write of the logits would need at that time."""
@@ -385,8 +385,9 @@ def sweep(sms, workers):
     from tileops.ops import CrossEntropyFwdOp
 
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-        list(pool.map(_sweep_build, [(p, sms) for p in SWEEP_PLANS]))
-    n, v = SWEEP_SHAPE
+        list(pool.map(_sweep_build, [(p, sms, shape[1]) for p in SWEEP_PLANS]))
+    n, v = shape
+    print(f"{n} x {v} bfloat16; the default plan: {C.rows_plan(v, 'bfloat16', True, sms)}")
     x, t = _inputs(n, v, "bfloat16")
     g = torch.full((1,), 1.0 / int((t != -100).sum()), device="cuda")
     per_row, d = torch.empty(n, device="cuda"), torch.empty_like(x)
@@ -396,22 +397,24 @@ def sweep(sms, workers):
         print(f"{what:<40} {ms:7.3f} ms {moved / ms / 1e9:6.2f} TB/s", flush=True)
 
     for plan in SWEEP_PLANS:
-        k = _sweep_kernel(plan, sms)
+        k = _sweep_kernel(plan, sms, v)
         line(f"kept rows {plan}", _events(lambda k=k: k(x, t, g, per_row, d)))
     grad = C.build_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, sms)
     line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
-    kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
-                                       with_loss=True)
-    line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}",
-         _events(lambda: kept(x, t, g, per_row, d)))
-    cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
-    line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))
+    clustered = C.cluster_plan(v, "bfloat16") is not None  # only rows past the L2's grid
+    if clustered:
+        kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                           with_loss=True)
+        line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}",
+             _events(lambda: kept(x, t, g, per_row, d)))
+        cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
+        line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))
     scale = C.build_scale_kernel(v, "bfloat16", sms)
     one = torch.ones(1, device="cuda")
     line("scale by 1 (returns at once)", _events(lambda: scale(d, one)))
     fwd_map, _ = _cluster_maps()
     for inplace in (False, True):
-        for name, kmap in (("", None), (", cluster", fwd_map)):
+        for name, kmap in (("", None), (", cluster", fwd_map))[:2 if clustered else 1]:
             op = CrossEntropyFwdOp(inplace_grad=inplace, kernel_map=kmap)
             leaf = x.clone().requires_grad_(True)
             line(f"training step, inplace_grad={inplace}{name}",
@@ -428,10 +431,12 @@ def main(argv=None) -> int:
     mode.add_argument("--prebuild", action="store_true")
     mode.add_argument("--sweep", action="store_true")
     ap.add_argument("--workers", type=int, default=15)
+    ap.add_argument("--shape", type=int, nargs=2, default=SWEEP_SHAPE, metavar=("ROWS", "V"),
+                    help="the sweep's logits (default: the bar's 8192 x 128256)")
     args = ap.parse_args(argv)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     if args.sweep:
-        return sweep(sms, args.workers)
+        return sweep(sms, args.workers, tuple(args.shape))
     from _prebuild import build_all  # beside this file, which runs as a script here
 
     return build_all(program_keys(sms), _build, _describe, args.workers)

@@ -25,14 +25,16 @@ Programs (all in :class:`CrossEntropyFwdKernel` and :class:`CrossEntropyBwdKerne
 ``rows`` (gradient)
     Persistent: a grid of as many CTAs as the GPU holds at once, each walking rows
     ``bx, bx + grid, ...``; two passes over a row (the log-sum-exp, then the gradient), the
-    second read served by L2. Rows in flight are bounded by the grid, so their bytes
-    (``grid * V * itemsize``: 132 rows of 128256 bfloat16 are 34 MB) stay within the H200's
-    50 MB L2; a grid sized by occupancy alone (two CTAs an SM) would double that and send
-    the second pass back to HBM. The second pass walks the row from its end: with the L2's
-    least-recently-used eviction an element's reuse distance is then twice its distance from
-    the row's end (the bytes all the grid reads and writes in between), not the whole row
-    for every element, so where the rows in flight and the gradient written meanwhile
-    outgrow the L2 the row's tail still hits.
+    second read served by L2 where it can be. The grid is as many CTAs as are resident (two
+    512-thread CTAs an SM), even where its rows in flight outgrow the L2 (264 rows of 128256
+    bfloat16 are 68 MB against the H200's 50 MB): on the H200 that ran faster than a grid
+    held within the L2 (8192 x 128256: 1.49 ms against 1.53 for one 1024-thread CTA an SM
+    and 1.82 for three quarters of that), the latency hidden outweighing the second pass's
+    misses. The second pass walks the row from its end: with the L2's least-recently-used
+    eviction an element's reuse distance is then twice its distance from the row's end (the
+    bytes all the grid reads and writes in between), not the whole row for every element, so
+    where the rows in flight and the gradient written meanwhile outgrow the L2 the row's tail
+    still hits.
 ``rows`` (gradient and loss)
     The gradient's program, scaled by one value, that also writes each row's loss between its
     passes: the forward of a training step with a mean or sum loss (the gradient kept for a
@@ -84,7 +86,8 @@ __all__ = [
 
 _VECTOR_BYTES = 16
 _WARP = 32
-#: bytes of rows the persistent gradient grid keeps in flight, at most (half the H200's L2)
+#: bytes of rows a grid of one CTA an SM may hold in flight for the second pass to find them in
+#: L2 (half the H200's): the rows past it are those the cluster programs serve
 _L2_ROW_BUDGET = 24 << 20
 #: the SM count a program is planned for when no device says (the H100/H200's)
 DEFAULT_SMS = 132
@@ -194,23 +197,20 @@ def rows_plan(classes: int, dtype: str, grad: bool, sms: int = DEFAULT_SMS
     ``ctas`` is the persistent grid of the gradient (0: one CTA a row).
 
     The loss reads a row once: 512 threads with 4 accesses each (32 KB in flight a CTA, two
-    CTAs an SM at 64 registers a thread). The gradient's grid holds one 1024-thread CTA an
-    SM where a row is wide (its second pass must find the row in L2: see the module
-    docstring) and more where rows are narrow, never more than 1024 threads an SM (64
-    registers a thread: a CTA of the grid that could not be resident would run its rows
-    after the others, doubling the time). Narrow rows take as few threads as give each
-    about ``per`` accesses, at least a warp.
+    CTAs an SM at 64 registers a thread). The gradient's program takes the same CTA, and its
+    persistent grid is every CTA the GPU holds at once, never more than 1024 threads an SM
+    (64 registers a thread: a CTA of the grid that could not be resident would run its rows
+    after the others, doubling the time); see the module docstring for why the grid is not
+    held within the L2. Narrow rows take as few threads as give each about ``per`` accesses,
+    at least a warp.
     """
     vec = _vec(classes, dtype)
     nv = -(-classes // vec)
-    per = 2 if grad else 4
-    cap = 1024 if grad else 512
-    threads = min(cap, max(_WARP, _pow2_at_least(-(-nv // per))))
+    per = 4
+    threads = min(512, max(_WARP, _pow2_at_least(-(-nv // per))))
     if not grad:
         return threads, vec, per, 0
-    row_bytes = classes * _ITEMSIZE[dtype]
-    per_sm = max(1, min(1024 // threads, _L2_ROW_BUDGET // max(1, sms * row_bytes)))
-    return threads, vec, per, sms * per_sm
+    return threads, vec, per, sms * (1024 // threads)
 
 
 # --- TileLang programs -----------------------------------------------------------------------
