@@ -4,7 +4,7 @@ and torch.compile, to set :func:`tileops.kernels.elementwise.plan`'s defaults fr
     python3 benchmarks/sweep_elementwise.py [--quick] [--shapes silu-32768x8192,...] [--out DIR]
     python3 benchmarks/sweep_elementwise.py --dry-run      # list shapes and plans (CPU)
 
-Shapes (:data:`SHAPES`, bf16): unary silu, gelu and relu over 32768 x 8192 and silu over
+Shapes (:data:`SHAPES`, bf16): unary silu, gelu, relu, gelu_tanh and mish over 32768 x 8192 and silu over
 32768 x 4097 (a flat run with a masked tail), silu_and_mul over a 16384 x 28672 input (its
 halves as strided rows), add with a row-broadcast ``[8192]`` bias and with a 0-dim scalar,
 and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared
@@ -59,6 +59,9 @@ SHAPES = {
     "silu-32768x8192": ("silu", (), [(32768, 8192)], None, (32768, 8192), "silu"),
     "gelu-32768x8192": ("gelu", (), [(32768, 8192)], None, (32768, 8192), "gelu"),
     "relu-32768x8192": ("relu", (), [(32768, 8192)], None, (32768, 8192), "relu"),
+    "gelu_tanh-32768x8192": ("gelu_tanh", (), [(32768, 8192)], None, (32768, 8192),
+                             "gelu_tanh"),
+    "mish-32768x8192": ("mish", (), [(32768, 8192)], None, (32768, 8192), "mish"),
     "silu-32768x4097": ("silu", (), [(32768, 4097)], None, (32768, 4097), "silu"),
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
@@ -131,6 +134,7 @@ def _tensors(label: str, torch):
 def _torch_fn(name: str, torch):
     F = torch.nn.functional
     return {"silu": F.silu, "gelu": F.gelu, "relu": torch.relu, "add": torch.add,
+            "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "mish": F.mish,
             "silu_and_mul": lambda a, b: F.silu(a) * b}[name]
 
 

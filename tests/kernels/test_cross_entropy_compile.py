@@ -102,7 +102,8 @@ def test_rows_plan(classes, dtype, grad, sms):
     assert classes % vec == 0 and vec * item <= 16  # aligned accesses on every row
     assert 32 <= threads <= 512 and threads & (threads - 1) == 0 and per == 4
     accesses = -(-classes // vec)
-    want = 1 << max(0, (-(-accesses // per) - 1).bit_length())  # a power of two >= accesses/per
+    steps = C._GRAD_STEPS if grad else 1  # the gradient's CTA walks a row in about 4 steps
+    want = 1 << max(0, (-(-accesses // (per * steps)) - 1).bit_length())  # a power of two >=
     assert threads == max(32, min(512, want))
     if not grad:
         assert ctas == 0
