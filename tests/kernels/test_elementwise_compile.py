@@ -430,7 +430,13 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
 
 
 @pytest.mark.parametrize(("fn", "in_shapes", "in_strides", "out_shape", "launch"), [
-    pytest.param("silu", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
+    pytest.param("exp", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
+    pytest.param("silu", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 4),
+                 id="flat-1-silu"),
+    pytest.param("gelu", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 8),
+                 id="flat-1-gelu"),
+    pytest.param("gelu", ((64, 4097),), ((4100, 1),), (64, 4097), ("rows", 256, 4),
+                 id="rows-gelu-padded"),  # the flat functions' plans are the flat kind's only
     pytest.param("add", ((32768, 8192), ()), None, (32768, 8192), ("flat", 128, 1),
                  id="flat-2-scalar"),
     pytest.param("mul", ((64, 4096),) * 2, None, (64, 4096), ("flat", 128, 1), id="flat-2"),
@@ -451,7 +457,7 @@ def test_default_launch_by_layout_and_inputs(fn, in_shapes, in_strides, out_shap
              out_dtypes=("bfloat16",))
     p = E.plan(s)
     assert (p.kind, p.threads, p.per) == launch
-    assert (E.plan(s, threads=64, per=4).threads, E.plan(s, threads=64, per=4).per) == (64, 4)
+    assert (E.plan(s, threads=256, per=1).threads, E.plan(s, threads=256, per=1).per) == (256, 1)
 
 
 # --- the float32 normal CDF of gelu's half-precision form ------------------------------------

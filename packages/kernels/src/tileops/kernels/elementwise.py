@@ -229,7 +229,10 @@ def _tanh_terms32(u):
     gradient scaled by ``dy * b`` shows past bf16's ulps."""
     T = _T()
     e = T.exp(_c(-2.0, "float32") * T.abs(u))
-    r = _c(1.0, "float32") / (_c(1.0, "float32") + e)
+    # 1 + e is in [1, 2]: the fast reciprocal is within 2 float32 ulp there (an IEEE division
+    # is a dozen instructions, and this math, not the bytes, bounds gelu_tanh)
+    r = T.call_pure_extern("float32", "__fdividef", _c(1.0, "float32"),
+                           _c(1.0, "float32") + e)
     one_plus = _c(2.0, "float32") * r * _sel(u < _c(0.0, "float32"), e, _c(1.0, "float32"))
     return one_plus, _c(4.0, "float32") * e * r * r
 
@@ -691,7 +694,15 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-def _default_launch(kind: str, in_codes) -> tuple[int, int]:
+#: flat one-input launches (threads, accesses a thread) of the functions whose bf16 sweep on the
+#: H200 preferred another plan than the default (benchmarks/sweep_elementwise.py, 32768 x 8192,
+#: TB/s; 2026-12-02): gelu's erfc form is bound by its math and wants accesses in flight (128/8
+#: 3.41, 64/4 3.37, 128/2 2.97; eager 3.13, compile 2.80); silu 64/4 4.22, 128/2 4.14
+#: (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25)
+_FLAT_LAUNCH = {"gelu": (128, 8), "silu": (64, 4), "mish": (64, 4)}
+
+
+def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
     """``(threads, per)`` by layout class and what is read, from the sweep on the H200
     (benchmarks/sweep_elementwise.py, bf16, TB/s counting every byte read and written once;
     the device copy runs at about 4.3):
@@ -700,7 +711,8 @@ def _default_launch(kind: str, in_codes) -> tuple[int, int]:
       256/4 4.158, 128/4 4.147, 256/2 4.091, 128/1 4.015 (torch.compile 4.178); silu
       32768 x 4097: 128/2 4.097, 256/4 4.087 (compile 4.119); relu 32768 x 8192 prefers 128/1
       (4.253, 128/2 4.226, compile 4.242): the default serves the op with math to hide, at
-      0.6% off the cheapest one's best.
+      0.6% off the cheapest one's best. The functions of :data:`_FLAT_LAUNCH` take theirs
+      (a second sweep, 2026-12-02, where silu's 128/2 fell to 4.14 against compile's 4.18).
     - flat, two or more inputs (a 0-dim scalar included): 128/1. add with a 0-dim scalar:
       128/1 4.242, 256/1 4.240, 128/2 4.209, 256/4 4.084 (compile 4.246).
     - rows with a broadcast input (a row bias, a column): 256/2. add with a [8192] bias:
@@ -710,7 +722,9 @@ def _default_launch(kind: str, in_codes) -> tuple[int, int]:
       256/1 3.852 (compile 4.376).
     - strided (unswept): 256/4, the former default."""
     if kind == "flat":
-        return (128, 2) if len(in_codes) == 1 else (128, 1)
+        if len(in_codes) == 1:
+            return _FLAT_LAUNCH.get(fn, (128, 2))
+        return 128, 1
     if kind == "rows":
         return (256, 2) if any(0 in c for c in in_codes) else (256, 4)
     return 256, 4
@@ -768,7 +782,7 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
         if modular is not None:
             return modular
-    d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):])
+    d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
     threads = threads or d_threads
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
@@ -805,7 +819,7 @@ def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
         vec //= 2
     if vec == 1 or ncols < vec:
         return None
-    threads, per = _default_launch("flat", flat_codes[n_out:])
+    threads, per = _default_launch("flat", flat_codes[n_out:], spec.fn)
     ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
     dims = tuple(d for g in groups for d in g)
     return Plan("flat", (dims,), tuple(flat_codes), ones, vec, threads, per, threads, wide,
