@@ -698,8 +698,11 @@ def _pow2_at_least(x: int) -> int:
 #: H200 preferred another plan than the default (benchmarks/sweep_elementwise.py, 32768 x 8192,
 #: TB/s; 2026-12-02): gelu's erfc form is bound by its math and wants accesses in flight (128/8
 #: 3.41, 64/4 3.37, 128/2 2.97; eager 3.13, compile 2.80); silu 64/4 4.22, 128/2 4.14
-#: (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25)
-_FLAT_LAUNCH = {"gelu": (128, 8), "silu": (64, 4), "mish": (64, 4)}
+#: (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25); gelu_tanh (its fast reciprocal)
+#: 128/4 3.83, 128/2 3.48 (eager 3.67, compile 3.48); relu 128/1 4.275, 128/2 4.245 (eager
+#: 4.272, compile 4.266)
+_FLAT_LAUNCH = {"gelu": (128, 8), "gelu_tanh": (128, 4), "silu": (64, 4), "mish": (64, 4),
+                "relu": (128, 1)}
 
 
 def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
