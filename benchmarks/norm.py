@@ -14,7 +14,8 @@ is measured on one deliberate call, not a workload:
   preallocated, then with the op's allocation); the op through its ``torch.library`` custom op
   (the route torch.compile traces); ``F.rms_norm``.
 - the first call's wall time in a fresh process (import to result, 2048 x 4096 bf16) with
-  TileLang's kernel cache cold and then warm.
+  every cache cold, then warm (the kernel loaded from the kernel store, TileLang not
+  imported), then with only TileLang's own cache warm.
 
 Results: JSON + Markdown (norm_host.json, norm_host.md) under --out.
 """
@@ -25,6 +26,7 @@ import argparse
 import datetime as _dt
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -92,24 +94,30 @@ from tileops.ops import RMSNormFwdOp
 op = RMSNormFwdOp(normalized_shape=[4096], eps=1e-6)
 op(x, w)
 torch.cuda.synchronize()
-print(time.perf_counter() - t)
+print(time.perf_counter() - t, "tilelang" in sys.modules)
 """
 
 
 def first_call() -> dict:
-    """Seconds from import to the first result, in a fresh process: cold (empty TileLang
-    cache) then warm (the cache the cold run filled)."""
+    """Seconds from import to the first result, in a fresh process, and whether it imported
+    TileLang: cold (an empty cache), warm (the cache the cold run filled: the kernel loads from
+    the kernel store), then warm with the kernel store emptied (TileLang's own cache only, so
+    TileLang is imported to load it)."""
     code = _FIRST_CALL.format(paths=PATHS)
     out = {}
     with tempfile.TemporaryDirectory() as cache:
         # every cache of the library (TileLang's compiled kernels included) follows
         # TILEOPS_CACHE_DIR, which points TileLang's own variable under it
         env = dict(os.environ, TILEOPS_CACHE_DIR=cache)
-        for label in ("cold", "warm"):
+        for label in ("cold", "warm", "warm_tilelang_cache_only"):
+            if label == "warm_tilelang_cache_only":
+                shutil.rmtree(os.path.join(cache, "kernels"), ignore_errors=True)
             res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                                  text=True, timeout=300)
             try:
-                out[label] = float(res.stdout.strip().splitlines()[-1])
+                seconds, imported = res.stdout.strip().splitlines()[-1].split()
+                out[label] = float(seconds)
+                out[f"{label}_imports_tilelang"] = imported == "True"
             except (ValueError, IndexError):
                 out[label] = None
                 out[f"{label}_error"] = res.stderr[-500:]
@@ -126,8 +134,10 @@ def _markdown(result: dict) -> str:
                          for k, val in h.items())]
     if "first_call_s" in result:
         fc = result["first_call_s"]
-        lines.append(f"First call in a fresh process (import to result): cold {fc.get('cold')} s, "
-                     f"warm {fc.get('warm')} s")
+        lines.append("First call in a fresh process (import to result), seconds: " + ", ".join(
+            f"{k} {fc.get(k)}" + (" (TileLang imported)"
+                                  if fc.get(f"{k}_imports_tilelang") else " (no TileLang)")
+            for k in ("cold", "warm", "warm_tilelang_cache_only")))
     return "\n".join(lines) + "\n"
 
 

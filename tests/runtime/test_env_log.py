@@ -52,13 +52,14 @@ def test_cache_dir(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
 def test_every_cache_part_and_compiler_cache_lies_under_the_cache_dir(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
-    assert set(env.CACHE_PARTS) == {"gemm", "specs", "tilelang", "tvm-ffi"}
+    assert set(env.CACHE_PARTS) == {"gemm", "kernels", "specs", "tilelang", "tvm-ffi"}
     assert env.cache_part("tilelang") == tmp_path / "tilelang"
     assert env.compiler_cache_env() == {"TILELANG_CACHE_DIR": str(tmp_path / "tilelang"),
                                         "TVM_FFI_CACHE_DIR": str(tmp_path / "tvm-ffi")}
-    with pytest.raises(KeyError, match="unknown cache part 'kernels'; parts: gemm, specs, "
-                                       "tilelang, tvm-ffi"):
-        env.cache_part("kernels")
+    assert env.cache_part("kernels") == tmp_path / "kernels"
+    with pytest.raises(KeyError, match="unknown cache part 'programs'; parts: gemm, kernels, "
+                                       "specs, tilelang, tvm-ffi"):
+        env.cache_part("programs")
 
 
 def test_log_level(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -38,13 +38,13 @@ loads outside the tensor read zeros and stores outside it are dropped.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 import struct
 from typing import Any, Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -524,7 +524,7 @@ def program_key(spec: AttentionFwdSpec) -> tuple:
             needs_mask(spec, plan))
 
 
-@functools.lru_cache(maxsize=128)
+@stored(maxsize=128)
 def build_attention_fwd(key: tuple, target: str | None = None,
                         plan: AttentionPlan | None = None):
     """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
@@ -575,7 +575,7 @@ def varlen_program_key(spec: AttentionVarlenFwdSpec) -> tuple:
             spec.window_left, spec.window_right, spec.softcap)
 
 
-@functools.lru_cache(maxsize=128)
+@stored(maxsize=128)
 def build_attention_varlen_fwd(key: tuple, target: str | None = None,
                                plan: AttentionPlan | None = None):
     """Compile the varlen program of a :func:`varlen_program_key` (cached per key)."""

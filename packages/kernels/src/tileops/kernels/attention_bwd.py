@@ -25,11 +25,11 @@ preprocess (``delta``), the kernel, the group sums and the casts of the float32 
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
-import functools
 from typing import Any, NamedTuple
 
 from tileops.runtime import Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 from .attention import (
     AttentionFwdSpec,
@@ -234,7 +234,7 @@ def bwd_program_key(spec: AttentionFwdSpec) -> tuple:
             spec.scale, spec.window_left, spec.window_right, spec.softcap)
 
 
-@functools.lru_cache(maxsize=128)
+@stored(maxsize=128)
 def build_attention_bwd(key: tuple, target: str | None = None,
                         plan: AttentionBwdPlan | None = None):
     """Compile the backward program of a :func:`bwd_program_key` (cached per key)."""

@@ -44,7 +44,6 @@ memory-bound and several share an SM).
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 from dataclasses import dataclass
 from typing import Literal, get_args
@@ -53,6 +52,7 @@ import torch
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -467,7 +467,7 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
     return main
 
 
-@functools.lru_cache(maxsize=128)
+@stored(maxsize=128)
 def build_decode(spec: AttentionDecodeSpec, plan: DecodePlan, target: str | None = None):
     """Compile the program of ``spec`` under ``plan`` (cached per configuration); ``target``
     an arch such as ``"sm_90a"``, None for the current device."""

@@ -56,13 +56,13 @@ the multiply), so any row count is one launch.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 from typing import Any, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -681,7 +681,7 @@ def finish_program(ignore_index: int, mean: bool, grad: bool, threads: int = 102
     return main
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
                       per_row_scale: bool, sms: int = DEFAULT_SMS, target: str | None = None,
                       with_loss: bool = False):
@@ -692,7 +692,7 @@ def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
     return compile_program(prog, target)
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_scale: bool,
                               target: str | None = None, with_loss: bool = False):
     """Compile the cluster gradient program of :func:`cluster_plan` (cached)."""
@@ -704,7 +704,7 @@ def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_
                                                 with_loss=with_loss), target)
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_scale_kernel(classes: int, dtype: str, sms: int = DEFAULT_SMS,
                        target: str | None = None):
     """Compile the scale program (cached per configuration)."""
@@ -712,7 +712,7 @@ def build_scale_kernel(classes: int, dtype: str, sms: int = DEFAULT_SMS,
                            target)
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_finish_kernel(ignore_index: int, mean: bool, grad: bool, target: str | None = None):
     """Compile the one-CTA finish program (cached per configuration)."""
     return compile_program(finish_program(ignore_index, mean, grad), target)

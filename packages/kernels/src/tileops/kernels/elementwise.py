@@ -33,7 +33,6 @@ itself.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import dataclasses
-import functools
 import math
 from collections.abc import Callable
 from typing import ClassVar
@@ -41,6 +40,7 @@ from typing import ClassVar
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -1115,7 +1115,7 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
     return body
 
 
-@functools.lru_cache(maxsize=512)
+@stored(maxsize=512)
 def build_kernel(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, compute: str,
                  out_rank: int, p: Plan, target: str | None = None):
     """Compile the program of a call class (cached per class and target)."""

@@ -44,11 +44,11 @@ plain predicated copies (``tma=False``), slower but any shape.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Any, Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 from .gemm import sm_count
 
@@ -395,7 +395,7 @@ def _persistent_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: s
     return gemm_fp8_persistent
 
 
-@functools.lru_cache(maxsize=128)
+@stored(maxsize=128)
 def build_fp8_gemm_kernel(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
                           scaling: Scaling, has_bias: bool, cfg: Fp8Config,
                           target: str | None = None, sms: int = _SMS):

@@ -24,11 +24,11 @@ of that many CTAs walking the row tiles), and the quantising program reduces tho
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Any, Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -302,14 +302,14 @@ def amax_program(k: int, dtype: str, plan: QuantPlan):
     return amax
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_quant_kernel(k: int, dtype: str, fp8_dtype: str, granularity: Granularity,
                        plan: QuantPlan, target: str | None = None):
     """Compile :func:`quant_program` (cached per process; TileLang also caches on disk)."""
     return compile_program(quant_program(k, dtype, fp8_dtype, granularity, plan), target)
 
 
-@functools.lru_cache(maxsize=32)
+@stored(maxsize=32)
 def build_amax_kernel(k: int, dtype: str, plan: QuantPlan, target: str | None = None):
     """Compile :func:`amax_program`."""
     return compile_program(amax_program(k, dtype, plan), target)

@@ -74,6 +74,7 @@ from typing import Any, ClassVar, Literal, NamedTuple, get_args
 from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, env, log
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -628,7 +629,7 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
     return main
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                       cfg: GemmConfig, target: str | None = None, pdl: bool = False,
                       sms: int = _SMS, accumulate: bool = False):
@@ -640,14 +641,14 @@ def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                                         accumulate), target)
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_gemv_kernel(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
                       target: str | None = None, pdl: bool = False, accumulate: bool = False):
     """Compile :func:`gemv_program` (cached per process and on disk, as the others)."""
     return compile_program(gemv_program(n, k, dtype, trans_a, cfg, pdl, accumulate), target)
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_reduce_kernel(n: int, dtype: str, split: int, target: str | None = None,
                         pdl: bool = False, accumulate: bool = False):
     """Compile the split-K reduction for ``n`` columns and ``split`` partial sums (adding

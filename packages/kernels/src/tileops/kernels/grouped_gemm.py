@@ -53,12 +53,12 @@ rows), else the math threads copy it out a column a thread, each row and column 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, log
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 from .gemm import _LOAD_NREG, _MATH_NREG, _time_ms, sm_count
 
@@ -606,7 +606,7 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_grouped_gemm(e: int, n: int, k: int, dtype: str, trans_b: bool,
                        layout: GroupedLayoutKind, max_m: int, cfg: GroupedGemmConfig,
                        target: str | None = None, sms: int = _SMS):

@@ -34,12 +34,12 @@ token count.
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
-import functools
 from typing import Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -219,7 +219,7 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_gating(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
                  num_groups: int, topk_groups: int, scale: float, bias: bool,
                  target: str | None = None):
@@ -351,7 +351,7 @@ def gating_bwd_program(e: int, top_k: int, dtype: str, scoring: str, renormalize
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_gating_bwd(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
                      scale: float, target: str | None = None):
     """Compile :func:`gating_bwd_program`."""
@@ -433,7 +433,7 @@ def permute_program(h: int, dtype: str):
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_permute(h: int, dtype: str, target: str | None = None):
     """Compile :func:`permute_program`."""
     return compile_program(permute_program(h, dtype), target)
@@ -518,7 +518,7 @@ def unpermute_program(h: int, k: int, dtype: str):
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_unpermute(h: int, k: int, dtype: str, target: str | None = None):
     """Compile :func:`unpermute_program`."""
     return compile_program(unpermute_program(h, k, dtype), target)
@@ -600,7 +600,7 @@ def gate_grad_program(h: int, k: int, dtype: str):
     return main
 
 
-@functools.lru_cache(maxsize=64)
+@stored(maxsize=64)
 def build_gate_grad(h: int, k: int, dtype: str, target: str | None = None):
     """Compile :func:`gate_grad_program`."""
     return compile_program(gate_grad_program(h, k, dtype), target)

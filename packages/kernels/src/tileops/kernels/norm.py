@@ -32,12 +32,12 @@ the unfused reference computes it).
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Any, ClassVar, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -627,7 +627,7 @@ def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                           has_bias: bool, target: str | None = None,
                           plan: tuple[int, int, int, int] | None = None,
@@ -642,7 +642,7 @@ def build_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight:
     return compile_program(prog, target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_cluster_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                          has_bias: bool, target: str | None = None,
                          plan: tuple[int, int, int, int] | None = None):
@@ -653,7 +653,7 @@ def build_cluster_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: 
     return compile_program(prog, target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                         has_bias: bool, target: str | None = None, plan: Any = None,
                         few_rows: bool = False):

@@ -43,11 +43,11 @@ multiple of the 16-byte vector are read with the widest aligned access (as the f
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
-import functools
 from typing import Any, ClassVar, NamedTuple
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 from .gemm import sm_count
 from .norm import (
@@ -848,7 +848,7 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
     return _main_params(body, add, has_weight, has_ws, shapes, dtype)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_bwd_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                               grad_weight: bool, grad_bias: bool, target: str | None = None,
                               plan: BwdRegisterPlan | None = None,
@@ -864,13 +864,13 @@ def build_bwd_register_kernel(kind: str, n: int, dtype: str, eps: float, has_wei
     return compile_program(prog, target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_colsum_kernel(rpc: int, n: int, k: int, dtype: str, target: str | None = None):
     """Compile the column-sum program (cached per configuration)."""
     return compile_program(colsum_program(rpc, n, k, dtype, *colsum_plan(k * n)), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_bwd_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                             grad_weight: bool, grad_bias: bool, target: str | None = None,
                             plan: tuple[int, int, int] | None = None, few_rows: bool = False,

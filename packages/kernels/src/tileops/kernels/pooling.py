@@ -49,12 +49,12 @@ hold to torch over the input space) to torch tensors.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 from typing import Any, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -481,7 +481,7 @@ def _identity(spec: PoolSpec) -> tuple:
     return tuple(getattr(spec, f) for f in _SPEC_FIELDS)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def _build(identity: tuple, backward: bool, target: str | None, plan: tuple[int, int] | None):
     spec = PoolSpec(device=None, **dict(zip(_SPEC_FIELDS, identity, strict=True)))
     program = pool_bwd_program(spec, plan) if backward else pool_program(spec, plan)

@@ -46,12 +46,12 @@ output's uint8 view.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -754,7 +754,7 @@ def finish_program(kind: ReduceKind, splits: int, dtype: str, r: int, correction
     return main
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_row_kernel(kind: ReduceKind, n: int, dtype: str, correction: float, splits: int,
                      target: str | None = None):
     """Compile the row kernel for rows of ``n`` split ``splits`` ways (cached per
@@ -763,7 +763,7 @@ def build_row_kernel(kind: ReduceKind, n: int, dtype: str, correction: float, sp
     return compile_program(row_program(kind, n, dtype, correction, *plan), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_column_kernel(kind: ReduceKind, r: int, inner: int, dtype: str, correction: float,
                         splits: int, target: str | None = None):
     """Compile the column kernel for ``(outer, r, inner)`` views with ``r`` split ``splits``
@@ -772,7 +772,7 @@ def build_column_kernel(kind: ReduceKind, r: int, inner: int, dtype: str, correc
     return compile_program(column_program(kind, r, inner, dtype, correction, *plan), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_finish_kernel(kind: ReduceKind, splits: int, dtype: str, r: int, correction: float,
                         target: str | None = None):
     """Compile the finish of ``splits`` partial states an output (the outputs' count is the

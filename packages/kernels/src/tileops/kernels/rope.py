@@ -31,13 +31,13 @@ same kernel with ``sin`` negated (``inverse``).
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 from typing import Any, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -364,7 +364,7 @@ def _identity(spec: RopeSpec) -> tuple:
             spec.cache_length, spec.switch_at, spec.inverse, spec.inplace)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def _build(identity: tuple, target: str | None):
     spec = RopeSpec(device=None, **dict(zip(_SPEC_FIELDS, identity, strict=True)))
     return compile_program(rope_program(spec), target)

@@ -29,7 +29,6 @@ instead of leaving it to one.
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 from typing import Literal, get_args
 
 import torch
@@ -37,6 +36,7 @@ import torch
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -389,14 +389,14 @@ def strided_program(kind: str, length: int, inner: int, dtype: str, totals: bool
     return main
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_row_scan(kind: str, n: int, dtype: str, totals: bool, plan: tuple,
                    target: str | None = None):
     """Compile a row-scan program for ``plan`` (:func:`row_plan`'s tuple), cached."""
     return compile_program(row_program(kind, n, dtype, totals, *plan), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_strided_scan(kind: str, length: int, inner: int, dtype: str, totals: bool,
                        plan: tuple, target: str | None = None):
     """Compile a strided-walk program for ``plan`` (:func:`strided_plan`'s tuple), cached."""

@@ -56,13 +56,13 @@ the running max starts at the most negative finite float so that such a row neve
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-import functools
 import math
 from typing import Any, ClassVar, Literal, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -1085,7 +1085,7 @@ def _program(table, layout: Layout, kind: str, r: int, inner: int, dtype: str, p
     return table[layout](kind, r, dtype, *plan)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_fwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
               target: str | None = None):
     """Compile a forward program (cached per configuration); ``inner`` is 1 but for
@@ -1093,14 +1093,14 @@ def build_fwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: t
     return compile_program(_program(_FWD, layout, kind, r, inner, dtype, plan), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_bwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
               target: str | None = None):
     """Compile a gradient program (cached per configuration)."""
     return compile_program(_program(_BWD, layout, kind, r, inner, dtype, plan), target)
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_lse_bwd(layout: Layout, kind: str, r: int, inner: int, dtype: str, plan: tuple,
                   target: str | None = None):
     """Compile a program of logsumexp's gradient (cached per configuration)."""

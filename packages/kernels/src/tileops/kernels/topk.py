@@ -50,7 +50,6 @@ candidates overflow the buffer reads it again for each round and once more to ga
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
-import functools
 from typing import Literal, get_args
 
 import torch
@@ -58,6 +57,7 @@ import torch
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
+from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
@@ -481,7 +481,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
         "tl.disable_thread_storage_sync": True, "tl.disable_shared_memory_reuse": True})
 
 
-@functools.lru_cache(maxsize=256)
+@stored(maxsize=256)
 def build_topk(n: int, k: int, dtype: str, largest: bool, target: str | None = None,
                plan: tuple | None = None):
     """Compile the radix select (cached per configuration); ``plan`` overrides

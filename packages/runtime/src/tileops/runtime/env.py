@@ -38,6 +38,7 @@ KNOBS = {
 #: the folders under ``cache_dir()``, by name, with what each holds
 CACHE_PARTS = {
     "gemm": "tuned GEMM configurations (json)",
+    "kernels": "compiled kernels as shared libraries, loaded without importing TileLang",
     "specs": "validated spec files (msgpack), keyed by their bytes and the validator's code",
     "tilelang": "compiled kernels (TileLang's cache, TILELANG_CACHE_DIR)",
     "tvm-ffi": "tvm-ffi's build of its torch DLPack addon (TVM_FFI_CACHE_DIR)",

@@ -1,0 +1,251 @@
+"""The kernel store (tileops.kernels._store): keys, entries checked before use, the fall back
+to a build on every failure, and that every family's builder goes through it. The store's
+real load of a CUDA library runs on a GPU (tests/kernels/test_store_cuda.py); here the
+library is a file of bytes and the loader a stand-in."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import logging
+import pkgutil
+import subprocess
+import sys
+from enum import Enum
+from typing import NamedTuple
+
+import msgspec
+import pytest
+
+import tileops.kernels as K
+from tileops.kernels import _store as S
+
+DEVICE = ["Stand-in GPU", [9, 0], 132]
+
+
+class Kind(str, Enum):
+    A = "a"
+
+
+class Plan(NamedTuple):
+    threads: int
+    per: int
+
+
+class Spec(msgspec.Struct, frozen=True):
+    n: int
+    dtype: str
+
+
+def test_canonical_encodings_keep_types_apart():
+    assert S.canonical((1, True, None, "a")) == [1, True, None, "a"]
+    assert S.canonical(Kind.A) != S.canonical("a")  # a str enum keeps its type
+    assert S.canonical(0.1) == {"float": "0.1"} and S.canonical(1.0) != S.canonical(1)
+    assert S.canonical(Plan(128, 2)) == {"tuple": f"{__name__}.Plan",
+                                          "fields": [["threads", 128], ["per", 2]]}
+    assert S.canonical(Plan(128, 2)) != S.canonical((128, 2))
+    assert S.canonical(Spec(4, "bfloat16"))["fields"] == [["n", 4], ["dtype", "bfloat16"]]
+    torch = pytest.importorskip("torch")
+    assert S.canonical(torch.device("cuda", 0)) == {"device": "cuda:0"}
+    for bad in (object(), {1: 2}, b"x", 1j):
+        with pytest.raises(S.Unstorable, match="no stable encoding for a"):
+            S.canonical(bad)
+
+
+def _builder(calls):
+    def build_thing(n: int, dtype: str, target: str | None = None, plan: Plan | None = None):
+        calls.append((n, dtype, target, plan))
+        return _Built(f"{n}-{dtype}-{plan}".encode())
+
+    return build_thing
+
+
+class _Built:
+    """A compiled kernel's stand-in: exports its bytes as its library."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def export_library(self, path: str) -> None:
+        with open(path, "wb") as f:
+            f.write(self.payload)
+
+
+class _NoLibrary:
+    """What a compile without a device returns: no library to export."""
+
+    def export_library(self, path: str) -> None:
+        raise AttributeError("Runtime module is not available")
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """The store under a temporary cache, the device a stand-in, the loader recording paths."""
+    monkeypatch.setenv("TILEOPS_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(S, "_device", lambda: list(DEVICE))
+    loads = []
+
+    def fake_load(path):
+        loads.append(path)
+        data = path.read_bytes()
+        return lambda *args: (data, args)
+
+    monkeypatch.setattr(S, "load_module", fake_load)
+    monkeypatch.setattr(S, "_state", {})
+    return loads
+
+
+def _entry(calls, n=4):
+    build = _builder(calls)
+    parts = S.key_parts(build, {"n": n, "dtype": "bfloat16", "target": None, "plan": None},
+                        DEVICE)
+    key = S.key_of(parts)
+    return build, parts, key, S.root() / key
+
+
+def test_a_build_is_stored_then_loaded_without_building(store):
+    calls = []
+    build, parts, key, folder = _entry(calls)
+    first = S.build_or_load(build, (4, "bfloat16"), {})
+    assert isinstance(first, _Built) and len(calls) == 1
+    assert sorted(p.name for p in folder.iterdir()) == ["entry.json", "executable.so"]
+    rec = json.loads((folder / "entry.json").read_text())
+    assert rec["key"] == key and rec["parts"] == json.loads(json.dumps(parts))
+    again = S.build_or_load(build, (4,), {"dtype": "bfloat16"})  # the same bound arguments
+    assert isinstance(again, S.StoredKernel) and len(calls) == 1
+    assert again(1, 2) == (b"4-bfloat16-None", (1, 2)) and store == [folder / "executable.so"]
+    assert [p.name for p in S.root().iterdir()] == [key]  # no temporary folder left behind
+
+
+def test_the_key_follows_every_part(store):
+    calls = []
+    build, parts, key, _ = _entry(calls)
+    keys = {key}
+    for other in ({"device": ["Other", [9, 0], 132]}, {"sources": "0" * 64},
+                  {"arguments": parts["arguments"][:1] + [["dtype", "float16"]]
+                   + parts["arguments"][2:]}):
+        keys.add(S.key_of({**parts, **other}))
+    plan = S.key_parts(build, {"n": 4, "dtype": "bfloat16", "target": None,
+                               "plan": Plan(128, 2)}, DEVICE)
+    keys.add(S.key_of(plan))
+    assert len(keys) == 5
+    assert S.key_parts(build, {"n": 4}, DEVICE)["builder"].endswith("build_thing")
+
+
+@pytest.mark.parametrize("damage", ["library", "record-key", "record-parts", "not-json",
+                                    "deep-json", "huge", "no-record", "format"])
+def test_an_entry_that_fails_its_check_is_rebuilt(store, damage, caplog):
+    calls = []
+    build, parts, key, folder = _entry(calls)
+    S.build_or_load(build, (4, "bfloat16"), {})
+    rec_path, lib = folder / "entry.json", folder / "executable.so"
+    rec = json.loads(rec_path.read_text())
+    if damage == "library":
+        lib.write_bytes(b"4-bfloat16-Nonf")  # same size, other bytes
+    elif damage == "record-key":
+        rec_path.write_text(json.dumps({**rec, "key": "0" * 64}))
+    elif damage == "record-parts":
+        rec_path.write_text(json.dumps({**rec, "parts": {**rec["parts"], "device": ["x"]}}))
+    elif damage == "not-json":
+        rec_path.write_bytes(b"\x80not json")
+    elif damage == "deep-json":
+        rec_path.write_text("[" * 100_000 + "]" * 100_000)
+    elif damage == "huge":
+        rec_path.write_bytes(b" " * (S._RECORD_LIMIT + 1))
+    elif damage == "no-record":
+        rec_path.unlink()
+    else:
+        rec_path.write_text(json.dumps({**rec, "format": 0}))
+    with caplog.at_level(logging.WARNING, logger="tileops"):
+        got = S.build_or_load(build, (4, "bfloat16"), {})
+    assert isinstance(got, _Built) and len(calls) == 2 and store == []
+    assert f"stored kernel {key[:12]} of {parts['builder']} not used" in caplog.text
+    assert S.check_entry(folder, key, parts) is None  # rewritten, whole
+    assert isinstance(S.build_or_load(build, (4, "bfloat16"), {}), S.StoredKernel)
+
+
+def test_a_library_that_fails_to_load_is_rebuilt(store, monkeypatch, caplog):
+    calls = []
+    build, _, key, folder = _entry(calls)
+    S.build_or_load(build, (4, "bfloat16"), {})
+
+    def broken(path):
+        raise RuntimeError("Library binary was created using {cuda} but a loader of that "
+                           "name is not registered")
+
+    monkeypatch.setattr(S, "load_module", broken)
+    with caplog.at_level(logging.WARNING, logger="tileops"):
+        got = S.build_or_load(build, (4, "bfloat16"), {})
+    assert isinstance(got, _Built) and len(calls) == 2
+    assert "it failed to load (RuntimeError: Library binary" in caplog.text
+
+
+def test_builds_the_store_does_not_take(store, tmp_path, monkeypatch, caplog):
+    calls = []
+    build, *_ = _entry(calls)
+    S.build_or_load(build, (4, "bfloat16", "sm_90"), {})  # an explicit target: a CPU test's
+    S.build_or_load(build, (4, "bfloat16"), {"plan": object()})  # no stable encoding
+    assert len(calls) == 2 and not S.root().exists()
+    monkeypatch.setattr(S, "_device", lambda: None)  # no CUDA device: the build decides
+    S.build_or_load(build, (4, "bfloat16"), {})
+    assert len(calls) == 3 and not S.root().exists()
+
+
+def test_a_kernel_without_a_library_or_an_unwritable_store_warns_once(store, monkeypatch,
+                                                                       caplog):
+    monkeypatch.setattr(S, "_device", lambda: list(DEVICE))
+    calls = []
+
+    def build_bare(n: int, target: str | None = None):
+        calls.append(n)
+        return _NoLibrary()
+
+    with caplog.at_level(logging.WARNING, logger="tileops"):
+        for n in (1, 2):
+            assert isinstance(S.build_or_load(build_bare, (n,), {}), _NoLibrary)
+    assert caplog.text.count("compiled kernels are not stored under") == 1
+    assert calls == [1, 2] and list(S.root().iterdir()) == []  # nothing half-written
+
+
+def test_the_decorator_keeps_the_lru_cache_in_front(store):
+    calls = []
+    cached = S.stored(maxsize=4)(_builder(calls))
+    assert cached(4, "bfloat16") is cached(4, "bfloat16") and len(calls) == 1
+    cached.cache_clear()
+    assert isinstance(cached(4, "bfloat16"), S.StoredKernel) and len(calls) == 1
+    assert cached.build.__name__ == "build_thing" and cached.__name__ == "build_thing"
+
+
+def test_every_family_builder_goes_through_the_store():
+    """Each family module's compiling functions (those that call compile_program) are the
+    store's decorated builders: a builder left on a bare lru_cache would import TileLang on
+    every first call."""
+    import inspect
+
+    seen = 0
+    for info in pkgutil.iter_modules(K.__path__):
+        if info.name.startswith("_"):
+            continue
+        mod = importlib.import_module(f"tileops.kernels.{info.name}")
+        for name, fn in vars(mod).items():
+            target = getattr(fn, "build", None) or getattr(fn, "__wrapped__", None) or fn
+            if not callable(fn) or getattr(target, "__module__", None) != mod.__name__:
+                continue
+            try:
+                src = inspect.getsource(target)
+            except (OSError, TypeError):
+                continue
+            if "return compile_program(" in src:
+                assert hasattr(fn, "build") and hasattr(fn, "cache_clear"), \
+                    f"{mod.__name__}.{name} compiles without the kernel store"
+                seen += 1
+    assert seen >= 38
+
+
+def test_the_runtime_library_is_found_without_importing_tilelang():
+    pytest.importorskip("tilelang")
+    code = ("import sys; from tileops.kernels import _store as S; p = S.runtime_library(); "
+            "print(p.name if p else None, 'tilelang' in sys.modules, 'tvm' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["libtvm_runtime.so", "False", "False"]
