@@ -23,7 +23,11 @@ store. Otherwise the entry's key is the SHA-256 of, as canonical JSON:
 
 An entry is a folder named by its key: ``executable.so`` and ``entry.json`` (format, key, the
 key's parts, the library's size and SHA-256). It is read only after those all match; one that
-does not (truncated, edited, another key's) is removed and rebuilt, with a warning. Folders
+does not (truncated, edited, another key's) is removed and rebuilt, with a warning; one that
+passes and still fails to load turns the store off for the process (one warning), every
+later build compiling as TileLang alone would. Anything else that goes wrong while storing
+(an unwritable folder, a kernel without a library) warns once and leaves the build as it is.
+Folders
 are written under a temporary name and renamed into place, so a reader never sees half an
 entry. Nothing is unpickled: the entry's record is JSON, its library is checked by hash.
 """
@@ -227,7 +231,7 @@ def save(folder: Path, key: str, parts: dict[str, Any], kernel) -> bool:
         except OSError:  # another process stored it first: theirs is as good
             return folder.is_dir()
         return True
-    except (AttributeError, OSError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the kernel is built; only storing it failed
         _warn_once("save", "compiled kernels are not stored under %s (%s: %s); each process "
                    "will import TileLang to load them", root(), type(exc).__name__, exc)
         return False
@@ -247,7 +251,7 @@ def build_or_load(build, args: tuple, kwargs: dict):
     bound.apply_defaults()
     if bound.arguments.get("target") is not None:
         return build(*args, **kwargs)
-    device = _device()
+    device = None if "disabled" in _state else _device()
     if device is None:
         return build(*args, **kwargs)
     try:
@@ -256,18 +260,26 @@ def build_or_load(build, args: tuple, kwargs: dict):
         return build(*args, **kwargs)
     key = key_of(parts)
     folder = root() / key
-    if folder.is_dir():
-        why = check_entry(folder, key, parts)
-        if why is None:
-            try:
-                return StoredKernel(key, load_module(folder / LIBRARY))
-            except Exception as exc:  # noqa: BLE001 - any failure to load: compile instead
-                why = f"it failed to load ({type(exc).__name__}: {exc})"
+    try:
+        why = check_entry(folder, key, parts) if folder.is_dir() else "absent"
+    except OSError as exc:
+        why = f"it cannot be read ({type(exc).__name__}: {exc})"
+    if why is None:
+        try:
+            return StoredKernel(key, load_module(folder / LIBRARY))
+        except Exception as exc:  # noqa: BLE001 - any failure to load: compile instead
+            # a library that passed its check and does not load says the loader does not
+            # work here: the rest of this process builds without the store
+            _state["disabled"] = True
+            why = f"it failed to load ({type(exc).__name__}: {exc}); the store is off for " \
+                  "this process"
+    if why != "absent":
         log.warning("stored kernel %s of %s not used: %s; rebuilding it", key[:12],
                     parts["builder"], why)
         shutil.rmtree(folder, ignore_errors=True)
     kernel = build(*args, **kwargs)
-    save(folder, key, parts, kernel)
+    if "disabled" not in _state:
+        save(folder, key, parts, kernel)
     return kernel
 
 

@@ -3,7 +3,7 @@
 | variable              | default                  | meaning                                        |
 |-----------------------|--------------------------|------------------------------------------------|
 | ``TILEOPS_CACHE_DIR`` | ``~/.cache/tileops``     | everything TileOPs writes: tuned configs,      |
-|                       |                          | validated specs, compiled kernels (TileLang's) |
+|                       |                          | validated specs, compiled kernels              |
 | ``TILEOPS_LOG_LEVEL`` | ``WARNING``              | ``DEBUG``, ``INFO``, ``WARNING`` or ``ERROR``  |
 | ``TILEOPS_TARGET``    | unset (choose by device) | the process default target (``reference``, ...)|
 
