@@ -208,8 +208,12 @@ def test_the_mask_is_applied_on_the_tiles_seen_in_part_only(masked):
                                    0 if masked else -1, None, masked, plan)
     branches = [line.strip() for line in prog.script().splitlines()
                 if line.strip().startswith("if ")]
-    assert branches == (["if kt < whole_start or kt >= whole_end:"] if masked else []) + \
+    # causal, no left side: every tile starts whole (the start is 0), the end is the diagonal's
+    assert branches == (["if kt < 0 or kt >= whole_end:"] if masked else []) + \
         ["if r0 + i < S_q:"]
+    windowed = A.attention_fwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, 256, 0,
+                                       None, True, plan)
+    assert "if kt < whole_start or kt >= whole_end:" in windowed.script()
 
 
 def test_varlen_program_compiles_for_sm90a():

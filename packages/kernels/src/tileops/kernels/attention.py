@@ -241,7 +241,9 @@ def full_key_tiles(r0: Any, seq_q: int, seq_kv: int, left: int, right: int, bm: 
     offset = seq_kv - seq_q
     # the last row's leftmost key starts the first whole tile; the first row's rightmost key
     # (and S_kv) ends the last
-    start = mx(0, r0 + bm - 1 + offset - lb + bn - 1) // bn
+    # (no left side: every key left of a row's diagonal is seen, so every tile starts whole; the
+    # bound _bounds gives for it is passed by the tile's rows past a short S_q)
+    start = 0 if left < 0 else mx(0, r0 + bm - 1 + offset - lb + bn - 1) // bn
     end = mx(0, mn(seq_kv, r0 + offset + rb + 1)) // bn
     return start, end
 
