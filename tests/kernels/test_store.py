@@ -5,10 +5,13 @@ library is a file of bytes and the loader a stand-in."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 import logging
+import os
 import pkgutil
+import shutil
 import subprocess
 import sys
 from enum import Enum
@@ -37,6 +40,12 @@ class Spec(msgspec.Struct, frozen=True):
     dtype: str
 
 
+@dataclasses.dataclass(frozen=True)
+class Box:
+    a: int
+    b: tuple
+
+
 def test_canonical_encodings_keep_types_apart():
     assert S.canonical((1, True, None, "a")) == [1, True, None, "a"]
     assert S.canonical(Kind.A) != S.canonical("a")  # a str enum keeps its type
@@ -45,9 +54,12 @@ def test_canonical_encodings_keep_types_apart():
                                           "fields": [["threads", 128], ["per", 2]]}
     assert S.canonical(Plan(128, 2)) != S.canonical((128, 2))
     assert S.canonical(Spec(4, "bfloat16"))["fields"] == [["n", 4], ["dtype", "bfloat16"]]
+    assert S.canonical(Box(2, (3,))) == {"struct": f"{__name__}.Box",
+                                         "fields": [["a", 2], ["b", [3]]]}
     torch = pytest.importorskip("torch")
     assert S.canonical(torch.device("cuda", 0)) == {"device": "cuda:0"}
-    for bad in (object(), {1: 2}, b"x", 1j):
+    assert S.canonical(torch.bfloat16) == {"dtype": "torch.bfloat16"}
+    for bad in (object(), {1: 2}, b"x", 1j, Box):
         with pytest.raises(S.Unstorable, match="no stable encoding for a"):
             S.canonical(bad)
 
@@ -269,3 +281,55 @@ def test_the_runtime_library_is_found_without_importing_tilelang():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout.split()
     assert out == ["libtvm_runtime.so", "False", "False"]
+
+
+# --- a real library: compiled for sm_90 here, stored, loaded by a process without TileLang ----
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc")
+
+_LOAD = r"""
+import sys
+from pathlib import Path
+import torch
+from tileops.kernels import _store as S
+S._device = lambda: {device!r}
+folder = S.root() / {key!r}
+assert S.check_entry(folder, {key!r}, {parts!r}) is None
+kernel = S.StoredKernel({key!r}, S.load_module(folder / S.LIBRARY))
+x = torch.randn(16, dtype=torch.bfloat16)
+try:
+    kernel(x, torch.empty_like(x))
+except RuntimeError as exc:
+    print("refused:", exc)
+print("tilelang" in sys.modules, "tvm" in sys.modules)
+"""
+
+
+@needs_nvcc
+def test_a_real_library_is_stored_and_loads_without_tilelang(store):
+    """The silu program compiled for sm_90 is exported into the store and loads in a fresh
+    process that never imports TileLang; its own host code then checks the call (a CPU
+    tensor is refused by the library, which is how it shows it is the kernel)."""
+    from tileops.kernels import elementwise as E
+
+    p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
+    args = ("silu", (), ("bfloat16",), ("bfloat16",), "float32", 1, p)
+
+    def build_silu(*a, target=None):  # the current device's build, compiled for sm_90 here
+        return E.build_kernel.build(*a, target="sm_90")
+
+    kernel = S.build_or_load(build_silu, args, {})
+    assert not isinstance(kernel, S.StoredKernel)
+    bound = {"a": args, "target": None}
+    parts = S.key_parts(build_silu, bound, DEVICE)
+    key = S.key_of(parts)
+    assert S.check_entry(S.root() / key, key, parts) is None
+    code = _LOAD.format(device=DEVICE, key=key, parts=json.loads(json.dumps(parts)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ}, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.strip().splitlines()
+    assert lines[-1] == "False False", res.stdout  # neither TileLang nor TVM's Python
+    assert lines[-2].startswith("refused:") and "device_type mismatch, expected cuda" in \
+        lines[-2]

@@ -35,6 +35,7 @@ entry. Nothing is unpickled: the entry's record is JSON, its library is checked 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -66,9 +67,9 @@ class Unstorable(TypeError):
 
 def canonical(value: Any) -> Any:
     """A JSON value that names ``value`` across processes: bools, ints, strings and None as
-    themselves, floats by ``repr`` (exact), tuples and lists as lists, enums and named tuples
-    and msgspec structs tagged with their type's qualified name, ``torch.device`` by its string;
-    anything else raises :class:`Unstorable`."""
+    themselves, floats by ``repr`` (exact), tuples and lists as lists, enums, named tuples,
+    dataclasses and msgspec structs tagged with their type's qualified name, ``torch.device``
+    and ``torch.dtype`` by their strings; anything else raises :class:`Unstorable`."""
     if isinstance(value, Enum):  # before the primitives: a str or int enum keeps its type
         return {"enum": _qualname(type(value)), "value": canonical(value.value)}
     if value is None or isinstance(value, (bool, int, str)):
@@ -81,11 +82,13 @@ def canonical(value: Any) -> Any:
     if isinstance(value, (tuple, list)):
         return [canonical(v) for v in value]
     fields = getattr(type(value), "__struct_fields__", None)
+    if fields is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = tuple(f.name for f in dataclasses.fields(value))
     if fields is not None:
         return {"struct": _qualname(type(value)),
                 "fields": [[f, canonical(getattr(value, f))] for f in fields]}
-    if type(value).__module__ == "torch" and type(value).__name__ == "device":
-        return {"device": str(value)}
+    if type(value).__module__ == "torch" and type(value).__name__ in ("device", "dtype"):
+        return {type(value).__name__: str(value)}
     raise Unstorable(f"no stable encoding for a {type(value).__qualname__}")
 
 
@@ -190,7 +193,9 @@ def load_module(path: Path):
             lib = runtime_library()
             if lib is None:
                 raise FileNotFoundError("TileLang's libtvm_runtime.so is not installed")
-            _state["runtime"] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL)
+            # global, as TVM loads it (TileLang points TVM_LIBRARY_PATH at this folder, so a
+            # later import finds this same file already loaded); lazy binding, as TileLang's
+            _state["runtime"] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
     from ._tilelang import point_compiler_caches
 
     point_compiler_caches()  # tvm-ffi's import may build its addon: under TILEOPS_CACHE_DIR
