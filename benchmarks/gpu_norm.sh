@@ -4,7 +4,9 @@
 # eager, torch.compile and Liger-Kernel), then the host cost and first call. Logs and results
 # go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench host; also:
 # sweep; few_rows, the cluster kernel for fewer rows than SMs beside the one-CTA kernels and
-# torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
+# torch.compile; store, a kernel compiled in one process loaded by the next without TileLang,
+# the host stage then timing the first call cold, from the store and from TileLang's cache
+# alone); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
 STAGES=${STAGES:-prebuild tests bench host}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 python3 -c "import matplotlib" 2>/dev/null && PLOT= || PLOT=--no-plot
@@ -14,6 +16,8 @@ for stage in $STAGES; do case $stage in
   tests) python3 -m pytest -m cuda tests -x -q -p no:cacheprovider 2>&1 | tail -n 15 | tee "$OUT/pytest.log" ;;
   bench) python3 -m tileops.ops.cli bench RMSNormFwdOp FusedAddRMSNormFwdOp LayerNormFwdOp --name norm --out "$OUT" $PLOT ${BENCH_ARGS:-} 2>&1 | grep -v "TileLang" | tee "$OUT/bench.log" | tail -n 40 ;;
   host) python3 benchmarks/norm.py --out "$OUT" 2>&1 | grep -v "TileLang" | tee "$OUT/host.log" | tail -n 6 ;;
+  store)  # the kernel store: a second process loads what the first compiled, without TileLang
+    python3 -m pytest -m cuda tests/kernels/test_store_cuda.py -q -p no:cacheprovider -rf 2>&1 | tail -n 15 | tee "$OUT/store.log" ;;
   few_rows)  # RMSNorm with fewer rows than SMs: the one-CTA-a-row kernels, the cluster kernel
     # (outside its region the op's others) and torch.compile (fresh per shape) side by side,
     # CUDA graphs, TB/s of one read + one write
