@@ -14,6 +14,7 @@ import pkgutil
 import shutil
 import subprocess
 import sys
+import types
 from enum import Enum
 from typing import NamedTuple
 
@@ -100,7 +101,7 @@ def store(tmp_path, monkeypatch):
     def fake_load(path):
         loads.append(path)
         data = path.read_bytes()
-        return lambda *args: (data, args)
+        return types.SimpleNamespace(main=lambda *args: (data, args))
 
     monkeypatch.setattr(S, "load_module", fake_load)
     monkeypatch.setattr(S, "_state", {})
@@ -119,13 +120,15 @@ def test_a_build_is_stored_then_loaded_without_building(store):
     calls = []
     build, parts, key, folder = _entry(calls)
     first = S.build_or_load(build, (4, "bfloat16"), {})
-    assert isinstance(first, _Built) and len(calls) == 1
+    # built, stored, and called through the stored library, as a later process will
+    assert isinstance(first, S.StoredKernel) and first.key == key and len(calls) == 1
+    assert first(1, 2) == (b"4-bfloat16-None", (1, 2))
     assert sorted(p.name for p in folder.iterdir()) == ["entry.json", "executable.so"]
     rec = json.loads((folder / "entry.json").read_text())
     assert rec["key"] == key and rec["parts"] == json.loads(json.dumps(parts))
     again = S.build_or_load(build, (4,), {"dtype": "bfloat16"})  # the same bound arguments
     assert isinstance(again, S.StoredKernel) and len(calls) == 1
-    assert again(1, 2) == (b"4-bfloat16-None", (1, 2)) and store == [folder / "executable.so"]
+    assert again(1, 2) == (b"4-bfloat16-None", (1, 2)) and store == [folder / "executable.so"] * 2
     assert [p.name for p in S.root().iterdir()] == [key]  # no temporary folder left behind
 
 
@@ -168,9 +171,12 @@ def test_an_entry_that_fails_its_check_is_rebuilt(store, damage, caplog):
         rec_path.unlink()
     else:
         rec_path.write_text(json.dumps({**rec, "format": 0}))
+    store.clear()
     with caplog.at_level(logging.WARNING, logger="tileops"):
         got = S.build_or_load(build, (4, "bfloat16"), {})
-    assert isinstance(got, _Built) and len(calls) == 2 and store == []
+    # rebuilt, stored again, and that library (not the damaged one) is the one called
+    assert isinstance(got, S.StoredKernel) and len(calls) == 2 and len(store) == 1
+    assert got(0) == (b"4-bfloat16-None", (0,))
     assert f"stored kernel {key[:12]} of {parts['builder']} not used" in caplog.text
     assert S.check_entry(folder, key, parts) is None  # rewritten, whole
     assert isinstance(S.build_or_load(build, (4, "bfloat16"), {}), S.StoredKernel)
@@ -180,6 +186,7 @@ def test_a_library_that_fails_to_load_is_rebuilt(store, monkeypatch, caplog):
     calls = []
     build, _, key, folder = _entry(calls)
     S.build_or_load(build, (4, "bfloat16"), {})
+    S.build_or_load.__globals__["_state"].pop("disabled", None)
 
     def broken(path):
         raise RuntimeError("Library binary was created using {cuda} but a loader of that "
@@ -191,6 +198,7 @@ def test_a_library_that_fails_to_load_is_rebuilt(store, monkeypatch, caplog):
     assert isinstance(got, _Built) and len(calls) == 2
     assert "it failed to load (RuntimeError: Library binary" in caplog.text
     assert "the store is off for this process" in caplog.text and not folder.exists()
+    assert caplog.text.count("WARNING") == 1  # the rebuild is not stored nor loaded again
     caplog.clear()
     other, _, _, other_folder = _entry(calls, n=8)
     with caplog.at_level(logging.WARNING, logger="tileops"):
@@ -237,6 +245,23 @@ def test_a_kernel_without_a_library_or_an_unwritable_store_warns_once(store, mon
     assert calls == [1, 2]
     if failure != "unwritable":
         assert list(S.root().iterdir()) == []  # nothing half-written
+
+
+def test_a_fresh_build_whose_library_does_not_load_is_served_by_itself(store, monkeypatch,
+                                                                        caplog):
+    def broken(path):
+        raise OSError("undefined symbol: TVMFFIFunctionCall")
+
+    monkeypatch.setattr(S, "load_module", broken)
+    calls = []
+    build, _, key, folder = _entry(calls)
+    with caplog.at_level(logging.WARNING, logger="tileops"):
+        got = S.build_or_load(build, (4, "bfloat16"), {})
+        other = S.build_or_load(build, (5, "bfloat16"), {})
+    assert isinstance(got, _Built) and isinstance(other, _Built) and len(calls) == 2
+    assert f"stored kernel {key[:12]} of" in caplog.text and "does not load (OSError: " \
+        "undefined symbol" in caplog.text and caplog.text.count("WARNING") == 1
+    assert not (S.root() / S.key_of(_entry([], n=5)[1])).exists()  # the store is off
 
 
 def test_the_decorator_keeps_the_lru_cache_in_front(store):
@@ -306,8 +331,11 @@ print("tilelang" in sys.modules, "tvm" in sys.modules)
 """
 
 
+_REAL_LOAD = S.load_module
+
+
 @needs_nvcc
-def test_a_real_library_is_stored_and_loads_without_tilelang(store):
+def test_a_real_library_is_stored_and_loads_without_tilelang(store, monkeypatch):
     """The silu program compiled for sm_90 is exported into the store and loads in a fresh
     process that never imports TileLang; its own host code then checks the call (a CPU
     tensor is refused by the library, which is how it shows it is the kernel)."""
@@ -319,8 +347,12 @@ def test_a_real_library_is_stored_and_loads_without_tilelang(store):
     def build_silu(*a, target=None):  # the current device's build, compiled for sm_90 here
         return E.build_kernel.build(*a, target="sm_90")
 
+    monkeypatch.setattr(S, "load_module", _REAL_LOAD)
     kernel = S.build_or_load(build_silu, args, {})
-    assert not isinstance(kernel, S.StoredKernel)
+    assert isinstance(kernel, S.StoredKernel)  # this process, too, calls the stored library
+    x = pytest.importorskip("torch").randn(16)
+    with pytest.raises(RuntimeError, match="device_type mismatch, expected cuda"):
+        kernel(x.bfloat16(), x.bfloat16())
     bound = {"a": args, "target": None}
     parts = S.key_parts(build_silu, bound, DEVICE)
     key = S.key_of(parts)
