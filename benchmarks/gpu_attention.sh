@@ -6,7 +6,8 @@
 # torch eager, a fresh torch.compile per workload and scaled_dot_product_attention under its
 # cuDNN and FlashAttention backends) and of the edges. Logs and results go to $OUT (or
 # ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, the forward
-# program's plans side by side with cuDNN, for choosing attention_plan). The bars (bf16, H200):
+# program's plans side by side with cuDNN, for choosing attention_plan; bwd_sweep, the
+# backward's implementations side by side with cuDNN's backward). The bars (bf16, H200):
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
 # (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
@@ -182,5 +183,59 @@ for b, s, h, h_kv, d, causal in CASES:
           flush=True)
 PY
     ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
+  bwd_sweep)
+    TAIL=20 run bwd_sweep.log python3 - <<'PY'
+# The backward's implementations on the bars' shapes, side by side: dQ added in its rows' order
+# (the default) and in the product fragment's order (AttentionBwdFragmentKernel), each checked
+# against the other, then timed by CUDA events over 10 calls; TFLOP/s by 2.5 x the forward's
+# products (halved for causal), beside SDPA's cuDNN backward of the same inputs.
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from tileops.kernels import attention as A, attention_bwd as AB
+from tileops.runtime import select
+
+def events(fn, iters=10):
+    fn(); torch.cuda.synchronize()
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    for _ in range(iters):
+        fn()
+    b.record(); torch.cuda.synchronize()
+    return a.elapsed_time(b) / iters
+
+CASES = [(4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
+         (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)]
+for b, s, h, h_kv, d, causal in CASES:
+    t = lambda *shape: torch.randn(*shape, device="cuda", dtype=torch.bfloat16)
+    q, k, v, do = t(b, s, h, d), t(b, s, h_kv, d), t(b, s, h_kv, d), t(b, s, h, d)
+    spec = A.AttentionFwdSpec(device=q.device, batch=b, seq_q=s, seq_kv=s, heads=h,
+                              heads_kv=h_kv, dim=d, dim_v=d, dtype="bfloat16",
+                              layout=A.AttentionLayout.BSHD, scale=d ** -0.5, window_left=-1,
+                              window_right=0 if causal else -1, softcap=None)
+    fwd = select(A.AttentionFwdInterface, (A.AttentionFwdKernel,), spec).entry_for(spec, None)
+    o, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
+    fwd(q, k, v, o, lse)
+    flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
+    cells, first = [], None
+    for kernel in (AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel):
+        entry = select(AB.AttentionBwdInterface, (kernel,), spec).entry_for(spec, None)
+        grads = [torch.empty_like(x) for x in (q, k, v)]
+        run = lambda: entry(do, q, k, v, o, lse, None, *grads)
+        ms = events(run)
+        same = "" if first is None else " (dq off by %.1e)" % (
+            (grads[0].float() - first).abs().max().item())
+        first = grads[0].float() if first is None else first
+        cells.append(f"{kernel.__name__} {flops / ms / 1e9:4.0f}{same}")
+    leaves = [x.transpose(1, 2).detach().requires_grad_() for x in (q, k, v)]
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal,
+                                                               enable_gqa=h != h_kv)
+        ms = events(lambda: torch.autograd.grad(out, leaves, do.transpose(1, 2),
+                                                retain_graph=True))
+    cells.append(f"cudnn {flops / ms / 1e9:4.0f}")
+    print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} backward TFLOP/s: " + " | ".join(cells),
+          flush=True)
+PY
+    ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep bwd_sweep)" ;;
 esac; done

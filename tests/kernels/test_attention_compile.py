@@ -264,6 +264,46 @@ def test_backward_program_compiles_for_sm90a():
     assert "tanh" in src and "AtomicAdd" in src and "wgmma" in src
 
 
+@needs_nvcc
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+def test_backward_with_the_fragment_ordered_dq_compiles_for_sm90a(layout):
+    """The plan's fragment-ordered dQ: the atomic adds go to the reordered float32 buffer of
+    whole 8-row blocks (its own length S_dq), and the second program casts it back."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(128, 128)._replace(dq_fragment_order=True)
+    prog = AB.attention_bwd_program(layout, 8, 2, 128, 128, "bfloat16", 128 ** -0.5, 64, 0,
+                                    30.0, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "AtomicAdd" in src and "S_dq" in src and "wgmma" in src
+    default = AB.attention_bwd_program(layout, 8, 2, 128, 128, "bfloat16", 128 ** -0.5, 64, 0,
+                                       30.0, AB.attention_bwd_plan(128, 128))
+    assert "S_dq" not in default.script()  # the default plan's program is as it was
+    post = compile_program(AB.attention_bwd_dq_program(layout, 8, 128, "bfloat16"), HOPPER)
+    assert "S_dq" in post.get_kernel_source() and "bfloat16" in post.get_kernel_source()
+
+
+@pytest.mark.parametrize("bshd", [True, False])
+def test_the_fragment_order_is_a_permutation_of_whole_row_blocks(bshd):
+    """Every (row, column) of 8-row blocks of a 128-wide head lands on its own word of the
+    reordered buffer, within the buffer's size (rows rounded up to DQ_ROW_BLOCK)."""
+    from tileops.kernels import attention_bwd as AB
+
+    fn = AB.dq_fragment_layout(bshd)
+    rows, heads, dim = 2 * AB.DQ_ROW_BLOCK, 3, 128
+    seen = set()
+    for r in range(rows):
+        for h in range(heads):
+            for d in range(dim):
+                idx = fn(0, r, h, d) if bshd else fn(0, h, r, d)
+                extents = ([1, rows // 8, heads, dim // 8, 2, 32] if bshd else
+                           [1, heads, rows // 8, dim // 8, 2, 32])
+                assert all(0 <= i < n for i, n in zip(idx, extents, strict=True))
+                seen.add(tuple(idx))
+    assert len(seen) == rows * heads * dim
+
+
 @settings(max_examples=300, deadline=None)
 @given(seq_q=st.integers(1, 700), seq_kv=st.integers(1, 700),
        left=st.integers(-1, 300), right=st.integers(-1, 300),

@@ -188,14 +188,16 @@ BWD_CASES = [c for c in CASES if (c[6], c[7]) in AB.BWD_HEAD_DIMS]
 GRAD_TOL = {torch.bfloat16: 2e-2, torch.float16: 5e-3}
 
 
-def _bwd_entry(spec):
-    impl = select(AB.AttentionBwdInterface, (AB.AttentionBwdKernel,), spec)
+def _bwd_entry(spec, kernel=AB.AttentionBwdKernel):
+    impl = select(AB.AttentionBwdInterface, (kernel,), spec)
     return impl.entry_for(spec, None)
 
 
 @cuda
+@pytest.mark.parametrize("kernel", [AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel],
+                         ids=["dq-rows", "dq-fragment-order"])
 @pytest.mark.parametrize("case", BWD_CASES, ids=_case_id)
-def test_backward_matches_float64_autograd(case):
+def test_backward_matches_float64_autograd(case, kernel):
     """dq, dk, dv of the kernel (from the forward kernel's o and lse, with an upstream
     gradient of both) against torch's autograd of the float64 reference, each held to its
     largest element (the bf16 probabilities and dS of the products)."""
@@ -206,7 +208,7 @@ def test_backward_matches_float64_autograd(case):
     dout = torch.randn_like(o)
     dlse = torch.randn_like(lse)
     grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-    _bwd_entry(spec)(dout, q, k, v, o, lse, dlse, *grads)
+    _bwd_entry(spec, kernel)(dout, q, k, v, o, lse, dlse, *grads)
     leaves = [t.double().requires_grad_() for t in (q, k, v)]
     want_o, want_lse = _reference(spec, *leaves)
     finite = torch.isfinite(want_lse)
@@ -292,11 +294,18 @@ def program_keys():
     keys = [("fwd", A.program_key(case_spec(c))) for c in CASES]
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
+    keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     return list(dict.fromkeys(keys))
 
 
 def _build(key):
     kind, program = key
+    if kind == "bwd_fragment":  # as AttentionBwdFragmentKernel builds its two programs
+        layout, h, _, d, d_v, dtype = program[:6]
+        plan = AB.attention_bwd_plan(d, d_v)._replace(dq_fragment_order=True)
+        AB.build_attention_bwd(program, plan=plan)
+        AB.build_attention_bwd_dq(layout, h, d, dtype)
+        return
     {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
      "bwd": AB.build_attention_bwd}[kind](program)
 
@@ -306,9 +315,9 @@ def _describe(key) -> str:
     if kind == "fwd":
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked = program
         kind = f"fwd {layout}{' masked' if masked else ''}"
-    elif kind == "bwd":
+    elif kind in ("bwd", "bwd_fragment"):
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
-        kind = f"bwd {layout}"
+        kind = f"{kind.replace('_', ' ')} {layout}"
     else:
         h, h_kv, d, d_v, dtype, _, left, right, softcap = program
     return f"{kind} h{h}x{h_kv} d{d}x{d_v} {dtype} window ({left}, {right}) softcap {softcap}"

@@ -40,14 +40,19 @@ from .attention import (
 )
 
 __all__ = [
+    "AttentionBwdFragmentKernel",
     "AttentionBwdInterface",
     "AttentionBwdKernel",
     "AttentionBwdPlan",
     "BWD_HEAD_DIMS",
+    "DQ_ROW_BLOCK",
+    "attention_bwd_dq_program",
     "attention_bwd_plan",
     "attention_bwd_program",
     "bwd_program_key",
     "build_attention_bwd",
+    "build_attention_bwd_dq",
+    "dq_fragment_layout",
     "first_query_tile",
     "query_tiles_end",
 ]
@@ -67,12 +72,17 @@ class AttentionBwdInterface(KernelInterface):
 
 class AttentionBwdPlan(NamedTuple):
     """``block_n`` keys a CTA, ``block_m`` query rows a step, ``stages`` of query-tile copies
-    in flight, ``threads`` a CTA."""
+    in flight, ``threads`` a CTA; ``dq_fragment_order``: the float32 ``dQ`` the key tiles add
+    into is stored in the order of the ``dQ`` product's register fragment (8 x 8 blocks, a
+    thread's pairs adjacent), so a warp's atomic adds land on consecutive words instead of
+    rows ``H * D`` apart, and a second program (:func:`attention_bwd_dq_program`) writes it
+    out in the layout and dtype; TileLang's wgmma backward example stores it so."""
 
     block_n: int
     block_m: int
     stages: int
     threads: int
+    dq_fragment_order: bool = False
 
 
 #: the (D, D_v) pairs the backward serves. Wider heads would hold dK and dV of 64 keys over
@@ -86,6 +96,20 @@ def attention_bwd_plan(dim: int, dim_v: int) -> AttentionBwdPlan:
     """128 keys a CTA (dK and dV of 128 x 128 in float32 are 64 registers each over 256
     threads), 32 query rows a step, two stages, 256 threads."""
     return AttentionBwdPlan(block_n=128, block_m=32, stages=2, threads=256)
+
+
+#: rows of the fragment-ordered ``dQ`` are allocated in whole blocks of this many
+DQ_ROW_BLOCK = 8
+
+
+def dq_fragment_layout(bshd: bool):
+    """The index map of the fragment-ordered ``dQ`` (logical ``[B, S, H, D]`` or
+    ``[B, H, S, D]`` to its storage): 8 x 8 blocks of (row, column), each a block of 64 words
+    in which a thread's two adjacent columns of a row are neighbours, as the product's
+    accumulator fragment holds them."""
+    if bshd:
+        return lambda b, r, h, d: [b, r // 8, h, d // 8, d % 2, 4 * (r % 8) + (d % 8) // 2]
+    return lambda b, h, r, d: [b, h, r // 8, d // 8, d % 2, 4 * (r % 8) + (d % 8) // 2]
 
 
 def first_query_tile(j0: Any, seq_q: Any, seq_kv: Any, right: int, bm: int,
@@ -111,12 +135,16 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                           dtype: str, scale: float, left: int, right: int,
                           softcap: float | None, plan: AttentionBwdPlan):
     """The backward prim_func (see the module docstring). ``dK``/``dV`` are float32 with one
-    slot a query head (``[B, S_kv, H, D]`` in the layout), ``dQ`` float32 and zeroed."""
+    slot a query head (``[B, S_kv, H, D]`` in the layout), ``dQ`` float32 and zeroed: with
+    the plan's ``dq_fragment_order``, of ``S_q`` rounded up to :data:`DQ_ROW_BLOCK` rows and
+    stored in :func:`dq_fragment_layout`'s order."""
     tilelang, T = tl()
     bn, bm, threads = plan.block_n, plan.block_m, plan.threads
     accum = "float32"
     groups = heads // heads_kv
     batch, seq_q, seq_kv = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_kv")
+    ordered = plan.dq_fragment_order
+    seq_dq = T.dynamic("S_dq") if ordered else seq_q
     offset = seq_kv - seq_q
     bshd = layout == "bshd"
 
@@ -138,7 +166,7 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
              V: T.Tensor(shape(seq_kv, heads_kv, dim_v), dtype),
              LSE: T.Tensor([batch, heads, seq_q], accum),
              Delta: T.Tensor([batch, heads, seq_q], accum),
-             dQ: T.Tensor(shape(seq_q, heads, dim), accum),
+             dQ: T.Tensor(shape(seq_dq, heads, dim), accum),
              dK: T.Tensor(shape(seq_kv, heads, dim), accum),
              dV: T.Tensor(shape(seq_kv, heads, dim_v), accum)):
         with T.Kernel(T.ceildiv(seq_kv, bn), heads, batch, threads=threads) as (kx, by, bz):
@@ -158,6 +186,8 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             dv = T.alloc_fragment([bn, dim_v], accum)
             dq = T.alloc_fragment([bm, dim], accum)
 
+            if ordered:
+                T.annotate_layout({dQ: T.Layout(dQ.shape, dq_fragment_layout(bshd))})
             j0 = kx * bn
             hk = by // groups
             if bshd:
@@ -228,6 +258,33 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     return main
 
 
+def attention_bwd_dq_program(layout: str, heads: int, dim: int, dtype: str,
+                             rows: int = 64, threads: int = 128):
+    """``dQ_out = dQ`` in the storage dtype, from the fragment-ordered float32 ``dQ`` (its
+    ``S_dq >= S_q`` rows, :func:`dq_fragment_layout`) to ``dQ_out`` in the layout: ``rows``
+    query rows a CTA."""
+    _, T = tl()
+    batch, seq_q, seq_dq = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_dq")
+    bshd = layout == "bshd"
+
+    def shape(s):
+        return [batch, s, heads, dim] if bshd else [batch, heads, s, dim]
+
+    @T.prim_func
+    def main(dQ: T.Tensor(shape(seq_dq), "float32"), dQ_out: T.Tensor(shape(seq_q), dtype)):
+        with T.Kernel(T.ceildiv(seq_q, rows), heads, batch, threads=threads) as (bx, by, bz):
+            T.annotate_layout({dQ: T.Layout(dQ.shape, dq_fragment_layout(bshd))})
+            for i, d in T.Parallel(rows, dim):
+                row = bx * rows + i
+                if row < seq_q:
+                    if bshd:
+                        dQ_out[bz, row, by, d] = T.cast(dQ[bz, row, by, d], dtype)
+                    else:
+                        dQ_out[bz, by, row, d] = T.cast(dQ[bz, by, row, d], dtype)
+
+    return main
+
+
 def bwd_program_key(spec: AttentionFwdSpec) -> tuple:
     """What the compiled backward program of ``spec`` depends on (sizes are launch-time)."""
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
@@ -243,6 +300,13 @@ def build_attention_bwd(key: tuple, target: str | None = None,
     prog = attention_bwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
                                  right, softcap, plan)
     return compile_program(prog, target)
+
+
+@stored(maxsize=64)
+def build_attention_bwd_dq(layout: str, heads: int, dim: int, dtype: str,
+                           target: str | None = None):
+    """Compile :func:`attention_bwd_dq_program` (cached per layout, heads, D and dtype)."""
+    return compile_program(attention_bwd_dq_program(layout, heads, dim, dtype), target)
 
 
 class AttentionBwdKernel(Kernel, AttentionBwdInterface):
@@ -263,9 +327,18 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
     def identity(cls, spec: AttentionFwdSpec):
         return (spec.device, bwd_program_key(spec))
 
+    #: the plan's fragment-ordered dQ (:class:`AttentionBwdFragmentKernel` takes it)
+    dq_fragment_order = False
+
     def __init__(self, spec: AttentionFwdSpec) -> None:
         super().__init__(spec)
-        self.program = build_attention_bwd(bwd_program_key(spec))
+        key = bwd_program_key(spec)
+        plan = attention_bwd_plan(spec.dim, spec.dim_v)
+        if self.dq_fragment_order:
+            plan = plan._replace(dq_fragment_order=True)
+            self._dq_program = build_attention_bwd_dq(key[0], spec.heads, spec.dim,
+                                                      spec.dtype)
+        self.program = build_attention_bwd(key, plan=plan if self.dq_fragment_order else None)
         self._bshd = spec.layout is AttentionLayout.BSHD
         self._groups = spec.heads // spec.heads_kv
 
@@ -285,12 +358,19 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
         delta = delta.transpose(1, 2) if bshd else delta
         # the log-sum-exp's gradient (d lse / d s = P) joins the scores' through delta
         delta = (delta - dlse if dlse is not None else delta).contiguous()
-        dq_acc = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+        dq_shape = list(q.shape)
+        if self.dq_fragment_order:  # whole blocks of rows, stored in the fragment's order
+            s_axis = 1 if bshd else 2
+            dq_shape[s_axis] = -(-dq_shape[s_axis] // DQ_ROW_BLOCK) * DQ_ROW_BLOCK
+        dq_acc = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
         d_kv = (b, s_kv, h) if bshd else (b, h, s_kv)
         dk_part = torch.empty(*d_kv, k.shape[-1], dtype=torch.float32, device=q.device)
         dv_part = torch.empty(*d_kv, v.shape[-1], dtype=torch.float32, device=q.device)
         self.program(dout, q, k, v, lse, delta, dq_acc, dk_part, dv_part)
-        dq.copy_(dq_acc)
+        if self.dq_fragment_order:
+            self._dq_program(dq_acc, dq)
+        else:
+            dq.copy_(dq_acc)
         g = self._groups
         head_axis = 2 if bshd else 1
         for part, out in ((dk_part, dk), (dv_part, dv)):
@@ -299,3 +379,15 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
                 shape[head_axis:head_axis + 1] = [shape[head_axis] // g, g]
                 part = part.view(shape).sum(head_axis + 1)
             out.copy_(part)
+
+
+class AttentionBwdFragmentKernel(AttentionBwdKernel):
+    """The backward with the fragment-ordered ``dQ`` (:class:`AttentionBwdPlan`'s
+    ``dq_fragment_order``) and its second program writing ``dq``. Not among the ops' default
+    implementations until it is measured: a ``kernel_map`` or the sweep picks it."""
+
+    dq_fragment_order = True
+
+    @classmethod
+    def identity(cls, spec: AttentionFwdSpec):
+        return (spec.device, bwd_program_key(spec), "dq_fragment_order")
