@@ -21,6 +21,11 @@ probabilities recomputed from the forward's log-sum-exp in their transposed form
 
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes, as the forward's. The entry runs the
 preprocess (``delta``), the kernel, the group sums and the casts of the float32 gradients.
+
+:class:`AttentionBwdFragmentKernel` (opt-in, not yet measured) stores the float32 ``dQ`` in
+the order of the ``dQ`` product's register fragment, as TileLang's wgmma backward example
+does: a warp's atomic adds then land on consecutive words instead of rows ``H * D`` apart,
+and a second program casts the buffer out into ``dq`` (no ``copy_`` of it).
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
