@@ -532,3 +532,23 @@ def test_weight_gradient_takes_grouped_mm_only_on_16_byte_rows() -> None:
     assert not _mm_aligned(torch.empty(64, 201, dtype=torch.bfloat16).t())
     assert not _mm_aligned(torch.empty(64, 256, dtype=torch.bfloat16)[:, 1:9])
     assert _mm_aligned(torch.empty(1, 257, dtype=torch.bfloat16))  # one row: no stride read
+
+
+def test_the_segment_products_are_torch_grouped_mm():
+    """Where torch._grouped_mm does not take the operands (CUDA rows off 16 bytes), the torch
+    contenders multiply a segment at a time: the same result, empty experts included."""
+    from tileops.ops.moe import _grouped_mm_takes, _segment_products
+
+    g = torch.Generator().manual_seed(0)
+    loads = [3, 0, 5, 1, 0]
+    ends = torch.tensor(loads).cumsum(0).to(torch.int32)
+    for k, n in ((7, 9), (8, 16)):  # rows of 28 and 36 bytes; of 32 and 64
+        a = torch.randn(sum(loads), k, generator=g)
+        bt = torch.randn(len(loads), k, n, generator=g)
+        want = torch.cat([a[lo:hi] @ bt[e] for e, (lo, hi) in
+                          enumerate(zip([0, *ends.tolist()[:-1]], ends.tolist(), strict=True))])
+        torch.testing.assert_close(_segment_products(a, bt, ends), want, rtol=1e-6, atol=1e-6)
+        assert _grouped_mm_takes(a, bt) == (k == 8)
+        if k == 8 and hasattr(torch, "_grouped_mm"):
+            torch.testing.assert_close(torch._grouped_mm(a, bt, offs=ends), want, rtol=1e-5,
+                                       atol=1e-5)

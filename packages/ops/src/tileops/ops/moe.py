@@ -441,8 +441,7 @@ class GroupedGemmBwdOp(MoeOp):
         grouped_mm = getattr(torch, "_grouped_mm", None)
         if a.shape[0] == 0:  # no rows: every expert's gradient is 0, no product asked for
             g = a.new_zeros((e, a.shape[1], dc.shape[1]))
-        elif (grouped_mm is not None and a.is_cuda and a.dtype == torch.bfloat16
-              and _mm_aligned(a, dc)):
+        elif grouped_mm is not None and a.is_cuda and _grouped_mm_takes(a.t(), dc):
             # the segments' products over their rows, the bounds read on the device (a CUDA
             # graph captures it); torch's kernel needs rows of whole 16 bytes
             g = grouped_mm(a.t(), dc, offs=ends.to(torch.int32))
@@ -515,6 +514,26 @@ def _mm_aligned(*tensors: torch.Tensor) -> bool:
         if st != 1 and sz > 1) for t in tensors)
 
 
+def _grouped_mm_takes(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether torch._grouped_mm serves ``a @ b``: operands whose rows (and the output's,
+    ``b``'s columns) are whole 16 bytes, on CUDA in bfloat16 only."""
+    if a.is_cuda and a.dtype != torch.bfloat16:
+        return False
+    return _mm_aligned(a, b) and (b.shape[-1] * b.element_size()) % 16 == 0
+
+
+def _segment_products(a: torch.Tensor, bt: torch.Tensor, ends: torch.Tensor) -> torch.Tensor:
+    """``a[rows of expert e] @ bt[e]`` a segment at a time (the bounds read back), rows past
+    the last end zero: torch._grouped_mm's result where it does not take the operands."""
+    out = a.new_zeros((a.shape[0], bt.shape[-1]))
+    lo = 0
+    for e, hi in enumerate(ends.tolist()):
+        if hi > lo:
+            torch.mm(a[lo:hi], bt[e], out=out[lo:hi])
+        lo = max(lo, hi)
+    return out
+
+
 # --- torch contenders ---------------------------------------------------------------------------
 
 
@@ -529,11 +548,14 @@ def _grouped_mm_peer(op: GroupedGemmFwdOp) -> Any:
 
     def torch_grouped_mm(a, b, metadata):
         bt = b.transpose(-2, -1) if trans_b else b
+        takes = _grouped_mm_takes(a, bt)
         if layout.masked:
-            c = grouped_mm(a, bt)
+            c = grouped_mm(a, bt) if takes else torch.bmm(a, bt)
             valid = torch.arange(a.shape[1], device=a.device) < metadata[:, None]
             return c * valid[..., None]
-        return grouped_mm(a, bt, offs=metadata[1:])
+        if takes:
+            return grouped_mm(a, bt, offs=metadata[1:])
+        return _segment_products(a, bt, metadata[1:])
 
     return torch_grouped_mm
 
@@ -550,13 +572,9 @@ def _torch_moe(op: FusedMoeFwdOp) -> Any:
     grouped_mm = getattr(torch, "_grouped_mm", None)
 
     def products(xs, w, ends):
-        if grouped_mm is not None:
+        if grouped_mm is not None and _grouped_mm_takes(xs, w.transpose(-2, -1)):
             return grouped_mm(xs, w.transpose(-2, -1), offs=ends)
-        out, lo = [], 0
-        for e, hi in enumerate(ends.tolist()):
-            out.append(xs[lo:hi] @ w[e].T)
-            lo = hi
-        return torch.cat(out)
+        return _segment_products(xs, w.transpose(-2, -1), ends)
 
     def torch_moe(x, router_logits, w13, w2, correction_bias=None):
         weights, ids = gating_reference(router_logits, correction_bias, **route)
