@@ -190,3 +190,25 @@ def test_cluster_kernels_state_their_region_and_win_where_they_apply():
     assert fwd.preferred_over == (C.CrossEntropyFwdKernel,) and not fwd.general
     assert bwd.preferred_over == (C.CrossEntropyBwdKernel,) and not bwd.general
     assert fwd.supported_archs == bwd.supported_archs == frozenset({(9, 0)})
+
+
+@needs_nvcc
+def test_the_staged_gradient_program_compiles_for_sm90():
+    """The gradient program with the row's first chunks kept in shared memory: one dynamic
+    shared buffer of those chunks; staged 0 leaves the program as it was."""
+    opts = (-100, 0.0, 0.0, None)
+    plain = C.rows_program(128256, "bfloat16", opts, True, False, 512, 8, 4, 264,
+                           with_loss=True)
+    staged = C.rows_program(128256, "bfloat16", opts, True, False, 512, 8, 4, 264,
+                            with_loss=True, staged=3)
+    assert "kept" in staged.script() and "kept" not in plain.script()
+    src = C.compile_program(staged, "sm_90").get_kernel_source()
+    assert "buf_dyn_shmem" in src
+
+
+@pytest.mark.parametrize(("grad", "staged"), [(False, 1), (True, 9), (True, -1)])
+def test_staged_is_a_gradient_programs_count_of_its_chunks(grad, staged):
+    with pytest.raises(ValueError, match=r"rows_program: staged is a gradient program's count "
+                                         r"of a row's 8 chunks, got staged="):
+        C.rows_program(128256, "bfloat16", (-100, 0.0, 0.0, None), grad, False, 512, 8, 4,
+                       264 if grad else 0, staged=staged)

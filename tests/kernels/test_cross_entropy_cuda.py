@@ -340,6 +340,44 @@ def _describe(key) -> str:
     return f"{key[0]} {key[1][:2]}"
 
 
+# --- the staged gradient program (the first chunks of a row kept in shared memory) -------------
+
+#: (rows, classes, dtype, options, threads, per, CTAs an SM, staged chunks)
+STAGED = [
+    pytest.param(600, 128256, "bfloat16", {}, 512, 4, 2, 3, id="bar-width-two-ctas"),
+    pytest.param(300, 128256, "bfloat16", {"label_smoothing": 0.1, "softcap": 30.0}, 512, 4,
+                 1, 6, id="bar-width-one-cta-options"),
+    pytest.param(257, 4097, "bfloat16", {}, 256, 4, 4, 1, id="odd-width-every-chunk"),
+]
+
+
+@pytest.mark.parametrize(("n", "v", "dtype", "options", "threads", "per", "per_sm", "staged"),
+                         STAGED)
+def test_the_staged_program_matches_float64(n, v, dtype, options, threads, per, per_sm,
+                                            staged):
+    """The kept gradient with its first chunks read back from shared memory: the same
+    gradient and losses as float64, rows ignored included."""
+    opts = (-100, options.get("label_smoothing", 0.0), 0.0, options.get("softcap"))
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    vec = C._vec(v, dtype)
+    staged = min(staged, -(-v // (threads * vec * per)))
+    prog = C.rows_program(v, dtype, opts, True, False, threads, vec, per, sms * per_sm,
+                          with_loss=True, staged=staged)
+    kernel = C.compile_program(prog, None)
+    x, t = _inputs(n, v, dtype)
+    keep = t != -100
+    g = torch.full((1,), 1.0 / int(keep.sum()), device="cuda")
+    per_row, d = torch.empty(n, device="cuda"), torch.empty_like(x)
+    kernel(x, t, g, per_row, d)
+    loss_opts = {k: o for k, o in options.items() if k in ("label_smoothing", "softcap")}
+    x64 = x.double().requires_grad_()
+    loss = _torch_loss(x64, t, **loss_opts)
+    (want,) = torch.autograd.grad(loss, x64)
+    _check_grad(d, want, dtype)
+    rows = _torch_loss(x.double(), t, **{**loss_opts, "reduction": "none"})
+    torch.testing.assert_close(per_row[keep].double(), rows[keep], rtol=1e-5, atol=1e-5)
+
+
 # --- the sweep of the kept program's launch plans at the bar's shape ---------------------------
 
 #: (threads, accesses a thread issues before it reduces, CTAs an SM): the rows in flight are
@@ -347,14 +385,19 @@ def _describe(key) -> str:
 #: in L2; the plan rows_plan gives is the first
 SWEEP_PLANS = [(1024, 2, 1.0), (1024, 4, 1.0), (1024, 4, 0.75), (1024, 4, 0.5),
                (512, 4, 2.0), (512, 2, 2.0), (512, 4, 1.0), (512, 8, 1.0), (256, 4, 4.0),
-               (256, 8, 2.0)]
+               (256, 8, 2.0),
+               # a fourth element: the row's first chunks kept in shared memory (rows_program's
+               # staged), at most the row's chunks
+               (512, 4, 2.0, 3), (512, 4, 1.0, 6), (1024, 4, 1.0, 3), (256, 4, 4.0, 1)]
 SWEEP_SHAPE = (8192, 128256)
 
 
 def _sweep_kernel(plan, sms, v):
-    threads, per, per_sm = plan
-    prog = C.rows_program(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, threads,
-                          C._vec(v, "bfloat16"), per, max(1, int(sms * per_sm)), with_loss=True)
+    threads, per, per_sm, *rest = plan
+    vec = C._vec(v, "bfloat16")
+    staged = min(rest[0], -(-v // (threads * vec * per))) if rest else 0
+    prog = C.rows_program(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, threads, vec,
+                          per, max(1, int(sms * per_sm)), with_loss=True, staged=staged)
     return C.compile_program(prog, None)
 
 
@@ -396,9 +439,15 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
     def line(what, ms):
         print(f"{what:<40} {ms:7.3f} ms {moved / ms / 1e9:6.2f} TB/s", flush=True)
 
+    ref = None
     for plan in SWEEP_PLANS:
         k = _sweep_kernel(plan, sms, v)
-        line(f"kept rows {plan}", _events(lambda k=k: k(x, t, g, per_row, d)))
+        k(x, t, g, per_row, d)
+        if ref is None:  # the first plan's gradient (the tested default of before) as the check
+            ref = d.clone()
+        off = (d.float() - ref.float()).abs().max().item() > 1e-2 * ref.float().abs().max().item()
+        line(f"kept rows {plan}{' WRONG' if off else ''}",
+             _events(lambda k=k: k(x, t, g, per_row, d)))
     grad = C.build_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), True, False, sms)
     line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
     clustered = C.cluster_plan(v, "bfloat16") is not None  # only rows past the L2's grid

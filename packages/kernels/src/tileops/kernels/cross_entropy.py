@@ -378,10 +378,17 @@ def _row_prim_func(T, body, M, V: int, dtype: str, grad: bool, per_row_scale: bo
 
 
 def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_scale: bool,
-                 threads: int, vec: int, per: int, ctas: int, with_loss: bool = False):
+                 threads: int, vec: int, per: int, ctas: int, with_loss: bool = False,
+                 staged: int = 0):
     """The row program (not compiled): the loss of each row (``grad`` false), or its gradient
     scaled by ``G[row]`` (``per_row_scale``, reduction none) or ``G[0]``; ``with_loss`` (a
     gradient scaled by ``G[0]``) also writes each row's loss into ``L``, between the passes.
+
+    ``staged`` (a gradient program's, for the sweep; 0 in every plan yet): the row's first
+    ``staged`` chunks are also kept in shared memory by the first pass, and the second pass
+    reads them from there, not from L2 or HBM; its last chunks, the freshest in L2, are read
+    again as before. Each thread reads back only the words it wrote (shared column = row
+    column), so no barrier guards them.
 
     With ``with_loss`` thread 0 reads the target's logit at the start of the row, before the
     merge's barriers (or, for a single warp, its shuffles), so no thread of the second pass
@@ -399,15 +406,32 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
     exact = V % chunk == 0  # no column predicate
     warps = threads // _WARP
     persistent = ctas > 0
+    if staged and not (grad and 0 < staged <= steps):
+        raise ValueError(f"rows_program: staged is a gradient program's count of a row's "
+                         f"{steps} chunks, got staged={staged!r} with grad={grad!r}")
     grid = ctas if persistent else M
     row_loss, _, _, nan = _row_math(T, options, V)
     load, accumulate, cta_merge, store_grad = _row_macros(T, options, V, dtype, threads, vec,
                                                           per, exact)
 
     @T.macro
+    def stash(held, S, base, tx, valid, back):
+        """A thread's accesses into (``back``: out of) the staged chunks' shared copy."""
+        for u in T.unroll(per):
+            col = base + (u * threads + tx) * vec
+            if valid and (exact or col < V):
+                for i in T.vectorized(vec):
+                    if back:
+                        held[u * vec + i] = S[col + i]
+                    else:
+                        S[col + i] = held[u * vec + i]
+
+    @T.macro
     def body(X, Tg, G, OUT, L):
         with T.Kernel(grid, threads=threads) as bx:
             tx = T.get_thread_binding()
+            if staged:
+                kept = T.alloc_shared((staged * chunk,), dtype)
             held = T.alloc_local((per * vec,), dtype)
             zv = T.alloc_local((vec,), f32)
             acc = T.alloc_local((3,), f32)  # running max, sum of exp, sum of z
@@ -433,6 +457,9 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                 acc[2] = T.cast(0, f32)
                 for step in T.serial(steps):
                     load(X, held, row, step * chunk, tx, valid)
+                    if staged:  # noqa: SIM102 - the program's choice, then the step's
+                        if step < staged:
+                            stash(held, kept, step * chunk, tx, valid, False)
                     accumulate(held, zv, cm, acc, step * chunk, tx, valid)
                 cta_merge(acc, red, tx)
                 if warps > 1:
@@ -455,7 +482,13 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                     # pass's last, the freshest in L2 (see the module docstring)
                     for back in T.serial(steps):
                         step = steps - 1 - back
-                        load(X, held, row, step * chunk, tx, valid)
+                        if staged:
+                            if step < staged:
+                                stash(held, kept, step * chunk, tx, valid, True)
+                            else:
+                                load(X, held, row, step * chunk, tx, valid)
+                        else:
+                            load(X, held, row, step * chunk, tx, valid)
                         store_grad(OUT, held, zv, row, step * chunk, tx, lse, tcol, g, coef,
                                    valid, M)
 
