@@ -365,3 +365,21 @@ def test_a_real_library_is_stored_and_loads_without_tilelang(store, monkeypatch)
     assert lines[-1] == "False False", res.stdout  # neither TileLang nor TVM's Python
     assert lines[-2].startswith("refused:") and "device_type mismatch, expected cuda" in \
         lines[-2]
+
+
+def test_an_entry_a_peer_stored_first_is_checked_before_it_is_loaded(store, monkeypatch):
+    """Where another process renamed its entry into place first, this build's is dropped and
+    that one is used only if it passes the check; otherwise the fresh build serves."""
+    calls = []
+    build, parts, key, folder = _entry(calls)
+    real_replace = S.os.replace
+
+    def peer_first(src, dst):  # a peer's damaged entry lands first
+        folder.mkdir(parents=True)
+        (folder / S.LIBRARY).write_bytes(b"half a library")
+        (folder / S.RECORD).write_text("{}")
+        return real_replace(src, dst)  # fails: the folder is taken and not empty
+
+    monkeypatch.setattr(S.os, "replace", peer_first)
+    got = S.build_or_load(build, (4, "bfloat16"), {})
+    assert isinstance(got, _Built) and store == []  # the peer's entry was not loaded

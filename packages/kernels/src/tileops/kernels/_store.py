@@ -292,6 +292,11 @@ def build_or_load(build, args: tuple, kwargs: dict):
     kernel = build(*args, **kwargs)
     if "disabled" in _state or not save(folder, key, parts, kernel):
         return kernel
+    try:  # this entry, or a peer process's that was renamed into place first, checked too
+        if check_entry(folder, key, parts) is not None:
+            return kernel
+    except OSError:
+        return kernel
     # the process that compiled it calls the stored library too: one launch path for every
     # process, and a loader that does not work here is found at the first build
     try:
