@@ -98,6 +98,9 @@ class ScalarFn:
     #: (the result keeps 8 or 11 bits, so a cheaper float32 form within a few ulp serves),
     #: or None for ``build`` everywhere
     half_build: Callable[..., tuple] | None = None
+    #: ``(threads, accesses a thread)`` of a flat one-input call where this function's sweep
+    #: preferred another launch than the flat default (see :func:`_default_launch`), or None
+    flat_launch: tuple[int, int] | None = None
 
 
 def _T():
@@ -356,9 +359,9 @@ def _fns() -> dict[str, ScalarFn]:
     fns: list[ScalarFn] = []
 
     def add(name, arity, build, *, params=(), exact=False, integral=False, outputs=1,
-            keep=(), bool_out=False, half_build=None):
+            keep=(), bool_out=False, half_build=None, flat_launch=None):
         fns.append(ScalarFn(name, arity, outputs, tuple(params), exact, integral, build,
-                            keep, bool_out, half_build))
+                            keep, bool_out, half_build, flat_launch))
 
     def unary(name, f, **kw):
         add(name, 1, lambda xs, ps, dt: (f(xs[0]),), **kw)
@@ -390,13 +393,20 @@ def _fns() -> dict[str, ScalarFn]:
     for name, f, other in (("isnan", _isnan, False), ("isinf", lambda x: T().isinf(x), False),
                            ("isfinite", lambda x: T().isfinite(x), True)):
         add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
-    # --- activations
+    # --- activations (the flat launches: the bf16 sweep on the H200, 32768 x 8192, TB/s,
+    # 2026-12-02; benchmarks/results/gpu_session_2026-12-02.md). relu 128/1 4.275, 128/2
+    # 4.245 (eager 4.272, compile 4.266); gelu's erfc form is bound by its math and wants
+    # accesses in flight: 128/8 3.41, 64/4 3.37, 128/2 2.97 (eager 3.13, compile 2.80);
+    # gelu_tanh (its fast reciprocal) 128/4 3.83, 128/2 3.48 (eager 3.67, compile 3.48);
+    # silu 64/4 4.22, 128/2 4.14 (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25)
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
-          exact=True, integral=True)
-    unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),))
-    unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),))
-    unary("silu", _silu)
-    unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))))
+          exact=True, integral=True, flat_launch=(128, 1))
+    unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),),
+          flat_launch=(128, 8))
+    unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),),
+          flat_launch=(128, 4))
+    unary("silu", _silu, flat_launch=(64, 4))
+    unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))), flat_launch=(64, 4))
     add("softplus", 1, lambda xs, ps, dt: (_sel(
         xs[0] * _c(ps[0], dt) > _c(ps[1], dt), xs[0],
         T().log1p(T().exp(xs[0] * _c(ps[0], dt))) / _c(ps[0], dt)),),
@@ -694,17 +704,6 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-#: flat one-input launches (threads, accesses a thread) of the functions whose bf16 sweep on the
-#: H200 preferred another plan than the default (benchmarks/sweep_elementwise.py, 32768 x 8192,
-#: TB/s; 2026-12-02): gelu's erfc form is bound by its math and wants accesses in flight (128/8
-#: 3.41, 64/4 3.37, 128/2 2.97; eager 3.13, compile 2.80); silu 64/4 4.22, 128/2 4.14
-#: (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25); gelu_tanh (its fast reciprocal)
-#: 128/4 3.83, 128/2 3.48 (eager 3.67, compile 3.48); relu 128/1 4.275, 128/2 4.245 (eager
-#: 4.272, compile 4.266)
-_FLAT_LAUNCH = {"gelu": (128, 8), "gelu_tanh": (128, 4), "silu": (64, 4), "mish": (64, 4),
-                "relu": (128, 1)}
-
-
 def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
     """``(threads, per)`` by layout class and what is read, from the sweep on the H200
     (benchmarks/sweep_elementwise.py, bf16, TB/s counting every byte read and written once;
@@ -714,8 +713,9 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
       256/4 4.158, 128/4 4.147, 256/2 4.091, 128/1 4.015 (torch.compile 4.178); silu
       32768 x 4097: 128/2 4.097, 256/4 4.087 (compile 4.119); relu 32768 x 8192 prefers 128/1
       (4.253, 128/2 4.226, compile 4.242): the default serves the op with math to hide, at
-      0.6% off the cheapest one's best. The functions of :data:`_FLAT_LAUNCH` take theirs
-      (a second sweep, 2026-12-02, where silu's 128/2 fell to 4.14 against compile's 4.18).
+      0.6% off the cheapest one's best. A function that declares its ``flat_launch``
+      (:class:`ScalarFn`) takes that (a second sweep, 2026-12-02, where silu's 128/2 fell to
+      4.14 against compile's 4.18).
     - flat, two or more inputs (a 0-dim scalar included): 128/1. add with a 0-dim scalar:
       128/1 4.242, 256/1 4.240, 128/2 4.209, 256/4 4.084 (compile 4.246).
     - rows with a broadcast input (a row bias, a column): 256/2. add with a [8192] bias:
@@ -726,7 +726,8 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
     - strided (unswept): 256/4, the former default."""
     if kind == "flat":
         if len(in_codes) == 1:
-            return _FLAT_LAUNCH.get(fn, (128, 2))
+            f = SCALAR_FNS.get(fn)
+            return f.flat_launch if f is not None and f.flat_launch else (128, 2)
         return 128, 1
     if kind == "rows":
         return (256, 2) if any(0 in c for c in in_codes) else (256, 4)
