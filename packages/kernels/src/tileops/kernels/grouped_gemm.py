@@ -53,7 +53,7 @@ rows), else the math threads copy it out a column a thread, each row and column 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
 import enum
-from typing import Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 from tileops.runtime import CallSpec, Kernel, KernelInterface, device_arch, log
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
@@ -206,6 +206,39 @@ def _ceil(a: int, b: int) -> int:
     return -(-a // b)
 
 
+class _Operands(NamedTuple):
+    """What both programs derive from the operands' geometry: ``b`` and its tile, the K steps
+    and column tiles, the layout (``per`` row tiles a masked block, 0 contiguous), ``M`` (a
+    launch-time size contiguous, ``max_m`` masked), the shapes of ``a``, ``c`` and the
+    metadata, and the row slots (``ceil(M / bm) + E + 1`` contiguous, ``E * per`` masked)."""
+
+    b_shape: tuple
+    b_tile: tuple
+    iters: int
+    n_tiles: int
+    masked: bool
+    per: int
+    m: Any
+    a_shape: tuple
+    c_shape: tuple
+    meta_len: int
+    rows: Any
+
+
+def _operands(T, e: int, n: int, k: int, trans_b: bool, layout: GroupedLayoutKind,
+              max_m: int, bm: int, bn: int, bk: int) -> _Operands:
+    masked = layout is GroupedLayoutKind.MASKED
+    b_shape = (e, n, k) if trans_b else (e, k, n)
+    b_tile = (bn, bk) if trans_b else (bk, bn)
+    if masked:
+        per = _ceil(max_m, bm)  # tiles of a block
+        return _Operands(b_shape, b_tile, _ceil(k, bk), _ceil(n, bn), True, per, max_m,
+                         (e, max_m, k), (e, max_m, n), e, e * per)
+    m = T.dynamic("M")  # a launch-time size: one program serves every row count
+    return _Operands(b_shape, b_tile, _ceil(k, bk), _ceil(n, bn), False, 0, m, (m, k), (m, n),
+                     e + 1, T.ceildiv(m, bm) + e + 1)
+
+
 def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                          layout: GroupedLayoutKind, max_m: int, cfg: GroupedGemmConfig):
     """The TileLang prim_func (not compiled): the rows ``M`` of a contiguous ``a`` dynamic,
@@ -213,21 +246,11 @@ def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     _, T = tl()
     bm, bn, bk, stages, threads, _ = cfg
     accum = "float32"
-    b_shape = (e, n, k) if trans_b else (e, k, n)
-    b_tile = (bn, bk) if trans_b else (bk, bn)
-    iters = _ceil(k, bk)
-    n_tiles = _ceil(n, bn)
-    masked = layout is GroupedLayoutKind.MASKED
+    (b_shape, b_tile, iters, n_tiles, masked, per, m, a_shape, c_shape, meta_len,
+     m_slots) = _operands(T, e, n, k, trans_b, layout, max_m, bm, bn, bk)
     # TMA needs 16-byte rows: a's and b's rows of K (b's of N when not trans_b)
     per_vec = 16 // _ITEMSIZE[dtype]
     ann = None if k % per_vec == 0 and (trans_b or n % per_vec == 0) else {"disable_tma": True}
-    if masked:
-        per = _ceil(max_m, bm)  # tiles of a block
-        a_shape, c_shape, meta_len, m_slots = (e, max_m, k), (e, max_m, n), e, e * per
-    else:  # M is a launch-time size: one program serves every row count
-        per = 0
-        m = T.dynamic("M")
-        a_shape, c_shape, meta_len, m_slots = (m, k), (m, n), e + 1, T.ceildiv(m, bm) + e + 1
 
     @T.prim_func
     def main(
@@ -453,21 +476,9 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     bm, bn, bk, stages, threads, _ = cfg
     accum = "float32"
     ws = T.WSID
-    b_shape = (e, n, k) if trans_b else (e, k, n)
-    b_tile = (bn, bk) if trans_b else (bk, bn)
-    iters = _ceil(k, bk)
-    n_tiles = _ceil(n, bn)
-    masked = layout is GroupedLayoutKind.MASKED
+    (b_shape, b_tile, iters, n_tiles, masked, per, m, a_shape, c_shape, meta_len,
+     rows) = _operands(T, e, n, k, trans_b, layout, max_m, bm, bn, bk)
     tma_store = n % (16 // _ITEMSIZE[dtype]) == 0  # c's rows of N
-    if masked:
-        per = _ceil(max_m, bm)
-        a_shape, c_shape, meta_len, rows = (e, max_m, k), (e, max_m, n), e, e * per
-        m = max_m
-    else:
-        per = 0
-        m = T.dynamic("M")
-        a_shape, c_shape, meta_len = (m, k), (m, n), e + 1
-        rows = T.ceildiv(m, bm) + e + 1
     load = [T.WSSync.producer_acquire("ring", stage=0), "load_a", "load_b",
             T.WSSync.producer_commit("ring", stage=0)]
     mma = [T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
