@@ -27,50 +27,7 @@ bench() {  # bench NAME OP... [-w LABEL ...]: one table, named attention_NAME
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=3 run prebuild_tests.log python3 tests/kernels/test_attention_cuda.py --prebuild --workers 15
-    TAIL=3 run prebuild_ops.log python3 - <<'PY'
-# The programs of every spec workload at its full size (the masked flag depends on S_kv), from
-# the op's own window, scale and layout, built in parallel.
-import sys
-sys.path[:0] = ["tests/kernels"]
-import torch  # noqa: F401
-import tileops.ops as ops
-from tileops.kernels import attention as A
-from tileops.kernels import attention_bwd as AB
-from tileops.ops.workloads import cases_of
-from _prebuild import build_all
-
-keys = {}
-for name in ("MultiHeadAttentionFwdOp", "GroupedQueryAttentionFwdOp"):
-    cls = getattr(ops, name)
-    for case in cases_of(cls):
-        if case.dtype not in ("bfloat16", "float16"):
-            continue  # the reference target's
-        op, v = cls(**case.params), case.values
-        left, right = op._bounds
-        spec = A.AttentionFwdSpec(
-            device=torch.device("cuda", 0), batch=v["B"], seq_q=v["S_q"], seq_kv=v["S_kv"],
-            heads=v["H"], heads_kv=v.get("H_kv", v["H"]), dim=v["D"], dim_v=v["D_v"],
-            dtype=case.dtype, layout=A.AttentionLayout(op.layout),
-            scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
-            softcap=op.softcap)
-        keys[("fwd", A.program_key(spec))] = None
-        if (spec.dim, spec.dim_v) in AB.BWD_HEAD_DIMS:
-            keys[("bwd", AB.bwd_program_key(spec))] = None
-cls = ops.GroupedQueryAttentionVarlenFwdOp
-for case in cases_of(cls):
-    if case.dtype not in ("bfloat16", "float16"):
-        continue
-    op, v = cls(**case.params), case.values
-    left, right = op._bounds
-    spec = A.AttentionVarlenFwdSpec(
-        device=torch.device("cuda", 0), total_q=v["Z_q"], total_kv=v["Z_kv"], batch=v["B"],
-        heads=v["H"], heads_kv=v["H_kv"], dim=v["D"], dim_v=v["D_v"], dtype=case.dtype,
-        scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
-        softcap=op.softcap)
-    keys[("varlen", A.varlen_program_key(spec))] = None
-from test_attention_cuda import _build, _describe
-sys.exit(build_all(list(keys), _build, _describe, 15))
-PY
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_attention.py --workers 15
     ;;
   tests)
     TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_attention_cuda.py -q -p no:cacheprovider --maxfail=40
@@ -183,7 +140,8 @@ for b, s, h, h_kv, d, causal in CASES:
           flush=True)
 PY
     ;;
-  bwd_sweep)
+  bwd_sweep)  # its programs built in parallel first (loaded from the cache when built)
+    TAIL=2 run prebuild_bwd_sweep.log python3 benchmarks/prebuild_attention.py --sweep-only --workers 12
     TAIL=20 run bwd_sweep.log python3 - <<'PY'
 # The backward's implementations on the bars' shapes, side by side: dQ added in its rows' order
 # (the default) and in the product fragment's order (AttentionBwdFragmentKernel), each checked

@@ -2,6 +2,11 @@
 the heuristic in ``tileops.kernels.gemm.choose_config``.
 
     python benchmarks/sweep_gemm.py [--labels qo-m1,odd-1000] [--out DIR]
+    python benchmarks/sweep_gemm.py --grid 1000,2999,8191 [--name gemm_grid]
+
+``--grid`` sweeps every (M, N, K) of the given sizes instead of spec workloads (row-major
+bf16 operands, labelled ``grid-MxNxK``): the unaligned grid the GEMM is held to against
+cuBLAS. The configuration the heuristic picks is marked ``(default)``.
 
 For each workload the candidates are the tuning candidates of the implementation that serves
 it (the op's own selection: the one-row kernel, the small-M kernel for M <= 64, the Hopper
@@ -56,18 +61,36 @@ def _impl(w: dict):
     return serving(_spec(w))
 
 
-def _jobs(rows: list[dict]) -> list[tuple]:
+def _candidates(w: dict, default_only: bool = False) -> tuple:
+    """The configurations swept for ``w``: its implementation's tuning candidates, or only the
+    one its heuristic picks."""
+    return (impl_default(w),) if default_only else _impl(w).tune_candidates
+
+
+def _jobs(rows: list[dict], default_only: bool = False) -> list[tuple]:
     """benchmarks/gemm.py's compile jobs: every candidate of each row's implementation, for
     the program it runs (the padded sizes for the padded kernel)."""
     jobs = set()
     for w in rows:
         impl, p = _impl(w), _spec(w)
-        for cfg in impl.tune_candidates:
+        for cfg in _candidates(w, default_only):
             jobs.add(program_job(impl, p, cfg))
     return sorted(jobs, key=repr)
 
 
-def sweep_one(w: dict) -> list[dict]:
+def impl_default(w: dict):
+    """The configuration the serving implementation's heuristic picks for ``w``."""
+    return _impl(w).config_for(_spec(w))
+
+
+def grid_rows(sizes: list[int]) -> list[dict]:
+    """Row-major bf16 workloads over every (M, N, K) drawn from ``sizes``."""
+    return [{"label": f"grid-{m}x{n}x{k}", "m": m, "n": n, "k": k, "trans_a": False,
+             "trans_b": False, "dtype": "bfloat16"}
+            for m in sizes for n in sizes for k in sizes]
+
+
+def sweep_one(w: dict, default_only: bool = False) -> list[dict]:
     import torch
 
     m, n, k = w["m"], w["n"], w["k"]
@@ -78,6 +101,7 @@ def sweep_one(w: dict) -> list[dict]:
     flops = 2 * m * n * k
 
     out = []
+    default = impl_default(w)
     cublas_ms = graph_events(rotating(sets, lambda a, b, av, bv: torch.matmul(av, bv)), 50)
     out.append({"config": "cublas", "us": cublas_ms * 1e3,
                 "tflops": flops / (cublas_ms * 1e-3) / 1e12, "rel_err": None})
@@ -85,8 +109,9 @@ def sweep_one(w: dict) -> list[dict]:
     # on the device the op would see (its compute capability decides programmatic launch)
     spec = msgspec.structs.replace(_spec(w),
                                    device=torch.device("cuda", torch.cuda.current_device()))
-    for cfg in impl.tune_candidates:
-        row = {"config": cfg.label(), "cfg": list(cfg), "kernel": impl.__name__}
+    for cfg in _candidates(w, default_only):
+        row = {"config": cfg.label() + (" (default)" if cfg == default else ""),
+               "cfg": list(cfg), "kernel": impl.__name__, "default": cfg == default}
         try:
             kern = impl(spec)
             kern.config, kern.program = cfg, kern._build(cfg)
@@ -106,10 +131,17 @@ def main(argv=None) -> int:
     ap.add_argument("--labels", default=",".join(DEFAULT_LABELS))
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--grid", help="comma-separated sizes: sweep every (M, N, K) of them")
+    ap.add_argument("--name", default="gemm_sweep", help="the results' file name")
+    ap.add_argument("--default-only", action="store_true",
+                    help="time only the configuration the heuristic picks (against cuBLAS)")
     args = ap.parse_args(argv)
-    wanted = args.labels.split(",")
-    rows = [w for w in workloads({"bfloat16"}) if w["label"] in wanted]
-    jobs = _jobs(rows)
+    if args.grid:
+        rows = grid_rows([int(v) for v in args.grid.split(",")])
+    else:
+        wanted = args.labels.split(",")
+        rows = [w for w in workloads({"bfloat16"}) if w["label"] in wanted]
+    jobs = _jobs(rows, args.default_only)
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         failed = [(j, s) for j, _, s in pool.map(_build, jobs, [_device_arch()] * len(jobs))
@@ -118,9 +150,9 @@ def main(argv=None) -> int:
 
     import torch
 
-    lines, results = [], {}
+    lines, results, summary = [], {}, []
     for w in rows:
-        res = sweep_one(w)
+        res = sweep_one(w, args.default_only)
         results[w["label"]] = res
         best = min((r for r in res[1:] if "us" in r), key=lambda r: r["us"], default=None)
         lines.append(f"{w['label']}  {w['m']}x{w['n']}x{w['k']}  "
@@ -135,13 +167,20 @@ def main(argv=None) -> int:
             else:
                 lines.append(f"  {r['config']:<18} {r['error']}")
         print("\n".join(lines[-len(res) - 1:]), flush=True)
+        chosen = next((r for r in res if r.get("default") and "us" in r), None)
+        summary.append(f"{w['m']:>6} {w['n']:>6} {w['k']:>6}  cuBLAS {res[0]['us']:8.1f} us  "
+                       f"default x{chosen['ratio'] if chosen else float('nan'):.3f}  best "
+                       f"x{best['ratio'] if best else float('nan'):.3f} "
+                       f"{best['config'] if best else '-'}")
     header = (f"GEMM tile sweep on {torch.cuda.get_device_name()}, torch {torch.__version__}, "
               f"{time.strftime('%Y-%m-%d')}; graph-replay times, inputs rotated past L2; "
               f"x = cuBLAS time / this time\n")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "gemm_sweep.txt").write_text(header + "\n".join(lines) + "\n")
-    (out / "gemm_sweep.json").write_text(json.dumps(results, indent=1))
+    table = ["     M      N      K  (x = cuBLAS time / ours)", *summary]
+    print("\n".join(table))
+    (out / f"{args.name}.txt").write_text(header + "\n".join(lines + [""] + table) + "\n")
+    (out / f"{args.name}.json").write_text(json.dumps(results, indent=1))
     return 0
 
 

@@ -1,0 +1,108 @@
+"""Compile the prefill attention programs of every spec workload, and those of the backward
+sweep, in parallel processes before a GPU run (``benchmarks/gpu_attention.sh``, stage
+prebuild).
+
+    python benchmarks/prebuild_attention.py [--workers N] [--sweep-only]
+
+A program serves every batch and length of its head configuration and options, so each spec
+workload (the masked flag depends on S_kv) gives the forward and, where the head dims have a
+backward, the backward programs; the backward sweep's shapes add the fragment-ordered
+backward (:class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`). A file, not a
+``python -``: the spawned workers import their main module by path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
+sys.path.insert(0, str(ROOT / "tests" / "kernels"))
+
+#: the backward sweep's shapes: (B, S, H, H_kv, D, causal)
+BWD_SWEEP = [(4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
+             (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)]
+
+
+def bar_spec(b, s, h, h_kv, d, causal):
+    """The forward call spec of one of :data:`BWD_SWEEP`'s shapes ([B, S, H, D], bf16)."""
+    import torch
+
+    from tileops.kernels import attention as A
+
+    return A.AttentionFwdSpec(
+        device=torch.device("cuda", 0), batch=b, seq_q=s, seq_kv=s, heads=h, heads_kv=h_kv,
+        dim=d, dim_v=d, dtype="bfloat16", layout=A.AttentionLayout.BSHD, scale=d ** -0.5,
+        window_left=-1, window_right=0 if causal else -1, softcap=None)
+
+
+def sweep_keys() -> list:
+    """The backward sweep's programs: the forward and both backward implementations."""
+    from tileops.kernels import attention as A
+    from tileops.kernels import attention_bwd as AB
+
+    keys = {}
+    for shape in BWD_SWEEP:
+        spec = bar_spec(*shape)
+        for kind in ("fwd", "bwd", "bwd_fragment"):
+            keys[(kind, A.program_key(spec) if kind == "fwd" else AB.bwd_program_key(spec))] = None
+    return list(keys)
+
+
+def program_keys() -> list:
+    import torch
+
+    import tileops.ops as ops
+    from tileops.kernels import attention as A
+    from tileops.kernels import attention_bwd as AB
+    from tileops.ops.workloads import cases_of
+
+    keys = {}
+    for name in ("MultiHeadAttentionFwdOp", "GroupedQueryAttentionFwdOp"):
+        cls = getattr(ops, name)
+        for case in cases_of(cls):
+            if case.dtype not in ("bfloat16", "float16"):
+                continue  # the reference target's
+            op, v = cls(**case.params), case.values
+            left, right = op._bounds
+            spec = A.AttentionFwdSpec(
+                device=torch.device("cuda", 0), batch=v["B"], seq_q=v["S_q"], seq_kv=v["S_kv"],
+                heads=v["H"], heads_kv=v.get("H_kv", v["H"]), dim=v["D"], dim_v=v["D_v"],
+                dtype=case.dtype, layout=A.AttentionLayout(op.layout),
+                scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
+                softcap=op.softcap)
+            keys[("fwd", A.program_key(spec))] = None
+            if (spec.dim, spec.dim_v) in AB.BWD_HEAD_DIMS:
+                keys[("bwd", AB.bwd_program_key(spec))] = None
+    cls = ops.GroupedQueryAttentionVarlenFwdOp
+    for case in cases_of(cls):
+        if case.dtype not in ("bfloat16", "float16"):
+            continue
+        op, v = cls(**case.params), case.values
+        left, right = op._bounds
+        spec = A.AttentionVarlenFwdSpec(
+            device=torch.device("cuda", 0), total_q=v["Z_q"], total_kv=v["Z_kv"], batch=v["B"],
+            heads=v["H"], heads_kv=v["H_kv"], dim=v["D"], dim_v=v["D_v"], dtype=case.dtype,
+            scale=op.softmax_scale(v["D"]), window_left=left, window_right=right,
+            softcap=op.softcap)
+        keys[("varlen", A.varlen_program_key(spec))] = None
+    return list(dict.fromkeys([*keys, *sweep_keys()]))
+
+
+def main(argv=None) -> int:
+    from _prebuild import build_all
+    from test_attention_cuda import _build, _describe
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--workers", type=int, default=15)
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="only the backward sweep's programs (stage bwd_sweep)")
+    args = ap.parse_args(argv)
+    keys = sweep_keys() if args.sweep_only else program_keys()
+    return build_all(keys, _build, _describe, args.workers)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
