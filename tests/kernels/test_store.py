@@ -367,6 +367,63 @@ def test_a_real_library_is_stored_and_loads_without_tilelang(store, monkeypatch)
         lines[-2]
 
 
+_LOAD_TMA = r"""
+import sys
+import torch
+from tileops.kernels import _store as S
+S._device = lambda: {device!r}
+folder = S.root() / {key!r}
+assert S.check_entry(folder, {key!r}, {parts!r}) is None
+import tvm_ffi
+before = tvm_ffi.get_global_func("__tvm_tensormap_create_tiled", allow_missing=True)
+kernel = S.StoredKernel({key!r}, S.load_module(folder / S.LIBRARY))
+after = tvm_ffi.get_global_func("__tvm_tensormap_create_tiled", allow_missing=True)
+print(before is None, after is not None)
+print("tilelang" in sys.modules, "tvm" in sys.modules)
+"""
+
+
+@needs_nvcc
+def test_a_tma_program_loads_the_descriptor_encoders_without_tilelang(store, monkeypatch):
+    """A Hopper GEMM program (TMA copies) looks up TileLang's descriptor encoder by name on
+    every launch: a process that loads it from the store without importing TileLang gets the
+    encoder registered by loading TileLang's library, not its Python package (without it the
+    first launch failed: "Cannot find function __tvm_tensormap_create_tiled")."""
+    from tileops.kernels import gemm as G
+
+    cfg = G.HOPPER_CONFIGS["64x128"][0]
+    args = (256, 256, "bfloat16", False, False, cfg)
+
+    def build_gemm(*a, target=None):  # the current device's build, compiled for sm_90a here
+        return G.build_gemm_kernel.build(*a, target="sm_90a")
+
+    monkeypatch.setattr(S, "load_module", lambda path: path)  # this process: storing only
+    S.build_or_load(build_gemm, args, {})
+    parts = S.key_parts(build_gemm, {"a": args, "target": None}, DEVICE)
+    key = S.key_of(parts)
+    library = (S.root() / key / S.LIBRARY).read_bytes()
+    assert S.needed_tilelang_functions(library) == ["__tvm_tensormap_create_tiled"]
+    code = _LOAD_TMA.format(device=DEVICE, key=key, parts=json.loads(json.dumps(parts)))
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ}, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-2:] == ["True True", "False False"], res.stdout
+
+
+def test_a_library_naming_an_unregistered_function_is_not_served(store, tmp_path, monkeypatch):
+    """Where TileLang's library does not register what a stored library calls, the load
+    raises (the store then serves the compiled kernel) instead of a launch failing later."""
+    monkeypatch.setattr(S, "load_module", _REAL_LOAD)
+    monkeypatch.setattr(S, "_tilelang_lib", lambda name: None)
+    monkeypatch.setitem(S._state, "runtime", object())  # the runtime counts as loaded
+    monkeypatch.delitem(S._state, "tilelang_lib", raising=False)
+    lib = tmp_path / S.LIBRARY
+    lib.write_bytes(b"\x7fELF...__tvm_tensormap_create_tiled\0...")
+    with pytest.raises(FileNotFoundError, match="libtilelang.so is not installed"):
+        S.load_module(lib)
+    assert S.needed_tilelang_functions(b"plain host code") == []
+
+
 def test_an_entry_a_peer_stored_first_is_checked_before_it_is_loaded(store, monkeypatch):
     """Where another process renamed its entry into place first, this build's is dropped and
     that one is used only if it passes the check; otherwise the fresh build serves."""

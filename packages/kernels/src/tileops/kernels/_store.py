@@ -6,8 +6,10 @@ host against 0.26 s for what a stored kernel needs).
 A stored kernel is TileLang's exported library (``JITKernel.export_library``): its host code
 checks every argument and launches the CUDA module embedded in it. Loading it takes tvm-ffi
 (which TileLang imports anyway) and the TVM runtime library TileLang ships, the one that
-registers the loader of CUDA modules; it is loaded by path, with ``RTLD_GLOBAL`` as TVM loads
-it, so a TileLang imported later in the process finds it already there. Calling the loaded
+registers the loader of CUDA modules, plus, for a program with TMA copies, TileLang's own
+library, which registers the descriptor encoders its host code calls on every launch; each is
+loaded by path, with ``RTLD_GLOBAL`` as TVM loads it, so a TileLang imported later in the
+process finds it already there. Calling the loaded
 module with every tensor is what TileLang's own launcher does for a program without
 allocated outputs (all of this library's), on torch's current stream.
 
@@ -178,33 +180,67 @@ def check_entry(folder: Path, key: str, parts: dict[str, Any]) -> str | None:
     return None
 
 
-def runtime_library() -> Path | None:
-    """TileLang's TVM runtime library, found without importing TileLang (None if absent)."""
+def _tilelang_lib(name: str) -> Path | None:
+    """``name`` in TileLang's ``lib`` folder, found without importing TileLang (None if
+    absent)."""
     spec = importlib.util.find_spec("tilelang")
     if spec is None or not spec.submodule_search_locations:
         return None
     for base in spec.submodule_search_locations:
-        path = Path(base) / "lib" / "libtvm_runtime.so"
+        path = Path(base) / "lib" / name
         if path.is_file():
             return path
     return None
 
 
+def runtime_library() -> Path | None:
+    """TileLang's TVM runtime library, found without importing TileLang (None if absent)."""
+    return _tilelang_lib("libtvm_runtime.so")
+
+
+#: the global functions a library's host code may look up that TileLang's own library
+#: (``libtilelang.so``), not the TVM runtime, registers: the TMA descriptor encoders a program
+#: with TMA copies calls on every launch
+TILELANG_RUNTIME_FUNCTIONS = ("__tvm_tensormap_create_tiled", "__tvm_tensormap_create_im2col")
+
+
+def needed_tilelang_functions(library: bytes) -> list[str]:
+    """Which of :data:`TILELANG_RUNTIME_FUNCTIONS` the library's host code names (it looks
+    them up by name, so the name is in its bytes)."""
+    return [f for f in TILELANG_RUNTIME_FUNCTIONS if f.encode() in library]
+
+
+def _load_global(what: str, lib: Path | None, name: str) -> None:
+    """Load ``lib`` once per process, globally, as TVM loads it (TileLang points
+    TVM_LIBRARY_PATH at this folder, so a later import finds this same file already loaded);
+    lazy binding, as TileLang's. Called under the lock."""
+    if what in _state:
+        return
+    if lib is None:
+        raise FileNotFoundError(f"TileLang's {name} is not installed")
+    _state[what] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
+
+
 def load_module(path: Path):
-    """The stored library as a tvm-ffi module (the TVM runtime loaded first, once)."""
+    """The stored library as a tvm-ffi module: the TVM runtime loaded first, once, and
+    TileLang's own library too where the host code calls a function only it registers (a
+    program with TMA copies encodes its descriptors through one on every launch; without it
+    the launch fails with "Cannot find function __tvm_tensormap_create_tiled"). Raises where a
+    function the library needs is still not registered, so the entry is never served."""
+    needed = needed_tilelang_functions(path.read_bytes())
     with _lock:
-        if "runtime" not in _state:
-            lib = runtime_library()
-            if lib is None:
-                raise FileNotFoundError("TileLang's libtvm_runtime.so is not installed")
-            # global, as TVM loads it (TileLang points TVM_LIBRARY_PATH at this folder, so a
-            # later import finds this same file already loaded); lazy binding, as TileLang's
-            _state["runtime"] = ctypes.CDLL(str(lib), mode=ctypes.RTLD_GLOBAL | os.RTLD_LAZY)
+        _load_global("runtime", runtime_library(), "libtvm_runtime.so")
+        if needed:
+            _load_global("tilelang_lib", _tilelang_lib("libtilelang.so"), "libtilelang.so")
     from ._tilelang import point_compiler_caches
 
     point_compiler_caches()  # tvm-ffi's import may build its addon: under TILEOPS_CACHE_DIR
     import tvm_ffi
 
+    missing = [f for f in needed if tvm_ffi.get_global_func(f, allow_missing=True) is None]
+    if missing:
+        raise RuntimeError(f"{path} calls {', '.join(missing)}, which no loaded library "
+                           "registers")
     return tvm_ffi.load_module(str(path))
 
 
