@@ -43,6 +43,24 @@ def test_rows_program_compiles_for_sm90(classes, dtype, options, grad, per_row):
 
 
 @needs_nvcc
+def test_a_wide_rows_gradient_stages_its_first_chunks_in_shared_memory():
+    """At a vocabulary whose rows in flight outgrow the L2 the plans' gradient program keeps
+    its first chunks in shared memory for the second pass (three 32 KB chunks a 512-thread CTA
+    at 128256 bfloat16), and a narrow one keeps none."""
+    threads, vec, per, ctas = C.rows_plan(128256, "bfloat16", True, 132)
+    assert C.staged_chunks(128256, "bfloat16", threads, vec, per, ctas, 132) == 3
+    wide = C.build_rows_kernel(128256, "bfloat16", PLAIN, True, False, 132, "sm_90",
+                               with_loss=True).get_kernel_source()
+    unstaged = C.compile_program(C.rows_program(128256, "bfloat16", PLAIN, True, False, threads,
+                                                vec, per, ctas, True, 0),
+                                 "sm_90").get_kernel_source()
+    # the staged chunks are written into and read back from shared memory
+    assert wide.count("buf_dyn_shmem") > unstaged.count("buf_dyn_shmem")
+    narrow = C.rows_plan(32000, "bfloat16", True, 132)
+    assert C.staged_chunks(32000, "bfloat16", *narrow, 132) == 0
+
+
+@needs_nvcc
 def test_kept_rows_program_compiles_for_sm90():
     """The gradient program that also writes each row's loss (the kept gradient's): thread 0
     reads the target's logit before the merge's barrier, the loss is written between the
@@ -110,6 +128,18 @@ def test_rows_plan(classes, dtype, grad, sms):
         return
     per_sm = ctas // sms
     assert ctas % sms == 0 and per_sm * threads == 1024  # every CTA the SMs hold at once
+    # the staged chunks: only where the rows in flight outgrow the L2, within the shared
+    # memory the SM's CTAs give them, never more than the row's
+    staged = C.staged_chunks(classes, dtype, threads, vec, per, ctas, sms)
+    item = C._ITEMSIZE[dtype]
+    chunk = threads * vec * per
+    if ctas * classes * item <= C._L2_BYTES:
+        assert staged == 0
+    else:
+        assert 1 <= staged <= -(-classes // chunk)
+        assert per_sm * staged * chunk * item <= C._STAGE_BYTES_PER_SM
+        assert staged == -(-classes // chunk) or \
+            per_sm * (staged + 1) * chunk * item > C._STAGE_BYTES_PER_SM
 
 
 def test_spec_refuses_what_the_kernels_do_not_serve():

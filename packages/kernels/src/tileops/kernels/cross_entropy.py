@@ -81,6 +81,7 @@ __all__ = [
     "build_scale_kernel",
     "cluster_plan",
     "rows_plan",
+    "staged_chunks",
     "scale_plan",
 ]
 
@@ -216,6 +217,29 @@ def rows_plan(classes: int, dtype: str, grad: bool, sms: int = DEFAULT_SMS
         return min(512, max(_WARP, _pow2_at_least(-(-nv // per)))), vec, per, 0
     threads = min(512, max(_WARP, _pow2_at_least(-(-nv // (per * _GRAD_STEPS)))))
     return threads, vec, per, sms * (1024 // threads)
+
+
+#: the L2 of the GPUs the plans were measured on (H100 and H200: 50 MB)
+_L2_BYTES = 50 << 20
+#: the shared memory an SM gives a gradient program's staged chunks (of its 227 KiB)
+_STAGE_BYTES_PER_SM = 192 << 10
+
+
+def staged_chunks(classes: int, dtype: str, threads: int, vec: int, per: int, ctas: int,
+                  sms: int = DEFAULT_SMS) -> int:
+    """How many of a row's first chunks a persistent gradient program keeps in shared memory
+    for its second pass (``rows_program``'s ``staged``): where the rows in flight (one a CTA)
+    outgrow the L2, the second pass would read those chunks from HBM again, so as many as
+    :data:`_STAGE_BYTES_PER_SM` holds for the SM's resident CTAs, at most the row's; 0 where
+    the L2 serves the second pass. On the H200 at 8192 x 128256 bfloat16 (264 rows of 256 KB in
+    flight against a 50 MB L2) three staged chunks of two 512-thread CTAs an SM ran the kept
+    gradient in 1.40 ms against 1.49 without (benchmarks/results/gpu_session_2026-12-02b.md)."""
+    item = _ITEMSIZE[dtype]
+    if ctas <= 0 or ctas * classes * item <= _L2_BYTES:
+        return 0
+    chunk = threads * vec * per
+    per_sm = max(1, -(-ctas // sms))
+    return min(-(-classes // chunk), _STAGE_BYTES_PER_SM // (per_sm * chunk * item))
 
 
 # --- TileLang programs -----------------------------------------------------------------------
@@ -384,7 +408,7 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
     scaled by ``G[row]`` (``per_row_scale``, reduction none) or ``G[0]``; ``with_loss`` (a
     gradient scaled by ``G[0]``) also writes each row's loss into ``L``, between the passes.
 
-    ``staged`` (a gradient program's, for the sweep; 0 in every plan yet): the row's first
+    ``staged`` (a gradient program's; :func:`staged_chunks` gives the plans'): the row's first
     ``staged`` chunks are also kept in shared memory by the first pass, and the second pass
     reads them from there, not from L2 or HBM; its last chunks, the freshest in L2, are read
     again as before. Each thread reads back only the words it wrote (shared column = row
@@ -720,8 +744,9 @@ def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
                       with_loss: bool = False):
     """Compile the row program (cached per configuration)."""
     threads, vec, per, ctas = rows_plan(classes, dtype, grad, sms)
+    staged = staged_chunks(classes, dtype, threads, vec, per, ctas, sms) if grad else 0
     prog = rows_program(classes, dtype, options, grad, per_row_scale, threads, vec, per, ctas,
-                        with_loss)
+                        with_loss, staged)
     return compile_program(prog, target)
 
 
