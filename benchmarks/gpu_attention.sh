@@ -144,8 +144,9 @@ PY
     TAIL=2 run prebuild_bwd_sweep.log python3 benchmarks/prebuild_attention.py --sweep-only --workers 12
     TAIL=20 run bwd_sweep.log python3 - <<'PY'
 # The backward's implementations on the bars' shapes, side by side: dQ added in its rows' order
-# (the default) and in the product fragment's order (AttentionBwdFragmentKernel), each checked
-# against the other, then timed by CUDA events over 10 calls; TFLOP/s by 2.5 x the forward's
+# (the default), in the product fragment's order (AttentionBwdFragmentKernel) and by a TMA
+# reduce-add of 64-row tiles (AttentionBwdTmaKernel), each checked against the first, then
+# timed by CUDA events over 10 calls; TFLOP/s by 2.5 x the forward's
 # products (halved for causal), beside SDPA's cuDNN backward of the same inputs.
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -175,7 +176,8 @@ for b, s, h, h_kv, d, causal in CASES:
     fwd(q, k, v, o, lse)
     flops = 2.5 * 4 * b * h * s * s * d / (2 if causal else 1)
     cells, first = [], None
-    for kernel in (AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel):
+    for kernel in (AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel,
+                   AB.AttentionBwdTmaKernel):
         entry = select(AB.AttentionBwdInterface, (kernel,), spec).entry_for(spec, None)
         grads = [torch.empty_like(x) for x in (q, k, v)]
         run = lambda: entry(do, q, k, v, o, lse, None, *grads)

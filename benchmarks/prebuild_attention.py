@@ -7,7 +7,8 @@ prebuild).
 A program serves every batch and length of its head configuration and options, so each spec
 workload (the masked flag depends on S_kv) gives the forward and, where the head dims have a
 backward, the backward programs; the backward sweep's shapes add the fragment-ordered
-backward (:class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`). A file, not a
+backward (:class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`) and the one
+adding dQ by TMA (:class:`~tileops.kernels.attention_bwd.AttentionBwdTmaKernel`). A file, not a
 ``python -``: the spawned workers import their main module by path.
 """
 
@@ -39,14 +40,14 @@ def bar_spec(b, s, h, h_kv, d, causal):
 
 
 def sweep_keys() -> list:
-    """The backward sweep's programs: the forward and both backward implementations."""
+    """The backward sweep's programs: the forward and every backward implementation."""
     from tileops.kernels import attention as A
     from tileops.kernels import attention_bwd as AB
 
     keys = {}
     for shape in BWD_SWEEP:
         spec = bar_spec(*shape)
-        for kind in ("fwd", "bwd", "bwd_fragment"):
+        for kind in ("fwd", "bwd", "bwd_fragment", "bwd_tma"):
             keys[(kind, A.program_key(spec) if kind == "fwd" else AB.bwd_program_key(spec))] = None
     return list(keys)
 

@@ -284,6 +284,31 @@ def test_backward_with_the_fragment_ordered_dq_compiles_for_sm90a(layout):
     assert "S_dq" in post.get_kernel_source() and "bfloat16" in post.get_kernel_source()
 
 
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "dim", "right", "softcap", "sdp_async"), [
+    ("bshd", 128, -1, None, True), ("bshd", 128, 0, 30.0, True), ("bhsd", 128, 0, None, False),
+    ("bshd", 64, 0, None, True)], ids=["d128", "d128-causal-softcap", "bhsd-causal-sync",
+                                       "d64-causal"])
+def test_backward_with_tma_reduced_dq_compiles_for_sm90a(layout, dim, right, softcap,
+                                                         sdp_async):
+    """64 query rows a step, each step's dQ tile added by one TMA reduce-add from shared
+    memory (no per-element atomics), optionally with the scores' and dP's products in flight
+    together: every layout, mask and head dim the backward serves."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(dim, dim)._replace(block_m=64, dq_tma=True,
+                                                    sdp_async=sdp_async)
+    prog = AB.attention_bwd_program(layout, 8, 2, dim, dim, "bfloat16", dim ** -0.5, -1, right,
+                                    softcap, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "tma_store_add" in src and "AtomicAdd" not in src and "wgmma" in src
+    assert ("wait_wgmma<1>" in src) == sdp_async
+    with pytest.raises(ValueError, match="dq_tma adds dQ tiles in its layout"):
+        AB.attention_bwd_program(layout, 8, 2, dim, dim, "bfloat16", 0.1, -1, right, softcap,
+                                 plan._replace(dq_fragment_order=True))
+
+
 @pytest.mark.parametrize("bshd", [True, False])
 def test_the_fragment_order_is_a_permutation_of_whole_row_blocks(bshd):
     """Every (row, column) of 8-row blocks of a 128-wide head lands on its own word of the

@@ -194,8 +194,9 @@ def _bwd_entry(spec, kernel=AB.AttentionBwdKernel):
 
 
 @cuda
-@pytest.mark.parametrize("kernel", [AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel],
-                         ids=["dq-rows", "dq-fragment-order"])
+@pytest.mark.parametrize("kernel", [AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel,
+                                    AB.AttentionBwdTmaKernel],
+                         ids=["dq-rows", "dq-fragment-order", "dq-tma"])
 @pytest.mark.parametrize("case", BWD_CASES, ids=_case_id)
 def test_backward_matches_float64_autograd(case, kernel):
     """dq, dk, dv of the kernel (from the forward kernel's o and lse, with an upstream
@@ -295,6 +296,7 @@ def program_keys():
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
+    keys += [("bwd_tma", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     return list(dict.fromkeys(keys))
 
 
@@ -306,6 +308,11 @@ def _build(key):
         AB.build_attention_bwd(program, plan=plan)
         AB.build_attention_bwd_dq(layout, h, d, dtype)
         return
+    if kind == "bwd_tma":  # as AttentionBwdTmaKernel builds its program
+        d, d_v = program[3:5]
+        AB.build_attention_bwd(program, plan=AB.attention_bwd_plan(d, d_v)._replace(
+            **AB.AttentionBwdTmaKernel.plan_fields))
+        return
     {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
      "bwd": AB.build_attention_bwd}[kind](program)
 
@@ -315,7 +322,7 @@ def _describe(key) -> str:
     if kind == "fwd":
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked = program
         kind = f"fwd {layout}{' masked' if masked else ''}"
-    elif kind in ("bwd", "bwd_fragment"):
+    elif kind in ("bwd", "bwd_fragment", "bwd_tma"):
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
         kind = f"{kind.replace('_', ' ')} {layout}"
     else:

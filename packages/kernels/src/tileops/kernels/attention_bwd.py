@@ -30,7 +30,7 @@ and a second program casts the buffer out into ``dq`` (no ``copy_`` of it).
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
 
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 from tileops.runtime import Kernel, KernelInterface
 
@@ -49,6 +49,7 @@ __all__ = [
     "AttentionBwdInterface",
     "AttentionBwdKernel",
     "AttentionBwdPlan",
+    "AttentionBwdTmaKernel",
     "BWD_HEAD_DIMS",
     "DQ_ROW_BLOCK",
     "attention_bwd_dq_program",
@@ -81,13 +82,20 @@ class AttentionBwdPlan(NamedTuple):
     into is stored in the order of the ``dQ`` product's register fragment (8 x 8 blocks, a
     thread's pairs adjacent), so a warp's atomic adds land on consecutive words instead of
     rows ``H * D`` apart, and a second program (:func:`attention_bwd_dq_program`) writes it
-    out in the layout and dtype; TileLang's wgmma backward example stores it so."""
+    out in the layout and dtype; TileLang's wgmma backward example stores it so.
+    ``dq_tma`` (sm_90): a step's ``dQ`` tile goes through shared memory and is added into the
+    float32 ``dQ`` by one TMA reduce-add (``cp.reduce.async.bulk.tensor``), rows past ``S_q``
+    dropped by the tensor map, instead of a float32 atomic per element; ``sdp_async`` (sm_90,
+    ``block_m`` of 64 or more): the scores' and ``dP``'s products are issued together and the
+    probabilities computed while ``dP``'s runs (FlashAttention-3's first overlap)."""
 
     block_n: int
     block_m: int
     stages: int
     threads: int
     dq_fragment_order: bool = False
+    dq_tma: bool = False
+    sdp_async: bool = False
 
 
 #: the (D, D_v) pairs the backward serves. Wider heads would hold dK and dV of 64 keys over
@@ -145,6 +153,9 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     stored in :func:`dq_fragment_layout`'s order."""
     tilelang, T = tl()
     bn, bm, threads = plan.block_n, plan.block_m, plan.threads
+    if plan.dq_tma and plan.dq_fragment_order:
+        raise ValueError("attention_bwd_program: dq_tma adds dQ tiles in its layout, which "
+                         "dq_fragment_order replaces; take one")
     accum = "float32"
     groups = heads // heads_kv
     batch, seq_q, seq_kv = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_kv")
@@ -190,6 +201,8 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             dk = T.alloc_fragment([bn, dim], accum)
             dv = T.alloc_fragment([bn, dim_v], accum)
             dq = T.alloc_fragment([bm, dim], accum)
+            if plan.dq_tma:
+                dq_shared = T.alloc_shared([bm, dim], accum)
 
             if ordered:
                 T.annotate_layout({dQ: T.Layout(dQ.shape, dq_fragment_layout(bshd))})
@@ -220,8 +233,16 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 T.copy(Delta[bz, by, i0:i0 + bm], delta_shared,
                        annotations={"disable_tma": True})
                 T.clear(qkT)
-                T.gemm(K_shared, q_shared, qkT, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullRow)
+                if plan.sdp_async:  # both products in flight; the probabilities under dP's
+                    T.wgmma_gemm(K_shared, q_shared, qkT, transpose_B=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.clear(dpT)
+                    T.wgmma_gemm(V_shared, do_shared, dpT, transpose_B=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)
+                else:
+                    T.gemm(K_shared, q_shared, qkT, transpose_B=True,
+                           policy=T.GemmWarpPolicy.FullRow)
                 if capped:
                     for j, i in T.Parallel(bn, bm):
                         qkT[j, i] = T.tanh(qkT[j, i] * cap_in)  # t; the score is cap * t
@@ -232,9 +253,12 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                             and key <= diag + rb)
                     s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
                     pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_shared[i] * log2e), 0.0)
-                T.clear(dpT)
-                T.gemm(V_shared, do_shared, dpT, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullRow)
+                if plan.sdp_async:
+                    T.wait_wgmma(0)
+                else:
+                    T.clear(dpT)
+                    T.gemm(V_shared, do_shared, dpT, transpose_B=True,
+                           policy=T.GemmWarpPolicy.FullRow)
                 T.copy(pT, pT_cast)
                 T.gemm(pT_cast, do_shared, dv, policy=T.GemmWarpPolicy.FullRow)
                 for j, i in T.Parallel(bn, bm):
@@ -246,12 +270,21 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 T.copy(dsT_cast, dsT_shared)
                 T.clear(dq)
                 T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
-                for i, d in T.Parallel(bm, dim):
-                    if i0 + i < seq_q:
-                        if bshd:
-                            T.atomic_add(dQ[bz, i0 + i, by, d], dq[i, d])
-                        else:
-                            T.atomic_add(dQ[bz, by, i0 + i, d], dq[i, d])
+                if plan.dq_tma:  # one bulk reduce-add a step; the tensor map drops rows >= S_q
+                    T.copy(dq, dq_shared)
+                    if bshd:
+                        T.atomic_add(dQ[bz, i0:i0 + bm, by, :], dq_shared,
+                                     annotations={"use_tma": 1})
+                    else:
+                        T.atomic_add(dQ[bz, by, i0:i0 + bm, :], dq_shared,
+                                     annotations={"use_tma": 1})
+                else:
+                    for i, d in T.Parallel(bm, dim):
+                        if i0 + i < seq_q:
+                            if bshd:
+                                T.atomic_add(dQ[bz, i0 + i, by, d], dq[i, d])
+                            else:
+                                T.atomic_add(dQ[bz, by, i0 + i, d], dq[i, d])
 
             if bshd:
                 T.copy(dk, dK[bz, j0:j0 + bn, by, :])
@@ -332,18 +365,18 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
     def identity(cls, spec: AttentionFwdSpec):
         return (spec.device, bwd_program_key(spec))
 
-    #: the plan's fragment-ordered dQ (:class:`AttentionBwdFragmentKernel` takes it)
-    dq_fragment_order = False
+    #: the plan's fields this implementation sets over :func:`attention_bwd_plan`'s
+    plan_fields: ClassVar[dict] = {}
 
     def __init__(self, spec: AttentionFwdSpec) -> None:
         super().__init__(spec)
         key = bwd_program_key(spec)
-        plan = attention_bwd_plan(spec.dim, spec.dim_v)
+        plan = attention_bwd_plan(spec.dim, spec.dim_v)._replace(**self.plan_fields)
+        self.dq_fragment_order = plan.dq_fragment_order
         if self.dq_fragment_order:
-            plan = plan._replace(dq_fragment_order=True)
             self._dq_program = build_attention_bwd_dq(key[0], spec.heads, spec.dim,
                                                       spec.dtype)
-        self.program = build_attention_bwd(key, plan=plan if self.dq_fragment_order else None)
+        self.program = build_attention_bwd(key, plan=plan if self.plan_fields else None)
         self._bshd = spec.layout is AttentionLayout.BSHD
         self._groups = spec.heads // spec.heads_kv
 
@@ -391,8 +424,22 @@ class AttentionBwdFragmentKernel(AttentionBwdKernel):
     ``dq_fragment_order``) and its second program writing ``dq``. Not among the ops' default
     implementations until it is measured: a ``kernel_map`` or the sweep picks it."""
 
-    dq_fragment_order = True
+    plan_fields: ClassVar[dict] = {"dq_fragment_order": True}
 
     @classmethod
     def identity(cls, spec: AttentionFwdSpec):
         return (spec.device, bwd_program_key(spec), "dq_fragment_order")
+
+
+class AttentionBwdTmaKernel(AttentionBwdKernel):
+    """The backward at 64 query rows a step, each step's ``dQ`` tile added by one TMA
+    reduce-add, the scores' and ``dP``'s products in flight together (:class:`AttentionBwdPlan`'s
+    ``dq_tma`` and ``sdp_async``; sm_90). Not among the ops' default implementations until it
+    is measured: a ``kernel_map`` or the sweep picks it."""
+
+    supported_archs = frozenset({(9, 0)})
+    plan_fields: ClassVar[dict] = {"block_m": 64, "dq_tma": True, "sdp_async": True}
+
+    @classmethod
+    def identity(cls, spec: AttentionFwdSpec):
+        return (spec.device, bwd_program_key(spec), "dq_tma")
