@@ -288,3 +288,27 @@ def test_cluster_kernel_states_its_region_and_wins_where_the_register_kernel_cla
     # the row count picks the cluster, so it is part of the built program's identity
     assert k.identity(spec(8, 131072)) != k.identity(spec(64, 131072))
     assert k.identity(spec(9, 131072)) == k.identity(spec(16, 131072))
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 200), n=st.integers(1, 1 << 20), cluster=st.sampled_from([2, 4, 8]),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
+def test_a_given_split_is_taken_at_any_row_count(rows, n, cluster, dtype):
+    """The sweep's split: that cluster whatever the row count, two CTAs an SM's worth of
+    threads at most where the CTAs outnumber the SMs, the row covered within the budget."""
+    plan = norm.cluster_plan(rows, n, dtype, cluster)
+    if n // cluster < norm._MIN_CLUSTER_SHARE:
+        assert plan is None
+        return
+    cap = norm._MAX_THREADS if rows * cluster <= norm.FEW_ROWS else norm._MAX_THREADS // 2
+    vec = norm._vec(n, dtype)
+    share = -(-(-(-n // vec)) // cluster)  # a CTA's accesses
+    if plan is None:  # only a share too wide for the threads to hold
+        assert -(-share // cap) * vec * norm._ITEMSIZE[dtype] > norm._HELD_BYTES_PER_THREAD
+        return
+    got, threads, vec, per = plan
+    assert got == cluster
+    assert threads <= cap
+    assert per * vec * norm._ITEMSIZE[dtype] <= norm._HELD_BYTES_PER_THREAD
+    assert cluster * threads * per * vec >= n
+    assert norm.cluster_plan(rows, n, dtype, 3) is None  # not a power of two

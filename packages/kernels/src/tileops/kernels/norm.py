@@ -406,26 +406,33 @@ _MAX_CLUSTER = 8
 _MIN_CLUSTER_SHARE = 2048
 
 
-def cluster_plan(rows: int, n: int, dtype: str) -> tuple[int, int, int, int] | None:
+def cluster_plan(rows: int, n: int, dtype: str, cluster: int | None = None
+                 ) -> tuple[int, int, int, int] | None:
     """``(cluster, threads, vec, per)`` for the cluster kernel, or None where it does not
     apply: a row split over ``cluster`` CTAs of one cluster (a power of two, 2 to 8, as many
     as keep ``rows * cluster`` within :data:`FEW_ROWS` and each CTA's share at least
     ``_MIN_CLUSTER_SHARE`` elements), each holding its share in registers (``threads``
     threads with ``per`` accesses of ``vec`` elements, at most
-    ``_HELD_BYTES_PER_THREAD`` bytes a thread, up to 1024 threads)."""
+    ``_HELD_BYTES_PER_THREAD`` bytes a thread, up to 1024 threads). ``cluster`` given (the
+    sweep's): that split, whatever the row count; where its CTAs outnumber the SMs, at most
+    512 threads a CTA, so two are resident on an SM."""
     if rows < 1:
         return None
-    cluster = 1
-    while (cluster * 2 <= _MAX_CLUSTER and rows * cluster * 2 <= FEW_ROWS
-           and n // (cluster * 2) >= _MIN_CLUSTER_SHARE):
-        cluster *= 2
+    if cluster is None:
+        cluster = 1
+        while (cluster * 2 <= _MAX_CLUSTER and rows * cluster * 2 <= FEW_ROWS
+               and n // (cluster * 2) >= _MIN_CLUSTER_SHARE):
+            cluster *= 2
+    elif cluster not in (2, 4, 8) or n // cluster < _MIN_CLUSTER_SHARE:
+        return None
     if cluster == 1:
         return None
     item = _ITEMSIZE[dtype]
     vec = _vec(n, dtype)
     accesses = -(-n // vec)  # in a row
     share = -(-accesses // cluster)  # a CTA's
-    threads = min(_MAX_THREADS, max(_WARP, _pow2_at_least(-(-share // 4))))
+    cap = _MAX_THREADS if rows * cluster <= FEW_ROWS else _MAX_THREADS // 2
+    threads = min(cap, max(_WARP, _pow2_at_least(-(-share // 4))))
     per = -(-share // threads)
     if per * vec * item > _HELD_BYTES_PER_THREAD:
         return None
