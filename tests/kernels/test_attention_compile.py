@@ -353,3 +353,27 @@ def test_query_tile_loop_covers_every_row_that_sees_the_keys(seq_q, seq_kv, left
             rows.add(i)
     assert rows <= set(range(start * bm, end * bm))
     assert end * bm - bm < seq_q or start == end
+
+
+@settings(max_examples=400, deadline=None)
+@given(seq_q=st.integers(1, 600), seq_kv=st.integers(1, 600),
+       left=st.integers(-1, 300), right=st.integers(-1, 300),
+       bm=st.sampled_from([32, 64]), data=st.data())
+def test_a_whole_tile_pair_sees_every_key_of_its_tiles(seq_q, seq_kv, left, right, bm, data):
+    """The backward skips the mask on a (key tile, query tile) pair only where every row of
+    the query tile exists and sees every key of the key tile, and skips it wherever that holds
+    (the program's formula, evaluated on ints)."""
+    from tileops.kernels import attention_bwd as AB
+
+    bn = 128
+    j0 = data.draw(st.integers(0, (seq_kv - 1) // bn)) * bn
+    i0 = data.draw(st.integers(0, (seq_q - 1) // bm)) * bm
+    offset = seq_kv - seq_q
+
+    def seen(i, j):
+        diag = i + offset
+        return (i < seq_q and j < seq_kv and (left < 0 or j >= diag - left)
+                and (right < 0 or j <= diag + right))
+
+    every = all(seen(i, j) for i in range(i0, i0 + bm) for j in range(j0, j0 + bn))
+    assert bool(AB.whole_tile_pair(j0, i0, seq_q, seq_kv, left, right, bn, bm)) == every

@@ -302,7 +302,8 @@ def test_a_given_split_is_taken_at_any_row_count(rows, n, cluster, dtype):
         return
     cap = norm._MAX_THREADS if rows * cluster <= norm.FEW_ROWS else norm._MAX_THREADS // 2
     vec = norm._vec(n, dtype)
-    share = -(-(-(-n // vec)) // cluster)  # a CTA's accesses
+    accesses = -(-n // vec)  # in a row
+    share = -(-accesses // cluster)  # a CTA's
     if plan is None:  # only a share too wide for the threads to hold
         assert -(-share // cap) * vec * norm._ITEMSIZE[dtype] > norm._HELD_BYTES_PER_THREAD
         return

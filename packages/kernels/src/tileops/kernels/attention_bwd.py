@@ -60,6 +60,7 @@ __all__ = [
     "build_attention_bwd_dq",
     "dq_fragment_layout",
     "first_query_tile",
+    "whole_tile_pair",
     "query_tiles_end",
 ]
 
@@ -144,6 +145,23 @@ def query_tiles_end(j0: Any, seq_q: Any, seq_kv: Any, left: int, right: int, bn:
     return mx(first_query_tile(j0, seq_q, seq_kv, right, bm, mx), (hi + bm - 1) // bm)
 
 
+def whole_tile_pair(j0: Any, i0: Any, seq_q: Any, seq_kv: Any, left: int, right: int,
+                    bn: int, bm: int) -> Any:
+    """Whether every row of the query tile of ``bm`` rows from ``i0`` sees every key of the key
+    tile of ``bn`` keys from ``j0`` (both tiles within ``S_q`` and ``S_kv``, every pair inside
+    the window: row ``i`` sees key ``j`` when ``i + S_kv - S_q - left <= j <= i + S_kv - S_q +
+    right``), so the probabilities need no mask. An expression of the program's sizes there,
+    a bool on ints."""
+    lb, rb = _bounds(seq_q, seq_kv, left, right)
+    offset = seq_kv - seq_q
+    whole = (j0 + bn <= seq_kv) & (i0 + bm <= seq_q)
+    if right >= 0:  # the first row's rightmost key reaches the tile's last key
+        whole = whole & (j0 + bn - 1 <= i0 + offset + rb)
+    if left >= 0:  # the last row's leftmost key is at or before the tile's first key
+        whole = whole & (j0 >= i0 + bm - 1 + offset - lb)
+    return whole
+
+
 def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
                           dtype: str, scale: float, left: int, right: int,
                           softcap: float | None, plan: AttentionBwdPlan):
@@ -168,6 +186,10 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
         return [batch, s, h, d] if bshd else [batch, h, s, d]
 
     lb, rb = _bounds(seq_q, seq_kv, left, right)
+
+    def whole_pair(j0, i0):
+        return whole_tile_pair(j0, i0, seq_q, seq_kv, left, right, bn, bm)
+
     capped = softcap is not None
     cap_l2, cap_in = _cap_constants(scale, softcap)
     sm = _f32(scale * _LOG2E)
@@ -246,13 +268,22 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 if capped:
                     for j, i in T.Parallel(bn, bm):
                         qkT[j, i] = T.tanh(qkT[j, i] * cap_in)  # t; the score is cap * t
-                for j, i in T.Parallel(bn, bm):
-                    key = j0 + j
-                    diag = i0 + i + offset
-                    seen = (key < seq_kv and i0 + i < seq_q and key >= diag - lb
-                            and key <= diag + rb)
-                    s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
-                    pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_shared[i] * log2e), 0.0)
+                # the mask only where some (row, key) pair of the tiles is unseen (a causal
+                # diagonal, a window's edges, the tails past S_q and S_kv): a branch the whole
+                # CTA takes alike
+                if whole_pair(j0, i0):
+                    for j, i in T.Parallel(bn, bm):
+                        s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
+                        pT[j, i] = T.exp2(s_l2 - lse_shared[i] * log2e)
+                else:
+                    for j, i in T.Parallel(bn, bm):
+                        key = j0 + j
+                        diag = i0 + i + offset
+                        seen = (key < seq_kv and i0 + i < seq_q and key >= diag - lb
+                                and key <= diag + rb)
+                        s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
+                        pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_shared[i] * log2e),
+                                                  0.0)
                 if plan.sdp_async:
                     T.wait_wgmma(0)
                 else:
