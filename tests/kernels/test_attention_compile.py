@@ -304,6 +304,11 @@ def test_backward_with_tma_reduced_dq_compiles_for_sm90a(layout, dim, right, sof
     src = compile_program(prog, HOPPER).get_kernel_source()
     assert "tma_store_add" in src and "AtomicAdd" not in src and "wgmma" in src
     assert ("wait_wgmma<1>" in src) == sdp_async
+    # dK / dV in the storage dtype only where no group is reduced (here 8:2: float32 partials)
+    assert "float* __restrict__ dK" in src
+    mha = AB.attention_bwd_program(layout, 8, 8, dim, dim, "bfloat16", dim ** -0.5, -1, right,
+                                   softcap, plan._replace(kv_direct=True))
+    assert "bfloat16_t* __restrict__ dK" in compile_program(mha, HOPPER).get_kernel_source()
     with pytest.raises(ValueError, match="dq_tma adds dQ tiles in its layout"):
         AB.attention_bwd_program(layout, 8, 2, dim, dim, "bfloat16", 0.1, -1, right, softcap,
                                  plan._replace(dq_fragment_order=True))
@@ -353,6 +358,21 @@ def test_query_tile_loop_covers_every_row_that_sees_the_keys(seq_q, seq_kv, left
             rows.add(i)
     assert rows <= set(range(start * bm, end * bm))
     assert end * bm - bm < seq_q or start == end
+
+
+@needs_nvcc
+@pytest.mark.parametrize("layout", ["bshd", "bhsd"])
+@pytest.mark.parametrize("with_dlse", [False, True], ids=["delta", "delta-minus-dlse"])
+def test_the_backward_delta_program_compiles_for_sm90a(layout, with_dlse):
+    """Delta = rowsum(dO * O) (- dLSE) from the storage dtype in float32, rows past S_q not
+    written."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    src = compile_program(AB.attention_bwd_delta_program(layout, 8, 128, "bfloat16", with_dlse),
+                          HOPPER).get_kernel_source()
+    assert ("DLSE" in src) == with_dlse and "float* __restrict__ Delta" in src
+    assert "S_q" in src  # the row guard
 
 
 @settings(max_examples=400, deadline=None)

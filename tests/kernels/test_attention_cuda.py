@@ -308,10 +308,12 @@ def _build(key):
         AB.build_attention_bwd(program, plan=plan)
         AB.build_attention_bwd_dq(layout, h, d, dtype)
         return
-    if kind == "bwd_tma":  # as AttentionBwdTmaKernel builds its program
-        d, d_v = program[3:5]
+    if kind == "bwd_tma":  # as AttentionBwdTmaKernel builds its programs
+        layout, h, _, d, d_v, dtype = program[:6]
         AB.build_attention_bwd(program, plan=AB.attention_bwd_plan(d, d_v)._replace(
             **AB.AttentionBwdTmaKernel.plan_fields))
+        for with_dlse in (False, True):
+            AB.build_attention_bwd_delta(layout, h, d_v, dtype, with_dlse)
         return
     {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
      "bwd": AB.build_attention_bwd}[kind](program)

@@ -52,11 +52,13 @@ __all__ = [
     "AttentionBwdTmaKernel",
     "BWD_HEAD_DIMS",
     "DQ_ROW_BLOCK",
+    "attention_bwd_delta_program",
     "attention_bwd_dq_program",
     "attention_bwd_plan",
     "attention_bwd_program",
     "bwd_program_key",
     "build_attention_bwd",
+    "build_attention_bwd_delta",
     "build_attention_bwd_dq",
     "dq_fragment_layout",
     "first_query_tile",
@@ -88,7 +90,12 @@ class AttentionBwdPlan(NamedTuple):
     float32 ``dQ`` by one TMA reduce-add (``cp.reduce.async.bulk.tensor``), rows past ``S_q``
     dropped by the tensor map, instead of a float32 atomic per element; ``sdp_async`` (sm_90,
     ``block_m`` of 64 or more): the scores' and ``dP``'s products are issued together and the
-    probabilities computed while ``dP``'s runs (FlashAttention-3's first overlap)."""
+    probabilities computed while ``dP``'s runs (FlashAttention-3's first overlap).
+    ``kv_direct``: where every query head has its own key head (no group to reduce), ``dK``
+    and ``dV`` are written in the storage dtype by the program itself, not as float32
+    partials the host casts; ``delta_program``: ``Delta = rowsum(dO * O) - dlse`` comes from
+    a program reading ``dO`` and ``O`` once (:func:`attention_bwd_delta_program`), not from
+    float32 copies of both."""
 
     block_n: int
     block_m: int
@@ -97,6 +104,8 @@ class AttentionBwdPlan(NamedTuple):
     dq_fragment_order: bool = False
     dq_tma: bool = False
     sdp_async: bool = False
+    kv_direct: bool = False
+    delta_program: bool = False
 
 
 #: the (D, D_v) pairs the backward serves. Wider heads would hold dK and dV of 64 keys over
@@ -166,7 +175,8 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                           dtype: str, scale: float, left: int, right: int,
                           softcap: float | None, plan: AttentionBwdPlan):
     """The backward prim_func (see the module docstring). ``dK``/``dV`` are float32 with one
-    slot a query head (``[B, S_kv, H, D]`` in the layout), ``dQ`` float32 and zeroed: with
+    slot a query head (``[B, S_kv, H, D]`` in the layout; in the storage dtype with the plan's
+    ``kv_direct`` where ``heads == heads_kv``), ``dQ`` float32 and zeroed: with
     the plan's ``dq_fragment_order``, of ``S_q`` rounded up to :data:`DQ_ROW_BLOCK` rows and
     stored in :func:`dq_fragment_layout`'s order."""
     tilelang, T = tl()
@@ -176,6 +186,7 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                          "dq_fragment_order replaces; take one")
     accum = "float32"
     groups = heads // heads_kv
+    kv_dtype = dtype if plan.kv_direct and groups == 1 else accum
     batch, seq_q, seq_kv = T.dynamic("B"), T.dynamic("S_q"), T.dynamic("S_kv")
     ordered = plan.dq_fragment_order
     seq_dq = T.dynamic("S_dq") if ordered else seq_q
@@ -205,8 +216,8 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
              LSE: T.Tensor([batch, heads, seq_q], accum),
              Delta: T.Tensor([batch, heads, seq_q], accum),
              dQ: T.Tensor(shape(seq_dq, heads, dim), accum),
-             dK: T.Tensor(shape(seq_kv, heads, dim), accum),
-             dV: T.Tensor(shape(seq_kv, heads, dim_v), accum)):
+             dK: T.Tensor(shape(seq_kv, heads, dim), kv_dtype),
+             dV: T.Tensor(shape(seq_kv, heads, dim_v), kv_dtype)):
         with T.Kernel(T.ceildiv(seq_kv, bn), heads, batch, threads=threads) as (kx, by, bz):
             K_shared = T.alloc_shared([bn, dim], dtype)
             V_shared = T.alloc_shared([bn, dim_v], dtype)
@@ -354,6 +365,55 @@ def attention_bwd_dq_program(layout: str, heads: int, dim: int, dtype: str,
     return main
 
 
+def attention_bwd_delta_program(layout: str, heads: int, dim_v: int, dtype: str,
+                                with_dlse: bool, rows: int = 32, threads: int = 128):
+    """``Delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]`` (minus ``dLSE[b, h, i]`` with
+    ``with_dlse``) in float32, ``[B, H, S_q]``: ``dO`` and ``O`` read once in the storage
+    dtype, ``rows`` query rows of one head a CTA."""
+    _, T = tl()
+    f32 = "float32"
+    batch, seq_q = T.dynamic("B"), T.dynamic("S_q")
+    bshd = layout == "bshd"
+    shape = [batch, seq_q, heads, dim_v] if bshd else [batch, heads, seq_q, dim_v]
+
+    @T.macro
+    def body(dO, Out, DLSE, Delta):
+        with T.Kernel(T.ceildiv(seq_q, rows), heads, batch, threads=threads) as (bx, by, bz):
+            o = T.alloc_fragment([rows, dim_v], dtype)
+            do = T.alloc_fragment([rows, dim_v], dtype)
+            acc = T.alloc_fragment([rows, dim_v], f32)
+            delta = T.alloc_fragment([rows], f32)
+            r0 = bx * rows
+            if bshd:
+                T.copy(Out[bz, r0:r0 + rows, by, :], o)
+                T.copy(dO[bz, r0:r0 + rows, by, :], do)
+            else:
+                T.copy(Out[bz, by, r0:r0 + rows, :], o)
+                T.copy(dO[bz, by, r0:r0 + rows, :], do)
+            for i, d in T.Parallel(rows, dim_v):
+                acc[i, d] = T.cast(o[i, d], f32) * T.cast(do[i, d], f32)
+            T.reduce_sum(acc, delta, dim=1)
+            for i in T.Parallel(rows):
+                if r0 + i < seq_q:
+                    if with_dlse:
+                        Delta[bz, by, r0 + i] = delta[i] - DLSE[bz, by, r0 + i]
+                    else:
+                        Delta[bz, by, r0 + i] = delta[i]
+
+    if with_dlse:
+        @T.prim_func
+        def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
+                 DLSE: T.Tensor([batch, heads, seq_q], f32),
+                 Delta: T.Tensor([batch, heads, seq_q], f32)):
+            body(dO, Out, DLSE, Delta)
+    else:
+        @T.prim_func
+        def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
+                 Delta: T.Tensor([batch, heads, seq_q], f32)):
+            body(dO, Out, None, Delta)
+    return main
+
+
 def bwd_program_key(spec: AttentionFwdSpec) -> tuple:
     """What the compiled backward program of ``spec`` depends on (sizes are launch-time)."""
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
@@ -376,6 +436,14 @@ def build_attention_bwd_dq(layout: str, heads: int, dim: int, dtype: str,
                            target: str | None = None):
     """Compile :func:`attention_bwd_dq_program` (cached per layout, heads, D and dtype)."""
     return compile_program(attention_bwd_dq_program(layout, heads, dim, dtype), target)
+
+
+@stored(maxsize=64)
+def build_attention_bwd_delta(layout: str, heads: int, dim_v: int, dtype: str, with_dlse: bool,
+                              target: str | None = None):
+    """Compile :func:`attention_bwd_delta_program` (cached per configuration)."""
+    return compile_program(attention_bwd_delta_program(layout, heads, dim_v, dtype, with_dlse),
+                           target)
 
 
 class AttentionBwdKernel(Kernel, AttentionBwdInterface):
@@ -410,6 +478,12 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
         self.program = build_attention_bwd(key, plan=plan if self.plan_fields else None)
         self._bshd = spec.layout is AttentionLayout.BSHD
         self._groups = spec.heads // spec.heads_kv
+        self._kv_direct = plan.kv_direct and self._groups == 1
+        self._delta = {}
+        if plan.delta_program:  # with and without the log-sum-exp's gradient
+            for with_dlse in (False, True):
+                self._delta[with_dlse] = build_attention_bwd_delta(
+                    key[0], spec.heads, spec.dim_v, spec.dtype, with_dlse)
 
     def __call__(self, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
         import torch
@@ -423,23 +497,35 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
         b = q.shape[0]
         h = q.shape[2] if bshd else q.shape[1]
         s_kv = k.shape[1] if bshd else k.shape[2]
-        delta = (dout.float() * o.float()).sum(-1)
-        delta = delta.transpose(1, 2) if bshd else delta
         # the log-sum-exp's gradient (d lse / d s = P) joins the scores' through delta
-        delta = (delta - dlse if dlse is not None else delta).contiguous()
+        if self._delta:
+            delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
+            if dlse is not None:
+                self._delta[True](dout, o, dlse.contiguous(), delta)
+            else:
+                self._delta[False](dout, o, delta)
+        else:
+            delta = (dout.float() * o.float()).sum(-1)
+            delta = delta.transpose(1, 2) if bshd else delta
+            delta = (delta - dlse if dlse is not None else delta).contiguous()
         dq_shape = list(q.shape)
         if self.dq_fragment_order:  # whole blocks of rows, stored in the fragment's order
             s_axis = 1 if bshd else 2
             dq_shape[s_axis] = -(-dq_shape[s_axis] // DQ_ROW_BLOCK) * DQ_ROW_BLOCK
         dq_acc = torch.zeros(dq_shape, dtype=torch.float32, device=q.device)
-        d_kv = (b, s_kv, h) if bshd else (b, h, s_kv)
-        dk_part = torch.empty(*d_kv, k.shape[-1], dtype=torch.float32, device=q.device)
-        dv_part = torch.empty(*d_kv, v.shape[-1], dtype=torch.float32, device=q.device)
-        self.program(dout, q, k, v, lse, delta, dq_acc, dk_part, dv_part)
+        if self._kv_direct:  # written in the storage dtype by the program
+            self.program(dout, q, k, v, lse, delta, dq_acc, dk, dv)
+        else:
+            d_kv = (b, s_kv, h) if bshd else (b, h, s_kv)
+            dk_part = torch.empty(*d_kv, k.shape[-1], dtype=torch.float32, device=q.device)
+            dv_part = torch.empty(*d_kv, v.shape[-1], dtype=torch.float32, device=q.device)
+            self.program(dout, q, k, v, lse, delta, dq_acc, dk_part, dv_part)
         if self.dq_fragment_order:
             self._dq_program(dq_acc, dq)
         else:
             dq.copy_(dq_acc)
+        if self._kv_direct:
+            return
         g = self._groups
         head_axis = 2 if bshd else 1
         for part, out in ((dk_part, dk), (dv_part, dv)):
@@ -464,12 +550,15 @@ class AttentionBwdFragmentKernel(AttentionBwdKernel):
 
 class AttentionBwdTmaKernel(AttentionBwdKernel):
     """The backward at 64 query rows a step, each step's ``dQ`` tile added by one TMA
-    reduce-add, the scores' and ``dP``'s products in flight together (:class:`AttentionBwdPlan`'s
-    ``dq_tma`` and ``sdp_async``; sm_90). Not among the ops' default implementations until it
+    reduce-add, the scores' and ``dP``'s products in flight together, ``dK``/``dV`` written in
+    the storage dtype where no group is reduced and ``Delta`` from its own program
+    (:class:`AttentionBwdPlan`'s ``dq_tma``, ``sdp_async``, ``kv_direct`` and
+    ``delta_program``; sm_90). Not among the ops' default implementations until it
     is measured: a ``kernel_map`` or the sweep picks it."""
 
     supported_archs = frozenset({(9, 0)})
-    plan_fields: ClassVar[dict] = {"block_m": 64, "dq_tma": True, "sdp_async": True}
+    plan_fields: ClassVar[dict] = {"block_m": 64, "dq_tma": True, "sdp_async": True,
+                                   "kv_direct": True, "delta_program": True}
 
     @classmethod
     def identity(cls, spec: AttentionFwdSpec):
