@@ -5,14 +5,14 @@
 # ops through the harness, then the side-by-side benchmarks of the bars (tileops bench against
 # torch eager, a fresh torch.compile per workload and scaled_dot_product_attention under its
 # cuDNN and FlashAttention backends) and of the edges. Logs and results go to $OUT (or
-# ./gpu-out). STAGES picks stages (default: prebuild tests bench; also: sweep, the forward
+# ./gpu-out). STAGES picks stages (default: prebuild tests bench train; also: sweep, the forward
 # program's plans side by side with cuDNN, for choosing attention_plan; bwd_sweep, the
 # backward's implementations side by side with cuDNN's backward). The bars (bf16, H200):
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
 # (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
 # of the dense op's rate at the same total tokens; forward + backward >= cuDNN's (train.log).
-STAGES=${STAGES:-prebuild tests bench}
+STAGES=${STAGES:-prebuild tests bench train}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -39,8 +39,10 @@ for stage in $STAGES; do case $stage in
     # varlen against the dense bar at the same 16384 tokens: four sequences of 4096 (the dense
     # bar's flops exactly), then mixed lengths 32-4096 (flops by the equal-length floor)
     bench varlen GroupedQueryAttentionVarlenFwdOp -w 'varlen-*' --dtype bf16
-    # the gradients alone, and forward + backward against cuDNN's (training: the bar is >= cuDNN)
+    # the gradients alone (stage train: forward + backward against cuDNN's; the bar is >= cuDNN)
     bench bwd MultiHeadAttentionBwdOp GroupedQueryAttentionBwdOp --dtype bf16
+    bench edges MultiHeadAttentionFwdOp -w sq1-skv1500 -w odd-s333 -w causal-sq300-skv901 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
+  train)  # forward + backward of a training step against cuDNN's and FlashAttention's
     TAIL=40 run train.log python3 - <<'PY'
 # forward + backward of one training step: the op (its autograd node: the forward kernel, the
 # gradients' kernel) against scaled_dot_product_attention under the cuDNN and FlashAttention
@@ -88,7 +90,7 @@ for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32
             print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} {name:>8}: {type(exc).__name__}: "
                   f"{str(exc)[:120]}", flush=True)
 PY
-    bench edges MultiHeadAttentionFwdOp -w sq1-skv1500 -w odd-s333 -w causal-sq300-skv901 -w window-256 -w softcap-50 -w d192-dv128 -w bhsd-causal ;;
+    ;;
   sweep)
     TAIL=30 run sweep.log python3 - <<'PY'
 # The forward program's plans on the bars' shapes, side by side: fast math on (the default)
@@ -197,5 +199,5 @@ for b, s, h, h_kv, d, causal in CASES:
           flush=True)
 PY
     ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench sweep bwd_sweep)" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench train sweep bwd_sweep)" ;;
 esac; done

@@ -6,9 +6,10 @@ prebuild).
 
 A program serves every batch and length of its head configuration and options, so each spec
 workload (the masked flag depends on S_kv) gives the forward and, where the head dims have a
-backward, the backward programs; the backward sweep's shapes add the fragment-ordered
-backward (:class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`) and the one
-adding dQ by TMA (:class:`~tileops.kernels.attention_bwd.AttentionBwdTmaKernel`). A file, not a
+backward, the programs of the ops' backward on sm_90
+(:class:`~tileops.kernels.attention_bwd.AttentionBwdTmaKernel`); the backward sweep's shapes
+add the other implementations (the 32-row :class:`~tileops.kernels.attention_bwd.AttentionBwdKernel`
+and :class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`). A file, not a
 ``python -``: the spawned workers import their main module by path.
 """
 
@@ -76,7 +77,7 @@ def program_keys() -> list:
                 softcap=op.softcap)
             keys[("fwd", A.program_key(spec))] = None
             if (spec.dim, spec.dim_v) in AB.BWD_HEAD_DIMS:
-                keys[("bwd", AB.bwd_program_key(spec))] = None
+                keys[("bwd_tma", AB.bwd_program_key(spec))] = None
     cls = ops.GroupedQueryAttentionVarlenFwdOp
     for case in cases_of(cls):
         if case.dtype not in ("bfloat16", "float16"):

@@ -447,7 +447,9 @@ def build_attention_bwd_delta(layout: str, heads: int, dim_v: int, dtype: str, w
 
 
 class AttentionBwdKernel(Kernel, AttentionBwdInterface):
-    """The one backward implementation: the head-dim pairs of :data:`BWD_HEAD_DIMS`."""
+    """The backward of the head-dim pairs of :data:`BWD_HEAD_DIMS` on sm_80-sm_90: 32 query
+    rows a step, ``dQ`` added by per-element atomics (on sm_90 :class:`AttentionBwdTmaKernel`
+    is preferred)."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -553,10 +555,12 @@ class AttentionBwdTmaKernel(AttentionBwdKernel):
     reduce-add, the scores' and ``dP``'s products in flight together, ``dK``/``dV`` written in
     the storage dtype where no group is reduced and ``Delta`` from its own program
     (:class:`AttentionBwdPlan`'s ``dq_tma``, ``sdp_async``, ``kv_direct`` and
-    ``delta_program``; sm_90). Not among the ops' default implementations until it
-    is measured: a ``kernel_map`` or the sweep picks it."""
+    ``delta_program``; sm_90). The ops' backward on sm_90, where it is preferred over
+    :class:`AttentionBwdKernel` (1.4-1.9x its rate on the H200 at the backward sweep's
+    shapes, ``benchmarks/results``)."""
 
     supported_archs = frozenset({(9, 0)})
+    preferred_over = (AttentionBwdKernel,)
     plan_fields: ClassVar[dict] = {"block_m": 64, "dq_tma": True, "sdp_async": True,
                                    "kv_direct": True, "delta_program": True}
 

@@ -46,7 +46,11 @@ from tileops.kernels.attention import (
     AttentionVarlenFwdKernel,
     AttentionVarlenFwdSpec,
 )
-from tileops.kernels.attention_bwd import AttentionBwdInterface, AttentionBwdKernel
+from tileops.kernels.attention_bwd import (
+    AttentionBwdInterface,
+    AttentionBwdKernel,
+    AttentionBwdTmaKernel,
+)
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
@@ -258,7 +262,7 @@ class AttentionBwdOp(Op):
     compiled graph's custom op, where autograd does not record), held to torch's autograd of
     the forward by the tests."""
 
-    kernel_types = {AttentionBwdInterface: (AttentionBwdKernel,)}
+    kernel_types = {AttentionBwdInterface: (AttentionBwdTmaKernel, AttentionBwdKernel)}
     kv_heads_index: ClassVar[str]
     derive = AttentionOp.derive
     softmax_scale = AttentionOp.softmax_scale
