@@ -41,3 +41,26 @@ def test_importing_the_ops_builds_few_classes_and_no_yaml_parser_from_the_record
     # only the classes whose family base reads the plan when a class is defined (the row
     # normalizations' slot layout) are built by the import
     assert second["built"] and all("Norm" in n for n in second["built"]), second["built"]
+
+
+_GC_PROBE = """
+import gc, sys
+import torch
+if sys.argv[1] == "off":
+    gc.disable()
+full = []
+gc.callbacks.append(lambda phase, info: phase == "start" and info["generation"] == 2
+                    and full.append(1))
+import tileops.ops
+print(gc.isenabled(), len(full))
+"""
+
+
+def test_the_import_runs_no_full_collection_and_leaves_the_collector_as_it_found_it() -> None:
+    """The import's long-lived objects would start the full collection over torch's objects
+    that torch's import leaves due (the larger part of the import's time); the collector is
+    off for it and as it was after, whether the caller had it on or off."""
+    for state, enabled in (("on", "True"), ("off", "False")):
+        out = subprocess.run([sys.executable, "-c", _GC_PROBE, state], capture_output=True,
+                             text=True, check=True).stdout.split()
+        assert out == [enabled, "0"], (state, out)
