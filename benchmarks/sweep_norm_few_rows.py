@@ -1,6 +1,7 @@
 """RMSNorm with fewer rows than SMs: the kernels the op picks beside the cluster kernel at
-every split it can take (2, 4 and 8 CTAs a row, also where the CTAs outnumber the SMs) and
-torch.compile, to choose where each serves.
+every split it can take (2, 4 and 8 CTAs a row, also where the CTAs outnumber the SMs), the
+split kernel's two programs at 4-32 CTAs a row and torch.compile, to choose where each
+serves.
 
     python benchmarks/sweep_norm_few_rows.py [--out DIR] [--workers N]
 
@@ -25,9 +26,10 @@ sys.path[:0] = PATHS
 
 from _common import graph_events  # noqa: E402
 
-ROWS = (33, 48, 64, 96, 128)
+ROWS = (8, 16, 33, 48, 64, 96, 128)
 NS = (65536, 131072, 262144)
 CLUSTERS = (2, 4, 8)
+SPLITS = (4, 8, 16, 32)
 
 
 def _jobs() -> list[tuple]:
@@ -40,6 +42,11 @@ def _jobs() -> list[tuple]:
                 plan = norm.cluster_plan(rows, n, "bfloat16", c)
                 if plan is not None:
                     jobs[(n, plan)] = None
+            for sp in SPLITS:
+                plan = norm.split_plan(rows, n, "bfloat16", sp)
+                if plan is not None:
+                    for part in ("partial", "scale"):
+                        jobs[(n, plan, part)] = None
     return list(jobs)
 
 
@@ -47,9 +54,12 @@ def _build(job: tuple) -> str:
     sys.path[:0] = PATHS
     from tileops.kernels import norm
 
-    n, plan = job
+    n, plan, *part = job
     try:
-        norm.build_cluster_kernel("rms", n, "bfloat16", 1e-6, True, False, None, plan)
+        if part:
+            norm.build_split_kernel(n, "bfloat16", 1e-6, True, part[0], None, plan)
+        else:
+            norm.build_cluster_kernel("rms", n, "bfloat16", 1e-6, True, False, None, plan)
         return "ok"
     except Exception as exc:  # noqa: BLE001 - reported, the rest go on
         return f"{type(exc).__name__}: {str(exc)[:200]}"
@@ -76,11 +86,18 @@ def _row(rows: int, n: int) -> str:
             prog = norm.build_cluster_kernel("rms", n, "bfloat16", 1e-6, True, False, None,
                                              plan)
             cands[f"c{c}"] = lambda prog=prog: (prog(x, w, y), y)[1]
+    for sp in SPLITS:
+        plan = norm.split_plan(rows, n, "bfloat16", sp)
+        if plan is not None:
+            first, second = (norm.build_split_kernel(n, "bfloat16", 1e-6, True, part, None, plan)
+                             for part in ("partial", "scale"))
+            parts = torch.empty(rows, sp, device="cuda", dtype=torch.float32)
+            cands[f"s{sp}"] = lambda a=first, b=second, p=parts: (a(x, p), b(x, p, w, y), y)[2]
     torch._dynamo.reset()
     compiled = torch.compile(lambda t: F.rms_norm(t, (n,), w, 1e-6), dynamic=False)
     cands["compile"] = lambda: compiled(x)
     cells, rates = [], {}
-    for name in ("op", "c2", "c4", "c8", "compile"):
+    for name in ("op", "c2", "c4", "c8", *(f"s{sp}" for sp in SPLITS), "compile"):
         fn = cands.get(name)
         if fn is None:
             cells.append(f"{'-':>7}")
@@ -100,7 +117,7 @@ def main(argv=None) -> int:
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         failed = [(j, s) for j, s in zip(jobs, pool.map(_build, jobs), strict=True) if s != "ok"]
-    print(f"compiled {len(jobs)} cluster programs in {time.perf_counter() - t:.0f}s; "
+    print(f"compiled {len(jobs)} cluster and split programs in {time.perf_counter() - t:.0f}s; "
           f"failed: {failed}", flush=True)
 
     import torch
@@ -108,8 +125,11 @@ def main(argv=None) -> int:
     lines = [f"RMSNorm bf16, fewer rows than SMs, on {torch.cuda.get_device_name()}, torch "
              f"{torch.__version__}, {time.strftime('%Y-%m-%d %H:%M')}; TB/s of one read + one "
              "write (CUDA-graph replay); op: the kernels the op picks; cN: the cluster kernel "
-             "split over N CTAs a row; ! marks a wrong result",
-             f"{'rows':>5} {'N':>7} {'op':>7} {'c2':>7} {'c4':>7} {'c8':>7} {'compile':>8}  best"]
+             "split over N CTAs a row; sN: the split kernel's two programs over N CTAs a row; ! "
+             "marks a wrong result",
+             f"{'rows':>5} {'N':>7} " + " ".join(
+                 f"{c:>7}" for c in ("op", "c2", "c4", "c8", *(f"s{sp}" for sp in SPLITS)))
+             + f" {'compile':>7}  best"]
     print(lines[-1], flush=True)
     for n in NS:
         for rows in ROWS:

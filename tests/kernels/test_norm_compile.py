@@ -313,3 +313,107 @@ def test_a_given_split_is_taken_at_any_row_count(rows, n, cluster, dtype):
     assert per * vec * norm._ITEMSIZE[dtype] <= norm._HELD_BYTES_PER_THREAD
     assert cluster * threads * per * vec >= n
     assert norm.cluster_plan(rows, n, dtype, 3) is None  # not a power of two
+
+
+# --- the split kernel: 16-64 RMS rows of 256 KiB or more, two programs ----------------------
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("rows", "n", "dtype", "weight"), [
+    pytest.param(33, 262144, "bfloat16", True, id="exact-shares"),
+    pytest.param(48, 100000, "float16", True, id="predicated-last-share"),
+    pytest.param(16, 131073, "bfloat16", False, id="scalar-accesses-no-weight"),
+    pytest.param(20, 65536, "float32", True, id="float32"),
+])
+def test_split_kernel_compiles_for_sm90a(rows, n, dtype, weight):
+    plan = norm.split_plan(rows, n, dtype)
+    splits, threads, vec, per = plan
+    first, second = (norm.build_split_kernel(n, dtype, 1e-6, weight, part, "sm_90a", plan)
+                     .get_kernel_source() for part in ("partial", "scale"))
+    for src in (first, second):
+        assert f"__launch_bounds__({threads}" in src
+        wide = "uint4" in src or "float4" in src  # 16-byte accesses
+        assert wide == (vec * norm._ITEMSIZE[dtype] == 16)
+    # one float32 partial a (row, CTA), written by one thread; the scale adds all of a row's
+    assert f"* (int64_t){splits}) + ((int64_t)((int)blockIdx.x)))] = acc[0]" in first
+    assert f"for (int j = 0; j < {splits}; ++j)" in second and "rsqrtf" in second
+    assert ("const bfloat16_t* __restrict__ W" in second or
+            "const half_t* __restrict__ W" in second or
+            "const float* __restrict__ W" in second) == weight
+
+
+@settings(max_examples=300, deadline=None)
+@given(rows=st.integers(1, 200), n=st.integers(1, 1 << 20),
+       splits=st.sampled_from([None, 4, 8, 16, 32]),
+       dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
+def test_split_plan_covers_the_row_within_the_budget(rows, n, splits, dtype):
+    plan = norm.split_plan(rows, n, dtype, splits)
+    if rows >= norm.FEW_ROWS:
+        assert plan is None
+        return
+    if plan is None:  # a share under the minimum, or too wide for the threads to hold
+        vec = norm._vec(n, dtype)
+        s = splits or next((k for k in norm.SPLITS if rows * k >= 4 * norm.FEW_ROWS), 32)
+        share = -(-(n // vec) // s)
+        assert (share * vec < norm._MIN_CLUSTER_SHARE
+                or -(-share // 512) * vec * norm._ITEMSIZE[dtype] > norm._HELD_BYTES_PER_THREAD)
+        return
+    got, threads, vec, per = plan
+    assert got in norm.SPLITS and (splits is None or got == splits)
+    assert n % vec == 0 and vec * norm._ITEMSIZE[dtype] <= 16
+    assert threads % 32 == 0 and threads <= 512
+    assert per * vec * norm._ITEMSIZE[dtype] <= norm._HELD_BYTES_PER_THREAD
+    share = -(-(n // vec) // got)
+    assert threads * per >= share and got * share * vec >= n
+    assert share * vec >= norm._MIN_CLUSTER_SHARE
+    if splits is None:  # four CTAs an SM, or the most splits
+        assert rows * got >= 4 * norm.FEW_ROWS or got == norm.SPLITS[-1]
+
+
+def test_split_kernel_states_its_region_and_wins_where_it_serves():
+    import torch
+
+    def spec(rows, n, kind=norm.RowNormKind.RMS, dtype="bfloat16"):
+        return norm.RowNormSpec(device=torch.device("cuda", 0), kind=kind, rows=rows, n=n,
+                                dtype=dtype, eps=1e-6, has_weight=True,
+                                has_bias=kind is norm.RowNormKind.LAYER)
+
+    k = norm.RowNormSplitKernel
+    for rows, n in ((16, 131072), (33, 131072), (64, 262144), (48, 65536)):
+        dtype = "float32" if n == 65536 else "bfloat16"
+        assert k.region_refusal(spec(rows, n, dtype=dtype)) is None, (rows, n)
+    assert k.region_refusal(spec(96, 131072)) == (
+        "96 rows of 131072 x bfloat16: the split serves 16-64 rows of at least 256 KiB, at "
+        "most 32 MiB in all")
+    assert k.region_refusal(spec(8, 262144)) is not None
+    assert k.region_refusal(spec(33, 65536)) is not None  # 128 KiB rows: the cluster's
+    assert k.region_refusal(spec(33, 131072, norm.RowNormKind.LAYER)) == (
+        "splits RMS rows without a residual, not layer")
+    assert k.region_refusal(spec(33, 131072, norm.RowNormKind.ADD_RMS)) == (
+        "splits RMS rows without a residual, not add_rms")
+    assert set(k.preferred_over) == {norm.RowNormClusterKernel, norm.RowNormRegisterKernel}
+    assert k.identity(spec(16, 131072)) != k.identity(spec(64, 131072))  # 32 and 16 CTAs
+
+
+@pytest.mark.parametrize(("kind", "rows", "n", "chosen"), [
+    ("rms", 33, 131072, "RowNormSplitKernel"),
+    ("rms", 64, 262144, "RowNormSplitKernel"),
+    ("rms", 8, 131072, "RowNormClusterKernel"),
+    ("rms", 96, 131072, "RowNormLoopedKernel"),
+    ("layer", 33, 131072, "RowNormClusterKernel"),
+    ("rms", 33, 4096, "RowNormRegisterKernel"),
+])
+def test_the_ops_choice_among_the_row_norm_kernels(monkeypatch, kind, rows, n, chosen):
+    import torch
+
+    from tileops.ops.norm import RowNormOp
+    from tileops.runtime import kernel as runtime_kernel
+
+    dev = torch.device("cuda", 5)
+    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, (9, 0))
+    spec = norm.RowNormSpec(device=dev, kind=norm.RowNormKind(kind), rows=rows, n=n,
+                            dtype="bfloat16", eps=1e-6, has_weight=True,
+                            has_bias=kind == "layer")
+    candidates = RowNormOp.kernel_types[norm.RowNormFwdInterface]
+    assert runtime_kernel.select(norm.RowNormFwdInterface, candidates,
+                                 spec).__name__ == chosen

@@ -295,7 +295,7 @@ def test_misaligned_views_are_handled_or_refused():
 
 @pytest.mark.parametrize(("m", "n", "dtype"), [
     (8, 131072, torch.bfloat16), (1, 131072, torch.bfloat16), (16, 100000, torch.bfloat16),
-    (3, 65536, torch.float32), (32, 65536, torch.float16), (33, 131072, torch.bfloat16),
+    (3, 65536, torch.float32), (32, 65536, torch.float16), (33, 98304, torch.bfloat16),
     (2, 65537, torch.bfloat16),
 ])
 def test_cluster_kernel_matches_float64(m, n, dtype):
@@ -325,3 +325,29 @@ def test_cluster_kernel_matches_float64(m, n, dtype):
     s_ref = (x.float() + r.float()).to(dtype)
     assert torch.equal(s, s_ref)
     assert _rel(y, rms_norm_reference(s_ref.double(), w.double(), 1, 1e-6)) < TOL[dtype]
+
+
+# --- the split kernel: 16-64 RMS rows of 256 KiB or more -------------------------------------
+
+@pytest.mark.parametrize(("m", "n", "dtype", "affine"), [
+    (16, 131072, torch.bfloat16, True), (33, 131072, torch.bfloat16, True),
+    (64, 262144, torch.bfloat16, True), (48, 140000, torch.float16, True),
+    (24, 131073, torch.bfloat16, True), (20, 65536, torch.float32, True),
+    (40, 131072, torch.bfloat16, False),
+])
+def test_split_kernel_matches_float64(m, n, dtype, affine):
+    """Few rows of a wide RMS row through the split kernel (the op's own choice there), against
+    float64: predicated last shares, scalar accesses, no weight; the kernel the one that ran,
+    and the same result from a second call (the partials are summed in one order)."""
+    from tileops.kernels.norm import RowNormSplitKernel
+
+    x = torch.randn(m, n, dtype=dtype, device="cuda") * 2 + 0.5
+    w = torch.randn(n, dtype=dtype, device="cuda") if affine else None
+    op = RMSNormFwdOp(normalized_shape=[n], eps=1e-6)
+    _poison(m * n, dtype)
+    y = op(x, w)
+    want = rms_norm_reference(x.double(), w.double() if affine else None, 1, 1e-6)
+    assert _rel(y, want) < TOL[dtype]
+    built = [type(e) for es in op.built_entries.values() for e in es.values()]
+    assert built == [RowNormSplitKernel], built
+    assert torch.equal(op(x, w), y)

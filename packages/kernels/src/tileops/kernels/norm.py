@@ -49,12 +49,17 @@ __all__ = [
     "RowNormLoopedKernel",
     "RowNormRegisterKernel",
     "RowNormSpec",
+    "RowNormSplitKernel",
+    "SPLITS",
     "build_cluster_kernel",
     "build_register_kernel",
     "build_looped_kernel",
+    "build_split_kernel",
     "cluster_plan",
     "register_plan",
     "looped_plan",
+    "split_plan",
+    "split_programs",
 ]
 
 _VECTOR_BYTES = 16
@@ -531,6 +536,134 @@ def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
     return _with_params(body, shapes, dtype, add, has_weight, has_bias)
 
 
+#: the row splits the split kernel takes (CTAs a row)
+SPLITS = (4, 8, 16, 32)
+
+
+def split_plan(rows: int, n: int, dtype: str, splits: int | None = None
+               ) -> tuple[int, int, int, int] | None:
+    """``(splits, threads, vec, per)`` for the split kernel (:func:`split_programs`), or None
+    where it does not apply: RMS rows of few rows (under :data:`FEW_ROWS`) split over
+    ``splits`` CTAs each (by default the fewest of :data:`SPLITS` that give four CTAs an
+    SM, else the most), each CTA's share at least ``_MIN_CLUSTER_SHARE`` elements, read by ``threads``
+    threads with ``per`` accesses of ``vec`` elements (at most ``_HELD_BYTES_PER_THREAD``
+    bytes a thread)."""
+    if rows < 1 or rows >= FEW_ROWS:
+        return None
+    if splits is None:
+        splits = next((s for s in SPLITS if rows * s >= 4 * FEW_ROWS), SPLITS[-1])
+    if splits not in SPLITS:
+        return None
+    vec = _vec(n, dtype)
+    accesses = n // vec
+    share = -(-accesses // splits)
+    if share * vec < _MIN_CLUSTER_SHARE:
+        return None
+    per_max = max(1, _HELD_BYTES_PER_THREAD // (vec * _ITEMSIZE[dtype]))
+    threads = min(_MAX_THREADS // 2, max(2 * _WARP, _pow2_at_least(-(-share // per_max))))
+    per = -(-share // threads)
+    if per * vec * _ITEMSIZE[dtype] > _HELD_BYTES_PER_THREAD:
+        return None
+    return splits, threads, vec, per
+
+
+def split_programs(n: int, dtype: str, eps: float, has_weight: bool, splits: int,
+                   threads: int, vec: int, per: int):
+    """The two TileLang prim_funcs of the split kernel (RMS, not compiled): each of a row's
+    ``splits`` CTAs covers ``share`` accesses of ``vec`` columns (the last CTA fewer).
+    ``partial(X, P)`` writes the CTA's sum of squares in float32 to ``P[row, s]``;
+    ``scale(X, P, [W,] Y)`` adds the row's ``splits`` partials in one order (every CTA of a
+    row gets the same scale), then reads its share again (an L2 hit where the rows fit it)
+    and writes ``Y``. Two launches where the cluster kernel takes one, for ``splits`` CTAs
+    a row beyond a cluster's 8 and no cluster barrier."""
+    _, T = tl()
+    M = T.dynamic("M")
+    f32 = "float32"
+    accesses = n // vec
+    share = -(-accesses // splits)
+    exact = share * splits == accesses and share == threads * per
+    warps = threads // _WARP
+    inv_n = 1.0 / n
+
+    @T.macro
+    def partial_body(X, P):
+        with T.Kernel(splits, M, threads=threads) as (sx, row):
+            tx = T.get_thread_binding()
+            held = T.alloc_local((per * vec,), dtype)
+            acc = T.alloc_local((1,), f32)
+            red = T.alloc_shared((warps,), f32)
+            acc[0] = T.cast(0, f32)
+            # every load issued before any arithmetic: `per` vectors in flight a thread
+            for v in T.unroll(per):
+                a = v * threads + tx
+                if exact or (a < share and sx * share + a < accesses):
+                    for i in T.vectorized(vec):
+                        held[v * vec + i] = X[row, (sx * share + a) * vec + i]
+                else:
+                    for i in T.unroll(vec):
+                        held[v * vec + i] = T.cast(0, dtype)
+            for j in T.unroll(per * vec):
+                acc[0] += T.cast(held[j], f32) * T.cast(held[j], f32)
+            for k in T.unroll(5):
+                acc[0] += T.shfl_xor(acc[0], 16 >> k)
+            if tx % _WARP == 0:
+                red[tx // _WARP] = acc[0]
+            T.sync_threads()
+            if tx == 0:
+                acc[0] = T.cast(0, f32)
+                for w in T.unroll(warps):
+                    acc[0] += red[w]
+                P[row, sx] = acc[0]
+
+    @T.macro
+    def scale_body(X, P, W, Y):
+        with T.Kernel(splits, M, threads=threads) as (sx, row):
+            tx = T.get_thread_binding()
+            held = T.alloc_local((per * vec,), dtype)
+            wpiece = T.alloc_local((vec,), dtype)
+            acc = T.alloc_local((1,), f32)
+            for v in T.unroll(per):
+                a = v * threads + tx
+                if exact or (a < share and sx * share + a < accesses):
+                    for i in T.vectorized(vec):
+                        held[v * vec + i] = X[row, (sx * share + a) * vec + i]
+            acc[0] = T.cast(0, f32)
+            for j in T.serial(splits):  # one order for every CTA of the row
+                acc[0] += P[row, j]
+            acc[0] = T.rsqrt(acc[0] * inv_n + eps)
+            for v in T.unroll(per):
+                a = v * threads + tx
+                if exact or (a < share and sx * share + a < accesses):
+                    col = (sx * share + a) * vec
+                    if has_weight:
+                        for i in T.vectorized(vec):
+                            wpiece[i] = W[col + i]
+                    for i in T.unroll(vec):
+                        val = T.cast(held[v * vec + i], f32) * acc[0]
+                        if has_weight:
+                            val = val * T.cast(wpiece[i], f32)
+                        held[v * vec + i] = T.cast(val, dtype)
+                    for i in T.vectorized(vec):
+                        Y[row, col + i] = held[v * vec + i]
+
+    @T.prim_func
+    def partial(X: T.Tensor((M, n), dtype), P: T.Tensor((M, splits), f32)):
+        partial_body(X, P)
+
+    if has_weight:
+        @T.prim_func
+        def scale(X: T.Tensor((M, n), dtype), P: T.Tensor((M, splits), f32),
+                  W: T.Tensor((n,), dtype), Y: T.Tensor((M, n), dtype)):
+            scale_body(X, P, W, Y)
+    else:
+        @T.prim_func
+        def scale(X: T.Tensor((M, n), dtype), P: T.Tensor((M, splits), f32),
+                  Y: T.Tensor((M, n), dtype)):
+            scale_body(X, P, None, Y)
+
+    return partial, scale
+
+
 def looped_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                    has_bias: bool, threads: int, vec: int, per: int):
     """The general kernel: one CTA a row, two passes over the row in chunks."""
@@ -669,6 +802,20 @@ def build_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: b
     return compile_program(prog, target)
 
 
+@stored(maxsize=256)
+def build_split_kernel(n: int, dtype: str, eps: float, has_weight: bool, part: str,
+                       target: str | None = None,
+                       plan: tuple[int, int, int, int] | None = None):
+    """Compile one of :func:`split_programs` (``part``: ``"partial"`` or ``"scale"``) for a
+    :func:`split_plan` (cached per configuration)."""
+    if plan is None:
+        raise ValueError("the split kernel needs its plan (split_plan of the row count)")
+    if part not in ("partial", "scale"):
+        raise ValueError(f"build_split_kernel: part is 'partial' or 'scale', not {part!r}")
+    partial, scale = split_programs(n, dtype, eps, has_weight, *plan)
+    return compile_program(partial if part == "partial" else scale, target)
+
+
 # --- the implementations ---------------------------------------------------------------------
 
 
@@ -766,6 +913,69 @@ class RowNormClusterKernel(_RowNormKernel):
         self.program = build_cluster_kernel(spec.kind.value, spec.n, spec.dtype, spec.eps,
                                             spec.has_weight, spec.has_bias, None, self.plan)
         self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight, spec.has_bias)
+
+
+#: the region the split kernel serves, from the H200's few-rows sweep (RMSNorm bf16, 8-128
+#: rows of 64k-256k, benchmarks/results): 16-64 rows of at least 256 KiB, all of them at
+#: most 32 MiB (the second read an L2 hit), where it ran 1.05-1.5x the cluster and one-CTA
+#: kernels and ahead of torch.compile but at 64 x 262144 (0.95x); narrower rows, more rows
+#: or more bytes ran faster on those
+_SPLIT_ROWS = (16, 64)
+_SPLIT_MIN_ROW_BYTES = 256 << 10
+_SPLIT_MAX_BYTES = 32 << 20
+
+
+class RowNormSplitKernel(_RowNormKernel):
+    """Few rows of a wide RMS row: each row split over up to 32 CTAs (:func:`split_plan`),
+    one program writing each CTA's sum of squares, a second adding a row's partials and
+    scaling its share, which it reads again from L2 (:func:`split_programs`): more CTAs a row
+    than a cluster holds, for one more launch. Preferred over the cluster and register
+    kernels in the region the H200's sweep measured it ahead (``_SPLIT_ROWS``,
+    ``_SPLIT_MIN_ROW_BYTES``, ``_SPLIT_MAX_BYTES``)."""
+
+    preferred_over = (RowNormClusterKernel, RowNormRegisterKernel)
+
+    @classmethod
+    def region_refusal(cls, spec: RowNormSpec) -> str | None:
+        if spec.kind is not RowNormKind.RMS:
+            return f"splits RMS rows without a residual, not {spec.kind.value}"
+        row_bytes = spec.n * _ITEMSIZE[spec.dtype]
+        lo, hi = _SPLIT_ROWS
+        if not (lo <= spec.rows <= hi and row_bytes >= _SPLIT_MIN_ROW_BYTES
+                and spec.rows * row_bytes <= _SPLIT_MAX_BYTES):
+            return (f"{spec.rows} rows of {spec.n} x {spec.dtype}: the split serves {lo}-{hi} "
+                    f"rows of at least {_SPLIT_MIN_ROW_BYTES >> 10} KiB, at most "
+                    f"{_SPLIT_MAX_BYTES >> 20} MiB in all")
+        if split_plan(spec.rows, spec.n, spec.dtype) is None:
+            return (f"{spec.rows} rows of {spec.n} x {spec.dtype} do not split within "
+                    f"{_HELD_BYTES_PER_THREAD} bytes a thread")
+        return None
+
+    @classmethod
+    def identity(cls, spec: RowNormSpec):
+        # the row count picks the split
+        return (*super().identity(spec), split_plan(spec.rows, spec.n, spec.dtype))
+
+    def __init__(self, spec: RowNormSpec) -> None:
+        Kernel.__init__(self, spec)
+        self.plan = split_plan(spec.rows, spec.n, spec.dtype)
+        self._partial, self._scale = (
+            build_split_kernel(spec.n, spec.dtype, spec.eps, spec.has_weight, part, None,
+                               self.plan) for part in ("partial", "scale"))
+        self._present = (False, spec.has_weight, False)
+
+    def __call__(self, x, residual, weight, bias, y, residual_out) -> None:
+        import torch
+
+        rows = x.shape[0]
+        if rows == 0:
+            return
+        parts = torch.empty((rows, self.plan[0]), dtype=torch.float32, device=x.device)
+        self._partial(x, parts)
+        if weight is not None:
+            self._scale(x, parts, weight, y)
+        else:
+            self._scale(x, parts, y)
 
 
 class RowNormLoopedKernel(_RowNormKernel):

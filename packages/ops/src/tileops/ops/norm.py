@@ -37,6 +37,7 @@ from tileops.kernels.norm import (
     RowNormLoopedKernel,
     RowNormRegisterKernel,
     RowNormSpec,
+    RowNormSplitKernel,
 )
 from tileops.kernels.norm_bwd import (
     RowNormBwdInterface,
@@ -121,8 +122,8 @@ class RowNormOp(_RowSlotOp):
     :attr:`kind`."""
 
     kind: ClassVar[RowNormKind]
-    kernel_types = {RowNormFwdInterface: (RowNormClusterKernel, RowNormRegisterKernel,
-                                          RowNormLoopedKernel)}
+    kernel_types = {RowNormFwdInterface: (RowNormSplitKernel, RowNormClusterKernel,
+                                          RowNormRegisterKernel, RowNormLoopedKernel)}
     _slot_args = {a: p for p, a in enumerate(_SLOT_ARGS)}
     _slot_name = "row_norm_fwd"
 
