@@ -3,10 +3,12 @@ the heuristic in ``tileops.kernels.gemm.choose_config``.
 
     python benchmarks/sweep_gemm.py [--labels qo-m1,odd-1000] [--out DIR]
     python benchmarks/sweep_gemm.py --grid 1000,2999,8191 [--name gemm_grid]
+    python benchmarks/sweep_gemm.py --shapes 5001x1000x1000,2999x1000x1000
 
 ``--grid`` sweeps every (M, N, K) of the given sizes instead of spec workloads (row-major
 bf16 operands, labelled ``grid-MxNxK``): the unaligned grid the GEMM is held to against
-cuBLAS. The configuration the heuristic picks is marked ``(default)``.
+cuBLAS; ``--shapes`` sweeps the given ``MxNxK`` the same way. The configuration the heuristic
+picks is marked ``(default)``.
 
 For each workload the candidates are the tuning candidates of the implementation that serves
 it (the op's own selection: the one-row kernel, the small-M kernel for M <= 64, the Hopper
@@ -85,9 +87,25 @@ def impl_default(w: dict):
 
 def grid_rows(sizes: list[int]) -> list[dict]:
     """Row-major bf16 workloads over every (M, N, K) drawn from ``sizes``."""
+    return shape_rows([(m, n, k) for m in sizes for n in sizes for k in sizes])
+
+
+def shape_rows(shapes: list[tuple[int, int, int]]) -> list[dict]:
+    """Row-major bf16 workloads of the given (M, N, K)."""
     return [{"label": f"grid-{m}x{n}x{k}", "m": m, "n": n, "k": k, "trans_a": False,
-             "trans_b": False, "dtype": "bfloat16"}
-            for m in sizes for n in sizes for k in sizes]
+             "trans_b": False, "dtype": "bfloat16"} for m, n, k in shapes]
+
+
+def parse_shapes(text: str) -> list[tuple[int, int, int]]:
+    """``"5001x1000x1000,64x8x8"`` as (M, N, K) triples; each a positive integer."""
+    shapes = []
+    for item in text.split(","):
+        parts = item.strip().lower().split("x")
+        if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not MxNxK of positive "
+                                             f"integers")
+        shapes.append(tuple(int(p) for p in parts))
+    return shapes
 
 
 def sweep_one(w: dict, default_only: bool = False) -> list[dict]:
@@ -132,11 +150,15 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--grid", help="comma-separated sizes: sweep every (M, N, K) of them")
+    ap.add_argument("--shapes", type=parse_shapes,
+                    help="comma-separated MxNxK: sweep these shapes (row-major bf16)")
     ap.add_argument("--name", default="gemm_sweep", help="the results' file name")
     ap.add_argument("--default-only", action="store_true",
                     help="time only the configuration the heuristic picks (against cuBLAS)")
     args = ap.parse_args(argv)
-    if args.grid:
+    if args.shapes:
+        rows = shape_rows(args.shapes)
+    elif args.grid:
         rows = grid_rows([int(v) for v in args.grid.split(",")])
     else:
         wanted = args.labels.split(",")
