@@ -872,7 +872,7 @@ class RowNormRegisterKernel(_RowNormKernel):
 
 
 #: the region the cluster kernel serves, from the H200's few_rows sweep (RMSNorm bf16,
-#: benchmarks/results/norm_few_rows-cuda0.md): at least 4 CTAs a row (32 rows or fewer)
+#: benchmarks/results/gpu_session_2026-12-01b.md): at least 4 CTAs a row (32 rows or fewer)
 #: and rows of at least 128 KiB, where it ran 1.2-3.2x the one-CTA-a-row kernels and ahead of
 #: torch.compile; with 2 CTAs a row (64 rows) it was 0.92-1.13x of them
 _CLUSTER_MIN_CTAS = 4
@@ -916,10 +916,10 @@ class RowNormClusterKernel(_RowNormKernel):
 
 
 #: the region the split kernel serves, from the H200's few-rows sweep (RMSNorm bf16, 8-128
-#: rows of 64k-256k, benchmarks/results): 16-64 rows of at least 256 KiB, all of them at
-#: most 32 MiB (the second read an L2 hit), where it ran 1.05-1.5x the cluster and one-CTA
-#: kernels and ahead of torch.compile but at 64 x 262144 (0.95x); narrower rows, more rows
-#: or more bytes ran faster on those
+#: rows of 64k-256k, benchmarks/results/norm_few_rows-cuda0.txt): 16-64 rows of at least
+#: 256 KiB, all of them at most 32 MiB (the second read an L2 hit), where it ran 1.05-1.5x
+#: the cluster and one-CTA kernels and ahead of torch.compile but at 64 x 262144 (0.95x);
+#: narrower rows, more rows or more bytes ran faster on those
 _SPLIT_ROWS = (16, 64)
 _SPLIT_MIN_ROW_BYTES = 256 << 10
 _SPLIT_MAX_BYTES = 32 << 20
