@@ -98,26 +98,6 @@ def test_backward_head_dims_are_refused_by_name():
     assert AB.AttentionBwdKernel.region_refusal(_spec()) is None
 
 
-@pytest.mark.parametrize(("arch", "chosen"), [((9, 0), "AttentionBwdTmaKernel"),
-                                               ((8, 0), "AttentionBwdKernel"),
-                                               ((8, 9), "AttentionBwdKernel")])
-def test_the_ops_backward_takes_the_tma_plan_on_hopper_only(monkeypatch, arch, chosen):
-    from tileops.kernels import attention_bwd as AB
-    from tileops.ops.attention import AttentionBwdOp
-    from tileops.runtime import kernel as runtime_kernel
-
-    dev = torch.device("cuda", 6)
-    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, arch)
-    candidates = AttentionBwdOp.kernel_types[AB.AttentionBwdInterface]
-    assert runtime_kernel.select(AB.AttentionBwdInterface, candidates,
-                                 _spec(device=dev)).__name__ == chosen
-    # a head-dim pair neither serves is refused by both, each naming why
-    with pytest.raises(runtime_kernel.NoKernelError, match="64/64, 128/128") as refused:
-        runtime_kernel.select(AB.AttentionBwdInterface, candidates,
-                              _spec(device=dev, dim=96, dim_v=96))
-    assert "AttentionBwdKernel" in str(refused.value)
-
-
 def test_head_dims_outside_the_served_pairs_are_refused_by_name():
     spec = _spec(dim=96, dim_v=96)
     assert A.AttentionFwdKernel.region_refusal(spec) == (

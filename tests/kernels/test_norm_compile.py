@@ -393,27 +393,3 @@ def test_split_kernel_states_its_region_and_wins_where_it_serves():
         "splits RMS rows without a residual, not add_rms")
     assert set(k.preferred_over) == {norm.RowNormClusterKernel, norm.RowNormRegisterKernel}
     assert k.identity(spec(16, 131072)) != k.identity(spec(64, 131072))  # 32 and 16 CTAs
-
-
-@pytest.mark.parametrize(("kind", "rows", "n", "chosen"), [
-    ("rms", 33, 131072, "RowNormSplitKernel"),
-    ("rms", 64, 262144, "RowNormSplitKernel"),
-    ("rms", 8, 131072, "RowNormClusterKernel"),
-    ("rms", 96, 131072, "RowNormLoopedKernel"),
-    ("layer", 33, 131072, "RowNormClusterKernel"),
-    ("rms", 33, 4096, "RowNormRegisterKernel"),
-])
-def test_the_ops_choice_among_the_row_norm_kernels(monkeypatch, kind, rows, n, chosen):
-    import torch
-
-    from tileops.ops.norm import RowNormOp
-    from tileops.runtime import kernel as runtime_kernel
-
-    dev = torch.device("cuda", 5)
-    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, (9, 0))
-    spec = norm.RowNormSpec(device=dev, kind=norm.RowNormKind(kind), rows=rows, n=n,
-                            dtype="bfloat16", eps=1e-6, has_weight=True,
-                            has_bias=kind == "layer")
-    candidates = RowNormOp.kernel_types[norm.RowNormFwdInterface]
-    assert runtime_kernel.select(norm.RowNormFwdInterface, candidates,
-                                 spec).__name__ == chosen

@@ -425,3 +425,34 @@ def test_the_forward_and_gradient_hand_their_slot_one_call_spec_and_lay_out_thei
     dq, dk, dv = bwd(torch.ones_like(o), q, k, v, o, lse, torch.zeros_like(lse))
     assert torch.equal(dq, torch.full_like(dq, 1.5)) and dk.shape == k.shape
     assert [sp for _, sp in Bwd.specs] == [spec]
+
+
+def _bwd_spec(**kw):
+    from tileops.kernels import attention as A
+
+    fields = dict(device=torch.device("cuda", 0), batch=2, seq_q=100, seq_kv=100, heads=8,
+                  heads_kv=2, dim=128, dim_v=128, dtype="bfloat16",
+                  layout=A.AttentionLayout.BSHD, scale=0.125, window_left=-1,
+                  window_right=0, softcap=None)
+    fields.update(kw)
+    return A.AttentionFwdSpec(**fields)
+
+
+@pytest.mark.parametrize(("arch", "chosen"), [((9, 0), "AttentionBwdTmaKernel"),
+                                               ((8, 0), "AttentionBwdKernel"),
+                                               ((8, 9), "AttentionBwdKernel")])
+def test_the_ops_backward_takes_the_tma_plan_on_hopper_only(monkeypatch, arch, chosen):
+    from tileops.kernels import attention_bwd as AB
+    from tileops.ops.attention import AttentionBwdOp
+    from tileops.runtime import kernel as runtime_kernel
+
+    dev = torch.device("cuda", 6)
+    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, arch)
+    candidates = AttentionBwdOp.kernel_types[AB.AttentionBwdInterface]
+    assert runtime_kernel.select(AB.AttentionBwdInterface, candidates,
+                                 _bwd_spec(device=dev)).__name__ == chosen
+    # a head-dim pair neither serves is refused by both, each naming why
+    with pytest.raises(runtime_kernel.NoKernelError, match="64/64, 128/128") as refused:
+        runtime_kernel.select(AB.AttentionBwdInterface, candidates,
+                              _bwd_spec(device=dev, dim=96, dim_v=96))
+    assert "AttentionBwdKernel" in str(refused.value)

@@ -106,3 +106,27 @@ def test_the_first_call_reaches_the_launch_in_at_most_8_hops():
         test = frames.index("test_the_first_call_reaches_the_launch_in_at_most_8_hops")
         hops = frames[1:test]  # between the launch and the test's op(x)
         assert len(hops) <= 8, hops
+
+
+# the kernel the ops choose on sm_90, by region (each region measured on the H200)
+@pytest.mark.parametrize(("kind", "rows", "n", "chosen"), [
+    ("rms", 33, 131072, "RowNormSplitKernel"),
+    ("rms", 64, 262144, "RowNormSplitKernel"),
+    ("rms", 8, 131072, "RowNormClusterKernel"),
+    ("rms", 96, 131072, "RowNormLoopedKernel"),
+    ("layer", 33, 131072, "RowNormClusterKernel"),
+    ("rms", 33, 4096, "RowNormRegisterKernel"),
+])
+def test_the_ops_choice_among_the_row_norm_kernels(monkeypatch, kind, rows, n, chosen):
+    from tileops.kernels import norm
+    from tileops.ops.norm import RowNormOp
+    from tileops.runtime import kernel as runtime_kernel
+
+    dev = torch.device("cuda", 5)
+    monkeypatch.setitem(runtime_kernel._ARCH_CACHE, dev, (9, 0))
+    spec = norm.RowNormSpec(device=dev, kind=norm.RowNormKind(kind), rows=rows, n=n,
+                            dtype="bfloat16", eps=1e-6, has_weight=True,
+                            has_bias=kind == "layer")
+    candidates = RowNormOp.kernel_types[norm.RowNormFwdInterface]
+    assert runtime_kernel.select(norm.RowNormFwdInterface, candidates,
+                                 spec).__name__ == chosen
