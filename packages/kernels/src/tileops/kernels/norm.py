@@ -543,11 +543,11 @@ SPLITS = (4, 8, 16, 32)
 def split_plan(rows: int, n: int, dtype: str, splits: int | None = None
                ) -> tuple[int, int, int, int] | None:
     """``(splits, threads, vec, per)`` for the split kernel (:func:`split_programs`), or None
-    where it does not apply: RMS rows of few rows (under :data:`FEW_ROWS`) split over
-    ``splits`` CTAs each (by default the fewest of :data:`SPLITS` that give four CTAs an
-    SM, else the most), each CTA's share at least ``_MIN_CLUSTER_SHARE`` elements, read by ``threads``
-    threads with ``per`` accesses of ``vec`` elements (at most ``_HELD_BYTES_PER_THREAD``
-    bytes a thread)."""
+    where it does not apply: fewer rows than :data:`FEW_ROWS`, each split over ``splits``
+    CTAs (by default the fewest of :data:`SPLITS` that give four CTAs an SM, else the most),
+    each CTA's share at least ``_MIN_CLUSTER_SHARE`` elements, read by ``threads`` threads
+    with ``per`` accesses of ``vec`` elements (at most ``_HELD_BYTES_PER_THREAD`` bytes a
+    thread)."""
     if rows < 1 or rows >= FEW_ROWS:
         return None
     if splits is None:
