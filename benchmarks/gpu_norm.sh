@@ -6,8 +6,8 @@
 # sweep; few_rows, the cluster kernel for fewer rows than SMs beside the one-CTA kernels and
 # torch.compile; store, a kernel compiled in one process loaded by the next without TileLang,
 # the host stage then timing the first call cold, from the store and from TileLang's cache
-# alone; few_rows_sweep, the cluster kernel at every split, also past one CTA an SM, beside the
-# kernels the op picks and torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
+# alone; few_rows_sweep, the cluster kernel at every split, also past one CTA an SM, and the
+# split kernel at 4-32 CTAs a row, beside the kernels the op picks and torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
 STAGES=${STAGES:-prebuild tests bench host}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 python3 -c "import matplotlib" 2>/dev/null && PLOT= || PLOT=--no-plot
@@ -19,8 +19,8 @@ for stage in $STAGES; do case $stage in
   host) python3 benchmarks/norm.py --out "$OUT" 2>&1 | grep -v "TileLang" | tee "$OUT/host.log" | tail -n 6 ;;
   store)  # the kernel store: a second process loads what the first compiled, without TileLang
     python3 -m pytest -m cuda tests/kernels/test_store_cuda.py -q -p no:cacheprovider -rf 2>&1 | tail -n 15 | tee "$OUT/store.log" ;;
-  few_rows_sweep)  # the cluster kernel at every split, also past one CTA an SM, beside the op
-    python3 benchmarks/sweep_norm_few_rows.py --out "$OUT" --workers 14 2>&1 | grep -v "TileLang" | tee "$OUT/few_rows_sweep.log" | tail -n 18 ;;
+  few_rows_sweep)  # the cluster and split kernels at every split beside the op and compile
+    python3 benchmarks/sweep_norm_few_rows.py --out "$OUT" --workers 14 2>&1 | grep -v "TileLang" | tee "$OUT/few_rows_sweep.log" | tail -n 23 ;;
   few_rows)  # RMSNorm with fewer rows than SMs: the one-CTA-a-row kernels, the cluster kernel
     # (outside its region the op's others) and torch.compile (fresh per shape) side by side,
     # CUDA graphs, TB/s of one read + one write
