@@ -241,6 +241,20 @@ def test_markdown_has_a_section_and_a_summary_per_op() -> None:
     assert "- b bfloat16 liger: Liger refuses rows over 64k" in md
 
 
+def test_a_contender_the_workload_does_not_declare_is_a_dash_not_an_error() -> None:
+    header = {"device": "cuda:0", "gpu": None, "when": "2026-12-01 10:00 UTC",
+              "tileops": "0.1.0", "versions": {}, "max_elements": None,
+              "timing": {"method": "CUDA graph replay", "compile": {"mode": None}}}
+    # a peer declared for the first workload's op only (say, none for an in-place call)
+    rows = [_row("a", 1e-6, torch=2e-6, liger=4e-6), _row("inplace", 2e-6, torch=4e-6)]
+    md = markdown(header, rows, Peaks(3e12, 1e15, "measured"))
+    assert ("| inplace | bfloat16 | 4×8 8 | 2.0 µs | 72 MB/s | 0% | 4.0 µs | 36 MB/s | - | - "
+            "| 2.00× | 1.0e-03 / 2.0e-03 / - |") in md
+    assert ("- inplace bfloat16 liger: not a contender here (the workload's op does not "
+            "declare it, e.g. a peer without an in-place form)") in md
+    assert "error" not in md
+
+
 # --- the command ------------------------------------------------------------------------------
 
 

@@ -162,7 +162,11 @@ def _op_table(op: str, rows: list[CaseResult], peaks: Peaks) -> list[str]:
                       fmt_frac(r.roof_fraction(peaks))]
         errs = [fmt_err(r.rel_err)]
         for n in names:
-            c = _contenders(r).get(n, ContenderResult(error="not run"))
+            c = _contenders(r).get(n)
+            if c is None:  # not a contender of this workload's op (see the notes)
+                cells += ["-", "-"]
+                errs.append("-")
+                continue
             if c.error:
                 cells += ["error", "-"]
             else:
@@ -189,6 +193,10 @@ def _op_table(op: str, rows: list[CaseResult], peaks: Peaks) -> list[str]:
             for text in (c.error, c.note):
                 if text:
                     notes.append(f"- {where} {n}: {text}")
+        for n in names:
+            if n not in _contenders(r) and not r.error:
+                notes.append(f"- {where} {n}: not a contender here (the workload's op does not "
+                             "declare it, e.g. a peer without an in-place form)")
     l2 = {r.extra.get("l2") for r in rows} - {None}
     if l2 == {"cold"}:
         notes.append("- cold L2: every timed loop rotates over input sets spanning 256 MB "
