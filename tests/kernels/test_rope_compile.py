@@ -58,7 +58,9 @@ def test_rope_kernel_compiles_for_sm90(s):
     if s.cache_length:
         assert "AUX" in src
     if s.freq is R.FreqSource.SWITCH:
-        assert "MAXP" in src
+        # the CTAs' own scan up to SCAN_POSITIONS (one barrier ORs the answers), else MAXP
+        assert "MAXP" in src and "__syncthreads_or(" in src
+        assert f"(B * S) <= {R.SCAN_POSITIONS})" in src
 
 
 @given(style=st.sampled_from(list(R.RopeStyle)), half=st.integers(1, 256),

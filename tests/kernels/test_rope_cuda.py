@@ -61,6 +61,11 @@ CASES = [
     ("longrope-short", O.RopeLongRopeFwdOp, FACTORS, (2, 100, 8, 8, 128), torch.bfloat16, 1000),
     ("longrope-long", O.RopeLongRopeFwdOp, FACTORS, (2, 100, 8, 8, 128), torch.bfloat16,
      20000),
+    # B * S past SCAN_POSITIONS: the largest position comes from an amax launch, not the CTAs
+    ("longrope-long-amax", O.RopeLongRopeFwdOp, FACTORS, (4, 300, 8, 2, 128), torch.bfloat16,
+     20000),
+    ("longrope-decode", O.RopeLongRopeFwdOp, FACTORS, (64, 1, 32, 8, 128), torch.bfloat16,
+     20000),
     ("longrope-no-pos-long", O.RopeLongRopeFwdOp, {**FACTORS, "original_max_position": 64},
      (1, 100, 4, 2, 128), torch.bfloat16, None),
     ("neox-bwd", O.RopeNeoxBwdOp, {}, (2, 100, 32, 8, 128), torch.bfloat16, "random"),
@@ -151,19 +156,30 @@ def test_gradients_through_autograd(cls):
     torch.testing.assert_close(back[0], scale * q.detach().double(), rtol=1e-9, atol=1e-9)
 
 
-def test_longrope_switches_on_the_device_within_one_graph():
-    """The table is chosen from the positions' largest value on the device: one captured CUDA
-    graph replays with short and with long positions, each matching its reference."""
+@pytest.mark.parametrize(("b", "s"), [(1, 16), (4, 128), (2, 600)],
+                         ids=["scanned", "scanned-at-the-limit", "amax"])
+def test_longrope_switches_on_the_device_within_one_graph(b, s):
+    """The table is chosen from the positions' largest value on the device, by the CTAs' own
+    scan (few positions) or an amax launch (more than SCAN_POSITIONS): one captured CUDA graph
+    replays with short and with long positions, each matching its reference, also when the
+    largest position is the last one."""
+    from tileops.kernels.rope import SCAN_POSITIONS
+
+    assert (b * s > SCAN_POSITIONS) == (s == 600)
     op = O.RopeLongRopeFwdOp(**FACTORS)
-    q = torch.randn(1, 16, 4, 128, device="cuda", dtype=torch.bfloat16)
-    k = torch.randn(1, 16, 4, 128, device="cuda", dtype=torch.bfloat16)
-    p = torch.randint(0, 1000, (1, 16), device="cuda")
+    q = torch.randn(b, s, 4, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(b, s, 4, 128, device="cuda", dtype=torch.bfloat16)
+    p = torch.randint(0, 1000, (b, s), device="cuda")
     op(q, k, p)  # build outside the capture
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
         outs = op(q, k, p)
-    for top in (1000, 100000):
-        p.copy_(torch.randint(top - 10, top, (1, 16), device="cuda"))
+    for case in ("short", "long", "one long position, the last"):
+        p.copy_(torch.randint(0, 990, (b, s), device="cuda"))
+        if case == "long":
+            p.add_(99000)
+        elif case != "short":  # the scan must reach the last position
+            p[-1, -1] = 50000
         g.replay()
         ref = op.fp64_reference(q, k, p)
         check(outs[0], ref[0], torch.bfloat16)

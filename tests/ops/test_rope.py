@@ -168,7 +168,9 @@ class TorchRope(Kernel, RopeInterface):
         if s.freq is FreqSource.BASE:
             inv = s.base ** (-torch.arange(0, s.rotary_dim, 2, dtype=F64) / s.rotary_dim)
         else:
-            sel = int(s.freq is FreqSource.SWITCH and int(maxpos[0]) + 1 > s.switch_at)
+            top = None if s.freq is not FreqSource.SWITCH else (
+                int(pos.max()) if maxpos is None else int(maxpos[0]))
+            sel = int(top is not None and top + 1 > s.switch_at)
             inv = aux[sel * half:(sel + 1) * half]
         ang = p[..., None] * inv
         cos, sin = ang.cos() * s.mscale, ang.sin() * s.mscale

@@ -21,8 +21,10 @@ before the float32 ``cos``/``sin``: float32's product alone is off by ``position
 radians (6e-3 at position 10^5), which a float64 reference shows at long positions.
 ``inv_freq`` is either computed in the kernel from ``base`` (``FreqSource.BASE``) or read from
 a float64 table the op builds (``TABLE``: the scaled variants; ``SWITCH``: two tables, the
-second used when the call's largest position + 1 exceeds ``switch_at``, read from a one-
-element tensor so no host sync is needed). With a cos/sin cache (``cache_length > 0``) the
+second used when the call's largest position + 1 exceeds ``switch_at``, found on the device
+so no host sync is needed: every CTA scans the positions itself when there are at most
+:data:`SCAN_POSITIONS` of them (a decode batch: no second launch), else it reads a one-element
+tensor the kernel object fills with ``amax`` first). With a cos/sin cache (``cache_length > 0``) the
 values of positions ``0 <= p < cache_length`` are read from it and others computed. The
 attention factor ``mscale`` scales cos and sin. The backward is the transposed rotation: the
 same kernel with ``sin`` negated (``inverse``).
@@ -48,6 +50,7 @@ __all__ = [
     "RopeLayout",
     "RopeSpec",
     "RopeStyle",
+    "SCAN_POSITIONS",
     "aux_layout",
     "build_rope_kernel",
     "rope_plan",
@@ -58,6 +61,11 @@ _VECTOR_BYTES = 16
 _THREADS = 128
 #: vectors one thread keeps in flight (issued before the first store)
 _MAX_IN_FLIGHT = 16
+#: the most positions a ``SWITCH`` program's CTAs scan for their largest value themselves; past
+#: it one ``amax`` launch first is cheaper than every CTA's scan (H200, LongRoPE decode steps of
+#: Llama-3 8B's heads, benchmarks/results/rope_switch-cuda0.txt: at 512 tokens the scan 6.4 us
+#: against torch.compile's 7.9; at 1024 it 11.9 and one token more through amax 9.9)
+SCAN_POSITIONS = 512
 
 
 class RopeStyle(enum.Enum):
@@ -132,8 +140,9 @@ class RopeInterface(KernelInterface):
     """One slot: rotate q and k.
 
     ``forward(q, k, pos, maxpos, aux, q_out, k_out)``: ``q``/``k`` contiguous in the spec's
-    layout; ``pos`` the ``(B, S)`` positions (int32/int64) or None; ``maxpos`` a one-element
-    tensor of ``pos``'s dtype holding its largest value (``SWITCH`` only, else None); ``aux``
+    layout; ``pos`` the ``(B, S)`` positions (int32/int64) or None; ``maxpos`` None, or
+    (``SWITCH`` only) a one-element tensor of ``pos``'s dtype holding their largest value,
+    which the kernel otherwise finds itself; ``aux``
     the float64 table of :func:`aux_layout` or None; ``q_out``/``k_out`` like q and k (None,
     or q and k themselves, in place).
     """
@@ -198,6 +207,7 @@ def rope_program(spec: RopeSpec):
     units = 2 if neox else 1  # rotated vectors a thread holds per head
     # passes of one round: their loads are all issued before the round's first store
     per_round = max(1, min(passes, _MAX_IN_FLIGHT // (units + pass_per)))
+    scan_per = -(-SCAN_POSITIONS // (tph * groups))  # positions a thread tests in a scan
     rounds = -(-passes // per_round)
     f32, f64 = "float32", "float64"
     tables, cos_at, aux_len = aux_layout(spec)
@@ -240,7 +250,7 @@ def rope_program(spec: RopeSpec):
         sn[i] = T.sin(red) * (spec.mscale * sign)
 
     @T.macro
-    def angles(cs, sn, t, POS, MAXP, AUX, bb, bs):
+    def angles(cs, sn, t, tx, POS, MAXP, AUX, bb, bs):
         pos = T.alloc_local((1,), f64)
         sel = T.alloc_local((1,), "int32")
         fr = T.alloc_local((1,), f64)
@@ -249,9 +259,20 @@ def rope_program(spec: RopeSpec):
         else:
             pos[0] = T.cast(bs, f64)
         sel[0] = 0
-        # the outer test is Python's, at parse time; the inner one the kernel's
-        if spec.freq is FreqSource.SWITCH:  # noqa: SIM102
-            if MAXP[0] + 1 > spec.switch_at:
+        # the outer tests are Python's, at parse time; the inner ones the kernel's
+        if spec.freq is FreqSource.SWITCH:
+            if B * S <= SCAN_POSITIONS:
+                # the CTA's own scan: a thread tests its strided positions, all loads in
+                # flight together, and one barrier ORs the threads' answers (the branch is
+                # the same for every thread)
+                for i in T.unroll(scan_per):
+                    if i * threads + tx < B * S:  # noqa: SIM102
+                        if POS[(i * threads + tx) // S, (i * threads + tx) % S] + 1 > \
+                                spec.switch_at:
+                            sel[0] = 1
+                if T.call_extern("int32", "__syncthreads_or", sel[0]) != 0:
+                    sel[0] = 1
+            elif MAXP[0] + 1 > spec.switch_at:
                 sel[0] = 1
         if spec.freq is FreqSource.BASE:
             # inv_freq_j = step ** j: one exp a thread, then a product per frequency
@@ -305,7 +326,7 @@ def rope_program(spec: RopeSpec):
                                         kept[(p * pass_per + e) * vec + i] = at(
                                             K, bb, bs, h - hq, col + i)
                 if r == 0:  # after the first loads, so they are in flight meanwhile
-                    angles(cs, sn, t, POS, MAXP, AUX, bb, bs)
+                    angles(cs, sn, t, tx, POS, MAXP, AUX, bb, bs)
                 for p in T.unroll(per_round):
                     h = (r * per_round + p) * groups + g
                     o = p * units * vec
@@ -395,6 +416,7 @@ class RopeKernel(Kernel, RopeInterface):
         super().__init__(spec)
         self.program = build_rope_kernel(spec)
         self._inplace = spec.inplace
+        self._switch = spec.freq is FreqSource.SWITCH
         self._placeholders: dict[Any, tuple] = {}
 
     def __call__(self, q, k, pos, maxpos, aux, q_out, k_out) -> None:
@@ -412,7 +434,10 @@ class RopeKernel(Kernel, RopeInterface):
             if pos is None:
                 pos = maxpos = holder[0]
             elif maxpos is None:
-                maxpos = holder[2 if pos.dtype == holder[2].dtype else 0]
+                if self._switch and pos.numel() > SCAN_POSITIONS:
+                    maxpos = pos.amax().reshape(1)  # too many for every CTA to scan
+                else:  # not read, or scanned by the program
+                    maxpos = holder[2 if pos.dtype == holder[2].dtype else 0]
             aux = holder[1] if aux is None else aux
         if self._inplace:
             self.program(q, k, pos, maxpos, aux)

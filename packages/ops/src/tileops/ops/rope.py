@@ -147,21 +147,18 @@ class RopeOp(Op):
         aux = self._aux.get(aux_key, False)
         if aux is False:
             aux = self._build_aux(call.device, rd, long, freq)
-        maxpos = None
-        if has_pos:
-            if not pos.is_contiguous():
-                pos = pos.contiguous()
-            if freq is FreqSource.SWITCH:
-                maxpos = pos.amax().reshape(1) if pos.numel() else None
+        if has_pos and not pos.is_contiguous():
+            pos = pos.contiguous()
         lq, lk = _laid(q), _laid(k)
+        # maxpos None: a SWITCH kernel finds the largest position on the device itself
         if self._inplace:
-            entry(lq, lk, pos, maxpos, aux, lq, lk)
+            entry(lq, lk, pos, None, aux, lq, lk)
             if lq is not q:
                 q.copy_(lq)
             if lk is not k:
                 k.copy_(lk)
         else:
-            entry(lq, lk, pos, maxpos, aux, q_out, k_out)
+            entry(lq, lk, pos, None, aux, q_out, k_out)
 
     def _spec(self, device, dtype, h, hk, d, rd, has_pos, freq) -> RopeSpec:
         if rd % 2 or not 0 < rd <= d:
@@ -375,8 +372,8 @@ class RopeYarnBwdOp(_Yarn):
 class _LongRope(RopeOp):
     """LongRoPE (Phi-3): per-frequency rescale factors, short or long by the call's largest
     position (see the module docstring for the construction tensors). With position_ids the
-    kernel reads their largest value from a one-element tensor the op fills on the device
-    (``amax``), so the choice costs no host sync and the call stays graph-capturable."""
+    kernel finds their largest value on the device (see ``tileops.kernels.rope``), so the
+    choice costs no host sync and the call stays graph-capturable."""
 
     construction_tensors = {"short_factor": None, "long_factor": None}
 
