@@ -7,7 +7,7 @@
 # torch.compile; store, a kernel compiled in one process loaded by the next without TileLang,
 # the host stage then timing the first call cold, from the store and from TileLang's cache
 # alone; few_rows_sweep, the cluster kernel at every split, also past one CTA an SM, and the
-# split kernel at 4-32 CTAs a row, beside the kernels the op picks and torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
+# split kernel at 4-128 CTAs a row, beside the kernels the op picks and torch.compile); BENCH_ARGS is passed to tileops bench (e.g. -w 'm32768-*').
 STAGES=${STAGES:-prebuild tests bench host}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 python3 -c "import matplotlib" 2>/dev/null && PLOT= || PLOT=--no-plot

@@ -1,9 +1,10 @@
 """RMSNorm with fewer rows than SMs: the kernels the op picks beside the cluster kernel at
 every split it can take (2, 4 and 8 CTAs a row, also where the CTAs outnumber the SMs), the
-split kernel's two programs at 4-32 CTAs a row and torch.compile, to choose where each
+split kernel's two programs at 4-128 CTAs a row and torch.compile, to choose where each
 serves.
 
-    python benchmarks/sweep_norm_few_rows.py [--out DIR] [--workers N]
+    python benchmarks/sweep_norm_few_rows.py [--out DIR] [--workers N] [--rows 8,16]
+        [--ns 262144,1048576]
 
 bf16 with a weight, eps 1e-6. The cluster programs are compiled first in parallel processes;
 every candidate is checked against float32 ``F.rms_norm`` and timed from CUDA-graph replays
@@ -29,15 +30,15 @@ from _common import graph_events  # noqa: E402
 ROWS = (8, 16, 33, 48, 64, 96, 128)
 NS = (65536, 131072, 262144)
 CLUSTERS = (2, 4, 8)
-SPLITS = (4, 8, 16, 32)
+SPLITS = (4, 8, 16, 32, 64, 128)
 
 
-def _jobs() -> list[tuple]:
+def _jobs(rows_list=ROWS, ns=NS) -> list[tuple]:
     from tileops.kernels import norm
 
     jobs = {}
-    for rows in ROWS:
-        for n in NS:
+    for rows in rows_list:
+        for n in ns:
             for c in CLUSTERS:
                 plan = norm.cluster_plan(rows, n, "bfloat16", c)
                 if plan is not None:
@@ -108,12 +109,18 @@ def _row(rows: int, n: int) -> str:
     return f"{rows:>5} {n:>7} " + " ".join(cells) + f"  {max(rates, key=rates.get)}"
 
 
+def _ints(text: str) -> tuple[int, ...]:
+    return tuple(int(v) for v in text.split(","))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--workers", type=int, default=14)
+    ap.add_argument("--rows", type=_ints, default=ROWS, help="row counts, comma-separated")
+    ap.add_argument("--ns", type=_ints, default=NS, help="row lengths, comma-separated")
     args = ap.parse_args(argv)
-    jobs = _jobs()
+    jobs = _jobs(args.rows, args.ns)
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         failed = [(j, s) for j, s in zip(jobs, pool.map(_build, jobs), strict=True) if s != "ok"]
@@ -131,8 +138,8 @@ def main(argv=None) -> int:
                  f"{c:>7}" for c in ("op", "c2", "c4", "c8", *(f"s{sp}" for sp in SPLITS)))
              + f" {'compile':>7}  best"]
     print(lines[-1], flush=True)
-    for n in NS:
-        for rows in ROWS:
+    for n in args.ns:
+        for rows in args.rows:
             lines.append(_row(rows, n))
             print(lines[-1], flush=True)
     out = Path(args.out)

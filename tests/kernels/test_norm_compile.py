@@ -315,7 +315,7 @@ def test_a_given_split_is_taken_at_any_row_count(rows, n, cluster, dtype):
     assert norm.cluster_plan(rows, n, dtype, 3) is None  # not a power of two
 
 
-# --- the split kernel: 16-64 RMS rows of 256 KiB or more, two programs ----------------------
+# --- the split kernel: few RMS rows of 256-512 KiB or more, two programs --------------------
 
 
 @needs_nvcc
@@ -324,6 +324,7 @@ def test_a_given_split_is_taken_at_any_row_count(rows, n, cluster, dtype):
     pytest.param(48, 100000, "float16", True, id="predicated-last-share"),
     pytest.param(16, 131073, "bfloat16", False, id="scalar-accesses-no-weight"),
     pytest.param(20, 65536, "float32", True, id="float32"),
+    pytest.param(1, 1048576, "bfloat16", True, id="one-row-128-ctas"),
 ])
 def test_split_kernel_compiles_for_sm90a(rows, n, dtype, weight):
     plan = norm.split_plan(rows, n, dtype)
@@ -344,7 +345,7 @@ def test_split_kernel_compiles_for_sm90a(rows, n, dtype, weight):
 
 @settings(max_examples=300, deadline=None)
 @given(rows=st.integers(1, 200), n=st.integers(1, 1 << 20),
-       splits=st.sampled_from([None, 4, 8, 16, 32]),
+       splits=st.sampled_from([None, *norm.SPLITS]),
        dtype=st.sampled_from(["float16", "bfloat16", "float32"]))
 def test_split_plan_covers_the_row_within_the_budget(rows, n, splits, dtype):
     plan = norm.split_plan(rows, n, dtype, splits)
@@ -353,10 +354,10 @@ def test_split_plan_covers_the_row_within_the_budget(rows, n, splits, dtype):
         return
     if plan is None:  # a share under the minimum, or too wide for the threads to hold
         vec = norm._vec(n, dtype)
-        s = splits or next((k for k in norm.SPLITS if rows * k >= 4 * norm.FEW_ROWS), 32)
-        share = -(-(n // vec) // s)
-        assert (share * vec < norm._MIN_CLUSTER_SHARE
-                or -(-share // 512) * vec * norm._ITEMSIZE[dtype] > norm._HELD_BYTES_PER_THREAD)
+        for s in [splits] if splits else norm.SPLITS:
+            share = -(-(n // vec) // s)
+            assert (share * vec < norm._MIN_CLUSTER_SHARE or
+                    -(-share // 512) * vec * norm._ITEMSIZE[dtype] > norm._HELD_BYTES_PER_THREAD)
         return
     got, threads, vec, per = plan
     assert got in norm.SPLITS and (splits is None or got == splits)
@@ -366,8 +367,16 @@ def test_split_plan_covers_the_row_within_the_budget(rows, n, splits, dtype):
     share = -(-(n // vec) // got)
     assert threads * per >= share and got * share * vec >= n
     assert share * vec >= norm._MIN_CLUSTER_SHARE
-    if splits is None:  # four CTAs an SM, or the most splits
-        assert rows * got >= 4 * norm.FEW_ROWS or got == norm.SPLITS[-1]
+    if splits is None:
+        fits = [s for s in norm.SPLITS if norm.split_plan(rows, n, dtype, s) is not None]
+        small = [s for s in fits if s <= 32]
+        enough = [s for s in small if rows * s >= 4 * norm.FEW_ROWS]
+        if rows <= 2 and n * norm._ITEMSIZE[dtype] >= 1 << 20 and 64 in fits:
+            assert got == 64  # one or two rows of 1 MiB or more
+        elif small:  # four CTAs an SM with the fewest up to 32, else the most up to 32
+            assert got == (enough[0] if enough else small[-1])
+        else:
+            assert got == fits[0]
 
 
 def test_split_kernel_states_its_region_and_wins_where_it_serves():
@@ -379,17 +388,21 @@ def test_split_kernel_states_its_region_and_wins_where_it_serves():
                                 has_bias=kind is norm.RowNormKind.LAYER)
 
     k = norm.RowNormSplitKernel
-    for rows, n in ((16, 131072), (33, 131072), (64, 262144), (48, 65536)):
+    # 16-64 rows of 256 KiB; 1-64 rows of 512 KiB, also past the L2 (33 x 1 MiB, 64 x 2 MiB)
+    for rows, n in ((16, 131072), (33, 131072), (64, 262144), (48, 65536), (1, 262144),
+                    (8, 262144), (4, 1048576), (33, 524288), (64, 1048576)):
         dtype = "float32" if n == 65536 else "bfloat16"
         assert k.region_refusal(spec(rows, n, dtype=dtype)) is None, (rows, n)
     assert k.region_refusal(spec(96, 131072)) == (
-        "96 rows of 131072 x bfloat16: the split serves 16-64 rows of at least 256 KiB, at "
-        "most 32 MiB in all")
-    assert k.region_refusal(spec(8, 262144)) is not None
+        "96 rows of 131072 x bfloat16: the split serves at most 64 rows of at least 512 KiB, "
+        "or of 256 KiB from 16 rows on")
+    assert k.region_refusal(spec(65, 1048576)) is not None
+    assert k.region_refusal(spec(8, 131072)) is not None  # 256 KiB rows under 16: the cluster's
+    assert k.region_refusal(spec(15, 262143)) is not None
     assert k.region_refusal(spec(33, 65536)) is not None  # 128 KiB rows: the cluster's
     assert k.region_refusal(spec(33, 131072, norm.RowNormKind.LAYER)) == (
         "splits RMS rows without a residual, not layer")
     assert k.region_refusal(spec(33, 131072, norm.RowNormKind.ADD_RMS)) == (
         "splits RMS rows without a residual, not add_rms")
     assert set(k.preferred_over) == {norm.RowNormClusterKernel, norm.RowNormRegisterKernel}
-    assert k.identity(spec(16, 131072)) != k.identity(spec(64, 131072))  # 32 and 16 CTAs
+    assert k.identity(spec(16, 131072)) != k.identity(spec(64, 131072))  # 64 and 16 CTAs

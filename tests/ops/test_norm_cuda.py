@@ -327,13 +327,14 @@ def test_cluster_kernel_matches_float64(m, n, dtype):
     assert _rel(y, rms_norm_reference(s_ref.double(), w.double(), 1, 1e-6)) < TOL[dtype]
 
 
-# --- the split kernel: 16-64 RMS rows of 256 KiB or more -------------------------------------
+# --- the split kernel: few RMS rows of 256-512 KiB or more ----------------------------------
 
 @pytest.mark.parametrize(("m", "n", "dtype", "affine"), [
     (16, 131072, torch.bfloat16, True), (33, 131072, torch.bfloat16, True),
     (64, 262144, torch.bfloat16, True), (48, 140000, torch.float16, True),
     (24, 131073, torch.bfloat16, True), (20, 65536, torch.float32, True),
-    (40, 131072, torch.bfloat16, False),
+    (40, 131072, torch.bfloat16, False), (1, 1048576, torch.bfloat16, True),
+    (6, 300000, torch.float16, True), (33, 524288, torch.bfloat16, True),
 ])
 def test_split_kernel_matches_float64(m, n, dtype, affine):
     """Few rows of a wide RMS row through the split kernel (the op's own choice there), against

@@ -112,6 +112,8 @@ def test_the_first_call_reaches_the_launch_in_at_most_8_hops():
 @pytest.mark.parametrize(("kind", "rows", "n", "chosen"), [
     ("rms", 33, 131072, "RowNormSplitKernel"),
     ("rms", 64, 262144, "RowNormSplitKernel"),
+    ("rms", 1, 1048576, "RowNormSplitKernel"),
+    ("rms", 33, 524288, "RowNormSplitKernel"),
     ("rms", 8, 131072, "RowNormClusterKernel"),
     ("rms", 96, 131072, "RowNormLoopedKernel"),
     ("layer", 33, 131072, "RowNormClusterKernel"),

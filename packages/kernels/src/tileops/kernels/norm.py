@@ -537,21 +537,38 @@ def cluster_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
 
 
 #: the row splits the split kernel takes (CTAs a row)
-SPLITS = (4, 8, 16, 32)
+SPLITS = (4, 8, 16, 32, 64, 128)
+
+
+def _default_split(rows: int, row_bytes: int, fits: tuple[int, ...]) -> int | None:
+    """The split the op takes among those that ``fits``, from the H200's few-rows sweep
+    (RMSNorm bf16, 1-64 rows of 256k-1M, benchmarks/results/norm_few_rows-cuda0.txt): 32 CTAs a
+    row was the best or within 5% of it from 1 to 16 rows, 16 (four CTAs an SM) from 33 rows,
+    and 64 for one or two rows of 1 MiB and more (1 x 1M: 0.90 TB/s against 32's 0.75); more
+    CTAs a row than that ran slower everywhere (the second program's serial sum of partials
+    and the smaller shares)."""
+    if rows <= 2 and row_bytes >= 1 << 20 and 64 in fits:
+        return 64
+    small = [s for s in fits if s <= 32]
+    if small:
+        return next((s for s in small if rows * s >= 4 * FEW_ROWS), small[-1])
+    return fits[0] if fits else None
 
 
 def split_plan(rows: int, n: int, dtype: str, splits: int | None = None
                ) -> tuple[int, int, int, int] | None:
     """``(splits, threads, vec, per)`` for the split kernel (:func:`split_programs`), or None
     where it does not apply: fewer rows than :data:`FEW_ROWS`, each split over ``splits``
-    CTAs (by default the fewest of :data:`SPLITS` that give four CTAs an SM, else the most),
-    each CTA's share at least ``_MIN_CLUSTER_SHARE`` elements, read by ``threads`` threads
-    with ``per`` accesses of ``vec`` elements (at most ``_HELD_BYTES_PER_THREAD`` bytes a
-    thread)."""
+    CTAs, each CTA's share at least ``_MIN_CLUSTER_SHARE`` elements, read by ``threads``
+    threads with ``per`` accesses of ``vec`` elements (at most ``_HELD_BYTES_PER_THREAD``
+    bytes a thread). By default (:func:`_default_split`) ``splits`` is 64 for one or two rows
+    of at least 1 MiB, else the fewest of :data:`SPLITS` up to 32 that fit and give four CTAs
+    an SM, else the most up to 32 that fit, else the fewest above 32 that fit."""
     if rows < 1 or rows >= FEW_ROWS:
         return None
     if splits is None:
-        splits = next((s for s in SPLITS if rows * s >= 4 * FEW_ROWS), SPLITS[-1])
+        fits = {s: p for s in SPLITS if (p := split_plan(rows, n, dtype, s)) is not None}
+        return fits.get(_default_split(rows, n * _ITEMSIZE[dtype], tuple(fits)))
     if splits not in SPLITS:
         return None
     vec = _vec(n, dtype)
@@ -915,23 +932,23 @@ class RowNormClusterKernel(_RowNormKernel):
         self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight, spec.has_bias)
 
 
-#: the region the split kernel serves, from the H200's few-rows sweep (RMSNorm bf16, 8-128
-#: rows of 64k-256k, benchmarks/results/norm_few_rows-cuda0.txt): 16-64 rows of at least
-#: 256 KiB, all of them at most 32 MiB (the second read an L2 hit), where it ran 1.05-1.5x
-#: the cluster and one-CTA kernels and ahead of torch.compile but at 64 x 262144 (0.95x);
-#: narrower rows, more rows or more bytes ran faster on those
-_SPLIT_ROWS = (16, 64)
-_SPLIT_MIN_ROW_BYTES = 256 << 10
-_SPLIT_MAX_BYTES = 32 << 20
+#: the region the split kernel serves, from the H200's few-rows sweeps (RMSNorm bf16, 1-128
+#: rows of 64k-1M, benchmarks/results/norm_few_rows-cuda0.txt): at most 64 rows of at least
+#: 512 KiB, or 16-64 rows of at least 256 KiB, where it ran 1.05-1.5x the cluster and one-CTA
+#: kernels (2-7x the looped one past a cluster's reach, also past the L2: its second read then
+#: misses, and still wins); narrower rows or more rows ran faster on those
+_SPLIT_MAX_ROWS = 64
+_SPLIT_MIN_ROW_BYTES = 512 << 10
+_SPLIT_MIN_ROW_BYTES_16 = 256 << 10  # from 16 rows on
 
 
 class RowNormSplitKernel(_RowNormKernel):
-    """Few rows of a wide RMS row: each row split over up to 32 CTAs (:func:`split_plan`),
+    """Few rows of a wide RMS row: each row split over up to 128 CTAs (:func:`split_plan`),
     one program writing each CTA's sum of squares, a second adding a row's partials and
     scaling its share, which it reads again from L2 (:func:`split_programs`): more CTAs a row
     than a cluster holds, for one more launch. Preferred over the cluster and register
-    kernels in the region the H200's sweep measured it ahead (``_SPLIT_ROWS``,
-    ``_SPLIT_MIN_ROW_BYTES``, ``_SPLIT_MAX_BYTES``)."""
+    kernels in the region the H200's sweeps measured it ahead (``_SPLIT_MAX_ROWS``,
+    ``_SPLIT_MIN_ROW_BYTES``, ``_SPLIT_MIN_ROW_BYTES_16``)."""
 
     preferred_over = (RowNormClusterKernel, RowNormRegisterKernel)
 
@@ -940,12 +957,11 @@ class RowNormSplitKernel(_RowNormKernel):
         if spec.kind is not RowNormKind.RMS:
             return f"splits RMS rows without a residual, not {spec.kind.value}"
         row_bytes = spec.n * _ITEMSIZE[spec.dtype]
-        lo, hi = _SPLIT_ROWS
-        if not (lo <= spec.rows <= hi and row_bytes >= _SPLIT_MIN_ROW_BYTES
-                and spec.rows * row_bytes <= _SPLIT_MAX_BYTES):
-            return (f"{spec.rows} rows of {spec.n} x {spec.dtype}: the split serves {lo}-{hi} "
-                    f"rows of at least {_SPLIT_MIN_ROW_BYTES >> 10} KiB, at most "
-                    f"{_SPLIT_MAX_BYTES >> 20} MiB in all")
+        least = _SPLIT_MIN_ROW_BYTES_16 if spec.rows >= 16 else _SPLIT_MIN_ROW_BYTES
+        if not (spec.rows <= _SPLIT_MAX_ROWS and row_bytes >= least):
+            return (f"{spec.rows} rows of {spec.n} x {spec.dtype}: the split serves at most "
+                    f"{_SPLIT_MAX_ROWS} rows of at least {_SPLIT_MIN_ROW_BYTES >> 10} KiB, or "
+                    f"of {_SPLIT_MIN_ROW_BYTES_16 >> 10} KiB from 16 rows on")
         if split_plan(spec.rows, spec.n, spec.dtype) is None:
             return (f"{spec.rows} rows of {spec.n} x {spec.dtype} do not split within "
                     f"{_HELD_BYTES_PER_THREAD} bytes a thread")
