@@ -542,8 +542,8 @@ SPLITS = (4, 8, 16, 32, 64, 128)
 
 def _default_split(rows: int, row_bytes: int, fits: tuple[int, ...]) -> int | None:
     """The split the op takes among those that ``fits``, from the H200's few-rows sweep
-    (RMSNorm bf16, 1-64 rows of 256k-1M, benchmarks/results/norm_few_rows-cuda0.txt): 32 CTAs a
-    row was the best or within 5% of it from 1 to 16 rows, 16 (four CTAs an SM) from 33 rows,
+    (RMSNorm bf16, 1-64 rows of 256k-1M, benchmarks/results/norm_few_rows_wide-cuda0.txt): 32
+    CTAs a row was the best or within 5% of it from 1 to 16 rows, 16 (four CTAs an SM) from 33 rows,
     and 64 for one or two rows of 1 MiB and more (1 x 1M: 0.90 TB/s against 32's 0.75); more
     CTAs a row than that ran slower everywhere (the second program's serial sum of partials
     and the smaller shares)."""
@@ -933,10 +933,11 @@ class RowNormClusterKernel(_RowNormKernel):
 
 
 #: the region the split kernel serves, from the H200's few-rows sweeps (RMSNorm bf16, 1-128
-#: rows of 64k-1M, benchmarks/results/norm_few_rows-cuda0.txt): at most 64 rows of at least
-#: 512 KiB, or 16-64 rows of at least 256 KiB, where it ran 1.05-1.5x the cluster and one-CTA
-#: kernels (2-7x the looped one past a cluster's reach, also past the L2: its second read then
-#: misses, and still wins); narrower rows or more rows ran faster on those
+#: rows of 64k-1M, benchmarks/results/norm_few_rows-cuda0.txt and
+#: norm_few_rows_wide-cuda0.txt): at most 64 rows of at least 512 KiB, or 16-64 rows of at
+#: least 256 KiB, where it ran 1.05-1.5x the cluster and one-CTA kernels (2-7x the looped one
+#: past a cluster's reach, also past the L2: its second read then misses, and still wins);
+#: narrower rows or more rows ran faster on those
 _SPLIT_MAX_ROWS = 64
 _SPLIT_MIN_ROW_BYTES = 512 << 10
 _SPLIT_MIN_ROW_BYTES_16 = 256 << 10  # from 16 rows on

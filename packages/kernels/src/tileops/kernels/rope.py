@@ -23,9 +23,10 @@ radians (6e-3 at position 10^5), which a float64 reference shows at long positio
 a float64 table the op builds (``TABLE``: the scaled variants; ``SWITCH``: two tables, the
 second used when the call's largest position + 1 exceeds ``switch_at``, found on the device
 so no host sync is needed: every CTA scans the positions itself when there are at most
-:data:`SCAN_POSITIONS` of them (a decode batch: no second launch), else it reads a one-element
-tensor the kernel object fills with ``amax`` first). With a cos/sin cache (``cache_length > 0``) the
-values of positions ``0 <= p < cache_length`` are read from it and others computed. The
+:data:`SCAN_POSITIONS` of them (a decode batch: no second launch), else it reads a
+one-element tensor the kernel object fills with ``amax`` first). With a cos/sin cache
+(``cache_length > 0``) the values of positions ``0 <= p < cache_length`` are read from it and
+others computed. The
 attention factor ``mscale`` scales cos and sin. The backward is the transposed rotation: the
 same kernel with ``sin`` negated (``inverse``).
 """
