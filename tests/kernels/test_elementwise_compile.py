@@ -463,6 +463,14 @@ def test_default_launch_by_layout_and_inputs(fn, in_shapes, in_strides, out_shap
 # --- the float32 normal CDF of gelu's half-precision form ------------------------------------
 
 
+def _exp32_numpy(a):
+    """E._exp32 in numpy float32: exp2 of the float32 product with log2(e) (CUDA's exp2f is
+    within 2 ulp of the exact exp2 of that product)."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    return np.exp2((np.asarray(a, dtype=f) * f(E._LOG2E)).astype(f)).astype(f)
+
+
 def _erfc32_numpy(z):
     """E._erfc32 step by step in numpy float32 (the reciprocal correctly rounded here; CUDA's
     __fdividef is within 2 ulp of it)."""
@@ -474,7 +482,7 @@ def _erfc32_numpy(z):
         acc = np.full_like(z, f(E.ERFC_COEFFS[-1]))
         for c in reversed(E.ERFC_COEFFS[:-1]):
             acc = acc * t + f(c)
-        return t * np.exp(acc - z * z)
+        return t * _exp32_numpy(acc - z * z)
 
 
 def test_erfc32_within_float32_ulps_of_erfc_over_a_dense_grid():
@@ -486,16 +494,18 @@ def test_erfc32_within_float32_ulps_of_erfc_over_a_dense_grid():
     normal = ref >= np.finfo(np.float32).tiny
     ulps = np.abs(got - ref)[normal] / np.spacing(ref[normal].astype(np.float32))
     near = (z[normal] < 2)
-    assert ulps[near].max() <= 9  # measured 8.4
+    # exp through exp2 of a rounded product (E._exp32): 10.4 ulp near, 1.1e-5 in the tail (with
+    # libdevice's expf 8.4 and 7.8e-6); bf16's ulp is 3.9e-3 of the value, float16's 4.9e-4
+    assert ulps[near].max() <= 12  # measured 10.4
     rel = (np.abs(got - ref) / ref)[normal]
-    assert rel.max() <= 1e-5  # measured 7.8e-6 (the tail's -z*z rounded in float32)
+    assert rel.max() <= 1.5e-5  # measured 1.1e-5 (the tail's -z*z and exponent rounded)
     assert np.all(got[~normal] <= 2 * np.finfo(np.float32).tiny)  # underflows, never grows
     special = _erfc32_numpy([0.0, np.inf, np.nan])
     assert abs(special[0] - 1) <= 8e-7 and special[1] == 0 and np.isnan(special[2])
 
 
 def test_gelu_half_form_within_bf16_precision_in_both_tails():
-    """gelu(x) = x * Phi(x), Phi from one erfc: relative error below 2e-5 wherever the result is
+    """gelu(x) = x * Phi(x), Phi from one erfc: relative error below 2.5e-5 wherever the result is
     a normal float32, far inside bf16's (7.8e-3) and float16's (9.8e-4) ulp; the erf form
     cancels for x < -4 and misses bf16's 2 ulp there."""
     np = pytest.importorskip("numpy")
@@ -506,21 +516,22 @@ def test_gelu_half_form_within_bf16_precision_in_both_tails():
     ref = np.array([0.5 * float(v) * math.erfc(-float(v) / math.sqrt(2)) for v in x])
     normal = np.abs(ref) >= np.finfo(np.float32).tiny
     rel = np.abs(got - ref)[normal] / np.abs(ref[normal])
-    assert rel.max() <= 2e-5  # measured 1.9e-5 at x = -13
+    assert rel.max() <= 2.5e-5  # measured 2.1e-5 at x = -13
     assert np.abs(got - ref)[~normal].max() <= 2 * np.finfo(np.float32).tiny
 
 
 def test_mish_half_form_within_float32_precision():
     """mish(x) = x * n / (n + 2), n = e (e + 2), e = exp(x), in numpy float32 step by step
-    (the reciprocal correctly rounded; CUDA's __fdividef is within 2 ulp of it): relative error
-    below 5e-7 down to x = -80 and 1e-5 wherever the result is a normal float32 (e subnormal
-    past x = -87), far inside bf16's and float16's ulp; x itself past 20; NaN stays NaN."""
+    (the reciprocal correctly rounded; CUDA's __fdividef is within 2 ulp of it; exp as
+    E._exp32): relative error below 5e-6 down to x = -80 and 1.5e-5 wherever the result is a
+    normal float32 (e subnormal past x = -87), far inside bf16's and float16's ulp; x itself
+    past 20; NaN stays NaN."""
     np = pytest.importorskip("numpy")
     f = np.float32
     x = np.concatenate([np.linspace(-110, 30, 1_400_001), [20.0, 20.001, np.inf, np.nan]])
     x = x.astype(f)
     with np.errstate(over="ignore", invalid="ignore"):
-        e = np.exp(np.minimum(x, f(20)))
+        e = _exp32_numpy(np.minimum(x, f(20)))
         n = e * (e + f(2))
         got = np.where(x > f(20), x, x * (n * (f(1) / (n + f(2))))).astype(np.float64)
         xd = x.astype(np.float64)
@@ -530,8 +541,8 @@ def test_mish_half_form_within_float32_precision():
     err = np.abs(got[finite] - ref[finite])
     normal_f = normal[finite]
     rel = err[normal_f] / np.abs(ref[normal])
-    assert rel.max() <= 1e-5  # measured 5.5e-6 at x = -91.85
-    assert rel[x[normal] > -80].max() <= 5e-7  # measured 3.8e-7
+    assert rel.max() <= 1.5e-5  # measured 1.1e-5 at x = -91.8
+    assert rel[x[normal] > -80].max() <= 5e-6  # measured 3.8e-6 (the exponent's rounding)
     assert err[~normal_f].max() <= 2 * np.finfo(f).tiny
     assert got[-2] == np.inf and np.isnan(got[-1])
 
@@ -543,6 +554,7 @@ def test_mish_uses_one_exp_for_half_outputs_only():
     half = E.build_kernel("mish", (), ("bfloat16",), ("bfloat16",), "float32", 1, p, "sm_90")
     src = half.get_kernel_source()
     assert "log1pf" not in src and "tanhf" not in src and "__fdividef" in src
+    assert "exp2f(" in src and "expf(" not in src.replace("exp2f(", "")  # E._exp32
     p4 = dataclasses.replace(p, vec=4)
     full = E.build_kernel("mish", (), ("float32",), ("float32",), "float32", 1, p4, "sm_90")
     assert "log1pf" in full.get_kernel_source() and "tanhf" in full.get_kernel_source()
@@ -554,6 +566,8 @@ def test_gelu_uses_the_erfc_form_for_half_outputs_only():
     p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
     half = E.build_kernel("gelu", (), ("bfloat16",), ("bfloat16",), "float32", 1, p, "sm_90")
     assert "erff" not in half.get_kernel_source() and "__fdividef" in half.get_kernel_source()
+    src = half.get_kernel_source()
+    assert "exp2f(" in src and "expf(" not in src.replace("exp2f(", "")  # E._exp32
     p4 = dataclasses.replace(p, vec=4)
     full = E.build_kernel("gelu", (), ("float32",), ("float32",), "float32", 1, p4, "sm_90")
     assert "erff" in full.get_kernel_source()
@@ -602,7 +616,7 @@ def test_gelu_tanh_half_gradient_keeps_the_tails_relative():
     x = np.linspace(-12, 12, 240_001).astype(f)
     x_sq = x * x
     inner = beta * (x + kappa * (x_sq * x))
-    e = np.exp(f(-2) * np.abs(inner))
+    e = _exp32_numpy(f(-2) * np.abs(inner))
     r = f(1) / (f(1) + e)
     one_plus, sech2 = f(2) * r * np.where(inner < 0, e, f(1)), f(4) * e * r * r
     got = (f(0.5) * one_plus + f(0.5) * x * sech2 * beta * (f(1) + f(3 * 0.044715) * x_sq))
