@@ -440,6 +440,13 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
     pytest.param("add", ((32768, 8192), ()), None, (32768, 8192), ("flat", 128, 1),
                  id="flat-2-scalar"),
     pytest.param("mul", ((64, 4096),) * 2, None, (64, 4096), ("flat", 128, 1), id="flat-2"),
+    # too few vectors for an SM each at the default: one access a thread, more threads' worth
+    pytest.param("mish", ((1, 4096),), None, (1, 4096), ("flat", 64, 1), id="flat-1-one-row"),
+    pytest.param("gelu", ((3,),), None, (3,), ("flat", 128, 1), id="flat-1-three"),
+    pytest.param("silu", ((132, 2048),), None, (132, 2048), ("flat", 64, 4),
+                 id="flat-1-an-sm-each"),
+    pytest.param("silu", ((131, 2048),), None, (131, 2048), ("flat", 64, 1),
+                 id="flat-1-fewer"),
     pytest.param("add", ((32768, 8192), (8192,)), None, (32768, 8192), ("rows", 256, 2),
                  id="rows-row-bias"),
     pytest.param("add", ((64, 96), (64, 1)), None, (64, 96), ("rows", 256, 2),
