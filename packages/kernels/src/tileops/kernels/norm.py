@@ -935,9 +935,10 @@ class RowNormClusterKernel(_RowNormKernel):
 #: the region the split kernel serves, from the H200's few-rows sweeps (RMSNorm bf16, 1-128
 #: rows of 64k-1M, benchmarks/results/norm_few_rows-cuda0.txt and
 #: norm_few_rows_wide-cuda0.txt): at most 64 rows of at least 512 KiB, or 16-64 rows of at
-#: least 256 KiB, where it ran 1.05-1.5x the cluster and one-CTA kernels (2-7x the looped one
-#: past a cluster's reach, also past the L2: its second read then misses, and still wins);
-#: narrower rows or more rows ran faster on those
+#: least 256 KiB, where it ran 1.05-1.5x the cluster and one-CTA kernels and 1.5-18x the
+#: looped one past a cluster's reach (33 x 524288: 2.33 TB/s against 1.49; 1 x 1M: 0.90
+#: against 0.05), also past the L2, where its second read of a row misses; narrower rows or
+#: more rows ran faster on those
 _SPLIT_MAX_ROWS = 64
 _SPLIT_MIN_ROW_BYTES = 512 << 10
 _SPLIT_MIN_ROW_BYTES_16 = 256 << 10  # from 16 rows on

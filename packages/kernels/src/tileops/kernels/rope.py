@@ -26,9 +26,8 @@ so no host sync is needed: every CTA scans the positions itself when there are a
 :data:`SCAN_POSITIONS` of them (a decode batch: no second launch), else it reads a
 one-element tensor the kernel object fills with ``amax`` first). With a cos/sin cache
 (``cache_length > 0``) the values of positions ``0 <= p < cache_length`` are read from it and
-others computed. The
-attention factor ``mscale`` scales cos and sin. The backward is the transposed rotation: the
-same kernel with ``sin`` negated (``inverse``).
+others computed. The attention factor ``mscale`` scales cos and sin. The backward is the
+transposed rotation: the same kernel with ``sin`` negated (``inverse``).
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -141,11 +140,11 @@ class RopeInterface(KernelInterface):
     """One slot: rotate q and k.
 
     ``forward(q, k, pos, maxpos, aux, q_out, k_out)``: ``q``/``k`` contiguous in the spec's
-    layout; ``pos`` the ``(B, S)`` positions (int32/int64) or None; ``maxpos`` None, or
-    (``SWITCH`` only) a one-element tensor of ``pos``'s dtype holding their largest value,
-    which the kernel otherwise finds itself; ``aux``
-    the float64 table of :func:`aux_layout` or None; ``q_out``/``k_out`` like q and k (None,
-    or q and k themselves, in place).
+    layout; ``pos`` the ``(B, S)`` positions (int32/int64) or None; ``maxpos`` None (the
+    kernel finds the largest position itself) or, ``SWITCH`` only, a one-element tensor of
+    ``pos``'s dtype holding it (read only past :data:`SCAN_POSITIONS` positions: below, the
+    program scans them); ``aux`` the float64 table of :func:`aux_layout` or None;
+    ``q_out``/``k_out`` like q and k (None, or q and k themselves, in place).
     """
 
     slot = "rope"
