@@ -255,6 +255,18 @@ def test_a_contender_the_workload_does_not_declare_is_a_dash_not_an_error() -> N
     assert "error" not in md
 
 
+def test_a_contender_off_the_reference_is_noted() -> None:
+    header = {"device": "cuda:0", "gpu": None, "when": "2026-12-01 10:00 UTC",
+              "tileops": "0.1.0", "versions": {}, "max_elements": None,
+              "timing": {"method": "CUDA graph replay", "compile": {"mode": None}}}
+    rows = [_row("decode", 1e-6, torch=2e-6, liger=4e-6)]
+    rows[0].extra["contenders"]["liger"].rel_err = 0.55  # tol 1e-2
+    md = markdown(header, rows, Peaks(3e12, 1e15, "measured"))
+    assert ("- decode bfloat16 liger: its result is off the float64 reference (rel err 5.5e-01 "
+            "against the op's tolerance 1.0e-02); its time still counts as a contender's") in md
+    assert "torch: its result is off" not in md
+
+
 # --- the command ------------------------------------------------------------------------------
 
 

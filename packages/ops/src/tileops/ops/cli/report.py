@@ -193,6 +193,10 @@ def _op_table(op: str, rows: list[CaseResult], peaks: Peaks) -> list[str]:
             for text in (c.error, c.note):
                 if text:
                     notes.append(f"- {where} {n}: {text}")
+            if c.rel_err is not None and r.tol is not None and not c.rel_err <= r.tol:
+                notes.append(f"- {where} {n}: its result is off the float64 reference (rel err "
+                             f"{fmt_err(c.rel_err)} against the op's tolerance "
+                             f"{fmt_err(r.tol)}); its time still counts as a contender's")
         for n in names:
             if n not in _contenders(r) and not r.error:
                 notes.append(f"- {where} {n}: not a contender here (the workload's op does not "
