@@ -25,7 +25,7 @@ for stage in $STAGES; do case $stage in
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py -k "not Norm and not Gemm" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
-    bench unary SiluFwdOp GeluFwdOp ReluFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16
+    bench unary SiluFwdOp GeluFwdOp ReluFwdOp MishFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16
     bench gelu_tanh GeluFwdOp -w 'tanh-*'
     bench gated SiluAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16
     bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097

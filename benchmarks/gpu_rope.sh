@@ -5,7 +5,7 @@
 # benchmarks (tileops bench against torch eager, a fresh torch.compile per workload and
 # Liger-Kernel's rope where it covers the call: neox, whole head, not in place). Logs and
 # results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench).
-# About 10 minutes on one H200.
+# About 12 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
@@ -28,7 +28,10 @@ for stage in $STAGES; do case $stage in
   bench)
     bench neox RopeNeoxFwdOp
     bench nonneox RopeNonNeoxFwdOp
-    bench scaled RopeLlama31FwdOp RopeYarnFwdOp RopeLongRopeFwdOp -w prefill-b4-s4096 -w prefill-bhsd -w decode-b64 -w prefill-cached -w phi3-long-s8192
-    bench bwd RopeNeoxBwdOp RopeNonNeoxBwdOp RopeLlama31BwdOp RopeYarnBwdOp RopeLongRopeBwdOp -w prefill-b4-s4096 -w decode-b64 ;;
+    # every workload of every op: the bar is every variant and layout on every workload
+    bench scaled RopeLlama31FwdOp RopeYarnFwdOp RopeLongRopeFwdOp
+    bench bwd RopeNeoxBwdOp RopeNonNeoxBwdOp RopeLlama31BwdOp RopeYarnBwdOp RopeLongRopeBwdOp
+    # LongRoPE's decode steps around SCAN_POSITIONS (the CTAs' own scan against amax first)
+    TAIL=12 run switch.log python3 benchmarks/sweep_rope_switch.py --out "$OUT" ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench)" ;;
 esac; done
