@@ -171,15 +171,24 @@ def _gelu(x):
     return x * _c(0.5, dt) * (_c(1.0, dt) + _T().erf(x * _c(math.sqrt(0.5), dt)))
 
 
-#: erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z / 2), z >= 0: the Chebyshev fit of Numerical
-#: Recipes' ``erfcc`` (fractional error below 1.2e-7 everywhere), P's coefficients from t^0 up.
-#: Evaluated in float32 it is within 9 ulp of erfc for z < 2 and 1e-5 relative beyond
-#: (tests/kernels/test_elementwise_compile.py measures it in numpy float32).
-ERFC_COEFFS = (-1.26551223, 1.00002368, 0.37409196, 0.09678418, -0.18628806, 0.27886807,
-               -1.13520398, 1.48851587, -0.82215223, 0.17087277)
+#: erfc(z) / 2 = t * exp2(Q(t) - z^2 log2(e)), t = 1 / (1 + z / 2), z >= 0, Q's coefficients
+#: from t^0 up: a degree-5 fit on t in [1/6, 1] (z up to 10, where the result is 2^-148),
+#: near-minimax by reweighted Chebyshev least squares against float64's erfc, then rounded to
+#: float32. Q's own error is below 1.1e-5 (7.6e-6 of the result); Q is smooth in t (it tends
+#: to -log2(4 sqrt(pi)) as z grows), and past z = 10 it stays in [-2.83, -2.56], so the result
+#: only underflows further. Numerical Recipes' ``erfcc`` has the same form with a degree-9 fit
+#: (1.2e-7): bf16's and float16's ulps (3.9e-3 and 4.9e-4 of the value) need far less, and
+#: gelu's kernel is bound by this math, not by its bytes.
+HALF_ERFC_COEFFS = (-2.8272335529327393, 1.4686834812164307, 0.36708229780197144,
+                    0.6845520734786987, -1.023148775100708, 0.33007553219795227)
 
 
 _LOG2E = 1.4426950408889634
+
+
+def _exp2(x):
+    """``exp2f`` of a float32 ``x``: one ``ex2.approx`` (subnormal results kept)."""
+    return _T().call_pure_extern("float32", "exp2f", x)
 
 
 def _exp32(x):
@@ -189,31 +198,36 @@ def _exp32(x):
     ``|x| * 2^-24`` (5.1e-6 at x = -85, near float32's smallest normal result), far inside
     bf16's and float16's ulp (3.9e-3 and 4.9e-4), and these forms' math, not the bytes, bounds
     their kernels."""
-    T = _T()
-    return T.call_pure_extern("float32", "exp2f", x * _c(_LOG2E, "float32"))
+    return _exp2(x * _c(_LOG2E, "float32"))
 
 
-def _erfc32(z):
-    """erfc of a float32 ``z >= 0`` (``ERFC_COEFFS``; +inf gives 0, NaN stays NaN)."""
-    T = _T()
+def _rcp(x):
+    """``1 / x`` through ``__fdividef``: within 2 float32 ulp for ``x`` in [2^-126, 2^126]."""
     one = _c(1.0, "float32")
-    t = T.call_pure_extern("float32", "__fdividef", one, one + _c(0.5, "float32") * z)
-    acc = _c(ERFC_COEFFS[-1], "float32")
-    for c in reversed(ERFC_COEFFS[:-1]):
-        acc = acc * t + _c(c, "float32")
-    return t * _exp32(acc - z * z)
+    return _T().call_pure_extern("float32", "__fdividef", one, x)
+
+
+def _half_erfc32(x):
+    """``erfc(|x| / sqrt(2)) / 2`` of a float32 ``x`` (``HALF_ERFC_COEFFS``): the normal
+    distribution's mass beyond ``|x|``, relative accuracy everywhere; 0 at infinity, NaN for
+    NaN. The constants absorb the ``1 / sqrt(2)``, ``log2(e)`` and the half."""
+    T = _T()
+    f32 = "float32"
+    t = _rcp(T.abs(x) * _c(0.5 * math.sqrt(0.5), f32) + _c(1.0, f32))
+    acc = _c(HALF_ERFC_COEFFS[-1], f32)
+    for c in reversed(HALF_ERFC_COEFFS[:-1]):
+        acc = acc * t + _c(c, f32)
+    return t * _exp2((x * x) * _c(-0.5 * _LOG2E, f32) + acc)
 
 
 def _phi32(x):
     """The normal CDF of a float32 ``x`` from one erfc of ``|x| / sqrt(2)``: relative accuracy
     in both tails, where ``(1 + erf(x / sqrt(2))) / 2`` cancels (at x = -5 float32's erf
     leaves 20% of the result wrong; torch computes so and misses bf16's 2 ulp)."""
-    T = _T()
-    half = _c(0.5, "float32") * _erfc32(T.abs(x) * _c(math.sqrt(0.5), "float32"))
-    neg = x < _c(0.0, "float32")
-    # the sign chosen, not the arm: TileLang lowers a select of two expressions to if/else
-    return _sel(neg, _c(0.0, "float32"), _c(1.0, "float32")) + _sel(
-        neg, _c(1.0, "float32"), _c(-1.0, "float32")) * half
+    half = _half_erfc32(x)
+    # a select of two values, each computed once (TileLang lowers a select of two expressions
+    # to if/else)
+    return _sel(x < _c(0.0, "float32"), half, _c(1.0, "float32") - half)
 
 
 def _gelu_half(x):
@@ -221,7 +235,8 @@ def _gelu_half(x):
 
 
 def _gelu_grad_half(x):
-    pdf = _exp32(_c(-0.5, "float32") * x * x) * _c(1.0 / math.sqrt(2.0 * math.pi), "float32")
+    pdf = _exp2((x * x) * _c(-0.5 * _LOG2E, "float32")) * _c(1.0 / math.sqrt(2.0 * math.pi),
+                                                              "float32")
     return _phi32(x) + x * pdf
 
 
@@ -248,15 +263,24 @@ def _tanh_terms32(u):
     e = _exp32(_c(-2.0, "float32") * T.abs(u))
     # 1 + e is in [1, 2]: the fast reciprocal is within 2 float32 ulp there (an IEEE division
     # is a dozen instructions, and this math, not the bytes, bounds gelu_tanh)
-    r = T.call_pure_extern("float32", "__fdividef", _c(1.0, "float32"),
-                           _c(1.0, "float32") + e)
+    r = _rcp(_c(1.0, "float32") + e)
     one_plus = _c(2.0, "float32") * r * _sel(u < _c(0.0, "float32"), e, _c(1.0, "float32"))
     return one_plus, _c(4.0, "float32") * e * r * r
 
 
 def _gelu_tanh_half(x):
-    inner = _c(_K_BETA, "float32") * (x + _c(_K_KAPPA, "float32") * (x * x * x))
-    return _c(0.5, "float32") * x * _tanh_terms32(inner)[0]
+    """``0.5 x (1 + tanh(u)) = x / (1 + exp(-2u))``, u = sqrt(2 / pi) (x + 0.044715 x^3), from
+    ``e = exp(-2|u|)`` (u has x's sign): ``x r`` for x >= 0 and ``x e r`` below, ``r = 1 / (1 +
+    e)`` in [1/2, 1] (the fast reciprocal's range), so the left tail keeps its relative
+    accuracy until ``e`` leaves the normal floats (x = -10.0). The exponent ``|x| (a + b x^2)`` folds
+    ``-2 log2(e) sqrt(2 / pi)`` into two constants: about a dozen float32 instructions an
+    element, where tanhf's form took twice that and bounded the kernel."""
+    T = _T()
+    f32 = "float32"
+    a = -2.0 * _LOG2E * _K_BETA
+    e = _exp2(T.abs(x) * ((x * x) * _c(a * _K_KAPPA, f32) + _c(a, f32)))
+    r = _rcp(_c(1.0, f32) + e)
+    return x * r * _sel(x < _c(0.0, f32), e, _c(1.0, f32))
 
 
 def _gelu_tanh_grad_half(x):
@@ -273,19 +297,18 @@ def _silu(x):
 
 def _mish_half(x):
     """mish of a float32 ``x`` for a 16-bit output, from one ``exp`` and one fast reciprocal:
-    ``tanh(softplus(x)) = n / (n + 2)`` with ``n = e (e + 2)``, ``e = exp(x)``, a ratio of
-    positive terms (no cancellation; ``exp`` keeps subnormals, so the far left tail is
-    ``x * e`` as it should be). ``n + 2`` is in ``[2, 2.4e17]`` for ``x <= 20``, where the fast
-    reciprocal is within 2 float32 ulp; past 20 ``tanh(softplus(x))`` rounds to 1 in float32
-    and the result is ``x`` (NaN stays NaN, -inf gives NaN as torch's ``-inf * 0``). torch's
-    ``x * tanh(log1p(exp(x)))`` is three transcendental calls, and this math, not the bytes,
-    bounded mish."""
-    T = _T()
+    ``tanh(softplus(x)) = n / (n + 2)`` with ``n = e (e + 2)``, ``e = exp(min(x, 20))``, a
+    ratio of positive terms (no cancellation; ``exp`` keeps subnormals, so the far left tail is
+    ``x * e`` as it should be). ``n + 2`` is in ``[2, 2.4e17]``, where the fast reciprocal is
+    within 2 float32 ulp; from x = 20 on ``n / (n + 2)`` is 1 within those 2 ulp (``1 - 8.5e-18``
+    exactly), so the result is ``x`` to 2.4e-7, which a 16-bit output rounds back to ``x``.
+    NaN stays NaN (``fminf`` gives 20, ``x`` carries the NaN), -inf gives NaN as torch's
+    ``-inf * 0``. No select: torch's ``x * tanh(log1p(exp(x)))`` is three transcendental calls,
+    and this math, not the bytes, bounded mish."""
     f32 = "float32"
-    e = _exp32(_std_min(x, _c(20.0, f32)))
+    e = _exp32(_T().min(x, _c(20.0, f32)))
     n = e * (e + _c(2.0, f32))
-    r = T.call_pure_extern(f32, "__fdividef", _c(1.0, f32), n + _c(2.0, f32))
-    return _sel(x > _c(20.0, f32), x, x * (n * r))
+    return x * (n * _rcp(n + _c(2.0, f32)))
 
 
 def _gelu_grad(x):
