@@ -16,8 +16,10 @@ Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
 disk cache then serves this one). Each candidate is checked once against float64 torch (max
 error within 2 ulp of bf16 at the reference, else WRONG), then timed by CUDA-graph replay
-(:func:`_common.graph_events`: the device time, median of 5 replays). Every tensor is at least
-128 MB, so L2 (50 MB on the H200) holds none of it between calls.
+(:func:`_common.graph_events`: the device time, median of 5 replays). Every tensor of the
+large shapes is at least 128 MB, so L2 (50 MB on the H200) holds none of it between calls; the
+small shapes (one row, three elements, five odd rows) time a call's latency, which the plan's
+chain of accesses a thread and its count of CTAs decide.
 
 Contenders: torch eager (the functional call, allocating its output as torch does) and
 ``torch.compile`` built fresh for each shape (``torch._dynamo.reset()``, ``dynamic=False``).
@@ -67,6 +69,17 @@ SHAPES = {
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
     "add-bias-32768x8192": ("add", (1,), [(32768, 8192), (8192,)], None, (32768, 8192), "add"),
     "add-scalar-32768x8192": ("add", (1,), [(32768, 8192), ()], None, (32768, 8192), "add"),
+    # small calls, timed for their latency: one row, three elements, a gated op's odd rows
+    # (halves at odd offsets: single-element accesses) and one row of two inputs (SwiGLU's)
+    "mish-1x4096": ("mish", (), [(1, 4096)], None, (1, 4096), "mish"),
+    "gelu-1x4096": ("gelu", (), [(1, 4096)], None, (1, 4096), "gelu"),
+    "gelu-3": ("gelu", (), [(3,)], None, (3,), "gelu"),
+    "silu_and_mul-5x8194": ("silu_and_mul", (), [(5, 4097)] * 2, [(8194, 1)] * 2, (5, 4097),
+                            "silu_and_mul"),
+    "silu_and_mul-1x28672": ("silu_and_mul", (), [(1, 14336)] * 2, [(28672, 1)] * 2,
+                             (1, 14336), "silu_and_mul"),
+    "swiglu-1x14336": ("silu_and_mul", (), [(1, 14336)] * 2, None, (1, 14336),
+                       "silu_and_mul"),
 }
 
 
