@@ -310,13 +310,15 @@ def test_an_odd_row_bias_is_a_flat_run_with_the_row_read_modulo_its_length():
 
 
 def test_identity_ignores_sizes_within_a_layout_class():
-    a = spec(in_shapes=((4, 4096), (4096,)), out_shape=(4, 4096))
+    a = spec(in_shapes=((1024, 4096), (4096,)), out_shape=(1024, 4096))
     b = spec(in_shapes=((1000, 8192), (8192,)), out_shape=(1000, 8192))
-    c = spec(in_shapes=((4, 4096), (4, 1)), out_shape=(4, 4096))  # a column broadcast instead
-    d = spec(in_shapes=((4, 64), (64,)), out_shape=(4, 64))  # rows narrower than a CTA
+    c = spec(in_shapes=((1024, 4096), (1024, 1)), out_shape=(1024, 4096))  # a column instead
+    d = spec(in_shapes=((1024, 64), (64,)), out_shape=(1024, 64))  # rows narrower than a CTA
+    small = spec(in_shapes=((4, 4096), (4096,)), out_shape=(4, 4096))  # one access a thread
     k = E.ElementwiseRowsKernel
     assert k.identity(a) == k.identity(b)
     assert k.identity(c) != k.identity(a) != k.identity(d)
+    assert k.identity(small) != k.identity(a)
 
 
 def test_wide_calls_index_in_64_bits_and_too_many_dims_are_refused():
@@ -449,8 +451,13 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
                  id="flat-1-fewer"),
     pytest.param("add", ((32768, 8192), (8192,)), None, (32768, 8192), ("rows", 256, 2),
                  id="rows-row-bias"),
-    pytest.param("add", ((64, 96), (64, 1)), None, (64, 96), ("rows", 256, 2),
+    pytest.param("add", ((32768, 96), (32768, 1)), None, (32768, 96), ("rows", 256, 2),
                  id="rows-column"),
+    pytest.param("add", ((64, 96), (64, 1)), None, (64, 96), ("rows", 256, 1),
+                 id="rows-column-small"),
+    # a gated op's halves at odd offsets (single elements), five rows: one access a thread
+    pytest.param("silu_and_mul", ((5, 4097),) * 2, ((8194, 1),) * 2, (5, 4097),
+                 ("rows", 256, 1), id="rows-gated-odd-small"),
     pytest.param("silu_and_mul", ((16384, 14336),) * 2, ((28672, 1),) * 2, (16384, 14336),
                  ("rows", 256, 4), id="rows-gated-halves"),
     pytest.param("exp", ((8, 16, 32),), ((512, 1, 16),), (8, 16, 32), ("strided", 256, 4),
@@ -480,7 +487,7 @@ def _exp32_numpy(a):
 
 def _half_erfc32_numpy(x):
     """E._half_erfc32 step by step in numpy float32 (the reciprocal correctly rounded here;
-    CUDA's __fdividef is within 2 ulp of it; exp2 exact before rounding, as ex2.approx is
+    CUDA's rcp.approx.ftz is within 1 ulp of it; exp2 exact before rounding, as ex2.approx is
     within 2 ulp)."""
     np = pytest.importorskip("numpy")
     f = np.float32
@@ -561,9 +568,50 @@ def test_gelu_tanh_half_form_keeps_the_left_tail_relative():
     assert np.all(np.abs(got - ref)[~ok] <= 1e-5 * np.abs(ref[~ok]) + np.abs(xd[~ok]) * 2 * tiny)
 
 
+def _sigmoid_terms_numpy(x):
+    """E._sigmoid_terms32 step by step in numpy float32: (sigmoid(x), 1 - sigmoid(x))."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    x = np.asarray(x, dtype=f)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        e = _exp32_numpy(-np.abs(x))
+        r = (f(1) / (f(1) + e)).astype(f)
+        return (r * np.where(x < 0, e, f(1))).astype(f), (r * np.where(x < 0, f(1), e)).astype(f)
+
+
+def test_silu_half_form_and_its_gradient_keep_both_tails_relative():
+    """silu(x) = x sigmoid(x) and its gradient s (1 + x (1 - s)) from e = exp(-|x|), r = 1 /
+    (1 + e) (E._silu_half, E._silu_grad_half) in numpy float32 over [-80, 80]: silu within 5e-6
+    relative (the exponent's rounding, |x| 2^-24), the gradient within 40 float32 eps of its
+    terms (it crosses 0 at x = -1.28; 1 - s comes from e, so nothing cancels as s nears 1);
+    NaN stays NaN, +inf gives +inf, -inf NaN (as torch's)."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    x = np.concatenate([np.linspace(-80, 80, 1_600_001), [np.inf, -np.inf, np.nan]]).astype(f)
+    s, c = _sigmoid_terms_numpy(x)
+    with np.errstate(invalid="ignore"):
+        silu = (x * s).astype(np.float64)
+        grad = (s * (f(1) + x * c)).astype(np.float64)
+    assert silu[-3] == np.inf and np.isnan(silu[-2]) and np.isnan(silu[-1])
+    xd = x[:-3].astype(np.float64)
+    sd = 1.0 / (1.0 + np.exp(-xd))
+    cd = 1.0 / (1.0 + np.exp(xd))  # 1 - sigmoid without cancellation
+    ref, gref = xd * sd, sd * (1.0 + xd * cd)
+    nz = ref != 0
+    rel = np.abs(silu[:-3] - ref)[nz] / np.abs(ref[nz])
+    assert rel.max() <= 5e-6  # measured 3.8e-6 at x = -80 (|x| 2^-24 from the exponent)
+    assert rel[np.abs(xd[nz]) < 8].max() <= 1e-6  # measured 5.7e-7
+    # the gradient crosses 0 at x = -1.2785, where 1 + x (1 - s) cancels: its error is held
+    # to float32's rounding of the terms, s + |x| s (1 - s), in units of float32's eps
+    terms = sd + np.abs(xd) * sd * cd
+    err = np.abs(grad[:-3] - gref) / (terms * np.finfo(f).eps)
+    assert err.max() <= 40  # measured 30.9 (the exponent's rounding at |x| near 80)
+    assert err[np.abs(xd) < 8].max() <= 6  # measured 4.4; a 16-bit ulp is 8192 eps or more
+
+
 def test_mish_half_form_within_float32_precision():
     """mish(x) = x * n / (n + 2), n = e (e + 2), e = exp(x), in numpy float32 step by step
-    (the reciprocal correctly rounded; CUDA's __fdividef is within 2 ulp of it; exp as
+    (the reciprocal correctly rounded; CUDA's rcp.approx.ftz is within 1 ulp of it; exp as
     E._exp32): relative error below 5e-6 down to x = -80 and 1.5e-5 wherever the result is a
     normal float32 (e subnormal past x = -87), far inside bf16's and float16's ulp; x itself
     past 20 (n / (n + 2) rounds to 1); NaN stays NaN, -inf gives NaN."""
@@ -598,7 +646,7 @@ def test_mish_uses_one_exp_for_half_outputs_only():
     p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
     half = E.build_kernel("mish", (), ("bfloat16",), ("bfloat16",), "float32", 1, p, "sm_90")
     src = half.get_kernel_source()
-    assert "log1pf" not in src and "tanhf" not in src and "__fdividef" in src
+    assert "log1pf" not in src and "tanhf" not in src and "tl::fast_rcp(" in src
     assert "exp2f(" in src and "expf(" not in src.replace("exp2f(", "")  # E._exp32
     p4 = dataclasses.replace(p, vec=4)
     full = E.build_kernel("mish", (), ("float32",), ("float32",), "float32", 1, p4, "sm_90")
@@ -610,7 +658,7 @@ def test_gelu_uses_the_erfc_form_for_half_outputs_only():
     """bf16 gelu lowers to the erfc form (no libdevice erff); float32 keeps torch's erf form."""
     p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
     half = E.build_kernel("gelu", (), ("bfloat16",), ("bfloat16",), "float32", 1, p, "sm_90")
-    assert "erff" not in half.get_kernel_source() and "__fdividef" in half.get_kernel_source()
+    assert "erff" not in half.get_kernel_source() and "tl::fast_rcp(" in half.get_kernel_source()
     src = half.get_kernel_source()
     assert "exp2f(" in src and "expf(" not in src.replace("exp2f(", "")  # E._exp32
     p4 = dataclasses.replace(p, vec=4)
@@ -697,3 +745,25 @@ def test_a_float32_0dim_scalar_keeps_the_bf16_vector():
     s = spec(fn="add", params=(1,), in_shapes=((32768, 8192), ()), out_shape=(32768, 8192),
              in_dtypes=("bfloat16", "float32"), out_dtypes=("bfloat16",))
     assert (E.plan(s).kind, E.plan(s).vec) == ("flat", 8)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("fn", ["silu", "silu_and_mul", "silu_bwd", "gelu_tanh_bwd"])
+def test_sigmoid_forms_bind_each_value_once(fn):
+    """The 16-bit forms of silu (its gated and gradient forms too) and gelu_tanh's gradient
+    compute one exp2 and one fast reciprocal an element: the values used twice are bound
+    once as locals (an ``asm volatile`` reciprocal is never merged by nvcc), so each of the
+    program's two paths (unmasked and masked tail) holds one of each; float32 keeps torch's
+    ``expf`` and IEEE division."""
+    f = E.SCALAR_FNS[fn]
+    s = spec(fn=fn, params=(), in_shapes=((8, 128),) * f.arity, in_dtypes=("bfloat16",) * f.arity,
+             out_dtypes=("bfloat16",) * f.outputs, compute="float32", out_shape=(8, 128))
+    src = E.build_kernel(fn, (), s.in_dtypes, s.out_dtypes, "float32", 2, E.plan(s),
+                         "sm_90").get_kernel_source()
+    assert src.count("tl::fast_rcp(") == 2 and src.count("exp2f(") == 2, src
+    assert "expf(" not in src.replace("exp2f(", "")
+    s32 = spec(fn=fn, params=(), in_shapes=((8, 128),) * f.arity, in_dtypes=("float32",) * f.arity,
+               out_dtypes=("float32",) * f.outputs, compute="float32", out_shape=(8, 128))
+    src32 = E.build_kernel(fn, (), s32.in_dtypes, s32.out_dtypes, "float32", 2, E.plan(s32),
+                           "sm_90").get_kernel_source()
+    assert "fast_rcp" not in src32

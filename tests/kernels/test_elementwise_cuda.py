@@ -354,7 +354,9 @@ def test_misaligned_views_read_narrower():
 
 
 def test_entries_are_shared_within_a_layout_class():
-    a = torch.randn(64, 8192, device=DEV, dtype=torch.bfloat16)
+    # both past the small-call rule (fewer vectors than 132 CTAs' worth take one access a
+    # thread, another plan)
+    a = torch.randn(512, 8192, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(1000, 8192, device=DEV, dtype=torch.bfloat16)
     for x in (a, b):
         y = torch.empty_like(x)

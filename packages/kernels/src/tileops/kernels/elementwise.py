@@ -201,10 +201,23 @@ def _exp32(x):
     return _exp2(x * _c(_LOG2E, "float32"))
 
 
+def _let(value, body):
+    """``body(v)`` with ``v`` bound to ``value`` once (a float32 local in the CUDA source): an
+    expression used more than once is otherwise printed, and computed, at each use, and
+    ``_rcp``'s ``asm volatile`` is never merged by nvcc."""
+    from tilelang import tvm
+
+    v = tvm.tirx.Var("v", value.dtype)
+    return tvm.tirx.Let(v, value, body(v))
+
+
 def _rcp(x):
-    """``1 / x`` through ``__fdividef``: within 2 float32 ulp for ``x`` in [2^-126, 2^126]."""
-    one = _c(1.0, "float32")
-    return _T().call_pure_extern("float32", "__fdividef", one, x)
+    """``1 / x`` of a float32 ``x`` as one ``rcp.approx.ftz`` (TileLang's ``fast_rcp``): within
+    1 float32 ulp for ``x`` in [2^-126, 2^126], 0 past it (a subnormal result flushed), inf at
+    0. ``__fdividef(1, x)`` is the same MUFU.RCP behind five more instructions that rescale
+    subnormals, which no caller's range reaches, and these forms are bound by their
+    instructions, not their bytes."""
+    return _T().fast_rcp(x)
 
 
 def _half_erfc32(x):
@@ -213,21 +226,24 @@ def _half_erfc32(x):
     NaN. The constants absorb the ``1 / sqrt(2)``, ``log2(e)`` and the half."""
     T = _T()
     f32 = "float32"
-    t = _rcp(T.abs(x) * _c(0.5 * math.sqrt(0.5), f32) + _c(1.0, f32))
-    acc = _c(HALF_ERFC_COEFFS[-1], f32)
-    for c in reversed(HALF_ERFC_COEFFS[:-1]):
-        acc = acc * t + _c(c, f32)
-    return t * _exp2((x * x) * _c(-0.5 * _LOG2E, f32) + acc)
+
+    def of(t):
+        acc = _c(HALF_ERFC_COEFFS[-1], f32)
+        for c in reversed(HALF_ERFC_COEFFS[:-1]):
+            acc = acc * t + _c(c, f32)
+        return t * _exp2((x * x) * _c(-0.5 * _LOG2E, f32) + acc)
+
+    return _let(_rcp(T.abs(x) * _c(0.5 * math.sqrt(0.5), f32) + _c(1.0, f32)), of)
 
 
 def _phi32(x):
     """The normal CDF of a float32 ``x`` from one erfc of ``|x| / sqrt(2)``: relative accuracy
     in both tails, where ``(1 + erf(x / sqrt(2))) / 2`` cancels (at x = -5 float32's erf
     leaves 20% of the result wrong; torch computes so and misses bf16's 2 ulp)."""
-    half = _half_erfc32(x)
-    # a select of two values, each computed once (TileLang lowers a select of two expressions
-    # to if/else)
-    return _sel(x < _c(0.0, "float32"), half, _c(1.0, "float32") - half)
+    # bound before the select: TileLang lowers a select to if/else, with each arm's
+    # expression printed inside it
+    return _let(_half_erfc32(x),
+                lambda half: _sel(x < _c(0.0, "float32"), half, _c(1.0, "float32") - half))
 
 
 def _gelu_half(x):
@@ -257,19 +273,20 @@ def _gelu_tanh(x):
     return _c(0.5, dt) * x * (_c(1.0, dt) + _T().tanh(inner))
 
 
-def _tanh_terms32(u):
-    """``(1 + tanh(u), 1 - tanh(u)^2)`` of a float32 ``u`` without cancellation: with
+def _tanh_terms32(u, body):
+    """``body(1 + tanh(u), 1 - tanh(u)^2)`` of a float32 ``u`` without cancellation: with
     ``e = exp(-2|u|)`` (in (0, 1], no overflow) and ``r = 1 / (1 + e)``, ``1 + tanh(u)`` is
     ``2 e r`` for ``u < 0`` and ``2 r`` otherwise, and ``sech(u)^2 = 4 e r^2``. From float32's
     ``tanhf`` both lose every bit once ``tanh(u)`` rounds to -1 or 1 (|u| > 8.3), which a
     gradient scaled by ``dy * b`` shows past bf16's ulps."""
     T = _T()
-    e = _exp32(_c(-2.0, "float32") * T.abs(u))
-    # 1 + e is in [1, 2]: the fast reciprocal is within 2 float32 ulp there (an IEEE division
+    f32 = "float32"
+    # 1 + e is in [1, 2]: the fast reciprocal is within 1 float32 ulp there (an IEEE division
     # is a dozen instructions, and this math, not the bytes, bounds gelu_tanh)
-    r = _rcp(_c(1.0, "float32") + e)
-    one_plus = _c(2.0, "float32") * r * _sel(u < _c(0.0, "float32"), e, _c(1.0, "float32"))
-    return one_plus, _c(4.0, "float32") * e * r * r
+    return _let(_exp32(_c(-2.0, f32) * T.abs(u)), lambda e: _let(
+        _rcp(_c(1.0, f32) + e), lambda r: body(
+            _c(2.0, f32) * r * _sel(u < _c(0.0, f32), e, _c(1.0, f32)),
+            _c(4.0, f32) * e * r * r)))
 
 
 def _gelu_tanh_half(x):
@@ -282,21 +299,46 @@ def _gelu_tanh_half(x):
     T = _T()
     f32 = "float32"
     a = -2.0 * _LOG2E * _K_BETA
-    e = _exp2(T.abs(x) * ((x * x) * _c(a * _K_KAPPA, f32) + _c(a, f32)))
-    r = _rcp(_c(1.0, f32) + e)
-    return x * r * _sel(x < _c(0.0, f32), e, _c(1.0, f32))
+    return _let(_exp2(T.abs(x) * ((x * x) * _c(a * _K_KAPPA, f32) + _c(a, f32))),
+                lambda e: x * _rcp(_c(1.0, f32) + e) * _sel(x < _c(0.0, f32), e, _c(1.0, f32)))
 
 
 def _gelu_tanh_grad_half(x):
     x_sq = x * x
     inner = _c(_K_BETA, "float32") * (x + _c(_K_KAPPA, "float32") * (x_sq * x))
-    one_plus, sech2 = _tanh_terms32(inner)
     inner_d = _c(_K_BETA, "float32") * (_c(1.0, "float32") + _c(3.0 * _K_KAPPA, "float32") * x_sq)
-    return _c(0.5, "float32") * one_plus + _c(0.5, "float32") * x * sech2 * inner_d
+    return _tanh_terms32(inner, lambda one_plus, sech2: (
+        _c(0.5, "float32") * one_plus + _c(0.5, "float32") * x * sech2 * inner_d))
 
 
 def _silu(x):
     return x / (_c(1.0, x.dtype) + _T().exp(-x))
+
+
+def _sigmoid_terms32(x, body):
+    """``body(sigmoid(x), 1 - sigmoid(x))`` of a float32 ``x``, both without cancellation:
+    with ``e = exp(-|x|)`` (in (0, 1]) and ``r = 1 / (1 + e)`` (1 + e in [1, 2], the fast
+    reciprocal's range), ``sigmoid(x)`` is ``e r`` for x < 0 and ``r`` otherwise, and ``1 -
+    sigmoid(x)`` the other one. Relative accuracy while ``e`` is a normal float32 (x > -87.3),
+    then ``exp2f``'s subnormals; NaN stays NaN, -inf gives (0, 1)."""
+    f32 = "float32"
+    neg = x < _c(0.0, f32)
+    return _let(_exp32(-_T().abs(x)), lambda e: _let(
+        _rcp(_c(1.0, f32) + e), lambda r: body(r * _sel(neg, e, _c(1.0, f32)),
+                                              r * _sel(neg, _c(1.0, f32), e))))
+
+
+def _silu_half(x):
+    """``x sigmoid(x)`` for a 16-bit output (``_sigmoid_terms32``): one exp2 and one fast
+    reciprocal where torch's ``x / (1 + exp(-x))`` takes libdevice's ``expf`` and an IEEE
+    division, two dozen instructions that bound a small call's chain."""
+    return _sigmoid_terms32(x, lambda s, c: x * s)
+
+
+def _silu_grad_half(x):
+    """``s (1 + x (1 - s))``, s = sigmoid(x), with ``1 - s`` from ``_sigmoid_terms32`` (no
+    cancellation as s nears 1); +-inf give NaN as torch's (inf * 0)."""
+    return _sigmoid_terms32(x, lambda s, c: s * (_c(1.0, "float32") + x * c))
 
 
 def _mish_half(x):
@@ -310,9 +352,8 @@ def _mish_half(x):
     ``-inf * 0``. No select: torch's ``x * tanh(log1p(exp(x)))`` is three transcendental calls,
     and this math, not the bytes, bounded mish."""
     f32 = "float32"
-    e = _exp32(_T().min(x, _c(20.0, f32)))
-    n = e * (e + _c(2.0, f32))
-    return x * (n * _rcp(n + _c(2.0, f32)))
+    return _let(_exp32(_T().min(x, _c(20.0, f32))), lambda e: _let(
+        e * (e + _c(2.0, f32)), lambda n: x * (n * _rcp(n + _c(2.0, f32)))))
 
 
 def _gelu_grad(x):
@@ -452,20 +493,22 @@ def _fns() -> dict[str, ScalarFn]:
                            ("isfinite", lambda x: T().isfinite(x), True)):
         add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
     # --- activations (the flat launches: the bf16 sweep on the H200, 32768 x 8192, TB/s,
-    # 2026-12-02; benchmarks/results/gpu_session_2026-12-02.md). relu 128/1 4.275, 128/2
-    # 4.245 (eager 4.272, compile 4.266); gelu's erfc form is bound by its math and wants
-    # accesses in flight: 128/8 3.41, 64/4 3.37, 128/2 2.97 (eager 3.13, compile 2.80);
-    # gelu_tanh (its fast reciprocal) 128/4 3.83, 128/2 3.48 (eager 3.67, compile 3.48);
-    # silu 64/4 4.22, 128/2 4.14 (compile 4.18); mish 64/4 2.34, 128/2 2.31 (eager 2.25)
+    # 2026-12-03; benchmarks/results/sweep_elementwise-cuda0.txt). relu 128/1 4.250, 256/1
+    # 4.269 (eager 4.281, compile 4.262); gelu's erfc form is bound by its math and wants
+    # accesses in flight: 128/8 4.129, 64/4 4.093, 128/4 4.042, 128/2 3.747; gelu_tanh 64/2
+    # 4.286, 128/2 4.283, 128/4 4.041; silu 64/4 4.243, 64/2 4.189 (compile 4.193); mish 64/2
+    # 4.201, 128/2 4.164, 64/4 3.838 (eager 2.25, compile 1.96 in the bench). Swept with
+    # __fdividef's reciprocal and before silu's half form (_rcp, _silu_half)
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
           exact=True, integral=True, flat_launch=(128, 1))
     unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),),
           flat_launch=(128, 8))
     unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),),
-          flat_launch=(128, 4))
-    unary("silu", _silu, flat_launch=(64, 4))
+          flat_launch=(64, 2))
+    unary("silu", _silu, half_build=lambda xs, ps, dt: (_silu_half(xs[0]),),
+          flat_launch=(64, 4))
     unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))),
-          half_build=lambda xs, ps, dt: (_mish_half(xs[0]),), flat_launch=(64, 4))
+          half_build=lambda xs, ps, dt: (_mish_half(xs[0]),), flat_launch=(64, 2))
     add("softplus", 1, lambda xs, ps, dt: (_sel(
         xs[0] * _c(ps[0], dt) > _c(ps[1], dt), xs[0],
         T().log1p(T().exp(xs[0] * _c(ps[0], dt))) / _c(ps[0], dt)),),
@@ -518,7 +561,7 @@ def _fns() -> dict[str, ScalarFn]:
     add("lerp_scalar", 2, lambda xs, ps, dt: (_lerp(xs[0], xs[1], _c(ps[0], dt)),),
         params=("weight",))
     # --- gated: a = gate, b = up
-    half_gates = {"gelu": (_gelu_half, _gelu_grad_half),
+    half_gates = {"silu": (_silu_half, _silu_grad_half), "gelu": (_gelu_half, _gelu_grad_half),
                   "gelu_tanh": (_gelu_tanh_half, _gelu_tanh_grad_half)}
     for g, (f, df) in _GATES.items():
         hf, hdf = half_gates.get(g, (None, None))
@@ -793,8 +836,8 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
     return 256, 4
 
 
-#: a flat call of fewer vectors than this many CTAs of its default launch (the H200's SMs)
-#: takes one access a thread (:func:`plan`)
+#: a flat or rows call of fewer vectors than this many CTAs of its default launch (the H200's
+#: SMs) takes one access a thread (:func:`plan`)
 _SMALL_FLAT_CTAS = 132
 
 
@@ -852,10 +895,13 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
             return modular
     d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
     threads = threads or d_threads
-    if per is None and kind == "flat" and -(-numel // vec) < d_per * threads * _SMALL_FLAT_CTAS:
+    small = -(-numel // vec) < d_per * threads * _SMALL_FLAT_CTAS
+    if per is None and kind != "strided" and small:
         # too few vectors for one CTA an SM at the default: the call's time is one thread's
         # chain of loads and math (mish over one row of 4096, four accesses a thread: 3.5 us
-        # on the H200 against torch.compile's 1.4), so each thread takes one access
+        # on the H200 against torch.compile's 1.4; silu_and_mul over 5 rows of 2 x 4097, its
+        # halves at odd offsets read element by element, 256/4 4.2 us, 256/1 2.0), so each
+        # thread takes one access
         d_per = 1
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
