@@ -493,20 +493,20 @@ def _fns() -> dict[str, ScalarFn]:
                            ("isfinite", lambda x: T().isfinite(x), True)):
         add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
     # --- activations (the flat launches: the bf16 sweep on the H200, 32768 x 8192, TB/s,
-    # 2026-12-03; benchmarks/results/sweep_elementwise-cuda0.txt). relu 128/1 4.250, 256/1
-    # 4.269 (eager 4.281, compile 4.262); gelu's erfc form is bound by its math and wants
-    # accesses in flight: 128/8 4.129, 64/4 4.093, 128/4 4.042, 128/2 3.747; gelu_tanh 64/2
-    # 4.286, 128/2 4.283, 128/4 4.041; silu 64/4 4.243, 64/2 4.189 (compile 4.193); mish 64/2
-    # 4.201, 128/2 4.164, 64/4 3.838 (eager 2.25, compile 1.96 in the bench). Swept with
-    # __fdividef's reciprocal and before silu's half form (_rcp, _silu_half)
+    # 2026-12-03, benchmarks/results/sweep_elementwise-cuda0.txt and sweep_elementwise_b-
+    # cuda0.txt). relu 128/1 4.250, 256/1 4.269 (eager 4.281, compile 4.262); the half forms,
+    # bound by their math, from the second run (one rcp.approx, silu's half form): gelu 64/4
+    # 4.225, 64/2 4.185, 128/8 4.118; gelu_tanh 128/2 4.248, 64/2 4.246, 128/4 3.983; silu
+    # 128/1 and 64/2 4.258, 64/4 4.152 (compile 4.152); mish 128/1 4.255, 64/2 4.242, 64/4
+    # 4.144
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
           exact=True, integral=True, flat_launch=(128, 1))
     unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),),
-          flat_launch=(128, 8))
+          flat_launch=(64, 4))
     unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),),
           flat_launch=(64, 2))
     unary("silu", _silu, half_build=lambda xs, ps, dt: (_silu_half(xs[0]),),
-          flat_launch=(64, 4))
+          flat_launch=(64, 2))
     unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))),
           half_build=lambda xs, ps, dt: (_mish_half(xs[0]),), flat_launch=(64, 2))
     add("softplus", 1, lambda xs, ps, dt: (_sel(
@@ -839,6 +839,8 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
 #: a flat or rows call of fewer vectors than this many CTAs of its default launch (the H200's
 #: SMs) takes one access a thread (:func:`plan`)
 _SMALL_FLAT_CTAS = 132
+#: the threads a CTA of such a small call
+_SMALL_THREADS = 128
 
 
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None) -> Plan:
@@ -894,15 +896,16 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         if modular is not None:
             return modular
     d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
-    threads = threads or d_threads
-    small = -(-numel // vec) < d_per * threads * _SMALL_FLAT_CTAS
-    if per is None and kind != "strided" and small:
+    if kind != "strided" and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_FLAT_CTAS:
         # too few vectors for one CTA an SM at the default: the call's time is one thread's
         # chain of loads and math (mish over one row of 4096, four accesses a thread: 3.5 us
         # on the H200 against torch.compile's 1.4; silu_and_mul over 5 rows of 2 x 4097, its
         # halves at odd offsets read element by element, 256/4 4.2 us, 256/1 2.0), so each
-        # thread takes one access
-        d_per = 1
+        # thread takes one access, 128 threads a CTA (best or tied in every small shape of the
+        # sweep: gelu 1 x 4096 1.5 us, 64/1 1.6; SwiGLU 1 x 14336 1.5, 64/1 1.6; those 5 odd
+        # rows 1.8, 256/1 2.0; mish 1 x 4096 1.4 at 64, 128 and 256)
+        d_threads, d_per = _SMALL_THREADS, 1
+    threads = threads or d_threads
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
     return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide)
@@ -1031,7 +1034,12 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     uint8 (:func:`_storage`): read as a nonzero test, written as 0 or 1."""
     _, T = tl()
     f = SCALAR_FNS[fn]
-    if f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF:
+    # the half forms serve the flat kind only: straight-line math over every element a thread
+    # holds, nvcc keeps them all live; the rows program holds two inputs' halves (silu_and_mul
+    # 16384 x 28672 at 256/4: 125 registers against the float32 form's 54, two CTAs an SM
+    # instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-03)
+    if (f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF
+            and p.kind == "flat"):
         f = dataclasses.replace(f, build=f.half_build)
     idt = "int64" if p.wide else "int32"
     dims = [T.dynamic(f"n{d}", idt) for d in range(out_rank)]
