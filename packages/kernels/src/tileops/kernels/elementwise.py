@@ -493,7 +493,7 @@ def _fns() -> dict[str, ScalarFn]:
                            ("isfinite", lambda x: T().isfinite(x), True)):
         add(name, 1, _float_test(f, other), exact=True, integral=True, bool_out=True)
     # --- activations (the flat launches: the bf16 sweep on the H200, 32768 x 8192, TB/s,
-    # 2026-12-03, benchmarks/results/sweep_elementwise-cuda0.txt and sweep_elementwise_b-
+    # 2026-12-04, benchmarks/results/sweep_elementwise-cuda0.txt and sweep_elementwise_b-
     # cuda0.txt). relu 128/1 4.250, 256/1 4.269 (eager 4.281, compile 4.262); the half forms,
     # bound by their math, from the second run (one rcp.approx, silu's half form): gelu 64/4
     # 4.225, 64/2 4.185, 128/8 4.118; gelu_tanh 128/2 4.248, 64/2 4.246, 128/4 3.983; silu
@@ -1037,7 +1037,7 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     # the half forms serve the flat kind only: straight-line math over every element a thread
     # holds, nvcc keeps them all live; the rows program holds two inputs' halves (silu_and_mul
     # 16384 x 28672 at 256/4: 125 registers against the float32 form's 54, two CTAs an SM
-    # instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-03)
+    # instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-04)
     if (f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF
             and p.kind == "flat"):
         f = dataclasses.replace(f, build=f.half_build)
