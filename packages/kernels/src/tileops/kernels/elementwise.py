@@ -274,19 +274,14 @@ def _gelu_tanh(x):
 
 
 def _tanh_terms32(u, body):
-    """``body(1 + tanh(u), 1 - tanh(u)^2)`` of a float32 ``u`` without cancellation: with
-    ``e = exp(-2|u|)`` (in (0, 1], no overflow) and ``r = 1 / (1 + e)``, ``1 + tanh(u)`` is
-    ``2 e r`` for ``u < 0`` and ``2 r`` otherwise, and ``sech(u)^2 = 4 e r^2``. From float32's
-    ``tanhf`` both lose every bit once ``tanh(u)`` rounds to -1 or 1 (|u| > 8.3), which a
-    gradient scaled by ``dy * b`` shows past bf16's ulps."""
-    T = _T()
+    """``body(1 + tanh(u), 1 - tanh(u)^2)`` of a float32 ``u`` without cancellation: ``1 +
+    tanh(u) = 2 sigmoid(2u)`` and ``sech(u)^2 = 4 sigmoid(2u) (1 - sigmoid(2u))``, both terms
+    from :func:`_sigmoid_terms32` (``e = exp(-2|u|)``, no overflow). From float32's ``tanhf``
+    both lose every bit once ``tanh(u)`` rounds to -1 or 1 (|u| > 8.3), which a gradient
+    scaled by ``dy * b`` shows past bf16's ulps."""
     f32 = "float32"
-    # 1 + e is in [1, 2]: the fast reciprocal is within 1 float32 ulp there (an IEEE division
-    # is a dozen instructions, and this math, not the bytes, bounds gelu_tanh)
-    return _let(_exp32(_c(-2.0, f32) * T.abs(u)), lambda e: _let(
-        _rcp(_c(1.0, f32) + e), lambda r: body(
-            _c(2.0, f32) * r * _sel(u < _c(0.0, f32), e, _c(1.0, f32)),
-            _c(4.0, f32) * e * r * r)))
+    return _let(_c(2.0, f32) * u, lambda v: _sigmoid_terms32(v, lambda s, c: body(
+        _c(2.0, f32) * s, _c(4.0, f32) * s * c)))
 
 
 def _gelu_tanh_half(x):
@@ -838,7 +833,7 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
 
 #: a flat or rows call of fewer vectors than this many CTAs of its default launch (the H200's
 #: SMs) takes one access a thread (:func:`plan`)
-_SMALL_FLAT_CTAS = 132
+_SMALL_CTAS = 132
 #: the threads a CTA of such a small call
 _SMALL_THREADS = 128
 
@@ -896,7 +891,7 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         if modular is not None:
             return modular
     d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
-    if kind != "strided" and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_FLAT_CTAS:
+    if kind != "strided" and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_CTAS:
         # too few vectors for one CTA an SM at the default: the call's time is one thread's
         # chain of loads and math (mish over one row of 4096, four accesses a thread: 3.5 us
         # on the H200 against torch.compile's 1.4; silu_and_mul over 5 rows of 2 x 4097, its
