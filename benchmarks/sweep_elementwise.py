@@ -11,12 +11,15 @@ and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are 
 with; timed last, after a second of warm-up copies, by the same graph replay).
 
 Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``per``
-(accesses of 16 bytes a thread) in :data:`PERS`, and for the flat kind 64 threads with
-``per`` 1, 2 or 4 (:data:`FLAT_EXTRA`), the default marked; ``--quick`` times the
+(accesses of 16 bytes a thread) in :data:`PERS`, for the flat kind 64 threads with ``per``
+1, 2 or 4 and one warp with 1 (:data:`FLAT_EXTRA`), and where the function has a 16-bit
+form, the other form (:data:`HALF_TILED`: the rows kind with it, some under a register cap;
+the flat kind's default without it), the default marked; ``--quick`` times the
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
 disk cache then serves this one). Each candidate is checked once against float64 torch (max
 error within 2 ulp of bf16 at the reference, else WRONG), then timed by CUDA-graph replay
-(:func:`_common.graph_events`: the device time, median of 5 replays). Every tensor of the
+(:func:`_common.graph_events`: the device time, median of 5 replays; 200 calls a graph for
+the calls of less than a MiB, 20 for the rest). Every tensor of the
 large shapes is at least 128 MB, so L2 (50 MB on the H200) holds none of it between calls; the
 small shapes (one row, three elements, five odd rows) time a call's latency, which the plan's
 chain of accesses a thread and its count of CTAs decide.
@@ -52,8 +55,16 @@ from tileops.kernels import elementwise as E  # noqa: E402
 
 THREADS = (128, 256, 512)
 PERS = (1, 2, 4, 8)
-#: the flat kind's extra candidates: a smaller CTA with fewer accesses in flight
-FLAT_EXTRA = tuple((64, p) for p in (1, 2, 4))
+#: the flat kind's extra candidates: a smaller CTA with fewer accesses in flight (one warp
+#: for the small calls)
+FLAT_EXTRA = (*((64, p) for p in (1, 2, 4)), (32, 1))
+#: where the function has a 16-bit form, the tiled kinds' candidates with it
+#: (``(threads, per, resident)``: a register cap of ``resident`` CTAs an SM, 0 for none);
+#: the flat kind's default plan is also timed with the float32 form
+HALF_TILED = ((256, 2, 0), (256, 2, 4), (256, 4, 4), (128, 4, 8), (128, 2, 8))
+#: calls that move less than this many bytes are timed over more calls a graph (their time
+#: is a launch's latency, about a microsecond)
+SMALL_BYTES = 1 << 20
 
 #: label -> (fn, params, input shapes, input strides or None (contiguous), output shape,
 #: torch function of the inputs)
@@ -74,6 +85,8 @@ SHAPES = {
     "mish-1x4096": ("mish", (), [(1, 4096)], None, (1, 4096), "mish"),
     "gelu-1x4096": ("gelu", (), [(1, 4096)], None, (1, 4096), "gelu"),
     "gelu-3": ("gelu", (), [(3,)], None, (3,), "gelu"),
+    "silu-3": ("silu", (), [(3,)], None, (3,), "silu"),
+    "relu-3": ("relu", (), [(3,)], None, (3,), "relu"),
     "silu_and_mul-5x8194": ("silu_and_mul", (), [(5, 4097)] * 2, [(8194, 1)] * 2, (5, 4097),
                             "silu_and_mul"),
     "silu_and_mul-1x28672": ("silu_and_mul", (), [(1, 14336)] * 2, [(28672, 1)] * 2,
@@ -112,7 +125,21 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
         cand = E.plan(s, threads=t, per=p)
         if cand != default:
             out.append((cand, False))
+    if E.SCALAR_FNS[s.fn].half_build is not None:
+        if default.kind == "flat":
+            forms = [E.plan(s, threads=default.threads, per=default.per, half=False)]
+        else:
+            forms = [E.plan(s, threads=t, per=p, half=True, resident=r)
+                     for t, p, r in HALF_TILED]
+        out += [(cand, False) for cand in forms if cand != default]
     return out
+
+
+def describe(p: E.Plan) -> str:
+    """A plan as the tables name it: threads, accesses, width, the 16-bit form where the
+    function's own is used, and a register cap."""
+    return (f"threads={p.threads} per={p.per} vec={p.vec}" + (" half-form" if p.half else "")
+            + (f" resident={p.resident}" if p.resident else ""))
 
 
 def _build(job) -> tuple[str, float, str]:
@@ -126,7 +153,7 @@ def _build(job) -> tuple[str, float, str]:
         status = "ok"
     except Exception as exc:  # reported, the sweep goes on without it
         status = _common.first_line(exc)
-    return f"{label} threads={p.threads} per={p.per}", time.perf_counter() - t, status
+    return f"{label} {describe(p)}", time.perf_counter() - t, status
 
 
 def _tensors(label: str, torch):
@@ -171,6 +198,7 @@ def run_shape(label: str, cands, torch) -> list[str]:
     nbytes = _bytes(ins, out)
     s = make_spec(label, torch.device("cuda"))
     ref = _reference(label, ins, torch)
+    iters = 200 if nbytes < SMALL_BYTES else 20
     rows = []
     for p, default in cands:
         try:
@@ -179,23 +207,22 @@ def run_shape(label: str, cands, torch) -> list[str]:
             prog(*ins, out)
             torch.cuda.synchronize()
             good = _ok(out, ref, torch)
-            ms = _common.graph_events(lambda prog=prog: prog(*ins, out), 20)
-            rows.append((ms, f"tileops threads={p.threads} per={p.per} vec={p.vec}"
+            ms = _common.graph_events(lambda prog=prog: prog(*ins, out), iters)
+            rows.append((ms, f"tileops {describe(p)}"
                          + (" (default)" if default else "") + ("" if good else " WRONG")))
         except Exception as exc:
-            rows.append((float("inf"), f"tileops threads={p.threads} per={p.per}: "
-                         f"{_common.first_line(exc)}"))
+            rows.append((float("inf"), f"tileops {describe(p)}: {_common.first_line(exc)}"))
     f = _torch_fn(SHAPES[label][5], torch)
-    rows.append((_common.graph_events(lambda: f(*ins), 20), "torch eager"))
+    rows.append((_common.graph_events(lambda: f(*ins), iters), "torch eager"))
     torch._dynamo.reset()
     compiled = torch.compile(f, dynamic=False)
     compiled(*ins)
-    rows.append((_common.graph_events(lambda: compiled(*ins), 20), "torch.compile"))
-    lines = [f"## {label} ({nbytes / 1e6:.0f} MB moved)", "",
+    rows.append((_common.graph_events(lambda: compiled(*ins), iters), "torch.compile"))
+    lines = [f"## {label} ({nbytes / 1e6:.0f} MB moved; {iters} calls a graph)", "",
              f"{'time (us)':>10}  {'TB/s':>6}  candidate"]
     for ms, what in sorted(rows):
         tbs = nbytes / (ms * 1e-3) / 1e12 if ms != float("inf") else 0.0
-        lines.append(f"{ms * 1e3:10.1f}  {tbs:6.3f}  {what}")
+        lines.append(f"{ms * 1e3:10.2f}  {tbs:6.3f}  {what}")
     return lines + [""]
 
 
@@ -230,7 +257,7 @@ def main(argv=None) -> int:
     if args.dry_run:
         for label, cands in plans.items():
             print(f"{label}: " + ", ".join(
-                f"{p.kind} threads={p.threads} per={p.per} vec={p.vec}" + ("*" if d else "")
+                f"{p.kind} {describe(p)}" + ("*" if d else "")
                 for p, d in cands))
         return 0
     import torch

@@ -780,7 +780,11 @@ class Plan:
     of two that covers the row, so narrow rows stack in a CTA; one program a width class). ``wide``: 64-bit extents and strides (an operand spans 2**31
     elements or more). ``row``: for a flat plan whose inputs of code 3 are a row broadcast
     over contiguous operands (``[M, 4097] + [4097]``), the output dims of that row: such an
-    input is read at the flat index modulo the row's length (:func:`_modular`)."""
+    input is read at the flat index modulo the row's length (:func:`_modular`). ``half``: the
+    function's 16-bit form serves the call where it has one and the outputs are 16-bit
+    (:class:`ScalarFn`). ``resident``: the CTAs an SM the program is compiled to hold at once
+    (``__launch_bounds__``' second argument: a register cap of 65536 / (``threads`` x
+    ``resident``) a thread), 0 for no cap."""
 
     kind: str
     groups: tuple[tuple[int, ...], ...]
@@ -792,6 +796,8 @@ class Plan:
     tcols: int
     wide: bool
     row: tuple[int, ...] = ()
+    half: bool = True
+    resident: int = 0
 
 
 def _pow2_at_least(x: int) -> int:
@@ -838,8 +844,10 @@ _SMALL_CTAS = 132
 _SMALL_THREADS = 128
 
 
-def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None) -> Plan:
-    """The launch plan of ``spec`` (``threads``/``per`` override the defaults, for the sweep)."""
+def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None,
+         half: bool | None = None, resident: int = 0) -> Plan:
+    """The launch plan of ``spec`` (``threads``/``per``/``half``/``resident`` override the
+    defaults, for the sweep)."""
     shape = spec.out_shape
     rank = len(shape)
     aligned = []
@@ -903,7 +911,19 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     threads = threads or d_threads
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
-    return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide)
+    # the half forms serve the flat kind by default: straight-line math over every element a
+    # thread holds, nvcc keeps them all live, and the rows program holds two inputs' halves
+    # (silu_and_mul 16384 x 28672 at 256/4: 125 registers against the float32 form's 54, two
+    # CTAs an SM instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-04)
+    half = (kind == "flat" if half is None else half) and _has_half(spec)
+    return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide, (), half, resident)
+
+
+def _has_half(spec: ElementwiseSpec) -> bool:
+    """Whether the call's function has a 16-bit form that serves it (16-bit outputs, float32
+    math)."""
+    return (SCALAR_FNS[spec.fn].half_build is not None and spec.compute == "float32"
+            and set(spec.out_dtypes) <= _HALF)
 
 
 def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
@@ -940,7 +960,7 @@ def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
     ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
     dims = tuple(d for g in groups for d in g)
     return Plan("flat", (dims,), tuple(flat_codes), ones, vec, threads, per, threads, wide,
-                groups[-1])
+                groups[-1], _has_half(spec))
 
 
 # --- the TileLang programs -----------------------------------------------------------------------
@@ -1029,12 +1049,7 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     uint8 (:func:`_storage`): read as a nonzero test, written as 0 or 1."""
     _, T = tl()
     f = SCALAR_FNS[fn]
-    # the half forms serve the flat kind only: straight-line math over every element a thread
-    # holds, nvcc keeps them all live; the rows program holds two inputs' halves (silu_and_mul
-    # 16384 x 28672 at 256/4: 125 registers against the float32 form's 54, two CTAs an SM
-    # instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-04)
-    if (f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF
-            and p.kind == "flat"):
+    if p.half and f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF:
         f = dataclasses.replace(f, build=f.half_build)
     idt = "int64" if p.wide else "int32"
     dims = [T.dynamic(f"n{d}", idt) for d in range(out_rank)]
@@ -1107,6 +1122,8 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
         with T.Kernel(T.cast(T.ceildiv(n, chunk * vec), "int32"), threads=threads) as bx:
+            if p.resident:
+                T.annotate_min_blocks_per_sm(p.resident)
             tx = T.get_thread_binding()
             base = T.cast(bx, idt) * chunk + tx
             held = [T.alloc_local((per * vec,), _storage(dt)) for dt in in_dtypes]
@@ -1222,6 +1239,8 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
         with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
+            if p.resident:
+                T.annotate_min_blocks_per_sm(p.resident)
             tx = T.get_thread_binding()
             b = T.cast(bx, idt)
             cb = T.truncmod(b, ncb)
