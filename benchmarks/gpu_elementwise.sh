@@ -4,8 +4,11 @@
 # and the harness, then the side-by-side benchmarks of the bars (tileops bench against torch
 # eager, a fresh torch.compile per workload and Liger-Kernel where it has the op) and the
 # kernels' launch-plan sweep. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages
-# (default: prebuild tests bench; also: sweep). About 10 minutes on one H200.
+# (default: prebuild tests bench; also: sweep). SWEEP_SHAPES (comma-separated labels of
+# benchmarks/sweep_elementwise.py) narrows the sweep, BENCHES (unary gelu_tanh gated binary
+# more_unary) the bench stage. About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
+BENCHES=${BENCHES:-unary gelu_tanh gated binary more_unary}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -25,11 +28,15 @@ for stage in $STAGES; do case $stage in
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py -k "not Norm and not Gemm" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
-    bench unary SiluFwdOp GeluFwdOp ReluFwdOp MishFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16
-    bench gelu_tanh GeluFwdOp -w 'tanh-*'
-    bench gated SiluAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16
-    bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097
-    bench more_unary --against torch ExpFwdOp SigmoidFwdOp TanhFwdOp HardswishFwdOp MishFwdOp SoftplusFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
-  sweep) run sweep.log python3 benchmarks/sweep_elementwise.py --workers 15 --out "$OUT" ;;
+    for group in $BENCHES; do case $group in
+      unary) bench unary SiluFwdOp GeluFwdOp ReluFwdOp MishFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16 ;;
+      gelu_tanh) bench gelu_tanh GeluFwdOp -w 'tanh-*' ;;
+      gated) bench gated SiluAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16 ;;
+      binary) bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097 ;;
+      more_unary) bench more_unary --against torch ExpFwdOp SigmoidFwdOp TanhFwdOp HardswishFwdOp MishFwdOp SoftplusFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
+      *) echo "unknown bench group $group" ;;
+    esac; done ;;
+  sweep) run sweep.log python3 benchmarks/sweep_elementwise.py --workers 15 --out "$OUT" \
+    ${SWEEP_SHAPES:+--shapes "$SWEEP_SHAPES"} ;;
   *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
 esac; done
