@@ -12,7 +12,8 @@ with; timed last, after a second of warm-up copies, by the same graph replay).
 
 Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``per``
 (accesses of 16 bytes a thread) in :data:`PERS`, for the flat kind 64 threads with ``per``
-1, 2 or 4 and one warp with 1 (:data:`FLAT_EXTRA`), and where the function has a 16-bit
+1, 2 or 4 and one warp with 1 (:data:`FLAT_EXTRA`), for the small flat calls accesses
+narrower than 16 bytes (:data:`TINY`), and where the function has a 16-bit
 form, the other form (:data:`HALF_TILED`: the rows kind with it, some under a register cap;
 the flat kind's default without it), the default marked; ``--quick`` times the
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
@@ -36,6 +37,7 @@ and ``sweep_elementwise-<device>.txt`` under ``--out`` (default ``benchmarks/res
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import time
@@ -61,7 +63,9 @@ FLAT_EXTRA = (*((64, p) for p in (1, 2, 4)), (32, 1))
 #: where the function has a 16-bit form, the tiled kinds' candidates with it
 #: (``(threads, per, resident)``: a register cap of ``resident`` CTAs an SM, 0 for none);
 #: the flat kind's default plan is also timed with the float32 form
-HALF_TILED = ((256, 2, 0), (256, 2, 4), (256, 4, 4), (128, 4, 8), (128, 2, 8))
+HALF_TILED = ((128, 1, 0), (256, 2, 0), (256, 2, 4), (256, 4, 4), (128, 4, 8), (128, 2, 8))
+#: the small flat calls' candidates of narrower accesses, one a thread: ``(threads, vec)``
+TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4))
 #: calls that move less than this many bytes are timed over more calls a graph (their time
 #: is a launch's latency, about a microsecond)
 SMALL_BYTES = 1 << 20
@@ -125,6 +129,11 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
         cand = E.plan(s, threads=t, per=p)
         if cand != default:
             out.append((cand, False))
+    if default.kind == "flat" and _bytes_of(label) < SMALL_BYTES:
+        for t, v in TINY:
+            cand = E.plan(s, threads=t, per=1, vec=v)
+            if cand != default and (cand, False) not in out:
+                out.append((cand, False))
     if E.SCALAR_FNS[s.fn].half_build is not None:
         if default.kind == "flat":
             forms = [E.plan(s, threads=default.threads, per=default.per, half=False)]
@@ -133,6 +142,12 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
                      for t, p, r in HALF_TILED]
         out += [(cand, False) for cand in forms if cand != default]
     return out
+
+
+def _bytes_of(label: str) -> int:
+    """The bytes a shape's call moves (bf16: every input read once, the output written)."""
+    _, _, shapes, _, out_shape, _ = SHAPES[label]
+    return 2 * sum(math.prod(s) for s in (*shapes, out_shape))
 
 
 def describe(p: E.Plan) -> str:

@@ -845,9 +845,9 @@ _SMALL_THREADS = 128
 
 
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None,
-         half: bool | None = None, resident: int = 0) -> Plan:
+         half: bool | None = None, resident: int = 0, vec: int | None = None) -> Plan:
     """The launch plan of ``spec`` (``threads``/``per``/``half``/``resident`` override the
-    defaults, for the sweep)."""
+    defaults, and ``vec`` narrows the access width, for the sweep)."""
     shape = spec.out_shape
     rank = len(shape)
     aligned = []
@@ -878,9 +878,12 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     # the width comes from the operands read along the vector (inner stride 1): a broadcast
     # one (a 0-dim float32 scalar beside bf16 tensors) is read once and does not narrow it
     along = [items[k] for k, c in enumerate(codes) if c and c[-1] == 1]
+    narrow = vec
     vec = _VECTOR_BYTES // max(along or items)
     if not inner_unit:
         vec = 1
+    if narrow is not None:
+        vec = min(vec, narrow)
     ncols = math.prod(shape[d] for d in groups[-1]) if groups else 1
 
     def fits(v: int) -> bool:
