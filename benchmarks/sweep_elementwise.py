@@ -14,7 +14,7 @@ Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``
 (accesses of 16 bytes a thread) in :data:`PERS`, for the flat kind 64 threads with ``per``
 1, 2 or 4 and one warp with 1 (:data:`FLAT_EXTRA`), for the small flat calls accesses
 narrower than 16 bytes (:data:`TINY`), and where the function has a 16-bit
-form, the other form (:data:`HALF_TILED`: the rows kind with it, some under a register cap;
+form, the other form (:data:`FORMS_TILED`: the rows kind with it, some under a register cap;
 the flat kind's default without it), the default marked; ``--quick`` times the
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
 disk cache then serves this one). Each candidate is checked once against float64 torch (max
@@ -60,10 +60,11 @@ PERS = (1, 2, 4, 8)
 #: the flat kind's extra candidates: a smaller CTA with fewer accesses in flight (one warp
 #: for the small calls)
 FLAT_EXTRA = (*((64, p) for p in (1, 2, 4)), (32, 1))
-#: where the function has a 16-bit form, the tiled kinds' candidates with it
-#: (``(threads, per, resident)``: a register cap of ``resident`` CTAs an SM, 0 for none);
-#: the flat kind's default plan is also timed with the float32 form
-HALF_TILED = ((128, 1, 0), (256, 2, 0), (256, 2, 4), (256, 4, 4), (128, 4, 8), (128, 2, 8))
+#: where the function has a 16-bit form, the tiled kinds' candidates with it or under a register
+#: cap (``(threads, per, half, resident)``: ``resident`` CTAs an SM, 0 for no cap); the flat
+#: kind's default plan is also timed with the float32 form
+FORMS_TILED = ((128, 1, True, 0), (256, 2, True, 0), (256, 2, True, 4), (256, 4, True, 4),
+               (128, 4, True, 8), (128, 2, True, 8), (256, 4, False, 4))
 #: the small flat calls' candidates of narrower accesses, one a thread: ``(threads, vec)``
 TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4))
 #: calls that move less than this many bytes are timed over more calls a graph (their time
@@ -138,8 +139,8 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
         if default.kind == "flat":
             forms = [E.plan(s, threads=default.threads, per=default.per, half=False)]
         else:
-            forms = [E.plan(s, threads=t, per=p, half=True, resident=r)
-                     for t, p, r in HALF_TILED]
+            forms = [E.plan(s, threads=t, per=p, half=h, resident=r)
+                     for t, p, h, r in FORMS_TILED]
         out += [(cand, False) for cand in forms if cand != default]
     return out
 

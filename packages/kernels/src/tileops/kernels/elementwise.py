@@ -1246,8 +1246,11 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
                 T.annotate_min_blocks_per_sm(p.resident)
             tx = T.get_thread_binding()
             b = T.cast(bx, idt)
-            cb = T.truncmod(b, ncb)
-            rb = T.truncdiv(b, ncb)
+            # bound once: written into each index, the division by the runtime ``ncb``
+            # was repeated in 64 bits at every access (nvcc's software division, hundreds of
+            # instructions: the latency of a small call)
+            cb = T.alloc_var(idt, init=T.truncmod(b, ncb))
+            rb = T.alloc_var(idt, init=T.truncdiv(b, ncb))
             if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
                 tile(fin, fout, cb, rb, tx, False)
             else:
