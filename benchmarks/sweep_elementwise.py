@@ -63,10 +63,10 @@ FLAT_EXTRA = (*((64, p) for p in (1, 2, 4)), (32, 1))
 #: where the function has a 16-bit form, the tiled kinds' candidates with it or under a register
 #: cap (``(threads, per, half, resident)``: ``resident`` CTAs an SM, 0 for no cap); the flat
 #: kind's default plan is also timed with the float32 form
-FORMS_TILED = ((128, 1, True, 0), (256, 2, True, 0), (256, 2, True, 4), (256, 4, True, 4),
-               (128, 4, True, 8), (128, 2, True, 8), (256, 4, False, 4))
+FORMS_TILED = ((128, 1, False, 0), (256, 1, True, 0), (64, 1, True, 0), (256, 2, True, 0),
+               (256, 2, True, 4), (256, 4, True, 4), (128, 2, True, 8), (256, 4, False, 4))
 #: the small flat calls' candidates of narrower accesses, one a thread: ``(threads, vec)``
-TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4))
+TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4), (128, 8))
 #: calls that move less than this many bytes are timed over more calls a graph (their time
 #: is a launch's latency, about a microsecond)
 SMALL_BYTES = 1 << 20
@@ -83,6 +83,8 @@ SHAPES = {
     "silu-32768x4097": ("silu", (), [(32768, 4097)], None, (32768, 4097), "silu"),
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
+    "gelu_and_mul-16384x28672": ("gelu_and_mul", (), [(16384, 14336)] * 2,
+                                 [(28672, 1)] * 2, (16384, 14336), "gelu_and_mul"),
     "add-bias-32768x8192": ("add", (1,), [(32768, 8192), (8192,)], None, (32768, 8192), "add"),
     "add-scalar-32768x8192": ("add", (1,), [(32768, 8192), ()], None, (32768, 8192), "add"),
     # small calls, timed for their latency: one row, three elements, a gated op's odd rows
@@ -191,7 +193,8 @@ def _torch_fn(name: str, torch):
     F = torch.nn.functional
     return {"silu": F.silu, "gelu": F.gelu, "relu": torch.relu, "add": torch.add,
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "mish": F.mish,
-            "silu_and_mul": lambda a, b: F.silu(a) * b}[name]
+            "silu_and_mul": lambda a, b: F.silu(a) * b,
+            "gelu_and_mul": lambda a, b: F.gelu(a) * b}[name]
 
 
 def _bytes(ins, out) -> int:

@@ -261,7 +261,8 @@ def test_plan_kind_and_vector_width_follow_the_layout(s):
 
 @pytest.mark.parametrize(("out_shape", "in_shapes", "in_strides", "kind", "vec", "groups"), [
     pytest.param((32768, 8192), ((32768, 8192),), None, "flat", 8, ((0, 1),), id="contiguous"),
-    pytest.param((3, 4097), ((3, 4097),), None, "flat", 8, ((0, 1),), id="odd-columns-flat"),
+    pytest.param((33, 4097), ((33, 4097),), None, "flat", 8, ((0, 1),), id="odd-columns-flat"),
+    pytest.param((3, 4097), ((3, 4097),), None, "flat", 1, ((0, 1),), id="small-flat-single"),
     pytest.param((64, 4097), ((64, 4097), (4097,)), None, "flat", 8, ((0, 1),),
                  id="odd-row-bias-flat-modular"),
     pytest.param((64, 4097), ((64, 4097), (64, 1)), None, "rows", 1, ((0,), (1,)),
@@ -287,6 +288,56 @@ def test_plan_of_the_shapes_the_family_serves(out_shape, in_shapes, in_strides, 
     assert chosen is {"flat": E.ElementwiseFlatKernel, "empty": E.ElementwiseFlatKernel,
                       "rows": E.ElementwiseRowsKernel,
                       "strided": E.ElementwiseStridedKernel}[kind]
+
+
+@pytest.mark.parametrize("numel", [1, 3, 4096, 16896])
+def test_a_small_flat_call_reads_one_element_a_thread_in_one_wave(numel):
+    """Up to one element a thread of 132 CTAs of 128 (16896 elements): single accesses, one a
+    thread, 128 threads, the 16-bit form; one element more and the 16-byte accesses return."""
+    bf16 = {"in_dtypes": ("bfloat16",), "out_dtypes": ("bfloat16",)}
+    p = E.plan(spec(fn="silu", params=(), in_shapes=((numel,),), out_shape=(numel,), **bf16))
+    assert (p.kind, p.vec, p.threads, p.per, p.half) == ("flat", 1, 128, 1, True)
+    p = E.plan(spec(fn="silu", params=(), in_shapes=((numel + 16896,),),
+                    out_shape=(numel + 16896,), **bf16))
+    assert p.vec == 8
+    # a float32 call has no 16-bit form; an asked width stays
+    p = E.plan(spec(fn="silu", params=(), in_shapes=((3,),), out_shape=(3,),
+                    in_dtypes=("float32",), out_dtypes=("float32",)))
+    assert (p.vec, p.half) == (1, False)
+    assert E.plan(spec(fn="silu", params=(), in_shapes=((3,),), out_shape=(3,), **bf16),
+                  vec=8).vec == 8
+
+
+def test_gated_rows_take_one_access_a_thread_with_the_half_form_and_rows_on_the_grid_y():
+    halves = {"fn": "silu_and_mul", "params": (), "in_dtypes": ("bfloat16",) * 2,
+              "out_dtypes": ("bfloat16",), "in_strides": ((28672, 1), (28672, 1))}
+    p = E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336), **halves))
+    assert (p.kind, p.vec, p.threads, p.per, p.half, p.grid_y) == ("rows", 8, 128, 1, True,
+                                                                   True)
+    # more row blocks than the grid's y holds: one flat grid, its blocks divided out
+    p = E.plan(spec(in_shapes=((65536 * 2, 14336),) * 2, out_shape=(65536 * 2, 14336),
+                    **halves))
+    assert (p.kind, p.grid_y) == ("rows", False)
+    # more accesses a thread keep the float32 form unless asked (registers)
+    p = E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336), **halves),
+               threads=256, per=4)
+    assert not p.half
+    assert E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336), **halves),
+                  threads=256, per=4, half=True, resident=4).resident == 4
+
+
+def test_the_plan_s_register_cap_and_grid_reach_the_program():
+    halves = {"fn": "silu_and_mul", "params": (), "in_dtypes": ("bfloat16",) * 2,
+              "out_dtypes": ("bfloat16",), "in_strides": ((28672, 1), (28672, 1))}
+    s = spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336), **halves)
+    for p, bounds, grid in [
+            (E.plan(s, threads=256, per=4, half=True, resident=4), "__launch_bounds__(256, 4)",
+             "blockIdx.y"),
+            (E.plan(s, grid_y=False), "__launch_bounds__(128, 1)", "blockIdx.x) %")]:
+        src = E.build_kernel(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute, 2, p,
+                             target="sm_90").get_kernel_source()
+        assert bounds in src and grid in src
+        assert ("exp2f" in src) == p.half
 
 
 def test_an_odd_row_bias_is_a_flat_run_with_the_row_read_modulo_its_length():
@@ -353,8 +404,8 @@ CASES = [
     pytest.param("elu", (1.0,), ((32, 64),), ((1, 32),), ("float32",), ("float32",), "float32",
                  (32, 64), False, id="strided-transposed-fp32"),
     # int64 where with a bool condition and a 0-dim other: exact, no casts of the condition
-    pytest.param("where", (), ((8, 128), (8, 128), ()), None, ("bool", "int64", "int64"),
-                 ("int64",), "int64", (8, 128), True, id="flat-where-int64-bool"),
+    pytest.param("where", (), ((64, 512), (64, 512), ()), None, ("bool", "int64", "int64"),
+                 ("int64",), "int64", (64, 512), True, id="flat-where-int64-bool"),
     # int32 comparison with a column broadcast, to bool
     pytest.param("lt", (), ((8, 128), (8, 1)), None, ("int32",) * 2, ("bool",), "int32",
                  (8, 128), True, id="rows-compare-int32-bool"),
@@ -439,7 +490,7 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
                  id="flat-1-gelu"),
     pytest.param("mish", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 2),
                  id="flat-1-mish"),
-    pytest.param("gelu", ((64, 4097),), ((4100, 1),), (64, 4097), ("rows", 256, 4),
+    pytest.param("gelu", ((64, 4097),), ((4100, 1),), (64, 4097), ("rows", 128, 1),
                  id="rows-gelu-padded"),  # the flat functions' plans are the flat kind's only
     pytest.param("add", ((32768, 8192), ()), None, (32768, 8192), ("flat", 128, 1),
                  id="flat-2-scalar"),
@@ -461,7 +512,7 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
     pytest.param("silu_and_mul", ((5, 4097),) * 2, ((8194, 1),) * 2, (5, 4097),
                  ("rows", 128, 1), id="rows-gated-odd-small"),
     pytest.param("silu_and_mul", ((16384, 14336),) * 2, ((28672, 1),) * 2, (16384, 14336),
-                 ("rows", 256, 4), id="rows-gated-halves"),
+                 ("rows", 128, 1), id="rows-gated-halves"),
     pytest.param("exp", ((8, 16, 32),), ((512, 1, 16),), (8, 16, 32), ("strided", 256, 4),
                  id="strided"),
 ])
@@ -772,10 +823,11 @@ def test_sigmoid_forms_bind_each_value_once(fn):
 
 
 @needs_nvcc
-def test_rows_programs_keep_the_float32_forms():
-    """A gated op's strided halves (the rows kind) compute in torch's float32 form: the half
-    forms' straight-line math kept every element live (125 registers against 54 at 256/4,
-    3.25 TB/s against 4.35 on the H200); the flat kind takes the half form."""
+def test_rows_programs_of_several_accesses_keep_the_float32_forms():
+    """A gated op's strided halves (the rows kind) at more than one access a thread compute in
+    torch's float32 form: the half forms' straight-line math kept every element live (125
+    registers against 54 at 256/4, 3.25 TB/s against 4.35 on the H200); the flat kind and the
+    rows kind's default of one access a thread take the half form."""
     f = E.SCALAR_FNS["silu_and_mul"]
     rows = spec(fn="silu_and_mul", params=(), in_shapes=((64, 512),) * 2,
                 in_strides=((1024, 1),) * 2, in_dtypes=("bfloat16",) * 2,
@@ -785,10 +837,11 @@ def test_rows_programs_keep_the_float32_forms():
                 out_shape=(64, 512))
     assert f.half_build is not None
     srcs = {}
-    for name, s in (("rows", rows), ("flat", flat)):
-        p = E.plan(s)
-        assert p.kind == name
+    for name, s, launch in (("rows", rows, {"threads": 256, "per": 4}), ("flat", flat, {}),
+                            ("rows-default", rows, {})):
+        p = E.plan(s, **launch)
+        assert p.kind == name.split("-")[0]
         srcs[name] = E.build_kernel(s.fn, (), s.in_dtypes, s.out_dtypes, "float32", 2, p,
                                     "sm_90").get_kernel_source()
     assert "fast_rcp" not in srcs["rows"] and "expf(" in srcs["rows"].replace("exp2f(", "")
-    assert "tl::fast_rcp(" in srcs["flat"]
+    assert "tl::fast_rcp(" in srcs["flat"] and "tl::fast_rcp(" in srcs["rows-default"]

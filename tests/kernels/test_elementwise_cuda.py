@@ -249,8 +249,10 @@ def _params(fn, dtype):
 #: layout -> (input shapes of an arity, output shape, view of each input or None); (why)
 LAYOUTS = {
     "contiguous": (lambda n: [(64, 4096)] * n, (64, 4096), None),
-    "odd-4097": (lambda n: [(3, 4097)] * n, (3, 4097), None),  # a flat run, masked tail
-    "three-elements": (lambda n: [(3,)] * n, (3,), None),  # one masked CTA
+    # a flat run in 16-byte vectors, its masked tail
+    "odd-4097": (lambda n: [(33, 4097)] * n, (33, 4097), None),
+    # small calls: single elements, one a thread; one masked CTA, a masked last CTA
+    "three-elements": (lambda n: [(3,)] * n, (3,), None),
     "one-row": (lambda n: [(1, 4097)] * n, (1, 4097), None),
     "no-elements": (lambda n: [(0, 16)] * n, (0, 16), None),  # nothing launched
     "row-broadcast": (lambda n: [(32, 1024)] + [(1024,)] * (n - 1), (32, 1024), None),

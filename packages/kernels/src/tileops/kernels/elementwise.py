@@ -784,7 +784,9 @@ class Plan:
     function's 16-bit form serves the call where it has one and the outputs are 16-bit
     (:class:`ScalarFn`). ``resident``: the CTAs an SM the program is compiled to hold at once
     (``__launch_bounds__``' second argument: a register cap of 65536 / (``threads`` x
-    ``resident``) a thread), 0 for no cap."""
+    ``resident``) a thread), 0 for no cap. ``grid_y``: the tiled kinds' row blocks on the
+    grid's y and column blocks on its x (where the row blocks fit in y's 65535), else one grid
+    dimension whose index the program divides into the two."""
 
     kind: str
     groups: tuple[tuple[int, ...], ...]
@@ -798,6 +800,7 @@ class Plan:
     row: tuple[int, ...] = ()
     half: bool = True
     resident: int = 0
+    grid_y: bool = False
 
 
 def _pow2_at_least(x: int) -> int:
@@ -823,9 +826,11 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
       128/1 4.242, 256/1 4.240, 128/2 4.209, 256/4 4.084 (compile 4.246).
     - rows with a broadcast input (a row bias, a column): 256/2. add with a [8192] bias:
       256/2 4.247, 128/2 4.247, 512/2 4.213, 128/1 4.208, 256/4 3.935 (compile 4.247).
-    - rows whose inputs are all read along the row (a gated op's strided halves): 256/4.
-      silu_and_mul over 16384 x 28672: 256/4 4.346, 128/4 4.331, 128/8 4.269, 128/2 4.255,
-      256/1 3.852 (compile 4.376).
+    - rows whose inputs are all read along the row (a gated op's strided halves): 128/1, with
+      the function's 16-bit form (:func:`plan`). silu_and_mul over 16384 x 28672 (2026-12-04,
+      row blocks on the grid's y): 128/1 with the half form 4.386, 128/4 4.376, 256/4 4.175
+      (72 registers; 4.370 capped at four CTAs an SM), 128/1 with the float32 form 4.133
+      (compile 4.372).
     - strided (unswept): 256/4, the former default."""
     if kind == "flat":
         if len(in_codes) == 1:
@@ -833,10 +838,12 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
             return f.flat_launch if f is not None and f.flat_launch else (128, 2)
         return 128, 1
     if kind == "rows":
-        return (256, 2) if any(0 in c for c in in_codes) else (256, 4)
+        return (256, 2) if any(0 in c for c in in_codes) else (128, 1)
     return 256, 4
 
 
+#: the grid's y extent at most (CUDA's limit)
+_GRID_Y_MAX = 65535
 #: a flat or rows call of fewer vectors than this many CTAs of its default launch (the H200's
 #: SMs) takes one access a thread (:func:`plan`)
 _SMALL_CTAS = 132
@@ -845,7 +852,8 @@ _SMALL_THREADS = 128
 
 
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None,
-         half: bool | None = None, resident: int = 0, vec: int | None = None) -> Plan:
+         half: bool | None = None, resident: int = 0, vec: int | None = None,
+         grid_y: bool | None = None) -> Plan:
     """The launch plan of ``spec`` (``threads``/``per``/``half``/``resident`` override the
     defaults, and ``vec`` narrows the access width, for the sweep)."""
     shape = spec.out_shape
@@ -897,12 +905,21 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     full = vec
     while vec > 1 and not fits(vec):
         vec //= 2
+    single = kind == "flat" and narrow is None and numel <= _SMALL_THREADS * _SMALL_CTAS
+    if single:
+        # so few elements that one a thread is still one wave of CTAs: the program reads and
+        # writes single elements, a fraction of the code, and a small call's time is mostly
+        # the code a thread fetches (silu over 3 elements: 1.10 us against 1.32 with 16-byte
+        # accesses, torch.compile 1.10; gelu over 1 x 4096 1.17 against 1.18, compile 1.16;
+        # SwiGLU over 1 x 14336 1.21 against 1.23, compile 1.26; H200, 2026-12-04)
+        vec = 1
     if kind == "rows" and vec < full:
         modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
         if modular is not None:
             return modular
     d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
-    if kind != "strided" and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_CTAS:
+    if single or (kind != "strided"
+                  and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_CTAS):
         # too few vectors for one CTA an SM at the default: the call's time is one thread's
         # chain of loads and math (mish over one row of 4096, four accesses a thread: 3.5 us
         # on the H200 against torch.compile's 1.4; silu_and_mul over 5 rows of 2 x 4097, its
@@ -914,12 +931,17 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     threads = threads or d_threads
     per = per or d_per
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
-    # the half forms serve the flat kind by default: straight-line math over every element a
-    # thread holds, nvcc keeps them all live, and the rows program holds two inputs' halves
-    # (silu_and_mul 16384 x 28672 at 256/4: 125 registers against the float32 form's 54, two
-    # CTAs an SM instead of four, 3.25 TB/s against 4.35 on the H200, 2026-12-04)
-    half = (kind == "flat" if half is None else half) and _has_half(spec)
-    return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide, (), half, resident)
+    # the half forms serve the flat kind and one access a thread by default: straight-line
+    # math over every element a thread holds, nvcc keeps them all live, and the rows program
+    # holds two inputs' halves (silu_and_mul 16384 x 28672 at 256/4: 125 registers against the
+    # float32 form's 54, two CTAs an SM instead of four, 3.25 TB/s against 4.35 on the H200;
+    # at 128/1 37 registers, 4.386 against the float32 form's 4.133, 2026-12-04)
+    half = (kind == "flat" or per == 1 if half is None else half) and _has_half(spec)
+    # the tiled kinds put their row blocks on the grid's y where they fit in it
+    fits_y = kind != "flat" and -(-(numel // ncols) // (threads // tcols * per)) <= _GRID_Y_MAX
+    grid_y = fits_y if grid_y is None else grid_y and fits_y
+    return Plan(kind, groups, codes, ones, vec, threads, per, tcols, wide, (), half, resident,
+                grid_y)
 
 
 def _has_half(spec: ElementwiseSpec) -> bool:
@@ -1241,20 +1263,34 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
     def body(ins, outs):
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
-        with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
-            if p.resident:
-                T.annotate_min_blocks_per_sm(p.resident)
-            tx = T.get_thread_binding()
-            b = T.cast(bx, idt)
-            # bound once: written into each index, the division by the runtime ``ncb``
-            # was repeated in 64 bits at every access (nvcc's software division, hundreds of
-            # instructions: the latency of a small call)
-            cb = T.alloc_var(idt, init=T.truncmod(b, ncb))
-            rb = T.alloc_var(idt, init=T.truncdiv(b, ncb))
-            if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
-                tile(fin, fout, cb, rb, tx, False)
-            else:
-                tile(fin, fout, cb, rb, tx, True)
+        if p.grid_y:
+            # column blocks on the grid's x, row blocks on its y: no division
+            with T.Kernel(T.cast(ncb, "int32"), T.cast(nrb, "int32"), threads=threads) as (
+                    bx, by):
+                if p.resident:
+                    T.annotate_min_blocks_per_sm(p.resident)
+                tx = T.get_thread_binding()
+                cb = T.cast(bx, idt)
+                rb = T.cast(by, idt)
+                if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
+                    tile(fin, fout, cb, rb, tx, False)
+                else:
+                    tile(fin, fout, cb, rb, tx, True)
+        else:
+            with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
+                if p.resident:
+                    T.annotate_min_blocks_per_sm(p.resident)
+                tx = T.get_thread_binding()
+                b = T.cast(bx, idt)
+                # bound once: written into each index, the division by the runtime ``ncb``
+                # was repeated in 64 bits at every access (nvcc's software division, hundreds
+                # of instructions: the latency of a small call)
+                cb = T.alloc_var(idt, init=T.truncmod(b, ncb))
+                rb = T.alloc_var(idt, init=T.truncdiv(b, ncb))
+                if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
+                    tile(fin, fout, cb, rb, tx, False)
+                else:
+                    tile(fin, fout, cb, rb, tx, True)
 
     return body
 
