@@ -318,6 +318,16 @@ def test_gated_rows_take_one_access_a_thread_with_the_half_form_and_rows_on_the_
     p = E.plan(spec(in_shapes=((65536 * 2, 14336),) * 2, out_shape=(65536 * 2, 14336),
                     **halves))
     assert (p.kind, p.grid_y) == ("rows", False)
+    # gelu's gated form declares its rows launch: two accesses under a cap of 8 CTAs an SM,
+    # the half form with them; a small call still takes one access, uncapped
+    p = E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336),
+                    **{**halves, "fn": "gelu_and_mul"}))
+    assert (p.threads, p.per, p.resident, p.half) == (128, 2, 8, True)
+    p = E.plan(spec(in_shapes=((5, 4097),) * 2, out_shape=(5, 4097),
+                    **{**halves, "fn": "gelu_and_mul", "in_strides": ((8194, 1),) * 2}))
+    assert (p.threads, p.per, p.resident, p.half) == (128, 1, 0, True)
+    assert E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336),
+                       **{**halves, "fn": "gelu_and_mul"}), threads=256, per=4).resident == 0
     # more accesses a thread keep the float32 form unless asked (registers)
     p = E.plan(spec(in_shapes=((16384, 14336),) * 2, out_shape=(16384, 14336), **halves),
                threads=256, per=4)

@@ -177,6 +177,36 @@ def test_device_time_on_the_cpu_is_wall_time() -> None:
     assert t.method == "wall clock" and t.note is None and 0 < t.seconds < 0.01
 
 
+def test_a_short_graph_is_timed_again_with_enough_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    """20 calls of a microsecond are a few times the replay's own cost: such a call is timed
+    again over as many calls as fill MIN_GRAPH_S (at most MAX_GRAPH_CALLS); a long one once."""
+    import contextlib
+
+    from tileops.ops.cli import timing
+
+    seen = []
+
+    def fake(per_call):
+        def graph_time(fn, iters, trials=5):
+            seen.append(iters)
+            return per_call * (1.0 if iters == 20 else 0.9)
+        return graph_time
+
+    monkeypatch.setattr(timing.torch.cuda, "device", lambda d: contextlib.nullcontext())
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(timing, "graph_time", fake(1e-6))
+    t = device_time(lambda: None, cuda, iters=20)
+    assert seen == [20, 200] and t.seconds == pytest.approx(0.9e-6) and t.method == "cuda graph"
+    seen.clear()
+    monkeypatch.setattr(timing, "graph_time", fake(1e-8))
+    device_time(lambda: None, cuda, iters=20)
+    assert seen == [20, timing.MAX_GRAPH_CALLS]
+    seen.clear()
+    monkeypatch.setattr(timing, "graph_time", fake(20e-6))
+    assert device_time(lambda: None, cuda, iters=20).seconds == pytest.approx(20e-6)
+    assert seen == [20]
+
+
 @pytest.mark.cuda
 def test_a_contender_that_cannot_be_captured_falls_back_to_events() -> None:
     dev = torch.device("cuda")

@@ -101,6 +101,11 @@ class ScalarFn:
     #: ``(threads, accesses a thread)`` of a flat one-input call where this function's sweep
     #: preferred another launch than the flat default (see :func:`_default_launch`), or None
     flat_launch: tuple[int, int] | None = None
+    #: ``(threads, accesses a thread, CTAs an SM)`` of a rows call whose inputs are all read
+    #: along the row (a gated op's halves) where this function's sweep preferred another than
+    #: the rows default; the register cap (``Plan.resident``) lets the 16-bit form serve more
+    #: than one access a thread
+    rows_launch: tuple[int, int, int] | None = None
 
 
 def _T():
@@ -453,9 +458,9 @@ def _fns() -> dict[str, ScalarFn]:
     fns: list[ScalarFn] = []
 
     def add(name, arity, build, *, params=(), exact=False, integral=False, outputs=1,
-            keep=(), bool_out=False, half_build=None, flat_launch=None):
+            keep=(), bool_out=False, half_build=None, flat_launch=None, rows_launch=None):
         fns.append(ScalarFn(name, arity, outputs, tuple(params), exact, integral, build,
-                            keep, bool_out, half_build, flat_launch))
+                            keep, bool_out, half_build, flat_launch, rows_launch))
 
     def unary(name, f, **kw):
         add(name, 1, lambda xs, ps, dt: (f(xs[0]),), **kw)
@@ -560,7 +565,11 @@ def _fns() -> dict[str, ScalarFn]:
                   "gelu_tanh": (_gelu_tanh_half, _gelu_tanh_grad_half)}
     for g, (f, df) in _GATES.items():
         hf, hdf = half_gates.get(g, (None, None))
-        add(f"{g}_and_mul", 2, _gated(f), half_build=hf and _gated(hf))
+        # gelu's 16-bit form is the heaviest: two accesses a thread under a cap of 64
+        # registers (gelu_and_mul over 16384 x 28672: 128/2 capped 4.391 TB/s, 128/1 4.142,
+        # torch.compile 3.747; H200, 2026-12-04)
+        add(f"{g}_and_mul", 2, _gated(f), half_build=hf and _gated(hf),
+            rows_launch=(128, 2, 8) if g == "gelu" else None)
         add(f"{g}_and_mul_bwd", 3, _gated_bwd(f, df), outputs=2,
             half_build=hf and _gated_bwd(hf, hdf))
     # --- gradients: (dy, y) from the output, (dy, x) from the input
@@ -810,8 +819,8 @@ def _pow2_at_least(x: int) -> int:
     return p
 
 
-def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
-    """``(threads, per)`` by layout class and what is read, from the sweep on the H200
+def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int, int]:
+    """``(threads, per, resident)`` by layout class and what is read, from the sweep on the H200
     (benchmarks/sweep_elementwise.py, bf16, TB/s counting every byte read and written once;
     the device copy runs at about 4.3):
 
@@ -830,16 +839,18 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int]:
       the function's 16-bit form (:func:`plan`). silu_and_mul over 16384 x 28672 (2026-12-04,
       row blocks on the grid's y): 128/1 with the half form 4.386, 128/4 4.376, 256/4 4.175
       (72 registers; 4.370 capped at four CTAs an SM), 128/1 with the float32 form 4.133
-      (compile 4.372).
+      (compile 4.372). A function that declares its ``rows_launch`` takes that.
     - strided (unswept): 256/4, the former default."""
+    f = SCALAR_FNS.get(fn)
     if kind == "flat":
         if len(in_codes) == 1:
-            f = SCALAR_FNS.get(fn)
-            return f.flat_launch if f is not None and f.flat_launch else (128, 2)
-        return 128, 1
+            return (*f.flat_launch, 0) if f is not None and f.flat_launch else (128, 2, 0)
+        return 128, 1, 0
     if kind == "rows":
-        return (256, 2) if any(0 in c for c in in_codes) else (128, 1)
-    return 256, 4
+        if any(0 in c for c in in_codes):
+            return 256, 2, 0
+        return f.rows_launch if f is not None and f.rows_launch else (128, 1, 0)
+    return 256, 4, 0
 
 
 #: the grid's y extent at most (CUDA's limit)
@@ -852,7 +863,7 @@ _SMALL_THREADS = 128
 
 
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None,
-         half: bool | None = None, resident: int = 0, vec: int | None = None,
+         half: bool | None = None, resident: int | None = None, vec: int | None = None,
          grid_y: bool | None = None) -> Plan:
     """The launch plan of ``spec`` (``threads``/``per``/``half``/``resident`` override the
     defaults, and ``vec`` narrows the access width, for the sweep)."""
@@ -917,7 +928,7 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
         if modular is not None:
             return modular
-    d_threads, d_per = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
+    d_threads, d_per, d_resident = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
     if single or (kind != "strided"
                   and -(-numel // vec) < d_per * (threads or d_threads) * _SMALL_CTAS):
         # too few vectors for one CTA an SM at the default: the call's time is one thread's
@@ -927,16 +938,22 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         # thread takes one access, 128 threads a CTA (best or tied in every small shape of the
         # sweep: gelu 1 x 4096 1.5 us, 64/1 1.6; SwiGLU 1 x 14336 1.5, 64/1 1.6; those 5 odd
         # rows 1.8, 256/1 2.0; mish 1 x 4096 1.4 at 64, 128 and 256)
-        d_threads, d_per = _SMALL_THREADS, 1
+        d_threads, d_per, d_resident = _SMALL_THREADS, 1, 0
+    explicit = threads is not None or per is not None
     threads = threads or d_threads
     per = per or d_per
+    # the default's register cap goes with the default launch only
+    resident = (0 if explicit else d_resident) if resident is None else resident
     tcols = min(threads, _pow2_at_least(max(1, ncols // vec))) if kind != "flat" else threads
     # the half forms serve the flat kind and one access a thread by default: straight-line
     # math over every element a thread holds, nvcc keeps them all live, and the rows program
     # holds two inputs' halves (silu_and_mul 16384 x 28672 at 256/4: 125 registers against the
     # float32 form's 54, two CTAs an SM instead of four, 3.25 TB/s against 4.35 on the H200;
-    # at 128/1 37 registers, 4.386 against the float32 form's 4.133, 2026-12-04)
-    half = (kind == "flat" or per == 1 if half is None else half) and _has_half(spec)
+    # at 128/1 37 registers, 4.386 against the float32 form's 4.133, 2026-12-04); a register
+    # cap keeps them to their share of the SM
+    if half is None:
+        half = kind == "flat" or per == 1 or resident > 0
+    half = half and _has_half(spec)
     # the tiled kinds put their row blocks on the grid's y where they fit in it
     fits_y = kind != "flat" and -(-(numel // ncols) // (threads // tcols * per)) <= _GRID_Y_MAX
     grid_y = fits_y if grid_y is None else grid_y and fits_y
@@ -981,7 +998,7 @@ def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
         vec //= 2
     if vec == 1 or ncols < vec:
         return None
-    threads, per = _default_launch("flat", flat_codes[n_out:], spec.fn)
+    threads, per, _ = _default_launch("flat", flat_codes[n_out:], spec.fn)
     ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
     dims = tuple(d for g in groups for d in g)
     return Plan("flat", (dims,), tuple(flat_codes), ones, vec, threads, per, threads, wide,

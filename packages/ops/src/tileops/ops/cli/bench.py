@@ -53,7 +53,16 @@ from .report import (
     write_plot,
 )
 from .runner import Ran
-from .timing import device_time, eager_time, input_sets, peaks, rotating, sync
+from .timing import (
+    MAX_GRAPH_CALLS,
+    MIN_GRAPH_S,
+    device_time,
+    eager_time,
+    input_sets,
+    peaks,
+    rotating,
+    sync,
+)
 
 __all__ = ["ALIASES", "COLD_L2_FAMILIES", "COMPILED", "Settings", "bench", "bench_case",
            "fresh_compile"]
@@ -306,7 +315,9 @@ def bench(ops: tuple[str, ...], against: str | None, device: str | None,
 
 def _timing_header(dev: torch.device, settings: Settings, plan: Plan) -> dict[str, Any]:
     if dev.type == "cuda":
-        method = (f"CUDA graph replay of {settings.iters} calls, median of 5 (device time); "
+        method = (f"CUDA graph replay of {settings.iters} calls (of as many as fill "
+                  f"{MIN_GRAPH_S * 1e6:.0f} us, up to {MAX_GRAPH_CALLS}, where those take less), "
+                  f"median of 5 (device time); "
                   f"eager: CUDA events around {settings.iters} back-to-back calls")
     else:
         method = f"wall clock, the fastest of up to {settings.iters} calls"

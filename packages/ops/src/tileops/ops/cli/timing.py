@@ -184,15 +184,29 @@ def graph_time(fn: Callable[[], Any], iters: int, trials: int = 5) -> float:
     return events_time(graph.replay, 1, trials) / iters
 
 
+#: a graph shorter than this is replayed again with more calls: the events around one replay
+#: and the graph's own launch are a few microseconds, which a graph of 20 one-microsecond calls
+#: would spread over them (and their jitter with it)
+MIN_GRAPH_S = 200e-6
+#: the most calls a graph of :func:`device_time` holds
+MAX_GRAPH_CALLS = 1000
+
+
 def device_time(fn: Callable[[], Any], device: torch.device, *, iters: int = 20,
                 trials: int = 5) -> Timing:
-    """The device time per call of ``fn`` (already warmed up): a CUDA graph replay, else
-    CUDA events around back-to-back calls (with a note), else (not CUDA) wall time."""
+    """The device time per call of ``fn`` (already warmed up): a CUDA graph replay of
+    ``iters`` calls, or of as many as fill :data:`MIN_GRAPH_S` (at most
+    :data:`MAX_GRAPH_CALLS`) where ``iters`` calls take less; else CUDA events around
+    back-to-back calls (with a note), else (not CUDA) wall time."""
     if device.type != "cuda":
         return Timing(time_call(fn, device, repeat=iters), "wall clock")
     with torch.cuda.device(device):
         try:
-            return Timing(graph_time(fn, iters, trials), "cuda graph")
+            seconds = graph_time(fn, iters, trials)
+            if 0 < seconds * iters < MIN_GRAPH_S:
+                calls = min(MAX_GRAPH_CALLS, math.ceil(MIN_GRAPH_S / seconds - 1e-9))
+                seconds = graph_time(fn, calls, trials)
+            return Timing(seconds, "cuda graph")
         except Exception as exc:  # noqa: BLE001 - the fallback below says why
             torch.cuda.synchronize()
             why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
