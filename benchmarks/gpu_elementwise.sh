@@ -23,7 +23,9 @@ bench() {  # bench NAME OP... [-w LABEL ...]: one table of the bars, named eleme
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=2 run prebuild_tests.log python3 tests/kernels/test_elementwise_cuda.py --prebuild --workers 15
-    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family elementwise --workers 15 ;;
+    # calls of 2M elements take the plans of the full-size ones (a smaller call is a small call)
+    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family elementwise --workers 15 \
+      --max-elements $((1 << 21)) ;;
   tests)
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py -k "not Norm and not Gemm" -q -p no:cacheprovider --maxfail=40 ;;
@@ -31,7 +33,7 @@ for stage in $STAGES; do case $stage in
     for group in $BENCHES; do case $group in
       unary) bench unary SiluFwdOp GeluFwdOp ReluFwdOp MishFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16 ;;
       gelu_tanh) bench gelu_tanh GeluFwdOp -w 'tanh-*' ;;
-      gated) bench gated SiluAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16 ;;
+      gated) bench gated SiluAndMulFwdOp GeluAndMulFwdOp GeluTanhAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16 ;;
       binary) bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097 ;;
       more_unary) bench more_unary --against torch ExpFwdOp SigmoidFwdOp TanhFwdOp HardswishFwdOp MishFwdOp SoftplusFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
       *) echo "unknown bench group $group" ;;
