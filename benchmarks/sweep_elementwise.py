@@ -98,6 +98,7 @@ SHAPES = {
                             "silu_and_mul"),
     "silu_and_mul-1x28672": ("silu_and_mul", (), [(1, 14336)] * 2, [(28672, 1)] * 2,
                              (1, 14336), "silu_and_mul"),
+    "swiglu-5x4097": ("silu_and_mul", (), [(5, 4097)] * 2, None, (5, 4097), "silu_and_mul"),
     "swiglu-1x14336": ("silu_and_mul", (), [(1, 14336)] * 2, None, (1, 14336),
                        "silu_and_mul"),
 }

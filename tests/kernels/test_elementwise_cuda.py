@@ -251,6 +251,8 @@ LAYOUTS = {
     "contiguous": (lambda n: [(64, 4096)] * n, (64, 4096), None),
     # a flat run in 16-byte vectors, its masked tail
     "odd-4097": (lambda n: [(33, 4097)] * n, (33, 4097), None),
+    # whole vectors only, the last CTA part full (its vectors checked, no element left over)
+    "partial-cta": (lambda n: [(40, 1000)] * n, (40, 1000), None),
     # small calls: single elements, one a thread; one masked CTA, a masked last CTA
     "three-elements": (lambda n: [(3,)] * n, (3,), None),
     "one-row": (lambda n: [(1, 4097)] * n, (1, 4097), None),

@@ -1149,7 +1149,7 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
     """One run of ``n`` elements; inputs unit-stride, a single element, or (code 3) a row of
     ``ncols`` broadcast over the run, read at the index modulo ``ncols``. A CTA covers
     ``threads * per`` vectors; the CTAs wholly inside run unmasked, the last checks each
-    element."""
+    vector and takes the run's last elements (fewer than a vector) one a thread."""
     vec, per, threads = p.vec, p.per, p.threads
     n_out, n_in = len(out_dtypes), len(in_dtypes)
     chunk = threads * per  # vectors a CTA
@@ -1160,6 +1160,44 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
     n = extents[0] if extents else 1
 
     @T.macro
+    def load(fin, held, base, v):
+        """Vector ``v`` of the thread's inputs into its slots of ``held``."""
+        for k in runs:
+            for i in T.vectorized(vec):
+                held[k][v * vec + i] = fin[k][(base + v * threads) * vec + i]
+        if mods:
+            # a vector wraps past the row's end at most once (ncols >= vec)
+            start = T.truncmod((base + v * threads) * vec, ncols)
+            for k in mods:
+                for i in T.unroll(vec):
+                    held[k][v * vec + i] = fin[k][T.if_then_else(
+                        start + i >= ncols, start + i - ncols, start + i)]
+
+    @T.macro
+    def math_of(held, res, j):
+        got = f.build(_values(T, f, [held[k][0] if k in single else held[k][j]
+                                     for k in range(n_in)], in_dtypes, compute),
+                      params, compute)
+        for o in outs_i:
+            res[o][j] = _stored(T, got[o], out_dtypes[o])
+
+    @T.macro
+    def store(fout, res, base, v):
+        for o in outs_i:
+            for i in T.vectorized(vec):
+                fout[o][(base + v * threads) * vec + i] = res[o][v * vec + i]
+
+    @T.macro
+    def element(fin, fout, held, e):
+        """Element ``e`` alone (read and written by itself)."""
+        got = f.build(_values(T, f, [
+            held[k][0] if k in single else
+            fin[k][T.truncmod(e, ncols)] if k in mods else fin[k][e]
+            for k in range(n_in)], in_dtypes, compute), params, compute)
+        for o in outs_i:
+            fout[o][e] = _stored(T, got[o], out_dtypes[o])
+
+    @T.macro
     def body(ins, outs):
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
@@ -1167,43 +1205,39 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
             if p.resident:
                 T.annotate_min_blocks_per_sm(p.resident)
             tx = T.get_thread_binding()
-            base = T.cast(bx, idt) * chunk + tx
+            b = T.cast(bx, idt)
+            base = b * chunk + tx
             held = [T.alloc_local((per * vec,), _storage(dt)) for dt in in_dtypes]
             res = [T.alloc_local((per * vec,), _storage(dt)) for dt in out_dtypes]
             for k in single:
                 held[k][0] = fin[k][0]
-            if (T.cast(bx, idt) + 1) * chunk <= T.truncdiv(n, vec):
+            nvec = T.truncdiv(n, vec)
+            if (b + 1) * chunk <= nvec:
+                # every access in flight before the math, every store after it
                 for v in T.unroll(per):
-                    for k in runs:
-                        for i in T.vectorized(vec):
-                            held[k][v * vec + i] = fin[k][(base + v * threads) * vec + i]
-                    if mods:
-                        # a vector wraps past the row's end at most once (ncols >= vec)
-                        start = T.truncmod((base + v * threads) * vec, ncols)
-                        for k in mods:
-                            for i in T.unroll(vec):
-                                held[k][v * vec + i] = fin[k][T.if_then_else(
-                                    start + i >= ncols, start + i - ncols, start + i)]
+                    load(fin, held, base, v)
                 for j in T.unroll(per * vec):
-                    got = f.build(_values(T, f, [held[k][0] if k in single else held[k][j]
-                                                 for k in range(n_in)], in_dtypes, compute),
-                                  params, compute)
-                    for o in outs_i:
-                        res[o][j] = _stored(T, got[o], out_dtypes[o])
+                    math_of(held, res, j)
                 for v in T.unroll(per):
-                    for o in outs_i:
-                        for i in T.vectorized(vec):
-                            fout[o][(base + v * threads) * vec + i] = res[o][v * vec + i]
+                    store(fout, res, base, v)
+            elif vec == 1:
+                for v in T.unroll(per):
+                    if base + v * threads < n:
+                        element(fin, fout, held, base + v * threads)
             else:
-                for j in T.unroll(per * vec):
-                    e = T.cast(bx, idt) * (chunk * vec) + j * threads + tx
-                    if e < n:
-                        got = f.build(_values(T, f, [
-                            held[k][0] if k in single else
-                            fin[k][T.truncmod(e, ncols)] if k in mods else fin[k][e]
-                            for k in range(n_in)], in_dtypes, compute), params, compute)
-                        for o in outs_i:
-                            fout[o][e] = _stored(T, got[o], out_dtypes[o])
+                # the last CTA: its whole vectors as the others do, one at a time, then the
+                # run's last elements (fewer than a vector) one a thread. Each thread runs
+                # the code of ``per`` vectors and one element, where a check of each of its
+                # elements ran ``per * vec`` copies of the math whether the element was there
+                # or not (the latency of a small call: SwiGLU over 5 x 4097)
+                for v in T.unroll(per):
+                    if base + v * threads < nvec:
+                        load(fin, held, base, v)
+                        for i in T.unroll(vec):
+                            math_of(held, res, v * vec + i)
+                        store(fout, res, base, v)
+                if nvec * vec + tx < n and T.truncdiv(nvec, chunk) == b:
+                    element(fin, fout, held, nvec * vec + tx)
 
     return body
 
