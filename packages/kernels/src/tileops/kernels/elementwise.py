@@ -18,16 +18,20 @@ in an :class:`ElementwiseSpec`; this module owns everything about the layout:
   data pointer alignment (``in_align``/``out_align``), the row length and every row stride
   allow it (strided rows of ``N = 4097`` get single elements, a flat run of 4097 x 8192 keeps
   16 bytes and a masked tail, and ``[M, 4097] + [4097]`` is that flat run with the bias read
-  at the index modulo its row, :func:`_modular`).
+  at the index modulo its row, :func:`_modular`); a flat call small enough to be one element
+  a thread in one wave of CTAs reads single elements (a small call's time is the code a
+  thread runs).
 
 One program serves every size of a layout class: extents and strides are launch-time
 (``T.dynamic``, bound by the FFI from the tensors themselves, so an entry launches the op's
 tensors as they are, without views but a bool tensor's uint8 view). Blocks that lie wholly
 inside the iteration space run unmasked with every load of a thread issued before its first
 store (``per`` accesses of ``vec`` elements in flight; :func:`_default_launch` has the
-measured defaults); only the blocks at the edges check bounds. Arithmetic runs in the spec's
-``compute`` dtype (float32 for float16/bfloat16 storage), exact functions in the storage dtype
-itself.
+measured defaults); only the blocks at the edges check bounds (a flat run's last block its
+whole vectors, then its last elements one a thread; the tiled kinds' edge blocks each
+access). The tiled kinds' row blocks sit on the grid's y where they fit in it, so a CTA finds
+its blocks without a division. Arithmetic runs in the spec's ``compute`` dtype (float32 for
+float16/bfloat16 storage), exact functions in the storage dtype itself.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
