@@ -375,6 +375,30 @@ def test_entries_are_shared_within_a_layout_class():
     assert k.identity(spec(a)) == k.identity(spec(b))
 
 
+@pytest.mark.parametrize("fn", ["silu_and_mul", "add"])
+def test_rows_on_one_grid_dimension_match(fn):
+    """The tiled kinds' program for calls of more than 65535 row blocks (the grid's y): one
+    grid dimension, each CTA's column and row block divided out of its index. Forced here on
+    a small call (gated halves at odd and at even offsets; a row bias)."""
+    for n in (4097, 4096):
+        if fn == "add":
+            ins = [torch.randn(37, n, device=DEV, dtype=torch.bfloat16),
+                   torch.randn(n, device=DEV, dtype=torch.bfloat16)]
+        else:
+            x = torch.randn(37, 2 * n, device=DEV, dtype=torch.bfloat16)
+            ins = [x[:, :n], x[:, n:]]
+        outs = [torch.empty(37, n, device=DEV, dtype=torch.bfloat16)]
+        params = PARAMS.get(fn, ())
+        s = spec_of(fn, params, ins, outs, "float32")
+        p = E.plan(s, grid_y=False)
+        if p.kind == "flat":  # [37, 4097] + [4097] is the modular flat run: no rows program
+            continue
+        assert (p.kind, p.grid_y) == ("rows", False)
+        E.build_kernel(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute, 2, p)(*ins, *outs)
+        torch.cuda.synchronize()
+        check(fn, outs, ins, params, E.SCALAR_FNS[fn].exact)
+
+
 def test_large_flat_call_matches():
     """A call over more elements than one grid row of CTAs covers (2**27 bf16)."""
     x = torch.randn(1 << 14, 1 << 13, device=DEV, dtype=torch.bfloat16)

@@ -1315,6 +1315,17 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
                         fout[o][offs[o] + col(o, c) + i] = res[o][v * vec + i]
 
     @T.macro
+    def block(fin, fout, cb, rb):
+        """The CTA of column block ``cb`` and row block ``rb``: unmasked wholly inside."""
+        if p.resident:
+            T.annotate_min_blocks_per_sm(p.resident)
+        tx = T.get_thread_binding()
+        if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
+            tile(fin, fout, cb, rb, tx, False)
+        else:
+            tile(fin, fout, cb, rb, tx, True)
+
+    @T.macro
     def body(ins, outs):
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
@@ -1322,30 +1333,16 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
             # column blocks on the grid's x, row blocks on its y: no division
             with T.Kernel(T.cast(ncb, "int32"), T.cast(nrb, "int32"), threads=threads) as (
                     bx, by):
-                if p.resident:
-                    T.annotate_min_blocks_per_sm(p.resident)
-                tx = T.get_thread_binding()
-                cb = T.cast(bx, idt)
-                rb = T.cast(by, idt)
-                if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
-                    tile(fin, fout, cb, rb, tx, False)
-                else:
-                    tile(fin, fout, cb, rb, tx, True)
+                block(fin, fout, T.cast(bx, idt), T.cast(by, idt))
         else:
             with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
-                if p.resident:
-                    T.annotate_min_blocks_per_sm(p.resident)
-                tx = T.get_thread_binding()
                 b = T.cast(bx, idt)
                 # bound once: written into each index, the division by the runtime ``ncb``
                 # was repeated in 64 bits at every access (nvcc's software division, hundreds
                 # of instructions: the latency of a small call)
                 cb = T.alloc_var(idt, init=T.truncmod(b, ncb))
                 rb = T.alloc_var(idt, init=T.truncdiv(b, ncb))
-                if (cb + 1) * tcols <= ncv and (rb + 1) * rows_cta <= nrows:
-                    tile(fin, fout, cb, rb, tx, False)
-                else:
-                    tile(fin, fout, cb, rb, tx, True)
+                block(fin, fout, cb, rb)
 
     return body
 
