@@ -4,9 +4,11 @@ and torch.compile, to set :func:`tileops.kernels.elementwise.plan`'s defaults fr
     python3 benchmarks/sweep_elementwise.py [--quick] [--shapes silu-32768x8192,...] [--out DIR]
     python3 benchmarks/sweep_elementwise.py --dry-run      # list shapes and plans (CPU)
 
-Shapes (:data:`SHAPES`, bf16): unary silu, gelu, relu, gelu_tanh and mish over 32768 x 8192 and silu over
-32768 x 4097 (a flat run with a masked tail), silu_and_mul over a 16384 x 28672 input (its
-halves as strided rows), add with a row-broadcast ``[8192]`` bias and with a 0-dim scalar,
+Shapes (:data:`SHAPES`, bf16): unary silu, gelu, relu, gelu_tanh, mish, softplus and selu over
+32768 x 8192 and silu over 32768 x 4097 (a flat run with a masked tail), silu_and_mul and
+gelu_and_mul over a 16384 x 28672 input (its halves as strided rows), small calls (one row,
+three elements, odd gated rows, SwiGLU's rows), add with a row-broadcast ``[8192]`` bias and
+with a 0-dim scalar,
 and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared
 with; timed last, after a second of warm-up copies, by the same graph replay).
 
@@ -80,6 +82,9 @@ SHAPES = {
     "gelu_tanh-32768x8192": ("gelu_tanh", (), [(32768, 8192)], None, (32768, 8192),
                              "gelu_tanh"),
     "mish-32768x8192": ("mish", (), [(32768, 8192)], None, (32768, 8192), "mish"),
+    "softplus-32768x8192": ("softplus", (1.0, 20.0), [(32768, 8192)], None, (32768, 8192),
+                            "softplus"),
+    "selu-32768x8192": ("selu", (), [(32768, 8192)], None, (32768, 8192), "selu"),
     "silu-32768x4097": ("silu", (), [(32768, 4097)], None, (32768, 4097), "silu"),
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
@@ -195,7 +200,8 @@ def _torch_fn(name: str, torch):
     return {"silu": F.silu, "gelu": F.gelu, "relu": torch.relu, "add": torch.add,
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "mish": F.mish,
             "silu_and_mul": lambda a, b: F.silu(a) * b,
-            "gelu_and_mul": lambda a, b: F.gelu(a) * b}[name]
+            "gelu_and_mul": lambda a, b: F.gelu(a) * b, "softplus": F.softplus,
+            "selu": F.selu}[name]
 
 
 def _bytes(ins, out) -> int:

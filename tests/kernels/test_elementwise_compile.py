@@ -703,6 +703,92 @@ def test_mish_half_form_within_float32_precision():
     assert np.isnan(got[-3]) and got[-2] == np.inf and np.isnan(got[-1])
 
 
+def _log1p_unit32_numpy(e):
+    """E._log1p_unit32 in numpy float32 (the log exact here: __logf's lg2.approx adds an
+    absolute 2^-22 of log2, 5.4e-6 of a result of at least log(1 + 2^-5))."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    series = e * (f(1) - e * (f(0.5) - e * (f(1 / 3) - e * f(0.25))))
+    return np.where(e < f(E._SERIES_BELOW), series,
+                    np.log((f(1) + e).astype(f)).astype(f)).astype(f)
+
+
+@pytest.mark.parametrize(("beta", "threshold", "bound"), [
+    (1.0, 20.0, 5e-6), (1.5, 4.0, 1e-5), (0.5, 20.0, 5e-6), (-1.0, 20.0, 5e-6)])
+def test_softplus_half_form_within_float32_precision(beta, threshold, bound):
+    """softplus(x) = (max(t, 0) + log1p(exp(-|t|))) / beta, t = beta x, in numpy float32 step
+    by step: relative error within ``bound`` wherever the result is a normal float32 (measured
+    3.9e-6, 7.7e-6 (beta 1.5: the exp's underflow at t = -86.8), 3.5e-6, 2.1e-6), x itself past
+    the threshold, far inside bf16's and float16's ulp; NaN stays NaN, -inf gives 0."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    x = np.concatenate([np.linspace(-120, 40, 1_600_001), [-np.inf, np.inf, np.nan]]).astype(f)
+    with np.errstate(over="ignore", invalid="ignore", under="ignore"):
+        t = (x * f(beta)).astype(f)
+        e = _exp32_numpy(-np.abs(t))
+        r = (np.maximum(t, f(0)) + _log1p_unit32_numpy(e)).astype(f)
+        if beta != 1.0:
+            r = (r * f(1 / beta)).astype(f)
+        got = np.where(t > f(threshold), x, r).astype(np.float64)
+        xd = x.astype(np.float64)
+        ref = np.where(t > f(threshold), xd, np.logaddexp(0, xd * beta) / beta)
+    finite = np.isfinite(x)
+    normal = finite & (np.abs(ref) >= np.finfo(f).tiny)
+    err = np.abs(got[finite] - ref[finite])
+    rel = err[normal[finite]] / np.abs(ref[normal])
+    assert rel.max() <= bound
+    assert err[~normal[finite]].max(initial=0) <= 2 * np.finfo(f).tiny
+    tail = got[-3:]
+    assert (tail[0] == 0 if beta > 0 else np.isinf(tail[0])) and np.isnan(tail[2])
+
+
+def test_expm1_half_form_within_float32_precision():
+    """E._expm1_half in numpy float32 (exp2 exact here; ex2.approx adds 2 ulp of exp, 7.7e-6
+    of an expm1 of at least 0.03 in magnitude): within 1e-6 relative on [-100, 0] (measured
+    9.9e-7 at x = -0.034, just past the series), the series exact to float32 near 0."""
+    np = pytest.importorskip("numpy")
+    f = np.float32
+    x = np.concatenate([np.linspace(-100, 0, 1_000_001), [-1e-30, -1e-10, -0.03]]).astype(f)
+    series = x * (f(1) + x * (f(0.5) + x * (f(1 / 6) + x * f(1 / 24))))
+    got = np.where(np.abs(x) < f(E._SERIES_BELOW), series,
+                   (_exp32_numpy(x) - f(1)).astype(f)).astype(np.float64)
+    ref = np.expm1(x.astype(np.float64))
+    nz = ref != 0
+    assert (np.abs(got - ref)[nz] / np.abs(ref[nz])).max() <= 1e-6
+    assert got[-3] == x[-3]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("fn", "params", "gone", "kept"), [
+    ("softplus", (1.0, 20.0), ("log1pf", "expf("), ("__logf(", "exp2f(")),
+    ("softplus", (1.5, 4.0), ("log1pf", "expf("), ("__logf(", "exp2f(")),
+    ("elu", (1.3,), ("expm1f",), ("exp2f(",)),
+    ("selu", (), ("expm1f",), ("exp2f(",))])
+def test_softplus_and_elu_take_their_half_forms_for_half_outputs_only(fn, params, gone, kept):
+    p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
+    src = E.build_kernel(fn, params, ("bfloat16",), ("bfloat16",), "float32", 1, p,
+                         "sm_90").get_kernel_source()
+    plain = src.replace("exp2f(", "")
+    assert not any(g in plain for g in gone) and all(k in src for k in kept)
+    p4 = dataclasses.replace(p, vec=4)
+    full = E.build_kernel(fn, params, ("float32",), ("float32",), "float32", 1, p4,
+                          "sm_90").get_kernel_source()
+    assert gone[0] in full
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_softplus_with_beta_zero_builds_as_torch_computes_it(dtype):
+    """beta = 0: log(2) / 0 = inf for a finite x (x where 0 > threshold), NaN otherwise; a
+    constant division by zero does not build, so the form is written out."""
+    p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 16 // E.DTYPES[dtype], 128, 2, 128,
+               False)
+    for threshold, value in ((20.0, "CUDART_INF_F"), (-1.0, "isfinite")):
+        src = E.build_kernel("softplus", (0.0, threshold), (dtype,), (dtype,), "float32", 1, p,
+                             "sm_90").get_kernel_source()
+        assert "isfinite" in src and value in src and "CUDART_NAN_F" in src
+
+
 @needs_nvcc
 def test_mish_uses_one_exp_for_half_outputs_only():
     """bf16 mish lowers to the one-exp form (no log1pf, no tanhf); float32 keeps torch's."""
