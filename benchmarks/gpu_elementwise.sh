@@ -35,7 +35,8 @@ for stage in $STAGES; do case $stage in
       gelu_tanh) bench gelu_tanh GeluFwdOp -w 'tanh-*' ;;
       gated) bench gated SiluAndMulFwdOp GeluAndMulFwdOp GeluTanhAndMulFwdOp SwiGLUFwdOp -w m16384-n28672 -w m16384-n14336 -w m1-n14336 -w odd-n4097 --dtype bf16 ;;
       binary) bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097 ;;
-      more_unary) bench more_unary --against torch ExpFwdOp SigmoidFwdOp TanhFwdOp HardswishFwdOp MishFwdOp SoftplusFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
+      more_unary) bench more_unary ExpFwdOp Expm1FwdOp LogFwdOp Log1pFwdOp SinFwdOp CosFwdOp ErfFwdOp SigmoidFwdOp TanhFwdOp \
+        SoftplusFwdOp EluFwdOp SeluFwdOp HardswishFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
       *) echo "unknown bench group $group" ;;
     esac; done ;;
   sweep) run sweep.log python3 benchmarks/sweep_elementwise.py --workers 15 --out "$OUT" \

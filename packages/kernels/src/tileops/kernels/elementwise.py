@@ -378,6 +378,18 @@ def _log1p_unit32(e):
                 _T().call_pure_extern(f32, "__logf", _c(1.0, f32) + e))
 
 
+def _log1p_half(x):
+    """``log1p`` of a float32 ``x`` for the 16-bit outputs' forms: the series below
+    :data:`_SERIES_BELOW` in magnitude, else ``__logf(1 + x)`` (the rounding of ``1 + x``
+    and lg2.approx's absolute 2^-22 against a result of at least 0.03 in magnitude). -1 gives
+    -inf, below it NaN, NaN stays NaN."""
+    f32 = "float32"
+    series = x * (_c(1.0, f32) - x * (_c(0.5, f32) - x * (_c(1.0 / 3.0, f32)
+                                                         - x * _c(0.25, f32))))
+    return _sel(_T().abs(x) < _c(_SERIES_BELOW, f32), series,
+                _T().call_pure_extern(f32, "__logf", _c(1.0, f32) + x))
+
+
 def _softplus(x, beta, threshold):
     """torch's softplus: ``x`` where ``beta x > threshold``, else ``log1p(exp(beta x)) / beta``.
     ``beta == 0`` is written out as torch's arithmetic has it (a constant division by zero
@@ -546,9 +558,10 @@ def _fns() -> dict[str, ScalarFn]:
           integral=True)
     unary("neg", lambda x: -_w(x), exact=True, integral=True)
     unary("exp", lambda x: T().exp(x))
-    unary("expm1", _expm1)
+    unary("expm1", _expm1, half_build=lambda xs, ps, dt: (_let(xs[0], _expm1_half),))
     unary("log", lambda x: T().log(x))
-    unary("log1p", lambda x: T().log1p(x))
+    unary("log1p", lambda x: T().log1p(x), half_build=lambda xs, ps, dt: (
+        _let(xs[0], _log1p_half),))
     unary("sqrt", lambda x: T().sqrt(x))
     unary("rsqrt", lambda x: _c(1.0, x.dtype) / T().sqrt(x))
     unary("reciprocal", lambda x: _c(1.0, x.dtype) / x)
