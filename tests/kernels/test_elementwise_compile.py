@@ -259,6 +259,33 @@ def test_plan_kind_and_vector_width_follow_the_layout(s):
         assert p.tcols <= p.threads and p.threads % p.tcols == 0
 
 
+@settings(max_examples=300, deadline=None)
+@given(s=calls())
+def test_plan_form_cap_and_grid_follow_the_call(s):
+    """The 16-bit form only where the function has one and the outputs are 16-bit (by default
+    on the flat kind, one access a thread, or under a register cap); a cap only with a
+    function's declared rows launch; row blocks on the grid's y exactly when they fit in it;
+    a small flat run reads single elements, one a thread."""
+    p = E.plan(s)
+    if p.kind == "empty":
+        return
+    f = E.SCALAR_FNS[s.fn]
+    has_half = (f.half_build is not None and s.compute == "float32"
+                and set(s.out_dtypes) <= {"float16", "bfloat16"})
+    assert p.half == (has_half and (p.kind == "flat" or p.per == 1 or p.resident > 0))
+    assert p.resident == 0 or (f.rows_launch is not None and p.kind == "rows"
+                               and p.resident == f.rows_launch[2])
+    numel = math.prod(s.out_shape)
+    if p.kind == "flat":
+        assert not p.grid_y
+        if numel <= 128 * 132:
+            assert (p.vec, p.threads, p.per) == (1, 128, 1)
+    else:
+        ncols = math.prod(s.out_shape[d] for d in p.groups[-1])
+        blocks = -(-(numel // ncols) // (p.threads // p.tcols * p.per))
+        assert p.grid_y == (blocks <= 65535)
+
+
 @pytest.mark.parametrize(("out_shape", "in_shapes", "in_strides", "kind", "vec", "groups"), [
     pytest.param((32768, 8192), ((32768, 8192),), None, "flat", 8, ((0, 1),), id="contiguous"),
     pytest.param((33, 4097), ((33, 4097),), None, "flat", 8, ((0, 1),), id="odd-columns-flat"),

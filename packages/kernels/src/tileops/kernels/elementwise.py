@@ -1005,7 +1005,8 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     full = vec
     while vec > 1 and not fits(vec):
         vec //= 2
-    single = kind == "flat" and narrow is None and numel <= _SMALL_THREADS * _SMALL_CTAS
+    small = numel <= _SMALL_THREADS * _SMALL_CTAS
+    single = kind == "flat" and narrow is None and small
     if single:
         # so few elements that one a thread is still one wave of CTAs: the program reads and
         # writes single elements, a fraction of the code, and a small call's time is mostly
@@ -1013,7 +1014,9 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         # accesses, torch.compile 1.10; gelu over 1 x 4096 1.17 against 1.18, compile 1.16;
         # SwiGLU over 1 x 14336 1.21 against 1.23, compile 1.26; H200, 2026-12-04)
         vec = 1
-    if kind == "rows" and vec < full:
+    if kind == "rows" and vec < full and not small:
+        # (not for a small call: as a flat run it would read single elements anyway, and the
+        # rows kind at one access a thread reads the row without an index modulo its length)
         modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
         if modular is not None:
             return modular
