@@ -266,6 +266,11 @@ LAYOUTS = {
     "strided-rows": (lambda n: [(48, 1024)] * n, (48, 512), lambda t: t[:, :512]),
     "transposed": (lambda n: [(48, 1024)] * n, (1024, 48), lambda t: t.t()),
     "every-other": (lambda n: [(48, 1024)] * n, (24, 342), lambda t: t[::2, ::3]),
+    # three row groups (each row's offset divided out of its index): single elements, and
+    # with a contiguous last dim 16-byte vectors
+    "permuted-3d": (lambda n: [(8, 32, 48)] * n, (8, 48, 32), lambda t: t.permute(0, 2, 1)),
+    "permuted-4d": (lambda n: [(4, 8, 16, 64)] * n, (4, 16, 8, 64),
+                    lambda t: t.permute(0, 2, 1, 3)),
 }
 LAYOUT_FNS = ("silu", "add", "where")
 #: (fn, dtype) beyond bf16: int32 on every integral function, int64 and bool on a few, float16
@@ -309,7 +314,7 @@ def _call_and_check(fn, dtype, layout):
     params = _params(fn, dtype)
     ins, outs = tensors(fn, dtype, layout, DEV, gen)
     impl = run(fn, params, ins, outs, _compute(fn, dtype))
-    if layout in ("strided-rows", "transposed", "every-other"):
+    if layout in ("strided-rows", "transposed", "every-other", "permuted-3d", "permuted-4d"):
         assert impl is {"strided-rows": E.ElementwiseRowsKernel}.get(
             layout, E.ElementwiseStridedKernel), layout
     if outs[0].numel():
