@@ -7,8 +7,8 @@ and torch.compile, to set :func:`tileops.kernels.elementwise.plan`'s defaults fr
 Shapes (:data:`SHAPES`, bf16): unary silu, gelu, relu, gelu_tanh, mish, softplus and selu over
 32768 x 8192 and silu over 32768 x 4097 (a flat run with a masked tail), silu_and_mul and
 gelu_and_mul over a 16384 x 28672 input (its halves as strided rows), small calls (one row,
-three elements, odd gated rows, SwiGLU's rows), add with a row-broadcast ``[8192]`` bias and
-with a 0-dim scalar,
+three elements, odd gated rows, SwiGLU's rows), silu over permuted views (the strided kind),
+add with a row-broadcast ``[8192]`` bias and with a 0-dim scalar,
 and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared
 with; timed last, after a second of warm-up copies, by the same graph replay).
 
@@ -103,10 +103,21 @@ SHAPES = {
                             "silu_and_mul"),
     "silu_and_mul-1x28672": ("silu_and_mul", (), [(1, 14336)] * 2, [(28672, 1)] * 2,
                              (1, 14336), "silu_and_mul"),
+    # permuted views (:data:`PERMUTED`): the shapes are the contiguous tensors permuted
+    "silu-bshd-to-bhsd": ("silu", (), [(16, 2048, 32, 128)], None, (16, 32, 2048, 128),
+                          "silu"),
+    "silu-transposed-64x1024x1024": ("silu", (), [(64, 1024, 1024)], None, (64, 1024, 1024),
+                                     "silu"),
     "swiglu-5x4097": ("silu_and_mul", (), [(5, 4097)] * 2, None, (5, 4097), "silu_and_mul"),
     "swiglu-1x14336": ("silu_and_mul", (), [(1, 14336)] * 2, None, (1, 14336),
                        "silu_and_mul"),
 }
+
+
+#: label -> the permutation a shape's inputs are read through (the strided kind: a [B, S, H, D]
+#: activation read as [B, H, S, D], 16-byte accesses along D; a transpose of the last two
+#: dims, single elements)
+PERMUTED = {"silu-bshd-to-bhsd": (0, 2, 1, 3), "silu-transposed-64x1024x1024": (0, 2, 1)}
 
 
 def _contiguous(shape):
@@ -116,6 +127,9 @@ def _contiguous(shape):
 
 def make_spec(label: str, device=None) -> E.ElementwiseSpec:
     fn, params, shapes, strides, out_shape, _ = SHAPES[label]
+    if label in PERMUTED:
+        views = [torch.empty(s, device="meta").permute(PERMUTED[label]) for s in shapes]
+        shapes, strides = [v.shape for v in views], [v.stride() for v in views]
     strides = strides or [_contiguous(s) for s in shapes]
     return E.ElementwiseSpec(
         device=device, fn=fn, params=params, in_dtypes=("bfloat16",) * len(shapes),
@@ -191,6 +205,8 @@ def _tensors(label: str, torch):
         ins = [x[:, :n], x[:, n:]]
     else:
         ins = [torch.randn(s, device=dev, dtype=torch.bfloat16, generator=g) for s in shapes]
+        if label in PERMUTED:
+            ins = [t.permute(PERMUTED[label]) for t in ins]
     out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
     return ins, out
 
