@@ -163,7 +163,8 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
         else:
             forms = [E.plan(s, threads=t, per=p, half=h, resident=r)
                      for t, p, h, r in FORMS_TILED]
-        out += [(cand, False) for cand in forms if cand != default]
+        out += [(cand, False) for cand in dict.fromkeys(forms)
+                if cand != default and (cand, False) not in out]
     return out
 
 
