@@ -1,12 +1,17 @@
 """The elementwise kernels without a GPU: the call spec's refusals (exact text), the collapse
 and launch plan over the space of shapes, strides and alignments (hypothesis, pure Python),
-every scalar function's program built, and one program of each layout class lowered and
-compiled for sm_90 (each compiled case says which path it stands for)."""
+every scalar function's program built, one program of each layout class lowered and
+compiled for sm_90 (each compiled case says which path it stands for), and the programs of
+every layout class run on the host, thread by thread, for their indexing (``_host_run``)."""
 
+import ctypes
 import dataclasses
 import itertools
 import math
+import re
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -995,3 +1000,143 @@ def test_rows_programs_of_several_accesses_keep_the_float32_forms():
                                     "sm_90").get_kernel_source()
     assert "fast_rcp" not in srcs["rows"] and "expf(" in srcs["rows"].replace("exp2f(", "")
     assert "tl::fast_rcp(" in srcs["flat"] and "tl::fast_rcp(" in srcs["rows-default"]
+
+
+# --- the programs' indexing, run on the host ----------------------------------------------------
+
+#: guard elements before and after an output, which no program may write
+_GUARD = 64
+
+
+def _align(a) -> int:
+    """The data pointer's alignment in bytes (a power of two, at most 16), as the op states it."""
+    addr = a.__array_interface__["data"][0]
+    return min(16, addr & -addr) if addr else 16
+
+
+def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
+    """Call the program of ``fn`` over the numpy arrays ``ins`` (float32 views, any strides)
+    on the host (``_host_run``): the spec from the arrays as the op makes it, the plan
+    (``plan_kw`` overriding), every thread of every block of the launch. Returns the output,
+    whether the guards around it are untouched, and the plan."""
+    sys.path.insert(0, str(Path(__file__).parent))  # _host_run, beside this file
+    from _host_run import call_isolated, host_kernel, host_source, shared_array
+
+    numel = math.prod(out_shape)
+    buf = shared_array(np, numel + 2 * _GUARD, np.float32, -7.25)
+    out = buf[_GUARD:_GUARD + numel].reshape(out_shape)
+    item = 4
+    s = E.ElementwiseSpec(
+        device=None, fn=fn, params=params, in_dtypes=("float32",) * len(ins),
+        out_dtypes=("float32",), compute="float32", out_shape=tuple(out_shape),
+        in_shapes=tuple(tuple(a.shape) for a in ins),
+        in_strides=tuple(tuple(st // item for st in a.strides) for a in ins),
+        in_align=tuple(_align(a) for a in ins), out_strides=(contiguous(out_shape),),
+        out_align=(_align(out),))
+    p = E.plan(s, **plan_kw)
+    src = E.build_kernel(fn, params, s.in_dtypes, s.out_dtypes, "float32", len(out_shape), p,
+                         "sm_90").get_kernel_source()
+    run = host_kernel(src).run
+    _, decls = host_source(src)
+    tensors = dict(zip("ABCD"[:len(ins)], ins, strict=True)) | {"Y": out}
+    args = []
+    for typ, name in decls:
+        if name in tensors:
+            args.append(ctypes.c_void_p(tensors[name].__array_interface__["data"][0]))
+            continue
+        m = re.fullmatch(r"n(\d+)|s(x|y)(\d+)_(\d+)", name)
+        assert m is not None, f"a parameter the harness cannot bind: {typ} {name}"
+        if m.group(1) is not None:
+            value = out_shape[int(m.group(1))]
+        else:
+            arr = ins[int(m.group(3))] if m.group(2) == "x" else out
+            value = arr.strides[int(m.group(4))] // item
+        args.append((ctypes.c_int64 if "64" in typ else ctypes.c_int)(value))
+    # the launch's grid exactly: TileLang takes the block indices' extents as facts (a row
+    # block's bound check against the grid's y folds away), so a larger grid is not a launch
+    # the program was built for
+    if p.kind == "flat":
+        grid = (-(-numel // (p.threads * p.per * p.vec)), 1)
+    else:
+        ncols = math.prod(out_shape[d] for d in p.groups[-1])
+        ncb = -(-(ncols // p.vec) // p.tcols)
+        nrb = -(-(numel // ncols) // (p.threads // p.tcols * p.per))
+        grid = (ncb, nrb + extra_rows) if p.grid_y else (ncb * (nrb + extra_rows), 1)
+    crashed = call_isolated(run, *args, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
+                            ctypes.c_uint(p.threads))
+    if extra_rows:
+        return out, crashed is None and bool(
+            (buf[:_GUARD] == -7.25).all() and (buf[-_GUARD:] == -7.25).all()), p
+    assert crashed is None, (fn, p, crashed)
+    guards = bool((buf[:_GUARD] == -7.25).all() and (buf[-_GUARD:] == -7.25).all())
+    return out, guards, p
+
+
+def _layout(name, np, rng):
+    """(fn, params, inputs, output shape, numpy reference) of a layout, float32."""
+    def r(*shape):
+        return rng.standard_normal(shape, dtype=np.float32)
+
+    if name.startswith("flat-"):
+        n = int(name.split("-")[1])
+        a, b = r(n), r(n)
+        return "add", (1,), [a, b], (n,), a + b
+    if name == "scalar":
+        a, b = r(33, 1000), r()
+        return "mul", (), [a, np.asarray(b)], (33, 1000), a * b
+    if name == "odd-row-bias":
+        a, b = r(33, 4097), r(4097)
+        return "add", (1,), [a, b], (33, 4097), a + b
+    if name == "row-bias":
+        a, b = r(40, 1024), r(1024)
+        return "add", (1,), [a, b], (40, 1024), a + b
+    if name == "column":
+        a, b = r(300, 96), r(300, 1)
+        return "add", (1,), [a, b], (300, 96), a + b
+    if name.startswith("halves-"):
+        n = int(name.split("-")[1])
+        x = r(37, 2 * n)
+        return "mul", (), [x[:, :n], x[:, n:]], (37, n), x[:, :n] * x[:, n:]
+    if name == "transposed-3d":
+        a = r(6, 40, 52).transpose(0, 2, 1)
+        return "neg", (), [a], a.shape, -a
+    if name == "permuted-4d":
+        a, b = r(3, 9, 5, 40).transpose(0, 2, 1, 3), r(3, 5, 9, 40)
+        return "add", (1,), [a, b], b.shape, a + b
+    raise KeyError(name)
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "plan_kw"), [
+    ("flat-3", {}), ("flat-16896", {}), ("flat-16897", {}), ("flat-40000", {}),
+    ("flat-40003", {}), ("flat-40003", {"threads": 64, "per": 2}),
+    ("flat-40003", {"threads": 256, "per": 4}), ("flat-40003", {"threads": 128, "vec": 2}),
+    ("scalar", {}), ("odd-row-bias", {}), ("row-bias", {}), ("column", {}),
+    ("halves-4097", {}), ("halves-4096", {}), ("halves-4096", {"grid_y": False}),
+    ("halves-4096", {"threads": 256, "per": 4}), ("row-bias", {"grid_y": False}),
+    ("transposed-3d", {}), ("transposed-3d", {"grid_y": False}), ("permuted-4d", {}),
+])
+def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
+    """The generated program, run on the host thread by thread (``_host_run``), writes the
+    exact result into every output element and nothing outside it, for each layout class and
+    its edges: a flat run of three elements, the single-element rule's edge (16896) and the
+    element past it, a last CTA part full with and without elements left after its vectors, a
+    0-dim scalar, an odd row bias (the modular run), a row bias, a column, a gated op's halves
+    at odd and even offsets, the one-dimension grid, and three and four row groups (the strided
+    kind's row offsets)."""
+    np = pytest.importorskip("numpy")
+    fn, params, ins, out_shape, ref = _layout(layout, np, np.random.default_rng(7))
+    out, guards, p = _host_call(fn, params, ins, tuple(out_shape), np, **plan_kw)
+    assert guards, (layout, p)
+    assert np.array_equal(out, ref), (layout, p, float(np.abs(out - ref).max()))
+
+
+@needs_nvcc
+def test_the_host_run_sees_a_write_past_the_output():
+    """The harness can fail: a rows program launched with one row block more than it was
+    built for (its row bound folded away against the grid's extent) writes the row past the
+    output, which the guards (or the child's crash) report."""
+    np = pytest.importorskip("numpy")
+    fn, params, ins, out_shape, _ = _layout("row-bias", np, np.random.default_rng(7))
+    _, clean, p = _host_call(fn, params, ins, tuple(out_shape), np, extra_rows=1)
+    assert p.kind == "rows" and p.grid_y and not clean

@@ -1254,6 +1254,7 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
     single = tuple(k for k in range(n_in) if k not in runs and k not in mods)
     outs_i = tuple(range(n_out))
     n = extents[0] if extents else 1
+    nvec = T.truncdiv(n, vec)  # whole vectors of the run (an expression, not a bound name)
 
     @T.macro
     def load(fin, held, base, v):
@@ -1307,7 +1308,6 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
             res = [T.alloc_local((per * vec,), _storage(dt)) for dt in out_dtypes]
             for k in single:
                 held[k][0] = fin[k][0]
-            nvec = T.truncdiv(n, vec)
             if (b + 1) * chunk <= nvec:
                 # every access in flight before the math, every store after it
                 for v in T.unroll(per):
