@@ -1015,6 +1015,7 @@ def _align(a) -> int:
 
 
 def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
+    dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[ins[0].dtype]
     """Call the program of ``fn`` over the numpy arrays ``ins`` (float32 views, any strides)
     on the host (``_host_run``): the spec from the arrays as the op makes it, the plan
     (``plan_kw`` overriding), every thread of every block of the launch. Returns the output,
@@ -1023,12 +1024,12 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
     from _host_run import call_isolated, host_kernel, host_source, shared_array
 
     numel = math.prod(out_shape)
-    buf = shared_array(np, numel + 2 * _GUARD, np.float32, -7.25)
+    buf = shared_array(np, numel + 2 * _GUARD, ins[0].dtype, -7.25)
     out = buf[_GUARD:_GUARD + numel].reshape(out_shape)
-    item = 4
+    item = ins[0].dtype.itemsize
     s = E.ElementwiseSpec(
-        device=None, fn=fn, params=params, in_dtypes=("float32",) * len(ins),
-        out_dtypes=("float32",), compute="float32", out_shape=tuple(out_shape),
+        device=None, fn=fn, params=params, in_dtypes=(dtype,) * len(ins),
+        out_dtypes=(dtype,), compute="float32", out_shape=tuple(out_shape),
         in_shapes=tuple(tuple(a.shape) for a in ins),
         in_strides=tuple(tuple(st // item for st in a.strides) for a in ins),
         in_align=tuple(_align(a) for a in ins), out_strides=(contiguous(out_shape),),
@@ -1036,6 +1037,7 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
     p = E.plan(s, **plan_kw)
     src = E.build_kernel(fn, params, s.in_dtypes, s.out_dtypes, "float32", len(out_shape), p,
                          "sm_90").get_kernel_source()
+    assert "asm" not in src, "a device intrinsic: the program cannot run on the host"
     run = host_kernel(src).run
     _, decls = host_source(src)
     tensors = dict(zip("ABCD"[:len(ins)], ins, strict=True)) | {"Y": out}
@@ -1073,7 +1075,21 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
 
 
 def _layout(name, np, rng):
-    """(fn, params, inputs, output shape, numpy reference) of a layout, float32."""
+    """(fn, params, inputs, output shape, numpy reference) of a layout, float32; a name ending
+    in ``-f16`` the same in float16 (16-byte accesses of eight elements; the reference is
+    the float32 result rounded once, as the program computes it)."""
+    if name.endswith("-f16"):
+        fn, params, ins, shape, _ = _layout(name[:-4], np, rng)
+        halves = [a.astype(np.float16) for a in ins]
+        if name.startswith("halves-"):  # the halves of one float16 array, as the op has them
+            x = np.concatenate([a.astype(np.float16) for a in ins], axis=1)
+            n = ins[0].shape[1]
+            halves = [x[:, :n], x[:, n:]]
+        wide = [a.astype(np.float32) for a in halves]
+        ref = {"add": lambda a, b: a + b, "mul": lambda a, b: a * b,
+               "neg": lambda a: -a}[fn](*wide)
+        return fn, params, halves, shape, ref.astype(np.float16)
+
     def r(*shape):
         return rng.standard_normal(shape, dtype=np.float32)
 
@@ -1115,6 +1131,8 @@ def _layout(name, np, rng):
     ("halves-4097", {}), ("halves-4096", {}), ("halves-4096", {"grid_y": False}),
     ("halves-4096", {"threads": 256, "per": 4}), ("row-bias", {"grid_y": False}),
     ("transposed-3d", {}), ("transposed-3d", {"grid_y": False}), ("permuted-4d", {}),
+    ("flat-40003-f16", {}), ("odd-row-bias-f16", {}), ("halves-4096-f16", {}),
+    ("halves-4097-f16", {}), ("permuted-4d-f16", {}),
 ])
 def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
     """The generated program, run on the host thread by thread (``_host_run``), writes the
