@@ -9,7 +9,8 @@ the program's own indexing (which element each thread reads and writes, the mask
 blocks, that nothing outside the arrays is written) without a GPU. It compiles with ``nvcc``
 (the CUDA toolkit's headers), so the arithmetic that runs is the program's C++; only device
 intrinsics (``asm``, ``__shfl``) cannot run, so programs that use them (the 16-bit forms'
-``rcp.approx``) are out of reach.
+``rcp.approx``) are out of reach; the bit casts TileLang prints for infinities
+(``__int_as_float``) get host versions.
 
 This is test code: it edits the kernel's text (the declaration line, the qualifiers) to
 make the host version; it is never part of the library.
@@ -51,6 +52,14 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     head = [line for line in lines[:at] if not line.startswith('extern "C" __global__')]
     return "\n".join([
         *head,
+        "#include <cstring>",
+        # the bit casts TileLang prints for infinities and NaNs, as host functions
+        "static inline float host_int_as_float(int v) { float f; std::memcpy(&f, &v, 4);"
+        " return f; }",
+        "static inline int host_float_as_int(float f) { int v; std::memcpy(&v, &f, 4);"
+        " return v; }",
+        "#define __int_as_float host_int_as_float",
+        "#define __float_as_int host_float_as_int",
         "struct HostIndex { unsigned x, y, z; };",
         "static HostIndex host_block, host_thread;",
         "#define blockIdx host_block",

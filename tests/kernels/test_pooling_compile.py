@@ -97,3 +97,136 @@ def test_plan_covers_every_element(n, batch):
     threads, per = P.pool_plan(s)
     assert threads % 32 == 0 and per in (1, 4)
     assert (per == 4) == (n * batch >= 1 << 20)  # four outputs a thread where they abound
+
+
+# --- the programs run on the host, against torch's CPU pooling ------------------------------------
+
+
+def _host_run():
+    """tests/kernels/_host_run.py, beside this file (the test modules import as files)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _host_run
+
+    return _host_run
+
+
+def _host_pool(s, tensors, backward=False):
+    """Run the program of ``s`` on the host (tests/kernels/_host_run.py) over the numpy arrays
+    ``tensors`` (by the program's names: X, Y, IDX; DY, X, IDX, DX), every thread of its
+    launch in a forked child; the outputs land in those arrays (shared memory)."""
+    import ctypes
+
+    hr = _host_run()
+    src = P.build_pool_kernel(s, "sm_90", backward=backward).get_kernel_source()
+    assert "asm" not in src
+    _, decls = hr.host_source(src)
+    threads, per = P.pool_plan(s)
+    n = P._inputs(s) if backward else P._outputs(s)
+    grid = max(1, -(-n // (threads * per)))
+    args = [ctypes.c_void_p(tensors[name].__array_interface__["data"][0]) for _, name in decls]
+    crashed = hr.call_isolated(hr.host_kernel(src).run, *args, ctypes.c_uint(grid), ctypes.c_uint(1),
+                            ctypes.c_uint(threads))
+    assert crashed is None, (s, crashed)
+
+
+POOLS = [
+    # (kind, dims, kwargs, channels-last): ResNet's stem with indices; dilated, ceil_mode and
+    # channels-last; average pooling without the padding, with ceil_mode; a divisor override;
+    # 3-D; 1-D; adaptive windows of uneven length
+    ("max", 2, dict(kernel_size=3, stride=2, padding=1, return_indices=True), False),
+    ("max", 2, dict(kernel_size=(2, 3), stride=(2, 1), padding=(1, 1), dilation=(2, 1),
+                    ceil_mode=True, return_indices=True), True),
+    ("avg", 2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                    count_include_pad=False), False),
+    ("avg", 2, dict(kernel_size=(3, 2), stride=2, padding=(1, 0), divisor_override=5), True),
+    ("max", 3, dict(kernel_size=(2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1),
+                    return_indices=True), False),
+    ("avg", 1, dict(kernel_size=4, stride=3, padding=2, ceil_mode=True), False),
+    ("adaptive_max", 2, dict(output_size=(4, 5), return_indices=True), False),
+    ("adaptive_avg", 2, dict(output_size=(8, 3)), False),
+]
+
+
+def _pool_case(kind, dims, kw, channels_last, np, torch):
+    """The PoolSpec of a torch call over a random float32 input, and torch's result."""
+    F = torch.nn.functional
+    size = {1: (11, 37), 2: (3, 5, 13, 17), 3: (2, 3, 7, 9, 11)}[dims]
+    if dims == 1:
+        size = (2,) + size  # N, C, L
+    gen = torch.Generator().manual_seed(3)
+    if "max" in kind:  # small integers: ties, where torch keeps the first maximum; a NaN
+        x = torch.randint(-3, 4, size, generator=gen).float()
+        x.view(-1)[size[-1] + 2] = float("nan")
+    else:
+        x = torch.randn(size, generator=gen)
+    fn = getattr(F, f"{kind}_pool{dims}d")
+    got = fn(x, **kw)
+    y, idx = got if isinstance(got, tuple) else (got, None)
+    pad3 = lambda v, fill: (fill,) * (3 - dims) + (  # noqa: E731
+        tuple(v) if isinstance(v, (tuple, list)) else (v,) * dims)
+    adaptive = kind.startswith("adaptive")
+    s = P.PoolSpec(
+        device=None, kind=P.PoolKind.MAX if "max" in kind else P.PoolKind.AVG,
+        adaptive=adaptive,
+        layout=P.PoolLayout.CHANNELS_LAST if channels_last else P.PoolLayout.PLANES,
+        batch=size[0], channels=size[1], size_in=pad3(size[2:], 1),
+        size_out=pad3(tuple(y.shape[2:]), 1),
+        kernel=(1, 1, 1) if adaptive else pad3(kw["kernel_size"], 1),
+        stride=(1, 1, 1) if adaptive else pad3(kw.get("stride", kw["kernel_size"]), 1),
+        padding=(0, 0, 0) if adaptive else pad3(kw.get("padding", 0), 0),
+        dilation=(1, 1, 1) if adaptive else pad3(kw.get("dilation", 1), 1),
+        count_include_pad=kw.get("count_include_pad", True),
+        divisor=kw.get("divisor_override") or 0, indices=idx is not None, dtype="float32")
+    return s, x, y, idx
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "dims", "kw", "channels_last"), POOLS)
+def test_programs_match_torch_on_the_host(kind, dims, kw, channels_last):
+    """The generated forward (and, in planes, the gradient) run on the host thread by thread:
+    max pooling's values and int64 indices exactly torch's (inputs of small integers, so
+    windows tie and the first maximum must win, and a NaN), average pooling's values within a
+    float32 rounding of the sum's order, the gradients torch autograd's (max through the
+    forward's indices or by finding each window's maximum again)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+
+    s, x, y, idx = _pool_case(kind, dims, kw, channels_last, np, torch)
+    perm = (0, *range(2, x.dim()), 1)
+    xs = x.permute(perm) if channels_last else x  # channels-last memory order
+    X = np.ascontiguousarray(xs.numpy())
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    tensors = {"X": X, "Y": Y}
+    if idx is not None:
+        IDX = shared_array(np, idx.numel(), np.int64, -1)
+        tensors["IDX"] = IDX
+    _host_pool(s, tensors)
+    want = (y.permute(perm) if channels_last else y).contiguous().numpy().reshape(-1)
+    if s.kind is P.PoolKind.MAX:
+        assert np.array_equal(Y, want, equal_nan=True)
+        want_idx = (idx.permute(perm) if channels_last else idx).contiguous().numpy()
+        assert idx is None or np.array_equal(IDX, want_idx.reshape(-1))
+    else:
+        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+    if channels_last:
+        return  # the gradient program serves the planes layout
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))
+    got = getattr(torch.nn.functional, f"{kind}_pool{dims}d")(xg, **kw)
+    (got[0] if isinstance(got, tuple) else got).backward(dy)
+    for with_indices in ({True, False} if idx is not None else {False}):
+        sb = P.PoolSpec(**{**{f: getattr(s, f) for f in P._SPEC_FIELDS}, "device": None,
+                           "indices": with_indices})
+        DX = shared_array(np, x.numel(), np.float32, np.nan)
+        grads = {"DY": np.ascontiguousarray(dy.numpy()).reshape(-1), "X": X.reshape(-1),
+                 "DX": DX}
+        if with_indices:
+            grads["IDX"] = IDX
+        _host_pool(sb, grads, backward=True)
+        assert np.allclose(DX, xg.grad.numpy().reshape(-1), rtol=2e-6, atol=1e-6,
+                           equal_nan=True), (
+            with_indices, float(np.nanmax(np.abs(DX - xg.grad.numpy().reshape(-1)))))
