@@ -34,12 +34,13 @@ def events(fn, iters: int, trials: int = 5) -> float:
 
 
 def graph_events(fn, iters: int, trials: int = 5) -> float:
-    """Median milliseconds per call, replaying a CUDA graph of ``iters`` calls of ``fn``
-    (warmed up on a side stream first): the device time, without the host's launch cost
-    (:func:`tileops.ops.cli.timing.graph_time`, what ``tileops bench`` times with)."""
-    from tileops.ops.cli.timing import graph_time
+    """Median milliseconds per call, replaying a CUDA graph of ``iters`` calls of ``fn`` (or
+    of enough to fill 200 us where those take less; warmed up on a side stream first): the
+    device time, without the host's launch cost
+    (:func:`tileops.ops.cli.timing.filled_graph_time`, what ``tileops bench`` times with)."""
+    from tileops.ops.cli.timing import filled_graph_time
 
-    return graph_time(fn, iters, trials) * 1e3
+    return filled_graph_time(fn, iters, trials) * 1e3
 
 
 def version(dist: str) -> str | None:

@@ -21,8 +21,8 @@ the flat kind's default without it), the default marked; ``--quick`` times the
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
 disk cache then serves this one). Each candidate is checked once against float64 torch (max
 error within 2 ulp of bf16 at the reference, else WRONG), then timed by CUDA-graph replay
-(:func:`_common.graph_events`: the device time, median of 5 replays; 200 calls a graph for
-the calls of less than a MiB, 20 for the rest). Every tensor of the
+(:func:`_common.graph_events`: the device time, median of 5 replays of 20 calls, or of
+enough calls to fill 200 us). Every tensor of the
 large shapes is at least 128 MB, so L2 (50 MB on the H200) holds none of it between calls; the
 small shapes (one row, three elements, five odd rows) time a call's latency, which the plan's
 chain of accesses a thread and its count of CTAs decide.
@@ -69,8 +69,7 @@ FORMS_TILED = ((128, 1, False, 0), (256, 1, True, 0), (64, 1, True, 0), (256, 2,
                (256, 2, True, 4), (256, 4, True, 4), (128, 2, True, 8), (256, 4, False, 4))
 #: the small flat calls' candidates of narrower accesses, one a thread: ``(threads, vec)``
 TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4), (128, 8))
-#: calls that move less than this many bytes are timed over more calls a graph (their time
-#: is a launch's latency, about a microsecond)
+#: the small flat calls (less than a MiB moved) get the narrower-access candidates
 SMALL_BYTES = 1 << 20
 
 #: label -> (fn, params, input shapes, input strides or None (contiguous), output shape,
@@ -241,7 +240,6 @@ def run_shape(label: str, cands, torch) -> list[str]:
     nbytes = _bytes(ins, out)
     s = make_spec(label, torch.device("cuda"))
     ref = _reference(label, ins, torch)
-    iters = 200 if nbytes < SMALL_BYTES else 20
     rows = []
     for p, default in cands:
         try:
@@ -250,18 +248,18 @@ def run_shape(label: str, cands, torch) -> list[str]:
             prog(*ins, out)
             torch.cuda.synchronize()
             good = _ok(out, ref, torch)
-            ms = _common.graph_events(lambda prog=prog: prog(*ins, out), iters)
+            ms = _common.graph_events(lambda prog=prog: prog(*ins, out), 20)
             rows.append((ms, f"tileops {describe(p)}"
                          + (" (default)" if default else "") + ("" if good else " WRONG")))
         except Exception as exc:
             rows.append((float("inf"), f"tileops {describe(p)}: {_common.first_line(exc)}"))
     f = _torch_fn(SHAPES[label][5], torch)
-    rows.append((_common.graph_events(lambda: f(*ins), iters), "torch eager"))
+    rows.append((_common.graph_events(lambda: f(*ins), 20), "torch eager"))
     torch._dynamo.reset()
     compiled = torch.compile(f, dynamic=False)
     compiled(*ins)
-    rows.append((_common.graph_events(lambda: compiled(*ins), iters), "torch.compile"))
-    lines = [f"## {label} ({nbytes / 1e6:.0f} MB moved; {iters} calls a graph)", "",
+    rows.append((_common.graph_events(lambda: compiled(*ins), 20), "torch.compile"))
+    lines = [f"## {label} ({nbytes / 1e6:.0f} MB moved)", "",
              f"{'time (us)':>10}  {'TB/s':>6}  candidate"]
     for ms, what in sorted(rows):
         tbs = nbytes / (ms * 1e-3) / 1e12 if ms != float("inf") else 0.0

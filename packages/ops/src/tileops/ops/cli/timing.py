@@ -192,21 +192,26 @@ MIN_GRAPH_S = 200e-6
 MAX_GRAPH_CALLS = 1000
 
 
+def filled_graph_time(fn: Callable[[], Any], iters: int, trials: int = 5) -> float:
+    """:func:`graph_time` of ``iters`` calls, or of as many as fill :data:`MIN_GRAPH_S` (at
+    most :data:`MAX_GRAPH_CALLS`) where ``iters`` calls take less."""
+    seconds = graph_time(fn, iters, trials)
+    if 0 < seconds * iters < MIN_GRAPH_S:
+        calls = min(MAX_GRAPH_CALLS, math.ceil(MIN_GRAPH_S / seconds - 1e-9))
+        seconds = graph_time(fn, calls, trials)
+    return seconds
+
+
 def device_time(fn: Callable[[], Any], device: torch.device, *, iters: int = 20,
                 trials: int = 5) -> Timing:
-    """The device time per call of ``fn`` (already warmed up): a CUDA graph replay of
-    ``iters`` calls, or of as many as fill :data:`MIN_GRAPH_S` (at most
-    :data:`MAX_GRAPH_CALLS`) where ``iters`` calls take less; else CUDA events around
-    back-to-back calls (with a note), else (not CUDA) wall time."""
+    """The device time per call of ``fn`` (already warmed up): a CUDA graph replay
+    (:func:`filled_graph_time`), else CUDA events around back-to-back calls (with a note),
+    else (not CUDA) wall time."""
     if device.type != "cuda":
         return Timing(time_call(fn, device, repeat=iters), "wall clock")
     with torch.cuda.device(device):
         try:
-            seconds = graph_time(fn, iters, trials)
-            if 0 < seconds * iters < MIN_GRAPH_S:
-                calls = min(MAX_GRAPH_CALLS, math.ceil(MIN_GRAPH_S / seconds - 1e-9))
-                seconds = graph_time(fn, calls, trials)
-            return Timing(seconds, "cuda graph")
+            return Timing(filled_graph_time(fn, iters, trials), "cuda graph")
         except Exception as exc:  # noqa: BLE001 - the fallback below says why
             torch.cuda.synchronize()
             why = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
