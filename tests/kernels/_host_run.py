@@ -84,6 +84,8 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
 def host_kernel(source: str) -> ctypes.CDLL:
     """The compiled host version of a kernel's source (cached by the source's hash); its
     ``run`` takes the kernel's parameters, then the grid and the block's threads."""
+    if "asm" in source:
+        raise ValueError("the kernel uses inline PTX (asm), which cannot run on the host")
     text, _ = host_source(source)
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
     if key in _BUILT:
@@ -129,3 +131,25 @@ def call_isolated(fn, *args) -> str | None:
     if os.WEXITSTATUS(status):
         return f"exited with status {os.WEXITSTATUS(status)}"
     return None
+
+
+def run_kernel(source: str, values: dict, grid: tuple[int, int], threads: int) -> str | None:
+    """Run a kernel's source on the host (:func:`host_kernel`, in a forked child:
+    :func:`call_isolated`) over a ``grid`` of ``threads``-thread blocks. ``values`` maps the
+    kernel's parameter names to numpy arrays (passed by data pointer; an output should be a
+    :func:`shared_array` or a view of one) or ints (typed as the kernel declares them); names
+    the kernel does not take are ignored. None when every thread ran, else what ended the
+    child."""
+    _, decls = host_source(source)
+    missing = [name for _, name in decls if name not in values]
+    if missing:
+        raise KeyError(f"no value for the kernel's parameters {missing}")
+    args = []
+    for typ, name in decls:
+        v = values[name]
+        if hasattr(v, "__array_interface__"):
+            args.append(ctypes.c_void_p(v.__array_interface__["data"][0]))
+        else:
+            args.append((ctypes.c_int64 if "64" in typ else ctypes.c_int)(v))
+    return call_isolated(host_kernel(source).run, *args, ctypes.c_uint(grid[0]),
+                         ctypes.c_uint(grid[1]), ctypes.c_uint(threads))

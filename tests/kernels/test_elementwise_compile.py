@@ -4,11 +4,9 @@ every scalar function's program built, one program of each layout class lowered 
 compiled for sm_90 (each compiled case says which path it stands for), and the programs of
 every layout class run on the host, thread by thread, for their indexing (``_host_run``)."""
 
-import ctypes
 import dataclasses
 import itertools
 import math
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -1009,13 +1007,15 @@ def _align(a) -> int:
 
 
 def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
+    """Call the program of ``fn`` over the numpy arrays ``ins`` (float32 or float16 views,
+    any strides) on the host (``_host_run``): the spec from the arrays as the op makes it,
+    the plan (``plan_kw`` overriding), every thread of every block of the launch
+    (``extra_rows`` row blocks more, to show the harness sees what a wrong launch writes).
+    Returns the output, whether the guards around it are untouched (and, with
+    ``extra_rows``, the child unharmed), and the plan."""
     dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[ins[0].dtype]
-    """Call the program of ``fn`` over the numpy arrays ``ins`` (float32 views, any strides)
-    on the host (``_host_run``): the spec from the arrays as the op makes it, the plan
-    (``plan_kw`` overriding), every thread of every block of the launch. Returns the output,
-    whether the guards around it are untouched, and the plan."""
     sys.path.insert(0, str(Path(__file__).parent))  # _host_run, beside this file
-    from _host_run import call_isolated, host_kernel, host_source, shared_array
+    from _host_run import run_kernel, shared_array
 
     numel = math.prod(out_shape)
     buf = shared_array(np, numel + 2 * _GUARD, ins[0].dtype, -7.25)
@@ -1031,23 +1031,13 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
     p = E.plan(s, **plan_kw)
     src = E.build_kernel(fn, params, s.in_dtypes, s.out_dtypes, "float32", len(out_shape), p,
                          "sm_90").get_kernel_source()
-    assert "asm" not in src, "a device intrinsic: the program cannot run on the host"
-    run = host_kernel(src).run
-    _, decls = host_source(src)
-    tensors = dict(zip("ABCD"[:len(ins)], ins, strict=True)) | {"Y": out}
-    args = []
-    for typ, name in decls:
-        if name in tensors:
-            args.append(ctypes.c_void_p(tensors[name].__array_interface__["data"][0]))
-            continue
-        m = re.fullmatch(r"n(\d+)|s(x|y)(\d+)_(\d+)", name)
-        assert m is not None, f"a parameter the harness cannot bind: {typ} {name}"
-        if m.group(1) is not None:
-            value = out_shape[int(m.group(1))]
-        else:
-            arr = ins[int(m.group(3))] if m.group(2) == "x" else out
-            value = arr.strides[int(m.group(4))] // item
-        args.append((ctypes.c_int64 if "64" in typ else ctypes.c_int)(value))
+    # the program's parameters by build_program's names: tensors A-D and Y, extents n<d>,
+    # strides sx<k>_<j> (inputs) and sy0_<j> (the output), in elements
+    values = dict(zip("ABCD"[:len(ins)], ins, strict=True)) | {"Y": out}
+    values |= {f"n{d}": size for d, size in enumerate(out_shape)}
+    for tag, arrays in (("x", ins), ("y", [out])):
+        for k, a in enumerate(arrays):
+            values |= {f"s{tag}{k}_{j}": st // item for j, st in enumerate(a.strides)}
     # the launch's grid exactly: TileLang takes the block indices' extents as facts (a row
     # block's bound check against the grid's y folds away), so a larger grid is not a launch
     # the program was built for
@@ -1058,13 +1048,11 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
         ncb = -(-(ncols // p.vec) // p.tcols)
         nrb = -(-(numel // ncols) // (p.threads // p.tcols * p.per))
         grid = (ncb, nrb + extra_rows) if p.grid_y else (ncb * (nrb + extra_rows), 1)
-    crashed = call_isolated(run, *args, ctypes.c_uint(grid[0]), ctypes.c_uint(grid[1]),
-                            ctypes.c_uint(p.threads))
-    if extra_rows:
-        return out, crashed is None and bool(
-            (buf[:_GUARD] == -7.25).all() and (buf[-_GUARD:] == -7.25).all()), p
-    assert crashed is None, (fn, p, crashed)
+    crashed = run_kernel(src, values, grid, p.threads)
     guards = bool((buf[:_GUARD] == -7.25).all() and (buf[-_GUARD:] == -7.25).all())
+    if extra_rows:
+        return out, crashed is None and guards, p
+    assert crashed is None, (fn, p, crashed)
     return out, guards, p
 
 

@@ -117,18 +117,11 @@ def _host_pool(s, tensors, backward=False):
     """Run the program of ``s`` on the host (tests/kernels/_host_run.py) over the numpy arrays
     ``tensors`` (by the program's names: X, Y, IDX; DY, X, IDX, DX), every thread of its
     launch in a forked child; the outputs land in those arrays (shared memory)."""
-    import ctypes
-
-    hr = _host_run()
     src = P.build_pool_kernel(s, "sm_90", backward=backward).get_kernel_source()
-    assert "asm" not in src
-    _, decls = hr.host_source(src)
     threads, per = P.pool_plan(s)
     n = P._inputs(s) if backward else P._outputs(s)
-    grid = max(1, -(-n // (threads * per)))
-    args = [ctypes.c_void_p(tensors[name].__array_interface__["data"][0]) for _, name in decls]
-    crashed = hr.call_isolated(hr.host_kernel(src).run, *args, ctypes.c_uint(grid), ctypes.c_uint(1),
-                            ctypes.c_uint(threads))
+    crashed = _host_run().run_kernel(src, tensors, (max(1, -(-n // (threads * per))), 1),
+                                     threads)
     assert crashed is None, (s, crashed)
 
 
