@@ -143,7 +143,7 @@ POOLS = [
 ]
 
 
-def _pool_case(kind, dims, kw, channels_last, np, torch):
+def _pool_case(kind, dims, kw, channels_last, torch):
     """The PoolSpec of a torch call over a random float32 input, and torch's result."""
     F = torch.nn.functional
     size = {1: (11, 37), 2: (3, 5, 13, 17), 3: (2, 3, 7, 9, 11)}[dims]
@@ -188,7 +188,7 @@ def test_programs_match_torch_on_the_host(kind, dims, kw, channels_last):
     torch = pytest.importorskip("torch")
     shared_array = _host_run().shared_array
 
-    s, x, y, idx = _pool_case(kind, dims, kw, channels_last, np, torch)
+    s, x, y, idx = _pool_case(kind, dims, kw, channels_last, torch)
     perm = (0, *range(2, x.dim()), 1)
     xs = x.permute(perm) if channels_last else x  # channels-last memory order
     X = np.ascontiguousarray(xs.numpy())
