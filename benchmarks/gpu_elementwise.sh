@@ -28,7 +28,10 @@ for stage in $STAGES; do case $stage in
       --max-elements $((1 << 21)) ;;
   tests)
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
-    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py -k "not Norm and not Gemm" -q -p no:cacheprovider --maxfail=40 ;;
+    # the harness's workloads of the family's ops only (every family's are some 2600 tests)
+    TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/test_elementwise_cuda.py tests/ops/harness/test_cuda.py \
+      -k "test_elementwise_cuda or $(python3 benchmarks/prebuild_ops.py --family elementwise --list)" \
+      -q -p no:cacheprovider --maxfail=40 ;;
   bench)
     for group in $BENCHES; do case $group in
       unary) bench unary SiluFwdOp GeluFwdOp ReluFwdOp MishFwdOp -w m32768-n8192 -w odd-n4097 -w row-n4096 -w tiny-3 --dtype bf16 ;;

@@ -7,6 +7,7 @@ one after another. Each case is an op's own workload row and dtype case, scaled 
 called through the op on the GPU: exactly the kernels the ops select get built.
 
     python benchmarks/prebuild_ops.py --family elementwise [--workers N] [OP ...]
+    python benchmarks/prebuild_ops.py --family elementwise --list   # the ops, as a pytest -k
 """
 
 from __future__ import annotations
@@ -69,8 +70,14 @@ def main() -> int:
     ap.add_argument("--family")
     ap.add_argument("--workers", type=int, default=12)
     ap.add_argument("--max-elements", type=int, default=1 << 16)
+    ap.add_argument("--list", action="store_true",
+                    help="print the ops' names, one line joined by ' or ' (a pytest -k), and "
+                         "build nothing")
     args = ap.parse_args()
     names = _ops(args.family, args.ops)
+    if args.list:
+        print(" or ".join(names))
+        return 0
     t = time.perf_counter()
     failed = 0
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
