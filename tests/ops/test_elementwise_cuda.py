@@ -13,9 +13,11 @@ from hypothesis import strategies as st
 
 from tileops.ops import (
     AddFwdOp,
+    DivBwdOp,
     DivFwdOp,
     EqFwdOp,
     GeluFwdOp,
+    LerpBwdOp,
     MaximumFwdOp,
     MulFwdOp,
     PowFwdOp,
@@ -137,3 +139,27 @@ def test_integer_division_rounds_as_torch():
     out = DivFwdOp()(a, b)
     assert out.dtype is torch.float32
     torch.testing.assert_close(out, torch.div(a, b))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_broadcast_gradient_sums_its_terms_before_rounding(dtype):
+    """The gradient of a broadcast input (a bias) whose terms nearly cancel: each column sums
+    4096 terms of about 1 to about 1, which 16-bit terms would miss by some 5% (their rounding
+    errors add up while the sum cancels); the float32 terms summed and rounded once are within
+    the final rounding of float64."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(4096, 256, generator=g, device="cuda").to(dtype)
+    a[-1] = (1 - a[:-1].double().sum(0)).to(dtype)  # each column's sum near 1
+    b = (torch.rand(256, generator=g, device="cuda") + 1).to(dtype)
+    dout = torch.ones(4096, 256, device="cuda", dtype=dtype)
+    total = a.double().sum(0)
+    assert total.abs().min() > 0.5
+    _, db = DivBwdOp(grad_a=False, grad_b=True)(dout, a, b)
+    ref = -total / b.double() ** 2
+    err = (db.double() - ref).abs() / ref.abs()
+    assert err.max() <= 2.0 ** -8, float(err.max())
+    # lerp's weight gradient over a broadcast weight: dout (end - start), the same sum
+    _, _, dw = LerpBwdOp(grad_start=False, grad_end=False, grad_weight=True)(
+        dout, torch.zeros_like(a), a, b)
+    err = (dw.double() - total).abs() / total.abs()
+    assert err.max() <= 2.0 ** -8, float(err.max())
