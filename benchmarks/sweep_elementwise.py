@@ -85,6 +85,9 @@ SHAPES = {
                             "softplus"),
     "selu-32768x8192": ("selu", (), [(32768, 8192)], None, (32768, 8192), "selu"),
     "silu-32768x4097": ("silu", (), [(32768, 4097)], None, (32768, 4097), "silu"),
+    # the math functions' 16-bit forms, and the cheapest functions (one access a thread or two)
+    **{f"{fn}-32768x8192": (fn, (), [(32768, 8192)], None, (32768, 8192), fn)
+       for fn in ("tanh", "erf", "log", "sin", "cos", "exp", "abs", "hardswish", "sigmoid")},
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
     "gelu_and_mul-16384x28672": ("gelu_and_mul", (), [(16384, 14336)] * 2,
@@ -207,6 +210,8 @@ def _tensors(label: str, torch):
         ins = [torch.randn(s, device=dev, dtype=torch.bfloat16, generator=g) for s in shapes]
         if label in PERMUTED:
             ins = [t.permute(PERMUTED[label]) for t in ins]
+        if SHAPES[label][0] == "log":  # a positive argument
+            ins = [t.abs() for t in ins]
     out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
     return ins, out
 
@@ -217,7 +222,9 @@ def _torch_fn(name: str, torch):
             "gelu_tanh": lambda x: F.gelu(x, approximate="tanh"), "mish": F.mish,
             "silu_and_mul": lambda a, b: F.silu(a) * b,
             "gelu_and_mul": lambda a, b: F.gelu(a) * b, "softplus": F.softplus,
-            "selu": F.selu}[name]
+            "selu": F.selu, "tanh": torch.tanh, "erf": torch.erf, "log": torch.log,
+            "sin": torch.sin, "cos": torch.cos, "exp": torch.exp, "abs": torch.abs,
+            "hardswish": F.hardswish, "sigmoid": torch.sigmoid}[name]
 
 
 def _bytes(ins, out) -> int:

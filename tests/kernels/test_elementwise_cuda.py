@@ -280,7 +280,13 @@ DTYPE_CASES = (
     + [(fn, torch.int64) for fn in ("add", "maximum", "div_floor", "where")]
     + [(fn, torch.bool) for fn in ("eq", "ne", "mul")]
     + [(fn, dt) for fn in ("silu", "gelu", "gelu_tanh", "exp", "div", "gelu_and_mul_bwd")
-       for dt in (torch.float16, torch.float32)])
+       for dt in (torch.float16, torch.float32)]
+    + [(fn, torch.float16) for fn in sorted(E.SCALAR_FNS)
+       if E.SCALAR_FNS[fn].half_build is not None and E.SCALAR_FNS[fn].arity == 1
+       and fn not in ("silu", "gelu", "gelu_tanh")])
+#: the one-input functions with a 16-bit form, checked on every 16-bit input
+HALF_UNARY = sorted(fn for fn, f in E.SCALAR_FNS.items()
+                    if f.half_build is not None and f.arity == 1 and f.outputs == 1)
 
 
 def tensors(fn, dtype, layout, device, gen=None):
@@ -404,6 +410,26 @@ def test_rows_on_one_grid_dimension_match(fn):
         check(fn, outs, ins, params, E.SCALAR_FNS[fn].exact)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "f16"])
+@pytest.mark.parametrize("fn", HALF_UNARY)
+def test_half_forms_on_every_16_bit_input(fn, dtype):
+    """Every bfloat16 and float16 bit pattern (NaNs, infinities, subnormals and -0 included),
+    four times over the contiguous layout's 64 x 4096 (its program), against float64 with
+    the tolerance of :func:`check`: within one unit in the last place of torch's own error;
+    a -0 keeps its sign where torch's does."""
+    bits = torch.arange(-(1 << 15), 1 << 15, device=DEV, dtype=torch.int32).to(torch.int16)
+    x = bits.view(dtype).repeat(4).view(64, 4096)
+    y = torch.empty_like(x)
+    params = _params(fn, dtype)
+    run(fn, params, [x], [y], "float32")
+    check(fn, [y], [x], params, False)
+    zero = torch.tensor([-0.0], device=DEV, dtype=dtype)
+    want = REF[fn](zero, *params)
+    got = torch.empty_like(zero)
+    run(fn, params, [zero], [got], "float32")
+    assert torch.equal(got.view(torch.int16), want.view(torch.int16)), (fn, got, want)
+
+
 def test_large_flat_call_matches():
     """A call over more elements than one grid row of CTAs covers (2**27 bf16)."""
     x = torch.randn(1 << 14, 1 << 13, device=DEV, dtype=torch.bfloat16)
@@ -426,6 +452,11 @@ def _extra_specs():
         out.append(spec_of(fn, PARAMS.get(fn, ()), ins, [ins[0]], "float32", None))
     x = torch.empty(4097 * 8 + 1, device="meta", dtype=torch.bfloat16)[1:].view(8, 4097)
     out.append(spec_of("silu", (), [x], [torch.empty_like(x)], "float32", None))
+    for fn in HALF_UNARY:  # a single element (-0), on both 16-bit dtypes
+        for dtype in (torch.bfloat16, torch.float16):
+            z = torch.empty(1, device="meta", dtype=dtype)
+            out.append(spec_of(fn, _params(fn, dtype), [z], [torch.empty_like(z)], "float32",
+                               None))
     return out
 
 

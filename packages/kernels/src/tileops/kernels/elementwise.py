@@ -110,6 +110,8 @@ class ScalarFn:
     #: the rows default; the register cap (``Plan.resident``) lets the 16-bit form serve more
     #: than one access a thread
     rows_launch: tuple[int, int, int] | None = None
+    #: the 16-bit form calls :data:`HALF_PRELUDE`'s helpers (its programs carry the prelude)
+    prelude: bool = False
 
 
 def _T():
@@ -198,6 +200,27 @@ _LOG2E = 1.4426950408889634
 def _exp2(x):
     """``exp2f`` of a float32 ``x``: one ``ex2.approx`` (subnormal results kept)."""
     return _T().call_pure_extern("float32", "exp2f", x)
+
+
+#: device functions the 16-bit forms call by name, put at the top of the CUDA source of a
+#: program that runs a 16-bit form (``T.import_source``; a fixed text, nothing of a call's in
+#: it): ``ex2.approx.ftz`` alone is one MUFU.EX2, where ``exp2f`` adds three instructions an
+#: element to keep subnormal results (``ftz``: a result below 2^-126 is 0)
+HALF_PRELUDE = """
+__device__ __forceinline__ float tileops_ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+"""
+
+
+def _exp2_ftz(x):
+    """``2^x`` of a float32 ``x`` as one ``ex2.approx.ftz`` (:data:`HALF_PRELUDE`): within 2
+    ulp, a result below float32's smallest normal flushed to 0. For the forms that only add
+    the result to 1 (tanh's ``1 +- e``, erf's ``1 - t P(t) e``), where a subnormal is lost
+    anyway; the 16-bit forms only (their programs carry the prelude)."""
+    return _T().call_pure_extern("float32", "tileops_ex2_ftz", x)
 
 
 def _exp32(x):
@@ -431,6 +454,141 @@ def _elu_half(x, alpha, scale):
                                   v * _c(scale, f32)))
 
 
+#: below this ``|x|``, tanh's 16-bit form takes ``x (1 - x^2 / 3)`` (relative error below
+#: ``2 x^4 / 15``, 1.3e-7); from it on ``(1 - e) / (1 + e)``, ``e = exp(-2|x|)``, whose ``1 - e``
+#: carries exp2's relative 2^-22 of ``e`` as ``2^-22 / (2|x|)`` of the result, 3.8e-6 there
+_TANH_SERIES_BELOW = 2.0 ** -5
+
+
+def _tanh_half(x):
+    """tanh of a float32 ``x`` for a 16-bit output: ``sign(x) (1 - e) r``, ``e = exp(-2|x|)``
+    (in (0, 1]) and ``r = 1 / (1 + e)`` (the fast reciprocal's range), the series below
+    :data:`_TANH_SERIES_BELOW`. One exp2 and one reciprocal, where libdevice's ``tanhf`` took
+    some 20 instructions an element and held the kernel under the copy's bandwidth. Both arms
+    are computed and one selected (the reciprocal is an ``asm volatile``: in an arm of its own
+    it would be a branch an element). +-inf give +-1, NaN stays NaN, -0 stays -0."""
+    T = _T()
+    f32 = "float32"
+    e = _exp2_ftz(T.abs(x) * _c(-2.0 * _LOG2E, f32))
+    return _let(e, lambda e: _let(
+        T.copysign((_c(1.0, f32) - e) * _rcp(_c(1.0, f32) + e), x),
+        lambda far: _sel(T.abs(x) < _c(_TANH_SERIES_BELOW, f32),
+                         x * (_c(1.0, f32) - (x * x) * _c(1.0 / 3.0, f32)), far)))
+
+
+#: Abramowitz and Stegun 7.1.26: ``erf(x) = 1 - t P(t) exp(-x^2)``, ``t = 1 / (1 + p x)``,
+#: x >= 0, absolute error below 1.5e-7 (``p`` first, then P's coefficients from t^0 up)
+ERF_AS_P = 0.3275911
+ERF_AS_COEFFS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+#: below this ``|x|``, erf's 16-bit form takes its series (three terms: relative error below
+#: ``x^6 / 42``, 9e-8); from it on the absolute 1.5e-7 (and float32's) is 3e-6 of the result
+_ERF_SERIES_BELOW = 0.125
+
+
+def _erf_half(x):
+    """erf of a float32 ``x`` for a 16-bit output: ``sign(x) (1 - t P(t) exp(-x^2))``
+    (:data:`ERF_AS_COEFFS`; one fast reciprocal, one exp2) from :data:`_ERF_SERIES_BELOW` on,
+    ``2 / sqrt(pi) x (1 - x^2 / 3 + x^4 / 10)`` below, where the absolute error would be
+    relative to a small result; both computed, one selected (as :func:`_tanh_half`).
+    libdevice's ``erff`` took some 27 instructions an element (3.5 TB/s on the H200). +-inf
+    give +-1, NaN stays NaN, -0 stays -0."""
+    T = _T()
+    f32 = "float32"
+
+    def tail(x2, t):
+        acc = _c(ERF_AS_COEFFS[-1], f32)
+        for c in reversed(ERF_AS_COEFFS[:-1]):
+            acc = acc * t + _c(c, f32)
+        return T.copysign(_c(1.0, f32) - acc * t * _exp2_ftz(x2 * _c(-_LOG2E, f32)), x)
+
+    return _let(x * x, lambda x2: _let(
+        _rcp(T.abs(x) * _c(ERF_AS_P, f32) + _c(1.0, f32)), lambda t: _let(
+            tail(x2, t), lambda far: _sel(
+                T.abs(x) < _c(_ERF_SERIES_BELOW, f32),
+                x * (_c(2.0 / math.sqrt(math.pi), f32)
+                     + x2 * (_c(-2.0 / (3.0 * math.sqrt(math.pi)), f32)
+                             + x2 * _c(1.0 / (5.0 * math.sqrt(math.pi)), f32))),
+                far))))
+
+
+def _log_half(x):
+    """log of a float32 ``x`` for a 16-bit output: ``__logf`` (lg2.approx, an absolute
+    2^-21.4 on [0.5, 2], relative 2^-22 past it), and near 1, where that absolute error would
+    be relative to a small result, ``log1p``'s series of ``x - 1`` (exact: Sterbenz) below
+    :data:`_SERIES_BELOW` (relative error below 2.1e-7). libdevice's ``logf`` took some 30
+    instructions an element (3.3 TB/s on the H200). 0 gives -inf, a negative NaN, NaN and inf
+    themselves."""
+    f32 = "float32"
+    return _let(x - _c(1.0, f32), lambda d: _let(
+        _T().call_pure_extern(f32, "__logf", x), lambda far: _sel(
+            _T().abs(d) < _c(_SERIES_BELOW, f32),
+            d * (_c(1.0, f32) - d * (_c(0.5, f32) - d * (_c(1.0 / 3.0, f32)
+                                                         - d * _c(0.25, f32)))),
+            far)))
+
+
+#: sin and cos's 16-bit forms: ``sin(r) = r (1 + r^2 (S1 + r^2 S2))`` and ``cos(r) = 1 + r^2
+#: (C1 + r^2 (C2 + r^2 C3))`` on |r| <= pi / 4, fits of relative error 1.9e-6 and 3.9e-8
+#: (reweighted least squares on Chebyshev nodes, the constant term held at 1, then rounded to
+#: float32)
+SIN_COEFFS = (-0.16663377, 0.00816294)
+COS_COEFFS = (-0.49999884, 0.04165573, -0.00135912)
+#: pi / 2 in two float32 parts (Cody and Waite): each ``k * part`` of the reduction is exact
+#: inside an fma, so ``r = x - k pi / 2`` is off by at most ``k`` times the third part
+#: (1.7e-15), 1.2e-10 below :data:`_TRIG_FAST_BELOW`: relative 1e-5 of an ``r`` as small as
+#: any 16-bit input there comes to a multiple of pi / 2 (CUDA's ``sinf`` takes a third part
+#: for float32's precision)
+PIO2_PARTS = (1.5707963705062866, -4.371138828673793e-08)
+_TRIG_FAST_BELOW = 105615.0
+#: 1.5 * 2^23: ``x * 2 / pi + this`` rounds ``x * 2 / pi`` to an integer ``k`` whose low bits
+#: are the float's own
+_ROUND_MAGIC = 12582912.0
+
+
+def _sincos_half(x, cos: bool):
+    """sin (or cos) of a float32 ``x`` for a 16-bit output: ``k = rint(2 x / pi)``, ``r = x - k
+    pi / 2`` (:data:`PIO2_PARTS`), then the quadrant ``k mod 4`` picks ``+-sin(r)`` or
+    ``+-cos(r)`` (:data:`SIN_COEFFS`, :data:`COS_COEFFS`); past :data:`_TRIG_FAST_BELOW`
+    libdevice's ``sinf``/``cosf`` (its Payne-Hanek reduction), in a branch no activation
+    takes. Where sin or cos is small away from 0 (x near a multiple of pi), ``r`` is small
+    and the result keeps its relative accuracy. libdevice's own took some 25 instructions an
+    element (3.9 TB/s on the H200). +-inf and NaN give NaN; sin keeps -0."""
+    T = _T()
+    f32 = "float32"
+    # on |x| (an operand modifier): sin(x) = sign(x) sin(|x|), cos(x) = cos(|x|), and sin's
+    # sign goes in with the quadrant's (the reduction of -0 would give +0)
+    j = T.abs(x) * _c(2.0 / math.pi, f32) + _c(_ROUND_MAGIC, f32)
+
+    def reduced(jv):
+        k = jv - _c(_ROUND_MAGIC, f32)
+        r = T.abs(x) - k * _c(PIO2_PARTS[0], f32)
+        r = r - k * _c(PIO2_PARTS[1], f32)
+        q = T.reinterpret(jv, "int32") + (1 if cos else 0)  # cos(x) = sin(x + pi / 2)
+        sign = T.shift_left(T.bitwise_and(q, 2), 30)
+        if not cos:
+            sign = T.bitwise_xor(sign, T.bitwise_and(T.reinterpret(x, "int32"),
+                                                     _c(-(1 << 31), "int32")))
+
+        def of(rv):
+            r2 = rv * rv
+            sin_r = rv * (_c(1.0, f32) + r2 * (_c(SIN_COEFFS[0], f32)
+                                               + r2 * _c(SIN_COEFFS[1], f32)))
+            cos_r = _c(1.0, f32) + r2 * (_c(COS_COEFFS[0], f32) + r2 * (
+                _c(COS_COEFFS[1], f32) + r2 * _c(COS_COEFFS[2], f32)))
+            # both bound, one selected, the sign flipped by the quadrant's bit 1 moved to the
+            # sign bit: no branch (a select between expressions is printed as if/else)
+            return _let(sin_r, lambda sv: _let(cos_r, lambda cv: _let(
+                _sel(T.bitwise_and(q, 1) != 0, cv, sv), lambda v: T.reinterpret(
+                    T.bitwise_xor(T.reinterpret(v, "int32"), sign), f32))))
+
+        return _let(r, of)
+
+    name = "cosf" if cos else "sinf"
+    # the fast form bound first: only the far arm (libdevice's) is a branch
+    return _let(_let(j, reduced), lambda near: _sel(
+        T.abs(x) < _c(_TRIG_FAST_BELOW, f32), near, T.call_pure_extern(f32, name, x)))
+
+
 def _gelu_grad(x):
     """d gelu(x) / dx (torch's GeluBackward, approximate='none')."""
     dt = x.dtype
@@ -533,9 +691,10 @@ def _fns() -> dict[str, ScalarFn]:
     fns: list[ScalarFn] = []
 
     def add(name, arity, build, *, params=(), exact=False, integral=False, outputs=1,
-            keep=(), bool_out=False, half_build=None, flat_launch=None, rows_launch=None):
+            keep=(), bool_out=False, half_build=None, flat_launch=None, rows_launch=None,
+            prelude=False):
         fns.append(ScalarFn(name, arity, outputs, tuple(params), exact, integral, build,
-                            keep, bool_out, half_build, flat_launch, rows_launch))
+                            keep, bool_out, half_build, flat_launch, rows_launch, prelude))
 
     def unary(name, f, **kw):
         add(name, 1, lambda xs, ps, dt: (f(xs[0]),), **kw)
@@ -547,17 +706,21 @@ def _fns() -> dict[str, ScalarFn]:
     unary("neg", lambda x: -_w(x), exact=True, integral=True)
     unary("exp", lambda x: T().exp(x))
     unary("expm1", _expm1, half_build=lambda xs, ps, dt: (_let(xs[0], _expm1_half),))
-    unary("log", lambda x: T().log(x))
+    unary("log", lambda x: T().log(x), half_build=lambda xs, ps, dt: (_let(xs[0], _log_half),))
     unary("log1p", lambda x: T().log1p(x), half_build=lambda xs, ps, dt: (
         _let(xs[0], _log1p_half),))
     unary("sqrt", lambda x: T().sqrt(x))
     unary("rsqrt", lambda x: _c(1.0, x.dtype) / T().sqrt(x))
     unary("reciprocal", lambda x: _c(1.0, x.dtype) / x)
-    unary("sin", lambda x: T().sin(x))
-    unary("cos", lambda x: T().cos(x))
-    unary("tanh", lambda x: T().tanh(x))
+    unary("sin", lambda x: T().sin(x), half_build=lambda xs, ps, dt: (
+        _let(xs[0], lambda x: _sincos_half(x, False)),))
+    unary("cos", lambda x: T().cos(x), half_build=lambda xs, ps, dt: (
+        _let(xs[0], lambda x: _sincos_half(x, True)),))
+    unary("tanh", lambda x: T().tanh(x), half_build=lambda xs, ps, dt: (_let(xs[0], _tanh_half),),
+          prelude=True)
     unary("sigmoid", _sigmoid)
-    unary("erf", lambda x: T().erf(x))
+    unary("erf", lambda x: T().erf(x), half_build=lambda xs, ps, dt: (_let(xs[0], _erf_half),),
+          prelude=True)
     add("floor", 1, _rounding(lambda t: t.floor), exact=True, integral=True)
     add("ceil", 1, _rounding(lambda t: t.ceil), exact=True, integral=True)
     add("round", 1, lambda xs, ps, dt: (_round(xs[0]),), exact=True, integral=True)
@@ -1175,8 +1338,10 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     uint8 (:func:`_storage`): read as a nonzero test, written as 0 or 1."""
     _, T = tl()
     f = SCALAR_FNS[fn]
+    prelude = False
     if p.half and f.half_build is not None and compute == "float32" and set(out_dtypes) <= _HALF:
         f = dataclasses.replace(f, build=f.half_build)
+        prelude = f.prelude
     idt = "int64" if p.wide else "int32"
     dims = [T.dynamic(f"n{d}", idt) for d in range(out_rank)]
 
@@ -1207,10 +1372,11 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
     extents = [math.prod(dims[d] for d in g) if g else 1 for g in p.groups]
     if p.kind == "flat":
         ncols = math.prod(dims[d] for d in p.row) if p.row else 1
-        body = _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt)
+        body = _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt,
+                          prelude)
     else:
         body = _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride,
-                           idt)
+                           idt, prelude)
     return _with_params(body, [b for b, _ in decl_in], [b for b, _ in decl_out])
 
 
@@ -1229,9 +1395,11 @@ def _stored(T, value, dtype: str):
     return T.cast(value, dtype)
 
 
-def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt):
+def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, idt,
+               prelude=False):
     """One run of ``n`` elements; inputs unit-stride, a single element, or (code 3) a row of
-    ``ncols`` broadcast over the run, read at the index modulo ``ncols``. A CTA covers
+    ``ncols`` broadcast over the run, read at the index modulo ``ncols`` (``prelude``: the
+    function calls :data:`HALF_PRELUDE`'s helpers). A CTA covers
     ``threads * per`` vectors; the CTAs wholly inside run unmasked, the last checks each
     vector and takes the run's last elements (fewer than a vector) one a thread."""
     vec, per, threads = p.vec, p.per, p.threads
@@ -1287,6 +1455,8 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
         fin = [T.Tensor((1,), b.dtype, data=b.data) for b in ins]
         fout = [T.Tensor((1,), b.dtype, data=b.data) for b in outs]
         with T.Kernel(T.cast(T.ceildiv(n, chunk * vec), "int32"), threads=threads) as bx:
+            if prelude:
+                T.import_source(HALF_PRELUDE)
             if p.resident:
                 T.annotate_min_blocks_per_sm(p.resident)
             tx = T.get_thread_binding()
@@ -1326,7 +1496,8 @@ def _flat_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, ncols, 
     return body
 
 
-def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt):
+def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride, idt,
+                prelude=False):
     """Rows of the innermost group by the outer groups (one outer group: ``rows``; any number:
     ``strided``, each row's offset decomposed from its index). A CTA is ``threads / tcols``
     rows of ``tcols`` vectors, each thread making ``per`` accesses down the rows; CTAs wholly
@@ -1433,9 +1604,13 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
             # column blocks on the grid's x, row blocks on its y: no division
             with T.Kernel(T.cast(ncb, "int32"), T.cast(nrb, "int32"), threads=threads) as (
                     bx, by):
+                if prelude:
+                    T.import_source(HALF_PRELUDE)
                 block(fin, fout, T.cast(bx, idt), T.cast(by, idt))
         else:
             with T.Kernel(T.cast(ncb * nrb, "int32"), threads=threads) as bx:
+                if prelude:
+                    T.import_source(HALF_PRELUDE)
                 b = T.cast(bx, idt)
                 # bound once: written into each index, the division by the runtime ``ncb``
                 # was repeated in 64 bits at every access (nvcc's software division, hundreds
