@@ -908,8 +908,19 @@ def _sincos_half_numpy(np, x, cos):
         return np.where(np.abs(x) < f(E._TRIG_FAST_BELOW), v, exact)
 
 
+def _hard_numpy(np, x, swish):
+    f = np.float32
+    with np.errstate(invalid="ignore", over="ignore"):
+        g = np.minimum(np.maximum((x + f(3)).astype(f), f(0)), f(6))
+        g = np.where(np.isnan(x), x, g)  # std::max / std::min keep the NaN
+        return (((x * g).astype(f) if swish else g) * f(1 / 6)).astype(f)
+
+
 _HALF_FORMS = {"tanh": (_tanh_half_numpy, "tanh"), "erf": (_erf_half_numpy, "erf"),
                "log": (_log_half_numpy, "log"),
+               "sigmoid": (lambda np, x: _sigmoid_terms_numpy(x)[0], "sigmoid"),
+               "hardswish": (lambda np, x: _hard_numpy(np, x, True), "hardswish"),
+               "hardsigmoid": (lambda np, x: _hard_numpy(np, x, False), "hardsigmoid"),
                "sin": (lambda np, x: _sincos_half_numpy(np, x, False), "sin"),
                "cos": (lambda np, x: _sincos_half_numpy(np, x, True), "cos")}
 
@@ -917,7 +928,8 @@ _HALF_FORMS = {"tanh": (_tanh_half_numpy, "tanh"), "erf": (_erf_half_numpy, "erf
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("fn", sorted(_HALF_FORMS))
 def test_half_forms_within_one_ulp_over_every_16_bit_input(fn, dtype):
-    """tanh, erf, log, sin and cos's 16-bit forms, step by step in numpy float32 (the
+    """The 16-bit forms of tanh, erf, log, sin, cos, sigmoid, hardswish and hardsigmoid, step
+    by step in numpy float32 (the
     approximate exp2, log and reciprocal exact here: their 2^-22 is far below what is
     allowed), over every finite bfloat16 and float16 input: the result rounded to the dtype
     is the float64 result correctly rounded or its neighbour, and the neighbour in few cases
@@ -932,8 +944,13 @@ def test_half_forms_within_one_ulp_over_every_16_bit_input(fn, dtype):
     xd = x.astype(np.float64)
     with np.errstate(divide="ignore"):
         ref = {"tanh": np.tanh, "log": np.log, "sin": np.sin, "cos": np.cos,
-               "erf": np.vectorize(math.erf)}[name](xd)
+               "erf": np.vectorize(math.erf),
+               "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
+               "hardswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
+               "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6}[name](xd)
     want = _round16(np, ref, dtype)
+    if fn == "hardswish":  # x * 6 overflows float32 past 5.7e37, in torch's float32 math too
+        want = np.where(xd * 6 > np.finfo(np.float32).max, np.inf, want)
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     finite = np.isfinite(want) & np.isfinite(got)
     assert np.array_equal(np.isfinite(got), np.isfinite(want)), x[np.isfinite(got) != np.isfinite(want)][:8]

@@ -589,6 +589,12 @@ def _sincos_half(x, cos: bool):
         T.abs(x) < _c(_TRIG_FAST_BELOW, f32), near, T.call_pure_extern(f32, name, x)))
 
 
+def _hard_gate(x):
+    """``min(max(x + 3, 0), 6)`` with ``std::max``/``std::min``'s NaN rule, as torch's
+    hardswish and hardsigmoid."""
+    return _std_min(_std_max(x + _c(3.0, x.dtype), _c(0.0, x.dtype)), _c(6.0, x.dtype))
+
+
 def _gelu_grad(x):
     """d gelu(x) / dx (torch's GeluBackward, approximate='none')."""
     dt = x.dtype
@@ -701,10 +707,13 @@ def _fns() -> dict[str, ScalarFn]:
 
     T = _T
     # --- unary math
+    # abs and exp: one access a thread, as relu (bf16 32768 x 8192 on the H200, 2026-12-04:
+    # abs 128/1 4.270 TB/s, 128/2 4.229, eager 4.263, compile 4.245; exp 128/1 4.270, 128/2
+    # 4.245, compile 4.272, eager 4.266)
     unary("abs", lambda x: T().abs(_w(x)) if str(x.dtype) != "bool" else x, exact=True,
-          integral=True)
+          integral=True, flat_launch=(128, 1))
     unary("neg", lambda x: -_w(x), exact=True, integral=True)
-    unary("exp", lambda x: T().exp(x))
+    unary("exp", lambda x: T().exp(x), flat_launch=(128, 1))
     unary("expm1", _expm1, half_build=lambda xs, ps, dt: (_let(xs[0], _expm1_half),))
     unary("log", lambda x: T().log(x), half_build=lambda xs, ps, dt: (_let(xs[0], _log_half),))
     unary("log1p", lambda x: T().log1p(x), half_build=lambda xs, ps, dt: (
@@ -718,9 +727,13 @@ def _fns() -> dict[str, ScalarFn]:
         _let(xs[0], lambda x: _sincos_half(x, True)),))
     unary("tanh", lambda x: T().tanh(x), half_build=lambda xs, ps, dt: (_let(xs[0], _tanh_half),),
           prelude=True)
-    unary("sigmoid", _sigmoid)
+    unary("sigmoid", _sigmoid, half_build=lambda xs, ps, dt: (
+        _sigmoid_terms32(xs[0], lambda s, c: s),))
+    # the 16-bit forms' flat launches (the same sweep): erf 64/4 4.245, 64/2 4.176, 128/2
+    # 4.159 (eager 3.327, compile 3.102); tanh 128/2 4.282, sin 128/2 4.247, cos 128/2 4.269,
+    # log 128/1 4.258 and 128/2 4.247 (eager 3.352, compile 3.394)
     unary("erf", lambda x: T().erf(x), half_build=lambda xs, ps, dt: (_let(xs[0], _erf_half),),
-          prelude=True)
+          prelude=True, flat_launch=(64, 4))
     add("floor", 1, _rounding(lambda t: t.floor), exact=True, integral=True)
     add("ceil", 1, _rounding(lambda t: t.ceil), exact=True, integral=True)
     add("round", 1, lambda xs, ps, dt: (_round(xs[0]),), exact=True, integral=True)
@@ -757,10 +770,12 @@ def _fns() -> dict[str, ScalarFn]:
         half_build=lambda xs, ps, dt: (_elu_half(xs[0], float(ps[0]), 1.0),))
     unary("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE),
           half_build=lambda xs, ps, dt: (_elu_half(xs[0], _SELU_ALPHA, _SELU_SCALE),))
-    unary("hardswish", lambda x: x * _std_min(_std_max(x + _c(3.0, x.dtype), _c(0.0, x.dtype)),
-                                              _c(6.0, x.dtype)) / _c(6.0, x.dtype))
-    unary("hardsigmoid", lambda x: _std_min(_std_max(x + _c(3.0, x.dtype), _c(0.0, x.dtype)),
-                                            _c(6.0, x.dtype)) / _c(6.0, x.dtype))
+    # torch's division by 6; the 16-bit forms multiply by float32's 1/6 (within 2 float32 ulp
+    # of the quotient, one 16-bit rounding): the IEEE division was most of their instructions
+    unary("hardswish", lambda x: x * _hard_gate(x) / _c(6.0, x.dtype),
+          half_build=lambda xs, ps, dt: (xs[0] * _hard_gate(xs[0]) * _c(1.0 / 6.0, dt),))
+    unary("hardsigmoid", lambda x: _hard_gate(x) / _c(6.0, x.dtype),
+          half_build=lambda xs, ps, dt: (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt),))
     add("hardtanh", 1, lambda xs, ps, dt: (_clamp(xs[0], ps[0], ps[1], True, True),),
         params=("min_val", "max_val"), exact=True)
     add("clamp", 1, lambda xs, ps, dt: (_clamp(xs[0], *ps),),
