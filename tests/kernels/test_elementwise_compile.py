@@ -522,7 +522,11 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
 
 
 @pytest.mark.parametrize(("fn", "in_shapes", "in_strides", "out_shape", "launch"), [
-    pytest.param("exp", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
+    pytest.param("sqrt", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
+    pytest.param("exp", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 1),
+                 id="flat-1-exp"),
+    pytest.param("erf", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 4),
+                 id="flat-1-erf"),
     pytest.param("silu", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 2),
                  id="flat-1-silu"),
     pytest.param("gelu", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 4),
