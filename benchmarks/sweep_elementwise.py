@@ -111,6 +111,11 @@ SHAPES = {
                           "silu"),
     "silu-transposed-64x1024x1024": ("silu", (), [(64, 1024, 1024)], None, (64, 1024, 1024),
                                      "silu"),
+    # the same views with the output in their own layout, as the ops allocate it (torch's)
+    "silu-bshd-to-bhsd-own": ("silu", (), [(16, 2048, 32, 128)], None, (16, 32, 2048, 128),
+                              "silu"),
+    "silu-transposed-64x1024x1024-own": ("silu", (), [(64, 1024, 1024)], None,
+                                         (64, 1024, 1024), "silu"),
     "swiglu-5x4097": ("silu_and_mul", (), [(5, 4097)] * 2, None, (5, 4097), "silu_and_mul"),
     "swiglu-1x14336": ("silu_and_mul", (), [(1, 14336)] * 2, None, (1, 14336),
                        "silu_and_mul"),
@@ -120,7 +125,11 @@ SHAPES = {
 #: label -> the permutation a shape's inputs are read through (the strided kind: a [B, S, H, D]
 #: activation read as [B, H, S, D], 16-byte accesses along D; a transpose of the last two
 #: dims, single elements)
-PERMUTED = {"silu-bshd-to-bhsd": (0, 2, 1, 3), "silu-transposed-64x1024x1024": (0, 2, 1)}
+PERMUTED = {"silu-bshd-to-bhsd": (0, 2, 1, 3), "silu-transposed-64x1024x1024": (0, 2, 1),
+            "silu-bshd-to-bhsd-own": (0, 2, 1, 3), "silu-transposed-64x1024x1024-own": (0, 2, 1)}
+#: the permuted shapes whose output is in the input's layout (``torch.empty_like``; the others
+#: write a contiguous one)
+OWN_LAYOUT = {"silu-bshd-to-bhsd-own", "silu-transposed-64x1024x1024-own"}
 
 
 def _contiguous(shape):
@@ -134,11 +143,12 @@ def make_spec(label: str, device=None) -> E.ElementwiseSpec:
         views = [torch.empty(s, device="meta").permute(PERMUTED[label]) for s in shapes]
         shapes, strides = [v.shape for v in views], [v.stride() for v in views]
     strides = strides or [_contiguous(s) for s in shapes]
+    out_strides = tuple(strides[0]) if label in OWN_LAYOUT else _contiguous(out_shape)
     return E.ElementwiseSpec(
         device=device, fn=fn, params=params, in_dtypes=("bfloat16",) * len(shapes),
         out_dtypes=("bfloat16",), compute="float32", out_shape=out_shape,
         in_shapes=tuple(map(tuple, shapes)), in_strides=tuple(map(tuple, strides)),
-        in_align=(16,) * len(shapes), out_strides=(_contiguous(out_shape),), out_align=(16,))
+        in_align=(16,) * len(shapes), out_strides=(out_strides,), out_align=(16,))
 
 
 def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
@@ -213,7 +223,8 @@ def _tensors(label: str, torch):
             ins = [t.permute(PERMUTED[label]) for t in ins]
         if SHAPES[label][0] == "log":  # a positive argument
             ins = [t.abs() for t in ins]
-    out = torch.empty(out_shape, device=dev, dtype=torch.bfloat16)
+    out = (torch.empty_like(ins[0]) if label in OWN_LAYOUT else
+           torch.empty(out_shape, device=dev, dtype=torch.bfloat16))
     return ins, out
 
 

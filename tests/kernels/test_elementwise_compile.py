@@ -1190,11 +1190,13 @@ def _align(a) -> int:
     return min(16, addr & -addr) if addr else 16
 
 
-def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
+def _host_call(fn, params, ins, out_shape, np, extra_rows=0, out_like=None, **plan_kw):
     """Call the program of ``fn`` over the numpy arrays ``ins`` (float32 or float16 views,
     any strides) on the host (``_host_run``): the spec from the arrays as the op makes it,
     the plan (``plan_kw`` overriding), every thread of every block of the launch
-    (``extra_rows`` row blocks more, to show the harness sees what a wrong launch writes).
+    (``extra_rows`` row blocks more, to show the harness sees what a wrong launch writes);
+    ``out_like``: the input whose memory order the output takes (as ``torch.empty_like``),
+    else the output is contiguous.
     Returns the output, whether the guards around it are untouched (and, with
     ``extra_rows``, the child unharmed), and the plan."""
     dtype = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16"}[ins[0].dtype]
@@ -1204,14 +1206,18 @@ def _host_call(fn, params, ins, out_shape, np, extra_rows=0, **plan_kw):
     numel = math.prod(out_shape)
     buf = shared_array(np, numel + 2 * _GUARD, ins[0].dtype, -7.25)
     out = buf[_GUARD:_GUARD + numel].reshape(out_shape)
+    if out_like is not None:  # the input's dims from its largest stride to its smallest
+        order = sorted(range(len(out_shape)), key=lambda d: -ins[out_like].strides[d])
+        out = buf[_GUARD:_GUARD + numel].reshape([out_shape[d] for d in order]).transpose(
+            [order.index(d) for d in range(len(out_shape))])
     item = ins[0].dtype.itemsize
     s = E.ElementwiseSpec(
         device=None, fn=fn, params=params, in_dtypes=(dtype,) * len(ins),
         out_dtypes=(dtype,), compute="float32", out_shape=tuple(out_shape),
         in_shapes=tuple(tuple(a.shape) for a in ins),
         in_strides=tuple(tuple(st // item for st in a.strides) for a in ins),
-        in_align=tuple(_align(a) for a in ins), out_strides=(contiguous(out_shape),),
-        out_align=(_align(out),))
+        in_align=tuple(_align(a) for a in ins),
+        out_strides=(tuple(st // item for st in out.strides),), out_align=(_align(out),))
     p = E.plan(s, **plan_kw)
     src = E.build_kernel(fn, params, s.in_dtypes, s.out_dtypes, "float32", len(out_shape), p,
                          "sm_90").get_kernel_source()
@@ -1285,6 +1291,9 @@ def _layout(name, np, rng):
     if name == "permuted-4d":
         a, b = r(3, 9, 5, 40).transpose(0, 2, 1, 3), r(3, 5, 9, 40)
         return "add", (1,), [a, b], b.shape, a + b
+    if name == "permuted-4d-both":
+        a, b = r(3, 9, 5, 40).transpose(0, 2, 1, 3), r(3, 9, 5, 40).transpose(0, 2, 1, 3)
+        return "add", (1,), [a, b], b.shape, a + b
     raise KeyError(name)
 
 
@@ -1316,6 +1325,24 @@ def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
 
 
 @needs_nvcc
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "kind"), [
+    ("transposed-3d", "flat"), ("permuted-4d", "strided"), ("permuted-4d-both", "flat"),
+    ("transposed-3d-f16", "flat"), ("permuted-4d-both-f16", "flat")])
+def test_programs_write_an_output_in_its_inputs_layout_on_the_host(layout, kind):
+    """An output in its first input's memory order (as torch allocates it for a permuted
+    dense input): where every operand shares that order the call is one flat run over the
+    storages (a transposed [6, 52, 40], two [3, 5, 9, 40] read as [3, 9, 5, 40]); where the
+    other input is in the logical order, the strided kind in the output's order."""
+    np = pytest.importorskip("numpy")
+    fn, params, ins, out_shape, ref = _layout(layout, np, np.random.default_rng(11))
+    out, guards, p = _host_call(fn, params, ins, tuple(out_shape), np, out_like=0)
+    assert p.kind == kind, p
+    assert guards, (layout, p)
+    assert out.strides != tuple(sorted(out.strides, reverse=True))  # not contiguous
+    assert np.array_equal(out, ref), (layout, p, float(np.abs(out - ref).max()))
+
+
 def test_the_host_run_sees_a_write_past_the_output():
     """The harness can fail: a rows program launched with one row block more than it was
     built for (its row bound folded away against the grid's extent) writes the row past the

@@ -1007,8 +1007,9 @@ def _check_shape(name: str, field: str, shape) -> None:
 class ElementwiseInterface(KernelInterface):
     """One slot: ``forward(*inputs, *outputs)`` with the tensors as the op has them: inputs
     broadcastable to ``out_shape`` at any strides (0-dim included), outputs of ``out_shape``
-    (fresh contiguous tensors, or for an in-place call the input object itself, possibly a
-    strided view; an output that partly overlaps an input is the op's to refuse)."""
+    (fresh tensors in torch's layout for the inputs, or for an in-place call the input object
+    itself, possibly a strided view; an output that partly overlaps an input is the op's to
+    refuse)."""
 
     slot = "elementwise"
     call_spec = ElementwiseSpec
@@ -1021,13 +1022,18 @@ def collapse(shape, strides):
     """The fewest dims that address every operand: ``(groups, merged)`` where ``groups`` are
     the surviving dims of ``shape`` (outer to inner) as tuples of the original dims each
     merges, and ``merged[k][g]`` is operand ``k``'s stride across group ``g`` (the stride of
-    its innermost dim). ``strides[k]`` are aligned to ``shape`` with 0 for broadcast dims.
-    Dims of extent 1 drop out; adjacent dims merge where every operand is contiguous across
-    them."""
+    its innermost dim). ``strides[k]`` are aligned to ``shape`` with 0 for broadcast dims;
+    ``strides[0]`` is the (first) output's. Dims of extent 1 drop out; the rest are visited in
+    the output's memory order (its strides from largest to smallest; a contiguous output keeps
+    the logical order), and adjacent dims merge where every operand is contiguous across them:
+    an output in its input's permuted layout (torch's for a transposed or ``[B, S, H, D]`` as
+    ``[B, H, S, D]`` input) is one flat run over both storages, as torch's TensorIterator
+    reorders its dims before it coalesces them."""
+    dims = [d for d, n in enumerate(shape) if n != 1]
+    dims.sort(key=lambda d: -strides[0][d])  # stable: equal strides keep the logical order
     groups: list[list[int]] = []
-    for d, n in enumerate(shape):
-        if n == 1:
-            continue
+    for d in dims:
+        n = shape[d]
         if groups and all(st[groups[-1][-1]] == st[d] * n for st in strides):
             groups[-1].append(d)
         else:
