@@ -199,3 +199,67 @@ def test_inplace_op_whose_gradient_reads_its_input_is_refused_before_writing():
     torch.testing.assert_close(h.detach(), before, rtol=0, atol=0)  # nothing was written
     with torch.no_grad():
         assert op(h) is h  # and the op is usable
+
+
+# --- the outputs' layout --------------------------------------------------------------------
+
+
+def _strides_of_extents(t):
+    """``t``'s strides over its dims of extent above 1 (an extent-1 dim's stride addresses
+    nothing, and torch's own vary there)."""
+    return [s for s, n in zip(t.stride(), t.shape, strict=True) if n != 1]
+
+
+@st.composite
+def _views(draw):
+    """One to three operands of a common shape: each a permutation of a tensor, a slice of
+    one with a step, or broadcast over some dims (size 1 or fewer dims)."""
+    nd = draw(st.integers(2, 4))
+    shape = draw(st.lists(st.integers(1, 5), min_size=nd, max_size=nd))
+    views = []
+    for _ in range(draw(st.integers(1, 3))):
+        own = list(shape)
+        if views and draw(st.booleans()):
+            own = [n if draw(st.booleans()) else 1 for n in shape][draw(st.integers(0, nd - 1)):]
+        perm = draw(st.permutations(range(len(own))))
+        step = draw(st.sampled_from([1, 1, 2]))
+        base = torch.randn([own[p] * step for p in perm])[tuple(slice(None, None, step)
+                                                               for _ in perm)]
+        views.append(base.permute([perm.index(i) for i in range(len(own))]))
+    return views
+
+
+@settings(max_examples=150, deadline=None)
+@given(views=_views())
+def test_outputs_take_torchs_layout(views):
+    """An output is laid out as torch's TensorIterator lays it out (a transposed input gives
+    a transposed output, the first operand that orders two dims deciding), so a permuted
+    input is one flat run for the kernels; its values are torch's."""
+    if len(views) == 1:
+        op, want = SiluFwdOp(), F.silu(views[0])
+    elif len(views) == 2:
+        op, want = AddFwdOp(), torch.add(*views)
+    else:
+        op, want = WhereFwdOp(), torch.where(views[0] > 0, views[1], views[2])
+        views = [views[0] > 0, views[1], views[2]]
+    for _ in range(2):  # the general call, then the fused one
+        got = op(*views)
+        assert _strides_of_extents(got) == _strides_of_extents(want), (
+            [(tuple(v.shape), v.stride()) for v in views], got.stride(), want.stride())
+        torch.testing.assert_close(got, want)
+
+
+def test_a_transposed_input_gives_a_transposed_output_also_under_compile():
+    """The compile boundary's fake output has the eager call's strides."""
+    x = torch.randn(6, 4, 5).transpose(1, 2)
+    op = GeluFwdOp()
+
+    def fn(t):
+        y = op(t)
+        return y, torch.tensor(y.stride())  # read while tracing: the fake's strides
+
+    y, fake_strides = torch.compile(fn, fullgraph=True, backend="eager")(x)
+    assert y.stride() == x.stride() == tuple(fake_strides.tolist())
+    torch.testing.assert_close(y, F.gelu(x))
+    a, b = torch.randn(5, 7).t(), torch.randn(5, 7).t()
+    assert AddFwdOp()(a, b).stride() == torch.add(a, b).stride() == (1, 7)

@@ -163,3 +163,22 @@ def test_a_broadcast_gradient_sums_its_terms_before_rounding(dtype):
         dout, torch.zeros_like(a), a, b)
     err = (dw.double() - total).abs() / total.abs()
     assert err.max() <= 2.0 ** -8, float(err.max())
+
+
+def test_permuted_inputs_give_outputs_in_their_layout():
+    """A transposed or ``[B, S, H, D]``-as-``[B, H, S, D]`` input gives an output in its own
+    memory order, as torch's (the kernels read and write both as one flat run), with torch's
+    values; an in-place call on a transposed view writes it."""
+    x = torch.randn(4, 256, 8, 64, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    y = SiluFwdOp()(x)
+    assert y.stride() == x.stride() == F.silu(x).stride()
+    torch.testing.assert_close(y, F.silu(x), rtol=2 ** -7, atol=0)
+    a = torch.randn(512, 300, device="cuda", dtype=torch.float16).t()
+    b = torch.randn(512, 300, device="cuda", dtype=torch.float16).t()
+    z = AddFwdOp()(a, b)
+    assert z.stride() == torch.add(a, b).stride() == (1, 300)
+    assert torch.equal(z, torch.add(a, b))
+    w = torch.randn(300, 512, device="cuda", dtype=torch.bfloat16)
+    v = w.t()
+    want = torch.relu(v)
+    assert ReluFwdOp(inplace=True)(v) is v and torch.equal(v, want)

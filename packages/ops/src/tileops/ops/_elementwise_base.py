@@ -40,6 +40,78 @@ def _noop(*tensors: Any) -> None:
     """The entry of an empty call: nothing to read or write."""
 
 
+def _dense_order(shape: tuple, strides: tuple) -> list[int] | None:
+    """The dims of a non-overlapping and dense tensor from its largest stride to its
+    smallest (extent-1 dims where they stand), or None where it is not one."""
+    dims = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: -strides[d])
+    expected = 1
+    for d in reversed(dims):
+        if strides[d] != expected:
+            return None
+        expected *= shape[d]
+    return dims
+
+
+def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
+    """The strides torch's TensorIterator gives a fresh output of ``shape`` computed from
+    ``inputs`` (None: contiguous). Inputs of ``shape`` that share the strides of a
+    non-overlapping and dense tensor hand them on (its fast setup); otherwise the dims are
+    ordered by the inputs' strides, the first input that tells two dims apart deciding
+    (broadcast dims tell nothing; equal strides put the smaller extent inner), and the output
+    is contiguous in that order (``reorder_dimensions``). A transposed input gives a
+    transposed output; a contiguous first input a contiguous one. Inputs that do not
+    broadcast to ``shape`` (a gated op's ``[*B, 2N]``, a gradient's larger ``dout``) take no
+    part."""
+    nd = len(shape)
+    ts = [t for t in inputs if isinstance(t, torch.Tensor)]
+    if nd < 2 or all(t.is_contiguous() for t in ts):
+        return None
+    ts = [t for t in ts if t.dim() <= nd and all(
+        n in (1, o) for n, o in zip(reversed(t.shape), reversed(shape), strict=False))]
+    if not ts:
+        return None
+    if all(tuple(t.shape) == tuple(shape) for t in ts):
+        first = ts[0].stride()
+        if all(t.stride() == first for t in ts) and _dense_order(shape, first) is not None:
+            return tuple(first)
+    ops = []
+    for t in ts:
+        pad = nd - t.dim()
+        ops.append((0,) * pad + tuple(0 if n == 1 and shape[pad + i] != 1 else st
+                                      for i, (n, st) in enumerate(zip(t.shape, t.stride(),
+                                                                      strict=True))))
+
+    def should_swap(d0: int, d1: int) -> int:
+        for st in ops:
+            s0, s1 = st[d0], st[d1]
+            if s0 == 0 or s1 == 0:
+                continue
+            if s0 != s1:
+                return -1 if s0 < s1 else 1
+            if shape[d0] > shape[d1]:
+                return 1
+        return 0
+
+    perm = list(reversed(range(nd)))  # innermost first
+    for i in range(1, nd):
+        d1 = i
+        for d0 in range(i - 1, -1, -1):
+            c = should_swap(perm[d0], perm[d1])
+            if c > 0:
+                perm[d0], perm[d1] = perm[d1], perm[d0]
+                d1 = d0
+            elif c < 0:
+                break
+    if perm == list(reversed(range(nd))):
+        return None
+    strides = [0] * nd
+    step = 1
+    for d in perm:
+        strides[d] = step
+        step *= shape[d]
+    return tuple(strides)
+
+
 class ElementwiseOp(Op):
     """Family base of the elementwise ops (see the module docstring). A leaf sets :attr:`fn`
     (or overrides :meth:`fn_name`) and :meth:`torch_fn`; :meth:`constants` reads the fn's
@@ -49,6 +121,15 @@ class ElementwiseOp(Op):
     fn: ClassVar[str]
     kernel_types = {_k.ElementwiseInterface: (_k.ElementwiseFlatKernel, _k.ElementwiseRowsKernel,
                                               _k.ElementwiseStridedKernel)}
+
+    def output_layout(self, inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
+        """torch's layout of the outputs (:func:`torch_layout`): an output in its inputs' own
+        memory order, so a transposed or permuted input is read and written as one flat run,
+        as torch does."""
+        for t in inputs:  # the common case first, at a few tens of ns an input
+            if t is not None and not t.is_contiguous():
+                return torch_layout(inputs, tuple(shape))
+        return None
 
     def derive(self) -> None:
         self._fn = self.fn_name()

@@ -116,11 +116,15 @@ class CompileBoundary:
             outs = []
             for i in return_index:
                 shape = call.output_shapes[i]
-                # an output like an input is allocated as a contiguous one (op.py)
-                kw = {} if plan.output_names[i] in op._point.output_like else fresh
-                outs.append(None if shape is None else
-                            torch.empty(shape, dtype=call.output_dtypes[i], device=call.device,
-                                        **kw))
+                dtype = call.output_dtypes[i]
+                if shape is None:
+                    outs.append(None)
+                elif op.output_layout is not None:  # as the eager call lays it out (op.py)
+                    outs.append(op._laid_out(inputs, shape, dtype, call.device))
+                else:
+                    # an output like an input is allocated as a contiguous one (op.py)
+                    kw = {} if plan.output_names[i] in op._point.output_like else fresh
+                    outs.append(torch.empty(shape, dtype=dtype, device=call.device, **kw))
             if not outs:
                 return None
             return outs[0] if single else tuple(outs)

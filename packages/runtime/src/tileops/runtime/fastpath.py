@@ -59,7 +59,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
-from .registry import UNRESOLVED, empty_from_record
+from .registry import UNRESOLVED
 
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.signature import ConstructionPoint, SignatureCall
@@ -83,8 +83,7 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     if not plan.input_names:
         return None
     ns: dict[str, Any] = {"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
-                          "_rt_empty_like": torch.empty_like,
-                          "_rt_empty_from_record": empty_from_record, "_rt_forward": cls.forward}
+                          "_rt_empty_like": torch.empty_like, "_rt_forward": cls.forward}
     fused = _Fused(op, op._point, builder, ns)
     module = ast.Module([_function("fast", _arguments(["op", *fused.params]), fused.body())],
                         type_ignores=[])
@@ -191,7 +190,8 @@ class _Fused:
             out.append(_assign("y", ast.IfExp(
                 test=_call(_attr(_load(src), "is_contiguous")),
                 body=_call(_load("_rt_empty_like"), _load(src)),
-                orelse=_call(_load("_rt_empty_from_record"), _load("call")))))
+                orelse=_call(_attr(_load("op"), "_like_output"), _load("call"),
+                             self._packed()))))
             outs: list[ast.expr] = [_load("y")]
             result: ast.expr = _load("y")
         else:

@@ -84,6 +84,13 @@ class Op(declared.Equivalents, Composite, Trained):
     #: format of the outputs the op allocates fresh (not one like an input, an alias or a given
     #: buffer), eagerly and as the compile boundary's fakes (a channels-last pool's output)
     output_memory_format: ClassVar[Any] = None
+    #: None (outputs like an input, and fresh ones, contiguous), or ``output_layout(self,
+    #: inputs, shape) -> strides | None``: the strides of an output of ``shape`` the op
+    #: allocates, like an input or fresh (None: contiguous), eagerly and as the compile
+    #: boundary's fakes (the elementwise family's: torch's TensorIterator layout, so a
+    #: transposed input gives a transposed output); consulted only where an input is not
+    #: contiguous
+    output_layout: ClassVar[Any] = None
     #: the torch.library ops this class registered, one per effect branch
     compile_op_names: ClassVar[tuple[str, ...]] = ()
     #: the entry's ``backward`` block resolved (autograd.py), or None: forward-only
@@ -363,7 +370,7 @@ class Op(declared.Equivalents, Composite, Trained):
             if allocate.__class__ is int:  # one output, like the input at that index
                 src = inputs[allocate]
                 outputs = (_empty_like(src) if src.is_contiguous() else
-                           empty_from_record(call),)
+                           self._like_output(call, inputs),)
             else:
                 outputs = allocate(call, inputs, outs)
             if self.construction_tensors:
@@ -550,6 +557,20 @@ class Op(declared.Equivalents, Composite, Trained):
                 recipe.append(("new", i))
         return tuple(recipe)
 
+    def _like_output(self, call: SignatureCall, inputs: tuple) -> Any:
+        """The one output like an input that is not contiguous: contiguous, or where the op
+        states an ``output_layout``, in that layout."""
+        if self.output_layout is None:
+            return empty_from_record(call)
+        _, shapes, dtypes = call.derived()
+        return self._laid_out(inputs, shapes[0], dtypes[0], call.device)
+
+    def _laid_out(self, inputs: tuple, shape: Any, dtype: Any, device: Any) -> Any:
+        strides = self.output_layout(inputs, shape)
+        if strides is None:
+            return torch.empty(shape, dtype=dtype, device=device)
+        return torch.empty_strided(shape, strides, dtype=dtype, device=device)
+
     def _make_outputs(self, recipe: tuple, call: SignatureCall, inputs: tuple,
                       outs: dict | None) -> tuple:
         _, shapes, dtypes = call.derived()  # one derivation for every output
@@ -560,7 +581,11 @@ class Op(declared.Equivalents, Composite, Trained):
             if tag == "like":  # same shape and dtype as a (contiguous) input: the cheap path
                 src = inputs[r[2]]
                 result.append(_empty_like(src) if src.is_contiguous() else
-                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
+                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
+                              if self.output_layout is None else
+                              self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
+            elif tag == "new" and self.output_layout is not None:
+                result.append(self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
             elif tag == "new":
                 fmt = self.output_memory_format
                 result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
