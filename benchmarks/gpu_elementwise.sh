@@ -6,7 +6,8 @@
 # kernels' launch-plan sweep. Logs and results go to $OUT (or ./gpu-out). STAGES picks stages
 # (default: prebuild tests bench; also: sweep). SWEEP_SHAPES (comma-separated labels of
 # benchmarks/sweep_elementwise.py) narrows the sweep, BENCHES (unary gelu_tanh gated binary
-# more_unary) the bench stage. About 10 minutes on one H200.
+# more_unary; all_a and all_b: every unary op and activation of the spec on every bf16 workload,
+# some 4 minutes each) the bench stage. About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
 BENCHES=${BENCHES:-unary gelu_tanh gated binary more_unary}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -40,6 +41,12 @@ for stage in $STAGES; do case $stage in
       binary) bench binary AddFwdOp MulFwdOp -w bias-m32768-n8192 -w scalar-m32768-n8192 -w same-m32768-n8192 -w odd-n4097 ;;
       more_unary) bench more_unary ExpFwdOp Expm1FwdOp LogFwdOp Log1pFwdOp SinFwdOp CosFwdOp ErfFwdOp SigmoidFwdOp TanhFwdOp \
         SoftplusFwdOp EluFwdOp SeluFwdOp HardswishFwdOp AbsFwdOp -w m32768-n8192 --dtype bf16 ;;
+      all_a) bench all_a ExpFwdOp Expm1FwdOp LogFwdOp Log1pFwdOp SqrtFwdOp RsqrtFwdOp ReciprocalFwdOp \
+        SinFwdOp CosFwdOp TanhFwdOp SigmoidFwdOp ErfFwdOp AbsFwdOp NegFwdOp SignFwdOp FloorFwdOp \
+        CeilFwdOp --dtype bf16 ;;
+      all_b) bench all_b RoundFwdOp TruncFwdOp IsnanFwdOp IsinfFwdOp IsfiniteFwdOp ReluFwdOp GeluFwdOp \
+        SiluFwdOp MishFwdOp SoftplusFwdOp LeakyReluFwdOp EluFwdOp SeluFwdOp HardswishFwdOp \
+        HardsigmoidFwdOp HardtanhFwdOp ClampFwdOp --dtype bf16 ;;
       *) echo "unknown bench group $group" ;;
     esac; done ;;
   sweep) run sweep.log python3 benchmarks/sweep_elementwise.py --workers 15 --out "$OUT" \

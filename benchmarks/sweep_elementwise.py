@@ -88,7 +88,7 @@ SHAPES = {
     # the math functions' 16-bit forms, and the cheapest functions (one access a thread or two)
     **{f"{fn}-32768x8192": (fn, (), [(32768, 8192)], None, (32768, 8192), fn)
        for fn in ("tanh", "erf", "log", "sin", "cos", "exp", "abs", "hardswish", "sigmoid",
-                  "hardsigmoid")},
+                  "hardsigmoid", "sqrt", "rsqrt", "reciprocal", "neg", "floor", "sign")},
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
     "gelu_and_mul-16384x28672": ("gelu_and_mul", (), [(16384, 14336)] * 2,
@@ -221,7 +221,7 @@ def _tensors(label: str, torch):
         ins = [torch.randn(s, device=dev, dtype=torch.bfloat16, generator=g) for s in shapes]
         if label in PERMUTED:
             ins = [t.permute(PERMUTED[label]) for t in ins]
-        if SHAPES[label][0] == "log":  # a positive argument
+        if SHAPES[label][0] in ("log", "sqrt", "rsqrt"):  # a positive argument
             ins = [t.abs() for t in ins]
     out = (torch.empty_like(ins[0]) if label in OWN_LAYOUT else
            torch.empty(out_shape, device=dev, dtype=torch.bfloat16))
@@ -237,7 +237,9 @@ def _torch_fn(name: str, torch):
             "selu": F.selu, "tanh": torch.tanh, "erf": torch.erf, "log": torch.log,
             "sin": torch.sin, "cos": torch.cos, "exp": torch.exp, "abs": torch.abs,
             "hardswish": F.hardswish, "sigmoid": torch.sigmoid,
-            "hardsigmoid": F.hardsigmoid}[name]
+            "hardsigmoid": F.hardsigmoid, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
+            "reciprocal": torch.reciprocal, "neg": torch.neg, "floor": torch.floor,
+            "sign": torch.sign}[name]
 
 
 def _bytes(ins, out) -> int:

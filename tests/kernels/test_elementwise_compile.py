@@ -926,6 +926,13 @@ _HALF_FORMS = {"tanh": (_tanh_half_numpy, "tanh"), "erf": (_erf_half_numpy, "erf
                "sigmoid": (lambda np, x: _sigmoid_terms_numpy(x)[0], "sigmoid"),
                "hardswish": (lambda np, x: _hard_numpy(np, x, True), "hardswish"),
                "hardsigmoid": (lambda np, x: _hard_numpy(np, x, False), "hardsigmoid"),
+               # the approximate instructions, exact here (within a float32 ulp or two)
+               "sqrt": (lambda np, x: np.sqrt(x.astype(np.float64)).astype(np.float32),
+                        "sqrt"),
+               "rsqrt": (lambda np, x: (1 / np.sqrt(x.astype(np.float64))).astype(np.float32),
+                         "rsqrt"),
+               "reciprocal": (lambda np, x: (1 / x.astype(np.float64)).astype(np.float32),
+                              "reciprocal"),
                "sin": (lambda np, x: _sincos_half_numpy(np, x, False), "sin"),
                "cos": (lambda np, x: _sincos_half_numpy(np, x, True), "cos")}
 
@@ -943,16 +950,18 @@ def test_half_forms_within_one_ulp_over_every_16_bit_input(fn, dtype):
     np = pytest.importorskip("numpy")
     form, name = _HALF_FORMS[fn]
     x = _every_16_bit(np, dtype)
-    if fn == "log":
+    if fn in ("log", "sqrt", "rsqrt"):
         x = x[x >= 0]
     got = _round16(np, form(np, x), dtype)
     xd = x.astype(np.float64)
-    with np.errstate(divide="ignore"):
+    with np.errstate(divide="ignore", over="ignore"):
         ref = {"tanh": np.tanh, "log": np.log, "sin": np.sin, "cos": np.cos,
                "erf": np.vectorize(math.erf),
                "sigmoid": lambda v: 1 / (1 + np.exp(-v)),
                "hardswish": lambda v: v * np.clip(v + 3, 0, 6) / 6,
-               "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6}[name](xd)
+               "hardsigmoid": lambda v: np.clip(v + 3, 0, 6) / 6,
+               "sqrt": np.sqrt, "rsqrt": lambda v: 1 / np.sqrt(v),
+               "reciprocal": lambda v: 1 / v}[name](xd)
     want = _round16(np, ref, dtype)
     same = (got == want) | (np.isnan(got) & np.isnan(want))
     finite = np.isfinite(want) & np.isfinite(got)
@@ -973,7 +982,10 @@ def test_half_forms_within_one_ulp_over_every_16_bit_input(fn, dtype):
     ("erf", ("erff",), ("tileops_ex2_ftz(", "tl::fast_rcp(")),
     ("log", ("logf(",), ("__logf(",)),
     ("sin", (), ("sinf(", "0x1.8p+23f")),
-    ("cos", (), ("cosf(", "0x1.8p+23f"))])
+    ("cos", (), ("cosf(", "0x1.8p+23f")),
+    ("sqrt", ("sqrtf(",), ("tileops_sqrt(",)),
+    ("rsqrt", ("sqrtf(",), ("rsqrtf(",)),
+    ("reciprocal", (), ("tileops_rcp(",))])
 def test_math_takes_its_half_form_for_half_outputs_only(fn, gone, kept):
     """bf16 tanh, erf and log lower to their 16-bit forms (libdevice's call gone; sin and cos
     keep theirs as the far arm), with the prelude's ex2 where they call it; float32 keeps
@@ -981,14 +993,16 @@ def test_math_takes_its_half_form_for_half_outputs_only(fn, gone, kept):
     p = E.Plan("flat", ((0,),), ((1,),) * 2, ((False,),), 8, 128, 2, 128, False)
     src = E.build_kernel(fn, (), ("bfloat16",), ("bfloat16",), "float32", 1, p,
                          "sm_90").get_kernel_source()
-    plain = src.replace("__logf(", "")
+    plain = src.replace("__logf(", "").replace("rsqrtf(", "")
     assert not any(g in plain for g in gone) and all(k in src for k in kept), fn
-    assert ("tileops_ex2_ftz" in src) == ("tileops_ex2_ftz(" in kept)
+    # the prelude (all its helpers) in the programs of the forms that call one
+    assert ("asm(" in src) == (fn in ("tanh", "erf", "sqrt", "reciprocal"))
     p4 = dataclasses.replace(p, vec=4)
     full = E.build_kernel(fn, (), ("float32",), ("float32",), "float32", 1, p4,
                           "sm_90").get_kernel_source()
     assert "tileops_ex2_ftz" not in full and "asm" not in full
-    assert {"tanh": "tanhf", "erf": "erff", "log": "logf", "sin": "sinf", "cos": "cosf"}[fn] in full
+    assert {"tanh": "tanhf", "erf": "erff", "log": "logf", "sin": "sinf", "cos": "cosf",
+            "sqrt": "sqrtf", "rsqrt": "sqrtf", "reciprocal": "/"}[fn] in full
 
 
 @needs_nvcc

@@ -205,11 +205,24 @@ def _exp2(x):
 #: device functions the 16-bit forms call by name, put at the top of the CUDA source of a
 #: program that runs a 16-bit form (``T.import_source``; a fixed text, nothing of a call's in
 #: it): ``ex2.approx.ftz`` alone is one MUFU.EX2, where ``exp2f`` adds three instructions an
-#: element to keep subnormal results (``ftz``: a result below 2^-126 is 0)
+#: element to keep subnormal results (``ftz``: a result below 2^-126 is 0); ``rcp.approx``
+#: and ``sqrt.approx`` (subnormals kept: ptxas scales around the MUFU, four to six
+#: instructions) where the IEEE division and ``sqrtf`` take a branch an element to a slow
+#: path. Not ``volatile``: nvcc schedules and merges them as its own arithmetic
 HALF_PRELUDE = """
 __device__ __forceinline__ float tileops_ex2_ftz(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float tileops_rcp(float x) {
+  float y;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float tileops_sqrt(float x) {
+  float y;
+  asm("sqrt.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 """
@@ -718,9 +731,16 @@ def _fns() -> dict[str, ScalarFn]:
     unary("log", lambda x: T().log(x), half_build=lambda xs, ps, dt: (_let(xs[0], _log_half),))
     unary("log1p", lambda x: T().log1p(x), half_build=lambda xs, ps, dt: (
         _let(xs[0], _log1p_half),))
-    unary("sqrt", lambda x: T().sqrt(x))
-    unary("rsqrt", lambda x: _c(1.0, x.dtype) / T().sqrt(x))
-    unary("reciprocal", lambda x: _c(1.0, x.dtype) / x)
+    # the 16-bit forms of the roots and the reciprocal: the approximate instructions (within
+    # a float32 ulp or two, subnormals kept: :data:`HALF_PRELUDE`; libdevice's ``rsqrtf``),
+    # where the float32 forms take torch's IEEE sqrt and division and their slow paths
+    unary("sqrt", lambda x: T().sqrt(x), prelude=True, half_build=lambda xs, ps, dt: (
+        T().call_pure_extern("float32", "tileops_sqrt", xs[0]),))
+    unary("rsqrt", lambda x: _c(1.0, x.dtype) / T().sqrt(x), half_build=lambda xs, ps, dt: (
+        T().call_pure_extern("float32", "rsqrtf", xs[0]),))
+    unary("reciprocal", lambda x: _c(1.0, x.dtype) / x, prelude=True,
+          half_build=lambda xs, ps, dt: (
+              T().call_pure_extern("float32", "tileops_rcp", xs[0]),))
     unary("sin", lambda x: T().sin(x), half_build=lambda xs, ps, dt: (
         _let(xs[0], lambda x: _sincos_half(x, False)),))
     unary("cos", lambda x: T().cos(x), half_build=lambda xs, ps, dt: (
