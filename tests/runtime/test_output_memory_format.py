@@ -1,6 +1,6 @@
-"""An op's ``output_memory_format``: the outputs it allocates fresh follow it, eagerly (the
-general call and the fused one) and as the compile boundary's fake outputs; without it they
-are contiguous."""
+"""An op's ``output_memory_format`` and ``output_layout``: the outputs it allocates follow
+them, eagerly (the general call and the fused one) and as the compile boundary's fake
+outputs; without them they are contiguous."""
 
 from pathlib import Path
 
@@ -78,3 +78,66 @@ def test_fake_outputs_follow_the_ops_format(classes):
 
     y, cl = torch.compile(strides, fullgraph=True, backend="eager")(x)
     assert bool(cl) and y.is_contiguous(memory_format=torch.channels_last)
+
+
+LAYOUT_SPEC = """
+LayoutScaleOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
+"""
+
+
+@pytest.fixture(scope="module")
+def layout_classes(tmp_path_factory):
+    path = Path(tmp_path_factory.mktemp("spec")) / "layout.yaml"
+    path.write_text(LAYOUT_SPEC)
+    specs = SpecSet.load(path)
+
+    class LayoutScaleOp(Op, specs=specs):
+        """Its output in its input's memory order (``torch.empty_like``'s strides)."""
+
+        def output_layout(self, inputs, shape):
+            return torch.empty_like(inputs[0]).stride()
+
+    class PlainScaleOp(Op, specs=specs, entry="LayoutScaleOp"):
+        pass
+
+    register_target("layout-test", None)
+
+    def builder(op, call):
+        def kernel(x, y):
+            y.copy_(x * 2)
+
+        return kernel
+
+    register_builder("layout-test", LayoutScaleOp, builder)
+    register_builder("layout-test", PlainScaleOp, builder)
+    return LayoutScaleOp, PlainScaleOp
+
+
+def test_outputs_like_an_input_follow_the_ops_layout(layout_classes):
+    """An op's ``output_layout``: the output like a non-contiguous input takes its strides,
+    in the general call, the fused one and as the compile boundary's fake; a contiguous input
+    gives a contiguous output without consulting it; without the hook, contiguous."""
+    layout_cls, plain_cls = layout_classes
+    x = torch.randn(3, 4, 5).permute(2, 0, 1)
+    op = layout_cls(target="layout-test")
+    for _ in range(3):  # the general call, then the fused one
+        y = op(x)
+        assert y.stride() == x.stride() and not y.is_contiguous()
+        torch.testing.assert_close(y, x * 2)
+    assert op(x.contiguous()).is_contiguous()
+    assert plain_cls(target="layout-test")(x).is_contiguous()
+
+    def fn(t):
+        y = op(t)
+        return y, torch.tensor(y.stride())  # read while tracing: the fake's strides
+
+    y, fake = torch.compile(fn, fullgraph=True, backend="eager")(x)
+    assert tuple(fake.tolist()) == x.stride() == y.stride()
