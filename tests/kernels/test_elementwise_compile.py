@@ -399,6 +399,23 @@ def test_an_odd_row_bias_is_a_flat_run_with_the_row_read_modulo_its_length():
                        out_shape=(64, 4097))).kind == "rows"
 
 
+@needs_nvcc
+def test_an_odd_row_bias_reads_its_columns_in_32_bit_indices():
+    """The modular run binds each vector's start (one modulo) and each element's wrapped
+    column in the plan's index type: written into each access they were promoted to 64 bits
+    with the address (a 64-bit division and eight 64-bit compare-and-selects a vector)."""
+    bf16 = {"in_dtypes": ("bfloat16",) * 2, "out_dtypes": ("bfloat16",)}
+    s = spec(in_shapes=((16384, 4097), (4097,)), out_shape=(16384, 4097), **bf16)
+    p = E.plan(s)
+    assert (p.kind, p.row, p.wide) == ("flat", (1,), False)
+    src = E.build_kernel(s.fn, s.params, s.in_dtypes, s.out_dtypes, s.compute, 2, p,
+                         "sm_90").get_kernel_source()
+    body = src.split("main_kernel(")[-1]
+    assert "int start = 0;" in body and "int at[8];" in body and "B[at[" in body
+    assert "(int64_t)start" not in body
+    assert body.count("% ((int64_t)n1)") <= 1  # only the run's last elements, one a thread
+
+
 def test_identity_ignores_sizes_within_a_layout_class():
     a = spec(in_shapes=((1024, 4096), (4096,)), out_shape=(1024, 4096))
     b = spec(in_shapes=((1000, 8192), (8192,)), out_shape=(1000, 8192))
