@@ -95,6 +95,8 @@ SHAPES = {
                                  [(28672, 1)] * 2, (16384, 14336), "gelu_and_mul"),
     "add-bias-32768x8192": ("add", (1,), [(32768, 8192), (8192,)], None, (32768, 8192), "add"),
     "add-scalar-32768x8192": ("add", (1,), [(32768, 8192), ()], None, (32768, 8192), "add"),
+    # a row off the vector: the modular flat run, the bias read at the index modulo its row
+    "add-bias-16384x4097": ("add", (1,), [(16384, 4097), (4097,)], None, (16384, 4097), "add"),
     # small calls, timed for their latency: one row, three elements, a gated op's odd rows
     # (halves at odd offsets: single-element accesses) and one row of two inputs (SwiGLU's)
     "mish-1x4096": ("mish", (), [(1, 4096)], None, (1, 4096), "mish"),
