@@ -88,7 +88,8 @@ SHAPES = {
     # the math functions' 16-bit forms, and the cheapest functions (one access a thread or two)
     **{f"{fn}-32768x8192": (fn, (), [(32768, 8192)], None, (32768, 8192), fn)
        for fn in ("tanh", "erf", "log", "sin", "cos", "exp", "abs", "hardswish", "sigmoid",
-                  "hardsigmoid", "sqrt", "rsqrt", "reciprocal", "neg", "floor", "sign")},
+                  "hardsigmoid", "sqrt", "rsqrt", "reciprocal", "neg", "floor", "sign",
+                  "log1p")},
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
     "gelu_and_mul-16384x28672": ("gelu_and_mul", (), [(16384, 14336)] * 2,
@@ -223,7 +224,7 @@ def _tensors(label: str, torch):
         ins = [torch.randn(s, device=dev, dtype=torch.bfloat16, generator=g) for s in shapes]
         if label in PERMUTED:
             ins = [t.permute(PERMUTED[label]) for t in ins]
-        if SHAPES[label][0] in ("log", "sqrt", "rsqrt"):  # a positive argument
+        if SHAPES[label][0] in ("log", "sqrt", "rsqrt", "log1p"):  # a positive argument
             ins = [t.abs() for t in ins]
     out = (torch.empty_like(ins[0]) if label in OWN_LAYOUT else
            torch.empty(out_shape, device=dev, dtype=torch.bfloat16))
@@ -241,7 +242,7 @@ def _torch_fn(name: str, torch):
             "hardswish": F.hardswish, "sigmoid": torch.sigmoid,
             "hardsigmoid": F.hardsigmoid, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
             "reciprocal": torch.reciprocal, "neg": torch.neg, "floor": torch.floor,
-            "sign": torch.sign}[name]
+            "sign": torch.sign, "log1p": torch.log1p}[name]
 
 
 def _bytes(ins, out) -> int:
