@@ -383,6 +383,11 @@ def test_an_odd_row_bias_is_a_flat_run_with_the_row_read_modulo_its_length():
     bf16 = {"in_dtypes": ("bfloat16",) * 2, "out_dtypes": ("bfloat16",)}
     p = E.plan(spec(in_shapes=((3, 5, 4097), (4097,)), out_shape=(3, 5, 4097), **bf16))
     assert (p.kind, p.vec, p.row, p.codes) == ("flat", 8, (2,), ((1,), (1,), (3,)))
+    # the sweep's launches apply to it
+    big = spec(in_shapes=((16384, 4097), (4097,)), out_shape=(16384, 4097), **bf16)
+    assert (E.plan(big).threads, E.plan(big).per) == (128, 1)
+    p = E.plan(big, threads=256, per=2)
+    assert (p.kind, p.row, p.threads, p.per) == ("flat", (1,), 256, 2)
     assert E.plan(spec(in_shapes=((64, 4097), (4097,)), out_shape=(64, 4097))).vec == 4
     # a [4097] bias with a 0-dim scalar beside it, and a bias over two merged row dims
     p = E.plan(spec(fn="where", params=(), in_shapes=((64, 4097), (4097,), ()),

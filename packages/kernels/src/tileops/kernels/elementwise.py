@@ -1219,7 +1219,8 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
     if kind == "rows" and vec < full and not small:
         # (not for a small call: as a flat run it would read single elements anyway, and the
         # rows kind at one access a thread reads the row without an index modulo its length)
-        modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide)
+        modular = _modular(spec, shape, groups, merged, codes, items, aligns, full, wide,
+                           threads, per)
         if modular is not None:
             return modular
     d_threads, d_per, d_resident = _default_launch(kind, codes[len(spec.out_dtypes):], spec.fn)
@@ -1263,7 +1264,8 @@ def _has_half(spec: ElementwiseSpec) -> bool:
 
 
 def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
-             full: int, wide: bool) -> Plan | None:
+             full: int, wide: bool, threads: int | None = None,
+             per: int | None = None) -> Plan | None:
     """The flat plan of a rows call whose row length keeps the rows plan from wide accesses
     (``[M, 4097] + [4097]``: rows start at odd offsets, so the rows plan reads single
     elements), when every operand is contiguous over both groups or a row broadcast (or a
@@ -1292,7 +1294,8 @@ def _modular(spec: ElementwiseSpec, shape, groups, merged, codes, items, aligns,
         vec //= 2
     if vec == 1 or ncols < vec:
         return None
-    threads, per, _ = _default_launch("flat", flat_codes[n_out:], spec.fn)
+    d_threads, d_per, _ = _default_launch("flat", flat_codes[n_out:], spec.fn)
+    threads, per = threads or d_threads, per or d_per  # the sweep's overrides
     ones = tuple(tuple(n == 1 for n in s) for s in spec.in_shapes)
     dims = tuple(d for g in groups for d in g)
     return Plan("flat", (dims,), tuple(flat_codes), ones, vec, threads, per, threads, wide,
