@@ -9,8 +9,9 @@ Every op of the family is one scalar function of the kernels' generator
   outputs: fresh tensors of the broadcast shape laid out as torch's TensorIterator lays them
   out (:meth:`ElementwiseOp.output_layout`: contiguous for contiguous inputs, a transposed
   or permuted input's output in its memory order, which the kernels then read and write as
-  one flat run), or, in place, the input object itself. A gated op hands over the two halves of ``x`` (``x[..., :N]`` and ``x[..., N:]``)
-  as strided views, and its gradient the two halves of ``dx`` as outputs: nothing is copied.
+  one flat run), or, in place, the input object itself. A gated op hands over the two
+  halves of ``x`` (``x[..., :N]`` and ``x[..., N:]``) as strided views, and its gradient
+  the two halves of ``dx`` as outputs: nothing is copied.
 - the cached call: one dict lookup keyed by what the kernel's plan depends on (the device,
   each operand's dtype, shape, strides and address alignment); on a miss the base builds the
   :class:`~tileops.kernels.elementwise.ElementwiseSpec` and the slot's entry.
