@@ -20,11 +20,9 @@ refusal of an expert count the world size does not divide.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
-from _tp_worker import _check, _Mismatch, _randn, run
+from _tp_worker import _check, _Mismatch, _randn, finish, run
 
 from tileops.nn import MoE
 from tileops.nn.expert_parallel import ExpertParallelMoE
@@ -125,4 +123,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())

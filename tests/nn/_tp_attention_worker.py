@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import copy
 import functools
-import sys
 
 import torch
 import torch.nn.functional as F
 from _tp_worker import _check as check
-from _tp_worker import _Mismatch, _randn, run
+from _tp_worker import _Mismatch, _randn, finish, run
 from torch import nn
 
 from tileops.nn import TensorParallelAttention
@@ -120,4 +119,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    finish(main())
