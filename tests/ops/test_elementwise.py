@@ -24,6 +24,7 @@ from tileops.ops import (
     MulFwdOp,
     ReluFwdOp,
     SiluAndMulFwdOp,
+    SiluBwdOp,
     SiluFwdOp,
     SubFwdOp,
     SwiGLUFwdOp,
@@ -263,3 +264,28 @@ def test_a_transposed_input_gives_a_transposed_output_also_under_compile():
     torch.testing.assert_close(y, F.gelu(x))
     a, b = torch.randn(5, 7).t(), torch.randn(5, 7).t()
     assert AddFwdOp()(a, b).stride() == torch.add(a, b).stride() == (1, 7)
+
+
+@pytest.mark.parametrize("which", ["dy", "x"])
+def test_a_gradients_output_takes_torchs_layout_eagerly_and_under_compile(which):
+    """An output like one of several inputs follows every input's layout, as torch's: the
+    eager call (general and fused) and the compile boundary's fake agree with
+    ``aten.silu_backward`` whichever input is transposed."""
+    dy, x = torch.randn(7, 5), torch.randn(7, 5)
+    if which == "dy":
+        dy = torch.randn(5, 7).t()
+    else:
+        x = torch.randn(5, 7).t()
+    op = SiluBwdOp()
+    want = torch.ops.aten.silu_backward(dy, x)
+    for _ in range(2):
+        got = op(dy, x)
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+
+    def fn(a, b):
+        y = op(a, b)
+        return y, torch.tensor(y.stride())
+
+    y, fake = torch.compile(fn, fullgraph=True, backend="eager")(dy, x)
+    assert tuple(fake.tolist()) == y.stride() == want.stride()

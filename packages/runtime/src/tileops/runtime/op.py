@@ -529,7 +529,10 @@ class Op(declared.Equivalents, Composite, Trained):
                 return ()
         else:
             recipe = self._branch_recipe(branch)
-            if len(recipe) == 1 and recipe[0][0] == "like":
+            # (an op with an ``output_layout`` and more than one input: the layout depends on
+            # every input, not on the one the output is like alone)
+            if len(recipe) == 1 and recipe[0][0] == "like" and (
+                    self.output_layout is None or len(self._signature.input_names) == 1):
                 allocate = recipe[0][2]
             else:
                 def allocate(call, inputs, outs):
@@ -578,14 +581,12 @@ class Op(declared.Equivalents, Composite, Trained):
         result = []
         for r in recipe:
             tag = r[0]
-            if tag == "like":  # same shape and dtype as a (contiguous) input: the cheap path
+            if tag in ("like", "new") and self.output_layout is not None:
+                result.append(self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
+            elif tag == "like":  # same shape and dtype as a (contiguous) input: the cheap path
                 src = inputs[r[2]]
                 result.append(_empty_like(src) if src.is_contiguous() else
-                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
-                              if self.output_layout is None else
-                              self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
-            elif tag == "new" and self.output_layout is not None:
-                result.append(self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
+                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
             elif tag == "new":
                 fmt = self.output_memory_format
                 result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
