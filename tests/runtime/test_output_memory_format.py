@@ -20,6 +20,15 @@ FormatPoolOp:
       x: {dtype: T, shape: "[N, C, H, W]"}
     outputs:
       y: {dtype: float32, shape: "[N, C, H, W]"}
+LayoutScaleOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
 """
 
 
@@ -41,6 +50,15 @@ def classes(tmp_path_factory):
     class PlainPoolOp(Op, specs=specs, entry="FormatPoolOp"):
         pass
 
+    class LayoutScaleOp(Op, specs=specs):
+        """Its output in its input's memory order (``torch.empty_like``'s strides)."""
+
+        def output_layout(self, inputs, shape):
+            return torch.empty_like(inputs[0]).stride()
+
+    class PlainScaleOp(Op, specs=specs, entry="LayoutScaleOp"):
+        pass
+
     register_target("format-test", None)
 
     def builder(op, call):
@@ -49,13 +67,14 @@ def classes(tmp_path_factory):
 
         return kernel
 
-    register_builder("format-test", FormatPoolOp, builder)
-    register_builder("format-test", PlainPoolOp, builder)
-    return FormatPoolOp, PlainPoolOp
+    ops = (FormatPoolOp, PlainPoolOp, LayoutScaleOp, PlainScaleOp)
+    for cls in ops:
+        register_builder("format-test", cls, builder)
+    return ops
 
 
 def test_fresh_outputs_follow_the_ops_format(classes):
-    fmt_cls, plain_cls = classes
+    fmt_cls, plain_cls, *_ = classes
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
     op = fmt_cls(target="format-test")
     for _ in range(3):  # the general call, then the fused one
@@ -67,7 +86,7 @@ def test_fresh_outputs_follow_the_ops_format(classes):
 
 
 def test_fake_outputs_follow_the_ops_format(classes):
-    fmt_cls, _ = classes
+    fmt_cls, *_ = classes
     op = fmt_cls(target="format-test")
     x = torch.randn(2, 3, 4, 5).to(memory_format=torch.channels_last)
 
@@ -80,60 +99,20 @@ def test_fake_outputs_follow_the_ops_format(classes):
     assert bool(cl) and y.is_contiguous(memory_format=torch.channels_last)
 
 
-LAYOUT_SPEC = """
-LayoutScaleOp:
-  family: test
-  status: implemented
-  signature:
-    forall: {S: Shape, T: "DType[float32]"}
-    inputs:
-      x: {dtype: T, shape: "[*S]"}
-    outputs:
-      y: {dtype: T, shape: "[*S]"}
-"""
 
-
-@pytest.fixture(scope="module")
-def layout_classes(tmp_path_factory):
-    path = Path(tmp_path_factory.mktemp("spec")) / "layout.yaml"
-    path.write_text(LAYOUT_SPEC)
-    specs = SpecSet.load(path)
-
-    class LayoutScaleOp(Op, specs=specs):
-        """Its output in its input's memory order (``torch.empty_like``'s strides)."""
-
-        def output_layout(self, inputs, shape):
-            return torch.empty_like(inputs[0]).stride()
-
-    class PlainScaleOp(Op, specs=specs, entry="LayoutScaleOp"):
-        pass
-
-    register_target("layout-test", None)
-
-    def builder(op, call):
-        def kernel(x, y):
-            y.copy_(x * 2)
-
-        return kernel
-
-    register_builder("layout-test", LayoutScaleOp, builder)
-    register_builder("layout-test", PlainScaleOp, builder)
-    return LayoutScaleOp, PlainScaleOp
-
-
-def test_outputs_like_an_input_follow_the_ops_layout(layout_classes):
+def test_outputs_like_an_input_follow_the_ops_layout(classes):
     """An op's ``output_layout``: the output like a non-contiguous input takes its strides,
     in the general call, the fused one and as the compile boundary's fake; a contiguous input
     gives a contiguous output without consulting it; without the hook, contiguous."""
-    layout_cls, plain_cls = layout_classes
+    _, _, layout_cls, plain_cls = classes
     x = torch.randn(3, 4, 5).permute(2, 0, 1)
-    op = layout_cls(target="layout-test")
+    op = layout_cls(target="format-test")
     for _ in range(3):  # the general call, then the fused one
         y = op(x)
         assert y.stride() == x.stride() and not y.is_contiguous()
         torch.testing.assert_close(y, x * 2)
     assert op(x.contiguous()).is_contiguous()
-    assert plain_cls(target="layout-test")(x).is_contiguous()
+    assert plain_cls(target="format-test")(x).is_contiguous()
 
     def fn(t):
         y = op(t)

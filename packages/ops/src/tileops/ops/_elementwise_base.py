@@ -40,16 +40,15 @@ def _noop(*tensors: Any) -> None:
     """The entry of an empty call: nothing to read or write."""
 
 
-def _dense_order(shape: tuple, strides: tuple) -> list[int] | None:
-    """The dims of a non-overlapping and dense tensor from its largest stride to its
-    smallest (extent-1 dims where they stand), or None where it is not one."""
-    dims = sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: -strides[d])
+def _is_dense(shape: tuple, strides: tuple) -> bool:
+    """Whether ``strides`` lay ``shape`` out non-overlapping and dense (a permutation of a
+    contiguous layout; extent-1 dims' strides address nothing)."""
     expected = 1
-    for d in reversed(dims):
+    for d in sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: strides[d]):
         if strides[d] != expected:
-            return None
+            return False
         expected *= shape[d]
-    return dims
+    return True
 
 
 def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
@@ -72,7 +71,7 @@ def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
         return None
     if all(tuple(t.shape) == tuple(shape) for t in ts):
         first = ts[0].stride()
-        if all(t.stride() == first for t in ts) and _dense_order(shape, first) is not None:
+        if all(t.stride() == first for t in ts) and _is_dense(shape, first):
             return tuple(first)
     ops = []
     for t in ts:
