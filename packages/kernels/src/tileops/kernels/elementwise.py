@@ -402,15 +402,21 @@ def _mish_half(x):
 _SERIES_BELOW = 2.0 ** -5
 
 
+def _log1p_series(x):
+    """``log1p``'s Taylor series of a float32 ``x`` to four terms (below
+    :data:`_SERIES_BELOW` in magnitude: relative error below ``x^4 / 5``)."""
+    f32 = "float32"
+    return x * (_c(1.0, f32) - x * (_c(0.5, f32) - x * (_c(1.0 / 3.0, f32)
+                                                       - x * _c(0.25, f32))))
+
+
 def _log1p_half(x):
     """``log1p`` of a float32 ``x`` for the 16-bit outputs' forms: the series below
     :data:`_SERIES_BELOW` in magnitude, else ``__logf(1 + x)`` (the rounding of ``1 + x``
     and lg2.approx's absolute 2^-22 against a result of at least 0.03 in magnitude). -1 gives
     -inf, below it NaN, NaN stays NaN."""
     f32 = "float32"
-    series = x * (_c(1.0, f32) - x * (_c(0.5, f32) - x * (_c(1.0 / 3.0, f32)
-                                                         - x * _c(0.25, f32))))
-    return _sel(_T().abs(x) < _c(_SERIES_BELOW, f32), series,
+    return _sel(_T().abs(x) < _c(_SERIES_BELOW, f32), _log1p_series(x),
                 _T().call_pure_extern(f32, "__logf", _c(1.0, f32) + x))
 
 
@@ -534,10 +540,7 @@ def _log_half(x):
     f32 = "float32"
     return _let(x - _c(1.0, f32), lambda d: _let(
         _T().call_pure_extern(f32, "__logf", x), lambda far: _sel(
-            _T().abs(d) < _c(_SERIES_BELOW, f32),
-            d * (_c(1.0, f32) - d * (_c(0.5, f32) - d * (_c(1.0 / 3.0, f32)
-                                                         - d * _c(0.25, f32)))),
-            far)))
+            _T().abs(d) < _c(_SERIES_BELOW, f32), _log1p_series(d), far)))
 
 
 #: sin and cos's 16-bit forms: ``sin(r) = r (1 + r^2 (S1 + r^2 S2))`` and ``cos(r) = 1 + r^2
