@@ -24,9 +24,13 @@ bench() {  # bench NAME OP... [-w LABEL ...]: one table of the bars, named eleme
 for stage in $STAGES; do case $stage in
   prebuild)
     TAIL=2 run prebuild_tests.log python3 tests/kernels/test_elementwise_cuda.py --prebuild --workers 15
-    # calls of 2M elements take the plans of the full-size ones (a smaller call is a small call)
-    TAIL=3 run prebuild_ops.log python3 benchmarks/prebuild_ops.py --family elementwise --workers 15 \
-      --max-elements $((1 << 21)) ;;
+    # sizes are launch-time, so a scaled call builds the programs of the full-size one where
+    # it takes the same plan: calls of 2M elements serve the tests; calls of 32M elements the
+    # workloads past L2 (a flat call whose traffic fits in L2 takes another plan)
+    for cap in $((1 << 21)) $((1 << 25)); do
+      TAIL=3 run prebuild_ops_$cap.log python3 benchmarks/prebuild_ops.py --family elementwise \
+        --workers 15 --max-elements $cap
+    done ;;
   tests)
     TAIL=15 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_elementwise_cuda.py -q -p no:cacheprovider
     # the harness's workloads of the family's ops only (every family's are some 2600 tests)

@@ -69,6 +69,8 @@ FORMS_TILED = ((128, 1, False, 0), (256, 1, True, 0), (64, 1, True, 0), (256, 2,
                (256, 2, True, 4), (256, 4, True, 4), (128, 2, True, 8), (256, 4, False, 4))
 #: the small flat calls' candidates of narrower accesses, one a thread: ``(threads, vec)``
 TINY = ((32, 1), (64, 1), (128, 1), (32, 2), (32, 4), (128, 8))
+#: the flat calls of three or more inputs also get 8-byte accesses: ``(threads, per, vec)``
+NARROW = ((128, 1, 4), (256, 1, 4), (512, 1, 4), (128, 2, 4), (256, 2, 4), (64, 2, 4))
 #: the small flat calls (less than a MiB moved) get the narrower-access candidates
 SMALL_BYTES = 1 << 20
 
@@ -89,7 +91,13 @@ SHAPES = {
     **{f"{fn}-32768x8192": (fn, (), [(32768, 8192)], None, (32768, 8192), fn)
        for fn in ("tanh", "erf", "log", "sin", "cos", "exp", "abs", "hardswish", "sigmoid",
                   "hardsigmoid", "sqrt", "rsqrt", "reciprocal", "neg", "floor", "sign",
-                  "log1p")},
+                  "log1p", "expm1", "ceil", "round", "trunc")},
+    **{f"{fn}-32768x8192": (fn, params, [(32768, 8192)], None, (32768, 8192), fn)
+       for fn, params in (("elu", (1.0,)), ("leaky_relu", (0.01,)), ("hardtanh", (-1.0, 1.0)),
+                          ("clamp", (-0.5, 0.5, True, True)))},
+    # a flat run of an odd row (16384 x 4097: whole vectors, rows off them)
+    **{f"{fn}-16384x4097": (fn, (), [(16384, 4097)], None, (16384, 4097), fn)
+       for fn in ("neg", "reciprocal", "exp", "sigmoid")},
     "silu_and_mul-16384x28672": ("silu_and_mul", (), [(16384, 14336)] * 2,
                                  [(28672, 1)] * 2, (16384, 14336), "silu_and_mul"),
     "gelu_and_mul-16384x28672": ("gelu_and_mul", (), [(16384, 14336)] * 2,
@@ -98,6 +106,12 @@ SHAPES = {
     "add-scalar-32768x8192": ("add", (1,), [(32768, 8192), ()], None, (32768, 8192), "add"),
     # a row off the vector: the modular flat run, the bias read at the index modulo its row
     "add-bias-16384x4097": ("add", (1,), [(16384, 4097), (4097,)], None, (16384, 4097), "add"),
+    # calls whose traffic fits in L2 (32 MB and 48 MB moved; 64 MB for the three-input clamp)
+    **{f"{fn}-2048x4096": (fn, (), [(2048, 4096)], None, (2048, 4096), fn)
+       for fn in ("exp", "hardswish", "neg", "tanh")},
+    "add-2048x4096": ("add", (1,), [(2048, 4096)] * 2, None, (2048, 4096), "add"),
+    "clamp_tensor-2048x4096": ("clamp_tensor", (True, True), [(2048, 4096)] * 3, None,
+                               (2048, 4096), "clamp_tensor"),
     # small calls, timed for their latency: one row, three elements, a gated op's odd rows
     # (halves at odd offsets: single-element accesses) and one row of two inputs (SwiGLU's)
     "mish-1x4096": ("mish", (), [(1, 4096)], None, (1, 4096), "mish"),
@@ -105,6 +119,10 @@ SHAPES = {
     "gelu-3": ("gelu", (), [(3,)], None, (3,), "gelu"),
     "silu-3": ("silu", (), [(3,)], None, (3,), "silu"),
     "relu-3": ("relu", (), [(3,)], None, (3,), "relu"),
+    "neg-3": ("neg", (), [(3,)], None, (3,), "neg"),
+    "reciprocal-3": ("reciprocal", (), [(3,)], None, (3,), "reciprocal"),
+    "neg-1x4096": ("neg", (), [(1, 4096)], None, (1, 4096), "neg"),
+    "abs-1x4096": ("abs", (), [(1, 4096)], None, (1, 4096), "abs"),
     "silu_and_mul-5x8194": ("silu_and_mul", (), [(5, 4097)] * 2, [(8194, 1)] * 2, (5, 4097),
                             "silu_and_mul"),
     "silu_and_mul-1x28672": ("silu_and_mul", (), [(1, 14336)] * 2, [(28672, 1)] * 2,
@@ -171,6 +189,11 @@ def candidates(label: str, quick: bool) -> list[tuple[E.Plan, bool]]:
     if default.kind == "flat" and _bytes_of(label) < SMALL_BYTES:
         for t, v in TINY:
             cand = E.plan(s, threads=t, per=1, vec=v)
+            if cand != default and (cand, False) not in out:
+                out.append((cand, False))
+    if default.kind == "flat" and len(s.in_shapes) >= 3:
+        for t, p, v in NARROW:
+            cand = E.plan(s, threads=t, per=p, vec=v)
             if cand != default and (cand, False) not in out:
                 out.append((cand, False))
     if E.SCALAR_FNS[s.fn].half_build is not None:
@@ -242,7 +265,10 @@ def _torch_fn(name: str, torch):
             "hardswish": F.hardswish, "sigmoid": torch.sigmoid,
             "hardsigmoid": F.hardsigmoid, "sqrt": torch.sqrt, "rsqrt": torch.rsqrt,
             "reciprocal": torch.reciprocal, "neg": torch.neg, "floor": torch.floor,
-            "sign": torch.sign, "log1p": torch.log1p}[name]
+            "sign": torch.sign, "log1p": torch.log1p, "expm1": torch.expm1,
+            "ceil": torch.ceil, "round": torch.round, "trunc": torch.trunc,
+            "elu": F.elu, "leaky_relu": F.leaky_relu, "hardtanh": F.hardtanh,
+            "clamp": lambda x: torch.clamp(x, -0.5, 0.5), "clamp_tensor": torch.clamp}[name]
 
 
 def _bytes(ins, out) -> int:
@@ -293,8 +319,9 @@ def run_shape(label: str, cands, torch) -> list[str]:
 
 
 def copy_line(torch) -> list[str]:
-    """The device copy, timed as the candidates are, after a second of copies: timed first
-    and cold (before the clocks rise) it read 2.76 TB/s for a copy that runs at about 4.3."""
+    """The device copy, after a second of copies, timed by events around plain calls: a copy
+    captured in a CUDA graph becomes a memcpy node, which read 2.75 TB/s (391 us, 2026-12-04)
+    for a copy that runs at about 4.3 as a kernel."""
     x = torch.randn(32768, 8192, device="cuda", dtype=torch.bfloat16)
     y = torch.empty_like(x)
     end = time.perf_counter() + 1.0
@@ -302,7 +329,7 @@ def copy_line(torch) -> list[str]:
         for _ in range(20):
             y.copy_(x)
         torch.cuda.synchronize()
-    ms = _common.graph_events(lambda: y.copy_(x), 20)
+    ms = _common.events(lambda: y.copy_(x), 20)
     return [f"device copy 32768x8192 bf16: {ms * 1e3:.1f} us, "
             f"{2 * x.numel() * 2 / (ms * 1e-3) / 1e12:.3f} TB/s", ""]
 
