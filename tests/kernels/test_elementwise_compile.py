@@ -544,9 +544,21 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
 
 
 @pytest.mark.parametrize(("fn", "in_shapes", "in_strides", "out_shape", "launch"), [
-    pytest.param("sqrt", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2), id="flat-1"),
-    pytest.param("exp", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 1),
-                 id="flat-1-exp"),
+    pytest.param("sqrt", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 1), id="flat-1"),
+    pytest.param("tanh", ((32768, 8192),), None, (32768, 8192), ("flat", 128, 2),
+                 id="flat-1-tanh"),
+    # a call whose traffic fits in L2 (50 MB) takes two accesses a thread where the default
+    # takes one: 2048 x 4096 bf16 moves 32 MB, 4096 x 4096 64 MB; two inputs 48 MB
+    pytest.param("exp", ((2048, 4096),), None, (2048, 4096), ("flat", 128, 2),
+                 id="flat-1-in-l2"),
+    pytest.param("exp", ((4096, 4096),), None, (4096, 4096), ("flat", 128, 1),
+                 id="flat-1-past-l2"),
+    pytest.param("mul", ((2048, 4096),) * 2, None, (2048, 4096), ("flat", 128, 2),
+                 id="flat-2-in-l2"),
+    pytest.param("tanh", ((2048, 4096),), None, (2048, 4096), ("flat", 128, 2),
+                 id="flat-1-in-l2-declared"),
+    pytest.param("erf", ((2048, 4096),), None, (2048, 4096), ("flat", 64, 4),
+                 id="flat-1-in-l2-declared-4"),
     pytest.param("erf", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 4),
                  id="flat-1-erf"),
     pytest.param("silu", ((32768, 8192),), None, (32768, 8192), ("flat", 64, 2),
@@ -559,7 +571,8 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
                  id="rows-gelu-padded"),  # the flat functions' plans are the flat kind's only
     pytest.param("add", ((32768, 8192), ()), None, (32768, 8192), ("flat", 128, 1),
                  id="flat-2-scalar"),
-    pytest.param("mul", ((64, 4096),) * 2, None, (64, 4096), ("flat", 128, 1), id="flat-2"),
+    pytest.param("mul", ((4096, 4096),) * 2, None, (4096, 4096), ("flat", 128, 1),
+                 id="flat-2"),
     # too few vectors for an SM each at the default: one access a thread, 128 threads a CTA
     pytest.param("mish", ((1, 4096),), None, (1, 4096), ("flat", 128, 1), id="flat-1-one-row"),
     pytest.param("gelu", ((3,),), None, (3,), ("flat", 128, 1), id="flat-1-three"),

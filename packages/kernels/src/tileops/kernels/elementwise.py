@@ -723,17 +723,22 @@ def _fns() -> dict[str, ScalarFn]:
 
     T = _T
     # --- unary math
-    # abs and exp: one access a thread, as relu (bf16 32768 x 8192 on the H200, 2026-12-04:
-    # abs 128/1 4.270 TB/s, 128/2 4.229, eager 4.263, compile 4.245; exp 128/1 4.270, 128/2
-    # 4.245, compile 4.272, eager 4.266)
+    # the flat launches past L2 (:func:`_default_launch`): one access a thread unless the
+    # function declares two, where its 16-bit form's math wants the second access in flight
+    # (bf16 32768 x 8192 on the H200, 2026-12-04, TB/s, 128/2 against 128/1: expm1 4.224 /
+    # 4.103, log1p 4.236 / 4.117, tanh 4.253 / 3.983, sin 4.229 / 3.821, cos 4.268 / 3.895,
+    # elu 4.253 / 3.972, selu 4.241 / 3.919, softplus 4.248 / 3.915; the cheap functions the
+    # other way: neg 4.241 / 4.258, sign 4.235 / 4.259, clamp 4.238 / 4.271, sqrt 4.229 / 4.266,
+    # log's form 4.226 / 4.237)
     unary("abs", lambda x: T().abs(_w(x)) if str(x.dtype) != "bool" else x, exact=True,
-          integral=True, flat_launch=(128, 1))
+          integral=True)
     unary("neg", lambda x: -_w(x), exact=True, integral=True)
-    unary("exp", lambda x: T().exp(x), flat_launch=(128, 1))
-    unary("expm1", _expm1, half_build=lambda xs, ps, dt: (_let(xs[0], _expm1_half),))
+    unary("exp", lambda x: T().exp(x))
+    unary("expm1", _expm1, half_build=lambda xs, ps, dt: (_let(xs[0], _expm1_half),),
+          flat_launch=(128, 2))
     unary("log", lambda x: T().log(x), half_build=lambda xs, ps, dt: (_let(xs[0], _log_half),))
     unary("log1p", lambda x: T().log1p(x), half_build=lambda xs, ps, dt: (
-        _let(xs[0], _log1p_half),))
+        _let(xs[0], _log1p_half),), flat_launch=(128, 2))
     # the 16-bit forms of the roots and the reciprocal: the approximate instructions (within
     # a float32 ulp or two, subnormals kept: :data:`HALF_PRELUDE`; libdevice's ``rsqrtf``),
     # where the float32 forms take torch's IEEE sqrt and division and their slow paths
@@ -745,11 +750,11 @@ def _fns() -> dict[str, ScalarFn]:
           half_build=lambda xs, ps, dt: (
               T().call_pure_extern("float32", "tileops_rcp", xs[0]),))
     unary("sin", lambda x: T().sin(x), half_build=lambda xs, ps, dt: (
-        _let(xs[0], lambda x: _sincos_half(x, False)),))
+        _let(xs[0], lambda x: _sincos_half(x, False)),), flat_launch=(128, 2))
     unary("cos", lambda x: T().cos(x), half_build=lambda xs, ps, dt: (
-        _let(xs[0], lambda x: _sincos_half(x, True)),))
+        _let(xs[0], lambda x: _sincos_half(x, True)),), flat_launch=(128, 2))
     unary("tanh", lambda x: T().tanh(x), half_build=lambda xs, ps, dt: (_let(xs[0], _tanh_half),),
-          prelude=True)
+          prelude=True, flat_launch=(128, 2))
     unary("sigmoid", _sigmoid, half_build=lambda xs, ps, dt: (
         _sigmoid_terms32(xs[0], lambda s, c: s),))
     # the 16-bit forms' flat launches (the same sweep): erf 64/4 4.245, 64/2 4.176, 128/2
@@ -775,7 +780,7 @@ def _fns() -> dict[str, ScalarFn]:
     # 128/1 and 64/2 4.258, 64/4 4.152 (compile 4.152); mish 128/1 4.255, 64/2 4.242, 64/4
     # 4.144
     unary("relu", lambda x: _sel(_w(x) < _c(0, _w(x).dtype), _c(0, _w(x).dtype), _w(x)),
-          exact=True, integral=True, flat_launch=(128, 1))
+          exact=True, integral=True)
     unary("gelu", _gelu, half_build=lambda xs, ps, dt: (_gelu_half(xs[0]),),
           flat_launch=(64, 4))
     unary("gelu_tanh", _gelu_tanh, half_build=lambda xs, ps, dt: (_gelu_tanh_half(xs[0]),),
@@ -785,26 +790,25 @@ def _fns() -> dict[str, ScalarFn]:
     unary("mish", lambda x: x * T().tanh(T().log1p(T().exp(x))),
           half_build=lambda xs, ps, dt: (_mish_half(xs[0]),), flat_launch=(64, 2))
     add("softplus", 1, lambda xs, ps, dt: (_softplus(xs[0], ps[0], ps[1]),),
-        params=("beta", "threshold"),
+        params=("beta", "threshold"), flat_launch=(128, 2),
         half_build=lambda xs, ps, dt: (_softplus_half(xs[0], float(ps[0]), float(ps[1])),))
     add("leaky_relu", 1, lambda xs, ps, dt: (_sel(
         xs[0] > _c(0.0, dt), xs[0], xs[0] * _c(ps[0], dt)),), params=("negative_slope",))
     add("elu", 1, lambda xs, ps, dt: (_elu(xs[0], ps[0], 1.0),), params=("alpha",),
-        half_build=lambda xs, ps, dt: (_elu_half(xs[0], float(ps[0]), 1.0),))
-    unary("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE),
+        half_build=lambda xs, ps, dt: (_elu_half(xs[0], float(ps[0]), 1.0),),
+        flat_launch=(128, 2))
+    unary("selu", lambda x: _elu(x, _SELU_ALPHA, _SELU_SCALE), flat_launch=(128, 2),
           half_build=lambda xs, ps, dt: (_elu_half(xs[0], _SELU_ALPHA, _SELU_SCALE),))
     # torch's division by 6; the 16-bit forms multiply by float32's 1/6 (within 2 float32 ulp
     # of the quotient, one 16-bit rounding): the IEEE division was most of their instructions.
     # hardswish scales the gate first, so x * 6 never overflows (bf16 x past 5.7e37: x itself,
-    # as torch's CUDA kernel gives). One access a thread (bf16 32768 x 8192 on the H200,
+    # as torch's CUDA kernel gives). The default launch (bf16 32768 x 8192 on the H200,
     # 2026-12-04: hardswish 128/1 4.271 TB/s, eager 4.274; hardsigmoid 128/1 4.277, eager
     # 4.275)
     unary("hardswish", lambda x: x * _hard_gate(x) / _c(6.0, x.dtype),
-          half_build=lambda xs, ps, dt: (xs[0] * (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt)),),
-          flat_launch=(128, 1))
+          half_build=lambda xs, ps, dt: (xs[0] * (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt)),))
     unary("hardsigmoid", lambda x: _hard_gate(x) / _c(6.0, x.dtype),
-          half_build=lambda xs, ps, dt: (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt),),
-          flat_launch=(128, 1))
+          half_build=lambda xs, ps, dt: (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt),))
     add("hardtanh", 1, lambda xs, ps, dt: (_clamp(xs[0], ps[0], ps[1], True, True),),
         params=("min_val", "max_val"), exact=True)
     add("clamp", 1, lambda xs, ps, dt: (_clamp(xs[0], *ps),),
@@ -1114,13 +1118,13 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int, int]:
     (benchmarks/sweep_elementwise.py, bf16, TB/s counting every byte read and written once;
     the device copy runs at about 4.3):
 
-    - flat, one input: 128 threads, 2 accesses a thread. silu 32768 x 8192: 128/2 4.163,
-      256/4 4.158, 128/4 4.147, 256/2 4.091, 128/1 4.015 (torch.compile 4.178); silu
-      32768 x 4097: 128/2 4.097, 256/4 4.087 (compile 4.119); relu 32768 x 8192 prefers 128/1
-      (4.253, 128/2 4.226, compile 4.242): the default serves the op with math to hide, at
-      0.6% off the cheapest one's best. A function that declares its ``flat_launch``
-      (:class:`ScalarFn`) takes that (a second sweep, 2026-12-02, where silu's 128/2 fell to
-      4.14 against compile's 4.18).
+    - flat, one input: 128 threads, one access a thread, the cheap functions' best (2026-12-04,
+      32768 x 8192: neg 128/1 4.258, 256/1 4.265, 128/2 4.241, eager 4.270; clamp 128/1
+      4.271, 128/2 4.238, eager 4.282; sqrt 128/1 4.266, 128/2 4.229; 16384 x 4097:
+      reciprocal 128/1 4.123, 256/1 4.147, 128/2 4.122, compile 4.107). A function whose
+      16-bit form has math to hide declares its ``flat_launch`` (:class:`ScalarFn`): tanh's
+      128/2 4.253 against 128/1 3.983. A call whose traffic fits in L2 takes two accesses
+      a thread (:func:`plan`).
     - flat, two or more inputs (a 0-dim scalar included): 128/1. add with a 0-dim scalar:
       128/1 4.242, 256/1 4.240, 128/2 4.209, 256/4 4.084 (compile 4.246).
     - rows with a broadcast input (a row bias, a column): 256/2. add with a [8192] bias:
@@ -1133,8 +1137,8 @@ def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int, int]:
     - strided (unswept): 256/4, the former default."""
     f = SCALAR_FNS.get(fn)
     if kind == "flat":
-        if len(in_codes) == 1:
-            return (*f.flat_launch, 0) if f is not None and f.flat_launch else (128, 2, 0)
+        if len(in_codes) == 1 and f is not None and f.flat_launch:
+            return (*f.flat_launch, 0)
         return 128, 1, 0
     if kind == "rows":
         if any(0 in c for c in in_codes):
@@ -1150,6 +1154,17 @@ _GRID_Y_MAX = 65535
 _SMALL_CTAS = 132
 #: the threads a CTA of such a small call
 _SMALL_THREADS = 128
+#: the H200's L2 (50 MiB); a flat call whose traffic fits in it takes two accesses a thread
+#: where its default takes one (:func:`plan`)
+_L2_BYTES = 50 << 20
+
+
+def _traffic(spec: ElementwiseSpec) -> int:
+    """The bytes a call moves at least: every output written, every input read once at its own
+    size (a broadcast input once)."""
+    out = math.prod(spec.out_shape) * sum(DTYPES[d] for d in spec.out_dtypes)
+    return out + sum(math.prod(s) * DTYPES[d]
+                     for s, d in zip(spec.in_shapes, spec.in_dtypes, strict=True))
 
 
 def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = None,
@@ -1237,6 +1252,13 @@ def plan(spec: ElementwiseSpec, threads: int | None = None, per: int | None = No
         # sweep: gelu 1 x 4096 1.5 us, 64/1 1.6; SwiGLU 1 x 14336 1.5, 64/1 1.6; those 5 odd
         # rows 1.8, 256/1 2.0; mish 1 x 4096 1.4 at 64, 128 and 256)
         d_threads, d_per, d_resident = _SMALL_THREADS, 1, 0
+    elif kind == "flat" and d_per == 1 and _traffic(spec) <= _L2_BYTES:
+        # a call served from L2 (an activation its producer just wrote, or a repeated call)
+        # moves its bytes faster than HBM, and one access a thread leaves too few in flight
+        # (bf16 2048 x 4096, 34 MB moved, on the H200, 2026-12-04, us: exp 128/1 6.70, 128/2
+        # 6.24, 64/4 6.00, eager 6.69; hardswish 6.94, 6.15, 6.04, compile 6.41; neg 6.40,
+        # 5.88, 6.27, eager 6.46; add of two such inputs 12.40, 12.38, compile 12.08)
+        d_per = 2
     explicit = threads is not None or per is not None
     threads = threads or d_threads
     per = per or d_per
