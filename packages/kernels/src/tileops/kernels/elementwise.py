@@ -668,13 +668,19 @@ def _floor_div(a, b):
     T = _T()
     dt = a.dtype
     z = _c(0.0, dt)
-    mod = T.fmod(a, b)
-    div = (a - mod) / b
-    div = _sel((mod != z) & ((b < z) != (mod < z)), div - _c(1.0, dt), div)
-    fl = T.floor(div)
-    fl = _sel(div - fl > _c(0.5, dt), fl + _c(1.0, dt), fl)
-    res = _sel(div != z, fl, T.copysign(z, a / b))
-    return _sel(b == z, a / b, res)
+
+    # each intermediate bound once: a select is printed as if/else, and one read in several
+    # arms of the next was copied into each (12146 characters of TIR for bf16, 24 selects)
+    def from_mod(mod):
+        return _let(_sel((mod != z) & ((b < z) != (mod < z)), (a - mod) / b - _c(1.0, dt),
+                         (a - mod) / b), from_div)
+
+    def from_div(div):
+        return _let(T.floor(div), lambda fl: _sel(
+            b == z, a / b, _sel(div != z, _sel(div - fl > _c(0.5, dt), fl + _c(1.0, dt), fl),
+                                T.copysign(z, a / b))))
+
+    return _let(T.fmod(a, b), from_mod)
 
 
 def _remainder(a, b):
