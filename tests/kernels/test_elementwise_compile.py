@@ -1388,6 +1388,37 @@ def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
 
 
 @needs_nvcc
+@pytest.mark.parametrize(("fn", "params"), [
+    ("maximum", ()), ("minimum", ()), ("clamp_tensor", (True, True)), ("div_floor", ())])
+def test_nan_propagating_and_floor_division_programs_match_torch_on_the_host(fn, params):
+    """The programs of torch.maximum and torch.minimum (a NaN from either operand), clamp with
+    tensor bounds (NaN from any of the three, ``min > max`` giving ``max``) and floor
+    division (signed zeros, infinities, a zero divisor), run on the host over every pair (or
+    triple) of special values plus random ones, float32: the values of torch's CPU kernels,
+    NaN where torch gives NaN, and floor division's zero signs too."""
+    np = pytest.importorskip("numpy")
+    special = np.array([0.0, -0.0, 0.5, -2.5, 3.0, 7.0, -7.0, 1e30, -1e-30, np.inf, -np.inf,
+                        np.nan], dtype=np.float32)
+    rng = np.random.default_rng(5)
+    arity = E.SCALAR_FNS[fn].arity
+    grids = np.meshgrid(*([special] * arity), indexing="ij")
+    ins = [np.ascontiguousarray(np.concatenate(
+        [g.reshape(-1), rng.standard_normal(64, dtype=np.float32) * 4]).reshape(8, -1))
+        for g in grids]
+    out, guards, _ = _host_call(fn, params, ins, ins[0].shape, np)
+    torch = pytest.importorskip("torch")
+    t = [torch.from_numpy(a) for a in ins]
+    want = {"maximum": torch.maximum, "minimum": torch.minimum,
+            "clamp_tensor": lambda x, lo, hi: torch.clamp(x, lo, hi),
+            "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor")}[fn](*t).numpy()
+    assert guards
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan), (fn, [a[np.isnan(out) != nan] for a in ins])
+    assert np.array_equal(out[~nan], want[~nan]), fn
+    if fn == "div_floor":
+        assert np.array_equal(np.signbit(out[~nan]), np.signbit(want[~nan]))
+
+
 @needs_nvcc
 @pytest.mark.parametrize(("layout", "kind"), [
     ("transposed-3d", "flat"), ("permuted-4d", "strided"), ("permuted-4d-both", "flat"),
