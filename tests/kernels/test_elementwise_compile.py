@@ -1387,15 +1387,27 @@ def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
     assert np.array_equal(out, ref), (layout, p, float(np.abs(out - ref).max()))
 
 
+def _remainder_cuda(a, b, np):
+    """torch.remainder of floats as torch's CUDA kernel computes it: fmod (exact), plus the
+    divisor where the signs differ. torch's vectorised CPU kernel takes ``a - b * floor(a /
+    b)`` instead, NaN where ``a / b`` overflows (1e30 by -1e-30), where its scalar path and
+    the CUDA kernel give -1.83e-31."""
+    with np.errstate(all="ignore"):
+        mod = np.fmod(a, b)
+        return np.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
+
+
 @needs_nvcc
 @pytest.mark.parametrize(("fn", "params"), [
-    ("maximum", ()), ("minimum", ()), ("clamp_tensor", (True, True)), ("div_floor", ())])
+    ("maximum", ()), ("minimum", ()), ("clamp_tensor", (True, True)), ("div_floor", ()),
+    ("remainder", ())])
 def test_nan_propagating_and_floor_division_programs_match_torch_on_the_host(fn, params):
     """The programs of torch.maximum and torch.minimum (a NaN from either operand), clamp with
-    tensor bounds (NaN from any of the three, ``min > max`` giving ``max``) and floor
-    division (signed zeros, infinities, a zero divisor), run on the host over every pair (or
-    triple) of special values plus random ones, float32: the values of torch's CPU kernels,
-    NaN where torch gives NaN, and floor division's zero signs too."""
+    tensor bounds (NaN from any of the three, ``min > max`` giving ``max``), floor division
+    and remainder (signed zeros, infinities, a zero divisor), run on the host over every pair (or
+    triple) of special values plus random ones, float32: the values of torch's CPU kernels
+    (remainder's as its CUDA kernel computes it, :func:`_remainder_cuda`), NaN where torch
+    gives NaN, and the zero signs of floor division and remainder too."""
     np = pytest.importorskip("numpy")
     special = np.array([0.0, -0.0, 0.5, -2.5, 3.0, 7.0, -7.0, 1e30, -1e-30, np.inf, -np.inf,
                         np.nan], dtype=np.float32)
@@ -1410,12 +1422,14 @@ def test_nan_propagating_and_floor_division_programs_match_torch_on_the_host(fn,
     t = [torch.from_numpy(a) for a in ins]
     want = {"maximum": torch.maximum, "minimum": torch.minimum,
             "clamp_tensor": lambda x, lo, hi: torch.clamp(x, lo, hi),
-            "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor")}[fn](*t).numpy()
+            "div_floor": lambda a, b: torch.div(a, b, rounding_mode="floor"),
+            "remainder": lambda a, b: _remainder_cuda(a.numpy(), b.numpy(), np)}[fn](*t)
+    want = want if isinstance(want, np.ndarray) else want.numpy()
     assert guards
     nan = np.isnan(want)
     assert np.array_equal(np.isnan(out), nan), (fn, [a[np.isnan(out) != nan] for a in ins])
     assert np.array_equal(out[~nan], want[~nan]), fn
-    if fn == "div_floor":
+    if fn in ("div_floor", "remainder"):
         assert np.array_equal(np.signbit(out[~nan]), np.signbit(want[~nan]))
 
 

@@ -689,8 +689,11 @@ def _remainder(a, b):
     if str(a.dtype) not in _FLOATS:
         return T.floormod(a, b)
     z = _c(0.0, a.dtype)
-    mod = T.fmod(a, b)
-    return _sel((mod != z) & ((b < z) != (mod < z)), mod + b, mod)
+    # fmod bound once: libdevice's fmodf is a loop of some hundred instructions, and a select
+    # is printed as if/else with each read of it copied into its arms (1766 SASS instructions
+    # an unmasked body of eight bf16 elements)
+    return _let(T.fmod(a, b), lambda mod: _sel((mod != z) & ((b < z) != (mod < z)), mod + b,
+                                                 mod))
 
 
 def _lerp(s, e, w):
@@ -945,8 +948,9 @@ def _clamp_tensor(xs, has_lo, has_hi):
 def _mish_bwd(dy, x):
     T = _T()
     one = _c(1.0, x.dtype)
-    ts = T.tanh(T.log1p(T.exp(x)))
-    return dy * (ts + x * _sigmoid(x) * (one - ts * ts))
+    # tanh(softplus(x)) bound once: read three times, it was computed three times
+    return _let(T.tanh(T.log1p(T.exp(x))),
+                lambda ts: dy * (ts + x * _sigmoid(x) * (one - ts * ts)))
 
 
 def _softplus_bwd(dy, x, beta, threshold):
