@@ -180,8 +180,19 @@ def test_cluster_rows_program_compiles_for_sm90a(classes, dtype, options, per_ro
     # running) and one before they are read
     assert src.count("map_shared_rank") == 1 and src.count("cluster_sync") == 2
     assert f"for (int d = 0; d < {cluster}; ++d)" in src
+    # a cluster's rows in turn, the next one's read into the second register set, the
+    # triples' two slots by the row's parity
+    assert f"for (int j = 0; j < {C._CLUSTER_ROWS}; ++j)" in src
+    assert "ahead[" in src and "(j & 1)" in src
     assert src.count("extern __shared__") == 1  # one array: the parts cannot overlap
     assert ("tanhf" in src or "tanh" in src) == (options[3] is not None)
+
+
+@pytest.mark.parametrize("rows", [0, -3, 2.0, True])
+def test_cluster_rows_refuses_rows_that_are_not_a_positive_int(rows):
+    with pytest.raises(ValueError, match=r"rows: a cluster takes a positive int of rows, not "):
+        C.build_cluster_rows_kernel(128256, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                    "sm_90a", rows=rows)
 
 
 @settings(max_examples=300, deadline=None)

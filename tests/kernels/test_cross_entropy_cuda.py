@@ -331,6 +331,10 @@ def program_keys(sms: int):
     return list(keys)
 
 
+#: the cluster program's rows a cluster the sweep times (``C._CLUSTER_ROWS`` the default)
+CLUSTER_ROWS = (1, 4, 16, 64)
+
+
 def _build(key):
     {"rows": C.build_rows_kernel, "scale": C.build_scale_kernel,
      "finish": C.build_finish_kernel, "cluster": C.build_cluster_rows_kernel}[key[0]](*key[1])
@@ -429,6 +433,10 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
 
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
         list(pool.map(_sweep_build, [(p, sms, shape[1]) for p in SWEEP_PLANS]))
+        if C.cluster_plan(shape[1], "bfloat16") is not None:
+            list(pool.map(_build, [("cluster", (shape[1], "bfloat16", (-100, 0.0, 0.0, None),
+                                                False, None, True, rows))
+                                   for rows in CLUSTER_ROWS]))
     n, v = shape
     print(f"{n} x {v} bfloat16; the default plan: {C.rows_plan(v, 'bfloat16', True, sms)}")
     x, t = _inputs(n, v, "bfloat16")
@@ -452,10 +460,14 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
     line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
     clustered = C.cluster_plan(v, "bfloat16") is not None  # only rows past the L2's grid
     if clustered:
-        kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
-                                           with_loss=True)
-        line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}",
-             _events(lambda: kept(x, t, g, per_row, d)))
+        for rows in CLUSTER_ROWS:  # consecutive rows a cluster, the next one's read ahead
+            kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                               with_loss=True, rows=rows)
+            kept(x, t, g, per_row, d)
+            off = (d.float() - ref.float()).abs().max().item() > \
+                1e-2 * ref.float().abs().max().item()
+            line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}, {rows} rows a cluster"
+                 f"{' WRONG' if off else ''}", _events(lambda k=kept: k(x, t, g, per_row, d)))
         cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
         line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))
     scale = C.build_scale_kernel(v, "bfloat16", sms)
