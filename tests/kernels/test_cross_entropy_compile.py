@@ -188,11 +188,24 @@ def test_cluster_rows_program_compiles_for_sm90a(classes, dtype, options, per_ro
     assert ("tanhf" in src or "tanh" in src) == (options[3] is not None)
 
 
-@pytest.mark.parametrize("rows", [0, -3, 2.0, True])
-def test_cluster_rows_refuses_rows_that_are_not_a_positive_int(rows):
-    with pytest.raises(ValueError, match=r"rows: a cluster takes a positive int of rows, not "):
+@pytest.mark.parametrize("name", ["rows", "held"])
+@pytest.mark.parametrize("value", [0, -3, 2.0, True])
+def test_cluster_program_refuses_a_count_that_is_not_a_positive_int(name, value):
+    with pytest.raises(ValueError, match=rf"{name}: the cluster program takes a positive int, "
+                                         rf"not {value!r}"):
         C.build_cluster_rows_kernel(128256, "bfloat16", (-100, 0.0, 0.0, None), False,
-                                    "sm_90a", rows=rows)
+                                    "sm_90a", **{name: value})
+
+
+@needs_nvcc
+def test_cluster_program_holds_more_of_a_row_a_thread_on_request():
+    """``held`` 128: 256 threads of 8 x 8 bfloat16 classes each over 8 CTAs (two CTAs an SM by
+    their registers), against 512 of 4 x 8 at the default."""
+    assert C.cluster_plan(128256, "bfloat16") == (8, 512, 8, 4)
+    assert C.cluster_plan(128256, "bfloat16", 128) == (8, 256, 8, 8)
+    src = C.build_cluster_rows_kernel(128256, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                      "sm_90a", held=128).get_kernel_source()
+    assert "__launch_bounds__(256" in src
 
 
 @settings(max_examples=300, deadline=None)

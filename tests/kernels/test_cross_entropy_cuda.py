@@ -331,8 +331,9 @@ def program_keys(sms: int):
     return list(keys)
 
 
-#: the cluster program's rows a cluster the sweep times (``C._CLUSTER_ROWS`` the default)
-CLUSTER_ROWS = (1, 4, 16, 64)
+#: the cluster program's (rows a cluster, bytes of a row a thread) the sweep times (the
+#: defaults: ``C._CLUSTER_ROWS``, ``C._CLUSTER_HELD_BYTES``)
+CLUSTER_VARIANTS = ((1, 64), (4, 64), (16, 64), (64, 64), (1, 128), (16, 128))
 
 
 def _build(key):
@@ -435,8 +436,8 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
         list(pool.map(_sweep_build, [(p, sms, shape[1]) for p in SWEEP_PLANS]))
         if C.cluster_plan(shape[1], "bfloat16") is not None:
             list(pool.map(_build, [("cluster", (shape[1], "bfloat16", (-100, 0.0, 0.0, None),
-                                                False, None, True, rows))
-                                   for rows in CLUSTER_ROWS]))
+                                                False, None, True, rows, held))
+                                   for rows, held in CLUSTER_VARIANTS]))
     n, v = shape
     print(f"{n} x {v} bfloat16; the default plan: {C.rows_plan(v, 'bfloat16', True, sms)}")
     x, t = _inputs(n, v, "bfloat16")
@@ -460,13 +461,14 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
     line("gradient rows (the backward op's)", _events(lambda: grad(x, t, g, d)))
     clustered = C.cluster_plan(v, "bfloat16") is not None  # only rows past the L2's grid
     if clustered:
-        for rows in CLUSTER_ROWS:  # consecutive rows a cluster, the next one's read ahead
+        # consecutive rows a cluster (the next one's read ahead), bytes of a row a thread
+        for rows, held in CLUSTER_VARIANTS:
             kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
-                                               with_loss=True, rows=rows)
+                                               with_loss=True, rows=rows, held=held)
             kept(x, t, g, per_row, d)
             off = (d.float() - ref.float()).abs().max().item() > \
                 1e-2 * ref.float().abs().max().item()
-            line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16')}, {rows} rows a cluster"
+            line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16', held)}, {rows} rows"
                  f"{' WRONG' if off else ''}", _events(lambda k=kept: k(x, t, g, per_row, d)))
         cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
         line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))

@@ -531,13 +531,14 @@ _CLUSTER_HELD_BYTES = 64
 _CLUSTER_ROWS = 16
 
 
-def cluster_plan(classes: int, dtype: str) -> tuple[int, int, int, int] | None:
+def cluster_plan(classes: int, dtype: str, held: int = _CLUSTER_HELD_BYTES
+                 ) -> tuple[int, int, int, int] | None:
     """``(cluster, threads, vec, per)`` of the cluster gradient program, or None where a row
     is narrow enough for the persistent two-pass program's rows to stay in L2: a row split
     over ``cluster`` CTAs (a power of two up to 8, each taking at least
     ``_MIN_CLUSTER_SHARE`` classes), each thread holding ``per`` accesses of ``vec`` classes
-    (at most ``_CLUSTER_HELD_BYTES``, up to 1024 threads). 128256 bfloat16 classes: 8 CTAs of
-    512 threads holding 4 x 8."""
+    (at most ``held`` bytes, up to 1024 threads). 128256 bfloat16 classes: 8 CTAs of 512
+    threads holding 4 x 8 (``held`` 128: 256 threads holding 8 x 8, two CTAs an SM)."""
     row_bytes = classes * _ITEMSIZE[dtype]
     if row_bytes * DEFAULT_SMS <= _L2_ROW_BUDGET:
         return None  # a grid of rows fits the L2: the two-pass program reads HBM once
@@ -548,9 +549,9 @@ def cluster_plan(classes: int, dtype: str) -> tuple[int, int, int, int] | None:
     accesses = -(-classes // vec)  # a row's
     share = -(-accesses // cluster)  # a CTA's
     threads = min(1024, max(_WARP, _pow2_at_least(-(-share * vec * _ITEMSIZE[dtype]
-                                                   // _CLUSTER_HELD_BYTES))))
+                                                   // held))))
     per = -(-share // threads)
-    if cluster == 1 or per * vec * _ITEMSIZE[dtype] > _CLUSTER_HELD_BYTES:
+    if cluster == 1 or per * vec * _ITEMSIZE[dtype] > held:
         return None
     return cluster, threads, vec, per
 
@@ -783,12 +784,13 @@ def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
 @stored(maxsize=64)
 def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_scale: bool,
                               target: str | None = None, with_loss: bool = False,
-                              rows: int = _CLUSTER_ROWS):
+                              rows: int = _CLUSTER_ROWS, held: int = _CLUSTER_HELD_BYTES):
     """Compile the cluster gradient program of :func:`cluster_plan` (cached), ``rows``
-    consecutive rows a cluster."""
-    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
-        raise ValueError(f"rows: a cluster takes a positive int of rows, not {rows!r}")
-    plan = cluster_plan(classes, dtype)
+    consecutive rows a cluster, at most ``held`` bytes of a row a thread."""
+    for name, value in (("rows", rows), ("held", held)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}: the cluster program takes a positive int, not {value!r}")
+    plan = cluster_plan(classes, dtype, held)
     if plan is None:
         raise ValueError(f"rows of {classes} {dtype} classes take the two-pass program (a "
                          f"grid of them fits the L2), not the cluster one")
