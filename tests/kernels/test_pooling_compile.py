@@ -223,3 +223,33 @@ def test_programs_match_torch_on_the_host(kind, dims, kw, channels_last):
         assert np.allclose(DX, xg.grad.numpy().reshape(-1), rtol=2e-6, atol=1e-6,
                            equal_nan=True), (
             with_indices, float(np.nanmax(np.abs(DX - xg.grad.numpy().reshape(-1)))))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_taps_outside_the_input_read_nothing_on_the_host(channels_last):
+    """A tap outside the input loads the position clamped into it (every load of a window in
+    flight at once) and reads as -inf: with a dilation of 2 and a padding of 1, each window's
+    taps fall on odd rows and columns, the taps left of and below the input clamp to even ones,
+    and every even row and column holds NaN or +inf, which no window holds. The values and
+    indices are torch's."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    x = torch.randint(-3, 4, (1, 2, 7, 9), generator=torch.Generator().manual_seed(5)).float()
+    x[..., ::2, :] = float("nan")
+    x[..., 1::2, ::2] = float("inf")
+    kw = dict(kernel_size=3, stride=2, padding=1, dilation=2, return_indices=True)
+    y, idx = torch.nn.functional.max_pool2d(x, **kw)
+    assert y.isfinite().all()  # no window holds an even row or column
+    s = P.PoolSpec(device=None, kind=P.PoolKind.MAX, adaptive=False,
+                   layout=P.PoolLayout.CHANNELS_LAST if channels_last else P.PoolLayout.PLANES,
+                   batch=1, channels=2, size_in=(1, 7, 9), size_out=(1, *y.shape[2:]),
+                   kernel=(1, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1), dilation=(1, 2, 2),
+                   count_include_pad=True, divisor=0, indices=True, dtype="float32")
+    perm = (0, 2, 3, 1) if channels_last else (0, 1, 2, 3)
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    IDX = shared_array(np, idx.numel(), np.int64, -1)
+    _host_pool(s, {"X": np.ascontiguousarray(x.permute(perm).numpy()), "Y": Y, "IDX": IDX})
+    assert np.array_equal(Y, y.permute(perm).contiguous().numpy().reshape(-1))
+    assert np.array_equal(IDX, idx.permute(perm).contiguous().numpy().reshape(-1))

@@ -11,8 +11,11 @@ size costs one compile.)
 Forward (:func:`pool_program`): one thread per output element, ``per`` elements a thread
 (consecutive blocks of ``threads`` outputs, so every store and the loads of neighbouring
 windows are coalesced across a warp; overlapping windows are served by L1/L2, the input is read
-from HBM about once). The window is scanned in torch's order (depth, then rows, then columns),
-in float32:
+from HBM about once). Every tap's load is issued unconditionally, from its position clamped
+into the input, and a tap outside the input reads as -inf (max) or 0 (sum) by masking the
+loaded value's bits: a window's loads are in flight together (a load behind its tap's bounds
+check waited for the one before it: the padded and small calls were bound by that chain).
+The window is scanned in torch's order (depth, then rows, then columns), in float32:
 
 - max: the running maximum starts at -inf at the window's first tap that is not in the
   leading padding (:func:`first_tap`), and a tap replaces it when it is greater or NaN
@@ -270,6 +273,15 @@ def _inputs(spec: PoolSpec) -> int:
 # --- the programs ----------------------------------------------------------------------------------
 
 
+#: the bits of float32 -inf, as an int32: what a max pool's tap outside the input reads
+_FILL_BITS = -(1 << 23)
+
+
+def _clamp(T, i, n: int):
+    """``i`` clamped into ``[0, n)``."""
+    return T.max(T.min(i, n - 1), 0)
+
+
 def _isnan(T, x):
     """CUDA's ``isnan`` as an opaque call (TVM's simplifier folds ``x != x`` to False)."""
     return T.call_pure_extern("bool", "isnan", x)
@@ -311,7 +323,7 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
         return T.cast(acc[0] / T.cast(divisor(spec, (od, oh, ow), T.min, T.max), f32), dtype)
 
     @T.macro
-    def scan(X, n, c, od, oh, ow, acc, arg):
+    def scan(X, n, c, od, oh, ow, acc, arg, val):
         """The window of output (od, oh, ow) of plane (n, c): max (acc, arg) or sum (acc)."""
         lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
         lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
@@ -322,19 +334,33 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                     d = tap_position(spec, 0, od, td)
                     h = tap_position(spec, 1, oh, th)
                     w = tap_position(spec, 2, ow, tw)
-                    if (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h and w >= lo_w
-                            and w < hi_w):
-                        spot = (d * Hi + h) * Wi + w
-                        if channels_last:
-                            v = T.cast(X[((n * Di * Hi * Wi) + spot) * C + c], f32)
-                        else:
-                            v = T.cast(X[(n * C + c) * (Di * Hi * Wi) + spot], f32)
-                        if is_max:
-                            if v > acc[0] or _isnan(T, v):
-                                acc[0] = v
-                                arg[0] = spot
-                        else:
-                            acc[0] = acc[0] + v
+                    inside = (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h
+                              and w >= lo_w and w < hi_w)
+                    spot = (d * Hi + h) * Wi + w
+                    # every tap's load unconditional, from the position clamped into the
+                    # input where the tap is outside it (read as -inf or 0, which never wins a
+                    # max nor adds to a sum): the window's loads are all in flight at once,
+                    # where a load behind its tap's branch waited for the one before it (and
+                    # the clamp keeps the load's index provably in bounds, which a select of
+                    # it would not: TileLang would guard the load with a branch again)
+                    at = (_clamp(T, d, Di) * Hi + _clamp(T, h, Hi)) * Wi + _clamp(T, w, Wi)
+                    if channels_last:
+                        raw = X[((n * Di * Hi * Wi) + at) * C + c]
+                    else:
+                        raw = X[(n * C + c) * (Di * Hi * Wi) + at]
+                    # the tap's value a local (read three times, an expression would be
+                    # printed, and its select branched on, at each read): the value's bits
+                    # masked, not selected, so nvcc cannot sink the load into a branch of the
+                    # select (over 25 taps it did, and the loads ran one after another again)
+                    keep = T.if_then_else(inside, T.int32(-1), T.int32(0))
+                    val[0] = T.reinterpret((T.reinterpret(T.cast(raw, f32), i32) & keep)
+                                           | (T.int32(_FILL_BITS if is_max else 0) & ~keep), f32)
+                    if is_max:
+                        if val[0] > acc[0] or _isnan(T, val[0]):
+                            acc[0] = val[0]
+                            arg[0] = spot
+                    else:
+                        acc[0] = acc[0] + val[0]
 
     @T.macro
     def body(X, Y, IDX):
@@ -342,6 +368,7 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
             tx = T.get_thread_binding()
             acc = T.alloc_local((1,), f32)
             arg = T.alloc_local((1,), i32)
+            val = T.alloc_local((1,), f32)
             for e in T.unroll(per):
                 t = bx * block + e * threads + tx
                 if t < n_out:
@@ -358,7 +385,7 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                         c = t // (Wo * Ho * Do) % C
                         n = t // (Wo * Ho * Do * C)
                     start(od, oh, ow, acc, arg)
-                    scan(X, n, c, od, oh, ow, acc, arg)
+                    scan(X, n, c, od, oh, ow, acc, arg, val)
                     Y[t] = result(acc, od, oh, ow)
                     if spec.indices:
                         IDX[t] = T.cast(arg[0], "int64")
