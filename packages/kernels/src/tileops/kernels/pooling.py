@@ -277,6 +277,15 @@ def _inputs(spec: PoolSpec) -> int:
 _FILL_BITS = -(1 << 23)
 
 
+def _masked(T, value, cond, fill_bits: int):
+    """``value`` (float32) where ``cond`` holds, else the float32 of ``fill_bits``: by masking
+    the value's bits, not by a select, so nvcc cannot sink the load of ``value`` into a branch
+    (and a NaN or inf loaded where ``cond`` is false is not seen)."""
+    keep = T.if_then_else(cond, T.int32(-1), T.int32(0))
+    return T.reinterpret((T.reinterpret(value, "int32") & keep) | (T.int32(fill_bits) & ~keep),
+                         "float32")
+
+
 def _clamp(T, i, n: int):
     """``i`` clamped into ``[0, n)``."""
     return T.max(T.min(i, n - 1), 0)
@@ -352,9 +361,7 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                     # printed, and its select branched on, at each read): the value's bits
                     # masked, not selected, so nvcc cannot sink the load into a branch of the
                     # select (over 25 taps it did, and the loads ran one after another again)
-                    keep = T.if_then_else(inside, T.int32(-1), T.int32(0))
-                    val[0] = T.reinterpret((T.reinterpret(T.cast(raw, f32), i32) & keep)
-                                           | (T.int32(_FILL_BITS if is_max else 0) & ~keep), f32)
+                    val[0] = _masked(T, T.cast(raw, f32), inside, _FILL_BITS if is_max else 0)
                     if is_max:
                         if val[0] > acc[0] or _isnan(T, val[0]):
                             acc[0] = val[0]
@@ -468,19 +475,28 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                                 od, (d0, d1, d2) = window_of(spec, 0, i_d, td)
                                 oh, (h0, h1, h2) = window_of(spec, 1, ih, th)
                                 ow, (w0, w1, w2) = window_of(spec, 2, iw, tw)
-                                if (d0 and d1 and d2 and h0 and h1 and h2 and w0 and w1
-                                        and w2):
+                                holds = (d0 and d1 and d2 and h0 and h1 and h2 and w0 and w1
+                                         and w2)
+                                # average pooling and max pooling with indices: every
+                                # window's loads unconditional, from the window clamped into
+                                # the output, masked where it does not hold the element (as
+                                # the forward's taps)
+                                cd, ch, cw = _clamp(T, od, Do), _clamp(T, oh, Ho), _clamp(
+                                    T, ow, Wo)
+                                oc = p * plane_out + (cd * Ho + ch) * Wo + cw
+                                if not is_max:
+                                    acc[0] = acc[0] + _masked(T, T.cast(DY[oc], f32) / T.cast(
+                                        divisor(spec, (cd, ch, cw), T.min, T.max), f32),
+                                        holds, 0)
+                                elif spec.indices:
+                                    acc[0] = acc[0] + _masked(
+                                        T, T.cast(DY[oc], f32),
+                                        T.And(holds, IDX[oc] == T.cast(spot, "int64")), 0)
+                                elif holds:  # the window's maximum found again
                                     o = p * plane_out + (od * Ho + oh) * Wo + ow
-                                    if not is_max:
-                                        acc[0] = acc[0] + T.cast(DY[o], f32) / T.cast(
-                                            divisor(spec, (od, oh, ow), T.min, T.max), f32)
-                                    elif spec.indices:
-                                        if IDX[o] == T.cast(spot, "int64"):
-                                            acc[0] = acc[0] + T.cast(DY[o], f32)
-                                    else:
-                                        rescan(X, p, od, oh, ow, m, arg)
-                                        if arg[0] == spot:
-                                            acc[0] = acc[0] + T.cast(DY[o], f32)
+                                    rescan(X, p, od, oh, ow, m, arg)
+                                    if arg[0] == spot:
+                                        acc[0] = acc[0] + T.cast(DY[o], f32)
                     DX[t] = T.cast(acc[0], dtype)
 
     if is_max and spec.indices:
