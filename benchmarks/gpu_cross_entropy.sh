@@ -7,7 +7,9 @@
 # fused loss's GPU tests first run each case once in parallel processes, building its
 # blocks' GEMM and cross-entropy programs at their full sizes). Logs
 # and results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests bench;
-# also: sweep, the gradient programs' plans and the cluster programs at the bar's shape).
+# also: sweep, the gradient programs' plans and the cluster programs at the bar's shape;
+# cluster, the cluster program's variants against float64, then the sweep, each under a time
+# limit: a variant whose exchange of triples stalled would hang its kernel).
 # About 10 minutes on one H200.
 STAGES=${STAGES:-prebuild tests bench}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -32,5 +34,10 @@ for stage in $STAGES; do case $stage in
   sweep)  # the kept program's launch plans, the cluster programs and the training step with
     # each, at the bar's shape (8192 x 128256 bf16), ms and the HBM rate of one read + one write
     TAIL=20 run sweep.log python3 tests/kernels/test_cross_entropy_cuda.py --sweep --workers 15 ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench sweep)" ;;
+  cluster)
+    TAIL=12 run cluster_cuda.log timeout 300 python3 -m pytest -m cuda \
+      tests/kernels/test_cross_entropy_cuda.py -k "cluster_program" -q -p no:cacheprovider -x
+    TAIL=30 run sweep.log timeout 420 python3 tests/kernels/test_cross_entropy_cuda.py --sweep \
+      --workers 15 ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench sweep cluster)" ;;
 esac; done

@@ -198,6 +198,21 @@ def test_cluster_program_refuses_a_count_that_is_not_a_positive_int(name, value)
 
 
 @needs_nvcc
+def test_cluster_program_pushes_asynchronously_on_request():
+    """``async_push``: thread 0 copies the CTA's triple into every CTA by a bulk copy onto the
+    receiver's mbarrier of the row's parity, each CTA waits on its own, and no cluster barrier
+    runs a row: one after the barriers' init and one at the end. The parts of the shared array
+    are 16-byte units."""
+    src = C.build_cluster_rows_kernel(128256, "bfloat16", (-100, 0.0, 0.0, None), False,
+                                      "sm_90a", True, async_push=True).get_kernel_source()
+    loop = src[src.index("for (int j = 0;"):]
+    assert "tl::tma_store_cluster(" in loop and "(uint32_t)((uint)16)" in loop
+    assert ".wait(" in loop and "bars[(j & 1)]" in loop
+    assert src.count("cluster_sync") == 2 and loop.count("cluster_sync") == 1
+    assert "map_shared_rank" not in src
+
+
+@needs_nvcc
 def test_cluster_program_holds_more_of_a_row_a_thread_on_request():
     """``held`` 128: 256 threads of 8 x 8 bfloat16 classes each over 8 CTAs (two CTAs an SM by
     their registers), against 512 of 4 x 8 at the default."""

@@ -288,6 +288,40 @@ def test_cluster_programs_match_float64(n, v, dtype, options):
     assert got[1].isnan().all() and (got[t == ignore] == 0).all()
 
 
+#: the cluster program's variants the GPU test runs: (rows a cluster, bytes a thread, push)
+VARIANT_CASES = [(1, 64, False), (16, 128, False), (4, 64, True), (16, 128, True)]
+#: and the options it runs them with
+VARIANT_OPTIONS = [(-100, 0.0, 0.0, None), (-100, 0.1, 1e-4, 30.0)]
+
+
+@pytest.mark.parametrize(("rows", "held", "push"), VARIANT_CASES)
+@pytest.mark.parametrize(("n", "options"), [(257, VARIANT_OPTIONS[0]),
+                                            (33, VARIANT_OPTIONS[1])])
+def test_cluster_program_variants_match_float64(rows, held, push, n, options):
+    """The cluster program's sweep variants (rows a cluster, bytes of a row a thread, the
+    triples pushed by asynchronous copies onto mbarriers): the gradient and each row's loss
+    against float64, over 257 rows (a cluster's last rows past the end) with ignored rows,
+    and with smoothing, z-loss and a softcap over 33; in place of the logits too."""
+    v = 128256
+    x, t = _inputs(n, v, "bfloat16")
+    kept = C.build_cluster_rows_kernel(v, "bfloat16", options, False, with_loss=True,
+                                       rows=rows, held=held, async_push=push)
+    ignore, smoothing, zscale, softcap = options
+    count = int((t != ignore).sum())
+    g = torch.full((1,), 1.0 / count, device="cuda")
+    per_row, d = torch.empty(n, device="cuda"), torch.empty_like(x)
+    kwargs = dict(label_smoothing=smoothing, lse_square_scale=zscale, softcap=softcap,
+                  ignore_index=ignore)
+    x64 = x.double().requires_grad_(True)
+    rows_loss = _torch_loss(x64, t, reduction="none", **kwargs)
+    (want,) = torch.autograd.grad(rows_loss.sum() / count, x64)
+    for inplace in (False, True):
+        out = x.clone() if inplace else d
+        kept(out if inplace else x, t, g, per_row, out)
+        _check_grad(out, want, "bfloat16")
+        torch.testing.assert_close(per_row.double(), rows_loss.detach(), rtol=1e-3, atol=1e-5)
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 
@@ -316,6 +350,10 @@ def program_keys(sms: int):
         if red == "mean":
             keys[("finish", (opts[0], True, True))] = None
     keys[("finish", (-100, False, False))] = None  # the all-ignored sum
+    for rows, held, push in VARIANT_CASES:  # test_cluster_program_variants_match_float64
+        for opts in VARIANT_OPTIONS:
+            keys[("cluster", (128256, "bfloat16", opts, False, None, True, rows, held,
+                              push))] = None
     for c in CLUSTER:  # the cluster programs: the kept gradient's and the backward's (none)
         v, dtype, o = c.values[1], c.values[2], c.values[3]
         opts = (o.get("ignore_index", -100), float(o.get("label_smoothing", 0.0)),
@@ -331,9 +369,11 @@ def program_keys(sms: int):
     return list(keys)
 
 
-#: the cluster program's (rows a cluster, bytes of a row a thread) the sweep times (the
-#: defaults: ``C._CLUSTER_ROWS``, ``C._CLUSTER_HELD_BYTES``)
-CLUSTER_VARIANTS = ((1, 64), (4, 64), (16, 64), (64, 64), (1, 128), (16, 128))
+#: the cluster program's (rows a cluster, bytes of a row a thread, asynchronous push) the
+#: sweep times (the defaults: ``C._CLUSTER_ROWS``, ``C._CLUSTER_HELD_BYTES``, False)
+CLUSTER_VARIANTS = ((1, 64, False), (4, 64, False), (16, 64, False), (64, 64, False),
+                    (1, 128, False), (16, 128, False), (4, 64, True), (16, 64, True),
+                    (64, 64, True), (16, 128, True))
 
 
 def _build(key):
@@ -436,8 +476,8 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
         list(pool.map(_sweep_build, [(p, sms, shape[1]) for p in SWEEP_PLANS]))
         if C.cluster_plan(shape[1], "bfloat16") is not None:
             list(pool.map(_build, [("cluster", (shape[1], "bfloat16", (-100, 0.0, 0.0, None),
-                                                False, None, True, rows, held))
-                                   for rows, held in CLUSTER_VARIANTS]))
+                                                False, None, True, rows, held, push))
+                                   for rows, held, push in CLUSTER_VARIANTS]))
     n, v = shape
     print(f"{n} x {v} bfloat16; the default plan: {C.rows_plan(v, 'bfloat16', True, sms)}")
     x, t = _inputs(n, v, "bfloat16")
@@ -462,14 +502,16 @@ def sweep(sms, workers, shape=SWEEP_SHAPE):
     clustered = C.cluster_plan(v, "bfloat16") is not None  # only rows past the L2's grid
     if clustered:
         # consecutive rows a cluster (the next one's read ahead), bytes of a row a thread
-        for rows, held in CLUSTER_VARIANTS:
+        for rows, held, push in CLUSTER_VARIANTS:
             kept = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False,
-                                               with_loss=True, rows=rows, held=held)
+                                               with_loss=True, rows=rows, held=held,
+                                               async_push=push)
             kept(x, t, g, per_row, d)
             off = (d.float() - ref.float()).abs().max().item() > \
                 1e-2 * ref.float().abs().max().item()
             line(f"kept rows, cluster {C.cluster_plan(v, 'bfloat16', held)}, {rows} rows"
-                 f"{' WRONG' if off else ''}", _events(lambda k=kept: k(x, t, g, per_row, d)))
+                 f"{', async push' if push else ''}{' WRONG' if off else ''}",
+                 _events(lambda k=kept: k(x, t, g, per_row, d)))
         cgrad = C.build_cluster_rows_kernel(v, "bfloat16", (-100, 0.0, 0.0, None), False)
         line("gradient rows, cluster", _events(lambda: cgrad(x, t, g, d)))
     scale = C.build_scale_kernel(v, "bfloat16", sms)

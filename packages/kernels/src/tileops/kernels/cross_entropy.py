@@ -558,7 +558,7 @@ def cluster_plan(classes: int, dtype: str, held: int = _CLUSTER_HELD_BYTES
 
 def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale: bool,
                          cluster: int, threads: int, vec: int, per: int,
-                         with_loss: bool = False, rows: int = 1):
+                         with_loss: bool = False, rows: int = 1, async_push: bool = False):
     """The gradient program with each row held on chip (not compiled; sm_90): a row split
     over the ``cluster`` CTAs of a thread-block cluster, CTA ``r`` holding its share of the
     row (columns ``r * share`` on) in registers from one read; the CTAs' (max, sum of exp, sum
@@ -579,7 +579,19 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
     thread's memory operations in flight (``MEMBAR.ALL.GPU``). The pushed triples alternate between
     two slots by the row's parity: a CTA may push the next row's triple while another still
     reads this row's, and none can push the one after before every CTA has passed the next
-    row's barrier."""
+    row's barrier.
+
+    ``async_push``: no cluster barrier a row, so no fence. Thread 0 of each CTA copies its
+    triple (padded to 16 bytes) into every CTA's slot with an asynchronous bulk copy that
+    arrives on the receiver's mbarrier of the row's parity (``T.copy_cluster`` with a remote
+    barrier: an ``mbarrier.arrive.expect_tx`` and a ``cp.async.bulk`` into the peer's shared
+    memory), and each CTA waits on its own mbarrier. The next row's read is then issued
+    before this row's sum (nothing waits for it until the row after), in flight through the
+    exchange and the stores. A CTA pushes row ``j + 2`` into a slot (and from a source) of
+    row ``j``'s parity only after every CTA pushed row ``j + 1`` to it, which each did after
+    its wait for row ``j``: every copy of row ``j`` had landed, and been read. One cluster
+    barrier at the end keeps a CTA's shared memory until the last copies out of it are
+    done."""
     _, T = tl()
     ignore_index, smoothing, zscale, softcap = options
     M = T.dynamic("M")
@@ -593,8 +605,11 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
                                                           per, exact)
     # one shared array, its parts disjoint (the storage planner would otherwise overlap
     # them, unaware that the other CTAs push into the cluster's part): the warps' triples,
-    # this CTA's triple, the cluster's triples (two slots of them)
-    mine, parts = 3 * warps, 3 * warps + 3
+    # this CTA's triple, the cluster's triples (two slots of them); the asynchronous push's
+    # parts 16-byte units (a bulk copy's size and alignment), its own triple two of them
+    width = 4 if async_push else 3
+    mine = -(-3 * warps // 4) * 4 if async_push else 3 * warps
+    parts = mine + (2 * width if async_push else width)
 
     @T.macro
     def body(X, Tg, G, D, L):
@@ -611,14 +626,22 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
             cm = T.alloc_local((1,), f32)
             g = T.alloc_local((1,), f32)
             xt = T.alloc_local((1,), f32)
-            scratch = T.alloc_shared((3 * warps + 3 + 6 * cluster,), f32)
+            scratch = T.alloc_shared((parts + 2 * width * cluster,), f32)
+            if async_push:
+                # a row parity's mbarrier: one arrival of each CTA's copy a phase (TileLang
+                # initialises them, then fences the init and syncs the cluster: every CTA is
+                # running before any pushes into another's memory)
+                bars = T.alloc_cluster_barrier([cluster, cluster])
             load(X, held, first, base, tx, Tg[first] != T.int64(ignore_index))
-            # every CTA of the cluster is running before any pushes into another's memory
-            T.cluster_sync()
+            if not async_push:
+                # every CTA of the cluster is running before any pushes into another's memory
+                T.cluster_sync()
             for j in T.serial(rows):
                 row = first + j
                 if row < M:  # the cluster's rows: every CTA of it takes the same branch
                     nxt = row + 1
+                    if async_push and j + 1 < rows and nxt < M:
+                        load(X, ahead, nxt, base, tx, Tg[nxt] != T.int64(ignore_index))
                     target = Tg[row]
                     valid = target != T.int64(ignore_index)
                     in_range = (target >= T.int64(0)) and (target < T.int64(V))
@@ -633,26 +656,34 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
                     accumulate(held, zv, cm, acc, base, tx, valid)
                     cta_merge(acc, scratch, tx)  # the warps' triples: the array's first part
                     # the cluster's triples, merged in rank order on every CTA of the row
+                    own = mine + width * (j % 2) if async_push else mine
                     if tx == 0:
-                        scratch[mine] = acc[0]
-                        scratch[mine + 1] = acc[1]
-                        scratch[mine + 2] = acc[2]
+                        scratch[own] = acc[0]
+                        scratch[own + 1] = acc[1]
+                        scratch[own + 2] = acc[2]
                     T.sync_threads()
-                    at = parts + 3 * cluster * (j % 2)
-                    slot = at + 3 * rank
+                    at = parts + width * cluster * (j % 2)
+                    slot = at + width * rank
                     for d in T.unroll(cluster):
-                        T.copy_cluster(scratch[mine:mine + 3], scratch[slot:slot + 3],
-                                       dst_block=d)
-                    T.cluster_sync()
+                        if async_push:
+                            T.copy_cluster(scratch[own:own + 4], scratch[slot:slot + 4],
+                                           dst_block=d, remote_barrier=bars[j % 2])
+                        else:
+                            T.copy_cluster(scratch[own:own + 3], scratch[slot:slot + 3],
+                                           dst_block=d)
+                    if async_push:
+                        T.mbarrier_wait_parity(bars[j % 2], j // 2 % 2)
+                    else:
+                        T.cluster_sync()
                     acc[0] = scratch[at]
                     acc[1] = scratch[at + 1]
                     acc[2] = scratch[at + 2]
                     for c in T.serial(1, cluster):
-                        nm, ns = merged(acc[0], acc[1], scratch[at + 3 * c],
-                                        scratch[at + 3 * c + 1])
+                        nm, ns = merged(acc[0], acc[1], scratch[at + width * c],
+                                        scratch[at + width * c + 1])
                         acc[0] = nm
                         acc[1] = ns
-                        acc[2] += scratch[at + 3 * c + 2]
+                        acc[2] += scratch[at + width * c + 2]
                     lse = acc[0] + T.log2(acc[1]) * _LN2
                     if with_loss:  # noqa: SIM102 - the program's choice, then the thread's
                         if tx == 0 and rank == 0:
@@ -664,11 +695,13 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
                     # the next row's read, issued past the barrier (whose release fence waits
                     # for this thread's memory operations in flight) and before this row's
                     # stores, so the two overlap
-                    if j + 1 < rows and nxt < M:
+                    if not async_push and j + 1 < rows and nxt < M:
                         load(X, ahead, nxt, base, tx, Tg[nxt] != T.int64(ignore_index))
                     store_grad(D, held, zv, row, base, tx, lse, tcol, g, coef, valid, M)
                     for i in T.unroll(per * vec):
                         held[i] = ahead[i]
+            if async_push:
+                T.cluster_sync()  # the last copies out of this CTA's memory have landed
 
     return _row_prim_func(T, body, M, V, dtype, True, per_row_scale, with_loss)
 
@@ -784,9 +817,11 @@ def build_rows_kernel(classes: int, dtype: str, options: tuple, grad: bool,
 @stored(maxsize=64)
 def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_scale: bool,
                               target: str | None = None, with_loss: bool = False,
-                              rows: int = _CLUSTER_ROWS, held: int = _CLUSTER_HELD_BYTES):
+                              rows: int = _CLUSTER_ROWS, held: int = _CLUSTER_HELD_BYTES,
+                              async_push: bool = False):
     """Compile the cluster gradient program of :func:`cluster_plan` (cached), ``rows``
-    consecutive rows a cluster, at most ``held`` bytes of a row a thread."""
+    consecutive rows a cluster, at most ``held`` bytes of a row a thread, the triples
+    exchanged by asynchronous copies where ``async_push``."""
     for name, value in (("rows", rows), ("held", held)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}: the cluster program takes a positive int, not {value!r}")
@@ -795,7 +830,8 @@ def build_cluster_rows_kernel(classes: int, dtype: str, options: tuple, per_row_
         raise ValueError(f"rows of {classes} {dtype} classes take the two-pass program (a "
                          f"grid of them fits the L2), not the cluster one")
     return compile_program(cluster_rows_program(classes, dtype, options, per_row_scale, *plan,
-                                                with_loss=with_loss, rows=rows),
+                                                with_loss=with_loss, rows=rows,
+                                                async_push=async_push),
                            target)
 
 
