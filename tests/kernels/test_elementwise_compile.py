@@ -591,7 +591,7 @@ def test_entry_passes_bool_tensors_as_uint8_views(monkeypatch):
                  ("rows", 128, 1), id="rows-gated-odd-small"),
     pytest.param("silu_and_mul", ((16384, 14336),) * 2, ((28672, 1),) * 2, (16384, 14336),
                  ("rows", 128, 1), id="rows-gated-halves"),
-    pytest.param("exp", ((8, 16, 32),), ((512, 1, 16),), (8, 16, 32), ("strided", 256, 4),
+    pytest.param("exp", ((8, 16, 32),), ((512, 1, 16),), (8, 16, 32), ("strided", 128, 4),
                  id="strided"),
 ])
 def test_default_launch_by_layout_and_inputs(fn, in_shapes, in_strides, out_shape, launch):
