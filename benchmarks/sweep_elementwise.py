@@ -4,18 +4,22 @@ and torch.compile, to set :func:`tileops.kernels.elementwise.plan`'s defaults fr
     python3 benchmarks/sweep_elementwise.py [--quick] [--shapes silu-32768x8192,...] [--out DIR]
     python3 benchmarks/sweep_elementwise.py --dry-run      # list shapes and plans (CPU)
 
-Shapes (:data:`SHAPES`, bf16): unary silu, gelu, relu, gelu_tanh, mish, softplus and selu over
-32768 x 8192 and silu over 32768 x 4097 (a flat run with a masked tail), silu_and_mul and
-gelu_and_mul over a 16384 x 28672 input (its halves as strided rows), small calls (one row,
-three elements, odd gated rows, SwiGLU's rows), silu over permuted views (the strided kind),
-add with a row-broadcast ``[8192]`` bias and with a 0-dim scalar,
-and a device copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared
-with; timed last, after a second of warm-up copies, by the same graph replay).
+Shapes (:data:`SHAPES`, bf16): the unary functions and activations over 32768 x 8192 (the
+math functions' 16-bit forms and the cheapest functions among them) and silu over 32768 x
+4097 (a flat run with a masked tail), a few over 16384 x 4097 (whole vectors, rows off them)
+and over 2048 x 4096 (traffic that fits in L2, with add of two such inputs and clamp with
+three), silu_and_mul and gelu_and_mul over a 16384 x 28672 input (its halves as strided rows),
+small calls (one row, three elements, odd gated rows, SwiGLU's rows), silu over permuted views
+(the strided kind, and the same with the output in the view's layout), add with a
+row-broadcast bias (``[8192]``, and an odd ``[4097]``) and with a 0-dim scalar, and a device
+copy of 32768 x 8192 (``y.copy_(x)``: the bandwidth the others are compared with; timed last,
+after a second of warm-up copies, by CUDA events around plain calls).
 
 Candidates per shape: the launch plan with ``threads`` in :data:`THREADS` and ``per``
 (accesses of 16 bytes a thread) in :data:`PERS`, for the flat kind 64 threads with ``per``
 1, 2 or 4 and one warp with 1 (:data:`FLAT_EXTRA`), for the small flat calls accesses
-narrower than 16 bytes (:data:`TINY`), and where the function has a 16-bit
+narrower than 16 bytes (:data:`TINY`), for flat calls of three or more inputs 8-byte
+accesses (:data:`NARROW`), and where the function has a 16-bit
 form, the other form (:data:`FORMS_TILED`: the rows kind with it, some under a register cap;
 the flat kind's default without it), the default marked; ``--quick`` times the
 default plan only. Every program is compiled first in ``--workers`` processes (TileLang's
