@@ -83,7 +83,9 @@ import tileops.ops as O
 from tileops.kernels import pooling as K
 from _common import graph_events
 
-PLANS = [(128, 1), (256, 1), (256, 2), (256, 4), (512, 4), (256, 8), (128, 8)]
+PLANS = [(128, 1), (256, 1), (256, 2), (256, 4), (512, 4), (256, 8), (128, 8),
+         # a plane a row of the grid (the planes layout; channels last runs the flat plan)
+         (128, 4, True), (256, 2, True), (256, 4, True), (512, 2, True)]
 CASES = [  # (label, op class, params, shape, channels_last)
     ("max k3s2", O.MaxPool2dFwdOp, {"kernel_size": 3, "stride": 2}, (32, 256, 112, 112), False),
     ("max k3s2 cl", O.MaxPool2dFwdOp, {"kernel_size": 3, "stride": 2}, (32, 256, 112, 112), True),
@@ -109,7 +111,8 @@ for label, cls, params, shape, cl in CASES:
         prog(flat_x, flat_y)
         ok = torch.allclose(y.float(), want.float(), rtol=1e-2, atol=1e-2)
         ms = graph_events(lambda: prog(flat_x, flat_y), 20)
-        cells.append(f"{plan[0]}x{plan[1]} {gb / ms:4.2f}{'' if ok else ' WRONG'}")
+        cells.append(f"{plan[0]}x{plan[1]}{'y' if plan[2:] else ''} {gb / ms:4.2f}"
+                     f"{'' if ok else ' WRONG'}")
     print(f"{label:12} TB/s: " + " | ".join(cells))
 EOF
     ;;

@@ -5,6 +5,7 @@ line); the launch plan is checked over the space of calls without compiling, and
 arithmetic against torch in tests/ops/test_pooling.py.
 """
 
+import math
 import shutil
 
 import pytest
@@ -113,15 +114,19 @@ def _host_run():
     return _host_run
 
 
-def _host_pool(s, tensors, backward=False):
-    """Run the program of ``s`` on the host (tests/kernels/_host_run.py) over the numpy arrays
-    ``tensors`` (by the program's names: X, Y, IDX; DY, X, IDX, DX), every thread of its
-    launch in a forked child; the outputs land in those arrays (shared memory)."""
-    src = P.build_pool_kernel(s, "sm_90", backward=backward).get_kernel_source()
-    threads, per = P.pool_plan(s)
+def _host_pool(s, tensors, backward=False, plan=None):
+    """Run the program of ``s`` (under ``plan``, else the default) on the host
+    (tests/kernels/_host_run.py) over the numpy arrays ``tensors`` (by the program's names:
+    X, Y, IDX; DY, X, IDX, DX), every thread of its launch in a forked child; the outputs land
+    in those arrays (shared memory)."""
+    src = P.build_pool_kernel(s, "sm_90", backward=backward, plan=plan).get_kernel_source()
+    threads, per, *rest = plan or P.pool_plan(s)
     n = P._inputs(s) if backward else P._outputs(s)
-    crashed = _host_run().run_kernel(src, tensors, (max(1, -(-n // (threads * per))), 1),
-                                     threads)
+    grid = (max(1, -(-n // (threads * per))), 1)
+    if rest and rest[0]:  # a plane a row of the grid
+        positions = math.prod(s.size_out)
+        grid = (-(-positions // (threads * per)), s.batch * s.channels)
+    crashed = _host_run().run_kernel(src, tensors, grid, threads)
     assert crashed is None, (s, crashed)
 
 
@@ -253,3 +258,29 @@ def test_taps_outside_the_input_read_nothing_on_the_host(channels_last):
     _host_pool(s, {"X": np.ascontiguousarray(x.permute(perm).numpy()), "Y": Y, "IDX": IDX})
     assert np.array_equal(Y, y.permute(perm).contiguous().numpy().reshape(-1))
     assert np.array_equal(IDX, idx.permute(perm).contiguous().numpy().reshape(-1))
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "dims", "kw", "channels_last"),
+                         [c for c in POOLS if not c[3]])
+@pytest.mark.parametrize("plan", [(256, 2, True), (64, 4, True)])
+def test_programs_with_a_plane_a_grid_row_match_torch_on_the_host(kind, dims, kw,
+                                                                  channels_last, plan):
+    """The forward with a plane a row of the grid (the sweep's ``(threads, per, True)``): a
+    thread divides its index into the plane's positions only; the values and indices are the
+    default program's, torch's."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    s, x, y, idx = _pool_case(kind, dims, kw, channels_last, torch)
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    tensors = {"X": np.ascontiguousarray(x.numpy()), "Y": Y}
+    if idx is not None:
+        tensors["IDX"] = IDX = shared_array(np, idx.numel(), np.int64, -1)
+    _host_pool(s, tensors, plan=plan)
+    want = y.contiguous().numpy().reshape(-1)
+    if s.kind is P.PoolKind.MAX:
+        assert np.array_equal(Y, want, equal_nan=True)
+        assert idx is None or np.array_equal(IDX, idx.contiguous().numpy().reshape(-1))
+    else:
+        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)

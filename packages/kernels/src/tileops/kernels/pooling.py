@@ -91,6 +91,8 @@ _THREADS = 256
 _MAX_ELEMENTS = 2**31 - 1
 #: windows of at most this many taps are unrolled; longer ones loop
 _UNROLL_TAPS = 64
+#: the grid's y extent at most (CUDA's limit)
+_GRID_Y_MAX = 65535
 
 
 class PoolKind(enum.Enum):
@@ -296,9 +298,13 @@ def _isnan(T, x):
     return T.call_pure_extern("bool", "isnan", x)
 
 
-def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
+def pool_program(spec: PoolSpec, plan: tuple | None = None):
     """The forward prim_func of ``spec`` (not compiled), under ``plan`` (``(threads, per)``;
-    None: :func:`pool_plan`'s, what the ops run; others are for the GPU script's sweep)."""
+    None: :func:`pool_plan`'s, what the ops run; others are for the GPU script's sweep).
+    ``(threads, per, True)``: in the planes layout, a plane a row of the grid (its y, where
+    the planes fit in it), so a thread divides its index into the plane's positions only
+    (the flat index's division into (n, c, d, h, w) is a fifth of the bar shape's
+    instructions, and the kernel is bound by its instructions: 78 a max output)."""
     _, T = tl()
     f32, i32 = "float32", "int32"
     dtype = spec.dtype
@@ -307,12 +313,14 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     C = spec.channels
     n_out, n_in = _outputs(spec), _inputs(spec)
     kd, kh, kw = taps(spec)
-    threads, per = plan or pool_plan(spec)
+    threads, per, *rest = plan or pool_plan(spec)
     block = threads * per
     grid = max(1, -(-n_out // block))
     is_max = spec.kind is PoolKind.MAX
     channels_last = spec.layout is PoolLayout.CHANNELS_LAST
     tap_loop = T.unroll if kd * kh * kw <= _UNROLL_TAPS else T.serial
+    planes, positions = spec.batch * C, Do * Ho * Wo
+    by_plane = bool(rest and rest[0]) and not channels_last and 0 < planes <= _GRID_Y_MAX
 
     @T.macro
     def start(od, oh, ow, acc, arg):
@@ -370,6 +378,28 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                         acc[0] = acc[0] + val[0]
 
     @T.macro
+    def window(X, Y, IDX, t, n, c, od, oh, ow, acc, arg, val):
+        """Output ``t`` (flat, in the output's order) at (n, c, od, oh, ow)."""
+        start(od, oh, ow, acc, arg)
+        scan(X, n, c, od, oh, ow, acc, arg, val)
+        Y[t] = result(acc, od, oh, ow)
+        if spec.indices:
+            IDX[t] = T.cast(arg[0], "int64")
+
+    @T.macro
+    def body_by_plane(X, Y, IDX):
+        with T.Kernel(-(-positions // block), planes, threads=threads) as (bx, by):
+            tx = T.get_thread_binding()
+            acc = T.alloc_local((1,), f32)
+            arg = T.alloc_local((1,), i32)
+            val = T.alloc_local((1,), f32)
+            for e in T.unroll(per):
+                q = bx * block + e * threads + tx  # a position in plane by
+                if q < positions:
+                    window(X, Y, IDX, by * positions + q, by // C, by % C, q // (Wo * Ho),
+                           q // Wo % Ho, q % Wo, acc, arg, val)
+
+    @T.macro
     def body(X, Y, IDX):
         with T.Kernel(grid, threads=threads) as bx:
             tx = T.get_thread_binding()
@@ -391,21 +421,18 @@ def pool_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                         od = t // (Wo * Ho) % Do
                         c = t // (Wo * Ho * Do) % C
                         n = t // (Wo * Ho * Do * C)
-                    start(od, oh, ow, acc, arg)
-                    scan(X, n, c, od, oh, ow, acc, arg, val)
-                    Y[t] = result(acc, od, oh, ow)
-                    if spec.indices:
-                        IDX[t] = T.cast(arg[0], "int64")
+                    window(X, Y, IDX, t, n, c, od, oh, ow, acc, arg, val)
 
+    run = body_by_plane if by_plane else body
     if spec.indices:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype),
                  IDX: T.Tensor((n_out,), "int64")):
-            body(X, Y, IDX)
+            run(X, Y, IDX)
     else:
         @T.prim_func
         def main(X: T.Tensor((n_in,), dtype), Y: T.Tensor((n_out,), dtype)):
-            body(X, Y, None)
+            run(X, Y, None)
     return main
 
 
