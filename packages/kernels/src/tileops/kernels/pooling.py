@@ -303,8 +303,9 @@ def pool_program(spec: PoolSpec, plan: tuple | None = None):
     None: :func:`pool_plan`'s, what the ops run; others are for the GPU script's sweep).
     ``(threads, per, True)``: in the planes layout, a plane a row of the grid (its y, where
     the planes fit in it), so a thread divides its index into the plane's positions only
-    (the flat index's division into (n, c, d, h, w) is a fifth of the bar shape's
-    instructions, and the kernel is bound by its instructions: 78 a max output)."""
+    (the flat index's division into (n, c, d, h, w) is a fifth of the bar shape's 78 SASS
+    instructions a max output, and those 24.8M outputs' instructions take some 58 us to issue
+    on the H200 at full rate, of the 95 us measured)."""
     _, T = tl()
     f32, i32 = "float32", "int32"
     dtype = spec.dtype
