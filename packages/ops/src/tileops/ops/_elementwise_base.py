@@ -60,7 +60,15 @@ def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
     is contiguous in that order (``reorder_dimensions``). A transposed input gives a
     transposed output; a contiguous first input a contiguous one. Inputs that do not
     broadcast to ``shape`` (a gated op's ``[*B, 2N]``, a gradient's larger ``dout``) take no
-    part."""
+    part.
+
+    torch states the same rule in Python as ``torch._prims_common.
+    compute_elementwise_output_strides``, which the tests hold this to wherever an input is
+    not contiguous (the only calls the ops make): it is private, wants its operands expanded
+    to one shape first, and took 24 us a call against 7 here. Where every input is contiguous
+    the answer is contiguous without a look, on the ops' common path; torch differs there
+    only for inputs whose extent-1 dims carry permuted strides (``[1, 2, 1]`` strided
+    ``(1, 1, 1)`` plus ``[2, 1, 1]`` strided ``(1, 2, 2)``: torch's output is column-major)."""
     nd = len(shape)
     ts = [t for t in inputs if isinstance(t, torch.Tensor)]
     if nd < 2 or all(t.is_contiguous() for t in ts):
