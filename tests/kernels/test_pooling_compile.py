@@ -45,10 +45,14 @@ FORWARD = [
 ]
 
 BACKWARD = [
-    # max without indices: each window's maximum found again (the forward's scan, nested)
+    # max without indices: each window's maximum found again (the forward's scan, nested):
+    # 18 taps in each of 2 x 2 x 2 windows, unrolled; at a stride of 1, 18 x 18, looped
     pytest.param(spec(batch=2, channels=3, size_in=(7, 9, 11), size_out=(6, 4, 5),
                       kernel=(2, 3, 3), stride=(1, 2, 2), dilation=(1, 1, 1)),
                  id="max3d-rescan"),
+    pytest.param(spec(batch=2, channels=3, size_in=(7, 9, 11), size_out=(6, 7, 9),
+                      kernel=(2, 3, 3), stride=(1, 1, 1), dilation=(1, 1, 1)),
+                 id="max3d-rescan-looped"),
     # max from the forward's indices, dilated
     pytest.param(spec(padding=(0, 1, 1), dilation=(1, 2, 2), size_out=(1, 55, 55),
                       indices=True), id="max-indices-dilated"),
@@ -85,8 +89,8 @@ def test_gradient_compiles_for_sm90(s):
         assert "isnan(" in src  # the forward's scan, found again
         kd, kh, kw = P.taps(s)
         gd, gh, gw = P.gather_taps(s)
-        before = src.split(f"for (int uw = 0; uw < {kw}; ++uw)")[0].splitlines()[-2]
-        nested = kd * kh * kw * gd * gh * gw  # 18 x 18 here: the scan inside loops
+        before = src.split(f"for (int tw = 0; tw < {kw}; ++tw)")[0].splitlines()[-2]
+        nested = kd * kh * kw * gd * gh * gw
         assert ("#pragma unroll" in before) is (nested <= 4 * P._UNROLL_TAPS)
     assert "atomic" not in src  # a gather: every input element written once
 
@@ -284,3 +288,46 @@ def test_programs_with_a_plane_a_grid_row_match_torch_on_the_host(kind, dims, kw
         assert idx is None or np.array_equal(IDX, idx.contiguous().numpy().reshape(-1))
     else:
         assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+
+
+@needs_nvcc
+@pytest.mark.parametrize("dims", [1, 2])
+def test_two_pass_gradient_matches_torch_on_the_host(dims, monkeypatch):
+    """A max gradient without indices over a large call (here any call: the threshold set to
+    0) runs :func:`P.gradient_programs`' two programs: the forward with indices, then the
+    gather from them; the gradient is torch's."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    monkeypatch.setattr(P, "_TWO_PASS_INPUTS", 0)
+    kw = (dict(kernel_size=4, stride=3, padding=2, ceil_mode=True) if dims == 1
+          else dict(kernel_size=3, stride=2, padding=1))
+    s, x, y, _ = _pool_case("max", dims, {**kw, "return_indices": True}, False, torch)
+    s = P.PoolSpec(**{**{f: getattr(s, f) for f in P._SPEC_FIELDS}, "device": None,
+                      "indices": False})
+    assert P.two_pass(s)
+    (fwd, first), (bwd, second) = P.gradient_programs(s)
+    assert (first, second) == (False, True) and fwd.indices and bwd.indices
+    X = np.ascontiguousarray(x.numpy()).reshape(-1)
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    IDX = shared_array(np, y.numel(), np.int64, -1)
+    _host_pool(fwd, {"X": X, "Y": Y, "IDX": IDX})
+    DX = shared_array(np, x.numel(), np.float32, np.nan)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6))
+    _host_pool(bwd, {"DY": dy.numpy().reshape(-1), "X": X, "IDX": IDX, "DX": DX},
+               backward=True)
+    xg = x.clone().requires_grad_()
+    getattr(torch.nn.functional, f"max_pool{dims}d")(xg, **kw).backward(dy)
+    assert np.allclose(DX, xg.grad.numpy().reshape(-1), rtol=2e-6, atol=1e-6)
+
+
+@given(n=st.integers(1, 1 << 20), kind=st.sampled_from(list(P.PoolKind)),
+       indices=st.booleans())
+def test_two_passes_only_for_large_max_gradients_without_indices(n, kind, indices):
+    s = spec(kind=kind, indices=indices and kind is P.PoolKind.MAX, batch=1, channels=1,
+             size_in=(1, 1, n), size_out=(1, 1, n), kernel=(1, 1, 1), stride=(1, 1, 1))
+    programs = P.gradient_programs(s)
+    large = n >= P._TWO_PASS_INPUTS
+    assert P.two_pass(s) is (kind is P.PoolKind.MAX and not s.indices and large)
+    assert programs == ([(P.with_indices(s), False), (P.with_indices(s), True)]
+                        if P.two_pass(s) else [(s, True)])

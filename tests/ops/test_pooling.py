@@ -378,10 +378,23 @@ def test_kernels_hand_the_programs_flat_views():
     grad = K.PoolBwdKernel.__new__(K.PoolBwdKernel)
     seen.clear()
     grad.program, grad._indices = (lambda *flat: seen.extend(flat)), False
+    grad._forward = None
     dx = torch.empty(2, 3, 5, 7)
     grad(y.contiguous(), x.contiguous(), None, dx)
     assert [t.shape for t in seen] == [(36,), (210,), (210,)]
     assert seen[2].data_ptr() == dx.data_ptr()
+    # two passes (a large max gradient without indices): the forward writes indices into a
+    # workspace, and the gather reads them
+    seen.clear()
+    first = []
+    grad._forward, grad._indices = (lambda *flat: first.extend(flat)), True
+    dy, xc = y.contiguous(), x.contiguous()
+    grad(dy, xc, None, dx)
+    assert [t.shape for t in first] == [(210,), (36,), (36,)]
+    assert first[0].data_ptr() == xc.data_ptr() and first[2].dtype == torch.int64
+    assert [t.shape for t in seen] == [(36,), (210,), (36,), (210,)]
+    assert seen[2].data_ptr() == first[2].data_ptr() and seen[3].data_ptr() == dx.data_ptr()
+    assert seen[0].data_ptr() == dy.data_ptr() and seen[1].data_ptr() == xc.data_ptr()
 
 
 def test_kernels_refuse_float64_by_name():

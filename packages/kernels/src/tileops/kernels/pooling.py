@@ -35,11 +35,16 @@ The thread index runs over the output in its memory order, so a warp's stores ar
 and its loads too where they run along the channels.
 
 Gradients (:func:`pool_bwd_program`): one thread per input element gathers from the windows
-that hold it (:func:`window_of`: for each tap ``t`` of a fixed window, the window ``o`` with
-``o * s - p + t * d == i``; of adaptive ones, the run of windows whose range holds ``i``), so
-no atomics are needed and the result is deterministic: average pooling adds ``dy / divisor``
-of each such window; max pooling adds ``dy`` of each window whose maximum is this element, read
-from the forward's indices or, without them, found again by the forward's scan. (A dilated
+that hold it (:func:`window_of`: of a fixed window without dilation, the ``ceil(k / s)``
+windows that start in ``(i + p - k, i + p]``; of a dilated one, for each tap ``t`` the window
+``o`` with ``o * s - p + t * d == i``; of adaptive ones, the run of windows whose range holds
+``i``), so no atomics are needed and the result is deterministic: average pooling adds ``dy /
+divisor`` of each such window; max pooling adds ``dy`` of each window whose maximum is this
+element, read from the forward's indices or, without them, found again by the forward's scan
+(the same macros, :func:`_scanner`, every load unconditional). A large max gradient without
+indices runs the forward with indices first, then the gather from them
+(:class:`PoolBwdKernel`): a window's maximum is then found once, not once for each element
+the window holds. (A dilated
 window wholly in the padding has no element: torch gives it -inf at its first tap's position
 and adds its gradient there, outside the window; the gather drops it.)
 
@@ -76,12 +81,15 @@ __all__ = [
     "emulate_bwd",
     "first_tap",
     "gather_taps",
+    "gradient_programs",
     "pool_bwd_program",
     "pool_plan",
     "pool_program",
     "tap_position",
     "tap_range",
+    "two_pass",
     "window_of",
+    "with_indices",
 ]
 
 PoolDType = Literal["float16", "bfloat16", "float32"]
@@ -93,6 +101,9 @@ _MAX_ELEMENTS = 2**31 - 1
 _UNROLL_TAPS = 64
 #: the grid's y extent at most (CUDA's limit)
 _GRID_Y_MAX = 65535
+#: a max gradient without indices over this many input elements or more runs the forward
+#: with indices first (:func:`two_pass`): a wave of the H200, 132 SMs of 2048 threads
+_TWO_PASS_INPUTS = 132 * 2048
 
 
 class PoolKind(enum.Enum):
@@ -204,12 +215,15 @@ def tap_range(spec: PoolSpec, axis: int, o: Any, mn: Any, mx: Any) -> tuple[Any,
 
 
 def gather_taps(spec: PoolSpec) -> tuple[int, int, int]:
-    """How many windows the gradient's gather tries per axis for an input element: one per
-    tap of a fixed window, or the most adaptive windows one element is in."""
+    """How many windows the gradient's gather tries per axis for an input element: the most
+    adaptive windows one element is in; of fixed windows without dilation ``ceil(k / s)``,
+    the most that overlap (3 x 3 windows at a stride of 2: 4 windows tried, not 9); of
+    dilated ones one per tap."""
     if spec.adaptive:
         return tuple(adaptive_taps(o, i) for i, o in zip(spec.size_in, spec.size_out,
                                                           strict=True))
-    return spec.kernel
+    return tuple(-(-k // s) if d == 1 else k
+                 for k, s, d in zip(spec.kernel, spec.stride, spec.dilation, strict=True))
 
 
 def window_of(spec: PoolSpec, axis: int, i: Any, t: Any) -> tuple[Any, tuple]:
@@ -217,13 +231,19 @@ def window_of(spec: PoolSpec, axis: int, i: Any, t: Any) -> tuple[Any, tuple]:
     ``i``, and what must hold for it to. A fixed window's tap ``t`` reads ``o * s - p + t *
     dil``, so ``o = (i + p - t * dil) / s`` where that divides and lies in ``[0, Out)``; the
     adaptive windows holding ``i`` are ``floor(i * Out / In)`` up to ``ceil((i + 1) * Out /
-    In)``, exclusive."""
+    In)``, exclusive. Without dilation, the ``t``-th is counted back from the last window
+    that starts at or before ``i`` (:func:`gather_taps`)."""
     if spec.adaptive:
         n_in, n_out = spec.size_in[axis], spec.size_out[axis]
         o = i * n_out // n_in + t
         return o, (o < ((i + 1) * n_out + n_in - 1) // n_in, True, True)
-    s = spec.stride[axis]
-    num = i + spec.padding[axis] - t * spec.dilation[axis]
+    s, p, k = spec.stride[axis], spec.padding[axis], spec.kernel[axis]
+    if spec.dilation[axis] == 1:
+        # the windows holding i start in (i + p - k, i + p] (padded coordinates): the last is
+        # (i + p) // s, and the t-th before it holds i while it starts past i + p - k
+        o = (i + p) // s - t
+        return o, (o >= 0, i + p - o * s < k, o < spec.size_out[axis])
+    num = i + p - t * spec.dilation[axis]
     return num // s, (num >= 0, num % s == 0, num // s < spec.size_out[axis])
 
 
@@ -298,6 +318,66 @@ def _isnan(T, x):
     return T.call_pure_extern("bool", "isnan", x)
 
 
+def _scanner(T, spec: PoolSpec, index_of, tap_loop):
+    """``(start, scan)``: the macros of a window's scan, shared by the forward and the max
+    gradient's scan found again. ``start(od, oh, ow, acc, arg)`` sets a window's running value
+    (-inf and its first tap's position for max, 0 for a sum); ``scan(X, n, c, od, oh, ow, acc,
+    arg, val)`` runs the taps of window (od, oh, ow) of plane (n, c) over it, reading X at
+    ``index_of(n, c, at)`` for the tap's flat position ``at`` in the plane."""
+    f32 = "float32"
+    Di, Hi, Wi = spec.size_in
+    kd, kh, kw = taps(spec)
+    is_max = spec.kind is PoolKind.MAX
+
+    @T.macro
+    def start(od, oh, ow, acc, arg):
+        """A window's running value: -inf at its first tap (max), or 0 (sum)."""
+        if is_max:
+            arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
+                      + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
+                          spec, 2, ow, T.min, T.max)
+            acc[0] = -T.infinity(f32)
+        else:
+            acc[0] = T.float32(0)
+
+    @T.macro
+    def scan(X, n, c, od, oh, ow, acc, arg, val):
+        """The window of output (od, oh, ow) of plane (n, c): max (acc, arg) or sum (acc)."""
+        lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
+        lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
+        lo_w, hi_w = tap_range(spec, 2, ow, T.min, T.max)
+        for td in tap_loop(kd):
+            for th in tap_loop(kh):
+                for tw in tap_loop(kw):
+                    d = tap_position(spec, 0, od, td)
+                    h = tap_position(spec, 1, oh, th)
+                    w = tap_position(spec, 2, ow, tw)
+                    inside = (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h
+                              and w >= lo_w and w < hi_w)
+                    spot = (d * Hi + h) * Wi + w
+                    # every tap's load unconditional, from the position clamped into the
+                    # input where the tap is outside it (read as -inf or 0, which never wins a
+                    # max nor adds to a sum): the window's loads are all in flight at once,
+                    # where a load behind its tap's branch waited for the one before it (and
+                    # the clamp keeps the load's index provably in bounds, which a select of
+                    # it would not: TileLang would guard the load with a branch again)
+                    at = (_clamp(T, d, Di) * Hi + _clamp(T, h, Hi)) * Wi + _clamp(T, w, Wi)
+                    raw = X[index_of(n, c, at)]
+                    # the tap's value a local (read three times, an expression would be
+                    # printed, and its select branched on, at each read): the value's bits
+                    # masked, not selected, so nvcc cannot sink the load into a branch of the
+                    # select (over 25 taps it did, and the loads ran one after another again)
+                    val[0] = _masked(T, T.cast(raw, f32), inside, _FILL_BITS if is_max else 0)
+                    if is_max:
+                        if val[0] > acc[0] or _isnan(T, val[0]):
+                            acc[0] = val[0]
+                            arg[0] = spot
+                    else:
+                        acc[0] = acc[0] + val[0]
+
+    return start, scan
+
+
 def pool_program(spec: PoolSpec, plan: tuple | None = None):
     """The forward prim_func of ``spec`` (not compiled), under ``plan`` (``(threads, per)``;
     None: :func:`pool_plan`'s, what the ops run; others are for the GPU script's sweep).
@@ -323,60 +403,19 @@ def pool_program(spec: PoolSpec, plan: tuple | None = None):
     planes, positions = spec.batch * C, Do * Ho * Wo
     by_plane = bool(rest and rest[0]) and not channels_last and 0 < planes <= _GRID_Y_MAX
 
-    @T.macro
-    def start(od, oh, ow, acc, arg):
-        """A window's running value: -inf at its first tap (max), or 0 (sum)."""
-        if is_max:
-            arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
-                      + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
-                          spec, 2, ow, T.min, T.max)
-            acc[0] = -T.infinity(f32)
-        else:
-            acc[0] = T.float32(0)
+    def index_of(n, c, at):
+        """The flat index of position ``at`` of plane (n, c) in X."""
+        if channels_last:
+            return ((n * Di * Hi * Wi) + at) * C + c
+        return (n * C + c) * (Di * Hi * Wi) + at
+
+    start, scan = _scanner(T, spec, index_of, tap_loop)
 
     def result(acc, od, oh, ow):
         """The output value of a scanned window, in the output dtype."""
         if is_max:
             return T.cast(acc[0], dtype)
         return T.cast(acc[0] / T.cast(divisor(spec, (od, oh, ow), T.min, T.max), f32), dtype)
-
-    @T.macro
-    def scan(X, n, c, od, oh, ow, acc, arg, val):
-        """The window of output (od, oh, ow) of plane (n, c): max (acc, arg) or sum (acc)."""
-        lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
-        lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
-        lo_w, hi_w = tap_range(spec, 2, ow, T.min, T.max)
-        for td in tap_loop(kd):
-            for th in tap_loop(kh):
-                for tw in tap_loop(kw):
-                    d = tap_position(spec, 0, od, td)
-                    h = tap_position(spec, 1, oh, th)
-                    w = tap_position(spec, 2, ow, tw)
-                    inside = (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h
-                              and w >= lo_w and w < hi_w)
-                    spot = (d * Hi + h) * Wi + w
-                    # every tap's load unconditional, from the position clamped into the
-                    # input where the tap is outside it (read as -inf or 0, which never wins a
-                    # max nor adds to a sum): the window's loads are all in flight at once,
-                    # where a load behind its tap's branch waited for the one before it (and
-                    # the clamp keeps the load's index provably in bounds, which a select of
-                    # it would not: TileLang would guard the load with a branch again)
-                    at = (_clamp(T, d, Di) * Hi + _clamp(T, h, Hi)) * Wi + _clamp(T, w, Wi)
-                    if channels_last:
-                        raw = X[((n * Di * Hi * Wi) + at) * C + c]
-                    else:
-                        raw = X[(n * C + c) * (Di * Hi * Wi) + at]
-                    # the tap's value a local (read three times, an expression would be
-                    # printed, and its select branched on, at each read): the value's bits
-                    # masked, not selected, so nvcc cannot sink the load into a branch of the
-                    # select (over 25 taps it did, and the loads ran one after another again)
-                    val[0] = _masked(T, T.cast(raw, f32), inside, _FILL_BITS if is_max else 0)
-                    if is_max:
-                        if val[0] > acc[0] or _isnan(T, val[0]):
-                            acc[0] = val[0]
-                            arg[0] = spot
-                    else:
-                        acc[0] = acc[0] + val[0]
 
     @T.macro
     def window(X, Y, IDX, t, n, c, od, oh, ow, acc, arg, val):
@@ -457,28 +496,8 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     # the scan found again runs inside the gather: unrolled where both together stay small
     # (a 3-D window of 27 taps would unroll 729 copies of it)
     loop = T.unroll if kd * kh * kw * gd * gh * gw <= 4 * _UNROLL_TAPS else T.serial
-
-    @T.macro
-    def rescan(X, p, od, oh, ow, m, arg):
-        """The forward's scan of window (od, oh, ow) of plane p: its argmax into arg."""
-        m[0] = -T.infinity(f32)
-        arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi + first_tap(
-            spec, 1, oh, T.min, T.max)) * Wi + first_tap(spec, 2, ow, T.min, T.max)
-        lo_d, hi_d = tap_range(spec, 0, od, T.min, T.max)
-        lo_h, hi_h = tap_range(spec, 1, oh, T.min, T.max)
-        lo_w, hi_w = tap_range(spec, 2, ow, T.min, T.max)
-        for ud in loop(kd):
-            for uh in loop(kh):
-                for uw in loop(kw):
-                    d = tap_position(spec, 0, od, ud)
-                    h = tap_position(spec, 1, oh, uh)
-                    w = tap_position(spec, 2, ow, uw)
-                    if (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h and w >= lo_w
-                            and w < hi_w):
-                        v = T.cast(X[p * plane_in + (d * Hi + h) * Wi + w], f32)
-                        if v > m[0] or _isnan(T, v):
-                            m[0] = v
-                            arg[0] = (d * Hi + h) * Wi + w
+    # the forward's scan over plane p (its n; c is 0)
+    start, scan = _scanner(T, spec, lambda n, c, at: n * plane_in + at, loop)
 
     @T.macro
     def body(DY, X, IDX, DX):
@@ -487,6 +506,7 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
             acc = T.alloc_local((1,), f32)
             m = T.alloc_local((1,), f32)
             arg = T.alloc_local((1,), i32)
+            val = T.alloc_local((1,), f32)
             for e in T.unroll(per):
                 t = bx * block + e * threads + tx
                 if t < n_in:
@@ -497,12 +517,12 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                     spot = t % plane_in
                     acc[0] = T.float32(0)
                     # the windows holding (i_d, ih, iw), by window_of
-                    for td in gather(gd):
-                        for th in gather(gh):
-                            for tw in gather(gw):
-                                od, (d0, d1, d2) = window_of(spec, 0, i_d, td)
-                                oh, (h0, h1, h2) = window_of(spec, 1, ih, th)
-                                ow, (w0, w1, w2) = window_of(spec, 2, iw, tw)
+                    for jd in gather(gd):
+                        for jh in gather(gh):
+                            for jw in gather(gw):
+                                od, (d0, d1, d2) = window_of(spec, 0, i_d, jd)
+                                oh, (h0, h1, h2) = window_of(spec, 1, ih, jh)
+                                ow, (w0, w1, w2) = window_of(spec, 2, iw, jw)
                                 holds = (d0 and d1 and d2 and h0 and h1 and h2 and w0 and w1
                                          and w2)
                                 # average pooling and max pooling with indices: every
@@ -520,11 +540,14 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
                                     acc[0] = acc[0] + _masked(
                                         T, T.cast(DY[oc], f32),
                                         T.And(holds, IDX[oc] == T.cast(spot, "int64")), 0)
-                                elif holds:  # the window's maximum found again
-                                    o = p * plane_out + (od * Ho + oh) * Wo + ow
-                                    rescan(X, p, od, oh, ow, m, arg)
-                                    if arg[0] == spot:
-                                        acc[0] = acc[0] + T.cast(DY[o], f32)
+                                else:  # the window's maximum found again, by the
+                                    # forward's scan of the window clamped into the output
+                                    # (every load unconditional here too; the window's dy
+                                    # masked where it does not hold the element)
+                                    start(cd, ch, cw, m, arg)
+                                    scan(X, p, 0, cd, ch, cw, m, arg, val)
+                                    acc[0] = acc[0] + _masked(
+                                        T, T.cast(DY[oc], f32), T.And(holds, arg[0] == spot), 0)
                     DX[t] = T.cast(acc[0], dtype)
 
     if is_max and spec.indices:
@@ -564,6 +587,32 @@ def build_pool_kernel(spec: PoolSpec, target: str | None = None, backward: bool 
     """Compile the forward (or gradient) program of ``spec`` (cached per configuration),
     under ``plan`` (None: :func:`pool_plan`'s)."""
     return _build(_identity(spec), backward, target, plan)
+
+
+def two_pass(spec: PoolSpec) -> bool:
+    """Whether the gradient of ``spec`` runs the forward with indices first, then the gather
+    from them: max pooling without indices over a call of more than a wave of threads
+    (:data:`_TWO_PASS_INPUTS`). Finding a window's maximum again inside the gather scans each
+    window once for every element it holds (3 x 3 windows at a stride of 2: 4 windows of 9
+    taps an element, 36 loads, against the forward's 9 an output and the gather's 4 indices
+    an element); below a wave, a call's time is one thread's chain, and a second launch costs
+    more than the scans."""
+    return (spec.kind is PoolKind.MAX and not spec.indices
+            and _inputs(spec) >= _TWO_PASS_INPUTS)
+
+
+def gradient_programs(spec: PoolSpec) -> list[tuple[PoolSpec, bool]]:
+    """``(spec, backward)`` of each program :class:`PoolBwdKernel` builds for ``spec`` (what
+    a prebuild compiles)."""
+    if two_pass(spec):
+        return [(with_indices(spec), False), (with_indices(spec), True)]
+    return [(spec, True)]
+
+
+def with_indices(spec: PoolSpec) -> PoolSpec:
+    """``spec`` with the forward's indices."""
+    fields = dict(zip(_SPEC_FIELDS, _identity(spec), strict=True))
+    return PoolSpec(device=spec.device, **{**fields, "indices": True})
 
 
 def _size_refusal(spec: PoolSpec) -> str | None:
@@ -629,12 +678,21 @@ class PoolBwdKernel(Kernel, PoolBwdInterface):
 
     def __init__(self, spec: PoolSpec) -> None:
         super().__init__(spec)
+        # with two passes, the forward with indices (its output unused), then the gather
+        *first, (spec, _) = gradient_programs(spec)
+        self._forward = build_pool_kernel(first[0][0]) if first else None
         self.program = build_pool_kernel(spec, backward=True)
         self._indices = spec.indices
 
     def __call__(self, dy, x, indices, dx) -> None:
         if dx.numel() == 0:
             return
+        if self._forward is not None:
+            import torch
+
+            y = dy.new_empty((dy.numel(),))
+            indices = dy.new_empty((dy.numel(),), dtype=torch.int64)
+            self._forward(x.view(-1), y, indices)
         if self._indices:
             self.program(dy.view(-1), x.view(-1), indices.view(-1), dx.view(-1))
         else:
