@@ -137,13 +137,15 @@ def _host_pool(s, tensors, backward=False, plan=None):
 POOLS = [
     # (kind, dims, kwargs, channels-last): ResNet's stem with indices; dilated, ceil_mode and
     # channels-last; average pooling without the padding, with ceil_mode; a divisor override;
-    # 3-D; 1-D; adaptive windows of uneven length
+    # every window whole (a constant divisor of 9, multiplied by its reciprocal and
+    # corrected); 3-D; 1-D; adaptive windows of uneven length
     ("max", 2, dict(kernel_size=3, stride=2, padding=1, return_indices=True), False),
     ("max", 2, dict(kernel_size=(2, 3), stride=(2, 1), padding=(1, 1), dilation=(2, 1),
                     ceil_mode=True, return_indices=True), True),
     ("avg", 2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
                     count_include_pad=False), False),
     ("avg", 2, dict(kernel_size=(3, 2), stride=2, padding=(1, 0), divisor_override=5), True),
+    ("avg", 2, dict(kernel_size=3, stride=2), False),
     ("max", 3, dict(kernel_size=(2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1),
                     return_indices=True), False),
     ("avg", 1, dict(kernel_size=4, stride=3, padding=2, ceil_mode=True), False),
