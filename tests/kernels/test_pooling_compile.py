@@ -237,6 +237,28 @@ def test_programs_match_torch_on_the_host(kind, dims, kw, channels_last):
 
 
 @needs_nvcc
+@pytest.mark.parametrize(("kind", "dims", "kw", "channels_last"),
+                         [c for c in POOLS if "max" in c[0]])
+def test_max_without_indices_matches_torch_on_the_host(kind, dims, kw, channels_last):
+    """Max pooling without indices keeps no position: the running maximum is fmaxf and a flag
+    says whether the window held a NaN. The values are torch's (ties, a NaN, padding, a
+    dilated window, adaptive windows of uneven length, channels last)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    s, x, y, _ = _pool_case(kind, dims, kw, channels_last, torch)
+    s = P.PoolSpec(**{**{f: getattr(s, f) for f in P._SPEC_FIELDS}, "device": None,
+                      "indices": False})
+    perm = (0, *range(2, x.dim()), 1)
+    xs = x.permute(perm) if channels_last else x
+    Y = shared_array(np, y.numel(), np.float32, -7.0)
+    _host_pool(s, {"X": np.ascontiguousarray(xs.numpy()), "Y": Y})
+    want = (y.permute(perm) if channels_last else y).contiguous().numpy().reshape(-1)
+    assert np.isnan(want).any()  # the case's NaN is in some window
+    assert np.array_equal(Y, want, equal_nan=True)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_taps_outside_the_input_read_nothing_on_the_host(channels_last):
     """A tap outside the input loads the position clamped into it (every load of a window in
@@ -264,6 +286,12 @@ def test_taps_outside_the_input_read_nothing_on_the_host(channels_last):
     _host_pool(s, {"X": np.ascontiguousarray(x.permute(perm).numpy()), "Y": Y, "IDX": IDX})
     assert np.array_equal(Y, y.permute(perm).contiguous().numpy().reshape(-1))
     assert np.array_equal(IDX, idx.permute(perm).contiguous().numpy().reshape(-1))
+    # without indices, the NaN flag sees only the taps inside the input
+    s = P.PoolSpec(**{**{f: getattr(s, f) for f in P._SPEC_FIELDS}, "device": None,
+                      "indices": False})
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    _host_pool(s, {"X": np.ascontiguousarray(x.permute(perm).numpy()), "Y": Y})
+    assert np.array_equal(Y, y.permute(perm).contiguous().numpy().reshape(-1))
 
 
 @needs_nvcc

@@ -304,6 +304,8 @@ def _inputs(spec: PoolSpec) -> int:
 
 #: the bits of float32 -inf, as an int32: what a max pool's tap outside the input reads
 _FILL_BITS = -(1 << 23)
+#: the bits of float32's quiet NaN: a max pool's window that held a NaN, without indices
+_NAN_BITS = 0x7FC00000
 
 
 def _masked(T, value, cond, fill_bits: int):
@@ -345,12 +347,18 @@ def _isnan(T, x):
     return T.call_pure_extern("bool", "isnan", x)
 
 
-def _scanner(T, spec: PoolSpec, index_of, tap_loop):
-    """``(start, scan)``: the macros of a window's scan, shared by the forward and the max
-    gradient's scan found again. ``start(od, oh, ow, acc, arg)`` sets a window's running value
-    (-inf and its first tap's position for max, 0 for a sum); ``scan(X, n, c, od, oh, ow, acc,
-    arg, val)`` runs the taps of window (od, oh, ow) of plane (n, c) over it, reading X at
-    ``index_of(n, c, at)`` for the tap's flat position ``at`` in the plane."""
+def _scanner(T, spec: PoolSpec, index_of, tap_loop, argmax: bool = True):
+    """``(start, scan, value)``: the macros of a window's scan, shared by the forward and the
+    max gradient's scan found again. ``start(od, oh, ow, acc, arg)`` sets a window's running
+    value (-inf and its first tap's position for max, 0 for a sum); ``scan(X, n, c, od, oh,
+    ow, acc, arg, val)`` runs the taps of window (od, oh, ow) of plane (n, c) over it, reading
+    X at ``index_of(n, c, at)`` for the tap's flat position ``at`` in the plane;
+    ``value(acc, arg)`` is the window's maximum or sum, in float32.
+
+    Max pooling without ``argmax`` keeps no position: the running maximum is ``fmaxf`` (one
+    instruction a tap, where the position's rule takes a compare for greater, one for NaN and
+    a select) and ``arg`` says whether a NaN was seen (one compare a tap, folded into the
+    flag), so a window with a NaN gives NaN, as torch's."""
     f32 = "float32"
     Di, Hi, Wi = spec.size_in
     kd, kh, kw = taps(spec)
@@ -359,13 +367,21 @@ def _scanner(T, spec: PoolSpec, index_of, tap_loop):
     @T.macro
     def start(od, oh, ow, acc, arg):
         """A window's running value: -inf at its first tap (max), or 0 (sum)."""
-        if is_max:
+        if is_max and argmax:
             arg[0] = (first_tap(spec, 0, od, T.min, T.max) * Hi
                       + first_tap(spec, 1, oh, T.min, T.max)) * Wi + first_tap(
                           spec, 2, ow, T.min, T.max)
             acc[0] = -T.infinity(f32)
+        elif is_max:
+            arg[0] = 0  # no NaN seen
+            acc[0] = -T.infinity(f32)
         else:
             acc[0] = T.float32(0)
+
+    def value(acc, arg):
+        if is_max and not argmax:
+            return T.if_then_else(arg[0] != 0, T.reinterpret(T.int32(_NAN_BITS), f32), acc[0])
+        return acc[0]
 
     @T.macro
     def scan(X, n, c, od, oh, ow, acc, arg, val):
@@ -395,14 +411,17 @@ def _scanner(T, spec: PoolSpec, index_of, tap_loop):
                     # masked, not selected, so nvcc cannot sink the load into a branch of the
                     # select (over 25 taps it did, and the loads ran one after another again)
                     val[0] = _masked(T, T.cast(raw, f32), inside, _FILL_BITS if is_max else 0)
-                    if is_max:
+                    if is_max and argmax:
                         if val[0] > acc[0] or _isnan(T, val[0]):
                             acc[0] = val[0]
                             arg[0] = spot
+                    elif is_max:
+                        acc[0] = T.max(acc[0], val[0])
+                        arg[0] = arg[0] | T.cast(_isnan(T, val[0]), "int32")
                     else:
                         acc[0] = acc[0] + val[0]
 
-    return start, scan
+    return start, scan, value
 
 
 def pool_program(spec: PoolSpec, plan: tuple | None = None):
@@ -436,12 +455,12 @@ def pool_program(spec: PoolSpec, plan: tuple | None = None):
             return ((n * Di * Hi * Wi) + at) * C + c
         return (n * C + c) * (Di * Hi * Wi) + at
 
-    start, scan = _scanner(T, spec, index_of, tap_loop)
+    start, scan, value = _scanner(T, spec, index_of, tap_loop, argmax=spec.indices)
 
-    def result(acc, od, oh, ow):
+    def result(acc, arg, od, oh, ow):
         """The output value of a scanned window, in the output dtype."""
         if is_max:
-            return T.cast(acc[0], dtype)
+            return T.cast(value(acc, arg), dtype)
         return T.cast(_over(T, acc[0], divisor(spec, (od, oh, ow), T.min, T.max)), dtype)
 
     @T.macro
@@ -449,7 +468,7 @@ def pool_program(spec: PoolSpec, plan: tuple | None = None):
         """Output ``t`` (flat, in the output's order) at (n, c, od, oh, ow)."""
         start(od, oh, ow, acc, arg)
         scan(X, n, c, od, oh, ow, acc, arg, val)
-        Y[t] = result(acc, od, oh, ow)
+        Y[t] = result(acc, arg, od, oh, ow)
         if spec.indices:
             IDX[t] = T.cast(arg[0], "int64")
 
@@ -524,7 +543,7 @@ def pool_bwd_program(spec: PoolSpec, plan: tuple[int, int] | None = None):
     # (a 3-D window of 27 taps would unroll 729 copies of it)
     loop = T.unroll if kd * kh * kw * gd * gh * gw <= 4 * _UNROLL_TAPS else T.serial
     # the forward's scan over plane p (its n; c is 0)
-    start, scan = _scanner(T, spec, lambda n, c, at: n * plane_in + at, loop)
+    start, scan, _ = _scanner(T, spec, lambda n, c, at: n * plane_in + at, loop)
 
     @T.macro
     def body(DY, X, IDX, DX):
