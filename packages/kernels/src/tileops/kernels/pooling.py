@@ -22,7 +22,8 @@ The window is scanned in torch's order (depth, then rows, then columns), in floa
   (torch's CUDA and CPU kernels: a window of -inf gives its first position, a NaN wins over
   any number and the last NaN's position is kept, a dilated window wholly in the padding
   gives -inf at that first position); the index is the flat position in the input plane
-  (``(d * H + h) * W + w``), written as int64 when asked for;
+  (``(d * H + h) * W + w``), written as int64 when asked for; without indices, the running
+  maximum is ``fmaxf`` and a flag records a NaN (:func:`_scanner`);
 - average: the sum divided by ``divisor_override``, else by the window's size clipped to the
   padded input (``count_include_pad``) or to the input itself, as torch's ``avg_pool*d`` (a
   divisor every window shares is a constant, and the division by it a multiplication and a
