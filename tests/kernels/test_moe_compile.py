@@ -358,3 +358,80 @@ def test_permutations_compile_for_sm90(h, dtype, vector):
         grad = K.build_gate_grad(h, 8, dtype, "sm_90").get_kernel_source()
         assert "__launch_bounds__(32, 1)" in grad and "__shfl_down_sync" in grad
         assert "uint4" in grad
+
+
+# --- the grouping kernel, run on the host ------------------------------------------------------
+
+
+def _host_run():
+    """tests/kernels/_host_run.py, beside this file (the test modules import as files)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import _host_run
+
+    return _host_run
+
+
+#: (experts, picks, metadata, max_m, alignment): each layout's programs
+GROUP_LAYOUTS = [
+    pytest.param(8, 2, "offsets", 0, 1, id="tight-offsets"),
+    pytest.param(6, 3, "offsets", 0, 4, id="aligned-offsets"),
+    pytest.param(6, 3, "per_row", 0, 4, id="aligned-per-row"),
+    pytest.param(5, 2, "masked", 3, 1, id="masked"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "k", "metadata", "max_m", "alignment"), GROUP_LAYOUTS)
+@settings(max_examples=12, deadline=None)
+@given(m=st.integers(1, 40), data=st.data())
+def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, max_m,
+                                                               alignment, m, data):
+    """The two launches of the grouping kernel, every thread run on the host, give the torch
+    grouping's rows, metadata and row tokens exactly, over drawn routings: ids past either end
+    of the experts (dropped), repeats, empty experts, blocks that overflow ``max_m``."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.kernels import moe_group as MG
+    from tileops.ops._moe_layout import LayoutValue, group_slots
+
+    run = _host_run()
+    ids = np.array(data.draw(st.lists(st.integers(-2, e + 1), min_size=m * k,
+                                      max_size=m * k)), dtype=np.int32)
+    lay = LayoutValue(masked=metadata == "masked", max_m=max_m, alignment=alignment,
+                      per_row=metadata == "per_row")
+    want = group_slots(torch.from_numpy(ids).view(m, k), e, lay)
+    n, r = m * k, lay.rows(m * k, e)
+    count, place = MG.build_group(e, k, metadata, max_m, alignment, "sm_90")
+    counts = run.shared_array(np, e + 1, np.int32, -5)
+    src = run.shared_array(np, r, np.int32, -7)
+    sizes = {"N": n, "R": r}
+    grid = (-(-(r + e + 1) // 256), 1)
+    assert run.run_kernel(count.get_kernel_source(),
+                          {"Ids": ids, "Counts": counts, "Src": src, **sizes}, grid, 256) is None
+    rows = run.shared_array(np, n, np.int32, -9)
+    meta = run.shared_array(np, want.metadata.numel(), np.int32, -9)
+    grid = (-(-(n + meta.size) // 256), 1)
+    assert run.run_kernel(place.get_kernel_source(),
+                          {"Ids": ids, "Counts": counts, "Rows": rows, "Src": src,
+                           "Meta": meta, **sizes}, grid, 256) is None
+    assert np.array_equal(rows, want.rows.numpy().reshape(-1))
+    assert np.array_equal(meta, want.metadata.numpy())
+    assert np.array_equal(src, want.src.numpy())
+
+
+def test_a_grouping_spec_is_checked() -> None:
+    from tileops.kernels.moe_group import MoeGroupSpec
+
+    with pytest.raises(ValueError, match=r"MoeGroupSpec.max_m: a masked layout's block has "
+                                         r"max_m >= 1 rows, and only a masked layout has one; "
+                                         r"got max_m=0 for metadata 'masked'"):
+        MoeGroupSpec(device=None, e=4, k=2, metadata="masked")
+    with pytest.raises(ValueError, match=r"MoeGroupSpec.metadata must be one of masked, "
+                                         r"offsets, per_row, got 'rows'"):
+        MoeGroupSpec(device=None, e=4, k=2, metadata="rows")
+    with pytest.raises(ValueError, match=r"MoeGroupSpec: e, k and alignment must be at least "
+                                         r"1, got e=0, k=2, alignment=1"):
+        MoeGroupSpec(device=None, e=0, k=2, metadata="offsets")

@@ -29,6 +29,9 @@ torch = pytest.importorskip("torch")
 
 from tileops.kernels import grouped_gemm as G  # noqa: E402
 from tileops.kernels import moe as K  # noqa: E402
+from tileops.kernels import moe_group as MG  # noqa: E402
+from tileops.kernels.moe_group import GROUP_SLOTS_MAX  # noqa: E402
+from tileops.ops._moe_layout import LayoutValue  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available():
@@ -313,6 +316,52 @@ def test_permute_and_unpermute(case):
     assert _rel(out, un.fp64_reference(y.view(-1, h), rows, w)[0]) < _tol(dtype)
 
 
+#: (experts, picks, layout): the grouping kernel against the torch grouping
+GROUPINGS = [
+    (8, 2, {}),
+    (256, 8, dict(contiguous=dict(packing="aligned", metadata_kind="offsets", alignment=128))),
+    (256, 8, dict(contiguous=dict(packing="aligned", metadata_kind="per_row", alignment=128))),
+    (16, 4, dict(masked=dict(max_m=5))),
+    (5, 3, dict(contiguous=dict(packing="aligned", metadata_kind="offsets", alignment=4))),
+]
+
+
+def _group_args(e, k, layout):
+    """build_group's arguments for a layout spelled as the spec spells it."""
+    if "masked" in layout:
+        return (e, k, "masked", layout["masked"]["max_m"], 1)
+    c = layout.get("contiguous", {})
+    kind = "per_row" if c.get("metadata_kind") == "per_row" else "offsets"
+    return (e, k, kind, 0, c.get("alignment", 1))
+
+
+@pytest.mark.parametrize("case", GROUPINGS, ids=lambda c: f"e{c[0]}-k{c[1]}-{c[2]}")
+@pytest.mark.parametrize("m", [1, 5, 64, GROUP_SLOTS_MAX // 8])
+def test_grouping_kernel_is_the_torch_grouping(case, m):
+    """The grouping kernel's rows, metadata and row tokens are the torch grouping's, exactly:
+    ids with dropped slots (negative, or past the experts), a hot expert, an empty one."""
+    from tileops.ops._moe_layout import group_slots
+
+    e, k, layout = case
+    args = _group_args(e, k, layout)
+    lay = LayoutValue(masked=args[2] == "masked", max_m=args[3], alignment=args[4],
+                      per_row=args[2] == "per_row")
+    g = torch.Generator(device="cuda").manual_seed(m * e + k)
+    ids = torch.randint(-1, e + 1, (m, k), device="cuda", generator=g)
+    ids = torch.where(torch.rand(m, k, device="cuda", generator=g) < 0.3, 0, ids)
+    ids = torch.where(ids == e - 1, 1 % e, ids).to(torch.int32)  # the last expert empty
+    kernel = MG.MoeGroupKernel(MG.MoeGroupSpec(device=torch.device("cuda"), e=e, k=k,
+                                               metadata=args[2], max_m=args[3],
+                                               alignment=args[4]))
+    want = group_slots(ids, e, lay)
+    rows = torch.full((m, k), -9, dtype=torch.int32, device="cuda")
+    meta = torch.full(want.metadata.shape, -9, dtype=torch.int32, device="cuda")
+    src = torch.full(want.src.shape, -9, dtype=torch.int32, device="cuda")
+    kernel(ids, meta, rows, src)
+    assert torch.equal(rows, want.rows) and torch.equal(meta, want.metadata)
+    assert torch.equal(src, want.src)
+
+
 # --- gradients --------------------------------------------------------------------------------
 
 
@@ -521,6 +570,10 @@ def program_keys():
     def rows_of(h, k, dtype):
         keys.extend([("permute", (h, dtype)), ("unpermute", (h, k, dtype))])
 
+    def group(m, k, e, layout):  # the grouping kernel's programs, where it takes the call
+        if m * k <= GROUP_SLOTS_MAX:
+            keys.append(("group", _group_args(e, k, layout)))
+
     name = _NAME
     for loads, n, k, dt, tb, align in GEMMS:
         gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
@@ -533,8 +586,11 @@ def program_keys():
     for e, top_k, opts in ROUTES:
         for dt in ("bfloat16", "float32"):
             gating(e, top_k, dt, **opts)
-    for _, h, k, _, _, dt in PERMUTES:
+    for m, h, k, e, layout, dt in PERMUTES:
         rows_of(h, k, name[dt])
+        group(m, k, e, layout)
+    for e, k, layout in GROUPINGS:
+        keys.append(("group", _group_args(e, k, layout)))
     for m, h, inter, e, top_k, opts in FUSED:
         opts = dict(opts)
         masked, max_m, _ = _layout_of(opts)
@@ -542,7 +598,7 @@ def program_keys():
         gemm(rows, e, 2 * inter, h, "bfloat16", True, masked, max_m)
         gemm(rows, e, h, inter, "bfloat16", True, masked, max_m)
         rows_of(h, top_k, "bfloat16")
-        opts.pop("layout", None)
+        group(m, top_k, e, opts.pop("layout", None) or {})
         gating(e, top_k, "bfloat16", **opts)
     served = ("bfloat16", "float16")
     for c in cases_of(GroupedGemmFwdOp):
@@ -561,6 +617,7 @@ def program_keys():
     for c in cases_of(MoePermuteAlignFwdOp):
         if c.dtypes["T"] in served:
             keys.append(("permute", (c.values["H"], c.dtypes["T"])))
+        group(c.values["M"], c.values["K"], c.params["num_experts"], c.params.get("layout") or {})
     for c in cases_of(MoeUnpermuteFwdOp):
         if c.dtypes["T"] in served:
             keys.append(("unpermute", (c.values["H"], c.values["K"], c.dtypes["T"])))
@@ -585,6 +642,7 @@ def program_keys():
     gemm(rows, 8, TRAIN_H, 2 * TRAIN_I, "bfloat16", False)
     gemm(rows, 8, TRAIN_I, TRAIN_H, "bfloat16", False)
     rows_of(TRAIN_H, 2, "bfloat16")
+    group(TRAIN_M, 2, 8, {})
     keys.append(("gate_grad", (TRAIN_H, 2, "bfloat16")))
     gating(8, 2, "bfloat16")
     gating_bwd(8, 2, "bfloat16")
@@ -598,7 +656,7 @@ def program_keys():
         gemm(rows, e, 2 * v["I"], v["H"], dt, True, masked, max_m)
         gemm(rows, e, v["H"], v["I"], dt, True, masked, max_m)
         rows_of(v["H"], top_k, dt)
-        p.pop("layout", None)
+        group(v["M"], top_k, e, p.pop("layout", None) or {})
         p.pop("num_experts")
         bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)
         gating(e, dtype=dt, bias=bias, **p)
@@ -609,7 +667,7 @@ def _build(key):
     kind, args = key
     {"gemm": G.build_grouped_gemm, "gating": K.build_gating, "permute": K.build_permute,
      "unpermute": K.build_unpermute, "gate_grad": K.build_gate_grad,
-     "gating_bwd": K.build_gating_bwd}[kind](*args)
+     "gating_bwd": K.build_gating_bwd, "group": MG.build_group}[kind](*args)
 
 
 def _describe(key) -> str:

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from tileops.kernels.grouped_gemm import GroupedGemmInterface, GroupedLayoutKind
 from tileops.kernels.moe import MoeGateGradInterface, MoePermuteInterface
+from tileops.kernels.moe_group import GROUP_SLOTS_MAX, MoeGroupInterface
 from tileops.ops import SiluAndMulFwdOp
 from tileops.ops._moe_layout import LayoutValue, grouped_gemm_reference
 from tileops.ops.moe import (
@@ -468,6 +469,45 @@ class _PermuteStandIn(Kernel, MoePermuteInterface):
         y.copy_(torch.where((s >= 0)[:, None], x[s.clamp(min=0)], torch.zeros((), dtype=x.dtype)))
 
 
+class _GroupStandIn(Kernel, MoeGroupInterface):
+    """The grouping kernel's algorithm in Python (counts; each slot's rank among the slots
+    before it with its key; the aligned counts summed into offsets), not the torch grouping's
+    sort: the op's outputs are then held to the sort by the reference. Records its calls."""
+
+    devices = ("cpu",)
+    general = True
+    calls = 0
+
+    def __call__(self, ids, metadata, rows, src) -> None:
+        type(self).calls += 1
+        s = self.spec
+        keys = [v if 0 <= v < s.e else s.e for v in ids.reshape(-1).tolist()]
+        counts = [keys.count(q) for q in range(s.e + 1)]
+
+        def aligned(c):
+            return -(-c // s.alignment) * s.alignment
+
+        offsets = [sum(aligned(c) for c in counts[:q]) for q in range(s.e + 1)]
+        src.fill_(-1)
+        for i, key in enumerate(keys):
+            rank = keys[:i].count(key)
+            if s.metadata == "masked":
+                row = key * s.max_m + rank if key < s.e and rank < s.max_m else -1
+            else:
+                row = offsets[key] + rank if key < s.e else -1
+            rows.view(-1)[i] = row
+            if row >= 0:
+                src[row] = i // s.k
+        if s.metadata == "masked":
+            metadata.copy_(torch.tensor([min(c, s.max_m) for c in counts[:s.e]]))
+        elif s.metadata == "offsets":
+            metadata.copy_(torch.tensor(offsets))
+        else:
+            metadata.copy_(torch.tensor([next((q for q in range(s.e) if offsets[q] <= r
+                                               < offsets[q] + counts[q]), -1)
+                                         for r in range(metadata.numel())]))
+
+
 class _GateGradStandIn(Kernel, MoeGateGradInterface):
     devices = ("cpu",)
     general = True
@@ -500,12 +540,24 @@ def test_the_gemm_gradient_builds_the_flipped_product_and_the_segment_products(m
     torch.testing.assert_close(db.double(), ref_db, rtol=2e-2, atol=5e-2)
 
 
-def test_the_permutation_gathers_the_grouping_s_rows():
-    op = MoePermuteAlignFwdOp(num_experts=4, layout=MaskedLayoutSpec(3), target=targets.IN_TREE,
-                              kernel_map={MoePermuteInterface: _PermuteStandIn})
-    x, ids = _bf16(6, 8, seed=4), _ids(6, 2, 4, seed=5, dropped=True)
-    for got, want in zip(op(x, ids), op.fp64_reference(x, ids), strict=True):
-        assert torch.equal(got.double(), want.double())
+@pytest.mark.parametrize("layout", [
+    MaskedLayoutSpec(3), ContiguousLayoutSpec(),
+    ContiguousLayoutSpec(packing="aligned", metadata_kind="offsets", alignment=4),
+    ContiguousLayoutSpec(packing="aligned", metadata_kind="per_row", alignment=4)])
+def test_the_permutation_gathers_the_grouping_s_rows(layout):
+    """Up to GROUP_SLOTS_MAX slots the op groups through the slot ``moe_group`` (here its
+    algorithm in Python), past them by the torch grouping; either way the outputs are the
+    reference's (a stable sort)."""
+    op = MoePermuteAlignFwdOp(num_experts=4, layout=layout, target=targets.IN_TREE,
+                              kernel_map={MoePermuteInterface: _PermuteStandIn,
+                                          MoeGroupInterface: _GroupStandIn})
+    for m, through_kernel in [(6, True), (GROUP_SLOTS_MAX // 2, True),
+                              (GROUP_SLOTS_MAX // 2 + 1, False)]:
+        x, ids = _bf16(m, 8, seed=4), _ids(m, 2, 4, seed=5, dropped=True)
+        before = _GroupStandIn.calls
+        for got, want in zip(op(x, ids), op.fp64_reference(x, ids), strict=True):
+            assert torch.equal(got.double(), want.double())
+        assert (_GroupStandIn.calls == before + 1) is through_kernel
 
 
 def test_the_unpermutation_gradient_takes_the_gates_from_the_slot():

@@ -13,7 +13,9 @@ the kernels' layout (contiguous, 16-byte aligned). Its ops:
 
 - :class:`MoeTopkGatingFwdOp`: the slot ``moe_gating`` (a thread a token); its weights'
   gradient :class:`MoeTopkGatingBwdOp` the slot ``moe_gating_bwd`` (a thread a token);
-- :class:`MoePermuteAlignFwdOp`: the grouping in torch ops on the device
+- :class:`MoePermuteAlignFwdOp`: the grouping, of up to
+  :data:`~tileops.kernels.moe_group.GROUP_SLOTS_MAX` slots by the slot ``moe_group`` (two
+  launches), of more in torch ops on the device
   (:func:`~tileops.ops._moe_layout.group_slots`: a stable sort of the slots by expert, the
   segment offsets, the inverse index, the token of each row), then the row gather of the slot
   ``moe_permute_rows`` (16-byte vectors), which writes every row, zeros where no slot goes;
@@ -60,6 +62,12 @@ from tileops.kernels.moe import (
     MoeUnpermuteInterface,
     MoeUnpermuteKernel,
     MoeUnpermuteSpec,
+)
+from tileops.kernels.moe_group import (
+    GROUP_SLOTS_MAX,
+    MoeGroupInterface,
+    MoeGroupKernel,
+    MoeGroupSpec,
 )
 from tileops.runtime import Op
 from tileops.spec import AdtValue
@@ -213,18 +221,33 @@ class MoeTopkGatingFwdOp(MoeOp):
 
 
 class MoePermuteAlignFwdOp(MoeOp):
-    kernel_types = {MoePermuteInterface: (MoePermuteKernel,)}
+    kernel_types = {MoePermuteInterface: (MoePermuteKernel,), MoeGroupInterface: (MoeGroupKernel,)}
 
     def forward(self, call, x, ids, y, metadata, rows) -> None:
-        g = group_slots(ids, self.num_experts, self.layout_value)
-        metadata.copy_(g.metadata)
-        rows.copy_(g.rows)
+        lay, experts = self.layout_value, self.num_experts
+        if (ids.numel() <= GROUP_SLOTS_MAX and metadata.is_contiguous()
+                and rows.is_contiguous()):
+            # few slots: the grouping kernel's two launches write the outputs in place
+            kind = "masked" if lay.masked else "per_row" if lay.per_row else "offsets"
+            group = self.kernel_for(
+                (call.device, "group", ids.shape[1]), MoeGroupInterface,
+                lambda: MoeGroupSpec(device=call.device, e=experts, k=ids.shape[1],
+                                     metadata=kind, max_m=lay.max_m,
+                                     alignment=lay.alignment))
+            src = torch.empty((lay.rows(ids.numel(), experts),), dtype=torch.int32,
+                              device=ids.device)
+            group(_laid(ids), metadata, rows, src)
+        else:  # the torch grouping (a sort)
+            g = group_slots(ids, experts, lay)
+            metadata.copy_(g.metadata)
+            rows.copy_(g.rows)
+            src = g.src
         h = x.shape[1]
         key = (call.device, x.dtype, h)
         entry = self._entry(key, MoePermuteInterface, lambda: MoeRowsSpec(
             device=call.device, h=h, dtype=NAMES[x.dtype]), x.dtype, _ROW_DTYPES,
             "permutation")
-        entry(_laid(x), g.src, y.view(-1, h))
+        entry(_laid(x), src, y.view(-1, h))
 
     def reference(self, call, x, ids):
         return permute_reference(x, ids, self.num_experts, self.layout_value)
