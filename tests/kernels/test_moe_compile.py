@@ -435,3 +435,53 @@ def test_a_grouping_spec_is_checked() -> None:
     with pytest.raises(ValueError, match=r"MoeGroupSpec: e, k and alignment must be at least "
                                          r"1, got e=0, k=2, alignment=1"):
         MoeGroupSpec(device=None, e=0, k=2, metadata="offsets")
+
+
+#: (experts, top_k, scoring, renormalize, groups, kept groups, scale, bias, logits): routings
+GATINGS = [
+    # Mixtral's, over small integers: ties, the lowest id first
+    pytest.param(8, 2, "softmax", True, 1, 1, 1.0, False, "ties", id="mixtral-ties"),
+    # DeepSeek-V3's: groups and a correction bias
+    pytest.param(256, 8, "sigmoid", True, 8, 4, 2.5, True, "normal", id="deepseek"),
+    # groups without a bias: the groups ranked by their scores' sums, not the logits'
+    pytest.param(8, 2, "sigmoid", True, 2, 1, 1.0, False, "groups", id="groups-no-bias"),
+    pytest.param(64, 6, "softmax", False, 1, 1, 1.0, False, "ties", id="no-renorm-ties"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "top_k", "scoring", "renormalize", "groups", "kept", "scale",
+                          "bias", "logits"), GATINGS)
+def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormalize, groups,
+                                                    kept, scale, bias, logits):
+    """The routing program, every thread (a token each) run on the host: the picks are the
+    reference's exactly (ties to the lowest id, groups by their scores' sums), the weights
+    within float32 rounding."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import gating_reference
+
+    run = _host_run()
+    m = 131  # two CTAs, the second partly idle
+    g = torch.Generator().manual_seed(e + top_k)
+    if logits == "ties":
+        x = torch.randint(-3, 3, (m, e), generator=g).float()
+    elif logits == "groups":  # group 0's best logits (10, 0) outsum group 1's (4, 4); their
+        # sigmoid scores do not (1.5 against 1.96)
+        x = torch.tensor([[10.0, 0.0, -5.0, -5.0, 4.0, 4.0, -5.0, -5.0]]).repeat(m, 1)
+        x[1:] += torch.randn(m - 1, e, generator=g) * 0.01
+    else:
+        x = torch.randn(m, e, generator=g)
+    b = torch.randn(e, generator=g) * 0.1 if bias else None
+    w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
+                                      renormalize=renormalize, num_groups=groups,
+                                      topk_groups=kept, scale=scale)
+    src = K.build_gating(e, top_k, "float32", scoring, renormalize, groups, kept, scale, bias,
+                         "sm_90").get_kernel_source()
+    W = run.shared_array(np, m * top_k, np.float32, np.nan)
+    Ids = run.shared_array(np, m * top_k, np.int32, -9)
+    bias_arr = (b if bias else torch.zeros(e)).numpy().astype(np.float32)
+    assert run.run_kernel(src, {"X": np.ascontiguousarray(x.numpy()), "Bias": bias_arr,
+                                "W": W, "Ids": Ids, "M": m}, (2, 1), 128) is None
+    assert np.array_equal(Ids.reshape(m, top_k), ids_ref.numpy())
+    assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6)

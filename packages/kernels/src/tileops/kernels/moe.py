@@ -7,11 +7,12 @@ Five slots:
     thread a token (:func:`gating_program`). The token's scores (softmax or sigmoid, float32)
     and choice scores (plus the correction bias) are kept in the thread's local memory; with
     groups, each group's sum of its two best choice scores, and the ``topk_groups`` best groups
-    by repeated arg-max; then ``top_k`` arg-max passes over the eligible experts, a strict
-    ``>`` so that equal scores keep the lowest id (a stable sort's order, as torch.topk gives).
-    Softmax and sigmoid are increasing, so without a bias the picks compare the logits
-    themselves, exactly, as the reference's sort of the scores does; with a bias they compare
-    the float32 choice scores.
+    by repeated arg-max; then one pass over the eligible experts keeps the ``top_k`` best in a
+    list, an expert entering where its score is greater or equal with a lower id (a stable
+    sort's order, as torch.topk gives). Softmax and sigmoid are increasing, so without a bias
+    or groups the picks compare the logits themselves, exactly, as the reference's sort of
+    the scores does; with either they compare the float32 choice scores (a group's sum of two
+    logits does not rank as the sum of their scores).
 :class:`MoeGatingBwdInterface` (``moe_gating_bwd``) -- ``forward(dweights, logits, ids,
     dlogits)``: the weights' gradient through the renormalisation and the scoring function,
     the picks fixed: a thread a token (:func:`gating_bwd_program`).
@@ -133,7 +134,10 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
     threads = _GATING_THREADS
     per_group = e // num_groups
     grouped = num_groups > 1
-    exact = not bias  # picks compare the logits themselves (monotone scores)
+    # picks compare the logits themselves where the order is the scores' (monotone): not with
+    # a bias, nor with groups (a group's sum of its two best logits can rank the groups
+    # otherwise than the sum of their scores: (10, 0) against (4, 4) under sigmoid)
+    exact = not bias and not grouped
 
     @T.prim_func
     def main(
@@ -147,7 +151,10 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
             t = bx * threads + tx
             score = T.alloc_local((e,), f32)  # the scores (the weights' source)
             choice = T.alloc_local((e,), f32)  # what the picks compare
-            out = T.alloc_local((e,), "int32")  # 1: out of the running (group, or picked)
+            top = T.alloc_local((top_k,), f32)  # the picks so far, best first
+            tid = T.alloc_local((top_k,), "int32")  # their ids (-1: none yet)
+            cv = T.alloc_local((2,), f32)  # the candidate carried down the list, a swap
+            ci = T.alloc_local((2,), "int32")
             gsum = T.alloc_local((num_groups,), f32)
             kept = T.alloc_local((num_groups,), "int32")
             acc = T.alloc_local((4,), f32)  # max, sum, best value, second value / weight sum
@@ -158,7 +165,6 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                     acc[0] = T.max(acc[0], T.cast(X[t, i], f32))
                 acc[1] = 0.0
                 for i in T.serial(e):
-                    out[i] = 0
                     v = T.cast(X[t, i], f32)
                     if scoring == "softmax":
                         score[i] = T.exp(v - acc[0])
@@ -195,21 +201,34 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                                 pick[0] = g
                                 acc[2] = gsum[g]
                         kept[pick[0]] = 1
-                    for g in T.serial(num_groups):  # the experts of the other groups are out
-                        if kept[g] == 0:
-                            for i in T.serial(per_group):
-                                out[g * per_group + i] = 1
+                # the top_k picks in one pass over the eligible experts (those of the kept
+                # groups): a list best first, an expert entering it where it beats an entry
+                # (a greater choice score, or an equal one and a lower id: a stable sort's
+                # order) and the entries from there on carried down one place. (The picks
+                # were top_k arg-max passes over all E, each a chain of E dependent compares:
+                # DeepSeek-V3's routing of one token took 66 us on the H200.)
+                for j in T.unroll(top_k):
+                    top[j] = 0.0
+                    tid[j] = -1
+                for i in T.serial(e):
+                    cv[0] = choice[i]
+                    ci[0] = i
+                    if (not grouped or kept[i // per_group] == 1) and (
+                            tid[top_k - 1] < 0 or cv[0] > top[top_k - 1]):
+                        for j in T.unroll(top_k):
+                            if tid[j] < 0 or cv[0] > top[j] or (cv[0] == top[j]
+                                                                and ci[0] < tid[j]):
+                                cv[1] = top[j]
+                                ci[1] = tid[j]
+                                top[j] = cv[0]
+                                tid[j] = ci[0]
+                                cv[0] = cv[1]
+                                ci[0] = ci[1]
                 acc[3] = 0.0
-                for j in T.serial(top_k):
-                    pick[0] = -1
-                    for i in T.serial(e):
-                        if out[i] == 0 and (pick[0] < 0 or choice[i] > acc[2]):
-                            pick[0] = i
-                            acc[2] = choice[i]
-                    out[pick[0]] = 1
-                    Ids[t, j] = pick[0]
-                    W[t, j] = score[pick[0]]
-                    acc[3] = acc[3] + score[pick[0]]
+                for j in T.unroll(top_k):
+                    Ids[t, j] = tid[j]
+                    W[t, j] = score[tid[j]]
+                    acc[3] = acc[3] + score[tid[j]]
                 for j in T.serial(top_k):
                     if renormalize:
                         W[t, j] = W[t, j] / acc[3] * scale
