@@ -1,8 +1,8 @@
-"""The grouping of routed slots by expert, for few slots, in TileLang: what
-MoePermuteAlignFwdOp's torch grouping computes (a stable sort of the slots by expert, the
-layout's metadata, each slot's row and each row's token) in two launches instead of some
-thirty torch kernels, whose launches were the whole time of a call of a few tokens (some 60
-us on the H200 for one token of Mixtral's routing, where the row movement takes 2).
+"""The grouping of routed slots by expert, in TileLang: what MoePermuteAlignFwdOp's torch
+grouping computes (a stable sort of the slots by expert, the layout's metadata, each slot's
+row and each row's token) in four launches instead of some thirty torch kernels, whose
+launches were the whole time of a call of a few tokens (some 60 us on the H200 for one token
+of Mixtral's routing, where the row movement takes 2) and whose sort was most of a large one.
 
 :class:`MoeGroupInterface` (``moe_group``) -- ``forward(ids, metadata, rows, src)``: ``ids``
 ``(M, K)`` int32 (an id outside ``[0, E)`` is a dropped slot, keyed ``E``), ``metadata`` the
@@ -10,18 +10,23 @@ layout's (``E`` valid rows of the masked blocks, ``E + 1`` segment offsets, or t
 each of the ``R`` rows), ``rows`` ``(M, K)`` the slot's row (-1 when dropped), ``src``
 ``(R,)`` the token of each row (-1 for a row no slot fills).
 
-- :func:`count_program`: a thread per row sets ``src`` to -1, and a thread per expert (and
-  one for the dropped slots) counts the slots with its key, reading every slot;
-- :func:`place_program`: a thread per slot counts the slots before it with its key (its rank
-  in its expert, so the order within an expert is the tokens': the stable sort's), adds its
-  expert's offset (the aligned counts of the experts before it, summed) and writes its row
-  and that row's token; a thread per metadata entry sums or scans the counts.
+The slots are cut into chunks of :data:`CHUNK`:
 
-Each thread reads every slot (or every count) in turn, so the work grows as slots x slots:
-:data:`GROUP_SLOTS_MAX` slots at most, where the loop is a few microseconds; the op groups
-more slots with its torch grouping. Slot and row counts are launch-time sizes: one program a
-layout serves every token count. The threads are independent within a launch (no shared
-memory, no barrier), and the counts cross between the launches through global memory.
+- :func:`count_program`: a thread per row sets ``src`` to -1, and a thread per (chunk, key)
+  counts the chunk's slots with that key;
+- :func:`scan_program`: a thread per key sums its counts over the chunks before each chunk
+  (``base``) and over all (``total``);
+- :func:`meta_program`: a thread per key sums the aligned totals of the experts before it
+  (its segment's offset), and a thread per metadata entry writes the layout's;
+- :func:`place_program`: a thread per slot takes its rank in its expert (``base`` of its
+  chunk and key, plus the slots before it in its chunk with its key: so the order within an
+  expert is the tokens', the stable sort's), adds its expert's offset (or block) and writes
+  its row and that row's token.
+
+A thread's loop is at most a chunk's slots, the chunks or the experts long. Slot, row and
+chunk counts are launch-time sizes: one set of programs a layout serves every token count.
+The threads are independent within a launch (no shared memory, no barrier); the counts cross
+between launches through a workspace in global memory.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -34,21 +39,23 @@ from ._store import stored
 from ._tilelang import compile_program, tl
 
 __all__ = [
-    "GROUP_SLOTS_MAX",
+    "CHUNK",
     "GroupMetadata",
     "MoeGroupInterface",
     "MoeGroupKernel",
     "MoeGroupSpec",
     "build_group",
     "count_program",
+    "meta_program",
     "place_program",
+    "scan_program",
 ]
 
 GroupMetadata = Literal["masked", "offsets", "per_row"]
 _METADATA = frozenset(get_args(GroupMetadata))
-#: the most slots (tokens x picks) the kernel groups: each slot's thread reads the slots before
-#: it, so a launch's longest chain is this many loads
-GROUP_SLOTS_MAX = 1024
+#: the slots a chunk: a slot's thread reads the slots before it in its chunk, and a key's
+#: thread counts a chunk's slots, so a launch's longest chain is this many loads
+CHUNK = 256
 _THREADS = 256
 
 
@@ -88,83 +95,137 @@ def _key(T, v, e: int):
 
 
 def count_program(e: int):
-    """``src[r] = -1`` for every row, ``counts[q]`` the slots keyed ``q`` for ``q`` in ``[0,
-    e]`` (see the module docstring)."""
+    """``src[r] = -1`` for every row; ``cnt[c, q]``: the slots of chunk ``c`` (of
+    :data:`CHUNK`) keyed ``q``, for ``q`` in ``[0, e]`` (see the module docstring)."""
     _, T = tl()
-    N, R = T.dynamic("N"), T.dynamic("R")
+    N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
+    keys = e + 1
 
     @T.prim_func
-    def main(Ids: T.Tensor((N,), "int32"), Counts: T.Tensor((e + 1,), "int32"),
+    def main(Ids: T.Tensor((N,), "int32"), Cnt: T.Tensor((C, keys), "int32"),
              Src: T.Tensor((R,), "int32")):
-        with T.Kernel(T.ceildiv(R + e + 1, _THREADS), threads=_THREADS) as b:
+        with T.Kernel(T.ceildiv(R + C * keys, _THREADS), threads=_THREADS) as b:
             tx = T.get_thread_binding(0)
             acc = T.alloc_local((1,), "int32")
             g = b * _THREADS + tx
             if g < R:
                 Src[g] = -1
-            elif g < R + e + 1:
+            elif g < R + C * keys:
+                c = (g - R) // keys
+                q = (g - R) % keys
                 acc[0] = 0
-                for j in T.serial(N):
-                    acc[0] = acc[0] + T.if_then_else(_key(T, Ids[j], e) == g - R, 1, 0)
-                Counts[g - R] = acc[0]
+                for j in T.serial(CHUNK):
+                    if c * CHUNK + j < N:
+                        acc[0] = acc[0] + T.if_then_else(
+                            _key(T, Ids[c * CHUNK + j], e) == q, 1, 0)
+                Cnt[c, q] = acc[0]
 
     return main
 
 
-def place_program(e: int, k: int, metadata: str, max_m: int, alignment: int):
-    """Each slot's row, each row's token and the layout's metadata from the counts (see the
-    module docstring)."""
+def scan_program(e: int):
+    """``base[c, q]``: the slots keyed ``q`` in the chunks before ``c``; ``total[q]``: all of
+    them (a thread a key, over the chunks)."""
     _, T = tl()
-    N, R = T.dynamic("N"), T.dynamic("R")
-    masked, per_row = metadata == "masked", metadata == "per_row"
-    n_meta = e if masked else R if per_row else e + 1
-
-    def aligned(c):
-        return c if alignment == 1 else (c + (alignment - 1)) // alignment * alignment
+    C = T.dynamic("C")
+    keys = e + 1
 
     @T.prim_func
-    def main(Ids: T.Tensor((N,), "int32"), Counts: T.Tensor((e + 1,), "int32"),
-             Rows: T.Tensor((N,), "int32"), Src: T.Tensor((R,), "int32"),
+    def main(Cnt: T.Tensor((C, keys), "int32"), Base: T.Tensor((C, keys), "int32"),
+             Total: T.Tensor((keys,), "int32")):
+        with T.Kernel(T.ceildiv(keys, _THREADS), threads=_THREADS) as b:
+            tx = T.get_thread_binding(0)
+            run = T.alloc_local((1,), "int32")
+            q = b * _THREADS + tx
+            if q < keys:
+                run[0] = 0
+                for c in T.serial(C):
+                    Base[c, q] = run[0]
+                    run[0] = run[0] + Cnt[c, q]
+                Total[q] = run[0]
+
+    return main
+
+
+def _aligned(c, alignment: int):
+    return c if alignment == 1 else (c + (alignment - 1)) // alignment * alignment
+
+
+def meta_program(e: int, metadata: str, max_m: int, alignment: int):
+    """``off[q]``: where expert ``q``'s segment starts (the aligned totals before it), and the
+    layout's metadata (see the module docstring)."""
+    _, T = tl()
+    R = T.dynamic("R")
+    masked, per_row = metadata == "masked", metadata == "per_row"
+    n_meta = e if masked else R if per_row else e + 1
+    keys = e + 1
+
+    @T.prim_func
+    def main(Total: T.Tensor((keys,), "int32"), Off: T.Tensor((keys,), "int32"),
              Meta: T.Tensor((n_meta,), "int32")):
-        with T.Kernel(T.ceildiv(N + n_meta, _THREADS), threads=_THREADS) as b:
+        with T.Kernel(T.ceildiv(keys + n_meta, _THREADS), threads=_THREADS) as b:
+            tx = T.get_thread_binding(0)
+            run = T.alloc_local((1,), "int32")
+            hit = T.alloc_local((1,), "int32")
+            g = b * _THREADS + tx
+            if g < keys:  # the offset of segment g
+                run[0] = 0
+                for p in T.serial(g):
+                    run[0] = run[0] + _aligned(Total[p], alignment)
+                Off[g] = run[0]
+            elif g < keys + n_meta:
+                q = g - keys
+                if masked:  # the valid rows of block q
+                    Meta[q] = T.min(Total[q], max_m)
+                elif per_row:  # the expert whose segment holds row q, -1 in padding
+                    run[0] = 0
+                    hit[0] = -1
+                    for p in T.serial(e):
+                        if run[0] <= q and q < run[0] + Total[p]:
+                            hit[0] = p
+                        run[0] = run[0] + _aligned(Total[p], alignment)
+                    Meta[q] = hit[0]
+                else:  # the offset of segment q
+                    run[0] = 0
+                    for p in T.serial(q):
+                        run[0] = run[0] + _aligned(Total[p], alignment)
+                    Meta[q] = run[0]
+
+    return main
+
+
+def place_program(e: int, k: int, metadata: str, max_m: int):
+    """Each slot's row (its expert's offset, or block, plus its rank: the slots keyed alike in
+    the chunks before its own, and before it in its chunk) and that row's token."""
+    _, T = tl()
+    N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
+    masked = metadata == "masked"
+    keys = e + 1
+
+    @T.prim_func
+    def main(Ids: T.Tensor((N,), "int32"), Base: T.Tensor((C, keys), "int32"),
+             Off: T.Tensor((keys,), "int32"), Rows: T.Tensor((N,), "int32"),
+             Src: T.Tensor((R,), "int32")):
+        with T.Kernel(T.ceildiv(N, _THREADS), threads=_THREADS) as b:
             tx = T.get_thread_binding(0)
             rank = T.alloc_local((1,), "int32")
-            off = T.alloc_local((1,), "int32")
             row = T.alloc_local((1,), "int32")
-            g = b * _THREADS + tx
-            if g < N:  # slot g: its rank among the slots before it with its key
-                key = _key(T, Ids[g], e)
-                rank[0] = 0
-                for j in T.serial(g):
-                    rank[0] = rank[0] + T.if_then_else(_key(T, Ids[j], e) == key, 1, 0)
+            i = b * _THREADS + tx
+            if i < N:
+                key = _key(T, Ids[i], e)
+                c = i // CHUNK
+                rank[0] = Base[c, key]
+                for j in T.serial(i - c * CHUNK):
+                    rank[0] = rank[0] + T.if_then_else(
+                        _key(T, Ids[c * CHUNK + j], e) == key, 1, 0)
                 if masked:
                     row[0] = T.if_then_else(T.And(key < e, rank[0] < max_m),
                                             key * max_m + rank[0], -1)
-                else:  # its expert's segment starts past the aligned segments before it
-                    off[0] = 0
-                    for q in T.serial(key):
-                        off[0] = off[0] + aligned(Counts[q])
-                    row[0] = T.if_then_else(key < e, off[0] + rank[0], -1)
-                Rows[g] = row[0]
+                else:
+                    row[0] = T.if_then_else(key < e, Off[key] + rank[0], -1)
+                Rows[i] = row[0]
                 if row[0] >= 0:
-                    Src[row[0]] = g // k
-            elif g < N + n_meta:
-                q = g - N
-                if masked:  # the valid rows of block q
-                    Meta[q] = T.min(Counts[q], max_m)
-                elif per_row:  # the expert whose segment holds row q, -1 in padding
-                    off[0] = 0
-                    row[0] = -1
-                    for p in T.serial(e):
-                        if off[0] <= q and q < off[0] + Counts[p]:
-                            row[0] = p
-                        off[0] = off[0] + aligned(Counts[p])
-                    Meta[q] = row[0]
-                else:  # the offset of segment q
-                    off[0] = 0
-                    for p in T.serial(q):
-                        off[0] = off[0] + aligned(Counts[p])
-                    Meta[q] = off[0]
+                    Src[row[0]] = i // k
 
     return main
 
@@ -172,14 +233,16 @@ def place_program(e: int, k: int, metadata: str, max_m: int, alignment: int):
 @stored(maxsize=64)
 def build_group(e: int, k: int, metadata: str, max_m: int, alignment: int,
                 target: str | None = None):
-    """``(count, place)``: the two compiled programs of a grouping (:class:`MoeGroupSpec`'s
-    fields)."""
+    """``(count, scan, meta, place)``: the four compiled programs of a grouping
+    (:class:`MoeGroupSpec`'s fields)."""
     return (compile_program(count_program(e), target),
-            compile_program(place_program(e, k, metadata, max_m, alignment), target))
+            compile_program(scan_program(e), target),
+            compile_program(meta_program(e, metadata, max_m, alignment), target),
+            compile_program(place_program(e, k, metadata, max_m), target))
 
 
 class MoeGroupKernel(Kernel, MoeGroupInterface):
-    """Up to :data:`GROUP_SLOTS_MAX` slots, sm_80 to sm_90."""
+    """Any slot count below 2^31, sm_80 to sm_90."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -187,15 +250,19 @@ class MoeGroupKernel(Kernel, MoeGroupInterface):
 
     def __init__(self, spec: MoeGroupSpec) -> None:
         super().__init__(spec)
-        self.count, self.place = build_group(spec.e, spec.k, spec.metadata, spec.max_m,
-                                             spec.alignment)
+        self.count, self.scan, self.meta, self.place = build_group(
+            spec.e, spec.k, spec.metadata, spec.max_m, spec.alignment)
 
     def __call__(self, ids, metadata, rows, src) -> None:
-        n = ids.numel()
-        if n > GROUP_SLOTS_MAX:
-            raise ValueError(f"MoeGroupKernel: groups at most {GROUP_SLOTS_MAX} slots (tokens x "
-                             f"picks), got {n}")
         flat = ids.reshape(-1)
-        counts = flat.new_empty((self.spec.e + 1,))
-        self.count(flat, counts, src)
-        self.place(flat, counts, rows.view(-1), src, metadata.view(-1))
+        keys = self.spec.e + 1
+        chunks = max(1, -(-flat.numel() // CHUNK))
+        work = flat.new_empty((2 * chunks * keys + 2 * keys,))  # cnt, base, total, off
+        cnt = work[:chunks * keys].view(chunks, keys)
+        base = work[chunks * keys:2 * chunks * keys].view(chunks, keys)
+        total, off = work[2 * chunks * keys:].view(2, keys)
+        self.count(flat, cnt, src)
+        self.scan(cnt, base, total)
+        self.meta(total, off, metadata.view(-1))
+        if flat.numel():
+            self.place(flat, base, off, rows.view(-1), src)

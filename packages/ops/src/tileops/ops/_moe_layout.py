@@ -1,10 +1,10 @@
 """The mixture-of-experts family's computations in plain PyTorch: the routing, the grouping of
 routed slots by expert in either layout, and the references of the staged ops.
 
-:func:`group_slots` is both the grouping the permutation's CUDA forward runs (torch ops on the
+:func:`group_slots` is half of the permutation's reference (a stable sort in torch ops on the
 device, none of which waits for the host: no boolean indexing, no ``bincount`` of unknown
-length) and half of its reference; the row movement is the kernel's. The other functions are
-the references: each computes in float32 for narrower inputs and in float64 for float64 ones,
+length); the CUDA forward groups with its own kernel (``tileops.kernels.moe_group``: chunked
+counts, no sort), which the tests hold to it. The other functions are the references: each computes in float32 for narrower inputs and in float64 for float64 ones,
 and never writes its inputs. The fused layer's reference, :func:`fused_reference`, is a loop
 over the experts that does not go through :func:`group_slots`, so it checks the composite's
 grouping too.

@@ -13,12 +13,11 @@ the kernels' layout (contiguous, 16-byte aligned). Its ops:
 
 - :class:`MoeTopkGatingFwdOp`: the slot ``moe_gating`` (a thread a token); its weights'
   gradient :class:`MoeTopkGatingBwdOp` the slot ``moe_gating_bwd`` (a thread a token);
-- :class:`MoePermuteAlignFwdOp`: the grouping, of up to
-  :data:`~tileops.kernels.moe_group.GROUP_SLOTS_MAX` slots by the slot ``moe_group`` (two
-  launches), of more in torch ops on the device
-  (:func:`~tileops.ops._moe_layout.group_slots`: a stable sort of the slots by expert, the
-  segment offsets, the inverse index, the token of each row), then the row gather of the slot
-  ``moe_permute_rows`` (16-byte vectors), which writes every row, zeros where no slot goes;
+- :class:`MoePermuteAlignFwdOp`: the grouping by the slot ``moe_group`` (four launches: the
+  slots' ranks within their experts by chunked counts, the segment offsets, the layout's
+  metadata, the token of each row; :func:`~tileops.ops._moe_layout.group_slots`, a stable sort
+  in torch ops, is its reference), then the row gather of the slot ``moe_permute_rows``
+  (16-byte vectors), which writes every row, zeros where no slot goes;
   its gradient :class:`MoePermuteAlignBwdOp` the unpermutation's slot with unit weights;
 - :class:`MoeUnpermuteFwdOp`: the slot ``moe_unpermute`` (a CTA a token, float32 sums);
 - :class:`GroupedGemmFwdOp`: the slot ``grouped_gemm_fwd`` (a tile scheduler over the
@@ -64,7 +63,6 @@ from tileops.kernels.moe import (
     MoeUnpermuteSpec,
 )
 from tileops.kernels.moe_group import (
-    GROUP_SLOTS_MAX,
     MoeGroupInterface,
     MoeGroupKernel,
     MoeGroupSpec,
@@ -79,7 +77,6 @@ from ._moe_layout import (
     fused_reference,
     gating_bwd_reference,
     gating_reference,
-    group_slots,
     grouped_gemm_bwd_reference,
     grouped_gemm_reference,
     permute_bwd_reference,
@@ -225,23 +222,22 @@ class MoePermuteAlignFwdOp(MoeOp):
 
     def forward(self, call, x, ids, y, metadata, rows) -> None:
         lay, experts = self.layout_value, self.num_experts
-        if (ids.numel() <= GROUP_SLOTS_MAX and metadata.is_contiguous()
-                and rows.is_contiguous()):
-            # few slots: the grouping kernel's two launches write the outputs in place
-            kind = "masked" if lay.masked else "per_row" if lay.per_row else "offsets"
-            group = self.kernel_for(
-                (call.device, "group", ids.shape[1]), MoeGroupInterface,
-                lambda: MoeGroupSpec(device=call.device, e=experts, k=ids.shape[1],
-                                     metadata=kind, max_m=lay.max_m,
-                                     alignment=lay.alignment))
-            src = torch.empty((lay.rows(ids.numel(), experts),), dtype=torch.int32,
-                              device=ids.device)
-            group(_laid(ids), metadata, rows, src)
-        else:  # the torch grouping (a sort)
-            g = group_slots(ids, experts, lay)
-            metadata.copy_(g.metadata)
-            rows.copy_(g.rows)
-            src = g.src
+        kind = "masked" if lay.masked else "per_row" if lay.per_row else "offsets"
+        group = self.kernel_for(
+            (call.device, "group", ids.shape[1]), MoeGroupInterface,
+            lambda: MoeGroupSpec(device=call.device, e=experts, k=ids.shape[1], metadata=kind,
+                                 max_m=lay.max_m, alignment=lay.alignment))
+        src = torch.empty((lay.rows(ids.numel(), experts),), dtype=torch.int32,
+                          device=ids.device)
+        meta_out = metadata if metadata.is_contiguous() else torch.empty_like(
+            metadata, memory_format=torch.contiguous_format)
+        rows_out = rows if rows.is_contiguous() else torch.empty_like(
+            rows, memory_format=torch.contiguous_format)
+        group(_laid(ids), meta_out, rows_out, src)
+        if meta_out is not metadata:
+            metadata.copy_(meta_out)
+        if rows_out is not rows:
+            rows.copy_(rows_out)
         h = x.shape[1]
         key = (call.device, x.dtype, h)
         entry = self._entry(key, MoePermuteInterface, lambda: MoeRowsSpec(
