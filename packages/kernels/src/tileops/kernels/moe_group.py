@@ -139,9 +139,13 @@ def scan_program(e: int):
             q = b * _THREADS + tx
             if q < keys:
                 run[0] = 0
-                for c in T.serial(C):
-                    Base[c, q] = run[0]
-                    run[0] = run[0] + Cnt[c, q]
+                # eight chunks' counts loaded together: the loop is a chain of loads from L2
+                # otherwise (a DeepSeek-V3 call of 8192 tokens has 256 chunks)
+                for c8 in T.serial(T.ceildiv(C, 8)):
+                    for u in T.unroll(8):
+                        if c8 * 8 + u < C:
+                            Base[c8 * 8 + u, q] = run[0]
+                            run[0] = run[0] + Cnt[c8 * 8 + u, q]
                 Total[q] = run[0]
 
     return main
