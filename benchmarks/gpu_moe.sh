@@ -15,8 +15,11 @@
 # warp-specialized program becomes the default anywhere. Stage ep runs
 # examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL, bfloat16: ExpertParallelMoE
 # against the one-device layer, forward and backward) where the machine has two. Logs and
-# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench ep).
+# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench ep),
+# BENCHES the bench stage's groups (default: grouped_gemm permute gating fused gradients; the
+# grouped GEMM's takes some 4 minutes, its torch contenders timed without CUDA graphs).
 STAGES=${STAGES:-prebuild tests sweep bench ep}
+BENCHES=${BENCHES:-grouped_gemm permute gating fused gradients}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -38,11 +41,14 @@ for stage in $STAGES; do case $stage in
     TAIL=25 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_moe_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "Moe or GroupedGemm" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
-    bench grouped_gemm GroupedGemmFwdOp -w 'e64-*' -w mixtral-up-uneven-m8192 -w deepseek-up-aligned128 -w deepseek-down-masked64 -w odd-uneven --dtype bf16
-    bench permute MoePermuteAlignFwdOp MoeUnpermuteFwdOp -w 'mixtral-*' -w 'deepseek-*'
-    bench gating MoeTopkGatingFwdOp -w 'mixtral-*' -w 'deepseek-*' -w qwen3-m8192
-    bench fused FusedMoeFwdOp -w 'mixtral-*' -w 'deepseek-*'
-    bench gradients MoeTopkGatingBwdOp MoePermuteAlignBwdOp -w 'mixtral-*' -w 'deepseek-*' -w no-renorm-m8192 ;;
+    for group in $BENCHES; do case $group in
+      grouped_gemm) bench grouped_gemm GroupedGemmFwdOp -w 'e64-*' -w mixtral-up-uneven-m8192 -w deepseek-up-aligned128 -w deepseek-down-masked64 -w odd-uneven --dtype bf16 ;;
+      permute) bench permute MoePermuteAlignFwdOp MoeUnpermuteFwdOp -w 'mixtral-*' -w 'deepseek-*' ;;
+      gating) bench gating MoeTopkGatingFwdOp -w 'mixtral-*' -w 'deepseek-*' -w qwen3-m8192 ;;
+      fused) bench fused FusedMoeFwdOp -w 'mixtral-*' -w 'deepseek-*' ;;
+      gradients) bench gradients MoeTopkGatingBwdOp MoePermuteAlignBwdOp -w 'mixtral-*' -w 'deepseek-*' -w no-renorm-m8192 ;;
+      *) echo "unknown bench group $group" ;;
+    esac; done ;;
   ep)
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
       run ep_example.log python3 -m torch.distributed.run --nproc-per-node 2 examples/expert_parallel_moe.py
