@@ -261,10 +261,12 @@ class MoeGroupKernel(Kernel, MoeGroupInterface):
         flat = ids.reshape(-1)
         keys = self.spec.e + 1
         chunks = max(1, -(-flat.numel() // CHUNK))
-        work = flat.new_empty((2 * chunks * keys + 2 * keys,))  # cnt, base, total, off
+        # one workspace: cnt, base, total, off, each at a 16-byte boundary
+        a, b = -(-chunks * keys // 4) * 4, -(-keys // 4) * 4
+        work = flat.new_empty((2 * a + 2 * b,))
         cnt = work[:chunks * keys].view(chunks, keys)
-        base = work[chunks * keys:2 * chunks * keys].view(chunks, keys)
-        total, off = work[2 * chunks * keys:].view(2, keys)
+        base = work[a:a + chunks * keys].view(chunks, keys)
+        total, off = work[2 * a:2 * a + keys], work[2 * a + b:2 * a + b + keys]
         self.count(flat, cnt, src)
         self.scan(cnt, base, total)
         self.meta(total, off, metadata.view(-1))
