@@ -259,6 +259,50 @@ def test_max_without_indices_matches_torch_on_the_host(kind, dims, kw, channels_
 
 
 @needs_nvcc
+@pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2), dict(kernel_size=2),
+                                dict(kernel_size=3, stride=2, divisor_override=5)])
+def test_average_of_infinities_and_nan_is_torch_s_on_the_host(kw):
+    """A constant divisor's multiplication and correction keep IEEE division's answers where
+    the sum is not finite: +inf and -inf windows give infinities, a window with both or a NaN
+    gives NaN; the finite windows are torch's within float32 rounding. The gradient's division
+    of dy (infinite there too) is held the same way."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    gen = torch.Generator().manual_seed(9)
+    x = torch.randn(2, 3, 9, 11, generator=gen)
+    x[0, 0, 0, 0], x[0, 1, 4, 4], x[1, 2, 2, 6] = math.inf, -math.inf, math.nan
+    x[1, 0, 0, 0], x[1, 0, 0, 1] = math.inf, -math.inf
+    y = torch.nn.functional.avg_pool2d(x, **kw)
+    s = P.PoolSpec(device=None, kind=P.PoolKind.AVG, adaptive=False,
+                   layout=P.PoolLayout.PLANES, batch=2, channels=3, size_in=(1, 9, 11),
+                   size_out=(1, *y.shape[2:]), kernel=(1, *[kw["kernel_size"]] * 2),
+                   stride=(1, *[kw.get("stride", kw["kernel_size"])] * 2), padding=(0, 0, 0),
+                   dilation=(1, 1, 1), count_include_pad=True,
+                   divisor=kw.get("divisor_override", 0), indices=False, dtype="float32")
+    Y = shared_array(np, y.numel(), np.float32, 7.0)
+    _host_pool(s, {"X": np.ascontiguousarray(x.numpy()), "Y": Y})
+    want = y.numpy().reshape(-1)
+    assert not np.isfinite(want).all()
+    assert np.array_equal(np.isnan(Y), np.isnan(want))
+    assert np.array_equal(Y[np.isinf(want)], want[np.isinf(want)])
+    ok = np.isfinite(want)
+    assert np.allclose(Y[ok], want[ok], rtol=2e-6, atol=1e-7)
+    dy = torch.randn(y.shape, generator=gen)
+    dy[0, 0, 0, 0], dy[1, 1, 1, 1] = math.inf, -math.inf
+    xg = torch.zeros_like(x, requires_grad=True)
+    torch.nn.functional.avg_pool2d(xg, **kw).backward(dy)
+    DX = shared_array(np, x.numel(), np.float32, 7.0)
+    _host_pool(s, {"DY": dy.numpy().reshape(-1), "X": np.ascontiguousarray(x.numpy()),
+                   "DX": DX}, backward=True)
+    want = xg.grad.numpy().reshape(-1)
+    assert np.array_equal(np.isinf(DX), np.isinf(want)) and not np.isfinite(want).all()
+    assert np.array_equal(DX[np.isinf(want)], want[np.isinf(want)])
+    ok = np.isfinite(want)
+    assert np.allclose(DX[ok], want[ok], rtol=2e-6, atol=1e-6)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("channels_last", [False, True])
 def test_taps_outside_the_input_read_nothing_on_the_host(channels_last):
     """A tap outside the input loads the position clamped into it (every load of a window in

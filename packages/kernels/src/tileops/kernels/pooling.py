@@ -331,16 +331,18 @@ def _over(T, x, d):
     slow-path branch). That is the quotient IEEE division gives wherever the quotient is a
     normal float32: checked against ``x / d`` for x from 2^-102 to 2^127, every seventh
     float32 for each divisor 1 to 30 and every 1009th for 31 to 4096; where the quotient is
-    subnormal it may be one unit in the last place away. A divisor that varies over the
-    windows divides."""
+    subnormal it may be one unit in the last place away; an infinite sum gives the product
+    (the correction would be inf - inf). A divisor that varies over the windows divides."""
     if not isinstance(d, int):
         return x / T.cast(d, "float32")
     if d & (d - 1) == 0:
         return x * T.float32(1.0 / d)
     r = T.float32(1.0 / d)
     q = x * r
-    return T.call_pure_extern("float32", "fmaf",
-                              T.call_pure_extern("float32", "fmaf", -q, T.float32(d), x), r, q)
+    fixed = T.call_pure_extern("float32", "fmaf",
+                               T.call_pure_extern("float32", "fmaf", -q, T.float32(d), x), r, q)
+    # an infinite sum's correction is inf - inf: the quotient is the product itself
+    return T.if_then_else(T.call_pure_extern("bool", "isinf", q), q, fixed)
 
 
 def _isnan(T, x):
