@@ -30,7 +30,6 @@ torch = pytest.importorskip("torch")
 from tileops.kernels import grouped_gemm as G  # noqa: E402
 from tileops.kernels import moe as K  # noqa: E402
 from tileops.kernels import moe_group as MG  # noqa: E402
-from tileops.ops._moe_layout import LayoutValue  # noqa: E402
 
 pytestmark = pytest.mark.cuda
 if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available():
@@ -340,7 +339,7 @@ def test_grouping_kernel_is_the_torch_grouping(case, m):
     """The grouping kernel's rows, metadata and row tokens are the torch grouping's, exactly:
     no tokens, slots over several chunks, ids with dropped slots (negative, or past the
     experts), a hot expert, an empty one."""
-    from tileops.ops._moe_layout import group_slots
+    from tileops.ops._moe_layout import LayoutValue, group_slots
 
     e, k, layout = case
     args = _group_args(e, k, layout)

@@ -1,0 +1,131 @@
+"""The mixture-of-experts kernels' programs run on the host, thread by thread
+(tests/kernels/_host_run.py), against the family's torch references (which live in the ops
+package, so these tests are the ops package's): the grouping kernel against the torch
+grouping, the routing program against the routing's reference."""
+
+import shutil
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tileops.kernels import moe as K
+
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
+                                reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
+
+
+def _host_run():
+    """tests/kernels/_host_run.py (the test modules import as files)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.append(str(Path(__file__).parents[1] / "kernels"))
+    import _host_run
+
+    return _host_run
+
+
+#: (experts, picks, metadata, max_m, alignment): each layout's programs
+GROUP_LAYOUTS = [
+    pytest.param(8, 2, "offsets", 0, 1, id="tight-offsets"),
+    pytest.param(6, 3, "offsets", 0, 4, id="aligned-offsets"),
+    pytest.param(6, 3, "per_row", 0, 4, id="aligned-per-row"),
+    pytest.param(5, 2, "masked", 3, 1, id="masked"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "k", "metadata", "max_m", "alignment"), GROUP_LAYOUTS)
+@settings(max_examples=10, deadline=None)
+@given(m=st.one_of(st.integers(0, 40), st.integers(150, 300)), data=st.data())
+def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, max_m,
+                                                               alignment, m, data):
+    """The four launches of the grouping kernel, every thread run on the host, give the torch
+    grouping's rows, metadata and row tokens exactly, over drawn routings: no tokens, slots
+    over several chunks, ids past either end of the experts (dropped), repeats, empty
+    experts, blocks that overflow ``max_m``."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.kernels import moe_group as MG
+    from tileops.ops._moe_layout import LayoutValue, group_slots
+
+    run = _host_run()
+    n = m * k
+    hot = data.draw(st.integers(-2, e + 1))  # one id drawn often: an expert's block overflows
+    ids = np.array(data.draw(st.lists(st.one_of(st.integers(-2, e + 1), st.just(hot)),
+                                      min_size=n, max_size=n)), dtype=np.int32)
+    lay = LayoutValue(masked=metadata == "masked", max_m=max_m, alignment=alignment,
+                      per_row=metadata == "per_row")
+    want = group_slots(torch.from_numpy(ids).view(m, k), e, lay)
+    r, keys, chunks = lay.rows(n, e), e + 1, max(1, -(-n // MG.CHUNK))
+    count, scan, meta_p, place = (p.get_kernel_source() for p in MG.build_group(
+        e, k, metadata, max_m, alignment, "sm_90"))
+    arr = lambda size, fill: run.shared_array(np, size, np.int32, fill)  # noqa: E731
+    cnt, base, total, off = arr(chunks * keys, -5), arr(chunks * keys, -5), arr(keys, -5), \
+        arr(keys, -5)
+    src, rows, meta = arr(r, -7), arr(n, -9), arr(want.metadata.numel(), -9)
+    sizes = {"N": n, "R": r, "C": chunks}
+
+    def launch(source, threads_needed, **tensors):
+        grid = (max(1, -(-threads_needed // 256)), 1)
+        assert run.run_kernel(source, {**tensors, **sizes}, grid, 256) is None
+
+    launch(count, r + chunks * keys, Ids=ids, Cnt=cnt, Src=src)
+    launch(scan, keys, Cnt=cnt, Base=base, Total=total)
+    launch(meta_p, keys + meta.size, Total=total, Off=off, Meta=meta)
+    if n:
+        launch(place, n, Ids=ids, Base=base, Off=off, Rows=rows, Src=src)
+    assert np.array_equal(rows, want.rows.numpy().reshape(-1))
+    assert np.array_equal(meta, want.metadata.numpy())
+    assert np.array_equal(src, want.src.numpy())
+
+
+#: (experts, top_k, scoring, renormalize, groups, kept groups, scale, bias, logits): routings
+GATINGS = [
+    # Mixtral's, over small integers: ties, the lowest id first
+    pytest.param(8, 2, "softmax", True, 1, 1, 1.0, False, "ties", id="mixtral-ties"),
+    # DeepSeek-V3's: groups and a correction bias
+    pytest.param(256, 8, "sigmoid", True, 8, 4, 2.5, True, "normal", id="deepseek"),
+    # groups without a bias: the groups ranked by their scores' sums, not the logits'
+    pytest.param(8, 2, "sigmoid", True, 2, 1, 1.0, False, "groups", id="groups-no-bias"),
+    pytest.param(64, 6, "softmax", False, 1, 1, 1.0, False, "ties", id="no-renorm-ties"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "top_k", "scoring", "renormalize", "groups", "kept", "scale",
+                          "bias", "logits"), GATINGS)
+def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormalize, groups,
+                                                    kept, scale, bias, logits):
+    """The routing program, every thread (a token each) run on the host: the picks are the
+    reference's exactly (ties to the lowest id, groups by their scores' sums), the weights
+    within float32 rounding."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import gating_reference
+
+    run = _host_run()
+    m = 131  # two CTAs, the second partly idle
+    g = torch.Generator().manual_seed(e + top_k)
+    if logits == "ties":
+        x = torch.randint(-3, 3, (m, e), generator=g).float()
+    elif logits == "groups":  # group 0's best logits (10, 0) outsum group 1's (4, 4); their
+        # sigmoid scores do not (1.5 against 1.96)
+        x = torch.tensor([[10.0, 0.0, -5.0, -5.0, 4.0, 4.0, -5.0, -5.0]]).repeat(m, 1)
+        x[1:] += torch.randn(m - 1, e, generator=g) * 0.01
+    else:
+        x = torch.randn(m, e, generator=g)
+    b = torch.randn(e, generator=g) * 0.1 if bias else None
+    w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
+                                      renormalize=renormalize, num_groups=groups,
+                                      topk_groups=kept, scale=scale)
+    src = K.build_gating(e, top_k, "float32", scoring, renormalize, groups, kept, scale, bias,
+                         "sm_90").get_kernel_source()
+    W = run.shared_array(np, m * top_k, np.float32, np.nan)
+    Ids = run.shared_array(np, m * top_k, np.int32, -9)
+    bias_arr = (b if bias else torch.zeros(e)).numpy().astype(np.float32)
+    assert run.run_kernel(src, {"X": np.ascontiguousarray(x.numpy()), "Bias": bias_arr,
+                                "W": W, "Ids": Ids, "M": m}, (2, 1), 128) is None
+    assert np.array_equal(Ids.reshape(m, top_k), ids_ref.numpy())
+    assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6)
