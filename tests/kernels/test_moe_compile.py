@@ -373,3 +373,25 @@ def test_a_grouping_spec_is_checked() -> None:
     with pytest.raises(ValueError, match=r"MoeGroupSpec: e, k and alignment must be at least "
                                          r"1, got e=0, k=2, alignment=1"):
         MoeGroupSpec(device=None, e=0, k=2, metadata="offsets")
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("metadata", "max_m", "alignment"), [
+    ("offsets", 0, 1), ("offsets", 0, 128), ("per_row", 0, 128), ("masked", 64, 1)])
+def test_grouping_programs_compile_for_sm90(metadata, max_m, alignment):
+    """The grouping's four programs lower and compile for every layout: threads independent
+    within a launch (no shared memory, no barrier, no atomics), the slot, row and chunk
+    counts launch-time sizes (the programs take them as arguments). Their results are held to
+    the torch grouping in tests/ops/test_moe_host.py."""
+    from tileops.kernels import moe_group as MG
+
+    sources = [p.get_kernel_source() for p in MG.build_group(256, 8, metadata, max_m,
+                                                              alignment, "sm_90")]
+    for src in sources:
+        assert "__shared__" not in src and "__syncthreads" not in src and "atomic" not in src
+    count, scan, meta, place = sources
+    assert "int N" in count and "int C" in count and "int R" in count
+    assert "int C" in scan and ("int R" in meta) is (metadata == "per_row")
+    assert "int N" in place
+    if metadata == "masked":
+        assert f"* {max_m})" in place  # a slot's row in its expert's block: key * max_m + rank
