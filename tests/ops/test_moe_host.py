@@ -3,6 +3,7 @@
 package, so these tests are the ops package's): the grouping kernel against the torch
 grouping, the routing program against the routing's reference."""
 
+import math
 import shutil
 
 import pytest
@@ -90,6 +91,8 @@ GATINGS = [
     # groups without a bias: the groups ranked by their scores' sums, not the logits'
     pytest.param(8, 2, "sigmoid", True, 2, 1, 1.0, False, "groups", id="groups-no-bias"),
     pytest.param(64, 6, "softmax", False, 1, 1, 1.0, False, "ties", id="no-renorm-ties"),
+    # NaN logits: the sort puts a NaN first (before every number, NaNs by id)
+    pytest.param(16, 4, "sigmoid", True, 1, 1, 1.0, False, "nan", id="nan-logits"),
 ]
 
 
@@ -116,6 +119,10 @@ def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormali
         x[1:] += torch.randn(m - 1, e, generator=g) * 0.01
     else:
         x = torch.randn(m, e, generator=g)
+    if logits == "nan":  # rows with one NaN, two, or none, at drawn places
+        for row in range(m):
+            for col in torch.randperm(e, generator=g)[:row % 3].tolist():
+                x[row, col] = math.nan
     b = torch.randn(e, generator=g) * 0.1 if bias else None
     w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
                                       renormalize=renormalize, num_groups=groups,
@@ -128,4 +135,5 @@ def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormali
     assert run.run_kernel(src, {"X": np.ascontiguousarray(x.numpy()), "Bias": bias_arr,
                                 "W": W, "Ids": Ids, "M": m}, (2, 1), 128) is None
     assert np.array_equal(Ids.reshape(m, top_k), ids_ref.numpy())
-    assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6)
+    assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6,
+                       equal_nan=True)

@@ -9,7 +9,7 @@ Five slots:
     groups, each group's sum of its two best choice scores, and the ``topk_groups`` best groups
     by repeated arg-max; then one pass over the eligible experts keeps the ``top_k`` best in a
     list, an expert entering where its score is greater or equal with a lower id (a stable
-    sort's order, as torch.topk gives). Softmax and sigmoid are increasing, so without a bias
+    sort's order, as torch.topk gives; a NaN above every number, as torch's sort puts it). Softmax and sigmoid are increasing, so without a bias
     or groups the picks compare the logits themselves, exactly, as the reference's sort of
     the scores does; with either they compare the float32 choice scores (a group's sum of two
     logits does not rank as the sum of their scores).
@@ -125,6 +125,16 @@ class MoeGatingInterface(KernelInterface):
     call_spec = MoeGatingSpec
 
 
+def _before(T, a, ia, b, ib):
+    """Whether choice ``a`` of expert ``ia`` goes before ``b`` of ``ib`` in the picks: the
+    order of torch's stable descending sort, a NaN above every number (NaNs, and equal
+    values, by id)."""
+    nan_a = T.call_pure_extern("bool", "isnan", a)
+    nan_b = T.call_pure_extern("bool", "isnan", b)
+    same = T.Or(a == b, T.And(nan_a, nan_b))
+    return T.Or(T.Or(a > b, T.And(nan_a, T.Not(nan_b))), T.And(same, ia < ib))
+
+
 def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
                    num_groups: int, topk_groups: int, scale: float, bias: bool):
     """The routing prim_func (see the module docstring); ``M`` dynamic."""
@@ -214,10 +224,10 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                     cv[0] = choice[i]
                     ci[0] = i
                     if (not grouped or kept[i // per_group] == 1) and (
-                            tid[top_k - 1] < 0 or cv[0] > top[top_k - 1]):
+                            tid[top_k - 1] < 0 or _before(T, cv[0], ci[0], top[top_k - 1],
+                                                          tid[top_k - 1])):
                         for j in T.unroll(top_k):
-                            if tid[j] < 0 or cv[0] > top[j] or (cv[0] == top[j]
-                                                                and ci[0] < tid[j]):
+                            if tid[j] < 0 or _before(T, cv[0], ci[0], top[j], tid[j]):
                                 cv[1] = top[j]
                                 ci[1] = tid[j]
                                 top[j] = cv[0]
