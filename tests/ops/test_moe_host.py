@@ -91,8 +91,12 @@ GATINGS = [
     # groups without a bias: the groups ranked by their scores' sums, not the logits'
     pytest.param(8, 2, "sigmoid", True, 2, 1, 1.0, False, "groups", id="groups-no-bias"),
     pytest.param(64, 6, "softmax", False, 1, 1, 1.0, False, "ties", id="no-renorm-ties"),
-    # NaN logits: the sort puts a NaN first (before every number, NaNs by id)
+    # NaN logits: the sort puts a NaN first (before every number, NaNs by id), in the picks,
+    # a group's two best and the groups
     pytest.param(16, 4, "sigmoid", True, 1, 1, 1.0, False, "nan", id="nan-logits"),
+    pytest.param(32, 6, "sigmoid", True, 8, 3, 1.0, True, "nan", id="nan-groups"),
+    # groups of one expert: a group's score is its one choice
+    pytest.param(8, 3, "sigmoid", True, 8, 4, 1.0, True, "normal", id="groups-of-one"),
 ]
 
 

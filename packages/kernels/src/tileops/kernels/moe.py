@@ -125,14 +125,19 @@ class MoeGatingInterface(KernelInterface):
     call_spec = MoeGatingSpec
 
 
+def _above(T, a, b):
+    """``a > b`` in torch's descending sort: a NaN above every number."""
+    return T.Or(a > b, T.And(T.call_pure_extern("bool", "isnan", a),
+                             T.Not(T.call_pure_extern("bool", "isnan", b))))
+
+
 def _before(T, a, ia, b, ib):
     """Whether choice ``a`` of expert ``ia`` goes before ``b`` of ``ib`` in the picks: the
-    order of torch's stable descending sort, a NaN above every number (NaNs, and equal
-    values, by id)."""
-    nan_a = T.call_pure_extern("bool", "isnan", a)
-    nan_b = T.call_pure_extern("bool", "isnan", b)
-    same = T.Or(a == b, T.And(nan_a, nan_b))
-    return T.Or(T.Or(a > b, T.And(nan_a, T.Not(nan_b))), T.And(same, ia < ib))
+    order of torch's stable descending sort (:func:`_above`; NaNs, and equal values, by
+    id)."""
+    same = T.Or(a == b, T.And(T.call_pure_extern("bool", "isnan", a),
+                              T.call_pure_extern("bool", "isnan", b)))
+    return T.Or(_above(T, a, b), T.And(same, ia < ib))
 
 
 def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
@@ -189,25 +194,29 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                     for i in T.serial(e):
                         choice[i] = score[i] + Bias[i]
                 if grouped:
-                    for g in T.serial(num_groups):  # the sum of the group's two best
+                    for g in T.serial(num_groups):  # the sum of the group's two best (its
+                        # one, in groups of one), a NaN above every number as in the sort
                         kept[g] = 0
-                        acc[2] = choice[g * per_group]
-                        acc[3] = choice[g * per_group + 1]
-                        if acc[3] > acc[2]:
-                            acc[2] = choice[g * per_group + 1]
-                            acc[3] = choice[g * per_group]
-                        for i in T.serial(2, per_group):
-                            v = choice[g * per_group + i]
-                            if v > acc[2]:
-                                acc[3] = acc[2]
-                                acc[2] = v
-                            elif v > acc[3]:
-                                acc[3] = v
-                        gsum[g] = acc[2] + acc[3]
+                        if per_group == 1:
+                            gsum[g] = choice[g]
+                        else:
+                            acc[2] = choice[g * per_group]
+                            acc[3] = choice[g * per_group + 1]
+                            if _above(T, acc[3], acc[2]):
+                                acc[2] = choice[g * per_group + 1]
+                                acc[3] = choice[g * per_group]
+                            for i in T.serial(2, per_group):
+                                cv[0] = choice[g * per_group + i]
+                                if _above(T, cv[0], acc[2]):
+                                    acc[3] = acc[2]
+                                    acc[2] = cv[0]
+                                elif _above(T, cv[0], acc[3]):
+                                    acc[3] = cv[0]
+                            gsum[g] = acc[2] + acc[3]
                     for _ in T.serial(topk_groups):  # the best groups, the lowest on ties
                         pick[0] = -1
                         for g in T.serial(num_groups):
-                            if kept[g] == 0 and (pick[0] < 0 or gsum[g] > acc[2]):
+                            if kept[g] == 0 and (pick[0] < 0 or _above(T, gsum[g], acc[2])):
                                 pick[0] = g
                                 acc[2] = gsum[g]
                         kept[pick[0]] = 1
