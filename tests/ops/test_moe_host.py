@@ -95,6 +95,8 @@ GATINGS = [
     # a group's two best and the groups
     pytest.param(16, 4, "sigmoid", True, 1, 1, 1.0, False, "nan", id="nan-logits"),
     pytest.param(32, 6, "sigmoid", True, 8, 3, 1.0, True, "nan", id="nan-groups"),
+    # a list of picks longer than the registers hold (it loops), over ties
+    pytest.param(40, 20, "softmax", True, 1, 1, 1.0, False, "ties", id="long-list"),
     # groups of one expert: a group's score is its one choice
     pytest.param(8, 3, "sigmoid", True, 8, 4, 1.0, True, "normal", id="groups-of-one"),
 ]

@@ -9,10 +9,11 @@ Five slots:
     groups, each group's sum of its two best choice scores, and the ``topk_groups`` best groups
     by repeated arg-max; then one pass over the eligible experts keeps the ``top_k`` best in a
     list, an expert entering where its score is greater or equal with a lower id (a stable
-    sort's order, as torch.topk gives; a NaN above every number, as torch's sort puts it). Softmax and sigmoid are increasing, so without a bias
-    or groups the picks compare the logits themselves, exactly, as the reference's sort of
-    the scores does; with either they compare the float32 choice scores (a group's sum of two
-    logits does not rank as the sum of their scores).
+    sort's order, as torch.topk gives; a NaN above every number, as torch's sort puts it).
+    Softmax and sigmoid are increasing, so without a bias or groups the picks compare the
+    logits themselves, exactly, as the reference's sort of the scores does; with either they
+    compare the float32 choice scores (a group's sum of two logits does not rank as the sum
+    of their scores).
 :class:`MoeGatingBwdInterface` (``moe_gating_bwd``) -- ``forward(dweights, logits, ids,
     dlogits)``: the weights' gradient through the renormalisation and the scoring function,
     the picks fixed: a thread a token (:func:`gating_bwd_program`).
@@ -153,6 +154,8 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
     # a bias, nor with groups (a group's sum of its two best logits can rank the groups
     # otherwise than the sum of their scores: (10, 0) against (4, 4) under sigmoid)
     exact = not bias and not grouped
+    # the list of picks in registers where it is short; a long one (top_k up to E) loops
+    klist = T.unroll if top_k <= 16 else T.serial
 
     @T.prim_func
     def main(
@@ -226,7 +229,7 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                 # order) and the entries from there on carried down one place. (The picks
                 # were top_k arg-max passes over all E, each a chain of E dependent compares:
                 # DeepSeek-V3's routing of one token took 66 us on the H200.)
-                for j in T.unroll(top_k):
+                for j in klist(top_k):
                     top[j] = 0.0
                     tid[j] = -1
                 for i in T.serial(e):
@@ -235,7 +238,7 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                     if (not grouped or kept[i // per_group] == 1) and (
                             tid[top_k - 1] < 0 or _before(T, cv[0], ci[0], top[top_k - 1],
                                                           tid[top_k - 1])):
-                        for j in T.unroll(top_k):
+                        for j in klist(top_k):
                             if tid[j] < 0 or _before(T, cv[0], ci[0], top[j], tid[j]):
                                 cv[1] = top[j]
                                 ci[1] = tid[j]
@@ -244,7 +247,7 @@ def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bo
                                 cv[0] = cv[1]
                                 ci[0] = ci[1]
                 acc[3] = 0.0
-                for j in T.unroll(top_k):
+                for j in klist(top_k):
                     Ids[t, j] = tid[j]
                     W[t, j] = score[tid[j]]
                     acc[3] = acc[3] + score[tid[j]]
