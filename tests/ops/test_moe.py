@@ -464,12 +464,15 @@ class _PermuteStandIn(Kernel, MoePermuteInterface):
     devices = ("cpu",)
     general = True
 
-    def __call__(self, x, src, y) -> None:
-        s = src.long()
-        if x.shape[0] == 0:  # no tokens: every row is padding
-            y.zero_()
-            return
-        y.copy_(torch.where((s >= 0)[:, None], x[s.clamp(min=0)], torch.zeros((), dtype=x.dtype)))
+    def __call__(self, x, rows, src, y) -> None:
+        """Token-major, as the kernel: each token's row to its slots' rows (``rows``), zeros
+        where ``src`` says no slot fills a row."""
+        y.zero_()
+        r = rows.long()
+        tokens = torch.arange(x.shape[0]).unsqueeze(1).expand_as(r)
+        y[r[r >= 0]] = x[tokens[r >= 0]]
+        assert torch.equal((src >= 0).nonzero().flatten().sort().values,
+                           r[r >= 0].sort().values)  # the rows src says are filled
 
 
 class _GroupStandIn(Kernel, MoeGroupInterface):

@@ -143,3 +143,41 @@ def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormali
     assert np.array_equal(Ids.reshape(m, top_k), ids_ref.numpy())
     assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6,
                        equal_nan=True)
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("h", "dtype"), [(64, "float16"), (37, "bfloat16")])
+@pytest.mark.parametrize("layout", ["tight", "aligned", "masked"])
+def test_the_permutation_program_moves_the_rows_on_the_host(h, dtype, layout):
+    """The permutation, every thread run on the host: a CTA a token writes its row to each of
+    its slots' rows, a CTA a row past the tokens zeros the rows no slot fills; the result is
+    the reference's (16-byte vectors along the rows, and element by element for an odd
+    length)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import LayoutValue, group_slots, permute_reference
+
+    run = _host_run()
+    m, k, e = 23, 3, 5
+    lay = {"tight": LayoutValue(masked=False), "aligned": LayoutValue(masked=False, alignment=4),
+           "masked": LayoutValue(masked=True, max_m=6)}[layout]
+    g = torch.Generator().manual_seed(h + m)
+    ids = torch.randint(-1, e + 1, (m, k), generator=g, dtype=torch.int32)
+    x = torch.randn(m, h, generator=g)
+    grouping = group_slots(ids, e, lay)
+    want = permute_reference(x, ids, e, lay)[0].reshape(-1, h)
+    r = grouping.src.numel()
+    src = K.build_permute(h, dtype, "sm_90").get_kernel_source()
+    # the host's 16-bit values as their bits: bfloat16 the upper half of float32's, float16
+    # numpy's own
+    if dtype == "float16":
+        X = x.to(torch.float16).numpy().view(np.uint16)
+        want = want.to(torch.float16).numpy().view(np.uint16)
+    else:
+        X = (x.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16))
+        want = want.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
+    Y = run.shared_array(np, r * h, np.uint16, 0xFFFF)
+    assert run.run_kernel(src, {"X": np.ascontiguousarray(X), "Rows": grouping.rows.numpy(),
+                                "Src": grouping.src.numpy(), "Y": Y, "M": m, "R": r, "K": k},
+                          (m + r, 1), 128) is None
+    assert np.array_equal(Y.reshape(r, h), want)

@@ -17,10 +17,11 @@ Five slots:
 :class:`MoeGatingBwdInterface` (``moe_gating_bwd``) -- ``forward(dweights, logits, ids,
     dlogits)``: the weights' gradient through the renormalisation and the scoring function,
     the picks fixed: a thread a token (:func:`gating_bwd_program`).
-:class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, src, y)``: ``y[r] =
-    x[src[r]]``, or zeros where ``src[r] < 0``: a CTA a row, 16-byte vectors along it
-    (:func:`permute_program`); the op computes ``src`` (the token of each grouped row) with
-    the grouping.
+:class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, rows, src, y)``:
+    ``y[rows[t, j]] = x[t]``, and zeros in each row ``r`` with ``src[r] < 0``: a CTA a token
+    (its row read once, written to each of its slots' rows) and a CTA a row past the tokens
+    for the zeros, 16-byte vectors along the rows (:func:`permute_program`); the op computes
+    ``rows`` and ``src`` with the grouping.
 :class:`MoeUnpermuteInterface` (``moe_unpermute``) -- ``forward(y, rows, weights, out)``:
     ``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, a slot with ``rows < 0`` skipped, in
     float32: a CTA a token, 16-byte vectors along the row (:func:`unpermute_program`).
@@ -432,16 +433,22 @@ class MoeRowsSpec(CallSpec, frozen=True, kw_only=True):
 
 
 class MoePermuteInterface(KernelInterface):
-    """``forward(x, src, y)``: ``x (M, H)``, ``src (R,)`` int32, ``y (R, H)`` written whole."""
+    """``forward(x, rows, src, y)``: ``x (M, H)``, ``rows (M, K)`` int32 (each slot's row of
+    ``y``, -1 when dropped), ``src (R,)`` int32 (each row's token, -1 for a row no slot fills),
+    ``y (R, H)`` written whole."""
 
     slot = "moe_permute_rows"
     call_spec = MoeRowsSpec
 
 
 def permute_program(h: int, dtype: str):
-    """``y[r] = x[src[r]]`` (zeros for ``src[r] < 0``): a CTA a row (see the module docstring)."""
+    """``y[rows[t, j]] = x[t]`` for every slot, zeros in every row no slot fills: a CTA a
+    token reads its row once and writes it to each of its slots' rows (token-major: the
+    input is read once, where a CTA a row read each token's row once for each of its picks,
+    in the experts' order), and a CTA a row past the tokens writes zeros where ``src[r] <
+    0`` (see the module docstring)."""
     _, T = tl()
-    M, R = T.dynamic("M"), T.dynamic("R")
+    M, R, K = T.dynamic("M"), T.dynamic("R"), T.dynamic("K")
     threads = _ROW_THREADS
     vec = row_vector(h, dtype)
     chunks = -(-h // (threads * vec))
@@ -449,27 +456,35 @@ def permute_program(h: int, dtype: str):
     @T.prim_func
     def main(
         X: T.Tensor((M, h), dtype),
+        Rows: T.Tensor((M, K), "int32"),
         Src: T.Tensor((R,), "int32"),
         Y: T.Tensor((R, h), dtype),
     ):
-        with T.Kernel(R, threads=threads) as r:
+        with T.Kernel(M + R, threads=threads) as b:
             tx = T.get_thread_binding(0)
             buf = T.alloc_local((chunks, vec), dtype)
-            s = Src[r]
-            # every load of the row before any store: a thread's accesses in flight together
-            for c in T.unroll(chunks):
-                col = (c * threads + tx) * vec
-                if col < h and s >= 0:
-                    for v in T.vectorized(vec):
-                        buf[c, v] = X[s, col + v]
-                else:
-                    for v in T.vectorized(vec):
+            if b < M:  # token b: its row once, then to each of its slots' rows
+                for c in T.unroll(chunks):
+                    col = (c * threads + tx) * vec
+                    if col < h:
+                        for v in T.vectorized(vec):
+                            buf[c, v] = X[b, col + v]
+                for j in T.serial(K):
+                    r = Rows[b, j]
+                    if r >= 0:
+                        for c in T.unroll(chunks):
+                            col = (c * threads + tx) * vec
+                            if col < h:
+                                for v in T.vectorized(vec):
+                                    Y[r, col + v] = buf[c, v]
+            elif Src[b - M] < 0:  # row b - M: no slot fills it
+                for c in T.unroll(chunks):
+                    for v in T.unroll(vec):
                         buf[c, v] = T.cast(0, dtype)
-            for c in T.unroll(chunks):
-                col = (c * threads + tx) * vec
-                if col < h:
-                    for v in T.vectorized(vec):
-                        Y[r, col + v] = buf[c, v]
+                    col = (c * threads + tx) * vec
+                    if col < h:
+                        for v in T.vectorized(vec):
+                            Y[b - M, col + v] = buf[c, v]
 
     return main
 
@@ -491,10 +506,10 @@ class MoePermuteKernel(Kernel, MoePermuteInterface):
         super().__init__(spec)
         self.program = build_permute(spec.h, spec.dtype) if spec.h else None
 
-    def __call__(self, x, src, y) -> None:
+    def __call__(self, x, rows, src, y) -> None:
         if self.program is None or y.shape[0] == 0:
             return
-        self.program(x, src, y)
+        self.program(x, rows, src, y)
 
 
 class MoeUnpermuteSpec(CallSpec, frozen=True, kw_only=True):

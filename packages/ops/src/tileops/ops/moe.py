@@ -16,8 +16,9 @@ the kernels' layout (contiguous, 16-byte aligned). Its ops:
 - :class:`MoePermuteAlignFwdOp`: the grouping by the slot ``moe_group`` (four launches: the
   slots' ranks within their experts by chunked counts, the segment offsets, the layout's
   metadata, the token of each row; :func:`~tileops.ops._moe_layout.group_slots`, a stable sort
-  in torch ops, is its reference), then the row gather of the slot ``moe_permute_rows``
-  (16-byte vectors), which writes every row, zeros where no slot goes;
+  in torch ops, is its reference), then the rows moved by the slot ``moe_permute_rows``
+  (a CTA a token writes its row to its slots' rows, 16-byte vectors), which writes every row,
+  zeros where no slot goes;
   its gradient :class:`MoePermuteAlignBwdOp` the unpermutation's slot with unit weights;
 - :class:`MoeUnpermuteFwdOp`: the slot ``moe_unpermute`` (a CTA a token, float32 sums);
 - :class:`GroupedGemmFwdOp`: the slot ``grouped_gemm_fwd`` (a tile scheduler over the
@@ -243,7 +244,7 @@ class MoePermuteAlignFwdOp(MoeOp):
         entry = self._entry(key, MoePermuteInterface, lambda: MoeRowsSpec(
             device=call.device, h=h, dtype=NAMES[x.dtype]), x.dtype, _ROW_DTYPES,
             "permutation")
-        entry(_laid(x), src, y.view(-1, h))
+        entry(_laid(x), rows_out, src, y.view(-1, h))
 
     def reference(self, call, x, ids):
         return permute_reference(x, ids, self.num_experts, self.layout_value)
