@@ -259,6 +259,36 @@ def test_max_without_indices_matches_torch_on_the_host(kind, dims, kw, channels_
 
 
 @needs_nvcc
+@pytest.mark.parametrize("ceil_mode", [False, True])
+def test_max_without_indices_reads_clamped_taps_unmasked_on_the_host(ceil_mode):
+    """Without indices and without dilation, a tap in the padding reads the input's edge
+    unmasked: that edge element is a tap of the same window, and a duplicate changes no
+    maximum. Edges of +inf, -inf and NaN, and a window whose only large value is its edge,
+    give torch's values."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    x = torch.randint(-3, 4, (2, 3, 8, 9), generator=torch.Generator().manual_seed(7)).float()
+    x[0, 0, 0, :] = math.inf
+    x[0, 1, :, -1] = -math.inf
+    x[1, 2, -1, 4] = math.nan
+    x[1, 1, 0, 0] = 50.0
+    kw = dict(kernel_size=3, stride=2, padding=1, ceil_mode=ceil_mode)
+    y = torch.nn.functional.max_pool2d(x, **kw)
+    s = P.PoolSpec(device=None, kind=P.PoolKind.MAX, adaptive=False,
+                   layout=P.PoolLayout.PLANES, batch=2, channels=3, size_in=(1, 8, 9),
+                   size_out=(1, *y.shape[2:]), kernel=(1, 3, 3), stride=(1, 2, 2),
+                   padding=(0, 1, 1), dilation=(1, 1, 1), count_include_pad=True, divisor=0,
+                   indices=False, dtype="float32")
+    src = P.build_pool_kernel(s, "sm_90").get_kernel_source()
+    # every tap keeps its value: the mask a constant all-ones, computed from no condition
+    assert "& -1) | (-8388608 & (~-1))" in src and "condval = -1" not in src
+    Y = shared_array(np, y.numel(), np.float32, 7.0)
+    _host_pool(s, {"X": np.ascontiguousarray(x.numpy()), "Y": Y})
+    assert np.array_equal(Y, y.numpy().reshape(-1), equal_nan=True)
+
+
+@needs_nvcc
 @pytest.mark.parametrize("kw", [dict(kernel_size=3, stride=2), dict(kernel_size=2),
                                 dict(kernel_size=3, stride=2, divisor_override=5)])
 def test_average_of_infinities_and_nan_is_torch_s_on_the_host(kw):

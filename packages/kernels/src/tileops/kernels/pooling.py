@@ -366,6 +366,15 @@ def _scanner(T, spec: PoolSpec, index_of, tap_loop, argmax: bool = True):
     Di, Hi, Wi = spec.size_in
     kd, kh, kw = taps(spec)
     is_max = spec.kind is PoolKind.MAX
+    # the axes whose taps outside the input are masked: all but, for a max without indices,
+    # an undilated axis of fixed windows that each hold a tap inside the input, where a tap's
+    # position clamped into the input is another tap of its own window (a duplicate changes
+    # no maximum, nor whether a NaN was seen)
+    masked = tuple(not (is_max and not argmax and not spec.adaptive and spec.dilation[a] == 1
+                        and spec.kernel[a] - 1 - spec.padding[a] >= 0
+                        and (spec.size_out[a] - 1) * spec.stride[a] - spec.padding[a]
+                        <= spec.size_in[a] - 1)
+                   for a in range(3))
 
     @T.macro
     def start(od, oh, ow, acc, arg):
@@ -398,8 +407,9 @@ def _scanner(T, spec: PoolSpec, index_of, tap_loop, argmax: bool = True):
                     d = tap_position(spec, 0, od, td)
                     h = tap_position(spec, 1, oh, th)
                     w = tap_position(spec, 2, ow, tw)
-                    inside = (d >= lo_d and d < hi_d and h >= lo_h and h < hi_h
-                              and w >= lo_w and w < hi_w)
+                    inside = ((not masked[0] or (d >= lo_d and d < hi_d))
+                              and (not masked[1] or (h >= lo_h and h < hi_h))
+                              and (not masked[2] or (w >= lo_w and w < hi_w)))
                     spot = (d * Hi + h) * Wi + w
                     # every tap's load unconditional, from the position clamped into the
                     # input where the tap is outside it (read as -inf or 0, which never wins a
