@@ -19,9 +19,9 @@ Five slots:
     the picks fixed: a thread a token (:func:`gating_bwd_program`).
 :class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, rows, src, y)``:
     ``y[rows[t, j]] = x[t]``, and zeros in each row ``r`` with ``src[r] < 0``: a CTA a token
-    (its row read once, written to each of its slots' rows) and a CTA a row past the tokens
-    for the zeros, 16-byte vectors along the rows (:func:`permute_program`); the op computes
-    ``rows`` and ``src`` with the grouping.
+    (its row read once, written to each of its slots' rows) and CTAs past the tokens, 16 rows
+    each, for the zeros, 16-byte vectors along the rows (:func:`permute_program`); the op
+    computes ``rows`` and ``src`` with the grouping.
 :class:`MoeUnpermuteInterface` (``moe_unpermute``) -- ``forward(y, rows, weights, out)``:
     ``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, a slot with ``rows < 0`` skipped, in
     float32: a CTA a token, 16-byte vectors along the row (:func:`unpermute_program`).
@@ -83,6 +83,9 @@ _SCORINGS = frozenset({"softmax", "sigmoid"})
 #: threads of a row CTA (permutations) and tokens of a gating CTA
 _ROW_THREADS = 128
 _GATING_THREADS = 128
+#: the rows a CTA of the permutation's zero fill checks: most rows are filled by a token's CTA,
+#: so a CTA a row would mostly launch to read one index and exit
+_ZERO_ROWS = 16
 
 
 def row_vector(h: int, dtype: str) -> int:
@@ -445,8 +448,8 @@ def permute_program(h: int, dtype: str):
     """``y[rows[t, j]] = x[t]`` for every slot, zeros in every row no slot fills: a CTA a
     token reads its row once and writes it to each of its slots' rows (token-major: the
     input is read once, where a CTA a row read each token's row once for each of its picks,
-    in the experts' order), and a CTA a row past the tokens writes zeros where ``src[r] <
-    0`` (see the module docstring)."""
+    in the experts' order), and the CTAs past the tokens, :data:`_ZERO_ROWS` rows each, write
+    zeros where ``src[r] < 0`` (see the module docstring)."""
     _, T = tl()
     M, R, K = T.dynamic("M"), T.dynamic("R"), T.dynamic("K")
     threads = _ROW_THREADS
@@ -460,7 +463,7 @@ def permute_program(h: int, dtype: str):
         Src: T.Tensor((R,), "int32"),
         Y: T.Tensor((R, h), dtype),
     ):
-        with T.Kernel(M + R, threads=threads) as b:
+        with T.Kernel(M + T.ceildiv(R, _ZERO_ROWS), threads=threads) as b:
             tx = T.get_thread_binding(0)
             buf = T.alloc_local((chunks, vec), dtype)
             if b < M:  # token b: its row once, then to each of its slots' rows
@@ -477,14 +480,19 @@ def permute_program(h: int, dtype: str):
                             if col < h:
                                 for v in T.vectorized(vec):
                                     Y[r, col + v] = buf[c, v]
-            elif Src[b - M] < 0:  # row b - M: no slot fills it
+            else:  # rows (b - M) * _ZERO_ROWS on: zeros in those no slot fills
                 for c in T.unroll(chunks):
                     for v in T.unroll(vec):
                         buf[c, v] = T.cast(0, dtype)
-                    col = (c * threads + tx) * vec
-                    if col < h:
-                        for v in T.vectorized(vec):
-                            Y[b - M, col + v] = buf[c, v]
+                for i in T.serial(_ZERO_ROWS):
+                    r = (b - M) * _ZERO_ROWS + i
+                    if r < R:  # noqa: SIM102 - the index read only inside the rows
+                        if Src[r] < 0:
+                            for c in T.unroll(chunks):
+                                col = (c * threads + tx) * vec
+                                if col < h:
+                                    for v in T.vectorized(vec):
+                                        Y[r, col + v] = buf[c, v]
 
     return main
 
