@@ -47,6 +47,17 @@ def tl():
     return tilelang, T
 
 
+def isnan(T, x):
+    """CUDA's ``isnan`` of a float32 ``x`` as an opaque call: ``x != x`` is folded to False by
+    TVM's simplifier (it takes floats to be reflexive), and ``T.isnan`` is lowered back to it."""
+    return T.call_pure_extern("bool", "isnan", x)
+
+
+def isinf(T, x):
+    """CUDA's ``isinf`` of a float32 ``x`` as an opaque call (as :func:`isnan`)."""
+    return T.call_pure_extern("bool", "isinf", x)
+
+
 def compile_program(prog, target: str | None):
     """Compile a prim_func. ``target``: an arch such as ``"sm_90a"``, or None for the current
     device."""

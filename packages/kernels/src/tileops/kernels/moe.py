@@ -43,7 +43,7 @@ from tileops.runtime import CallSpec, Kernel, KernelInterface
 from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
-from ._tilelang import compile_program, tl
+from ._tilelang import compile_program, isnan, tl
 
 __all__ = [
     "MoeDType",
@@ -132,16 +132,14 @@ class MoeGatingInterface(KernelInterface):
 
 def _above(T, a, b):
     """``a > b`` in torch's descending sort: a NaN above every number."""
-    return T.Or(a > b, T.And(T.call_pure_extern("bool", "isnan", a),
-                             T.Not(T.call_pure_extern("bool", "isnan", b))))
+    return T.Or(a > b, T.And(isnan(T, a), T.Not(isnan(T, b))))
 
 
 def _before(T, a, ia, b, ib):
     """Whether choice ``a`` of expert ``ia`` goes before ``b`` of ``ib`` in the picks: the
     order of torch's stable descending sort (:func:`_above`; NaNs, and equal values, by
     id)."""
-    same = T.Or(a == b, T.And(T.call_pure_extern("bool", "isnan", a),
-                              T.call_pure_extern("bool", "isnan", b)))
+    same = T.Or(a == b, T.And(isnan(T, a), isnan(T, b)))
     return T.Or(_above(T, a, b), T.And(same, ia < ib))
 
 

@@ -66,7 +66,7 @@ from typing import Any, Literal, get_args
 from tileops.runtime import CallSpec, Kernel, KernelInterface
 
 from ._store import stored
-from ._tilelang import compile_program, tl
+from ._tilelang import compile_program, isinf, isnan, tl
 
 __all__ = [
     "PoolBwdInterface",
@@ -342,12 +342,7 @@ def _over(T, x, d):
     fixed = T.call_pure_extern("float32", "fmaf",
                                T.call_pure_extern("float32", "fmaf", -q, T.float32(d), x), r, q)
     # an infinite sum's correction is inf - inf: the quotient is the product itself
-    return T.if_then_else(T.call_pure_extern("bool", "isinf", q), q, fixed)
-
-
-def _isnan(T, x):
-    """CUDA's ``isnan`` as an opaque call (TVM's simplifier folds ``x != x`` to False)."""
-    return T.call_pure_extern("bool", "isnan", x)
+    return T.if_then_else(isinf(T, q), q, fixed)
 
 
 def _scanner(T, spec: PoolSpec, index_of, tap_loop, argmax: bool = True):
@@ -425,12 +420,12 @@ def _scanner(T, spec: PoolSpec, index_of, tap_loop, argmax: bool = True):
                     # select (over 25 taps it did, and the loads ran one after another again)
                     val[0] = _masked(T, T.cast(raw, f32), inside, _FILL_BITS if is_max else 0)
                     if is_max and argmax:
-                        if val[0] > acc[0] or _isnan(T, val[0]):
+                        if val[0] > acc[0] or isnan(T, val[0]):
                             acc[0] = val[0]
                             arg[0] = spot
                     elif is_max:
                         acc[0] = T.max(acc[0], val[0])
-                        arg[0] = arg[0] | T.cast(_isnan(T, val[0]), "int32")
+                        arg[0] = arg[0] | T.cast(isnan(T, val[0]), "int32")
                     else:
                         acc[0] = acc[0] + val[0]
 
