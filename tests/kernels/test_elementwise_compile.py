@@ -1348,6 +1348,9 @@ def _layout(name, np, rng):
         n = int(name.split("-")[1])
         x = r(37, 2 * n)
         return "mul", (), [x[:, :n], x[:, n:]], (37, n), x[:, :n] * x[:, n:]
+    if name == "strided-1d":  # one dim, read at a stride: a strided run of one group
+        a = r(3 * 701)[::3]
+        return "neg", (), [a], a.shape, -a
     if name == "transposed-3d":
         a = r(6, 40, 52).transpose(0, 2, 1)
         return "neg", (), [a], a.shape, -a
@@ -1367,6 +1370,7 @@ def _layout(name, np, rng):
     ("flat-40003", {"threads": 256, "per": 4}), ("flat-40003", {"threads": 128, "vec": 2}),
     ("scalar", {}), ("odd-row-bias", {}), ("row-bias", {}), ("column", {}),
     ("halves-4097", {}), ("halves-4096", {}), ("halves-4096", {"grid_y": False}),
+    ("halves-1", {}), ("halves-1", {"grid_y": False}), ("strided-1d", {}), ("halves-1-f16", {}),
     ("halves-4096", {"threads": 256, "per": 4}), ("row-bias", {"grid_y": False}),
     ("transposed-3d", {}), ("transposed-3d", {"grid_y": False}), ("permuted-4d", {}),
     ("flat-40003-f16", {}), ("odd-row-bias-f16", {}), ("halves-4096-f16", {}),
@@ -1378,8 +1382,9 @@ def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
     its edges: a flat run of three elements, the single-element rule's edge (16896) and the
     element past it, a last CTA part full with and without elements left after its vectors, a
     0-dim scalar, an odd row bias (the modular run), a row bias, a column, a gated op's halves
-    at odd and even offsets, the one-dimension grid, and three and four row groups (the strided
-    kind's row offsets)."""
+    at odd and even offsets and of one column each, a dimension read at a stride (the strided
+    kind with no row group), the one-dimension grid, and three and four row groups (the
+    strided kind's row offsets)."""
     np = pytest.importorskip("numpy")
     fn, params, ins, out_shape, ref = _layout(layout, np, np.random.default_rng(7))
     out, guards, p = _host_call(fn, params, ins, tuple(out_shape), np, **plan_kw)

@@ -1669,7 +1669,7 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
 
         for v in T.unroll(per):
             r = rb * rows_cta + v * trows + tx // tcols
-            offs = row_offsets(r) if inner == 1 else offsets(at, v)
+            offs = offsets(at, v) if inner > 1 else row_offsets(r)
             ok = T.cast(c, idt) < ncols and r < nrows if guard else True
             if ok:
                 for k in vector_in:
@@ -1685,7 +1685,7 @@ def _tiled_body(T, f, params, in_dtypes, out_dtypes, compute, p, extents, stride
                 res[o][j] = _stored(T, got[o], out_dtypes[o])
         for v in T.unroll(per):
             r = rb * rows_cta + v * trows + tx // tcols
-            offs = row_offsets(r) if inner == 1 else offsets(at, v)
+            offs = offsets(at, v) if inner > 1 else row_offsets(r)
             ok = T.cast(c, idt) < ncols and r < nrows if guard else True
             if ok:
                 for o in outs_i:
