@@ -170,6 +170,36 @@ def test_rel_l2_holds_non_finite_references_to_the_same_value() -> None:
     assert rel_l2(torch.tensor([65504.0, -inf, 1.0], dtype=torch.float16), big) == math.inf
 
 
+@settings(max_examples=40, deadline=None)
+@given(size=st.integers(1, 40), cut=st.integers(1, 9), odd=st.sampled_from(
+    ["none", "nan-same", "inf-same", "nan-missing", "inf-wrong"]), seed=st.integers(0, 2**16))
+def test_rel_l2_in_slices_is_the_whole_tensor_s(size: int, cut: int, odd: str,
+                                                seed: int) -> None:
+    """Slices of any size (the widening a slice at a time) give the whole tensors' answer, on
+    permuted (non-contiguous) operands and with non-finite elements in any slice."""
+    import tileops.ops.workloads as W
+
+    g = torch.Generator().manual_seed(seed)
+    ref = torch.randn(3, size, generator=g, dtype=torch.float64).T  # [size, 3], permuted
+    out = (ref + 1e-3 * torch.randn(ref.shape, generator=g, dtype=torch.float64)).float()
+    at = int(torch.randint(0, ref.numel(), (), generator=g))
+    i, j = divmod(at, 3)
+    if odd != "none":
+        ref[i, j] = float("nan") if odd.startswith("nan") else float("inf")
+        out[i, j] = {"nan-same": float("nan"), "inf-same": float("inf"),
+                     "nan-missing": 1.0, "inf-wrong": float("-inf")}[odd]
+    whole, saved = rel_l2(out, ref), W._REL_L2_SLICE
+    try:
+        W._REL_L2_SLICE = cut
+        sliced = rel_l2(out, ref)
+    finally:
+        W._REL_L2_SLICE = saved
+    if odd in ("nan-missing", "inf-wrong"):
+        assert whole == sliced == math.inf
+    else:
+        assert sliced == pytest.approx(whole, rel=1e-12, abs=1e-300)
+
+
 @settings(max_examples=50, deadline=None)
 @given(scale=st.floats(min_value=1e-3, max_value=1e3), seed=st.integers(0, 2**16))
 def test_rel_l2_is_scale_invariant(scale: float, seed: int) -> None:
