@@ -4,6 +4,7 @@ the input space, the warp-specialized grouped GEMM's tile schedule evaluated on 
 program's formulas) over routings, and one program for each code path lowering and compiling
 for sm_90 (why it exists is on its line) with what its source must show."""
 
+import re
 import shutil
 
 import pytest
@@ -314,14 +315,43 @@ def test_warp_specialized_grouped_gemm_compiles_for_sm90a(e, n, k, dtype, trans_
         assert "Meta[ex[(int64_t)0]]" in src and "while (1)" not in src  # the block's count
 
 
+def test_gating_takes_a_warp_a_token_from_32_experts_where_groups_are_whole_lanes():
+    assert [K.gating_lanes(e, 1) for e in (2, 8, 31, 32, 60, 128, 256)] == [1] * 3 + [32] * 4
+    # DeepSeek-V3's 256 in 8 groups (8 slots a lane, 4 lanes a group), DeepSeek-V2's 160 in 8
+    # (5 slots, 4 lanes), 96 in 4 groups (3 slots, 8 lanes) or 8 (4 lanes), 192 in 8 (6 slots,
+    # 4 lanes); groups off whole lanes take a thread a token: 64 in 64 groups of one (2 slots
+    # a lane), 96 in 3 groups of 32 (3 slots a lane)
+    assert K.gating_lanes(256, 8) == K.gating_lanes(160, 8) == 32
+    assert K.gating_lanes(64, 64) == 1 and K.gating_lanes(96, 3) == 1
+    assert K.gating_lanes(96, 4) == K.gating_lanes(96, 8) == K.gating_lanes(192, 8) == 32
+    with pytest.raises(ValueError, match=r"build_gating: 64 experts in 64 groups take a thread "
+                                         r"a token \(lanes 1\), not 32"):
+        K.build_gating(64, 4, "float32", "sigmoid", True, 64, 8, 1.0, False, "sm_90", 32)
+
+
 @needs_nvcc
 def test_gating_compiles_for_sm90():
-    # DeepSeek-V3's routing: sigmoid scores, a correction bias, 8 groups of 32, top-4 groups
+    # DeepSeek-V3's routing: sigmoid scores, a correction bias, 8 groups of 32, top-4 groups;
+    # a thread a token holds the row in local memory
     src = K.build_gating(256, 8, "float32", "sigmoid", True, 8, 4, 2.5, True,
-                         "sm_90").get_kernel_source()
-    assert "__launch_bounds__(128, 1)" in src
+                         "sm_90", 1).get_kernel_source()
+    assert "__launch_bounds__(128, 1)" in src and "__shfl" not in src
     assert "float choice[256]" in src and "int kept[8]" in src
     assert "Bias[" in src and "expf(" in src
+    # the default, a warp a token: 8 slots a lane, the groups' two best merged over 4 lanes
+    # (two shuffles each), the groups ranked from their first lanes, top-8 by 5-step
+    # butterflies; sigmoid scores need no row max
+    src = K.build_gating(256, 8, "float32", "sigmoid", True, 8, 4, 2.5, True,
+                         "sm_90").get_kernel_source()
+    assert "float choice[8]" in src and "float choice[256]" not in src
+    assert "(h * 4), 32)" in src and re.search(r"for \(int (k\w*) = 0; \1 < 2; ", src)
+    assert "acc[2], (1 << k" in src
+    assert "__shfl_xor_sync" in src and "max(acc[0]" not in src
+    # softmax over 60 (lanes 30 and 31 hold none): the row's max and sum over the warp
+    src = K.build_gating(60, 4, "bfloat16", "softmax", True, 1, 1, 1.0, False,
+                         "sm_90").get_kernel_source()
+    assert "float score[2]" in src and "max(acc[0], __shfl_xor_sync" in src
+    assert "(acc[1] + __shfl_xor_sync" in src
 
 
 @needs_nvcc

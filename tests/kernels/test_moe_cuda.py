@@ -31,6 +31,9 @@ from tileops.kernels import grouped_gemm as G  # noqa: E402
 from tileops.kernels import moe as K  # noqa: E402
 from tileops.kernels import moe_group as MG  # noqa: E402
 
+sys.path.append(str(Path(__file__).parent))  # the shared routings, beside this file
+from _moe_routings import ROUTINGS, routing_inputs  # noqa: E402
+
 pytestmark = pytest.mark.cuda
 if __name__ not in ("__main__", "__mp_main__") and not torch.cuda.is_available():
     pytest.skip("needs a CUDA GPU", allow_module_level=True)
@@ -288,6 +291,31 @@ def test_gating(case, dtype):
         same = (ids.cpu() == ids_ref.cpu()).all(1)
         assert same.float().mean() > 0.999
     assert _rel(w[same] if bias else w, w_ref[same] if bias else w_ref) < 1e-5
+
+
+@pytest.mark.parametrize(("case", "lanes"), [
+    pytest.param(c, lanes, id=f"{c[0]}-lanes{lanes}") for c in ROUTINGS
+    for lanes in sorted({1, K.gating_lanes(c[1], c[5])})])
+def test_both_routing_programs_give_the_reference_s_picks(case, lanes):
+    """A thread a token and a warp a token (where the experts take it) over the routings the
+    host run holds the first to (ties, NaNs, groups, lanes left empty): the reference's picks
+    exactly, the weights within float32 rounding."""
+    from tileops.ops._moe_layout import gating_reference
+
+    _, e, top_k, scoring, renormalize, groups, kept, scale, bias, _ = case
+    m = 1031  # 258 CTAs of four warps, the last partly idle
+    x, b = routing_inputs(torch, case, m)
+    w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
+                                      renormalize=renormalize, num_groups=groups,
+                                      topk_groups=kept, scale=scale)
+    prog = K.build_gating(e, top_k, "float32", scoring, renormalize, groups, kept, scale, bias,
+                          None, lanes)
+    w = torch.full((m, top_k), float("nan"), device="cuda")
+    ids = torch.full((m, top_k), -9, device="cuda", dtype=torch.int32)
+    prog(x.cuda(), (b if bias else torch.zeros(e)).cuda(), w, ids)
+    torch.cuda.synchronize()
+    assert torch.equal(ids.cpu().long(), ids_ref.long())
+    assert torch.allclose(w.cpu(), w_ref.float(), rtol=1e-5, atol=1e-6, equal_nan=True)
 
 
 # --- permutations -------------------------------------------------------------------------------
@@ -584,6 +612,10 @@ def program_keys():
     for e, top_k, opts in ROUTES:
         for dt in ("bfloat16", "float32"):
             gating(e, top_k, dt, **opts)
+    for _, e, top_k, scoring, renorm, groups, kept, scale, bias, _ in ROUTINGS:
+        for lanes in {1, K.gating_lanes(e, groups)}:  # test_both_routing_programs_...
+            keys.append(("gating", (e, top_k, "float32", scoring, renorm, groups, kept, scale,
+                                    bias, None, lanes)))
     for m, h, k, e, layout, dt in PERMUTES:
         rows_of(h, k, name[dt])
         group(m, k, e, layout)

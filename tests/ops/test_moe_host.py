@@ -3,7 +3,6 @@
 package, so these tests are the ops package's): the grouping kernel against the torch
 grouping, the routing program against the routing's reference."""
 
-import math
 import shutil
 
 import pytest
@@ -82,59 +81,39 @@ def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, m
     assert np.array_equal(src, want.src.numpy())
 
 
-#: (experts, top_k, scoring, renormalize, groups, kept groups, scale, bias, logits): routings
-GATINGS = [
-    # Mixtral's, over small integers: ties, the lowest id first
-    pytest.param(8, 2, "softmax", True, 1, 1, 1.0, False, "ties", id="mixtral-ties"),
-    # DeepSeek-V3's: groups and a correction bias
-    pytest.param(256, 8, "sigmoid", True, 8, 4, 2.5, True, "normal", id="deepseek"),
-    # groups without a bias: the groups ranked by their scores' sums, not the logits'
-    pytest.param(8, 2, "sigmoid", True, 2, 1, 1.0, False, "groups", id="groups-no-bias"),
-    pytest.param(64, 6, "softmax", False, 1, 1, 1.0, False, "ties", id="no-renorm-ties"),
-    # NaN logits: the sort puts a NaN first (before every number, NaNs by id), in the picks,
-    # a group's two best and the groups
-    pytest.param(16, 4, "sigmoid", True, 1, 1, 1.0, False, "nan", id="nan-logits"),
-    pytest.param(32, 6, "sigmoid", True, 8, 3, 1.0, True, "nan", id="nan-groups"),
-    # a list of picks longer than the registers hold (it loops), over ties
-    pytest.param(40, 20, "softmax", True, 1, 1, 1.0, False, "ties", id="long-list"),
-    # groups of one expert: a group's score is its one choice
-    pytest.param(8, 3, "sigmoid", True, 8, 4, 1.0, True, "normal", id="groups-of-one"),
-]
+def _routings():
+    """tests/kernels/_moe_routings.py's cases, as parameters."""
+    import sys
+    from pathlib import Path
+
+    sys.path.append(str(Path(__file__).parents[1] / "kernels"))
+    from _moe_routings import ROUTINGS
+
+    return [pytest.param(c, id=c[0]) for c in ROUTINGS]
 
 
 @needs_nvcc
-@pytest.mark.parametrize(("e", "top_k", "scoring", "renormalize", "groups", "kept", "scale",
-                          "bias", "logits"), GATINGS)
-def test_the_routing_is_the_reference_s_on_the_host(e, top_k, scoring, renormalize, groups,
-                                                    kept, scale, bias, logits):
-    """The routing program, every thread (a token each) run on the host: the picks are the
-    reference's exactly (ties to the lowest id, groups by their scores' sums), the weights
+@pytest.mark.parametrize("case", _routings())
+def test_the_routing_is_the_reference_s_on_the_host(case):
+    """The routing program of a thread a token (the warp program's shuffles cannot run on the
+    host: the GPU tests hold it to the same cases), every thread run on the host: the picks are
+    the reference's exactly (ties to the lowest id, groups by their scores' sums), the weights
     within float32 rounding."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
+    from _moe_routings import routing_inputs
+
     from tileops.ops._moe_layout import gating_reference
 
     run = _host_run()
+    _, e, top_k, scoring, renormalize, groups, kept, scale, bias, _ = case
     m = 131  # two CTAs, the second partly idle
-    g = torch.Generator().manual_seed(e + top_k)
-    if logits == "ties":
-        x = torch.randint(-3, 3, (m, e), generator=g).float()
-    elif logits == "groups":  # group 0's best logits (10, 0) outsum group 1's (4, 4); their
-        # sigmoid scores do not (1.5 against 1.96)
-        x = torch.tensor([[10.0, 0.0, -5.0, -5.0, 4.0, 4.0, -5.0, -5.0]]).repeat(m, 1)
-        x[1:] += torch.randn(m - 1, e, generator=g) * 0.01
-    else:
-        x = torch.randn(m, e, generator=g)
-    if logits == "nan":  # rows with one NaN, two, or none, at drawn places
-        for row in range(m):
-            for col in torch.randperm(e, generator=g)[:row % 3].tolist():
-                x[row, col] = math.nan
-    b = torch.randn(e, generator=g) * 0.1 if bias else None
+    x, b = routing_inputs(torch, case, m)
     w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
                                       renormalize=renormalize, num_groups=groups,
                                       topk_groups=kept, scale=scale)
     src = K.build_gating(e, top_k, "float32", scoring, renormalize, groups, kept, scale, bias,
-                         "sm_90").get_kernel_source()
+                         "sm_90", 1).get_kernel_source()
     W = run.shared_array(np, m * top_k, np.float32, np.nan)
     Ids = run.shared_array(np, m * top_k, np.int32, -9)
     bias_arr = (b if bias else torch.zeros(e)).numpy().astype(np.float32)
