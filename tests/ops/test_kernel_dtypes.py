@@ -2,10 +2,12 @@
 (float64, for gradient checks; float32 for the GEMM) is refused by name when the in-tree
 target serves the op, pointing at the target that serves it, and nothing is kept."""
 
+import pickle
+
 import pytest
 import torch
 
-from tileops.ops import GemmBwdOp, GemmFwdOp, LayerNormBwdOp, RMSNormFwdOp
+from tileops.ops import GemmBwdOp, GemmFwdOp, LayerNormBwdOp, RMSNormFwdOp, UnservedDtypeError
 
 NORM = ("the in-tree row-norm kernels serve bfloat16, float16, float32, not float64; "
         "construct the op with target='reference' for float64")
@@ -26,9 +28,16 @@ NORM = ("the in-tree row-norm kernels serve bfloat16, float16, float32, not floa
 ])
 def test_a_dtype_no_in_tree_kernel_serves_is_refused_by_name(make, args, message):
     op = make()
-    with pytest.raises(TypeError) as err:
+    with pytest.raises(UnservedDtypeError) as err:
         op(*args())
     assert str(err.value) == message
+    # what a caller (a test harness, a fallback) reads without parsing the message, and a
+    # copy through pickle (a process pool's report) the same
+    e = err.value
+    assert isinstance(e, TypeError) and message.startswith(f"{e.op}: the in-tree {e.kernels} ")
+    assert f"serve {', '.join(e.served)}, not {e.dtype};" in message
+    again = pickle.loads(pickle.dumps(e))
+    assert (type(again), str(again), again.served) == (UnservedDtypeError, message, e.served)
     assert op.last_call is None and op.serving_target is None  # the binding was undone
 
 

@@ -383,6 +383,42 @@ def test_the_composite_runs_its_stages_and_matches_the_layer(m, config, lay) -> 
                                rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.parametrize("lay", [None, {"masked": {"max_m": 3}}])
+def test_the_float64_references_widen_the_expert_banks_an_expert_at_a_time(lay) -> None:
+    """The ops whose weights are expert banks hand them to the reference as they are
+    (``reference_widens``: DeepSeek-V3's in float64 at once would not fit a GPU beside the
+    call); the reference widens an expert at a time, to exactly what whole float64 copies
+    give."""
+    from tileops.runtime.declared import Equivalents
+
+    g = torch.Generator().manual_seed(11)
+    e, m, h, inter = 4, 6, 16, 8
+    bf = torch.bfloat16
+    x, logits = torch.randn(m, h, generator=g).to(bf), torch.randn(m, e, generator=g).to(bf)
+    w13 = (torch.randn(e, 2 * inter, h, generator=g) / 4).to(bf)
+    w2 = (torch.randn(e, h, inter, generator=g) / 4).to(bf)
+    rows = e * 3 if lay else m
+    a = torch.randn(*((e, 3, h) if lay else (rows, h)), generator=g).to(bf)
+    meta = torch.tensor([3, 1, 0, 2] if lay else [0, 2, 2, 5, 6], dtype=torch.int32)
+    dc = torch.randn(*((e, 3, 2 * inter) if lay else (rows, 2 * inter)), generator=g).to(bf)
+    layout = {"layout": lay} if lay else {}
+    for op, inputs in [
+            (FusedMoeFwdOp(num_experts=e, top_k=2, **layout), (x, logits, w13, w2, None)),
+            (GroupedGemmFwdOp(trans_b=True, **layout), (a, w13, meta)),
+            (GroupedGemmBwdOp(trans_b=True, **layout), (a, w13, meta, dc))]:
+        assert type(op).reference_widens and \
+            type(op).reference_widens <= set(op._signature.input_names)
+        got = op.fp64_reference(*inputs)
+        saved = type(op).reference_widens
+        try:  # every floating input widened whole, as the base does for other ops
+            type(op).reference_widens = Equivalents.reference_widens
+            whole = op.fp64_reference(*inputs)
+        finally:
+            type(op).reference_widens = saved
+        for u, v in zip(got, whole, strict=True):
+            assert u.dtype == torch.float64 and torch.equal(u, v)
+
+
 def test_the_layer_against_torch_ops_in_float32() -> None:
     """The torch pipeline (the eager contender: torch._grouped_mm between the routing and
     index_add_) and the op agree."""

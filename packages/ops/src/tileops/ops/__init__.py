@@ -40,6 +40,9 @@ try:
             globals()[_name] = getattr(_module, _name)
             __all__.append(_name)
     del _family, _module, _name
+    from ._dtypes import UnservedDtypeError as UnservedDtypeError
+
+    __all__.append("UnservedDtypeError")
 finally:
     if _collecting:
         gc.enable()

@@ -228,16 +228,22 @@ def grouped_gemm_reference(a: torch.Tensor, b: torch.Tensor, metadata: torch.Ten
     by every expert: no loop bound reads the metadata, so fake tensors and CUDA graphs take
     it)."""
     wide = wide_dtype(a)
-    aw, bw = a.to(wide), b.to(wide)
-    bw = bw.transpose(-2, -1) if trans_b else bw  # [E, K, N]
+    aw = a.to(wide)
+
+    def weights(e: int) -> torch.Tensor:  # expert e's [K, N], widened alone
+        w = b[e].to(wide)
+        return w.T if trans_b else w
+
+    experts, n = b.shape[0], b.shape[-2] if trans_b else b.shape[-1]
     if layout.masked:
         valid = torch.arange(a.shape[1], device=a.device) < metadata.clamp(0, layout.max_m)[:, None]
-        return torch.where(valid[..., None], torch.bmm(aw, bw), torch.zeros((), dtype=wide))
-    experts = b.shape[0]
+        c = torch.stack([aw[e] @ weights(e) for e in range(experts)]) if experts else \
+            aw.new_zeros((0, a.shape[1], n))
+        return torch.where(valid[..., None], c, torch.zeros((), dtype=wide))
     owner = expert_of_row(metadata, layout, a.shape[0], experts)
-    c = torch.zeros((a.shape[0], bw.shape[2]), dtype=wide, device=a.device)
+    c = torch.zeros((a.shape[0], n), dtype=wide, device=a.device)
     for e in range(experts):
-        c = torch.where((owner == e)[:, None], aw @ bw[e], c)
+        c = torch.where((owner == e)[:, None], aw @ weights(e), c)
     return c
 
 
@@ -298,14 +304,14 @@ def fused_reference(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
     inter = two_i // 2
     flat = ids.reshape(-1).to(torch.int64)
     wflat = weights.reshape(-1).to(wide)
-    xw, w13w, w2w = x.to(wide), w13.to(wide), w2.to(wide)
+    xw = x.to(wide)
     out = torch.zeros(x.shape, dtype=wide, device=x.device)
-    for e in range(experts):
+    for e in range(experts):  # each expert's weights widened alone
         routed = flat == e
         if layout.masked:  # the slot's rank among the expert's slots, in token order
             routed = routed & (torch.cumsum(routed, 0) <= layout.max_m)
         gate = torch.where(routed, wflat, torch.zeros((), dtype=wide)).view(m, k).sum(1)
-        h = xw @ w13w[e].T
+        h = xw @ w13[e].to(wide).T
         act = F.silu(h[:, :inter]) * h[:, inter:]
-        out = out + (act @ w2w[e].T) * gate[:, None]
+        out = out + (act @ w2[e].to(wide).T) * gate[:, None]
     return out

@@ -287,6 +287,7 @@ class MoeUnpermuteFwdOp(MoeOp):
 
 class GroupedGemmFwdOp(MoeOp):
     kernel_types = {GroupedGemmInterface: (GroupedGemmKernel,)}
+    reference_widens = frozenset({"b"})  # an expert's weights at a time
 
     def derive(self) -> None:
         super().derive()
@@ -432,6 +433,7 @@ class GroupedGemmBwdOp(MoeOp):
     CUDA), else torch.mm a segment with the bounds read back (no CUDA graph captures that)."""
 
     kernel_types = {GroupedGemmInterface: (GroupedGemmKernel,)}
+    reference_widens = frozenset({"b"})  # an expert's weights at a time
 
     def derive(self) -> None:
         super().derive()
@@ -486,6 +488,7 @@ class FusedMoeFwdOp(MoeOp):
     delegate_types = {"route": MoeTopkGatingFwdOp, "permute": MoePermuteAlignFwdOp,
                       "gate_up": GroupedGemmFwdOp, "act": SiluAndMulFwdOp,
                       "down": GroupedGemmFwdOp, "unpermute": MoeUnpermuteFwdOp}
+    reference_widens = frozenset({"w13", "w2"})  # an expert's weights at a time
 
     def _route(self) -> dict[str, Any]:
         return dict(top_k=self.top_k, scoring=self.scoring, renormalize=self.renormalize,

@@ -176,6 +176,11 @@ class Equivalents:
     #: not cover the op's configuration
     peers: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
+    #: inputs :meth:`fp64_reference` hands :meth:`reference` in their own dtype, which the
+    #: reference widens a slice at a time (DeepSeek-V3's expert bank, 15 GB in bfloat16, is
+    #: 60 GB in float64 at once)
+    reference_widens: ClassVar[frozenset[str]] = frozenset()
+
     def reference(self, call: SignatureCall, *inputs: Any) -> tuple:
         """The op's outputs (entry order) computed in plain PyTorch: in float32 for narrower
         inputs, in the inputs' dtype when they are float64. ``call`` is the record of the call
@@ -188,7 +193,7 @@ class Equivalents:
         """The op's outputs in float64 for these inputs (absent optional ones as None), those
         a call returns (:attr:`returned_outputs`), as a tuple: the call is checked as the op
         would check it, then :meth:`reference` runs on float64 copies of the floating-point
-        inputs."""
+        inputs (those in :attr:`reference_widens` as they are: the reference widens them)."""
         n = self._n_inputs
         if len(inputs) > n:
             raise self._arity_error(inputs)
@@ -198,7 +203,9 @@ class Equivalents:
         if len(given) < self._n_required:
             raise self._arity_error(tuple(given))
         call = self._point.check(*given)
-        wide = [t.double() if t is not None and t.is_floating_point() else t for t in inputs]
+        keep = self.reference_widens
+        wide = [t.double() if t is not None and t.is_floating_point() and name not in keep
+                else t for t, name in zip(inputs, self._signature.input_names, strict=False)]
         wide += [None] * (n - len(wide))
         outs = self.reference(call, *wide)
         outs = tuple(o.double() if o is not None and o.is_floating_point() else o
