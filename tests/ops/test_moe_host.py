@@ -125,6 +125,42 @@ def test_the_routing_is_the_reference_s_on_the_host(case):
 
 
 @needs_nvcc
+def test_the_warp_routing_s_keys_order_the_picks_as_the_sort_on_the_host():
+    """The warp program's pick keys (one unsigned 64-bit max a step), computed by a TileLang
+    program run on the host over values with every edge (NaNs of both signs, infinities,
+    zeros of both signs, subnormals, ties) and ids: sorted descending they give the order of
+    torch's stable descending sort, as :func:`_before` states it; no key is 0 (no candidate)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.kernels._tilelang import compile_program, tl
+
+    _, T = tl()
+    n = 512
+
+    @T.prim_func
+    def main(V: T.Tensor((n,), "float32"), Out: T.Tensor((n,), "uint64")):
+        with T.Kernel(n // 128, threads=128) as bx:
+            i = bx * 128 + T.get_thread_binding(0)
+            Out[i] = K._pick_key(T, V[i], i)
+
+    src = compile_program(main, "sm_90").get_kernel_source()
+    rng = np.random.default_rng(5)
+    edges = np.array([np.nan, -np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-40, -1e-40, 1.0, -1.0,
+                      3.4e38, -3.4e38, 1.5, 1.5, -2.0, -2.0], dtype=np.float32)
+    nan_bits = np.array([0x7FC00001, 0xFFC00000, 0x7F800001], dtype=np.uint32).view(np.float32)
+    v = np.concatenate([edges, nan_bits, rng.choice(edges, 100),
+                        rng.integers(-3, 3, n - 119).astype(np.float32)])
+    run = _host_run()
+    out = run.shared_array(np, n, np.uint64, 0)
+    assert run.run_kernel(src, {"V": np.ascontiguousarray(v), "Out": out}, (n // 128, 1),
+                          128) is None
+    assert (out != 0).all() and len(set(out.tolist())) == n  # the ids make every key unique
+    by_key = sorted(range(n), key=lambda i: -int(out[i]))
+    want = torch.sort(torch.from_numpy(v), descending=True, stable=True).indices.tolist()
+    assert by_key == want
+
+
+@needs_nvcc
 @pytest.mark.parametrize(("h", "dtype"), [(64, "float16"), (37, "bfloat16")])
 @pytest.mark.parametrize("layout", ["tight", "aligned", "masked"])
 def test_the_permutation_program_moves_the_rows_on_the_host(h, dtype, layout):

@@ -146,6 +146,23 @@ def _before(T, a, ia, b, ib):
     return T.Or(_above(T, a, b), T.And(same, ia < ib))
 
 
+def _pick_key(T, v, i):
+    """Choice ``v`` of expert ``i`` as one unsigned 64-bit key whose larger values go first in
+    the picks, :func:`_before`'s order: the float32's bits made monotone (the sign bit set on
+    a number at least 0, every bit flipped on a negative one; -0 as +0, every NaN as the
+    largest key) above ``2^32 - 1 - i`` (equal values by the lower id). 0 is no candidate:
+    -inf's key is ``0x007fffff`` above the id's half."""
+    u32, u64 = "uint32", "uint64"
+    bits = T.reinterpret(v, u32)
+    mono = T.if_then_else(T.shift_right(bits, T.uint32(31)) == T.uint32(1),
+                          T.bitwise_xor(bits, T.uint32(0xFFFFFFFF)),
+                          T.bitwise_or(bits, T.uint32(0x80000000)))
+    mono = T.if_then_else(isnan(T, v), T.uint32(0xFFFFFFFF),
+                          T.if_then_else(v == 0.0, T.uint32(0x80000000), mono))
+    return T.bitwise_or(T.shift_left(T.cast(mono, u64), T.uint64(32)),
+                        T.cast(T.uint32(0xFFFFFFFF) - T.cast(i, u32), u64))
+
+
 def gating_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
                    num_groups: int, topk_groups: int, scale: float, bias: bool):
     """The routing prim_func (see the module docstring); ``M`` dynamic."""
@@ -306,10 +323,6 @@ def gating_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormaliz
     slots = T.unroll if n_s <= 16 else T.serial
     klist = T.unroll if top_k <= 16 else T.serial
 
-    def better(T, a, ia, b, ib):
-        """Candidate ``(a, ia)`` over ``(b, ib)``: ``ib < 0`` is none."""
-        return T.And(ia >= 0, T.Or(ib < 0, _before(T, a, ia, b, ib)))
-
     @T.prim_func
     def main(
         X: T.Tensor((M, e), dtype),
@@ -323,12 +336,13 @@ def gating_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormaliz
             t = bx * tokens + tx // 32
             score = T.alloc_local((n_s,), f32)  # the lane's experts' scores
             choice = T.alloc_local((n_s,), f32)  # what the picks compare
-            free = T.alloc_local((n_s,), i32)  # eligible and not picked yet
+            key = T.alloc_local((n_s,), "uint64")  # _pick_key, 0 once picked or ineligible
             pw = T.alloc_local((top_k,), f32)  # the picks' scores and ids, best first
             pid = T.alloc_local((top_k,), i32)
             acc = T.alloc_local((4,), f32)  # max, sum / the group's two best, its sum
-            cand = T.alloc_local((4,), f32)  # the lane's candidate (choice, score) and a peer's
-            cid = T.alloc_local((2,), i32)
+            cand = T.alloc_local((4,), f32)  # a group's two best from a peer lane, a score
+            best = T.alloc_local((1,), "uint64")  # the pick's key, the lane's then the warp's
+            cid = T.alloc_local((1,), i32)
             rank = T.alloc_local((1,), i32)
             if t < M:  # the warp's token: every lane takes the branch alike
                 acc[0] = -T.infinity(f32)
@@ -366,7 +380,9 @@ def gating_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormaliz
                     for s in slots(n_s):
                         choice[s] = score[s] + Bias[T.min(lane * n_s + s, e - 1)]
                 for s in slots(n_s):
-                    free[s] = T.if_then_else(lane * n_s + s < e, 1, 0) if padded else 1
+                    key[s] = _pick_key(T, choice[s], lane * n_s + s)
+                    if padded:
+                        key[s] = T.if_then_else(lane * n_s + s < e, key[s], T.uint64(0))
                 if grouped:
                     # the lane's two best (a NaN above every number), merged across the
                     # group's lanes: the group's sum of its two best (its one, in groups of one)
@@ -399,30 +415,23 @@ def gating_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormaliz
                             rank[0] = rank[0] + 1
                     if rank[0] >= topk_groups or lane // glanes >= num_groups:
                         for s in slots(n_s):
-                            free[s] = 0
+                            key[s] = T.uint64(0)
                 for j in klist(top_k):
-                    cid[0] = -1
-                    cand[0] = 0.0
+                    # the largest key: the lane's, then the warp's by a butterfly (every lane
+                    # ends with it); the owner's score read from its lane, which retires it
+                    best[0] = key[0]
+                    for s in slots(1, n_s):
+                        best[0] = T.max(best[0], key[s])
+                    for k in T.unroll(5):
+                        best[0] = T.max(best[0], T.shfl_xor(best[0], 16 >> k))
+                    cid[0] = T.cast(T.uint32(0xFFFFFFFF) - T.cast(best[0], "uint32"), i32)
                     cand[1] = 0.0
                     for s in slots(n_s):
-                        if free[s] == 1 and better(T, choice[s], lane * n_s + s, cand[0],
-                                                   cid[0]):
-                            cand[0] = choice[s]
-                            cand[1] = score[s]
-                            cid[0] = lane * n_s + s
-                    for k in T.unroll(5):
-                        cand[2] = T.shfl_xor(cand[0], 16 >> k)
-                        cand[3] = T.shfl_xor(cand[1], 16 >> k)
-                        cid[1] = T.shfl_xor(cid[0], 16 >> k)
-                        if better(T, cand[2], cid[1], cand[0], cid[0]):
-                            cand[0] = cand[2]
-                            cand[1] = cand[3]
-                            cid[0] = cid[1]
-                    pw[j] = cand[1]
-                    pid[j] = cid[0]
-                    for s in slots(n_s):
                         if lane * n_s + s == cid[0]:
-                            free[s] = 0
+                            cand[1] = score[s]
+                            key[s] = T.uint64(0)
+                    pw[j] = T.shfl_sync(cand[1], cid[0] // n_s)
+                    pid[j] = T.if_then_else(best[0] == T.uint64(0), -1, cid[0])
                 acc[3] = 0.0
                 for j in klist(top_k):
                     acc[3] = acc[3] + pw[j]
