@@ -12,9 +12,11 @@ Two layouts (the ``MGroupedLayout`` ADT of the ops' types.yaml):
 
 Both programs run the dense GEMM's tile (shared tiles, ``T.gemm`` lowering to wgmma on sm_90,
 fp32 accumulation) over the slots of a tile schedule that reads the metadata on the device:
-one row slot a tile of each expert's rows, ``ceil(M / block_m) + E + 1`` for contiguous (each
-expert's segment rounds up to one partial tile at most, and one more slot covers the zero rows
-after the last segment; a slot past the tiles of every expert and of the tail does nothing),
+one row slot a tile of each expert's rows, ``ceil(M / block_m) + min(E, M)`` for contiguous
+(each segment, and the zero rows after the last one, rounds up to one partial tile at most,
+and at most ``min(E, M)`` segments hold a row: DeepSeek-V3's 8 routed rows of one token take
+9 row slots, not 258, each CTA of which walks the ``E`` offsets; a slot past the tiles of
+every expert and of the tail does nothing),
 ``E * ceil(max_m / block_m)`` for masked. A contiguous slot finds its expert from the ``E +
 1`` offsets (a prefix of tile counts), so a call never synchronises with the host and a CUDA
 graph replays it whatever the routing. Tiles overhang their expert's rows: the loads read the
@@ -74,6 +76,7 @@ __all__ = [
     "build_grouped_gemm",
     "choose_config",
     "contiguous_schedule",
+    "contiguous_slots",
     "grouped_gemm_program",
     "grouped_gemm_ws_program",
     "masked_schedule",
@@ -210,7 +213,8 @@ class _Operands(NamedTuple):
     """What both programs derive from the operands' geometry: ``b`` and its tile, the K steps
     and column tiles, the layout (``per`` row tiles a masked block, 0 contiguous), ``M`` (a
     launch-time size contiguous, ``max_m`` masked), the shapes of ``a``, ``c`` and the
-    metadata, and the row slots (``ceil(M / bm) + E + 1`` contiguous, ``E * per`` masked)."""
+    metadata, and the row slots (``ceil(M / bm) + min(E, M)`` contiguous, ``E * per``
+    masked)."""
 
     b_shape: tuple
     b_tile: tuple
@@ -236,7 +240,7 @@ def _operands(T, e: int, n: int, k: int, trans_b: bool, layout: GroupedLayoutKin
                          (e, max_m, k), (e, max_m, n), e, e * per)
     m = T.dynamic("M")  # a launch-time size: one program serves every row count
     return _Operands(b_shape, b_tile, _ceil(k, bk), _ceil(n, bn), False, 0, m, (m, k), (m, n),
-                     e + 1, T.ceildiv(m, bm) + e + 1)
+                     e + 1, T.max(T.ceildiv(m, bm) + T.min(m, e), 1))
 
 
 def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
@@ -397,6 +401,14 @@ class SchedTile(NamedTuple):
     whole: bool
 
 
+def contiguous_slots(m: int, e: int, bm: int) -> int:
+    """The contiguous program's row slots: ``ceil(m / bm) + min(e, m)`` (at least one: no grid
+    is empty). The segments that hold a row (at most ``min(e, m)``) and the zero rows after the
+    last one are ``P <= min(e, m) + 1`` pieces of the ``m`` rows, whose tiles number at most
+    ``ceil(m / bm) + P - 1``; a row of each piece reaches it."""
+    return max(1, _ceil(m, bm) + min(e, m))
+
+
 def contiguous_schedule(offsets: list[int], m: int, n: int, bm: int, bn: int,
                         sms: int) -> list[SchedTile]:
     """The contiguous program's slots evaluated on ints, CTA by CTA, each CTA's cursor moving
@@ -405,7 +417,7 @@ def contiguous_schedule(offsets: list[int], m: int, n: int, bm: int, bn: int,
     1`` metadata values (the first is not read: the segments start at 0)."""
     e = len(offsets) - 1
     n_tiles = _ceil(n, bn)
-    rows = _ceil(m, bm) + e + 1
+    rows = contiguous_slots(m, e, bm)
 
     def walk(cur, target):  # (g, lo, hi, cnt, before) moved on to the expert of row `target`
         g, lo, hi, cnt, before = cur
@@ -462,7 +474,7 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     """The warp-specialized TileLang prim_func (not compiled), same operands as
     :func:`grouped_gemm_program`: ``sms`` CTAs, CTA ``w`` walking the slots ``w, w + sms, ...``
     of ``(row slot, column tile)`` in :func:`panel_slot`'s order (the row slots of the pipelined
-    grid: ``ceil(M / bm) + E + 1`` contiguous, ``E * ceil(max_m / bm)`` masked).
+    grid: ``ceil(M / bm) + min(E, M)`` contiguous, ``E * ceil(max_m / bm)`` masked).
 
     Roles (``T.WSSchedule``, as the dense persistent program): warp 0 loads, the math
     warpgroups compute and store; both run ``coord`` (the cursor over the offsets, in each
