@@ -28,6 +28,8 @@ ROUTINGS = [
     # experts that do not fill the warp's lanes (60: two a lane, the last two lanes none)
     ("sixty-ties", 60, 4, "softmax", True, 1, 1, 1.0, False, "ties"),
     ("sixty-bias", 60, 4, "softmax", True, 1, 1, 1.0, True, "normal"),
+    # slots and picks past what registers hold (19 a lane, 40 picks: both loop)
+    ("wide-600", 600, 40, "softmax", True, 1, 1, 1.0, False, "ties"),
     # groups of one expert: a group's score is its one choice
     ("groups-of-one", 8, 3, "sigmoid", True, 8, 4, 1.0, True, "normal"),
     ("groups-of-one-32", 32, 3, "sigmoid", True, 32, 4, 1.0, True, "normal"),
