@@ -14,7 +14,9 @@
 # each cell checked against float64 (grouped_gemm_sweep.json); it decides whether the
 # warp-specialized program becomes the default anywhere. Stage ep runs
 # examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL, bfloat16: ExpertParallelMoE
-# against the one-device layer, forward and backward) where the machine has two. Logs and
+# against the one-device layer, forward and backward) where the machine has two. Stage stages
+# times the fused layer's stages one by one on its workloads (benchmarks/moe_stages.py: which
+# stage holds a call's time, against each stage's floor). Logs and
 # results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench ep),
 # BENCHES the bench stage's groups (default: grouped_gemm permute gating fused gradients; the
 # grouped GEMM's takes some 4 minutes, its torch contenders timed without CUDA graphs).
@@ -49,11 +51,13 @@ for stage in $STAGES; do case $stage in
       gradients) bench gradients MoeTopkGatingBwdOp MoePermuteAlignBwdOp -w 'mixtral-*' -w 'deepseek-*' -w no-renorm-m8192 ;;
       *) echo "unknown bench group $group" ;;
     esac; done ;;
+  stages)
+    TAIL=50 run stages.log python3 benchmarks/moe_stages.py --out "$OUT" ;;
   ep)
     if [ "$(nvidia-smi -L | wc -l)" -ge 2 ]; then
       run ep_example.log python3 -m torch.distributed.run --nproc-per-node 2 examples/expert_parallel_moe.py
     else
       echo "== ep: skipped, one GPU (the example needs two)"
     fi ;;
-  *) echo "unknown stage $stage (stages: prebuild tests sweep bench ep)" ;;
+  *) echo "unknown stage $stage (stages: prebuild tests sweep bench stages ep)" ;;
 esac; done
