@@ -125,7 +125,7 @@ def _host_pool(s, tensors, backward=False, plan=None):
     in those arrays (shared memory)."""
     src = P.build_pool_kernel(s, "sm_90", backward=backward, plan=plan).get_kernel_source()
     threads, per, *rest = plan or P.pool_plan(s)
-    n = P._inputs(s) if backward else P._outputs(s)
+    n = P._inputs(s) // P.gradient_run(s) if backward else P._outputs(s)
     grid = (max(1, -(-n // (threads * per))), 1)
     if rest and rest[0]:  # a plane a row of the grid
         positions = math.prod(s.size_out)
@@ -154,12 +154,14 @@ POOLS = [
 ]
 
 
-def _pool_case(kind, dims, kw, channels_last, torch):
-    """The PoolSpec of a torch call over a random float32 input, and torch's result."""
+def _pool_case(kind, dims, kw, channels_last, torch, size=None):
+    """The PoolSpec of a torch call over a random float32 input (of ``size``, else the
+    dims' own), and torch's result."""
     F = torch.nn.functional
-    size = {1: (11, 37), 2: (3, 5, 13, 17), 3: (2, 3, 7, 9, 11)}[dims]
-    if dims == 1:
-        size = (2,) + size  # N, C, L
+    if size is None:
+        size = {1: (11, 37), 2: (3, 5, 13, 17), 3: (2, 3, 7, 9, 11)}[dims]
+        if dims == 1:
+            size = (2,) + size  # N, C, L
     gen = torch.Generator().manual_seed(3)
     if "max" in kind:  # small integers: ties, where torch keeps the first maximum; a NaN
         x = torch.randint(-3, 4, size, generator=gen).float()
@@ -185,6 +187,51 @@ def _pool_case(kind, dims, kw, channels_last, torch):
         count_include_pad=kw.get("count_include_pad", True),
         divisor=kw.get("divisor_override") or 0, indices=idx is not None, dtype="float32")
     return s, x, y, idx
+
+
+#: (kind, dims, kwargs, size, run): gradients a thread a run of W's stride (W a multiple of
+#: it): the bar's 3 x 3 at a stride of 2, padded with ceil_mode (windows past W's end), the
+#: stem's with indices, 2 x 2 (a window a run), a stride of 3 over windows of 4 (a window past
+#: both ends), clipped windows' divisors, 3-D, and W odd (no run)
+RUNS = [
+    ("avg", 2, dict(kernel_size=3, stride=2), (3, 5, 13, 18), 2),
+    ("avg", 2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                    count_include_pad=False), (2, 3, 11, 16), 2),
+    ("max", 2, dict(kernel_size=3, stride=2, padding=1, return_indices=True), (2, 3, 12, 16),
+     2),
+    ("avg", 2, dict(kernel_size=2, stride=2, divisor_override=3), (2, 3, 8, 14), 2),
+    ("max", 2, dict(kernel_size=2, stride=2, return_indices=True), (2, 3, 8, 14), 2),
+    ("avg", 1, dict(kernel_size=4, stride=3, padding=2, ceil_mode=True), (2, 3, 36), 3),
+    ("max", 1, dict(kernel_size=4, stride=3, padding=2, return_indices=True), (2, 3, 36), 3),
+    ("avg", 3, dict(kernel_size=(2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1)),
+     (2, 3, 5, 7, 10), 2),
+    ("avg", 2, dict(kernel_size=3, stride=2), (3, 5, 13, 17), 1),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "dims", "kw", "size", "run"), RUNS)
+def test_gradient_runs_along_w_match_torch_on_the_host(kind, dims, kw, size, run):
+    """The gradient a thread a run of W's stride, run on the host: torch autograd's gradient
+    (max through the forward's indices, over small integers: ties and a NaN)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+
+    s, x, y, idx = _pool_case(kind, dims, kw, False, torch, size=size)
+    assert P.gradient_run(s) == run
+    xg = x.clone().requires_grad_()
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(4))
+    got = getattr(torch.nn.functional, f"{kind}_pool{dims}d")(xg, **kw)
+    (got[0] if isinstance(got, tuple) else got).backward(dy)
+    DX = shared_array(np, x.numel(), np.float32, np.nan)
+    grads = {"DY": np.ascontiguousarray(dy.numpy()).reshape(-1),
+             "X": np.ascontiguousarray(x.numpy()).reshape(-1), "DX": DX}
+    if idx is not None:
+        grads["IDX"] = np.ascontiguousarray(idx.numpy()).reshape(-1)
+    _host_pool(s, grads, backward=True)
+    assert np.allclose(DX, xg.grad.numpy().reshape(-1), rtol=2e-6, atol=1e-6, equal_nan=True), (
+        float(np.nanmax(np.abs(DX - xg.grad.numpy().reshape(-1)))))
 
 
 @needs_nvcc
