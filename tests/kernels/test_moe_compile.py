@@ -433,7 +433,11 @@ def test_gating_gradient_compiles_for_sm90(e, k, dtype, scoring, renormalize, sc
 ])
 def test_permutations_compile_for_sm90(h, dtype, vector):
     unperm = K.build_unpermute(h, 8, dtype, "sm_90").get_kernel_source()
-    assert "__launch_bounds__(128, 1)" in unperm
+    # a vector of the row a thread: 896 for 7168 in 16-byte vectors, 1024 (the most) for
+    # 4097 elements one at a time
+    assert f"__launch_bounds__({896 if vector else 1024}, 1)" in unperm
+    assert [K.unpermute_threads(n, "bfloat16") for n in (8, 1024, 4096, 7168, 8200)] == [
+        128, 128, 512, 896, 1024]
     assert ("uint4" in unperm) is vector
     assert "if (0 <= src)" in unperm  # a dropped pick contributes nothing
     if vector:  # the gather (its element-wise path is the unpermutation's) and the gates'

@@ -125,6 +125,42 @@ def test_the_routing_is_the_reference_s_on_the_host(case):
 
 
 @needs_nvcc
+@pytest.mark.parametrize(("h", "dtype"), [(37, "bfloat16"), (4097, "float16"),
+                                          (2049, "bfloat16")])
+def test_the_unpermutation_program_sums_the_picks_on_the_host(h, dtype):
+    """The unpermutation, every thread of its CTAs (a token each, :func:`unpermute_threads`)
+    run on the host: each token's picked rows weighted and summed in float32, a dropped pick
+    (row -1) adding nothing; the reference's result rounded once. Rows of odd lengths, read
+    element by element (the 16-byte form's zero fill calls a device-only intrinsic; the GPU
+    tests hold it): fewer elements than threads, and more (4097: five steps of 1024)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import unpermute_reference
+
+    run = _host_run()
+    m, k, r = 9, 3, 31
+    g = torch.Generator().manual_seed(h)
+    rows = torch.randint(-1, r, (m, k), generator=g, dtype=torch.int32)
+    w = torch.rand(m, k, generator=g)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    y = torch.randn(r, h, generator=g).to(tdt)
+    want = unpermute_reference(y.float(), rows, w).to(tdt)
+
+    def bits(t):  # the host's 16-bit values as their bits
+        return t.view(torch.int16).numpy().view(np.uint16)
+
+    out = run.shared_array(np, m * h, np.uint16, 0xFFFF)
+    src = K.build_unpermute(h, k, dtype, "sm_90").get_kernel_source()
+    assert run.run_kernel(src, {"Y": np.ascontiguousarray(bits(y)), "Rows": rows.numpy(),
+                                "W": w.numpy(), "Out": out, "M": m, "R": r},
+                          (m, 1), K.unpermute_threads(h, dtype)) is None
+    got = torch.from_numpy(out.view(np.int16).copy()).view(tdt).reshape(m, h)
+    # float32 sums of the same terms in the same order: equal, but for the last rounding
+    assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    assert (got != want).float().mean() < 0.01
+
+
+@needs_nvcc
 def test_the_warp_routing_s_keys_order_the_picks_as_the_sort_on_the_host():
     """The warp program's pick keys (one unsigned 64-bit max a step), computed by a TileLang
     program run on the host over values with every edge (NaNs of both signs, infinities,
