@@ -306,10 +306,11 @@ def gating_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormaliz
     and five shuffles. Lane ``l`` holds experts ``l * S`` to ``l * S + S - 1`` (``S = ceil(E /
     32)``); the softmax's max and sum are warp reductions; a group's two best merge across its
     lanes; a group is kept where fewer than ``topk_groups`` groups go before it (every group's
-    sum read from its first lane); each of the ``top_k`` picks is the warp's arg-max of the
-    lanes' best free slots (a butterfly: every lane ends with the winner, whose owner marks it
-    taken). (A thread a token ran DeepSeek-V3's routing of one token in 62 us on the H200:
-    chains of E dependent steps through local memory.)"""
+    sum read from its first lane); each of the ``top_k`` picks is the largest of the lanes'
+    free slots' 64-bit keys (:func:`_pick_key`: the order of :func:`_before` in one unsigned
+    max), a butterfly of five shuffles leaving it in every lane, the owner lane giving its
+    score and retiring the slot. (A thread a token ran DeepSeek-V3's routing of one token in
+    62 us on the H200: chains of E dependent steps through local memory; this, 6.0 us.)"""
     _, T = tl()
     f32, i32 = "float32", "int32"
     M = T.dynamic("M")

@@ -536,14 +536,14 @@ def pool_program(spec: PoolSpec, plan: tuple | None = None):
 
 
 def gradient_run(spec: PoolSpec) -> int:
-    """Consecutive input elements along W a gradient thread takes: the stride along W, where
-    the windows do not overlap in a dilated way (fixed, undilated), the stride is at least 2
-    and divides W, and each window's gradient is a load (average pooling, or max pooling with
-    its indices); else 1. A run starts at a multiple of the stride, so which of its elements
-    each nearby window holds is the same for every run (a constant pattern): the run loads
-    each window once (3 x 3 windows at a stride of 2: a run of 2 loads 4 windows along H and
-    W where its elements loaded 8) and shares its coordinates."""
-    _, s, d = spec.kernel[2], spec.stride[2], spec.dilation[2]
+    """Consecutive input elements along W a gradient thread takes: W's stride, for fixed
+    windows without dilation along W whose stride is at least 2 and divides W, where each
+    window's gradient is a load (average pooling, or max pooling with its indices); else 1.
+    A run starts at a multiple of the stride, so which of its elements each nearby window
+    holds is the same for every run (a constant pattern): the run loads each window once
+    (3 x 3 windows at a stride of 2: a run of 2 loads 4 windows along H and W where its
+    elements loaded 8) and shares its coordinates."""
+    s, d = spec.stride[2], spec.dilation[2]
     if spec.adaptive or d != 1 or s < 2 or spec.size_in[2] % s:
         return 1
     if spec.kind is PoolKind.MAX and not spec.indices:
