@@ -464,7 +464,8 @@ def build_gating(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool
 
 
 class MoeGatingKernel(Kernel, MoeGatingInterface):
-    """Any expert count and top-k, sm_80 to sm_90: a thread a token."""
+    """Any expert count and top-k, sm_80 to sm_90: a thread a token, or a warp a token from 32
+    experts on (:func:`gating_lanes`)."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
