@@ -1392,6 +1392,49 @@ def test_programs_write_every_element_once_on_the_host(layout, plan_kw):
     assert np.array_equal(out, ref), (layout, p, float(np.abs(out - ref).max()))
 
 
+@st.composite
+def _views(draw, np):
+    """An output shape and one or two float32 inputs as numpy views over it: dims of 1 to 9
+    (1 included: the dims a plan drops), each input maybe a slice with a step of 2, maybe
+    transposed, and the second maybe broadcast (dims of 1, or fewer dims)."""
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 9), min_size=ndim, max_size=ndim)))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+
+    def view(full):
+        """A view of shape ``full``: stored in a drawn dim order, every ``step``-th element."""
+        step = draw(st.sampled_from([1, 2]))
+        order = list(range(len(full)))
+        if len(full) > 1 and draw(st.booleans()):
+            order = draw(st.permutations(order))
+        stored = tuple(full[d] for d in order)
+        base = rng.standard_normal(tuple(n * step for n in stored), dtype=np.float32)
+        return base[tuple(slice(None, None, step) for _ in stored)].transpose(np.argsort(order))
+
+    ins = [view(shape)]
+    if draw(st.booleans()):
+        keep = tuple(n if draw(st.booleans()) else 1 for n in shape)
+        lead = draw(st.integers(0, ndim - 1))
+        ins.append(view(keep[lead:]))
+    return shape, ins
+
+
+@needs_nvcc
+@settings(max_examples=12, deadline=None)
+@given(data=st.data())
+def test_programs_over_drawn_views_match_numpy_on_the_host(data):
+    """Drawn layouts, whatever plan they take (flat, rows, strided; dims of one dropped;
+    slices, transposes, broadcasts), run on the host: numpy's result in every element and
+    nothing written outside the output."""
+    np = pytest.importorskip("numpy")
+    shape, ins = data.draw(_views(np))
+    fn, params = ("add", (1,)) if len(ins) == 2 else ("neg", ())
+    want = ins[0] + ins[1] if len(ins) == 2 else -ins[0]
+    out, guards, p = _host_call(fn, params, ins, shape, np)
+    assert guards, p
+    assert np.array_equal(out, want), (p, [a.strides for a in ins])
+
+
 def _remainder_cuda(a, b, np):
     """torch.remainder of floats as torch's CUDA kernel computes it: fmod (exact), plus the
     divisor where the signs differ. torch's vectorised CPU kernel takes ``a - b * floor(a /
