@@ -17,10 +17,10 @@
 # against the one-device layer, forward and backward) where the machine has two. Stage stages
 # times the fused layer's stages one by one on its workloads (benchmarks/moe_stages.py: which
 # stage holds a call's time, against each stage's floor). Logs and
-# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench ep),
+# results go to $OUT (or ./gpu-out). STAGES picks stages (default: prebuild tests sweep bench stages ep),
 # BENCHES the bench stage's groups (default: grouped_gemm permute gating fused gradients; the
 # grouped GEMM's takes some 4 minutes, its torch contenders timed without CUDA graphs).
-STAGES=${STAGES:-prebuild tests sweep bench ep}
+STAGES=${STAGES:-prebuild tests sweep bench stages ep}
 BENCHES=${BENCHES:-grouped_gemm permute gating fused gradients}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
