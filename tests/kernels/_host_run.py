@@ -1,16 +1,19 @@
 """Run a generated CUDA kernel on the host, for CPU tests of its index arithmetic.
 
-A kernel whose threads are independent (no shared memory, no barrier, no warp intrinsic:
-the elementwise family's programs) computes the same thing whichever order its threads run
-in. :func:`host_kernel` compiles a kernel's CUDA source (TileLang's, from
-``get_kernel_source()``) as host code: ``blockIdx`` and ``threadIdx`` become host variables
-and a driver runs every thread of every block in turn, on host arrays. A CPU test then checks
-the program's own indexing (which element each thread reads and writes, the masks of the edge
-blocks, that nothing outside the arrays is written) without a GPU. It compiles with ``nvcc``
-(the CUDA toolkit's headers), so the arithmetic that runs is the program's C++; only device
-intrinsics (``asm``, ``__shfl``) cannot run, so programs that use them (the 16-bit forms'
-``rcp.approx``) are out of reach; the bit casts TileLang prints for infinities
-(``__int_as_float``) get host versions.
+A kernel whose threads are independent (no shared memory, no barrier: the elementwise
+family's programs) computes the same thing whichever order its threads run in.
+:func:`host_kernel` compiles a kernel's CUDA source (TileLang's, from ``get_kernel_source()``)
+as host code: ``blockIdx`` and ``threadIdx`` become host variables and a driver runs every
+thread of every block in turn, on host arrays. A kernel whose threads exchange values by warp
+shuffles (``__shfl_xor_sync``, ``__shfl_sync``, ``__shfl_down_sync``, ``__shfl_up_sync``: a
+warp a token) runs a warp at a time, its 32 lanes host threads meeting at each shuffle. A CPU
+test then checks the program's own indexing (which element each thread reads and writes, the
+masks of the edge blocks, that nothing outside the arrays is written) and its warp exchanges
+without a GPU. It compiles with ``nvcc`` (the CUDA toolkit's headers), so the arithmetic that
+runs is the program's C++; other device intrinsics (``asm``, shared memory and its barriers)
+cannot run, so programs that use them (the 16-bit forms' ``rcp.approx``) are out of reach; the
+bit casts TileLang prints for infinities (``__int_as_float``) and its packing of two 16-bit
+values (``__pack_half2``) get host versions.
 
 This is test code: it edits the kernel's text (the declaration line, the qualifiers) to
 make the host version; it is never part of the library.
@@ -39,10 +42,69 @@ def _include_dirs() -> list[str]:
     return [f"-I{root / 'src'}", f"-I{root / '3rdparty' / 'cutlass' / 'include'}"]
 
 
+#: the warp shuffles a kernel may call, as host functions over the lanes of one warp run as
+#: threads in lockstep: each lane publishes its value, all wait, each reads its source lane's,
+#: all wait again (a warp whose lanes do not all reach a shuffle never passes it: the wait
+#: gives up after 20 s and aborts the child, reported as a crash)
+_WARP_HOST = r"""
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
+struct HostBarrier {
+  std::mutex m; std::condition_variable cv; unsigned n = 32, count = 0, gen = 0;
+  void wait() {
+    std::unique_lock<std::mutex> lock(m);
+    unsigned g = gen;
+    if (++count == n) { count = 0; ++gen; cv.notify_all(); return; }
+    if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return g != gen; })) std::abort();
+  }
+};
+static HostBarrier host_warp;
+static unsigned long long host_lanes[32];
+template <typename V> static V host_shfl(V v, unsigned src) {
+  unsigned long long bits = 0;
+  std::memcpy(&bits, &v, sizeof(V));
+  host_lanes[host_thread.x % 32] = bits;
+  host_warp.wait();
+  unsigned long long got = host_lanes[src % 32];
+  host_warp.wait();
+  V out;
+  std::memcpy(&out, &got, sizeof(V));
+  return out;
+}
+template <typename V> static V host_shfl_xor_sync(unsigned, V v, int mask, int = 32) {
+  return host_shfl(v, (host_thread.x % 32) ^ mask);
+}
+template <typename V> static V host_shfl_sync(unsigned, V v, int src, int = 32) {
+  return host_shfl(v, (unsigned)src);
+}
+template <typename V> static V host_shfl_down_sync(unsigned, V v, unsigned d, int = 32) {
+  unsigned lane = host_thread.x % 32;
+  return host_shfl(v, lane + d < 32 ? lane + d : lane);
+}
+template <typename V> static V host_shfl_up_sync(unsigned, V v, unsigned d, int = 32) {
+  unsigned lane = host_thread.x % 32;
+  return host_shfl(v, lane >= d ? lane - d : lane);
+}
+static unsigned host_activemask() { return 0xFFFFFFFFu; }  // every lane runs
+static void host_syncwarp(unsigned = 0xFFFFFFFFu) { host_warp.wait(); }
+#define __activemask host_activemask
+#define __syncwarp host_syncwarp
+#define __shfl_xor_sync host_shfl_xor_sync
+#define __shfl_sync host_shfl_sync
+#define __shfl_down_sync host_shfl_down_sync
+#define __shfl_up_sync host_shfl_up_sync
+"""
+
+
 def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     """The host version of a kernel's source and its parameters as ``(type, name)``: the
     kernel becomes a static function over host ``blockIdx``/``threadIdx``, and ``run(params...,
-    gx, gy, threads)`` calls it for every thread of a ``gx`` x ``gy`` grid."""
+    gx, gy, threads)`` calls it for every thread of a ``gx`` x ``gy`` grid: one after another,
+    or, where the kernel shuffles values across a warp (``__shfl*``), a warp at a time with its
+    32 lanes as host threads in lockstep at each shuffle (:data:`_WARP_HOST`)."""
     lines = source.splitlines()
     at = next(i for i, line in enumerate(lines)
               if "__global__" in line and "main_kernel(" in line and line.rstrip().endswith("{"))
@@ -50,6 +112,29 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     decls = [p.strip() for p in params.split(",")]
     names = [d.split()[-1] for d in decls]
     head = [line for line in lines[:at] if not line.startswith('extern "C" __global__')]
+    warps = "__shfl" in source
+    call = f"kernel_body({', '.join(names)});"
+    if warps:
+        driver = [
+            "      for (unsigned w = 0; w < threads; w += 32) {",
+            "        std::vector<std::thread> lanes;",
+            "        for (unsigned l = 0; l < 32; ++l)",
+            "          lanes.emplace_back([&, l] {",
+            "            host_block = {x, y, 0};",
+            "            host_thread = {w + l, 0, 0};",
+            f"            {call}",
+            "          });",
+            "        for (auto& lane : lanes) lane.join();",
+            "      }",
+        ]
+    else:
+        driver = [
+            "      for (unsigned t = 0; t < threads; ++t) {",
+            "        host_block = {x, y, 0};",
+            "        host_thread = {t, 0, 0};",
+            f"        {call}",
+            "      }",
+        ]
     return "\n".join([
         *head,
         "#include <cstring>",
@@ -60,8 +145,16 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
         " return v; }",
         "#define __int_as_float host_int_as_float",
         "#define __float_as_int host_float_as_int",
+        # the packing of two 16-bit values into a 32-bit word (TileLang's zero fills of
+        # 16-byte vectors), as TileLang's common.h states it
+        "template <typename H> static inline unsigned host_pack_half2(H x, H y) {"
+        " unsigned short a, b; std::memcpy(&a, &x, 2); std::memcpy(&b, &y, 2);"
+        " return ((unsigned)b << 16) | a; }",
+        "#define __pack_half2 host_pack_half2",
+        "#define __pack_nv_bfloat162 host_pack_half2",
         "struct HostIndex { unsigned x, y, z; };",
-        "static HostIndex host_block, host_thread;",
+        "static thread_local HostIndex host_block, host_thread;",
+        *([_WARP_HOST] if warps else []),
         "#define blockIdx host_block",
         "#define threadIdx host_thread",
         f"static void kernel_body({params}) {{",
@@ -70,12 +163,9 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
         "#undef threadIdx",
         f'extern "C" void run({params}, unsigned gx, unsigned gy, unsigned threads) {{',
         "  for (unsigned y = 0; y < gy; ++y)",
-        "    for (unsigned x = 0; x < gx; ++x)",
-        "      for (unsigned t = 0; t < threads; ++t) {",
-        "        host_block = {x, y, 0};",
-        "        host_thread = {t, 0, 0};",
-        f"        kernel_body({', '.join(names)});",
-        "      }",
+        "    for (unsigned x = 0; x < gx; ++x) {",
+        *driver,
+        "    }",
         "}",
         "",
     ]), [(" ".join(d.split()[:-1]), name) for d, name in zip(decls, names, strict=True)]
@@ -97,7 +187,8 @@ def host_kernel(source: str) -> ctypes.CDLL:
         src.write_text(text)
         partial = _DIR / f"{key}.{os.getpid()}.so"
         subprocess.run([shutil.which("nvcc") or "nvcc", "-std=c++17", "-O1", "-shared",
-                        "-Xcompiler", "-fPIC", "-w", "-DENABLE_BF16", *_include_dirs(),
+                        "-Xcompiler", "-fPIC", "-Xcompiler", "-pthread", "-w", "-DENABLE_BF16",
+                        *_include_dirs(),
                         "-o", str(partial), str(src)], check=True, capture_output=True)
         partial.replace(lib)
     _BUILT[key] = ctypes.CDLL(str(lib))

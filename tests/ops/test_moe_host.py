@@ -92,13 +92,19 @@ def _routings():
     return [pytest.param(c, id=c[0]) for c in ROUTINGS]
 
 
+def _lanes_of(cases):
+    """Each routing with each program that serves it: a thread a token, and a warp a token
+    where the experts take it (:func:`gating_lanes`)."""
+    return [pytest.param(c.values[0], lanes, id=f"{c.id}-lanes{lanes}") for c in cases
+            for lanes in sorted({1, K.gating_lanes(c.values[0][1], c.values[0][5])})]
+
+
 @needs_nvcc
-@pytest.mark.parametrize("case", _routings())
-def test_the_routing_is_the_reference_s_on_the_host(case):
-    """The routing program of a thread a token (the warp program's shuffles cannot run on the
-    host: the GPU tests hold it to the same cases), every thread run on the host: the picks are
-    the reference's exactly (ties to the lowest id, groups by their scores' sums), the weights
-    within float32 rounding."""
+@pytest.mark.parametrize(("case", "lanes"), _lanes_of(_routings()))
+def test_the_routing_is_the_reference_s_on_the_host(case, lanes):
+    """The routing programs, every thread run on the host (a warp a token's lanes in
+    lockstep at its shuffles): the picks are the reference's exactly (ties to the lowest id,
+    groups by their scores' sums, NaNs first), the weights within float32 rounding."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     from _moe_routings import routing_inputs
@@ -107,18 +113,21 @@ def test_the_routing_is_the_reference_s_on_the_host(case):
 
     run = _host_run()
     _, e, top_k, scoring, renormalize, groups, kept, scale, bias, _ = case
-    m = 131  # two CTAs, the second partly idle
+    # a thread a token: two CTAs, the second partly idle; a warp a token: four CTAs of four
+    # tokens, the last with one (its lanes run as host threads, which cost)
+    m = 131 if lanes == 1 else 13
     x, b = routing_inputs(torch, case, m)
     w_ref, ids_ref = gating_reference(x, b, top_k=top_k, scoring=scoring,
                                       renormalize=renormalize, num_groups=groups,
                                       topk_groups=kept, scale=scale)
     src = K.build_gating(e, top_k, "float32", scoring, renormalize, groups, kept, scale, bias,
-                         "sm_90", 1).get_kernel_source()
+                         "sm_90", lanes).get_kernel_source()
     W = run.shared_array(np, m * top_k, np.float32, np.nan)
     Ids = run.shared_array(np, m * top_k, np.int32, -9)
     bias_arr = (b if bias else torch.zeros(e)).numpy().astype(np.float32)
+    tokens = 128 // lanes  # a CTA's: the last partly idle
     assert run.run_kernel(src, {"X": np.ascontiguousarray(x.numpy()), "Bias": bias_arr,
-                                "W": W, "Ids": Ids, "M": m}, (2, 1), 128) is None
+                                "W": W, "Ids": Ids, "M": m}, (-(-m // tokens), 1), 128) is None
     assert np.array_equal(Ids.reshape(m, top_k), ids_ref.numpy())
     assert np.allclose(W.reshape(m, top_k), w_ref.numpy(), rtol=1e-5, atol=1e-6,
                        equal_nan=True)
@@ -126,13 +135,14 @@ def test_the_routing_is_the_reference_s_on_the_host(case):
 
 @needs_nvcc
 @pytest.mark.parametrize(("h", "dtype"), [(37, "bfloat16"), (4097, "float16"),
-                                          (2049, "bfloat16")])
+                                          (64, "float16"), (4096, "bfloat16"),
+                                          (8200, "bfloat16")])
 def test_the_unpermutation_program_sums_the_picks_on_the_host(h, dtype):
     """The unpermutation, every thread of its CTAs (a token each, :func:`unpermute_threads`)
     run on the host: each token's picked rows weighted and summed in float32, a dropped pick
-    (row -1) adding nothing; the reference's result rounded once. Rows of odd lengths, read
-    element by element (the 16-byte form's zero fill calls a device-only intrinsic; the GPU
-    tests hold it): fewer elements than threads, and more (4097: five steps of 1024)."""
+    (row -1) adding nothing; the reference's result rounded once. Rows of odd lengths read
+    element by element (fewer than the CTA's threads, and 4097: five steps of 1024) and of
+    16-byte vectors (8 of 128 threads, 512 for 4096, 1025 vectors: two steps of 1024)."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     from tileops.ops._moe_layout import unpermute_reference
@@ -158,6 +168,36 @@ def test_the_unpermutation_program_sums_the_picks_on_the_host(h, dtype):
     # float32 sums of the same terms in the same order: equal, but for the last rounding
     assert torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     assert (got != want).float().mean() < 0.01
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("h", "dtype"), [(37, "bfloat16"), (64, "float16"), (1100, "bfloat16")])
+def test_the_gates_gradient_program_is_the_reference_s_on_the_host(h, dtype):
+    """The unpermutation's gradient for its gates (a warp a token, the lanes' partial dot
+    products reduced by shuffles), its lanes run in lockstep on the host: ``dout . y[row]`` a
+    pick, 0 for a dropped one, within float32 rounding of the reference's."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import unpermute_bwd_reference
+
+    run = _host_run()
+    m, k, r = 7, 3, 19
+    g = torch.Generator().manual_seed(h)
+    rows = torch.randint(-1, r, (m, k), generator=g, dtype=torch.int32)
+    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    dout = torch.randn(m, h, generator=g).to(tdt)
+    y = torch.randn(r, h, generator=g).to(tdt)
+    _, want = unpermute_bwd_reference(dout.float(), y.float(), rows, torch.ones(m, k),
+                                      grad_y=False, grad_weights=True)
+
+    def bits(t):  # the host's 16-bit values as their bits
+        return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
+
+    dw = run.shared_array(np, m * k, np.float32, np.nan)
+    src = K.build_gate_grad(h, k, dtype, "sm_90").get_kernel_source()
+    assert run.run_kernel(src, {"Dout": bits(dout), "Y": bits(y), "Rows": rows.numpy(),
+                                "DW": dw, "M": m, "R": r}, (m, 1), 32) is None
+    assert np.allclose(dw.reshape(m, k), want.numpy(), rtol=1e-5, atol=1e-4)
 
 
 @needs_nvcc
