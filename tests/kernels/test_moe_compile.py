@@ -424,6 +424,8 @@ def test_gating_gradient_compiles_for_sm90(e, k, dtype, scoring, renormalize, sc
     assert f"float picked[{k}]" in src and f"float g[{k}]" in src and f"[{e}]" not in src
     assert "Ids[" in src and "expf(" in src
     assert ("max(acc[0]" in src) is (scoring == "softmax")  # only softmax reads the row's max
+    # from 32 experts on a warp a token: a lane's columns l, l + 32, ...
+    assert ("& 31)" in src) is (e >= 32)
 
 
 @needs_nvcc

@@ -133,6 +133,48 @@ def test_the_routing_is_the_reference_s_on_the_host(case, lanes):
                        equal_nan=True)
 
 
+#: (experts, top_k, scoring, renormalize, scale): the routings' gradients
+GATING_GRADS = [
+    pytest.param(8, 2, "softmax", True, 1.0, id="mixtral"),
+    pytest.param(256, 8, "sigmoid", True, 2.5, id="deepseek"),
+    pytest.param(64, 6, "softmax", False, 1.0, id="no-renorm"),
+    pytest.param(60, 4, "softmax", True, 1.0, id="sixty"),
+    pytest.param(600, 20, "sigmoid", False, 1.0, id="wide-600"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("e", "top_k", "scoring", "renormalize", "scale"), GATING_GRADS)
+def test_the_routing_s_gradient_is_the_reference_s_on_the_host(e, top_k, scoring, renormalize,
+                                                               scale):
+    """Both programs of the routing's gradient (a thread a token; a warp a token from 32
+    experts on, its lanes in lockstep) run on the host, at picks with a repeated id and one
+    outside ``[0, E)``: the float64 closed form's ``dlogits`` within float32 rounding."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    from tileops.ops._moe_layout import gating_bwd_reference
+
+    run = _host_run()
+    g = torch.Generator().manual_seed(e + top_k)
+    for lanes in sorted({1, K.gating_lanes(e, 1)}):
+        m = 131 if lanes == 1 else 13
+        x = torch.randn(m, e, generator=g)
+        ids = torch.stack([torch.randperm(e, generator=g)[:top_k] for _ in range(m)]).int()
+        ids[0, 1] = ids[0, 0]  # a repeated id: both picks' gradients in its column
+        ids[1, 0] = e  # outside: no score, no column
+        dw = torch.randn(m, top_k, generator=g)
+        want = gating_bwd_reference(dw.double(), x.double(), ids, top_k=top_k,
+                                    scoring=scoring, renormalize=renormalize, scale=scale)
+        src = K.build_gating_bwd(e, top_k, "float32", scoring, renormalize, scale, "sm_90",
+                                 lanes).get_kernel_source()
+        dx = run.shared_array(np, m * e, np.float32, np.nan)
+        tokens = 128 // lanes
+        assert run.run_kernel(src, {"DW": dw.numpy(), "X": np.ascontiguousarray(x.numpy()),
+                                    "Ids": ids.numpy(), "DX": dx, "M": m},
+                              (-(-m // tokens), 1), 128) is None
+        assert np.allclose(dx.reshape(m, e), want.numpy(), rtol=1e-5, atol=1e-6), lanes
+
+
 @needs_nvcc
 @pytest.mark.parametrize(("h", "dtype"), [(37, "bfloat16"), (4097, "float16"),
                                           (64, "float16"), (4096, "bfloat16"),
