@@ -115,7 +115,8 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     warps = "__shfl" in source
     call = f"kernel_body({', '.join(names)});"
     if warps:
-        driver = [
+        driver = [  # whole warps only: a shuffle's barrier waits for 32 lanes
+            "      if (threads % 32) std::abort();",
             "      for (unsigned w = 0; w < threads; w += 32) {",
             "        std::vector<std::thread> lanes;",
             "        for (unsigned l = 0; l < 32; ++l)",
