@@ -56,3 +56,17 @@ def test_the_shared_timing_is_the_harness_timing(monkeypatch: pytest.MonkeyPatch
     assert common.events(lambda: None, 10) == pytest.approx(2e-3)  # milliseconds
     assert common.graph_events(lambda: None, 10) == pytest.approx(3e-3)
     assert _load("norm").host_overhead.__doc__.startswith("Host microseconds per cached")
+
+
+def test_the_moe_stages_script_runs_the_layer_s_own_stages(monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]
+                                                           ) -> None:
+    """``moe_stages.py --dry-run``: the fused layer's stages, each its delegate op on the
+    stage before's tensors, give the layer's output exactly (the script exits 1 otherwise),
+    and the table names every stage and the layer."""
+    stages = _load("moe_stages")
+    monkeypatch.setattr(sys, "argv", ["moe_stages.py", "--dry-run"])
+    assert stages.main() == 0
+    rows = [line.split("|")[2].strip() for line in capsys.readouterr().out.splitlines()
+            if line.startswith("| dry-run")]
+    assert rows == ["route", "permute", "gate_up", "act", "down", "unpermute", "layer"]
