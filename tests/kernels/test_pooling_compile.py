@@ -125,7 +125,8 @@ def _host_pool(s, tensors, backward=False, plan=None):
     in those arrays (shared memory)."""
     src = P.build_pool_kernel(s, "sm_90", backward=backward, plan=plan).get_kernel_source()
     threads, per, *rest = plan or P.pool_plan(s)
-    n = P._inputs(s) // P.gradient_run(s) if backward else P._outputs(s)
+    n = P._inputs(s) // P.gradient_run(s) if backward else P._outputs(s) // (
+        1 if rest and rest[0] else P.forward_run(s))
     grid = (max(1, -(-n // (threads * per))), 1)
     if rest and rest[0]:  # a plane a row of the grid
         positions = math.prod(s.size_out)
@@ -187,6 +188,60 @@ def _pool_case(kind, dims, kw, channels_last, torch, size=None):
         count_include_pad=kw.get("count_include_pad", True),
         divisor=kw.get("divisor_override") or 0, indices=idx is not None, dtype="float32")
     return s, x, y, idx
+
+
+#: (kind, dims, kwargs, size): forwards whose threads take two neighbouring windows (the
+#: output's W even): the stem's max with indices over ties and a NaN, its average, ceil_mode
+#: without the padding in the divisor, 1-D, 3-D, a divisor override
+FORWARD_RUNS = [
+    ("max", 2, dict(kernel_size=3, stride=2, padding=1, return_indices=True), (2, 3, 12, 16)),
+    ("max", 2, dict(kernel_size=3, stride=2, padding=1), (2, 3, 13, 15)),
+    ("avg", 2, dict(kernel_size=3, stride=2, padding=1), (2, 3, 12, 16)),
+    ("avg", 2, dict(kernel_size=3, stride=2, padding=1, ceil_mode=True,
+                    count_include_pad=False), (2, 3, 11, 18)),
+    ("avg", 1, dict(kernel_size=4, stride=3, padding=2), (2, 3, 35)),
+    ("max", 3, dict(kernel_size=(2, 3, 3), stride=(1, 2, 2), padding=(0, 1, 1),
+                    return_indices=True), (2, 3, 5, 7, 12)),
+    ("avg", 2, dict(kernel_size=(3, 4), stride=(2, 3), divisor_override=7), (2, 3, 9, 20)),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "dims", "kw", "size"), FORWARD_RUNS)
+def test_forward_runs_along_w_match_torch_on_the_host(kind, dims, kw, size, monkeypatch):
+    """The forward a thread two neighbouring windows (from any size here: the threshold is
+    lowered), run on the host: torch's values, and its int64 indices where asked."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    shared_array = _host_run().shared_array
+    monkeypatch.setattr(P, "_FORWARD_RUN_FROM", 0)
+
+    s, x, y, idx = _pool_case(kind, dims, kw, False, torch, size=size)
+    assert P.forward_run(s) == 2
+    X = np.ascontiguousarray(x.numpy())
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    tensors = {"X": X, "Y": Y}
+    if idx is not None:
+        IDX = shared_array(np, idx.numel(), np.int64, -1)
+        tensors["IDX"] = IDX
+    _host_pool(s, tensors)
+    want = y.contiguous().numpy().reshape(-1)
+    if s.kind is P.PoolKind.MAX:
+        assert np.array_equal(Y, want, equal_nan=True)
+        assert idx is None or np.array_equal(IDX, idx.numpy().reshape(-1))
+    else:
+        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+
+
+def test_forward_runs_only_for_large_calls_of_overlapping_windows():
+    stem = dict(kind=P.PoolKind.MAX, adaptive=False, layout=P.PoolLayout.PLANES, batch=32,
+                channels=64, size_in=(1, 112, 112), size_out=(1, 56, 56), kernel=(1, 3, 3),
+                stride=(1, 2, 2), padding=(0, 1, 1), dilation=(1, 1, 1),
+                count_include_pad=True, divisor=0, indices=False, dtype="bfloat16")
+    assert P.forward_run(P.PoolSpec(device=None, **stem)) == 2
+    for change in (dict(batch=1), dict(kernel=(1, 2, 2)), dict(size_out=(1, 56, 55)),
+                   dict(layout=P.PoolLayout.CHANNELS_LAST), dict(dilation=(1, 1, 2))):
+        assert P.forward_run(P.PoolSpec(device=None, **{**stem, **change})) == 1, change
 
 
 #: (kind, dims, kwargs, size, run): gradients a thread a run of W's stride (W a multiple of
