@@ -17,8 +17,8 @@ Five slots:
     of their scores).
 :class:`MoeGatingBwdInterface` (``moe_gating_bwd``) -- ``forward(dweights, logits, ids,
     dlogits)``: the weights' gradient through the renormalisation and the scoring function,
-    the picks fixed: a thread a token (:func:`gating_bwd_program`), or from 32 experts on a
-    warp a token (:func:`gating_bwd_warp_program`, a row's columns across the lanes).
+    the picks fixed: a thread a token, or from 32 experts on a warp a token, a row's columns
+    across the lanes (:func:`gating_bwd_program`).
 :class:`MoePermuteInterface` (``moe_permute_rows``) -- ``forward(x, rows, src, y)``:
     ``y[rows[t, j]] = x[t]``, and zeros in each row ``r`` with ``src[r] < 0``: a CTA a token
     (its row read once, written to each of its slots' rows) and CTAs past the tokens, 16 rows
@@ -70,7 +70,6 @@ __all__ = [
     "build_permute",
     "build_unpermute",
     "gating_bwd_program",
-    "gating_bwd_warp_program",
     "gating_lanes",
     "gating_program",
     "gating_warp_program",
@@ -514,94 +513,26 @@ class MoeGatingBwdInterface(KernelInterface):
 
 
 def gating_bwd_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
-                       scale: float):
-    """``dlogits`` of the routing's weights: a thread a token, as the forward. The token's row
-    is read twice for softmax (its max, then its sum of exponentials) and once more as the
+                       scale: float, lanes: int = 1):
+    """``dlogits`` of the routing's weights: ``lanes`` threads a token, 1 (as the forward's
+    thread program) or 32 (a warp, from 32 experts on: lane ``l`` reads and writes columns
+    ``l, l + 32, ...``, a warp's accesses to a row contiguous where a thread alone read its row
+    a sector a load; the softmax's max and sum then reduced by shuffles). The token's row is
+    read twice for softmax (its max, then its sum of exponentials) and once more as the
     gradient is written; only the picks' scores and score gradients are held (``top_k``
-    floats each), since a column's score gradient is the sum of its picks' (a column no pick
-    names gets ``-s * dot`` under softmax, 0 under sigmoid). Each column looks through the
-    ``top_k`` picks for its own, so ids a caller repeats sum, as the reference's scatter_add
-    does; an id outside ``[0, E)`` reads nothing and names no column."""
+    floats each, every lane's: the picks' loads one address across a warp), since a column's
+    score gradient is the sum of its picks' (a column no pick names gets ``-s * dot`` under
+    softmax, 0 under sigmoid). Each column looks through the ``top_k`` picks for its own, so
+    ids a caller repeats sum, as the reference's scatter_add does; an id outside ``[0, E)``
+    reads nothing and names no column."""
+    if lanes not in (1, 32):
+        raise ValueError(f"gating_bwd_program: lanes is 1 or 32 (a warp), not {lanes}")
     _, T = tl()
     f32 = "float32"
     M = T.dynamic("M")
     threads = _GATING_THREADS
-    softmax = scoring == "softmax"
-
-    @T.prim_func
-    def main(
-        DW: T.Tensor((M, top_k), f32),
-        X: T.Tensor((M, e), dtype),
-        Ids: T.Tensor((M, top_k), "int32"),
-        DX: T.Tensor((M, e), dtype),
-    ):
-        with T.Kernel(T.ceildiv(M, threads), threads=threads) as bx:
-            tx = T.get_thread_binding(0)
-            t = bx * threads + tx
-            picked = T.alloc_local((top_k,), f32)  # the picks' scores
-            g = T.alloc_local((top_k,), f32)  # the picks' score gradients
-            idx = T.alloc_local((top_k,), "int32")
-            acc = T.alloc_local((4,), f32)  # max, exp sum (softmax), picks' score sum, dot
-            col = T.alloc_local((1,), f32)  # a column's score gradient
-            if t < M:
-                acc[0] = 0.0
-                acc[1] = 1.0
-                if softmax:
-                    acc[0] = T.cast(X[t, 0], f32)
-                    for i in T.serial(e):
-                        acc[0] = T.max(acc[0], T.cast(X[t, i], f32))
-                    acc[1] = 0.0
-                    for i in T.serial(e):
-                        acc[1] = acc[1] + T.exp(T.cast(X[t, i], f32) - acc[0])
-                acc[2] = 0.0
-                for j in T.serial(top_k):
-                    idx[j] = Ids[t, j]
-                    picked[j] = 0.0
-                    if idx[j] >= 0 and idx[j] < e:
-                        v = T.cast(X[t, idx[j]], f32)
-                        if softmax:
-                            picked[j] = T.exp(v - acc[0]) / acc[1]
-                        else:
-                            picked[j] = 1.0 / (1.0 + T.exp(-v))
-                    acc[2] = acc[2] + picked[j]
-                    g[j] = DW[t, j] * scale
-                if renormalize:  # w = s / S: ds = (g - sum(g * w)) / S
-                    acc[3] = 0.0
-                    for j in T.serial(top_k):
-                        acc[3] = acc[3] + g[j] * picked[j]
-                    for j in T.serial(top_k):
-                        g[j] = (g[j] - acc[3] / acc[2]) / acc[2]
-                acc[3] = 0.0  # sum(ds * s): only the picks' columns have ds
-                for j in T.serial(top_k):
-                    acc[3] = acc[3] + g[j] * picked[j]
-                for i in T.serial(e):
-                    col[0] = 0.0
-                    for j in T.serial(top_k):
-                        if idx[j] == i:
-                            col[0] = col[0] + g[j]
-                    v = T.cast(X[t, i], f32)
-                    if softmax:
-                        DX[t, i] = T.cast(T.exp(v - acc[0]) / acc[1] * (col[0] - acc[3]), dtype)
-                    else:
-                        sg = 1.0 / (1.0 + T.exp(-v))
-                        DX[t, i] = T.cast(col[0] * sg * (1.0 - sg), dtype)
-
-    return main
-
-
-def gating_bwd_warp_program(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
-                            scale: float):
-    """:func:`gating_bwd_program` with a warp a token, from 32 experts on: lane ``l`` reads
-    and writes columns ``l, l + 32, ...`` (a warp's accesses to a row contiguous, where a
-    thread a token read its row alone, a sector a load), the softmax's max and sum warp
-    reductions; the picks' scores and score gradients are every lane's (the ``top_k`` picks'
-    loads the same address across the warp)."""
-    _, T = tl()
-    f32 = "float32"
-    M = T.dynamic("M")
-    threads = _GATING_THREADS
-    tokens = threads // 32
-    n_c = -(-e // 32)  # columns a lane
+    tokens = threads // lanes
+    n_c = -(-e // lanes)  # columns a thread
     softmax = scoring == "softmax"
     cols = T.unroll if n_c <= 16 else T.serial
     klist = T.unroll if top_k <= 16 else T.serial
@@ -615,31 +546,33 @@ def gating_bwd_warp_program(e: int, top_k: int, dtype: str, scoring: str, renorm
     ):
         with T.Kernel(T.ceildiv(M, tokens), threads=threads) as bx:
             tx = T.get_thread_binding(0)
-            lane = tx % 32
-            t = bx * tokens + tx // 32
+            lane = tx % lanes
+            t = bx * tokens + tx // lanes
             picked = T.alloc_local((top_k,), f32)  # the picks' scores
             g = T.alloc_local((top_k,), f32)  # the picks' score gradients
             idx = T.alloc_local((top_k,), "int32")
             acc = T.alloc_local((4,), f32)  # max, exp sum (softmax), picks' score sum, dot
             col = T.alloc_local((1,), f32)  # a column's score gradient
-            if t < M:  # the warp's token: every lane takes the branch alike
+            if t < M:  # the token's: a warp's lanes take the branch alike
                 acc[0] = 0.0
                 acc[1] = 1.0
                 if softmax:
                     acc[0] = -T.infinity(f32)
                     for c in cols(n_c):
-                        i = lane + 32 * c
+                        i = lane + lanes * c
                         if i < e:
                             acc[0] = T.max(acc[0], T.cast(X[t, i], f32))
-                    for k in T.unroll(5):
-                        acc[0] = T.max(acc[0], T.shfl_xor(acc[0], 16 >> k))
+                    if lanes > 1:  # over the token's lanes
+                        for k in T.unroll(5):
+                            acc[0] = T.max(acc[0], T.shfl_xor(acc[0], 16 >> k))
                     acc[1] = 0.0
                     for c in cols(n_c):
-                        i = lane + 32 * c
+                        i = lane + lanes * c
                         if i < e:
                             acc[1] = acc[1] + T.exp(T.cast(X[t, i], f32) - acc[0])
-                    for k in T.unroll(5):
-                        acc[1] = acc[1] + T.shfl_xor(acc[1], 16 >> k)
+                    if lanes > 1:
+                        for k in T.unroll(5):
+                            acc[1] = acc[1] + T.shfl_xor(acc[1], 16 >> k)
                 acc[2] = 0.0
                 for j in klist(top_k):
                     idx[j] = Ids[t, j]
@@ -662,7 +595,7 @@ def gating_bwd_warp_program(e: int, top_k: int, dtype: str, scoring: str, renorm
                 for j in klist(top_k):
                     acc[3] = acc[3] + g[j] * picked[j]
                 for c in cols(n_c):
-                    i = lane + 32 * c
+                    i = lane + lanes * c
                     if i < e:
                         col[0] = 0.0
                         for j in klist(top_k):
@@ -682,15 +615,14 @@ def gating_bwd_warp_program(e: int, top_k: int, dtype: str, scoring: str, renorm
 @stored(maxsize=64)
 def build_gating_bwd(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool,
                      scale: float, target: str | None = None, lanes: int | None = None):
-    """Compile the routing's gradient: :func:`gating_bwd_warp_program` with ``lanes`` 32,
-    :func:`gating_bwd_program` with 1 (the default: a warp a token from 32 experts on,
-    :func:`gating_lanes` without groups)."""
+    """Compile :func:`gating_bwd_program` with ``lanes`` threads a token (the default: a warp
+    from 32 experts on, :func:`gating_lanes` without groups)."""
     lanes = gating_lanes(e, 1) if lanes is None else lanes
     if lanes not in (1, gating_lanes(e, 1)):
         raise ValueError(f"build_gating_bwd: {e} experts take a thread a token (lanes 1), "
                          f"not {lanes}")
-    program = {1: gating_bwd_program, 32: gating_bwd_warp_program}[lanes]
-    return compile_program(program(e, top_k, dtype, scoring, renormalize, scale), target)
+    return compile_program(gating_bwd_program(e, top_k, dtype, scoring, renormalize, scale,
+                                              lanes), target)
 
 
 class MoeGatingBwdKernel(Kernel, MoeGatingBwdInterface):
