@@ -135,6 +135,33 @@ def _host_pool(s, tensors, backward=False, plan=None):
     assert crashed is None, (s, crashed)
 
 
+def _host_forward(s, x, y, idx, channels_last, np):
+    """Run the forward of ``s`` on the host over ``x`` (stored channels last where asked) and
+    hold it to torch's ``y`` (max: exactly, with the int64 indices ``idx`` where given;
+    average: within a float32 rounding of the sum's order). Returns the input and the indices
+    as the program read and wrote them (None without indices)."""
+    shared_array = _host_run().shared_array
+    perm = (0, *range(2, x.dim()), 1)
+    xs = x.permute(perm) if channels_last else x  # channels-last memory order
+    X = np.ascontiguousarray(xs.numpy())
+    Y = shared_array(np, y.numel(), np.float32, np.nan)
+    tensors = {"X": X, "Y": Y}
+    IDX = None
+    if idx is not None:
+        IDX = shared_array(np, idx.numel(), np.int64, -1)
+        tensors["IDX"] = IDX
+    _host_pool(s, tensors)
+    want = (y.permute(perm) if channels_last else y).contiguous().numpy().reshape(-1)
+    if s.kind is P.PoolKind.MAX:
+        assert np.array_equal(Y, want, equal_nan=True)
+        want_idx = None if idx is None else (idx.permute(perm) if channels_last else
+                                             idx).contiguous().numpy()
+        assert idx is None or np.array_equal(IDX, want_idx.reshape(-1))
+    else:
+        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+    return X, IDX
+
+
 POOLS = [
     # (kind, dims, kwargs, channels-last): ResNet's stem with indices; dilated, ceil_mode and
     # channels-last; average pooling without the padding, with ceil_mode; a divisor override;
@@ -213,24 +240,11 @@ def test_forward_runs_along_w_match_torch_on_the_host(kind, dims, kw, size, monk
     lowered), run on the host: torch's values, and its int64 indices where asked."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
-    shared_array = _host_run().shared_array
     monkeypatch.setattr(P, "_FORWARD_RUN_FROM", 0)
 
     s, x, y, idx = _pool_case(kind, dims, kw, False, torch, size=size)
     assert P.forward_run(s) == 2
-    X = np.ascontiguousarray(x.numpy())
-    Y = shared_array(np, y.numel(), np.float32, np.nan)
-    tensors = {"X": X, "Y": Y}
-    if idx is not None:
-        IDX = shared_array(np, idx.numel(), np.int64, -1)
-        tensors["IDX"] = IDX
-    _host_pool(s, tensors)
-    want = y.contiguous().numpy().reshape(-1)
-    if s.kind is P.PoolKind.MAX:
-        assert np.array_equal(Y, want, equal_nan=True)
-        assert idx is None or np.array_equal(IDX, idx.numpy().reshape(-1))
-    else:
-        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+    _host_forward(s, x, y, idx, False, np)
 
 
 def test_forward_runs_only_for_large_calls_of_overlapping_windows():
@@ -302,22 +316,7 @@ def test_programs_match_torch_on_the_host(kind, dims, kw, channels_last):
     shared_array = _host_run().shared_array
 
     s, x, y, idx = _pool_case(kind, dims, kw, channels_last, torch)
-    perm = (0, *range(2, x.dim()), 1)
-    xs = x.permute(perm) if channels_last else x  # channels-last memory order
-    X = np.ascontiguousarray(xs.numpy())
-    Y = shared_array(np, y.numel(), np.float32, np.nan)
-    tensors = {"X": X, "Y": Y}
-    if idx is not None:
-        IDX = shared_array(np, idx.numel(), np.int64, -1)
-        tensors["IDX"] = IDX
-    _host_pool(s, tensors)
-    want = (y.permute(perm) if channels_last else y).contiguous().numpy().reshape(-1)
-    if s.kind is P.PoolKind.MAX:
-        assert np.array_equal(Y, want, equal_nan=True)
-        want_idx = (idx.permute(perm) if channels_last else idx).contiguous().numpy()
-        assert idx is None or np.array_equal(IDX, want_idx.reshape(-1))
-    else:
-        assert np.allclose(Y, want, rtol=2e-6, atol=1e-7)
+    X, IDX = _host_forward(s, x, y, idx, channels_last, np)
     if channels_last:
         return  # the gradient program serves the planes layout
     xg = x.clone().requires_grad_()
