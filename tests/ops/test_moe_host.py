@@ -26,6 +26,14 @@ def _host_run():
     return _host_run
 
 
+def _bits(t):
+    """A 16-bit torch tensor as the host's uint16 array of its bits (what a program reads)."""
+    import numpy as np
+    import torch
+
+    return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
+
+
 #: (experts, picks, metadata, max_m, alignment): each layout's programs
 GROUP_LAYOUTS = [
     pytest.param(8, 2, "offsets", 0, 1, id="tight-offsets"),
@@ -194,16 +202,13 @@ def test_the_unpermutation_program_sums_the_picks_on_the_host(h, dtype):
     g = torch.Generator().manual_seed(h)
     rows = torch.randint(-1, r, (m, k), generator=g, dtype=torch.int32)
     w = torch.rand(m, k, generator=g)
-    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    tdt = getattr(torch, dtype)
     y = torch.randn(r, h, generator=g).to(tdt)
     want = unpermute_reference(y.float(), rows, w).to(tdt)
 
-    def bits(t):  # the host's 16-bit values as their bits
-        return t.view(torch.int16).numpy().view(np.uint16)
-
     out = run.shared_array(np, m * h, np.uint16, 0xFFFF)
     src = K.build_unpermute(h, k, dtype, "sm_90").get_kernel_source()
-    assert run.run_kernel(src, {"Y": np.ascontiguousarray(bits(y)), "Rows": rows.numpy(),
+    assert run.run_kernel(src, {"Y": _bits(y), "Rows": rows.numpy(),
                                 "W": w.numpy(), "Out": out, "M": m, "R": r},
                           (m, 1), K.unpermute_threads(h, dtype)) is None
     got = torch.from_numpy(out.view(np.int16).copy()).view(tdt).reshape(m, h)
@@ -226,18 +231,15 @@ def test_the_gates_gradient_program_is_the_reference_s_on_the_host(h, dtype):
     m, k, r = 7, 3, 19
     g = torch.Generator().manual_seed(h)
     rows = torch.randint(-1, r, (m, k), generator=g, dtype=torch.int32)
-    tdt = {"float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
+    tdt = getattr(torch, dtype)
     dout = torch.randn(m, h, generator=g).to(tdt)
     y = torch.randn(r, h, generator=g).to(tdt)
     _, want = unpermute_bwd_reference(dout.float(), y.float(), rows, torch.ones(m, k),
                                       grad_y=False, grad_weights=True)
 
-    def bits(t):  # the host's 16-bit values as their bits
-        return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
-
     dw = run.shared_array(np, m * k, np.float32, np.nan)
     src = K.build_gate_grad(h, k, dtype, "sm_90").get_kernel_source()
-    assert run.run_kernel(src, {"Dout": bits(dout), "Y": bits(y), "Rows": rows.numpy(),
+    assert run.run_kernel(src, {"Dout": _bits(dout), "Y": _bits(y), "Rows": rows.numpy(),
                                 "DW": dw, "M": m, "R": r}, (m, 1), 32) is None
     assert np.allclose(dw.reshape(m, k), want.numpy(), rtol=1e-5, atol=1e-4)
 
