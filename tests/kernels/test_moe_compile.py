@@ -99,9 +99,11 @@ def test_the_warp_specialized_program_is_chosen_only_where_it_holds(n, k, trans_
     ws = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, arch)
     assert ws.program is (G.GroupedProgram.WARP_SPECIALIZED if holds
                           else G.GroupedProgram.PIPELINED)
-    # the default stays the pipelined program whatever holds
-    assert G.choose_config(spec).program is G.GroupedProgram.PIPELINED
-    assert G.choose_config(spec, arch=arch) == G.choose_config(spec)
+    # the kernel's choice (no program named): the warp-specialized program wherever it holds
+    assert G.choose_config(spec, arch=arch) == ws
+    assert G.choose_config(spec, G.GroupedProgram.PIPELINED, arch).program \
+        is G.GroupedProgram.PIPELINED
+    assert G.choose_config(spec).program is G.GroupedProgram.PIPELINED  # no arch: none holds
 
 
 @pytest.mark.parametrize(("kw", "arch", "text"), [
@@ -280,7 +282,8 @@ def test_tuning_keeps_the_faster_program(monkeypatch, faster) -> None:
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() is faster else 2.0)
     monkeypatch.setattr(G, "device_arch", lambda device: HOPPER)
     kern = G.GroupedGemmKernel(_spec(m=32768, e=64, n=2048, k=4096))
-    assert kern.config.program is G.GroupedProgram.PIPELINED  # the default until tuned
+    # the default on sm_90 until tuned
+    assert kern.config.program is G.GroupedProgram.WARP_SPECIALIZED
     kern.request_tune()
     ran.clear()
     kern(None, None, None, None)

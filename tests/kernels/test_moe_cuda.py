@@ -189,12 +189,18 @@ def _sms() -> int:
     return G.sm_count(torch.device("cuda")) if torch.cuda.is_available() else 132
 
 
-def _ws_program(spec):
-    """The warp-specialized program for ``spec`` (as the tuned kernel would build it)."""
-    cfg = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, HOPPER)
-    assert cfg.program is G.GroupedProgram.WARP_SPECIALIZED
+def _program(spec, program):
+    """``program`` built for ``spec`` as the kernel would build it."""
+    cfg = G.choose_config(spec, program, HOPPER)
+    assert cfg.program is program
+    sms = _sms() if program is G.GroupedProgram.WARP_SPECIALIZED else 132
     return G.build_grouped_gemm(spec.e, spec.n, spec.k, spec.dtype, spec.trans_b, spec.layout,
-                                spec.max_m, cfg, None, _sms())
+                                spec.max_m, cfg, None, sms)
+
+
+def _ws_program(spec):
+    """The warp-specialized program for ``spec`` (the kernel's choice on sm_90)."""
+    return _program(spec, G.GroupedProgram.WARP_SPECIALIZED)
 
 
 #: the cases of GEMMS whose rows TMA can load (odd K is the pipelined program's; the masked
@@ -213,6 +219,21 @@ def test_warp_specialized_contiguous_grouped_gemm(case):
     assert not c.isnan().any()
     assert _rel(c, ref) < _tol(dtype)
     assert not c[int(offsets[-1]):].any()  # the rows of no expert
+
+
+@pytest.mark.parametrize("case", GEMMS, ids=lambda c: f"e{len(c[0])}-n{c[1]}-k{c[2]}")
+def test_pipelined_contiguous_grouped_gemm(case):
+    """The pipelined program on every case (the op runs the warp-specialized one where it
+    holds on sm_90, so this is the only test of the pipelined one on those cases there)."""
+    a, b, offsets, _, ref = _contiguous_case(case)
+    loads, n, k, dtype, trans_b, _ = case
+    m = a.shape[0]
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=dtype)  # every row is written
+    _program(_gemm_spec(m, len(loads), n, k, _NAME[dtype], trans_b),
+             G.GroupedProgram.PIPELINED)(a, b, offsets.cuda(), c)
+    assert not c.isnan().any()
+    assert _rel(c, ref) < _tol(dtype)
+    assert not c[int(offsets[-1]):].any()
 
 
 #: the graph test's routings over 2048 rows of 8 experts: even, then uneven (two experts empty,
@@ -575,11 +596,11 @@ def program_keys():
 
     keys = []
 
-    def gemm(m, e, n, k, dtype, trans_b, masked=False, max_m=0, ws=False):
+    def gemm(m, e, n, k, dtype, trans_b, masked=False, max_m=0):
         spec = _gemm_spec(m, e, n, k, dtype, trans_b, masked, max_m)
         keys.append(("gemm", (e, n, k, dtype, trans_b, spec.layout, max_m,
-                              G.choose_config(spec), None, 132)))
-        if ws and G.ws_refusal(spec, HOPPER) is None:  # the tests' and the sweep's, on sm_90
+                              G.choose_config(spec, G.GroupedProgram.PIPELINED), None, 132)))
+        if G.ws_refusal(spec, HOPPER) is None:  # the kernel's choice on sm_90, the sweep's
             cfg = G.choose_config(spec, G.GroupedProgram.WARP_SPECIALIZED, HOPPER)
             keys.append(("gemm", (e, n, k, dtype, trans_b, spec.layout, max_m, cfg, None,
                                   _sms())))
@@ -603,12 +624,12 @@ def program_keys():
     name = _NAME
     for loads, n, k, dt, tb, align in GEMMS:
         gemm(sum(-(-c // align) * align for c in loads) + 3 * align, len(loads), n, k,
-             name[dt], tb, ws=True)
-    gemm(2048, 8, 512, 1024, "bfloat16", True, ws=True)  # the graph test's
+             name[dt], tb)
+    gemm(2048, 8, 512, 1024, "bfloat16", True)  # the graph test's
     for loads, n, k, dt, tb, _ in GEMMS[1:4]:  # the gradients' da: reduction over N
         gemm(sum(loads) + 5, len(loads), k, n, name[dt], not tb)
     for e, max_m, _, n, k, dt, tb in MASKED:
-        gemm(e * max_m, e, n, k, name[dt], tb, True, max_m, ws=True)
+        gemm(e * max_m, e, n, k, name[dt], tb, True, max_m)
     for e, top_k, opts in ROUTES:
         for dt in ("bfloat16", "float32"):
             gating(e, top_k, dt, **opts)
@@ -635,11 +656,11 @@ def program_keys():
         v, (masked, max_m, _) = c.values, _layout_of(c.params)
         if c.dtypes["T"] in served:
             gemm(v["M"] * (v["E"] if masked else 1), v["E"], v["N"], v["K"], c.dtypes["T"],
-                 bool(c.params.get("trans_b", False)), masked, max_m, ws=True)
+                 bool(c.params.get("trans_b", False)), masked, max_m)
     for _, case, n, k in _sweep_cells(cases_of(GroupedGemmFwdOp, labels=SWEEP)):
         s = _cell_spec(case, n, k)
         gemm(s.m, s.e, n, k, s.dtype, s.trans_b, s.layout is G.GroupedLayoutKind.MASKED,
-             s.max_m, ws=True)
+             s.max_m)
     for c in cases_of(MoeTopkGatingFwdOp):
         if c.dtypes["T"] in (*served, "float32"):
             bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)

@@ -24,20 +24,21 @@ next expert's rows (or zeros past ``M``), and the store writes only the expert's
 
 Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`GroupedProgram`):
 
-- ``PIPELINED`` (:func:`grouped_gemm_program`, the default): one CTA a slot of the grid above,
-  the predicated copies of TileLang's grouped GEMM example in a plain ``T.Pipelined`` loop
-  (warp specialization off: the slot's expert is known only after the scheduler's loop), sm_80
-  to sm_90, any alignment.
-- ``WARP_SPECIALIZED`` (:func:`grouped_gemm_ws_program`, sm_90, 16-byte rows): the dense
-  GEMM's persistent schedule (:func:`tileops.kernels.gemm._persistent_program`) over the same
-  slots: one CTA an SM walking slots ``w, w + sms, ...`` of (row slot, column tile) in panels
-  of :data:`PANEL` row slots taken column by column (the dense GEMM's swizzle), a load warp
-  issuing TMA loads of ``a``'s and ``b[e]``'s tiles into a ring of shared stages, the math
-  warpgroups (their registers raised by setmaxnreg) running wgmma and storing each tile. Every
-  role walks the offsets itself: a cursor kept at the first row slot of the CTA's panel only
-  moves forward (a CTA's panels never go back), and a copy of it walks on to the slot's row
-  (the few experts of one panel), so a CTA reads the ``E + 1`` offsets about once in all, not
-  once a tile.
+- ``PIPELINED`` (:func:`grouped_gemm_program`, where the other does not hold): one CTA a slot
+  of the grid above, the predicated copies of TileLang's grouped GEMM example in a plain
+  ``T.Pipelined`` loop (warp specialization off: the slot's expert is known only after the
+  scheduler's loop), sm_80 to sm_90, any alignment.
+- ``WARP_SPECIALIZED`` (:func:`grouped_gemm_ws_program`, sm_90, 16-byte rows, contiguous; the
+  default where it holds, :func:`choose_config`): the dense GEMM's persistent schedule
+  (:func:`tileops.kernels.gemm._persistent_program`) over the same slots: one CTA an SM
+  walking slots ``w, w + sms, ...`` of (row slot, column tile) in panels of :data:`PANEL` row
+  slots taken column by column (the dense GEMM's swizzle), a load warp issuing TMA loads of
+  ``a``'s and ``b[e]``'s tiles into a ring of shared stages, the math warpgroups (their
+  registers raised by setmaxnreg) running wgmma and storing each tile. Every role walks the
+  offsets itself: a cursor kept at the first row slot of the CTA's panel only moves forward
+  (a CTA's panels never go back), and a copy of it walks on to the slot's row (the few
+  experts of one panel), so a CTA reads the ``E + 1`` offsets about once in all, not once a
+  tile.
 
 A tile stays inside its segment because of what is stored, not of what is loaded. TMA clips a
 box at the tensor's bounds, not the segment's: a tile's load of ``bm`` rows from its first row
@@ -186,20 +187,26 @@ def ws_refusal(spec: GroupedGemmSpec, arch: tuple[int, int] | None) -> str | Non
     return None
 
 
-def choose_config(spec: GroupedGemmSpec, program: GroupedProgram = GroupedProgram.PIPELINED,
+def choose_config(spec: GroupedGemmSpec, program: GroupedProgram | None = None,
                   arch: tuple[int, int] | None = None) -> GroupedGemmConfig:
     """128-row tiles when an expert averages at least 128 rows, else 64-row ones, of
     ``program``; the warp-specialized program only where its preconditions hold on ``arch``
     (:func:`ws_refusal`), else the pipelined one.
 
-    The pipelined program stays the default: the warp-specialized one is the dense GEMM's
-    persistent schedule, measured at cuBLAS there, but nothing of it has been measured on
-    grouped shapes yet, where the cursor's walk and the predicated stores of partial tiles
-    are its own. ``GroupedGemmFwdOp(tune=True)`` times both on the first call and keeps the
-    faster (:meth:`GroupedGemmKernel.request_tune`); benchmarks/gpu_moe.sh's sweep times both
-    side by side."""
+    ``program`` None (the kernel's choice): the warp-specialized program wherever it holds,
+    else the pipelined one. On the H200, beside torch._grouped_mm on the bar's shapes (E64 x
+    512 rows x K4096 -> N2048 even and uneven, Mixtral-8x7B's up and down projections at 8192
+    tokens, DeepSeek-V3's up projection), the warp-specialized program ran at 0.86-1.10x of
+    it (583-726 TFLOP/s) and the pipelined one at 0.57-0.82x (405-517): results/
+    grouped_gemm_sweep-cuda0.json. Its persistent grid also walks the offsets about once a CTA,
+    where each of the pipelined grid's CTAs scans them (DeepSeek-V3's 256 experts at 64 tokens:
+    some 14,500 CTAs, each walking up to 256 offsets). ``GroupedGemmFwdOp(tune=True)`` still
+    times both on the first call and keeps the faster (:meth:`GroupedGemmKernel.request_tune`).
+    """
     rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m // max(spec.e, 1)
     wide = rows >= 128
+    if program is None:
+        program = GroupedProgram.WARP_SPECIALIZED
     if program is GroupedProgram.WARP_SPECIALIZED and ws_refusal(spec, arch) is None:
         return _WS_WIDE if wide else _WS_NARROW
     return _WIDE if wide else _NARROW
@@ -643,9 +650,10 @@ def build_grouped_gemm(e: int, n: int, k: int, dtype: str, trans_b: bool,
 
 
 class GroupedGemmKernel(Kernel, GroupedGemmInterface):
-    """sm_80 to sm_90, offsets or masked metadata, any sizes (predicated copies): the
-    module's pipelined program for the call's shape; on sm_90 with 16-byte rows, the
-    warp-specialized one instead where tuning (``tune=True`` on the op) measures it faster."""
+    """sm_80 to sm_90, offsets or masked metadata, any sizes (predicated copies): on sm_90
+    with 16-byte rows and offsets, the module's warp-specialized program, elsewhere the
+    pipelined one (:func:`choose_config`); tuning (``tune=True`` on the op) times both where
+    both hold and keeps the faster."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -663,11 +671,11 @@ class GroupedGemmKernel(Kernel, GroupedGemmInterface):
         # a contiguous call's rows matter only through the tile the heuristic picks (and
         # whether there are any); the program reads M at launch
         return (spec.device, spec.e, spec.n, spec.k, spec.dtype, spec.trans_b, spec.layout,
-                spec.max_m, spec.m == 0, choose_config(spec))
+                spec.max_m, spec.m == 0, choose_config(spec, arch=device_arch(spec.device)))
 
     def __init__(self, spec: GroupedGemmSpec) -> None:
         super().__init__(spec)
-        self.config = choose_config(spec)
+        self.config = choose_config(spec, arch=device_arch(spec.device))
         rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m
         self._empty = rows == 0 or spec.e == 0 or spec.n == 0
         self._zero_k = spec.k == 0
