@@ -106,6 +106,24 @@ def test_the_warp_specialized_program_is_chosen_only_where_it_holds(n, k, trans_
     assert G.choose_config(spec).program is G.GroupedProgram.PIPELINED  # no arch: none holds
 
 
+@settings(max_examples=80, deadline=None)
+@given(m=st.integers(1, 70000), e=st.integers(1, 300))
+def test_a_few_row_slots_take_the_pipelined_program(m, e) -> None:
+    """The kernel's choice on sm_90 with 16-byte rows: the pipelined program for a decode
+    step's few row slots (one token of DeepSeek-V3: 8 rows of 256 experts, 9 slots; of
+    Mixtral-8x7B: 3), the warp-specialized one from 17 slots (64 tokens of DeepSeek-V3)."""
+    spec = _spec(m=m, e=e, n=4096, k=7168)
+    cfg = G.choose_config(spec, arch=HOPPER)
+    slots = G.contiguous_slots(m, e, cfg.block_m)
+    assert (cfg.program is G.GroupedProgram.PIPELINED) is (slots <= 16)
+    assert cfg == G.choose_config(spec, cfg.program, HOPPER)  # the tile follows the rows
+    for rows, experts, program in ((8, 256, "pipelined"), (2, 8, "pipelined"),
+                                   (512, 256, "warp_specialized"),
+                                   (16384, 8, "warp_specialized")):
+        got = G.choose_config(_spec(m=rows, e=experts, n=4096, k=7168), arch=HOPPER).program
+        assert got.value == program, (rows, experts)
+
+
 @pytest.mark.parametrize(("kw", "arch", "text"), [
     (dict(), (8, 0), "runs on sm_90 (TMA loads, wgmma, setmaxnreg)"),
     (dict(per_row=True), HOPPER, "serves offsets or masked metadata"),
