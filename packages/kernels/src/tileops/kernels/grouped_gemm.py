@@ -187,9 +187,9 @@ def ws_refusal(spec: GroupedGemmSpec, arch: tuple[int, int] | None) -> str | Non
     return None
 
 
-#: row slots of the contiguous grid up to which the kernel's choice is the pipelined program
-#: (one token of DeepSeek-V3 takes 9, of Mixtral-8x7B 3; 64 tokens of DeepSeek-V3 260)
-_FEW_SLOTS = 16
+#: routed rows up to which the kernel's choice is the pipelined program (a decode step of one
+#: or two tokens: DeepSeek-V3 routes 8 rows a token, Mixtral-8x7B 2; 64 tokens route 512 / 128)
+_FEW_ROWS = 16
 
 
 def choose_config(spec: GroupedGemmSpec, program: GroupedProgram | None = None,
@@ -205,19 +205,18 @@ def choose_config(spec: GroupedGemmSpec, program: GroupedProgram | None = None,
     it (583-726 TFLOP/s) and the pipelined one at 0.57-0.82x (405-517): results/
     grouped_gemm_sweep-cuda0.json. Its persistent grid also walks the offsets about once a CTA,
     where each of the pipelined grid's CTAs scans them (DeepSeek-V3's 256 experts at 64 tokens:
-    some 14,500 CTAs, each walking up to 256 offsets). Except for a few row slots (at most
-    :data:`_FEW_SLOTS`: a decode step's handful of routed rows), where the pipelined grid of a
-    slot a column tile puts more CTAs on reading the experts' weights than the persistent
-    one's 132: the fused layer's up and down projections at one token, Mixtral-8x7B 117.6 and
-    82.8 us pipelined against 157.3 and 105.1 warp-specialized, DeepSeek-V3 125.1 and 75.6
-    against 166.1 and 100.9 (results/moe_stages-cuda.md and gpu_session_2026-12-04g.md).
-    ``GroupedGemmFwdOp(tune=True)`` still times both on the first call and keeps the faster
-    (:meth:`GroupedGemmKernel.request_tune`)."""
+    some 14,500 CTAs, each walking up to 256 offsets). Except for a handful of rows (at most
+    :data:`_FEW_ROWS`: a decode step of a token or two), where the pipelined grid of a CTA a
+    row slot and column tile puts more CTAs on reading the experts' weights than the
+    persistent one's 132: the fused layer at one token, Mixtral-8x7B 223.0 us pipelined
+    against 272.1 warp-specialized, DeepSeek-V3 229.9 against 299.0; at 64 tokens the
+    warp-specialized program is the faster, 692.6 against 712.2 and 517.2 against 979.6
+    (gpu_session_2026-12-04g.md). ``GroupedGemmFwdOp(tune=True)`` still times both on the
+    first call and keeps the faster (:meth:`GroupedGemmKernel.request_tune`)."""
     rows = spec.max_m if spec.layout is GroupedLayoutKind.MASKED else spec.m // max(spec.e, 1)
     wide = rows >= 128
     if program is None:
-        few = (spec.layout is GroupedLayoutKind.CONTIGUOUS
-               and contiguous_slots(spec.m, spec.e, 128 if wide else 64) <= _FEW_SLOTS)
+        few = spec.layout is GroupedLayoutKind.CONTIGUOUS and spec.m <= _FEW_ROWS
         program = GroupedProgram.PIPELINED if few else GroupedProgram.WARP_SPECIALIZED
     if program is GroupedProgram.WARP_SPECIALIZED and ws_refusal(spec, arch) is None:
         return _WS_WIDE if wide else _WS_NARROW
