@@ -120,6 +120,28 @@ def test_a_handful_of_rows_takes_the_pipelined_program(m, e) -> None:
     assert G.choose_config(masked, arch=HOPPER).program is G.GroupedProgram.PIPELINED
 
 
+@settings(max_examples=120, deadline=None)
+@given(m=st.integers(1, 4096), e=st.integers(1, 300), n=st.integers(1, 40000),
+       arch=st.sampled_from([(9, 0), (8, 0), None]))
+def test_the_pipelined_tile_narrows_where_its_ctas_would_leave_sms_idle(m, e, n, arch) -> None:
+    """64-row tiles of 64 columns where a CTA a routed row and 128-column tile would be fewer
+    than the 132 SMs (one token of Mixtral-8x7B's down projection: 2 x 32), else 128 columns;
+    the masked layout and 128-row tiles keep theirs."""
+    cfg = G.choose_config(_spec(m=m, e=e, n=n, k=4096), G.GroupedProgram.PIPELINED, arch)
+    if m // e >= 128:
+        assert cfg == G._WIDE
+    else:
+        thin = min(e, m) * -(-n // 128) < 132
+        assert cfg == (G._THIN if thin else G._NARROW)
+    masked = _spec(m=m, e=e, n=n, k=4096, layout=MASKED, max_m=64)
+    assert G.choose_config(masked, G.GroupedProgram.PIPELINED, arch) == G._NARROW
+    # one token of Mixtral-8x7B: the down projection thin, the up projection not
+    down = _spec(m=2, e=8, n=4096, k=14336)
+    up = _spec(m=2, e=8, n=28672, k=4096)
+    assert G.choose_config(down, arch=HOPPER) == G._THIN
+    assert G.choose_config(up, arch=HOPPER) == G._NARROW
+
+
 @pytest.mark.parametrize(("kw", "arch", "text"), [
     (dict(), (8, 0), "runs on sm_90 (TMA loads, wgmma, setmaxnreg)"),
     (dict(per_row=True), HOPPER, "serves offsets or masked metadata"),
@@ -329,6 +351,8 @@ def test_tuning_off_hopper_times_nothing(monkeypatch) -> None:
     pytest.param(64, 2048, 4096, "bfloat16", True, CONTIGUOUS, 0, G._WIDE, id="contiguous-nt"),
     # masked blocks of an odd K (no 16-byte rows): 64-row tiles, b stored (E, K, N)
     pytest.param(8, 200, 7, "float16", False, MASKED, 96, G._NARROW, id="masked-nn-odd-k"),
+    # a decode step's few CTAs: 64 x 64 tiles (one warpgroup's wgmma 64 columns wide)
+    pytest.param(8, 4096, 14336, "bfloat16", True, CONTIGUOUS, 0, G._THIN, id="thin-decode"),
 ])
 def test_grouped_gemm_compiles_for_sm90(e, n, k, dtype, trans_b, layout, max_m, cfg):
     src = G.build_grouped_gemm(e, n, k, dtype, trans_b, layout, max_m, cfg,
@@ -337,7 +361,9 @@ def test_grouped_gemm_compiles_for_sm90(e, n, k, dtype, trans_b, layout, max_m, 
     assert "wgmma" in src  # T.gemm lowers to warpgroup MMA
     assert "tma_load" not in src  # the plain pipeline (the tile's rows are known late)
     if layout is CONTIGUOUS:
-        assert f"for (int g = 0; g < {e}; ++g)" in src  # the scheduler's walk of the offsets
+        # the cursor's walk of the offsets, stopping at the slot's expert
+        assert f"if (!(((g[0] < {e}) && ((before[0] + cnt[0]) <= ((int)blockIdx.y))))) " \
+            "{ break; }" in src
         assert "int M)" in src  # the rows are a launch-time size
     else:
         assert "min(max(Meta[" in src  # the block's count, clamped

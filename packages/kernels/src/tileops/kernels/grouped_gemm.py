@@ -15,11 +15,10 @@ fp32 accumulation) over the slots of a tile schedule that reads the metadata on 
 one row slot a tile of each expert's rows, ``ceil(M / block_m) + min(E, M)`` for contiguous
 (each segment, and the zero rows after the last one, rounds up to one partial tile at most,
 and at most ``min(E, M)`` segments hold a row: DeepSeek-V3's 8 routed rows of one token take
-9 row slots, not 258, each CTA of which walks the ``E`` offsets; a slot past the tiles of
-every expert and of the tail does nothing),
-``E * ceil(max_m / block_m)`` for masked. A contiguous slot finds its expert from the ``E +
-1`` offsets (a prefix of tile counts), so a call never synchronises with the host and a CUDA
-graph replays it whatever the routing. Tiles overhang their expert's rows: the loads read the
+9 row slots, not 258; a slot past the tiles of every expert and of the tail does nothing),
+``E * ceil(max_m / block_m)`` for masked. A contiguous slot finds its expert by walking the
+``E + 1`` offsets (a prefix of tile counts) up to it, so a call never synchronises with the
+host and a CUDA graph replays it whatever the routing. Tiles overhang their expert's rows: the loads read the
 next expert's rows (or zeros past ``M``), and the store writes only the expert's own.
 
 Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`GroupedProgram`):
@@ -155,6 +154,11 @@ class GroupedGemmConfig(NamedTuple):
 #: few rows an expert (decode: one warpgroup, half the rows wasted at most)
 _WIDE = GroupedGemmConfig(128, 128, 64, 3, 256)
 _NARROW = GroupedGemmConfig(64, 128, 64, 4, 128)
+#: 64-column tiles where even a CTA a routed row and column tile would leave SMs idle (a
+#: decode step's few experts over a short N: one token of Mixtral-8x7B's down projection, 2
+#: experts x 32 column tiles of 128 = 64 CTAs, read its weights at 2.8 TB/s, 82.8 us against
+#: a 54.6 us floor, where its up projection's 448 CTAs reached 93% of theirs)
+_THIN = GroupedGemmConfig(64, 64, 64, 4, 128)
 #: the warp-specialized program's tiles: the dense GEMM's persistent 128x256 and 64x128 ones
 #: (HOPPER_CONFIGS in kernels/gemm.py, at cuBLAS on the H200's large shapes); shared memory of
 #: the wide one: 3 stages of 48 KiB and the 64 KiB output tile
@@ -220,7 +224,12 @@ def choose_config(spec: GroupedGemmSpec, program: GroupedProgram | None = None,
         program = GroupedProgram.PIPELINED if few else GroupedProgram.WARP_SPECIALIZED
     if program is GroupedProgram.WARP_SPECIALIZED and ws_refusal(spec, arch) is None:
         return _WS_WIDE if wide else _WS_NARROW
-    return _WIDE if wide else _NARROW
+    if wide:
+        return _WIDE
+    if (spec.layout is GroupedLayoutKind.CONTIGUOUS
+            and min(spec.e, spec.m) * _ceil(spec.n, _NARROW.block_n) < _SMS):
+        return _THIN
+    return _NARROW
 
 
 def _ceil(a: int, b: int) -> int:
@@ -261,6 +270,26 @@ def _operands(T, e: int, n: int, k: int, trans_b: bool, layout: GroupedLayoutKin
                      e + 1, T.max(T.ceildiv(m, bm) + T.min(m, e), 1))
 
 
+def _walk(T, e: int, m, bm: int):
+    """The cursor's walk, a TileLang macro both programs run (:func:`contiguous_schedule`
+    runs it on ints): ``walk(meta, g, lo, hi, cnt, before, target)`` moves the cursor (expert
+    ``g`` owns rows ``[lo, hi)``, its ``cnt`` row tiles start at row slot ``before``) forward
+    to the expert whose tiles hold row slot ``target``, or past the last expert (``g == e``:
+    the zero rows)."""
+
+    @T.macro
+    def walk(meta, g, lo, hi, cnt, before, target):
+        while g[0] < e and target >= before[0] + cnt[0]:
+            before[0] = before[0] + cnt[0]
+            lo[0] = hi[0]
+            g[0] = g[0] + 1
+            if g[0] < e:
+                hi[0] = segment_end(meta[g[0] + 1], lo[0], m, T.max, T.min)
+                cnt[0] = row_tiles(lo[0], hi[0], bm)
+
+    return walk
+
+
 def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                          layout: GroupedLayoutKind, max_m: int, cfg: GroupedGemmConfig):
     """The TileLang prim_func (not compiled): the rows ``M`` of a contiguous ``a`` dynamic,
@@ -273,6 +302,7 @@ def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     # TMA needs 16-byte rows: a's and b's rows of K (b's of N when not trans_b)
     per_vec = 16 // _ITEMSIZE[dtype]
     ann = None if k % per_vec == 0 and (trans_b or n % per_vec == 0) else {"disable_tma": True}
+    walk = _walk(T, e, m, bm)
 
     @T.prim_func
     def main(
@@ -301,22 +331,26 @@ def grouped_gemm_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
                 stop[0] = T.min(T.max(Meta[by // per], 0), max_m)
                 end[0] = T.min(start[0] + bm, max_m)
             else:
-                tiles = T.alloc_local((1,), "int32")  # tiles of the experts before e
-                lo = T.alloc_local((1,), "int32")  # offsets clamped and non-decreasing
-                tiles[0] = 0
+                # the cursor from the first slot walked on to row slot `by` (the
+                # warp-specialized program's walk): it stops at the slot's expert, so a CTA
+                # reads the offsets up to its own, not all E of them
+                g = T.alloc_local((1,), "int32")
+                lo = T.alloc_local((1,), "int32")
+                hi = T.alloc_local((1,), "int32")
+                cnt = T.alloc_local((1,), "int32")
+                before = T.alloc_local((1,), "int32")
+                g[0] = 0
                 lo[0] = 0
-                for g in T.serial(e):
-                    hi = T.min(T.max(Meta[g + 1], lo[0]), m)
-                    count = T.ceildiv(hi - lo[0], bm)
-                    if by >= tiles[0] and by < tiles[0] + count:
-                        ex[0] = g
-                        start[0] = lo[0] + (by - tiles[0]) * bm
-                        stop[0] = hi
-                        end[0] = T.min(lo[0] + (by - tiles[0] + 1) * bm, hi)
-                    tiles[0] = tiles[0] + count
-                    lo[0] = hi
-                if by >= tiles[0]:  # the rows after the last segment: zeros
-                    start[0] = lo[0] + (by - tiles[0]) * bm
+                before[0] = 0
+                hi[0] = segment_end(Meta[1], 0, m, T.max, T.min)
+                cnt[0] = row_tiles(0, hi[0], bm)
+                walk(Meta, g, lo, hi, cnt, before, by)
+                start[0] = tile_start(by, lo[0], before[0], bm)
+                if g[0] < e:
+                    ex[0] = g[0]
+                    stop[0] = hi[0]
+                    end[0] = T.min(start[0] + bm, hi[0])
+                else:  # the rows after the last segment: zeros (ex stays -1)
                     stop[0] = start[0]
                     end[0] = T.min(start[0] + bm, m)
             T.clear(C_l)
@@ -516,17 +550,7 @@ def grouped_gemm_ws_program(e: int, n: int, k: int, dtype: str, trans_b: bool,
     store = ["to_shared", "store", "store_rows"] if tma_store else ["to_shared", "store_rows"]
     root = ["tiles"] if masked else ["init", "tiles"]
 
-    @T.macro
-    def walk(meta, g, lo, hi, cnt, before, target):
-        # the cursor moved on to the expert whose tiles hold row slot `target` (past the last
-        # expert: the zero rows)
-        while g[0] < e and target >= before[0] + cnt[0]:
-            before[0] = before[0] + cnt[0]
-            lo[0] = hi[0]
-            g[0] = g[0] + 1
-            if g[0] < e:
-                hi[0] = segment_end(meta[g[0] + 1], lo[0], m, T.max, T.min)
-                cnt[0] = row_tiles(lo[0], hi[0], bm)
+    walk = _walk(T, e, m, bm)
 
     @T.prim_func
     def main(
