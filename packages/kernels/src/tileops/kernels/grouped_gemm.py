@@ -18,8 +18,9 @@ and at most ``min(E, M)`` segments hold a row: DeepSeek-V3's 8 routed rows of on
 9 row slots, not 258; a slot past the tiles of every expert and of the tail does nothing),
 ``E * ceil(max_m / block_m)`` for masked. A contiguous slot finds its expert by walking the
 ``E + 1`` offsets (a prefix of tile counts) up to it, so a call never synchronises with the
-host and a CUDA graph replays it whatever the routing. Tiles overhang their expert's rows: the loads read the
-next expert's rows (or zeros past ``M``), and the store writes only the expert's own.
+host and a CUDA graph replays it whatever the routing. Tiles overhang their expert's rows: the
+loads read the next expert's rows (or zeros past ``M``), and the store writes only the
+expert's own.
 
 Two programs serve the slot, a field of :class:`GroupedGemmConfig` (:class:`GroupedProgram`):
 
@@ -198,9 +199,10 @@ _FEW_ROWS = 16
 
 def choose_config(spec: GroupedGemmSpec, program: GroupedProgram | None = None,
                   arch: tuple[int, int] | None = None) -> GroupedGemmConfig:
-    """128-row tiles when an expert averages at least 128 rows, else 64-row ones, of
-    ``program``; the warp-specialized program only where its preconditions hold on ``arch``
-    (:func:`ws_refusal`), else the pipelined one.
+    """128-row tiles when an expert averages at least 128 rows, else 64-row ones (the
+    pipelined program's 64 columns wide where even a CTA a routed row and 128-column tile
+    would leave SMs idle: :data:`_THIN`), of ``program``; the warp-specialized program only
+    where its preconditions hold on ``arch`` (:func:`ws_refusal`), else the pipelined one.
 
     ``program`` None (the kernel's choice): the warp-specialized program wherever it holds,
     else the pipelined one. On the H200, beside torch._grouped_mm on the bar's shapes (E64 x
