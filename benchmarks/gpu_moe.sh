@@ -8,11 +8,11 @@
 # Mixtral-8x7B and DeepSeek-V3-like shapes at 1, 64 and 8192 tokens (faster than the torch
 # pipeline with torch._grouped_mm); the routing's and the permutation's gradients (the
 # permutation's at the unpermutation's bandwidth); tileops.nn.MoE's training step is in the
-# kernel tests. Stage sweep times the grouped GEMM's two programs (the pipelined default and the
-# warp-specialized TMA one) beside torch._grouped_mm on the bar's shapes (E64 x 512 x 4096 ->
-# 2048 even and uneven, Mixtral-8x7B up and down, DeepSeek-V3 aligned and masked), TFLOP/s,
-# each cell checked against float64 (grouped_gemm_sweep.json); it decides whether the
-# warp-specialized program becomes the default anywhere. Stage ep runs
+# kernel tests. Stage sweep times the grouped GEMM's two programs (the warp-specialized TMA one,
+# the default where it holds, and the pipelined one) and other tiles of the warp-specialized one
+# (WS_CANDIDATES in tests/kernels/test_moe_cuda.py) beside torch._grouped_mm on the bar's shapes
+# (E64 x 512 x 4096 -> 2048 even and uneven, Mixtral-8x7B up and down, DeepSeek-V3 aligned and
+# masked), TFLOP/s, each cell checked against float64 (grouped_gemm_sweep.json). Stage ep runs
 # examples/expert_parallel_moe.py under torchrun on two GPUs (NCCL, bfloat16: ExpertParallelMoE
 # against the one-device layer, forward and backward) where the machine has two. Stage stages
 # times the fused layer's stages one by one on its workloads (benchmarks/moe_stages.py: which

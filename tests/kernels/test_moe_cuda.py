@@ -659,8 +659,10 @@ def program_keys():
                  bool(c.params.get("trans_b", False)), masked, max_m)
     for _, case, n, k in _sweep_cells(cases_of(GroupedGemmFwdOp, labels=SWEEP)):
         s = _cell_spec(case, n, k)
-        gemm(s.m, s.e, n, k, s.dtype, s.trans_b, s.layout is G.GroupedLayoutKind.MASKED,
-             s.max_m)
+        for cfg in _sweep_configs(s, HOPPER):
+            keys.append(("gemm", (s.e, n, k, s.dtype, s.trans_b, s.layout, s.max_m, cfg, None,
+                                  _sms() if cfg.program is G.GroupedProgram.WARP_SPECIALIZED
+                                  else 132)))
     for c in cases_of(MoeTopkGatingFwdOp):
         if c.dtypes["T"] in (*served, "float32"):
             bias = any(i.name == "correction_bias" and i.shape is not None for i in c.inputs)
@@ -732,6 +734,27 @@ def _describe(key) -> str:
 #: DeepSeek-V3's 128-row aligned segments and 64-row masked blocks
 SWEEP = ["e64-m512-k4096-n2048", "e64-uneven-k4096-n2048", "mixtral-up-uneven-m8192",
          "deepseek-up-aligned128", "deepseek-down-masked64"]
+#: other tiles of the warp-specialized program the sweep times beside the kernel's choice
+#: (the dense GEMM's 128x128 with 128-deep K steps and its 64x128), where they differ from it:
+#: which tile reaches the bar's 730 TFLOP/s, and DeepSeek-V3's up projection (0.86x of
+#: torch._grouped_mm with 128x256 tiles)
+WS_CANDIDATES = (
+    G.GroupedGemmConfig(128, 128, 128, 3, 256, G.GroupedProgram.WARP_SPECIALIZED),
+    G.GroupedGemmConfig(64, 128, 64, 4, 128, G.GroupedProgram.WARP_SPECIALIZED),
+)
+
+
+def _sweep_configs(spec, arch) -> list:
+    """The configurations a sweep cell times: each program's choice for ``spec``, then the
+    :data:`WS_CANDIDATES` where the warp-specialized program holds."""
+    out = []
+    for program in G.GroupedProgram:
+        cfg = G.choose_config(spec, program, arch)
+        if cfg.program is program:  # else the warp-specialized program does not hold here
+            out.append(cfg)
+    if G.ws_refusal(spec, arch) is None:
+        out += [c for c in WS_CANDIDATES if c not in out]
+    return out
 
 
 def _sweep_cells(cases):
@@ -799,12 +822,9 @@ def _sweep_cell(label, case, n, k, arch) -> list[dict]:
         return lambda: (prog(a, b, meta, c), c)[1]
 
     contenders = {}  # name -> (call, whether its rows of no expert must be zero)
-    for program in G.GroupedProgram:
-        cfg = G.choose_config(spec, program, arch)
-        if cfg.program is not program:
-            continue  # the warp-specialized program does not hold here
-        sms = _sms() if program is G.GroupedProgram.WARP_SPECIALIZED else 132
-        name = f"{program.value} {'x'.join(map(str, cfg[:3]))}/st{cfg.stages}"
+    for cfg in _sweep_configs(spec, arch):
+        sms = _sms() if cfg.program is G.GroupedProgram.WARP_SPECIALIZED else 132
+        name = f"{cfg.program.value} {'x'.join(map(str, cfg[:3]))}/st{cfg.stages}"
         contenders[name] = (program_of(cfg, sms), True)
     peer = _grouped_mm_peer(op)
     if peer is not None:
