@@ -94,12 +94,40 @@ def _key(T, v, e: int):
     return T.if_then_else(T.And(v >= 0, v < e), v, e)
 
 
+#: slots a load: the count's and the rank's loops read a chunk's ids as 16-byte vectors (a
+#: chunk starts at a multiple of CHUNK slots, so at a 16-byte boundary of ``ids``, whose
+#: pointer the kernel aligns: :meth:`MoeGroupKernel.__call__`)
+_VEC = 4
+
+
+def _ids_loader(T, e: int):
+    """A TileLang macro, ``load(ids, N, at, buf)``: ``buf[u]`` the key of slot ``at + u`` for
+    ``u < _VEC``, a slot at or past ``N`` keyed ``e + 1`` (which no key equals); one vector
+    load where the group lies below ``N``, else a load a slot (the chunk's tail)."""
+
+    @T.macro
+    def load(ids, N, at, buf):  # noqa: N803 - the slot count, as the programs name it
+        if at + _VEC <= N:
+            for u in T.vectorized(_VEC):
+                buf[u] = ids[at + u]
+            for u in T.unroll(_VEC):
+                buf[u] = _key(T, buf[u], e)
+        else:
+            for u in T.unroll(_VEC):
+                buf[u] = e + 1
+                if at + u < N:
+                    buf[u] = _key(T, ids[at + u], e)
+
+    return load
+
+
 def count_program(e: int):
     """``src[r] = -1`` for every row; ``cnt[c, q]``: the slots of chunk ``c`` (of
     :data:`CHUNK`) keyed ``q``, for ``q`` in ``[0, e]`` (see the module docstring)."""
     _, T = tl()
     N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
     keys = e + 1
+    load = _ids_loader(T, e)
 
     @T.prim_func
     def main(Ids: T.Tensor((N,), "int32"), Cnt: T.Tensor((C, keys), "int32"),
@@ -107,6 +135,7 @@ def count_program(e: int):
         with T.Kernel(T.ceildiv(R + C * keys, _THREADS), threads=_THREADS) as b:
             tx = T.get_thread_binding(0)
             acc = T.alloc_local((1,), "int32")
+            buf = T.alloc_local((_VEC,), "int32")
             g = b * _THREADS + tx
             if g < R:
                 Src[g] = -1
@@ -114,10 +143,11 @@ def count_program(e: int):
                 c = (g - R) // keys
                 q = (g - R) % keys
                 acc[0] = 0
-                for j in T.serial(CHUNK):
-                    if c * CHUNK + j < N:
-                        acc[0] = acc[0] + T.if_then_else(
-                            _key(T, Ids[c * CHUNK + j], e) == q, 1, 0)
+                for j in T.serial(CHUNK // _VEC):
+                    at = c * CHUNK + j * _VEC
+                    load(Ids, N, at, buf)
+                    for u in T.unroll(_VEC):
+                        acc[0] = acc[0] + T.if_then_else(buf[u] == q, 1, 0)
                 Cnt[c, q] = acc[0]
 
     return main
@@ -205,6 +235,7 @@ def place_program(e: int, k: int, metadata: str, max_m: int):
     N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
     masked = metadata == "masked"
     keys = e + 1
+    load = _ids_loader(T, e)
 
     @T.prim_func
     def main(Ids: T.Tensor((N,), "int32"), Base: T.Tensor((C, keys), "int32"),
@@ -214,14 +245,20 @@ def place_program(e: int, k: int, metadata: str, max_m: int):
             tx = T.get_thread_binding(0)
             rank = T.alloc_local((1,), "int32")
             row = T.alloc_local((1,), "int32")
+            buf = T.alloc_local((_VEC,), "int32")
             i = b * _THREADS + tx
             if i < N:
                 key = _key(T, Ids[i], e)
                 c = i // CHUNK
                 rank[0] = Base[c, key]
-                for j in T.serial(i - c * CHUNK):
-                    rank[0] = rank[0] + T.if_then_else(
-                        _key(T, Ids[c * CHUNK + j], e) == key, 1, 0)
+                # the slots before i in its chunk, _VEC at a time (the last group's slots
+                # from i on are not counted)
+                for j in T.serial(T.ceildiv(i - c * CHUNK, _VEC)):
+                    at = c * CHUNK + j * _VEC
+                    load(Ids, N, at, buf)
+                    for u in T.unroll(_VEC):
+                        rank[0] = rank[0] + T.if_then_else(
+                            T.And(buf[u] == key, at + u < i), 1, 0)
                 if masked:
                     row[0] = T.if_then_else(T.And(key < e, rank[0] < max_m),
                                             key * max_m + rank[0], -1)
@@ -259,6 +296,8 @@ class MoeGroupKernel(Kernel, MoeGroupInterface):
 
     def __call__(self, ids, metadata, rows, src) -> None:
         flat = ids.reshape(-1)
+        if flat.data_ptr() % 16:  # the programs read the ids as 16-byte vectors
+            flat = flat.clone()
         keys = self.spec.e + 1
         chunks = max(1, -(-flat.numel() // CHUNK))
         # one workspace: cnt, base, total, off, each at a 16-byte boundary
