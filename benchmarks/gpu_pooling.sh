@@ -8,11 +8,13 @@
 # same tensors, the outputs channels last as torch's, CUDA graphs, bytes read once and written
 # once). Logs and results go to $OUT
 # (or ./gpu-out). STAGES picks stages (default: prebuild tests bench channels_last; also:
-# sweep, the forward program's launch plans on the bars' shapes, for choosing pool_plan).
+# sweep, the forward program's launch plans on the bars' shapes, for choosing pool_plan);
+# BENCHES the bench stage's groups (default: max2d pool1d3d adaptive grads).
 # The bars (H200, bf16): max and average pooling at least torch.compile on every workload
 # (2.40 TB/s on 32 x 256 x 112 x 112, k3 s2; eager 0.62) and at least 3.5 TB/s on the large
 # NCHW and channels-last inputs.
 STAGES=${STAGES:-prebuild tests bench channels_last}
+BENCHES=${BENCHES:-max2d pool1d3d adaptive grads}
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 run() {  # run LOG CMD...: the command's output filtered into $OUT/LOG, its tail and exit code
   local log=$1; shift
@@ -32,10 +34,13 @@ for stage in $STAGES; do case $stage in
     TAIL=25 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_pooling_cuda.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "Pool" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
-    bench max2d MaxPool2dFwdOp AvgPool2dFwdOp
-    bench pool1d3d MaxPool1dFwdOp AvgPool1dFwdOp MaxPool3dFwdOp AvgPool3dFwdOp
-    bench adaptive AdaptiveAvgPool2dFwdOp AdaptiveMaxPool2dFwdOp
-    bench grads MaxPool2dBwdOp AvgPool2dBwdOp MaxPool1dBwdOp AvgPool3dBwdOp ;;
+    for group in $BENCHES; do case $group in
+      max2d) bench max2d MaxPool2dFwdOp AvgPool2dFwdOp ;;
+      pool1d3d) bench pool1d3d MaxPool1dFwdOp AvgPool1dFwdOp MaxPool3dFwdOp AvgPool3dFwdOp ;;
+      adaptive) bench adaptive AdaptiveAvgPool2dFwdOp AdaptiveMaxPool2dFwdOp ;;
+      grads) bench grads MaxPool2dBwdOp AvgPool2dBwdOp MaxPool1dBwdOp AvgPool3dBwdOp ;;
+      *) echo "unknown bench group $group (groups: max2d pool1d3d adaptive grads)" ;;
+    esac; done ;;
   channels_last)
     TAIL=20 run channels_last.log python3 - <<'EOF'
 import sys
