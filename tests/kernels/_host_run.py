@@ -6,12 +6,16 @@ family's programs) computes the same thing whichever order its threads run in.
 as host code: ``blockIdx`` and ``threadIdx`` become host variables and a driver runs every
 thread of every block in turn, on host arrays. A kernel whose threads exchange values by warp
 shuffles (``__shfl_xor_sync``, ``__shfl_sync``, ``__shfl_down_sync``, ``__shfl_up_sync``: a
-warp a token) runs a warp at a time, its 32 lanes host threads meeting at each shuffle. A CPU
-test then checks the program's own indexing (which element each thread reads and writes, the
-masks of the edge blocks, that nothing outside the arrays is written) and its warp exchanges
-without a GPU. It compiles with ``nvcc`` (the CUDA toolkit's headers), so the arithmetic that
-runs is the program's C++; other device intrinsics (``asm``, shared memory and its barriers)
-cannot run, so programs that use them (the 16-bit forms' ``rcp.approx``) are out of reach; the
+warp a token) runs a warp at a time, its 32 lanes host threads meeting at each shuffle. A
+kernel that shares memory across its block (``__shared__``, ``__syncthreads``: a block's
+reduction or scan) runs a block at a time, every thread of it a host thread: its shared arrays
+become one host array the block's threads share (blocks run one after another), and
+``__syncthreads`` a barrier of all of them. A CPU test then checks the program's own indexing
+(which element each thread reads and writes, the masks of the edge blocks, that nothing
+outside the arrays is written), its warp exchanges and its block's exchanges without a GPU.
+It compiles with ``nvcc`` (the CUDA toolkit's headers), so the arithmetic that runs is the
+program's C++; other device intrinsics (``asm``: the 16-bit forms' ``rcp.approx``, TMA,
+``bar.sync`` of part of a block) cannot run, so programs that use them are out of reach; the
 bit casts TileLang prints for infinities (``__int_as_float``) and its packing of two 16-bit
 values (``__pack_half2``) get host versions.
 
@@ -61,14 +65,16 @@ struct HostBarrier {
     if (!cv.wait_for(lock, std::chrono::seconds(20), [&] { return g != gen; })) std::abort();
   }
 };
-static HostBarrier host_warp;
-static unsigned long long host_lanes[32];
+// a warp's barrier and lanes, by the warp's index in its block (blocks of up to 1024 threads)
+static HostBarrier host_warps[32];
+static unsigned long long host_lanes[32][32];
+#define host_warp host_warps[host_thread.x / 32]
 template <typename V> static V host_shfl(V v, unsigned src) {
   unsigned long long bits = 0;
   std::memcpy(&bits, &v, sizeof(V));
-  host_lanes[host_thread.x % 32] = bits;
+  host_lanes[host_thread.x / 32][host_thread.x % 32] = bits;
   host_warp.wait();
-  unsigned long long got = host_lanes[src % 32];
+  unsigned long long got = host_lanes[host_thread.x / 32][src % 32];
   host_warp.wait();
   V out;
   std::memcpy(&out, &got, sizeof(V));
@@ -92,6 +98,10 @@ static unsigned host_activemask() { return 0xFFFFFFFFu; }  // every lane runs
 static void host_syncwarp(unsigned = 0xFFFFFFFFu) { host_warp.wait(); }
 #define __activemask host_activemask
 #define __syncwarp host_syncwarp
+// every thread of the block (its count set by the driver before the block runs)
+static HostBarrier host_block_barrier;
+static void host_syncthreads() { host_block_barrier.wait(); }
+#define __syncthreads host_syncthreads
 #define __shfl_xor_sync host_shfl_xor_sync
 #define __shfl_sync host_shfl_sync
 #define __shfl_down_sync host_shfl_down_sync
@@ -105,6 +115,8 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     gx, gy, threads)`` calls it for every thread of a ``gx`` x ``gy`` grid: one after another,
     or, where the kernel shuffles values across a warp (``__shfl*``), a warp at a time with its
     32 lanes as host threads in lockstep at each shuffle (:data:`_WARP_HOST`)."""
+    if "asm" in source:
+        raise ValueError("the kernel uses inline PTX (asm), which cannot run on the host")
     lines = source.splitlines()
     at = next(i for i, line in enumerate(lines)
               if "__global__" in line and "main_kernel(" in line and line.rstrip().endswith("{"))
@@ -112,9 +124,25 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     decls = [p.strip() for p in params.split(",")]
     names = [d.split()[-1] for d in decls]
     head = [line for line in lines[:at] if not line.startswith('extern "C" __global__')]
-    warps = "__shfl" in source
+    block = "__syncthreads" in source or "__shared__" in source
+    warps = block or "__shfl" in source
     call = f"kernel_body({', '.join(names)});"
-    if warps:
+    body = [_host_shared(line) for line in lines[at + 1:]] if block else lines[at + 1:]
+    if block:  # every thread of a block at once, meeting at __syncthreads and the shuffles
+        driver = [
+            "      if (threads % 32 || threads > 1024) std::abort();",
+            "      host_block_barrier.n = threads;",
+            "      for (unsigned w = 0; w < threads; w += 32) host_warps[w / 32].n = 32;",
+            "      std::vector<std::thread> team;",
+            "      for (unsigned t = 0; t < threads; ++t)",
+            "        team.emplace_back([&, t] {",
+            "          host_block = {x, y, 0};",
+            "          host_thread = {t, 0, 0};",
+            f"          {call}",
+            "        });",
+            "      for (auto& member : team) member.join();",
+        ]
+    elif warps:
         driver = [  # whole warps only: a shuffle's barrier waits for 32 lanes
             "      if (threads % 32) std::abort();",
             "      for (unsigned w = 0; w < threads; w += 32) {",
@@ -159,7 +187,7 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
         "#define blockIdx host_block",
         "#define threadIdx host_thread",
         f"static void kernel_body({params}) {{",
-        *lines[at + 1:],
+        *body,
         "#undef blockIdx",
         "#undef threadIdx",
         f'extern "C" void run({params}, unsigned gx, unsigned gy, unsigned threads) {{',
@@ -172,11 +200,25 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     ]), [(" ".join(d.split()[:-1]), name) for d, name in zip(decls, names, strict=True)]
 
 
+#: the host array a block's dynamic shared memory becomes: the H100's / H200's 227 KiB
+_SHARED_BYTES = 227 * 1024
+
+
+def _host_shared(line: str) -> str:
+    """A kernel body's line with its shared arrays made host arrays that the block's threads
+    share: ``extern __shared__ __align__(A) T name[];`` (dynamic) becomes a static array of
+    :data:`_SHARED_BYTES`, ``__shared__ T name[N];`` a static one of its own size."""
+    dynamic = re.match(r"(\s*)extern __shared__ (__align__\(\d+\) )?([\w:]+) (\w+)\[\];\s*$",
+                       line)
+    if dynamic:
+        indent, align, typ, name = dynamic.groups()
+        return f"{indent}static {align or ''}{typ} {name}[{_SHARED_BYTES} / sizeof({typ})];"
+    return re.sub(r"\b__shared__\s+", "static ", line)
+
+
 def host_kernel(source: str) -> ctypes.CDLL:
     """The compiled host version of a kernel's source (cached by the source's hash); its
     ``run`` takes the kernel's parameters, then the grid and the block's threads."""
-    if "asm" in source:
-        raise ValueError("the kernel uses inline PTX (asm), which cannot run on the host")
     text, _ = host_source(source)
     key = hashlib.sha256(text.encode()).hexdigest()[:24]
     if key in _BUILT:
