@@ -398,7 +398,7 @@ def test_grouping_kernel_is_the_torch_grouping(case, m):
     ids = torch.randint(-1, e + 1, (m, k), device="cuda", generator=g)
     ids = torch.where(torch.rand(m, k, device="cuda", generator=g) < 0.3, 0, ids)
     ids = torch.where(ids == e - 1, 1 % e, ids).to(torch.int32)  # the last expert empty
-    if m % 2:  # ids 4 bytes past a 16-byte boundary (the programs load 16-byte vectors)
+    if m % 2:  # ids a view 4 bytes into its storage
         ids = torch.cat([ids.new_zeros(1), ids.reshape(-1)])[1:].view(m, k)
         assert ids.data_ptr() % 16
     kernel = MG.MoeGroupKernel(MG.MoeGroupSpec(device=torch.device("cuda"), e=e, k=k,

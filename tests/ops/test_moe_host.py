@@ -49,9 +49,10 @@ GROUP_LAYOUTS = [
 @given(m=st.one_of(st.integers(0, 40), st.integers(150, 300)), data=st.data())
 def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, max_m,
                                                                alignment, m, data):
-    """The four launches of the grouping kernel, every thread run on the host, give the torch
-    grouping's rows, metadata and row tokens exactly, over drawn routings: no tokens, slots
-    over several chunks, ids past either end of the experts (dropped), repeats, empty
+    """The three launches of the grouping kernel, every thread run on the host (the count's
+    and the scan's CTAs a block at a time, their threads meeting at the barriers), give the
+    torch grouping's rows, metadata and row tokens exactly, over drawn routings: no tokens,
+    slots over several chunks, ids past either end of the experts (dropped), repeats, empty
     experts, blocks that overflow ``max_m``."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
@@ -67,23 +68,22 @@ def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, m
                       per_row=metadata == "per_row")
     want = group_slots(torch.from_numpy(ids).view(m, k), e, lay)
     r, keys, chunks = lay.rows(n, e), e + 1, max(1, -(-n // MG.CHUNK))
-    count, scan, meta_p, place = (p.get_kernel_source() for p in MG.build_group(
+    count, scan, place = (p.get_kernel_source() for p in MG.build_group(
         e, k, metadata, max_m, alignment, "sm_90"))
     arr = lambda size, fill: run.shared_array(np, size, np.int32, fill)  # noqa: E731
-    cnt, base, total, off = arr(chunks * keys, -5), arr(chunks * keys, -5), arr(keys, -5), \
-        arr(keys, -5)
+    cnt, base, off, rank = arr(chunks * keys, -5), arr(chunks * keys, -5), arr(keys, -5), \
+        arr(max(n, 1), -5)
     src, rows, meta = arr(r, -7), arr(n, -9), arr(want.metadata.numel(), -9)
     sizes = {"N": n, "R": r, "C": chunks}
 
-    def launch(source, threads_needed, **tensors):
-        grid = (max(1, -(-threads_needed // 256)), 1)
-        assert run.run_kernel(source, {**tensors, **sizes}, grid, 256) is None
+    def launch(source, blocks, threads, **tensors):
+        assert run.run_kernel(source, {**tensors, **sizes}, (max(1, blocks), 1), threads) is None
 
-    launch(count, r + chunks * keys, Ids=ids, Cnt=cnt, Src=src)
-    launch(scan, keys, Cnt=cnt, Base=base, Total=total)
-    launch(meta_p, keys + meta.size, Total=total, Off=off, Meta=meta)
+    launch(count, chunks + -(-r // MG.CHUNK), MG.CHUNK, Ids=ids, Cnt=cnt, Rank=rank, Src=src)
+    launch(scan, 1, MG._SCAN_THREADS, Cnt=cnt, Base=base, Off=off, Meta=meta)
     if n:
-        launch(place, n, Ids=ids, Base=base, Off=off, Rows=rows, Src=src)
+        launch(place, -(-n // 256), 256, Ids=ids, Base=base, Rank=rank, Off=off, Rows=rows,
+               Src=src)
     assert np.array_equal(rows, want.rows.numpy().reshape(-1))
     assert np.array_equal(meta, want.metadata.numpy())
     assert np.array_equal(src, want.src.numpy())

@@ -1,6 +1,6 @@
 """The grouping of routed slots by expert, in TileLang: what MoePermuteAlignFwdOp's torch
 grouping computes (a stable sort of the slots by expert, the layout's metadata, each slot's
-row and each row's token) in four launches instead of some thirty torch kernels, whose
+row and each row's token) in three launches instead of some thirty torch kernels, whose
 launches were the whole time of a call of a few tokens (some 60 us on the H200 for one token
 of Mixtral's routing, where the row movement takes 2) and whose sort was most of a large one.
 
@@ -12,21 +12,20 @@ each of the ``R`` rows), ``rows`` ``(M, K)`` the slot's row (-1 when dropped), `
 
 The slots are cut into chunks of :data:`CHUNK`:
 
-- :func:`count_program`: a thread per row sets ``src`` to -1, and a thread per (chunk, key)
-  counts the chunk's slots with that key;
-- :func:`scan_program`: a thread per key sums its counts over the chunks before each chunk
-  (``base``) and over all (``total``);
-- :func:`meta_program`: a thread per key sums the aligned totals of the experts before it
-  (its segment's offset), and a thread per metadata entry writes the layout's;
-- :func:`place_program`: a thread per slot takes its rank in its expert (``base`` of its
-  chunk and key, plus the slots before it in its chunk with its key: so the order within an
-  expert is the tokens', the stable sort's), adds its expert's offset (or block) and writes
-  its row and that row's token.
+- :func:`count_program`: a CTA a chunk puts the chunk's keys in shared memory; a thread a
+  slot counts the slots before it in the chunk keyed as it is (its ``rank`` there: so the
+  order within an expert is the tokens', the stable sort's), and a thread a key counts the
+  chunk's slots with that key (``cnt``); the CTAs after the chunks set ``src`` to -1;
+- :func:`scan_program`: one CTA; a thread a key sums its counts over the chunks before each
+  chunk (``base``) and over all (its total), then, past a barrier, the aligned totals of the
+  experts before it (its segment's offset, ``off``), and past another a thread a metadata
+  entry writes the layout's (a row's expert found by binary search over the offsets);
+- :func:`place_program`: a thread a slot adds its expert's offset (or block), ``base`` of its
+  chunk and key and its ``rank``, and writes its row and that row's token.
 
-A thread's loop is at most a chunk's slots, the chunks or the experts long. Slot, row and
-chunk counts are launch-time sizes: one set of programs a layout serves every token count.
-The threads are independent within a launch (no shared memory, no barrier); the counts cross
-between launches through a workspace in global memory.
+A thread's loop is at most a chunk's slots (in shared memory), the chunks or the experts
+long. Slot, row and chunk counts are launch-time sizes: one set of programs a layout serves
+every token count. The counts cross between launches through a workspace in global memory.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -46,7 +45,6 @@ __all__ = [
     "MoeGroupSpec",
     "build_group",
     "count_program",
-    "meta_program",
     "place_program",
     "scan_program",
 ]
@@ -57,6 +55,9 @@ _METADATA = frozenset(get_args(GroupMetadata))
 #: thread counts a chunk's slots, so a launch's longest chain is this many loads
 CHUNK = 256
 _THREADS = 256
+#: the scan's one CTA: a thread a key (and the keys past it in rounds), then a thread a
+#: metadata entry
+_SCAN_THREADS = 1024
 
 
 class MoeGroupSpec(CallSpec, frozen=True, kw_only=True):
@@ -94,89 +95,47 @@ def _key(T, v, e: int):
     return T.if_then_else(T.And(v >= 0, v < e), v, e)
 
 
-#: slots a load: the count's and the rank's loops read a chunk's ids as 16-byte vectors (a
-#: chunk starts at a multiple of CHUNK slots, so at a 16-byte boundary of ``ids``, whose
-#: pointer the kernel aligns: :meth:`MoeGroupKernel.__call__`)
-_VEC = 4
-
-
-def _ids_loader(T, e: int):
-    """A TileLang macro, ``load(ids, N, at, buf)``: ``buf[u]`` the key of slot ``at + u`` for
-    ``u < _VEC``, a slot at or past ``N`` keyed ``e + 1`` (which no key equals); one vector
-    load where the group lies below ``N``, else a load a slot (the chunk's tail)."""
-
-    @T.macro
-    def load(ids, N, at, buf):  # noqa: N803 - the slot count, as the programs name it
-        if at + _VEC <= N:
-            for u in T.vectorized(_VEC):
-                buf[u] = ids[at + u]
-            for u in T.unroll(_VEC):
-                buf[u] = _key(T, buf[u], e)
-        else:
-            for u in T.unroll(_VEC):
-                buf[u] = e + 1
-                if at + u < N:
-                    buf[u] = _key(T, ids[at + u], e)
-
-    return load
-
-
 def count_program(e: int):
-    """``src[r] = -1`` for every row; ``cnt[c, q]``: the slots of chunk ``c`` (of
-    :data:`CHUNK`) keyed ``q``, for ``q`` in ``[0, e]`` (see the module docstring)."""
+    """A CTA a chunk of :data:`CHUNK` slots, then a CTA a :data:`_THREADS` rows: the chunk's
+    keys in shared memory; ``rank[i]``, the slots before slot ``i`` in its chunk keyed as it
+    is, and ``cnt[c, q]``, the chunk's slots keyed ``q`` for ``q`` in ``[0, e]``; and ``src[r]
+    = -1`` for every row (see the module docstring)."""
     _, T = tl()
     N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
     keys = e + 1
-    load = _ids_loader(T, e)
+    per_thread = -(-keys // CHUNK)  # keys a thread counts
 
     @T.prim_func
     def main(Ids: T.Tensor((N,), "int32"), Cnt: T.Tensor((C, keys), "int32"),
-             Src: T.Tensor((R,), "int32")):
-        with T.Kernel(T.ceildiv(R + C * keys, _THREADS), threads=_THREADS) as b:
+             Rank: T.Tensor((N,), "int32"), Src: T.Tensor((R,), "int32")):
+        with T.Kernel(C + T.ceildiv(R, CHUNK), threads=CHUNK) as b:
             tx = T.get_thread_binding(0)
             acc = T.alloc_local((1,), "int32")
-            buf = T.alloc_local((_VEC,), "int32")
-            g = b * _THREADS + tx
-            if g < R:
-                Src[g] = -1
-            elif g < R + C * keys:
-                c = (g - R) // keys
-                q = (g - R) % keys
-                acc[0] = 0
-                for j in T.serial(CHUNK // _VEC):
-                    at = c * CHUNK + j * _VEC
-                    load(Ids, N, at, buf)
-                    for u in T.unroll(_VEC):
-                        acc[0] = acc[0] + T.if_then_else(buf[u] == q, 1, 0)
-                Cnt[c, q] = acc[0]
-
-    return main
-
-
-def scan_program(e: int):
-    """``base[c, q]``: the slots keyed ``q`` in the chunks before ``c``; ``total[q]``: all of
-    them (a thread a key, over the chunks)."""
-    _, T = tl()
-    C = T.dynamic("C")
-    keys = e + 1
-
-    @T.prim_func
-    def main(Cnt: T.Tensor((C, keys), "int32"), Base: T.Tensor((C, keys), "int32"),
-             Total: T.Tensor((keys,), "int32")):
-        with T.Kernel(T.ceildiv(keys, _THREADS), threads=_THREADS) as b:
-            tx = T.get_thread_binding(0)
-            run = T.alloc_local((1,), "int32")
-            q = b * _THREADS + tx
-            if q < keys:
-                run[0] = 0
-                # eight chunks' counts loaded together: the loop is a chain of loads from L2
-                # otherwise (a DeepSeek-V3 call of 8192 tokens has 256 chunks)
-                for c8 in T.serial(T.ceildiv(C, 8)):
-                    for u in T.unroll(8):
-                        if c8 * 8 + u < C:
-                            Base[c8 * 8 + u, q] = run[0]
-                            run[0] = run[0] + Cnt[c8 * 8 + u, q]
-                Total[q] = run[0]
+            key = T.alloc_local((1,), "int32")
+            s_key = T.alloc_shared((CHUNK,), "int32")
+            if b < C:
+                i = b * CHUNK + tx
+                key[0] = e + 1  # past the slots: a key no slot has
+                if i < N:
+                    key[0] = _key(T, Ids[i], e)
+                s_key[tx] = key[0]
+                T.sync_threads()
+                if i < N:  # the stable rank: the slots before it in the chunk keyed alike
+                    acc[0] = 0
+                    for j in T.serial(tx):
+                        acc[0] = acc[0] + T.if_then_else(s_key[j] == key[0], 1, 0)
+                    Rank[i] = acc[0]
+                for u in T.serial(per_thread):
+                    q = u * CHUNK + tx
+                    if q < keys:
+                        acc[0] = 0
+                        for j in T.serial(CHUNK):
+                            acc[0] = acc[0] + T.if_then_else(s_key[j] == q, 1, 0)
+                        Cnt[b, q] = acc[0]
+            else:
+                r = (b - C) * CHUNK + tx
+                if r < R:
+                    Src[r] = -1
 
     return main
 
@@ -185,45 +144,69 @@ def _aligned(c, alignment: int):
     return c if alignment == 1 else (c + (alignment - 1)) // alignment * alignment
 
 
-def meta_program(e: int, metadata: str, max_m: int, alignment: int):
-    """``off[q]``: where expert ``q``'s segment starts (the aligned totals before it), and the
-    layout's metadata (see the module docstring)."""
+def scan_program(e: int, metadata: str, max_m: int, alignment: int):
+    """One CTA of :data:`_SCAN_THREADS`: a thread a key sums its counts over the chunks before
+    each chunk (``base``) and over all (the key's total, in shared memory); then each key's
+    segment offset (the aligned totals before it: ``off``), and the layout's metadata from the
+    totals and offsets (see the module docstring)."""
     _, T = tl()
-    R = T.dynamic("R")
+    C, R = T.dynamic("C"), T.dynamic("R")
     masked, per_row = metadata == "masked", metadata == "per_row"
     n_meta = e if masked else R if per_row else e + 1
     keys = e + 1
+    rounds = -(-keys // _SCAN_THREADS)  # keys a thread takes
+    top = 1 << max(0, (e - 1).bit_length() - 1) if e > 1 else 0  # the binary search's step
 
     @T.prim_func
-    def main(Total: T.Tensor((keys,), "int32"), Off: T.Tensor((keys,), "int32"),
-             Meta: T.Tensor((n_meta,), "int32")):
-        with T.Kernel(T.ceildiv(keys + n_meta, _THREADS), threads=_THREADS) as b:
+    def main(Cnt: T.Tensor((C, keys), "int32"), Base: T.Tensor((C, keys), "int32"),
+             Off: T.Tensor((keys,), "int32"), Meta: T.Tensor((n_meta,), "int32")):
+        with T.Kernel(1, threads=_SCAN_THREADS):
             tx = T.get_thread_binding(0)
             run = T.alloc_local((1,), "int32")
-            hit = T.alloc_local((1,), "int32")
-            g = b * _THREADS + tx
-            if g < keys:  # the offset of segment g
-                run[0] = 0
-                for p in T.serial(g):
-                    run[0] = run[0] + _aligned(Total[p], alignment)
-                Off[g] = run[0]
-            elif g < keys + n_meta:
-                q = g - keys
-                if masked:  # the valid rows of block q
-                    Meta[q] = T.min(Total[q], max_m)
-                elif per_row:  # the expert whose segment holds row q, -1 in padding
+            pos = T.alloc_local((1,), "int32")
+            step = T.alloc_local((1,), "int32")
+            s_tot = T.alloc_shared((keys,), "int32")
+            s_off = T.alloc_shared((keys,), "int32")
+            for u in T.serial(rounds):
+                q = u * _SCAN_THREADS + tx
+                if q < keys:
                     run[0] = 0
-                    hit[0] = -1
-                    for p in T.serial(e):
-                        if run[0] <= q and q < run[0] + Total[p]:
-                            hit[0] = p
-                        run[0] = run[0] + _aligned(Total[p], alignment)
-                    Meta[q] = hit[0]
-                else:  # the offset of segment q
+                    # eight chunks' counts loaded together: the loop is a chain of loads from
+                    # L2 otherwise (a DeepSeek-V3 call of 8192 tokens has 256 chunks)
+                    for c8 in T.serial(T.ceildiv(C, 8)):
+                        for v in T.unroll(8):
+                            if c8 * 8 + v < C:
+                                Base[c8 * 8 + v, q] = run[0]
+                                run[0] = run[0] + Cnt[c8 * 8 + v, q]
+                    s_tot[q] = run[0]
+            T.sync_threads()
+            for u in T.serial(rounds):  # the offset of segment q
+                q = u * _SCAN_THREADS + tx
+                if q < keys:
                     run[0] = 0
                     for p in T.serial(q):
-                        run[0] = run[0] + _aligned(Total[p], alignment)
-                    Meta[q] = run[0]
+                        run[0] = run[0] + _aligned(s_tot[p], alignment)
+                    s_off[q] = run[0]
+                    Off[q] = run[0]
+            T.sync_threads()
+            for u in T.serial(T.ceildiv(n_meta, _SCAN_THREADS)):
+                q = u * _SCAN_THREADS + tx
+                if q < n_meta:
+                    if masked:  # the valid rows of block q
+                        Meta[q] = T.min(s_tot[q], max_m)
+                    elif per_row:
+                        # the expert whose segment holds row q (the last whose offset is at
+                        # most q, by binary search), -1 in its padding
+                        pos[0] = 0
+                        step[0] = top
+                        for _ in T.serial(top.bit_length()):
+                            if pos[0] + step[0] < e:  # noqa: SIM102 - the offset read inside
+                                if s_off[pos[0] + step[0]] <= q:
+                                    pos[0] = pos[0] + step[0]
+                            step[0] = step[0] // 2
+                        Meta[q] = T.if_then_else(q < s_off[pos[0]] + s_tot[pos[0]], pos[0], -1)
+                    else:
+                        Meta[q] = s_off[q]
 
     return main
 
@@ -235,30 +218,19 @@ def place_program(e: int, k: int, metadata: str, max_m: int):
     N, R, C = T.dynamic("N"), T.dynamic("R"), T.dynamic("C")
     masked = metadata == "masked"
     keys = e + 1
-    load = _ids_loader(T, e)
 
     @T.prim_func
     def main(Ids: T.Tensor((N,), "int32"), Base: T.Tensor((C, keys), "int32"),
-             Off: T.Tensor((keys,), "int32"), Rows: T.Tensor((N,), "int32"),
-             Src: T.Tensor((R,), "int32")):
+             Rank: T.Tensor((N,), "int32"), Off: T.Tensor((keys,), "int32"),
+             Rows: T.Tensor((N,), "int32"), Src: T.Tensor((R,), "int32")):
         with T.Kernel(T.ceildiv(N, _THREADS), threads=_THREADS) as b:
             tx = T.get_thread_binding(0)
             rank = T.alloc_local((1,), "int32")
             row = T.alloc_local((1,), "int32")
-            buf = T.alloc_local((_VEC,), "int32")
             i = b * _THREADS + tx
             if i < N:
                 key = _key(T, Ids[i], e)
-                c = i // CHUNK
-                rank[0] = Base[c, key]
-                # the slots before i in its chunk, _VEC at a time (the last group's slots
-                # from i on are not counted)
-                for j in T.serial(T.ceildiv(i - c * CHUNK, _VEC)):
-                    at = c * CHUNK + j * _VEC
-                    load(Ids, N, at, buf)
-                    for u in T.unroll(_VEC):
-                        rank[0] = rank[0] + T.if_then_else(
-                            T.And(buf[u] == key, at + u < i), 1, 0)
+                rank[0] = Base[i // CHUNK, key] + Rank[i]
                 if masked:
                     row[0] = T.if_then_else(T.And(key < e, rank[0] < max_m),
                                             key * max_m + rank[0], -1)
@@ -274,11 +246,10 @@ def place_program(e: int, k: int, metadata: str, max_m: int):
 @stored(maxsize=64)
 def build_group(e: int, k: int, metadata: str, max_m: int, alignment: int,
                 target: str | None = None):
-    """``(count, scan, meta, place)``: the four compiled programs of a grouping
+    """``(count, scan, place)``: the three compiled programs of a grouping
     (:class:`MoeGroupSpec`'s fields)."""
     return (compile_program(count_program(e), target),
-            compile_program(scan_program(e), target),
-            compile_program(meta_program(e, metadata, max_m, alignment), target),
+            compile_program(scan_program(e, metadata, max_m, alignment), target),
             compile_program(place_program(e, k, metadata, max_m), target))
 
 
@@ -291,23 +262,20 @@ class MoeGroupKernel(Kernel, MoeGroupInterface):
 
     def __init__(self, spec: MoeGroupSpec) -> None:
         super().__init__(spec)
-        self.count, self.scan, self.meta, self.place = build_group(
+        self.count, self.scan, self.place = build_group(
             spec.e, spec.k, spec.metadata, spec.max_m, spec.alignment)
 
     def __call__(self, ids, metadata, rows, src) -> None:
         flat = ids.reshape(-1)
-        if flat.data_ptr() % 16:  # the programs read the ids as 16-byte vectors
-            flat = flat.clone()
-        keys = self.spec.e + 1
-        chunks = max(1, -(-flat.numel() // CHUNK))
-        # one workspace: cnt, base, total, off, each at a 16-byte boundary
+        n, keys = flat.numel(), self.spec.e + 1
+        chunks = max(1, -(-n // CHUNK))
+        # one workspace: cnt, base, off, rank, each at a 16-byte boundary
         a, b = -(-chunks * keys // 4) * 4, -(-keys // 4) * 4
-        work = flat.new_empty((2 * a + 2 * b,))
+        work = flat.new_empty((2 * a + b + max(n, 1),))
         cnt = work[:chunks * keys].view(chunks, keys)
         base = work[a:a + chunks * keys].view(chunks, keys)
-        total, off = work[2 * a:2 * a + keys], work[2 * a + b:2 * a + b + keys]
-        self.count(flat, cnt, src)
-        self.scan(cnt, base, total)
-        self.meta(total, off, metadata.view(-1))
-        if flat.numel():
-            self.place(flat, base, off, rows.view(-1), src)
+        off, rank = work[2 * a:2 * a + keys], work[2 * a + b:2 * a + b + n]
+        self.count(flat, cnt, rank, src)
+        self.scan(cnt, base, off, metadata.view(-1))
+        if n:
+            self.place(flat, base, rank, off, rows.view(-1), src)
