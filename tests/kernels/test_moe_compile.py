@@ -513,19 +513,20 @@ def test_a_grouping_spec_is_checked() -> None:
 @pytest.mark.parametrize(("metadata", "max_m", "alignment"), [
     ("offsets", 0, 1), ("offsets", 0, 128), ("per_row", 0, 128), ("masked", 64, 1)])
 def test_grouping_programs_compile_for_sm90(metadata, max_m, alignment):
-    """The grouping's three programs lower and compile for every layout: no atomics (the
-    order within an expert is the tokens'), the count's and the scan's CTAs exchanging
-    through shared memory past a barrier, the place's threads independent; the slot, row and
-    chunk counts launch-time sizes (the programs take them as arguments). Their results are
-    held to the torch grouping in tests/ops/test_moe_host.py."""
+    """The grouping's programs lower and compile for every layout: no atomics (the order
+    within an expert is the tokens'), the count's, the scan's and the one-launch program's
+    CTAs exchanging through shared memory past barriers, the place's threads independent; the
+    slot, row and chunk counts launch-time sizes (the programs take them as arguments). Their
+    results are held to the torch grouping in tests/ops/test_moe_host.py."""
     from tileops.kernels import moe_group as MG
 
     sources = [p.get_kernel_source() for p in MG.build_group(256, 8, metadata, max_m,
                                                               alignment, "sm_90")]
     for src in sources:
         assert "atomic" not in src and "asm" not in src  # so the host can run them
-    count, scan, place = sources
-    assert "__syncthreads" in count and "__syncthreads" in scan
+    count, scan, place, small = sources
+    assert "__syncthreads" in count and "__syncthreads" in scan and "__syncthreads" in small
+    assert f"__launch_bounds__({MG.SMALL}, 1)" in small and "int N" in small
     assert "__shared__" not in place and "__syncthreads" not in place
     assert "int N" in count and "int C" in count and "int R" in count
     assert "int C" in scan and ("int R" in scan) is (metadata == "per_row")

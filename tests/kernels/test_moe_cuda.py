@@ -383,7 +383,8 @@ def _group_args(e, k, layout):
 
 
 @pytest.mark.parametrize("case", GROUPINGS, ids=lambda c: f"e{c[0]}-k{c[1]}-{c[2]}")
-@pytest.mark.parametrize("m", [0, 1, 5, 64, 700])
+#: 128 tokens of top-8 are the one-launch program's most slots; 129 the chunked programs'
+@pytest.mark.parametrize("m", [0, 1, 5, 64, 128, 129, 700])
 def test_grouping_kernel_is_the_torch_grouping(case, m):
     """The grouping kernel's rows, metadata and row tokens are the torch grouping's, exactly:
     no tokens, slots over several chunks, ids with dropped slots (negative, or past the

@@ -49,11 +49,12 @@ GROUP_LAYOUTS = [
 @given(m=st.one_of(st.integers(0, 40), st.integers(150, 300)), data=st.data())
 def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, max_m,
                                                                alignment, m, data):
-    """The three launches of the grouping kernel, every thread run on the host (the count's
-    and the scan's CTAs a block at a time, their threads meeting at the barriers), give the
-    torch grouping's rows, metadata and row tokens exactly, over drawn routings: no tokens,
-    slots over several chunks, ids past either end of the experts (dropped), repeats, empty
-    experts, blocks that overflow ``max_m``."""
+    """The grouping kernel's three chunked launches, and its one-launch program where the
+    slots take it, every thread run on the host (a CTA that shares memory a block at a time,
+    its threads meeting at the barriers), each give the torch grouping's rows, metadata and
+    row tokens exactly, over drawn routings: no tokens, slots over several chunks, ids past
+    either end of the experts (dropped), repeats, empty experts, blocks that overflow
+    ``max_m``."""
     np = pytest.importorskip("numpy")
     torch = pytest.importorskip("torch")
     from tileops.kernels import moe_group as MG
@@ -68,7 +69,7 @@ def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, m
                       per_row=metadata == "per_row")
     want = group_slots(torch.from_numpy(ids).view(m, k), e, lay)
     r, keys, chunks = lay.rows(n, e), e + 1, max(1, -(-n // MG.CHUNK))
-    count, scan, place = (p.get_kernel_source() for p in MG.build_group(
+    count, scan, place, small = (p.get_kernel_source() for p in MG.build_group(
         e, k, metadata, max_m, alignment, "sm_90"))
     arr = lambda size, fill: run.shared_array(np, size, np.int32, fill)  # noqa: E731
     cnt, base, off, rank = arr(chunks * keys, -5), arr(chunks * keys, -5), arr(keys, -5), \
@@ -87,6 +88,12 @@ def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, m
     assert np.array_equal(rows, want.rows.numpy().reshape(-1))
     assert np.array_equal(meta, want.metadata.numpy())
     assert np.array_equal(src, want.src.numpy())
+    if n <= MG.SMALL:  # the one-launch program, on fresh outputs
+        src, rows, meta = arr(r, -7), arr(n, -9), arr(want.metadata.numel(), -9)
+        launch(small, 1, MG.SMALL, Ids=ids, Meta=meta, Rows=rows, Src=src)
+        assert np.array_equal(rows, want.rows.numpy().reshape(-1))
+        assert np.array_equal(meta, want.metadata.numpy())
+        assert np.array_equal(src, want.src.numpy())
 
 
 def _routings():
