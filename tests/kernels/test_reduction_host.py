@@ -187,3 +187,35 @@ def test_a_split_row_and_its_finish_are_the_unsplit_result_on_the_host(kind, dty
     wants = want if kind is RK.VAR_MEAN else (want,)
     for (arr, ctype), ref in zip((got[name] for name in final), wants, strict=True):
         assert _close(_from_host(arr, ctype), ref, _tolerance(kind, dtype, ctype))
+
+
+#: (kind, outer, reduced, inner, dtype, correction): the column program over (outer, r, inner)
+COLUMNS = [
+    # a warp over 32 vectors of a row of inner: coalesced reads, threads over r combined in
+    # shared memory
+    pytest.param(RK.SUM, 2, 300, 256, "bfloat16", 0.0, id="sum-wide-inner"),
+    # inner narrower than a warp's vectors: more of the threads over r; columns off the block
+    pytest.param(RK.ARGMIN, 3, 33, 7, "float16", 0.0, id="argmin-narrow"),
+    pytest.param(RK.VAR_MEAN, 2, 1000, 40, "float32", 1.0, id="var-mean"),
+    pytest.param(RK.ANY, 2, 65, 100, "bool", 0.0, id="any-bool"),
+]
+
+
+@pytest.mark.parametrize(("kind", "outer", "r", "inner", "dtype", "correction"), COLUMNS)
+def test_the_column_program_is_torch_s_reduction_on_the_host(kind, outer, r, inner, dtype,
+                                                            correction):
+    x3 = _inputs(kind, outer * inner, r, dtype, seed=r + inner)  # rows of r: each a column
+    x = x3.view(outer, inner, r).transpose(1, 2).contiguous()  # (outer, r, inner)
+    tcols, ty, vec, per = K.column_shape(inner, dtype)
+    src = K.build_column_kernel(kind, r, inner, dtype, correction, 1,
+                                "sm_90").get_kernel_source()
+    size = outer * inner
+    outs = {"Y0": size, **({"Y1": size} if kind is RK.VAR_MEAN else {})}
+    blocks = -(-inner // (tcols * vec))
+    got = _run(src, {"X": _host_array(x), "outer": outer}, (blocks * outer, 1), outs)
+    flat = x.transpose(1, 2).reshape(outer * inner, r)  # each output's column as a row
+    want = _reference(kind, flat, correction)
+    wants = want if kind is RK.VAR_MEAN else (want,)
+    for (arr, ctype), ref in zip((got[name] for name in outs), wants, strict=True):
+        out = _from_host(arr, ctype)
+        assert _close(out, ref, _tolerance(kind, dtype, ctype)), (out, ref)
