@@ -106,7 +106,7 @@ def _key(T, v, e: int):
 
 
 def count_program(e: int):
-    """A CTA a chunk of :data:`CHUNK` slots, then a CTA a :data:`_THREADS` rows: the chunk's
+    """A CTA a chunk of :data:`CHUNK` slots, then a CTA a :data:`CHUNK` rows: the chunk's
     keys in shared memory; ``rank[i]``, the slots before slot ``i`` in its chunk keyed as it
     is, and ``cnt[c, q]``, the chunk's slots keyed ``q`` for ``q`` in ``[0, e]``; and ``src[r]
     = -1`` for every row (see the module docstring)."""
@@ -156,10 +156,11 @@ def _aligned(c, alignment: int):
 
 def _tail_macros(T, e: int, metadata: str, max_m: int, alignment: int, threads: int, n_meta):
     """The macros the scan and the one-launch program share, over the keys' totals in shared
-    memory (``s_tot``): ``offsets(tx, s_tot, s_off, Off)``, each key's segment offset (the
-    aligned totals before it) into ``s_off`` (and ``Off`` where given), a thread a key; and
-    ``metadata(tx, s_tot, s_off, Meta)``, the layout's metadata, a thread an entry (a row's
-    expert found by binary search over the offsets)."""
+    memory (``s_tot``), with ``threads`` threads: ``offsets(tx, s_tot, s_off, Off, run)``,
+    each key's segment offset (the aligned totals before it) into ``s_off`` (and ``Off``
+    unless it is None), a thread a key; and ``meta(tx, s_tot, s_off, Meta, pos, step)``, the
+    layout's ``n_meta`` metadata entries, a thread an entry (a row's expert found by binary
+    search over the offsets). ``run``, ``pos`` and ``step`` are the caller's one-int locals."""
     masked, per_row = metadata == "masked", metadata == "per_row"
     keys = e + 1
     rounds = -(-keys // threads)  # keys a thread takes
