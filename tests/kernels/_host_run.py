@@ -287,3 +287,81 @@ def run_kernel(source: str, values: dict, grid: tuple[int, int], threads: int) -
             args.append((ctypes.c_int64 if "64" in typ else ctypes.c_int)(v))
     return call_isolated(host_kernel(source).run, *args, ctypes.c_uint(grid[0]),
                          ctypes.c_uint(grid[1]), ctypes.c_uint(threads))
+
+
+class HostProgram:
+    """A compiled TileLang kernel (a ``JITKernel``) called as a kernel class calls it, with
+    torch CPU tensors, and run on the host (:func:`run_kernel`): the launch-time sizes are read
+    off the tensors' shapes as the prim_func's buffers declare them, the grid is the prim_func's
+    ``blockIdx`` extents evaluated at those sizes, and each tensor is copied into memory the
+    forked run shares and back out after it (so a kernel class's workspaces and outputs work as
+    on the GPU). Lets a CPU test run a kernel class's whole call: its programs, their grids and
+    the workspaces between them."""
+
+    def __init__(self, kernel) -> None:
+        import tvm  # TileLang's (the kernel's build imported it)
+
+        self.source = kernel.get_kernel_source()
+        pf = kernel.prim_func
+        self._buffers = [pf.buffer_map[p] for p in pf.params if p in pf.buffer_map]
+        tirx = tvm.tirx
+        self._grid = {}
+        self._lets = {}  # the let-bound names a grid extent may be written in
+
+        def visit(node):
+            if isinstance(node, tirx.Bind):  # a let: `grid: T.int32 = ...`
+                self._lets[node.var] = node.value
+            if isinstance(node, tirx.For) and node.thread_binding is not None:
+                tag = node.thread_binding.thread_tag
+                if tag.startswith("blockIdx."):
+                    self._grid[tag[-1]] = node.extent
+
+        tirx.stmt_functor.post_order_visit(pf.body, visit)
+        self._threads = int(re.search(r"__launch_bounds__\((\d+)", self.source).group(1))
+        self._tvm = tvm
+
+    def __call__(self, *tensors) -> None:
+        import numpy as np
+        import torch
+
+        tirx = self._tvm.tirx
+        if len(tensors) != len(self._buffers):
+            raise TypeError(f"the kernel takes {len(self._buffers)} tensors, got "
+                            f"{len(tensors)}")
+        sizes: dict = {}
+        for buf, t in zip(self._buffers, tensors, strict=True):
+            if not t.is_contiguous() or t.dim() != len(buf.shape):
+                raise ValueError(f"{buf.name}: a contiguous tensor of {len(buf.shape)} dims, "
+                                 f"got {tuple(t.shape)} strides {t.stride()}")
+            for dim, size in zip(buf.shape, t.shape, strict=True):
+                if isinstance(dim, tirx.Var):
+                    if sizes.setdefault(dim, size) != size:
+                        raise ValueError(f"{dim.name} is {sizes[dim]} and {size}")
+                elif int(dim) != size:
+                    raise ValueError(f"{buf.name}: dim {int(dim)} given {size}")
+        analyzer = self._tvm.arith.Analyzer()
+        at = {v: tirx.IntImm(v.dtype, s) for v, s in sizes.items()}
+
+        def extent(expr):
+            for _ in range(8):  # lets defined in terms of lets
+                expr = tirx.stmt_functor.substitute(expr, self._lets)
+            return int(analyzer.simplify(tirx.stmt_functor.substitute(expr, at)))
+
+        grid = tuple(extent(self._grid[a]) if a in self._grid else 1 for a in "xy")
+        values: dict = {v.name: s for v, s in sizes.items()}
+        shared = []
+        for buf, t in zip(self._buffers, tensors, strict=True):
+            bits = t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
+            bits = bits.view(torch.uint8) if t.dtype == torch.bool else bits
+            host = bits.reshape(-1).numpy()
+            arr = shared_array(np, host.size, host.dtype, 0)
+            arr[:] = host
+            shared.append((t, bits, arr))
+            values[buf.name] = arr
+        if 0 in grid:
+            return
+        ended = run_kernel(self.source, values, grid, self._threads)
+        if ended is not None:
+            raise RuntimeError(f"the kernel's host run ended: {ended}")
+        for _, bits, arr in shared:
+            bits.reshape(-1).copy_(torch.from_numpy(arr.copy()))
