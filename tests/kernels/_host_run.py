@@ -365,3 +365,48 @@ class HostProgram:
             raise RuntimeError(f"the kernel's host run ended: {ended}")
         for _, bits, arr in shared:
             bits.reshape(-1).copy_(torch.from_numpy(arr.copy()))
+
+
+#: the numpy type of each element type a kernel's parameters declare (16-bit floats as bits)
+_HOST_TYPES = {"float": "float32", "half_t": "float16", "bfloat16_t": "uint16", "int": "int32",
+               "int64_t": "int64", "uchar": "uint8", "bool": "bool", "signed char": "int8"}
+
+
+def host_array(t):
+    """A torch CPU tensor as the contiguous numpy array a kernel reads (bfloat16 as its bits,
+    bool as bytes)."""
+    import numpy as np
+    import torch
+
+    if t.dtype == torch.bfloat16:
+        return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
+    if t.dtype == torch.bool:
+        return np.ascontiguousarray(t.numpy().view(np.uint8))
+    return np.ascontiguousarray(t.numpy())
+
+
+def from_host(arr, ctype: str):
+    """A kernel's output array of element type ``ctype`` as a float64 torch tensor."""
+    import numpy as np
+    import torch
+
+    if ctype == "bfloat16_t":
+        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16).double()
+    return torch.from_numpy(arr.astype(np.float64))
+
+
+def run_outputs(source: str, values: dict, grid: tuple[int, int], outs: dict[str, int]) -> dict:
+    """:func:`run_kernel` with fresh output arrays of the sizes in ``outs`` (filled with a
+    byte pattern no program writes, of the element type the kernel declares); the outputs by
+    name as ``(array, element type)``. Asserts the run ended normally."""
+    import numpy as np
+
+    _, decls = host_source(source)
+    types = {name: typ.replace("const", "").replace("__restrict__", "").replace("*", "").strip()
+             for typ, name in decls}
+    arrays = {name: shared_array(np, size, np.dtype(_HOST_TYPES[types[name]]), 0x5A)
+              for name, size in outs.items()}
+    threads = int(re.search(r"__launch_bounds__\((\d+)", source).group(1))
+    ended = run_kernel(source, {**values, **arrays}, grid, threads)
+    assert ended is None, ended
+    return {name: (arr, types[name]) for name, arr in arrays.items()}

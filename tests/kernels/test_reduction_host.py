@@ -5,7 +5,6 @@ each kind's output against torch's in float64 over rows with the edges the progr
 in shared memory, the tail of a row off the vector and the pass, NaNs, ties), and a split row
 (partial states, then the finish program) against the unsplit result."""
 
-import re
 import shutil
 import sys
 from pathlib import Path
@@ -24,41 +23,9 @@ import _host_run as H  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling a kernel's source for the host needs nvcc")
 
-#: the host array type of each element type a reduction program's parameters declare
-_NP = {"float": np.float32, "half_t": np.float16, "bfloat16_t": np.uint16, "int": np.int32,
-       "int64_t": np.int64, "uchar": np.uint8, "bool": np.bool_, "signed char": np.int8}
 _TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "int32": torch.int32, "bool": torch.bool}
-
-
-def _host_array(t):
-    """A torch tensor as the host array a program reads (16-bit floats as their bits)."""
-    if t.dtype == torch.bfloat16:
-        return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
-    if t.dtype == torch.bool:
-        return np.ascontiguousarray(t.numpy().view(np.uint8))
-    return np.ascontiguousarray(t.numpy())
-
-
-def _from_host(arr, ctype: str):
-    """A program's output array as a float64 torch tensor."""
-    if ctype == "bfloat16_t":
-        return torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16).double()
-    return torch.from_numpy(arr.astype(np.float64))
-
-
-def _run(src: str, values: dict, grid: tuple[int, int], outs: dict[str, int]) -> dict:
-    """Run ``src`` over ``grid`` with the inputs in ``values`` and fresh output arrays of the
-    sizes in ``outs`` (filled with a value no program writes); the outputs by name, with
-    their element types."""
-    _, decls = H.host_source(src)
-    types = {name: typ.replace("const", "").replace("__restrict__", "").replace("*", "").strip()
-             for typ, name in decls}
-    arrays = {name: H.shared_array(np, size, _NP[types[name]], 0x5A)
-              for name, size in outs.items()}
-    threads = int(re.search(r"__launch_bounds__\((\d+)", src).group(1))
-    assert H.run_kernel(src, {**values, **arrays}, grid, threads) is None
-    return {name: (arr, types[name]) for name, arr in arrays.items()}
+_host_array, _from_host, _run = H.host_array, H.from_host, H.run_outputs
 
 
 def _reference(kind: RK, x: torch.Tensor, correction: float):

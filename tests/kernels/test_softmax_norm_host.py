@@ -20,7 +20,9 @@ from tileops.kernels import norm as N  # noqa: E402
 from tileops.kernels import softmax as S  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
-from test_reduction_host import _from_host, _host_array, _run  # noqa: E402
+from _host_run import from_host as _from_host  # noqa: E402
+from _host_run import host_array as _host_array  # noqa: E402
+from _host_run import run_outputs as _run  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling a kernel's source for the host needs nvcc")
