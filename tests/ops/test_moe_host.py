@@ -96,6 +96,38 @@ def test_the_grouping_kernel_is_the_torch_grouping_on_the_host(e, k, metadata, m
         assert np.array_equal(src, want.src.numpy())
 
 
+@needs_nvcc
+@pytest.mark.parametrize(("e", "k", "metadata", "max_m", "alignment"), GROUP_LAYOUTS[:2])
+@pytest.mark.parametrize("m", [3, 600])
+def test_the_grouping_kernel_s_whole_call_is_the_torch_grouping_on_the_host(
+        monkeypatch, e, k, metadata, max_m, alignment, m):
+    """MoeGroupKernel's call as the op makes it, its programs run on the host (HostProgram):
+    the one-launch program for a few slots, the chunked ones with the workspace the call
+    carves (counts, bases, offsets, ranks) for many."""
+    torch = pytest.importorskip("torch")
+    from tileops.kernels import moe_group as MG
+    from tileops.ops._moe_layout import LayoutValue, group_slots
+
+    run = _host_run()
+    build = MG.build_group
+    monkeypatch.setattr(MG, "build_group", lambda *a: tuple(
+        run.HostProgram(p) for p in build(*a, "sm_90")))
+    g = torch.Generator().manual_seed(m * e)
+    ids = torch.randint(-1, e + 1, (m, k), generator=g, dtype=torch.int32)
+    lay = LayoutValue(masked=metadata == "masked", max_m=max_m, alignment=alignment,
+                      per_row=metadata == "per_row")
+    want = group_slots(ids, e, lay)
+    kernel = MG.MoeGroupKernel(MG.MoeGroupSpec(device=torch.device("cpu"), e=e, k=k,
+                                               metadata=metadata, max_m=max_m,
+                                               alignment=alignment))
+    rows = torch.full((m, k), -9, dtype=torch.int32)
+    meta = torch.full(want.metadata.shape, -9, dtype=torch.int32)
+    src = torch.full(want.src.shape, -9, dtype=torch.int32)
+    kernel(ids, meta, rows, src)
+    assert torch.equal(rows, want.rows) and torch.equal(meta, want.metadata)
+    assert torch.equal(src, want.src)
+
+
 def _routings():
     """tests/kernels/_moe_routings.py's cases, as parameters."""
     import sys
