@@ -1,8 +1,9 @@
 """The cross-entropy kernels' whole calls run on the host (tests/kernels/_host_run.py's
 HostProgram in place of each compiled program's launch): the loss's one-pass row program and
 its finish, the kept gradient's persistent two-pass program with the mean's count and the
-scale program, and the backward's; against the op's own formulas in float64, over label
-smoothing, the z-loss, the softcap, ignored rows and each reduction."""
+scale program, and the backward's; against the op's own formulas in float64 (the ops package's,
+so these tests are the ops package's), over label smoothing, the z-loss, the softcap, ignored
+rows and each reduction."""
 
 import shutil
 import sys
@@ -15,7 +16,7 @@ pytest.importorskip("numpy")
 
 from tileops.kernels import cross_entropy as ce  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.append(str(Path(__file__).parents[1] / "kernels"))  # the host runner, a test module
 from _host_run import HostProgram  # noqa: E402
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
