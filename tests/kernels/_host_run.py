@@ -289,6 +289,11 @@ def run_kernel(source: str, values: dict, grid: tuple[int, int], threads: int) -
                          ctypes.c_uint(grid[1]), ctypes.c_uint(threads))
 
 
+def launch_threads(source: str) -> int:
+    """The threads of a kernel's block, as its ``__launch_bounds__`` declares them."""
+    return int(re.search(r"__launch_bounds__\((\d+)", source).group(1))
+
+
 class HostProgram:
     """A compiled TileLang kernel (a ``JITKernel``) called as a kernel class calls it, with
     torch CPU tensors, and run on the host (:func:`run_kernel`): the launch-time sizes are read
@@ -317,7 +322,7 @@ class HostProgram:
                     self._grid[tag[-1]] = node.extent
 
         tirx.stmt_functor.post_order_visit(pf.body, visit)
-        self._threads = int(re.search(r"__launch_bounds__\((\d+)", self.source).group(1))
+        self._threads = launch_threads(self.source)
         self._tvm = tvm
 
     def __call__(self, *tensors) -> None:
@@ -406,7 +411,6 @@ def run_outputs(source: str, values: dict, grid: tuple[int, int], outs: dict[str
              for typ, name in decls}
     arrays = {name: shared_array(np, size, np.dtype(_HOST_TYPES[types[name]]), 0x5A)
               for name, size in outs.items()}
-    threads = int(re.search(r"__launch_bounds__\((\d+)", source).group(1))
-    ended = run_kernel(source, {**values, **arrays}, grid, threads)
+    ended = run_kernel(source, {**values, **arrays}, grid, launch_threads(source))
     assert ended is None, ended
     return {name: (arr, types[name]) for name, arr in arrays.items()}

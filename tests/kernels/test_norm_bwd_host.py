@@ -22,8 +22,6 @@ from _host_run import HostProgram  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling a kernel's source for the host needs nvcc")
 
-_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
 
 @pytest.fixture
 def on_host(monkeypatch):
@@ -78,7 +76,7 @@ CASES = [
 def test_the_backward_is_autograd_s_on_the_host(on_host, kernel, kind, rows, n, dtype, weight,
                                                 gw, gb):
     eps = 1e-5
-    t = _TORCH[dtype]
+    t = getattr(torch, dtype)
     g = torch.Generator().manual_seed(rows * n)
     x = (torch.randn(rows, n, generator=g, dtype=torch.float64) * 2 + 0.5).to(t)
     dy = torch.randn(rows, n, generator=g, dtype=torch.float64).to(t)

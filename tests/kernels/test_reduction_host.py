@@ -23,8 +23,6 @@ import _host_run as H  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling a kernel's source for the host needs nvcc")
 
-_TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "int32": torch.int32, "bool": torch.bool}
 _host_array, _from_host, _run = H.host_array, H.from_host, H.run_outputs
 
 
@@ -68,7 +66,7 @@ def _inputs(kind: RK, m: int, n: int, dtype: str, seed: int) -> torch.Tensor:
     x = torch.randn(m, n, generator=g, dtype=torch.float64)
     if kind is RK.PROD:
         x = 1 + x / (4 * n)  # a product that stays finite
-    x = x.to(_TORCH[dtype])
+    x = x.to(getattr(torch, dtype))
     if kind in (RK.ARGMAX, RK.ARGMIN, RK.AMAX, RK.AMIN) and n > 3:
         x[0, 1] = x[0, n - 1] = x[0].max() if kind in (RK.ARGMAX, RK.AMAX) else x[0].min()
         x[-1, n // 2] = float("nan")  # the NaN is the extreme, as in torch
@@ -119,7 +117,7 @@ def _close(got: torch.Tensor, want: torch.Tensor, tol: float) -> bool:
 @pytest.mark.parametrize(("kind", "m", "n", "dtype", "correction"), ROWS)
 def test_the_row_program_is_torch_s_reduction_on_the_host(kind, m, n, dtype, correction):
     x = _inputs(kind, m, n, dtype, seed=m * n)
-    tpr, rpc, vec, per, _ = K.row_plan(m, n, dtype)
+    rpc = K.row_shape(n, dtype)[1]  # rows a CTA
     src = K.build_row_kernel(kind, n, dtype, correction, 1, "sm_90").get_kernel_source()
     outs = {"Y0": m, **({"Y1": m} if kind is RK.VAR_MEAN else {})}
     got = _run(src, {"X": _host_array(x), "M": m}, (-(-m // rpc), 1), outs)
@@ -140,7 +138,7 @@ def test_a_split_row_and_its_finish_are_the_unsplit_result_on_the_host(kind, dty
     torch's result."""
     m, n, splits, correction = 2, 9000, 4, 1.0 if kind is RK.VAR_MEAN else 0.0
     x = _inputs(kind, m, n, dtype, seed=7)
-    tpr, rpc, vec, per = K.row_shape(n, dtype)
+    rpc = K.row_shape(n, dtype)[1]
     src = K.build_row_kernel(kind, n, dtype, correction, splits, "sm_90").get_kernel_source()
     ar = K._Arith(kind, dtype, n, correction)
     parts = ar.nparts + (1 if kind in (RK.VAR, RK.STD, RK.VAR_MEAN) else 0)

@@ -22,8 +22,6 @@ from _host_run import HostProgram  # noqa: E402
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling a kernel's source for the host needs nvcc")
 
-_TORCH = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
 
 #: the SMs the persistent grids are planned for: a device of 3 (a grid of a few CTAs, each
 #: walking several rows, as the H200's 132 do over thousands; each host thread of a CTA's
@@ -68,7 +66,7 @@ CASES = [
 
 def _inputs(rows: int, classes: int, dtype: str, ignore: int):
     g = torch.Generator().manual_seed(rows * classes)
-    logits = (torch.randn(rows, classes, generator=g, dtype=torch.float64) * 3).to(_TORCH[dtype])
+    logits = (torch.randn(rows, classes, generator=g, dtype=torch.float64) * 3).to(getattr(torch, dtype))
     target = torch.randint(0, classes, (rows,), generator=g)
     target[1] = ignore  # an ignored row (the default -100 included)
     return logits, target

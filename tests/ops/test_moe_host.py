@@ -26,14 +26,6 @@ def _host_run():
     return _host_run
 
 
-def _bits(t):
-    """A 16-bit torch tensor as the host's uint16 array of its bits (what a program reads)."""
-    import numpy as np
-    import torch
-
-    return np.ascontiguousarray(t.view(torch.int16).numpy().view(np.uint16))
-
-
 #: (experts, picks, metadata, max_m, alignment): each layout's programs
 GROUP_LAYOUTS = [
     pytest.param(8, 2, "offsets", 0, 1, id="tight-offsets"),
@@ -247,7 +239,7 @@ def test_the_unpermutation_program_sums_the_picks_on_the_host(h, dtype):
 
     out = run.shared_array(np, m * h, np.uint16, 0xFFFF)
     src = K.build_unpermute(h, k, dtype, "sm_90").get_kernel_source()
-    assert run.run_kernel(src, {"Y": _bits(y), "Rows": rows.numpy(),
+    assert run.run_kernel(src, {"Y": run.host_array(y), "Rows": rows.numpy(),
                                 "W": w.numpy(), "Out": out, "M": m, "R": r},
                           (m, 1), K.unpermute_threads(h, dtype)) is None
     got = torch.from_numpy(out.view(np.int16).copy()).view(tdt).reshape(m, h)
@@ -278,7 +270,7 @@ def test_the_gates_gradient_program_is_the_reference_s_on_the_host(h, dtype):
 
     dw = run.shared_array(np, m * k, np.float32, np.nan)
     src = K.build_gate_grad(h, k, dtype, "sm_90").get_kernel_source()
-    assert run.run_kernel(src, {"Dout": _bits(dout), "Y": _bits(y), "Rows": rows.numpy(),
+    assert run.run_kernel(src, {"Dout": run.host_array(dout), "Y": run.host_array(y), "Rows": rows.numpy(),
                                 "DW": dw, "M": m, "R": r}, (m, 1), 32) is None
     assert np.allclose(dw.reshape(m, k), want.numpy(), rtol=1e-5, atol=1e-4)
 
