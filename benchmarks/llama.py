@@ -91,13 +91,18 @@ def llama_config(args: argparse.Namespace) -> Any:
 
 
 def build(config: Any, dev: torch.device, dtype: torch.dtype, seed: int) -> Any:
-    """The model of ``config`` on ``dev`` in ``dtype``, its weights drawn from ``seed``."""
-    from transformers import LlamaForCausalLM
+    """The model of ``config`` on ``dev`` in ``dtype``, its weights drawn from ``seed``.
+
+    Made in ``dtype`` as ``from_pretrained(dtype=...)`` makes a model, not cast afterwards:
+    ``model.to(torch.bfloat16)`` would round the rotary module's ``inv_freq`` buffer to
+    bfloat16 too, and the unpatched model (and the float32 copy the logits are checked against)
+    would rotate by angles off by up to ``position * 2^-9`` radians (4 at position 2047)."""
+    from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with torch.device(dev):
-        model = LlamaForCausalLM(config)
-    return model.to(dtype).train()
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    return model.train()
 
 
 def prepare(name: str, model: Any, args: argparse.Namespace) -> Any:

@@ -30,7 +30,7 @@ for src in sorted((ROOT / "packages").glob("*/src"), reverse=True):
         sys.path.insert(0, str(src))
 
 import torch  # noqa: E402
-from transformers import LlamaForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM  # noqa: E402
 
 from tileops.integrations.transformers import (  # noqa: E402
     apply_tileops_to_llama,
@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> None:
     config = config_for(args)
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        # made in dtype (as from_pretrained(dtype=...) does), its rotary buffer kept in float32
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     apply_tileops_to_llama(model)
     g = torch.Generator().manual_seed(1)
     if args.tiny:  # learn to count by 3

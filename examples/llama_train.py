@@ -27,7 +27,7 @@ for src in sorted((ROOT / "packages").glob("*/src"), reverse=True):
         sys.path.insert(0, str(src))
 
 import torch  # noqa: E402
-from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
 
 from tileops.integrations.transformers import apply_tileops_to_llama  # noqa: E402
 
@@ -65,7 +65,8 @@ def main(argv: list[str] | None = None) -> None:
     config = config_for(args)
     torch.manual_seed(0)
     with torch.device(device):
-        model = LlamaForCausalLM(config).to(dtype)
+        # made in dtype (as from_pretrained(dtype=...) does), its rotary buffer kept in float32
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
     apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)

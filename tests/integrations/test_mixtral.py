@@ -5,6 +5,9 @@ patching, the stacked experts' state_dict, the refusals by their text."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import transformers
@@ -12,6 +15,9 @@ from transformers.models.mixtral import modeling_mixtral
 
 import tileops.integrations.transformers as tit
 from tileops.integrations import _hf_moe
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _cast import cast  # noqa: E402
 
 FLAGS = ("rms_norm", "rope", "swiglu", "attention", "cross_entropy",
          "fused_linear_cross_entropy", "moe")
@@ -30,7 +36,7 @@ def config(**overrides):
 
 def build(dtype=torch.float32, seed=0, **overrides):
     torch.manual_seed(seed)
-    return transformers.MixtralForCausalLM(config(**overrides)).to(dtype)
+    return cast(transformers.MixtralForCausalLM(config(**overrides)), dtype)
 
 
 def pair(dtype=torch.float32, overrides=None, **flags):
@@ -276,7 +282,7 @@ def test_cuda_bf16_logits_within_bf16_tolerance():
     kw = dict(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1000,
               num_local_experts=8)
     wide = build(torch.float32, **kw).cuda().eval()
-    ref, model = (build(torch.float32, **kw).to("cuda", torch.bfloat16).eval()
+    ref, model = (cast(build(torch.float32, **kw), "cuda", torch.bfloat16).eval()
                   for _ in range(2))
     tit.apply_tileops_to_mixtral(model)
     ids = tokens(batch=3, seq=333).cuda()  # lengths off every tile
@@ -294,7 +300,7 @@ def test_cuda_training_step_matches():
     as the stacked layer holds them."""
     kw = dict(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1000,
               num_local_experts=8)
-    ref, model = (build(torch.float32, **kw).to("cuda", torch.bfloat16).train()
+    ref, model = (cast(build(torch.float32, **kw), "cuda", torch.bfloat16).train()
                   for _ in range(2))
     tit.apply_tileops_to_mixtral(model)
     ids = tokens(batch=2, seq=257).cuda()

@@ -7,6 +7,7 @@ block table; the refusals by their text."""
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,9 @@ import transformers
 import tileops.integrations.transformers as tit
 from tileops.integrations import _hf_paged
 from tileops.ops import GroupedQueryAttentionDecodePagedWithKVCacheFwdOp
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _cast import cast  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "llama_decode.py"
 LENGTHS = (1, 5, 16, 37)  # pages of 16: within one, exactly one, past two
@@ -27,7 +31,7 @@ def llama(dtype=torch.float64, patched=True, seed=0, **overrides):
               num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
               max_position_embeddings=128, tie_word_embeddings=False)
     kw.update(overrides)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)).to(dtype).eval()
+    model = cast(transformers.LlamaForCausalLM(transformers.LlamaConfig(**kw)), dtype).eval()
     if patched:
         tit.apply_tileops_to_llama(model)
     return model
@@ -310,8 +314,8 @@ def test_cuda_paged_decode_bf16():
               num_key_value_heads=2, head_dim=128, vocab_size=1000,
               max_position_embeddings=512)
     wide = llama(torch.float32, patched=False, **kw).cuda()
-    ref = llama(torch.float32, patched=False, **kw).to("cuda", torch.bfloat16)
-    model = llama(torch.float32, patched=False, **kw).to("cuda", torch.bfloat16)
+    ref = cast(llama(torch.float32, patched=False, **kw), "cuda", torch.bfloat16)
+    model = cast(llama(torch.float32, patched=False, **kw), "cuda", torch.bfloat16)
     tit.apply_tileops_to_llama(model)
     ps = prompts((1, 63, 64, 200, 333))
     held = []

@@ -22,6 +22,9 @@ import tileops.integrations.transformers as tit
 from tileops.integrations import _hf_attention
 from tileops.ops import GroupedQueryAttentionFwdOp
 
+sys.path.insert(0, str(Path(__file__).parent))
+from _cast import cast  # noqa: E402
+
 KINDS = {
     "llama": (transformers.LlamaConfig, transformers.LlamaForCausalLM,
               tit.apply_tileops_to_llama, {}),
@@ -50,7 +53,7 @@ def build(kind: str, dtype=torch.float32, seed: int = 0, **overrides):
     _, model_cls, _, _ = KINDS[kind]
     torch.manual_seed(seed)
     model = model_cls(tiny_config(kind, **overrides))
-    return model.to(dtype)
+    return cast(model, dtype)
 
 
 def pair(kind: str, dtype=torch.float32, **flags):
@@ -419,6 +422,28 @@ def test_llama3_rope_scaling():
         assert_close(model(ids).logits, ref(ids).logits, 2e-5, "logits")
 
 
+def test_bf16_rope_at_long_positions():
+    """bfloat16 at positions up to 1023 (Llama 3's schedule, base 5e5): the RoPE patch's logits
+    within twice the unpatched bfloat16 model's error against the float32 model. The models
+    keep their rotary frequencies in float32 (``_cast``), as ``from_pretrained(dtype=...)``
+    does: rounded to bfloat16 they would turn the unpatched model's angles by up to 2 radians
+    here."""
+    scaling = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 256}
+    # weights drawn wide enough that the attention is sharp and so sees the angles
+    kw = dict(rope_scaling=scaling, rope_theta=500000.0, max_position_embeddings=2048,
+              head_dim=32, initializer_range=0.2)
+    wide = build("llama", torch.float32, **kw).eval()
+    ref, model = (build("llama", torch.bfloat16, **kw).eval() for _ in range(2))
+    tit.apply_tileops_to_llama(model, **{**OFF, "rope": True})
+    ids = tokens(seq=1024)
+    with torch.no_grad():
+        want = wide(ids).logits
+        err = [((m(ids).logits.float() - want).abs().max() / want.abs().max()).item()
+               for m in (ref, model)]
+    assert err[1] <= 2 * err[0] + 1e-3, f"patched {err[1]:.3g} against unpatched {err[0]:.3g}"
+
+
 def test_missing_transformers_is_named(monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)
     with pytest.raises(ImportError) as e:
@@ -542,7 +567,7 @@ def cuda_pair(kind: str, **overrides):
               num_key_value_heads=2, head_dim=64, vocab_size=1000)
     kw.update(overrides)
     wide = build(kind, torch.float32, **kw).cuda()
-    ref, model = (build(kind, torch.float32, **kw).to("cuda", torch.bfloat16)
+    ref, model = (cast(build(kind, torch.float32, **kw), "cuda", torch.bfloat16)
                   for _ in range(2))
     KINDS[kind][2](model)
     return wide, ref, model
@@ -585,8 +610,8 @@ def test_cuda_training_step_runs_the_ops_and_matches():
 def test_cuda_loss_curve_30_steps():
     curves = []
     for patched in (False, True):
-        model = build("llama", torch.float32, hidden_size=256, intermediate_size=704,
-                      head_dim=64, vocab_size=1000).to("cuda", torch.bfloat16).train()
+        model = cast(build("llama", torch.float32, hidden_size=256, intermediate_size=704,
+                           head_dim=64, vocab_size=1000), "cuda", torch.bfloat16).train()
         if patched:
             tit.apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-3)

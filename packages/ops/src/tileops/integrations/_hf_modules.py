@@ -102,7 +102,12 @@ class TileOpsRotaryEmbedding(nn.Module):
     ``hidden_size / num_attention_heads``), ``rope_scaling`` (``rope_type`` ``default``,
     ``llama3``, ``yarn`` or ``longrope``; another is refused) and
     ``max_position_embeddings``. The angles are formed in float32 or wider in the kernel
-    (Hugging Face rounds cos and sin to the model's dtype first)."""
+    (Hugging Face rounds cos and sin to the model's dtype first). The frequencies come from
+    the config, as Hugging Face's rotary module holds them in a model made with
+    ``from_pretrained(dtype=...)`` or ``from_config(config, dtype=...)``; a model cast with
+    ``model.to(torch.bfloat16)`` has that module's ``inv_freq`` buffer rounded to bfloat16,
+    which turns its angles by up to ``position * 2^-9`` radians, so the patch then differs
+    from the unpatched model by that much (and is the one that matches the config)."""
 
     def __init__(self, config: Any, device: Any = None) -> None:
         super().__init__()
