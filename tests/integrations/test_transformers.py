@@ -336,23 +336,39 @@ def test_attention_mask_decisions():
     assert torch.equal(kept[0, 0], torch.ones(6, 6, dtype=torch.bool).tril())
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(batch=st.integers(1, 2), q_len=st.integers(1, 6), past=st.integers(0, 3),
        offset=st.integers(0, 1), local=st.one_of(st.none(), st.integers(1, 6)),
-       pad=st.one_of(st.none(), st.integers(0, 3)), skip=st.booleans())
-def test_mask_none_only_where_it_is_the_ops_mask(batch, q_len, past, offset, local, pad, skip):
-    """Over a space of mask calls (decode steps over a cache, offsets, windows, padding):
-    where the mask function returns None, the op's bottom-right causal mask (with the
-    window) is exactly the mask Hugging Face would build; elsewhere it is sdpa's own."""
+       pad=st.one_of(st.none(), st.integers(0, 3)), skip=st.booleans(),
+       resets=st.one_of(st.none(), st.lists(st.integers(1, 5), max_size=2)))
+def test_mask_none_only_where_it_is_the_ops_mask(batch, q_len, past, offset, local, pad, skip,
+                                                 resets):
+    """Over a space of mask calls (decode steps over a cache, offsets, windows, padding, and
+    the packed-sequence mask of a call without a cache, its position ids restarting at
+    ``resets`` in the last row or not at all): where the mask function returns None, the
+    op's bottom-right causal mask (with the window) is exactly the mask Hugging Face would
+    build; elsewhere it is sdpa's own."""
     from transformers.masking_utils import (
+        and_masks,
         causal_mask_function,
+        find_packed_sequence_indices,
+        packed_sequence_mask_function,
         sdpa_mask,
         sliding_window_causal_mask_function,
     )
 
+    if resets is not None:  # a call without a cache: its keys are its queries
+        past = offset = 0
     kv_len = q_len + past
     cache_position = torch.arange(past, kv_len) + offset
     fn = causal_mask_function if local is None else sliding_window_causal_mask_function(local)
+    if resets is not None:  # Hugging Face's packed-sequence mask, skipping refused
+        positions = torch.arange(kv_len).repeat(batch, 1)
+        for r in resets:
+            if r < kv_len:
+                positions[-1, r:] -= positions[-1, r].clone()
+        packed = find_packed_sequence_indices(positions)
+        fn, skip = and_masks(fn, packed_sequence_mask_function(packed)), False
     padding = None
     if pad is not None:
         padding = torch.ones(batch, kv_len, dtype=torch.bool)
@@ -367,6 +383,27 @@ def test_mask_none_only_where_it_is_the_ops_mask(batch, q_len, past, offset, loc
     left = -1 if local is None else local - 1
     ours = _hf_attention.window_mask(q_len, kv_len, left, True, "cpu")
     assert torch.equal(full, ours.expand_as(full))
+
+
+def test_training_call_without_a_cache_runs_the_op(monkeypatch):
+    """A call without a cache (``use_cache=False``, as training loops make it) comes with
+    Hugging Face's packed-sequence mask: one sequence a row is the op's mask and runs the op;
+    position ids that restart (packed sequences) take sdpa with Hugging Face's mask, the
+    logits the unpatched model's either way."""
+    sdpa = []
+    real = _hf_attention._sdpa
+    monkeypatch.setattr(_hf_attention, "_sdpa", lambda *a: sdpa.append(1) or real(*a))
+    ref, model = pair("llama", **{**OFF, "attention": True})
+    ids = tokens()
+    restart = torch.cat([torch.arange(5), torch.arange(7)]).repeat(2, 1)
+    for position_ids, op_runs in ((None, True), (restart, False)):
+        sdpa.clear()
+        kw = dict(use_cache=False, position_ids=position_ids)
+        out = model(ids, labels=ids, **kw)
+        assert ("GroupedQueryAttentionFwdOpBackward" in graph_nodes(out.loss)) == op_runs
+        assert bool(sdpa) != op_runs
+        assert_close(out.logits, ref(ids, labels=ids, **kw).logits, TOL[torch.float32],
+                     "logits")
 
 
 @pytest.mark.parametrize("window", [1, 3, 8])

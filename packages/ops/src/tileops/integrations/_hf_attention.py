@@ -7,8 +7,11 @@ The op's mask is causal (bottom-right aligned) with an optional window, and it t
 tensor. So the mask function returns None exactly where the mask Hugging Face would build is
 that one: a causal or sliding-window causal mask, no padding (no 2-D ``attention_mask``, or
 one of all ones outside torch.compile, whose check reads the device), queries and keys of one
-length from position 0 (a training step, a prefill), and skipping allowed (no packed
-sequences, no extra mask function, no static cache). Every other call gets the
+length from position 0 (a training step, a prefill), and skipping allowed (no extra mask
+function, no static cache). A call without a cache (a training step) always comes with
+Hugging Face's packed-sequence mask, made from the position ids: it is read (outside
+torch.compile, as the padding) and taken as the plain causal mask where every row holds one
+sequence (the position ids count up by one along it). Every other call gets the
 ``sdpa`` implementation's mask and the attention function hands it to ``sdpa`` as it is: a
 padded batch, packed sequences and decode steps over a cache stay exactly Hugging Face's.
 
@@ -22,6 +25,7 @@ dim the in-tree kernels do not serve (they serve float16 and bfloat16 at the hea
 
 from __future__ import annotations
 
+import functools
 from typing import Any, get_args
 
 import torch
@@ -82,14 +86,86 @@ def attention_mask(batch_size: int, cache_position: torch.Tensor, kv_length: int
 
     if mask_function is None:
         mask_function = causal_mask_function
-    plain = mask_function is causal_mask_function or local_size is not None
-    if (allow_is_causal_skip and plain and kv_offset == 0
+    skip = allow_is_causal_skip
+    # a traced call cannot read the packed-sequence mask (nor the closures holding it)
+    base, packed = (mask_function, None) if torch.compiler.is_compiling() else \
+        _split_packed(mask_function)
+    plain = base is causal_mask_function or local_size is not None
+    if packed is not None:  # Hugging Face refused skipping for the packed-sequence mask alone
+        plain = _causal_or_window(base, local_size)
+        skip = plain and _one_sequence_a_row(packed)
+    if (skip and plain and kv_offset == 0
             and cache_position.shape[0] == kv_length and _unpadded(attention_mask, kv_length)):
         return None
     return sdpa_mask(batch_size=batch_size, cache_position=cache_position, kv_length=kv_length,
                      kv_offset=kv_offset, mask_function=mask_function,
                      attention_mask=attention_mask, local_size=local_size,
                      allow_is_causal_skip=allow_is_causal_skip, **kwargs)
+
+
+def _closure(fn: Any) -> dict[str, Any]:
+    code = getattr(fn, "__code__", None)
+    if code is None or not fn.__closure__:
+        return {}
+    return dict(zip(code.co_freevars, (c.cell_contents for c in fn.__closure__), strict=True))
+
+
+@functools.cache
+def _mask_codes() -> tuple[Any, Any, Any]:
+    """The code objects of the functions ``and_masks``, ``packed_sequence_mask_function`` and
+    ``sliding_window_overlay`` return (their closures are read by :func:`_split_packed` and
+    :func:`_causal_or_window`)."""
+    from transformers.masking_utils import (
+        and_masks,
+        causal_mask_function,
+        packed_sequence_mask_function,
+        sliding_window_overlay,
+    )
+
+    return (and_masks(causal_mask_function).__code__,
+            packed_sequence_mask_function(torch.zeros(1, 1, dtype=torch.long)).__code__,
+            sliding_window_overlay(1).__code__)
+
+
+def _causal_or_window(fn: Any, local_size: int | None) -> bool:
+    """Whether ``fn`` is Hugging Face's causal mask function, or with ``local_size`` its
+    sliding-window causal one of that window (``and_masks(sliding_window_overlay(w),
+    causal_mask_function)``): nothing else is and'ed in."""
+    from transformers.masking_utils import causal_mask_function
+
+    if fn is causal_mask_function:
+        return True
+    and_code, _, overlay_code = _mask_codes()
+    if local_size is None or getattr(fn, "__code__", None) is not and_code:
+        return False
+    parts = _closure(fn).get("mask_functions")
+    return (isinstance(parts, tuple) and len(parts) == 2 and parts[1] is causal_mask_function
+            and getattr(parts[0], "__code__", None) is overlay_code
+            and _closure(parts[0]).get("sliding_window") == local_size)
+
+
+def _split_packed(fn: Any) -> tuple[Any, torch.Tensor | None]:
+    """``(base, packed)`` where ``fn`` is ``and_masks(base, packed_sequence_mask_function(
+    packed))``, the mask function Hugging Face makes for a call without a cache (``packed``
+    the ``[B, S]`` sequence index of each position: a running count of the places where the
+    position ids do not step by one); else ``(fn, None)``."""
+    and_code, packed_code, _ = _mask_codes()
+    if getattr(fn, "__code__", None) is not and_code:
+        return fn, None
+    parts = _closure(fn).get("mask_functions")
+    if not (isinstance(parts, tuple) and len(parts) == 2
+            and getattr(parts[1], "__code__", None) is packed_code):
+        return fn, None
+    packed = _closure(parts[1]).get("packed_sequence_mask")
+    if not (isinstance(packed, torch.Tensor) and packed.ndim == 2):
+        return fn, None
+    return parts[0], packed
+
+
+def _one_sequence_a_row(packed: torch.Tensor) -> bool:
+    """Whether every row of the packed-sequence index holds one sequence (its count, which
+    never decreases, stays 0)."""
+    return packed.shape[-1] == 0 or not bool(packed[:, -1].any())
 
 
 def _unpadded(mask: torch.Tensor | None, kv_length: int) -> bool:
