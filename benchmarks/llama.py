@@ -5,6 +5,7 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
     python benchmarks/llama.py --prebuild [--workers N]     # build our kernels first
     python benchmarks/llama.py --dry-run [...]              # CPU, reference target, tiny
     python benchmarks/llama.py --decode [...]               # greedy decode (llama_decode.py)
+    python benchmarks/llama.py --profile tileops,eager      # a step's device time by kernel
 
 - Model: a Llama-3-8B-shaped stack (hidden 4096, 32 query heads over 8 key/value heads of 128,
   MLP 14336, vocab 128256, rope_theta 500000 with Llama 3.1's rope scaling, untied head) of
@@ -34,6 +35,11 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
 
 Results: ``llama-<device>.json`` and ``.md`` under ``--out``; the table is printed last. The
 exit status is 1 when the tileops contender failed or missed a check.
+
+``--profile NAMES`` runs no contest: for each named contender, three steps and then two under
+``torch.profiler``, the device time of a step by kernel (grouped by name, grid and block: the
+in-tree programs share TileLang's kernel names, their launch shapes tell them apart), to
+``llama_profile-<device>.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -175,6 +181,65 @@ def train(name: str, config: Any, data: list[torch.Tensor], args: argparse.Names
         if dev.type == "cuda":
             torch.cuda.empty_cache()
     return cell
+
+
+def profile(name: str, config: Any, data: list[torch.Tensor], args: argparse.Namespace,
+            dev: torch.device, dtype: torch.dtype, top: int = 30) -> list[dict[str, Any]]:
+    """Where one contender's step spends the device's time: three steps, then two under
+    ``torch.profiler``, its kernels grouped by name, grid and block (the in-tree programs all
+    carry TileLang's kernel name; their grids and blocks tell them apart), the ``top``
+    largest as ``{kernel, grid, block, ms (a step), calls (a step)}``."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    model = build(config, dev, dtype, args.seed)
+    fn = prepare(name, model, args)
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=dev.type == "cuda" or None)
+    cuda = dev.type == "cuda"  # on the CPU (--dry-run) the torch ops stand in for kernels
+
+    def step(ids: torch.Tensor, fn: Any, opt: Any) -> None:
+        fn(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    for ids in data[:3]:
+        step(ids, fn, opt)
+    sync(dev)
+    with torch_profile(activities=[ProfilerActivity.CUDA if cuda else ProfilerActivity.CPU]) \
+            as prof:
+        for ids in data[3:5]:
+            step(ids, fn, opt)
+        sync(dev)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        trace = json.loads(path.read_text())
+    groups: dict[tuple, list[float]] = {}
+    for ev in trace.get("traceEvents", []):
+        if ev.get("cat") != ("kernel" if cuda else "cpu_op"):
+            continue
+        a = ev.get("args", {})
+        key = (ev["name"], str(a.get("grid")), str(a.get("block")))
+        groups.setdefault(key, []).append(float(ev.get("dur", 0.0)))
+    rows = [{"kernel": k[0], "grid": k[1], "block": k[2], "ms": sum(d) / 2e3,
+             "calls": len(d) / 2} for k, d in groups.items()]
+    rows.sort(key=lambda r: -r["ms"])
+    total = sum(r["ms"] for r in rows)
+    return [{"kernel": "(all kernels)", "grid": "", "block": "", "ms": total,
+             "calls": sum(r["calls"] for r in rows)}, *rows[:top]]
+
+
+def profile_markdown(head: dict[str, Any], tables: dict[str, list[dict[str, Any]]]) -> str:
+    lines = title(head, "Llama training step: device time by kernel")
+    for name, rows in tables.items():
+        lines += ["", f"## {name}", ""]
+        lines += md_table(["kernel", "grid", "block", "ms a step", "calls a step"],
+                          [[r["kernel"][:90], r["grid"], r["block"], f"{r['ms']:.2f}",
+                            f"{r['calls']:g}"] for r in rows])
+    return "\n".join(lines) + "\n"
 
 
 def eval_batch(config: Any, args: argparse.Namespace, dev: torch.device) -> torch.Tensor:
@@ -332,6 +397,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--prebuild", action="store_true",
                     help="only build our kernels at the run's shapes, in --workers processes")
     ap.add_argument("--workers", type=int, default=6)
+    ap.add_argument("--profile", default=None, metavar="NAMES",
+                    help="instead of the run: the device time of a step by kernel for these "
+                         "contenders (comma-separated), to llama_profile-<device>.md")
     args = ap.parse_args(argv)
     peers = [n.strip() for n in args.against.split(",") if n.strip()]
     bad = [n for n in peers if n not in CONTENDERS[1:]]
@@ -357,6 +425,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                          f"{args.warmup + 1}-{args.steps}",
                   compile_backend=args.compile_backend)
     data = batches(config, args, dev)
+    if args.profile:
+        names = [n.strip() for n in args.profile.split(",") if n.strip()]
+        unknown = [n for n in names if n not in CONTENDERS]
+        if unknown:
+            ap.error(f"--profile: unknown contender {unknown[0]!r}; valid: "
+                     f"{', '.join(CONTENDERS)}")
+        if len(data) < 5:
+            ap.error(f"--profile needs --steps of 5 or more, got {args.steps}")
+        tables = {}
+        for n in names:
+            tables[n] = profile(n, config, data, args, dev, dtype)
+            gc.collect()
+            if dev.type == "cuda":
+                torch.cuda.empty_cache()
+        write_results(args.out, "llama_profile", dev, {**head, "profiles": tables},
+                      profile_markdown(head, tables))
+        return 0
     cells: dict[str, dict[str, Any]] = {}
     for name in ["eager", "tileops", *[p for p in peers if p != "eager"]]:
         if name == "eager" and "eager" not in peers:

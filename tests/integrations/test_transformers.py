@@ -565,6 +565,24 @@ def test_benchmark_tiny_mode(bench, tmp_path, capsys):
     assert "| tileops |" in out and "bars (tileops): 1.15x eager" in out
 
 
+def test_benchmark_profile(bench, tmp_path, capsys):
+    """--profile: a table a contender of the step's time by kernel (on the CPU, the torch ops
+    in their place), the total first; an unknown contender or too few steps refused."""
+    rc = bench.main(["--dry-run", "--profile", "tileops,eager", "--out", str(tmp_path)])
+    doc = json.loads((tmp_path / "llama_profile-cpu.json").read_text())
+    assert rc == 0 and list(doc["profiles"]) == ["tileops", "eager"]
+    for rows in doc["profiles"].values():
+        assert rows[0]["kernel"] == "(all kernels)" and rows[0]["ms"] > 0
+        assert len(rows) > 5 and all(r["calls"] > 0 for r in rows)
+    assert "## tileops" in capsys.readouterr().out
+    for argv, err in ((["--profile", "flash"], "--profile: unknown contender 'flash'"),
+                      (["--profile", "eager", "--steps", "4", "--warmup", "1"],
+                       "--profile needs --steps of 5 or more, got 4")):
+        with pytest.raises(SystemExit):
+            bench.main(["--dry-run", *argv, "--out", str(tmp_path)])
+        assert err in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("flag", FLAGS)
 def test_benchmark_prebuild_job(bench, flag):
     """Each prebuild job runs its flag's layers at the run's shapes (here the tiny ones)."""
