@@ -4,10 +4,13 @@ the heuristic in ``tileops.kernels.gemm.choose_config``.
     python benchmarks/sweep_gemm.py [--labels qo-m1,odd-1000] [--out DIR]
     python benchmarks/sweep_gemm.py --grid 1000,2999,8191 [--name gemm_grid]
     python benchmarks/sweep_gemm.py --shapes 5001x1000x1000,2999x1000x1000
+    python benchmarks/sweep_gemm.py --shapes llama-step --name gemm_llama_step
 
 ``--grid`` sweeps every (M, N, K) of the given sizes instead of spec workloads (row-major
 bf16 operands, labelled ``grid-MxNxK``): the unaligned grid the GEMM is held to against
-cuBLAS; ``--shapes`` sweeps the given ``MxNxK`` the same way. The configuration the heuristic
+cuBLAS; ``--shapes`` sweeps the given ``MxNxK`` the same way, each with an optional layout
+(``:tn``: ``a`` stored transposed; ``llama-step``: the products of benchmarks/llama.py's
+training step). The configuration the heuristic
 picks is marked ``(default)``.
 
 For each workload the candidates are the tuning candidates of the implementation that serves
@@ -90,21 +93,43 @@ def grid_rows(sizes: list[int]) -> list[dict]:
     return shape_rows([(m, n, k) for m in sizes for n in sizes for k in sizes])
 
 
-def shape_rows(shapes: list[tuple[int, int, int]]) -> list[dict]:
-    """Row-major bf16 workloads of the given (M, N, K)."""
-    return [{"label": f"grid-{m}x{n}x{k}", "m": m, "n": n, "k": k, "trans_a": False,
-             "trans_b": False, "dtype": "bfloat16"} for m, n, k in shapes]
+def shape_rows(shapes: list[tuple]) -> list[dict]:
+    """bf16 workloads of the given ``(M, N, K)`` or ``(M, N, K, trans_a, trans_b)``."""
+    rows = []
+    for m, n, k, *layout in shapes:
+        ta, tb = layout or (False, False)
+        tag = "" if not (ta or tb) else "-" + "nt"[ta] + "nt"[tb]
+        rows.append({"label": f"grid-{m}x{n}x{k}{tag}", "m": m, "n": n, "k": k,
+                     "trans_a": ta, "trans_b": tb, "dtype": "bfloat16"})
+    return rows
 
 
-def parse_shapes(text: str) -> list[tuple[int, int, int]]:
-    """``"5001x1000x1000,64x8x8"`` as (M, N, K) triples; each a positive integer."""
+#: the products of a training step of the Llama-3-8B-shaped stack (benchmarks/llama.py: 8 x
+#: 4096 tokens, hidden 4096, MLP 14336, vocabulary 128256): the MLP's projections forward
+#: (``x @ W.T``), their input gradients (``dy @ W``) and weight gradients (``dy.T @ x``), and
+#: the fused linear cross-entropy's per block of 1024 rows (logits, dhidden, dweight)
+LLAMA_STEP = ("32768x14336x4096:nt,32768x4096x14336:nt,32768x4096x14336:nn,"
+              "32768x14336x4096:nn,14336x4096x32768:tn,4096x14336x32768:tn,"
+              "1024x128256x4096:nt,1024x4096x128256:nn,128256x4096x1024:tn")
+
+
+def parse_shapes(text: str) -> list[tuple]:
+    """``"5001x1000x1000,64x8x8:tn"`` as (M, N, K, trans_a, trans_b): positive integers and an
+    optional layout, ``nn`` (the default), ``nt``, ``tn`` or ``tt`` (``t``: that operand
+    stored transposed, ``a`` as ``[K, M]``, ``b`` as ``[N, K]``); ``llama-step`` stands for
+    :data:`LLAMA_STEP`."""
     shapes = []
-    for item in text.split(","):
-        parts = item.strip().lower().split("x")
+    for item in text.replace("llama-step", LLAMA_STEP).split(","):
+        dims, _, layout = item.strip().lower().partition(":")
+        parts = dims.split("x")
         if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
             raise argparse.ArgumentTypeError(f"--shapes: {item!r} is not MxNxK of positive "
                                              f"integers")
-        shapes.append(tuple(int(p) for p in parts))
+        if layout not in ("", "nn", "nt", "tn", "tt"):
+            raise argparse.ArgumentTypeError(f"--shapes: {item!r}: the layout after ':' must "
+                                             f"be nn, nt, tn or tt, got {layout!r}")
+        layout = layout or "nn"
+        shapes.append((*(int(p) for p in parts), layout[0] == "t", layout[1] == "t"))
     return shapes
 
 
@@ -151,7 +176,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--grid", help="comma-separated sizes: sweep every (M, N, K) of them")
     ap.add_argument("--shapes", type=parse_shapes,
-                    help="comma-separated MxNxK: sweep these shapes (row-major bf16)")
+                    help="comma-separated MxNxK[:nn|nt|tn|tt]: sweep these shapes (bf16; "
+                         "'llama-step': the Llama training step's products)")
     ap.add_argument("--name", default="gemm_sweep", help="the results' file name")
     ap.add_argument("--default-only", action="store_true",
                     help="time only the configuration the heuristic picks (against cuBLAS)")

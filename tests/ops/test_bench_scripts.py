@@ -41,6 +41,24 @@ def test_the_gemm_rows_are_the_spec_workloads() -> None:
     assert gemm.rotating is timing.rotating  # the harness's rotation, not a copy
 
 
+def test_the_gemm_sweep_reads_shapes_with_layouts() -> None:
+    """``--shapes MxNxK[:layout]``: the layout's letters are a's and b's (t: stored
+    transposed); ``llama-step`` is the training step's products; bad items are refused."""
+    import argparse
+
+    sweep = _load("sweep_gemm")
+    rows = sweep.shape_rows(sweep.parse_shapes("5x6x7, 8x9x10:tn ,3x3x3:nt,2x2x2:tt"))
+    assert [(r["label"], r["m"], r["n"], r["k"], r["trans_a"], r["trans_b"]) for r in rows] == [
+        ("grid-5x6x7", 5, 6, 7, False, False), ("grid-8x9x10-tn", 8, 9, 10, True, False),
+        ("grid-3x3x3-nt", 3, 3, 3, False, True), ("grid-2x2x2-tt", 2, 2, 2, True, True)]
+    step = sweep.parse_shapes("llama-step")
+    assert len(step) == 9 and (128256, 4096, 1024, True, False) in step
+    for bad, why in (("5x6", "is not MxNxK"), ("5x6x0", "is not MxNxK"),
+                     ("5x6x7:tx", "must be nn, nt, tn or tt, got 'tx'")):
+        with pytest.raises(argparse.ArgumentTypeError, match=why):
+            sweep.parse_shapes(bad)
+
+
 def test_gemm_script_only_prebuilds(capsys: pytest.CaptureFixture[str]) -> None:
     gemm = _load("gemm")
     with pytest.raises(SystemExit) as info:
