@@ -18,7 +18,8 @@ eager mode, unpatched under torch.compile and patched by Liger-Kernel.
   compile), ``liger`` (``apply_liger_kernel_to_llama``: rope, rms_norm, swiglu and
   fused_linear_cross_entropy; left out with a note where Liger-Kernel is not installed) and
   ``tileops+compile`` (the tileops patch, then ``torch.compile``: our ops as whole nodes of
-  the graph, the rest fused by inductor).
+  the graph, the rest fused by inductor); on request (``--against``) ``tileops-sdpa`` (the
+  tileops patch with ``attention=False``: transformers' sdpa attention, cuDNN's on an H200).
 - A step: ``model(input_ids, labels=input_ids, use_cache=False).loss``, backward,
   ``AdamW.step()`` (fused on CUDA), ``zero_grad``; ``--steps`` of them (default 30) on the
   same synthetic tokens for every contender (each row counts by 3 from a random start, which
@@ -73,7 +74,9 @@ from _common import (  # noqa: E402
     write_results,
 )
 
-CONTENDERS = ("tileops", "eager", "torch.compile", "liger", "tileops+compile")
+CONTENDERS = ("tileops", "eager", "torch.compile", "liger", "tileops+compile", "tileops-sdpa")
+#: the contenders beside tileops a run takes unless --against names others
+DEFAULT_AGAINST = ("eager", "torch.compile", "liger", "tileops+compile")
 SPEEDUP_BAR = 1.15
 LOSS_BAR = 0.01
 FLAGS = ("rms_norm", "rope", "swiglu", "attention", "cross_entropy",
@@ -102,22 +105,25 @@ def build(config: Any, dev: torch.device, dtype: torch.dtype, seed: int) -> Any:
     Made in ``dtype`` as ``from_pretrained(dtype=...)`` makes a model, not cast afterwards:
     ``model.to(torch.bfloat16)`` would round the rotary module's ``inv_freq`` buffer to
     bfloat16 too, and the unpatched model (and the float32 copy the logits are checked against)
-    would rotate by angles off by up to ``position * 2^-9`` radians (4 at position 2047)."""
+    would rotate by angles off by up to ``position * 2^-9`` radians (4 at position 2047).
+    Each model holds its own copy of ``config``: a patch sets its model's attention
+    implementation in the config, which would reach every model built after it."""
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     with torch.device(dev):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+        model = AutoModelForCausalLM.from_config(copy.deepcopy(config), dtype=dtype)
     return model.train()
 
 
 def prepare(name: str, model: Any, args: argparse.Namespace) -> Any:
     """The callable a contender trains (the model, patched or compiled), or raises."""
-    if name in ("tileops", "tileops+compile"):
+    if name in ("tileops", "tileops+compile", "tileops-sdpa"):
         from tileops.integrations.transformers import apply_tileops_to_llama
 
-        apply_tileops_to_llama(model, fused_linear_cross_entropy=True)
-        if name == "tileops":
+        apply_tileops_to_llama(model, fused_linear_cross_entropy=True,
+                               attention=name != "tileops-sdpa")
+        if name != "tileops+compile":
             return model
         return torch.compile(model, backend=args.compile_backend)
     if name == "eager":
@@ -377,9 +383,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="greedy decode over the paged KV cache instead (benchmarks/"
                          "llama_decode.py; its options: --decode -h)")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results")
-    ap.add_argument("--against", default=",".join(CONTENDERS[1:]),
-                    help="contenders beside tileops, comma-separated "
-                         "(default: eager,torch.compile,liger,tileops+compile)")
+    ap.add_argument("--against", default=",".join(DEFAULT_AGAINST),
+                    help="contenders beside tileops, comma-separated (default: "
+                         f"{','.join(DEFAULT_AGAINST)}; also tileops-sdpa)")
     ap.add_argument("--layers", type=int, default=None, help="default 4 (2 with --dry-run)")
     ap.add_argument("--batch", type=int, default=None, help="default 8 (2 with --dry-run)")
     ap.add_argument("--seq", type=int, default=None, help="default 4096 (16 with --dry-run)")

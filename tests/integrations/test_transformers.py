@@ -545,16 +545,16 @@ def bench():
 def test_benchmark_tiny_mode(bench, tmp_path, capsys):
     # torch.compile's contender is left out: its compile of the step would take most of the
     # test's time (test_compiled_forward_has_no_graph_break compiles the patched model)
-    rc = bench.main(["--dry-run", "--steps", "3", "--warmup", "1", "--against", "eager,liger",
-                     "--out", str(tmp_path)])
+    rc = bench.main(["--dry-run", "--steps", "3", "--warmup", "1", "--against",
+                     "eager,liger,tileops-sdpa", "--out", str(tmp_path)])
     out = capsys.readouterr().out
     doc = json.loads((tmp_path / "llama-cpu.json").read_text())
     assert out.endswith(f"wrote {tmp_path / 'llama-cpu.json'}, {tmp_path / 'llama-cpu.md'}\n")
     assert rc == 0
     assert (doc["device"], doc["layers"], doc["tokens"], doc["steps"]) == ("cpu", 2, 32, 3)
     cells = doc["contenders"]
-    assert list(cells) == ["eager", "tileops", "liger"]
-    for name in ("eager", "tileops"):
+    assert list(cells) == ["eager", "tileops", "liger", "tileops-sdpa"]
+    for name in ("eager", "tileops", "tileops-sdpa"):
         c = cells[name]
         assert c["error"] is None and len(c["losses"]) == 3 and c["step_s"] > 0
         assert c["loss_ok"] and c["logits_ok"] and c["logits_err"] < 1e-5
@@ -563,6 +563,20 @@ def test_benchmark_tiny_mode(bench, tmp_path, capsys):
     assert doc["bars"] == {"1.15x eager": doc["bars"]["1.15x eager"], "1x torch.compile": None,
                            "loss within 1%": True, "logits": True}
     assert "| tileops |" in out and "bars (tileops): 1.15x eager" in out
+
+
+def test_benchmark_contenders_do_not_share_a_config(bench):
+    """The tileops patch sets its model's attention implementation in its config: a model the
+    benchmark builds after it (eager, torch.compile, Liger-Kernel) keeps transformers' own."""
+    import argparse
+
+    args = argparse.Namespace(dry_run=True, layers=1, seq=16)
+    config = bench.llama_config(args)
+    cpu = torch.device("cpu")
+    patched = bench.prepare("tileops", bench.build(config, cpu, torch.float32, 0), args)
+    later = bench.build(config, cpu, torch.float32, 0)
+    assert patched.config._attn_implementation == "tileops"
+    assert later.config._attn_implementation == "sdpa"
 
 
 def test_benchmark_profile(bench, tmp_path, capsys):
@@ -597,7 +611,7 @@ def test_benchmark_refuses_bad_arguments(bench, capsys):
         bench.main(["--dry-run", "--against", "eager,flash"])
     assert capsys.readouterr().err.endswith(
         "error: --against: unknown contender 'flash'; valid: eager, torch.compile, liger, "
-        "tileops+compile\n")
+        "tileops+compile, tileops-sdpa\n")
 
 
 def test_example_trains_on_the_cpu(capsys):
