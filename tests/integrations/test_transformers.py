@@ -132,7 +132,9 @@ def test_each_flag_on_its_own(flag):
     ref, model = pair("llama", **{**OFF, flag: True})
     model.train()
     ids = tokens()
-    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    # no cache, as training loops call it (Hugging Face then hands the mask its packed-sequence
+    # mask: the op must still serve the call)
+    a, b = ref(ids, labels=ids, use_cache=False), model(ids, labels=ids, use_cache=False)
     nodes = graph_nodes(b.loss)
     ran = {NODES[flag]} if flag != "attention" or ATTN_TRAINS else set()
     assert {NODES[f] for f in FLAGS if NODES[f] in nodes} == ran
@@ -206,7 +208,9 @@ def test_training_curve_30_steps():
 def test_other_models(kind):
     ref, model = pair(kind)
     ids = tokens(seq=12)
-    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    # no cache, as training loops call it (Hugging Face then hands the mask its packed-sequence
+    # mask: the op must still serve the call)
+    a, b = ref(ids, labels=ids, use_cache=False), model(ids, labels=ids, use_cache=False)
     assert_close(b.logits, a.logits, 2e-5, "logits")
     assert graph_nodes(b.loss) >= TRAINED
     a.loss.backward()
@@ -663,7 +667,9 @@ def test_cuda_training_step_runs_the_ops_and_matches():
     model.train()
     ref.train()
     ids = tokens(batch=2, seq=257).cuda()
-    a, b = ref(ids, labels=ids), model(ids, labels=ids)
+    # no cache, as training loops call it (Hugging Face then hands the mask its packed-sequence
+    # mask: the op must still serve the call)
+    a, b = ref(ids, labels=ids, use_cache=False), model(ids, labels=ids, use_cache=False)
     assert graph_nodes(b.loss) >= TRAINED
     assert abs(b.loss.item() - a.loss.item()) <= 1e-2 * a.loss.item()
     a.loss.backward()
