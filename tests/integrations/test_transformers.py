@@ -650,6 +650,38 @@ def logit_error(logits, wide):
     return ((logits.float() - wide).abs().max() / wide.abs().max()).item()
 
 
+@pytest.mark.parametrize(("kind", "overrides"), [
+    ("llama", {}), ("llama", {"attention_bias": True}), ("qwen2", {}),
+    ("llama", {"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 16}}),
+])
+def test_the_attention_block_is_hugging_faces(kind, overrides):
+    """tileops.nn.Attention built from a model's attention layer (its projections, the
+    config's heads and RoPE) gives that layer's output and input gradient, float64 on the
+    reference target (Qwen2: biases on q, k, v; attention_bias: on o too)."""
+    from tileops.nn import Attention
+
+    model = build(kind, torch.float64, **overrides)
+    config, hf = model.config, model.model.layers[0].self_attn
+    block = Attention.from_linears(hf.q_proj, hf.k_proj, hf.v_proj, hf.o_proj,
+                                   config.num_attention_heads, config.num_key_value_heads,
+                                   rope_theta=config.rope_theta,
+                                   rope_scaling=config.rope_scaling,
+                                   max_position_embeddings=config.max_position_embeddings)
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(2, 11, config.hidden_size, generator=g, dtype=torch.float64)
+    positions = torch.randint(0, 40, (2, 11), generator=g)
+    mine, theirs = x.clone().requires_grad_(), x.clone().requires_grad_()
+    y = block(mine, positions)
+    want, _ = hf(theirs, model.model.rotary_emb(theirs, positions), None)
+    torch.testing.assert_close(y, want, rtol=1e-9, atol=1e-9)
+    dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
+    (y * dy).sum().backward()
+    (want * dy).sum().backward()
+    torch.testing.assert_close(mine.grad, theirs.grad, rtol=1e-9, atol=1e-9)
+
+
 @pytest.mark.cuda
 @pytest.mark.parametrize("kind", ["llama", "mistral", "qwen3"])
 def test_cuda_bf16_logits_within_bf16_tolerance(kind):

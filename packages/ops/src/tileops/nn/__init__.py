@@ -13,8 +13,11 @@ torch.nn's loss over class indices; :class:`FusedLinearCrossEntropyLoss` is a la
 head and loss in one, never holding every row's logits. :class:`RotaryEmbedding` rotates q and
 k by a model config's ``rope_scaling`` (default, llama3, yarn, longrope). The pooling layers
 (:class:`MaxPool2d`, :class:`AvgPool2d`, :class:`AdaptiveAvgPool2d` and their 1-D and 3-D
-namesakes) are torch.nn's, returning what torch's return. :class:`Attention` is FlashAttention's
-attention (GQA, bottom-right causal mask, window, softcap) as a parameter-free layer.
+namesakes) are torch.nn's, returning what torch's return. :class:`ScaledDotProductAttention` is
+FlashAttention's attention (GQA, bottom-right causal mask, window, softcap) as a parameter-free
+layer; :class:`Attention` is a decoder layer's grouped-query attention block around it (q, k, v
+and o projections on the GEMM, a rotary embedding or another position hook), with Hugging
+Face's submodule names.
 :class:`MoE` is a mixture-of-experts layer on the fused MoE op (Mixtral and DeepSeek-V3
 configs; it trains through the stage ops); :class:`ExpertParallelMoE` shards its experts over a
 process group (torch.distributed's all-to-all).
@@ -26,7 +29,7 @@ computations as functions over a cache of op instances.
 
 from . import functional
 from .activation import GELU, ReLU, SiLU, SwiGLUMLP
-from .attention import Attention
+from .attention import Attention, ScaledDotProductAttention
 from .expert_parallel import ExpertParallelMoE
 from .linear import Linear
 from .loss import CrossEntropyLoss, FusedLinearCrossEntropyLoss
@@ -73,6 +76,7 @@ __all__ = [
     "ReLU",
     "RotaryEmbedding",
     "RowParallelLinear",
+    "ScaledDotProductAttention",
     "SiLU",
     "SwiGLUMLP",
     "TensorParallelAttention",

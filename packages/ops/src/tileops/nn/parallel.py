@@ -49,6 +49,7 @@ from torch import nn
 from tileops.ops import GemmFwdOp, GroupedQueryAttentionFwdOp, SwiGLUFwdOp
 
 from ._holder import HoldsOp
+from .attention import heads_of, projections_of
 from .functional import linear_with
 from .rotary import RotaryEmbedding
 
@@ -402,16 +403,7 @@ class TensorParallelAttention(nn.Module):
         super().__init__()
         name = type(self).__name__
         group, world, _ = _world(name, group)
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        if num_kv_heads <= 0 or num_heads % num_kv_heads:
-            raise ValueError(f"{name}: argument num_heads is {num_heads}, not a multiple of "
-                             f"num_kv_heads {num_kv_heads}; expected each key/value head to "
-                             f"serve the same number of query heads")
-        if head_dim is None:
-            if hidden % num_heads:
-                raise ValueError(f"{name}: argument hidden is {hidden}, not divisible by "
-                                 f"num_heads {num_heads}; give head_dim")
-            head_dim = hidden // num_heads
+        num_kv_heads, head_dim = heads_of(name, hidden, num_heads, num_kv_heads, head_dim)
         self.local_heads = _shard(name, "num_heads", num_heads, world)
         self.local_kv_heads = _shard(name, "num_kv_heads", num_kv_heads, world)
         self.hidden, self.num_heads, self.num_kv_heads = hidden, num_heads, num_kv_heads
@@ -440,38 +432,15 @@ class TensorParallelAttention(nn.Module):
         """This rank's shard of the attention block whose projections are the full layers
         ``q``, ``k``, ``v`` (``hidden -> heads * head_dim``, Llama's head-major features) and
         ``o`` (``num_heads * head_dim -> hidden``, no bias)."""
-        name = cls.__name__
-        for argument, linear in (("q", q), ("k", k), ("v", v), ("o", o)):
-            if not isinstance(linear, nn.Linear):
-                raise TypeError(f"{name}.from_linears: argument {argument} must be a "
-                                f"torch.nn.Linear (the full, unsharded layer), seen "
-                                f"{type(linear).__name__}")
-        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        hidden = q.in_features
-        if q.out_features % num_heads:
-            raise ValueError(f"{name}.from_linears: argument q has {q.out_features} output "
-                             f"features, not a multiple of num_heads {num_heads}")
-        head_dim = q.out_features // num_heads
-        for argument, linear, shape in (
-                ("k", k, (num_kv_heads * head_dim, hidden)),
-                ("v", v, (num_kv_heads * head_dim, hidden)),
-                ("o", o, (hidden, num_heads * head_dim))):
-            if (linear.out_features, linear.in_features) != shape:
-                raise ValueError(f"{name}.from_linears: argument {argument} does not match q "
-                                 f"({hidden} -> {num_heads} heads of {head_dim}); expected "
-                                 f"{shape[1]} -> {shape[0]}, seen {linear.in_features} -> "
-                                 f"{linear.out_features}")
+        name = f"{cls.__name__}.from_linears"
+        hidden, num_kv_heads, head_dim, bias = projections_of(
+            name, q, k, v, o, num_heads, num_kv_heads, " (the full, unsharded layer)")
         if o.bias is not None:
-            raise ValueError(f"{name}.from_linears: argument o has a bias; Llama's o_proj has "
-                             f"none, and this block adds none")
-        biases = {linear.bias is not None for linear in (q, k, v)}
-        if len(biases) != 1:
-            raise ValueError(f"{name}.from_linears: q, k and v must all have a bias or all "
-                             f"have none; seen q {q.bias is not None}, k {k.bias is not None}, "
-                             f"v {v.bias is not None}")
+            raise ValueError(f"{name}: argument o has a bias; Llama's o_proj has none, and "
+                             f"this block adds none")
         w = q.weight
         block = cls(hidden, num_heads, num_kv_heads, head_dim, rope_theta=rope_theta,
-                    bias=biases.pop(), group=group, device=w.device, dtype=w.dtype,
+                    bias=bias, group=group, device=w.device, dtype=w.dtype,
                     target=target)
         for layer, linear in ((block.q_proj, q), (block.k_proj, k), (block.v_proj, v),
                               (block.o_proj, o)):
