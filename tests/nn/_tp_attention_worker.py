@@ -19,7 +19,7 @@ import copy
 import functools
 
 import torch
-import torch.nn.functional as F
+from _llama_attention import llama_attention
 from _tp_worker import _check as check
 from _tp_worker import _Mismatch, _randn, finish, run
 from torch import nn
@@ -34,26 +34,8 @@ HIDDEN, THETA = 32, 500.0
 _check = functools.partial(check, rtol=RTOL, atol=ATOL)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
 def _llama_attention(x, q, k, v, o, heads, kv_heads, positions):
-    """Hugging Face's LlamaAttention forward, in the modules' dtype."""
-    b, s, _ = x.shape
-    d = q.out_features // heads
-    qs = q(x).view(b, s, heads, d).transpose(1, 2)
-    ks = k(x).view(b, s, kv_heads, d).transpose(1, 2)
-    vs = v(x).view(b, s, kv_heads, d).transpose(1, 2)
-    inv_freq = 1.0 / THETA ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-    angles = positions.double()[..., None] * inv_freq  # [B, S, D/2]
-    emb = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, D]
-    cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-    qs = qs * cos + _rotate_half(qs) * sin
-    ks = ks * cos + _rotate_half(ks) * sin
-    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-    return o(out.transpose(1, 2).reshape(b, s, heads * d))
+    return llama_attention(x, q, k, v, o, heads, kv_heads, positions, THETA)
 
 
 def attention(heads: int, kv_heads: int, bias: bool, given_positions: bool, rank: int,

@@ -8,6 +8,8 @@ of shapes; its position hook; its state_dict keys; its refusals."""
 
 import copy
 import pickle
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +18,9 @@ F = torch.nn.functional
 
 from tileops.nn.attention import Attention, ScaledDotProductAttention  # noqa: E402
 from tileops.signature import ConstructionError  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).parent))
+from _llama_attention import llama_attention  # noqa: E402
 
 
 def _qkv(s_q=9, s_kv=9, h=4, h_kv=2, d=8):
@@ -79,29 +84,6 @@ from hypothesis import strategies as st  # noqa: E402
 nn = torch.nn
 
 
-def _rotate_half(x):
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def _llama_attention(x, q, k, v, o, heads, kv_heads, positions, theta, *, rope=True):
-    """Hugging Face's LlamaAttention forward written out in torch (the modules' dtype)."""
-    b, s, _ = x.shape
-    d = q.out_features // heads
-    qs = q(x).view(b, s, heads, d).transpose(1, 2)
-    ks = k(x).view(b, s, kv_heads, d).transpose(1, 2)
-    vs = v(x).view(b, s, kv_heads, d).transpose(1, 2)
-    if rope:
-        inv_freq = 1.0 / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
-        angles = positions.double()[..., None] * inv_freq  # [B, S, D/2]
-        emb = torch.cat((angles, angles), dim=-1)[:, None]  # [B, 1, S, D]
-        cos, sin = emb.cos().to(x.dtype), emb.sin().to(x.dtype)
-        qs = qs * cos + _rotate_half(qs) * sin
-        ks = ks * cos + _rotate_half(ks) * sin
-    out = F.scaled_dot_product_attention(qs, ks, vs, is_causal=True, enable_gqa=True)
-    return o(out.transpose(1, 2).reshape(b, s, heads * d))
-
-
 def _projections(hidden, heads, kv_heads, d, bias, o_bias, seed=0):
     torch.manual_seed(seed)
     return (nn.Linear(hidden, heads * d, bias=bias, dtype=torch.float64),
@@ -120,7 +102,7 @@ def _check_block(b, s, hidden, heads, kv_heads, d, bias, o_bias, given_positions
     mine = x.clone().requires_grad_()
     theirs = x.clone().requires_grad_()
     y = block(mine, positions if given_positions else None)
-    want = _llama_attention(theirs, q, k, v, o, heads, kv_heads, positions, theta)
+    want = llama_attention(theirs, q, k, v, o, heads, kv_heads, positions, theta)
     torch.testing.assert_close(y, want, rtol=1e-10, atol=1e-10)
     dy = torch.randn(y.shape, generator=g, dtype=torch.float64)
     (y * dy).sum().backward()
@@ -203,7 +185,7 @@ def test_the_position_hook_is_called_or_left_out():
         plain.v_proj(x).view(2, 3, 2, 4)).reshape(2, 3, 16))
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(
-        plain(x), _llama_attention(x, q, k, v, o, 4, 2, None, 0.0, rope=False),
+        plain(x), llama_attention(x, q, k, v, o, 4, 2, None, 0.0, rope=False),
         rtol=1e-12, atol=1e-12)
     with pytest.raises(ValueError) as exc:
         plain(x, positions)
@@ -275,7 +257,7 @@ def test_cuda_bf16_block_trains_against_float64():
     x = torch.randn(2, s, hidden, generator=g, dtype=torch.float64)
     dy = torch.randn(2, s, hidden, generator=g, dtype=torch.float64)
     theirs = x.clone().requires_grad_()
-    want = _llama_attention(theirs, q, k, v, o, heads, kv_heads,
+    want = llama_attention(theirs, q, k, v, o, heads, kv_heads,
                             torch.arange(s).expand(2, s), 10000.0)
     (want * dy).sum().backward()
     mine = x.to("cuda", torch.bfloat16).requires_grad_()
