@@ -115,6 +115,29 @@ def test_inplace_grad_writes_the_gradient_over_the_logits():
     torch.testing.assert_close(z.detach(), xe.grad, rtol=1e-12, atol=1e-12)  # overwritten
 
 
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_inplace_grad_through_the_backward_op_never_overwrites_a_leaf(reduction):
+    """The backward op's path (the reference target, reduction none, a second backward):
+    its inplace_grad writes a copy of a leaf, not the leaf; a non-leaf still holds the
+    gradient afterwards."""
+    x, t = _inputs(5, 7, ignored=[2])
+    op = CrossEntropyFwdOp(inplace_grad=True, reduction=reduction, label_smoothing=0.1)
+    xe = x.clone().requires_grad_(True)
+    (want,) = torch.autograd.grad(
+        F.cross_entropy(xe, t, reduction=reduction, label_smoothing=0.1).sum(), xe)
+    leaf = x.clone().requires_grad_(True)
+    loss = op(leaf, t).sum()
+    loss.backward(retain_graph=True)
+    assert torch.equal(leaf.detach(), x)
+    torch.testing.assert_close(leaf.grad, want, rtol=1e-12, atol=1e-12)
+    loss.backward()  # again: the saved leaf is still the logits
+    assert torch.equal(leaf.detach(), x)
+    torch.testing.assert_close(leaf.grad, 2 * want, rtol=1e-12, atol=1e-12)
+    z = x.clone().requires_grad_(True) * 1.0
+    op(z, t).sum().backward()
+    torch.testing.assert_close(z.detach(), want, rtol=1e-12, atol=1e-12)  # overwritten
+
+
 def test_the_compiled_training_step_holds_both_ops_and_matches_eager():
     torch._dynamo.reset()
     x, t = _inputs(5, 7, ignored=[0])

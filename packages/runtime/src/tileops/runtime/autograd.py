@@ -150,6 +150,8 @@ class Gradient:
         bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
         args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
                      for f in feeds)
+        if bwd._boundary.written and not traced:
+            args = _spare_leaves(bwd, args, feeds)
         # traced: the boundary's call gives every output in the entry's order, an output
         # aliasing a written input (a gradient written over a saved tensor) as that input
         # (a backward op leaving an output out of its result runs the general call, which
@@ -161,6 +163,19 @@ class Gradient:
             outs = (outs,)
         return tuple(outs[k] if k is not None and needs[i] else None
                      for i, k in enumerate(by_input))
+
+
+def _spare_leaves(bwd: Op, args: tuple, feeds: tuple) -> tuple:
+    """``args`` with a copy of each saved leaf tensor that ``bwd`` writes in place (an input
+    its params declare ``mutated``, as ``inplace_grad`` writes the gradient over the saved
+    logits): a backward writes over a tensor the graph computed, never over one the caller
+    made and still holds (a parameter, an input), whose values would silently become the
+    gradient. Upstream gradients are autograd's to hand over and are written as they are."""
+    names = bwd._signature.input_names  # type: ignore[union-attr]
+    written = bwd._boundary.written
+    return tuple(a.clone() if names[j] in written and f is not None and f[0] == "saved"
+                 and isinstance(a, torch.Tensor) and a.is_leaf else a
+                 for j, (a, f) in enumerate(zip(args, feeds, strict=True)))
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
