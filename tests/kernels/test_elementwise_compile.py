@@ -62,7 +62,8 @@ CONTRACT = {
     "softplus_bwd": (2, 1, ("beta", "threshold")), "leaky_relu_bwd": (2, 1, ("negative_slope",)),
     "elu_bwd": (2, 1, ("alpha",)), "hardtanh_bwd": (2, 1, ("min_val", "max_val")),
     **{f"{g}_and_mul_bwd": (3, 2, ()) for g in ("silu", "gelu", "gelu_tanh")},
-    "div_bwd_b": (3, 1, ()),
+    "div_bwd_b": (3, 1, ()), "pow_bwd_a": (3, 1, ()), "pow_bwd_b": (3, 1, ()),
+    "remainder_bwd_b": (3, 1, ()),
 }
 
 
@@ -1479,6 +1480,42 @@ def test_nan_propagating_and_floor_division_programs_match_torch_on_the_host(fn,
     assert np.array_equal(out[~nan], want[~nan]), fn
     if fn in ("div_floor", "remainder"):
         assert np.array_equal(np.signbit(out[~nan]), np.signbit(want[~nan]))
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("fn", "grad_of"), [
+    ("pow_bwd_a", (0, "pow")), ("pow_bwd_b", (1, "pow")), ("remainder_bwd_b", (1, "remainder"))])
+def test_power_and_remainder_gradient_programs_match_torch_on_the_host(fn, grad_of):
+    """The gradient programs of pow (of the base and of the exponent) and of remainder's
+    divisor, run on the host in float32 over every triple of an upstream gradient, a first and
+    a second operand drawn from special values (zeros of both signs, negative bases,
+    fractional and negative exponents, infinities, NaN) plus random ones: torch's float32
+    autograd values (its limits included: zero where b == 0, or a == 0 and b >= 0), NaN where
+    torch's is NaN, within float32's rounding of the power elsewhere."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    first = np.array([0.0, -0.0, 0.5, 2.0, -2.0, 3.0, 1e-30, np.inf, -np.inf, np.nan],
+                     dtype=np.float32)
+    second = np.array([0.0, 1.0, 2.0, 0.5, -1.0, -0.5, 3.0, 7.0, np.inf, np.nan],
+                      dtype=np.float32)
+    douts = np.array([1.0, -2.5, 0.0], dtype=np.float32)
+    rng = np.random.default_rng(9)
+    grids = np.meshgrid(douts, first, second, indexing="ij")
+    ins = [np.ascontiguousarray(np.concatenate(
+        [g.reshape(-1), rng.standard_normal(60, dtype=np.float32) * 3]).reshape(8, -1))
+        for g in grids]
+    ins[1][-1] = np.abs(ins[1][-1]) + 0.1  # a row of positive bases: powers of every kind
+    out, guards, _ = _host_call(fn, (), ins, ins[0].shape, np)
+    assert guards
+    dout, a, b = (torch.from_numpy(x).clone() for x in ins)
+    a.requires_grad_(), b.requires_grad_()
+    index, op = grad_of
+    want = torch.autograd.grad(getattr(torch, op)(a, b), (a, b)[index], dout)[0].numpy()
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan), (fn, [x[np.isnan(out) != nan] for x in ins])
+    finite = np.isfinite(want)
+    assert np.array_equal(out[~finite & ~nan], want[~finite & ~nan]), fn
+    np.testing.assert_allclose(out[finite], want[finite], rtol=2e-6, atol=0, err_msg=fn)
 
 
 @needs_nvcc

@@ -139,6 +139,10 @@ REF = {
     "silu_and_mul_bwd": _gated_bwd(F.silu), "gelu_and_mul_bwd": _gated_bwd(F.gelu),
     "gelu_tanh_and_mul_bwd": _gated_bwd(lambda a: F.gelu(a, approximate="tanh")),
     "div_bwd_b": lambda dy, a, b: -dy * a / (b * b),
+    "pow_bwd_a": lambda dy, a, b: torch.where(b == 0, 0.0, dy * (b * a.pow(b - 1))),
+    "pow_bwd_b": lambda dy, a, b: torch.where((a == 0) & (b >= 0), 0.0,
+                                              dy * (a.pow(b) * a.log())),
+    "remainder_bwd_b": lambda dy, a, b: -dy * torch.div(a, b, rounding_mode="floor"),
 }
 PARAMS = {"softplus": (1.5, 4.0), "leaky_relu": (0.02,), "elu": (1.3,),
           "hardtanh": (-1.0, 1.0), "clamp": (-0.5, 0.75, True, True), "add": (0.5,),
@@ -148,7 +152,8 @@ PARAMS = {"softplus": (1.5, 4.0), "leaky_relu": (0.02,), "elu": (1.3,),
 #: the values where the functions have kinks, ties or special cases
 SPECIAL = [0.0, -0.0, 0.5, 1.5, 2.5, -0.5, -2.5, 3.0, -3.0, 1.0, -1.0, 4.0 / 1.5,
            float("nan"), float("inf"), float("-inf"), 1e-30, 20.0, -20.0]
-POSITIVE = {"log", "sqrt", "rsqrt", "pow"}
+#: the functions defined for positive operands only, and which operand that is
+POSITIVE = {"log": 0, "sqrt": 0, "rsqrt": 0, "pow": 0, "pow_bwd_a": 1, "pow_bwd_b": 1}
 
 
 def test_reference_table_covers_the_registry():
@@ -164,7 +169,7 @@ def make_inputs(fn, shapes, dtype, gen, special=True):
             continue
         if dtype.is_floating_point:
             x = torch.randn(shape, generator=gen, device=DEV, dtype=torch.float32) * 3
-            if fn in POSITIVE and k == 0:
+            if POSITIVE.get(fn) == k:
                 x = x.abs() + 0.01
             if fn in ("log1p",):
                 x = x.abs() - 0.9

@@ -22,6 +22,10 @@ _FNS = {
     "add": lambda p, a, b: a + p[0] * b,
     "div": lambda p, a, b: a / b,
     "div_bwd_b": lambda p, dy, a, b: -dy * a / (b * b),
+    "pow_bwd_a": lambda p, dy, a, b: torch.where(b == 0, 0.0, dy * b * a.pow(b - 1)),
+    "pow_bwd_b": lambda p, dy, a, b: torch.where((a == 0) & (b >= 0), 0.0,
+                                                 dy * a.pow(b) * a.log()),
+    "remainder_bwd_b": lambda p, dy, a, b: -dy * torch.div(a, b, rounding_mode="floor"),
     "eq": lambda p, a, b: a == b,
     "lt": lambda p, a, b: a < b,
     "gt": lambda p, a, b: a > b,
@@ -93,12 +97,15 @@ def _rand(*shape, dtype=torch.float32, seed=0):
     ("AddBwdOp", ((5, 3), (5, 3), (3,))), ("SubBwdOp", ((5, 3), (5, 1), (3,))),
     ("MulBwdOp", ((4, 5, 3), (5, 3), (4, 1, 3))), ("MaximumBwdOp", ((5, 3), (5, 3), (3,))),
     ("MinimumBwdOp", ((5, 3), (5, 3), ())), ("DivBwdOp", ((5, 3), (5, 3), (3,))),
+    ("PowBwdOp", ((5, 3), (5, 3), (3,))), ("RemainderBwdOp", ((4, 5, 3), (5, 3), (4, 1, 3))),
 ])
 def test_binary_gradients_launch_and_reduce_as_their_reference(name, shapes):
     cls = getattr(ops, name)
     dout, a, b = (_rand(*s, seed=i) for i, s in enumerate(shapes))
     if name in ("MaximumBwdOp", "MinimumBwdOp"):
         a[0] = b.expand(a.shape)[0]  # ties split the gradient
+    if name == "PowBwdOp":  # positive bases (a fractional power of a negative one is NaN)
+        a = a.abs() + 0.1
     for needs in ((True, True), (True, False), (False, True)):
         mine, ref = _pair(cls, grad_a=needs[0], grad_b=needs[1])
         _close(mine(dout, a, b), ref(dout, a, b))

@@ -92,4 +92,5 @@ def test_compiled_gradients_match_eager(case):
                                    [t for t in eager_leaves if t is not None and t.requires_grad])
     tol = tolerance([torch.float64])
     for g, e in zip(got, expected, strict=True):
-        torch.testing.assert_close(g, e, rtol=tol, atol=tol)
+        # NaN where the eager call's is (a power of a negative base): the same kernels agree
+        torch.testing.assert_close(g, e, rtol=tol, atol=tol, equal_nan=True)

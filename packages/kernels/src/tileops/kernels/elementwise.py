@@ -910,6 +910,15 @@ def _fns() -> dict[str, ScalarFn]:
         (xs[1] <= _c(ps[0], dt)) | (xs[1] >= _c(ps[1], dt)), z(dt), xs[0]),),
         params=("min_val", "max_val"))
     add("div_bwd_b", 3, lambda xs, ps, dt: ((-xs[0]) * xs[1] / (xs[2] * xs[2]),))
+    # torch's pow gradients: (dout, a, b) -> dout * b * a^(b - 1), zero where b == 0;
+    # dout * a^b * log(a), zero where a == 0 and b >= 0
+    add("pow_bwd_a", 3, lambda xs, ps, dt: (_sel(
+        xs[2] == z(dt), z(dt), xs[0] * (xs[2] * T().pow(xs[1], xs[2] - one(dt)))),))
+    add("pow_bwd_b", 3, lambda xs, ps, dt: (_sel(
+        (xs[1] == z(dt)) & (xs[2] >= z(dt)), z(dt),
+        xs[0] * (T().pow(xs[1], xs[2]) * T().log(xs[1]))),))
+    # torch's remainder gradient of the divisor: -dout * floor(a / b)
+    add("remainder_bwd_b", 3, lambda xs, ps, dt: (-xs[0] * _floor_div(xs[1], xs[2]),))
     return {f.name: f for f in fns}
 
 

@@ -16,8 +16,9 @@ __all__ = [
     "AddBwdOp", "BinaryBwdOp", "ClampBwdOp", "DivBwdOp", "EluBwdOp", "GatedBwdOp",
     "GeluAndMulBwdOp", "GeluBwdOp", "GeluTanhAndMulBwdOp", "HardsigmoidBwdOp", "HardswishBwdOp",
     "HardtanhBwdOp", "LeakyReluBwdOp", "LerpBwdOp", "MaskedFillBwdOp", "MaximumBwdOp",
-    "MinimumBwdOp", "MishBwdOp", "MulBwdOp", "ReluBwdOp", "SeluBwdOp", "SiluAndMulBwdOp",
-    "SiluBwdOp", "SoftplusBwdOp", "SubBwdOp", "SwiGLUBwdOp", "WhereBwdOp",
+    "MinimumBwdOp", "MishBwdOp", "MulBwdOp", "PowBwdOp", "ReluBwdOp", "RemainderBwdOp",
+    "SeluBwdOp", "SiluAndMulBwdOp", "SiluBwdOp", "SoftplusBwdOp", "SubBwdOp", "SwiGLUBwdOp",
+    "WhereBwdOp",
 ]
 
 class _ActivationBwd(ElementwiseOp):
@@ -403,3 +404,35 @@ class DivBwdOp(BinaryBwdOp):
                     torch.zeros_like(b) if self.grad_b else None)
         return (self._reduce(dout / b if self.grad_a else None, a),
                 self._reduce(-dout * a / (b * b) if self.grad_b else None, b))
+
+
+class PowBwdOp(BinaryBwdOp):
+    """torch's pow gradients: ``da = dout b a^(b - 1)``, zero where ``b == 0``; ``db = dout
+    a^b log(a)``, zero where ``a == 0`` and ``b >= 0`` (the limit torch takes); NaN where the
+    power is (a negative base to a fractional exponent)."""
+
+    def grads(self, dout, a, b):
+        return ("pow_bwd_a", (), (dout, a, b)), ("pow_bwd_b", (), (dout, a, b))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        zero = torch.zeros((), dtype=dout.dtype, device=dout.device)
+        da = db = None
+        if self.grad_a:
+            da = torch.where(b == 0, zero, dout * (b * a.pow(b - 1)))
+        if self.grad_b:
+            db = torch.where((a == 0) & (b >= 0), zero, dout * (a.pow(b) * a.log()))
+        return self._reduce(da, a), self._reduce(db, b)
+
+
+class RemainderBwdOp(BinaryBwdOp):
+    """torch's remainder gradients: ``da = dout``, ``db = -dout floor(a / b)`` (``a - floor(a
+    / b) b`` with the quotient's floor piecewise constant)."""
+
+    def grads(self, dout, a, b):
+        return (("mul", (), (dout, self._const(1.0, dout))),
+                ("remainder_bwd_b", (), (dout, a, b)))
+
+    def torch_fn(self, dout, a, b, inplace=False):
+        return (self._reduce(dout if self.grad_a else None, a),
+                self._reduce(-dout * torch.div(a, b, rounding_mode="floor")
+                             if self.grad_b else None, b))
