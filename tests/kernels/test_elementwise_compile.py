@@ -7,6 +7,7 @@ every layout class run on the host, thread by thread, for their indexing (``_hos
 import dataclasses
 import itertools
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -485,6 +486,13 @@ CASES = [
                  id="rows-where-bool-condition"),
     pytest.param("sign", (), ((64, 4096),), None, ("bool",), ("bool",), "bool", (64, 4096),
                  True, id="flat-sign-bool"),
+    # the integer activations torch serves: relu of uint8, hardtanh of int8 and int32
+    pytest.param("relu", (), ((64, 4096),), None, ("uint8",), ("uint8",), "uint8", (64, 4096),
+                 True, id="flat-relu-uint8"),
+    pytest.param("hardtanh", (-2.5, 3.5), ((64, 4096),), None, ("int8",), ("int8",), "int8",
+                 (64, 4096), True, id="flat-hardtanh-int8"),
+    pytest.param("hardtanh", (-2.5, 3.5), ((33, 4097),), None, ("int32",), ("int32",),
+                 "int32", (33, 4097), True, id="flat-hardtanh-int32-odd"),
 ]
 
 
@@ -504,6 +512,19 @@ def test_program_compiles_for_sm90(fn, params, in_shapes, in_strides, in_dtypes,
     assert any(w in src for w in wide) == vectors  # 16-byte accesses where the plan has them
     if p.kind == "flat" and vectors:
         assert "} else {" in src  # the masked last CTA
+
+
+@needs_nvcc
+def test_integer_hardtanh_truncates_its_bounds_toward_zero():
+    """torch's hardtanh of an integer tensor clamps to the bounds truncated toward zero
+    (-2.5 and 3.5 clamp int32 to [-2, 3]): the program's constants are those integers."""
+    s = spec(fn="hardtanh", params=(-2.5, 3.5), in_shapes=((64, 256),), in_strides=None,
+             in_dtypes=("int32",), out_dtypes=("int32",), compute="int32", out_shape=(64, 256))
+    src = E.build_kernel("hardtanh", (-2.5, 3.5), ("int32",), ("int32",), "int32", 2,
+                         E.plan(s), "sm_90").get_kernel_source()
+    consts = set(re.findall(r"[<>]=? (-?[0-9.]+)\)", src)) | set(
+        re.findall(r"\((-?[0-9.]+) [<>]", src))
+    assert {"-2", "3"} <= consts and not consts & {"-2.5", "3.5", "-3", "4"}, consts
 
 
 @needs_nvcc

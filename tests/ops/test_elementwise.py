@@ -19,9 +19,11 @@ from tileops.ops import (
     EqFwdOp,
     ExpFwdOp,
     GeluFwdOp,
+    HardtanhFwdOp,
     LtFwdOp,
     MaximumFwdOp,
     MulFwdOp,
+    NegFwdOp,
     ReluFwdOp,
     SiluAndMulFwdOp,
     SiluBwdOp,
@@ -119,6 +121,44 @@ def test_div_rounding_modes_follow_torch_dtypes():
         out = DivFwdOp(rounding_mode=mode)(a, b)
         assert out.dtype is torch.int32
         torch.testing.assert_close(out, torch.div(a, b, rounding_mode=mode), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32,
+                                   torch.int64])
+def test_integer_activations_are_torchs(dtype):
+    """relu, hardtanh (its float bounds truncated toward zero) and neg of integers, as torch
+    computes them, in place too; hardtanh's default bounds are negative, which torch refuses
+    for uint8, and so does the op."""
+    lo = 0 if dtype is torch.uint8 else -100
+    x = torch.randint(lo, 100, (7, 9), dtype=dtype, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(ReluFwdOp()(x), F.relu(x))
+    y = x.clone()
+    assert ReluFwdOp(inplace=True)(y) is y and torch.equal(y, F.relu(x))
+    assert torch.equal(NegFwdOp()(x), torch.neg(x))
+    if dtype is torch.uint8:
+        with pytest.raises(SignatureCallError, match=r"^HardtanhFwdOp: argument x does not "
+                                                     r"match the signature"):
+            HardtanhFwdOp()(x)
+        return
+    for bounds in ((-1.0, 1.0), (-2.5, 3.5), (-7.9, -0.5)):
+        got = HardtanhFwdOp(min_val=bounds[0], max_val=bounds[1])(x)
+        assert got.dtype is dtype and torch.equal(got, F.hardtanh(x, *bounds)), bounds
+
+
+def test_clamp_refuses_a_float_bound_of_an_integer_tensor():
+    """torch.clamp(int, -0.5) is a float tensor; the op's output is x's dtype, so a float
+    bound of an integer x is refused by name (an int bound keeps torch's integer result)."""
+    x = torch.arange(-3, 4, dtype=torch.int32)
+    op = ClampFwdOp(min=-0.5, max=2)
+    with pytest.raises(TypeError) as exc:
+        op(x)
+    assert str(exc.value) == (
+        "ClampFwdOp: param min is the float -0.5 and x is int32; torch.clamp would promote the "
+        "result to a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
+        "bound or a floating x")
+    torch.testing.assert_close(op(x.double()), torch.clamp(x.double(), -0.5, 2))  # usable
+    got = ClampFwdOp(min=-1, max=2)(x)
+    assert got.dtype is torch.int32 and torch.equal(got, torch.clamp(x, -1, 2))
 
 
 # --- broadcasting and promotion against torch ---------------------------------------------

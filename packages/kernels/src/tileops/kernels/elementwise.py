@@ -828,8 +828,9 @@ def _fns() -> dict[str, ScalarFn]:
           half_build=lambda xs, ps, dt: (xs[0] * (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt)),))
     unary("hardsigmoid", lambda x: _hard_gate(x) / _c(6.0, x.dtype),
           half_build=lambda xs, ps, dt: (_hard_gate(xs[0]) * _c(1.0 / 6.0, dt),))
+    # integers too: the constants truncated toward zero, as torch's hardtanh of an integer
     add("hardtanh", 1, lambda xs, ps, dt: (_clamp(xs[0], ps[0], ps[1], True, True),),
-        params=("min_val", "max_val"), exact=True)
+        params=("min_val", "max_val"), exact=True, integral=True)
     add("clamp", 1, lambda xs, ps, dt: (_clamp(xs[0], *ps),),
         params=("min", "max", "has_min", "has_max"), exact=True, integral=True)
     # --- binary

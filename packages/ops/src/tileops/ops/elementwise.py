@@ -222,13 +222,33 @@ class ClampFwdOp(ElementwiseOp):
         return (0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi),
                 lo is not None, hi is not None)
 
+    def _refuse_float_bounds(self, x: torch.Tensor) -> None:
+        """torch.clamp of an integer tensor by a float number gives a float result (its type
+        promotion), which this op's output, x's dtype, cannot hold: refused by name rather
+        than truncated (an int bound keeps the integer dtype, as in torch)."""
+        if x.dtype.is_floating_point:
+            return
+        for name in ("min", "max"):
+            bound = getattr(self, name)
+            if isinstance(bound, float):
+                raise TypeError(
+                    f"{type(self).__name__}: param {name} is the float {bound!r} and x is "
+                    f"{NAMES.get(x.dtype, x.dtype)}; torch.clamp would promote the result to "
+                    f"a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
+                    f"bound or a floating x")
+
     def forward(self, call, x, min_bound, max_bound, y) -> None:
+        self._refuse_float_bounds(x)
         if min_bound is None and max_bound is None:
             self._launch(call, [x], (y,))
             return
         form = ("clamp_tensor", (min_bound is not None, max_bound is not None))
         self._launch(call, [x, x if min_bound is None else min_bound,
                             x if max_bound is None else max_bound], (y,), form)
+
+    def reference(self, call, x, min_bound, max_bound):
+        self._refuse_float_bounds(x)
+        return super().reference(call, x, min_bound, max_bound)
 
     def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
         if min_bound is not None or max_bound is not None:
