@@ -6,10 +6,12 @@ through the ``reference`` target, and ``test_elementwise_cuda.py`` on the in-tre
 
 from __future__ import annotations
 
+import operator
+
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from tileops.ops import (
@@ -18,12 +20,18 @@ from tileops.ops import (
     DivFwdOp,
     EqFwdOp,
     ExpFwdOp,
+    GeFwdOp,
     GeluFwdOp,
+    GtFwdOp,
     HardtanhFwdOp,
+    LeFwdOp,
     LtFwdOp,
     MaximumFwdOp,
+    MinimumFwdOp,
     MulFwdOp,
+    NeFwdOp,
     NegFwdOp,
+    PowFwdOp,
     ReluFwdOp,
     SiluAndMulFwdOp,
     SiluBwdOp,
@@ -178,25 +186,107 @@ def _broadcast_pair(draw):
     return out
 
 
-BINARY = [(AddFwdOp(), torch.add), (MulFwdOp(), torch.mul), (MaximumFwdOp(), torch.maximum),
-          (EqFwdOp(), torch.eq), (LtFwdOp(), torch.lt)]
+BINARY = [(AddFwdOp(), torch.add), (SubFwdOp(), torch.sub), (MulFwdOp(), torch.mul),
+          (DivFwdOp(), torch.div), (PowFwdOp(), torch.pow), (MaximumFwdOp(), torch.maximum),
+          (MinimumFwdOp(), torch.minimum), (EqFwdOp(), torch.eq), (NeFwdOp(), torch.ne),
+          (LtFwdOp(), torch.lt), (LeFwdOp(), torch.le), (GtFwdOp(), torch.gt),
+          (GeFwdOp(), torch.ge)]
+#: the functions whose result is exact in any dtype (selection and comparison)
+EXACT = (torch.maximum, torch.minimum, torch.eq, torch.ne, torch.lt, torch.le, torch.gt,
+         torch.ge)
+#: what torch raises for operands its function refuses (sub of bools, an integer to a negative
+#: integer power), and what the ops raise for them (a signature's refusal by name included)
+REFUSED = (RuntimeError, TypeError, SignatureCallError)
 
 
-@settings(max_examples=60, deadline=None)
+def _check_like_torch(got, want, wide):
+    """``got`` has ``want``'s shape and dtype and its values: exact where the result is, else
+    within the dtype's tolerance of ``wide`` (the float64 result) rounded to it."""
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
+    if not want.is_floating_point() or wide is None:
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    else:  # the dtype's own tolerance
+        torch.testing.assert_close(got, wide.to(want.dtype), equal_nan=True)
+
+
+@settings(max_examples=80, deadline=None)
 @given(shapes=_broadcast_pair(), da=st.sampled_from(DTYPES), db=st.sampled_from(DTYPES),
        which=st.integers(0, len(BINARY) - 1))
 def test_binary_broadcasting_and_promotion_match_torch(shapes, da, db, which):
     op, fn = BINARY[which]
     a, b = _tensor(shapes[0], da, 1), _tensor(shapes[1], db, 2)
-    want = fn(a, b)
-    got = op(a, b)
-    assert got.shape == want.shape and got.dtype == want.dtype, (shapes, da, db)
-    exact = not want.is_floating_point() or fn in (torch.maximum, torch.eq, torch.lt)
-    if exact:
+    try:
+        want = fn(a, b)
+    except REFUSED:
+        with pytest.raises(REFUSED):
+            op(a, b)
+        return
+    wide = None if fn in EXACT else fn(a.double(), b.double())
+    _check_like_torch(op(a, b), want, wide)
+
+
+#: the ops whose torch function takes a Python number, as the Python operator spelling it
+NUMBER_OPS = [(AddFwdOp(), operator.add), (SubFwdOp(), operator.sub),
+              (MulFwdOp(), operator.mul), (DivFwdOp(), operator.truediv),
+              (PowFwdOp(), operator.pow), (EqFwdOp(), operator.eq), (NeFwdOp(), operator.ne),
+              (LtFwdOp(), operator.lt), (GeFwdOp(), operator.ge)]
+
+
+@settings(max_examples=80, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), max_size=3), dtype=st.sampled_from(DTYPES),
+       number=st.one_of(st.booleans(), st.integers(-5, 5),
+                        st.floats(-4.0, 4.0, allow_nan=False).map(lambda v: round(v, 3))),
+       left=st.booleans(), which=st.integers(0, len(NUMBER_OPS) - 1))
+def test_python_number_operands_promote_as_torch(shape, dtype, number, left, which):
+    """A Python number on either side (``AddFwdOp()(x, 0.5)``, ``PowFwdOp()(2, x)``): the
+    result has the dtype, shape and values of torch's (a number takes part in promotion by
+    its category only: float16 + 0.5 is float16, int32 + 0.5 float32, a float64 tensor's
+    number keeps float64 precision); what torch refuses, the op refuses."""
+    op, fn = NUMBER_OPS[which]
+    # torch's pow of a bool tensor answers the exponents 0 and 1 before its dtype check (and
+    # refuses the rest); the op refuses a bool power, as torch's tensor-tensor pow does
+    assume(not (fn is operator.pow and dtype is torch.bool))
+    t = _tensor(tuple(shape), dtype, 3)
+    args = (number, t) if left else (t, number)
+    try:
+        want = fn(*args)
+    except REFUSED:
+        with pytest.raises(REFUSED):
+            op(*args)
+        return
+    got = op(*args)
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
+    if not want.is_floating_point():
         torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
-    else:
-        torch.testing.assert_close(got.double(), fn(a.double(), b.double()).to(want.dtype)
-                                   .double(), equal_nan=True)
+        return
+    # torch's CPU kernels round a number to a float16 or bfloat16 tensor's dtype first, its
+    # CUDA kernels hold it in float32 as the op does beside a tensor with dims: within the
+    # dtype's tolerance of torch's result here, or of the exact result rounded to the dtype
+    try:
+        torch.testing.assert_close(got, want, equal_nan=True)
+    except AssertionError:
+        wide = fn(*[a.double() if isinstance(a, torch.Tensor) else a for a in args])
+        torch.testing.assert_close(got, wide.to(want.dtype), equal_nan=True)
+
+
+def test_number_operands_are_refused_where_torch_refuses_them():
+    x = torch.randn(3)
+    for call, message in (
+            (lambda: AddFwdOp()(1, 2.0), "AddFwdOp: arguments a and b are all numbers; "
+                                         "expected at least one tensor operand, as torch's "
+                                         "function does"),
+            (lambda: WhereFwdOp()(True, x, x), "WhereFwdOp: argument cond is the number True; "
+                                               "expected a tensor (only a and b may be "
+                                               "numbers)"),
+            (lambda: MulFwdOp()(x, 1j), "MulFwdOp: argument b is the number 1j of type "
+                                        "complex; expected a tensor, or a real number (bool, "
+                                        "int or float)")):
+        with pytest.raises(TypeError) as exc:
+            call()
+        assert str(exc.value) == message
+    with pytest.raises(SignatureCallError, match=r"^MaximumFwdOp: argument b does not match"):
+        MaximumFwdOp()(x, 1.0)  # torch.maximum takes tensors only
+    torch.testing.assert_close(WhereFwdOp()(x > 0, x, 0.0), torch.where(x > 0, x, 0.0))
 
 
 def test_shapes_that_do_not_broadcast_are_refused_by_name():
@@ -354,3 +444,20 @@ def test_a_gradients_output_takes_torchs_layout_eagerly_and_under_compile(which)
 
     y, fake = torch.compile(fn, fullgraph=True, backend="eager")(dy, x)
     assert tuple(fake.tolist()) == y.stride() == want.stride()
+
+
+def test_number_operands_compile_and_train():
+    """Under torch.compile (one frame, fullgraph) a number operand becomes a constant of the
+    graph, and the tensor operand's gradient is torch's."""
+    torch._dynamo.reset()
+    add, mul, where = AddFwdOp(), MulFwdOp(), WhereFwdOp()
+
+    def f(x):
+        return where(x > 0, mul(add(x, 1.5), 2), 0.0)
+
+    g = torch.compile(f, fullgraph=True, dynamic=False)
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    y = g(x)
+    torch.testing.assert_close(y, torch.where(x > 0, (x + 1.5) * 2, 0.0))
+    y.sum().backward()
+    torch.testing.assert_close(x.grad, (x.detach() > 0).double() * 2)

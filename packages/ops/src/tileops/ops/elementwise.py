@@ -31,10 +31,13 @@ gradients in ``_elementwise_grads``; this module exports the family.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+
+from tileops.runtime.fastpath import class_function
 
 from ._dtypes import NAMES
 from ._elementwise_base import ElementwiseOp
@@ -260,13 +263,130 @@ class ClampFwdOp(ElementwiseOp):
 # --- binary ops: broadcasting and torch's promotion -----------------------------------------
 
 
-class BinaryOp(ElementwiseOp):
+def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor | None,
+                    device: torch.device, widen: bool = True,
+                    keep_int: bool = False) -> torch.Tensor:
+    """A Python number operand as a 0-dim tensor that gives torch's result: of the dtype
+    torch's promotion gives it beside ``other``, the tensor operand (a wrapped number takes
+    part by category only: float16 and 0.5 give float16, int32 and 0.5 float32; an integer is
+    held in int64, exactly, beside a tensor with dims, whose dtype the dims then keep, and in
+    the result's dtype beside a 0-dim tensor, wrapping as torch's cast does; with ``keep_int``
+    (a true division, computed in floats) always in int64), or beside nothing but numbers as
+    torch's 0-dim tensors of them; a bool stays bool (so subtracting one is refused, as in torch). Beside a float16 or bfloat16 tensor with dims, the number is held in
+    float32, the precision torch's kernels take a scalar in; the dims decide the result's
+    dtype, so it is still the tensor's."""
+    if not isinstance(value, numbers.Real):
+        raise TypeError(f"{type(op).__name__}: argument {name} is the number {value!r} of type "
+                        f"{type(value).__name__}; expected a tensor, or a real number "
+                        f"(bool, int or float)")
+    if isinstance(value, bool):  # the lowest category: never raises another operand's dtype,
+        return torch.tensor(value, device=device)  # and an op refusing bools refuses it too
+    dims = other is not None and other.dim() > 0
+    dtype = _beside(other.dtype if other is not None else torch.tensor(value).dtype, value)
+    if isinstance(value, numbers.Integral):
+        if dims or keep_int:  # exact in int64, of the integer category: a tensor's dims keep
+            return torch.tensor(int(value), dtype=torch.int64, device=device)  # its dtype
+        # beside a 0-dim tensor the number's dtype decides with it: the result's, the value
+        # wrapping as torch casts it (uint8 beside -1 holds 255, as torch computes it)
+        return torch.tensor(int(value), dtype=torch.int64, device=device).to(dtype)
+    if widen and dims and dtype in (torch.float16, torch.bfloat16):
+        dtype = torch.float32
+    return torch.tensor(float(value), dtype=dtype, device=device)  # rounded once
+
+
+def _beside(dtype: torch.dtype, value: Any) -> torch.dtype:
+    """``torch.result_type(t, value)`` for a tensor ``t`` of ``dtype`` and a number (a wrapped
+    number raises the category only), written out so that tracing folds it: an int beside
+    bool gives int64, a float beside an integer or bool torch's default dtype; else
+    ``dtype``."""
+    if isinstance(value, numbers.Integral):
+        return torch.int64 if dtype == torch.bool else dtype
+    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+
+
+def _is_number(value: Any) -> bool:
+    # a tensor first: the call of tensors pays one C-level isinstance an operand
+    return not isinstance(value, torch.Tensor) and isinstance(value, numbers.Number)
+
+
+class TakesNumbers:
+    """Mixin of the ops whose torch function takes a Python number for some operands
+    (``torch.add(x, 1)``, ``torch.where(c, x, 0.0)``): :attr:`number_inputs` names them. A
+    call with a number there runs with it as a 0-dim tensor on the tensors' device
+    (:func:`_number_operand`); a call of tensors only goes straight to the class's generated
+    call. At least one operand must be a tensor, as in torch."""
+
+    #: the inputs that may be Python numbers
+    number_inputs: ClassVar[tuple[str, ...]] = ()
+    #: whether a number beside a 16-bit float tensor is held in float32 (arithmetic), or
+    #: rounded to the tensor's dtype (a comparison)
+    numbers_widen: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # set before Op's hook runs, which then generates no __call__ of its own
+        if cls.number_inputs:
+            cls.__call__ = TakesNumbers._call_with_numbers  # type: ignore[method-assign]
+        super().__init_subclass__(**kwargs)
+
+    def refuse_numbers(self, given: dict[str, Any]) -> None:
+        """Refuse, by name, a number torch's function refuses for its value (a leaf's hook;
+        ``given`` maps the call's inputs to what was passed); the default refuses none."""
+
+    def numbers_keep_ints(self) -> bool:
+        """Whether an integer number is held exactly (int64) beside a 0-dim tensor too: where
+        the op computes in floats whatever its integer operands (a true division)."""
+        return False
+
+    def _call_with_numbers(self, *args: Any, **kwargs: Any) -> Any:
+        cls = type(self)
+        if not any(map(_is_number, args)) and not any(map(_is_number, kwargs.values())):
+            call = cls.__dict__.get("_tensor_call")
+            if call is None:  # the call the runtime generates for a class of tensor inputs
+                call = class_function(cls._signature)  # type: ignore[attr-defined]
+                type.__setattr__(cls, "_tensor_call", call)
+            return call(self, *args, **kwargs)
+        names = cls._signature.input_names  # type: ignore[attr-defined]
+        # (too many or too few positional arguments: the general call refuses them by name)
+        given = [*zip(names, args, strict=False), *((k, v) for k, v in kwargs.items()
+                                                    if k in names)]
+        tensors = [v for _, v in given if isinstance(v, torch.Tensor)]
+        numbers_at = [n for n, v in given if _is_number(v)]
+        refused = [(n, v) for n, v in given if _is_number(v) and n not in cls.number_inputs]
+        if refused:
+            n, v = refused[0]
+            raise TypeError(f"{cls.__name__}: argument {n} is the number {v!r}; expected a "
+                            f"tensor (only {' and '.join(cls.number_inputs)} may be numbers)")
+        if not tensors:
+            said = (f"argument {numbers_at[0]} is a number" if len(numbers_at) == 1 else
+                    f"arguments {' and '.join(numbers_at)} are all numbers")
+            raise TypeError(f"{cls.__name__}: {said}; expected at least one tensor operand, as "
+                            f"torch's function does")
+        self.refuse_numbers(dict(given))
+        # the tensor beside the numbers (a, or b, of a binary op; none for where's two
+        # numbers, whose dtype is then the numbers' own promotion)
+        operands = [v for n, v in given if n in cls.number_inputs and isinstance(v, torch.Tensor)]
+        other = operands[0] if operands else None
+        if other is None:
+            other = torch.tensor(next(v for _, v in given if _is_number(v)))
+        device = tensors[0].device
+        how = (other, device, cls.numbers_widen, self.numbers_keep_ints())
+        args = tuple(_number_operand(self, n, v, *how) if _is_number(v) else v
+                     for n, v in zip(names, args, strict=False)) + args[len(names):]
+        kwargs = {k: _number_operand(self, k, v, *how) if _is_number(v) else v
+                  for k, v in kwargs.items()}
+        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
+
+
+class BinaryOp(TakesNumbers, ElementwiseOp):
     """Base of the binary ops ``out = f(a, b)``: the shapes broadcast and the dtypes promote
     as the entry states (``broadcast(SA, SB)``, ``result_type(...)``); a 0-dim or
-    one-element operand is read once per vector (stride 0)."""
+    one-element operand is read once per vector (stride 0). Either operand may be a Python
+    number, as in torch (:class:`TakesNumbers`), except for maximum and minimum, whose torch
+    functions take tensors only."""
 
     #: torch's function of two tensors
     binary: ClassVar[Any]
+    number_inputs = ("a", "b")
 
     def torch_fn(self, a, b, inplace=False):
         return type(self).binary(a, b)
@@ -299,6 +419,9 @@ class MulFwdOp(BinaryOp):
 
 
 class DivFwdOp(BinaryOp):
+    def numbers_keep_ints(self) -> bool:
+        return self.rounding_mode is None
+
     def fn_name(self) -> str:
         return {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[self.rounding_mode]
 
@@ -309,9 +432,12 @@ class DivFwdOp(BinaryOp):
         return torch.div(a, b, rounding_mode=self.rounding_mode)
 
 
-def _binary(name: str, fn: str, torch_fn: Any, doc: str) -> type[BinaryOp]:
+def _binary(name: str, fn: str, torch_fn: Any, doc: str, numbers: bool = True,
+            widen: bool = True) -> type[BinaryOp]:
     return type(name, (BinaryOp,), {"fn": fn, "binary": staticmethod(torch_fn), "__doc__": doc,
-                                    "__module__": __name__, "__qualname__": name})
+                                    "__module__": __name__, "__qualname__": name,
+                                    "number_inputs": ("a", "b") if numbers else (),
+                                    "numbers_widen": widen})
 
 
 class PowFwdOp(BinaryOp):
@@ -321,6 +447,15 @@ class PowFwdOp(BinaryOp):
     fn = "pow"
     binary = torch.pow
 
+    def refuse_numbers(self, given: dict[str, Any]) -> None:
+        a, b = given.get("a"), given.get("b")
+        if isinstance(a, torch.Tensor) and not a.is_floating_point() and \
+                isinstance(b, numbers.Integral) and not isinstance(b, bool) and b < 0:
+            raise RuntimeError(f"{type(self).__name__}: argument b is the negative integer {b} "
+                               f"and a is {NAMES.get(a.dtype, a.dtype)}; an integer to a "
+                               f"negative integer power is not an integer (torch refuses it "
+                               f"too); pass a floating a or b")
+
     def refuse_compute(self, compute: torch.dtype) -> None:
         if not compute.is_floating_point:
             name = NAMES.get(compute, str(compute))
@@ -329,20 +464,31 @@ class PowFwdOp(BinaryOp):
                             f"target='reference' for an integer power")
 
 
-MaximumFwdOp = _binary("MaximumFwdOp", "maximum", torch.maximum, "``torch.maximum``.")
-MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimum``.")
+MaximumFwdOp = _binary("MaximumFwdOp", "maximum", torch.maximum, "``torch.maximum``.",
+                       numbers=False)
+MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimum``.",
+                       numbers=False)
 RemainderFwdOp = _binary("RemainderFwdOp", "remainder", torch.remainder,
                          "``torch.remainder``.")
-EqFwdOp = _binary("EqFwdOp", "eq", torch.eq, "``torch.eq``.")
-NeFwdOp = _binary("NeFwdOp", "ne", torch.ne, "``torch.ne``.")
-LtFwdOp = _binary("LtFwdOp", "lt", torch.lt, "``torch.lt``.")
-LeFwdOp = _binary("LeFwdOp", "le", torch.le, "``torch.le``.")
-GtFwdOp = _binary("GtFwdOp", "gt", torch.gt, "``torch.gt``.")
-GeFwdOp = _binary("GeFwdOp", "ge", torch.ge, "``torch.ge``.")
+EqFwdOp = _binary("EqFwdOp", "eq", torch.eq, "``torch.eq``.",
+                   widen=False)
+NeFwdOp = _binary("NeFwdOp", "ne", torch.ne, "``torch.ne``.",
+                   widen=False)
+LtFwdOp = _binary("LtFwdOp", "lt", torch.lt, "``torch.lt``.",
+                   widen=False)
+LeFwdOp = _binary("LeFwdOp", "le", torch.le, "``torch.le``.",
+                   widen=False)
+GtFwdOp = _binary("GtFwdOp", "gt", torch.gt, "``torch.gt``.",
+                   widen=False)
+GeFwdOp = _binary("GeFwdOp", "ge", torch.ge, "``torch.ge``.",
+                   widen=False)
 
 
-class WhereFwdOp(ElementwiseOp):
+class WhereFwdOp(TakesNumbers, ElementwiseOp):
+    """``torch.where``: ``a`` and ``b`` may be Python numbers (:class:`TakesNumbers`)."""
+
     fn = "where"
+    number_inputs = ("a", "b")
 
     def torch_fn(self, cond, a, b, inplace=False):
         return torch.where(cond, a, b)
