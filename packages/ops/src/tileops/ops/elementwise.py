@@ -213,56 +213,6 @@ class HardtanhFwdOp(ElementwiseOp):
         return F.hardtanh(x, self.min_val, self.max_val, inplace=inplace)
 
 
-class ClampFwdOp(ElementwiseOp):
-    """Scalar bounds (``min``, ``max``) compile into the kernel (``clamp``); tensor bounds
-    (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
-    ``x`` itself under a flag that says it bounds nothing."""
-
-    fn = "clamp"
-
-    def constants(self) -> tuple:
-        lo, hi = self.min, self.max
-        return (0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi),
-                lo is not None, hi is not None)
-
-    def _refuse_float_bounds(self, x: torch.Tensor) -> None:
-        """torch.clamp of an integer tensor by a float number gives a float result (its type
-        promotion), which this op's output, x's dtype, cannot hold: refused by name rather
-        than truncated (an int bound keeps the integer dtype, as in torch)."""
-        if x.dtype.is_floating_point:
-            return
-        for name in ("min", "max"):
-            bound = getattr(self, name)
-            if isinstance(bound, float):
-                raise TypeError(
-                    f"{type(self).__name__}: param {name} is the float {bound!r} and x is "
-                    f"{NAMES.get(x.dtype, x.dtype)}; torch.clamp would promote the result to "
-                    f"a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
-                    f"bound or a floating x")
-
-    def forward(self, call, x, min_bound, max_bound, y) -> None:
-        self._refuse_float_bounds(x)
-        if min_bound is None and max_bound is None:
-            self._launch(call, [x], (y,))
-            return
-        form = ("clamp_tensor", (min_bound is not None, max_bound is not None))
-        self._launch(call, [x, x if min_bound is None else min_bound,
-                            x if max_bound is None else max_bound], (y,), form)
-
-    def reference(self, call, x, min_bound, max_bound):
-        self._refuse_float_bounds(x)
-        return super().reference(call, x, min_bound, max_bound)
-
-    def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
-        if min_bound is not None or max_bound is not None:
-            return torch.clamp(x, min_bound, max_bound, out=x if inplace else None)
-        return torch.clamp_(x, self.min, self.max) if inplace else \
-            torch.clamp(x, self.min, self.max)
-
-
-# --- binary ops: broadcasting and torch's promotion -----------------------------------------
-
-
 def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor | None,
                     device: torch.device, widen: bool = True,
                     keep_int: bool = False) -> torch.Tensor:
@@ -309,7 +259,48 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, torch.Tensor) and isinstance(value, numbers.Number)
 
 
-class TakesNumbers:
+class PreparesOperands:
+    """Mixin of the ops that bring a call's operands to the form their entry takes, as torch's
+    function would take them, before the call: :meth:`prepare` returns None where the call is
+    already in that form (it then goes straight to the class's generated call) or the
+    prepared ``(args, kwargs)``, which run through the general call."""
+
+    @classmethod
+    def prepares(cls) -> bool:
+        """Whether this class prepares its calls (set where the class is made)."""
+        return False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # set before Op's hook runs, which then generates no __call__ of its own
+        if cls.prepares():
+            cls.__call__ = PreparesOperands._prepared_call  # type: ignore[method-assign]
+        super().__init_subclass__(**kwargs)
+
+    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        return None
+
+    def _given(self, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
+        """``(input name, value)`` of what the call passed (too many or too few positional
+        arguments: the general call refuses them by name)."""
+        names = type(self)._signature.input_names  # type: ignore[attr-defined]
+        return [*zip(names, args, strict=False),
+                *((k, v) for k, v in kwargs.items() if k in names)]
+
+    def _prepared_call(self, *args: Any, **kwargs: Any) -> Any:
+        prepared = self.prepare(args, kwargs)
+        if prepared is not None:
+            args, kwargs = prepared
+        elif not torch.compiler.is_compiling():  # tracing: the general call emits the node
+            cls = type(self)
+            call = cls.__dict__.get("_tensor_call")
+            if call is None:  # the call the runtime generates for the class
+                call = class_function(cls._signature)  # type: ignore[attr-defined]
+                type.__setattr__(cls, "_tensor_call", call)
+            return call(self, *args, **kwargs)
+        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
+
+
+class TakesNumbers(PreparesOperands):
     """Mixin of the ops whose torch function takes a Python number for some operands
     (``torch.add(x, 1)``, ``torch.where(c, x, 0.0)``): :attr:`number_inputs` names them. A
     call with a number there runs with it as a 0-dim tensor on the tensors' device
@@ -322,11 +313,9 @@ class TakesNumbers:
     #: rounded to the tensor's dtype (a comparison)
     numbers_widen: ClassVar[bool] = True
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # set before Op's hook runs, which then generates no __call__ of its own
-        if cls.number_inputs:
-            cls.__call__ = TakesNumbers._call_with_numbers  # type: ignore[method-assign]
-        super().__init_subclass__(**kwargs)
+    @classmethod
+    def prepares(cls) -> bool:
+        return bool(cls.number_inputs)
 
     def refuse_numbers(self, given: dict[str, Any]) -> None:
         """Refuse, by name, a number torch's function refuses for its value (a leaf's hook;
@@ -337,18 +326,12 @@ class TakesNumbers:
         the op computes in floats whatever its integer operands (a true division)."""
         return False
 
-    def _call_with_numbers(self, *args: Any, **kwargs: Any) -> Any:
-        cls = type(self)
+    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
         if not any(map(_is_number, args)) and not any(map(_is_number, kwargs.values())):
-            call = cls.__dict__.get("_tensor_call")
-            if call is None:  # the call the runtime generates for a class of tensor inputs
-                call = class_function(cls._signature)  # type: ignore[attr-defined]
-                type.__setattr__(cls, "_tensor_call", call)
-            return call(self, *args, **kwargs)
+            return None
+        cls = type(self)
+        given = self._given(args, kwargs)
         names = cls._signature.input_names  # type: ignore[attr-defined]
-        # (too many or too few positional arguments: the general call refuses them by name)
-        given = [*zip(names, args, strict=False), *((k, v) for k, v in kwargs.items()
-                                                    if k in names)]
         tensors = [v for _, v in given if isinstance(v, torch.Tensor)]
         numbers_at = [n for n, v in given if _is_number(v)]
         refused = [(n, v) for n, v in given if _is_number(v) and n not in cls.number_inputs]
@@ -374,7 +357,90 @@ class TakesNumbers:
                      for n, v in zip(names, args, strict=False)) + args[len(names):]
         kwargs = {k: _number_operand(self, k, v, *how) if _is_number(v) else v
                   for k, v in kwargs.items()}
-        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
+        return args, kwargs
+
+
+class ClampFwdOp(PreparesOperands, ElementwiseOp):
+    """Scalar bounds (``min``, ``max``) compile into the kernel (``clamp``); tensor bounds
+    (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
+    ``x`` itself under a flag that says it bounds nothing. A tensor bound broadcasts to x's
+    shape, as torch's do (passed on as an expanded view, read with stride 0); one that would
+    make the result larger than x, which torch's clamp allows, is refused by the signature's
+    check: the result is x's shape (and x itself in place)."""
+
+    fn = "clamp"
+
+    @classmethod
+    def prepares(cls) -> bool:
+        return True
+
+    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
+        given = dict(self._given(args, kwargs))
+        x = given.get("x")
+        if not isinstance(x, torch.Tensor):
+            return None
+        wrong = [n for n in ("min_bound", "max_bound")
+                 if isinstance(given.get(n), torch.Tensor) and given[n].shape != x.shape]
+        if not wrong:
+            return None
+        expanded = {}
+        for n in wrong:
+            bound = given[n]
+            try:
+                fits = torch.broadcast_shapes(bound.shape, x.shape) == x.shape
+            except RuntimeError:
+                fits = False
+            if fits:  # else as given: the signature's check refuses it by name
+                expanded[n] = bound.expand(x.shape)
+        if not expanded:
+            return None
+        names = type(self)._signature.input_names  # type: ignore[attr-defined]
+        args = tuple(expanded.get(n, v) for n, v in zip(names, args, strict=False)) + \
+            args[len(names):]
+        kwargs = {k: expanded.get(k, v) for k, v in kwargs.items()}
+        return args, kwargs
+
+    def constants(self) -> tuple:
+        lo, hi = self.min, self.max
+        return (0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi),
+                lo is not None, hi is not None)
+
+    def _refuse_float_bounds(self, x: torch.Tensor) -> None:
+        """torch.clamp of an integer tensor by a float number gives a float result (its type
+        promotion), which this op's output, x's dtype, cannot hold: refused by name rather
+        than truncated (an int bound keeps the integer dtype, as in torch)."""
+        if x.dtype.is_floating_point:
+            return
+        for name in ("min", "max"):
+            bound = getattr(self, name)
+            if isinstance(bound, float):
+                raise TypeError(
+                    f"{type(self).__name__}: param {name} is the float {bound!r} and x is "
+                    f"{NAMES.get(x.dtype, x.dtype)}; torch.clamp would promote the result to "
+                    f"a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
+                    f"bound or a floating x")
+
+    def forward(self, call, x, min_bound, max_bound, y) -> None:
+        self._refuse_float_bounds(x)
+        if min_bound is None and max_bound is None:
+            self._launch(call, [x], (y,))
+            return
+        form = ("clamp_tensor", (min_bound is not None, max_bound is not None))
+        self._launch(call, [x, x if min_bound is None else min_bound,
+                            x if max_bound is None else max_bound], (y,), form)
+
+    def reference(self, call, x, min_bound, max_bound):
+        self._refuse_float_bounds(x)
+        return super().reference(call, x, min_bound, max_bound)
+
+    def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
+        if min_bound is not None or max_bound is not None:
+            return torch.clamp(x, min_bound, max_bound, out=x if inplace else None)
+        return torch.clamp_(x, self.min, self.max) if inplace else \
+            torch.clamp(x, self.min, self.max)
+
+
+# --- binary ops: broadcasting and torch's promotion -----------------------------------------
 
 
 class BinaryOp(TakesNumbers, ElementwiseOp):
