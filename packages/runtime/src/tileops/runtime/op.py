@@ -224,6 +224,8 @@ class Op(declared.Equivalents, Composite, Trained):
         self._parent: Op | None = None
         self._lock = threading.RLock()
         self.derive()
+        if self._boundary is not None and cls._gradient is not None:
+            _register_backward(self)
         if tune:
             self.request_tune()
 
@@ -882,3 +884,23 @@ def _result_getter(outputs: tuple[str, ...], returned: tuple[str, ...]) -> Any:
 
     return some
 
+
+#: the op classes whose backward class has its custom ops registered (_register_backward)
+_backward_registered: set[type] = set()
+
+
+def _register_backward(op: Op) -> None:
+    """Register the custom ops of ``op``'s backward class, once a forward class: a compiled
+    training step's backward calls them, and where its compiled code comes from a cache
+    (another process's) no traced backward built an instance of that class. Building the
+    backward op of every gradient once registers each branch of the class (boundary.py). A
+    backward op these params do not build is left to the backward, which names the error."""
+    cls = type(op)
+    if cls in _backward_registered:
+        return
+    gradient = cls._gradient
+    try:
+        op._backward_op((True,) * len(gradient.needs))
+    except Exception:  # noqa: BLE001 - the backward reports it where it runs
+        return
+    _backward_registered.add(cls)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from . import autograd
+from .registry import backward_key, register_instance
 
 if TYPE_CHECKING:  # pragma: no cover
     from .op import Op
@@ -60,5 +61,8 @@ class Trained:
                 op = self._backward_ops.get(needs)
                 if op is None:
                     op = bwd(target=self.target, tune=self._tune_requested, **params)
+                    # keyed by this instance, as a compiled backward names it (registry.py)
+                    op._instance_key = register_instance(  # type: ignore[attr-defined]
+                        op, backward_key(self._instance_key, needs))  # type: ignore[attr-defined]
                     self._backward_ops[needs] = op
         return op
