@@ -80,3 +80,15 @@ def test_a_backward_op_is_found_by_its_forwards_key_though_not_built():
     assert (other.grad_a, other.grad_b) == (False, True)
     with pytest.raises(LookupError, match=r"no live TileOPs op instance for key 'MulFwdOp@-1>10'"):
         instance_for_key("MulFwdOp@-1>10")
+
+
+def test_the_backward_ops_a_forward_built_take_its_tune_request():
+    """A forward builds backward ops before any backward runs (its class's first instance
+    registers the backward class), so a later request_tune reaches those already built, and
+    a forward made with tune=True builds them tuning."""
+    fwd = MulFwdOp()
+    built = fwd._backward_op((True, True))
+    assert not built._tune_requested
+    fwd.request_tune()
+    assert built._tune_requested and fwd._backward_op((True, False))._tune_requested
+    assert MulFwdOp(tune=True)._backward_op((True, True))._tune_requested

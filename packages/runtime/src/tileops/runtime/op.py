@@ -224,10 +224,10 @@ class Op(declared.Equivalents, Composite, Trained):
         self._parent: Op | None = None
         self._lock = threading.RLock()
         self.derive()
-        if self._boundary is not None and cls._gradient is not None:
-            _register_backward(self)
         if tune:
             self.request_tune()
+        if self._boundary is not None and cls._gradient is not None:
+            _register_backward(self)
 
     def derive(self) -> None:
         """Compute what the op derives from its params, once, at the end of ``Op.__init__``
@@ -825,7 +825,8 @@ class Op(declared.Equivalents, Composite, Trained):
                     continue
                 seen.add((id(kernel), device))
                 self._tune_target_kernel(kernel)
-            delegates = list(self._delegates.values())
+            # the backward ops built so far too (those built later take the flag)
+            delegates = [*self._delegates.values(), *self._backward_ops.values()]
         for d in delegates:
             d.request_tune()
 
