@@ -489,3 +489,6 @@ def test_clamp_tensor_bounds_broadcast_to_x_as_torchs_do():
     z = x.detach().clone()
     assert ClampFwdOp(inplace=True)(z, lo) is z
     torch.testing.assert_close(z, torch.clamp(x.detach(), min=lo), rtol=0, atol=0)
+    torch._dynamo.reset()  # traced: the expansion is part of the graph
+    compiled = torch.compile(lambda x, lo, hi: op(x, lo, hi), fullgraph=True, dynamic=False)
+    torch.testing.assert_close(compiled(x.detach(), lo, hi), want.detach(), rtol=0, atol=0)
