@@ -536,18 +536,17 @@ MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimu
                        numbers=False)
 RemainderFwdOp = _binary("RemainderFwdOp", "remainder", torch.remainder,
                          "``torch.remainder``.")
-EqFwdOp = _binary("EqFwdOp", "eq", torch.eq, "``torch.eq``.",
-                   widen=False)
-NeFwdOp = _binary("NeFwdOp", "ne", torch.ne, "``torch.ne``.",
-                   widen=False)
-LtFwdOp = _binary("LtFwdOp", "lt", torch.lt, "``torch.lt``.",
-                   widen=False)
-LeFwdOp = _binary("LeFwdOp", "le", torch.le, "``torch.le``.",
-                   widen=False)
-GtFwdOp = _binary("GtFwdOp", "gt", torch.gt, "``torch.gt``.",
-                   widen=False)
-GeFwdOp = _binary("GeFwdOp", "ge", torch.ge, "``torch.ge``.",
-                   widen=False)
+
+
+def _comparison(name: str) -> type[BinaryOp]:
+    """``torch.<name>``: a number operand rounded to the tensor's dtype first, as torch
+    compares (not held in float32)."""
+    return _binary(f"{name.capitalize()}FwdOp", name, getattr(torch, name),
+                   f"``torch.{name}``.", widen=False)
+
+
+EqFwdOp, NeFwdOp, LtFwdOp, LeFwdOp, GtFwdOp, GeFwdOp = (
+    _comparison(n) for n in ("eq", "ne", "lt", "le", "gt", "ge"))
 
 
 class WhereFwdOp(TakesNumbers, ElementwiseOp):
