@@ -405,6 +405,33 @@ def test_torch_layout_is_torchs_own_rule_wherever_an_input_is_strided(views, fir
                                                              for v in views], got, want)
 
 
+def test_a_new_leading_dim_of_extent_one_orders_the_dims_as_torchs_expand_does():
+    """A new leading dim takes the extent times the stride of the dim after it, as torch's
+    expand gives it (not 0): here it decides the order torch's rule picks, where a stride of
+    0 would have let the last operand transpose the output. The expansion itself against
+    torch's over drawn shapes and strides."""
+    from torch._prims_common import compute_elementwise_output_strides
+
+    from tileops.ops._elementwise_base import _expanded_strides, torch_layout
+
+    views = (torch.randn(1).as_strided((1, 1, 1), (4, 2, 1)),
+             torch.randn(2).as_strided((2, 1), (1, 1)),
+             torch.randn(64).as_strided((1, 1, 2), (2, 16, 4)))
+    shape = (1, 2, 2)
+    want = compute_elementwise_output_strides(*(v.expand(shape) for v in views))
+    assert (torch_layout(views, shape) or torch.empty(shape).stride()) == want == (4, 2, 1)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(500):
+        nd = int(torch.randint(1, 5, (1,), generator=g))
+        out = tuple(int(d) for d in torch.randint(1, 4, (nd,), generator=g))
+        keep = int(torch.randint(0, nd + 1, (1,), generator=g))
+        own = tuple(1 if float(torch.rand(1, generator=g)) < 0.4 else d
+                    for d in out[nd - keep:])
+        strides = tuple(int(s) for s in torch.randint(0, 9, (len(own),), generator=g))
+        t = torch.randn(256).as_strided(own, strides)
+        assert _expanded_strides(t, out) == t.expand(out).stride(), (own, strides, out)
+
+
 def test_a_transposed_input_gives_a_transposed_output_also_under_compile():
     """The compile boundary's fake output has the eager call's strides."""
     x = torch.randn(6, 4, 5).transpose(1, 2)

@@ -81,12 +81,7 @@ def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
         first = ts[0].stride()
         if all(t.stride() == first for t in ts) and _is_dense(shape, first):
             return tuple(first)
-    ops = []
-    for t in ts:
-        pad = nd - t.dim()
-        ops.append((0,) * pad + tuple(0 if n == 1 and shape[pad + i] != 1 else st
-                                      for i, (n, st) in enumerate(zip(t.shape, t.stride(),
-                                                                      strict=True))))
+    ops = [_expanded_strides(t, shape) for t in ts]
 
     def should_swap(d0: int, d1: int) -> int:
         for st in ops:
@@ -117,6 +112,26 @@ def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
         strides[d] = step
         step *= shape[d]
     return tuple(strides)
+
+
+def _expanded_strides(t: torch.Tensor, shape: tuple) -> tuple[int, ...]:
+    """``t.expand(shape).stride()`` without the view (torch's ``inferExpandGeometry``): a dim
+    of extent 1 broadcast to more is 0, and a new leading dim takes the extent times the
+    stride of the dim after it (so one of extent 1 still orders the dims, as in torch); a
+    0-dim tensor's are all 0."""
+    nd, tdim = len(shape), t.dim()
+    if tdim == 0:  # a scalar expands with no stride at all
+        return (0,) * nd
+    sizes, strides = t.shape, t.stride()
+    out = [0] * nd
+    for i in range(nd - 1, -1, -1):
+        dim = tdim - nd + i
+        if dim >= 0:
+            size, stride = sizes[dim], strides[dim]
+        else:
+            size, stride = 1, (shape[i + 1] * out[i + 1] if i + 1 < nd else 1)
+        out[i] = 0 if size != shape[i] else stride
+    return tuple(out)
 
 
 class ElementwiseOp(Op):
