@@ -31,7 +31,7 @@ for stage in $STAGES; do case $stage in
     ;;
   tests)
     TAIL=20 run kernel_cuda.log python3 -m pytest -m cuda tests/kernels/test_attention_cuda.py -q -p no:cacheprovider --maxfail=40
-    TAIL=10 run op_cuda.log python3 -m pytest -m cuda tests/ops/test_attention.py -q -p no:cacheprovider
+    TAIL=10 run op_cuda.log python3 -m pytest -m cuda tests/ops/test_attention.py tests/nn/test_attention.py -q -p no:cacheprovider
     TAIL=25 run ops_cuda.log python3 -m pytest -m cuda tests/ops/harness/test_cuda.py -k "MultiHeadAttention or GroupedQueryAttention" -q -p no:cacheprovider --maxfail=40 ;;
   bench)
     bench bars MultiHeadAttentionFwdOp -w b4-s4096-d128 -w b4-s4096-d128-causal -w b16-s1024-d64-causal -w b2-s4096-d256-causal --dtype bf16
