@@ -83,8 +83,8 @@ def test_a_backward_op_is_found_by_its_forwards_key_though_not_built():
 
 
 def test_the_backward_ops_a_forward_built_take_its_tune_request():
-    """A forward builds backward ops before any backward runs (its class's first instance
-    registers the backward class), so a later request_tune reaches those already built, and
+    """A forward may hold backward ops before any backward runs (a traced call registers its
+    backward class by building one), so a later request_tune reaches those already built, and
     a forward made with tune=True builds them tuning."""
     fwd = MulFwdOp()
     built = fwd._backward_op((True, True))

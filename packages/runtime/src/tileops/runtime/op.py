@@ -226,8 +226,6 @@ class Op(declared.Equivalents, Composite, Trained):
         self.derive()
         if tune:
             self.request_tune()
-        if self._boundary is not None and cls._gradient is not None:
-            _register_backward(self)
 
     def derive(self) -> None:
         """Compute what the op derives from its params, once, at the end of ``Op.__init__``
@@ -886,18 +884,20 @@ def _result_getter(outputs: tuple[str, ...], returned: tuple[str, ...]) -> Any:
     return some
 
 
-#: the op classes whose backward class has its custom ops registered (_register_backward)
+#: the op classes whose backward class has its custom ops registered (register_backward)
 _backward_registered: set[type] = set()
 
 
-def _register_backward(op: Op) -> None:
+def register_backward(op: Op) -> None:
     """Register the custom ops of ``op``'s backward class, once a forward class: a compiled
     training step's backward calls them, and where its compiled code comes from a cache
-    (another process's) no traced backward built an instance of that class. Building the
-    backward op of every gradient once registers each branch of the class (boundary.py). A
-    backward op these params do not build is left to the backward, which names the error."""
+    (another process's) no traced backward built an instance of that class. Called from the
+    compile boundary's fake call, which runs for every traced call before any compiled code
+    is looked up (boundary.py), so an op that is never traced pays nothing. Building the
+    backward op of every gradient once registers each branch of the class. A backward op
+    these params do not build is left to the backward, which names the error."""
     cls = type(op)
-    if cls in _backward_registered:
+    if cls in _backward_registered or cls._gradient is None:
         return
     gradient = cls._gradient
     try:
