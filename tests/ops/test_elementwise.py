@@ -488,34 +488,3 @@ def test_number_operands_compile_and_train():
     torch.testing.assert_close(y, torch.where(x > 0, (x + 1.5) * 2, 0.0))
     y.sum().backward()
     torch.testing.assert_close(x.grad, (x.detach() > 0).double() * 2)
-
-
-def test_clamp_tensor_bounds_broadcast_to_x_as_torchs_do():
-    """A bound of fewer axes or axes of 1 is torch's broadcast (forward and the gradient of
-    x, in place too); one that would make the result larger than x is refused by name and
-    leaves the op usable."""
-    g = torch.Generator().manual_seed(4)
-    x = torch.randn(4, 5, dtype=torch.float64, generator=g, requires_grad=True)
-    lo = torch.randn(5, dtype=torch.float64, generator=g) - 0.5
-    hi = torch.rand(4, 1, dtype=torch.float64, generator=g)
-    op = ClampFwdOp()
-    y = op(x, lo, hi)
-    ref = x.detach().clone().requires_grad_(True)
-    want = torch.clamp(ref, lo, hi)
-    torch.testing.assert_close(y, want, rtol=0, atol=0)
-    dy = torch.randn(4, 5, dtype=torch.float64, generator=g)
-    y.backward(dy)
-    want.backward(dy)
-    torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=0)
-    torch.testing.assert_close(op(x.detach(), max_bound=hi), torch.clamp(x.detach(), max=hi))
-    with pytest.raises(SignatureCallError) as exc:
-        op(x.detach()[:1], lo, hi)
-    assert str(exc.value).splitlines()[:3] == [
-        "ClampFwdOp: argument max_bound does not match the signature",
-        "  expected: max_bound: Tensor[T, [*S]]", "  seen:     max_bound: f64[4, 1]"]
-    z = x.detach().clone()
-    assert ClampFwdOp(inplace=True)(z, lo) is z
-    torch.testing.assert_close(z, torch.clamp(x.detach(), min=lo), rtol=0, atol=0)
-    torch._dynamo.reset()  # traced: the expansion is part of the graph
-    compiled = torch.compile(lambda x, lo, hi: op(x, lo, hi), fullgraph=True, dynamic=False)
-    torch.testing.assert_close(compiled(x.detach(), lo, hi), want.detach(), rtol=0, atol=0)

@@ -360,45 +360,13 @@ class TakesNumbers(PreparesOperands):
         return args, kwargs
 
 
-class ClampFwdOp(PreparesOperands, ElementwiseOp):
+class ClampFwdOp(ElementwiseOp):
     """Scalar bounds (``min``, ``max``) compile into the kernel (``clamp``); tensor bounds
     (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
-    ``x`` itself under a flag that says it bounds nothing. A tensor bound broadcasts to x's
-    shape, as torch's do (passed on as an expanded view, read with stride 0); one that would
-    make the result larger than x, which torch's clamp allows, is refused by the signature's
-    check: the result is x's shape (and x itself in place)."""
+    ``x`` itself under a flag that says it bounds nothing. A tensor bound has x's shape, as
+    the entry states (a broadcast one is passed as an expanded view, read with stride 0)."""
 
     fn = "clamp"
-
-    @classmethod
-    def prepares(cls) -> bool:
-        return True
-
-    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        given = dict(self._given(args, kwargs))
-        x = given.get("x")
-        if not isinstance(x, torch.Tensor):
-            return None
-        wrong = [n for n in ("min_bound", "max_bound")
-                 if isinstance(given.get(n), torch.Tensor) and given[n].shape != x.shape]
-        if not wrong:
-            return None
-        expanded = {}
-        for n in wrong:
-            bound = given[n]
-            try:
-                fits = torch.broadcast_shapes(bound.shape, x.shape) == x.shape
-            except RuntimeError:
-                fits = False
-            if fits:  # else as given: the signature's check refuses it by name
-                expanded[n] = bound.expand(x.shape)
-        if not expanded:
-            return None
-        names = type(self)._signature.input_names  # type: ignore[attr-defined]
-        args = tuple(expanded.get(n, v) for n, v in zip(names, args, strict=False)) + \
-            args[len(names):]
-        kwargs = {k: expanded.get(k, v) for k, v in kwargs.items()}
-        return args, kwargs
 
     def constants(self) -> tuple:
         lo, hi = self.min, self.max
