@@ -83,9 +83,9 @@ __all__ = [
     "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp",
     "LerpBwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp",
     "MaskedFillFwdOp", "MaximumBwdOp", "MaximumFwdOp", "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp",
-    "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowBwdOp", "PowFwdOp", "ReciprocalFwdOp",
-    "ReluBwdOp", "ReluFwdOp", "RemainderBwdOp", "RemainderFwdOp", "RoundFwdOp", "RsqrtFwdOp", "SeluBwdOp",
-    "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
+    "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowBwdOp", "PowFwdOp",
+    "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp", "RemainderBwdOp", "RemainderFwdOp", "RoundFwdOp",
+    "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
     "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp",
     "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
@@ -213,45 +213,37 @@ class HardtanhFwdOp(ElementwiseOp):
         return F.hardtanh(x, self.min_val, self.max_val, inplace=inplace)
 
 
-def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor | None,
-                    device: torch.device, widen: bool = True,
-                    keep_int: bool = False) -> torch.Tensor:
-    """A Python number operand as a 0-dim tensor that gives torch's result: of the dtype
-    torch's promotion gives it beside ``other``, the tensor operand (a wrapped number takes
-    part by category only: float16 and 0.5 give float16, int32 and 0.5 float32; an integer is
-    held in int64, exactly, beside a tensor with dims, whose dtype the dims then keep, and in
-    the result's dtype beside a 0-dim tensor, wrapping as torch's cast does; with ``keep_int``
-    (a true division, computed in floats) always in int64), or beside nothing but numbers as
-    torch's 0-dim tensors of them; a bool stays bool (so subtracting one is refused, as in torch). Beside a float16 or bfloat16 tensor with dims, the number is held in
-    float32, the precision torch's kernels take a scalar in; the dims decide the result's
-    dtype, so it is still the tensor's."""
+def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
+                    device: torch.device, widen: bool, keep_int: bool) -> torch.Tensor:
+    """The number ``value`` as the 0-dim tensor that gives torch's result beside ``other``,
+    the tensor operand (where there is none, a 0-dim tensor of the first number):
+
+    - a bool stays bool, the lowest category (so an op refusing bools refuses it too);
+    - an int is held exactly in int64 beside a tensor with dims, whose dims then keep its
+      dtype (and with ``keep_int``, for a true division computed in floats); beside a 0-dim
+      tensor it takes torch's result dtype, wrapping as torch's cast does (-1 beside uint8 is
+      255);
+    - a float takes the tensor's dtype if floating, else torch's default; beside a float16 or
+      bfloat16 tensor with dims, with ``widen``, it is held in float32, the precision torch's
+      arithmetic kernels take a scalar in (the dims still give the result the tensor's dtype),
+      where a comparison rounds it to the tensor's dtype first, as torch compares."""
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{type(op).__name__}: argument {name} is the number {value!r} of type "
                         f"{type(value).__name__}; expected a tensor, or a real number "
                         f"(bool, int or float)")
-    if isinstance(value, bool):  # the lowest category: never raises another operand's dtype,
-        return torch.tensor(value, device=device)  # and an op refusing bools refuses it too
-    dims = other is not None and other.dim() > 0
-    dtype = _beside(other.dtype if other is not None else torch.tensor(value).dtype, value)
+    if isinstance(value, bool):
+        return torch.tensor(value, device=device)
+    dims = other.dim() > 0
     if isinstance(value, numbers.Integral):
-        if dims or keep_int:  # exact in int64, of the integer category: a tensor's dims keep
-            return torch.tensor(int(value), dtype=torch.int64, device=device)  # its dtype
-        # beside a 0-dim tensor the number's dtype decides with it: the result's, the value
-        # wrapping as torch casts it (uint8 beside -1 holds 255, as torch computes it)
-        return torch.tensor(int(value), dtype=torch.int64, device=device).to(dtype)
+        exact = torch.tensor(int(value), dtype=torch.int64, device=device)
+        if dims or keep_int:
+            return exact
+        return exact.to(torch.int64 if other.dtype == torch.bool else other.dtype)
+    # torch.result_type(other, value), written out so that tracing folds it
+    dtype = other.dtype if other.dtype.is_floating_point else torch.get_default_dtype()
     if widen and dims and dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
-    return torch.tensor(float(value), dtype=dtype, device=device)  # rounded once
-
-
-def _beside(dtype: torch.dtype, value: Any) -> torch.dtype:
-    """``torch.result_type(t, value)`` for a tensor ``t`` of ``dtype`` and a number (a wrapped
-    number raises the category only), written out so that tracing folds it: an int beside
-    bool gives int64, a float beside an integer or bool torch's default dtype; else
-    ``dtype``."""
-    if isinstance(value, numbers.Integral):
-        return torch.int64 if dtype == torch.bool else dtype
-    return dtype if dtype.is_floating_point else torch.get_default_dtype()
+    return torch.tensor(float(value), dtype=dtype, device=device)
 
 
 def _is_number(value: Any) -> bool:
@@ -259,63 +251,33 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, torch.Tensor) and isinstance(value, numbers.Number)
 
 
-class PreparesOperands:
-    """Mixin of the ops that bring a call's operands to the form their entry takes, as torch's
-    function would take them, before the call: :meth:`prepare` returns None where the call is
-    already in that form (it then goes straight to the class's generated call) or the
-    prepared ``(args, kwargs)``, which run through the general call."""
-
-    @classmethod
-    def prepares(cls) -> bool:
-        """Whether this class prepares its calls (set where the class is made)."""
-        return False
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        # set before Op's hook runs, which then generates no __call__ of its own
-        if cls.prepares():
-            cls.__call__ = PreparesOperands._prepared_call  # type: ignore[method-assign]
-        super().__init_subclass__(**kwargs)
-
-    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        return None
-
-    def _given(self, args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-        """``(input name, value)`` of what the call passed (too many or too few positional
-        arguments: the general call refuses them by name)."""
-        names = type(self)._signature.input_names  # type: ignore[attr-defined]
-        return [*zip(names, args, strict=False),
-                *((k, v) for k, v in kwargs.items() if k in names)]
-
-    def _prepared_call(self, *args: Any, **kwargs: Any) -> Any:
-        prepared = self.prepare(args, kwargs)
-        if prepared is not None:
-            args, kwargs = prepared
-        elif not torch.compiler.is_compiling():  # tracing: the general call emits the node
-            cls = type(self)
-            call = cls.__dict__.get("_tensor_call")
-            if call is None:  # the call the runtime generates for the class
-                call = class_function(cls._signature)  # type: ignore[attr-defined]
-                type.__setattr__(cls, "_tensor_call", call)
-            return call(self, *args, **kwargs)
-        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
-
-
-class TakesNumbers(PreparesOperands):
+class TakesNumbers:
     """Mixin of the ops whose torch function takes a Python number for some operands
     (``torch.add(x, 1)``, ``torch.where(c, x, 0.0)``): :attr:`number_inputs` names them. A
     call with a number there runs with it as a 0-dim tensor on the tensors' device
-    (:func:`_number_operand`); a call of tensors only goes straight to the class's generated
-    call. At least one operand must be a tensor, as in torch."""
+    (:func:`_number_operand`) through the general call, the entry's check seeing tensors only;
+    a call of tensors goes straight to the call the runtime generates for the class (built
+    with the first instance, not on a traced call). At least one operand must be a tensor, as
+    in torch."""
 
-    #: the inputs that may be Python numbers
+    #: the inputs that may be Python numbers (none: the class takes tensors only)
     number_inputs: ClassVar[tuple[str, ...]] = ()
     #: whether a number beside a 16-bit float tensor is held in float32 (arithmetic), or
     #: rounded to the tensor's dtype (a comparison)
     numbers_widen: ClassVar[bool] = True
 
-    @classmethod
-    def prepares(cls) -> bool:
-        return bool(cls.number_inputs)
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # set before Op's hook runs, which then generates no __call__ of its own
+        if cls.number_inputs:
+            cls.__call__ = TakesNumbers._call_with_numbers  # type: ignore[method-assign]
+        super().__init_subclass__(**kwargs)
+
+    def derive(self) -> None:
+        super().derive()  # type: ignore[misc]
+        cls = type(self)
+        if cls.number_inputs and "_tensor_call" not in cls.__dict__:
+            type.__setattr__(cls, "_tensor_call",
+                             class_function(cls._signature))  # type: ignore[attr-defined]
 
     def refuse_numbers(self, given: dict[str, Any]) -> None:
         """Refuse, by name, a number torch's function refuses for its value (a leaf's hook;
@@ -326,38 +288,41 @@ class TakesNumbers(PreparesOperands):
         the op computes in floats whatever its integer operands (a true division)."""
         return False
 
-    def prepare(self, args: tuple, kwargs: dict) -> tuple[tuple, dict] | None:
-        if not any(map(_is_number, args)) and not any(map(_is_number, kwargs.values())):
-            return None
+    def _call_with_numbers(self, *args: Any, **kwargs: Any) -> Any:
+        for a in args:  # the hot path: a loop of C-level isinstance, no call a tensor
+            if not isinstance(a, torch.Tensor) and isinstance(a, numbers.Number):
+                break
+        else:
+            if not kwargs or not any(map(_is_number, kwargs.values())):
+                return type(self)._tensor_call(self, *args, **kwargs)  # type: ignore[attr-defined]
         cls = type(self)
-        given = self._given(args, kwargs)
         names = cls._signature.input_names  # type: ignore[attr-defined]
+        # (too many or too few positional arguments: the general call refuses them by name)
+        given = [*zip(names, args, strict=False),
+                 *((k, v) for k, v in kwargs.items() if k in names)]
         tensors = [v for _, v in given if isinstance(v, torch.Tensor)]
         numbers_at = [n for n, v in given if _is_number(v)]
-        refused = [(n, v) for n, v in given if _is_number(v) and n not in cls.number_inputs]
+        refused = [n for n in numbers_at if n not in cls.number_inputs]
         if refused:
-            n, v = refused[0]
-            raise TypeError(f"{cls.__name__}: argument {n} is the number {v!r}; expected a "
-                            f"tensor (only {' and '.join(cls.number_inputs)} may be numbers)")
+            raise TypeError(f"{cls.__name__}: argument {refused[0]} is the number "
+                            f"{dict(given)[refused[0]]!r}; expected a tensor (only "
+                            f"{' and '.join(cls.number_inputs)} may be numbers)")
         if not tensors:
             said = (f"argument {numbers_at[0]} is a number" if len(numbers_at) == 1 else
                     f"arguments {' and '.join(numbers_at)} are all numbers")
             raise TypeError(f"{cls.__name__}: {said}; expected at least one tensor operand, as "
                             f"torch's function does")
         self.refuse_numbers(dict(given))
-        # the tensor beside the numbers (a, or b, of a binary op; none for where's two
-        # numbers, whose dtype is then the numbers' own promotion)
-        operands = [v for n, v in given if n in cls.number_inputs and isinstance(v, torch.Tensor)]
-        other = operands[0] if operands else None
-        if other is None:
-            other = torch.tensor(next(v for _, v in given if _is_number(v)))
-        device = tensors[0].device
-        how = (other, device, cls.numbers_widen, self.numbers_keep_ints())
+        # the tensor beside the numbers (a, or b, of a binary op); for where's two numbers a
+        # 0-dim tensor of the first, so that they promote as torch's 0-dim tensors of them
+        beside = [v for n, v in given if n in cls.number_inputs and isinstance(v, torch.Tensor)]
+        other = beside[0] if beside else torch.tensor(dict(given)[numbers_at[0]])
+        how = (other, tensors[0].device, cls.numbers_widen, self.numbers_keep_ints())
         args = tuple(_number_operand(self, n, v, *how) if _is_number(v) else v
                      for n, v in zip(names, args, strict=False)) + args[len(names):]
         kwargs = {k: _number_operand(self, k, v, *how) if _is_number(v) else v
                   for k, v in kwargs.items()}
-        return args, kwargs
+        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
 
 
 class ClampFwdOp(ElementwiseOp):
