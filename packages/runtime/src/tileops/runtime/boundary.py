@@ -109,7 +109,7 @@ class CompileBoundary:
         def fake(*args: Any) -> Any:
             op = instance_for_key(args[-1])
             if op._gradient is not None:  # before a cached backward may name them
-                from .op import register_backward
+                from .trained import register_backward
 
                 register_backward(op)
             inputs = args[:n_inputs]

@@ -882,26 +882,3 @@ def _result_getter(outputs: tuple[str, ...], returned: tuple[str, ...]) -> Any:
         return tuple(result[i] for i in picked)
 
     return some
-
-
-#: the op classes whose backward class has its custom ops registered (register_backward)
-_backward_registered: set[type] = set()
-
-
-def register_backward(op: Op) -> None:
-    """Register the custom ops of ``op``'s backward class, once a forward class: a compiled
-    training step's backward calls them, and where its compiled code comes from a cache
-    (another process's) no traced backward built an instance of that class. Called from the
-    compile boundary's fake call, which runs for every traced call before any compiled code
-    is looked up (boundary.py), so an op that is never traced pays nothing. Building the
-    backward op of every gradient once registers each branch of the class. A backward op
-    these params do not build is left to the backward, which names the error."""
-    cls = type(op)
-    if cls in _backward_registered or cls._gradient is None:
-        return
-    gradient = cls._gradient
-    try:
-        op._backward_op((True,) * len(gradient.needs))
-    except Exception:  # noqa: BLE001 - the backward reports it where it runs
-        return
-    _backward_registered.add(cls)

@@ -66,3 +66,25 @@ class Trained:
                         op, backward_key(self._instance_key, needs))  # type: ignore[attr-defined]
                     self._backward_ops[needs] = op
         return op
+
+
+#: the op classes whose backward class has its custom ops registered (register_backward)
+_backward_registered: set[type] = set()
+
+
+def register_backward(op: Op) -> None:
+    """Register the custom ops of ``op``'s backward class, once a forward class: a compiled
+    training step's backward calls them, and where its compiled code comes from a cache
+    (another process's) no traced backward built an instance of that class. Called from the
+    compile boundary's fake call, which runs for every traced call before any compiled code
+    is looked up (boundary.py), so an op that is never traced pays nothing. Building the
+    backward op of every gradient once registers each branch of the class. A backward op
+    these params do not build is left to the backward, which names the error."""
+    cls = type(op)
+    if cls in _backward_registered or cls._gradient is None:
+        return
+    try:
+        op._backward_op((True,) * len(cls._gradient.needs))
+    except Exception:  # noqa: BLE001 - the backward reports it where it runs
+        return
+    _backward_registered.add(cls)
