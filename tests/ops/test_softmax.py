@@ -7,6 +7,8 @@ covers the references, the bad-input corpus, compile and the gradients."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -164,6 +166,65 @@ def test_logsumexp_gradient_hands_the_views_to_the_slot(shape, dim, keepdim):
     xr = x.double().requires_grad_()
     want, = torch.autograd.grad(torch.logsumexp(xr, dim, keepdim), xr, dy.double())
     torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=4), keepdim=st.booleans(),
+       data=st.data())
+def test_logsumexp_over_several_axes_hands_one_reduced_run_to_the_slots(shape, keepdim, data):
+    rank = len(shape)
+    axes = data.draw(st.lists(st.integers(0, rank - 1), min_size=1, max_size=rank, unique=True))
+    # each axis spelled either way round, in any order
+    dim = tuple(a - rank if data.draw(st.booleans()) else a for a in axes)
+    x = _rand(*shape, seed=3)
+    got = _in_tree(ops.LogSumExpFwdOp, dim=dim, keepdim=keepdim)(x)
+    spec = launched.pop()
+    # the reduced axes are the view's R, whether read in place or permuted into rows
+    assert spec.r == math.prod(shape[a] for a in axes)
+    assert spec.outer * spec.r * spec.inner == x.numel()
+    want = torch.logsumexp(x.double(), dim, keepdim)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
+    # the gradient, with an upstream gradient that is not contiguous where it can be made so
+    dy = _rand(*want.shape, seed=4)
+    if dy.dim() >= 2:
+        dy = _rand(*want.shape[::-1], seed=4).permute(*range(dy.dim() - 1, -1, -1))
+    gx = _in_tree(ops.LogSumExpBwdOp, dim=dim, keepdim=keepdim)(x, dy, got)
+    assert launched.pop().r == spec.r
+    xr = x.double().requires_grad_()
+    gw, = torch.autograd.grad(torch.logsumexp(xr, dim, keepdim), xr, dy.double())
+    torch.testing.assert_close(gx.double(), gw, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(("shape", "dim", "view"), [
+    pytest.param((4, 6, 5), (1, 2), (4, 30, 1), id="last-two-in-place"),
+    pytest.param((4, 6, 5), (0, 1), (1, 24, 5), id="leading-two-in-place"),
+    pytest.param((4, 1, 5), (0, 2), (1, 20, 1), id="a-size-1-axis-between"),
+    pytest.param((4, 6, 5), (0, 2), (6, 20, 1), id="apart-permuted-into-rows"),
+    pytest.param((2, 3, 4, 5), (3, 1), (8, 15, 1), id="apart-out-of-order"),
+])
+def test_logsumexp_axes_take_the_reductions_view(shape, dim, view):
+    got = _in_tree(ops.LogSumExpFwdOp, dim=dim)(_rand(*shape))
+    spec = launched.pop()
+    assert (spec.outer, spec.r, spec.inner) == view
+    assert got.shape == torch.logsumexp(_rand(*shape), dim).shape
+
+
+def test_logsumexp_axes_torch_refuses_are_refused_by_name():
+    x = torch.zeros(3, 4)
+    with pytest.raises(Exception) as e:
+        ops.LogSumExpFwdOp(dim=())
+    msg = str(e.value)
+    assert msg.startswith("LogSumExpFwdOp: construction param dim does not match the signature")
+    assert "because:  refinement 'naxes(dim) > 0' does not hold" in msg
+    with pytest.raises(Exception, match=r"LogSumExpFwdOp: .*\n.*\n.*\n.*dim 0 appears more than "
+                                        r"once in the dims \(0, -2\)"):
+        ops.LogSumExpFwdOp(dim=(0, -2))(x)
+    with pytest.raises(Exception, match=r"LogSumExpBwdOp: construction param dim"):
+        ops.LogSumExpBwdOp(dim=())
+    with pytest.raises(Exception, match=r"LogSumExpFwdOp: construction param dim .*\n"
+                                        r".*\n.*\n.*dim must be an int or a tuple of ints"):
+        ops.LogSumExpFwdOp(dim=None)
 
 
 def test_strided_and_misaligned_inputs_are_handed_over_contiguous():

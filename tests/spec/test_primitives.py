@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from tileops.spec import GENERATORS, PRIMITIVES, Scope, evaluate
 from tileops.spec.evaluate import EvalError
 from tileops.spec.expr import parse
-from tileops.spec.kinds import BoolK, DimK, DTypeK, FloatK, IntK, MaybeK, PerAxisK, ShapeK
+from tileops.spec.kinds import AxesK, BoolK, DimK, DTypeK, FloatK, IntK, MaybeK, PerAxisK, ShapeK
 from tileops.spec.primitives import (
     PrimitiveError,
     accepts,
@@ -195,6 +195,11 @@ def test_small_primitives() -> None:
     assert PRIMITIVES["itemsize"].impl("float8_e4m3fn") == 1
     assert PRIMITIVES["present"].impl(None) is False
     assert PRIMITIVES["present"].impl(0) is True
+    assert [PRIMITIVES["naxes"].impl(d) for d in (-1, 0, (), (0, 2), [1, 2, 3])] == [1, 1, 0, 2, 3]
+    with pytest.raises(PrimitiveError) as exc:
+        PRIMITIVES["naxes"].impl(None)
+    assert str(exc.value) == ("naxes(None): None names every axis of a tensor, so how many "
+                              "depends on its rank")
 
 
 # --- generators ---------------------------------------------------------------------------------
@@ -236,7 +241,7 @@ def test_generator_examples_and_errors() -> None:
 
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
     assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "itemsize", "len",
-                                  "max", "min", "per_axis", "pool.out", "present", "prod",
+                                  "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape",
                                   "replace_axis", "result_type", "size_at"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
@@ -265,6 +270,7 @@ def test_arity_texts() -> None:
         ("max", [DimK(), DimK(), DimK()], DimK()),
         ("prod", [ShapeK()], DimK()),
         ("len", [ShapeK()], IntK()),
+        ("naxes", [AxesK()], IntK()),
         ("broadcast", [ShapeK(), ShapeK()], ShapeK()),
         ("present", [MaybeK(IntK())], BoolK()),
         ("pool.out", [DimK()] * 5 + [BoolK()], IntK()),
@@ -312,6 +318,8 @@ def test_argument_kinds(arg_kind, good, bad, text) -> None:
         ("itemsize(T) * N", {"T": "float32", "N": 8}, 32),
         ("present(eps) and eps.value > 0", {"eps": 1e-6}, True),
         ("present(eps)", {"eps": None}, False),
+        ("naxes(dim) > 0", {"dim": (0, 2)}, True),
+        ("naxes(dim) > 0", {"dim": ()}, False),
     ],
 )
 def test_primitives_through_evaluate(text, values, expected) -> None:

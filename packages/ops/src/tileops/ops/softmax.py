@@ -1,8 +1,8 @@
-"""Softmax and log-softmax over one axis, and their gradients.
+"""Softmax and log-softmax over one axis, logsumexp over one or several, and their gradients.
 
 :class:`SoftmaxFamilyOp` is the family base of the forward ops and :class:`SoftmaxGradOp` of
-the gradients. Every op of the family reduces one axis ``dim`` of a tensor, so the bases own
-the flow they share:
+the gradients. Every op of the family reduces one axis ``dim`` of a tensor (logsumexp's axes
+``dim`` become one, as the reductions merge theirs), so the bases own the flow they share:
 
 - layout: the tensor as the ``(outer, R, inner)`` view of its contiguous form (``outer`` the
   product of the axes before ``dim``, ``inner`` of those after it). The kernels read that view
@@ -47,6 +47,7 @@ from tileops.kernels.softmax import (
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from .reduction import reduced_axes, view_plan
 
 __all__ = [
     "LogSoftmaxBwdOp",
@@ -139,7 +140,28 @@ class LogSoftmaxFwdOp(SoftmaxFamilyOp):
 
 
 class LogSumExpFwdOp(SoftmaxFamilyOp):
+    """``torch.logsumexp`` over one axis or several: the reduced axes become the middle of
+    the ``(outer, R, inner)`` view as the reductions lay them out
+    (:func:`~tileops.ops.reduction.view_plan`): read in place where they form one run, else
+    ``x`` permuted once into rows, kept axes first (a copy)."""
+
     kind = SoftmaxKind.LOGSUMEXP
+
+    def derive(self) -> None:
+        #: (device, dtype, shape) -> the permutation a call of that shape takes first, for
+        #: the shapes that take one (empty while none does: the cached call tests a dict)
+        self._perms: dict[tuple, tuple[int, ...]] = {}
+
+    def forward(self, call, x, lse) -> None:
+        key = (call.device, x.dtype, x.shape)
+        entry = self._entries_by_call.get(key)  # the cached call: one lookup
+        if entry is None:
+            if x.numel() == 0:  # an output element of an empty input is a sum of nothing
+                lse.fill_(-math.inf)
+                return
+            entry = _logsumexp_entry(self, key, x, SoftmaxFwdInterface, SoftmaxSpec)
+        perm = self._perms.get(key) if self._perms else None
+        entry(_in_layout(x) if perm is None else x.permute(perm).contiguous(), lse)
 
     def reference(self, call, x):
         return (torch.logsumexp(_wide(x), self.dim, self.keepdim),)
@@ -223,20 +245,25 @@ class LogSumExpBwdOp(Op):
 
     kernel_types = {LogSumExpBwdInterface: (LogSumExpBwdRowsKernel, LogSumExpBwdStridedKernel)}
 
+    def derive(self) -> None:
+        self._perms: dict[tuple, tuple[int, ...]] = {}  # as LogSumExpFwdOp's
+
     def forward(self, call, x, dy, lse, dx) -> None:
-        shape = x.shape
-        dtype = x.dtype
-        key = (call.device, dtype, shape)
+        key = (call.device, x.dtype, x.shape)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
             if x.numel() == 0:
                 return
-            refuse_unserved(self, dtype, _KERNEL_DTYPES, "softmax")
-            outer, r, inner = view_of(tuple(shape), self.dim)
-            entry = self.kernel_for(key, LogSumExpBwdInterface, lambda: LogSumExpBwdSpec(
-                device=call.device, kind=SoftmaxKind.LOGSUMEXP, outer=outer, r=r,
-                inner=inner, dtype=NAMES[dtype]))
-        entry(_in_layout(dy), _in_layout(x), _in_layout(lse), dx)
+            entry = _logsumexp_entry(self, key, x, LogSumExpBwdInterface, LogSumExpBwdSpec)
+        perm = self._perms.get(key) if self._perms else None
+        if perm is None:
+            entry(_in_layout(dy), _in_layout(x), _in_layout(lse), dx)
+            return
+        # x permuted into rows as the forward read it; dx written in that order, then put back
+        xp = x.permute(perm).contiguous()
+        dxp = torch.empty_like(xp)
+        entry(_in_layout(dy), xp, _in_layout(lse), dxp)
+        dx.copy_(dxp.permute(_inverse(perm)))
 
     def reference(self, call, x, dy, lse):
         xf = _wide(x)
@@ -252,11 +279,32 @@ class LogSumExpBwdOp(Op):
         return logsumexp_backward
 
 
-def _along(t: torch.Tensor, x: torch.Tensor, dim: int, keepdim: bool) -> torch.Tensor:
-    """A reduced tensor ``t`` broadcastable against ``x`` along ``dim``."""
-    if keepdim or x.dim() == 0:
+def _logsumexp_entry(op: Any, key: tuple, x: torch.Tensor, interface: Any, spec: Any) -> Any:
+    """The entry of logsumexp's forward or gradient for a call of ``x``'s shape over the op's
+    axes, its permutation (if any) kept in ``op._perms``."""
+    refuse_unserved(op, x.dtype, _KERNEL_DTYPES, "softmax")
+    perm, outer, r, inner = view_plan(tuple(x.shape), reduced_axes(x.dim(), op.dim))
+    if perm is not None:
+        op._perms[key] = perm
+    return op.kernel_for(key, interface, lambda: spec(
+        device=key[0], kind=SoftmaxKind.LOGSUMEXP, outer=outer, r=r, inner=inner,
+        dtype=NAMES[x.dtype]))
+
+
+def _inverse(perm: tuple[int, ...]) -> tuple[int, ...]:
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return tuple(inv)
+
+
+def _along(t: torch.Tensor, x: torch.Tensor, dim: Any, keepdim: bool) -> torch.Tensor:
+    """A reduced tensor ``t`` broadcastable against ``x`` along the axes ``dim``."""
+    if keepdim:
         return t
-    return t.unsqueeze(dim % x.dim())
+    for a in reduced_axes(x.dim(), dim):  # increasing: each lands where it was in x
+        t = t.unsqueeze(a)
+    return t
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:

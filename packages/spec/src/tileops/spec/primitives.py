@@ -38,6 +38,7 @@ __all__ = [
     "axis",
     "broadcast",
     "ceil_div",
+    "naxes",
     "no_promotion",
     "per_axis",
     "pool_out",
@@ -284,6 +285,15 @@ def _len(shape: Sequence[int]) -> int:
     return len(shape)
 
 
+def naxes(dim) -> int:
+    """How many axes ``dim`` names: one for an int, a tuple's length (``()`` names none); None
+    (every axis, as many as a tensor's rank) has no count of its own."""
+    if dim is None:
+        raise PrimitiveError("naxes(None): None names every axis of a tensor, so how many "
+                             "depends on its rank")
+    return 1 if isinstance(dim, int) else len(dim)
+
+
 def _min(*xs):
     return min(xs)
 
@@ -377,6 +387,8 @@ PRIMITIVES: dict[str, Primitive] = {
         Primitive("size_at", ("shape", "int"), lambda a: DimK(), size_at,
                   "size_at(S, d): the length of axis d of S (wrapped as axis() does)"),
         Primitive("len", ("shape",), lambda a: IntK(), _len, "len(S): the rank of a Shape"),
+        Primitive("naxes", ("axes",), lambda a: IntK(), naxes,
+                  "naxes(dim): how many axes dim names (an int one, a tuple its length)"),
         Primitive(
             "ceil_div", ("int", "int"), _int_result, ceil_div, "ceil_div(a, b): ceil(a / b)"
         ),
