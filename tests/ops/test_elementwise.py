@@ -25,6 +25,7 @@ from tileops.ops import (
     GtFwdOp,
     HardtanhFwdOp,
     LeFwdOp,
+    LerpFwdOp,
     LtFwdOp,
     MaximumFwdOp,
     MinimumFwdOp,
@@ -289,6 +290,48 @@ def test_number_operands_are_refused_where_torch_refuses_them():
     torch.testing.assert_close(WhereFwdOp()(x > 0, x, 0.0), torch.where(x > 0, x, 0.0))
 
 
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+@settings(max_examples=60, deadline=None)
+@given(shape=st.lists(st.integers(1, 4), max_size=3), dtype=st.sampled_from(FLOATS),
+       weight=st.one_of(st.booleans(), st.integers(-3, 3),
+                        st.floats(-2.0, 2.0, allow_nan=False).map(lambda v: round(v, 3)),
+                        st.sampled_from(FLOATS)))
+def test_lerp_takes_a_number_or_any_0_dim_float_weight_as_torch(shape, dtype, weight):
+    """``LerpFwdOp()(a, b, 0.3)``, an int or bool weight (torch weighs by its float), or a
+    0-dim weight tensor of any floating dtype: torch's dtype and shape, and values within the
+    dtype's tolerance of the float64 result (the number held in float32 beside a 16-bit
+    ``start`` with dims, where torch's CPU kernel rounds it to the dtype first)."""
+    a, b = _tensor(tuple(shape), dtype, 1), _tensor(tuple(shape), dtype, 2)
+    w = torch.tensor(0.37, dtype=weight) if isinstance(weight, torch.dtype) else weight
+    want = torch.lerp(a, b, w)
+    got = LerpFwdOp()(a, b, w)
+    wide_w = w.double() if isinstance(w, torch.Tensor) else float(w)
+    _check_like_torch(got, want, torch.lerp(a.double(), b.double(), wide_w))
+
+
+def test_lerp_refuses_what_torch_refuses_by_name():
+    a = torch.randn(4, 3)
+    for call, message in (
+            (lambda: LerpFwdOp()(0.5, a, 0.3), "LerpFwdOp: argument start is the number 0.5; "
+                                               "expected a tensor (only weight may be numbers)"),
+            (lambda: LerpFwdOp()(a, a, 1j), "LerpFwdOp: argument weight is the number 1j of "
+                                            "type complex; expected a tensor, or a real number "
+                                            "(bool, int or float)")):
+        with pytest.raises(TypeError) as exc:
+            call()
+        assert str(exc.value) == message
+    with pytest.raises(RuntimeError):  # torch: a weight with dims has start's dtype
+        torch.lerp(a, a, torch.full((3,), 0.3, dtype=torch.float64))
+    with pytest.raises(SignatureCallError) as exc:
+        LerpFwdOp()(a, a, torch.full((3,), 0.3, dtype=torch.float64))
+    text = str(exc.value)
+    assert text.startswith("LerpFwdOp: ")
+    assert ("because:  refinement 'W == T or len(SW) == 0' does not hold (W = torch.float64, "
+            "T = torch.float32, SW = [3])") in text
+
+
 def test_shapes_that_do_not_broadcast_are_refused_by_name():
     with pytest.raises(SignatureCallError) as exc:
         AddFwdOp()(torch.randn(2, 3), torch.randn(4, 3))
@@ -488,3 +531,11 @@ def test_number_operands_compile_and_train():
     torch.testing.assert_close(y, torch.where(x > 0, (x + 1.5) * 2, 0.0))
     y.sum().backward()
     torch.testing.assert_close(x.grad, (x.detach() > 0).double() * 2)
+    # lerp's number weight, beside a 16-bit start: held in float32 inside the graph too
+    lerp = LerpFwdOp()
+    s = torch.randn(4, 3, dtype=torch.bfloat16, requires_grad=True)
+    e = torch.randn(3, dtype=torch.bfloat16)
+    y = torch.compile(lambda s, e: lerp(s, e, 0.3), fullgraph=True, dynamic=False)(s, e)
+    torch.testing.assert_close(y, torch.lerp(s.float(), e.float(), 0.3).bfloat16())
+    y.float().sum().backward()
+    torch.testing.assert_close(s.grad, torch.full((4, 3), 0.7, dtype=torch.bfloat16))

@@ -32,6 +32,7 @@ _FNS = {
     "ge": lambda p, a, b: a >= b,
     "le": lambda p, a, b: a <= b,
     "where": lambda p, c, a, b: torch.where(c, a, b),
+    "lerp": lambda p, s, e, w: torch.lerp(s, e, w),
     "masked_fill": lambda p, x, m: x.masked_fill(m, p[0]),
     "silu": lambda p, x: F.silu(x),
     "relu": lambda p, x: F.relu(x),
@@ -128,6 +129,27 @@ def test_lerp_gradient_launches_each_wanted_term():
         params = dict(zip(("grad_start", "grad_end", "grad_weight"), flags, strict=True))
         mine, ref = _pair(ops.LerpBwdOp, **params)
         _close(mine(dout, s, e, w), ref(dout, s, e, w))
+
+
+def test_lerp_hands_a_numbers_weight_over_in_float32_beside_16_bit_operands(monkeypatch):
+    start, end = _rand(7, 5, dtype=torch.bfloat16), _rand(5, dtype=torch.bfloat16, seed=1)
+    seen = []
+    hand = TorchSlot.entry_for
+    monkeypatch.setattr(TorchSlot, "entry_for",
+                        lambda spec, op: seen.append(spec.in_dtypes) or hand(spec, op))
+    got = _in_tree(ops.LerpFwdOp)(start, end, 0.3)
+    assert seen == [("bfloat16", "bfloat16", "float32")]
+    launched.clear()
+    want = torch.lerp(start.float(), end.float(), 0.3).to(torch.bfloat16)
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    # its gradient: dstart and dend in bfloat16, dweight in the 0-dim weight's float32
+    dout, w = _rand(7, 5, dtype=torch.bfloat16, seed=2), torch.tensor(0.3)
+    got = _in_tree(ops.LerpBwdOp)(dout, start, end, w)
+    launched.clear()
+    assert [g.dtype for g in got] == [torch.bfloat16, torch.bfloat16, torch.float32]
+    ref = ops.LerpBwdOp(target="reference")(dout, start, end, w)
+    for g, r in zip(got, ref, strict=True):
+        torch.testing.assert_close(g, r, rtol=1e-2, atol=1e-2)
 
 
 def test_gated_ops_hand_over_the_halves_as_views():

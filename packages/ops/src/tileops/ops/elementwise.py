@@ -265,6 +265,12 @@ class TakesNumbers:
     #: whether a number beside a 16-bit float tensor is held in float32 (arithmetic), or
     #: rounded to the tensor's dtype (a comparison)
     numbers_widen: ClassVar[bool] = True
+    #: the input a number is made beside (its dtype and dims), or None: the first tensor
+    #: among :attr:`number_inputs`, else a 0-dim tensor of the first number
+    numbers_beside: ClassVar[str | None] = None
+    #: whether a number is taken as a float whatever its type (lerp's weight: torch's
+    #: ``lerp(a, b, 1)`` and ``lerp(a, b, True)`` weigh by 1.0)
+    numbers_as_float: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # set before Op's hook runs, which then generates no __call__ of its own
@@ -312,16 +318,24 @@ class TakesNumbers:
                     f"arguments {' and '.join(numbers_at)} are all numbers")
             raise TypeError(f"{cls.__name__}: {said}; expected at least one tensor operand, as "
                             f"torch's function does")
-        self.refuse_numbers(dict(given))
+        named = dict(given)
+        self.refuse_numbers(named)
         # the tensor beside the numbers (a, or b, of a binary op); for where's two numbers a
         # 0-dim tensor of the first, so that they promote as torch's 0-dim tensors of them
         beside = [v for n, v in given if n in cls.number_inputs and isinstance(v, torch.Tensor)]
-        other = beside[0] if beside else torch.tensor(dict(given)[numbers_at[0]])
+        if isinstance(named.get(cls.numbers_beside), torch.Tensor):
+            beside = [named[cls.numbers_beside]]
+        other = beside[0] if beside else torch.tensor(named[numbers_at[0]])
         how = (other, tensors[0].device, cls.numbers_widen, self.numbers_keep_ints())
-        args = tuple(_number_operand(self, n, v, *how) if _is_number(v) else v
+
+        def operand(n: str, v: Any) -> torch.Tensor:
+            if cls.numbers_as_float and isinstance(v, numbers.Real):
+                v = float(v)
+            return _number_operand(self, n, v, *how)
+
+        args = tuple(operand(n, v) if _is_number(v) else v
                      for n, v in zip(names, args, strict=False)) + args[len(names):]
-        kwargs = {k: _number_operand(self, k, v, *how) if _is_number(v) else v
-                  for k, v in kwargs.items()}
+        kwargs = {k: operand(k, v) if _is_number(v) else v for k, v in kwargs.items()}
         return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
 
 
@@ -502,8 +516,15 @@ class MaskedFillFwdOp(ElementwiseOp):
         return x.masked_fill(mask, value)
 
 
-class LerpFwdOp(ElementwiseOp):
+class LerpFwdOp(TakesNumbers, ElementwiseOp):
+    """``torch.lerp``: the weight may be a Python number (:class:`TakesNumbers`), held in
+    float32 beside a 16-bit ``start`` with dims, where torch's lerp takes a number (a 0-dim
+    weight of another floating dtype is read in its own, as the entry states)."""
+
     fn = "lerp"
+    number_inputs = ("weight",)
+    numbers_beside = "start"
+    numbers_as_float = True
 
     def torch_fn(self, start, end, weight, inplace=False):
         return torch.lerp(start, end, weight)
