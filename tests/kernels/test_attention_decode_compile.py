@@ -171,6 +171,12 @@ def test_decode_compiles_for_sm90(spec, plan):
     assert f"min(Lens[((int)blockIdx.y)], {spec.max_keys})" in src
     if paged:
         assert re.search(rf", {spec.max_pages - 1}\)+\], {spec.capacity - 1}\), 0\)", src)
+    # data that breaks the contract (a length outside the cache, a page read outside the
+    # pool) is found where it is read, and the sequence's output is NaN
+    assert f"({spec.max_keys} < Lens[((int)blockIdx.y)])" in src and "CUDART_NAN_F" in src
+    assert ("int page = BT[" in src) is paged
+    if paged:
+        assert f"({spec.capacity} <= page)" in src
 
 
 def test_the_kernel_refuses_gpus_before_hopper(monkeypatch):

@@ -9,7 +9,9 @@ lengths 0 and 1, MHA (one head a CTA), MQA and 64 heads a key head, head widths 
 a softcap and a scale, every page size (a tile of 4 or 2 pages of 16 or 32, or inside a page),
 pages shuffled over a pool, block-table entries past a sequence's pages holding -1 or a huge
 page, and NaN in the cache past each sequence's length (freed pages): none may reach an
-output. The same call under other split counts checks the combine against one part.
+output. The same call under other split counts checks the combine against one part. Data that
+breaks the kernels' contract (a length past the cache, a page read outside the pool) makes
+that sequence's output NaN and no other's.
 
 ``python3 tests/kernels/test_attention_decode_cuda.py --prebuild --workers 15`` compiles the
 programs these tests and the spec workloads use in spawned processes first, so the tests load
@@ -189,6 +191,47 @@ def test_every_split_count_gives_the_same_answer(case, splits):
         kernel(*args, out)
         torch.cuda.synchronize()
         _check(out, ref, args[3].cpu(), dtype)
+
+
+@pytest.mark.parametrize(("case", "splits"), [(CASES[9], (1, 3)), (CASES[3], (1, 2))],
+                         ids=("paged", "contiguous"))
+def test_bad_data_makes_its_sequence_nan_and_no_other(case, splits):
+    """A length past the cache, or a page outside the pool among those a sequence reads: that
+    sequence's output is NaN, every head (found by the CTA reading it: no host check, no
+    synchronisation); the other sequences' outputs are as with good data, under one part or
+    several (the combine carries a part's NaN through its weights)."""
+    b, s, h, hk, d, ps, kind, softcap, scale, dtype = case
+    spec = _spec(b, s, h, hk, d, ps, softcap, scale, dtype)
+    base = K.decode_plan(batch=b, heads=h, kv_heads=hk, head_dim=d, max_keys=spec.max_keys,
+                         page_size=ps, sms=K._sms(spec.device))
+    args, k, v = _inputs(b, s, h, hk, d, ps, kind, dtype, 5)
+    lens = args[3].cpu()
+    ref = _expected(args[0].cpu(), k, v, lens, spec.scale, softcap)
+    bad = torch.zeros(b, dtype=torch.bool)
+    args[3] = args[3].clone()
+    args[3][0] = spec.max_keys + 1  # a length past the cache, and one below 0
+    args[3][2] = -1
+    bad[[0, 2]] = True
+    if ps:
+        # sequence 3 reads four pages, its last one outside the pool; an entry past sequence
+        # 4's pages names no page (never read: no effect)
+        args[3][3] = 3 * ps + 1
+        args[4] = args[4].clone()
+        args[4][3, :4] = torch.tensor([0, 1, 2, spec.capacity], dtype=torch.int32)
+        bad[3] = True
+        assert lens[4] <= spec.max_keys - ps
+        args[4][4, -1] = -5
+    for n in splits:
+        plan = K.DecodePlan(base.vh, base.block_h, base.block_n, base.stages, n, base.resident)
+        out = torch.empty(b, h, d, dtype=dtype, device="cuda")
+        K.AttentionDecodeSplitKernel(spec, plan)(*args, out)
+        torch.cuda.synchronize()
+        got = out.double().cpu()
+        assert got[bad].isnan().all(), f"{n} parts: a bad sequence's output is not all NaN"
+        good = got[~bad]
+        assert torch.isfinite(good).all(), f"{n} parts: a NaN reached a good sequence"
+        err = (good - ref[~bad]).norm().item() / max(ref[~bad].norm().item(), 1e-30)
+        assert err < _TOL[dtype], f"{n} parts: rel L2 {err:.2e} against float64"
 
 
 # --- the prebuild ----------------------------------------------------------------------------

@@ -28,11 +28,15 @@ The program, per CTA: one sequence ``b``, one block of ``vh`` query heads sharin
    outputs and their log2-sum-exp (-inf for a split with no keys), and a combine kernel (one CTA
    a query head) weighs the parts by ``exp2(lse_s - max lse)``: 0 for a sequence with no keys.
 
-What the kernels assume of the data (the ``reference`` target checks it): ``0 <= L <= S``
-(contiguous) or ``max_pages * page_size`` (paged), and the block table's first ``ceil(L /
-page_size)`` entries of row ``b`` are pages of the pool; later entries are never read. Bad data
-gives wrong numbers, never a read outside the cache: a length is clamped to the capacity and a
-page number into the pool.
+What the kernels require of the data (the ``reference`` target checks it and refuses by name):
+``0 <= L <= S`` (contiguous) or ``max_pages * page_size`` (paged), and the block table's first
+``ceil(L / page_size)`` entries of row ``b`` are pages of the pool; later entries are never
+read. Checking data on the host would synchronise every call (and cannot run inside a CUDA
+graph), so the kernels check it where they read it: a length is clamped to the capacity and a
+page number into the pool (no read outside the cache), and the sequence's output is NaN, every
+head of it, so that bad data never passes for an answer. A CTA checks its own length and the
+pages its split reads; a split that found bad data writes a NaN part with a log2-sum-exp of
+``+inf``, which the combine's weights turn into NaN (``exp2(inf - inf)``).
 
 How many splits (:func:`decode_plan`, a pure function): the CTAs of one split, ``B * H /
 vh``, against the slots of the GPU (its SMs times the CTAs an SM holds by shared memory), the
@@ -261,6 +265,7 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
     qk_scale = spec.scale * _LOG2E if softcap is None else spec.scale / softcap
     cap_scale = 0.0 if softcap is None else softcap * _LOG2E
     neg_inf = -T.infinity(accum)
+    nan = T.cast(float("nan"), accum)
 
     def page_at(BT, b, key):
         """The pool page holding key ``key`` of sequence ``b``: the block table's entry,
@@ -371,6 +376,9 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
             rowsum = T.alloc_fragment((bh,), accum)
             l_sum = T.alloc_fragment((bh,), accum)
             len_ = T.alloc_local((1,), "int32")
+            bad = T.alloc_local((1,), "int32")  # 1: this sequence's data breaks the contract
+            # (read from Lens, not len_: TileLang may hoist len_'s clamp above the check)
+            bad[0] = T.if_then_else((Lens[bx] < 0) | (Lens[bx] > cap), 1, 0)
             len_[0] = T.max(T.min(Lens[bx], cap), 0)
             length = len_[0]
             g = hx // per_kv
@@ -386,6 +394,12 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
             t0 = T.min(sx * per_split, tiles)
             t1 = T.min(t0 + per_split, tiles)
             full_end = T.max(T.min(t1, length // bn), t0)
+            if paged:  # the pages this split reads, each a page of the pool
+                p0 = (t0 * bn) // ps
+                for j in T.serial(T.max(T.ceildiv(T.min(t1 * bn, length), ps) - p0, 0)):
+                    page = BT[bx, T.min(p0 + j, mp - 1)]
+                    if (page < 0) | (page >= pool):
+                        bad[0] = 1
             for k in T.Pipelined(full_end - t0, num_stages=stages):
                 load_tile(K, V, BT, K_s, V_s, bx, g, (t0 + k) * bn)
                 softmax_step(Q_s, K_s, V_s, P_s, acc_s, acc_o, m, m_prev, alpha, rowsum, l_sum,
@@ -397,17 +411,17 @@ def decode_program(spec: AttentionDecodeSpec, plan: DecodePlan):
             if nsplit == 1:
                 for i, d in T.Parallel(bh, D):
                     if i < vh:
-                        Out[bx, h0 + i, d] = T.if_then_else(
-                            l_sum[i] > 0, acc_o[i, d] / l_sum[i], T.cast(0, accum)).astype(dtype)
+                        Out[bx, h0 + i, d] = T.if_then_else(bad[0] > 0, nan, T.if_then_else(
+                            l_sum[i] > 0, acc_o[i, d] / l_sum[i], T.cast(0, accum))).astype(dtype)
             else:
                 for i, d in T.Parallel(bh, D):
                     if i < vh:
-                        O_part[bx, h0 + i, sx, d] = T.if_then_else(
-                            l_sum[i] > 0, acc_o[i, d] / l_sum[i], T.cast(0, accum))
+                        O_part[bx, h0 + i, sx, d] = T.if_then_else(bad[0] > 0, nan, T.if_then_else(
+                            l_sum[i] > 0, acc_o[i, d] / l_sum[i], T.cast(0, accum)))
                 for i in T.Parallel(bh):
                     if i < vh:
-                        LSE[bx, h0 + i, sx] = T.if_then_else(
-                            l_sum[i] > 0, T.log2(l_sum[i]) + m[i], neg_inf)
+                        LSE[bx, h0 + i, sx] = T.if_then_else(bad[0] > 0, -neg_inf, T.if_then_else(
+                            l_sum[i] > 0, T.log2(l_sum[i]) + m[i], neg_inf))
 
     @T.macro
     def combine(O_part, LSE, Out):

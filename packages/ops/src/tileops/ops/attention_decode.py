@@ -13,11 +13,14 @@ values cached so far, contiguous or paged.
   the kernel's plan;
 - the slot ``attention_decode_fwd``.
 
-The lengths and the block table are data, not shapes: the kernels assume every length is
-within the cache and every page a sequence reads is in the pool (and clamp, so that bad data
-reads nothing outside the cache), and the reference (the ``reference`` target) checks both
-and refuses a call that breaks them, naming the sequence. Where the tensors hold no data (fake
-or meta tensors: shape inference, tracing), there is nothing to check.
+The lengths and the block table are data, not shapes: every length must be within the cache
+and every page a sequence reads in the pool. The reference (the ``reference`` target) checks
+both and refuses a call that breaks them, naming the sequence. The kernels check them where
+they read them, without a synchronisation (a host check would stall every decode step and
+could not run in a CUDA graph): a bad sequence reads nothing outside the cache and its output
+is NaN, every head, while the other sequences' outputs are unaffected. To find which call and
+sequence, run it on the ``reference`` target. Where the tensors hold no data (fake or meta
+tensors: shape inference, tracing), there is nothing to check.
 
 The contenders: ``torch`` is ``scaled_dot_product_attention`` on the dense (for a paged
 cache, gathered) keys with a mask of each sequence's length (the math where a softcap is
