@@ -551,7 +551,7 @@ def test_scaffold_a_shipped_entry(tmp_path: Path) -> None:
     assert invoke("scaffold", "RMSNormFwdOp", "--out", str(out)).exit_code == 0
     module = _import(out, "scaffolded_rms")
     op = module.RMSNormFwdOp(normalized_shape=[8])
-    assert op.normalized_shape == [8] and op.eps is None
+    assert op.normalized_shape == (8,) and op.eps is None  # the checked value, a tuple
 
 
 def test_scaffold_bad_input(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -155,11 +155,19 @@ def test_in_place_whose_gradient_reads_the_written_input_is_refused_before_writi
     torch.testing.assert_close(x.grad, 2 * x.detach())
 
 
-def test_double_backward_raises_torchs_error() -> None:
+def test_a_double_backward_raises_naming_the_op() -> None:
     op = ScaleGradOp()
     x = _leaf(2, 3)
     (g,) = torch.autograd.grad(op(x).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="twice|once_differentiable|does not require grad"):
+    # the gradient saves nothing of x (alpha * dy): it is rightly not a function of x, as
+    # torch's own x * alpha's is not
+    with pytest.raises(RuntimeError, match="appears to not have been used in the graph"):
+        torch.autograd.grad(g.sum(), x)
+    # where it reads x (SquareGradOp's 2 x dy), the mark raises, naming the op, though the
+    # incoming gradient (the sum's ones) requires no grad
+    (g,) = torch.autograd.grad(SquareGradOp()(x).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"^SquareGradOp's gradient is once-differentiable: "
+                                           r"trying to differentiate it again"):
         torch.autograd.grad(g.sum(), x)
 
 
@@ -206,3 +214,16 @@ def test_ops_pickle_and_deepcopy_as_their_construction() -> None:
         x = _leaf(2, 3)
         twin(x).sum().backward()
         torch.testing.assert_close(x.grad, torch.full((2, 3), 0.5, dtype=torch.float64))
+
+
+def test_a_backward_key_builds_the_backward_op_through_its_forward() -> None:
+    from tileops.runtime.registry import backward_key, instance_for_key
+    from tileops.runtime.trained import register_backward
+
+    # needs params (the bias's flag): the key's bits are the needs; none: an empty suffix
+    for op, needs in ((ScaleGradOp(), (False,)), (SquareGradOp(), ())):
+        register_backward(op)  # registers the class's custom ops, builds none of op's own
+        assert op._backward_ops == {}
+        bwd = instance_for_key(backward_key(op._instance_key, needs))
+        assert op._backward_ops == {needs: bwd}
+        assert instance_for_key(backward_key(op._instance_key, needs)) is bwd

@@ -36,16 +36,19 @@ supplies its own); where the forward kept fewer than the caller needs, or a reta
 run backward a second time, the backward op runs as usual. Compiled calls never keep (the
 custom op's forward runs outside any node): their backward is the backward op.
 
-The backward is once-differentiable: a double backward raises torch's own error.
+The backward is once-differentiable: differentiating a gradient again (``create_graph=True``,
+then a backward through the gradient) raises torch's error, naming the op, even where the
+incoming gradient is a constant (a loss's), where torch's own decorator lets it pass silently.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch.autograd.function import once_differentiable
+from torch._C import _functions
 
 from tileops.spec import GradOf
 
@@ -107,7 +110,7 @@ class Gradient:
                                                  "__qualname__": fwd.__qualname__})
         #: the node's apply without ``Function.apply``'s Python wrapper (2-3 us a call): what
         #: the wrapper adds is for functorch transforms (unwrapping their dead wrappers,
-        #: routing to ``custom_function_call``), which ``Op._graph_call`` leaves to it
+        #: routing to ``custom_function_call``), which ``Op._graph_call`` refuses by name
         self.apply = _C_APPLY.__get__(None, self.node)
         #: the inputs not differentiable (by index), which must not require grad
         self.fixed_inputs = tuple(i for i in range(len(ins)) if i not in self.differentiable)
@@ -179,7 +182,7 @@ def _spare_leaves(bwd: Op, args: tuple, feeds: tuple) -> tuple:
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
-#: functorch transforms (vmap, grad, ...) active: the node goes through Function.apply
+#: functorch transforms (vmap, grad, ...) active: Op._graph_call refuses the call by name
 functorch_active = torch._C._are_functorch_transforms_active
 
 
@@ -224,6 +227,41 @@ def keep_gradient(op: Op, index: int, grad: Any, inp: Any) -> None:
     _keeping.kept[index] = grad
 
 
+def _once_differentiable(fn: Any) -> Any:
+    """torch's ``once_differentiable``, also where no incoming gradient requires grad: with
+    ``create_graph=True`` the gradients always come back marked, so that differentiating them
+    raises torch's error. (torch's decorator marks them only when an incoming gradient
+    requires grad; a loss's gradient is a constant 1, and the marks were missed: a gradient
+    penalty would silently lose its term, the inputs' gradients being detached.)"""
+
+    @functools.wraps(fn)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        with torch.no_grad():
+            outputs = fn(ctx, *grads)
+        if not torch.is_grad_enabled():  # no create_graph: nothing will differentiate them
+            return outputs
+        # the error node's inputs: the gradients (marked as requiring grad) and the saved
+        # tensors that require grad, so that a backward toward the op's inputs reaches it
+        # (torch.autograd.grad(..., inputs=x) skips a node that leads to no input it wants)
+        links = [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
+        err = _functions.DelayedError(
+            f"{type(ctx.op).__name__}'s gradient is once-differentiable: trying to "
+            f"differentiate it again (a double backward through create_graph=True)".encode(),
+            len(outputs) + len(links))
+
+        def marked(g: Any) -> Any:
+            if g is None or not g.is_floating_point():
+                return g
+            g = g.detach()
+            g.requires_grad = True
+            return g
+
+        marks = err(*[marked(g) for g in outputs], *links)
+        return tuple(marks[:len(outputs)]) if isinstance(marks, tuple) else marks
+
+    return wrapper
+
+
 class Node(torch.autograd.Function):
     """The autograd node of one eager call (see the module docstring)."""
 
@@ -257,7 +295,7 @@ class Node(torch.autograd.Function):
         return outputs[0] if len(outputs) == 1 else outputs
 
     @staticmethod
-    @once_differentiable
+    @_once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
         op = ctx.op
         kept, ctx.kept = ctx.kept, None  # scaled in place: usable once

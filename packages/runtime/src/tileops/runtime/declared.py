@@ -245,8 +245,13 @@ def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:
     def kernel(*tensors: Any) -> None:
         inputs, outputs = tensors[:n_inputs], tensors[n_inputs:]
         results = op.reference(call, *inputs)
-        for out, r in zip(outputs, results, strict=True):
+        for i, (out, r) in enumerate(zip(outputs, results, strict=True)):
             if out is not None and r is not None:
+                if r.shape != out.shape:  # copy_ would broadcast it: a wrong answer
+                    raise RuntimeError(
+                        f"{type(op).__name__}: its reference gave output "
+                        f"{op._signature.output_names[i]} the shape {tuple(r.shape)}, not "
+                        f"the {tuple(out.shape)} its signature states")
                 out.copy_(r)
 
     return kernel

@@ -57,6 +57,23 @@ from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_
 from .specs import SpecSet, default_specs
 from .trained import Trained
 
+
+def _kept(given: Any, checked: Any) -> Any:
+    """The value an instance keeps as a param's attribute: the checked one where the caller's
+    object only spells it (a list for a tuple, which the caller could change afterwards; a
+    NumPy integer), else the caller's own (a torch dtype, a tensor, an int where a float is
+    declared: torch's clamp tells them apart)."""
+    if isinstance(checked, tuple) and isinstance(given, list | tuple):
+        return checked
+    if type(given).__module__ != "builtins" and isinstance(checked, bool | int | float):
+        return checked
+    return given
+
+
+#: the dtypes whose tensors cannot require grad, as a spec writes them
+_INTEGRAL_DTYPE_NAMES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64",
+                                   "uint16", "uint32", "uint64"})
+
 __all__ = ["Op", "instance_for_key"]
 
 
@@ -171,7 +188,7 @@ class Op(declared.Equivalents, Composite, Trained):
         #: what the instance was constructed with (pickling rebuilds it from these)
         self._init_args = (params, target, kernel_map, tune)
         for n, v in self._point.params.items():
-            setattr(self, n, params.get(n, v))
+            setattr(self, n, _kept(params.get(n, v), v))
         self._construction_indices = dict(self._point.params)
         self._result = _result_getter(plan.output_names, self._point.returned_outputs)
         self._n_inputs = len(plan.input_names)
@@ -315,7 +332,7 @@ class Op(declared.Equivalents, Composite, Trained):
         if _grad_enabled() and any(t is not None and t.requires_grad for t in inputs):
             # the custom op carries the gradient (autograd.register) where there is one; what
             # torch.library cannot differentiate is refused here, by name
-            if self._gradient is None:
+            if self._gradient is None and not self._outputs_take_no_grad():
                 self._forward_only(inputs)
             if self._boundary.written:
                 raise RuntimeError(
@@ -411,8 +428,13 @@ class Op(declared.Equivalents, Composite, Trained):
         ``backward:`` block names, once for the whole call."""
         gradient = self._gradient
         if gradient is None:
-            self._forward_only(inputs)
-        assert gradient is not None
+            if not self._outputs_take_no_grad():
+                self._forward_only(inputs)
+            # integer and bool outputs carry no gradient: as torch.argmax(x) of an x that
+            # requires grad, the call runs as without grad (nothing to record)
+            with torch.no_grad():
+                result = self._execute(call, inputs, outs)
+            return result[0] if len(result) == 1 else result
         names = self._signature.input_names  # type: ignore[union-attr]
         wanting = gradient.fixed_inputs and [names[i] for i in gradient.fixed_inputs
                                              if inputs[i] is not None and inputs[i].requires_grad]
@@ -445,7 +467,13 @@ class Op(declared.Equivalents, Composite, Trained):
                     f"without its in-place effect to differentiate it (an op whose gradient "
                     f"reads its output, like ReLU's, differentiates in place)")
         if autograd.functorch_active():
-            return gradient.node.apply(self, call, *inputs)
+            # torch.func's transforms take an autograd.Function only in its setup_context
+            # form; this node keeps torch's classic one (its forward reads what the backward
+            # will need): refused by name rather than by torch's message about the class
+            raise RuntimeError(
+                f"{type(self).__name__}: torch.func transforms (grad, vjp, jacrev, vmap of a "
+                f"gradient) do not reach this op's gradient; differentiate it with "
+                f"torch.autograd.grad or .backward()")
         return gradient.apply(self, call, *inputs)
 
     # --- pickling -----------------------------------------------------------------------------------
@@ -463,6 +491,15 @@ class Op(declared.Equivalents, Composite, Trained):
         built = build_fast_call(self, call)
         if built is not None:
             self._fast, self._fast_source = built
+
+    def _outputs_take_no_grad(self) -> bool:
+        """Whether every output's declared dtype is an integer or bool one, whatever the call
+        (an index, a mask): outputs that cannot require grad, so that a forward-only op
+        serves inputs that require it, as torch's argmax or eq does."""
+        plan = self._signature
+        assert plan is not None
+        return all(d.dtype.text.strip() in _INTEGRAL_DTYPE_NAMES
+                   for d in plan.sig.outputs.values())
 
     def _forward_only(self, inputs: tuple) -> None:
         plan = self._signature

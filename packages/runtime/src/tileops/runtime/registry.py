@@ -55,7 +55,8 @@ def instance_for_key(key: str) -> Op:
     op = _instances.get(key)
     if op is None:
         forward, sep, bits = key.rpartition(">")
-        fwd = _instances.get(forward) if sep and bits and set(bits) <= {"0", "1"} else None
+        # (no bits: a gradient without needs params, e.g. SiLU's, has one backward op)
+        fwd = _instances.get(forward) if sep and set(bits) <= {"0", "1"} else None
         if fwd is not None and fwd._gradient is not None:
             return fwd._backward_op(tuple(b == "1" for b in bits))
         raise LookupError(f"no live TileOPs op instance for key {key!r}")

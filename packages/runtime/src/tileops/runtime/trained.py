@@ -79,12 +79,18 @@ def register_backward(op: Op) -> None:
     compile boundary's fake call, which runs for every traced call before any compiled code
     is looked up (boundary.py), so an op that is never traced pays nothing. Building the
     backward op of every gradient once registers each branch of the class. A backward op
-    these params do not build is left to the backward, which names the error."""
+    these params do not build is left to the backward, which names the error. The instance
+    built is dropped: the op's own backward ops are those its backward asks for (a backward op
+    for needs no backward asks for would be one the op never uses)."""
     cls = type(op)
     if cls in _backward_registered or cls._gradient is None:
         return
+    gradient = cls._gradient
     try:
-        op._backward_op((True,) * len(cls._gradient.needs))
+        bwd = gradient.resolved()[0]
+        params = {n: getattr(op, n) for n in bwd._param_names if n in op._param_names}
+        params.update((p, True) for _, p in gradient.needs)
+        bwd(target=op.target, **params)  # its construction registers the class's custom ops
     except Exception:  # noqa: BLE001 - the backward reports it where it runs
         return
     _backward_registered.add(cls)
