@@ -74,6 +74,35 @@ def test_batch_dims_multi_axis_and_absent_affine():
     assert _rel(y, torch.nn.functional.layer_norm(xd, [64])) < 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_eps_none_is_the_maths_epsilon_as_torchs_rms_norm(dtype):
+    # small rows: the storage dtype's epsilon (bfloat16's 0.0078) would swamp their mean square
+    x = (torch.randn(4, 64) * 1e-2).to(dtype)
+    y = RMSNormFwdOp(normalized_shape=64)(x)
+    torch.testing.assert_close(y, torch.nn.functional.rms_norm(x, (64,)), rtol=0, atol=0)
+    xd = x.double()
+    ref = xd / torch.sqrt(xd.pow(2).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps)
+    assert _rel(y, ref) < 1e-2
+
+
+@pytest.mark.parametrize("cls", ["RMSNormFwdOp", "LayerNormFwdOp"])
+def test_an_unbatched_input_gets_per_element_weight_gradients(cls):
+    # x is exactly normalized_shape: no row axes to sum the weight's gradient over
+    import tileops.ops as ops
+
+    for shape in ((6,), (3, 4)):
+        x = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        w = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+        dy = torch.randn(shape, dtype=torch.float64)
+        got = torch.autograd.grad(getattr(ops, cls)(normalized_shape=shape, eps=1e-5)(x, w),
+                                  (x, w), dy)
+        fn = (torch.nn.functional.rms_norm if cls == "RMSNormFwdOp" else
+              torch.nn.functional.layer_norm)
+        want = torch.autograd.grad(fn(x, shape, w, eps=1e-5), (x, w), dy)
+        for g, r in zip(got, want, strict=True):
+            torch.testing.assert_close(g, r)
+
+
 def test_inplace_fused_writes_and_returns_its_inputs():
     x, r = torch.randn(4, 32), torch.randn(4, 32)
     x0, r0 = x.clone(), r.clone()

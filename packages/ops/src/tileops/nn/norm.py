@@ -20,7 +20,7 @@ class RMSNorm(HoldsOp, nn.RMSNorm):
     """``torch.nn.RMSNorm`` running :class:`~tileops.ops.RMSNormFwdOp`.
 
     Same constructor, parameters, init and ``state_dict`` as ``torch.nn.RMSNorm`` (it is one),
-    plus ``target``, the op's. ``eps=None`` means the input dtype's epsilon, as in torch."""
+    plus ``target``, the op's. ``eps=None`` means the epsilon of the math's dtype (float32's for 16-bit inputs), as in torch."""
 
     op_class = RMSNormFwdOp
     op_attrs = ("normalized_shape", "eps")

@@ -14,7 +14,7 @@
   are the family's tensor names: an op's inputs and outputs fill the ones they name.
 
 A leaf op is its spec entry (``specs/norm.yaml``) plus its kind, what is genuinely its own
-(RMSNorm's ``eps=None`` meaning the dtype's epsilon) and its declared equivalents: the
+(RMSNorm's ``eps=None`` meaning the epsilon of the math's dtype) and its declared equivalents: the
 reference (:meth:`~tileops.runtime.Op.reference`), the torch eager function and the
 Liger-Kernel peer, each stated once here and read by the ``reference`` target, the tests,
 ``tileops run`` and ``tileops bench``.
@@ -64,8 +64,12 @@ __all__ = [
 _SLOT_ARGS = ("x", "residual", "weight", "bias", "y", "residual_out")
 #: the rank each slot argument is handed at: rows (rows, n), affine tensors (n,)
 _DIMS = (2, 2, 1, 1, 2, 2)
-_FINFO_EPS = {dt: torch.finfo(dt).eps for dt in (torch.float16, torch.bfloat16, torch.float32,
-                                                 torch.float64)}
+#: eps None: the epsilon of the dtype the math runs in, as torch's rms_norm takes it (float32's
+#: for float16 and bfloat16, whose own would swamp a row of small values)
+_FINFO_EPS = {torch.float16: torch.finfo(torch.float32).eps,
+              torch.bfloat16: torch.finfo(torch.float32).eps,
+              torch.float32: torch.finfo(torch.float32).eps,
+              torch.float64: torch.finfo(torch.float64).eps}
 
 
 class _RowSlotOp(Op):
@@ -203,7 +207,7 @@ class RMSNormFwdOp(RowNormOp):
     kind = RowNormKind.RMS
 
     def default_eps(self, dtype: torch.dtype) -> float:
-        # the entry: eps None means the dtype's epsilon, as torch.nn.functional.rms_norm
+        # the entry: eps None means the epsilon of the math's dtype, as torch's rms_norm
         return _FINFO_EPS.get(dtype) or torch.finfo(dtype).eps
 
     def reference(self, call, x, weight):
@@ -353,8 +357,8 @@ class LayerNormBwdOp(RowNormBwdOp):
         g = dyf if weight is None else dyf * _wide(weight)
         dx = rstd * (g - g.mean(dim=axes, keepdim=True)
                      - xhat * (g * xhat).mean(dim=axes, keepdim=True))
-        dw = (dyf * xhat).sum(dim=rows) if self.grad_weight and weight is not None else None
-        db = dyf.sum(dim=rows) if self.grad_bias else None
+        dw = _row_sum(dyf * xhat, rows) if self.grad_weight and weight is not None else None
+        db = _row_sum(dyf, rows) if self.grad_bias else None
         return dx, dw, db
 
 
@@ -370,11 +374,17 @@ def _rms_bwd(dy, x, weight, dims: int, eps: float, grad_weight: bool) -> tuple:
     dx = rstd * (g - xhat * (g * xhat).mean(dim=axes, keepdim=True))
     dw = None
     if grad_weight and weight is not None:
-        dw = (dyf * xhat).sum(dim=tuple(range(x.dim() - dims)))
+        dw = _row_sum(dyf * xhat, tuple(range(x.dim() - dims)))
     return dx, dw
 
 
 # --- shared by the references ------------------------------------------------------------------
+
+
+def _row_sum(t: torch.Tensor, rows: tuple[int, ...]) -> torch.Tensor:
+    """``t`` summed over its row axes ``rows``; an unbatched ``t`` (no row axes) is its own
+    sum (torch's ``sum(dim=())`` would sum every axis)."""
+    return t.sum(dim=rows) if rows else t
 
 
 def _wide(t: torch.Tensor) -> torch.Tensor:
