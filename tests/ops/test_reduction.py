@@ -155,6 +155,10 @@ CASES = [
 @pytest.mark.parametrize("cls", OPS, ids=lambda c: c.__name__)
 @pytest.mark.parametrize(("shape", "dim", "keepdim"), CASES)
 def test_forward_matches_the_reference(cls, shape, dim, keepdim) -> None:
+    if dim == () and cls in (R.AllFwdOp, R.AnyFwdOp):  # torch reads () as no axis there
+        with pytest.raises(Exception, match=rf"^{cls.__name__}: construction param dim"):
+            cls(dim=dim, keepdim=keepdim)
+        return
     op, ref = _pair(cls, dim=dim, keepdim=keepdim)
     x = torch.randn(shape, dtype=torch.float32)
     _same(op(x), ref(x))
@@ -194,14 +198,6 @@ def test_output_dtypes_are_torchs(cls, dtype, out) -> None:
 
 
 # --- refusals --------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("cls", [R.AllFwdOp, R.AnyFwdOp], ids=lambda c: c.__name__)
-def test_an_empty_dim_tuple_reduces_every_axis(cls) -> None:
-    # as torch.sum(x, ()) does; torch.all(x, ()) and torch.any(x, ()) reduce nothing
-    x = torch.tensor([[True, False], [True, True]])
-    got = cls(dim=(), target="reference")(x)
-    assert got.shape == () and bool(got) == (cls is R.AnyFwdOp)
 
 
 def test_an_axis_out_of_range_is_refused_by_name() -> None:
@@ -255,7 +251,7 @@ def test_the_call_spec_refuses_what_no_kernel_computes() -> None:
 def test_amax_of_an_empty_input_is_refused_by_its_rule() -> None:
     with pytest.raises(SignatureCallError) as info:
         R.AmaxFwdOp(dim=0, target="reference")(torch.zeros(0, 3))
-    assert "prod(S) > 0" in str(info.value)
+    assert "prod(reduced_sizes(S, dim)) > 0" in str(info.value)
 
 
 # --- the plans ---------------------------------------------------------------------------------
@@ -336,3 +332,54 @@ def test_calls_differing_in_outer_share_one_entry_and_program(monkeypatch) -> No
         K.build_row_kernel.cache_clear()
     assert len(built) == 1 and built[0].rows == [3, 17, 300]
     assert len(list(op.iter_kernels())) == 1
+
+
+# --- empty inputs and dim=() ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [R.AmaxFwdOp, R.AminFwdOp, R.ArgmaxFwdOp, R.ArgminFwdOp])
+def test_an_empty_input_is_served_where_the_reduced_axes_are_not_empty(cls):
+    fn = getattr(torch, cls.__name__.removesuffix("FwdOp").lower())
+    for shape, dim in (((3, 0), 0), ((0, 4), 1), ((2, 0, 3), (0, 2))):
+        if cls in ARG_OPS and not isinstance(dim, int):
+            continue  # torch's argmax takes one dim
+        x = torch.empty(shape)
+        got = cls(dim=dim)(x)
+        want = fn(x, dim)
+        assert got.shape == want.shape and got.dtype == want.dtype
+    # the run each output element reduces is empty: no value, refused as torch refuses it
+    for shape, dim in (((0, 4), 0), ((0, 0), 1), ((3, 0), None)):
+        with pytest.raises((RuntimeError, IndexError)):
+            fn(torch.empty(shape), dim) if dim is not None else fn(torch.empty(shape))
+        with pytest.raises(SignatureCallError) as exc:
+            cls(dim=dim)(torch.empty(shape))
+        text = str(exc.value)
+        assert text.startswith(f"{cls.__name__}: argument x does not match the signature")
+        assert "refinement 'prod(reduced_sizes(S, dim)) > 0' does not hold" in text
+
+
+def test_the_in_tree_forward_launches_nothing_for_an_empty_output():
+    class Never(Kernel, K.ReductionInterface):
+        devices = ("cpu",)
+        general = True
+
+        @classmethod
+        def entry_for(cls, spec, op):
+            raise AssertionError("an empty output built an entry")
+
+    op = R.AmaxFwdOp(dim=0, kernel_map={"reduction": Never})
+    assert op(torch.empty(3, 0)).shape == (0,)
+
+
+@pytest.mark.parametrize("cls", [R.AllFwdOp, R.AnyFwdOp])
+def test_all_and_any_refuse_an_empty_dim_tuple_torch_reads_as_no_axis(cls):
+    x = torch.randn(3, 4)
+    # torch: every other reduction reads () as every axis, all and any as no axis
+    assert getattr(torch, cls.__name__[:3].lower())(x, ()).shape == (3, 4)
+    assert torch.sum(x, ()).shape == ()
+    with pytest.raises(Exception) as exc:
+        cls(dim=())
+    text = str(exc.value)
+    assert text.startswith(f"{cls.__name__}: construction param dim does not match")
+    assert "refinement 'not present(dim) or naxes(dim) > 0' does not hold" in text
+    assert cls(dim=None)(x).shape == () and cls(dim=(0, 1))(x).shape == ()

@@ -195,6 +195,12 @@ def test_small_primitives() -> None:
     assert PRIMITIVES["itemsize"].impl("float8_e4m3fn") == 1
     assert PRIMITIVES["present"].impl(None) is False
     assert PRIMITIVES["present"].impl(0) is True
+    sizes = PRIMITIVES["reduced_sizes"].impl
+    assert [sizes((3, 0, 5), d) for d in (0, -2, (2, 0), None, ())] == [
+        (3,), (0,), (3, 5), (3, 0, 5), (3, 0, 5)]
+    assert sizes((), None) == () and sizes((), 0) == ()
+    with pytest.raises(PrimitiveError, match=r"dim 1 appears more than once"):
+        sizes((2, 3), (1, -1))
     assert [PRIMITIVES["naxes"].impl(d) for d in (-1, 0, (), (0, 2), [1, 2, 3])] == [1, 1, 0, 2, 3]
     with pytest.raises(PrimitiveError) as exc:
         PRIMITIVES["naxes"].impl(None)
@@ -242,7 +248,7 @@ def test_generator_examples_and_errors() -> None:
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
     assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "itemsize", "len",
                                   "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
-                                  "promote", "promote_int_to_float", "reduce_shape",
+                                  "promote", "promote_int_to_float", "reduce_shape", "reduced_sizes",
                                   "replace_axis", "result_type", "size_at"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
                                   "kv_lengths", "moe_metadata", "page_table", "prefix_sum",

@@ -165,7 +165,7 @@ FAILING = [
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
                 " axis, broadcast, ceil_div, conv.out, itemsize, len, max, min, naxes,"
                 " per_axis, pool.out, present, prod, promote, promote_int_to_float, reduce_shape,"
-                " replace_axis, result_type, size_at",
+                " reduced_sizes, replace_axis, result_type, size_at",
             ),
         ],
         id="unknown-name:primitive",
@@ -178,7 +178,7 @@ FAILING = [
                 "op.yaml:15: in Op.roofline.flops: 'prefix_sum(M)': unknown primitive"
                 " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, itemsize, len, max,"
                 " min, naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
-                " reduce_shape, replace_axis, result_type, size_at",
+                " reduce_shape, reduced_sizes, replace_axis, result_type, size_at",
             ),
         ],
         id="unknown-name:generator-outside-values",

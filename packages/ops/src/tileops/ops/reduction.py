@@ -44,6 +44,7 @@ from tileops.kernels.reduction import (
     ReductionSpec,
 )
 from tileops.runtime import Op
+from tileops.spec.primitives import reduce_shape
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -127,6 +128,8 @@ class ReductionOp(Op):
         if hit is None:
             hit = self._layouts[key] = self._plan(call, x)
         entry, perm, view = hit
+        if entry is None:  # an empty output: nothing to write
+            return
         if perm is not None:
             x = x.permute(perm).contiguous()
         elif not x.is_contiguous() or x.data_ptr() % 16:
@@ -136,6 +139,8 @@ class ReductionOp(Op):
     def _plan(self, call, x) -> tuple:
         dtype = x.dtype
         refuse_unserved(self, dtype, _KERNEL_DTYPES, "reduction")
+        if not math.prod(reduce_shape(tuple(x.shape), self.dim, self.keepdim)):
+            return None, None, None
         perm, outer, r, inner = view_plan(tuple(x.shape), reduced_axes(x.dim(), self.dim))
         correction = self._correction()
         entry = self.kernel_for(
@@ -146,9 +151,8 @@ class ReductionOp(Op):
 
     def _dims(self, x: torch.Tensor) -> Any:
         """``dim`` as torch's functions take it: None, and the empty tuple, as every axis
-        spelled out (``torch.amax`` and the moments have no None of their own, and
-        ``torch.all(x, ())`` / ``torch.any(x, ())`` reduce nothing, where the spec's
-        ``reduce_shape`` and torch's other reductions read ``()`` as every axis)."""
+        spelled out (``torch.amax`` and the moments have no None of their own; all and any,
+        whose ``()`` torch reads as no axis, refuse it in their entries)."""
         if self.dim is None or self.dim == ():
             return tuple(range(x.dim()))
         return self.dim

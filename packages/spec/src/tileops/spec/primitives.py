@@ -44,6 +44,7 @@ __all__ = [
     "pool_out",
     "prod",
     "reduce_shape",
+    "reduced_sizes",
     "replace_axis",
     "size_at",
 ]
@@ -240,6 +241,18 @@ def reduce_shape(shape: Sequence[int], dim, keepdim: bool) -> tuple[int, ...]:
     return tuple(n for i, n in enumerate(shape) if i not in axes)
 
 
+def reduced_sizes(shape: Sequence[int], dim) -> tuple[int, ...]:
+    """The lengths of the axes of ``shape`` that ``dim`` names, in axis order, read as
+    :func:`reduce_shape` reads ``dim`` (None or ``()``: every axis; its refusals too): ``prod``
+    of it is the length of the run each output element reduces."""
+    rank = len(shape)
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return tuple(shape)
+    reduce_shape(shape, dim, False)  # an axis out of range or repeated: refused as there
+    axes = {axis(d, rank) for d in ((dim,) if isinstance(dim, int) else dim)}
+    return tuple(n for i, n in enumerate(shape) if i in axes)
+
+
 def per_axis(value, axis: int, n: int, fallback: int | None = None) -> int:
     """Component ``axis`` of an ``int | tuple[int, ...n]`` parameter; an int applies to every
     axis; an absent (None) value takes ``fallback``."""
@@ -379,6 +392,9 @@ PRIMITIVES: dict[str, Primitive] = {
             "reduce_shape(S, dim, keepdim): S reduced over the axes dim (None: every axis), "
             "reduced axes dropped or kept as 1",
         ),
+        Primitive("reduced_sizes", ("shape", "axes"), lambda a: ShapeK(), reduced_sizes,
+                  "reduced_sizes(S, dim): the lengths of the axes of S that dim names (None: "
+                  "every axis), in order"),
         Primitive("axis", ("int", "int"), lambda a: IntK(), axis,
                   "axis(d, rank): the axis d of a tensor of that rank, wrapped to [0, rank)"),
         Primitive("replace_axis", ("shape", "int", "int"), lambda a: ShapeK(), replace_axis,
