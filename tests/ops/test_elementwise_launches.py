@@ -169,6 +169,17 @@ def test_clamp_forms_and_inplace_write_the_callers_tensor():
     mine, ref = _pair(ops.ClampFwdOp)
     _close(mine(x, lo, hi), ref(x, lo, hi))
     _close(mine(x, None, hi), ref(x, None, hi))
+    # a number bound beside a tensor one bounds too, either way round, as torch's clamp
+    for params, bounds in ((dict(min=0.1), (None, hi)), (dict(max=0.3), (lo, None)),
+                           (dict(min=0.5), (None, torch.full((6, 4), 0.2)))):
+        mine, ref = _pair(ops.ClampFwdOp, **params)
+        got = mine(x, *bounds)
+        _close(got, ref(x, *bounds))
+        wide = [torch.full_like(x, v) for v in (params.get("min"), params.get("max"))
+                if v is not None]
+        want = torch.clamp(x, *(bounds[0] if bounds[0] is not None else wide[0],
+                                bounds[1] if bounds[1] is not None else wide[0]))
+        torch.testing.assert_close(got, want)
     y = x.clone()[:, ::2]  # a strided view, written in place
     want = F.relu(y)
     assert _in_tree(ops.ReluFwdOp, inplace=True)(y) is y

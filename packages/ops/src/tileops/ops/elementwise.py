@@ -342,8 +342,10 @@ class TakesNumbers:
 class ClampFwdOp(ElementwiseOp):
     """Scalar bounds (``min``, ``max``) compile into the kernel (``clamp``); tensor bounds
     (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
-    ``x`` itself under a flag that says it bounds nothing. A tensor bound has x's shape, as
-    the entry states (a broadcast one is passed as an expanded view, read with stride 0)."""
+    ``x`` itself under a flag that says it bounds nothing, and a number bound beside a tensor
+    one as a 0-dim tensor of x's dtype, expanded (the rounding keeps clamp's result: it is
+    monotone). A tensor bound has x's shape, as the entry states (a broadcast one is passed as
+    an expanded view, read with stride 0)."""
 
     fn = "clamp"
 
@@ -372,19 +374,32 @@ class ClampFwdOp(ElementwiseOp):
         if min_bound is None and max_bound is None:
             self._launch(call, [x], (y,))
             return
-        form = ("clamp_tensor", (min_bound is not None, max_bound is not None))
-        self._launch(call, [x, x if min_bound is None else min_bound,
-                            x if max_bound is None else max_bound], (y,), form)
+        lo = min_bound if min_bound is not None else self._bound(self.min, x)
+        hi = max_bound if max_bound is not None else self._bound(self.max, x)
+        form = ("clamp_tensor", (lo is not None, hi is not None))
+        self._launch(call, [x, x if lo is None else lo, x if hi is None else hi], (y,), form)
+
+    @staticmethod
+    def _bound(value: Any, x: torch.Tensor) -> torch.Tensor | None:
+        """A number bound beside a tensor bound: a 0-dim tensor of x's dtype, expanded."""
+        if value is None:
+            return None
+        return torch.full((), value, dtype=x.dtype, device=x.device).expand(x.shape)
 
     def reference(self, call, x, min_bound, max_bound):
         self._refuse_float_bounds(x)
         return super().reference(call, x, min_bound, max_bound)
 
     def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
-        if min_bound is not None or max_bound is not None:
-            return torch.clamp(x, min_bound, max_bound, out=x if inplace else None)
-        return torch.clamp_(x, self.min, self.max) if inplace else \
-            torch.clamp(x, self.min, self.max)
+        if min_bound is None and max_bound is None:
+            return torch.clamp_(x, self.min, self.max) if inplace else \
+                torch.clamp(x, self.min, self.max)
+        # a bound of each spelling (torch.clamp takes two numbers or two tensors): the lower
+        # bound, then the upper, as clamp's min(max(x, lo), hi)
+        lo = min_bound if min_bound is not None else self.min
+        hi = max_bound if max_bound is not None else self.max
+        y = x if lo is None else torch.clamp(x, min=lo, out=x if inplace else None)
+        return y if hi is None else torch.clamp(y, max=hi, out=x if inplace else None)
 
 
 # --- binary ops: broadcasting and torch's promotion -----------------------------------------
