@@ -423,3 +423,23 @@ def test_a_kept_spec_needs_a_0_dim_loss():
                            lse_square_scale=0.0, softcap=None, kept=True)
     assert str(info.value) == ("CrossEntropySpec.kept needs reduction mean or sum (a 0-dim "
                                "loss), got reduction none")
+
+
+def test_a_target_outside_the_classes_is_refused_naming_the_row():
+    import tileops.ops as ops
+
+    logits = torch.randn(3, 5)
+    for bad in (5, -1):
+        target = torch.tensor([0, bad, 2])
+        with pytest.raises(IndexError) as exc:
+            ops.CrossEntropyFwdOp()(logits, target)
+        assert str(exc.value) == (f"CrossEntropyFwdOp: target[1] is {bad}: not a class index "
+                                  f"in [0, 5) (the logits have 5 classes) and not "
+                                  f"ignore_index (-100)")
+    with pytest.raises(IndexError, match=r"^FusedLinearCrossEntropyFwdOp: target\[1\] is 7"):
+        ops.FusedLinearCrossEntropyFwdOp()(torch.randn(3, 4), torch.randn(5, 4),
+                                           torch.tensor([0, 7, -100]))
+    # ignore_index is no class, and the op stays usable
+    got = ops.CrossEntropyFwdOp()(logits, torch.tensor([0, -100, 4]))
+    torch.testing.assert_close(got, torch.nn.functional.cross_entropy(
+        logits, torch.tensor([0, -100, 4])))

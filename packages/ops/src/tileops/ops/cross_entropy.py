@@ -100,9 +100,19 @@ class CrossEntropyOp(Op):
     # --- shared by the references: x is the logits in float32, or float64 -----------------
 
     def _rows(self, x: torch.Tensor, target: torch.Tensor) -> tuple:
-        """``(z, lse, valid, safe target)``."""
+        """``(z, lse, valid, safe target)``; a target that is neither a class of the logits nor
+        ``ignore_index`` is refused by name where the tensors hold data (the kernels, which
+        check nothing on the host, give its row a NaN loss and gradient)."""
         z = x if self.softcap is None else self.softcap * torch.tanh(x / self.softcap)
         valid = target != self.ignore_index
+        if _has_data(target):
+            bad = (valid & ((target < 0) | (target >= x.shape[-1]))).nonzero()
+            if bad.numel():
+                i = int(bad[0, 0])
+                raise IndexError(
+                    f"{type(self).__name__}: target[{i}] is {int(target[i])}: not a class "
+                    f"index in [0, {x.shape[-1]}) (the logits have {x.shape[-1]} classes) "
+                    f"and not ignore_index ({self.ignore_index})")
         return z, torch.logsumexp(z, dim=-1), valid, torch.where(valid, target, 0)
 
     def _loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -236,6 +246,13 @@ class CrossEntropyBwdOp(CrossEntropyOp):
 #: for the logits), and the block's logits are all the loss holds beyond its inputs and their
 #: gradients (within the bar of 0.5 GiB)
 BLOCK_BYTES = 1 << 28
+
+
+def _has_data(t: torch.Tensor) -> bool:
+    """Whether ``t`` holds values to read (not a fake or meta tensor)."""
+    from torch._subclasses.fake_tensor import is_fake
+
+    return not (t.is_meta or is_fake(t))
 
 
 def block_rows(rows: int, classes: int, itemsize: int) -> int:
