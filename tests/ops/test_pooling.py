@@ -432,3 +432,18 @@ def test_gradient_through_max_pool_with_indices():
     (got,) = torch.autograd.grad(y.sum(), x)
     (want,) = torch.autograd.grad(F.max_pool2d(x, 3, 2, 1).sum(), x)
     assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("name", ["AdaptiveAvgPool2dFwdOp", "AdaptiveMaxPool2dFwdOp"])
+def test_an_adaptive_output_size_of_one_item_is_refused_as_torch_refuses_it(name):
+    x = torch.randn(1, 2, 6, 6)
+    with pytest.raises(RuntimeError, match="output_size must be 2"):
+        torch.nn.functional.adaptive_avg_pool2d(x, (3,))
+    for size in ((3,), [3], (3, 4, 5)):
+        with pytest.raises(ConstructionError) as exc:
+            getattr(O, name)(output_size=size)
+        text = str(exc.value)
+        assert text.startswith(f"{name}: construction param output_size does not match")
+        assert "expected: output_size: an int or a tuple of 2 ints" in text
+    got = getattr(O, name)(output_size=3)(x)
+    assert got.shape == (1, 2, 3, 3)

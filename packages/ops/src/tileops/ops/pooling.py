@@ -39,6 +39,7 @@ from tileops.kernels.pooling import (
     PoolSpec,
 )
 from tileops.runtime import Op
+from tileops.signature.errors import ConstructionError
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -121,7 +122,18 @@ class _Window:
 
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it."""
+        """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it;
+        an adaptive pool's ``output_size`` of one item refused, as torch refuses it (a
+        window's one-item tuple applies to every axis, as in torch)."""
+        size = params.get("output_size")
+        if cls.adaptive and isinstance(size, list | tuple) and len(size) != cls.nd:
+            plan = cls._signature  # type: ignore[attr-defined]
+            call = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise ConstructionError(
+                cls.__name__, "output_size", f"output_size: an int or a tuple of {cls.nd} ints",
+                f"{tuple(size)!r} ({len(size)} item{'s' if len(size) != 1 else ''})",
+                f"torch's adaptive pools take an int or {cls.nd} sizes, one an axis", call, {},
+                plan.where("signature.params.output_size"))
         return {k: tuple(v) if k in _WINDOW_PARAMS and isinstance(v, list) else v
                 for k, v in params.items()}
 
