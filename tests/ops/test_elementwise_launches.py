@@ -152,6 +152,31 @@ def test_lerp_hands_a_numbers_weight_over_in_float32_beside_16_bit_operands(monk
         torch.testing.assert_close(g, r, rtol=1e-2, atol=1e-2)
 
 
+@pytest.mark.parametrize("half", [torch.float16, torch.bfloat16])
+def test_integers_beside_16_bit_floats_are_rounded_to_the_common_dtype_first(half, monkeypatch):
+    # torch casts every operand to the common dtype before the math: int32 2049 beside a
+    # float16 is 2048, 300001 is inf (bfloat16: -257 is -256)
+    a = torch.tensor([[2049, 300001, -257, 7]] * 3, dtype=torch.int32)
+    h = torch.tensor([2048.0, 1.0, 256.0, 0.5], dtype=half)
+    seen = []
+    hand = TorchSlot.entry_for
+    monkeypatch.setattr(TorchSlot, "entry_for",
+                        lambda spec, op: seen.append(spec.in_dtypes) or hand(spec, op))
+    for name, fn in (("EqFwdOp", torch.eq), ("SubFwdOp", torch.sub), ("AddFwdOp", torch.add)):
+        for args in ((a, h), (h, a)):
+            seen.clear()
+            got = _in_tree(getattr(ops, name))(*args)
+            launched.clear()
+            assert seen == [tuple(str(half).removeprefix("torch.") for _ in args)]
+            torch.testing.assert_close(got, fn(*args), rtol=0, atol=0, equal_nan=True)
+            ref = getattr(ops, name)(target="reference")(*args)
+            torch.testing.assert_close(ref, fn(*args), rtol=0, atol=0, equal_nan=True)
+    # a 0-dim integer keeps its value (as a CUDA kernel of torch takes a CPU scalar)
+    got = _in_tree(ops.SubFwdOp)(torch.tensor(300001, dtype=torch.int32), h)
+    launched.clear()
+    torch.testing.assert_close(got, (300001 - h.float()).to(half))
+
+
 def test_gated_ops_hand_over_the_halves_as_views():
     x = _rand(4, 2 * 6 + 2)[:, 1:13]  # a strided [4, 12] input
     mine, ref = _pair(ops.SiluAndMulFwdOp)

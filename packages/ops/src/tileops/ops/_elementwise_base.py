@@ -17,6 +17,9 @@ __all__ = ["ElementwiseOp"]
 #: the storage dtypes the generator's call spec states it serves
 _SERVED = _k.DTYPES_SERVED
 _HALF = (torch.float16, torch.bfloat16)
+#: the integer dtypes whose values a 16-bit float does not all hold (torch casts an operand to
+#: the common dtype before its math: an int32 beside a float16 is rounded to float16 first)
+_WIDE_INTS = frozenset({torch.int16, torch.int32, torch.int64})
 #: torch's SELU constants (torch.nn.functional.selu)
 _SELU_ALPHA = 1.6732632423543772848170429916717
 _SELU_SCALE = 1.0507009873554804934193349852946
@@ -200,6 +203,9 @@ class ElementwiseOp(Op):
             with self._lock:
                 self._entries_by_call[key] = _noop
             return _noop
+        via = self.rounded_to(ins)
+        if via is not None:
+            return self._rounding_entry(key, call, ins, outs, form, via)
         compute = self.compute_dtype(ins, outs)
         self.refuse_compute(compute)
         return self.kernel_for(key, _k.ElementwiseInterface, lambda: _k.ElementwiseSpec(
@@ -210,6 +216,36 @@ class ElementwiseOp(Op):
             in_strides=tuple(t.stride() for t in ins), in_align=tuple(_align(t) for t in ins),
             out_strides=tuple(t.stride() for t in outs),
             out_align=tuple(_align(t) for t in outs)))
+
+    def rounded_to(self, ins: list) -> torch.dtype | None:
+        """The 16-bit common dtype that integer operands with dims (:data:`_WIDE_INTS`) are
+        rounded to before the math, as torch casts every operand to the common dtype (an
+        int32 2049 beside a float16 is 2048); None where no operand needs it. A 0-dim operand
+        keeps its precision, as a CUDA kernel of torch takes a CPU scalar (and as a Python
+        number operand is held)."""
+        if not any(t.dtype in _WIDE_INTS and t.dim() for t in ins):
+            return None
+        common = self.operand_dtype([t for t in ins if t.dtype is not torch.bool])
+        return common if common in _HALF else None
+
+    def _rounding_entry(self, key: tuple, call: Any, ins: list, outs: Any, form: tuple,
+                        via: torch.dtype) -> Any:
+        """The entry of a call whose integer operands are rounded to ``via`` first: a copy
+        of each (a rare call: integers beside 16-bit floats), then the entry of the rounded
+        call."""
+        wide = [i for i, t in enumerate(ins) if t.dtype in _WIDE_INTS and t.dim()]
+        rounded = [t.to(via) if i in wide else t for i, t in enumerate(ins)]
+        inner = self._entry((key, via), call, rounded, outs, form)
+
+        def entry(*tensors: Any) -> None:
+            args = list(tensors)
+            for i in wide:
+                args[i] = args[i].to(via)
+            inner(*args)
+
+        with self._lock:
+            self._entries_by_call[key] = entry
+        return entry
 
     def compute_dtype(self, ins: list, outs: Any) -> torch.dtype:
         """The dtype the math runs in: the output's, float16 and bfloat16 widened to float32
@@ -243,6 +279,10 @@ class ElementwiseOp(Op):
         raise NotImplementedError(f"{type(self).__name__} declares no torch function")
 
     def reference(self, call: Any, *inputs: Any) -> tuple:
+        via = self.rounded_to([t for t in inputs if t is not None])
+        if via is not None:  # integers beside 16-bit floats: rounded first, as torch does
+            inputs = tuple(t.to(via) if t is not None and t.dtype in _WIDE_INTS and t.dim()
+                           else t for t in inputs)
         out = self.torch_fn(*[_wide(t) for t in inputs])
         return out if isinstance(out, tuple) else (out,)
 
