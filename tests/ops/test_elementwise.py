@@ -27,6 +27,7 @@ from tileops.ops import (
     LeFwdOp,
     LerpFwdOp,
     LtFwdOp,
+    MaskedFillFwdOp,
     MaximumFwdOp,
     MinimumFwdOp,
     MulFwdOp,
@@ -539,3 +540,43 @@ def test_number_operands_compile_and_train():
     torch.testing.assert_close(y, torch.lerp(s.float(), e.float(), 0.3).bfloat16())
     y.float().sum().backward()
     torch.testing.assert_close(s.grad, torch.full((4, 3), 0.7, dtype=torch.bfloat16))
+
+
+_I8 = torch.tensor([1, 2], dtype=torch.int8)
+_F16 = torch.tensor([1.0, 2.0], dtype=torch.float16)
+_C = torch.tensor([True, False])
+
+
+@pytest.mark.parametrize(("call", "torch_call", "message"), [
+    (lambda: WhereFwdOp()(_C, _I8, 300), lambda: torch.where(_C, _I8, 300),
+     "WhereFwdOp: argument b is 300, outside the values int8 holds ([-128, 127])"),
+    (lambda: PowFwdOp()(_F16, 1e5), lambda: torch.pow(_F16, 1e5),
+     "PowFwdOp: argument b is 100000.0, outside the values float16 holds ([-65504, 65504])"),
+    (lambda: PowFwdOp()(_I8.to(torch.uint8), 300), lambda: torch.pow(_I8.to(torch.uint8), 300),
+     "PowFwdOp: argument b is 300, outside the values uint8 holds ([0, 255])"),
+    (lambda: MaskedFillFwdOp(value=1e5)(_F16, _C), lambda: _F16.masked_fill(_C, 1e5),
+     "MaskedFillFwdOp: param value is 100000.0, outside the values float16 holds"),
+    (lambda: ClampFwdOp(max=300)(_I8), lambda: _I8.clamp(max=300),
+     "ClampFwdOp: param max is 300, outside the values int8 holds ([-128, 127])"),
+    (lambda: HardtanhFwdOp(min_val=-1e5, max_val=1e5)(_F16),
+     lambda: F.hardtanh(_F16, -1e5, 1e5),
+     "HardtanhFwdOp: param min_val is -100000.0, outside the values float16 holds"),
+])
+def test_a_number_its_tensor_cannot_hold_is_refused_as_torch_refuses_it(call, torch_call,
+                                                                       message):
+    with pytest.raises(RuntimeError, match="without overflow"):
+        torch_call()
+    with pytest.raises(RuntimeError) as exc:
+        call()
+    assert str(exc.value).startswith(message)
+
+
+def test_numbers_torch_converts_are_taken():
+    # torch wraps add's integer (its own arithmetic), promotes a float beside integers, and
+    # turns a float16 where's large float into inf: so does the op
+    torch.testing.assert_close(AddFwdOp()(_I8, 300), _I8 + 300)
+    torch.testing.assert_close(WhereFwdOp()(_C, _I8, 2.5), torch.where(_C, _I8, 2.5))
+    torch.testing.assert_close(WhereFwdOp()(_C, _F16, 1e5), torch.where(_C, _F16, 1e5))
+    torch.testing.assert_close(PowFwdOp()(_I8, 300.0), torch.pow(_I8, 300.0))
+    torch.testing.assert_close(MaskedFillFwdOp(value=float("nan"))(_F16, _C),
+                               _F16.masked_fill(_C, float("nan")), equal_nan=True)

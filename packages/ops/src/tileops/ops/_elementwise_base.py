@@ -12,7 +12,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["ElementwiseOp"]
+__all__ = ["ElementwiseOp", "refuse_overflow"]
 
 #: the storage dtypes the generator's call spec states it serves
 _SERVED = _k.DTYPES_SERVED
@@ -37,6 +37,33 @@ def _align(t: torch.Tensor) -> int:
     while a > 1 and p % a:
         a //= 2
     return a
+
+
+def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype) -> None:
+    """Refuse, by name, a number ``dtype`` cannot hold, as torch's scalar conversion refuses it
+    ("value cannot be converted to type ... without overflow"): an integer outside an integer
+    dtype's range, a finite float past a floating dtype's largest value. A bool, None, a
+    float beside an integer dtype (it promotes) and an infinity or NaN pass."""
+    if value is None or isinstance(value, bool) or dtype is torch.bool:
+        return
+    if dtype.is_floating_point:
+        v = float(value)
+        if v == v and abs(v) != float("inf") and abs(v) > torch.finfo(dtype).max:
+            lo, hi = -torch.finfo(dtype).max, torch.finfo(dtype).max
+        else:
+            return
+    elif isinstance(value, int):
+        info = torch.iinfo(dtype)
+        if info.min <= value <= info.max:
+            return
+        lo, hi = info.min, info.max
+    elif isinstance(value, float) and value.is_integer():
+        return refuse_overflow(op, name, int(value), dtype)
+    else:
+        return
+    raise RuntimeError(f"{type(op).__name__}: {name} is {value!r}, outside the values "
+                       f"{NAMES.get(dtype, dtype)} holds ([{lo:g}, {hi:g}]); torch refuses to "
+                       f"convert it (value cannot be converted without overflow)")
 
 
 def _noop(*tensors: Any) -> None:
@@ -191,6 +218,7 @@ class ElementwiseOp(Op):
         (an empty call gets a no-op, memoised under the same key)."""
         for t in (*ins, *outs):
             refuse_unserved(self, t.dtype, _SERVED, "elementwise")
+        self.refuse_params(ins)
         for o in outs:
             if any(o is t for t in ins) and torch._debug_has_internal_overlap(o) == 1:
                 name = self._signature.input_names[[t is o for t in ins].index(True)]
@@ -216,6 +244,11 @@ class ElementwiseOp(Op):
             in_strides=tuple(t.stride() for t in ins), in_align=tuple(_align(t) for t in ins),
             out_strides=tuple(t.stride() for t in outs),
             out_align=tuple(_align(t) for t in outs)))
+
+    def refuse_params(self, ins: list) -> None:
+        """Refuse, by name, a param the call's operands cannot take (a bound outside x's
+        dtype's range); run on a kernel entry's first call and by the reference. None by
+        default."""
 
     def rounded_to(self, ins: list) -> torch.dtype | None:
         """The 16-bit common dtype that integer operands with dims (:data:`_WIDE_INTS`) are
@@ -279,6 +312,7 @@ class ElementwiseOp(Op):
         raise NotImplementedError(f"{type(self).__name__} declares no torch function")
 
     def reference(self, call: Any, *inputs: Any) -> tuple:
+        self.refuse_params([t for t in inputs if t is not None])
         via = self.rounded_to([t for t in inputs if t is not None])
         if via is not None:  # integers beside 16-bit floats: rounded first, as torch does
             inputs = tuple(t.to(via) if t is not None and t.dtype in _WIDE_INTS and t.dim()

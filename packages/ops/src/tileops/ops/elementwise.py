@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from tileops.runtime.fastpath import class_function
 
 from ._dtypes import NAMES
-from ._elementwise_base import ElementwiseOp
+from ._elementwise_base import ElementwiseOp, refuse_overflow
 from ._elementwise_grads import (
     AddBwdOp,
     BinaryBwdOp,
@@ -209,6 +209,10 @@ class HardsigmoidFwdOp(ElementwiseOp):
 class HardtanhFwdOp(ElementwiseOp):
     fn = "hardtanh"
 
+    def refuse_params(self, ins: list) -> None:
+        for name in ("min_val", "max_val"):
+            refuse_overflow(self, f"param {name}", getattr(self, name), ins[0].dtype)
+
     def torch_fn(self, x, inplace=False):
         return F.hardtanh(x, self.min_val, self.max_val, inplace=inplace)
 
@@ -244,6 +248,17 @@ def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
     if widen and dims and dtype in (torch.float16, torch.bfloat16):
         dtype = torch.float32
     return torch.tensor(float(value), dtype=dtype, device=device)
+
+
+def _takes_dtype_of(number: Any, t: torch.Tensor) -> bool:
+    """Whether the Python ``number`` is converted to ``t``'s dtype beside it (torch's
+    promotion, written out so that tracing folds it): a real number beside a floating tensor,
+    an integer beside an integer one; a bool, or a float beside integers, is not."""
+    if not _is_number(number) or isinstance(number, bool) or not isinstance(number, numbers.Real):
+        return False
+    if t.is_floating_point():
+        return True
+    return isinstance(number, numbers.Integral) and t.dtype is not torch.bool
 
 
 def _is_number(value: Any) -> bool:
@@ -353,6 +368,10 @@ class ClampFwdOp(ElementwiseOp):
         lo, hi = self.min, self.max
         return (0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi),
                 lo is not None, hi is not None)
+
+    def refuse_params(self, ins: list) -> None:
+        for name in ("min", "max"):
+            refuse_overflow(self, f"param {name}", getattr(self, name), ins[0].dtype)
 
     def _refuse_float_bounds(self, x: torch.Tensor) -> None:
         """torch.clamp of an integer tensor by a float number gives a float result (its type
@@ -477,6 +496,8 @@ class PowFwdOp(BinaryOp):
 
     def refuse_numbers(self, given: dict[str, Any]) -> None:
         a, b = given.get("a"), given.get("b")
+        if isinstance(a, torch.Tensor) and _takes_dtype_of(b, a):
+            refuse_overflow(self, "argument b", b, a.dtype)  # an exponent of a's dtype
         if isinstance(a, torch.Tensor) and not a.is_floating_point() and \
                 isinstance(b, numbers.Integral) and not isinstance(b, bool) and b < 0:
             raise RuntimeError(f"{type(self).__name__}: argument b is the negative integer {b} "
@@ -512,10 +533,18 @@ EqFwdOp, NeFwdOp, LtFwdOp, LeFwdOp, GtFwdOp, GeFwdOp = (
 
 
 class WhereFwdOp(TakesNumbers, ElementwiseOp):
-    """``torch.where``: ``a`` and ``b`` may be Python numbers (:class:`TakesNumbers`)."""
+    """``torch.where``: ``a`` and ``b`` may be Python numbers (:class:`TakesNumbers`); an
+    integer number beside an integer tensor must fit its dtype, as torch checks."""
 
     fn = "where"
     number_inputs = ("a", "b")
+
+    def refuse_numbers(self, given: dict[str, Any]) -> None:
+        a, b = given.get("a"), given.get("b")
+        for name, number, other in (("a", a, b), ("b", b, a)):
+            if isinstance(other, torch.Tensor) and not other.is_floating_point() and \
+                    _takes_dtype_of(number, other):
+                refuse_overflow(self, f"argument {name}", number, other.dtype)
 
     def torch_fn(self, cond, a, b, inplace=False):
         return torch.where(cond, a, b)
@@ -523,6 +552,9 @@ class WhereFwdOp(TakesNumbers, ElementwiseOp):
 
 class MaskedFillFwdOp(ElementwiseOp):
     fn = "masked_fill"
+
+    def refuse_params(self, ins: list) -> None:
+        refuse_overflow(self, "param value", self.value, ins[0].dtype)
 
     def torch_fn(self, x, mask, inplace=False):
         value = self.value
