@@ -580,3 +580,23 @@ def test_numbers_torch_converts_are_taken():
     torch.testing.assert_close(PowFwdOp()(_I8, 300.0), torch.pow(_I8, 300.0))
     torch.testing.assert_close(MaskedFillFwdOp(value=float("nan"))(_F16, _C),
                                _F16.masked_fill(_C, float("nan")), equal_nan=True)
+
+
+def test_clamp_in_place_refuses_a_bound_sharing_part_of_x_as_torch_does():
+    y = 4 - torch.arange(8.0)
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the "
+                                           "written-to tensor refer to a single memory"):
+        t = y.clone()
+        torch.clamp_(t[1:], t[:-1])
+    for bound in ("min_bound", "max_bound"):
+        with pytest.raises(RuntimeError) as exc:
+            ClampFwdOp(inplace=True)(y[1:], **{bound: y[:-1]})
+        assert str(exc.value).endswith(
+            f"x is written in place and shares memory with {bound} (overlapping views of one "
+            f"storage), so the result would depend on the order of the writes, as torch "
+            f"refuses it too; pass a copy of {bound} (.clone())")
+    assert torch.equal(y, 4 - torch.arange(8.0))  # nothing written
+    # the same view, or disjoint views of one storage, are fine (torch takes them too)
+    assert torch.equal(ClampFwdOp(inplace=True)(y, max_bound=y), 4 - torch.arange(8.0))
+    got = ClampFwdOp(inplace=True)(y[:4], y[4:])
+    assert got is not None and torch.equal(y[:4], torch.tensor([4.0, 3.0, 2.0, 1.0]))

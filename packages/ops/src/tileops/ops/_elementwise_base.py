@@ -12,7 +12,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["ElementwiseOp", "refuse_overflow"]
+__all__ = ["ElementwiseOp", "partially_overlap", "refuse_overflow"]
 
 #: the storage dtypes the generator's call spec states it serves
 _SERVED = _k.DTYPES_SERVED
@@ -64,6 +64,19 @@ def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype) -> None:
     raise RuntimeError(f"{type(op).__name__}: {name} is {value!r}, outside the values "
                        f"{NAMES.get(dtype, dtype)} holds ([{lo:g}, {hi:g}]); torch refuses to "
                        f"convert it (value cannot be converted without overflow)")
+
+
+def partially_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """torch's partial-overlap test: two dense views of one storage whose byte ranges meet
+    without being the same range (views that are not dense are not judged, as in torch)."""
+    if a is b or not (_is_dense(tuple(a.shape), a.stride()) and
+                      _is_dense(tuple(b.shape), b.stride())):
+        return False
+    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
+        return False
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
+    return (a0, a1) != (b0, b1) and a0 < b1 and b0 < a1
 
 
 def _noop(*tensors: Any) -> None:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from tileops.runtime.fastpath import class_function
 
 from ._dtypes import NAMES
-from ._elementwise_base import ElementwiseOp, refuse_overflow
+from ._elementwise_base import ElementwiseOp, partially_overlap, refuse_overflow
 from ._elementwise_grads import (
     AddBwdOp,
     BinaryBwdOp,
@@ -388,8 +388,22 @@ class ClampFwdOp(ElementwiseOp):
                     f"a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
                     f"bound or a floating x")
 
+    def _refuse_overlap(self, x: torch.Tensor, min_bound: Any, max_bound: Any) -> None:
+        """In place, a bound sharing part of x's memory is refused, as torch refuses it: the
+        result would depend on the order of the writes."""
+        if not self.inplace:
+            return
+        for name, bound in (("min_bound", min_bound), ("max_bound", max_bound)):
+            if bound is not None and partially_overlap(x, bound):
+                raise RuntimeError(
+                    f"{self!r}: x is written in place and shares memory with {name} "
+                    f"(overlapping views of one storage), so the result would depend on the "
+                    f"order of the writes, as torch refuses it too; pass a copy of {name} "
+                    f"(.clone())")
+
     def forward(self, call, x, min_bound, max_bound, y) -> None:
         self._refuse_float_bounds(x)
+        self._refuse_overlap(x, min_bound, max_bound)
         if min_bound is None and max_bound is None:
             self._launch(call, [x], (y,))
             return
@@ -407,6 +421,7 @@ class ClampFwdOp(ElementwiseOp):
 
     def reference(self, call, x, min_bound, max_bound):
         self._refuse_float_bounds(x)
+        self._refuse_overlap(x, min_bound, max_bound)
         return super().reference(call, x, min_bound, max_bound)
 
     def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
