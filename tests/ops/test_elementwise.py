@@ -35,6 +35,7 @@ from tileops.ops import (
     NegFwdOp,
     PowFwdOp,
     ReluFwdOp,
+    RemainderFwdOp,
     SiluAndMulFwdOp,
     SiluBwdOp,
     SiluFwdOp,
@@ -600,3 +601,25 @@ def test_clamp_in_place_refuses_a_bound_sharing_part_of_x_as_torch_does():
     assert torch.equal(ClampFwdOp(inplace=True)(y, max_bound=y), 4 - torch.arange(8.0))
     got = ClampFwdOp(inplace=True)(y[:4], y[4:])
     assert got is not None and torch.equal(y[:4], torch.tensor([4.0, 3.0, 2.0, 1.0]))
+
+
+def test_integer_arithmetic_torch_refuses_is_refused_naming_the_op():
+    a = torch.tensor([1, 2])
+    for op, message in ((AddFwdOp(alpha=1.5), "AddFwdOp: param alpha is 1.5 and the operands "
+                                              "are int64; an integer result cannot scale by a "
+                                              "fraction"),
+                        (SubFwdOp(alpha=0.5), "SubFwdOp: param alpha is 0.5")):
+        with pytest.raises(RuntimeError, match="alpha must not be a floating point"):
+            torch.add(a, a, alpha=1.5)
+        with pytest.raises(RuntimeError) as exc:
+            op(a, a)
+        assert str(exc.value).startswith(message)
+        torch.testing.assert_close(op(a.double(), a), op.torch_fn(a.double(), a))  # floats
+    for op in (DivFwdOp(rounding_mode="floor"), DivFwdOp(rounding_mode="trunc"),
+               RemainderFwdOp()):
+        with pytest.raises(ZeroDivisionError) as exc:
+            op(a, torch.tensor([0, 1]))
+        assert str(exc.value) == (f"{type(op).__name__}: integer division by zero (b holds a "
+                                  f"0 and the quotient is an integer), which has no value")
+        b = torch.tensor([3, 1])
+        torch.testing.assert_close(op(a, b), op.torch_fn(a, b))

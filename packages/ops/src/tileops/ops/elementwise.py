@@ -450,8 +450,31 @@ class BinaryOp(TakesNumbers, ElementwiseOp):
     binary: ClassVar[Any]
     number_inputs = ("a", "b")
 
+    def reference(self, call: Any, *inputs: Any) -> tuple:
+        try:
+            return super().reference(call, *inputs)
+        except RuntimeError as exc:  # torch's integer division by zero names nothing
+            if str(exc) != "ZeroDivisionError":
+                raise
+            raise ZeroDivisionError(
+                f"{type(self).__name__}: integer division by zero (b holds a 0 and the "
+                f"quotient is an integer), which has no value") from None
+
     def torch_fn(self, a, b, inplace=False):
         return type(self).binary(a, b)
+
+
+def _refuse_fractional_alpha(op: Any, ins: list) -> None:
+    """An integer sum or difference scales by an integer: a fractional ``alpha`` beside
+    integer operands is refused by name, as torch refuses a floating one."""
+    alpha = op.alpha
+    if float(alpha).is_integer() or len(ins) < 2:
+        return
+    common = torch.result_type(ins[0], ins[1])
+    if not common.is_floating_point:
+        raise RuntimeError(f"{type(op).__name__}: param alpha is {alpha!r} and the operands "
+                           f"are {NAMES.get(common, common)}; an integer result cannot scale by "
+                           f"a fraction (torch refuses a floating alpha for integral inputs)")
 
 
 def _alpha(alpha: float, a: torch.Tensor, b: torch.Tensor) -> float | int:
@@ -464,12 +487,18 @@ def _alpha(alpha: float, a: torch.Tensor, b: torch.Tensor) -> float | int:
 class AddFwdOp(BinaryOp):
     fn = "add"
 
+    def refuse_params(self, ins: list) -> None:
+        _refuse_fractional_alpha(self, ins)
+
     def torch_fn(self, a, b, inplace=False):
         return torch.add(a, b, alpha=_alpha(self.alpha, a, b))
 
 
 class SubFwdOp(BinaryOp):
     fn = "sub"
+
+    def refuse_params(self, ins: list) -> None:
+        _refuse_fractional_alpha(self, ins)
 
     def torch_fn(self, a, b, inplace=False):
         return torch.sub(a, b, alpha=_alpha(self.alpha, a, b))
