@@ -65,6 +65,8 @@ CONTRACT = {
     **{f"{g}_and_mul_bwd": (3, 2, ()) for g in ("silu", "gelu", "gelu_tanh")},
     "div_bwd_b": (3, 1, ()), "pow_bwd_a": (3, 1, ()), "pow_bwd_b": (3, 1, ()),
     "remainder_bwd_b": (3, 1, ()),
+    **{f"{n}_bwd": (2, 1, ()) for n in ["expm1", "sqrt", "rsqrt", "reciprocal", "log1p", "sin",
+                                         "cos", "erf", "abs"]},
 }
 
 
@@ -1537,6 +1539,47 @@ def test_power_and_remainder_gradient_programs_match_torch_on_the_host(fn, grad_
     finite = np.isfinite(want)
     assert np.array_equal(out[~finite & ~nan], want[~finite & ~nan]), fn
     np.testing.assert_allclose(out[finite], want[finite], rtol=2e-6, atol=0, err_msg=fn)
+
+
+#: the unary math's gradient functions: (the forward torch function, whether the program
+#: reads the output (else the input))
+_MATH_GRADS = {"expm1_bwd": ("expm1", True), "sqrt_bwd": ("sqrt", True),
+               "rsqrt_bwd": ("rsqrt", True), "reciprocal_bwd": ("reciprocal", True),
+               "log1p_bwd": ("log1p", False), "sin_bwd": ("sin", False),
+               "cos_bwd": ("cos", False), "erf_bwd": ("erf", False), "abs_bwd": ("abs", False)}
+
+
+@needs_nvcc
+@pytest.mark.parametrize("fn", sorted(_MATH_GRADS))
+def test_unary_math_gradient_programs_match_torch_on_the_host(fn):
+    """The unary math's gradient programs, run on the host in float32 over every pair of an
+    upstream gradient and an input drawn from special values (zeros of both signs, -1, tiny,
+    huge, infinities, NaN) plus random ones, reading the forward's output where the op saves
+    it: torch's float32 autograd values, NaN and infinities where torch's are, within a few
+    float32 ulps elsewhere (the programs' exp, sin and cos are the device's)."""
+    np = pytest.importorskip("numpy")
+    torch = pytest.importorskip("torch")
+    op, from_output = _MATH_GRADS[fn]
+    xs = np.array([0.0, -0.0, 1.0, -1.0, 0.5, 2.0, -3.0, 1e-30, 1e30, np.inf, -np.inf, np.nan],
+                  dtype=np.float32)
+    douts = np.array([1.0, -2.5, 0.0], dtype=np.float32)
+    rng = np.random.default_rng(5)
+    d, x = (g.reshape(-1) for g in np.meshgrid(douts, xs, indexing="ij"))
+    d = np.concatenate([d, rng.standard_normal(60, dtype=np.float32)])
+    x = np.concatenate([x, rng.standard_normal(60, dtype=np.float32) * 3])
+    xt = torch.from_numpy(x).clone().requires_grad_()
+    y = getattr(torch, op)(xt)
+    want = torch.autograd.grad(y, xt, torch.from_numpy(d))[0].numpy()
+    saved = y.detach().numpy() if from_output else x
+    ins = [np.ascontiguousarray(d.reshape(8, -1)), np.ascontiguousarray(saved.reshape(8, -1))]
+    out, guards, _ = _host_call(fn, (), ins, ins[0].shape, np)
+    assert guards
+    out = out.reshape(-1)
+    nan = np.isnan(want)
+    assert np.array_equal(np.isnan(out), nan), (fn, x[np.isnan(out) != nan])
+    finite = np.isfinite(want)
+    assert np.array_equal(out[~finite & ~nan], want[~finite & ~nan]), fn
+    np.testing.assert_allclose(out[finite], want[finite], rtol=1e-5, atol=1e-30, err_msg=fn)
 
 
 @needs_nvcc

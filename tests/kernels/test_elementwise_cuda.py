@@ -143,6 +143,13 @@ REF = {
     "pow_bwd_b": lambda dy, a, b: torch.where((a == 0) & (b >= 0), 0.0,
                                               dy * (a.pow(b) * a.log())),
     "remainder_bwd_b": lambda dy, a, b: -dy * torch.div(a, b, rounding_mode="floor"),
+    # the unary math's gradients, of (dy, y) or (dy, x) as their ops save them
+    "expm1_bwd": lambda dy, y: dy * (y + 1), "sqrt_bwd": lambda dy, y: dy / (2 * y),
+    "rsqrt_bwd": lambda dy, y: -0.5 * dy * (y * y * y),
+    "reciprocal_bwd": lambda dy, y: -dy * (y * y), "log1p_bwd": lambda dy, x: dy / (x + 1),
+    "sin_bwd": lambda dy, x: dy * torch.cos(x), "cos_bwd": lambda dy, x: dy * -torch.sin(x),
+    "erf_bwd": lambda dy, x: dy * 1.1283791670955126 * torch.exp(-(x * x)),
+    "abs_bwd": lambda dy, x: dy * torch.sign(x).nan_to_num(0.0),
 }
 PARAMS = {"softplus": (1.5, 4.0), "leaky_relu": (0.02,), "elu": (1.3,),
           "hardtanh": (-1.0, 1.0), "clamp": (-0.5, 0.75, True, True), "add": (0.5,),

@@ -804,3 +804,50 @@ def test_a_bound_shape_index_is_counted_as_the_axes_it_stands_for() -> None:
         "ops.yaml:22: in RMSNormFwdOp.backward.grads.x: RMSNormBwdOp.dx has shape [*S], which "
         "does not unify with [*B, *normalized_shape], the shape of the input x: [*S] lists 1 "
         "item (its Shape indices spliced) and [*B, *normalized_shape] lists 2")]
+
+
+# a unary function that takes integers (giving float32) and a float-only gradient of its output
+UNARY_INT = """\
+ExpOp:
+  family: elementwise
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[int32 | float16 | bfloat16 | float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: promote_int_to_float(T), shape: "[*S]"}
+  workloads:
+  - {S: [4], dtype_cases: [{T: float32}], label: small}
+  backward:
+    op: ExpBwdOp
+    saves: [x]
+    inputs: {dy: "grad(y)", x: x}
+    grads: {x: dx}
+
+ExpBwdOp:
+  family: elementwise
+  status: spec-only
+  signature:
+    forall: {S: Shape, U: "DType[float16 | bfloat16 | float32]"}
+    inputs:
+      dy: {dtype: U, shape: "[*S]"}
+      x: {dtype: U, shape: "[*S]"}
+    outputs:
+      dx: {dtype: U, shape: "[*S]"}
+  workloads:
+  - {S: [4], dtype_cases: [{U: float32}], label: small}
+"""
+
+
+def test_a_differentiated_input_agrees_with_its_gradient_over_its_floating_dtypes_only():
+    # an int32 x never requires grad: promote_int_to_float(T) is T wherever x is floating, so
+    # the saved x and its gradient unify with the gradient's U
+    assert shown(diagnostics(UNARY_INT)) == []
+    # where the gradient's dtype differs from its input's on a floating member, it is refused
+    text = edit(UNARY_INT, "dx: {dtype: U", 'dx: {dtype: "promote(U, float32)"',
+                within="ExpBwdOp")
+    got = shown(diagnostics(text))
+    assert len(got) == 1 and got[0][0] == "backward", got
+    assert ("ExpBwdOp.dx has dtype promote(U, float32), which does not unify with T, the "
+            "dtype of the input x") in got[0][1], got

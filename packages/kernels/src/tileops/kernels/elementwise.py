@@ -886,6 +886,21 @@ def _fns() -> dict[str, ScalarFn]:
     add("relu_bwd", 2, lambda xs, ps, dt: (_sel(xs[1] <= z(dt), z(dt), xs[0]),))
     add("sigmoid_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1]) * xs[1],))
     add("tanh_bwd", 2, lambda xs, ps, dt: (xs[0] * (one(dt) - xs[1] * xs[1]),))
+    # the unary math's gradients, torch's formulas: (dy, y) where the forward saves its
+    # output (exp's is mul, log's div, neg's neg: the family's own functions)
+    add("expm1_bwd", 2, lambda xs, ps, dt: (xs[0] * (xs[1] + one(dt)),))
+    add("sqrt_bwd", 2, lambda xs, ps, dt: (xs[0] / (xs[1] * _c(2.0, dt)),))
+    add("rsqrt_bwd", 2, lambda xs, ps, dt: (
+        _c(-0.5, dt) * xs[0] * (xs[1] * xs[1] * xs[1]),))
+    add("reciprocal_bwd", 2, lambda xs, ps, dt: (-xs[0] * (xs[1] * xs[1]),))
+    add("log1p_bwd", 2, lambda xs, ps, dt: (xs[0] / (xs[1] + one(dt)),))
+    add("sin_bwd", 2, lambda xs, ps, dt: (xs[0] * T().cos(xs[1]),))
+    add("cos_bwd", 2, lambda xs, ps, dt: (xs[0] * -T().sin(xs[1]),))
+    add("erf_bwd", 2, lambda xs, ps, dt: (
+        xs[0] * _c(1.1283791670955126, dt) * T().exp(-(xs[1] * xs[1])),))
+    # torch's dy * sgn(x): zero at 0 and at NaN
+    add("abs_bwd", 2, lambda xs, ps, dt: (_sel(xs[1] > z(dt), xs[0], _sel(
+        xs[1] < z(dt), -xs[0], z(dt))),))
     for g, (_, df) in _GATES.items():
         hdf = half_gates.get(g, (None, None))[1]
         add(f"{g}_bwd", 2, _grad_times(df), half_build=hdf and _grad_times(hdf))

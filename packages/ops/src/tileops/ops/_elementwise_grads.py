@@ -18,7 +18,9 @@ __all__ = [
     "HardtanhBwdOp", "LeakyReluBwdOp", "LerpBwdOp", "MaskedFillBwdOp", "MaximumBwdOp",
     "MinimumBwdOp", "MishBwdOp", "MulBwdOp", "PowBwdOp", "ReluBwdOp", "RemainderBwdOp",
     "SeluBwdOp", "SiluAndMulBwdOp", "SiluBwdOp", "SoftplusBwdOp", "SubBwdOp", "SwiGLUBwdOp",
-    "WhereBwdOp",
+    "WhereBwdOp", *(f"{n}BwdOp" for n in ("Abs", "Cos", "Erf", "Exp", "Expm1", "Log", "Log1p",
+                                         "Neg", "Reciprocal", "Rsqrt", "Sigmoid", "Sin",
+                                         "Sqrt", "Tanh")),
 ]
 
 class _ActivationBwd(ElementwiseOp):
@@ -109,6 +111,55 @@ class HardtanhBwdOp(_ActivationBwd):
 
     def torch_fn(self, dy, x, inplace=False):
         return _aten.hardtanh_backward(dy, x, self.min_val, self.max_val)
+
+
+# --- the unary math's gradients -------------------------------------------------------------
+
+
+def _math_bwd(name: str, fn: str, formula: Any, doc: str) -> type[ElementwiseOp]:
+    """A unary math function's gradient: the scalar function ``fn`` of ``(dy, y)`` where the
+    forward saves its output, ``(dy, x)`` where it saves its input (``(dy)`` alone for neg),
+    and torch's formula of the same tensors, which is the reference and the eager contender
+    (one line each: declared by the table below, not written out as classes)."""
+
+    def torch_fn(self, *tensors: Any, inplace: bool = False) -> Any:
+        return formula(*tensors)
+
+    return type(name, (_ActivationBwd,), {"__module__": __name__, "__doc__": doc,
+                                          "fn": fn, "torch_fn": torch_fn})
+
+
+_TWO_OVER_SQRT_PI = 1.1283791670955126
+
+AbsBwdOp = _math_bwd("AbsBwdOp", "abs_bwd", lambda dy, x: dy * torch.sign(x).nan_to_num(0.0),
+                     "``dx = dy sgn(x)``: zero at 0 (and at NaN), as torch's.")
+CosBwdOp = _math_bwd("CosBwdOp", "cos_bwd", lambda dy, x: dy * -torch.sin(x),
+                     "``dx = -dy sin(x)``.")
+ErfBwdOp = _math_bwd("ErfBwdOp", "erf_bwd",
+                     lambda dy, x: dy * _TWO_OVER_SQRT_PI * torch.exp(-(x * x)),
+                     "``dx = dy 2 / sqrt(pi) exp(-x^2)``.")
+ExpBwdOp = _math_bwd("ExpBwdOp", "mul", lambda dy, y: dy * y,
+                     "``dx = dy y`` from the output (the family's ``mul``).")
+Expm1BwdOp = _math_bwd("Expm1BwdOp", "expm1_bwd", lambda dy, y: dy * (y + 1),
+                       "``dx = dy (y + 1)`` from the output.")
+LogBwdOp = _math_bwd("LogBwdOp", "div", lambda dy, x: dy / x,
+                     "``dx = dy / x`` (the family's ``div``).")
+Log1pBwdOp = _math_bwd("Log1pBwdOp", "log1p_bwd", lambda dy, x: dy / (x + 1),
+                       "``dx = dy / (1 + x)``.")
+NegBwdOp = _math_bwd("NegBwdOp", "neg", lambda dy: -dy, "``dx = -dy`` (the family's ``neg``).")
+ReciprocalBwdOp = _math_bwd("ReciprocalBwdOp", "reciprocal_bwd", lambda dy, y: -dy * (y * y),
+                            "``dx = -dy y^2`` from the output.")
+RsqrtBwdOp = _math_bwd("RsqrtBwdOp", "rsqrt_bwd", lambda dy, y: -0.5 * dy * (y * y * y),
+                       "``dx = -dy y^3 / 2`` from the output.")
+SigmoidBwdOp = _math_bwd("SigmoidBwdOp", "sigmoid_bwd",
+                         lambda dy, y: _aten.sigmoid_backward(dy, y),
+                         "``dx = dy y (1 - y)`` from the output.")
+SinBwdOp = _math_bwd("SinBwdOp", "sin_bwd", lambda dy, x: dy * torch.cos(x),
+                     "``dx = dy cos(x)``.")
+SqrtBwdOp = _math_bwd("SqrtBwdOp", "sqrt_bwd", lambda dy, y: dy / (2 * y),
+                      "``dx = dy / (2 y)`` from the output.")
+TanhBwdOp = _math_bwd("TanhBwdOp", "tanh_bwd", lambda dy, y: _aten.tanh_backward(dy, y),
+                      "``dx = dy (1 - y^2)`` from the output.")
 
 
 class GatedBwdOp(ElementwiseOp):

@@ -42,11 +42,16 @@ from tileops.runtime.fastpath import class_function
 from ._dtypes import NAMES
 from ._elementwise_base import ElementwiseOp, partially_overlap, refuse_overflow
 from ._elementwise_grads import (
+    AbsBwdOp,
     AddBwdOp,
     BinaryBwdOp,
     ClampBwdOp,
+    CosBwdOp,
     DivBwdOp,
     EluBwdOp,
+    ErfBwdOp,
+    ExpBwdOp,
+    Expm1BwdOp,
     GatedBwdOp,
     GeluAndMulBwdOp,
     GeluBwdOp,
@@ -56,20 +61,29 @@ from ._elementwise_grads import (
     HardtanhBwdOp,
     LeakyReluBwdOp,
     LerpBwdOp,
+    Log1pBwdOp,
+    LogBwdOp,
     MaskedFillBwdOp,
     MaximumBwdOp,
     MinimumBwdOp,
     MishBwdOp,
     MulBwdOp,
+    NegBwdOp,
     PowBwdOp,
+    ReciprocalBwdOp,
     ReluBwdOp,
     RemainderBwdOp,
+    RsqrtBwdOp,
     SeluBwdOp,
+    SigmoidBwdOp,
     SiluAndMulBwdOp,
     SiluBwdOp,
+    SinBwdOp,
     SoftplusBwdOp,
+    SqrtBwdOp,
     SubBwdOp,
     SwiGLUBwdOp,
+    TanhBwdOp,
     WhereBwdOp,
 )
 
@@ -88,6 +102,9 @@ __all__ = [
     "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
     "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp",
     "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
+    "AbsBwdOp", "CosBwdOp", "ErfBwdOp", "ExpBwdOp", "Expm1BwdOp", "Log1pBwdOp", "LogBwdOp",
+    "NegBwdOp", "ReciprocalBwdOp", "RsqrtBwdOp", "SigmoidBwdOp", "SinBwdOp", "SqrtBwdOp",
+    "TanhBwdOp",
 ]
 
 

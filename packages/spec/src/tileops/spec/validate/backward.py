@@ -17,7 +17,10 @@ is passed), and a ``let`` of either entry for its definition (a broadcast output
 ``Mat[trans_a, M, K]``, a literal, an operator) must be the same node, so a family is
 compared as written, without evaluating it; a family both entries declare must then be the
 same declaration. The match is one-way on purpose: the backward may be more general than the
-forward (its ``[M, N]`` accepts a forward ``[M, M]``), never less.
+forward (its ``[M, N]`` accepts a forward ``[M, M]``), never less. A differentiated input (a
+``grads`` key, fed saved or not) and its gradient need agree only over the input's floating
+dtypes (only a floating tensor requires grad): evaluated for each assignment of the forward's
+dtype indices to their floating members (:func:`_floats_agree`).
 
 Recursion is bounded: matching walks pattern and term together, so it goes no deeper than
 the term (at most MAX_EXPR_DEPTH), plus one level per ``let`` expanded, which is capped at
@@ -396,6 +399,9 @@ class _Job:
     decl: InputDecl | OutputDecl
     source: InputDecl | OutputDecl
     whence: str
+    #: a differentiated input or its gradient: only its floating dtypes need agree (only a
+    #: floating tensor requires grad)
+    floating_only: bool = False
 
 
 def _unify_tensors(ctx: EntryContext, bctx: EntryContext, path: str,
@@ -419,11 +425,12 @@ def _unify_tensors(ctx: EntryContext, bctx: EntryContext, path: str,
             whence = "input" if feed.name in fwd.inputs else "output"
             if src is not None:
                 jobs.append(_Job(f"{path}.inputs.{n}", n, d, src,
-                                 f"the saved {whence} {feed.name}"))
+                                 f"the saved {whence} {feed.name}",
+                                 feed.name in fwd.inputs and feed.name in bw.grads))
     for k, o in bw.grads.items():
         if k in fwd.inputs and o in bsig.outputs:
             jobs.append(_Job(f"{path}.grads.{k}", o, bsig.outputs[o], fwd.inputs[k],
-                             f"the input {k}"))
+                             f"the input {k}", True))
     m = _Matcher(ctx, bctx)
     pending = [(job, what) for job in jobs for what in ("shape", "dtype")]
     while pending:
@@ -485,12 +492,56 @@ def _attempt(m: _Matcher, ctx: EntryContext, bctx: EntryContext, job: _Job, what
         reason = (f"{' and '.join('*' + n for n in d.names)} are both unbound there, so the "
                   f"axes each stands for are ambiguous")
     except _Mismatch as err:
+        if what == "dtype" and job.floating_only and _floats_agree(m, ctx, pat.node, term.node):
+            m.subst = saved
+            return True
         if not err.keep:
             m.subst = saved
         reason = err.reason
     ctx.report.add(job.path, f"{bctx.name}.{job.name} has {what} {pat.text}, which does not "
                    f"unify with {term.text}, the {what} of {job.whence}: {reason}", RULE)
     return True
+
+
+#: the dtypes a tensor that requires grad may have
+_FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
+#: the most assignments of the forward's dtype indices _floats_agree evaluates
+_MAX_ASSIGNMENTS = 256
+
+
+def _floats_agree(m: _Matcher, ctx: EntryContext, pat: E.Node, term: E.Node) -> bool:
+    """Whether a gradient's dtype (the backward's ``pat``, its indices as the substitution
+    binds them) equals its input's (the forward's ``term``) wherever the input is floating:
+    only a floating tensor requires grad, so a gradient ``promote_int_to_float(T)`` of an
+    input ``T`` that may be an integer is its input's dtype wherever there is a gradient.
+    Evaluated over every assignment of the forward's dtype indices to their floating
+    members (a bounded number)."""
+    from itertools import product
+
+    from ..evaluate import EvalError, Scope, evaluate
+
+    def resolved(node: E.Node) -> E.Node:
+        if isinstance(node, E.Name) and node.id in m.subst:
+            value = m.subst[node.id][0]
+            return value if isinstance(value, E.Node) else node
+        return node
+
+    left = resolved(pat)
+    names = sorted({n for n in (*E.names(left), *E.names(term))
+                    if isinstance(ctx.model.kinds.get(n), DTypeK)})
+    members = [[x for x in ctx.model.kinds[n].members if x in _FLOATING]  # type: ignore[union-attr]
+               for n in names]
+    count = 1
+    for ms in members:
+        count *= len(ms)
+    if not names or not count or count > _MAX_ASSIGNMENTS:
+        return False
+    try:
+        return all(evaluate(left, Scope(dict(zip(names, combo, strict=True)))) ==
+                   evaluate(term, Scope(dict(zip(names, combo, strict=True))))
+                   for combo in product(*members))
+    except EvalError:
+        return False
 
 
 def _names(table: Iterable[str]) -> str:
