@@ -219,3 +219,13 @@ def test_clamp_gradient_passes_where_the_bounds_hold():
                            ({}, (torch.full((6, 4), -0.3), _rand(6, 4, seed=2).abs()))):
         mine, ref = _pair(ops.ClampBwdOp, **params)
         _close(mine(dy, x, *bounds), ref(dy, x, *bounds))
+
+
+def test_a_number_bound_beside_a_tensor_bound_is_checked_before_it_is_made_a_tensor():
+    x = _rand(4, dtype=torch.float16)
+    hi = torch.full((4,), 1.0, dtype=torch.float16)
+    with pytest.raises(RuntimeError) as exc:
+        _in_tree(ops.ClampFwdOp, min=-1e5)(x, None, hi)
+    assert str(exc.value).startswith("ClampFwdOp: param min is -100000.0, outside the values "
+                                     "float16 holds")
+    assert launched == []

@@ -424,6 +424,7 @@ class ClampFwdOp(ElementwiseOp):
         if min_bound is None and max_bound is None:
             self._launch(call, [x], (y,))
             return
+        self.refuse_params([x])  # before a number bound becomes a tensor of x's dtype
         lo = min_bound if min_bound is not None else self._bound(self.min, x)
         hi = max_bound if max_bound is not None else self._bound(self.max, x)
         form = ("clamp_tensor", (lo is not None, hi is not None))
