@@ -383,3 +383,20 @@ def test_all_and_any_refuse_an_empty_dim_tuple_torch_reads_as_no_axis(cls):
     assert text.startswith(f"{cls.__name__}: construction param dim does not match")
     assert "refinement 'not present(dim) or naxes(dim) > 0' does not hold" in text
     assert cls(dim=None)(x).shape == () and cls(dim=(0, 1))(x).shape == ()
+
+
+@pytest.mark.parametrize("cls", [R.VarFwdOp, R.StdFwdOp, R.VarMeanFwdOp])
+def test_correction_none_is_torchs_one(cls):
+    x = torch.randn(6, 5, dtype=torch.float64)
+    want = cls(dim=0, correction=1.0)(x)
+    got = cls(dim=0, correction=None)(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,), strict=True):
+        torch.testing.assert_close(g, w)
+    # and through the in-tree path, whose slot computes with the spec's correction
+    mine, _ = _pair(cls, dim=0, correction=None)
+    got = mine(x.float())
+    launched.clear()
+    for g, w in zip(got if isinstance(got, tuple) else (got,),
+                    want if isinstance(want, tuple) else (want,), strict=True):
+        torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-6)

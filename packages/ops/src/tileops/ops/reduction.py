@@ -216,7 +216,7 @@ class AminFwdOp(ReductionOp):
 
 class _MomentsOp(ReductionOp):
     def _correction(self) -> float:
-        return float(self.correction)
+        return 1.0 if self.correction is None else float(self.correction)  # None: torch's 1
 
 
 class VarFwdOp(_MomentsOp):
