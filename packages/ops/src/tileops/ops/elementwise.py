@@ -162,7 +162,8 @@ class GeluFwdOp(ElementwiseOp):
         return "gelu_tanh" if self.approximate == "tanh" else "gelu"
 
     def torch_fn(self, x, inplace=False):
-        y = F.gelu(x, approximate=self.approximate)  # torch's gelu has no in-place form
+        # torch's gelu has no in-place form: written back (from a copy where autograd saves it)
+        y = F.gelu(_saved_copy(x) if inplace else x, approximate=self.approximate)
         return x.copy_(y) if inplace else y
 
 
@@ -184,7 +185,8 @@ class SoftplusFwdOp(ElementwiseOp):
     fn = "softplus"
 
     def torch_fn(self, x, inplace=False):
-        y = F.softplus(x, self.beta, self.threshold)  # no in-place form in torch
+        # no in-place form in torch: written back (from a copy where autograd saves it)
+        y = F.softplus(_saved_copy(x) if inplace else x, self.beta, self.threshold)
         return x.copy_(y) if inplace else y
 
 
@@ -232,6 +234,13 @@ class HardtanhFwdOp(ElementwiseOp):
 
     def torch_fn(self, x, inplace=False):
         return F.hardtanh(x, self.min_val, self.max_val, inplace=inplace)
+
+
+def _saved_copy(x: torch.Tensor) -> torch.Tensor:
+    """``x``, or a copy of it where autograd would save it for a function whose result is then
+    written back into ``x`` (the in-place form of a function torch has none of): the write
+    would change what the function's gradient reads."""
+    return x.clone() if x.requires_grad and torch.is_grad_enabled() else x
 
 
 def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
@@ -450,8 +459,11 @@ class ClampFwdOp(ElementwiseOp):
         # bound, then the upper, as clamp's min(max(x, lo), hi)
         lo = min_bound if min_bound is not None else self.min
         hi = max_bound if max_bound is not None else self.max
-        y = x if lo is None else torch.clamp(x, min=lo, out=x if inplace else None)
-        return y if hi is None else torch.clamp(y, max=hi, out=x if inplace else None)
+        if inplace:  # the methods: autograd records them, where out= is refused
+            y = x if lo is None else x.clamp_(min=lo)
+            return y if hi is None else y.clamp_(max=hi)
+        y = x if lo is None else torch.clamp(x, min=lo)
+        return y if hi is None else torch.clamp(y, max=hi)
 
 
 # --- binary ops: broadcasting and torch's promotion -----------------------------------------

@@ -275,16 +275,24 @@ class Node(torch.autograd.Function):
             state.wanted = frozenset(i for i, n in enumerate(ctx.needs_input_grad[2:]) if n)
         else:
             state.op, state.call, state.kept = None, None, None
+        written = call.branch[0]
+        saved_inputs = list(inputs)
+        if written:
+            # a written input the gradient reads is saved as it was called: a copy before the
+            # write (as torch's in-place SiLU saves its input), else the output would stand
+            # for it and the gradient would be silently wrong
+            names = op._signature.input_names  # type: ignore[union-attr]
+            for src, i in gradient.saved_from:
+                if src == 0 and names[i] in written and saved_inputs[i] is inputs[i]:
+                    saved_inputs[i] = inputs[i].detach().clone()
         try:
             outputs = op._execute(call, inputs, None)
             ctx.kept = state.kept or None
         finally:
             state.op, state.call, state.wanted, state.kept, state.scalar = before
-        written = call.branch[0]
         if written:
-            names = op._signature.input_names  # type: ignore[union-attr]
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
-        ctx.save_for_backward(*[(inputs if src == 0 else outputs)[i]
+        ctx.save_for_backward(*[(saved_inputs if src == 0 else outputs)[i]
                                 for src, i in gradient.saved_from])
         ctx.op = op
         for o in outputs:

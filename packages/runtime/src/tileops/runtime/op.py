@@ -459,13 +459,6 @@ class Op(declared.Equivalents, Composite, Trained):
                     f"(\"a leaf Variable that requires grad is being used in an in-place "
                     f"operation\"); write into a non-leaf (e.g. {n}.clone()) or construct the "
                     f"op without its in-place effect")
-            if any(src == 0 and names[i] == n for src, i in gradient.saved_from):
-                # saved after the write, it would be the output: a silently wrong gradient
-                raise RuntimeError(
-                    f"{repr(self)} writes its input {n!r} in place, and its gradient reads "
-                    f"the {n} it was called with, which the write destroys; construct the op "
-                    f"without its in-place effect to differentiate it (an op whose gradient "
-                    f"reads its output, like ReLU's, differentiates in place)")
         if autograd.functorch_active():
             # torch.func's transforms take an autograd.Function only in its setup_context
             # form; this node keeps torch's classic one (its forward reads what the backward
