@@ -206,9 +206,11 @@ def test_the_first_build_of_a_process_says_so_first(monkeypatch, caplog):
     import logging
 
     from tileops.kernels import _tilelang
-    from tileops.runtime import env
+    from tileops.runtime import env, log
 
     monkeypatch.setattr(_tilelang, "_announced", [False])
+    # the logger keeps to its own handler once configured: to caplog's handler on the root
+    monkeypatch.setattr(log.logger, "propagate", True)
     with caplog.at_level(logging.WARNING, logger="tileops"):
         build = norm.build_register_kernel.__wrapped__  # past the in-process memo
         build("rms", 96, "float32", 1e-6, True, False, "sm_90a")
