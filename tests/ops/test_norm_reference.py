@@ -133,3 +133,13 @@ def test_construction_errors_are_clear():
         RMSNormFwdOp(normalized_shape=[8], eps=-1.0)
     with pytest.raises(ConstructionError, match="normalized_shape"):
         RMSNormFwdOp(normalized_shape=[])
+
+
+def test_eps_zero_is_taken_as_torch_takes_it():
+    x = torch.randn(3, 8, dtype=torch.float64)
+    torch.testing.assert_close(LayerNormFwdOp(normalized_shape=8, eps=0.0)(x),
+                               torch.nn.functional.layer_norm(x, (8,), eps=0.0))
+    torch.testing.assert_close(RMSNormFwdOp(normalized_shape=8, eps=0.0)(x),
+                               torch.nn.functional.rms_norm(x, (8,), eps=0.0))
+    with pytest.raises(Exception, match=r"^LayerNormFwdOp: construction param eps"):
+        LayerNormFwdOp(normalized_shape=8, eps=-1e-5)
