@@ -447,3 +447,12 @@ def test_an_adaptive_output_size_of_one_item_is_refused_as_torch_refuses_it(name
         assert "expected: output_size: an int or a tuple of 2 ints" in text
     got = getattr(O, name)(output_size=3)(x)
     assert got.shape == (1, 2, 3, 3)
+
+
+def test_an_empty_stride_is_the_window_as_torch_reads_it():
+    x = torch.randn(1, 2, 9, 9)
+    for stride in ((), []):
+        got = O.MaxPool2dFwdOp(kernel_size=3, stride=stride)(x)
+        torch.testing.assert_close(got, F.max_pool2d(x, 3, stride=stride))
+        got = O.AvgPool2dFwdOp(kernel_size=2, stride=stride)(x)
+        torch.testing.assert_close(got, F.avg_pool2d(x, 2, stride=stride))

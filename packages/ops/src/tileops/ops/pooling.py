@@ -122,8 +122,8 @@ class _Window:
 
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
-        """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it;
-        an adaptive pool's ``output_size`` of one item refused, as torch refuses it (a
+        """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it, and
+        an empty ``stride`` as None (the window's, as torch reads it); an adaptive pool's ``output_size`` of one item refused, as torch refuses it (a
         window's one-item tuple applies to every axis, as in torch)."""
         size = params.get("output_size")
         if cls.adaptive and isinstance(size, list | tuple) and len(size) != cls.nd:
@@ -134,6 +134,8 @@ class _Window:
                 f"{tuple(size)!r} ({len(size)} item{'s' if len(size) != 1 else ''})",
                 f"torch's adaptive pools take an int or {cls.nd} sizes, one an axis", call, {},
                 plan.where("signature.params.output_size"))
+        if isinstance(params.get("stride"), list | tuple) and not params["stride"]:
+            params = {**params, "stride": None}  # torch reads an empty stride as the window
         return {k: tuple(v) if k in _WINDOW_PARAMS and isinstance(v, list) else v
                 for k, v in params.items()}
 
