@@ -200,23 +200,21 @@ def test_programs_take_exactly_the_present_tensors_in_call_order(kind, weight, b
 
 
 @needs_nvcc
-def test_the_first_build_of_a_process_says_so_first(monkeypatch, caplog):
+def test_the_first_build_of_a_process_says_so_first(monkeypatch):
     """A cold build takes seconds: the first compile of a process logs one WARNING line
-    before it starts (naming where built kernels are cached), later ones log nothing more."""
-    import logging
-
+    before it starts (naming where built kernels are cached), later ones log nothing more.
+    The warnings are taken where the module emits them (log.warning), whatever handlers and
+    propagation the tileops logger has in this process."""
     from tileops.kernels import _tilelang
     from tileops.runtime import env, log
 
     monkeypatch.setattr(_tilelang, "_announced", [False])
-    # the logger keeps to its own handler once configured: to caplog's handler on the root
-    monkeypatch.setattr(log.logger, "propagate", True)
-    with caplog.at_level(logging.WARNING, logger="tileops"):
-        build = norm.build_register_kernel.__wrapped__  # past the in-process memo
-        build("rms", 96, "float32", 1e-6, True, False, "sm_90a")
-        build("rms", 160, "float32", 1e-6, True, False, "sm_90a")
-    lines = [r.getMessage() for r in caplog.records if r.name == "tileops"]
-    assert lines == [
+    seen: list[str] = []
+    monkeypatch.setattr(log, "warning", lambda msg, *args: seen.append(msg % args))
+    build = norm.build_register_kernel.__wrapped__  # past the in-process memo
+    build("rms", 96, "float32", 1e-6, True, False, "sm_90a")
+    build("rms", 160, "float32", 1e-6, True, False, "sm_90a")
+    assert seen == [
         "building TileLang kernels (the first build of a configuration takes seconds; built "
         f"kernels are cached under {env.compiler_cache_env()['TILELANG_CACHE_DIR']} and load "
         "from there); TILEOPS_LOG_LEVEL=INFO names each one"]
