@@ -626,3 +626,11 @@ def test_integer_arithmetic_torch_refuses_is_refused_naming_the_op():
                                   f"0 and the quotient is an integer), which has no value")
         b = torch.tensor([3, 1])
         torch.testing.assert_close(op(a, b), op.torch_fn(a, b))
+
+
+def test_an_integer_past_every_float_is_refused_by_name():
+    with pytest.raises(OverflowError):
+        torch.pow(_F16, 10**400)
+    with pytest.raises(RuntimeError, match=r"^PowFwdOp: argument b is 1000+, outside the values "
+                                           r"float16 holds"):
+        PowFwdOp()(_F16, 10**400)

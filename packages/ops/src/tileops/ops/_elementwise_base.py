@@ -47,8 +47,11 @@ def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype) -> None:
     if value is None or isinstance(value, bool) or dtype is torch.bool:
         return
     if dtype.is_floating_point:
-        v = float(value)
-        if v == v and abs(v) != float("inf") and abs(v) > torch.finfo(dtype).max:
+        try:
+            v = float(value)
+        except OverflowError:  # an int past every float: past this dtype's largest too
+            v = None
+        if v is None or (v == v and abs(v) != float("inf") and abs(v) > torch.finfo(dtype).max):
             lo, hi = -torch.finfo(dtype).max, torch.finfo(dtype).max
         else:
             return
