@@ -11,8 +11,9 @@ from tileops.kernels import elementwise as _k
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import is_dense
 
-__all__ = ["ElementwiseOp", "partially_overlap", "refuse_overflow"]
+__all__ = ["ElementwiseOp", "refuse_overflow"]
 
 #: the storage dtypes the generator's call spec states it serves
 _SERVED = _k.DTYPES_SERVED
@@ -69,32 +70,8 @@ def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype) -> None:
                        f"convert it (value cannot be converted without overflow)")
 
 
-def partially_overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """torch's partial-overlap test: two dense views of one storage whose byte ranges meet
-    without being the same range (views that are not dense are not judged, as in torch)."""
-    if a is b or not (_is_dense(tuple(a.shape), a.stride()) and
-                      _is_dense(tuple(b.shape), b.stride())):
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    a0, b0 = a.data_ptr(), b.data_ptr()
-    a1, b1 = a0 + a.numel() * a.element_size(), b0 + b.numel() * b.element_size()
-    return (a0, a1) != (b0, b1) and a0 < b1 and b0 < a1
-
-
 def _noop(*tensors: Any) -> None:
     """The entry of an empty call: nothing to read or write."""
-
-
-def _is_dense(shape: tuple, strides: tuple) -> bool:
-    """Whether ``strides`` lay ``shape`` out non-overlapping and dense (a permutation of a
-    contiguous layout; extent-1 dims' strides address nothing)."""
-    expected = 1
-    for d in sorted((d for d, n in enumerate(shape) if n != 1), key=lambda d: strides[d]):
-        if strides[d] != expected:
-            return False
-        expected *= shape[d]
-    return True
 
 
 def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
@@ -125,7 +102,7 @@ def torch_layout(inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
         return None
     if all(tuple(t.shape) == tuple(shape) for t in ts):
         first = ts[0].stride()
-        if all(t.stride() == first for t in ts) and _is_dense(shape, first):
+        if all(t.stride() == first for t in ts) and is_dense(shape, first):
             return tuple(first)
     ops = [_expanded_strides(t, shape) for t in ts]
 

@@ -50,6 +50,7 @@ from tileops.kernels.attention_decode import (
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import has_data
 
 __all__ = [
     "AttentionDecodeOp",
@@ -112,7 +113,7 @@ class AttentionDecodeOp(Op):
         first and only the pages the longest sequence reads are gathered."""
         paged = self.layout is CacheLayout.PAGED
         read = None
-        if check and _has_data(cache_seqlens):
+        if check and has_data(cache_seqlens):
             read = self._check_data(k_cache, cache_seqlens, block_table)
         if not paged:
             return k_cache, v_cache
@@ -207,13 +208,6 @@ def _attend(q, k, v, cache_seqlens, scale: float, softcap: float | None) -> torc
     scores = scores.masked_fill(~seen[:, None, None, :], -math.inf)
     p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty sequence: every score -inf
     return torch.einsum("bkgs,bskd->bkgd", p, v).reshape(b, h, d)
-
-
-def _has_data(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds values to read (not a fake or meta tensor)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    return not (t.is_meta or is_fake(t))
 
 
 class _Backend(enum.Enum):

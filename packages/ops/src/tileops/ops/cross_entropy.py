@@ -64,6 +64,7 @@ from tileops.kernels.gemm import GemmDType
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import has_data
 from .gemm import GemmAccumulateFwdOp, GemmFwdOp
 
 __all__ = ["CrossEntropyBwdOp", "CrossEntropyFwdOp", "CrossEntropyOp",
@@ -105,7 +106,7 @@ class CrossEntropyOp(Op):
         check nothing on the host, give its row a NaN loss and gradient)."""
         z = x if self.softcap is None else self.softcap * torch.tanh(x / self.softcap)
         valid = target != self.ignore_index
-        if _has_data(target):
+        if has_data(target):
             bad = (valid & ((target < 0) | (target >= x.shape[-1]))).nonzero()
             if bad.numel():
                 i = int(bad[0, 0])
@@ -246,13 +247,6 @@ class CrossEntropyBwdOp(CrossEntropyOp):
 #: for the logits), and the block's logits are all the loss holds beyond its inputs and their
 #: gradients (within the bar of 0.5 GiB)
 BLOCK_BYTES = 1 << 28
-
-
-def _has_data(t: torch.Tensor) -> bool:
-    """Whether ``t`` holds values to read (not a fake or meta tensor)."""
-    from torch._subclasses.fake_tensor import is_fake
-
-    return not (t.is_meta or is_fake(t))
 
 
 def block_rows(rows: int, classes: int, itemsize: int) -> int:

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from tileops.runtime.fastpath import class_function
 
 from ._dtypes import NAMES
-from ._elementwise_base import ElementwiseOp, partially_overlap, refuse_overflow
+from ._elementwise_base import ElementwiseOp, refuse_overflow
 from ._elementwise_grads import (
     AbsBwdOp,
     AddBwdOp,
@@ -86,25 +86,26 @@ from ._elementwise_grads import (
     TanhBwdOp,
     WhereBwdOp,
 )
+from ._memory import partially_overlap
 
 __all__ = [
-    "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp", "ClampBwdOp",
-    "ClampFwdOp", "CosFwdOp", "DivBwdOp", "DivFwdOp", "ElementwiseOp", "EluBwdOp", "EluFwdOp",
-    "EqFwdOp", "ErfFwdOp", "ExpFwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp",
-    "GeFwdOp", "GeluAndMulBwdOp", "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp",
-    "GeluTanhAndMulBwdOp", "GeluTanhAndMulFwdOp", "GtFwdOp", "HardsigmoidBwdOp",
-    "HardsigmoidFwdOp", "HardswishBwdOp", "HardswishFwdOp", "HardtanhBwdOp", "HardtanhFwdOp",
-    "IsfiniteFwdOp", "IsinfFwdOp", "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp",
-    "LerpBwdOp", "LerpFwdOp", "Log1pFwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp",
+    "AbsBwdOp", "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp",
+    "ClampBwdOp", "ClampFwdOp", "CosBwdOp", "CosFwdOp", "DivBwdOp", "DivFwdOp", "ElementwiseOp",
+    "EluBwdOp", "EluFwdOp", "EqFwdOp", "ErfBwdOp", "ErfFwdOp", "ExpBwdOp", "ExpFwdOp",
+    "Expm1BwdOp", "Expm1FwdOp", "FloorFwdOp", "GatedBwdOp", "GatedOp", "GeFwdOp",
+    "GeluAndMulBwdOp", "GeluAndMulFwdOp", "GeluBwdOp", "GeluFwdOp", "GeluTanhAndMulBwdOp",
+    "GeluTanhAndMulFwdOp", "GtFwdOp", "HardsigmoidBwdOp", "HardsigmoidFwdOp", "HardswishBwdOp",
+    "HardswishFwdOp", "HardtanhBwdOp", "HardtanhFwdOp", "IsfiniteFwdOp", "IsinfFwdOp",
+    "IsnanFwdOp", "LeFwdOp", "LeakyReluBwdOp", "LeakyReluFwdOp", "LerpBwdOp", "LerpFwdOp",
+    "Log1pBwdOp", "Log1pFwdOp", "LogBwdOp", "LogFwdOp", "LtFwdOp", "MaskedFillBwdOp",
     "MaskedFillFwdOp", "MaximumBwdOp", "MaximumFwdOp", "MinimumBwdOp", "MinimumFwdOp", "MishBwdOp",
-    "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp", "NegFwdOp", "PowBwdOp", "PowFwdOp",
-    "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp", "RemainderBwdOp", "RemainderFwdOp", "RoundFwdOp",
-    "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
-    "SiluFwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtFwdOp", "SubBwdOp", "SubFwdOp",
-    "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhFwdOp", "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
-    "AbsBwdOp", "CosBwdOp", "ErfBwdOp", "ExpBwdOp", "Expm1BwdOp", "Log1pBwdOp", "LogBwdOp",
-    "NegBwdOp", "ReciprocalBwdOp", "RsqrtBwdOp", "SigmoidBwdOp", "SinBwdOp", "SqrtBwdOp",
-    "TanhBwdOp",
+    "MishFwdOp", "MulBwdOp", "MulFwdOp", "NeFwdOp", "NegBwdOp", "NegFwdOp", "PowBwdOp", "PowFwdOp",
+    "ReciprocalBwdOp", "ReciprocalFwdOp", "ReluBwdOp", "ReluFwdOp", "RemainderBwdOp",
+    "RemainderFwdOp", "RoundFwdOp", "RsqrtBwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp",
+    "SigmoidBwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
+    "SiluFwdOp", "SinBwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtBwdOp",
+    "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhBwdOp", "TanhFwdOp",
+    "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
 

@@ -32,7 +32,6 @@ from __future__ import annotations
 from typing import get_args
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 
 from tileops.kernels.gemm import (
     GemmDType,
@@ -47,6 +46,7 @@ from tileops.kernels.gemm import (
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import extent, has_data
 
 __all__ = ["GemmAccumulateFwdOp", "GemmBwdOp", "GemmFwdOp", "GemmOp"]
 
@@ -138,13 +138,6 @@ class GemmAccumulateFwdOp(GemmOp):
         return addmm_
 
 
-def _extent(t: torch.Tensor) -> tuple[int, int]:
-    """The byte range ``[first, last)`` the elements of a non-empty ``t`` lie in (torch's
-    strides are never negative)."""
-    span = sum((size - 1) * step for size, step in zip(t.shape, t.stride(), strict=True))
-    return t.data_ptr(), t.data_ptr() + (span + 1) * t.itemsize
-
-
 def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
     """Refuse, naming the op and ``c``, a ``c`` that cannot be written in place: elements that
     share memory (an expanded view: which of the sums would it hold?), or memory shared with
@@ -160,13 +153,13 @@ def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Te
             f"overlapping view of shape {tuple(c.shape)} and strides {c.stride()}), so which "
             f"sum an element holds is ambiguous; pass a tensor that owns its elements "
             f"(.contiguous())")
-    if c.is_meta or is_fake(c):  # no memory to compare (fake tensors: tracing, shape checks)
+    if not has_data(c):  # no memory to compare (fake tensors: tracing, shape checks)
         return
     storage = c.untyped_storage().data_ptr()
     for other, t in (("a", a), ("b", b)):
         if t.numel() == 0 or t.untyped_storage().data_ptr() != storage:
             continue
-        (c0, c1), (t0, t1) = _extent(c), _extent(t)
+        (c0, c1), (t0, t1) = extent(c), extent(t)
         if c0 < t1 and t0 < c1:
             raise RuntimeError(
                 f"{name}: c is written in place, but it shares memory with {other} (bytes "

@@ -123,8 +123,9 @@ class _Window:
     @classmethod
     def normalize_params(cls, params: dict[str, Any]) -> dict[str, Any]:
         """A list where the spec takes a tuple (``kernel_size=[3, 3]``), as torch takes it, and
-        an empty ``stride`` as None (the window's, as torch reads it); an adaptive pool's ``output_size`` of one item refused, as torch refuses it (a
-        window's one-item tuple applies to every axis, as in torch)."""
+        an empty ``stride`` as None (the window's, as torch reads it); an adaptive pool's
+        ``output_size`` of one item refused, as torch refuses it (a window's one-item tuple
+        applies to every axis, as in torch)."""
         size = params.get("output_size")
         if cls.adaptive and isinstance(size, list | tuple) and len(size) != cls.nd:
             plan = cls._signature  # type: ignore[attr-defined]

@@ -226,16 +226,7 @@ def reduce_shape(shape: Sequence[int], dim, keepdim: bool) -> tuple[int, ...]:
     """``shape`` reduced over ``dim`` as torch's reductions reduce it: ``dim`` one axis or a
     tuple of axes (each wrapped by :func:`axis`, none repeated), None or an empty tuple meaning
     every axis; the reduced axes are dropped, or kept as 1s with ``keepdim``."""
-    rank = len(shape)
-    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
-        axes: set[int] = set(range(rank))
-    else:
-        axes = set()
-        for d in (dim,) if isinstance(dim, int) else dim:
-            a = axis(d, rank)
-            if a in axes:
-                raise PrimitiveError(f"dim {a} appears more than once in the dims {tuple(dim)}")
-            axes.add(a)
+    axes = _named_axes(len(shape), dim)
     if keepdim:
         return tuple(1 if i in axes else n for i, n in enumerate(shape))
     return tuple(n for i, n in enumerate(shape) if i not in axes)
@@ -245,12 +236,22 @@ def reduced_sizes(shape: Sequence[int], dim) -> tuple[int, ...]:
     """The lengths of the axes of ``shape`` that ``dim`` names, in axis order, read as
     :func:`reduce_shape` reads ``dim`` (None or ``()``: every axis; its refusals too): ``prod``
     of it is the length of the run each output element reduces."""
-    rank = len(shape)
-    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
-        return tuple(shape)
-    reduce_shape(shape, dim, False)  # an axis out of range or repeated: refused as there
-    axes = {axis(d, rank) for d in ((dim,) if isinstance(dim, int) else dim)}
+    axes = _named_axes(len(shape), dim)
     return tuple(n for i, n in enumerate(shape) if i in axes)
+
+
+def _named_axes(rank: int, dim) -> set[int]:
+    """The axes of a tensor of ``rank`` that ``dim`` names: one axis or a tuple of axes (each
+    wrapped by :func:`axis`, none repeated), None or an empty tuple meaning every axis."""
+    if dim is None or (not isinstance(dim, int) and len(dim) == 0):
+        return set(range(rank))
+    axes: set[int] = set()
+    for d in (dim,) if isinstance(dim, int) else dim:
+        a = axis(d, rank)
+        if a in axes:
+            raise PrimitiveError(f"dim {a} appears more than once in the dims {tuple(dim)}")
+        axes.add(a)
+    return axes
 
 
 def per_axis(value, axis: int, n: int, fallback: int | None = None) -> int:
