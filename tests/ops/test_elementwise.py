@@ -98,9 +98,22 @@ def test_add_alpha_and_clamp_bounds_are_params():
 def test_clamp_tensor_bounds_and_refusals():
     x = torch.randn(4, 6)
     lo = torch.full((4, 6), -0.1)
-    hi = torch.rand(6).expand(4, 6)  # a broadcast bound passes as an expanded view
+    hi = torch.rand(6).expand(4, 6)  # an expanded view
     torch.testing.assert_close(ClampFwdOp()(x, lo, hi), torch.clamp(x, lo, hi))
     torch.testing.assert_close(ClampFwdOp()(x, None, hi), torch.clamp(x, max=hi))
+    # bounds that broadcast to x, as torch.clamp takes them: a row, a column, a 0-dim
+    for low, high in ((torch.rand(6) - 1, torch.rand(4, 1)), (torch.tensor(-0.2), None),
+                      (None, torch.rand(1, 1, 6)[0])):
+        torch.testing.assert_close(ClampFwdOp()(x, low, high), torch.clamp(x, low, high))
+        y = x.clone()
+        assert ClampFwdOp(inplace=True)(y, low, high) is y
+        torch.testing.assert_close(y, torch.clamp(x, low, high))
+    # a bound that would broadcast x to a larger shape, or does not broadcast: refused by name
+    for name, bad in (("min_bound", torch.zeros(2, 4, 6)), ("max_bound", torch.zeros(3, 6))):
+        with pytest.raises(SignatureCallError) as exc:
+            ClampFwdOp()(x, **{name: bad})
+        assert str(exc.value).startswith(f"ClampFwdOp: argument {name} does not match")
+        assert "expands_to(S" in str(exc.value)
     with pytest.raises(SignatureCallError, match="ClampFwdOp"):
         ClampFwdOp(min=0.0)(x, lo)  # min given twice: a number and a tensor
     with pytest.raises(SignatureCallError, match=r"present\(min\) or present\(max\)"):

@@ -194,6 +194,11 @@ def test_clamp_forms_and_inplace_write_the_callers_tensor():
     mine, ref = _pair(ops.ClampFwdOp)
     _close(mine(x, lo, hi), ref(x, lo, hi))
     _close(mine(x, None, hi), ref(x, None, hi))
+    # bounds that broadcast: the slot reads them expanded to x's shape
+    row, col = _rand(4, seed=3) - 1, _rand(6, 1, seed=4).abs()
+    _close(mine(x, row, col), ref(x, row, col))
+    assert torch.equal(mine(x, None, torch.tensor(0.1)), x.clamp(max=0.1))
+    launched.clear()
     # a number bound beside a tensor one bounds too, either way round, as torch's clamp
     for params, bounds in ((dict(min=0.1), (None, hi)), (dict(max=0.3), (lo, None)),
                            (dict(min=0.5), (None, torch.full((6, 4), 0.2)))):
@@ -216,7 +221,9 @@ def test_clamp_gradient_passes_where_the_bounds_hold():
     dy, x = _rand(6, 4), _rand(6, 4, seed=1)
     x[0, 0] = -0.5  # at a bound the gradient passes, as torch's
     for params, bounds in (({"min": -0.5}, ()), ({"min": -0.5, "max": 0.5}, ()),
-                           ({}, (torch.full((6, 4), -0.3), _rand(6, 4, seed=2).abs()))):
+                           ({}, (torch.full((6, 4), -0.3), _rand(6, 4, seed=2).abs())),
+                           ({}, (torch.full((4,), -0.3), _rand(6, 1, seed=2).abs())),
+                           ({"max": 0.5}, (torch.tensor(-0.3),))):
         mine, ref = _pair(ops.ClampBwdOp, **params)
         _close(mine(dy, x, *bounds), ref(dy, x, *bounds))
 

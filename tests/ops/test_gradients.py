@@ -101,15 +101,23 @@ def _structures(cls: type[Op]) -> list[Case]:
 
 def _presences(cls: type[Op], case: Case | None = None) -> list[dict[str, bool]]:
     """Every combination of the optional inputs given or not; with a case, those its
-    refinements admit (a clamp's number bound and tensor bound exclude each other)."""
+    refinements admit (a clamp's number bound and tensor bound exclude each other) and its
+    values shape (a case without a bound's own shape index gives no such bound)."""
     plan = cls._signature
     optional = plan.optional_inputs
     combos = [dict(zip(optional, bits, strict=True))
               for bits in itertools.product((True, False), repeat=len(optional))]
     if case is None:
         return combos
-    return [p for p in combos
-            if all(evaluate(r.node, _scope(plan, case.values, p)) for r in plan.sig.shape_rules)]
+
+    def admitted(p: dict[str, bool]) -> bool:
+        try:
+            return all(evaluate(r.node, _scope(plan, case.values, p))
+                       for r in plan.sig.shape_rules)
+        except EvalError:  # an index of a given input the case has no value for
+            return False
+
+    return [p for p in combos if admitted(p)]
 
 
 def _id(present: Mapping[str, bool]) -> str:

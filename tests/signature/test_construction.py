@@ -309,14 +309,15 @@ def _entry(**inputs: InputDecl) -> OpEntry:
 
 
 def test_plan_of_an_invalid_entry_raises_spec_error() -> None:
-    # H is only read by an optional input: the validator finds it unsolvable
+    # H is only read by an optional input, and the output's shape reads it: no value for the
+    # calls without r
     entry = _entry(x=InputDecl(dtype=Expr("T"), shape=Expr("[*S]")),
                    r=InputDecl(dtype=Expr("T"), shape=Expr("[H]"), optional=Expr("True")))
     with pytest.raises(SpecError) as info:
         SignaturePlan("BadOp", entry)
     assert not isinstance(info.value, SignatureCallError)
     assert [d.rule for d in info.value.diagnostics] == ["solvable"]
-    assert "forall index H is not solvable" in str(info.value)
+    assert "'[*S, H]' reads H, which only the optional input r gives" in str(info.value)
 
 
 def test_spec_error_from_a_loaded_file_names_file_and_line() -> None:

@@ -95,3 +95,38 @@ def test_an_input_shaped_by_a_let_is_checked() -> None:
           call:     grad_output: f32[4, 6], input: f32[4, 10]
           bound:    T = float32, N = 4, H = 10, H_out = 5
           spec:     bwd.yaml:11 (MaxPool1dBwdOp.signature.inputs.grad_output)""")
+
+
+OPTIONAL_INDEX = """\
+BoundedOp:
+  family: x
+  status: spec-only
+  signature:
+    forall: {S: Shape, SB: Shape, T: "DType[float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+      bound: {dtype: T, shape: "[*SB]", optional: true}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
+    shape_rules:
+    - "not present(bound) or expands_to(SB, S)"
+"""
+
+
+def test_an_index_only_an_optional_input_gives_is_bound_where_it_is_given() -> None:
+    spec = load_spec_text(OPTIONAL_INDEX, "opt.yaml")
+    p = SignaturePlan("BoundedOp", spec.entries["BoundedOp"], spec=spec,
+                      adapter=ADAPTER).construct()
+    assert p.check(T(2, 3), T(3)).indices == {"S": (2, 3), "SB": (3,), "T": "float32"}
+    assert p.check(T(2, 3), T(2, 1)).indices["SB"] == (2, 1)
+    # absent: the index has no value, and the guarded rule is folded away
+    absent = p.check(T(2, 3), None)
+    assert absent.indices == {"S": (2, 3), "T": "float32"}
+    assert absent.values[1] is None and absent.output_shapes == ((2, 3),)
+    assert "SB" not in p.source().split("if t_bound is None:")[1].split("else:")[0]
+    for bad in (T(4), T(1, 2, 3)):
+        with pytest.raises(SignatureCallError) as info:
+            p.check(T(2, 3), bad)
+        assert info.value.argument == "bound"
+        assert info.value.because.startswith(
+            "refinement 'not present(bound) or expands_to(SB, S)' does not hold")

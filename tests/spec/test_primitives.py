@@ -25,6 +25,7 @@ from tileops.spec.primitives import (
     conv_out,
     cumsum,
     describe,
+    expands_to,
     full,
     per_axis,
     pool_out,
@@ -132,6 +133,20 @@ def test_broadcast_matches_the_reference(shapes) -> None:
             broadcast(*shapes)
     else:
         assert broadcast(*shapes) == expected
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from([1, 2, 3]), max_size=4).map(tuple),
+       st.lists(st.sampled_from([1, 2, 3]), max_size=4).map(tuple))
+def test_expands_to_is_torchs_expand(shape, target) -> None:
+    import torch
+
+    try:
+        torch.empty(shape).expand(target)
+        ok = True
+    except RuntimeError:
+        ok = False
+    assert expands_to(shape, target) is ok
 
 
 def test_broadcast_examples_and_error() -> None:
@@ -246,7 +261,8 @@ def test_generator_examples_and_errors() -> None:
 
 
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
-    assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "itemsize", "len",
+    assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "expands_to",
+                                  "itemsize", "len",
                                   "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape", "reduced_sizes",
                                   "replace_axis", "result_type", "size_at"]

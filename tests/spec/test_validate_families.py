@@ -8,6 +8,7 @@ import pytest
 
 from .validate_base import (
     FLAG,
+    FLOPS,
     FORALL,
     LAYOUT,
     ROW,
@@ -19,6 +20,14 @@ from .validate_base import (
     passing_params,
     shown,
 )
+
+#: b's shape is read by no required input: B is given only where b is
+OPT = ("forall: {M: Dim,", "forall: {B: Shape, M: Dim,",
+       X, X + '\n      b: {dtype: T, shape: "[*B]", optional: true}',
+       "    outputs:", '    shape_rules:\n    - "not present(b) or expands_to(B, [M, N])"\n'
+       "    outputs:")
+_ONLY_B = ("reads B, which only the optional input b gives: it may appear only in its "
+           "declaration and in shape rules of the form 'not present(b) or ...'")
 
 PASSING = {
     "family": [
@@ -54,6 +63,13 @@ PASSING = {
             ROW, "{B: [], M: 2, N: 3,")),
         ("every-family-case", edit(*mat('{when: false, is: "[R, C]"}',
                                         '{when: true, is: "[C, R]"}'))),
+        # an index only an optional input gives: read where that input is present
+        ("optional-input-index", edit(
+            *OPT, ROW, ROW + " B: [3], some: [b],", "label: small}",
+            "label: small}\n  - {M: 2, N: 3, dtype_cases: [{T: float16}], label: without-b}")),
+        ("optional-input-dtype", edit(
+            "forall: {M: Dim,", 'forall: {U: "DType[float32 | float16]", M: Dim,',
+            X, X + '\n      b: {dtype: U, shape: "[M, N]", optional: true}')),
     ],
 }
 
@@ -242,13 +258,13 @@ FAILING = [
     pytest.param(
         edit(X, 'x: {dtype: T, shape: "[M]"}\n      w: {dtype: T, shape: "[N]", optional: true}', "label: small}", "label: small, some: [w]}"),
         [
-            (
-                "solvable",
-                "op.yaml:5: in Op.signature.forall.N: forall index N is not solvable from the"
-                " inputs: N does not appear where unification can read it (a bare axis, an"
-                " affine axis like 2 * N + 1, or the only unknown-length *N of a required"
-                " input)",
-            ),
+            # N has a value only where w is given: an output and the roofline cannot read it
+            ("solvable", "op.yaml:12: in Op.signature.outputs.y.shape: '[M, N]' reads N, which "
+                         "only the optional input w gives: it may appear only in its declaration "
+                         "and in shape rules of the form 'not present(w) or ...'"),
+            ("solvable", "op.yaml:16: in Op.roofline.flops: 'M * N' reads N, which only the "
+                         "optional input w gives: it may appear only in its declaration and in "
+                         "shape rules of the form 'not present(w) or ...'"),
         ],
         id="solvable:only-in-an-optional-input",
     ),
@@ -284,6 +300,28 @@ FAILING = [
             ),
         ],
         id="solvable:in-one-family-case",
+    ),
+    pytest.param(
+        edit(*OPT[:4], "    outputs:", '    shape_rules:\n    - "expands_to(B, [M, N])"\n'
+             "    outputs:"),
+        [("solvable", f"op.yaml:12: in Op.signature.shape_rules[0]: 'expands_to(B, [M, N])' "
+                      f"{_ONLY_B}"),
+         ("workload", "op.yaml:16: in Op.workloads[0].dtype_cases[0]: workload 'small': "
+                      "refinement 'expands_to(B, [M, N])': 'B' has no value here")],
+        id="solvable:optional-index-in-an-unguarded-rule",
+    ),
+    pytest.param(
+        edit(*OPT, Y, 'y: {dtype: T, shape: "[M, N, *B]"}', FLOPS, 'flops: "M * prod(B)"'),
+        [("solvable", f"op.yaml:14: in Op.signature.outputs.y.shape: '[M, N, *B]' {_ONLY_B}"),
+         ("solvable", f"op.yaml:18: in Op.roofline.flops: 'M * prod(B)' {_ONLY_B}"),
+         ("workload", "op.yaml:16: in Op.workloads[0].dtype_cases[0]: workload 'small': "
+                      "shape of y ([M, N, *B]): 'B' has no value here")],
+        id="solvable:optional-index-in-an-output-and-the-roofline",
+    ),
+    pytest.param(
+        edit(*OPT, ROW, ROW + " some: [b],"),
+        [("workload", "op.yaml:16: in Op.workloads[0]: workload 'small' does not give B")],
+        id="workload:optional-index-where-its-input-is-given",
     ),
 ]
 

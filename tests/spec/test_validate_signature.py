@@ -163,7 +163,7 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
-                " axis, broadcast, ceil_div, conv.out, itemsize, len, max, min, naxes,"
+                " axis, broadcast, ceil_div, conv.out, expands_to, itemsize, len, max, min, naxes,"
                 " per_axis, pool.out, present, prod, promote, promote_int_to_float, reduce_shape,"
                 " reduced_sizes, replace_axis, result_type, size_at",
             ),
@@ -176,8 +176,8 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'prefix_sum(M)': unknown primitive"
-                " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, itemsize, len, max,"
-                " min, naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
+                " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, expands_to, itemsize,"
+                " len, max, min, naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
                 " reduce_shape, reduced_sizes, replace_axis, result_type, size_at",
             ),
         ],

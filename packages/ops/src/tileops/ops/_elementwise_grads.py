@@ -414,7 +414,8 @@ class ClampBwdOp(BinaryBwdOp):
         bounds = []
         for tensor, value, cmp in ((min_bound, self.min, "ge"), (max_bound, self.max, "le")):
             if tensor is not None or value is not None:
-                bounds.append((cmp, tensor if tensor is not None else self._const(value, x)))
+                bounds.append((cmp, tensor.expand(shape) if tensor is not None
+                               else self._const(value, x)))
         if not bounds:
             dx.copy_(dy)
             return

@@ -386,8 +386,8 @@ class ClampFwdOp(ElementwiseOp):
     (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
     ``x`` itself under a flag that says it bounds nothing, and a number bound beside a tensor
     one as a 0-dim tensor of x's dtype, expanded (the rounding keeps clamp's result: it is
-    monotone). A tensor bound has x's shape, as the entry states (a broadcast one is passed as
-    an expanded view, read with stride 0)."""
+    monotone). A tensor bound broadcasts to x's shape, as the entry states (``expands_to``):
+    the kernel reads its expanded view, a broadcast axis with stride 0, not a copy."""
 
     fn = "clamp"
 
@@ -435,8 +435,8 @@ class ClampFwdOp(ElementwiseOp):
             self._launch(call, [x], (y,))
             return
         self.refuse_params([x])  # before a number bound becomes a tensor of x's dtype
-        lo = min_bound if min_bound is not None else self._bound(self.min, x)
-        hi = max_bound if max_bound is not None else self._bound(self.max, x)
+        lo = min_bound.expand(x.shape) if min_bound is not None else self._bound(self.min, x)
+        hi = max_bound.expand(x.shape) if max_bound is not None else self._bound(self.max, x)
         form = ("clamp_tensor", (lo is not None, hi is not None))
         self._launch(call, [x, x if lo is None else lo, x if hi is None else hi], (y,), form)
 

@@ -68,11 +68,15 @@ class SignatureCall(msgspec.Struct, frozen=True, gc=False):
     @property
     def indices(self) -> dict[str, Any]:
         """Every index value: forall indices, construction params and let definitions.
-        DType indices are spec names (``"bfloat16"``)."""
+        DType indices are spec names (``"bfloat16"``). An index only absent optional inputs
+        give has no value and is left out."""
         out = dict(self.point.params)
         names_of = self.point.adapter.names
         lazy = self.point.lazy
+        forall = self.point.plan.sig.forall
         for name, v in zip(self.point.index_names, self.values, strict=True):
+            if v is None and name in forall:
+                continue
             if name in lazy:  # a Shape index stored as the whole shape it was sliced from
                 _, a, b = lazy[name]
                 v = tuple(v[a:len(v) - b])

@@ -94,9 +94,25 @@ class ExprCompiler:
             return E.BinOp(node.op, self.fold(node.left, presence, bound),
                            self.fold(node.right, presence, bound))
         if isinstance(node, E.UnaryOp):
-            return E.UnaryOp(node.op, self.fold(node.operand, presence, bound))
+            operand = self.fold(node.operand, presence, bound)
+            if node.op == "not" and isinstance(operand, E.Bool):
+                return E.Bool(not operand.value)
+            return E.UnaryOp(node.op, operand)
         if isinstance(node, E.BoolOp):
-            return E.BoolOp(node.op, tuple(self.fold(v, presence, bound) for v in node.values))
+            # a literal decides or drops out, so what only a given input's indices can
+            # compute (``not present(m) or expands_to(SM, S)``) is gone where m is absent
+            decides = node.op == "or"
+            kept: list[E.Node] = []
+            for v in node.values:
+                f = self.fold(v, presence, bound)
+                if isinstance(f, E.Bool):
+                    if f.value == decides:
+                        return E.Bool(decides)
+                    continue
+                kept.append(f)
+            if not kept:
+                return E.Bool(not decides)
+            return kept[0] if len(kept) == 1 else E.BoolOp(node.op, tuple(kept))
         if isinstance(node, E.Compare):
             return E.Compare(self.fold(node.left, presence, bound), node.ops,
                              tuple(self.fold(c, presence, bound) for c in node.comparators))

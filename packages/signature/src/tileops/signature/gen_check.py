@@ -108,6 +108,19 @@ class Generator(ExprCompiler):
             visit(n)
         return order
 
+    def optional_indices(self, presence: dict[str, bool]) -> frozenset[str]:
+        """The forall indices only absent optional inputs read (in their shapes and
+        dtypes): unbound in a body without those inputs (the validator keeps them out of
+        everything else such a body computes)."""
+        absent = {n for n, given in presence.items() if not given}
+
+        def reads(n: str) -> set[str]:
+            d = self.sig.inputs[n]
+            return {*d.shape.names(), *d.dtype.names()} & set(self.sig.forall)
+
+        read = {m for n in self.sig.inputs if n not in absent for m in reads(n)}
+        return frozenset(m for n in absent for m in reads(n) if m not in read)
+
     def _where(self, path: str) -> str:
         return self.plan.where(path)
 

@@ -84,10 +84,14 @@ def emit_outputs(b: Body) -> None:
     # the call's device (see Body._devices); None without tensor inputs (outputs go to the
     # default device) or for an adapter without devices
     device = b.device_code
+    # an index only absent inputs read has no value in this body: None
+    unread = b.g.optional_indices(b.presence)
     for n in b.g.index_names:
-        if n in b.g.lazy and b.by.get(n, "").split(".")[0] != b.g.lazy[n][0]:
+        if n in b.g.lazy and n not in unread \
+                and b.by.get(n, "").split(".")[0] != b.g.lazy[n][0]:
             raise LazyConflict(n)
-    vals = [f"s_{b.g.lazy[n][0]}" if n in b.g.lazy else f"i_{n}" for n in b.g.index_names]
+    vals = ["None" if n in unread else f"s_{b.g.lazy[n][0]}" if n in b.g.lazy else f"i_{n}"
+            for n in b.g.index_names]
     if b.mode == "derive":
         b.emit(f"return {tuple_code(vals)}, {tuple_code(shapes)}, {tuple_code(dtypes)}")
         return

@@ -90,7 +90,8 @@ class Body:
                 continue
             self.unify(n, decl)
         self.solve_deferred()
-        missing = [n for n in self.sig.forall if n not in self.bound_set]
+        missing = [n for n in self.sig.forall
+                   if n not in self.bound_set and n not in self.g.optional_indices(presence)]
         if missing:
             raise GenError(f"forall index {missing[0]} is not bound by the inputs")
         self.lets()

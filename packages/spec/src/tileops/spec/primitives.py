@@ -38,6 +38,7 @@ __all__ = [
     "axis",
     "broadcast",
     "ceil_div",
+    "expands_to",
     "naxes",
     "no_promotion",
     "per_axis",
@@ -172,6 +173,13 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
                 elif o != d:
                     _broadcast_error(shapes)
     return tuple(out)
+
+
+def expands_to(shape: Sequence[int], target: Sequence[int]) -> bool:
+    """Whether a tensor of ``shape`` expands to ``target`` as ``Tensor.expand`` does: no more
+    axes, and each of its axes (aligned from the right) equal to the target's or 1."""
+    off = len(target) - len(shape)
+    return off >= 0 and all(d == 1 or d == target[off + i] for i, d in enumerate(shape))
 
 
 def _broadcast_error(shapes: Sequence[Sequence[int]]) -> None:
@@ -384,6 +392,9 @@ PRIMITIVES: dict[str, Primitive] = {
             "broadcast(S1, S2, ...): the broadcast shape of the given shapes",
             variadic="shape",
         ),
+        Primitive("expands_to", ("shape", "shape"), lambda a: BoolK(), expands_to,
+                  "expands_to(A, S): whether a tensor of shape A expands to S (Tensor.expand: "
+                  "no more axes, each equal to S's or 1)"),
         Primitive("prod", ("shape",), lambda a: DimK(), prod, "prod(S): number of elements"),
         Primitive(
             "reduce_shape",

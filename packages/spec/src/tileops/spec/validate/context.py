@@ -29,6 +29,8 @@ class EntryModel:
     let_order: list[str] = field(default_factory=list)
     optional_inputs: set[str] = field(default_factory=set)
     nullable_outputs: set[str] = field(default_factory=set)
+    #: index -> the optional inputs that alone give it (see :mod:`.solvable`)
+    optional_indices: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 class Report:

@@ -3,6 +3,12 @@ inputs: a bare axis, an affine axis with one unknown (``[2 * M + 1]``), the only
 unknown-length splice of a shape (``[*B, N]``), or the dtype of a required input. The solver
 tries every case of every family application, so an index one case hides is reported with
 the case.
+
+An index that only optional inputs read (``min_bound: {shape: "[*SM]", optional: true}``) has
+a value only in calls that give one of them. It may appear in those inputs' shapes and in
+shape rules guarded by the presence of one of them (``not present(min_bound) or
+expands_to(SM, S)``), nowhere else: an output, a let or a roofline must be computable in every
+call.
 """
 
 from __future__ import annotations
@@ -44,13 +50,101 @@ def check_solvable(ctx: EntryContext) -> None:
                     f"{app[0]}[{', '.join(map(E.unparse, app[1]))}] is "
                     f"{ctx.sig.types[app[0]].cases[i].is_.text}"
                     for app, i in combo) if combo else ""
+    optional_only = _optional_only(ctx, unsolved, set(targets), apps)
     for n, where in unsolved.items():
+        if n in optional_only:
+            continue
         k = ctx.model.kinds[n]
         how = ("no required input has dtype " + n) if isinstance(k, DTypeK) else (
             f"{n} does not appear where unification can read it (a bare axis, an affine "
             f"axis like 2 * {n} + 1, or the only unknown-length *{n} of a required input)")
         ctx.report.add(f"{ctx.sig_path}.forall.{n}", f"forall index {n} is not solvable from the "
                        f"inputs: {how}" + (f" (when {where})" if where else ""), "solvable")
+
+
+def _optional_only(ctx: EntryContext, unsolved: Mapping[str, str], targets: set[str],
+                   apps: list[tuple]) -> set[str]:
+    """The unsolved indices that optional inputs solve (with the required ones) and that are
+    read only where those inputs are given; a use elsewhere is reported here."""
+    readers: dict[str, list[str]] = {}
+    for n, d in ctx.sig.inputs.items():
+        if n not in ctx.model.optional_inputs:
+            continue
+        names = set(d.shape.names())
+        if isinstance(d.dtype.node, E.Name):
+            names.add(d.dtype.node.id)
+        for m in names & set(unsolved):
+            readers.setdefault(m, []).append(n)
+    if not readers:
+        return set()
+    required = [d.shape.node for n, d in ctx.sig.inputs.items()
+                if n not in ctx.model.optional_inputs]
+    given = [d.shape.node for n, d in ctx.sig.inputs.items()
+             if n in ctx.model.optional_inputs and not _family_apps([d.shape.node],
+                                                                    ctx.sig.types)]
+    known = {n for n, s in ctx.model.sources.items() if s == "params"}
+    solved = targets - set(unsolved)
+    ok: set[str] = set()
+    for m in readers:
+        if isinstance(ctx.model.kinds[m], DTypeK):
+            ok.add(m)  # read as the dtype of an optional input
+            continue
+        if apps:  # family cases may hide it: left to the required inputs' report
+            continue
+        if m in _solve([*required, *given], targets, known | solved, ctx.model.kinds):
+            ok.add(m)
+    for m in ok:
+        ins = readers[m]
+        ctx.model.optional_indices[m] = tuple(ins)
+        guard = " or ".join(f"'not present({i}) or ...'" for i in ins)
+        for path, ex in _uses(ctx, m, ins):
+            ctx.report.add(path, f"{ex.text!r} reads {m}, which only the optional input"
+                           f"{'s' if len(ins) > 1 else ''} {', '.join(ins)} give"
+                           f"{'' if len(ins) > 1 else 's'}: it may appear only in "
+                           f"{'their' if len(ins) > 1 else 'its'} declaration and in shape "
+                           f"rules of the form {guard}", "solvable")
+    return ok
+
+
+def _uses(ctx: EntryContext, m: str, readers: list[str]):
+    """(path, expression) of each place of the entry that reads index ``m`` outside the
+    optional inputs ``readers`` and the shape rules their presence guards."""
+    sig, p = ctx.sig, ctx.sig_path
+    for n, d in sig.inputs.items():
+        fields = [("optional", d.optional), ("mutated", d.mutated)]
+        if n not in readers:
+            fields += [("shape", d.shape), ("dtype", d.dtype)]
+        if d.values is not None:
+            fields.append(("values", d.values))
+        for f, ex in fields:
+            if m in ex.names():
+                yield f"{p}.inputs.{n}.{f}", ex
+    for n, d in sig.outputs.items():
+        for f, ex in (("shape", d.shape), ("dtype", d.dtype), ("nullable", d.nullable),
+                      ("returned", d.returned)):
+            if m in ex.names():
+                yield f"{p}.outputs.{n}.{f}", ex
+    for n, ex in sig.let.items():
+        if m in ex.names():
+            yield f"{p}.let.{n}", ex
+    for i, ex in enumerate(sig.shape_rules):
+        if m in ex.names() and not _guarded(ex.node, readers):
+            yield f"{p}.shape_rules[{i}]", ex
+    roof = ctx.entry.roofline
+    if roof is not None:
+        for f, ex in (("flops", roof.flops), ("bytes", roof.bytes)):
+            if ex is not None and m in ex.names():
+                yield f"{ctx.name}.roofline.{f}", ex
+
+
+def _guarded(node: E.Node, readers: list[str]) -> bool:
+    """Whether a rule is ``not present(i) or ...`` for one of ``readers``: true wherever
+    ``i`` is absent, so the rest is evaluated only where ``i`` gives its indices."""
+    if not (isinstance(node, E.BoolOp) and node.op == "or"):
+        return False
+    return any(isinstance(v, E.UnaryOp) and v.op == "not" and isinstance(v.operand, E.Call)
+               and v.operand.func == "present" and v.operand.args
+               and E.dotted_name(v.operand.args[0]) in readers for v in node.values)
 
 
 def _family_apps(shapes: list[E.Node], families: Mapping[str, TypeFamily]) -> list[tuple]:

@@ -36,7 +36,10 @@ def check_workloads(ctx: EntryContext) -> None:
                 hint = " (let values are computed, not given)" if k in ctx.sig.let else ""
                 ctx.report.add(f"{path}.{k}", f"{k!r} is not an index or a param of "
                                f"{ctx.name}{hint}", "workload")
-        missing = [n for n in needed if n not in row.values]
+        # an index only optional inputs give is needed where the row gives one of them
+        missing = [n for n in needed if n not in row.values and not (
+            n in ctx.model.optional_indices
+            and not set(ctx.model.optional_indices[n]) & set(row.some))]
         missing += [n for n, p in ctx.sig.params.items()
                     if p.required and n not in row.values]
         missing += [n for n in ctx.sig.data if n not in row.values]
@@ -59,7 +62,9 @@ def check_workloads(ctx: EntryContext) -> None:
             cpath = f"{path}.dtype_cases[{j}]" if row.dtype_cases else path
             for n in forall_dtype:
                 members = ctx.model.kinds[n].members  # type: ignore[attr-defined]
-                if n not in case and len(members) != 1:
+                if n not in case and len(members) != 1 and not (
+                        n in ctx.model.optional_indices
+                        and not set(ctx.model.optional_indices[n]) & set(row.some)):
                     ctx.report.add(cpath, f"dtype case does not give {n} "
                                    f"({' | '.join(members)})", "workload")
                 elif n in case and case[n] not in members:
