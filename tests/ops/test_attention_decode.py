@@ -255,6 +255,31 @@ def test_paged_matches_the_same_keys_contiguous(page):
     assert _rel(paged, _attention64(q, k, v, lens, 1 / 8)) < 1e-2
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_what_lies_past_a_length_is_not_read(paged):
+    """A cache made by torch.empty may hold NaN or inf past a sequence's length, in its last
+    page or in pages of other sequences: the output is that of the cache zeroed there (a
+    zero-length sequence gives 0), as the kernels zero-fill those keys and values."""
+    q, k, v = _random(3, 64, 4, 2, 64)
+    lens = _lens(37, 0, 64)
+    clean = GQA(target=REFERENCE)(q, k, v, lens)
+    k, v = k.clone(), v.clone()
+    k[0, 37:], v[0, 37:], k[1], v[1] = math.nan, math.inf, math.nan, math.nan
+    if paged:
+        kp, vp, table = _paged_from(k, v, 16, lens)
+        # and a page no sequence's table names
+        kp, vp = (torch.cat([c, torch.full_like(c[:1], math.nan)]) for c in (kp, vp))
+        got = Paged(target=REFERENCE)(q, kp, vp, lens, table)
+    else:
+        got = GQA(target=REFERENCE)(q, k, v, lens)
+    torch.testing.assert_close(got, clean, rtol=0, atol=0)
+    assert not got[1].any()
+    # a NaN within a length reaches that sequence's output, as prefill attention's does
+    q[2, 0, 0] = math.nan
+    got = GQA(target=REFERENCE)(q, k, v, lens)
+    assert got[2].isnan().any() and not got[:2].isnan().any()
+
+
 def test_paged_mha_matches_the_same_keys_contiguous():
     q, k, v = _random(3, 64, 4, 4, 64)
     lens = _lens(64, 33, 1)

@@ -197,16 +197,23 @@ class GroupedQueryAttentionDecodePagedWithKVCacheFwdOp(AttentionDecodeOp):
 
 def _attend(q, k, v, cache_seqlens, scale: float, softcap: float | None) -> torch.Tensor:
     """``o (B, H, D)`` of ``q (B, H, D)`` over the first ``cache_seqlens[b]`` keys of the dense
-    ``k``, ``v`` ``(B, S, H_kv, D)``, computed in ``q``'s dtype; 0 for an empty sequence."""
+    ``k``, ``v`` ``(B, S, H_kv, D)``, computed in ``q``'s dtype; 0 for an empty sequence.
+    Nothing past a sequence's length is read, whatever it holds (a cache made by
+    ``torch.empty`` may hold NaN there), as the kernels zero-fill those keys and values; a NaN
+    within the length (or in ``q``) reaches the output, as prefill attention's does."""
     b, h, d = q.shape
     s, hk = k.shape[1], k.shape[2]
     qg = q.reshape(b, hk, h // hk, d)
+    seen = torch.arange(s, device=q.device) < cache_seqlens.to(q.device)[:, None]  # (B, S)
+    k = k.masked_fill(~seen[:, :, None, None], 0)
+    v = v.masked_fill(~seen[:, :, None, None], 0)
     scores = torch.einsum("bkgd,bskd->bkgs", qg, k) * scale
     if softcap is not None:
         scores = softcap * torch.tanh(scores / softcap)
-    seen = torch.arange(s, device=q.device) < cache_seqlens.to(q.device)[:, None]  # (B, S)
     scores = scores.masked_fill(~seen[:, None, None, :], -math.inf)
-    p = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # an empty sequence: every score -inf
+    p = torch.softmax(scores, dim=-1)
+    # an empty sequence (every score -inf, softmax NaN) gives 0
+    p = p.masked_fill(~seen.any(dim=1)[:, None, None, None], 0.0)
     return torch.einsum("bkgs,bskd->bkgd", p, v).reshape(b, h, d)
 
 
