@@ -88,6 +88,20 @@ def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():
     assert torch.equal(visible(300, 100, 16, 0).any(dim=1), torch.arange(300) >= 200)
 
 
+@pytest.mark.parametrize(("b", "s_q", "s_kv"), [(1, 3, 0), (0, 3, 5), (2, 0, 5)])
+@pytest.mark.parametrize("h_kv", [1, 2, 4])
+def test_empty_batches_queries_or_keys_train(b, s_q, s_kv, h_kv):
+    """An empty batch, query or key axis: output 0 (no key is seen), and every gradient of its
+    input's shape, zero (grouped heads included, where the key gradients are summed over
+    each group)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(b, s_q, s_kv, 4, h_kv, 8))
+    o = GroupedQueryAttentionFwdOp()(q, k, v)
+    assert o.shape == (b, s_q, 4, 8) and not o.any()
+    (o * 2).sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and not t.grad.any()
+
+
 def test_lse_softcap_and_scale():
     q, k, v = _qkv(2, 7, 9, 4, 2, 8)
     op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)

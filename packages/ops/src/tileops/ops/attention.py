@@ -361,8 +361,9 @@ def attention_grads(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
             dq[bi, :, r0:r1] = scale * torch.matmul(ds, kf[bi])
             dk[bi] += scale * torch.matmul(ds.transpose(-1, -2), qc)
     if g > 1:
-        dk = dk.view(b, h_kv, g, s_kv, -1).sum(2)
-        dv = dv.view(b, h_kv, g, s_kv, -1).sum(2)
+        # every size named: a -1 is ambiguous where another is 0 (an empty batch or keys)
+        dk = dk.view(b, h_kv, g, s_kv, dk.shape[-1]).sum(2)
+        dv = dv.view(b, h_kv, g, s_kv, dv.shape[-1]).sum(2)
     if bshd:
         dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
     return dq, dk, dv
