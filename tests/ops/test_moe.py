@@ -27,6 +27,7 @@ from tileops.ops.moe import (
     GroupedGemmBwdOp,
     GroupedGemmFwdOp,
     MaskedLayoutSpec,
+    MoePermuteAlignBwdOp,
     MoePermuteAlignFwdOp,
     MoeTopkGatingFwdOp,
     MoeUnpermuteBwdOp,
@@ -271,6 +272,28 @@ def test_unpermute_matches_the_token_loop(m, k, r, h) -> None:
             if rows[t, j] >= 0:
                 ref[t] += w[t, j] * y[rows[t, j]]
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad", [9, 8, -2])
+def test_rows_outside_the_rows_are_refused_by_name(bad) -> None:
+    """A slot that is neither a row of y nor -1 (dropped), in the unpermutation, its gradient
+    and the permutation's gradient: refused naming the op, the slot, its value and the range;
+    the op serves the next call."""
+    y, w = torch.randn(8, 3, dtype=torch.float64), torch.ones(2, 2, dtype=torch.float64)
+    rows = torch.tensor([[0, -1], [1, bad]], dtype=torch.int32)
+    good = torch.tensor([[0, -1], [1, 7]], dtype=torch.int32)
+    calls = [(MoeUnpermuteFwdOp(target=REF), (y, rows, w), (y, good, w)),
+             (MoeUnpermuteBwdOp(target=REF), (torch.ones(2, 3, dtype=torch.float64), y, rows, w),
+              (torch.ones(2, 3, dtype=torch.float64), y, good, w)),
+             (MoePermuteAlignBwdOp(target=REF), (y.reshape(2, 4, 3), rows),
+              (y.reshape(2, 4, 3), good))]
+    for op, args, fine in calls:
+        with pytest.raises(IndexError) as exc:
+            op(*args)
+        of = "dy" if isinstance(op, MoePermuteAlignBwdOp) else "y"
+        assert str(exc.value) == (f"{type(op).__name__}: rows[1, 1] is {bad}: not a row of {of} "
+                                  f"in [0, 8) and not -1 (a dropped slot)")
+        op(*fine)
 
 
 # --- the grouped GEMM --------------------------------------------------------------------------

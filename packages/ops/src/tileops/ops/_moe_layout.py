@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ._memory import has_data
+
 __all__ = [
     "Grouping",
     "LayoutValue",
@@ -30,6 +32,7 @@ __all__ = [
     "grouped_gemm_reference",
     "group_slots",
     "permute_reference",
+    "refuse_bad_rows",
     "unpermute_reference",
     "wide_dtype",
 ]
@@ -187,6 +190,20 @@ def permute_reference(x: torch.Tensor, ids: torch.Tensor, experts: int,
     if layout.masked:
         y = y.view(experts, layout.max_m, x.shape[1])
     return y, g.metadata, g.rows
+
+
+def refuse_bad_rows(op: object, rows: torch.Tensor, count: int, of: str) -> None:
+    """A slot of ``rows`` that is neither a row of ``of`` (``count`` rows) nor -1 (dropped) is
+    refused by name where the tensor holds data (the references; the kernels check nothing
+    on the host)."""
+    if not has_data(rows) or rows.numel() == 0:
+        return
+    bad = ((rows < -1) | (rows >= count)).nonzero()
+    if bad.numel():
+        at = tuple(int(i) for i in bad[0])
+        raise IndexError(
+            f"{type(op).__name__}: rows[{', '.join(map(str, at))}] is {int(rows[at])}: not a "
+            f"row of {of} in [0, {count}) and not -1 (a dropped slot)")
 
 
 def unpermute_reference(y: torch.Tensor, rows: torch.Tensor,

@@ -32,6 +32,7 @@ torch's: torch._grouped_mm (a peer where torch has it) and per-expert loops of t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, get_args
 
@@ -82,6 +83,7 @@ from ._moe_layout import (
     grouped_gemm_reference,
     permute_bwd_reference,
     permute_reference,
+    refuse_bad_rows,
     unpermute_bwd_reference,
     unpermute_reference,
 )
@@ -273,6 +275,7 @@ class MoeUnpermuteFwdOp(MoeOp):
         entry(_laid(y), _laid(rows), _laid(weights), out)
 
     def reference(self, call, y, rows, weights):
+        refuse_bad_rows(self, rows, y.shape[0], "y")
         return (unpermute_reference(y, rows, weights),)
 
     def eager(self):
@@ -387,6 +390,7 @@ class MoePermuteAlignBwdOp(MoeOp):
         entry(_laid(dy).view(-1, h), _laid(rows), unit, dx)
 
     def reference(self, call, dy, rows):
+        refuse_bad_rows(self, rows, math.prod(dy.shape[:-1]), "dy")
         return (permute_bwd_reference(dy, rows),)
 
     def eager(self):
@@ -420,6 +424,7 @@ class MoeUnpermuteBwdOp(MoeOp):
                                              grad_weights=False)[0])
 
     def reference(self, call, dout, y, rows, weights):
+        refuse_bad_rows(self, rows, y.shape[0], "y")
         return unpermute_bwd_reference(dout, y, rows, weights, grad_y=self.grad_y,
                                        grad_weights=self.grad_weights)
 
