@@ -84,6 +84,19 @@ def test_logits_router_logits_and_aux_loss(dtype):
     assert block.op.last_call is not None  # inference ran the fused op
 
 
+def test_a_block_refuses_another_hidden_size_by_name():
+    _, model = pair()
+    block = model.model.layers[0].block_sparse_moe
+    for grad in (False, True):
+        with pytest.raises(ValueError) as exc:
+            block(torch.randn(1, 4, 32, requires_grad=grad))
+        assert str(exc.value) == (f"{type(block).__name__}: argument hidden_states expected a "
+                                  "tensor [..., 64] (its last axis is hidden_size), seen "
+                                  "float32[1, 4, 32]")
+    out, logits = block(torch.randn(1, 4, 64))
+    assert out.shape == (1, 4, 64) and logits.shape == (4, 4)
+
+
 def test_training_step_loss_and_gradients():
     """A call needing gradients runs tileops.nn.MoE's training path (its stage ops with
     gradients): the loss (with the aux loss) and every gradient are the unpatched model's."""

@@ -82,6 +82,21 @@ def test_a_masked_layout_drops_tokens_past_the_blocks() -> None:
     assert int((out.abs().sum(-1) > 0).sum()) <= 2
 
 
+@pytest.mark.parametrize("shape", [(4, 8), (3, 5), (2, 16, 4), ()])
+@pytest.mark.parametrize("grad", [False, True])
+def test_another_hidden_size_is_refused_by_name(shape, grad) -> None:
+    """x's last axis must be hidden_size: reshaping by the layer's size would regroup the
+    tokens (4 x 8 into 2 rows of 16) and answer silently, on either path."""
+    layer = MoE(16, 8, 8, 2)
+    x = torch.randn(shape, requires_grad=grad)
+    with pytest.raises(ValueError) as exc:
+        layer(x)
+    seen = f"float32[{', '.join(map(str, shape))}]"
+    assert str(exc.value) == ("MoE: argument x expected a tensor [..., 16] (its last axis is "
+                              f"hidden_size), seen {seen}")
+    assert layer(torch.randn(2, 3, 16)).shape == (2, 3, 16)
+
+
 def test_to_rebuilds_the_op_and_keeps_the_config() -> None:
     layer = MoE.mixtral(hidden_size=8, intermediate_size=4, num_experts=4)
     op = layer.op

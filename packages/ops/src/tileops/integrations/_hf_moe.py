@@ -101,6 +101,7 @@ class TileOpsMixtralSparseMoeBlock(tnn.MoE):
         self.w2 = nn.Parameter(w2, requires_grad=grad)
 
     def forward(self, hidden_states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        self._rows(hidden_states, "hidden_states")  # another hidden size: refused by name
         shape = hidden_states.shape
         if self.training and self.jitter_noise > 0:
             j = self.jitter_noise

@@ -150,7 +150,7 @@ class MoE(HoldsOp, nn.Module):
         return cls(hidden_size, intermediate_size, num_experts, top_k, **{**opts, **kw})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        rows = x.reshape(-1, self.hidden_size)
+        rows = self._rows(x, "x")
         logits = self.gate(rows)
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 p.requires_grad for p in self.parameters())):
@@ -158,6 +158,17 @@ class MoE(HoldsOp, nn.Module):
         else:
             out = self.op(rows, logits, self.w13, self.w2, self.e_score_correction_bias)
         return out.view(x.shape)
+
+    def _rows(self, x: Any, name: str) -> torch.Tensor:
+        """``x``'s tokens as rows of ``hidden_size``, refused by name where its last axis is
+        another length (a reshape by this layer's size would silently regroup them)."""
+        if not isinstance(x, torch.Tensor) or x.dim() == 0 or x.shape[-1] != self.hidden_size:
+            seen = (f"{str(x.dtype).removeprefix('torch.')}[{', '.join(map(str, x.shape))}]"
+                    if isinstance(x, torch.Tensor) else type(x).__name__)
+            raise ValueError(f"{type(self).__name__}: argument {name} expected a tensor "
+                             f"[..., {self.hidden_size}] (its last axis is hidden_size), seen "
+                             f"{seen}")
+        return x.reshape(-1, self.hidden_size)
 
     def _staged(self, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """The training path (see the class docstring)."""
