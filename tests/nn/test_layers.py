@@ -150,6 +150,40 @@ def test_norm_matches_torch(name, lead):
                                    rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("name", [n for n in NORMS if "no-affine" not in n])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_a_float32_weight_beside_16_bit_inputs_answers_in_the_inputs_dtype(name, x_dtype):
+    """Mixed precision keeps float32 parameters beside 16-bit activations: torch's norms take
+    them and answer in the input's dtype, and so do these (the weight cast to the input's,
+    its gradient back in float32)."""
+    ours, theirs = _pair(name)
+    _randomize(theirs)
+    ours.load_state_dict(theirs.state_dict())
+    x = _input(ours).to(x_dtype)
+    y = ours(x)
+    want = theirs(x)
+    assert y.dtype == want.dtype == x_dtype
+    torch.testing.assert_close(y.float(), want.float(), rtol=2e-2, atol=2e-2)
+    y.float().sum().backward()
+    want.float().sum().backward()
+    for mine, ref in zip(ours.parameters(), theirs.parameters(), strict=True):
+        assert mine.grad.dtype == torch.float32
+        torch.testing.assert_close(mine.grad, ref.grad, rtol=2e-2, atol=5e-2)
+
+
+def test_linear_under_autocast_runs_in_autocasts_dtype():
+    ours, theirs = _pair("linear")
+    ours.load_state_dict(theirs.state_dict())
+    x = _input(ours)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, want = ours(x), theirs(x)
+    assert y.dtype == want.dtype == torch.bfloat16
+    torch.testing.assert_close(y, want, rtol=1e-2, atol=1e-2)
+    y.float().sum().backward()
+    assert ours.weight.grad.dtype == torch.float32
+    assert ours(x).dtype == torch.float32  # autocast off again
+
+
 @settings(max_examples=20, deadline=None)
 @given(layer=st.sampled_from(["rmsnorm", "layernorm"]),
        lead=st.lists(st.integers(1, 4), max_size=2),

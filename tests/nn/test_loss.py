@@ -165,3 +165,36 @@ def test_the_fused_loss_refuses_mismatched_shapes():
                                "leading shape (2, 5), got (2, 4)")
     with pytest.raises(Exception, match="label_smoothing"):
         FusedLinearCrossEntropyLoss(label_smoothing=2.0)  # the op's construction check
+
+
+def test_the_fused_loss_under_autocast_is_the_loss_of_autocasts_logits():
+    """Under autocast, lm_head's product runs in autocast's dtype (a float32 weight beside
+    bfloat16 hidden states is the usual mixed-precision setup): the fused loss takes the same
+    operands, and its gradients come back in the parameters' dtypes."""
+    hidden, weight, target = _head(h=16, v=33)
+    hidden, weight = hidden.float().requires_grad_(), weight.float().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = FusedLinearCrossEntropyLoss()(hidden.bfloat16(), weight, target)
+        want = F.cross_entropy((hidden @ weight.T).flatten(0, 1).float(), target.flatten())
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=2e-2)
+    got.backward()
+    assert weight.grad.dtype == hidden.grad.dtype == torch.float32
+
+
+@pytest.mark.parametrize("layer", [tnn.CrossEntropyLoss(), FusedLinearCrossEntropyLoss()])
+def test_an_argument_that_is_not_a_tensor_is_refused_by_name(layer):
+    hidden, weight, target = _head()
+    args = [(hidden @ weight.T).flatten(0, 1), target.flatten()] \
+        if isinstance(layer, tnn.CrossEntropyLoss) \
+        else [hidden, weight, target]
+    names = ["input", "target"] if isinstance(layer, tnn.CrossEntropyLoss) \
+        else ["hidden", "weight", "target"]
+    for i, name in enumerate(names):
+        bad = list(args)
+        bad[i] = bad[i].tolist()
+        with pytest.raises(TypeError) as info:
+            layer(*bad)
+        assert str(info.value) == (f"{type(layer).__name__}: argument {name} expected a "
+                                   "tensor, seen list")
+    layer(*args)

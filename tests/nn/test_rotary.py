@@ -107,3 +107,18 @@ def test_head_dim_is_checked():
     with pytest.raises(ValueError, match="RotaryEmbedding: q has head_dim 32, the layer was "
                                          "made for 64"):
         layer(torch.randn(1, 2, 2, 32), torch.randn(1, 2, 1, 32))
+
+
+@pytest.mark.parametrize("form", ["[S]", "[1, S]", "int32", "[B, S]"])
+def test_position_ids_in_the_forms_models_pass(form):
+    """[S] and [1, S] give every sequence of the batch the same positions, and int32 ones are
+    read as int64, as Hugging Face's rotary modules take them."""
+    layer = RotaryEmbedding(8)
+    g = torch.Generator().manual_seed(0)
+    q, k = (torch.randn(3, 5, h, 8, generator=g, dtype=F64) for h in (4, 2))
+    pos = torch.tensor([2, 3, 5, 7, 11])
+    want = layer(q, k, pos[None].expand(3, 5).contiguous())
+    given = {"[S]": pos, "[1, S]": pos[None], "int32": pos.int()[None],
+             "[B, S]": pos[None].expand(3, 5)}[form]
+    for got, ref in zip(layer(q, k, given), want, strict=True):
+        torch.testing.assert_close(got, ref, rtol=0, atol=0)

@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 import tileops.nn as tnn
+from tileops.nn.functional import autocast_operands
 from tileops.ops import SwiGLUFwdOp
 
 __all__ = ["TileOpsMixtralExpertMLP", "TileOpsMixtralSparseMoeBlock", "block_class"]
@@ -112,8 +113,9 @@ class TileOpsMixtralSparseMoeBlock(tnn.MoE):
         if torch.is_grad_enabled() and any(
                 t.requires_grad for t in (rows, self.gate.weight, self.w13, self.w2)):
             return super().forward(hidden_states), router_logits  # the training path
-        out = self.op(rows, router_logits, self.w13, self.w2, None)
-        return out.view(shape), router_logits
+        rows, w13, w2 = autocast_operands(rows, self.w13, self.w2)
+        out = self.op(rows, router_logits, w13, w2, None)
+        return out.view(shape).to(hidden_states.dtype), router_logits
 
 
 def _stack_expert_keys(module: TileOpsMixtralSparseMoeBlock, state_dict: dict, prefix: str,

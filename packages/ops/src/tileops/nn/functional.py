@@ -25,7 +25,9 @@ from tileops.runtime import Op
 __all__ = [
     "MAX_CACHED_OPS",
     "OpCache",
+    "autocast_operands",
     "fused_add_rms_norm",
+    "in_input_dtype",
     "layer_norm",
     "linear",
     "linear_with",
@@ -101,11 +103,46 @@ def op_for(cls: type[Op], **params: Any) -> Op:
     return _cache.get(cls, **params)
 
 
+def in_input_dtype(input: Any, *params: Any) -> tuple:
+    """``params`` in ``input``'s dtype, as torch's norms take a weight (and bias) of another
+    floating dtype (a float32 weight beside bfloat16 activations: mixed precision, autocast)
+    and answer in the input's dtype. Each is cast differentiably, so its gradient comes back
+    in its own dtype (computed in the input's, then widened). Anything else is passed as it
+    is, for the op's check to name."""
+    if not isinstance(input, torch.Tensor) or not input.is_floating_point():
+        return params
+    dt = input.dtype
+    return tuple(p.to(dt) if isinstance(p, torch.Tensor) and p.is_floating_point()
+                 and p.dtype != dt else p for p in params)
+
+
+#: the dtypes autocast casts (a float64 operand it leaves as it is)
+_AUTOCAST_CAST = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def autocast_operands(*operands: Any) -> tuple:
+    """The operands of a matrix product as torch's autocast hands them to ``F.linear``: where
+    autocast is on for the first one's device, each float32, float16 or bfloat16 tensor in
+    autocast's dtype (differentiably); elsewhere, or off, as they are."""
+    first = operands[0]
+    if not isinstance(first, torch.Tensor):
+        return operands
+    device = first.device.type
+    try:
+        if not torch.is_autocast_enabled(device):
+            return operands
+        dt = torch.get_autocast_dtype(device)
+    except RuntimeError:  # a device type autocast does not know
+        return operands
+    return tuple(t.to(dt) if isinstance(t, torch.Tensor) and t.dtype in _AUTOCAST_CAST
+                 and t.dtype != dt else t for t in operands)
+
+
 def rms_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
              eps: float | None = None, *, target: str | None = None) -> torch.Tensor:
     """``torch.nn.functional.rms_norm`` through :class:`~tileops.ops.RMSNormFwdOp`."""
     op = op_for(RMSNormFwdOp, normalized_shape=normalized_shape, eps=eps, target=target)
-    return op(input, weight)
+    return op(input, *in_input_dtype(input, weight))
 
 
 def layer_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
@@ -113,7 +150,7 @@ def layer_norm(input: torch.Tensor, normalized_shape: Any, weight: torch.Tensor 
                target: str | None = None) -> torch.Tensor:
     """``torch.nn.functional.layer_norm`` through :class:`~tileops.ops.LayerNormFwdOp`."""
     op = op_for(LayerNormFwdOp, normalized_shape=normalized_shape, eps=eps, target=target)
-    return op(input, weight, bias)
+    return op(input, *in_input_dtype(input, weight, bias))
 
 
 def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor,
@@ -124,7 +161,7 @@ def fused_add_rms_norm(input: torch.Tensor, residual: torch.Tensor,
     :class:`~tileops.ops.FusedAddRMSNormFwdOp` (no torch.nn.functional counterpart; with
     ``inplace`` the results are written into ``input`` and ``residual``)."""
     op = op_for(FusedAddRMSNormFwdOp, eps=eps, inplace=inplace, target=target)
-    return op(input, residual, weight)
+    return op(input, residual, *in_input_dtype(input, weight))
 
 
 def linear(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *,
@@ -143,7 +180,9 @@ def linear_with(op: Op, input: torch.Tensor, weight: torch.Tensor,
     as it is, and so does anything that is not a tensor: the op's check names what is wrong.
     The bias is added by torch (``y + bias``): no op adds it yet, and a GEMM epilogue that
     fuses it would replace this add. Since torch's add would promote a bias of another dtype
-    (and broadcast one of another shape) silently, the bias is checked first."""
+    (and broadcast one of another shape) silently, the bias is checked first. Under autocast
+    the operands are first cast as autocast casts ``F.linear``'s (:func:`autocast_operands`)."""
+    input, weight, bias = autocast_operands(input, weight, bias)
     if not isinstance(input, torch.Tensor) or input.dim() == 2:
         y = op(input, weight)
     else:

@@ -14,6 +14,7 @@ from torch import nn
 from tileops.ops import CrossEntropyFwdOp, FusedLinearCrossEntropyFwdOp
 
 from ._holder import HoldsOp
+from .functional import autocast_operands
 
 __all__ = ["CrossEntropyLoss", "FusedLinearCrossEntropyLoss"]
 
@@ -55,6 +56,7 @@ class CrossEntropyLoss(HoldsOp, nn.CrossEntropyLoss):
         self._build_op()
 
     def forward(self, input: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        _tensors(type(self).__name__, input=input, target=target)
         if input.dim() != 2:
             raise ValueError(f"CrossEntropyLoss: input must be (N, C) logits, got shape "
                              f"{tuple(input.shape)}; flatten the positions into N rows")
@@ -105,6 +107,9 @@ class FusedLinearCrossEntropyLoss(HoldsOp, nn.Module):
 
     def forward(self, hidden: torch.Tensor, weight: torch.Tensor,
                 target: torch.Tensor) -> torch.Tensor:
+        _tensors(type(self).__name__, hidden=hidden, weight=weight, target=target)
+        # the logits' product as autocast runs lm_head's (the loss is float32 either way)
+        hidden, weight = autocast_operands(hidden, weight)
         if hidden.dim() < 1 or weight.dim() != 2 or hidden.shape[-1] != weight.shape[-1]:
             raise ValueError(f"FusedLinearCrossEntropyLoss: hidden must be (..., H) and weight "
                              f"(V, H), got shapes {tuple(hidden.shape)} and "
@@ -120,3 +125,11 @@ class FusedLinearCrossEntropyLoss(HoldsOp, nn.Module):
                     "lse_square_scale": 0.0, "softcap": None, "target": None}
         return ", ".join(f"{k}={getattr(self, k)!r}" for k, v in defaults.items()
                          if getattr(self, k) != v)
+
+
+def _tensors(layer: str, **arguments: Any) -> None:
+    """Each argument a tensor, else refused naming the layer, the argument and its type."""
+    for name, value in arguments.items():
+        if not isinstance(value, torch.Tensor):
+            raise TypeError(f"{layer}: argument {name} expected a tensor, seen "
+                            f"{type(value).__name__}")

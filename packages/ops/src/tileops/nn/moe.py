@@ -21,6 +21,7 @@ from tileops.ops import (
 from tileops.ops.moe import ContiguousLayoutSpec, MaskedLayoutSpec
 
 from ._holder import HoldsOp
+from .functional import autocast_operands
 
 __all__ = ["MoE", "MoeStages", "stages_of"]
 
@@ -152,12 +153,15 @@ class MoE(HoldsOp, nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = self._rows(x, "x")
         logits = self.gate(rows)
+        # under autocast the experts' products run in its dtype, as their Linears would; the
+        # result comes back in x's dtype, as Hugging Face's blocks sum it
+        rows, w13, w2 = autocast_operands(rows, self.w13, self.w2)
         if torch.is_grad_enabled() and (x.requires_grad or any(
                 p.requires_grad for p in self.parameters())):
-            out = self._staged(rows, logits)
+            out = self._staged(rows, logits, w13, w2)
         else:
-            out = self.op(rows, logits, self.w13, self.w2, self.e_score_correction_bias)
-        return out.view(x.shape)
+            out = self.op(rows, logits, w13, w2, self.e_score_correction_bias)
+        return out.view(x.shape).to(x.dtype)
 
     def _rows(self, x: Any, name: str) -> torch.Tensor:
         """``x``'s tokens as rows of ``hidden_size``, refused by name where its last axis is
@@ -170,12 +174,13 @@ class MoE(HoldsOp, nn.Module):
                              f"{seen}")
         return x.reshape(-1, self.hidden_size)
 
-    def _staged(self, rows: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    def _staged(self, rows: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
+                w2: torch.Tensor) -> torch.Tensor:
         """The training path (see the class docstring)."""
         st = stages_of(self, rows.device, self.num_experts, self.layout)
         weights, ids = st.route(logits, self.e_score_correction_bias)
         y, metadata, slots = st.permute(rows, ids)
-        return st.unpermute(st.experts(y, metadata, self.w13, self.w2), slots, weights)
+        return st.unpermute(st.experts(y, metadata, w13, w2), slots, weights)
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()

@@ -12,6 +12,7 @@ from torch import nn
 from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
 
 from ._holder import HoldsOp
+from .functional import in_input_dtype
 
 __all__ = ["FusedAddRMSNorm", "LayerNorm", "RMSNorm"]
 
@@ -20,7 +21,10 @@ class RMSNorm(HoldsOp, nn.RMSNorm):
     """``torch.nn.RMSNorm`` running :class:`~tileops.ops.RMSNormFwdOp`.
 
     Same constructor, parameters, init and ``state_dict`` as ``torch.nn.RMSNorm`` (it is one),
-    plus ``target``, the op's. ``eps=None`` means the epsilon of the math's dtype (float32's for 16-bit inputs), as in torch."""
+    plus ``target``, the op's. ``eps=None`` means the epsilon of the math's dtype (float32's
+    for 16-bit inputs), as in torch. A weight of another dtype than the input's (float32
+    beside bfloat16 activations) is cast to the input's, whose dtype the output has, as in
+    torch."""
 
     op_class = RMSNormFwdOp
     op_attrs = ("normalized_shape", "eps")
@@ -33,7 +37,7 @@ class RMSNorm(HoldsOp, nn.RMSNorm):
         self._build_op()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.op(input, self.weight)
+        return self.op(input, *in_input_dtype(input, self.weight))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + self._target_repr()
@@ -56,7 +60,7 @@ class LayerNorm(HoldsOp, nn.LayerNorm):
         self._build_op()
 
     def forward(self, input: torch.Tensor) -> torch.Tensor:
-        return self.op(input, self.weight, self.bias)
+        return self.op(input, *in_input_dtype(input, self.weight, self.bias))
 
     def extra_repr(self) -> str:
         return super().extra_repr() + self._target_repr()
@@ -111,7 +115,7 @@ class FusedAddRMSNorm(HoldsOp, nn.Module):
         if weight is None:
             # the op reads the row length off x; only a weight would tie it to this layer's
             self._check_row_length(x)
-        return self.op(x, residual, weight)
+        return self.op(x, residual, *in_input_dtype(x, weight))
 
     def _check_row_length(self, x: Any) -> None:
         shape = getattr(x, "shape", None)

@@ -47,7 +47,8 @@ class RotaryEmbedding(HoldsOp, nn.Module):
     ``interleaved`` pairs columns (2j, 2j + 1) as GPT-J does (Llama and most models rotate
     halves); ``layout`` is ``"bshd"`` ([B, S, H, D], as the projections produce) or
     ``"bhsd"``; ``cache_length`` > 0 reads cos/sin of the first positions from a table (not
-    with LongRoPE); ``inplace`` writes q and k. ``target`` is the op's."""
+    with LongRoPE); ``inplace`` writes q and k. ``target`` is the op's. ``position_ids`` is
+    ``[B, S]``, or ``[S]`` or ``[1, S]`` for every sequence of the batch, int64 or int32."""
 
     def __init__(self, head_dim: int, rotary_dim: int | None = None, base: float = 10000.0, *,
                  interleaved: bool = False, layout: str = "bshd",
@@ -111,7 +112,21 @@ class RotaryEmbedding(HoldsOp, nn.Module):
                              f"{self.head_dim}")
         if position_ids is None:
             return self.op(q, k)
-        return self.op(q, k, position_ids)
+        return self.op(q, k, self._positions(position_ids, q))
+
+    def _positions(self, position_ids: Any, q: Any) -> Any:
+        """``position_ids`` as the op takes them, ``[B, S]`` int64, from the forms Hugging
+        Face's models pass: ``[S]`` or ``[1, S]`` (one row for the batch, expanded) and int32.
+        Anything else goes to the op as it is, for its check to name."""
+        p = position_ids
+        if not (isinstance(p, torch.Tensor) and isinstance(q, torch.Tensor) and q.dim() == 4
+                and p.dim() in (1, 2) and p.dtype in (torch.int32, torch.int64)):
+            return p
+        if p.dim() == 1:
+            p = p[None]
+        if p.shape[0] == 1 and q.shape[0] != 1:
+            p = p.expand(q.shape[0], p.shape[1])
+        return p.long()
 
     def extra_repr(self) -> str:
         parts = [f"head_dim={self.head_dim}"]
