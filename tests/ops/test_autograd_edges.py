@@ -73,6 +73,26 @@ def test_a_double_backward_raises_naming_the_op(name, loss, second):
             penalty.backward()
 
 
+@pytest.mark.parametrize(("name", "fn"), [
+    ("SoftmaxFwdOp", lambda x: ops.SoftmaxFwdOp()(x)),
+    ("RMSNormFwdOp", lambda x: ops.RMSNormFwdOp(normalized_shape=4)(x, None)),
+    ("ExpFwdOp", lambda x: ops.ExpFwdOp()(x)),
+    ("MaxPool1dFwdOp", lambda x: ops.MaxPool1dFwdOp(kernel_size=2)(x[None])),
+])
+def test_a_jvp_by_double_backward_raises_naming_the_op(name, fn):
+    """A jvp by double backward differentiates the gradient with respect to the upstream
+    gradient, which no saved tensor leads to: it used to answer zero silently."""
+    x = torch.randn(3, 4, dtype=torch.float64)
+    with pytest.raises(RuntimeError, match=rf"^{name}'s gradient is once-differentiable: "):
+        torch.autograd.functional.jvp(fn, x, torch.randn_like(x))
+    leaf = x.clone().requires_grad_()
+    out = fn(leaf)
+    v = torch.randn_like(out, requires_grad=True)
+    g, = torch.autograd.grad(out, leaf, v, create_graph=True)
+    with pytest.raises(RuntimeError, match=rf"^{name}'s gradient is once-differentiable: "):
+        torch.autograd.grad(g.sum(), v, allow_unused=True)
+
+
 def test_an_op_keeps_the_params_it_checked_not_the_callers_object():
     dims = [0]
     op = ops.SumFwdOp(dim=dims)

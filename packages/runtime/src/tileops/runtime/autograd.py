@@ -240,10 +240,13 @@ def _once_differentiable(fn: Any) -> Any:
             outputs = fn(ctx, *grads)
         if not torch.is_grad_enabled():  # no create_graph: nothing will differentiate them
             return outputs
-        # the error node's inputs: the gradients (marked as requiring grad) and the saved
-        # tensors that require grad, so that a backward toward the op's inputs reaches it
-        # (torch.autograd.grad(..., inputs=x) skips a node that leads to no input it wants)
-        links = [t for t in ctx.saved_tensors if t is not None and t.requires_grad]
+        # the error node's inputs: the gradients (marked as requiring grad), the saved
+        # tensors that require grad and the incoming gradients that do, so that a backward
+        # toward the op's inputs or toward the upstream gradient (a jvp by double backward
+        # differentiates with respect to it) reaches it (torch.autograd.grad(..., inputs=x)
+        # skips a node that leads to no input it wants, and answered zero)
+        links = [t for t in (*ctx.saved_tensors, *grads)
+                 if isinstance(t, torch.Tensor) and t.requires_grad]
         err = _functions.DelayedError(
             f"{type(ctx.op).__name__}'s gradient is once-differentiable: trying to "
             f"differentiate it again (a double backward through create_graph=True)".encode(),
