@@ -182,7 +182,7 @@ def _spare_leaves(bwd: Op, args: tuple, feeds: tuple) -> tuple:
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
-#: functorch transforms (vmap, grad, ...) active: Op._graph_call refuses the call by name
+#: functorch transforms (vmap, grad, ...) active: Op._run_call refuses the call by name
 functorch_active = torch._C._are_functorch_transforms_active
 
 

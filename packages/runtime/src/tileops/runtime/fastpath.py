@@ -278,7 +278,8 @@ def class_function(plan: Any) -> Any:
     a construction may leave an output out of the result, is built once for every class with
     those."""
     module = _class_module(*_class_key(plan))
-    ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling}
+    ns: dict[str, Any] = {"_NO": NOT_GIVEN, "_idc": _is_dynamo_compiling,
+                          "_fta": torch._C._are_functorch_transforms_active}
     code = compile(module, f"<tileops.runtime {plan.name}.__call__>", "exec")
     exec(code, ns)  # noqa: S102 - built from nodes over the plan's names
     return ns["__call__"]
@@ -316,8 +317,9 @@ def _class_module(names: tuple[str, ...], optional: frozenset[str],
     body = [
         _if(_call(_load("_idc")), [general()]),
         _assign("fast", _attr(_load("self"), "_fast")),
+        # torch.func transforms active: the general call refuses them by name
         _if(_bool(ast.Or(), [_is(_load("fast"), _none()), _load("_kw"), _load("_rest"),
-                             *missing]), [general()]),
+                             *missing, _call(_load("_fta"))]), [general()]),
         ret(_call(_load("fast"), _load("self"), *(_load(p) for p in params))),
     ]
     args = ast.arguments(posonlyargs=[ast.arg(a) for a in ("self", *params)], args=[],

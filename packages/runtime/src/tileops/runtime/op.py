@@ -356,6 +356,8 @@ class Op(declared.Equivalents, Composite, Trained):
         7. on success the record becomes ``last_call``; on failure nothing is kept, and if this
            call bound the target, the binding is reset so the next call chooses again.
         """
+        if autograd.functorch_active():
+            raise self._functorch_error()
         if kwargs:
             inputs, outs = self._split_kwargs(inputs, kwargs)
         else:
@@ -459,14 +461,6 @@ class Op(declared.Equivalents, Composite, Trained):
                     f"(\"a leaf Variable that requires grad is being used in an in-place "
                     f"operation\"); write into a non-leaf (e.g. {n}.clone()) or construct the "
                     f"op without its in-place effect")
-        if autograd.functorch_active():
-            # torch.func's transforms take an autograd.Function only in its setup_context
-            # form; this node keeps torch's classic one (its forward reads what the backward
-            # will need): refused by name rather than by torch's message about the class
-            raise RuntimeError(
-                f"{type(self).__name__}: torch.func transforms (grad, vjp, jacrev, vmap of a "
-                f"gradient) do not reach this op's gradient; differentiate it with "
-                f"torch.autograd.grad or .backward()")
         return gradient.apply(self, call, *inputs)
 
     # --- pickling -----------------------------------------------------------------------------------
@@ -503,6 +497,17 @@ class Op(declared.Equivalents, Composite, Trained):
             f"{type(self).__name__} is forward-only (it has no backward), but "
             f"{', '.join(names)} require{'s' if len(names) == 1 else ''} grad; call it under "
             f"torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+
+    def _functorch_error(self) -> RuntimeError:
+        """torch.func's transforms (vmap, grad, vjp, jacrev, ...) wrap the tensors: vmap hands
+        a sample's view of a batched tensor, which a kernel reading its memory would take for
+        the whole batch, and grad takes an autograd.Function only in its setup_context form
+        (this node keeps torch's classic one). Refused by name, before anything runs."""
+        return RuntimeError(
+            f"{type(self).__name__}: torch.func transforms (vmap, grad, vjp, jacrev, ...) do "
+            f"not reach this op: its kernels and its gradient take plain tensors; call it "
+            f"outside the transform (on the whole batch rather than under vmap, and "
+            f"differentiate it with torch.autograd.grad or .backward())")
 
     def _arity_error(self, inputs: tuple) -> TypeError:
         """A call with too few or too many inputs, named by the op's signature."""
