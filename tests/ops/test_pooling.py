@@ -142,6 +142,26 @@ def test_padding_over_half_the_kernel_is_refused_by_name():
     ]
 
 
+@pytest.mark.parametrize(("cls", "params"), [
+    (O.MaxPool2dFwdOp, dict(kernel_size=2, stride=2**31)),
+    (O.MaxPool1dFwdOp, dict(kernel_size=2, dilation=2**31)),
+    (O.AvgPool3dFwdOp, dict(kernel_size=(2, 2, 2**31))),
+    (O.MaxPool2dBwdOp, dict(kernel_size=2, stride=(1, 2**40))),
+])
+def test_window_params_past_int32_are_refused_at_construction(cls, params):
+    """torch's kernels take the window as C ints and refuse more with a bare message; here
+    the spec's rule names the op and the params, before any call."""
+    with pytest.raises(ConstructionError) as exc:
+        cls(**params)
+    assert str(exc.value).startswith(f"{cls.__name__}: construction param ")
+    assert "< 2147483648" in str(exc.value).splitlines()[1]
+    wide = {k: (2**31 - 1 if v == 2**31 else v) for k, v in params.items()
+            if not isinstance(v, tuple)}
+    if wide and cls is O.MaxPool2dFwdOp:  # the largest C int is served, as torch serves it
+        x = torch.randn(1, 1, 4, 4)
+        torch.testing.assert_close(cls(**wide)(x), F.max_pool2d(x, **wide))
+
+
 def test_an_empty_output_is_refused_by_name():
     with pytest.raises(SignatureCallError) as e:
         O.AvgPool2dFwdOp(kernel_size=5)(torch.randn(1, 2, 4, 9))

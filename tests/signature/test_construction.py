@@ -141,6 +141,19 @@ BAD = [
     pytest.param(dict(limit="x"), "limit", "limit: Maybe[Int]", "'x' (str)",
                  "limit must be an int, or None", "15 (KindsOp.signature.params.limit)",
                  id="maybe"),
+    # ints past the spec's arithmetic: refused by name, a huge one shown by its size
+    pytest.param(dict(count=2**63), "count", "count: Int", f"{2**63} (int)",
+                 "count holds an int of 64 bits: the integers a spec computes with are at most "
+                 "2**63 - 1 in magnitude", "9 (KindsOp.signature.params.count)",
+                 id="int-past-int64"),
+    pytest.param(dict(kernel=(1, 2**64)), "kernel", "kernel: PerAxis[2]",
+                 f"(1, {2**64}) (tuple)", "kernel holds an int of 65 bits: the integers a spec "
+                 "computes with are at most 2**63 - 1 in magnitude",
+                 "12 (KindsOp.signature.params.kernel)", id="per-axis-past-int64"),
+    pytest.param(dict(limit=2**70), "limit", "limit: Maybe[Int]", f"{2**70} (int)",
+                 "limit holds an int of 71 bits: the integers a spec computes with are at most "
+                 "2**63 - 1 in magnitude, or None", "15 (KindsOp.signature.params.limit)",
+                 id="maybe-past-int64"),
 ]
 
 
@@ -153,6 +166,19 @@ def test_wrong_kind(plan, params, argument, expected, seen, because, spec) -> No
                       for k, v in params.items())
     assert str(info.value) == message(argument, expected, seen, because,
                                       f"{M_TEXT}, {shown}", spec)
+
+
+def test_a_huge_int_param_is_refused_by_its_size(plan) -> None:
+    """An int of thousands of digits is shown by its size (Python refuses to print one past
+    4300 digits, and printing it is slow before that)."""
+    with pytest.raises(ConstructionError) as info:
+        plan.construct(layout=MASKED, count=-(10**5000))
+    lines = str(info.value).splitlines()
+    assert lines[2:4] == [
+        "  seen:     <an int of 16610 bits> (int)",
+        "  because:  count holds an int of 16610 bits: the integers a spec computes with are at "
+        "most 2**63 - 1 in magnitude"]
+    assert "count=<an int of 16610 bits>" in lines[4]
 
 
 ADT_BAD = [

@@ -77,9 +77,13 @@ class Failure:
 
 
 def fmt_value(v: Any) -> str:
-    """A param or index value as messages show it: ``[4096]``, ``'mean'``, ``1e-06``."""
+    """A param or index value as messages show it: ``[4096]``, ``'mean'``, ``1e-06``; an int
+    of more than 256 bits by its size (a huge int's digits are slow to print, and past 4300 of
+    them Python refuses to)."""
     if isinstance(v, tuple | list):
-        return "[" + ", ".join(map(str, v)) + "]"
+        return "[" + ", ".join(map(fmt_value, v)) + "]"
+    if isinstance(v, int) and v.bit_length() > 256:
+        return f"<an int of {v.bit_length()} bits>"
     return repr(v) if isinstance(v, str) else str(v)
 
 

@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tileops.spec import AdtValue, EvalError, Scope, evaluate, kind_from_expr
+from tileops.spec.bounds import int_in_range
 from tileops.spec.kinds import (
     AdtK,
     AxesK,
@@ -83,11 +84,34 @@ def _normalize(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
 
     def bad(why: str) -> None:
         # a Maybe param is reported as declared (Maybe[Int]); None was also accepted
-        _construction_error(plan, n, f"{n}: {maybe or k}", f"{v!r} ({type(v).__name__})",
+        _construction_error(plan, n, f"{n}: {maybe or k}", f"{_shown(v)} ({type(v).__name__})",
                             why if maybe is None else f"{why}, or None", params)
 
     if isinstance(k, MaybeK):
         return None if v is None else _normalize(plan, n, v, k.inner, params, maybe=k)
+    out = _normalized(plan, n, v, k, params, bad, maybe)
+    for i in (out if isinstance(out, tuple) else (out,)):
+        if type(i) is int and not int_in_range(i):
+            bad(f"{n} holds an int of {i.bit_length()} bits: the integers a spec computes with "
+                f"are at most 2**63 - 1 in magnitude")
+    return out
+
+
+def _shown(v: Any) -> str:
+    """``repr(v)``, but where it holds an int of more than 256 bits, :func:`fmt_value`'s form
+    (the int by its size)."""
+    if isinstance(v, int | list | tuple) and not isinstance(v, bool) and any(
+            isinstance(x, int) and x.bit_length() > 256
+            for x in (v if isinstance(v, list | tuple) else (v,))):
+        return fmt_value(v)
+    return repr(v)
+
+
+def _normalized(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
+                params: Mapping[str, Any], bad: Callable[[str], None],
+                maybe: Kind | None) -> Any:
+    """``v`` checked against kind ``k`` (not a Maybe; ``maybe`` the declared Maybe, if any)
+    and normalised; ``bad`` refuses it."""
     if isinstance(k, BoolK):
         if not isinstance(v, bool):
             bad(f"{n} must be True or False")
