@@ -129,3 +129,36 @@ def test_torch_func_transforms_are_refused_by_name():
     g, = torch.autograd.grad(op(xr).pow(2).sum(), xr)
     xs = x.clone().requires_grad_()
     torch.testing.assert_close(g, torch.autograd.grad(torch.softmax(xs, 1).pow(2).sum(), xs)[0])
+
+
+@pytest.mark.parametrize(("op", "args", "written"), [
+    (lambda: ops.ReluFwdOp(inplace=True), lambda e: (e(4, 6),), "x"),
+    (lambda: ops.ClampFwdOp(min=0.0, inplace=True), lambda e: (e(4, 6),), "x"),
+    (lambda: ops.RopeNeoxFwdOp(inplace=True),
+     lambda e: (e(2, 3, 4, 8), torch.randn(2, 3, 2, 8)), "q"),
+    (lambda: ops.FusedAddRMSNormFwdOp(inplace=True),
+     lambda e: (torch.randn(4, 6), e(4, 6), torch.ones(6)), "residual"),
+    (lambda: ops.CrossEntropyBwdOp(inplace_grad=True),
+     lambda e: (e(4, 6), torch.tensor([0, 1, 2, 3]), torch.tensor(1.0)), "logits"),
+])
+def test_an_input_written_in_place_whose_elements_share_memory_is_refused(op, args, written):
+    """Every op that writes an input refuses one whose elements share memory (an expanded
+    view), as torch does, naming the op and the input, before anything runs; on the warm fast
+    path too, and the op serves the next call."""
+    def expanded(*shape):
+        return torch.randn(1, *shape[1:]).expand(*shape)
+
+    def owned(*shape):
+        return torch.randn(*shape)
+
+    instance = op()
+    instance(*args(owned))  # warm: the fast call is built
+    bad = args(expanded)
+    before = [t.clone() for t in bad]
+    with pytest.raises(RuntimeError) as exc:
+        instance(*bad)
+    assert str(exc.value).startswith(f"{instance!r}: {written} is written in place, but its "
+                                     f"elements share memory (an expanded or overlapping view")
+    for t, b in zip(bad, before, strict=True):
+        assert torch.equal(t, b)
+    instance(*args(owned))

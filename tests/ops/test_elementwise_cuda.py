@@ -82,9 +82,10 @@ def test_inplace_on_a_strided_view_writes_the_view():
 def test_inplace_on_an_overlapping_view_is_refused_and_the_op_stays_usable():
     x = torch.randn(1, 256, device="cuda").expand(8, 256)
     op = ReluFwdOp(inplace=True)
-    with pytest.raises(RuntimeError, match=r"^ReluFwdOp\(inplace=True\): x has elements that "
-                                           r"share memory \(an expanded or overlapping view of "
-                                           r"shape \(8, 256\) and strides \(0, 1\)\)"):
+    with pytest.raises(RuntimeError, match=r"^ReluFwdOp\(inplace=True\): x is written in "
+                                           r"place, but its elements share memory \(an "
+                                           r"expanded or overlapping view of shape \(8, 256\) "
+                                           r"and strides \(0, 1\)\)"):
         op(x)
     y = torch.randn(8, 256, device="cuda")
     want = F.relu(y)

@@ -157,9 +157,9 @@ def test_an_expanded_c_is_refused():
     with pytest.raises(RuntimeError) as info:
         GemmAccumulateFwdOp()(c, a, b)
     assert str(info.value) == (
-        "GemmAccumulateFwdOp: c is written in place, but its elements share memory (an "
-        "expanded or overlapping view of shape (5, 7) and strides (0, 1)), so which sum an "
-        "element holds is ambiguous; pass a tensor that owns its elements (.contiguous())")
+        f"{GemmAccumulateFwdOp()!r}: c is written in place, but its elements share memory (an "
+        "expanded or overlapping view of shape (5, 7) and strides (0, 1)), so what an element "
+        "would hold is ambiguous; pass a tensor that owns its elements (.contiguous())")
 
 
 @pytest.mark.parametrize("other", ["a", "b"])

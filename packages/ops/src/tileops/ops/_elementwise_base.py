@@ -212,14 +212,6 @@ class ElementwiseOp(Op):
         for t in (*ins, *outs):
             refuse_unserved(self, t.dtype, _SERVED, "elementwise")
         self.refuse_params(ins)
-        for o in outs:
-            if any(o is t for t in ins) and torch._debug_has_internal_overlap(o) == 1:
-                name = self._signature.input_names[[t is o for t in ins].index(True)]
-                raise RuntimeError(
-                    f"{self!r}: {name} has elements that share memory (an expanded or "
-                    f"overlapping view of shape {tuple(o.shape)} and strides {o.stride()}), so "
-                    f"writing it in place is ambiguous; pass a tensor that owns its elements "
-                    f"(.contiguous()) or construct the op with inplace=False")
         if outs[0].numel() == 0:
             with self._lock:
                 self._entries_by_call[key] = _noop

@@ -19,8 +19,8 @@ Every op of the family is one scalar function of the kernels' generator
   output's, or for a comparison the operands' common one), float16 and bfloat16 widened to
   float32, as torch's own kernels compute.
 - the refusals: a dtype the in-tree kernels do not serve (float64: the ``reference`` target
-  serves it), and an in-place write of a tensor whose elements share memory (an expanded
-  view), which torch refuses too.
+  serves it). An in-place write of a tensor whose elements share memory (an expanded view),
+  which torch refuses too, is refused by the runtime for every op that writes an input.
 
 The ops' references and eager functions are torch's own functions, stated once per leaf
 (:meth:`ElementwiseOp.torch_fn`); a gradient's reference is torch's closed-form backward

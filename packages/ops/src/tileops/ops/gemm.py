@@ -139,20 +139,13 @@ class GemmAccumulateFwdOp(GemmOp):
 
 
 def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Refuse, naming the op and ``c``, a ``c`` that cannot be written in place: elements that
-    share memory (an expanded view: which of the sums would it hold?), or memory shared with
-    ``a`` or ``b``, which the kernels read while they write ``c`` (and torch would read after
-    its first writes). Two tensors share memory here when their byte ranges in one storage
+    """Refuse, naming the op and ``c``, a ``c`` that shares memory with ``a`` or ``b``, which
+    the kernels read while they write ``c`` (and torch would read after its first writes; a
+    ``c`` whose own elements share memory the runtime refuses for every written input). Two tensors share memory here when their byte ranges in one storage
     intersect (interleaved views that touch no common element are refused too)."""
     name = type(op).__name__
     if c.numel() == 0:
         return
-    if torch._debug_has_internal_overlap(c) == 1:
-        raise RuntimeError(
-            f"{name}: c is written in place, but its elements share memory (an expanded or "
-            f"overlapping view of shape {tuple(c.shape)} and strides {c.stride()}), so which "
-            f"sum an element holds is ambiguous; pass a tensor that owns its elements "
-            f"(.contiguous())")
     if not has_data(c):  # no memory to compare (fake tensors: tracing, shape checks)
         return
     storage = c.untyped_storage().data_ptr()

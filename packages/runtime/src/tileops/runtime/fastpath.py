@@ -83,7 +83,8 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
     if not plan.input_names:
         return None
     ns: dict[str, Any] = {"_rt_B": builder, "_rt_grad": _grad_enabled, "_rt_NO": NOT_GIVEN,
-                          "_rt_empty_like": torch.empty_like, "_rt_forward": cls.forward}
+                          "_rt_empty_like": torch.empty_like, "_rt_forward": cls.forward,
+                          "_rt_ovl": torch._debug_has_internal_overlap}
     fused = _Fused(op, op._point, builder, ns)
     module = ast.Module([_function("fast", _arguments(["op", *fused.params]), fused.body())],
                         type_ignores=[])
@@ -172,6 +173,10 @@ class _Fused:
             handlers=[ast.ExceptHandler(type=_load("Exception"), name=None,
                                         body=[self._general()])],
             orelse=[], finalbody=[])]
+        # an input the body writes whose elements share memory: the general path refuses it
+        for n in body.branch[0]:
+            out.append(_if(_eq(_call(_load("_rt_ovl"), _load(_t(n))), ast.Constant(1)),
+                           [self._general()]))
         # 2. still bound as when this was built (a reset or another binding: the general path)
         out.append(_if(_is_not(_attr(_load("op"), "_target_builder"), _load("_rt_B")),
                        [self._general()]))

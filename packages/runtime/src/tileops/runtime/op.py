@@ -367,6 +367,8 @@ class Op(declared.Equivalents, Composite, Trained):
         call = self._point.check(*inputs, **outs) if outs else self._point.check(*inputs)
         if len(inputs) < self._n_inputs:  # absent optional inputs are passed on as None
             inputs = inputs + (None,) * (self._n_inputs - len(inputs))
+        if call.branch[0]:  # the inputs this call writes
+            self._refuse_shared_elements(call.branch[0], inputs)
         if _grad_enabled() and self._records_node:
             for t in inputs:
                 if t is not None and t.requires_grad:
@@ -497,6 +499,24 @@ class Op(declared.Equivalents, Composite, Trained):
             f"{type(self).__name__} is forward-only (it has no backward), but "
             f"{', '.join(names)} require{'s' if len(names) == 1 else ''} grad; call it under "
             f"torch.no_grad() or torch.inference_mode(), or pass detached tensors")
+
+    def _refuse_shared_elements(self, written: tuple[str, ...], inputs: tuple) -> None:
+        """An input this call writes whose elements share memory (an expanded or overlapping
+        view) is refused by name before anything runs, as torch refuses it: which of the
+        values written to one element it would hold is ambiguous."""
+        plan = self._signature
+        assert plan is not None
+        for n in written:
+            t = inputs[plan.input_names.index(n)]
+            if t is None or not t.numel() or torch._debug_has_internal_overlap(t) != 1:
+                continue
+            optional = plan.sig.inputs[n].mutated.text.strip() != "True"
+            raise RuntimeError(
+                f"{self!r}: {n} is written in place, but its elements share memory (an "
+                f"expanded or overlapping view of shape {tuple(t.shape)} and strides "
+                f"{t.stride()}), so what an element would hold is ambiguous; pass a tensor "
+                f"that owns its elements (.contiguous())"
+                + (", or construct the op without its in-place effect" if optional else ""))
 
     def _functorch_error(self) -> RuntimeError:
         """torch.func's transforms (vmap, grad, vjp, jacrev, ...) wrap the tensors: vmap hands
