@@ -129,6 +129,39 @@ def test_quoted_trap_words_are_strings() -> None:
     assert (values["a"], values["b"], values["c"]) == ("no", "1e-6", "on")
 
 
+def test_plain_numbers_stay_numbers() -> None:
+    spec = load_spec_text(edit("{M: 2,", "{M: 0, a: 10, b: 0x10, c: 1_000, d: -7,"))
+    values = spec.entries["Op"].workloads[0].values
+    assert (values["M"], values["a"], values["b"], values["c"], values["d"]) == \
+        (0, 10, 16, 1000, -7)
+
+
+def test_what_is_not_a_regular_utf8_file_is_refused_by_name(tmp_path: Path) -> None:
+    """A FIFO would block and a device never end: refused before any read; bytes that are not
+    UTF-8 and characters YAML forbids are diagnostics with the line, not tracebacks."""
+    import os
+
+    fifo = tmp_path / "fifo.yaml"
+    os.mkfifo(fifo)
+    zero = tmp_path / "zero.yaml"
+    zero.symlink_to("/dev/zero")
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"Op:\n  family: \xff\xfe\n")
+    control = tmp_path / "control.yaml"
+    control.write_bytes(b"Op:\n  family: a\x07b\n")
+    for p, message in [
+        (fifo, "not a regular file (a spec is read from a file, not a FIFO, device or socket)"),
+        (zero, "not a regular file (a spec is read from a file, not a FIFO, device or socket)"),
+        (binary, "2: byte 14 (b'\\xff') is not UTF-8; a spec file is UTF-8 text"),
+        (control, "2: the file holds the character '\\x07', which YAML does not allow (a "
+                  "control character)"),
+    ]:
+        with pytest.raises(SpecLoadError) as exc:
+            load_spec_file(p)
+        assert str(exc.value) == f"{p}:{message}" if message[0].isdigit() else \
+            str(exc.value) == f"{p}: {message}"
+
+
 def test_load_spec_file_names_the_file(tmp_path: Path) -> None:
     p = tmp_path / "norm.yaml"
     p.write_text(edit("status: spec-only", "status: spec-onl"), encoding="utf-8")
@@ -371,6 +404,24 @@ YAML_ERRORS = [
         "op.yaml:13: in Op.workloads[0].flag: 'yes' is read by YAML as the boolean True; write "
         "true or false for a boolean, or quote it ('yes') for a string",
         id="yes-as-bool-param-in-workload",
+    ),
+    pytest.param(
+        edit("{M: 2,", "{M: 010,"),
+        "op.yaml:13: in Op.workloads[0].M: 010 is read by YAML 1.1 as the octal number 8; write "
+        "it without the leading 0, or quote it for a string",
+        id="octal-int",
+    ),
+    pytest.param(
+        edit("{M: 2,", "{M: 1:30,"),
+        "op.yaml:13: in Op.workloads[0].M: 1:30 is read by YAML 1.1 as a base-60 number (90); "
+        "write the number itself, or quote it for a string",
+        id="base-60-int",
+    ),
+    pytest.param(
+        edit("{M: 2,", "{M: 2, eps: 1:30.5,"),
+        "op.yaml:13: in Op.workloads[0].eps: 1:30.5 is read by YAML 1.1 as a base-60 number; "
+        "write the number itself, or quote it for a string",
+        id="base-60-float",
     ),
     pytest.param(
         edit("family: test", "family: On"),

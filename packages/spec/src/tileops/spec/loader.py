@@ -4,7 +4,8 @@ PyYAML silently keeps the last of two equal keys and reads some plain scalars in
 ways. The loader here:
 
 - rejects duplicate keys (naming both lines);
-- rejects the YAML 1.1 traps: ``1e-6`` (read as the *string* "1e-6"; write ``1.0e-6``) and
+- rejects the YAML 1.1 traps: ``1e-6`` (read as the *string* "1e-6"; write ``1.0e-6``),
+  ``010`` (octal 8), ``1:30`` (base 60: 90) and
   ``yes``/``no``/``on``/``off`` (read as booleans; write ``true``/``false`` or quote the
   string);
 - records the line of every key, so a schema error deep inside an entry is reported as
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import re
+import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +64,27 @@ __all__ = [
 
 _FLOAT_TRAP = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _BOOL_WORDS = {"yes", "no", "on", "off", "y", "n"}
+#: YAML 1.1's octal ints: a leading 0 and more digits (010 is 8)
+_OCTAL_TRAP = re.compile(r"^[-+]?0[0-7_]+$")
+
+
+def _char(c: Any) -> str:
+    """A character PyYAML's reader reports (a code point or a byte) as text: ``'\\x07'``."""
+    return repr(chr(c)) if isinstance(c, int) else repr(c)
+
+
+def _base60(text: str) -> str:
+    """What YAML 1.1 makes of a base-60 scalar, for the message (without converting a long
+    text)."""
+    if len(text) > 40:
+        return "a number"
+    try:
+        total = 0.0 if "." in text else 0
+        for part in text.lstrip("+-").replace("_", "").split(":"):
+            total = total * 60 + (float(part) if "." in part else int(part))
+        return str(-total if text.startswith("-") else total)
+    except ValueError:
+        return "a number"
 _WORKLOAD_RESERVED = ("label", "dtype_cases", "some")
 
 
@@ -188,6 +211,14 @@ def _loader() -> type:
         return loader.construct_yaml_bool(node)
 
     def construct_int_checked(loader: Loader, node: yaml.ScalarNode):
+        text = node.value
+        if ":" in text:
+            raise _Trap(node, f"{text} is read by YAML 1.1 as a base-60 number "
+                        f"({_base60(text)}); write the number itself, or quote it for a string")
+        if _OCTAL_TRAP.match(text):
+            raise _Trap(node, f"{text} is read by YAML 1.1 as the octal number "
+                        f"{int(text.replace('_', '').lstrip('+-'), 8)}; write it without the "
+                        f"leading 0, or quote it for a string")
         # An integer's text is bounded before it is converted (int() of a long text is
         # quadratic); 2**63 - 1 has 19 digits, and 64 characters leave room for '_' and '0x'.
         value = loader.construct_yaml_int(node) if len(node.value) <= 64 else None
@@ -196,7 +227,14 @@ def _loader() -> type:
                         f"{node.value[:40]}{'...' if len(node.value) > 40 else ''}")
         return value
 
+    def construct_float_checked(loader: Loader, node: yaml.ScalarNode):
+        if ":" in node.value:
+            raise _Trap(node, f"{node.value} is read by YAML 1.1 as a base-60 number; write "
+                        f"the number itself, or quote it for a string")
+        return loader.construct_yaml_float(node)
+
     Loader.add_constructor("tag:yaml.org,2002:int", construct_int_checked)
+    Loader.add_constructor("tag:yaml.org,2002:float", construct_float_checked)
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_SEQUENCE_TAG, construct_sequence)
     Loader.add_constructor("tag:yaml.org,2002:str", construct_scalar_checked)
@@ -224,6 +262,11 @@ def _read_yaml(text: str, file: str) -> Any:
     except _Trap as trap:
         path = _path_at(text, trap.index)
         raise SpecLoadError(Diagnostic(file, trap.line, path, trap.message, "yaml")) from None
+    except yaml.reader.ReaderError as exc:  # a character YAML does not allow
+        line = text.count("\n", 0, exc.position) + 1
+        raise SpecLoadError(Diagnostic(
+            file, line, "", f"the file holds the character {_char(exc.character)}, which YAML "
+            f"does not allow (a control character)", "yaml")) from None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
@@ -436,12 +479,29 @@ def _workloads(raw: Any, name: str, entry: OpEntry, families: dict[str, FamilyDe
 
 
 def _read_file(p: Path) -> str:
-    """The text of a spec file, refused by its size before it is read."""
-    size = p.stat().st_size
-    if size > MAX_SPEC_BYTES:
-        raise SpecLoadError(Diagnostic(str(p), None, "", f"the file is {size} bytes; a spec "
-                                       f"file is at most {MAX_SPEC_BYTES}", "yaml"))
-    return p.read_text(encoding="utf-8")
+    """The text of a spec file, refused before it is read where it is not a regular file (a
+    FIFO would block, a device would never end) or is too large, and refused by the line of
+    its first byte that is not UTF-8."""
+    st = p.stat()
+    if not stat.S_ISREG(st.st_mode):
+        raise SpecLoadError(Diagnostic(str(p), None, "", "not a regular file (a spec is read "
+                                       "from a file, not a FIFO, device or socket)", "yaml"))
+    if st.st_size > MAX_SPEC_BYTES:
+        raise SpecLoadError(Diagnostic(str(p), None, "", f"the file is {st.st_size} bytes; a "
+                                       f"spec file is at most {MAX_SPEC_BYTES}", "yaml"))
+    with p.open("rb") as f:  # no more than the bound, whatever the size said
+        data = f.read(MAX_SPEC_BYTES + 1)
+    if len(data) > MAX_SPEC_BYTES:
+        raise SpecLoadError(Diagnostic(str(p), None, "", f"the file is more than "
+                                       f"{MAX_SPEC_BYTES} bytes; a spec file is at most "
+                                       f"{MAX_SPEC_BYTES}", "yaml"))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecLoadError(Diagnostic(
+            str(p), data.count(b"\n", 0, exc.start) + 1, "",
+            f"byte {exc.start} ({data[exc.start:exc.start + 1]!r}) is not UTF-8; a spec file "
+            f"is UTF-8 text", "yaml")) from None
 
 
 def load_spec_file(path: str | Path) -> SpecFile:
