@@ -305,6 +305,24 @@ def test_number_operands_are_refused_where_torch_refuses_them():
     torch.testing.assert_close(WhereFwdOp()(x > 0, x, 0.0), torch.where(x > 0, x, 0.0))
 
 
+def test_an_int_past_int64_is_a_float_beside_floats_and_refused_beside_ints():
+    x = torch.randn(3, dtype=torch.float64)
+    for number in (2**63, -(2**70)):  # torch takes the first (and refuses the second)
+        torch.testing.assert_close(AddFwdOp()(x, number), x + float(number))
+        torch.testing.assert_close(MulFwdOp()(number, x), float(number) * x)
+    torch.testing.assert_close(AddFwdOp()(x, 2**63), x + 2**63)
+    for call, message in (
+            (lambda: AddFwdOp()(torch.arange(3), 2**63),
+             "AddFwdOp: argument b is an int of 64 bits; beside a int64 tensor it is held in "
+             "int64, which it does not fit (torch refuses it too); pass a float or a tensor"),
+            (lambda: AddFwdOp()(x, 10**400),
+             "AddFwdOp: argument b is an int of 1329 bits, past the largest float (about "
+             "1.8e308)")):
+        with pytest.raises(RuntimeError) as exc:
+            call()
+        assert str(exc.value) == message
+
+
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 
 

@@ -181,6 +181,18 @@ def test_a_huge_int_param_is_refused_by_its_size(plan) -> None:
     assert "count=<an int of 16610 bits>" in lines[4]
 
 
+def test_a_float_param_takes_any_real_number_and_refuses_an_int_past_floats(plan) -> None:
+    np = pytest.importorskip("numpy")
+    assert plan.construct(layout=MASKED, alpha=np.float32(0.5)).params["alpha"] == 0.5
+    with pytest.raises(ConstructionError) as info:
+        plan.construct(layout=MASKED, alpha=10**400)
+    assert str(info.value).splitlines()[3] == (
+        "  because:  alpha is an int of 1329 bits, past the largest float (about 1.8e308)")
+    with pytest.raises(ConstructionError) as info:
+        plan.construct(layout=MASKED, alpha=np.bool_(True))
+    assert str(info.value).splitlines()[3] == "  because:  alpha must be a number"
+
+
 ADT_BAD = [
     pytest.param(AdtValue("blocked", {}), "layout", "layout: MGroupedLayout",
                  "AdtValue(constructor='blocked', fields={}) (AdtValue)",

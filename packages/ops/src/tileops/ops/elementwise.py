@@ -265,6 +265,21 @@ def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
     if isinstance(value, bool):
         return torch.tensor(value, device=device)
     dims = other.dim() > 0
+    if isinstance(value, numbers.Integral) and not -2**63 <= int(value) < 2**63:
+        # past int64: beside a floating tensor torch takes it as a float (as a float
+        # operand is taken); beside integers it has no int64 to be held in
+        if not other.dtype.is_floating_point:
+            raise RuntimeError(
+                f"{type(op).__name__}: argument {name} is an int of {int(value).bit_length()} "
+                f"bits; beside a {str(other.dtype).removeprefix('torch.')} tensor it is held "
+                f"in int64, which it does not fit (torch refuses it too); pass a float or a "
+                f"tensor")
+        try:
+            value = float(value)
+        except OverflowError:
+            raise RuntimeError(
+                f"{type(op).__name__}: argument {name} is an int of {int(value).bit_length()} "
+                f"bits, past the largest float (about 1.8e308)") from None
     if isinstance(value, numbers.Integral):
         exact = torch.tensor(int(value), dtype=torch.int64, device=device)
         if dims or keep_int:

@@ -12,6 +12,7 @@ spec line.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -128,9 +129,14 @@ def _normalized(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
             bad(f"{n} must be an int")
         return i
     if isinstance(k, FloatK):
-        if isinstance(v, bool) or not isinstance(v, int | float):
+        # a real number of any library (numpy's float32 too), not a bool
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or type(v).__name__ == "bool_":
             bad(f"{n} must be a number")
-        return float(v)
+        try:
+            return float(v)
+        except OverflowError:  # an int past float's range
+            bad(f"{n} is an int of {int(v).bit_length()} bits, past the largest float "
+                f"(about 1.8e308)")
     if isinstance(k, ShapeK):
         if not isinstance(v, list | tuple):
             bad(f"{n} must be a list or tuple of sizes: {SIZE}")
