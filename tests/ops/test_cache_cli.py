@@ -54,7 +54,7 @@ def test_info_lists_every_part_with_its_files_and_size(cache: Path) -> None:
     assert "1 file, 300 B" in rows["gemm"] and "tuned GEMM configurations" in rows["gemm"]
     assert "1 file, 3.0 KiB" in rows["tilelang"] and "compiled kernels" in rows["tilelang"]
     assert "not created" in rows["tvm-ffi"]
-    assert "1 file, 10 B" in rows["stray.txt"] and "clear` deletes it too" in rows["stray.txt"]
+    assert "1 file, 10 B" in rows["stray.txt"] and "clear` leaves it" in rows["stray.txt"]
 
 
 def test_info_reports_a_regular_file_where_a_directory_should_be(cache: Path) -> None:
@@ -87,27 +87,36 @@ def test_clear_with_nothing_to_delete_says_so_and_does_not_prompt(cache: Path) -
     result = invoke("cache", "clear")
     assert (result.exit_code, result.output) == (0, f"{cache} does not exist; nothing to clear\n")
     cache.mkdir(parents=True)
+    nothing = f"{cache} holds no files of TileOPs's; nothing to clear\n"
     result = invoke("cache", "clear")
-    assert (result.exit_code, result.output) == (0, f"{cache} holds no files; nothing to clear\n")
+    assert (result.exit_code, result.output) == (0, nothing)
     (cache / "tilelang" / "0.1.15" / ".staging").mkdir(parents=True)  # what TileLang's import makes
     (cache / "gemm").mkdir()
+    (cache / "theirs.txt").write_bytes(b"not ours")  # another program's file: not counted
     result = invoke("cache", "clear")
-    assert (result.exit_code, result.output) == (0, f"{cache} holds no files; nothing to clear\n")
+    assert (result.exit_code, result.output) == (0, nothing)
+    assert (cache / "theirs.txt").read_bytes() == b"not ours"
 
 
-def test_clear_asks_then_deletes_every_part(cache: Path) -> None:
+def test_clear_asks_then_deletes_every_part_and_nothing_else(cache: Path) -> None:
+    """Only TileOPs's parts go: TILEOPS_CACHE_DIR may name a folder other programs use too,
+    whose files (the stray one here, a folder of another program's) stay."""
     _fill(cache)
+    (cache / "other" / "sub").mkdir(parents=True)
+    (cache / "other" / "sub" / "keep").write_bytes(b"k")
     result = invoke("cache", "clear", input="n\n")
     assert result.exit_code == 1
-    assert f"Delete 3 files (3.3 KiB) in {cache}?" in result.output
+    assert f"Delete 2 files (3.3 KiB) in gemm, tilelang under {cache}?" in result.output
     assert (cache / "tilelang").is_dir()
     result = invoke("cache", "clear", input="y\n")
     assert result.exit_code == 0 and result.output.endswith(
-        f"cleared {cache} (3 files, 3.3 KiB)\n")
-    assert list(cache.iterdir()) == []
-    (cache / "one").write_bytes(b"1")
+        f"cleared {cache} (2 files, 3.3 KiB)\n")
+    assert sorted(p.name for p in cache.iterdir()) == ["other", "stray.txt"]
+    assert (cache / "other" / "sub" / "keep").read_bytes() == b"k"
+    (cache / "specs").write_bytes(b"1")  # a part that is a file: deleted as one
     result = invoke("cache", "clear", input="y\n")
-    assert f"Delete 1 file (1 B) in {cache}?" in result.output and not (cache / "one").exists()
+    assert f"Delete 1 file (1 B) in specs under {cache}?" in result.output
+    assert not (cache / "specs").exists() and (cache / "stray.txt").exists()
 
 
 def test_clear_refuses_a_regular_file(cache: Path) -> None:

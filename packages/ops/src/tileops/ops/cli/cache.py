@@ -156,11 +156,31 @@ def _not_a_directory(path: Path) -> click.ClickException:
                                 f"directory (or a path where one can be created)")
 
 
+def _parts(path: Path) -> list[Path]:
+    """The parts of the cache TileOPs writes that exist under ``path`` (files the directory
+    holds besides them are not TileOPs's: the variable may name a folder shared with
+    other things)."""
+    return [path / name for name in env.CACHE_PARTS
+            if (path / name).exists() or (path / name).is_symlink()]
+
+
+def _parts_size(parts: list[Path]) -> tuple[int, int]:
+    files = size = 0
+    for part in parts:
+        if part.is_dir() and not part.is_symlink():
+            f, s = _dir_size(part)
+        else:
+            f, s = 1, (part.lstat().st_size if part.is_file() else 0)
+        files, size = files + f, size + s
+    return files, size
+
+
 @cache.command(name="clear")
 @click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
 def cache_clear(yes: bool) -> None:
-    """Delete everything in the cache directory: tuned configs and compiled kernels. Asks
-    first unless --yes, and only when there is a file to delete."""
+    """Delete TileOPs's parts of the cache directory: tuned configs, validated specs and
+    compiled kernels (anything else in it is left alone). Asks first unless --yes, and only
+    when there is a file to delete."""
     path = env.cache_dir()
     kind = _kind(path)
     if kind == "absent":
@@ -171,18 +191,20 @@ def cache_clear(yes: bool) -> None:
     why = _unsafe_to_clear(path)
     if why is not None:
         raise click.ClickException(f"refusing to clear {path}: {why} (check TILEOPS_CACHE_DIR)")
-    files, size = _dir_size(path)
+    parts = _parts(path)
+    files, size = _parts_size(parts)
     if files == 0:
-        click.echo(f"{path} holds no files; nothing to clear")
+        click.echo(f"{path} holds no files of TileOPs's; nothing to clear")
         return
     if not yes:
         plural = "" if files == 1 else "s"
-        click.confirm(f"Delete {files} file{plural} ({_size(size)}) in {path}?", abort=True)
-    for child in path.iterdir():
-        if child.is_dir() and not child.is_symlink():
-            shutil.rmtree(child)
+        click.confirm(f"Delete {files} file{plural} ({_size(size)}) in "
+                      f"{', '.join(p.name for p in parts)} under {path}?", abort=True)
+    for part in parts:
+        if part.is_dir() and not part.is_symlink():
+            shutil.rmtree(part)
         else:
-            child.unlink()
+            part.unlink()
     click.echo(f"cleared {path} ({_files(files, size)})")
 
 
@@ -196,7 +218,7 @@ def cache_info() -> None:
         return
     rows = [(name, _describe(path / name), what) for name, what in env.CACHE_PARTS.items()]
     rows += [(child.name, _entry_state(child),
-              "not a part of the cache; `tileops cache clear` deletes it too")
+              "not a part of the cache; `tileops cache clear` leaves it")
              for child in sorted(path.iterdir()) if child.name not in env.CACHE_PARTS]
     name_w = max(len(r[0]) for r in rows)
     state_w = max(len(r[1]) for r in rows)
