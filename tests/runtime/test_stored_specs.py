@@ -139,3 +139,61 @@ def test_a_record_serves_loads_naming_the_files_the_same_way(spec_dir, tmp_path,
     assert len(seen) == 2
     assert relative.files[0].path == str(spec_dir.relative_to(spec_dir.parent) / "scale.yaml")
     assert SpecSet.load("specs").files[0].path == relative.files[0].path and len(seen) == 2
+
+
+def warnings_of(monkeypatch) -> list[str]:
+    """The warnings the module emits (taken where it emits them: the tileops logger's
+    handlers and propagation depend on what ran before)."""
+    seen: list[str] = []
+    monkeypatch.setattr(specs_mod.log, "warning", lambda msg, *a: seen.append(msg % a))
+    monkeypatch.setattr(specs_mod, "_warned", set())
+    return seen
+
+
+def test_a_damaged_record_warns_once_a_process(spec_dir, tmp_path, monkeypatch) -> None:
+    SpecSet.load(spec_dir)
+    (path,) = records(tmp_path)
+    said = warnings_of(monkeypatch)
+    monkeypatch.setattr(specs_mod, "_stored_save", lambda *a: None)  # it stays damaged
+    path.write_bytes(b"\x00" * 10)
+    for _ in range(2):
+        assert SpecSet.load(spec_dir).find("ScaleOp") is not None
+    assert len(said) == 1 and said[0].startswith(f"the spec record {path} is not usable (")
+    assert said[0].endswith("; validating the spec files again")
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device"])
+def test_a_record_that_is_not_a_regular_file_is_not_read(spec_dir, tmp_path, monkeypatch,
+                                                         kind) -> None:
+    """A FIFO where the record goes would block a read for ever, /dev/zero would never end:
+    neither is opened."""
+    import os
+
+    SpecSet.load(spec_dir)
+    (path,) = records(tmp_path)
+    path.unlink()
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.symlink_to("/dev/zero")
+    said = warnings_of(monkeypatch)
+    seen = validations(monkeypatch)
+    assert SpecSet.load(spec_dir).find("ScaleOp") is not None
+    assert len(seen) == 1
+    assert said[0] == (f"the spec record {path} is not usable (it is not a regular file); "
+                       "validating the spec files again")
+
+
+def test_a_record_that_cannot_take_its_place_warns_once_and_leaves_no_file(
+        spec_dir, tmp_path, monkeypatch) -> None:
+    SpecSet.load(spec_dir)
+    (path,) = records(tmp_path)
+    path.unlink()
+    path.mkdir()  # a directory where the record goes: the rename fails
+    said = warnings_of(monkeypatch)
+    for _ in range(2):
+        assert SpecSet.load(spec_dir).find("ScaleOp") is not None
+    folder = tmp_path / "cache" / "specs"
+    assert [p.name for p in folder.iterdir()] == [path.name]  # no temporary file left
+    assert [s.split(" (")[0] for s in said] == [
+        f"the spec record {path} is not usable", f"cannot write the spec record under {folder}"]

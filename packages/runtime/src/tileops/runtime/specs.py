@@ -8,6 +8,7 @@ packages add their specs to with :func:`register_specs`. The entry is found by c
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections.abc import Iterable
 from pathlib import Path
@@ -109,14 +110,40 @@ def _stored_load(paths: Iterable[str | Path]) -> tuple[list[SpecFile], dict[str,
         return None
     path = cache_part("specs") / f"{digest}.msgpack"
     try:
-        data = path.read_bytes()
-    except OSError:
+        st = path.stat()
+        if not stat.S_ISREG(st.st_mode):  # a FIFO would block, a device never end
+            _unusable(path, "it is not a regular file")
+            return None
+        with path.open("rb") as f:
+            data = f.read(MAX_RECORD_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as err:
+        _unusable(path, f"{type(err).__name__}: {err}")
+        return None
+    if len(data) > MAX_RECORD_BYTES:
+        _unusable(path, f"it is more than {MAX_RECORD_BYTES} bytes")
         return None
     try:
         return stored.load(data, digest)
     except (ValueError, SpecError) as err:
-        log.debug("spec record %s is not usable (%s); validating the files again", path, err)
+        _unusable(path, str(err))
         return None
+
+
+#: a record past this size is not one this library wrote (the shipped specs' is some 1 MB)
+MAX_RECORD_BYTES = 64 << 20
+#: records and folders already warned about: a process warns once for each
+_warned: set[Path] = set()
+
+
+def _unusable(path: Path, why: str) -> None:
+    """One warning a record: it is not used, and the files are validated again (and the
+    record rewritten, where it can be)."""
+    if path not in _warned:
+        _warned.add(path)
+        log.warning("the spec record %s is not usable (%s); validating the spec files again",
+                    path, why)
 
 
 def _stored_save(paths: Iterable[str | Path], loaded: list[SpecFile],
@@ -128,13 +155,21 @@ def _stored_save(paths: Iterable[str | Path], loaded: list[SpecFile],
     if digest is None:
         return
     folder = cache_part("specs")
+    tmp = folder / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
         tmp.write_bytes(stored.dump(digest, loaded, adts))
         os.replace(tmp, folder / f"{digest}.msgpack")
     except OSError as err:
-        log.debug("cannot write the spec record under %s: %s", folder, err)
+        try:  # a record that could not take its place leaves no temporary file behind
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass
+        if folder not in _warned:
+            _warned.add(folder)
+            log.warning("cannot write the spec record under %s (%s: %s); each process "
+                        "validates the spec files again (set TILEOPS_CACHE_DIR to a writable "
+                        "directory)", folder, type(err).__name__, err)
 
 
 _default = SpecSet()
