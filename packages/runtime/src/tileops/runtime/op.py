@@ -261,6 +261,10 @@ class Op(declared.Equivalents, Composite, Trained):
         cls = type(self)
         installed = {i: tuple(ks) for i, ks in cls.kernel_types.items()}
         by_slot = {(i.slot or i.__name__): i for i in installed}
+        if kernel_map is not None and not isinstance(kernel_map, Mapping):
+            raise TypeError(f"{cls.__name__}: kernel_map must be a mapping of slots (or kernel "
+                            f"interfaces) to Kernel classes, or None; got "
+                            f"{type(kernel_map).__name__}")
         for key, impl in (kernel_map or {}).items():
             iface = key if isinstance(key, type) else by_slot.get(key)
             if iface not in installed:

@@ -87,7 +87,7 @@ def _parse_value(raw: str) -> Any:
     one-axis shape ``(7,)`` to the row norms, as to torch)."""
     try:
         return json.loads(raw)
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON (JSONDecodeError), or an int past Python's digit limit
         pass
     try:
         return ast.literal_eval(raw)
