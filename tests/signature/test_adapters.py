@@ -121,6 +121,35 @@ def test_torch_adapter() -> None:
     assert set(ad.natives) == set(DTYPES)
 
 
+def test_a_strict_torch_adapter_takes_torch_tensors_only(spec) -> None:
+    """What an op's kernels run on is a torch.Tensor: the strict adapter (the runtime's)
+    refuses any other object by its type, where the plain one checks its shape."""
+    torch = pytest.importorskip("torch")
+    from tileops.signature import torch_adapter
+
+    strict = torch_adapter(strict=True)
+    assert strict is torch_adapter(strict=True) and strict is not torch_adapter()
+    assert strict.natives == torch_adapter().natives
+
+    class Tensorish:
+        shape, dtype, device = torch.Size([8, 4096]), torch.bfloat16, torch.device("cpu")
+
+    plans = {ad: SignaturePlan("NormOp", spec.entries["NormOp"], spec=spec, adapter=ad)
+             for ad in (strict, torch_adapter())}
+    assert plans[torch_adapter()].construct(n=4096).check(Tensorish()) is not None
+    point = plans[strict].construct(n=4096)
+    for check in (point.check, point.check_exact, point.check_symbolic):
+        with pytest.raises(SignatureCallError) as info:
+            check(Tensorish())
+        assert info.value.because == (f"x must be a torch.Tensor, got {__name__}."
+                                      "test_a_strict_torch_adapter_takes_torch_tensors_only."
+                                      "<locals>.Tensorish")
+    x = torch.empty(8, 4096, dtype=torch.bfloat16, device="meta")
+    assert point.check(x).tensors["y"] == ((8, 4096), "bfloat16")
+    with pytest.raises(ValueError, match="a strict adapter names its array types"):
+        DTypeAdapter("x", {}, strict=True)
+
+
 def test_torch_meta_tensors(spec) -> None:
     # the check reads only .shape, .dtype and .device: meta tensors (no storage) pass
     torch = pytest.importorskip("torch")

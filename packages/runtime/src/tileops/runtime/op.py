@@ -46,7 +46,7 @@ from typing import Any, ClassVar
 import torch
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
-from tileops.signature import SignatureCall, SignaturePlan
+from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
 
 from . import autograd, declared, lazy, log, targets
 from .composite import Composite
@@ -153,7 +153,9 @@ class Op(declared.Equivalents, Composite, Trained):
 
         def build(cls: type[Op]) -> dict[str, Any]:
             # the signature plan first: the generated members read it
-            plan = SignaturePlan(name, op_entry, spec=spec_file, adts=adts, validate=False)
+            # an op runs kernels on torch tensors: nothing else passes its check
+            plan = SignaturePlan(name, op_entry, spec=spec_file, adts=adts, validate=False,
+                                 adapter=torch_adapter(strict=True))
             type.__setattr__(cls, "_signature", plan)
             out: dict[str, Any] = {"_signature": plan}
             if "__call__" in members:

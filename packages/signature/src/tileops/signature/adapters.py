@@ -24,7 +24,7 @@ from typing import Any
 
 from tileops.spec import DTYPES
 
-from .sizes import normalize_shape
+from .sizes import normalize_shape, shape_problem
 
 __all__ = ["DTypeAdapter", "numpy_adapter", "torch_adapter"]
 
@@ -59,7 +59,9 @@ class DTypeAdapter:
     for a library without devices: its checks compare none and its records' device is None.
     ``arrays`` are the library's array types (subclasses included) whose ``.shape`` is a
     tuple of sizes by construction; the checks read no entry of theirs, and check every entry
-    of any other object's shape (none given: every shape is checked)."""
+    of any other object's shape (none given: every shape is checked). A ``strict`` adapter
+    takes its arrays only (torch's: what a kernel runs on is a ``torch.Tensor``, not an
+    object that has a ``.shape`` and a ``.dtype``)."""
 
     def __init__(
         self,
@@ -68,6 +70,7 @@ class DTypeAdapter:
         check: Callable[[Any, Callable[[], str]], None] = _default_check,
         device: str | None = None,
         arrays: tuple[type, ...] = (),
+        strict: bool = False,
     ) -> None:
         if device is not None and not device.isidentifier():
             raise ValueError(f"adapter {name!r}: device attribute {device!r} is not an "
@@ -75,9 +78,13 @@ class DTypeAdapter:
         if not (isinstance(arrays, tuple) and all(isinstance(a, type) for a in arrays)):
             raise TypeError(f"adapter {name!r}: arrays must be a tuple of types, got "
                             f"{arrays!r}")
+        if strict and not arrays:
+            raise ValueError(f"adapter {name!r}: a strict adapter names its array types")
         self.name = name
         self.device = device
         self.arrays = arrays
+        #: only ``arrays`` are tensors (an object with a ``.shape`` and a ``.dtype`` is not)
+        self.strict = strict
         #: the exact types seen to be ``arrays`` (their subclasses included): the hot path
         #: tests ``type(t) in admitted``, one set lookup whatever the subclass (an
         #: ``isinstance`` of a ``torch.nn.Parameter`` runs torch's Python ``__instancecheck__``)
@@ -100,7 +107,15 @@ class DTypeAdapter:
         if isinstance(t, self.arrays):
             self.admitted.add(type(t))
             return shape
-        return normalize_shape(shape)
+        return None if self.strict else normalize_shape(shape)
+
+    def problem(self, name: str, t: Any) -> str:
+        """Why ``t``, given for ``name``, is not admitted (:meth:`admit` refused it)."""
+        if self.strict and not isinstance(t, self.arrays):
+            kinds = " or ".join(f"{a.__module__}.{a.__qualname__}" for a in self.arrays)
+            return (f"{name} must be a {kinds}, got {type(t).__module__}."
+                    f"{type(t).__qualname__}")
+        return shape_problem(name, t.shape)
 
     def spec_name(self, native: Any) -> str | None:
         """The spec name of ``native``, or None when this adapter does not map it (an
@@ -143,9 +158,16 @@ class DTypeAdapter:
 _cache: dict[str, DTypeAdapter] = {}
 
 
-def torch_adapter() -> DTypeAdapter:
+def torch_adapter(strict: bool = False) -> DTypeAdapter:
     """The adapter for ``torch.Tensor`` (and fake / meta tensors). Symbolic comparisons go
-    through ``torch._check``."""
+    through ``torch._check``. ``strict``: a ``torch.Tensor`` only (what a kernel runs on),
+    where the plain adapter also checks any object with a ``.shape`` and a ``.dtype``."""
+    if strict:
+        if "torch-strict" not in _cache:
+            ad = torch_adapter()
+            _cache["torch-strict"] = DTypeAdapter("torch", ad.natives, ad.check, device="device",
+                                                  arrays=ad.arrays, strict=True)
+        return _cache["torch-strict"]
     if "torch" not in _cache:
         import torch
 

@@ -18,7 +18,6 @@ from tileops.spec import expr as E
 
 from .common import GenError, LazyConflict, ev, shape_text, tuple_code
 from .dtypes import is_dtype_call
-from .sizes import shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.spec.schema import OutputDecl
@@ -59,7 +58,7 @@ def emit_outputs(b: Body) -> None:
         b.emit(f"if t_{n} is not None:")
         fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}]",
                         lambda env, n=n, sc=shapes[i], dc=dtypes[i]:
-                        (shape_problem(n, env[f"t_{n}"].shape)
+                        (ad.problem(n, env[f"t_{n}"])
                          if ad.admit(env[f"t_{n}"], env[f"t_{n}"].shape) is None else
                          f"the buffer given for {n} must be "
                          f"{ad.short(ev(dc, env))}{shape_text(ev(sc, env))}, but is "

@@ -23,7 +23,6 @@ from .common import FastBody, GenError, LazyConflict, ev, fmt_value, tuple_code
 from .fold import subst
 from .infer import emit_outputs
 from .simplify import simplify_fast
-from .sizes import shape_problem
 
 if TYPE_CHECKING:  # pragma: no cover
     from .gen_check import Generator
@@ -159,8 +158,8 @@ class Body:
         so no later check or record sees a bool, a float, a negative or a numpy scalar."""
         self.g.namespace.setdefault("_AT", self.g.adapter.admitted)
         self.g.namespace.setdefault("_admit", self.g.adapter.admit)
-        fid = self.fail_id(n, expected, lambda env, n=n: shape_problem(n, env[f"t_{n}"].shape),
-                           path)
+        ad = self.g.adapter
+        fid = self.fail_id(n, expected, lambda env, n=n: ad.problem(n, env[f"t_{n}"]), path)
         miss = "raise _Miss" if self.mode == "fast" else f"raise _fail({fid}, locals())"
         self.emit(f"if type(t_{n}) not in _AT:")
         self.emit(f"    s_{n} = _admit(t_{n}, s_{n})")
