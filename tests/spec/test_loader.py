@@ -528,3 +528,35 @@ def test_types_file_errors_have_lines_and_paths() -> None:
 def test_empty_types_file() -> None:
     types, lines = load_types_text("", "types.yaml")
     assert types.adts == {}
+
+
+def test_a_files_workloads_are_bounded_together() -> None:
+    """Each entry may expand to MAX_WORKLOADS, but the validator instantiates every workload
+    of the file: many entries each using a large grid are refused by the file's bound, in
+    well under a second, at the entry that passes it."""
+    import time
+
+    from tileops.spec.bounds import MAX_FILE_WORKLOADS
+
+    rows = "".join(f"        - {{n: {i + 1}, label: r{i}}}\n" for i in range(1000))
+    entry = (
+        "Op{k}:\n  family: misc\n  signature:\n    forall: {{N: Dim, T: \"DType[float32]\"}}\n"
+        "    inputs:\n      x: {{dtype: T, shape: \"[N]\"}}\n    outputs:\n"
+        "      y: {{dtype: T, shape: \"[N]\"}}\n  workloads:\n"
+        + "".join(f"  - {{{{grid: g, map: {{{{N: n}}}}, label: \"k{j}-{{{{label}}}}\"}}}}\n"
+                  for j in range(3)))
+    n = MAX_FILE_WORKLOADS // 3000 + 1
+    text = ("families:\n  misc:\n    status: spec-only\n    grids:\n      g:\n        rows:\n"
+            + rows + "".join(entry.format(k=k) for k in range(n)))
+    start = time.perf_counter()
+    with pytest.raises(SpecLoadError) as exc:
+        load_spec_text(text, "many.yaml")
+    assert time.perf_counter() - start < 1.0
+    (d,) = exc.value.diagnostics
+    assert str(d).startswith(f"many.yaml:{text.count(chr(10), 0, text.index(f'Op{n - 1}:')) + 9}"
+                             f": in Op{n - 1}.workloads: the file's entries expand to more than "
+                             f"{MAX_FILE_WORKLOADS} workloads")
+    # one entry fewer is a file of its bound
+    fewer = text[:text.index(f"Op{n - 1}:")]
+    assert sum(len(e.workloads) for e in load_spec_text(fewer, "many.yaml").entries.values()) \
+        == 3000 * (n - 1)

@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "MAX_EXPR_CHARS",
     "MAX_EXPR_DEPTH",
+    "MAX_FILE_WORKLOADS",
     "MAX_INT",
     "MAX_POW_EXPONENT",
     "MAX_SEQUENCE",
@@ -67,6 +68,12 @@ MAX_YAML_NODES = 200_000
 #: expanded by many items would otherwise multiply into more than any run could use (and
 #: the validator checks every one).
 MAX_WORKLOADS = 4096
+
+#: The most workloads the entries of one file may have together (the shipped files have at
+#: most some 600): the validator instantiates every one, and thousands of entries each using a
+#: large grid would keep it for minutes where a spec must be accepted or refused in about a
+#: second.
+MAX_FILE_WORKLOADS = 8192
 
 
 def int_in_range(value: int) -> bool:

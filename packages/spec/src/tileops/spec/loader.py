@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from .bounds import (
+    MAX_FILE_WORKLOADS,
     MAX_INT,
     MAX_SPEC_BYTES,
     MAX_WORKLOADS,
@@ -393,6 +394,7 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
     by_root: dict[str, list[str]] = {}
     for p in rec.lines:
         by_root.setdefault(_root(p), []).append(p)
+    total = 0
     for name, raw in data.items():
         if name == "families":
             continue
@@ -401,6 +403,14 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
             entries[name] = _entry(name, raw, families, used_grids, file, rec.lines, scope)
         except SpecLoadError as err:
             errors += err.diagnostics
+            continue
+        total += len(entries[name].workloads)
+        if total > MAX_FILE_WORKLOADS:  # the validator checks every one: bounded per file
+            raise SpecLoadError(Diagnostic(
+                file, rec.lines.get(f"{name}.workloads", rec.lines.get(str(name))),
+                f"{name}.workloads", f"the file's entries expand to more than "
+                f"{MAX_FILE_WORKLOADS} workloads (this entry's reach past it); a spec file "
+                f"holds at most {MAX_FILE_WORKLOADS}", "schema"))
     if not errors:  # a family's grid is unused only if no entry that might use it failed
         errors += check_families_used(families, entries, used_grids, file, rec.lines)
     return SpecFile(path=file, entries=entries, lines=rec.lines, families=families), errors
