@@ -370,3 +370,29 @@ def test_arithmetic_failing_on_the_given_sizes_is_a_call_error() -> None:
     assert info.value.because == "let Q = ceil_div(M, N) fails on these sizes: ceil_div by zero"
     assert info.value.bound == {"M": 4, "N": 0}
     assert info.value.spec == "div.yaml:10 (DivOp.signature.let.Q)"
+
+
+@pytest.mark.parametrize(("point", "call", "message"), [
+    ("pad", lambda c: c(X(4, 9)),
+     "GatherPadOp.check(x, y, index, bias=None, *, out=None): required inputs y, index not "
+     "given"),
+    ("pad", lambda c: c(X(4, 9), X(4, 7), X(4, 2, dtype=i32), None, X(4)),
+     "GatherPadOp.check(x, y, index, bias=None, *, out=None) takes 4 inputs, got 5: 1 extra "
+     "positional argument after bias"),
+    ("pad", lambda c: c(X(4, 9), y=X(4, 7)),
+     "GatherPadOp.check(x, y, index, bias=None, *, out=None): unexpected keyword argument 'y' "
+     "(inputs are passed by position: y is input 2); keywords: out"),
+    ("pool", lambda c: c(X(2, 2), scale=2),
+     "PoolOp.check(x): unexpected keyword argument 'scale'; keywords: none"),
+    ("pool", lambda c: c(), "PoolOp.check(x): required input x not given"),
+])
+def test_a_wrong_number_of_arguments_names_the_op_and_its_signature(points, point, call,
+                                                                     message) -> None:
+    """The engine used on its own: a check called with an input missing, one too many or a
+    keyword it does not take says so by the op's names, not by the generated parameters'
+    (t_x), in every mode."""
+    p = points[point]
+    for check in (p.check, p.check_exact, p.check_symbolic):
+        with pytest.raises(TypeError) as info:
+            call(check)
+        assert str(info.value) == message

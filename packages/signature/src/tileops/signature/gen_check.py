@@ -74,12 +74,19 @@ class Generator(ExprCompiler):
             # passing nothing there fails the check as a missing input.
             first_opt = next((i for i, n in enumerate(self.plan.input_names) if n in opt),
                              len(self.plan.input_names))
-            args = [f"t_{n}" if i < first_opt else f"t_{n}=None"
+            # A required input defaults to a sentinel and extra arguments are gathered, so a
+            # call with one missing or too many is refused naming the op and its signature
+            # (not Python's message about the generated parameters)
+            required = self.plan.input_names[:first_opt]
+            args = [f"t_{n}=_NO" if i < first_opt else f"t_{n}=None"
                     for i, n in enumerate(self.plan.input_names)]
             # buffer outputs are passed by their declared names (``out=``)
             kw = [f"{n}=None" for n in self.plan.buffer_outputs]
-            sig = ", ".join(args + (["*"] + kw if kw else []))
+            sig = ", ".join([*args, "*_rest", *kw, "**_kw"])
             self.lines.append(f"def {fname}({sig}):")
+            bad = " or ".join(["_rest", "_kw", *(f"t_{n} is _NO" for n in required)])
+            given = ", ".join(f"t_{n}" for n in self.plan.input_names)
+            self.lines.append(f"    if {bad}: raise _arity(_rest, _kw, ({given}{',' if len(self.plan.input_names) == 1 else ''}))")
             for n in self.plan.buffer_outputs:
                 self.lines.append(f"    t_{n} = {n}")
             self._presence_tree(list(opt), {}, 1, mode)

@@ -65,6 +65,10 @@ from .gen_check import Generator
 __all__ = ["ConstructionPoint", "FastBody", "SignaturePlan"]
 
 
+#: the default of a required input of a generated check: not given
+_NOT_GIVEN = object()
+
+
 class _Miss(Exception):
     """A fast check's miss: the call goes to ``check_exact`` (which raises the precise
     error)."""
@@ -190,6 +194,8 @@ class ConstructionPoint:
         namespace["_R"] = self.record_type
         namespace["_Miss"] = _Miss
         namespace["_P"] = self
+        namespace["_NO"] = _NOT_GIVEN
+        namespace["_arity"] = self._arity
         code = compile(self._source, f"<tileops.signature {plan.name}>", "exec")
         exec(code, namespace)  # noqa: S102 - source generated from the validated AST
         #: the call check of the hot path: a miss goes to ``check_exact``
@@ -211,6 +217,29 @@ class ConstructionPoint:
 
     def roofline(self, call: SignatureCall) -> tuple[int, int]:
         return self._roofline(call)
+
+    def _arity(self, rest: tuple, kw: dict, given: tuple) -> TypeError:
+        """A check called with a required input missing, too many inputs, or a keyword it
+        does not take: named by the op's signature (the generated parameters are not)."""
+        opt = set(self.plan.optional_inputs)
+        names = self.input_names
+        outs = self.plan.buffer_outputs
+        sig = ", ".join([*(f"{n}=None" if n in opt else n for n in names),
+                         *(["*", *(f"{n}=None" for n in outs)] if outs else [])])
+        head = f"{self.plan.name}.check({sig})"
+        if rest:
+            return TypeError(f"{head} takes {len(names)} inputs, got {len(names) + len(rest)}: "
+                             f"{len(rest)} extra positional argument"
+                             f"{'s' if len(rest) > 1 else ''} after {names[-1]}")
+        if kw:
+            k = next(iter(kw))
+            hint = f" (inputs are passed by position: {k} is input {names.index(k) + 1})" \
+                if k in names else ""
+            return TypeError(f"{head}: unexpected keyword argument {k!r}{hint}; keywords: "
+                             f"{', '.join(outs) or 'none'}")
+        missing = [n for n, t in zip(names, given, strict=True) if t is _NOT_GIVEN]
+        return TypeError(f"{head}: required input{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)} not given")
 
     def _fail(self, fid: int, env: dict) -> SignatureCallError:
         f = self.failures[fid]
