@@ -81,7 +81,7 @@ def test_check_a_load_error_in_process(tmp_path: Path, capsys: pytest.CaptureFix
     assert err.splitlines() == [
         f"{bad}:4: in Op.status: duplicate key 'status' (first written at line 3); YAML would "
         f"silently keep only the last one  [yaml]",
-        "1 error(s) in 0 entries (0 files)",
+        "1 error(s) in 0 entries (1 files)",
     ]
 
 

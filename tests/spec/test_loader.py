@@ -560,3 +560,23 @@ def test_a_files_workloads_are_bounded_together() -> None:
     fewer = text[:text.index(f"Op{n - 1}:")]
     assert sum(len(e.workloads) for e in load_spec_text(fewer, "many.yaml").entries.values()) \
         == 3000 * (n - 1)
+
+
+def test_a_yaml_trap_is_its_entrys_error_and_hides_no_other() -> None:
+    """Every trap of an entry is reported, the entry is not converted, and the file's other
+    entries load (or report their own errors) as they would without it."""
+    from tileops.spec.loader import load_spec_entries
+
+    good = BASE
+    trapped = BASE.replace("Op:", "Bad:").replace("{M: 2,", "{M: 010, flag: yes,").replace(
+        "status: spec-only", "status: spec-only\n  status: planned")
+    broken = BASE.replace("Op:", "Broken:").replace("status: spec-only", "status: spec-onl")
+    spec, errors = load_spec_entries(good + trapped + broken, "op.yaml")
+    assert list(spec.entries) == ["Op"]
+    assert [(d.rule, d.path) for d in errors] == [
+        ("yaml", "Bad.status"), ("yaml", "Bad.workloads[0].M"), ("yaml", "Bad.workloads[0].flag"),
+        ("schema", "Broken.status")]
+    # outside the entries, a trap is the file's error
+    with pytest.raises(SpecLoadError) as exc:
+        load_spec_entries("families: {misc: {status: yes}}\n" + good, "op.yaml")
+    assert [d.path for d in exc.value.diagnostics] == ["families.misc.status"]

@@ -11,7 +11,8 @@ ways. The loader here:
 - records the line of every key, so a schema error deep inside an entry is reported as
   ``norm.yaml:41: in RMSNormFwdOp.signature.inputs.x.shape: ...``;
 - converts entry by entry and field by field, so an error names the entry, not ``[...]``
-  (:mod:`.convert`).
+  (:mod:`.convert`); a YAML trap in one entry is that entry's error (each of its traps
+  reported), and the other entries load on.
 - holds the file to the bounds of :mod:`.bounds` before anything walks it: its size, its
   nesting (checked as it is composed, so a ten-thousand-deep list never reaches the
   recursive code) and the size and depth of the tree once every alias is expanded (so an
@@ -89,6 +90,12 @@ def _base60(text: str) -> str:
 _WORKLOAD_RESERVED = ("label", "dtype_cases", "some")
 
 
+#: what a trapped scalar reads as where traps are collected (its entry is not converted)
+_TRAPPED = object()
+#: the most traps one file reports (the next one raises: the file is a wreck)
+MAX_TRAPS = 100
+
+
 class _Trap(Exception):
     def __init__(self, node: yaml.Node, message: str) -> None:
         self.line = node.start_mark.line + 1
@@ -139,6 +146,9 @@ def _loader() -> type:
 
     class Loader(_parser_base()):
         depth = 0
+        #: where traps are collected (the construction goes on past them), else None: the
+        #: first one raises
+        traps: list[_Trap] | None = None
 
         def compose_node(self, parent, index):
             """Compose one node, refusing nesting deeper than MAX_YAML_DEPTH before the
@@ -162,6 +172,15 @@ def _loader() -> type:
                              f"the YAML nests deeper than {MAX_YAML_DEPTH} levels")
             super().fetch_flow_collection_start(token_class)
 
+    def trap(loader: Loader, node: yaml.Node, message: str) -> Any:
+        """Raise the trap, or where the loader collects them, keep it and go on (the value
+        stands for nothing: the entry that holds it is reported, not converted)."""
+        t = _Trap(node, message)
+        if loader.traps is None or len(loader.traps) >= MAX_TRAPS:
+            raise t
+        loader.traps.append(t)
+        return _TRAPPED
+
     def construct_mapping(loader: Loader, node: yaml.MappingNode, deep: bool = False) -> LocatedMap:
         loader.flatten_mapping(node)
         m = LocatedMap()
@@ -171,13 +190,13 @@ def _loader() -> type:
             line = key_node.start_mark.line + 1
             if not isinstance(key, str | int | float | bool) and key is not None:
                 what = "a list" if isinstance(key, list) else "a mapping"
-                raise _Trap(key_node, f"a mapping key must be a scalar, got {what}")
+                trap(loader, key_node, f"a mapping key must be a scalar, got {what}")
+                continue
             if key in m:
-                raise _Trap(
-                    key_node,
-                    f"duplicate key {key!r} (first written at line {m.key_lines[key]}); "
-                    f"YAML would silently keep only the last one",
-                )
+                trap(loader, key_node,
+                     f"duplicate key {key!r} (first written at line {m.key_lines[key]}); "
+                     f"YAML would silently keep only the last one")
+                continue
             m[key] = loader.construct_object(value_node, deep=True)
             m.key_lines[key] = line
         return m
@@ -193,8 +212,8 @@ def _loader() -> type:
         if not node.style and _FLOAT_TRAP.match(value):  # plain: None (Python), '' (libyaml)
             mantissa, _, exponent = value.lower().partition("e")
             fixed = (mantissa if "." in mantissa else mantissa + ".0") + "e" + exponent
-            raise _Trap(
-                node,
+            return trap(
+                loader, node,
                 f"{value} is read by YAML as the string {value!r}, not a number; "
                 f"write {fixed} (YAML 1.1 needs a dot in the mantissa), or quote it if a "
                 f"string is meant",
@@ -203,8 +222,8 @@ def _loader() -> type:
 
     def construct_bool_checked(loader: Loader, node: yaml.ScalarNode):
         if node.value.lower() in _BOOL_WORDS:
-            raise _Trap(
-                node,
+            return trap(
+                loader, node,
                 f"{node.value!r} is read by YAML as the boolean "
                 f"{node.value.lower() in ('yes', 'on', 'y')}; write true or false for a "
                 f"boolean, or quote it ('{node.value}') for a string",
@@ -214,24 +233,24 @@ def _loader() -> type:
     def construct_int_checked(loader: Loader, node: yaml.ScalarNode):
         text = node.value
         if ":" in text:
-            raise _Trap(node, f"{text} is read by YAML 1.1 as a base-60 number "
+            return trap(loader, node, f"{text} is read by YAML 1.1 as a base-60 number "
                         f"({_base60(text)}); write the number itself, or quote it for a string")
         if _OCTAL_TRAP.match(text):
-            raise _Trap(node, f"{text} is read by YAML 1.1 as the octal number "
+            return trap(loader, node, f"{text} is read by YAML 1.1 as the octal number "
                         f"{int(text.replace('_', '').lstrip('+-'), 8)}; write it without the "
                         f"leading 0, or quote it for a string")
         # An integer's text is bounded before it is converted (int() of a long text is
         # quadratic); 2**63 - 1 has 19 digits, and 64 characters leave room for '_' and '0x'.
         value = loader.construct_yaml_int(node) if len(node.value) <= 64 else None
         if value is None or not int_in_range(value):
-            raise _Trap(node, f"an integer is at most {MAX_INT} (2**63 - 1), got "
+            return trap(loader, node, f"an integer is at most {MAX_INT} (2**63 - 1), got "
                         f"{node.value[:40]}{'...' if len(node.value) > 40 else ''}")
         return value
 
     def construct_float_checked(loader: Loader, node: yaml.ScalarNode):
         if ":" in node.value:
-            raise _Trap(node, f"{node.value} is read by YAML 1.1 as a base-60 number; write "
-                        f"the number itself, or quote it for a string")
+            return trap(loader, node, f"{node.value} is read by YAML 1.1 as a base-60 number; "
+                        f"write the number itself, or quote it for a string")
         return loader.construct_yaml_float(node)
 
     Loader.add_constructor("tag:yaml.org,2002:int", construct_int_checked)
@@ -243,7 +262,9 @@ def _loader() -> type:
     return Loader
 
 
-def _read_yaml(text: str, file: str) -> Any:
+def _read_yaml(text: str, file: str, traps: list[Diagnostic] | None = None) -> Any:
+    """The text's data. A trap (a YAML 1.1 reading, a duplicate key) raises, or, given a
+    ``traps`` list, is kept there (with its entry path) while the rest is read on."""
     size = len(text.encode("utf-8"))
     if size > MAX_SPEC_BYTES:
         raise SpecLoadError(Diagnostic(
@@ -252,12 +273,19 @@ def _read_yaml(text: str, file: str) -> Any:
     import yaml
 
     loader = _loader()(text)
+    if traps is not None:
+        loader.traps = []
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         _check_expanded(node)
-        return loader.construct_document(node)
+        data = loader.construct_document(node)
+        if loader.traps:
+            paths = _paths_at(text, {t.index for t in loader.traps})
+            traps += [Diagnostic(file, t.line, paths.get(t.index, ""), t.message, "yaml")
+                      for t in loader.traps]
+        return data
     except _Bound as bound:
         raise SpecLoadError(Diagnostic(file, bound.line, "", bound.message, "yaml")) from None
     except _Trap as trap:
@@ -325,32 +353,38 @@ def _check_expanded(root: yaml.Node) -> None:
 def _path_at(text: str, index: int) -> str:
     """The entry path of the key or scalar that starts at character ``index`` (found on the
     composed node tree, which a trap does not stop), or "" if there is none."""
+    return _paths_at(text, {index}).get(index, "")
+
+
+def _paths_at(text: str, indices: set[int]) -> dict[int, str]:
+    """The entry path of each key or scalar starting at one of ``indices``, in one walk of
+    the composed tree (a node reached twice through aliases is walked once)."""
     import yaml
 
     try:
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError:  # pragma: no cover - the text composed once already
-        return ""
-
-    def find(node: yaml.Node, path: str) -> str | None:
+        return {}
+    found: dict[int, str] = {}
+    seen: set[int] = set()
+    stack: list[tuple[yaml.Node, str]] = [(root, "")] if root is not None else []
+    while stack and len(found) < len(indices):
+        node, path = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
         if isinstance(node, yaml.MappingNode):
-            for key, value in node.value:
-                sub = join_path(path, [str(key.value)]) if isinstance(key, yaml.ScalarNode) else path
-                if key.start_mark.index == index:
-                    return sub
-                found = find(value, sub)
-                if found is not None:
-                    return found
+            for key, value in reversed(node.value):
+                sub = join_path(path, [str(key.value)]) if isinstance(key, yaml.ScalarNode) \
+                    else path
+                if key.start_mark.index in indices:
+                    found.setdefault(key.start_mark.index, sub)
+                stack.append((value, sub))
         elif isinstance(node, yaml.SequenceNode):
-            for i, item in enumerate(node.value):
-                found = find(item, f"{path}[{i}]")
-                if found is not None:
-                    return found
-        elif node.start_mark.index == index:
-            return path
-        return None
-
-    return (find(root, "") if root is not None else None) or ""
+            stack += [(item, f"{path}[{i}]") for i, item in reversed(list(enumerate(node.value)))]
+        elif node.start_mark.index in indices:
+            found.setdefault(node.start_mark.index, path)
+    return found
 
 
 # --- entry points -----------------------------------------------------------------------------
@@ -371,8 +405,15 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
     """The file's entries that load, and the error of each one that does not (one error an
     entry: its first; the others load and validate on their own), then a family block or a
     grid no entry uses. An error of the file as a whole (YAML, a malformed ``families:``
-    block) is still raised."""
-    data = _read_yaml(text, file)
+    block) is still raised. A YAML trap in an entry (``yes``, ``1e-6``, a duplicate key) is
+    that entry's error, every trap of it reported; one outside the entries is the file's."""
+    traps: list[Diagnostic] = []
+    data = _read_yaml(text, file, traps)
+    if any(_root(d.path) in ("", "families") for d in traps):
+        raise SpecLoadError(traps)
+    trapped: dict[str, list[Diagnostic]] = {}
+    for d in traps:
+        trapped.setdefault(_root(d.path), []).append(d)
     if data is None:
         data = LocatedMap()
     if not isinstance(data, dict):
@@ -397,6 +438,9 @@ def load_spec_entries(text: str, file: str = "<string>") -> tuple[SpecFile, list
     total = 0
     for name, raw in data.items():
         if name == "families":
+            continue
+        if str(name) in trapped:  # read wrongly by YAML: reported, not converted
+            errors += trapped[str(name)]
             continue
         try:
             scope = (*by_root.get(str(name), ()), *by_root.get("families", ()))
