@@ -596,16 +596,19 @@ def test_cache_clear(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "nothing to clear" in invoke("cache", "clear").output
     (cache / "kernels").mkdir(parents=True)
     (cache / "kernels" / "a.so").write_bytes(b"x" * 10)
-    (cache / "tuned.json").write_text("{}")
-    assert "(2 files" in invoke("cache", "info").output
+    (cache / "gemm").mkdir()
+    (cache / "gemm" / "tuned.json").write_text("{}")
+    (cache / "theirs.json").write_text("{}")  # not TileOPs's: counted by info, never cleared
+    assert "(3 files" in invoke("cache", "info").output
     result = invoke("cache", "clear", input="n\n")
     assert result.exit_code == 1 and "Delete 2 files" in result.output
-    assert (cache / "tuned.json").exists()
+    assert (cache / "gemm" / "tuned.json").exists()
     result = invoke("cache", "clear", input="y\n")
-    assert result.exit_code == 0 and list(cache.iterdir()) == []
-    (cache / "again").write_text("1")
+    assert result.exit_code == 0 and [p.name for p in cache.iterdir()] == ["theirs.json"]
+    (cache / "specs").mkdir()
+    (cache / "specs" / "again").write_text("1")
     assert invoke("cache", "clear", "--yes").exit_code == 0
-    assert cache.is_dir() and list(cache.iterdir()) == []
+    assert cache.is_dir() and [p.name for p in cache.iterdir()] == ["theirs.json"]
 
 
 def test_cache_clear_refuses_the_home_directory(tmp_path: Path,

@@ -123,6 +123,8 @@ def test_an_index_only_an_optional_input_gives_is_bound_where_it_is_given() -> N
     absent = p.check(T(2, 3), None)
     assert absent.indices == {"S": (2, 3), "T": "float32"}
     assert absent.values[1] is None and absent.output_shapes == ((2, 3),)
+    # the roofline and traffic run on either call (an absent index is not sliced)
+    assert p.roofline(absent) == (0, 2 * 6 * 4) and p.roofline(p.check(T(2, 3), T(3)))[1] == 60
     assert "SB" not in p.source().split("if t_bound is None:")[1].split("else:")[0]
     for bad in (T(4), T(1, 2, 3)):
         with pytest.raises(SignatureCallError) as info:

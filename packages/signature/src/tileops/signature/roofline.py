@@ -56,8 +56,14 @@ def roofline_lines(exprs: ExprCompiler, index_names: tuple[str, ...],
     L.append("def roofline(c):")
     if index_names:
         L.append(f"    {', '.join('i_' + n for n in index_names)}, = c.values")
+    # an index of an optional input only (the roofline never reads one) is None where the
+    # input is absent: not sliced
+    optional_only = set(exprs.optional_indices(
+        {n: False for n in exprs.plan.optional_inputs}))
     for n, (_, a, b) in lazy.items():
-        L.append(f"    i_{n} = i_{n}[{a or ''}:{f'len(i_{n}) - {b}' if b else ''}]")
+        cut = f"i_{n}[{a or ''}:{f'len(i_{n}) - {b}' if b else ''}]"
+        L.append(f"    i_{n} = {cut} if i_{n} is not None else None" if n in optional_only
+                 else f"    i_{n} = {cut}")
     idx = {n: i for i, n in enumerate(exprs.sig.inputs)}
 
     def presence(name: str) -> str:
