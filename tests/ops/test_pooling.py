@@ -476,3 +476,28 @@ def test_an_empty_stride_is_the_window_as_torch_reads_it():
         torch.testing.assert_close(got, F.max_pool2d(x, 3, stride=stride))
         got = O.AvgPool2dFwdOp(kernel_size=2, stride=stride)(x)
         torch.testing.assert_close(got, F.avg_pool2d(x, 2, stride=stride))
+
+
+@pytest.mark.parametrize(("cls", "params", "nd"), [
+    (O.MaxPool2dBwdOp, dict(kernel_size=2), 2), (O.MaxPool1dBwdOp, dict(kernel_size=2), 1),
+    (O.AdaptiveMaxPool2dBwdOp, dict(output_size=3), 2)])
+def test_indices_outside_their_plane_are_refused_by_name(cls, params, nd):
+    """The gradient scatters dy at the indices the forward returned: one that is not a
+    position of its plane is refused naming the op, the index and the range (torch's scatter
+    raised a bare message); the op serves the next call."""
+    x = torch.randn(1, 2, *(6,) * nd)
+    fwd = {1: F.max_pool1d, 2: F.max_pool2d}[nd]
+    y, idx = (F.adaptive_max_pool2d(x, 3, return_indices=True) if "output_size" in params
+              else fwd(x, 2, return_indices=True))
+    dy = torch.randn_like(y)
+    op = cls(**params)
+    plane = 6 ** nd
+    for bad, value in ((idx + plane, int(idx.flatten()[0]) + plane), (idx - plane, None)):
+        with pytest.raises(IndexError) as exc:
+            op(dy, x, bad)
+        assert str(exc.value).startswith(f"{cls.__name__}: indices[{', '.join(['0'] * (nd + 2))}]"
+                                         f" is ")
+        assert str(exc.value).endswith(f"= {plane} elements: [0, {plane}))")
+        if value is not None:
+            assert f" is {value}: " in str(exc.value)
+    torch.testing.assert_close(op(dy, x, idx), op(dy, x))

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 import tileops.ops as O
 from tileops.kernels.rope import FreqSource, RopeInterface, RopeLayout, RopeStyle, aux_layout
 from tileops.runtime import Kernel
-from tileops.signature import SignatureCallError
+from tileops.signature import ConstructionError, SignatureCallError
 
 F64 = torch.float64
 FACTORS = {"short_factor": [1.0 + 0.05 * i for i in range(16)],
@@ -348,3 +348,15 @@ def test_in_tree_kernels_refuse_float64_by_name():
     with pytest.raises(TypeError, match=r"RopeNeoxFwdOp: the in-tree RoPE kernels serve "
                                         r"bfloat16, float16, float32, not float64"):
         op(torch.randn(1, 2, 2, 8, dtype=F64), torch.randn(1, 2, 1, 8, dtype=F64))
+
+
+def test_longrope_refuses_an_original_context_of_one_where_the_context_grows():
+    """The attention factor divides by ln(original_max_position): 1 is refused at
+    construction where max_position is larger (a bare ZeroDivisionError at the call), and
+    served where the context does not grow (factor 1)."""
+    with pytest.raises(ConstructionError) as exc:
+        O.RopeLongRopeFwdOp(max_position=10, original_max_position=1)
+    assert "original_max_position > 1 or max_position == original_max_position" in str(exc.value)
+    q = torch.randn(1, 2, 2, 8, dtype=torch.float64)
+    out = O.RopeLongRopeFwdOp(max_position=1, original_max_position=1)(q, q.clone())
+    assert out[0].shape == q.shape

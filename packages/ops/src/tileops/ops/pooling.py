@@ -42,6 +42,7 @@ from tileops.runtime import Op
 from tileops.signature.errors import ConstructionError
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import has_data
 
 __all__ = [
     "AdaptiveAvgPool2dBwdOp",
@@ -332,6 +333,24 @@ class AdaptiveMaxPool2dFwdOp(PoolOp):
 # --- gradients -----------------------------------------------------------------------------------
 
 
+def _refuse_bad_indices(op: Op, idx: torch.Tensor, x_shape: torch.Size, nd: int) -> None:
+    """An index that is not an element of its plane (``indices`` as the forward returns them:
+    flat positions in the ``nd`` spatial axes) is refused by name where the tensor holds data
+    (the references; the kernels check nothing on the host)."""
+    plane = 1
+    for n in x_shape[-nd:]:
+        plane *= n
+    if not has_data(idx) or idx.numel() == 0:
+        return
+    bad = ((idx < 0) | (idx >= plane)).nonzero()
+    if bad.numel():
+        at = tuple(int(i) for i in bad[0])
+        raise IndexError(
+            f"{type(op).__name__}: indices[{', '.join(map(str, at))}] is {int(idx[at])}: not a "
+            f"position in its plane of x's last {nd} axes ({' x '.join(map(str, x_shape[-nd:]))}"
+            f" = {plane} elements: [0, {plane}))")
+
+
 def _scatter_max(dy: torch.Tensor, x_shape: torch.Size, idx: torch.Tensor,
                  nd: int) -> torch.Tensor:
     """``dx``: each window's ``dy`` added at its argmax (a flat index into its plane)."""
@@ -349,6 +368,8 @@ class _MaxPoolBwd(PoolGradOp):
                                   self.dilation, self.ceil_mode, return_indices=True)[1]
 
     def reference(self, call, dy, x, indices=None):
+        if indices is not None:
+            _refuse_bad_indices(self, indices, x.shape, self.nd)
         idx = self._indices(x) if indices is None else indices
         return (_scatter_max(_wide(dy), x.shape, idx, self.nd),)
 
@@ -455,6 +476,8 @@ class AdaptiveMaxPool2dBwdOp(PoolGradOp):
         return F.adaptive_max_pool2d(x, self.output_size, return_indices=True)[1]
 
     def reference(self, call, dy, x, indices=None):
+        if indices is not None:
+            _refuse_bad_indices(self, indices, x.shape, 2)
         idx = self._indices(x) if indices is None else indices
         return (_scatter_max(_wide(dy), x.shape, idx, 2),)
 
