@@ -164,6 +164,18 @@ def test_kernel_map_is_checked_at_construction() -> None:
         ScaleOp(kernel_map={ScaleIface: object})
     with pytest.raises(ValueError, match="runs no kernels of its own"):
         RowStatsOp(width=4, kernel_map={"scale": AnyScale})
+    with pytest.raises(TypeError) as exc:
+        ScaleOp(kernel_map=5)
+    assert str(exc.value) == ("ScaleOp: kernel_map must be a mapping of slots (or kernel "
+                              "interfaces) to Kernel classes, or None; got int")
+
+
+@pytest.mark.parametrize("tune", ["yes", 1, None])
+def test_tune_is_a_bool(tune) -> None:
+    with pytest.raises(TypeError) as exc:
+        ScaleOp(tune=tune)
+    assert str(exc.value) == (f"ScaleOp: tune must be True or False, got {tune!r} "
+                              f"({type(tune).__name__})")
 
 
 def test_kernel_map_replaces_a_slot_by_name_or_interface() -> None:

@@ -183,6 +183,9 @@ class Op(declared.Equivalents, Composite, Trained):
         if plan is None:
             raise TypeError(f"{cls.__name__} has no spec entry; an op class is named after its "
                             f"entry (or passes entry=...) and its specs are registered first")
+        if not isinstance(tune, bool):
+            raise TypeError(f"{cls.__name__}: tune must be True or False, got {tune!r} "
+                            f"({type(tune).__name__})")
         # construction group
         params = cls.normalize_params(
             {k: v for k, v in params.items() if v is not declared.REQUIRED})
