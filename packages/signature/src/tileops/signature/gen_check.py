@@ -85,8 +85,8 @@ class Generator(ExprCompiler):
             sig = ", ".join([*args, "*_rest", *kw, "**_kw"])
             self.lines.append(f"def {fname}({sig}):")
             bad = " or ".join(["_rest", "_kw", *(f"t_{n} is _NO" for n in required)])
-            given = ", ".join(f"t_{n}" for n in self.plan.input_names)
-            self.lines.append(f"    if {bad}: raise _arity(_rest, _kw, ({given}{',' if len(self.plan.input_names) == 1 else ''}))")
+            given = "".join(f"t_{n}, " for n in self.plan.input_names)
+            self.lines.append(f"    if {bad}: raise _arity(_rest, _kw, ({given}))")
             for n in self.plan.buffer_outputs:
                 self.lines.append(f"    t_{n} = {n}")
             self._presence_tree(list(opt), {}, 1, mode)
