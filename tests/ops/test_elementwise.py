@@ -577,6 +577,22 @@ def test_number_operands_compile_and_train():
     torch.testing.assert_close(s.grad, torch.full((4, 3), 0.7, dtype=torch.bfloat16))
 
 
+def test_a_gated_op_recompiled_for_dynamic_sizes():
+    """torch.compile recompiles a function whose sizes change with symbolic sizes: the gated
+    ops' [*B, 2 * N] input is solved for N by // and % (a symbolic size takes no divmod), and
+    the gradient follows, at every size."""
+    torch._dynamo.reset()
+    op = SiluAndMulFwdOp()
+    g = torch.compile(op, fullgraph=True)
+    for n in (8, 12, 20):  # the second size recompiles with a dynamic one
+        x = torch.randn(3, 2 * n, dtype=torch.float64, requires_grad=True)
+        y = g(x)
+        want = F.silu(x[:, :n]) * x[:, n:]
+        torch.testing.assert_close(y, want)
+        (gx,) = torch.autograd.grad(y.sum(), x)
+        torch.testing.assert_close(gx, torch.autograd.grad(want.sum(), x)[0])
+
+
 _I8 = torch.tensor([1, 2], dtype=torch.int8)
 _F16 = torch.tensor([1.0, 2.0], dtype=torch.float16)
 _C = torch.tensor([True, False])

@@ -393,7 +393,11 @@ class Body:
         a1 = self.g.fold(subst(it, {x: E.Int(1)}, {}), self.presence, self.bound_set)
         bc, a1c = self.expr(b), self.expr(a1)
         text = E.unparse(it)
-        self.emit(f"i_{x}, _r = divmod({at} - ({bc}), ({a1c}) - ({bc}))")
+        # // and % rather than divmod, which a symbolic size (torch's SymInt) does not take
+        self.emit(f"_q = {at} - ({bc})")
+        self.emit(f"_d = ({a1c}) - ({bc})")
+        self.emit(f"i_{x} = _q // _d")
+        self.emit(f"_r = _q % _d")
         # the failure lists what was bound before: x has no value when there is no solution
         fid = self.fail_id(n, expected, lambda env, at=at, text=text, x=x, d=disp:
                            f"{d} is {ev(at, env)}, but {text} has no solution "
