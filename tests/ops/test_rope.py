@@ -360,3 +360,33 @@ def test_longrope_refuses_an_original_context_of_one_where_the_context_grows():
     q = torch.randn(1, 2, 2, 8, dtype=torch.float64)
     out = O.RopeLongRopeFwdOp(max_position=1, original_max_position=1)(q, q.clone())
     assert out[0].shape == q.shape
+
+
+@pytest.mark.parametrize("how", ["fake", "meta", "export"])
+def test_a_traced_call_leaves_nothing_a_real_call_reads(how):
+    """The frequency tables, the aux tensor and the construction tensors a fake, meta or
+    exported call makes serve that call only: a real call after it computes as a fresh op
+    does (a fake table kept by the first turned every later output into garbage)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(1, 5, 4, 16, generator=g), torch.randn(1, 5, 2, 16, generator=g)
+    pos = torch.arange(5)[None]
+    for make in (O.RopeNeoxFwdOp, lambda: O.RopeLongRopeFwdOp(
+            short_factor=[1.0] * 8, long_factor=[2.0] * 8, max_position=64,
+            original_max_position=8)):
+        want = [t.clone() for t in make()(q, k, pos)]
+        op = make()
+        if how == "export":
+            class M(torch.nn.Module):
+                def forward(self, q, k, p):
+                    return op(q, k, p)
+
+            torch.export.export(M(), (q, k, pos))
+        else:
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                dev = "meta" if how == "meta" else "cpu"
+                op(torch.empty(1, 5, 4, 16, device=dev), torch.empty(1, 5, 2, 16, device=dev),
+                   pos.to(dev))
+        for got, ref in zip(op(q, k, pos), want, strict=True):
+            torch.testing.assert_close(got, ref, rtol=0, atol=0)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ._elementwise_base import _SELU_ALPHA, _SELU_SCALE, ElementwiseOp, _aten, _wide
+from ._memory import has_data
 
 __all__ = [
     "AddBwdOp", "BinaryBwdOp", "ClampBwdOp", "DivBwdOp", "EluBwdOp", "GatedBwdOp",
@@ -235,8 +236,9 @@ class BinaryBwdOp(ElementwiseOp):
         t = self._scalars.get(key)
         if t is None:
             t = torch.full((), value, dtype=like.dtype, device=like.device)
-            with self._lock:
-                self._scalars[key] = t
+            if has_data(t):  # a fake or meta one (tracing, export) is not kept
+                with self._lock:
+                    self._scalars[key] = t
         return t
 
     def forward(self, call, dout, a, b, da, db) -> None:

@@ -45,6 +45,7 @@ from tileops.kernels.rope import (
 from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
+from ._memory import has_data
 
 __all__ = [
     "RopeLlama31BwdOp",
@@ -124,7 +125,9 @@ class RopeOp(Op):
     def _table(self, device: Any, rd: int, long: bool) -> torch.Tensor:
         t = self._tables.get((device, rd, long))
         if t is None:
-            t = self._tables[(device, rd, long)] = self.inv_freq(rd, long).to(device)
+            t = self.inv_freq(rd, long).to(device)
+            if has_data(t):  # a fake or meta table (tracing, export) is not kept
+                self._tables[(device, rd, long)] = t
         return t
 
     # --- the call ---------------------------------------------------------------------------------
@@ -188,8 +191,9 @@ class RopeOp(Op):
         aux = None
         if parts:
             aux = torch.cat([p.cpu() for p in parts]).to(device)
-        with self._lock:
-            self._aux[(device, rd, long)] = aux
+        if aux is None or has_data(aux):  # a fake or meta one (tracing, export) is not kept
+            with self._lock:
+                self._aux[(device, rd, long)] = aux
         return aux
 
     def cos_sin(self, positions: torch.Tensor, inv: torch.Tensor) -> tuple:

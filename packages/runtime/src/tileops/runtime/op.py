@@ -44,6 +44,7 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
+from torch._subclasses.fake_tensor import is_fake
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
@@ -238,6 +239,9 @@ class Op(declared.Equivalents, Composite, Trained):
         self._delegate_stages = threading.local()
         self._effect_branches: dict[tuple, tuple] = {}
         self._last_call: SignatureCall | None = None
+        #: construction tensor -> the last value of it that holds data (see
+        #: _sync_construction_tensors)
+        self._real_construction: dict[str, torch.Tensor] = {}
         self._tune_warned = False
         # the fused call of cached calls (fastpath.py): built after a call succeeds, dropped
         # by _reset_binding (it is specialised to the binding)
@@ -668,6 +672,9 @@ class Op(declared.Equivalents, Composite, Trained):
         return tuple(result)
 
     def _sync_construction_tensors(self, call: SignatureCall) -> None:
+        """Bring the construction tensors to the call's device and dtype, written back for the
+        next calls. A fake or meta tensor (written by a traced, exported or shape-inference
+        call) holds no values: a later call starts from the last one that did."""
         indices = None
         for name, follows in self.construction_tensors.items():
             t = getattr(self, name)
@@ -678,8 +685,13 @@ class Op(declared.Equivalents, Composite, Trained):
                 if indices is None:
                     indices = dict(zip(call.point.index_names, call.values, strict=True))
                 dtype = indices.get(follows)
-            if t.device != call.device or (dtype is not None and t.dtype != dtype):
-                setattr(self, name, t.to(device=call.device, dtype=dtype or t.dtype))
+            if t.device == call.device and (dtype is None or t.dtype == dtype):
+                continue  # serves this call as it is
+            if t.is_meta or is_fake(t):
+                t = self._real_construction.get(name, t)
+            else:
+                self._real_construction[name] = t
+            setattr(self, name, t.to(device=call.device, dtype=dtype or t.dtype))
 
     # --- targets (step 4) ------------------------------------------------------------------------
 

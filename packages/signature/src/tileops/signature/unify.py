@@ -397,7 +397,7 @@ class Body:
         self.emit(f"_q = {at} - ({bc})")
         self.emit(f"_d = ({a1c}) - ({bc})")
         self.emit(f"i_{x} = _q // _d")
-        self.emit(f"_r = _q % _d")
+        self.emit("_r = _q % _d")
         # the failure lists what was bound before: x has no value when there is no solution
         fid = self.fail_id(n, expected, lambda env, at=at, text=text, x=x, d=disp:
                            f"{d} is {ev(at, env)}, but {text} has no solution "
