@@ -162,3 +162,69 @@ def test_an_input_written_in_place_whose_elements_share_memory_is_refused(op, ar
     for t, b in zip(bad, before, strict=True):
         assert torch.equal(t, b)
     instance(*args(owned))
+
+
+@pytest.mark.parametrize("which", ["rope", "fused_add_rms_norm"])
+def test_an_in_place_op_of_two_outputs_trains_on_views(which):
+    """torch refuses an autograd.Function that writes a view in place and returns more than
+    one tensor; q and k as views of a projection (tnn.Attention's) are the common case. The
+    op still writes and returns the views, and every gradient is the out-of-place op's."""
+    g = torch.Generator().manual_seed(0)
+
+    def leaves():
+        if which == "rope":
+            return [torch.randn(1, 3, 8, dtype=torch.float64, generator=g).requires_grad_()
+                    for _ in range(2)]
+        return [torch.randn(*shape, dtype=torch.float64, generator=g).requires_grad_()
+                for shape in ((6, 4), (6, 4), (4,))]
+
+    def run(op, ls):
+        if which == "rope":
+            q, k = ((t * 1).view(1, 3, 2, 4) for t in ls)
+            outs = op(q, k)
+            return (q, k), outs
+        x, r = (ls[0] * 1)[:, :], (ls[1] * 1)[:, :]
+        outs = op(x, r, ls[2])
+        return (x, r), outs
+
+    ls = leaves()
+    ref_ls = [t.detach().clone().requires_grad_() for t in ls]
+    make = (lambda inplace: ops.RopeNeoxFwdOp(inplace=inplace)) if which == "rope" else \
+        (lambda inplace: ops.FusedAddRMSNormFwdOp(inplace=inplace))
+    written, outs = run(make(True), ls)
+    assert all(o is w for o, w in zip(outs, written, strict=True))
+    _, ref = run(make(False), ref_ls)
+    for o, r in zip(outs, ref, strict=True):
+        torch.testing.assert_close(o, r, rtol=0, atol=0)
+    w = [torch.randn(o.shape, dtype=torch.float64, generator=g) for o in outs]
+    sum((o * c).sum() for o, c in zip(outs, w, strict=True)).backward()
+    sum((o * c).sum() for o, c in zip(ref, w, strict=True)).backward()
+    for a, b in zip(ls, ref_ls, strict=True):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-12, atol=1e-12)
+    # a view of a leaf that requires grad is refused by name, as torch refuses it
+    leaf = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    with pytest.raises(RuntimeError, match=r"is a view of a leaf tensor that requires grad"):
+        ops.ReluFwdOp(inplace=True)(leaf[:, :2])
+
+
+def test_two_inputs_written_in_place_that_share_memory_are_refused():
+    a, b, w = torch.randn(6, 4), torch.randn(6, 4), torch.ones(4)
+    op = ops.FusedAddRMSNormFwdOp(inplace=True)
+    op(a, b, w)  # warm: the fast call is built
+    for x, r in ((a, a), (a[:3], a[2:5])):
+        before = a.clone()
+        with pytest.raises(RuntimeError) as exc:
+            op(x, r, w)
+        assert str(exc.value) == (f"{op!r}: x and residual are both written in place and share "
+                                  "memory (the same tensor, or overlapping views of one), so "
+                                  "each write would overwrite the other's; pass tensors that "
+                                  "do not share memory")
+        assert torch.equal(a, before)
+    # views with gaps whose elements are apart (packed q and k of one qkv tensor) are served
+    qkv = torch.randn(1, 3, 4, 8)
+    want = ops.RopeNeoxFwdOp()(qkv[:, :, :2].clone(), qkv[:, :, 2:].clone())
+    rope = ops.RopeNeoxFwdOp(inplace=True)
+    q, k = qkv[:, :, :2], qkv[:, :, 2:]
+    rope(q, k)
+    for got, ref in zip((q, k), want, strict=True):
+        torch.testing.assert_close(got, ref)

@@ -379,7 +379,7 @@ def test_a_traced_call_leaves_nothing_a_real_call_reads(how):
         op = make()
         if how == "export":
             class M(torch.nn.Module):
-                def forward(self, q, k, p):
+                def forward(self, q, k, p, op=op):
                     return op(q, k, p)
 
             torch.export.export(M(), (q, k, pos))

@@ -52,7 +52,7 @@ from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
 from . import autograd, declared, lazy, log, targets
 from .composite import Composite
 from .errors import TargetError
-from .fastpath import build_fast_call, class_function
+from .fastpath import build_fast_call, class_function, share_memory
 from .kernel import Kernel, KernelInterface, select
 from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_instance
 from .specs import SpecSet, default_specs
@@ -467,16 +467,49 @@ class Op(declared.Equivalents, Composite, Trained):
                 f"{type(self).__name__}: out= arguments ({', '.join(outs)}) do not support "
                 f"automatic differentiation, but an input requires grad (torch's rule for "
                 f"out=); let the op allocate its outputs, or call it under torch.no_grad()")
+        views = []
         for n in call.branch[0]:  # the inputs this call writes
             t = inputs[names.index(n)]
-            if t.is_leaf and t.requires_grad:
+            base = t._base
+            if (t.is_leaf and t.requires_grad) or (
+                    base is not None and base.is_leaf and base.requires_grad):
+                what = "a leaf tensor" if base is None else "a view of a leaf tensor"
                 raise RuntimeError(
-                    f"{repr(self)} writes its input {n!r} in place, and {n} is a leaf tensor "
+                    f"{repr(self)} writes its input {n!r} in place, and {n} is {what} "
                     f"that requires grad: torch forbids in-place operations on such tensors "
                     f"(\"a leaf Variable that requires grad is being used in an in-place "
                     f"operation\"); write into a non-leaf (e.g. {n}.clone()) or construct the "
                     f"op without its in-place effect")
+            if base is not None:
+                views.append(n)
+        if views and len(self._signature.output_names) > 1:  # type: ignore[union-attr]
+            return self._graph_call_through_copies(call, inputs, views)
         return gradient.apply(self, call, *inputs)
+
+    def _graph_call_through_copies(self, call: SignatureCall, inputs: tuple,
+                                   views: list[str]) -> Any:
+        """torch refuses an autograd.Function that writes a view in place and returns more than
+        one tensor (RoPE's q and k, the fused add-norm's two outputs, on the views a
+        projection's ``.view`` gives). The node runs on copies of those views instead, and
+        each view takes its result back through torch's ``copy_``, which autograd records:
+        the call still writes its inputs and returns them, and the gradient flows through the
+        views to their bases."""
+        plan = self._signature
+        assert plan is not None
+        names = plan.input_names
+        args = list(inputs)
+        for n in views:
+            i = names.index(n)
+            args[i] = args[i].clone()
+        result = self._gradient.apply(self, call, *args)  # type: ignore[union-attr]
+        outs = list(result) if isinstance(result, tuple) else [result]
+        for k, o in enumerate(plan.output_names):
+            alias = plan.sig.outputs[o].alias
+            if alias in views:
+                view = inputs[names.index(alias)]
+                view.copy_(outs[k])
+                outs[k] = view
+        return tuple(outs) if len(outs) > 1 else outs[0]
 
     # --- pickling -----------------------------------------------------------------------------------
 
@@ -519,6 +552,8 @@ class Op(declared.Equivalents, Composite, Trained):
         values written to one element it would hold is ambiguous."""
         plan = self._signature
         assert plan is not None
+        if len(written) > 1:
+            self._refuse_written_together(written, inputs)
         for n in written:
             t = inputs[plan.input_names.index(n)]
             if t is None or not t.numel() or torch._debug_has_internal_overlap(t) != 1:
@@ -530,6 +565,20 @@ class Op(declared.Equivalents, Composite, Trained):
                 f"{t.stride()}), so what an element would hold is ambiguous; pass a tensor "
                 f"that owns its elements (.contiguous())"
                 + (", or construct the op without its in-place effect" if optional else ""))
+
+    def _refuse_written_together(self, written: tuple[str, ...], inputs: tuple) -> None:
+        """Two inputs a call writes that share memory (the same tensor passed twice, or
+        overlapping views) are refused by name: each write would overwrite the other's."""
+        plan = self._signature
+        assert plan is not None
+        for i, a in enumerate(written):
+            for b in written[i + 1:]:
+                if share_memory(inputs[plan.input_names.index(a)],
+                                inputs[plan.input_names.index(b)]):
+                    raise RuntimeError(
+                        f"{self!r}: {a} and {b} are both written in place and share memory "
+                        f"(the same tensor, or overlapping views of one), so each write would "
+                        f"overwrite the other's; pass tensors that do not share memory")
 
     def _functorch_error(self) -> RuntimeError:
         """torch.func's transforms (vmap, grad, vjp, jacrev, ...) wrap the tensors: vmap hands
