@@ -1507,10 +1507,11 @@ def test_nan_propagating_and_floor_division_programs_match_torch_on_the_host(fn,
 
 @needs_nvcc
 @pytest.mark.parametrize(("fn", "grad_of"), [
-    ("pow_bwd_a", (0, "pow")), ("pow_bwd_b", (1, "pow")), ("remainder_bwd_b", (1, "remainder"))])
+    ("pow_bwd_a", (0, "pow")), ("pow_bwd_b", (1, "pow")), ("remainder_bwd_b", (1, "remainder")),
+    ("div_bwd_b", (1, "div"))])
 def test_power_and_remainder_gradient_programs_match_torch_on_the_host(fn, grad_of):
-    """The gradient programs of pow (of the base and of the exponent) and of remainder's
-    divisor, run on the host in float32 over every triple of an upstream gradient, a first and
+    """The gradient programs of pow (of the base and of the exponent) and of remainder's and
+    div's divisor (1e-30 squared underflows: torch divides twice), run on the host in float32 over every triple of an upstream gradient, a first and
     a second operand drawn from special values (zeros of both signs, negative bases,
     fractional and negative exponents, infinities, NaN) plus random ones: torch's float32
     autograd values (its limits included: zero where b == 0, or a == 0 and b >= 0), NaN where
@@ -1519,13 +1520,13 @@ def test_power_and_remainder_gradient_programs_match_torch_on_the_host(fn, grad_
     torch = pytest.importorskip("torch")
     first = np.array([0.0, -0.0, 0.5, 2.0, -2.0, 3.0, 1e-30, np.inf, -np.inf, np.nan],
                      dtype=np.float32)
-    second = np.array([0.0, 1.0, 2.0, 0.5, -1.0, -0.5, 3.0, 7.0, np.inf, np.nan],
+    second = np.array([0.0, 1.0, 2.0, 0.5, -1.0, -0.5, 3.0, 7.0, 1e-30, np.inf, np.nan],
                       dtype=np.float32)
     douts = np.array([1.0, -2.5, 0.0], dtype=np.float32)
     rng = np.random.default_rng(9)
     grids = np.meshgrid(douts, first, second, indexing="ij")
     ins = [np.ascontiguousarray(np.concatenate(
-        [g.reshape(-1), rng.standard_normal(60, dtype=np.float32) * 3]).reshape(8, -1))
+        [g.reshape(-1), rng.standard_normal(62, dtype=np.float32) * 3]).reshape(8, -1))
         for g in grids]
     ins[1][-1] = np.abs(ins[1][-1]) + 0.1  # a row of positive bases: powers of every kind
     out, guards, _ = _host_call(fn, (), ins, ins[0].shape, np)

@@ -138,7 +138,7 @@ REF = {
     "hardtanh_bwd": lambda dy, x, lo, hi: torch.ops.aten.hardtanh_backward(dy, x, lo, hi),
     "silu_and_mul_bwd": _gated_bwd(F.silu), "gelu_and_mul_bwd": _gated_bwd(F.gelu),
     "gelu_tanh_and_mul_bwd": _gated_bwd(lambda a: F.gelu(a, approximate="tanh")),
-    "div_bwd_b": lambda dy, a, b: -dy * a / (b * b),
+    "div_bwd_b": lambda dy, a, b: -(dy * ((a / b) / b)),
     "pow_bwd_a": lambda dy, a, b: torch.where(b == 0, 0.0, dy * (b * a.pow(b - 1))),
     "pow_bwd_b": lambda dy, a, b: torch.where((a == 0) & (b >= 0), 0.0,
                                               dy * (a.pow(b) * a.log())),

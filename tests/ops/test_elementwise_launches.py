@@ -21,7 +21,7 @@ _FNS = {
     "sub": lambda p, a, b: a - p[0] * b,
     "add": lambda p, a, b: a + p[0] * b,
     "div": lambda p, a, b: a / b,
-    "div_bwd_b": lambda p, dy, a, b: -dy * a / (b * b),
+    "div_bwd_b": lambda p, dy, a, b: -(dy * ((a / b) / b)),
     "pow_bwd_a": lambda p, dy, a, b: torch.where(b == 0, 0.0, dy * b * a.pow(b - 1)),
     "pow_bwd_b": lambda p, dy, a, b: torch.where((a == 0) & (b >= 0), 0.0,
                                                  dy * a.pow(b) * a.log()),

@@ -925,7 +925,9 @@ def _fns() -> dict[str, ScalarFn]:
     add("hardtanh_bwd", 2, lambda xs, ps, dt: (_sel(
         (xs[1] <= _c(ps[0], dt)) | (xs[1] >= _c(ps[1], dt)), z(dt), xs[0]),),
         params=("min_val", "max_val"))
-    add("div_bwd_b", 3, lambda xs, ps, dt: ((-xs[0]) * xs[1] / (xs[2] * xs[2]),))
+    # -(dy * ((a / b) / b)) as torch computes it: b * b underflows (b = 1e-30 in float32)
+    # where dividing twice does not
+    add("div_bwd_b", 3, lambda xs, ps, dt: (-(xs[0] * ((xs[1] / xs[2]) / xs[2])),))
     # torch's pow gradients: (dout, a, b) -> dout * b * a^(b - 1), zero where b == 0;
     # dout * a^b * log(a), zero where a == 0 and b >= 0
     add("pow_bwd_a", 3, lambda xs, ps, dt: (_sel(

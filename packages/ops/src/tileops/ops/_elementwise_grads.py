@@ -457,7 +457,7 @@ class DivBwdOp(BinaryBwdOp):
             return (torch.zeros_like(a) if self.grad_a else None,
                     torch.zeros_like(b) if self.grad_b else None)
         return (self._reduce(dout / b if self.grad_a else None, a),
-                self._reduce(-dout * a / (b * b) if self.grad_b else None, b))
+                self._reduce(-(dout * ((a / b) / b)) if self.grad_b else None, b))
 
 
 class PowBwdOp(BinaryBwdOp):
