@@ -145,3 +145,22 @@ def test_params_that_cannot_be_a_key_reach_the_ops_check():
     with pytest.raises(SignatureCallError, match="^RMSNormFwdOp: "):
         cache.get(RMSNormFwdOp, normalized_shape={8: 1})
     assert len(cache) == 0
+
+
+def test_a_configuration_first_seen_inside_torch_compile_is_refused_by_name():
+    """The functional cache builds an op at a configuration's first call, which a compiled
+    function cannot do: refused naming the op and its arguments; after one eager call the
+    same function compiles."""
+    torch._dynamo.reset()
+    x = torch.randn(3, 8)
+
+    def f(a):
+        return tf.rms_norm(a, (8,), None, 1e-4)
+
+    tf._cache.clear()
+    with pytest.raises(Exception, match=r"tileops.nn.functional: the RMSNormFwdOp\("
+                                        r"normalized_shape=\(8,\), eps=0.0001, target=None\)"):
+        torch.compile(f, fullgraph=True)(x)
+    f(x)
+    torch.testing.assert_close(torch.compile(f, fullgraph=True)(x), F.rms_norm(x, (8,), None,
+                                                                               1e-4))

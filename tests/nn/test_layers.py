@@ -16,6 +16,7 @@ import pickle
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
@@ -348,6 +349,23 @@ def test_assigning_a_config_attribute_rebuilds_the_op():
     assert layer.op.target == "reference"
     layer.weight.data.mul_(2)  # not config: the op stays
     assert layer.op is layer.op
+
+
+def test_a_config_assigned_between_compiled_calls_is_taken():
+    """The op is rebuilt at the assignment, not at the next call: a compiled call, which
+    cannot construct one, sees the new eps."""
+    torch._dynamo.reset()
+    layer = tnn.RMSNorm(8)
+    x = torch.randn(3, 8)
+    f = torch.compile(lambda a: layer(a), fullgraph=True)
+    f(x)
+    layer.eps = 0.25
+    torch.testing.assert_close(f(x), F.rms_norm(x, (8,), layer.weight, 0.25))
+    # a half-written config the construction refuses waits for the next call, whose error
+    # is the op's own
+    layer.normalized_shape = (3,)
+    with pytest.raises(SignatureCallError, match="RMSNormFwdOp"):
+        layer(x)
 
 
 def test_moving_a_layer_rebuilds_its_op():

@@ -197,9 +197,11 @@ def test_inference_keeps_the_fused_composite() -> None:
     with torch.no_grad():
         layer(x)
     assert layer.op.last_call.s_x == (3, 8)  # the composite ran
-    assert layer.__dict__.get("_stages") is None  # no stage op was built
+    stages = layer.__dict__["_stages"][1]  # built with the layer, for a compiled step
+    assert stages.route.last_call is None  # and none of them ran
     staged = layer(x)  # parameters require grad: the training path
-    assert staged.grad_fn is not None and layer.__dict__["_stages"] is not None
+    assert staged.grad_fn is not None and layer.__dict__["_stages"][1] is stages
+    assert stages.route.last_call is not None
     with torch.no_grad():
         torch.testing.assert_close(staged, layer(x), rtol=1e-12, atol=1e-14)
 
@@ -235,7 +237,20 @@ def test_pickling_leaves_the_stage_ops_out() -> None:
     layer = MoE.mixtral(hidden_size=8, intermediate_size=4, num_experts=4, dtype=torch.float64)
     layer(torch.randn(2, 8, dtype=torch.float64))
     assert "_stages" in layer.__dict__
-    restored = copy.deepcopy(layer)
-    assert "_stages" not in restored.__dict__
+    assert "_stages" not in layer.__getstate__()
+    restored = copy.deepcopy(layer)  # its own, built again with its op
+    assert restored.__dict__["_stages"][1] is not layer.__dict__["_stages"][1]
     x = torch.randn(2, 8, dtype=torch.float64)
     torch.testing.assert_close(restored(x), layer(x), rtol=0, atol=0)
+
+
+def test_a_fresh_layer_trains_under_torch_compile() -> None:
+    """The training path's stage ops are built with the layer (a compiled step cannot
+    construct them)."""
+    torch._dynamo.reset()
+    layer = MoE(16, 8, 4, 2, dtype=torch.float64)
+    x = torch.randn(5, 16, dtype=torch.float64, requires_grad=True)
+    y = torch.compile(lambda a: layer(a), fullgraph=True)(x)
+    torch.testing.assert_close(y, _token_loop(layer, x.detach()))
+    y.sum().backward()
+    assert x.grad.shape == x.shape and layer.w13.grad is not None

@@ -228,3 +228,15 @@ def test_two_inputs_written_in_place_that_share_memory_are_refused():
     rope(q, k)
     for got, ref in zip((q, k), want, strict=True):
         torch.testing.assert_close(got, ref)
+
+
+def test_under_torch_compile_a_construction_is_refused_by_name():
+    """Tracing cannot follow an op's construction (generated code, locks): refused with the
+    op's own message, which torch.compile carries in its error."""
+    torch._dynamo.reset()
+    op = ops.SoftmaxFwdOp()
+    x = torch.randn(3, 4)
+    with pytest.raises(Exception, match="SoftmaxFwdOp: an op cannot be constructed inside "
+                                        "torch.compile"):
+        torch.compile(lambda a: ops.SoftmaxFwdOp(dim=0)(a), fullgraph=True)(x)
+    torch.testing.assert_close(torch.compile(op, fullgraph=True)(x), torch.softmax(x, -1))

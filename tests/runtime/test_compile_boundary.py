@@ -192,3 +192,26 @@ def test_fake_tensor_output_inference_matches_eager(op_cls):
         y, total = torch.ops.tileops.test_boundary_scale(x, None, op._instance_key)
     assert y.shape == (6, 5) and y.dtype == torch.bfloat16
     assert total.shape == (5,) and total.dtype == torch.float32
+
+
+def test_a_class_first_used_inside_torch_compile_is_refused_by_name(tmp_path):
+    """An op class builds its members at its first use (generated code, under a lock): a
+    compiled function cannot be that first use, and says which class to construct before."""
+    from tileops.runtime.lazy import is_deferred
+
+    path = tmp_path / "fresh.yaml"
+    path.write_text(SPEC.replace("BoundaryScaleOp", "FreshScaleOp"))
+
+    class FreshScaleOp(Op, specs=SpecSet.load(path)):
+        pass
+
+    assert is_deferred(FreshScaleOp, "__init__")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="FreshScaleOp: an op class is built at its first use, "
+                                        "which cannot happen inside torch.compile"):
+        torch.compile(lambda a: FreshScaleOp()(a), fullgraph=True)(torch.ones(2, 3))
+    assert is_deferred(FreshScaleOp, "__init__")  # nothing half-built
+    FreshScaleOp()  # built outside
+    with pytest.raises(Exception, match="FreshScaleOp: an op cannot be constructed inside "
+                                        "torch.compile"):
+        torch.compile(lambda a: FreshScaleOp()(a), fullgraph=True)(torch.ones(2, 3))

@@ -15,10 +15,11 @@ When the op is (re)built:
   after ``model.to("cuda"); torch.compile(model)`` does not construct an op while tracing, and
   so that an op bound to a target on one device is not reused on another (an op binds its
   target at its first call and keeps it);
-- after a config attribute is assigned (``layer.eps = 1e-3``): the op is dropped then and
-  rebuilt at the next call (assignments happen one attribute at a time, so the config may be
-  half-written when one lands). Two threads racing that rebuild each build an equal op and
-  the last one stored wins; nothing is shared between them.
+- after a config attribute is assigned (``layer.eps = 1e-3``): the op is rebuilt then (a
+  compiled call cannot construct one), or, where that assignment leaves the config
+  half-written (assignments happen one attribute at a time) and the construction refuses it,
+  at the next call, whose error is then the op's own. Two threads racing that rebuild each
+  build an equal op and the last one stored wins; nothing is shared between them.
 """
 
 from __future__ import annotations
@@ -66,7 +67,16 @@ class HoldsOp:
     def __setattr__(self, name: str, value: Any) -> None:
         super().__setattr__(name, value)  # type: ignore[misc]
         if name == "target" or name in self.op_attrs:
+            built = "_op" in self.__dict__  # past __init__: the layer held an op
             self.__dict__["_op"] = None
+            if built:
+                # rebuilt now, where it can be (a compiled call cannot construct one); a
+                # config half-written by this assignment is built at the next call instead,
+                # whose error, if it is one, the op's construction check names
+                try:
+                    self._build_op()
+                except Exception:  # noqa: BLE001 - see above
+                    self.__dict__["_op"] = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()  # type: ignore[misc]

@@ -18,6 +18,7 @@ import threading
 from typing import Any
 
 import torch
+from torch.compiler import is_dynamo_compiling
 
 from tileops.ops import FusedAddRMSNormFwdOp, GemmFwdOp, LayerNormFwdOp, RMSNormFwdOp
 from tileops.runtime import Op
@@ -83,6 +84,13 @@ class OpCache:
             return cls(**params)
         if op is not None:
             return op
+        if is_dynamo_compiling():
+            shown = ", ".join(f"{k}={v!r}" for k, v in params.items())
+            raise RuntimeError(
+                f"tileops.nn.functional: the {cls.__name__}({shown}) these arguments call is "
+                f"built at their first call, which cannot happen inside torch.compile; call "
+                f"the function once with them before compiling (or hold the op: "
+                f"{cls.__name__}(...) made outside, called inside)")
         built = cls(**params)
         with self._lock:
             op = self._ops.setdefault(key, built)

@@ -163,6 +163,15 @@ class MoE(HoldsOp, nn.Module):
             out = self.op(rows, logits, w13, w2, self.e_score_correction_bias)
         return out.view(x.shape).to(x.dtype)
 
+    def _build_op(self) -> Any:
+        """The fused op, and the training path's stage ops for the parameters' device (built
+        here, where the op is: a compiled training step cannot construct them)."""
+        op = super()._build_op()
+        w13 = self._parameters.get("w13") if "_parameters" in self.__dict__ else None
+        if w13 is not None:
+            stages_of(self, w13.device, self.num_experts, self.layout)
+        return op
+
     def _rows(self, x: Any, name: str) -> torch.Tensor:
         """``x``'s tokens as rows of ``hidden_size``, refused by name where its last axis is
         another length (a reshape by this layer's size would silently regroup them)."""

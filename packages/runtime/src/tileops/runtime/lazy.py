@@ -21,6 +21,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from torch.compiler import is_dynamo_compiling
+
 __all__ = ["defer", "is_deferred"]
 
 #: one lock for every class: a build reads other classes (a gradient's backward class is
@@ -41,6 +43,12 @@ class _Deferred:
 
     def __get__(self, obj: Any, objtype: type | None = None) -> Any:
         owner = self.owner
+        if is_dynamo_compiling() and owner.__dict__.get(self.name) is self:
+            # the build generates and compiles code under a lock: nothing tracing can follow
+            raise RuntimeError(
+                f"{owner.__name__}: an op class is built at its first use, which cannot happen "
+                f"inside torch.compile; construct an instance of it once before the compiled "
+                f"function (and call that instance inside)")
         with _lock:
             # another thread (or this build, reentering) may have replaced the stand-ins
             if owner.__dict__.get(self.name) is self:

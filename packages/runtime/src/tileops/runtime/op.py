@@ -180,6 +180,11 @@ class Op(declared.Equivalents, Composite, Trained):
                  kernel_map: Mapping[Any, Any] | None = None, tune: bool = False,
                  **params: Any) -> None:
         cls = type(self)
+        if _is_dynamo_compiling():
+            raise RuntimeError(
+                f"{cls.__name__}: an op cannot be constructed inside torch.compile (its "
+                f"construction generates and compiles its checks, which tracing cannot "
+                f"follow); construct it once before the compiled function and call it inside")
         plan = cls._signature
         if plan is None:
             raise TypeError(f"{cls.__name__} has no spec entry; an op class is named after its "
