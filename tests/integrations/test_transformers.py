@@ -204,6 +204,28 @@ def test_training_curve_30_steps():
     assert_close(got, ref, 1e-3, "loss curve")
 
 
+@pytest.mark.parametrize("kind", ["llama", "qwen3"])
+def test_training_under_bf16_autocast(kind):
+    """The usual mixed precision: float32 weights, bf16 autocast. The projections run in
+    bf16 and the norms meet bf16 activations beside their float32 weights (Qwen3's q_norm and
+    k_norm first): the patched model takes the same steps as the unpatched one, within bf16's
+    rounding, and every gradient comes back in float32."""
+    ref, model = pair(kind)
+    ids = tokens(seq=12)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        a = ref(ids, labels=ids, use_cache=False)
+        b = model(ids, labels=ids, use_cache=False)
+    assert b.loss.dtype == torch.float32
+    assert abs(b.loss.item() - a.loss.item()) < 2e-2 * abs(a.loss.item())
+    a.loss.backward()
+    b.loss.backward()
+    ref_params = dict(ref.named_parameters())
+    for name, p in model.named_parameters():
+        assert p.grad.dtype == torch.float32, name
+        want = ref_params[name].grad
+        assert (p.grad - want).norm() <= 0.1 * want.norm() + 1e-6, name
+
+
 @pytest.mark.parametrize("kind", ["qwen2", "qwen3", "mistral"])
 def test_other_models(kind):
     ref, model = pair(kind)
