@@ -9,9 +9,9 @@ import torch
 
 from tileops.kernels import elementwise as _k
 from tileops.runtime import Op
+from tileops.runtime.memory import is_dense
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import is_dense
 
 __all__ = ["ElementwiseOp", "refuse_overflow"]
 

@@ -10,8 +10,9 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
+from tileops.runtime.memory import has_data
+
 from ._elementwise_base import _SELU_ALPHA, _SELU_SCALE, ElementwiseOp, _aten, _wide
-from ._memory import has_data
 
 __all__ = [
     "AddBwdOp", "BinaryBwdOp", "ClampBwdOp", "DivBwdOp", "EluBwdOp", "GatedBwdOp",

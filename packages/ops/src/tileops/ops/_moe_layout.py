@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ._memory import has_data
+from tileops.runtime.memory import first_outside
 
 __all__ = [
     "Grouping",
@@ -196,14 +196,12 @@ def refuse_bad_rows(op: object, rows: torch.Tensor, count: int, of: str) -> None
     """A slot of ``rows`` that is neither a row of ``of`` (``count`` rows) nor -1 (dropped) is
     refused by name where the tensor holds data (the references; the kernels check nothing
     on the host)."""
-    if not has_data(rows) or rows.numel() == 0:
-        return
-    bad = ((rows < -1) | (rows >= count)).nonzero()
-    if bad.numel():
-        at = tuple(int(i) for i in bad[0])
+    bad = first_outside(rows, -1, count)
+    if bad is not None:
+        at, value = bad
         raise IndexError(
-            f"{type(op).__name__}: rows[{', '.join(map(str, at))}] is {int(rows[at])}: not a "
-            f"row of {of} in [0, {count}) and not -1 (a dropped slot)")
+            f"{type(op).__name__}: rows[{', '.join(map(str, at))}] is {value}: not a row of "
+            f"{of} in [0, {count}) and not -1 (a dropped slot)")
 
 
 def unpermute_reference(y: torch.Tensor, rows: torch.Tensor,

@@ -48,9 +48,9 @@ from tileops.kernels.attention_decode import (
     CacheLayout,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import has_data
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import has_data
 
 __all__ = [
     "AttentionDecodeOp",

@@ -62,9 +62,9 @@ from tileops.kernels.cross_entropy import (
 )
 from tileops.kernels.gemm import GemmDType
 from tileops.runtime import Op
+from tileops.runtime.memory import has_data
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import has_data
 from .gemm import GemmAccumulateFwdOp, GemmFwdOp
 
 __all__ = ["CrossEntropyBwdOp", "CrossEntropyFwdOp", "CrossEntropyOp",

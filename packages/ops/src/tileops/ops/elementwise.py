@@ -38,6 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from tileops.runtime.fastpath import class_function
+from tileops.runtime.memory import partially_overlap
 
 from ._dtypes import NAMES
 from ._elementwise_base import ElementwiseOp, refuse_overflow
@@ -86,7 +87,6 @@ from ._elementwise_grads import (
     TanhBwdOp,
     WhereBwdOp,
 )
-from ._memory import partially_overlap
 
 __all__ = [
     "AbsBwdOp", "AbsFwdOp", "AddBwdOp", "AddFwdOp", "BinaryBwdOp", "BinaryOp", "CeilFwdOp",

@@ -44,9 +44,9 @@ from tileops.kernels.gemm import (
     GemmSpec,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import extent, has_data
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import extent, has_data
 
 __all__ = ["GemmAccumulateFwdOp", "GemmBwdOp", "GemmFwdOp", "GemmOp"]
 

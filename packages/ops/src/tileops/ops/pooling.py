@@ -39,10 +39,10 @@ from tileops.kernels.pooling import (
     PoolSpec,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import first_outside
 from tileops.signature.errors import ConstructionError
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import has_data
 
 __all__ = [
     "AdaptiveAvgPool2dBwdOp",
@@ -340,13 +340,11 @@ def _refuse_bad_indices(op: Op, idx: torch.Tensor, x_shape: torch.Size, nd: int)
     plane = 1
     for n in x_shape[-nd:]:
         plane *= n
-    if not has_data(idx) or idx.numel() == 0:
-        return
-    bad = ((idx < 0) | (idx >= plane)).nonzero()
-    if bad.numel():
-        at = tuple(int(i) for i in bad[0])
+    bad = first_outside(idx, 0, plane)
+    if bad is not None:
+        at, value = bad
         raise IndexError(
-            f"{type(op).__name__}: indices[{', '.join(map(str, at))}] is {int(idx[at])}: not a "
+            f"{type(op).__name__}: indices[{', '.join(map(str, at))}] is {value}: not a "
             f"position in its plane of x's last {nd} axes ({' x '.join(map(str, x_shape[-nd:]))}"
             f" = {plane} elements: [0, {plane}))")
 

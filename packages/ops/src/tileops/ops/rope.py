@@ -43,9 +43,9 @@ from tileops.kernels.rope import (
     RopeStyle,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import has_data
 
 from ._dtypes import NAMES, refuse_unserved
-from ._memory import has_data
 
 __all__ = [
     "RopeLlama31BwdOp",

@@ -57,9 +57,9 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
+from .memory import share_memory
 from .registry import UNRESOLVED
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -98,39 +98,6 @@ def build_fast_call(op: Op, call: SignatureCall) -> tuple[Any, str] | None:
         compiled = _compiled.setdefault(key, (code, ast.unparse(module)))
     exec(compiled[0], ns)  # noqa: S102 - built from nodes: the plan's names and parsed check
     return ns["fast"], compiled[1]
-
-
-def share_memory(a: Any, b: Any) -> bool:
-    """Whether two tensors share an element, judged as torch judges in-place overlap: the
-    same view twice, or two dense views (each element at its own address, no gaps) whose byte
-    ranges meet. Views with gaps (packed q and k slices of one qkv tensor) are not judged:
-    their ranges may interleave without a common element. Fake and meta tensors hold no
-    memory and share none."""
-    if a is None or b is None or not a.numel() or not b.numel():
-        return False
-    if a.is_meta or b.is_meta or is_fake(a) or is_fake(b):
-        return False
-    if a.untyped_storage().data_ptr() != b.untyped_storage().data_ptr():
-        return False
-    if a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride():
-        return True
-    if not (_dense(a) and _dense(b)):
-        return False
-    span_a = a.numel() * a.itemsize
-    span_b = b.numel() * b.itemsize
-    return a.data_ptr() < b.data_ptr() + span_b and b.data_ptr() < a.data_ptr() + span_a
-
-
-def _dense(t: Any) -> bool:
-    """Whether ``t``'s elements fill their byte range once each (a permutation of a
-    contiguous layout; axes of length 1 address nothing)."""
-    expected = 1
-    for step, n in sorted((step, n) for n, step in zip(t.shape, t.stride(), strict=True)
-                          if n != 1):
-        if step != expected:
-            return False
-        expected *= n
-    return True
 
 
 #: Compiled fused calls, by what their code depends on: the class, the construction point,

@@ -44,7 +44,6 @@ from types import MappingProxyType
 from typing import Any, ClassVar
 
 import torch
-from torch._subclasses.fake_tensor import is_fake
 from torch.compiler import is_dynamo_compiling as _is_dynamo_compiling
 
 from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
@@ -52,8 +51,9 @@ from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
 from . import autograd, declared, lazy, log, targets
 from .composite import Composite
 from .errors import TargetError
-from .fastpath import build_fast_call, class_function, share_memory
+from .fastpath import build_fast_call, class_function
 from .kernel import Kernel, KernelInterface, select
+from .memory import has_data, share_memory
 from .registry import UNRESOLVED, empty_from_record, instance_for_key, register_instance
 from .specs import SpecSet, default_specs
 from .trained import Trained
@@ -741,7 +741,7 @@ class Op(declared.Equivalents, Composite, Trained):
                 dtype = indices.get(follows)
             if t.device == call.device and (dtype is None or t.dtype == dtype):
                 continue  # serves this call as it is
-            if t.is_meta or is_fake(t):
+            if not has_data(t):
                 t = self._real_construction.get(name, t)
             else:
                 self._real_construction[name] = t
