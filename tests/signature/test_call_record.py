@@ -399,3 +399,29 @@ def test_hot_path_simplification_reads_the_parsed_statements() -> None:
     # and the statements kept, as parsed (the closing return among them)
     assert [ast.dump(st) for st in statements] == [ast.dump(ast.parse(line.strip()).body[0])
                                                    for line in lines[1:]]
+
+
+SHAPE_ONLY = """\
+SpreadOp:
+  family: misc
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[float16 | float32]"}
+    inputs:
+      dy: {dtype: T, shape: "[1]"}
+      x: {dtype: T, shape: "[*S]", shape_only: true}
+    outputs:
+      dx: {dtype: T, shape: "[*S]"}
+"""
+
+
+def test_a_shape_only_input_counts_no_traffic_and_explain_says_so() -> None:
+    from tileops.signature import explain
+
+    spec = load_spec_text(SHAPE_ONLY, "spread.yaml")
+    plan = SignaturePlan("SpreadOp", spec.entries["SpreadOp"], spec=spec)
+    # x's elements are never read: a stand-in of its shape (one element, strides 0) serves
+    stand_in = torch.empty((), dtype=f16).expand(64, 32)
+    call = plan.construct().check(t(1), stand_in)
+    assert call.traffic == {"dy": (2, 0), "x": (0, 0), "dx": (0, 64 * 32 * 2)}
+    assert "reads only the shape of x" in explain(plan)

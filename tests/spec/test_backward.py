@@ -851,3 +851,51 @@ def test_a_differentiated_input_agrees_with_its_gradient_over_its_floating_dtype
     assert len(got) == 1 and got[0][0] == "backward", got
     assert ("ExpBwdOp.dx has dtype promote(U, float32), which does not unify with T, the "
             "dtype of the input x") in got[0][1], got
+
+
+# a sum: an integer x sums in int64, so its output's dtype is promote(T, int64); only a floating
+# x has a gradient, and its output is then T; the backward reads x for its shape only
+SUM_INT = """\
+SumOp:
+  family: reduction
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[int32 | bfloat16 | float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: "promote(T, int64)", shape: "[1]"}
+  workloads:
+  - {S: [4], dtype_cases: [{T: float32}], label: small}
+  backward:
+    op: SumBwdOp
+    saves: [x]
+    inputs: {dy: "grad(y)", x: x}
+    grads: {x: dx}
+
+SumBwdOp:
+  family: reduction
+  status: spec-only
+  signature:
+    forall: {S: Shape, U: "DType[bfloat16 | float32]"}
+    inputs:
+      dy: {dtype: U, shape: "[1]"}
+      x: {dtype: U, shape: "[*S]", shape_only: true}
+    outputs:
+      dx: {dtype: U, shape: "[*S]"}
+  workloads:
+  - {S: [4], dtype_cases: [{U: float32}], label: small}
+"""
+
+
+def test_an_output_gradient_agrees_with_its_output_over_floating_dtypes_only():
+    # y is int64 for an int32 x, which has no gradient: promote(T, int64) is T wherever y is
+    # handed one, so grad(y) unifies with the backward's U
+    assert shown(diagnostics(SUM_INT)) == []
+    # where grad(y)'s dtype differs from the output's on a floating member, it is refused
+    text = edit(SUM_INT, 'y: {dtype: "promote(T, int64)"', 'y: {dtype: "promote(T, float32)"')
+    got = shown(diagnostics(text))
+    assert got and all(rule == "backward" for rule, _ in got), got
+    assert ("SumBwdOp.x has dtype U, which does not unify with T, the dtype of the saved input "
+            "x: SumBwdOp's U stands for promote(T, float32) (bound by dy), but here for T"
+            ) in got[0][1], got

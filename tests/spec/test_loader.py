@@ -185,7 +185,7 @@ ERRORS = [
     pytest.param(
         edit('x: {dtype: T, shape: "[M]"}', 'x: {dtype: T, shape: "[M]", optinal: true}'),
         "op.yaml:9: in Op.signature.inputs.x: unknown field 'optinal'; expected one of: dtype, "
-        "shape, optional, mutated, write_only, values, device, doc",
+        "shape, optional, mutated, write_only, values, device, shape_only, doc",
         id="unknown-field-input",
     ),
     pytest.param(

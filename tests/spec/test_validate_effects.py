@@ -29,6 +29,7 @@ PASSING = {
         ("write-only", edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true, '
                                'write_only: true}')),
         ("buffer", edit(Y, 'y: {dtype: T, shape: "[M, N]", buffer: true}')),
+        ("shape-only", edit(X, 'x: {dtype: T, shape: "[M, N]", shape_only: true}')),
         ("returned-on-a-param", edit(
             Y, Y + '\n      z: {dtype: T, shape: "[M]", returned: flag}')),
         ("returned-false-beside-a-returned-one", edit(
@@ -90,6 +91,30 @@ FAILING = [
             ),
         ],
         id="effects:write-only-without-mutated",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: true, shape_only: true}'),
+        [
+            (
+                "effects",
+                "op.yaml:9: in Op.signature.inputs.x.shape_only: a shape_only input's elements"
+                " are never read, so the op cannot write them either; drop mutated or"
+                " shape_only",
+            ),
+        ],
+        id="effects:shape-only-mutated",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", shape_only: true, values: "arange(M * N)"}'),
+        [
+            (
+                "effects",
+                "op.yaml:9: in Op.signature.inputs.x.shape_only: a shape_only input's elements"
+                " are never read; a values generator would fill them for nothing; drop values"
+                " or shape_only",
+            ),
+        ],
+        id="effects:shape-only-values",
     ),
     pytest.param(
         edit(X, 'b: {dtype: T, shape: "[N]", optional: true}\n      ' + X),

@@ -113,7 +113,7 @@ class SignatureCall(msgspec.Struct, frozen=True, gc=False):
     @property
     def traffic(self) -> dict[str, tuple[int, int]]:
         """``tensor -> (bytes read, bytes written)``, from the effects: an input is read unless
-        it is write_only, a mutated input is also written, an output is written unless it
+        it is write_only or shape_only, a mutated input is also written, an output is written unless it
         aliases an input (whose write is already counted)."""
         return self.point.traffic(self)
 

@@ -58,6 +58,8 @@ def explain(target: SignaturePlan | tuple[str, OpEntry], *, code: bool = False,
                            + (" (write-only)" if d.write_only else ""))
         if d.device == "any":  # exempt from the call's device comparison
             effects.append(f"{n} on any device")
+        if d.shape_only:
+            effects.append(f"reads only the shape of {n}")
     for n, d in sig.outputs.items():
         if d.alias:
             effects.append(f"{n} is {d.alias} when {d.alias} is written")

@@ -21,15 +21,16 @@ __all__ = ["roofline_lines", "traffic_lines"]
 
 def traffic_lines(sig: Signature) -> list[str]:
     """``traffic(c)``: per tensor, ``(bytes read, bytes written)`` from the effects. An input
-    is read unless it is ``write_only`` and written when the branch writes it; an output is
-    written unless it aliases an input the branch writes (that write is counted there)."""
+    is read unless it is ``write_only`` or ``shape_only``, and written when the branch writes
+    it; an output is written unless it aliases an input the branch writes (that write is
+    counted there)."""
     L: list[str] = []
     L.append("def traffic(c):")
     L.append("    _, os, od = derive(c)")
     L.append("    s, d, w = c.input_shapes, c.input_dtypes, c.branch[0]")
     L.append("    out = {}")
     for i, (n, decl) in enumerate(sig.inputs.items()):
-        read = "0" if decl.write_only else f"_prod(s[{i}]) * _isz[d[{i}]]"
+        read = "0" if decl.write_only or decl.shape_only else f"_prod(s[{i}]) * _isz[d[{i}]]"
         L.append(f"    if s[{i}] is not None:")
         L.append(f"        out[{n!r}] = ({read}, _prod(s[{i}]) * _isz[d[{i}]] "
                  f"if {n!r} in w else 0)")

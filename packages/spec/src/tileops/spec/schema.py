@@ -115,6 +115,10 @@ class InputDecl(Base, frozen=True):
     ``device``: ``same`` (the default) when the input must be on the call's device, the device
     of the call's other tensors; ``any`` for one that may be elsewhere (a CPU scalar tensor, a
     host-side index tensor), which the call check then leaves out of the device comparison.
+    ``shape_only``: the op reads the tensor's shape, dtype and device, never its elements (a
+    sum's gradient reads the input's shape); it counts no traffic, and a ``backward:`` block
+    that feeds it a saved tensor keeps a stand-in of that shape instead of the tensor, as
+    torch keeps only the sizes.
     """
 
     dtype: Expr
@@ -124,6 +128,7 @@ class InputDecl(Base, frozen=True):
     write_only: bool = False
     values: Expr | None = None
     device: Device = "same"
+    shape_only: bool = False
     doc: str = ""
 
 

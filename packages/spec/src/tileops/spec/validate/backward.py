@@ -18,9 +18,10 @@ is passed), and a ``let`` of either entry for its definition (a broadcast output
 compared as written, without evaluating it; a family both entries declare must then be the
 same declaration. The match is one-way on purpose: the backward may be more general than the
 forward (its ``[M, N]`` accepts a forward ``[M, M]``), never less. A differentiated input (a
-``grads`` key, fed saved or not) and its gradient need agree only over the input's floating
-dtypes (only a floating tensor requires grad): evaluated for each assignment of the forward's
-dtype indices to their floating members (:func:`_floats_agree`).
+``grads`` key, fed saved or not), its gradient and an output's gradient (``grad(y)``) need
+agree only over floating dtypes (only a floating tensor requires grad or is handed one: a
+sum's ``promote(T, int64)`` output is ``T`` wherever it has a gradient): evaluated for each
+assignment of the forward's dtype indices to their floating members (:func:`_floats_agree`).
 
 Recursion is bounded: matching walks pattern and term together, so it goes no deeper than
 the term (at most MAX_EXPR_DEPTH), plus one level per ``let`` expanded, which is capped at
@@ -399,8 +400,8 @@ class _Job:
     decl: InputDecl | OutputDecl
     source: InputDecl | OutputDecl
     whence: str
-    #: a differentiated input or its gradient: only its floating dtypes need agree (only a
-    #: floating tensor requires grad)
+    #: a differentiated input, its gradient or an output's gradient: only its floating
+    #: dtypes need agree (only a floating tensor requires grad or has a gradient)
     floating_only: bool = False
 
 
@@ -418,8 +419,10 @@ def _unify_tensors(ctx: EntryContext, bctx: EntryContext, path: str,
     for n, d in bsig.inputs.items():
         feed = feeds.get(n)
         if isinstance(feed, GradOf) and feed.output in fwd.outputs:
+            # an output's gradient exists only where the output is floating (autograd gives
+            # an integer output none): a sum's int64 output of an integer input has none
             jobs.append(_Job(f"{path}.inputs.{n}", n, d, fwd.outputs[feed.output],
-                             f"grad({feed.output})"))
+                             f"grad({feed.output})", True))
         elif isinstance(feed, Saved) and feed.name in bw.saves:
             src = fwd.inputs.get(feed.name) or fwd.outputs.get(feed.name)
             whence = "input" if feed.name in fwd.inputs else "output"
@@ -536,10 +539,17 @@ def _floats_agree(m: _Matcher, ctx: EntryContext, pat: E.Node, term: E.Node) -> 
         count *= len(ms)
     if not names or not count or count > _MAX_ASSIGNMENTS:
         return False
+    # the backward's own index must also take each value: its union bounds what it stands for
+    own = m.kinds.get(pat.id) if isinstance(pat, E.Name) else None
+    allowed = own.members if isinstance(own, DTypeK) else None
     try:
-        return all(evaluate(left, Scope(dict(zip(names, combo, strict=True)))) ==
-                   evaluate(term, Scope(dict(zip(names, combo, strict=True))))
-                   for combo in product(*members))
+        for combo in product(*members):
+            scope = dict(zip(names, combo, strict=True))
+            value = evaluate(left, Scope(scope))
+            if value != evaluate(term, Scope(scope)) or \
+                    (allowed is not None and value not in allowed):
+                return False
+        return True
     except EvalError:
         return False
 

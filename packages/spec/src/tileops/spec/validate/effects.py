@@ -2,7 +2,8 @@
 
 An alias names an input of the same dtype and shape that is mutated, at least in some
 calls: the output is that input object in the calls that write it and a fresh tensor in
-the others. ``write_only`` is only on a mutated input; ``buffer`` never with ``alias``;
+the others. ``write_only`` is only on a mutated input; ``shape_only`` never on a mutated one
+nor with ``values`` (its elements are never read or written); ``buffer`` never with ``alias``;
 ``returned`` reads construction params only, and never with ``alias`` or ``buffer``;
 effect predicates depend only on construction params and presence, so they are fixed for a
 constructed op; ``present(x)`` only on a tensor that may be absent (checked in
@@ -22,7 +23,7 @@ __all__ = ["check_tensors"]
 def check_tensors(ctx: EntryContext) -> None:
     """The tensors: names, dtypes and shapes of their kinds, and the ``effects`` rule:
     optional inputs come last; effect predicates read only construction params and
-    presence; write_only needs mutated; values is a generator call; aliases are consistent."""
+    presence; write_only needs mutated; shape_only excludes mutated and values; values is a generator call; aliases are consistent."""
     params_only = {n: k for n, k in ctx.model.kinds.items()
                    if ctx.model.sources.get(n) == "params"}
     first_optional = None
@@ -66,6 +67,14 @@ def check_tensors(ctx: EntryContext) -> None:
                 if d.write_only and d.mutated == Expr("False"):
                     ctx.report.add(f"{path}.write_only", "write_only is for an input the op "
                                    "writes; set mutated too", "effects")
+                if d.shape_only and d.mutated != Expr("False"):
+                    ctx.report.add(f"{path}.shape_only", "a shape_only input's elements are "
+                                   "never read, so the op cannot write them either; drop "
+                                   "mutated or shape_only", "effects")
+                if d.shape_only and d.values is not None:
+                    ctx.report.add(f"{path}.shape_only", "a shape_only input's elements are "
+                                   "never read; a values generator would fill them for "
+                                   "nothing; drop values or shape_only", "effects")
                 if d.values is not None:
                     _check_values(ctx, f"{path}.values", d.values)
             else:
