@@ -51,6 +51,19 @@ class SquareGradBwdOp(Op, specs=SPECS):
         return (2 * x * dy,)
 
 
+class RowSumGradOp(Op, specs=SPECS):
+    def reference(self, call, x):
+        return (x.sum(dim=1, keepdim=True),)
+
+
+class RowSumGradBwdOp(Op, specs=SPECS):
+    seen: list = []
+
+    def reference(self, call, dy, x, y):
+        RowSumGradBwdOp.seen.append((x, y))
+        return (dy.expand(x.shape),)
+
+
 def _leaf(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype, requires_grad=True)
 
@@ -224,3 +237,42 @@ def test_a_backward_key_builds_the_backward_op_through_its_forward() -> None:
         bwd = instance_for_key(backward_key(op._instance_key, needs))
         assert op._backward_ops == {needs: bwd}
         assert instance_for_key(backward_key(op._instance_key, needs)) is bwd
+
+
+def _is_stand_in(t: torch.Tensor, like: torch.Tensor) -> bool:
+    """One element of ``like``'s dtype and device, viewed with ``like``'s shape (strides 0)."""
+    return (t.shape == like.shape and t.dtype == like.dtype and t.device == like.device
+            and all(s == 0 for s in t.stride()) and t.untyped_storage().nbytes() == t.itemsize)
+
+
+def test_a_saved_tensor_read_for_its_shape_only_is_kept_as_a_stand_in() -> None:
+    import weakref
+
+    x = _leaf(64, 32)
+    h = x * 2  # an intermediate nothing else keeps
+    ref = weakref.ref(h)
+    y = RowSumGradOp()(h)
+    kept_x, kept_y = y.grad_fn.saved_tensors  # the input and the output alike
+    assert _is_stand_in(kept_x, h) and _is_stand_in(kept_y, y)
+    del h, kept_x, kept_y
+    assert ref() is None  # the node holds none of its memory
+    RowSumGradBwdOp.seen.clear()
+    dy = torch.randn(64, 1, dtype=torch.float64)
+    (dx,) = torch.autograd.grad(y, x, dy)
+    torch.testing.assert_close(dx, 2 * dy.expand(64, 32), rtol=0, atol=0)
+    (seen_x, seen_y), = RowSumGradBwdOp.seen
+    assert seen_x.shape == (64, 32) and seen_y.shape == (64, 1)
+
+
+def test_a_compiled_call_keeps_the_stand_in_too() -> None:
+    op = RowSumGradOp()
+    x = _leaf(8, 4)
+    compiled = torch.compile(lambda t: op(t * 2), backend="aot_eager", fullgraph=True)
+    y = compiled(x)
+    (dx,) = torch.autograd.grad(y.sum(), x)
+    torch.testing.assert_close(dx, torch.full((8, 4), 2.0, dtype=torch.float64))
+
+
+def test_gradcheck_through_a_stand_in() -> None:
+    x = _leaf(5, 3)
+    assert torch.autograd.gradcheck(RowSumGradOp(), (x,))

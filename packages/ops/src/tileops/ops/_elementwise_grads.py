@@ -10,7 +10,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from tileops.runtime.memory import has_data
+from tileops.runtime.memory import keepable
 
 from ._elementwise_base import _SELU_ALPHA, _SELU_SCALE, ElementwiseOp, _aten, _wide
 
@@ -237,7 +237,7 @@ class BinaryBwdOp(ElementwiseOp):
         t = self._scalars.get(key)
         if t is None:
             t = torch.full((), value, dtype=like.dtype, device=like.device)
-            if has_data(t):  # a fake or meta one (tracing, export) is not kept
+            if keepable(t):  # not a fake or meta one, nor one a graph capture fills later
                 with self._lock:
                     self._scalars[key] = t
         return t

@@ -43,7 +43,7 @@ from tileops.kernels.rope import (
     RopeStyle,
 )
 from tileops.runtime import Op
-from tileops.runtime.memory import has_data
+from tileops.runtime.memory import keepable
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -126,7 +126,7 @@ class RopeOp(Op):
         t = self._tables.get((device, rd, long))
         if t is None:
             t = self.inv_freq(rd, long).to(device)
-            if has_data(t):  # a fake or meta table (tracing, export) is not kept
+            if keepable(t):  # not a fake or meta table, nor one a graph capture fills later
                 self._tables[(device, rd, long)] = t
         return t
 
@@ -191,7 +191,7 @@ class RopeOp(Op):
         aux = None
         if parts:
             aux = torch.cat([p.cpu() for p in parts]).to(device)
-        if aux is None or has_data(aux):  # a fake or meta one (tracing, export) is not kept
+        if aux is None or keepable(aux):  # not fake or meta, nor filled by a graph replay
             with self._lock:
                 self._aux[(device, rd, long)] = aux
         return aux

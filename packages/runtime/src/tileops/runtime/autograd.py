@@ -4,7 +4,9 @@ A forward entry declares its gradient (the spec's ``backward`` block): the backw
 ordinary entry of the same file with its own checks and kernels), the forward tensors it
 saves, what feeds each backward input (``grad(<output>)`` or a saved tensor), which backward
 output is the gradient of each differentiable input, and (``needs``) the backward's Bool
-params that say whether a gradient is wanted. :class:`Gradient` is that block resolved
+params that say whether a gradient is wanted. A saved tensor that feeds only inputs the
+backward entry declares ``shape_only`` is kept as a one-element stand-in of its shape
+(:func:`stand_in`), not its memory. :class:`Gradient` is that block resolved
 against the two classes' plans, once per forward class (the backward class on first use,
 since it may be defined after the forward one).
 
@@ -98,6 +100,9 @@ class Gradient:
         self.saves = tuple(block.saves)
         self._feeds_by_name = {k: ("grad", f.output) if isinstance(f, GradOf) else
                                ("saved", f.name) for k, f in block.feeds.items()}
+        #: the saved tensors (by position in ``saves``) that only feed ``shape_only`` inputs of
+        #: the backward op: a stand-in of their shape is kept, not their memory
+        self.stand_ins = _stand_ins(plan.spec, block, self._feeds_by_name)
         self._grads_by_input = dict(block.grads)
         #: the inputs whose gradient the backward computes (by index)
         self.differentiable = frozenset(ins.index(n) for n in block.grads)
@@ -143,8 +148,11 @@ class Gradient:
         return r
 
     def saved(self, inputs: tuple, outputs: tuple) -> list:
-        """The tensors to save, from a call's inputs and outputs."""
-        return [(inputs if src == 0 else outputs)[i] for src, i in self.saved_from]
+        """The tensors to save, from a call's inputs and outputs (a stand-in where the
+        backward reads only the shape)."""
+        stand = self.stand_ins
+        return [stand_in(t) if k in stand else t for k, t in enumerate(
+            (inputs if src == 0 else outputs)[i] for src, i in self.saved_from)]
 
     def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool) -> tuple:
         """The gradient of each forward input (None where not wanted or not differentiable),
@@ -166,6 +174,29 @@ class Gradient:
             outs = (outs,)
         return tuple(outs[k] if k is not None and needs[i] else None
                      for i, k in enumerate(by_input))
+
+
+def _stand_ins(spec: Any, block: Any, feeds: dict) -> frozenset[int]:
+    """The positions in ``block.saves`` of the saved names that feed only inputs the backward
+    entry declares ``shape_only`` (read off the spec file, which holds both entries)."""
+    entry = getattr(spec, "entries", {}).get(block.op)
+    if entry is None:
+        return frozenset()
+    decls = entry.signature.inputs
+    out = set()
+    for k, name in enumerate(block.saves):
+        fed = [n for n, (kind, src) in feeds.items() if kind == "saved" and src == name]
+        if fed and all(n in decls and decls[n].shape_only for n in fed):
+            out.add(k)
+    return frozenset(out)
+
+
+def stand_in(t: Any) -> Any:
+    """A tensor of ``t``'s shape, dtype and device holding one element (every stride 0): what
+    a backward that reads only the shape keeps of ``t``, as torch keeps a sum's input sizes."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.new_empty(()).expand(t.shape)
 
 
 def _spare_leaves(bwd: Op, args: tuple, feeds: tuple) -> tuple:
@@ -280,6 +311,11 @@ class Node(torch.autograd.Function):
             state.op, state.call, state.kept = None, None, None
         written = call.branch[0]
         saved_inputs = list(inputs)
+        stand = gradient.stand_ins
+        for k in stand:  # read for the shape only: keep a stand-in, not the memory
+            src, i = gradient.saved_from[k]
+            if src == 0:
+                saved_inputs[i] = stand_in(inputs[i])
         if written:
             # a written input the gradient reads is saved as it was called: a copy before the
             # write (as torch's in-place SiLU saves its input), else the output would stand
@@ -295,8 +331,10 @@ class Node(torch.autograd.Function):
             state.op, state.call, state.wanted, state.kept, state.scalar = before
         if written:
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
-        ctx.save_for_backward(*[(saved_inputs if src == 0 else outputs)[i]
-                                for src, i in gradient.saved_from])
+        ctx.save_for_backward(*[
+            stand_in(outputs[i]) if src == 1 and k in stand else
+            (saved_inputs if src == 0 else outputs)[i]
+            for k, (src, i) in enumerate(gradient.saved_from)])
         ctx.op = op
         for o in outputs:
             if o is not None and not o.is_floating_point():  # indices, masks: no gradient

@@ -1,5 +1,6 @@
 """What the runtime and the ops ask of a tensor's memory: whether it holds data to read (not a
-fake or meta tensor, as tracing and shape inference pass), the byte range its elements lie in,
+fake or meta tensor, as tracing and shape inference pass) and whether a cache may keep it, the
+byte range its elements lie in,
 whether its strides lay it out densely, torch's overlap tests of an in-place write against
 another operand (partial overlap, and any shared element), and the first index out of range in
 an integer tensor (the references' data checks)."""
@@ -9,7 +10,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import is_fake
 
-__all__ = ["extent", "first_outside", "has_data", "is_dense", "partially_overlap",
+__all__ = ["extent", "first_outside", "has_data", "is_dense", "keepable", "partially_overlap",
            "share_memory"]
 
 
@@ -17,6 +18,16 @@ __all__ = ["extent", "first_outside", "has_data", "is_dense", "partially_overlap
 def has_data(t: torch.Tensor) -> bool:
     """Whether ``t`` holds values to read (not a fake or meta tensor)."""
     return not (t.is_meta or is_fake(t))
+
+
+def keepable(t: torch.Tensor) -> bool:
+    """Whether a cache may keep ``t``, a tensor an op just made (a constant, a table): it holds
+    data, and it was not made while the current CUDA stream is captured into a graph, whose
+    kernels (the fill or copy that gave ``t`` its values) run only when the graph is replayed,
+    so a later eager call would read it unwritten."""
+    if not has_data(t):
+        return False
+    return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def extent(t: torch.Tensor) -> tuple[int, int]:
