@@ -26,6 +26,14 @@ entry, so a cached call is one dictionary lookup and the kernel.
 A leaf op is its spec entry (``specs/reduction.yaml``) plus its kind and its torch function,
 which is both the eager contender and, on float32 or float64 copies (integers as they are),
 the reference.
+
+The gradients of sum and mean (:class:`SumBwdOp`, :class:`MeanBwdOp`) are a broadcast, not a
+reduction: ``dy`` spread back over the reduced axes (divided by the count of elements reduced
+into each, for mean). They run on the elementwise family's kernels (:class:`ReductionBwdOp`
+derives its call from :class:`~tileops.ops._elementwise_base.ElementwiseOp`): ``dy`` viewed
+with the reduced axes kept as 1s and expanded to ``x``'s shape, so the kernel reads it with
+stride 0 along them and writes ``dx`` once. ``x`` is declared ``shape_only``: the forward's
+autograd node keeps a one-element stand-in of it, not its memory.
 """
 
 from __future__ import annotations
@@ -44,9 +52,11 @@ from tileops.kernels.reduction import (
     ReductionSpec,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import keepable
 from tileops.spec.primitives import reduce_shape
 
 from ._dtypes import NAMES, refuse_unserved
+from ._elementwise_base import ElementwiseOp
 
 __all__ = [
     "AllFwdOp",
@@ -56,10 +66,13 @@ __all__ = [
     "ArgmaxFwdOp",
     "ArgminFwdOp",
     "L2NormFwdOp",
+    "MeanBwdOp",
     "MeanFwdOp",
     "ProdFwdOp",
+    "ReductionBwdOp",
     "ReductionOp",
     "StdFwdOp",
+    "SumBwdOp",
     "SumFwdOp",
     "VarFwdOp",
     "VarMeanFwdOp",
@@ -274,3 +287,82 @@ class ArgminFwdOp(ReductionOp):
 
     def _torch(self, x):  # torch.argmin
         return torch.argmin(x, self.dim, keepdim=self.keepdim)
+
+
+# --- the gradients of sum and mean -------------------------------------------------------------
+
+
+class ReductionBwdOp(ElementwiseOp):
+    """Base of the gradients of sum and mean: ``dx`` is ``dy`` broadcast back over the axes
+    ``dim`` reduced, combined with one 0-dim operand by an elementwise function (see the module
+    docstring). A leaf sets :attr:`fn` and :meth:`_operand`; ``x`` is read for its shape
+    only."""
+
+    def derive(self) -> None:
+        super().derive()
+        #: the 0-dim operands, per (value, device, dtype)
+        self._scalars: dict[tuple, torch.Tensor] = {}
+
+    def constants(self) -> tuple:
+        return ()
+
+    def output_layout(self, inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
+        return None  # dx is contiguous: x's stand-in has no layout to follow
+
+    def _spread(self, dy: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        """``dy`` with the reduced axes kept as 1s, expanded to ``shape`` (a view where dy's
+        strides allow it)."""
+        return dy.reshape(reduce_shape(tuple(shape), self.dim, True)).expand(shape)
+
+    def _count(self, shape: torch.Size) -> int:
+        """How many elements were reduced into each output."""
+        return math.prod(shape[a] for a in reduced_axes(len(shape), self.dim))
+
+    def _scalar(self, value: float, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        key = (value, device, dtype)
+        t = self._scalars.get(key)
+        if t is None:
+            t = torch.full((), value, dtype=dtype, device=device)
+            if keepable(t):
+                with self._lock:
+                    self._scalars[key] = t
+        return t
+
+    def _operand(self, dy: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, call, dy, x, dx) -> None:
+        self._launch(call, [self._spread(dy, x.shape), self._operand(dy, x.shape)], (dx,))
+
+    def _grad(self, dy: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+        raise NotImplementedError
+
+    def reference(self, call, dy, x):
+        wide = dy if dy.dtype == torch.float64 else dy.float()
+        return (self._grad(wide, x.shape),)
+
+    def eager(self):
+        def eager(dy, x):  # torch's own backward: the expanded gradient, then its copy
+            return self._grad(dy, x.shape).contiguous()
+        return eager
+
+
+class SumBwdOp(ReductionBwdOp):
+    fn = "mul"  # dy * 1: exact, signed zeros and NaN included
+
+    def _operand(self, dy, shape):
+        return self._scalar(1.0, dy.dtype, dy.device)
+
+    def _grad(self, dy, shape):  # torch: sum_backward
+        return self._spread(dy, shape)
+
+
+class MeanBwdOp(ReductionBwdOp):
+    fn = "div"  # dy / n in float32 (float64 for float64), rounded once, as torch's
+
+    def _operand(self, dy, shape):
+        wide = torch.float64 if dy.dtype == torch.float64 else torch.float32
+        return self._scalar(float(self._count(shape)), wide, dy.device)
+
+    def _grad(self, dy, shape):  # torch: mean_backward, grad.expand(sizes) / numel
+        return self._spread(dy, shape) / self._count(shape)
