@@ -605,16 +605,26 @@ def test_accumulating_programs_compile_and_read_c(name):
     dt = "half_t" if "fp16" in name else "bfloat16_t"
     assert re.search(rf"{dt}\* (__restrict__ )?C\b", src)  # c in the operands' dtype
     if name.startswith("general"):  # element by element, each predicated on both edges
-        read = src.index("((float)C[")
-        assert re.search(r"< M\) && \(.*< 37\)\)\) \{\s*condval = \(\(float\)C\[", src)
-    else:  # vectors of 2 (4 bytes), widened in pairs
+        read = src.index("condval = C[")
+        assert re.search(r"< M\) && \(.*< 37\)\)\) \{\s*condval = C\[", src)
+    elif name.startswith("reduce"):  # vectors of 2 (4 bytes), widened in pairs
         read = src.index("(C + ")
         assert src.index("cudaGridDependencySynchronize();") < read
         assert "2float2(" in src[read:]
-    if name.startswith("reduce"):  # added to the partial sums, once, before the one cast
+        # added to the partial sums, once, before the one cast
         assert src.index("(W + ") < read < src.rindex("__float22bfloat162_rn")
         assert "< M" in src
         return
+    else:  # vectors (16 bytes; 8 where a 16-row tile gives a thread no more), unrolled so
+        # that every load of a thread is in flight at once
+        read = src.index("(C + ")
+        assert src.index("cudaGridDependencySynchronize();") < read
+        assert re.search(r"condval = \*\(uint(4|2)\*\)\(C \+ ", src)
+        if not name.startswith("small"):
+            assert "#pragma unroll" in src[read - 800:read]
+    # through the shared C tile: stored there, then each thread's fragment read and widened
+    stage = src.index("C_s", read)
+    assert "2float2(" in src[stage:]
     # the accumulator starts from c where it was cleared, before the first MMA
     mma = "tl::mma_sync<" if name.startswith("small") else "tl::wgmma_"
     assert mma not in src[:read] and mma in src[read:]
