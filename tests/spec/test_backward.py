@@ -899,3 +899,21 @@ def test_an_output_gradient_agrees_with_its_output_over_floating_dtypes_only():
     assert ("SumBwdOp.x has dtype U, which does not unify with T, the dtype of the saved input "
             "x: SumBwdOp's U stands for promote(T, float32) (bound by dy), but here for T"
             ) in got[0][1], got
+
+
+def test_a_saved_output_agrees_with_the_backward_over_floating_dtypes_only():
+    # amax's y is T, which may be an integer; its gradient runs only where x is floating, so a
+    # float-only backward that reads y is accepted
+    text = edit(SUM_INT, 'y: {dtype: "promote(T, int64)"', 'y: {dtype: T',
+                "saves: [x]", "saves: [x, y]",
+                'inputs: {dy: "grad(y)", x: x}', 'inputs: {dy: "grad(y)", x: x, y: y}',
+                '      x: {dtype: U, shape: "[*S]", shape_only: true}',
+                '      x: {dtype: U, shape: "[*S]"}\n      y: {dtype: U, shape: "[1]"}')
+    assert shown(diagnostics(text)) == []
+    # a backward whose y takes fewer floating dtypes than the forward's output is refused
+    narrow = edit(text, '      y: {dtype: U, shape: "[1]"}', '      y: {dtype: V, shape: "[1]"}',
+                  'forall: {S: Shape, U: "DType[bfloat16 | float32]"}',
+                  'forall: {S: Shape, U: "DType[bfloat16 | float32]", V: "DType[float32]"}')
+    got = shown(diagnostics(narrow))
+    assert got and all(rule == "backward" for rule, _ in got), got
+    assert "SumBwdOp.y has dtype V" in got[0][1], got

@@ -33,7 +33,13 @@ into each, for mean). They run on the elementwise family's kernels (:class:`Redu
 derives its call from :class:`~tileops.ops._elementwise_base.ElementwiseOp`): ``dy`` viewed
 with the reduced axes kept as 1s and expanded to ``x``'s shape, so the kernel reads it with
 stride 0 along them and writes ``dx`` once. ``x`` is declared ``shape_only``: the forward's
-autograd node keeps a one-element stand-in of it, not its memory.
+autograd node keeps a one-element stand-in of it, not its memory. The gradients of amax and amin
+(:class:`AmaxBwdOp`, :class:`AminBwdOp`) follow torch's rule, ``dy / count * mask`` with ``mask``
+the elements equal to the extremum: the mask (an elementwise compare), its count over the
+reduced axes (the sum's kernels, a delegate), the share ``dy / count`` in ``dy``'s dtype (the
+count rounded to it first, as torch's division of a 16-bit tensor by an int64 one rounds it),
+then the share spread and multiplied by the mask into ``dx`` (so a NaN extremum, which no
+element equals, gives NaN as torch's does).
 """
 
 from __future__ import annotations
@@ -60,7 +66,9 @@ from ._elementwise_base import ElementwiseOp
 
 __all__ = [
     "AllFwdOp",
+    "AmaxBwdOp",
     "AmaxFwdOp",
+    "AminBwdOp",
     "AminFwdOp",
     "AnyFwdOp",
     "ArgmaxFwdOp",
@@ -366,3 +374,44 @@ class MeanBwdOp(ReductionBwdOp):
 
     def _grad(self, dy, shape):  # torch: mean_backward, grad.expand(sizes) / numel
         return self._spread(dy, shape) / self._count(shape)
+
+
+class _ExtremumBwdOp(ReductionBwdOp):
+    """The gradient of amax or amin (see the module docstring)."""
+
+    fn = "mul"
+    delegate_types = {"count": SumFwdOp}
+
+    def forward(self, call, dy, x, y, dx) -> None:
+        shape = x.shape
+        keep = reduce_shape(tuple(shape), self.dim, True)
+        mask = torch.empty(shape, dtype=torch.bool, device=x.device)
+        self._launch(call, [x, y.reshape(keep).expand(shape)], (mask,), ("eq", ()))
+        with self.stage("count"):
+            count = self.delegate_for("count", dim=self.dim, keepdim=True)(mask)
+        share = torch.empty(keep, dtype=dy.dtype, device=dy.device)
+        self._launch(call, [dy.reshape(keep), count], (share,), ("div", ()))
+        self._launch(call, [share.expand(shape), mask], (dx,), ("mul", ()))
+
+    def _closed_form(self, dy, x, y):
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        mask = x == y.reshape(keep)
+        count = mask.sum(reduced_axes(x.dim(), self.dim), keepdim=True)
+        return dy.reshape(keep) / count * mask
+
+    def reference(self, call, dy, x, y):
+        wide = [t if t.dtype == torch.float64 else t.float() for t in (dy, x, y)]
+        return (self._closed_form(*wide),)
+
+    def eager(self):
+        def eager(dy, x, y):  # torch's amax_backward in the tensors' dtype
+            return self._closed_form(dy, x, y)
+        return eager
+
+
+class AmaxBwdOp(_ExtremumBwdOp):
+    pass
+
+
+class AminBwdOp(_ExtremumBwdOp):
+    pass

@@ -18,8 +18,8 @@ is passed), and a ``let`` of either entry for its definition (a broadcast output
 compared as written, without evaluating it; a family both entries declare must then be the
 same declaration. The match is one-way on purpose: the backward may be more general than the
 forward (its ``[M, N]`` accepts a forward ``[M, M]``), never less. A differentiated input (a
-``grads`` key, fed saved or not), its gradient and an output's gradient (``grad(y)``) need
-agree only over floating dtypes (only a floating tensor requires grad or is handed one: a
+``grads`` key, fed saved or not), its gradient, an output's gradient (``grad(y)``) and a saved
+output need agree only over floating dtypes (only a floating tensor requires grad or is handed one: a
 sum's ``promote(T, int64)`` output is ``T`` wherever it has a gradient): evaluated for each
 assignment of the forward's dtype indices to their floating members (:func:`_floats_agree`).
 
@@ -400,8 +400,8 @@ class _Job:
     decl: InputDecl | OutputDecl
     source: InputDecl | OutputDecl
     whence: str
-    #: a differentiated input, its gradient or an output's gradient: only its floating
-    #: dtypes need agree (only a floating tensor requires grad or has a gradient)
+    #: a differentiated input, its gradient, an output's gradient or a saved output: only its
+    #: floating dtypes need agree (only a floating tensor requires grad or has a gradient)
     floating_only: bool = False
 
 
@@ -427,9 +427,11 @@ def _unify_tensors(ctx: EntryContext, bctx: EntryContext, path: str,
             src = fwd.inputs.get(feed.name) or fwd.outputs.get(feed.name)
             whence = "input" if feed.name in fwd.inputs else "output"
             if src is not None:
+                # a differentiated input, or an output (of a call whose gradient runs: its
+                # differentiated inputs are floating), agrees over floating dtypes only
                 jobs.append(_Job(f"{path}.inputs.{n}", n, d, src,
                                  f"the saved {whence} {feed.name}",
-                                 feed.name in fwd.inputs and feed.name in bw.grads))
+                                 feed.name in fwd.outputs or feed.name in bw.grads))
     for k, o in bw.grads.items():
         if k in fwd.inputs and o in bsig.outputs:
             jobs.append(_Job(f"{path}.grads.{k}", o, bsig.outputs[o], fwd.inputs[k],
