@@ -39,7 +39,10 @@ the elements equal to the extremum: the mask (an elementwise compare), its count
 reduced axes (the sum's kernels, a delegate), the share ``dy / count`` in ``dy``'s dtype (the
 count rounded to it first, as torch's division of a 16-bit tensor by an int64 one rounds it),
 then the share spread and multiplied by the mask into ``dx`` (so a NaN extremum, which no
-element equals, gives NaN as torch's does).
+element equals, gives NaN as torch's does). The gradients of var and std (:class:`VarBwdOp`,
+:class:`StdBwdOp`) are torch's formulas step by step, each rounded to the tensors' dtype as
+torch's are: the mean (a delegate), ``x - mean``, the scaled ``dy`` (for std first ``dy / (2
+y)``, 0 where ``y`` is 0), their product.
 """
 
 from __future__ import annotations
@@ -79,9 +82,11 @@ __all__ = [
     "ProdFwdOp",
     "ReductionBwdOp",
     "ReductionOp",
+    "StdBwdOp",
     "StdFwdOp",
     "SumBwdOp",
     "SumFwdOp",
+    "VarBwdOp",
     "VarFwdOp",
     "VarMeanFwdOp",
 ]
@@ -415,3 +420,67 @@ class AmaxBwdOp(_ExtremumBwdOp):
 
 class AminBwdOp(_ExtremumBwdOp):
     pass
+
+
+class _MomentBwdOp(ReductionBwdOp):
+    """The gradient of var or std (see the module docstring)."""
+
+    fn = "mul"
+    delegate_types = {"mean": MeanFwdOp}
+
+    def _scale(self, shape: torch.Size) -> float:
+        """``2 / (n - correction)``: inf where that is 2 / 0, as torch's."""
+        dof = self._count(shape) - (1.0 if self.correction is None else float(self.correction))
+        return math.inf if dof == 0 else 2.0 / dof
+
+    def _var_grad(self, call, g: torch.Tensor, x: torch.Tensor, dx: torch.Tensor) -> None:
+        """``dx = (2 / (n - correction)) * g * (x - mean)``, ``g`` of the kept shape."""
+        shape = x.shape
+        with self.stage("mean"):
+            mean = self.delegate_for("mean", dim=self.dim, keepdim=True)(x)
+        diff = torch.empty(shape, dtype=x.dtype, device=x.device)
+        self._launch(call, [x, mean.expand(shape)], (diff,), ("sub", (1.0,)))
+        wide = torch.float64 if g.dtype == torch.float64 else torch.float32
+        scaled = torch.empty(g.shape, dtype=g.dtype, device=g.device)
+        self._launch(call, [g, self._scalar(self._scale(shape), wide, g.device)], (scaled,),
+                     ("mul", ()))
+        self._launch(call, [scaled.expand(shape), diff], (dx,), ("mul", ()))
+
+    def _closed_form(self, dy, x, y=None):
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        g = dy.reshape(keep)
+        if y is not None:  # std: torch's std_backward
+            y = y.reshape(keep)
+            g = (g / (y * 2)).masked_fill(y == 0, 0)
+        mean = x.mean(reduced_axes(x.dim(), self.dim), keepdim=True)
+        return self._scale(x.shape) * g * (x - mean)
+
+    def reference(self, call, dy, x, y=None):
+        wide = [None if t is None else t if t.dtype == torch.float64 else t.float()
+                for t in (dy, x, y)]
+        return (self._closed_form(*wide),)
+
+    def eager(self):
+        return self._closed_form
+
+
+class VarBwdOp(_MomentBwdOp):
+    def forward(self, call, dy, x, dx) -> None:
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        self._var_grad(call, dy.reshape(keep), x, dx)
+
+
+class StdBwdOp(_MomentBwdOp):
+    def forward(self, call, dy, x, y, dx) -> None:
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        g, y = dy.reshape(keep), y.reshape(keep)
+        zero, two = self._scalar(0.0, y.dtype, y.device), self._scalar(2.0, y.dtype, y.device)
+        twice = torch.empty(keep, dtype=y.dtype, device=y.device)
+        self._launch(call, [y, two], (twice,), ("mul", ()))
+        share = torch.empty(keep, dtype=g.dtype, device=g.device)
+        self._launch(call, [g, twice], (share,), ("div", ()))
+        at_zero = torch.empty(keep, dtype=torch.bool, device=y.device)
+        self._launch(call, [y, zero], (at_zero,), ("eq", ()))
+        g = torch.empty(keep, dtype=share.dtype, device=share.device)
+        self._launch(call, [share, at_zero], (g,), ("masked_fill", (0.0,)))
+        self._var_grad(call, g, x, dx)
