@@ -42,7 +42,8 @@ then the share spread and multiplied by the mask into ``dx`` (so a NaN extremum,
 element equals, gives NaN as torch's does). The gradients of var and std (:class:`VarBwdOp`,
 :class:`StdBwdOp`) are torch's formulas step by step, each rounded to the tensors' dtype as
 torch's are: the mean (a delegate), ``x - mean``, the scaled ``dy`` (for std first ``dy / (2
-y)``, 0 where ``y`` is 0), their product.
+y)``, 0 where ``y`` is 0), their product. The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
+where the norm is.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ __all__ = [
     "AnyFwdOp",
     "ArgmaxFwdOp",
     "ArgminFwdOp",
+    "L2NormBwdOp",
     "L2NormFwdOp",
     "MeanBwdOp",
     "MeanFwdOp",
@@ -484,3 +486,32 @@ class StdBwdOp(_MomentBwdOp):
         g = torch.empty(keep, dtype=share.dtype, device=share.device)
         self._launch(call, [share, at_zero], (g,), ("masked_fill", (0.0,)))
         self._var_grad(call, g, x, dx)
+
+
+class L2NormBwdOp(ReductionBwdOp):
+    """The gradient of the 2-norm (see the module docstring)."""
+
+    fn = "mul"
+
+    def forward(self, call, dy, x, y, dx) -> None:
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        g, y = dy.reshape(keep), y.reshape(keep)
+        share = torch.empty(keep, dtype=g.dtype, device=g.device)
+        self._launch(call, [g, y], (share,), ("div", ()))
+        at_zero = torch.empty(keep, dtype=torch.bool, device=y.device)
+        self._launch(call, [y, self._scalar(0.0, y.dtype, y.device)], (at_zero,), ("eq", ()))
+        kept = torch.empty(keep, dtype=g.dtype, device=g.device)
+        self._launch(call, [share, at_zero], (kept,), ("masked_fill", (0.0,)))
+        self._launch(call, [x, kept.expand(x.shape)], (dx,), ("mul", ()))
+
+    def _closed_form(self, dy, x, y):  # torch's norm_backward for p = 2
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        y = y.reshape(keep)
+        return x * (dy.reshape(keep) / y).masked_fill(y == 0, 0)
+
+    def reference(self, call, dy, x, y):
+        wide = [t if t.dtype == torch.float64 else t.float() for t in (dy, x, y)]
+        return (self._closed_form(*wide),)
+
+    def eager(self):
+        return self._closed_form
