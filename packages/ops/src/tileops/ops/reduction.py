@@ -346,6 +346,18 @@ class ReductionBwdOp(ElementwiseOp):
     def _operand(self, dy: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         raise NotImplementedError
 
+    def _quotient(self, call, num: torch.Tensor, den: torch.Tensor, y: torch.Tensor
+                  ) -> torch.Tensor:
+        """``(num / den).masked_fill(y == 0, 0)`` in ``num``'s dtype (std's and the 2-norm's
+        share of ``dy``; tensors of the kept shape)."""
+        share = torch.empty(num.shape, dtype=num.dtype, device=num.device)
+        self._launch(call, [num, den], (share,), ("div", ()))
+        at_zero = torch.empty(y.shape, dtype=torch.bool, device=y.device)
+        self._launch(call, [y, self._scalar(0.0, y.dtype, y.device)], (at_zero,), ("eq", ()))
+        out = torch.empty(num.shape, dtype=num.dtype, device=num.device)
+        self._launch(call, [share, at_zero], (out,), ("masked_fill", (0.0,)))
+        return out
+
     def forward(self, call, dy, x, dx) -> None:
         self._launch(call, [self._spread(dy, x.shape), self._operand(dy, x.shape)], (dx,))
 
@@ -475,17 +487,10 @@ class VarBwdOp(_MomentBwdOp):
 class StdBwdOp(_MomentBwdOp):
     def forward(self, call, dy, x, y, dx) -> None:
         keep = reduce_shape(tuple(x.shape), self.dim, True)
-        g, y = dy.reshape(keep), y.reshape(keep)
-        zero, two = self._scalar(0.0, y.dtype, y.device), self._scalar(2.0, y.dtype, y.device)
+        y = y.reshape(keep)
         twice = torch.empty(keep, dtype=y.dtype, device=y.device)
-        self._launch(call, [y, two], (twice,), ("mul", ()))
-        share = torch.empty(keep, dtype=g.dtype, device=g.device)
-        self._launch(call, [g, twice], (share,), ("div", ()))
-        at_zero = torch.empty(keep, dtype=torch.bool, device=y.device)
-        self._launch(call, [y, zero], (at_zero,), ("eq", ()))
-        g = torch.empty(keep, dtype=share.dtype, device=share.device)
-        self._launch(call, [share, at_zero], (g,), ("masked_fill", (0.0,)))
-        self._var_grad(call, g, x, dx)
+        self._launch(call, [y, self._scalar(2.0, y.dtype, y.device)], (twice,), ("mul", ()))
+        self._var_grad(call, self._quotient(call, dy.reshape(keep), twice, y), x, dx)
 
 
 class L2NormBwdOp(ReductionBwdOp):
@@ -495,14 +500,9 @@ class L2NormBwdOp(ReductionBwdOp):
 
     def forward(self, call, dy, x, y, dx) -> None:
         keep = reduce_shape(tuple(x.shape), self.dim, True)
-        g, y = dy.reshape(keep), y.reshape(keep)
-        share = torch.empty(keep, dtype=g.dtype, device=g.device)
-        self._launch(call, [g, y], (share,), ("div", ()))
-        at_zero = torch.empty(keep, dtype=torch.bool, device=y.device)
-        self._launch(call, [y, self._scalar(0.0, y.dtype, y.device)], (at_zero,), ("eq", ()))
-        kept = torch.empty(keep, dtype=g.dtype, device=g.device)
-        self._launch(call, [share, at_zero], (kept,), ("masked_fill", (0.0,)))
-        self._launch(call, [x, kept.expand(x.shape)], (dx,), ("mul", ()))
+        y = y.reshape(keep)
+        share = self._quotient(call, dy.reshape(keep), y, y)
+        self._launch(call, [x, share.expand(x.shape)], (dx,), ("mul", ()))
 
     def _closed_form(self, dy, x, y):  # torch's norm_backward for p = 2
         keep = reduce_shape(tuple(x.shape), self.dim, True)

@@ -1,0 +1,99 @@
+"""The gradients of the reductions (sum, mean, amax, amin, var, std, the 2-norm): their in-tree
+call, run on the CPU with the elementwise slot served by a torch stand-in of the family's scalar
+functions (the same operands, strides, forms and output buffers the CUDA kernels get), against
+torch's autograd in float64 and in the 16-bit dtypes, whose rounding each step follows.
+
+The closed forms (the ``reference`` target) are checked by tests/ops/test_gradients.py; this file
+checks the ``forward`` the kernels run, which the reference target never reaches."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import tileops.ops as ops
+from tileops.kernels.elementwise import ElementwiseInterface
+from tileops.runtime import Kernel
+
+_FORMS = {
+    "mul": lambda xs, ps: xs[0] * xs[1],
+    "div": lambda xs, ps: xs[0] / xs[1],
+    "sub": lambda xs, ps: xs[0] - ps[0] * xs[1],
+    "eq": lambda xs, ps: xs[0] == xs[1],
+    "masked_fill": lambda xs, ps: xs[0].masked_fill(xs[1], ps[0]),
+}
+_WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
+
+
+class CpuElementwise(Kernel, ElementwiseInterface):
+    """The slot on the CPU: each operand widened to the spec's compute dtype (bool kept), the
+    function applied with torch's broadcasting, the result rounded once into the output."""
+
+    devices = ("cpu",)
+    calls: list = []
+
+    @classmethod
+    def region_refusal(cls, spec):
+        return None
+
+    def __call__(self, *tensors) -> None:
+        spec = self.spec
+        n = len(spec.in_dtypes)
+        ins, outs = tensors[:n], tensors[n:]
+        compute = getattr(torch, spec.compute)
+        xs = [t if t.dtype == torch.bool else t.to(compute) for t in ins]
+        CpuElementwise.calls.append(spec.fn)
+        outs[0].copy_(_FORMS[spec.fn](xs, spec.params).expand(outs[0].shape))
+
+
+def _in_tree(cls, **params):
+    return cls(kernel_map={"elementwise": CpuElementwise}, **params)
+
+
+CASES = [
+    ("SumFwdOp", torch.sum, {}),
+    ("MeanFwdOp", torch.mean, {}),
+    ("AmaxFwdOp", torch.amax, {}),
+    ("AminFwdOp", torch.amin, {}),
+    ("VarFwdOp", torch.var, {"correction": 1.0}),
+    ("StdFwdOp", torch.std, {"correction": 0.0}),
+    ("L2NormFwdOp", lambda x, dim, keepdim: torch.linalg.vector_norm(x, 2, dim, keepdim=keepdim),
+     {}),
+]
+DIMS = [(None, False), (1, True), ((0, 2), False), (-1, False)]
+
+
+def _x(dtype, ties=False):
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, 5, generator=gen, dtype=torch.float64)
+    if ties:  # ties of the extremum, a constant slice (std 0, a norm's zero row)
+        x[0] = 0.0
+        x[1, :, 0] = 3.0
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize(("name", "fn", "params"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("dim", "keepdim"), DIMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("ties", [False, True])
+def test_the_in_tree_gradient_matches_torch(name, fn, params, dim, keepdim, dtype, ties):
+    fwd = getattr(ops, name)
+    x = _x(dtype, ties).requires_grad_()
+    dims = dim if dim is not None else (0, 1, 2)
+    y = fwd(dim=dim, keepdim=keepdim, **params)(x)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    dy = dy.to(dtype)
+    bwd = _in_tree(getattr(ops, name.replace("Fwd", "Bwd")), dim=dim, keepdim=keepdim, **params)
+    saved = {"dy": dy, "x": x.detach(), "y": y.detach()}
+    names = type(bwd)._signature.input_names
+    CpuElementwise.calls.clear()
+    got = bwd(*[saved[n] for n in names])
+    assert CpuElementwise.calls, "the in-tree forward did not run"
+    want_y = fn(x, dims, keepdim=keepdim, **params)
+    (want,) = torch.autograd.grad(want_y, x, dy)
+    assert got.dtype == dtype and got.shape == x.shape
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    else:  # each step rounded as torch's: equal, or a rounding apart where torch's order differs
+        torch.testing.assert_close(got.double(), want.double(), rtol=8e-3, atol=1e-3,
+                                   equal_nan=True)
