@@ -1,7 +1,8 @@
-"""The gradients of the reductions (sum, mean, amax, amin, var, std, the 2-norm): their in-tree
-call, run on the CPU with the elementwise slot served by a torch stand-in of the family's scalar
-functions (the same operands, strides, forms and output buffers the CUDA kernels get), against
-torch's autograd in float64 and in the 16-bit dtypes, whose rounding each step follows.
+"""The gradients of the reductions (sum, mean, amax, amin, var, std, var_mean, the 2-norm):
+their in-tree call, run on the CPU with the elementwise slot served by a torch stand-in of the
+family's scalar functions (the same operands, strides, forms and output buffers the CUDA
+kernels get), against torch's autograd in float64 and in the 16-bit dtypes, whose rounding
+each step follows.
 
 The closed forms (the ``reference`` target) are checked by tests/ops/test_gradients.py; this file
 checks the ``forward`` the kernels run, which the reference target never reaches."""
@@ -19,6 +20,7 @@ _FORMS = {
     "mul": lambda xs, ps: xs[0] * xs[1],
     "div": lambda xs, ps: xs[0] / xs[1],
     "sub": lambda xs, ps: xs[0] - ps[0] * xs[1],
+    "add": lambda xs, ps: xs[0] + ps[0] * xs[1],
     "eq": lambda xs, ps: xs[0] == xs[1],
     "masked_fill": lambda xs, ps: xs[0].masked_fill(xs[1], ps[0]),
 }
@@ -97,3 +99,25 @@ def test_the_in_tree_gradient_matches_torch(name, fn, params, dim, keepdim, dtyp
     else:  # each step rounded as torch's: equal, or a rounding apart where torch's order differs
         torch.testing.assert_close(got.double(), want.double(), rtol=8e-3, atol=1e-3,
                                    equal_nan=True)
+
+
+@pytest.mark.parametrize(("dim", "keepdim"), DIMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("given", ["both", "dvar", "dmean", "neither"])
+def test_var_mean_in_tree_gradient_adds_what_is_given(dim, keepdim, dtype, given):
+    x = _x(dtype).requires_grad_()
+    dims = dim if dim is not None else (0, 1, 2)
+    var, mean = torch.var_mean(x, dims, keepdim=keepdim)
+    gen = torch.Generator().manual_seed(2)
+    dvar = torch.randn(var.shape, generator=gen, dtype=torch.float64).to(dtype)
+    dmean = torch.randn(mean.shape, generator=gen, dtype=torch.float64).to(dtype)
+    use_var, use_mean = given in ("both", "dvar"), given in ("both", "dmean")
+    bwd = _in_tree(ops.VarMeanBwdOp, dim=dim, keepdim=keepdim)
+    CpuElementwise.calls.clear()
+    got = bwd(x.detach(), dvar if use_var else None, dmean if use_mean else None)
+    assert given == "neither" or CpuElementwise.calls
+    loss = (var * dvar).sum() * use_var + (mean * dmean).sum() * use_mean
+    want = torch.autograd.grad(loss, x, allow_unused=True)[0] if given != "neither" else None
+    want = torch.zeros_like(x) if want is None else want
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=8e-3, atol=1e-3)
+    torch.testing.assert_close(got.double(), want.double(), **tol)

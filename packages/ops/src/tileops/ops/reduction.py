@@ -42,7 +42,8 @@ then the share spread and multiplied by the mask into ``dx`` (so a NaN extremum,
 element equals, gives NaN as torch's does). The gradients of var and std (:class:`VarBwdOp`,
 :class:`StdBwdOp`) are torch's formulas step by step, each rounded to the tensors' dtype as
 torch's are: the mean (a delegate), ``x - mean``, the scaled ``dy`` (for std first ``dy / (2
-y)``, 0 where ``y`` is 0), their product. The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
+y)``, 0 where ``y`` is 0), their product; var_mean's (:class:`VarMeanBwdOp`) adds the mean's share of ``dmean`` to var's of
+``dvar``, each where given. The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
 where the norm is.
 """
 
@@ -90,6 +91,7 @@ __all__ = [
     "SumFwdOp",
     "VarBwdOp",
     "VarFwdOp",
+    "VarMeanBwdOp",
     "VarMeanFwdOp",
 ]
 
@@ -515,3 +517,45 @@ class L2NormBwdOp(ReductionBwdOp):
 
     def eager(self):
         return self._closed_form
+
+
+class VarMeanBwdOp(_MomentBwdOp):
+    """The gradient of var_mean: var's of ``dvar`` plus mean's of ``dmean`` (torch's
+    var_mean_backward), each where given."""
+
+    def forward(self, call, x, dvar, dmean, dx) -> None:
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        if dvar is not None:
+            self._var_grad(call, dvar.reshape(keep), x, dx)
+        if dmean is None:
+            if dvar is None:
+                dx.zero_()
+            return
+        wide = torch.float64 if dmean.dtype == torch.float64 else torch.float32
+        count = self._scalar(float(self._count(x.shape)), wide, dmean.device)
+        if dvar is None:
+            self._launch(call, [dmean.reshape(keep).expand(x.shape), count], (dx,), ("div", ()))
+            return
+        share = torch.empty(keep, dtype=dmean.dtype, device=dmean.device)
+        self._launch(call, [dmean.reshape(keep), count], (share,), ("div", ()))
+        self._launch(call, [dx, share.expand(x.shape)], (dx,), ("add", (1.0,)))
+
+    def _both(self, x, dvar, dmean):
+        keep = reduce_shape(tuple(x.shape), self.dim, True)
+        out = None
+        if dvar is not None:
+            out = self._closed_form(dvar, x)
+        if dmean is not None:
+            mean = (dmean.reshape(keep) / self._count(x.shape)).expand(x.shape)
+            out = mean if out is None else out + mean
+        return torch.zeros_like(x) if out is None else out
+
+    def reference(self, call, x, dvar=None, dmean=None):
+        wide = [None if t is None else t if t.dtype == torch.float64 else t.float()
+                for t in (x, dvar, dmean)]
+        return (self._both(*wide),)
+
+    def eager(self):
+        def eager(x, dvar=None, dmean=None):
+            return self._both(x, dvar, dmean)
+        return eager
