@@ -184,3 +184,21 @@ def test_an_empty_call_builds_nothing_and_shares_no_entry_with_a_full_one(cls, s
     kernel(torch.empty(sizes), torch.empty(sizes))  # returns at once
     full = spec(*(s or 4 for s in sizes))
     assert cls.identity(empty) != cls.identity(full)
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((5, 7), 1), ((5, 7), 0), ((2, 3, 4, 5), -3),
+                                            ((), 0), ((4, 0, 3), 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cumsum_trains_through_the_reversed_scan(shape, dim, dtype):
+    # the gradient is the scan of dy from the end of dim: the forward's program on dy flipped
+    x = torch.randn(shape, dtype=torch.float64).to(dtype).requires_grad_()
+    dy = torch.randn(shape, dtype=torch.float64).to(dtype)
+    launched.clear()
+    got = _in_tree(ops.CumsumBwdOp, dim=dim)(dy)
+    assert shape == () or 0 in shape or launched
+    (want,) = torch.autograd.grad(torch.cumsum(x, dim), x, dy)
+    tol = {} if dtype == torch.float32 else dict(rtol=8e-3, atol=2e-2)
+    torch.testing.assert_close(got, want, **tol)
+    # through autograd (the forward and its gradient op on the reference target here)
+    (g,) = torch.autograd.grad(ops.CumsumFwdOp(dim=dim)(x), x, dy)
+    torch.testing.assert_close(g, want, **tol)

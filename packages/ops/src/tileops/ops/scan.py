@@ -16,6 +16,10 @@ base owns the forward flow they share:
 A leaf op is its spec entry (``specs/scan.yaml``) plus its kind and its declared equivalents:
 the reference and the torch eager function, read by the ``reference`` target, the tests,
 ``tileops run`` and ``tileops bench``.
+
+Cumsum trains: :class:`CumsumBwdOp` is the sum scan of ``dy`` taken from the end of ``dim``,
+run as the forward's program on ``dy`` flipped along ``dim``, its result flipped back into
+``dx`` (the flips are torch copies: the scan programs walk one direction).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["CumprodFwdOp", "CumsumFwdOp", "ScanOp"]
+__all__ = ["CumprodFwdOp", "CumsumBwdOp", "CumsumFwdOp", "ScanOp"]
 
 #: the input dtypes the in-tree scan kernels serve (bool through its uint8 view)
 _KERNEL_DTYPES = frozenset({*get_args(ScanDType), "bool"})
@@ -97,3 +101,22 @@ class CumprodFwdOp(ScanOp):
 
     def _scan(self, x):  # torch.cumprod
         return torch.cumprod(x, self.dim)
+
+
+class CumsumBwdOp(ScanOp):
+    kind = ScanKind.SUM
+
+    def forward(self, call, dy, dx) -> None:
+        if not dy.dim():  # one element: its own sum
+            dx.copy_(dy)
+            return
+        d = self.dim % dy.dim()
+        flipped = torch.empty_like(dx)
+        super().forward(call, dy.flip(d), flipped)
+        dx.copy_(flipped.flip(d))
+
+    def _scan(self, dy):  # torch's cumsum_backward
+        if not dy.dim():
+            return dy.clone()
+        d = self.dim % dy.dim()
+        return dy.flip(d).cumsum(d).flip(d)
