@@ -9,6 +9,9 @@ checks the ``forward`` the kernels run, which the reference target never reaches
 
 from __future__ import annotations
 
+import math
+import warnings
+
 import pytest
 import torch
 
@@ -23,6 +26,7 @@ _FORMS = {
     "add": lambda xs, ps: xs[0] + ps[0] * xs[1],
     "eq": lambda xs, ps: xs[0] == xs[1],
     "masked_fill": lambda xs, ps: xs[0].masked_fill(xs[1], ps[0]),
+    "where": lambda xs, ps: torch.where(xs[0], xs[1], xs[2]),
 }
 _WIDE = {torch.float16: torch.float32, torch.bfloat16: torch.float32}
 
@@ -121,3 +125,39 @@ def test_var_mean_in_tree_gradient_adds_what_is_given(dim, keepdim, dtype, given
     want = torch.zeros_like(x) if want is None else want
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=8e-3, atol=1e-3)
     torch.testing.assert_close(got.double(), want.double(), **tol)
+
+
+@pytest.mark.parametrize("name", ["VarFwdOp", "StdFwdOp"])
+@pytest.mark.parametrize(("shape", "dim", "correction"), [
+    ((5,), None, 5.0), ((5,), None, 7.0), ((2, 3), None, 6.5),  # no degree of freedom left
+    ((), None, 1.0), ((), 0, 2.0),  # a 0-dim x: torch's branch without a dim
+    ((5,), 0, 7.0), ((2, 3), (0, 1), 6.0),  # with a dim: 2 / (n - correction), inf at 0
+])
+def test_var_and_std_without_degrees_of_freedom_follow_torch(name, shape, dim, correction):
+    x = torch.tensor([1.0, 2.0, 4.0, 7.0, 3.0, 3.0], dtype=torch.float64)[:max(1, math.prod(
+        shape))].reshape(shape).requires_grad_()
+    fwd = getattr(ops, name)
+    y = fwd(dim=dim, correction=correction)(x)
+    dy = torch.full(y.shape, -1.5, dtype=torch.float64)
+    fn = torch.var if name == "VarFwdOp" else torch.std
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch warns of the missing degrees of freedom
+        want_y = fn(x, correction=correction) if dim is None else fn(x, dim,
+                                                                      correction=correction)
+    (want,) = torch.autograd.grad(want_y, x, dy)
+    bwd = _in_tree(getattr(ops, name.replace("Fwd", "Bwd")), dim=dim, correction=correction)
+    saved = {"dy": dy, "x": x.detach(), "y": y.detach()}
+    got = bwd(*[saved[n] for n in type(bwd)._signature.input_names])
+    torch.testing.assert_close(got, want, equal_nan=True)
+    (through,) = torch.autograd.grad(y, x, dy)  # the reference target's closed form
+    torch.testing.assert_close(through, want, equal_nan=True)
+
+
+def test_the_constants_a_gradient_op_keeps_are_bounded():
+    from tileops.ops.reduction import MAX_SCALARS
+
+    op = _in_tree(ops.MeanBwdOp, dim=-1)
+    for n in range(1, 3 * MAX_SCALARS):  # a count per row length
+        dy = torch.randn(2)
+        torch.testing.assert_close(op(dy, torch.empty(2, n)), (dy / n)[:, None].expand(2, n))
+        assert len(op._scalars) <= MAX_SCALARS

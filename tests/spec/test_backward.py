@@ -917,3 +917,50 @@ def test_a_saved_output_agrees_with_the_backward_over_floating_dtypes_only():
     got = shown(diagnostics(narrow))
     assert got and all(rule == "backward" for rule, _ in got), got
     assert "SumBwdOp.y has dtype V" in got[0][1], got
+
+
+# a saved output whose dtype is an index of a non-differentiated input: that index is whatever
+# the caller passes (an int32 s gives an int32 z), so z must agree over all of W's members
+MIXED = """\
+FOp:
+  family: misc
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[float32 | float64]", W: "DType[int32 | float32]"}
+    inputs:
+      x: {dtype: T, shape: "[*S]"}
+      s: {dtype: W, shape: "[*S]"}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
+      z: {dtype: W, shape: "[*S]"}
+  workloads:
+  - {S: [4], dtype_cases: [{T: float32, W: float32}], label: small}
+  backward:
+    op: FBwdOp
+    saves: [z]
+    inputs: {dy: "grad(y)", z: z}
+    grads: {x: dx}
+
+FBwdOp:
+  family: misc
+  status: spec-only
+  signature:
+    forall: {S: Shape, T: "DType[float32 | float64]"}
+    inputs:
+      dy: {dtype: T, shape: "[*S]"}
+      z: {dtype: float32, shape: "[*S]"}
+    outputs:
+      dx: {dtype: T, shape: "[*S]"}
+  workloads:
+  - {S: [4], dtype_cases: [{T: float32}], label: small}
+"""
+
+
+def test_a_saved_output_of_a_non_differentiated_index_agrees_over_all_its_dtypes():
+    got = shown(diagnostics(MIXED))
+    assert len(got) == 1 and got[0][0] == "backward", got
+    assert "FBwdOp.z has dtype float32, which does not unify with W, the dtype of the saved " \
+           "output z" in got[0][1], got
+    # where W may only be floating, the backward's float32 serves it
+    assert shown(diagnostics(edit(MIXED, 'W: "DType[int32 | float32]"', 'W: "DType[float32]"'))) \
+        == []

@@ -95,6 +95,8 @@ __all__ = [
     "VarMeanFwdOp",
 ]
 
+#: the 0-dim constants a reduction gradient op keeps (ones, counts, scales) before it starts over
+MAX_SCALARS = 64
 #: the input dtypes the in-tree reduction kernels serve (bool through its uint8 view)
 _KERNEL_DTYPES = frozenset(get_args(ReductionDType))
 
@@ -336,12 +338,16 @@ class ReductionBwdOp(ElementwiseOp):
         return math.prod(shape[a] for a in reduced_axes(len(shape), self.dim))
 
     def _scalar(self, value: float, dtype: torch.dtype, device: Any) -> torch.Tensor:
+        """A 0-dim ``value`` on ``device``, kept for the next calls (at most
+        :data:`MAX_SCALARS` of them: counts and scales vary with the shapes)."""
         key = (value, device, dtype)
         t = self._scalars.get(key)
         if t is None:
             t = torch.full((), value, dtype=dtype, device=device)
             if keepable(t):
                 with self._lock:
+                    if len(self._scalars) >= MAX_SCALARS:
+                        self._scalars.clear()
                     self._scalars[key] = t
         return t
 
@@ -444,16 +450,32 @@ class _MomentBwdOp(ReductionBwdOp):
     fn = "mul"
     delegate_types = {"mean": MeanFwdOp}
 
+    def _dof(self, shape: torch.Size) -> float:
+        return self._count(shape) - (1.0 if self.correction is None else float(self.correction))
+
     def _scale(self, shape: torch.Size) -> float:
         """``2 / (n - correction)``: inf where that is 2 / 0, as torch's."""
-        dof = self._count(shape) - (1.0 if self.correction is None else float(self.correction))
+        dof = self._dof(shape)
         return math.inf if dof == 0 else 2.0 / dof
+
+    def _no_dof(self, x: torch.Tensor) -> bool:
+        """torch's other branch: without a dim (None, or a 0-dim x) and no degree of freedom
+        left (``n - correction <= 0``), the gradient is ``g * where(x == mean, nan, inf)``."""
+        return (self.dim is None or x.dim() == 0) and self._dof(x.shape) <= 0
 
     def _var_grad(self, call, g: torch.Tensor, x: torch.Tensor, dx: torch.Tensor) -> None:
         """``dx = (2 / (n - correction)) * g * (x - mean)``, ``g`` of the kept shape."""
         shape = x.shape
         with self.stage("mean"):
             mean = self.delegate_for("mean", dim=self.dim, keepdim=True)(x)
+        if self._no_dof(x):
+            at_mean = torch.empty(shape, dtype=torch.bool, device=x.device)
+            self._launch(call, [x, mean.expand(shape)], (at_mean,), ("eq", ()))
+            nan = self._scalar(math.nan, dx.dtype, dx.device)
+            inf = self._scalar(math.inf, dx.dtype, dx.device)
+            self._launch(call, [at_mean, nan, inf], (dx,), ("where", ()))
+            self._launch(call, [g.expand(shape), dx], (dx,), ("mul", ()))
+            return
         diff = torch.empty(shape, dtype=x.dtype, device=x.device)
         self._launch(call, [x, mean.expand(shape)], (diff,), ("sub", (1.0,)))
         wide = torch.float64 if g.dtype == torch.float64 else torch.float32
@@ -469,6 +491,8 @@ class _MomentBwdOp(ReductionBwdOp):
             y = y.reshape(keep)
             g = (g / (y * 2)).masked_fill(y == 0, 0)
         mean = x.mean(reduced_axes(x.dim(), self.dim), keepdim=True)
+        if self._no_dof(x):
+            return g * torch.where(x == mean, math.nan, math.inf).to(g.dtype)
         return self._scale(x.shape) * g * (x - mean)
 
     def reference(self, call, dy, x, y=None):

@@ -497,7 +497,8 @@ def _attempt(m: _Matcher, ctx: EntryContext, bctx: EntryContext, job: _Job, what
         reason = (f"{' and '.join('*' + n for n in d.names)} are both unbound there, so the "
                   f"axes each stands for are ambiguous")
     except _Mismatch as err:
-        if what == "dtype" and job.floating_only and _floats_agree(m, ctx, pat.node, term.node):
+        if what == "dtype" and job.floating_only and \
+                _floats_agree(m, ctx, pat.node, term.node, _differentiated_indices(ctx)):
             m.subst = saved
             return True
         if not err.keep:
@@ -514,13 +515,25 @@ _FLOATING = frozenset({"float16", "bfloat16", "float32", "float64"})
 _MAX_ASSIGNMENTS = 256
 
 
-def _floats_agree(m: _Matcher, ctx: EntryContext, pat: E.Node, term: E.Node) -> bool:
-    """Whether a gradient's dtype (the backward's ``pat``, its indices as the substitution
-    binds them) equals its input's (the forward's ``term``) wherever the input is floating:
+def _differentiated_indices(ctx: EntryContext) -> frozenset[str]:
+    """The forward's DType indices that a differentiated input's dtype reads: a gradient runs
+    only where those are floating (only a floating tensor requires grad)."""
+    bw = ctx.entry.backward
+    assert bw is not None
+    return frozenset(n for k in bw.grads if k in ctx.sig.inputs
+                     for n in ctx.sig.inputs[k].dtype.names()
+                     if isinstance(ctx.model.kinds.get(n), DTypeK))
+
+
+def _floats_agree(m: _Matcher, ctx: EntryContext, pat: E.Node, term: E.Node,
+                  differentiated: frozenset[str]) -> bool:
+    """Whether a backward tensor's dtype (the backward's ``pat``, its indices as the
+    substitution binds them) equals the forward tensor's (``term``) wherever a gradient runs:
     only a floating tensor requires grad, so a gradient ``promote_int_to_float(T)`` of an
     input ``T`` that may be an integer is its input's dtype wherever there is a gradient.
-    Evaluated over every assignment of the forward's dtype indices to their floating
-    members (a bounded number)."""
+    Evaluated over every assignment of the forward's dtype indices (a bounded number): those
+    a differentiated input's dtype reads take their floating members, the others every
+    member (an index of a non-differentiated input is whatever the caller passes)."""
     from itertools import product
 
     from ..evaluate import EvalError, Scope, evaluate
@@ -534,8 +547,8 @@ def _floats_agree(m: _Matcher, ctx: EntryContext, pat: E.Node, term: E.Node) -> 
     left = resolved(pat)
     names = sorted({n for n in (*E.names(left), *E.names(term))
                     if isinstance(ctx.model.kinds.get(n), DTypeK)})
-    members = [[x for x in ctx.model.kinds[n].members if x in _FLOATING]  # type: ignore[union-attr]
-               for n in names]
+    members = [[x for x in ctx.model.kinds[n].members  # type: ignore[union-attr]
+                if n not in differentiated or x in _FLOATING] for n in names]
     count = 1
     for ms in members:
         count *= len(ms)
