@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+import tileops.ops as ops
 from tileops.ops import (
     AddFwdOp,
     ClampFwdOp,
@@ -681,3 +682,76 @@ def test_an_integer_past_every_float_is_refused_by_name():
     with pytest.raises(RuntimeError, match=r"^PowFwdOp: argument b is 1000+, outside the values "
                                            r"float16 holds"):
         PowFwdOp()(_F16, 10**400)
+
+
+# --- operands converted to the common dtype first: comparisons and remainder ------------------
+
+
+@pytest.mark.parametrize(("op", "a", "b"), [
+    (ops.EqFwdOp, torch.tensor([2048.0]).half(), 2049),  # 2049 has no float16: it is 2048
+    (ops.EqFwdOp, torch.tensor([2048.0]).half(), torch.tensor(2049)),
+    (ops.EqFwdOp, torch.tensor([0.1]).half(), torch.tensor(0.1)),  # float16's 0.1
+    (ops.LtFwdOp, torch.tensor([0.1]).half(), torch.tensor(0.1)),
+    (ops.GeFwdOp, torch.tensor([256.0]).bfloat16(), 257),
+    (ops.NeFwdOp, torch.tensor([256.0]).bfloat16(), torch.tensor(257.0, dtype=torch.float64)),
+    (ops.RemainderFwdOp, torch.tensor([5.3]).half(), 0.1),
+    (ops.RemainderFwdOp, torch.tensor([5.3]).half(), torch.tensor(0.1)),
+])
+def test_comparisons_and_remainder_convert_the_operands_to_the_common_dtype(op, a, b):
+    want = op.binary(a, b)
+    got = op()(a, b)
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_comparison_kernel_converts_in_the_common_dtype():
+    # the in-tree call compares in float16 itself (the operands converted to it), not in
+    # float32 as the arithmetic kernels compute
+    op = ops.EqFwdOp()
+    a, b = torch.tensor([2048.0]).half(), torch.tensor(2049)
+    assert op.compute_dtype([a, b], [torch.empty(1, dtype=torch.bool)]) == torch.float16
+    add = ops.AddFwdOp()
+    assert add.compute_dtype([a, b], [torch.empty(1, dtype=torch.float16)]) == torch.float32
+
+
+def test_hardtanh_refuses_min_val_above_max_val_at_construction():
+    with pytest.raises(Exception, match=r"HardtanhFwdOp: construction param min_val, max_val "
+                                        r"does not match the signature"):
+        ops.HardtanhFwdOp(min_val=2.0, max_val=-1.0)
+    x = torch.tensor([-3.0, 0.5, 3.0])
+    # a NaN bound passes, as torch's F.hardtanh lets it
+    torch.testing.assert_close(ops.HardtanhFwdOp(min_val=float("nan"), max_val=1.0)(x),
+                               F.hardtanh(x, float("nan"), 1.0), equal_nan=True)
+
+
+@pytest.mark.parametrize(("make", "args", "message"), [
+    (lambda: ops.AddFwdOp(alpha=1000), lambda: (torch.ones(2, dtype=torch.int8),) * 2,
+     r"AddFwdOp: param alpha is 1000, outside the values int8 holds"),
+    (lambda: ops.SubFwdOp(alpha=300), lambda: (torch.ones(2, dtype=torch.uint8),) * 2,
+     r"SubFwdOp: param alpha is 300, outside the values uint8 holds"),
+    (lambda: ops.MaskedFillFwdOp(value=float("nan")),
+     lambda: (torch.ones(2, dtype=torch.int32), torch.ones(2, dtype=torch.bool)),
+     r"MaskedFillFwdOp: param value is nan, which int32 cannot hold"),
+    (lambda: ops.MaskedFillFwdOp(value=float("inf")),
+     lambda: (torch.ones(2, dtype=torch.int64), torch.ones(2, dtype=torch.bool)),
+     r"MaskedFillFwdOp: param value is inf, which int64 cannot hold"),
+    (lambda: ops.HardtanhFwdOp(min_val=float("-inf")),
+     lambda: (torch.ones(2, dtype=torch.int32),),
+     r"HardtanhFwdOp: param min_val is -inf, which int32 cannot hold"),
+])
+def test_a_number_converted_to_an_integer_dtype_that_cannot_hold_it_is_refused(make, args,
+                                                                              message):
+    op = make()
+    with pytest.raises(RuntimeError, match=message):
+        op(*args())
+    # the op stays usable
+    assert op(*[t.float() if t.dtype != torch.bool else t for t in args()]).shape == (2,)
+
+
+def test_masked_fill_answers_contiguous_as_torch():
+    x = torch.randn(3, 4).t()
+    m = x > 0
+    got = ops.MaskedFillFwdOp(value=0.0)(x, m)
+    want = x.masked_fill(m, 0.0)
+    assert got.is_contiguous() and got.stride() == want.stride()
+    torch.testing.assert_close(got, want)

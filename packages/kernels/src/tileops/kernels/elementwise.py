@@ -1510,9 +1510,14 @@ def build_program(fn: str, params: tuple, in_dtypes: tuple, out_dtypes: tuple, c
 
 def _values(T, f, xs, in_dtypes, compute):
     """The inputs as the scalar function takes them: a bool input (held as uint8) as the test
-    ``x != 0``, then cast to the compute dtype but ``keep``."""
+    ``x != 0``, then cast to the compute dtype but ``keep``. An integer or a float64 reaches
+    a 16-bit compute dtype (a comparison's) through float32, which CUDA's half and bfloat16
+    types convert from."""
     xs = [T.cast(x, "bool") if dt == "bool" else x for x, dt in zip(xs, in_dtypes, strict=True)]
-    return [x if k in f.keep else T.cast(x, compute) for k, x in enumerate(xs)]
+    return [x if k in f.keep else
+            T.cast(T.cast(x, "float32"), compute) if compute in _HALF and dt not in _HALF
+            and dt != "float32" else T.cast(x, compute)
+            for k, (x, dt) in enumerate(zip(xs, in_dtypes, strict=True))]
 
 
 def _stored(T, value, dtype: str):

@@ -40,13 +40,21 @@ def _align(t: torch.Tensor) -> int:
     return a
 
 
-def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype) -> None:
+def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype,
+                    converts: bool = False) -> None:
     """Refuse, by name, a number ``dtype`` cannot hold, as torch's scalar conversion refuses it
     ("value cannot be converted to type ... without overflow"): an integer outside an integer
     dtype's range, a finite float past a floating dtype's largest value. A bool, None, a
-    float beside an integer dtype (it promotes) and an infinity or NaN pass."""
+    float beside an integer dtype (it promotes) and an infinity or NaN pass, unless
+    ``converts``: the number is converted to an integer ``dtype`` (masked_fill's value,
+    hardtanh's bounds, an integer sum's alpha), where an infinity or NaN has no value either."""
     if value is None or isinstance(value, bool) or dtype is torch.bool:
         return
+    if converts and not dtype.is_floating_point and isinstance(value, float) and \
+            (value != value or abs(value) == float("inf")):
+        raise RuntimeError(f"{type(op).__name__}: {name} is {value!r}, which "
+                           f"{NAMES.get(dtype, dtype)} cannot hold; torch refuses to convert it "
+                           f"(value cannot be converted without overflow)")
     if dtype.is_floating_point:
         try:
             v = float(value)
@@ -193,7 +201,9 @@ class ElementwiseOp(Op):
 
     def forward(self, call: Any, *tensors: Any) -> None:
         n = self._n_in
-        self._launch(call, [t for t in tensors[:n] if t is not None], tensors[n:])
+        ins = [t for t in tensors[:n] if t is not None]
+        self._launch(call, self.rounded_operands(ins) if self.rounds_operands else ins,
+                     tensors[n:])
 
     def _launch(self, call: Any, ins: list, outs: Any, form: tuple | None = None) -> None:
         """Run the slot on ``ins`` and ``outs``; ``form`` is ``(fn, constants)`` where a call
@@ -267,10 +277,15 @@ class ElementwiseOp(Op):
 
     def compute_dtype(self, ins: list, outs: Any) -> torch.dtype:
         """The dtype the math runs in: the output's, float16 and bfloat16 widened to float32
-        (torch's opmath type). A bool output (a comparison, a test) reads its operands'."""
+        (torch's opmath type). A bool output (a comparison, a test) reads its operands'; a
+        comparison (:attr:`rounds_operands`) compares in their common dtype itself, each
+        operand converted to it first, as torch compares (a 0-dim float32 0.1 or an int 2049
+        beside float16 is rounded to float16; the function then widens both exactly)."""
         dtype = outs[0].dtype
         if dtype is torch.bool:
             dtype = self.operand_dtype(ins)
+            if self.rounds_operands:
+                return dtype
         return torch.float32 if dtype in _HALF else dtype
 
     def refuse_compute(self, compute: torch.dtype) -> None:
@@ -296,8 +311,24 @@ class ElementwiseOp(Op):
         the reference and the eager contender both call it."""
         raise NotImplementedError(f"{type(self).__name__} declares no torch function")
 
+    #: every operand converted to the operands' common dtype before the math, as torch's
+    #: kernels of comparisons and remainder take them (a 0-dim float32 0.1 beside float16 is
+    #: float16's 0.1 there), where the arithmetic kernels hold a 0-dim operand in its own
+    rounds_operands: ClassVar[bool] = False
+
+    def rounded_operands(self, ins: list) -> list:
+        """``ins`` with each 0-dim operand of another dtype converted to the common dtype (a
+        copy of one element), where :attr:`rounds_operands`; operands with dims are rounded
+        by :meth:`rounded_to` and the kernels."""
+        if not self.rounds_operands:
+            return ins
+        common = self.operand_dtype([t for t in ins if t is not None])
+        return [t.to(common) if t is not None and not t.dim() and t.dtype != common
+                and t.dtype is not torch.bool else t for t in ins]
+
     def reference(self, call: Any, *inputs: Any) -> tuple:
         self.refuse_params([t for t in inputs if t is not None])
+        inputs = tuple(self.rounded_operands(list(inputs)))
         via = self.rounded_to([t for t in inputs if t is not None])
         if via is not None:  # integers beside 16-bit floats: rounded first, as torch does
             inputs = tuple(t.to(via) if t is not None and t.dtype in _WIDE_INTS and t.dim()

@@ -231,7 +231,8 @@ class HardtanhFwdOp(ElementwiseOp):
 
     def refuse_params(self, ins: list) -> None:
         for name in ("min_val", "max_val"):
-            refuse_overflow(self, f"param {name}", getattr(self, name), ins[0].dtype)
+            refuse_overflow(self, f"param {name}", getattr(self, name), ins[0].dtype,
+                            converts=True)
 
     def torch_fn(self, x, inplace=False):
         return F.hardtanh(x, self.min_val, self.max_val, inplace=inplace)
@@ -512,11 +513,16 @@ class BinaryOp(TakesNumbers, ElementwiseOp):
 
 def _refuse_fractional_alpha(op: Any, ins: list) -> None:
     """An integer sum or difference scales by an integer: a fractional ``alpha`` beside
-    integer operands is refused by name, as torch refuses a floating one."""
+    integer operands is refused by name, as torch refuses a floating one, and so is one the
+    result's integer dtype cannot hold (torch converts it: 1000 has no int8)."""
     alpha = op.alpha
-    if float(alpha).is_integer() or len(ins) < 2:
+    if len(ins) < 2:
         return
     common = torch.result_type(ins[0], ins[1])
+    if float(alpha).is_integer():
+        if not common.is_floating_point:
+            refuse_overflow(op, "param alpha", int(alpha), common)
+        return
     if not common.is_floating_point:
         raise RuntimeError(f"{type(op).__name__}: param alpha is {alpha!r} and the operands "
                            f"are {NAMES.get(common, common)}; an integer result cannot scale by "
@@ -608,14 +614,22 @@ MaximumFwdOp = _binary("MaximumFwdOp", "maximum", torch.maximum, "``torch.maximu
 MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimum``.",
                        numbers=False)
 RemainderFwdOp = _binary("RemainderFwdOp", "remainder", torch.remainder,
-                         "``torch.remainder``.")
+                         "``torch.remainder``: the operands converted to their common dtype "
+                         "first (a number or a 0-dim float32 beside float16 rounded to it), as "
+                         "torch's kernel takes them, then the math in float32.", widen=False)
+RemainderFwdOp.rounds_operands = True
+#: the float64 reference sees the operands as called: it converts them to their common dtype
+RemainderFwdOp.reference_widens = frozenset({"a", "b"})
 
 
 def _comparison(name: str) -> type[BinaryOp]:
-    """``torch.<name>``: a number operand rounded to the tensor's dtype first, as torch
-    compares (not held in float32)."""
-    return _binary(f"{name.capitalize()}FwdOp", name, getattr(torch, name),
-                   f"``torch.{name}``.", widen=False)
+    """``torch.<name>``: the operands converted to their common dtype first (a number, a 0-dim
+    float32 or an int 2049 beside float16 rounded to it), as torch compares."""
+    cls = _binary(f"{name.capitalize()}FwdOp", name, getattr(torch, name),
+                  f"``torch.{name}``.", widen=False)
+    cls.rounds_operands = True
+    cls.reference_widens = frozenset({"a", "b"})
+    return cls
 
 
 EqFwdOp, NeFwdOp, LtFwdOp, LeFwdOp, GtFwdOp, GeFwdOp = (
@@ -643,8 +657,11 @@ class WhereFwdOp(TakesNumbers, ElementwiseOp):
 class MaskedFillFwdOp(ElementwiseOp):
     fn = "masked_fill"
 
+    def output_layout(self, inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
+        return None  # torch's masked_fill clones x contiguous, whatever x's layout
+
     def refuse_params(self, ins: list) -> None:
-        refuse_overflow(self, "param value", self.value, ins[0].dtype)
+        refuse_overflow(self, "param value", self.value, ins[0].dtype, converts=True)
 
     def torch_fn(self, x, mask, inplace=False):
         value = self.value
