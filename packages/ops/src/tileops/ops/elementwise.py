@@ -104,7 +104,7 @@ __all__ = [
     "RemainderFwdOp", "RoundFwdOp", "RsqrtBwdOp", "RsqrtFwdOp", "SeluBwdOp", "SeluFwdOp",
     "SigmoidBwdOp", "SigmoidFwdOp", "SignFwdOp", "SiluAndMulBwdOp", "SiluAndMulFwdOp", "SiluBwdOp",
     "SiluFwdOp", "SinBwdOp", "SinFwdOp", "SoftplusBwdOp", "SoftplusFwdOp", "SqrtBwdOp",
-    "SqrtFwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhBwdOp", "TanhFwdOp",
+    "SqrtFwdOp", "StepBwdOp", "SubBwdOp", "SubFwdOp", "SwiGLUBwdOp", "SwiGLUFwdOp", "TanhBwdOp", "TanhFwdOp",
     "TruncFwdOp", "WhereBwdOp", "WhereFwdOp",
 ]
 
@@ -143,6 +143,25 @@ FloorFwdOp = _unary("FloorFwdOp", "floor", torch.floor, "``torch.floor``.")
 CeilFwdOp = _unary("CeilFwdOp", "ceil", torch.ceil, "``torch.ceil``.")
 RoundFwdOp = _unary("RoundFwdOp", "round", torch.round, "``torch.round`` (ties to even).")
 TruncFwdOp = _unary("TruncFwdOp", "trunc", torch.trunc, "``torch.trunc``.")
+
+
+class StepBwdOp(ElementwiseOp):
+    """The gradient of the step functions (sign, floor, ceil, round, trunc): zero everywhere,
+    as torch's (``zeros_like(grad)``); ``dy`` is read for its shape only (the spec's
+    ``shape_only``), so the call is a fill of ``dx``."""
+
+    fn = "mul"  # no kernel runs: the gradient is a fill
+
+    def output_layout(self, inputs: tuple, shape: tuple) -> tuple[int, ...] | None:
+        return None  # dx contiguous whatever dy's strides (an expanded dy included)
+
+    def forward(self, call, dy, dx) -> None:
+        dx.zero_()
+
+    def torch_fn(self, dy, inplace=False):
+        return torch.zeros(dy.shape, dtype=dy.dtype, device=dy.device)
+
+
 IsnanFwdOp = _unary("IsnanFwdOp", "isnan", torch.isnan, "``torch.isnan``.")
 IsinfFwdOp = _unary("IsinfFwdOp", "isinf", torch.isinf, "``torch.isinf``.")
 IsfiniteFwdOp = _unary("IsfiniteFwdOp", "isfinite", torch.isfinite, "``torch.isfinite``.")
