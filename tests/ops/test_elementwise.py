@@ -755,3 +755,32 @@ def test_masked_fill_answers_contiguous_as_torch():
     want = x.masked_fill(m, 0.0)
     assert got.is_contiguous() and got.stride() == want.stride()
     torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize(("make", "args", "message"), [
+    (lambda: ops.DivFwdOp(rounding_mode="floor"), lambda b: (b, b),
+     r"DivFwdOp: a and b are bool, and division with rounding_mode='floor' has no bool form"),
+    (lambda: ops.DivFwdOp(rounding_mode="trunc"), lambda b: (b, True),
+     r"DivFwdOp: a and b are bool, and division with rounding_mode='trunc' has no bool form"),
+    (lambda: ops.PowFwdOp(), lambda b: (b, b), r"PowFwdOp: a and b are bool, and pow has no"),
+])
+def test_ops_torch_has_no_bool_form_for_refuse_bool_operands_by_name(make, args, message):
+    b = torch.tensor([True, False])
+    with pytest.raises(TypeError, match=message):
+        make()(*args(b))
+    # bool beside an integer promotes, and is served
+    assert make()(b, torch.tensor([1, 2], dtype=torch.int8)).dtype == torch.int8
+
+
+def test_a_negative_number_beside_an_unsigned_dtype_names_the_value_torch_wraps_it_to():
+    u = torch.tensor([1, 200], dtype=torch.uint8)
+    with pytest.raises(RuntimeError, match=r"WhereFwdOp: argument b is -1 beside uint8, which "
+                                           r"torch wraps to 255; pass 255"):
+        ops.WhereFwdOp()(u > 100, u, -1)
+    with pytest.raises(RuntimeError, match=r"ClampFwdOp: param min is -1 beside uint8, which "
+                                           r"torch wraps to 255"):
+        ops.ClampFwdOp(min=-1)(u)
+    # past -255 torch refuses the conversion as well
+    with pytest.raises(RuntimeError, match=r"argument b is -300, outside the values uint8 holds"):
+        ops.WhereFwdOp()(u > 100, u, -300)
+    torch.testing.assert_close(ops.WhereFwdOp()(u > 100, u, 255), torch.where(u > 100, u, -1))

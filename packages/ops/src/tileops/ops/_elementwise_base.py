@@ -68,6 +68,14 @@ def refuse_overflow(op: Any, name: str, value: Any, dtype: torch.dtype,
         info = torch.iinfo(dtype)
         if info.min <= value <= info.max:
             return
+        if info.min == 0 and -info.max <= value < 0:
+            # torch's checked conversion lets a negative number wrap into an unsigned dtype
+            # (-1 beside uint8 is 255); the in-tree kernels take the bound as written
+            raise RuntimeError(
+                f"{type(op).__name__}: {name} is {value!r} beside "
+                f"{NAMES.get(dtype, dtype)}, which torch wraps to {value % (info.max + 1)}; "
+                f"pass {value % (info.max + 1)} (a negative number is not taken into an "
+                f"unsigned dtype here)")
         lo, hi = info.min, info.max
     elif isinstance(value, float) and value.is_integer():
         return refuse_overflow(op, name, int(value), dtype)

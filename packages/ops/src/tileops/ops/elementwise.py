@@ -590,8 +590,20 @@ class DivFwdOp(BinaryOp):
     def constants(self) -> tuple:
         return ()
 
+    def refuse_params(self, ins: list) -> None:
+        if self.rounding_mode is not None:
+            _refuse_bool(self, ins, f"division with rounding_mode={self.rounding_mode!r}")
+
     def torch_fn(self, a, b, inplace=False):
         return torch.div(a, b, rounding_mode=self.rounding_mode)
+
+
+def _refuse_bool(op: Any, ins: list, what: str) -> None:
+    """Refuse, by name, operands whose common dtype is bool where torch's kernel has no bool
+    form ("not implemented for 'Bool'")."""
+    if len(ins) == 2 and torch.result_type(ins[0], ins[1]) is torch.bool:
+        raise TypeError(f"{type(op).__name__}: a and b are bool, and {what} has no bool form "
+                        f"(torch refuses it too); pass integer or floating operands")
 
 
 def _binary(name: str, fn: str, torch_fn: Any, doc: str, numbers: bool = True,
@@ -608,6 +620,9 @@ class PowFwdOp(BinaryOp):
 
     fn = "pow"
     binary = torch.pow
+
+    def refuse_params(self, ins: list) -> None:
+        _refuse_bool(self, ins, "pow")
 
     def refuse_numbers(self, given: dict[str, Any]) -> None:
         a, b = given.get("a"), given.get("b")
