@@ -308,14 +308,15 @@ class ArgminFwdOp(ReductionOp):
         return torch.argmin(x, self.dim, keepdim=self.keepdim)
 
 
-# --- the gradients of sum and mean -------------------------------------------------------------
+# --- the gradients ------------------------------------------------------------------------------
 
 
 class ReductionBwdOp(ElementwiseOp):
-    """Base of the gradients of sum and mean: ``dx`` is ``dy`` broadcast back over the axes
-    ``dim`` reduced, combined with one 0-dim operand by an elementwise function (see the module
-    docstring). A leaf sets :attr:`fn` and :meth:`_operand`; ``x`` is read for its shape
-    only."""
+    """Base of the reductions' gradients, which run on the elementwise kernels (see the module
+    docstring). Its own call is sum's and mean's: ``dx`` is ``dy`` broadcast back over the
+    axes ``dim`` reduced, combined with one 0-dim operand by the leaf's :attr:`fn` (its
+    :meth:`_operand`), ``x`` read for its shape only; the other leaves write their own
+    ``forward`` from the same pieces (``_spread``, ``_count``, ``_scalar``, ``_quotient``)."""
 
     def derive(self) -> None:
         super().derive()
