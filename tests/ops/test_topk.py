@@ -344,3 +344,19 @@ def monkeypatch_build():
     mp.setattr(K, "build_topk", build)
     yield
     mp.undo()
+
+
+@pytest.mark.parametrize(("dim", "k", "largest"), [(-1, 3, True), (0, 2, False), (1, 9, True),
+                                                     (-1, 0, True)])
+def test_the_values_train_as_torch_and_the_node_keeps_no_copy_of_x(dim, k, largest):
+    x = torch.randn(4, 9, dtype=torch.float64, requires_grad=True)
+    h = x * 2  # an intermediate nothing else keeps
+    values, indices = ops.TopkFwdOp(k=k, dim=dim, largest=largest)(h)
+    kept_indices, kept_x = values.grad_fn.saved_tensors
+    assert torch.equal(kept_indices, indices)
+    assert kept_x.shape == h.shape and all(s == 0 for s in kept_x.stride())  # a stand-in
+    dv = torch.randn_like(values)
+    (got,) = torch.autograd.grad(values, x, dv)
+    want_v, _ = torch.topk(x * 2, k, dim=dim, largest=largest)
+    want = torch.autograd.grad(want_v, x, dv)[0] if k else torch.zeros_like(x)
+    torch.testing.assert_close(got, want)

@@ -262,9 +262,9 @@ def test_the_tables_are_closed_and_named_by_their_keys() -> None:
                                   "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape", "reduced_sizes",
                                   "replace_axis", "result_type", "size_at"]
-    assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum", "full",
-                                  "kv_lengths", "moe_metadata", "page_table", "prefix_sum",
-                                  "scaled_prefix_sum"]
+    assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum",
+                                  "distinct_rows", "full", "kv_lengths", "moe_metadata",
+                                  "page_table", "prefix_sum", "scaled_prefix_sum"]
     for table in (PRIMITIVES, GENERATORS):
         for name, prim in table.items():
             assert prim.name == name
@@ -359,3 +359,16 @@ def test_primitive_errors_become_eval_errors() -> None:
     with pytest.raises(EvalError) as exc:
         evaluate(parse("ceil_div(a, 0)"), Scope({"a": 2}))
     assert str(exc.value) == "ceil_div(a, 0): ceil_div by zero"
+
+
+def test_distinct_rows_gives_each_row_distinct_indices_in_range() -> None:
+    from tileops.spec.primitives import distinct_rows
+
+    for rows, k, n in ((3, 2, 7), (4, 50, 128), (2, 5, 5), (5, 0, 3), (1, 1, 1)):
+        out = distinct_rows(rows, k, n)
+        assert len(out) == rows * k
+        for r in range(rows):
+            row = out[r * k:(r + 1) * k]
+            assert len(set(row)) == k and all(0 <= i < n for i in row)
+    with pytest.raises(PrimitiveError, match=r"distinct_rows needs 0 <= k <= n, got k=4 and n=3"):
+        distinct_rows(2, 4, 3)

@@ -27,7 +27,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["TopkFwdOp", "TopkOp"]
+__all__ = ["TopkBwdOp", "TopkFwdOp", "TopkOp"]
 
 #: the dtypes the in-tree top-k kernels serve
 _KERNEL_DTYPES = frozenset(get_args(TopkDType))
@@ -84,3 +84,27 @@ class TopkFwdOp(TopkOp):
             return tuple(torch.topk(x, k, dim=dim, largest=largest, sorted=sort))
 
         return topk
+
+
+class TopkBwdOp(TopkOp):
+    """The gradient of the values: ``dvalues`` put back at ``indices`` along ``dim``, 0
+    elsewhere (torch's ``zeros.scatter(dim, indices, grad)``); ``x`` is read for its shape
+    only. A fill and torch's scatter: no in-tree kernel (the indices are the forward's,
+    distinct along ``dim``)."""
+
+    def forward(self, call, dvalues, indices, x, dx) -> None:
+        dx.zero_()
+        dx.scatter_(self.dim % dx.dim(), indices, dvalues)
+
+    def _scattered(self, dvalues, indices, shape):
+        out = torch.zeros(shape, dtype=dvalues.dtype, device=dvalues.device)
+        return out.scatter(self.dim % out.dim(), indices, dvalues)
+
+    def reference(self, call, dvalues, indices, x):
+        wide = dvalues if dvalues.dtype == torch.float64 else dvalues.float()
+        return (self._scattered(wide, indices, x.shape),)
+
+    def eager(self):
+        def eager(dvalues, indices, x):
+            return self._scattered(dvalues, indices, x.shape)
+        return eager

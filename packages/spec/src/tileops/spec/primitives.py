@@ -573,6 +573,17 @@ def page_table(n: int, pages: int, pool: int) -> list[int]:
     return [i * a % pool for i in range(n * pages)]
 
 
+def distinct_rows(rows: int, k: int, n: int) -> list[int]:
+    """``rows`` rows of ``k`` distinct indices in ``[0, n)``, row-major (a top-k's indices
+    along the last axis): row ``r`` takes ``r, r + step, ...`` modulo ``n`` for ``step =
+    n // k``, so each row's are distinct and the rows differ."""
+    _length(rows * k, "distinct_rows")
+    if not 0 <= k <= n:
+        raise PrimitiveError(f"distinct_rows needs 0 <= k <= n, got k={k} and n={n}")
+    step = max(1, n // max(k, 1))
+    return [(r + j * step) % n for r in range(rows) for j in range(k)]
+
+
 def _moe_loads(total: int, experts: int, uneven: int) -> list[int]:
     """``total`` rows over ``experts`` experts: evenly (``uneven`` 0, sizes differing by at
     most one) or unevenly (``uneven`` 1: every fourth expert, 3, 7, ..., gets none and expert 0
@@ -663,6 +674,8 @@ GENERATORS: dict[str, Primitive] = {
         Primitive("kv_lengths", ("int", "int", "int"), lambda a: ShapeK(), kv_lengths,
                   "kv_lengths(n, longest, step): n lengths from longest down by step, floored "
                   "at 0"),
+        Primitive("distinct_rows", ("int", "int", "int"), lambda a: ShapeK(), distinct_rows,
+                  "distinct_rows(rows, k, n): rows rows of k distinct indices in [0, n)"),
         Primitive("page_table", ("int", "int", "int"), lambda a: ShapeK(), page_table,
                   "page_table(n, pages, pool): n rows of pages page numbers scattered over a "
                   "pool (distinct while n * pages <= pool)"),
