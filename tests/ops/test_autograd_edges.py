@@ -44,10 +44,10 @@ def test_index_and_mask_outputs_serve_inputs_that_require_grad(make, call, want)
 
 def test_a_forward_only_op_with_a_floating_output_still_refuses_grad():
     x = _leaf(3)
-    with pytest.raises(RuntimeError, match=r"^ProdFwdOp is forward-only \(it has no backward\), "
-                                           r"but x requires grad"):
-        ops.ProdFwdOp(dim=0)(x)
-    torch.testing.assert_close(ops.ProdFwdOp(dim=0)(x.detach()), x.detach().prod(0))
+    with pytest.raises(RuntimeError, match=r"^CumprodFwdOp is forward-only \(it has no "
+                                           r"backward\), but x requires grad"):
+        ops.CumprodFwdOp(dim=0)(x)
+    torch.testing.assert_close(ops.CumprodFwdOp(dim=0)(x.detach()), x.detach().cumprod(0))
 
 
 @pytest.mark.parametrize("second", ["grad toward the input", "backward of everything"])

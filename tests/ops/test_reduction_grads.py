@@ -161,3 +161,27 @@ def test_the_constants_a_gradient_op_keeps_are_bounded():
         dy = torch.randn(2)
         torch.testing.assert_close(op(dy, torch.empty(2, n)), (dy / n)[:, None].expand(2, n))
         assert len(op._scalars) <= MAX_SCALARS
+
+
+@pytest.mark.parametrize(("dim", "keepdim"), DIMS)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("zeros", [0, 1, 2])
+def test_prod_in_tree_gradient_is_torch_s_with_zeros_in_x(dim, keepdim, dtype, zeros):
+    # zeros in a reduced run: one zero leaves its own gradient the product of the others, two
+    # leave every gradient of the run 0 (torch's zero-safe form; no division by them)
+    x = (torch.rand(4, 6, 5, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+         + 0.5)
+    x.view(-1)[:zeros] = 0.0
+    x.view(-1)[7:7 + zeros] = 0.0
+    x = x.to(dtype).requires_grad_()
+    fwd = ops.ProdFwdOp(dim=dim, keepdim=keepdim)
+    y = fwd(x)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(4),
+                     dtype=torch.float64).to(dtype)
+    got = _in_tree(ops.ProdBwdOp, dim=dim, keepdim=keepdim)(dy, x.detach())
+    wide = x.detach().double().requires_grad_()
+    want_y = fwd.eager()(wide)  # torch.prod over each axis in turn
+    (want,) = torch.autograd.grad(want_y, wide, dy.double())
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(got.double(), want, **tol)

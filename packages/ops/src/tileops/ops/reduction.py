@@ -43,7 +43,9 @@ element equals, gives NaN as torch's does). The gradients of var and std (:class
 :class:`StdBwdOp`) are torch's formulas step by step, each rounded to the tensors' dtype as
 torch's are: the mean (a delegate), ``x - mean``, the scaled ``dy`` (for std first ``dy / (2
 y)``, 0 where ``y`` is 0), their product; var_mean's (:class:`VarMeanBwdOp`) adds the mean's share of ``dmean`` to var's of
-``dvar``, each where given. The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
+``dvar``, each where given. Prod's (:class:`ProdBwdOp`) is torch's zero-safe form, in torch's ops
+(exclusive products from both ends of the reduced run, on a copy with the reduced axes last).
+The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
 where the norm is.
 """
 
@@ -82,6 +84,7 @@ __all__ = [
     "L2NormFwdOp",
     "MeanBwdOp",
     "MeanFwdOp",
+    "ProdBwdOp",
     "ProdFwdOp",
     "ReductionBwdOp",
     "ReductionOp",
@@ -584,3 +587,41 @@ class VarMeanBwdOp(_MomentBwdOp):
         def eager(x, dvar=None, dmean=None):
             return self._both(x, dvar, dmean)
         return eager
+
+
+class ProdBwdOp(ReductionBwdOp):
+    """The gradient of prod (see the module docstring): ``dy`` times the product of the other
+    elements of each reduced run, from exclusive cumulative products taken from both ends
+    (torch's ``prod_safe_zeros_backward``: no division, so zeros in ``x`` give torch's
+    gradient); torch's ops on a copy of ``x`` with the reduced axes last, no in-tree kernel."""
+
+    fn = "mul"  # no kernel runs: torch's ops
+
+    def _others(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """``dy`` times the product of the others, in the tensors' dtype."""
+        axes = reduced_axes(x.dim(), self.dim)
+        if not axes:
+            return dy.reshape(x.shape).clone()
+        if not x.numel():
+            return torch.zeros(x.shape, dtype=dy.dtype, device=dy.device)
+        kept = tuple(a for a in range(x.dim()) if a not in axes)
+        perm = (*kept, *axes)
+        runs = x.permute(perm).reshape(-1, math.prod(x.shape[a] for a in axes))
+        ones = torch.ones(runs.shape[0], 1, dtype=runs.dtype, device=runs.device)
+        before = torch.cat([ones, runs[:, :-1]], 1).cumprod(1)
+        after = torch.cat([ones, runs[:, 1:].flip(1)], 1).cumprod(1).flip(1)
+        g = dy.reshape(-1, 1) * (before * after)
+        inverse = [0] * len(perm)
+        for i, a in enumerate(perm):
+            inverse[a] = i
+        return g.reshape([x.shape[a] for a in perm]).permute(inverse)
+
+    def forward(self, call, dy, x, dx) -> None:
+        dx.copy_(self._others(dy, x))
+
+    def reference(self, call, dy, x):
+        wide = [t if t.dtype == torch.float64 else t.float() for t in (dy, x)]
+        return (self._others(*wide),)
+
+    def eager(self):
+        return self._others
