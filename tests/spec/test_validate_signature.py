@@ -200,8 +200,8 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:10: in Op.signature.inputs.z.values: 'M + 1': values is a generator"
-                " call, one of arange, balanced_sizes, class_targets, cumsum, full, kv_lengths,"
-                " moe_metadata, page_table, prefix_sum, scaled_prefix_sum",
+                " call, one of arange, balanced_sizes, class_targets, cumsum, distinct_rows,"
+                " full, kv_lengths, moe_metadata, page_table, prefix_sum, scaled_prefix_sum",
             ),
         ],
         id="unknown-name:values-not-a-generator",
