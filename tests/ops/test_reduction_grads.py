@@ -185,3 +185,31 @@ def test_prod_in_tree_gradient_is_torch_s_with_zeros_in_x(dim, keepdim, dtype, z
     assert got.dtype == dtype and got.shape == x.shape
     tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(got.double(), want, **tol)
+
+
+def test_the_torch_calls_of_top_k_s_and_the_step_functions_gradients_run_in_tree():
+    # their in-tree forward (what CUDA runs) is torch's scatter and a fill: bound here through
+    # a CPU stand-in of their family's slot, which they never call
+    from tileops.kernels.topk import TopkInterface
+
+    class CpuTopk(Kernel, TopkInterface):
+        devices = ("cpu",)
+
+        @classmethod
+        def region_refusal(cls, spec):
+            return None
+
+    x = torch.randn(4, 9, dtype=torch.float32)
+    values, indices = torch.topk(x, 3, dim=1)
+    dv = torch.randn_like(values)
+    op = ops.TopkBwdOp(k=3, dim=1, kernel_map={TopkInterface.slot: CpuTopk})
+    got = op(dv, indices, x)
+    assert op.serving_target != "reference"
+    xr = x.clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch.topk(xr, 3, dim=1)[0], xr, dv)
+    torch.testing.assert_close(got, want)
+    step = _in_tree(ops.StepBwdOp)
+    dy = torch.randn(3, 5).expand(2, 3, 5)  # an expanded upstream gradient
+    out = step(dy)
+    assert step.serving_target != "reference"
+    assert out.is_contiguous() and torch.equal(out, torch.zeros(2, 3, 5))
