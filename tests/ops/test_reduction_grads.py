@@ -154,13 +154,13 @@ def test_var_and_std_without_degrees_of_freedom_follow_torch(name, shape, dim, c
 
 
 def test_the_constants_a_gradient_op_keeps_are_bounded():
-    from tileops.ops.reduction import MAX_SCALARS
+    from tileops.ops._elementwise_base import MAX_CONSTS
 
     op = _in_tree(ops.MeanBwdOp, dim=-1)
-    for n in range(1, 3 * MAX_SCALARS):  # a count per row length
+    for n in range(1, 3 * MAX_CONSTS):  # a count per row length
         dy = torch.randn(2)
         torch.testing.assert_close(op(dy, torch.empty(2, n)), (dy / n)[:, None].expand(2, n))
-        assert len(op._scalars) <= MAX_SCALARS
+        assert len(op._scalars) <= MAX_CONSTS
 
 
 @pytest.mark.parametrize(("dim", "keepdim"), DIMS)

@@ -9,11 +9,14 @@ import torch
 
 from tileops.kernels import elementwise as _k
 from tileops.runtime import Op
-from tileops.runtime.memory import is_dense
+from tileops.runtime.memory import is_dense, keepable
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["ElementwiseOp", "refuse_overflow"]
+__all__ = ["MAX_CONSTS", "ElementwiseOp", "refuse_overflow"]
+
+#: the 0-dim constants an elementwise op keeps (ones, scales, counts) before it starts over
+MAX_CONSTS = 64
 
 #: the storage dtypes the generator's call spec states it serves
 _SERVED = _k.DTYPES_SERVED
@@ -197,6 +200,26 @@ class ElementwiseOp(Op):
         self._consts = self.constants()
         plan = type(self)._signature
         self._n_in = len(plan.input_names)  # type: ignore[union-attr]
+        #: the 0-dim operands a call makes (:meth:`_const`), per (value, device, dtype)
+        self._scalars: dict[tuple, torch.Tensor] = {}
+
+    def _const(self, value: float, like: torch.Tensor,
+               dtype: torch.dtype | None = None) -> torch.Tensor:
+        """A 0-dim ``value`` on ``like``'s device in ``dtype`` (``like``'s by default), kept
+        for the next calls: at most :data:`MAX_CONSTS` of them (a gradient's counts and
+        scales vary with the shapes), none a fake or meta one nor one a graph capture fills
+        only at replay."""
+        dtype = like.dtype if dtype is None else dtype
+        key = (value, like.device, dtype)
+        t = self._scalars.get(key)
+        if t is None:
+            t = torch.full((), value, dtype=dtype, device=like.device)
+            if keepable(t):
+                with self._lock:
+                    if len(self._scalars) >= MAX_CONSTS:
+                        self._scalars.clear()
+                    self._scalars[key] = t
+        return t
 
     def fn_name(self) -> str:
         return self.fn

@@ -10,8 +10,6 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 
-from tileops.runtime.memory import keepable
-
 from ._elementwise_base import _SELU_ALPHA, _SELU_SCALE, ElementwiseOp, _aten, _wide
 
 __all__ = [
@@ -225,22 +223,6 @@ class BinaryBwdOp(ElementwiseOp):
 
     def grads(self, dout: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple:
         raise NotImplementedError
-
-    def derive(self) -> None:
-        super().derive()
-        #: the 0-dim constants the gradients multiply by, per (value, device, dtype)
-        self._scalars: dict[tuple, torch.Tensor] = {}
-
-    def _const(self, value: float, like: torch.Tensor) -> torch.Tensor:
-        """A 0-dim ``value`` on ``like``'s device in its dtype, made once per instance."""
-        key = (value, like.device, like.dtype)
-        t = self._scalars.get(key)
-        if t is None:
-            t = torch.full((), value, dtype=like.dtype, device=like.device)
-            if keepable(t):  # not a fake or meta one, nor one a graph capture fills later
-                with self._lock:
-                    self._scalars[key] = t
-        return t
 
     def forward(self, call, dout, a, b, da, db) -> None:
         for g, form in zip((da, db), self.grads(dout, a, b), strict=True):

@@ -65,7 +65,6 @@ from tileops.kernels.reduction import (
     ReductionSpec,
 )
 from tileops.runtime import Op
-from tileops.runtime.memory import keepable
 from tileops.spec.primitives import reduce_shape
 
 from ._dtypes import NAMES, refuse_unserved
@@ -98,8 +97,6 @@ __all__ = [
     "VarMeanFwdOp",
 ]
 
-#: the 0-dim constants a reduction gradient op keeps (ones, counts, scales) before it starts over
-MAX_SCALARS = 64
 #: the input dtypes the in-tree reduction kernels serve (bool through its uint8 view)
 _KERNEL_DTYPES = frozenset(get_args(ReductionDType))
 
@@ -319,12 +316,7 @@ class ReductionBwdOp(ElementwiseOp):
     docstring). Its own call is sum's and mean's: ``dx`` is ``dy`` broadcast back over the
     axes ``dim`` reduced, combined with one 0-dim operand by the leaf's :attr:`fn` (its
     :meth:`_operand`), ``x`` read for its shape only; the other leaves write their own
-    ``forward`` from the same pieces (``_spread``, ``_count``, ``_scalar``, ``_quotient``)."""
-
-    def derive(self) -> None:
-        super().derive()
-        #: the 0-dim operands, per (value, device, dtype)
-        self._scalars: dict[tuple, torch.Tensor] = {}
+    ``forward`` from the same pieces (``_spread``, ``_count``, ``_const``, ``_quotient``)."""
 
     def constants(self) -> tuple:
         return ()
@@ -341,20 +333,6 @@ class ReductionBwdOp(ElementwiseOp):
         """How many elements were reduced into each output."""
         return math.prod(shape[a] for a in reduced_axes(len(shape), self.dim))
 
-    def _scalar(self, value: float, dtype: torch.dtype, device: Any) -> torch.Tensor:
-        """A 0-dim ``value`` on ``device``, kept for the next calls (at most
-        :data:`MAX_SCALARS` of them: counts and scales vary with the shapes)."""
-        key = (value, device, dtype)
-        t = self._scalars.get(key)
-        if t is None:
-            t = torch.full((), value, dtype=dtype, device=device)
-            if keepable(t):
-                with self._lock:
-                    if len(self._scalars) >= MAX_SCALARS:
-                        self._scalars.clear()
-                    self._scalars[key] = t
-        return t
-
     def _operand(self, dy: torch.Tensor, shape: torch.Size) -> torch.Tensor:
         raise NotImplementedError
 
@@ -365,7 +343,7 @@ class ReductionBwdOp(ElementwiseOp):
         share = torch.empty(num.shape, dtype=num.dtype, device=num.device)
         self._launch(call, [num, den], (share,), ("div", ()))
         at_zero = torch.empty(y.shape, dtype=torch.bool, device=y.device)
-        self._launch(call, [y, self._scalar(0.0, y.dtype, y.device)], (at_zero,), ("eq", ()))
+        self._launch(call, [y, self._const(0.0, y)], (at_zero,), ("eq", ()))
         out = torch.empty(num.shape, dtype=num.dtype, device=num.device)
         self._launch(call, [share, at_zero], (out,), ("masked_fill", (0.0,)))
         return out
@@ -390,7 +368,7 @@ class SumBwdOp(ReductionBwdOp):
     fn = "mul"  # dy * 1: exact, signed zeros and NaN included
 
     def _operand(self, dy, shape):
-        return self._scalar(1.0, dy.dtype, dy.device)
+        return self._const(1.0, dy)
 
     def _grad(self, dy, shape):  # torch: sum_backward
         return self._spread(dy, shape)
@@ -401,7 +379,7 @@ class MeanBwdOp(ReductionBwdOp):
 
     def _operand(self, dy, shape):
         wide = torch.float64 if dy.dtype == torch.float64 else torch.float32
-        return self._scalar(float(self._count(shape)), wide, dy.device)
+        return self._const(float(self._count(shape)), dy, wide)
 
     def _grad(self, dy, shape):  # torch: mean_backward, grad.expand(sizes) / numel
         return self._spread(dy, shape) / self._count(shape)
@@ -475,8 +453,8 @@ class _MomentBwdOp(ReductionBwdOp):
         if self._no_dof(x):
             at_mean = torch.empty(shape, dtype=torch.bool, device=x.device)
             self._launch(call, [x, mean.expand(shape)], (at_mean,), ("eq", ()))
-            nan = self._scalar(math.nan, dx.dtype, dx.device)
-            inf = self._scalar(math.inf, dx.dtype, dx.device)
+            nan = self._const(math.nan, dx)
+            inf = self._const(math.inf, dx)
             self._launch(call, [at_mean, nan, inf], (dx,), ("where", ()))
             self._launch(call, [g.expand(shape), dx], (dx,), ("mul", ()))
             return
@@ -484,7 +462,7 @@ class _MomentBwdOp(ReductionBwdOp):
         self._launch(call, [x, mean.expand(shape)], (diff,), ("sub", (1.0,)))
         wide = torch.float64 if g.dtype == torch.float64 else torch.float32
         scaled = torch.empty(g.shape, dtype=g.dtype, device=g.device)
-        self._launch(call, [g, self._scalar(self._scale(shape), wide, g.device)], (scaled,),
+        self._launch(call, [g, self._const(self._scale(shape), g, wide)], (scaled,),
                      ("mul", ()))
         self._launch(call, [scaled.expand(shape), diff], (dx,), ("mul", ()))
 
@@ -519,7 +497,7 @@ class StdBwdOp(_MomentBwdOp):
         keep = reduce_shape(tuple(x.shape), self.dim, True)
         y = y.reshape(keep)
         twice = torch.empty(keep, dtype=y.dtype, device=y.device)
-        self._launch(call, [y, self._scalar(2.0, y.dtype, y.device)], (twice,), ("mul", ()))
+        self._launch(call, [y, self._const(2.0, y)], (twice,), ("mul", ()))
         self._var_grad(call, self._quotient(call, dy.reshape(keep), twice, y), x, dx)
 
 
@@ -560,7 +538,7 @@ class VarMeanBwdOp(_MomentBwdOp):
                 dx.zero_()
             return
         wide = torch.float64 if dmean.dtype == torch.float64 else torch.float32
-        count = self._scalar(float(self._count(x.shape)), wide, dmean.device)
+        count = self._const(float(self._count(x.shape)), dmean, wide)
         if dvar is None:
             self._launch(call, [dmean.reshape(keep).expand(x.shape), count], (dx,), ("div", ()))
             return
