@@ -311,18 +311,15 @@ class Node(torch.autograd.Function):
             state.op, state.call, state.kept = None, None, None
         written = call.branch[0]
         saved_inputs = list(inputs)
-        stand = gradient.stand_ins
-        for k in stand:  # read for the shape only: keep a stand-in, not the memory
-            src, i = gradient.saved_from[k]
-            if src == 0:
-                saved_inputs[i] = stand_in(inputs[i])
         if written:
             # a written input the gradient reads is saved as it was called: a copy before the
             # write (as torch's in-place SiLU saves its input), else the output would stand
-            # for it and the gradient would be silently wrong
+            # for it and the gradient would be silently wrong (one read for its shape only
+            # keeps a stand-in: no copy)
             names = op._signature.input_names  # type: ignore[union-attr]
-            for src, i in gradient.saved_from:
-                if src == 0 and names[i] in written and saved_inputs[i] is inputs[i]:
+            for k, (src, i) in enumerate(gradient.saved_from):
+                if src == 0 and names[i] in written and saved_inputs[i] is inputs[i] \
+                        and k not in gradient.stand_ins:
                     saved_inputs[i] = inputs[i].detach().clone()
         try:
             outputs = op._execute(call, inputs, None)
@@ -331,10 +328,7 @@ class Node(torch.autograd.Function):
             state.op, state.call, state.wanted, state.kept, state.scalar = before
         if written:
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
-        ctx.save_for_backward(*[
-            stand_in(outputs[i]) if src == 1 and k in stand else
-            (saved_inputs if src == 0 else outputs)[i]
-            for k, (src, i) in enumerate(gradient.saved_from)])
+        ctx.save_for_backward(*gradient.saved(tuple(saved_inputs), outputs))
         ctx.op = op
         for o in outputs:
             if o is not None and not o.is_floating_point():  # indices, masks: no gradient
