@@ -607,11 +607,15 @@ def _refuse_bool(op: Any, ins: list, what: str) -> None:
 
 
 def _binary(name: str, fn: str, torch_fn: Any, doc: str, numbers: bool = True,
-            widen: bool = True) -> type[BinaryOp]:
+            widen: bool = True, rounds: bool = False) -> type[BinaryOp]:
+    """A binary leaf; ``rounds``: its operands are converted to their common dtype first
+    (:attr:`~ElementwiseOp.rounds_operands`), so its float64 reference sees them as called."""
     return type(name, (BinaryOp,), {"fn": fn, "binary": staticmethod(torch_fn), "__doc__": doc,
                                     "__module__": __name__, "__qualname__": name,
                                     "number_inputs": ("a", "b") if numbers else (),
-                                    "numbers_widen": widen})
+                                    "numbers_widen": widen, "rounds_operands": rounds,
+                                    "reference_widens": frozenset({"a", "b"}) if rounds
+                                    else frozenset()})
 
 
 class PowFwdOp(BinaryOp):
@@ -650,20 +654,15 @@ MinimumFwdOp = _binary("MinimumFwdOp", "minimum", torch.minimum, "``torch.minimu
 RemainderFwdOp = _binary("RemainderFwdOp", "remainder", torch.remainder,
                          "``torch.remainder``: the operands converted to their common dtype "
                          "first (a number or a 0-dim float32 beside float16 rounded to it), as "
-                         "torch's kernel takes them, then the math in float32.", widen=False)
-RemainderFwdOp.rounds_operands = True
-#: the float64 reference sees the operands as called: it converts them to their common dtype
-RemainderFwdOp.reference_widens = frozenset({"a", "b"})
+                         "torch's kernel takes them, then the math in float32.", widen=False,
+                         rounds=True)
 
 
 def _comparison(name: str) -> type[BinaryOp]:
     """``torch.<name>``: the operands converted to their common dtype first (a number, a 0-dim
     float32 or an int 2049 beside float16 rounded to it), as torch compares."""
-    cls = _binary(f"{name.capitalize()}FwdOp", name, getattr(torch, name),
-                  f"``torch.{name}``.", widen=False)
-    cls.rounds_operands = True
-    cls.reference_widens = frozenset({"a", "b"})
-    return cls
+    return _binary(f"{name.capitalize()}FwdOp", name, getattr(torch, name),
+                   f"``torch.{name}``.", widen=False, rounds=True)
 
 
 EqFwdOp, NeFwdOp, LtFwdOp, LeFwdOp, GtFwdOp, GeFwdOp = (
