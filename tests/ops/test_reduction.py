@@ -134,7 +134,10 @@ def _same(got, want) -> None:
     for g, w in zip(got, want, strict=True):
         assert g.shape == w.shape and g.dtype == w.dtype
         if g.is_floating_point():
-            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6, equal_nan=True)
+            # float32 sums of the same elements in another order (the slot's view against
+            # torch's own reduction): a few ulp of the partial sums (about 6 for 33 normal
+            # draws) apart
+            torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5, equal_nan=True)
         else:
             assert torch.equal(g, w)
 
@@ -160,9 +163,10 @@ def test_forward_matches_the_reference(cls, shape, dim, keepdim) -> None:
             cls(dim=dim, keepdim=keepdim)
         return
     op, ref = _pair(cls, dim=dim, keepdim=keepdim)
-    x = torch.randn(shape, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(0)  # the same draws whatever ran before
+    x = torch.randn(shape, dtype=torch.float32, generator=gen)
     _same(op(x), ref(x))
-    xt = torch.randn(tuple(reversed(shape))).transpose(0, -1)  # strided: copied, same answer
+    xt = torch.randn(tuple(reversed(shape)), generator=gen).transpose(0, -1)  # strided: copied
     _same(op(xt), ref(xt))
 
 
