@@ -309,29 +309,45 @@ def test_cuda_bf16_logits_within_bf16_tolerance():
 @pytest.mark.cuda
 def test_cuda_training_step_matches():
     """A bf16 training step on the kernels (the MoE stage ops' gradients): the loss within 1%
-    of the unpatched model's and each gradient within 5% (relative L2) of its, the experts'
-    as the stacked layer holds them."""
+    of the unpatched model's, and each gradient (the experts' as the stacked layer holds them)
+    as close to a float32 copy's as the unpatched bf16 model's.
+
+    The bar is the float32 copy, not the unpatched bf16 model: a router's top-2 picks between
+    near-tied experts flip with the last bit of the layer below, so two bf16 models of the same
+    weights route a few tokens differently and their router gradients part by 10% at this size
+    while each stays as close to float32 as the other. The float32 copy holds the bf16 weights,
+    so only the arithmetic differs."""
     kw = dict(hidden_size=256, intermediate_size=512, head_dim=64, vocab_size=1000,
               num_local_experts=8)
     ref, model = (cast(build(torch.float32, **kw), "cuda", torch.bfloat16).train()
                   for _ in range(2))
+    wide = cast(build(torch.float32, **kw), "cuda", torch.float32).train()
+    wide.load_state_dict({k: v.float() for k, v in ref.state_dict().items()})
     tit.apply_tileops_to_mixtral(model)
     ids = tokens(batch=2, seq=257).cuda()
-    a = ref(ids, labels=ids, output_router_logits=True)
-    b = model(ids, labels=ids, output_router_logits=True)
-    assert abs(b.loss.item() - a.loss.item()) <= 1e-2 * a.loss.item()
-    a.loss.backward()
-    b.loss.backward()
+    runs = [m(ids, labels=ids, output_router_logits=True) for m in (wide, ref, model)]
+    assert abs(runs[2].loss.item() - runs[1].loss.item()) <= 1e-2 * runs[1].loss.item()
+    for out in runs:
+        out.loss.backward()
 
     def rel(g, r):
         g, r = g.float(), r.float()
         return ((g - r).norm() / r.norm().clamp_min(1e-12)).item()
 
-    params = dict(ref.named_parameters())
-    for name, p in model.named_parameters():
-        if name in params:
-            assert rel(p.grad, params[name].grad) <= 5e-2, name
-    for i, layer in enumerate(model.model.layers):
-        w13, w2 = stacked_grads(ref.model.layers[i].block_sparse_moe)
-        assert rel(layer.block_sparse_moe.w13.grad, w13) <= 5e-2, f"layer {i} w13"
-        assert rel(layer.block_sparse_moe.w2.grad, w2) <= 5e-2, f"layer {i} w2"
+    def grads(m):
+        found = {name: p.grad for name, p in m.named_parameters() if name.count("experts") == 0
+                 and not name.endswith((".w13", ".w2"))}
+        for i, layer in enumerate(m.model.layers):
+            block = layer.block_sparse_moe
+            w13, w2 = ((block.w13.grad, block.w2.grad) if hasattr(block, "w13")
+                       else stacked_grads(block))
+            found[f"layer {i} w13"], found[f"layer {i} w2"] = w13, w2
+        return found
+
+    exact, theirs, mine = (grads(m) for m in (wide, ref, model))
+    assert exact.keys() == theirs.keys() == mine.keys()
+    rows = [(name, rel(mine[name], g), rel(theirs[name], g)) for name, g in exact.items()]
+    print("\n".join(f"{n:60s} {e:.4f} {r:.4f}" for n, e, r in rows))
+    bad = [f"{n}: {e:.3g} against the unpatched model's {r:.3g}" for n, e, r in rows
+           if e > 2 * r + 1e-2]
+    assert not bad, "gradients off the float32 copy's:\n" + "\n".join(bad)
