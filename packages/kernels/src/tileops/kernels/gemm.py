@@ -447,9 +447,10 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     CTA per tile, benchmarks/results/gemm_sweep_order.txt).
 
     ``accumulate``: the math warpgroups load each tile's ``C`` into the accumulator where they
-    would clear it (``load_c``, straight from global memory into the registers of the wgmma
-    layout), so the load warp's ring and the shared ``C`` tile of the previous tile's store
-    are untouched; the next tile's operand loads are in flight meanwhile."""
+    would clear it: into the shared ``C`` tile (``load_c``, coalesced 16-byte loads, all in
+    flight) and from there into the registers of the wgmma layout (``c_to_registers``). The
+    load warp's ring is untouched, so the tile's operand loads are in flight meanwhile; the
+    load of ``C`` itself does not overlap the MMAs."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
