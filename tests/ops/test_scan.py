@@ -202,3 +202,41 @@ def test_cumsum_trains_through_the_reversed_scan(shape, dim, dtype):
     # through autograd (the forward and its gradient op on the reference target here)
     (g,) = torch.autograd.grad(ops.CumsumFwdOp(dim=dim)(x), x, dy)
     torch.testing.assert_close(g, want, **tol)
+
+
+@pytest.mark.parametrize(("shape", "dim"), [((5, 7), 1), ((5, 7), 0), ((2, 3, 4, 5), -3),
+                                            ((2, 3, 4, 5), 3), ((), 0), ((4, 0, 3), 1)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("zeros", [(), (2,), (2, 5), (0, 1, 6)])
+def test_cumprod_trains_with_torch_s_gradient_at_zeros(shape, dim, dtype, zeros):
+    # zeros in a run: before the first one the reversed sum over x, at it the products with it
+    # taken as one, after it 0 (torch's cumprod_backward); flat positions put some zeros in
+    # one run and some in others
+    g = torch.Generator().manual_seed(5)
+    x = torch.rand(shape, generator=g, dtype=torch.float64) + 0.5
+    for i in zeros:
+        if i < x.numel():
+            x.view(-1)[i] = 0.0
+    x = x.to(dtype).requires_grad_()
+    dy = torch.randn(shape, generator=g, dtype=torch.float64).to(dtype)
+    got = _in_tree(ops.CumprodBwdOp, dim=dim)(dy, x.detach())
+    wide = x.detach().double().requires_grad_()
+    (want,) = torch.autograd.grad(torch.cumprod(wide, dim), wide, dy.double())
+    assert got.dtype == dtype and got.shape == x.shape
+    tol = {torch.float64: dict(rtol=1e-12, atol=1e-12), torch.float32: dict(rtol=1e-5, atol=1e-5),
+           torch.bfloat16: dict(rtol=1.6e-2, atol=2e-2)}[dtype]
+    torch.testing.assert_close(got.double(), want, **tol)
+    # through autograd (the forward and its gradient op on the reference target here)
+    (through,) = torch.autograd.grad(ops.CumprodFwdOp(dim=dim)(x), x, dy)
+    torch.testing.assert_close(through.double(), want, **tol)
+
+
+def test_cumprod_s_gradient_refuses_what_its_spec_refuses_by_name():
+    op = ops.CumprodBwdOp(dim=2)
+    with pytest.raises(Exception) as e:
+        op(torch.zeros(3, 4), torch.zeros(3, 4))
+    assert "CumprodBwdOp" in str(e.value) and "dim" in str(e.value)
+    with pytest.raises(Exception) as e:
+        op(torch.zeros(3, 4, 5), torch.zeros(3, 4, 6))
+    assert "CumprodBwdOp" in str(e.value) and "x" in str(e.value)
+    assert torch.equal(op(torch.ones(1, 1, 2), torch.ones(1, 1, 2)), torch.tensor([[[2., 1.]]]))

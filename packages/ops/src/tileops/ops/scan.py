@@ -19,7 +19,8 @@ the reference and the torch eager function, read by the ``reference`` target, th
 
 Cumsum trains: :class:`CumsumBwdOp` is the sum scan of ``dy`` taken from the end of ``dim``,
 run as the forward's program on ``dy`` flipped along ``dim``, its result flipped back into
-``dx`` (the flips are torch copies: the scan programs walk one direction).
+``dx`` (the flips are torch copies: the scan programs walk one direction). Cumprod trains
+through :class:`CumprodBwdOp`, torch's ops in torch's zero-safe form, no in-tree kernel.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from tileops.runtime import Op
 
 from ._dtypes import NAMES, refuse_unserved
 
-__all__ = ["CumprodFwdOp", "CumsumBwdOp", "CumsumFwdOp", "ScanOp"]
+__all__ = ["CumprodBwdOp", "CumprodFwdOp", "CumsumBwdOp", "CumsumFwdOp", "ScanOp"]
 
 #: the input dtypes the in-tree scan kernels serve (bool through its uint8 view)
 _KERNEL_DTYPES = frozenset({*get_args(ScanDType), "bool"})
@@ -120,3 +121,48 @@ class CumsumBwdOp(ScanOp):
             return dy.clone()
         d = self.dim % dy.dim()
         return dy.flip(d).cumsum(d).flip(d)
+
+
+class CumprodBwdOp(ScanOp):
+    """The gradient of cumprod: ``dx[i] = sum over j >= i of dy[j] * prod(x[k] for k <= j,
+    k != i)`` along ``dim``, in torch's zero-safe form (``cumprod_backward``). Before a run's
+    first zero, the reversed cumulative sum of ``dy * y`` divided by ``x``; at the first zero,
+    the sum of ``dy`` times the products with that zero taken as one; after it, 0 (each
+    product holds the zero). Torch's ops on a float32 copy of a narrower input (float64 as
+    handed), its result rounded into ``dx``: no in-tree kernel."""
+
+    kind = ScanKind.PROD
+
+    def _grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """The gradient in the tensors' dtype (the caller widens them)."""
+        if not x.dim():  # one element: y = x
+            return dy.clone()
+        d = self.dim % x.dim()
+        if not x.numel():
+            return torch.zeros_like(x)
+        xs, g = x.movedim(d, -1), dy.movedim(d, -1)
+        n = xs.shape[-1]
+        idx = torch.arange(n, device=x.device)
+        first = torch.where(xs == 0, idx, n).amin(-1, keepdim=True)  # n: no zero
+        before, at = idx < first, idx == first
+        one = torch.ones((), dtype=x.dtype, device=x.device)
+        # before the first zero: y[j] is 0 from the zero on, so the reversed sum stops there
+        tail = (g * xs.cumprod(-1)).flip(-1).cumsum(-1).flip(-1)
+        grad = torch.where(before, tail / torch.where(before, xs, one), 0)
+        # at the first zero: the products with that zero taken as one, from it on
+        skip = torch.where(at, one, xs).cumprod(-1)
+        at_zero = torch.where(idx >= first, g * skip, 0).sum(-1, keepdim=True)
+        return torch.where(at, at_zero, grad).movedim(-1, d)
+
+    @staticmethod
+    def _wide(t: torch.Tensor) -> torch.Tensor:
+        return t if t.dtype == torch.float64 else t.float()
+
+    def forward(self, call, dy, x, dx) -> None:
+        dx.copy_(self._grad(self._wide(dy), self._wide(x)))
+
+    def reference(self, call, dy, x):
+        return (self._grad(self._wide(dy), self._wide(x)),)
+
+    def eager(self):
+        return self._grad
