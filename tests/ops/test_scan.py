@@ -6,6 +6,8 @@ tests/kernels/test_scan_compile.py and run on a GPU in tests/kernels/test_scan_c
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -240,3 +242,36 @@ def test_cumprod_s_gradient_refuses_what_its_spec_refuses_by_name():
         op(torch.zeros(3, 4, 5), torch.zeros(3, 4, 6))
     assert "CumprodBwdOp" in str(e.value) and "x" in str(e.value)
     assert torch.equal(op(torch.ones(1, 1, 2), torch.ones(1, 1, 2)), torch.tensor([[[2., 1.]]]))
+
+
+def _t(*values):
+    return torch.tensor(values, dtype=torch.float64)
+
+
+@pytest.mark.parametrize(("dy", "x"), [
+    (_t(1, 1, math.nan, 1), _t(2, 0, 3, 4)),  # NaN past the first zero
+    (_t(1, 1, 1, 1, math.nan), _t(2, 0, 3, 0, 5)),  # past the second zero
+    (_t(1, 1, 1, 1, 1), _t(2, 0, 3, 0, math.inf)),  # an inf of x past the second zero
+    (_t(1, 1, 1, 1, 1), _t(2, 0, 3, 0, math.nan)),
+    (_t(0.3), _t(1e-320)),  # one element: dy as handed, no x / x
+    (_t(1e10), _t(1e300)),
+    (_t(1.0), _t(math.inf)),
+    (_t(0.3, 1.0).view(2, 1), _t(1e-320, math.inf).view(2, 1)),  # runs of one
+])
+def test_cumprod_s_gradient_keeps_non_finite_values_where_torch_keeps_them(dy, x):
+    # each part reads dy (and x) over its own stretch only, as torch's cumprod_backward does
+    dim = x.dim() - 1 if x.dim() == 1 else 1
+    got = _in_tree(ops.CumprodBwdOp, dim=dim)(dy, x)
+    wide = x.clone().requires_grad_()
+    (want,) = torch.autograd.grad(torch.cumprod(wide, dim), wide, dy)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=0, equal_nan=True)
+
+
+def test_the_log_of_cumprod_past_a_zero_trains_as_torch_s():
+    # dy = 1 / y is inf past the zero: the gradient before it stays finite
+    x = _t(2, 0, 3).requires_grad_()
+    ops.CumprodFwdOp(dim=0)(x).log().sum().backward()
+    wide = x.detach().clone().requires_grad_()
+    torch.cumprod(wide, 0).log().sum().backward()
+    torch.testing.assert_close(x.grad, wide.grad)
+    assert x.grad[0] == 0.5

@@ -127,31 +127,36 @@ class CumprodBwdOp(ScanOp):
     """The gradient of cumprod: ``dx[i] = sum over j >= i of dy[j] * prod(x[k] for k <= j,
     k != i)`` along ``dim``, in torch's zero-safe form (``cumprod_backward``). Before a run's
     first zero, the reversed cumulative sum of ``dy * y`` divided by ``x``; at the first zero,
-    the sum of ``dy`` times the products with that zero taken as one; after it, 0 (each
-    product holds the zero). Torch's ops on a float32 copy of a narrower input (float64 as
+    the sum of ``dy`` times the products with that zero taken as one, up to the second zero;
+    after it, 0 (each product holds the zero). Each part reads ``dy`` over its own stretch
+    only, so a NaN or inf of ``dy`` past it (``log(cumprod(x))`` past a zero) stays out, as in
+    torch; a run of one element gives ``dy`` as handed. Torch's ops on a float32 copy of a narrower input (float64 as
     handed), its result rounded into ``dx``: no in-tree kernel."""
 
     kind = ScanKind.PROD
 
     def _grad(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """The gradient in the tensors' dtype (the caller widens them)."""
-        if not x.dim():  # one element: y = x
+        d = self.dim % x.dim() if x.dim() else 0
+        if x.numel() <= 1 or x.shape[d] == 1:  # y = x: dy as handed (torch: no x / x)
             return dy.clone()
-        d = self.dim % x.dim()
-        if not x.numel():
-            return torch.zeros_like(x)
         xs, g = x.movedim(d, -1), dy.movedim(d, -1)
         n = xs.shape[-1]
         idx = torch.arange(n, device=x.device)
-        first = torch.where(xs == 0, idx, n).amin(-1, keepdim=True)  # n: no zero
+        zero = xs == 0
+        first = torch.where(zero, idx, n).amin(-1, keepdim=True)  # n: no zero
+        second = torch.where(zero & (idx > first), idx, n).amin(-1, keepdim=True)
         before, at = idx < first, idx == first
         one = torch.ones((), dtype=x.dtype, device=x.device)
-        # before the first zero: y[j] is 0 from the zero on, so the reversed sum stops there
-        tail = (g * xs.cumprod(-1)).flip(-1).cumsum(-1).flip(-1)
+        # before the first zero: the reversed sum of dy * y over that stretch only (past it y
+        # is 0, and a NaN or inf of dy there must not reach the sum), divided by x
+        tail = torch.where(before, g * xs.cumprod(-1), 0).flip(-1).cumsum(-1).flip(-1)
         grad = torch.where(before, tail / torch.where(before, xs, one), 0)
-        # at the first zero: the products with that zero taken as one, from it on
+        # at the first zero: dy times the products with that zero taken as one, up to the
+        # second zero (past it every product holds that zero)
         skip = torch.where(at, one, xs).cumprod(-1)
-        at_zero = torch.where(idx >= first, g * skip, 0).sum(-1, keepdim=True)
+        span = (idx >= first) & (idx < second)
+        at_zero = torch.where(span, g * skip, 0).sum(-1, keepdim=True)
         return torch.where(at, at_zero, grad).movedim(-1, d)
 
     @staticmethod
