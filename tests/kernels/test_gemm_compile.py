@@ -637,6 +637,48 @@ def test_accumulating_programs_compile_and_read_c(name):
                         r"for \(int \w+ = 0; [^\n]*/ 132\)", after)
 
 
+@needs_nvcc
+@pytest.mark.parametrize("cfg_name", ["128x256", "64x128"])
+def test_the_prefetching_persistent_program_fetches_c_under_the_last_mmas(cfg_name):
+    # c_prefetch: the load warp fetches the tile's C by TMA after issuing its last K step, once
+    # the previous tile's store has read the shared tile; the math warps clear the
+    # accumulator, wait for the fetch after their last MMA, add it and store, then release
+    src = G.build_gemm_kernel(4096, 1024, "bfloat16", True, False, HOPPER_CONFIGS[cfg_name][0],
+                              HOPPER, True, 132, True, True).get_kernel_source()
+    assert "(C + " not in src  # no plain read of c: the fetch is TMA's
+    load = src[src.index("warpgroup_reg_dealloc<40>"):src.index("} else {")]
+    math = src[src.index("warpgroup_reg_alloc<232>"):]
+    sync = load.index("cudaGridDependencySynchronize();")
+    k_loads = load.rindex("tl::tma_load(B_desc") if "tma_load(B_desc" in load else -1
+    fetch = load.index("tl::tma_load(C_desc, c_full[0]")
+    assert sync < k_loads < load.index("c_empty[0].wait(") < fetch
+    assert "c_full[0].arrive_and_expect_tx(" in load[k_loads:fetch]
+    last_mma = math.rindex("tl::wgmma_")
+    wait = math.index("c_full[0].wait(")
+    assert last_mma < wait
+    assert re.search(r"__1\.x = \(v_\.x\+__2\.x\)", math[wait:])  # added in fp32
+    assert math.index("tl::tma_store_wait<0, true>();") < math.index("c_empty[0].arrive();")
+    # the accumulator is cleared in the tile loop, before the tile's first MMA
+    clear = math.index("= make_float4(broadcast_var, broadcast_var, broadcast_var, broadcast_var)")
+    assert math.index("for (int i_") < clear < math.index("tl::wgmma_")
+
+
+def test_the_call_s_program_prefetches_c_where_the_switch_says(monkeypatch):
+    seen = []
+    monkeypatch.setattr(G, "build_gemm_kernel", lambda *a: seen.append(a) or object())
+    plan = G.plan_of(GemmSpec(device="cuda:0", m=4096, n=4096, k=1024, dtype="bfloat16",
+                              trans_a=True, trans_b=False, accumulate=True))
+    cfg = HOPPER_CONFIGS["128x256"][0]
+    for on in (False, True):
+        monkeypatch.setattr(G, "C_PREFETCH", on)
+        G.GemmHopperKernel._build_for(object.__new__(G.GemmHopperKernel), plan, cfg)
+        assert seen[-1][-2:] == (True, on)
+    plain = G.plan_of(GemmSpec(device="cuda:0", m=4096, n=4096, k=1024, dtype="bfloat16",
+                               trans_a=True, trans_b=False))
+    G.GemmHopperKernel._build_for(object.__new__(G.GemmHopperKernel), plain, cfg)
+    assert seen[-1][-2:] == (False, False)  # a plain product never prefetches
+
+
 def test_a_split_program_accumulates_in_its_reduction():
     with pytest.raises(ValueError, match=r"^a split-K program writes partial sums; its reduction "
                        r"accumulates \(got accumulate=True with split=2\)$"):

@@ -195,6 +195,42 @@ def test_configuration_accumulates(cfg, m, n, k, ta, tb):
     assert _rel(c, ref) < TOL
 
 
+def _persistent_cases():
+    return [p for p in _tile_order_cases() if p.values[0].persistent]
+
+
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb"), _persistent_cases())
+def test_the_prefetching_persistent_programs_accumulate(monkeypatch, cfg, m, n, k, ta, tb):
+    """The persistent tiles with C fetched by the load warp under the last MMAs
+    (``G.C_PREFETCH``): tails on every side, each transpose."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the TMA kernels need sm_90")
+    monkeypatch.setattr(G, "C_PREFETCH", True)
+    c, a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
+    ref = _ref(c, a, b, ta, tb)
+    kern = _direct_impl(cfg, m)(_plan(m, n, k, ta, tb))
+    kern.config, kern.program = cfg, kern._build(cfg)
+    kern(a, b, c)
+    assert _rel(c, ref) < TOL
+
+
+@pytest.mark.parametrize(("m", "n", "k"), [(2048, 4096, 1024), (4096, 8192, 256)])
+def test_a_chain_of_prefetching_accumulations_reads_each_previous_write(monkeypatch, m, n, k):
+    """Twenty launches into one c, each starting before the previous one ends, with C
+    fetched by the load warp (the fused loss's ``dweight`` sum)."""
+    monkeypatch.setattr(G, "C_PREFETCH", True)
+    c, a, b = _operands(m, n, k, True, False, torch.bfloat16)
+    b.mul_(0.25)
+    kern = G.GemmHopperKernel(_plan(m, n, k, True, False))  # built here: no cached entry
+    assert kern.config.persistent
+    ref = c.double()
+    for i in range(20):
+        a.normal_()
+        ref = ref + _ref(torch.zeros_like(c), a, b, True, False)
+        kern(a, b, c)
+        assert _rel(c, ref) < 2 * TOL, i
+
+
 @pytest.mark.parametrize(("m", "n", "k", "tb"), [(0, 256, 64, False), (16, 0, 64, False),
                                                 (16, 256, 0, False), (1, 8, 0, True),
                                                 (2048, 4096, 0, False), (0, 256, 64, True)])
@@ -289,7 +325,7 @@ def test_torch_compile_fullgraph_mutates_c():
 #: the chains, the strided c, the graph
 _OTHER_CALLS = [(2048, 4096, 256, False, False), (128, 1024, 1024, False, False),
                 (2048, 2048, 1024, True, False), (256, 512, 384, False, False),
-                (2048, 4096, 1024, True, False)]
+                (2048, 4096, 1024, True, False), (4096, 8192, 256, True, False)]
 
 
 def _workload_calls():
@@ -328,6 +364,12 @@ def _build(key):
     kern = getattr(G, name)(plan)  # builds the heuristic's program
     if cfg is not None:
         kern._build(cfg)
+    if plan.accumulate and (cfg or kern.config).persistent:  # and the prefetching form
+        G.C_PREFETCH = True
+        try:
+            kern._build(cfg or kern.config)
+        finally:
+            G.C_PREFETCH = False
 
 
 def _describe(key) -> str:

@@ -344,7 +344,8 @@ def _layout(T, n: int, k: int, trans_a: bool, trans_b: bool, cfg: GemmConfig):
 
 
 def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: GemmConfig,
-                 pdl: bool = False, sms: int = _SMS, accumulate: bool = False):
+                 pdl: bool = False, sms: int = _SMS, accumulate: bool = False,
+                 c_prefetch: bool = False):
     """The TileLang prim_func (not compiled): M dynamic, everything else static. With
     ``cfg.split > 1`` the third operand is the fp32 workspace ``(split, M, n)`` of partial
     sums (:func:`splitk_reduce_program` turns it into ``C``).
@@ -364,7 +365,10 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     otherwise, through the shared ``C`` tile: a straight copy into the accumulator's register
     fragment issued 4-byte loads one after another (C's fragment layout), which took the
     fused linear cross-entropy's ``dweight`` sum to 0.44 of cuBLAS's ``addmm_``. Not with a split: there the reduction adds ``C``
-    (:func:`splitk_reduce_program`), and the main program's third operand is the workspace."""
+    (:func:`splitk_reduce_program`), and the main program's third operand is the workspace.
+    ``c_prefetch`` (a persistent program that accumulates): the load warp fetches ``C``
+    while the last MMAs of the tile run, and it is added before the store
+    (:func:`_persistent_program`)."""
     if accumulate and cfg.split > 1:
         raise ValueError(f"a split-K program writes partial sums; its reduction accumulates "
                          f"(got accumulate=True with split={cfg.split})")
@@ -373,7 +377,8 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
             raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
         if not cfg.tma:
             raise ValueError("a persistent tile order loads through TMA (got tma=False)")
-        return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms, accumulate)
+        return _persistent_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms, accumulate,
+                                   c_prefetch)
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
@@ -429,13 +434,18 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     return main
 
 
+#: whether the persistent programs that accumulate fetch ``C`` under the tile's last MMAs
+#: (``c_prefetch`` of :func:`gemm_program`) instead of loading it before the first
+C_PREFETCH = False
+
 #: registers a thread of the persistent program's load warpgroup and of its math warpgroups
 #: keep (``setmaxnreg``): 40 x 128 + 232 x 256 fits the SM's 64K with two math warpgroups
 _LOAD_NREG, _MATH_NREG = 40, 232
 
 
 def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                        cfg: GemmConfig, pdl: bool, sms: int, accumulate: bool = False):
+                        cfg: GemmConfig, pdl: bool, sms: int, accumulate: bool = False,
+                        c_prefetch: bool = False):
     """:func:`gemm_program` with ``cfg.persistent``: ``sms`` CTAs, CTA ``w`` computing the
     tiles ``w, w + sms, ...`` of the swizzled order, with the warp roles written out
     (``T.WSSchedule``): one warp issues the TMA loads of every tile's K steps into the
@@ -450,7 +460,15 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     would clear it: into the shared ``C`` tile (``load_c``, coalesced 16-byte loads, all in
     flight) and from there into the registers of the wgmma layout (``c_to_registers``). The
     load warp's ring is untouched, so the tile's operand loads are in flight meanwhile; the
-    load of ``C`` itself does not overlap the MMAs."""
+    load of ``C`` itself does not overlap the MMAs.
+
+    ``c_prefetch`` (with ``accumulate``): the load warp fetches the tile's ``C`` into the
+    shared ``C`` tile with TMA once it has issued the tile's last K step, so the fetch runs
+    under the tile's last MMAs; the math warpgroups clear the accumulator, and after their
+    last MMA wait for the fetch, add the tile to the accumulator and store. A one-deep
+    pipeline (``c``) orders the fetch after the previous tile's store has read the tile: the
+    math warps release it after the store's read is complete. No shared memory beyond the
+    plain program's; the sum is taken in another order (``C`` added last, in fp32)."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
@@ -465,7 +483,17 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
     mma = ([T.WSSync.consumer_wait("ring", stage=stages - 1), "mma",
             T.WSSync.consumer_release("ring", stage=stages - 1)])
     root = ["pdl_wait", "tiles", "pdl_done"] if pdl else ["tiles"]
-    init = ["load_c", "c_to_registers"] if accumulate else ["clear"]
+    prefetch = accumulate and c_prefetch
+    init = ["load_c", "c_to_registers"] if accumulate and not prefetch else ["clear"]
+    load_tile, math_tile = ["coord", "k_steps"], ["coord", *init, "k_steps", "to_shared", "store"]
+    if prefetch:
+        # the load warp fetches the tile's C into the shared C tile after its last K step is
+        # issued (the math warps then run the tile's last MMAs), once the previous tile's
+        # store has read it; the math warps add it to the accumulator before their store
+        load_tile = [*load_tile, T.WSSync.producer_acquire("c", stage=0), "load_c",
+                     T.WSSync.producer_commit("c", stage=0)]
+        math_tile = ["coord", "clear", "k_steps", T.WSSync.consumer_wait("c", stage=0), "add_c",
+                     "to_shared", "store", T.WSSync.consumer_release("c", stage=0)]
 
     @T.prim_func
     def persistent(
@@ -486,13 +514,11 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
                 roles=[T.WSRole("load", warps_lo=0, warps_hi=1, max_nreg=_LOAD_NREG),
                        T.WSRole("math", warps_lo=4, warps_hi=4 + math_warps,
                                 max_nreg=_MATH_NREG)],
-                pipelines=[T.WSPipeline("ring", [A_s, B_s], depth=stages)],
+                pipelines=[T.WSPipeline("ring", [A_s, B_s], depth=stages),
+                           *([T.WSPipeline("c", [C_s], depth=1)] if prefetch else [])],
                 scopes=[
                     T.WSScope("k_steps", {"load": load, "math": mma}),
-                    T.WSScope("tiles", {
-                        "load": ["coord", "k_steps"],
-                        "math": ["coord", *init, "k_steps", "to_shared", "store"],
-                    }),
+                    T.WSScope("tiles", {"load": load_tile, "math": math_tile}),
                     T.WSScope(T.WSScope.ROOT, {"load": root, "math": root}),
                 ]))
             if pdl:
@@ -502,9 +528,9 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
             for i in T.serial(T.ceildiv(m_tiles * n_tiles - wid, sms), annotations={ws: "tiles"}):
                 with T.ws_op("coord"):
                     by, bx = order.coord(i * sms + wid)
-                if accumulate:
-                    # through the shared C tile: one TMA load of it, then each thread reads its
-                    # fragment from shared memory
+                if accumulate and not prefetch:
+                    # through the shared C tile: coalesced 16-byte loads by the math threads,
+                    # then each thread reads its fragment from shared memory
                     T.copy(C[by * bm, bx * bn], C_s, annotations={ws: "load_c"})
                     T.copy(C_s, C_l, annotations={ws: "c_to_registers"})
                 else:
@@ -520,6 +546,11 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
                         T.copy(B[ko * bk, bx * bn], B_s, annotations={ws: "load_b"})
                     T.gemm(A_s, B_s, C_l, transpose_A=trans_a, transpose_B=trans_b,
                            policy=policy, annotations={ws: "mma"})
+                if prefetch:
+                    T.copy(C[by * bm, bx * bn], C_s, annotations={ws: "load_c"})
+                    with T.ws_op("add_c"):
+                        for i, j in T.Parallel(bm, bn):
+                            C_l[i, j] += C_s[i, j]
                 T.copy(C_l, C_s, annotations={ws: "to_shared"})
                 T.copy(C_s, C[by * bm, bx * bn], annotations={ws: "store"})
             if pdl:
@@ -639,13 +670,13 @@ def gemv_program(n: int, k: int, dtype: str, trans_a: bool, cfg: GemmConfig,
 @stored(maxsize=256)
 def build_gemm_kernel(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                       cfg: GemmConfig, target: str | None = None, pdl: bool = False,
-                      sms: int = _SMS, accumulate: bool = False):
+                      sms: int = _SMS, accumulate: bool = False, c_prefetch: bool = False):
     """Compile the program for one configuration (cached per process; TileLang also caches
     on disk). ``target``: an arch such as ``"sm_90"``, or None for the current device;
     ``pdl`` only for sm_90+ (TileLang refuses it below); ``sms``: the persistent grid
-    (:func:`program_sms`); ``accumulate`` as in :func:`gemm_program`."""
+    (:func:`program_sms`); ``accumulate`` and ``c_prefetch`` as in :func:`gemm_program`."""
     return compile_program(gemm_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms,
-                                        accumulate), target)
+                                        accumulate, c_prefetch), target)
 
 
 @stored(maxsize=64)
@@ -925,8 +956,10 @@ class _GemmKernel(Kernel, GemmFwdInterface):
     def _build_for(self, s: GemmPlan, cfg: GemmConfig):
         pdl = uses_pdl(cfg, device_arch(s.device))
         # a split call accumulates in its reduction, its main program is the plain one
+        accumulate = s.accumulate and cfg.split == 1
         main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
-                                 program_sms(cfg, s.device), s.accumulate and cfg.split == 1)
+                                 program_sms(cfg, s.device), accumulate,
+                                 accumulate and cfg.persistent and C_PREFETCH)
         if cfg.split == 1:
             return main
         return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl,
