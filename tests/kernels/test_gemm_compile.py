@@ -339,7 +339,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     built = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc: built.append(cfg) or
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc, pre: built.append(cfg) or
                         (lambda a, b, c: None))
     monkeypatch.setattr(G, "_time_ms", lambda fn: pytest.fail("a cached entry was re-timed"))
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
@@ -355,7 +355,7 @@ def test_tune_uses_a_cached_entry_without_timing(cache, monkeypatch):
 def test_tune_times_candidates_and_stores_the_fastest(cache, monkeypatch):
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc, pre:
                         (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)
@@ -372,7 +372,7 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
 
     spec = _spec(2048, 4096, 4096)
 
-    def build(n, k, dt, ta, tb, cfg, target, pdl, sms, acc):
+    def build(n, k, dt, ta, tb, cfg, target, pdl, sms, acc, pre):
         if cfg == HOPPER_CONFIGS["64x64"][0]:
             raise RuntimeError("no fit")
         return lambda a, b, c, cfg=cfg: cfg
@@ -405,7 +405,7 @@ def test_a_cached_configuration_of_another_implementation_is_timed_over(cache, m
     another version of the candidate lists) is not run: the candidates are timed again."""
     spec = _spec(2048, 4096, 4096)
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc, pre:
                         (lambda a, b, c, cfg=cfg: cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     timed = []
@@ -689,7 +689,8 @@ def test_a_split_program_accumulates_in_its_reduction():
 def test_a_split_accumulating_call_builds_the_plain_main_program_and_an_adding_reduction(
         monkeypatch):
     built = []
-    monkeypatch.setattr(G, "build_gemm_kernel", lambda *a: built.append(("main", a[-1])) or a)
+    monkeypatch.setattr(G, "build_gemm_kernel",
+                        lambda *a: built.append(("main", *a[-2:])) or a)  # accumulate, prefetch
     monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: built.append(("reduce", a[-1])) or a)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
     kern = G.GemmHopperKernel(GemmPlan("cuda", 2048, 4096, 4096, "bfloat16", False, False, True,
@@ -697,10 +698,10 @@ def test_a_split_accumulating_call_builds_the_plain_main_program_and_an_adding_r
     built.clear()
     launch = kern._build(HOPPER_SPLIT_CONFIGS["128x128s2"])
     assert isinstance(launch, G.SplitKLaunch)
-    assert built == [("main", False), ("reduce", True)]
+    assert built == [("main", False, False), ("reduce", True)]
     built.clear()
     kern._build(HOPPER_CONFIGS["128x256"][0])
-    assert built == [("main", True)]
+    assert built == [("main", True, G.C_PREFETCH)]
 
 
 class _Acc:
@@ -734,7 +735,7 @@ def test_tuning_an_accumulating_call_times_the_candidates_on_a_copy_of_c(cache, 
     spec = GemmPlan("cuda", 2048, 4096, 4096, "bfloat16", False, False, True, True)
     ran = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc:
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, acc, pre:
                         (lambda a, b, c: ran.append(c)))
     monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: (lambda w, c: ran.append(c)))
     monkeypatch.setattr(G, "_time_ms", lambda fn: fn() or 1.0)
@@ -767,7 +768,7 @@ def test_the_padded_kernel_pads_c_when_it_accumulates(monkeypatch, ta, tb, acc):
     so c's values are in the sum; a plain call's output starts from nothing."""
     import torch
 
-    def program(n, k, dt, ta_, tb_, cfg, target, pdl, sms, accumulate):
+    def program(n, k, dt, ta_, tb_, cfg, target, pdl, sms, accumulate, prefetch):
         assert n % 8 == 0 and k % 8 == 0 and accumulate is acc
 
         def run(a, b, c):

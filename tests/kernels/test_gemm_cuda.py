@@ -199,13 +199,15 @@ def _persistent_cases():
     return [p for p in _tile_order_cases() if p.values[0].persistent]
 
 
+@pytest.mark.parametrize("prefetch", [True, False], ids=["prefetching", "loading"])
 @pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb"), _persistent_cases())
-def test_the_prefetching_persistent_programs_accumulate(monkeypatch, cfg, m, n, k, ta, tb):
-    """The persistent tiles with C fetched by the load warp under the last MMAs
-    (``G.C_PREFETCH``): tails on every side, each transpose."""
+def test_the_persistent_programs_accumulate_either_way(monkeypatch, prefetch, cfg, m, n, k,
+                                                         ta, tb):
+    """The persistent tiles with C fetched by the load warp under the last MMAs and with C
+    loaded by the math warps first (``G.C_PREFETCH``): tails on every side, each transpose."""
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the TMA kernels need sm_90")
-    monkeypatch.setattr(G, "C_PREFETCH", True)
+    monkeypatch.setattr(G, "C_PREFETCH", prefetch)
     c, a, b = _operands(m, n, k, ta, tb, torch.bfloat16)
     ref = _ref(c, a, b, ta, tb)
     kern = _direct_impl(cfg, m)(_plan(m, n, k, ta, tb))
@@ -364,12 +366,12 @@ def _build(key):
     kern = getattr(G, name)(plan)  # builds the heuristic's program
     if cfg is not None:
         kern._build(cfg)
-    if plan.accumulate and (cfg or kern.config).persistent:  # and the prefetching form
-        G.C_PREFETCH = True
+    if plan.accumulate and (cfg or kern.config).persistent:  # and the other form of C's load
+        G.C_PREFETCH = not G.C_PREFETCH
         try:
             kern._build(cfg or kern.config)
         finally:
-            G.C_PREFETCH = False
+            G.C_PREFETCH = not G.C_PREFETCH
 
 
 def _describe(key) -> str:

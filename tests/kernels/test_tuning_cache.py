@@ -222,7 +222,7 @@ def test_tuning_with_an_unwritable_cache_warns_and_serves_the_call(cache, monkey
     (cache.parent / "gemm").write_text("not a folder")
     ran = []
     monkeypatch.setattr(G, "build_gemm_kernel",
-                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, accumulate=False:
+                        lambda n, k, dt, ta, tb, cfg, target, pdl, sms, accumulate=False, prefetch=False:
                         (lambda a, b, c, cfg=cfg: ran.append(cfg) or cfg))
     fastest = HOPPER_CONFIGS["128x128"][0]
     monkeypatch.setattr(G, "_time_ms", lambda fn: 1.0 if fn() == fastest else 2.0)

@@ -435,8 +435,11 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
 
 
 #: whether the persistent programs that accumulate fetch ``C`` under the tile's last MMAs
-#: (``c_prefetch`` of :func:`gemm_program`) instead of loading it before the first
-C_PREFETCH = False
+#: (``c_prefetch`` of :func:`gemm_program`) instead of loading it before the first: the fused
+#: loss's ``dweight += z.T @ h`` (128256 x 4096, K = 1024) took 1.93 ms against 2.91 (H100,
+#: cuBLAS's ``addmm_`` 1.74-1.82), the same at K = 4096 (7.48 against 7.41;
+#: benchmarks/results/gemm_accumulate_c*-h100-cuda0.md)
+C_PREFETCH = True
 
 #: registers a thread of the persistent program's load warpgroup and of its math warpgroups
 #: keep (``setmaxnreg``): 40 x 128 + 232 x 256 fits the SM's 64K with two math warpgroups
