@@ -43,11 +43,14 @@ def test_index_and_mask_outputs_serve_inputs_that_require_grad(make, call, want)
 
 
 def test_a_forward_only_op_with_a_floating_output_still_refuses_grad():
-    x = _leaf(3)
-    with pytest.raises(RuntimeError, match=r"^CumprodFwdOp is forward-only \(it has no "
-                                           r"backward\), but x requires grad"):
-        ops.CumprodFwdOp(dim=0)(x)
-    torch.testing.assert_close(ops.CumprodFwdOp(dim=0)(x.detach()), x.detach().cumprod(0))
+    a = torch.randn(2, 4, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(4, 3, dtype=torch.float64)
+    op = ops.GemmAccumulateFwdOp()
+    with pytest.raises(RuntimeError, match=r"^GemmAccumulateFwdOp is forward-only \(it has no "
+                                           r"backward\), but a requires grad"):
+        op(torch.zeros(2, 3, dtype=torch.float64), a, b)
+    torch.testing.assert_close(op(torch.zeros(2, 3, dtype=torch.float64), a.detach(), b),
+                               a.detach() @ b)
 
 
 @pytest.mark.parametrize("second", ["grad toward the input", "backward of everything"])

@@ -123,6 +123,51 @@ def test_var_mean_in_tree_gradient_adds_what_is_given(dim, keepdim, dtype, given
     torch.testing.assert_close(got.double(), want.double(), **tol)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize(("x", "dim"), [
+    ([[0.5, -1.0, 2.0, 3.0]], 0),  # a batch of one: no degree of freedom, var is NaN
+    ([[1.0, math.inf, 3.0], [1.0, 2.0, 3.0]], 1),  # an inf in a run
+    ([[1.0, math.nan, 3.0], [1.0, 2.0, 3.0]], 1),
+])
+def test_var_mean_s_mean_alone_trains_as_torch_s(x, dim, compiled):
+    # autograd hands the unused var's gradient over as absent, and the op skips that term:
+    # zeros there would give 0 * NaN (torch's formula skips an undefined gradient)
+    x = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    op = ops.VarMeanFwdOp(dim=dim)
+
+    def loss(x):
+        _, mean = op(x)
+        return torch.where(mean.isfinite(), mean, 0).sum()
+
+    if compiled:
+        torch._dynamo.reset()
+        loss = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's degrees-of-freedom warning
+        (got,) = torch.autograd.grad(loss(x), x)
+        _, mean = torch.var_mean(x, dim)
+        (want,) = torch.autograd.grad(torch.where(mean.isfinite(), mean, 0).sum(), x)
+    assert not got.isnan().any()
+    torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("used", ["q", "k"])
+def test_an_unused_output_s_gradient_is_zeros_where_the_backward_takes_it(used):
+    # RoPE's q and k: its gradient op's upstream inputs are not optional, so an unused
+    # output's gradient reaches it as zeros (and the used one's as torch's rotation gives)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 3, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(1, 3, 1, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    q_out, k_out = ops.RopeNeoxFwdOp()(q, k)
+    out, other = (q_out, k) if used == "q" else (k_out, q)
+    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad((out * w).sum(), (q, k))
+    mine = got[0] if used == "q" else got[1]
+    assert torch.equal(got[1] if used == "q" else got[0], torch.zeros_like(other))
+    # the rotation's transpose: the gradient's norm per position and head is w's
+    torch.testing.assert_close(mine.norm(dim=-1), w.norm(dim=-1))
+
+
 @pytest.mark.parametrize("name", ["VarFwdOp", "StdFwdOp"])
 @pytest.mark.parametrize(("shape", "dim", "correction"), [
     ((5,), None, 5.0), ((5,), None, 7.0), ((2, 3), None, 6.5),  # no degree of freedom left

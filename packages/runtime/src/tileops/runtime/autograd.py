@@ -144,8 +144,24 @@ class Gradient:
                     feeds.append(("saved", self.saves.index(src[1])))
             grads = tuple(bplan.output_names.index(self._grads_by_input[n])
                           if n in self._grads_by_input else None for n in fplan.input_names)
+            # the upstream gradients an output's unused result leaves out (None) that go to
+            # an input the backward op declares optional: handed over as absent, so the op
+            # skips that term (var_mean's mean alone: no 0 * inf from the var term), as
+            # torch's formulas skip an undefined gradient; any other is zeros
+            self._absent_ok = frozenset(
+                k for k, (n, f) in enumerate(zip(bplan.input_names, feeds, strict=True))
+                if f is not None and f[0] == "grad" and bplan.sig.inputs[n].optional.text == "True")
             r = self._resolved = (bwd, tuple(feeds), grads)
         return r
+
+    @staticmethod
+    def output_metas(outputs: tuple) -> tuple | None:
+        """What a gradient of zeros of each output needs (shape, dtype, device), for a node
+        of several outputs, whose unused ones autograd hands over as None (a node of one
+        output gets its gradient, or none at all: then it gives none)."""
+        if len(outputs) < 2:
+            return None
+        return tuple(None if o is None else (o.shape, o.dtype, o.device) for o in outputs)
 
     def saved(self, inputs: tuple, outputs: tuple) -> list:
         """The tensors to save, from a call's inputs and outputs (a stand-in where the
@@ -154,13 +170,21 @@ class Gradient:
         return [stand_in(t) if k in stand else t for k, t in enumerate(
             (inputs if src == 0 else outputs)[i] for src, i in self.saved_from)]
 
-    def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool) -> tuple:
+    def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool,
+            metas: tuple | None = None) -> tuple:
         """The gradient of each forward input (None where not wanted or not differentiable),
-        from the backward op; ``traced``: emit its custom op (a compiled backward)."""
+        from the backward op; ``traced``: emit its custom op (a compiled backward). ``grads``
+        holds None for an output whose result was not used (``metas``: those outputs'
+        shapes, dtypes and devices, from :meth:`output_metas`)."""
         _, feeds, by_input = self.resolved()
         bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
         args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
                      for f in feeds)
+        if metas is not None and any(a is None and f is not None and f[0] == "grad"
+                                     for a, f in zip(args, feeds, strict=True)):
+            args = tuple(_zeros(metas[f[1]]) if a is None and f is not None and f[0] == "grad"
+                         and k not in self._absent_ok else a
+                         for k, (a, f) in enumerate(zip(args, feeds, strict=True)))
         if bwd._boundary.written and not traced:
             args = _spare_leaves(bwd, args, feeds)
         # traced: the boundary's call gives every output in the entry's order, an output
@@ -174,6 +198,11 @@ class Gradient:
             outs = (outs,)
         return tuple(outs[k] if k is not None and needs[i] else None
                      for i, k in enumerate(by_input))
+
+
+def _zeros(meta: tuple) -> Any:
+    shape, dtype, device = meta
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def _stand_ins(spec: Any, block: Any, feeds: dict) -> frozenset[int]:
@@ -329,6 +358,8 @@ class Node(torch.autograd.Function):
         if written:
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
         ctx.save_for_backward(*gradient.saved(tuple(saved_inputs), outputs))
+        ctx.set_materialize_grads(False)  # an unused output's gradient stays None
+        ctx.metas = gradient.output_metas(outputs)
         ctx.op = op
         for o in outputs:
             if o is not None and not o.is_floating_point():  # indices, masks: no gradient
@@ -343,12 +374,15 @@ class Node(torch.autograd.Function):
         op = ctx.op
         kept, ctx.kept = ctx.kept, None  # scaled in place: usable once
         needs = ctx.needs_input_grad[2:]
+        if all(g is None for g in grads):  # no gradient in, none out (gradcheck asks)
+            return (None,) * (2 + len(needs))
         if kept is not None and all(i in kept for i, n in enumerate(needs) if n):
             g, names = grads[0], op._signature.input_names
             return (None, None, *(op.scale_kept(names[i], kept[i], g) if n else None
                                   for i, n in enumerate(needs)))
         return (None, None, *op._gradient.run(op, ctx.saved_tensors, grads,
-                                               ctx.needs_input_grad[2:], traced=False))
+                                               ctx.needs_input_grad[2:], traced=False,
+                                               metas=ctx.metas))
 
 
 def register(boundary: Any, op_cls: type[Op]) -> None:
@@ -363,16 +397,20 @@ def register(boundary: Any, op_cls: type[Op]) -> None:
         by_name = dict(zip(returned, produced, strict=True))
         outputs = tuple(by_name.get(n) for n in names)
         ctx.save_for_backward(*gradient.saved(tuple(inputs[:n_inputs]), outputs))
+        ctx.set_materialize_grads(False)
+        ctx.metas = gradient.output_metas(outputs)
         ctx.key = inputs[n_inputs]
 
     def backward(ctx: Any, *grads: Any) -> tuple:
         from .registry import instance_for_key
 
+        if all(g is None for g in grads):
+            return (None,) * (n_inputs + 1)
         op = instance_for_key(ctx.key)
         by_name = dict(zip(returned, grads, strict=True))
         full = tuple(by_name.get(n) for n in names)
         out = gradient.run(op, ctx.saved_tensors, full, ctx.needs_input_grad[:n_inputs],
-                           traced=True)
+                           traced=True, metas=ctx.metas)
         return (*out, None)
 
     boundary.custom_op.register_autograd(backward, setup_context=setup_context)
