@@ -75,6 +75,11 @@ def test_window_sees_left_and_right_of_the_diagonal():
     assert window_bounds(True, None) == (-1, 0)
     assert window_bounds(False, 4) == (4, 4)
     assert window_bounds(True, (-1, -1)) == (-1, 0)
+    # a one-value tuple is both sides, as the signature's per-axis type (and torch's int
+    # lists) take it; a list as a tuple
+    assert window_bounds(False, (3,)) == (3, 3) and window_bounds(False, [3, 1]) == (3, 1)
+    torch.testing.assert_close(MultiHeadAttentionFwdOp(window=(2,))(q, k, v),
+                               MultiHeadAttentionFwdOp(window=2)(q, k, v), rtol=0, atol=0)
 
 
 def test_rows_that_see_no_key_are_zero_with_lse_minus_inf():

@@ -52,6 +52,7 @@ from tileops.kernels.attention_bwd import (
     AttentionBwdTmaKernel,
 )
 from tileops.runtime import Op
+from tileops.spec.primitives import per_axis
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -70,10 +71,8 @@ def window_bounds(is_causal: bool, window: Any) -> tuple[int, int]:
     sides, None unbounded) with ``is_causal`` bounding the right side at 0."""
     if window is None:
         left = right = -1
-    elif isinstance(window, int):
-        left = right = window
-    else:
-        left, right = window
+    else:  # an int, or one value for both sides, as the signature's per-axis type allows
+        left, right = per_axis(window, 0, 2), per_axis(window, 1, 2)
     if is_causal:
         right = 0 if right < 0 else min(right, 0)
     return left, right
