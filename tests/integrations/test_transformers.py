@@ -10,6 +10,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -483,6 +484,76 @@ def test_llama3_rope_scaling():
     ids = tokens(seq=40)
     with torch.no_grad():
         assert_close(model(ids).logits, ref(ids).logits, 2e-5, "logits")
+
+
+_SHORT = [1.0 + 0.1 * i for i in range(8)]
+_LONG = [2.0 + 0.3 * i for i in range(8)]
+
+
+@pytest.mark.parametrize(("config", "scaling"), [
+    # YaRN without the pre-YaRN length: transformers takes max_position_embeddings
+    ({"max_position_embeddings": 64}, {"rope_type": "yarn", "factor": 4.0}),
+    ({"max_position_embeddings": 256},
+     {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}),
+    ({"max_position_embeddings": 256},  # DeepSeek's attention factor
+     {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 1.0,
+      "original_max_position_embeddings": 64}),
+    ({"max_position_embeddings": 256},  # None: transformers' default
+     {"rope_type": "yarn", "factor": 4.0, "beta_fast": None,
+      "original_max_position_embeddings": 64}),
+    # LongRoPE: Phi-3's original length is a config attribute, and the factor max / original
+    ({"max_position_embeddings": 8192, "original_max_position_embeddings": 2048},
+     {"rope_type": "longrope", "short_factor": _SHORT, "long_factor": _LONG}),
+    ({"max_position_embeddings": 1024, "original_max_position_embeddings": 2048},
+     {"rope_type": "longrope", "short_factor": _SHORT, "long_factor": _LONG}),
+    # without it the original length is max_position_embeddings, the factor the scaling's
+    ({"max_position_embeddings": 4096},
+     {"rope_type": "longrope", "short_factor": _SHORT, "long_factor": _LONG, "factor": 4.0}),
+    ({"max_position_embeddings": 4096},
+     {"rope_type": "longrope", "short_factor": _SHORT, "long_factor": _LONG, "factor": 2.0,
+      "attention_factor": 1.3}),
+], ids=["yarn-no-original", "yarn", "yarn-mscale", "yarn-beta-none", "longrope-phi3",
+        "longrope-phi3-short-max", "longrope-factor", "longrope-attention-factor"])
+@pytest.mark.parametrize("start", [0, 3000, 9000])
+def test_scaled_rope_rotates_as_hugging_face_s(config, scaling, start):
+    """The patch's rotary module against Hugging Face's on one config, float64, positions on
+    both sides of LongRoPE's switch (Hugging Face forms its frequencies in float32: a few
+    1e-4 apart at position 9000)."""
+    from transformers.models.llama import modeling_llama
+
+    cfg = transformers.LlamaConfig(hidden_size=64, num_attention_heads=4, num_key_value_heads=2,
+                                   head_dim=16, vocab_size=100, num_hidden_layers=1,
+                                   intermediate_size=32, rope_scaling=scaling, **config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # transformers' note on the assumed pre-YaRN length
+        theirs = modeling_llama.LlamaRotaryEmbedding(cfg).double()
+    mine = tit.TileOpsRotaryEmbedding(cfg)
+    g = torch.Generator().manual_seed(start)
+    q = torch.randn(1, 6, 2, 16, generator=g, dtype=torch.float64)
+    k = torch.randn(1, 6, 1, 16, generator=g, dtype=torch.float64)
+    pos = torch.arange(start, start + 6)[None]
+    cos, sin = theirs(q, pos)
+    want_q, want_k = modeling_llama.apply_rotary_pos_emb(q.transpose(1, 2), k.transpose(1, 2),
+                                                         cos, sin)
+    got_q, got_k = mine.rotary(q, k, pos)
+    torch.testing.assert_close(got_q, want_q.transpose(1, 2), rtol=0, atol=2e-3)
+    torch.testing.assert_close(got_k, want_k.transpose(1, 2), rtol=0, atol=2e-3)
+
+
+@pytest.mark.parametrize(("scaling", "message"), [
+    ({"rope_type": "yarn", "factor": 4.0, "truncate": False},
+     "rope_type 'yarn' with truncate=False is not served (the op truncates the correction "
+     "range to whole dimensions, as truncate=True)"),
+    ({"rope_type": "yarn", "factor": 4.0, "rescale": 2.0},
+     "scaling key 'rescale' is not a key of rope_type 'yarn' (factor, beta_fast, beta_slow, "
+     "attention_factor, original_max_position_embeddings, mscale, mscale_all_dim, truncate)"),
+])
+def test_a_rope_scaling_the_patch_cannot_serve_is_refused_naming_the_way_out(scaling, message):
+    model = build("llama", rope_scaling=scaling)
+    with pytest.raises(ValueError) as e:
+        tit.apply_tileops_to_llama(model)
+    assert str(e.value) == (f"TileOpsRotaryEmbedding: config.rope_scaling: {message}; patch "
+                            f"with rope=False")
 
 
 def test_bf16_rope_at_long_positions():

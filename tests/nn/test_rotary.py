@@ -76,6 +76,29 @@ def test_longrope_attention_factor_comes_from_the_model():
         math.sqrt(1 + math.log(32) / math.log(4096)), rel=1e-15)
 
 
+def test_the_lengths_before_scaling_come_from_the_model_where_the_scaling_has_none():
+    # transformers: YaRN's pre-scaling length is max_position_embeddings where the scaling
+    # names none; LongRoPE's switch is there too, its attention factor of the scaling's factor
+    yarn = RotaryEmbedding(64, scaling={"rope_type": "yarn", "factor": 4.0},
+                           max_position_embeddings=64)
+    assert yarn.op.original_max_position == 64
+    long = RotaryEmbedding(64, scaling={"rope_type": "longrope", "short_factor": [1.0] * 32,
+                                        "long_factor": [2.0] * 32, "factor": 4.0},
+                           max_position_embeddings=4096)
+    assert long.op.original_max_position == 4096
+    assert long.op.attention_scale() == pytest.approx(
+        math.sqrt(1 + math.log(4.0) / math.log(4096)), rel=1e-15)
+    deepseek = RotaryEmbedding(64, scaling={"rope_type": "yarn", "factor": 40.0, "mscale": 0.707,
+                                            "mscale_all_dim": 0.707,
+                                            "original_max_position_embeddings": 4096})
+    assert deepseek.op.attention_scale() == pytest.approx(1.0, rel=1e-15)
+    with pytest.raises(ValueError) as e:
+        RotaryEmbedding(64, scaling={"rope_type": "yarn", "factor": 4.0})
+    assert str(e.value) == ("RotaryEmbedding: rope_type 'yarn' needs the context length "
+                            "before scaling: original_max_position_embeddings in scaling, or "
+                            "max_position_embeddings")
+
+
 def test_copies_and_moves_rebuild_the_op():
     layer = RotaryEmbedding(32, rotary_dim=16, layout="bhsd")
     for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):

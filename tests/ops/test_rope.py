@@ -130,6 +130,27 @@ def test_yarn_schedule(factor, attention, scale):
     assert op.attention_scale() == pytest.approx(scale, rel=1e-15)
 
 
+def test_longrope_s_attention_factor_when_given_scales_cos_and_sin():
+    # a given factor stands for the formula of max_position / original_max_position
+    q, k = torch.randn(1, 3, 2, 32, dtype=F64), torch.randn(1, 3, 1, 32, dtype=F64)
+    pos = torch.tensor([[0, 5000, 7]])
+    one = O.RopeLongRopeFwdOp(**FACTORS, attention_factor=1.0)(q, k, pos)
+    scaled = O.RopeLongRopeFwdOp(**FACTORS, attention_factor=1.5)
+    assert scaled.attention_scale() == 1.5
+    got = scaled(q, k, pos)
+    torch.testing.assert_close(got[0], 1.5 * one[0], rtol=1e-14, atol=1e-14)
+    torch.testing.assert_close(got[1], 1.5 * one[1], rtol=1e-14, atol=1e-14)
+    # and its gradient: the transposed rotation, scaled alike
+    qq = q.clone().requires_grad_()
+    (g,) = torch.autograd.grad(scaled(qq, k, pos)[0].sum(), qq)
+    qq1 = q.clone().requires_grad_()
+    (g1,) = torch.autograd.grad(O.RopeLongRopeFwdOp(**FACTORS, attention_factor=1.0)(
+        qq1, k, pos)[0].sum(), qq1)
+    torch.testing.assert_close(g, 1.5 * g1, rtol=1e-14, atol=1e-14)
+    with pytest.raises(Exception, match="attention_factor.value > 0"):
+        O.RopeLongRopeFwdOp(**FACTORS, attention_factor=0.0)
+
+
 @pytest.mark.parametrize(("top", "long"), [(4095, False), (4096, True)])
 def test_longrope_chooses_its_table_by_the_largest_position(top, long):
     """Phi-3: the long factors once max(position) + 1 exceeds original_max_position."""

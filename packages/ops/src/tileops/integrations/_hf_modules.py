@@ -86,6 +86,24 @@ class TileOpsSwiGLUMLP(tnn.SwiGLUMLP):
         return new
 
 
+def _longrope_scaling(config: Any, scaling: dict, top: int | None) -> dict:
+    """A LongRoPE ``rope_scaling`` as transformers reads it, in the keys of
+    :class:`tileops.nn.RotaryEmbedding`: the original length is the config's
+    ``original_max_position_embeddings`` attribute (Phi-3's), the factor then
+    ``max_position_embeddings`` over it; without that attribute the original length is
+    ``max_position_embeddings`` and the factor the scaling's (transformers reads no
+    ``original_max_position_embeddings`` key of the scaling)."""
+    scaling = dict(scaling)
+    original = getattr(config, "original_max_position_embeddings", None)
+    if original:
+        scaling["original_max_position_embeddings"] = original
+        if top is not None:
+            scaling["factor"] = top / original
+    elif top is not None:
+        scaling["original_max_position_embeddings"] = top
+    return scaling
+
+
 class TileOpsRotaryEmbedding(nn.Module):
     """``LlamaRotaryEmbedding(config)`` as a :class:`tileops.nn.RotaryEmbedding`.
 
@@ -122,15 +140,24 @@ class TileOpsRotaryEmbedding(nn.Module):
         partial = getattr(config, "partial_rotary_factor", 1.0)
         if partial != 1.0:
             raise ValueError(f"TileOpsRotaryEmbedding: config.partial_rotary_factor must be 1.0 "
-                             f"(these models rotate whole heads), seen {partial!r}")
+                             f"(these models rotate whole heads), seen {partial!r}; patch with "
+                             f"rope=False")
         head_dim = getattr(config, "head_dim", None) or \
             config.hidden_size // config.num_attention_heads
         self.config = config
         self.rope_type = rope_type
-        self.rotary = tnn.RotaryEmbedding(
-            head_dim, base=float(config.rope_theta), layout="bshd",
-            scaling=scaling if rope_type != "default" else None,
-            max_position_embeddings=getattr(config, "max_position_embeddings", None))
+        top = getattr(config, "max_position_embeddings", None)
+        if rope_type == "longrope":
+            scaling = _longrope_scaling(config, scaling, top)
+        try:
+            self.rotary = tnn.RotaryEmbedding(
+                head_dim, base=float(config.rope_theta), layout="bshd",
+                scaling=scaling if rope_type != "default" else None,
+                max_position_embeddings=top)
+        except ValueError as e:  # a key or value of config.rope_scaling the layer refuses
+            raise ValueError(f"TileOpsRotaryEmbedding: config.rope_scaling: "
+                             f"{str(e).removeprefix('RotaryEmbedding: ')}; patch with "
+                             f"rope=False") from None
 
     def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple:
         """``(positions, self)``: ``position_ids`` as int64 ``[B, S]`` (a ``[1, S]`` row, as

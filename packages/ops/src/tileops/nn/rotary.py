@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -30,9 +31,17 @@ _SCALING = {
                              "original_max_position_embeddings": "original_max_position"}),
     "longrope": (RopeLongRopeFwdOp, {"short_factor": "short_factor",
                                      "long_factor": "long_factor",
+                                     "attention_factor": "attention_factor",
                                      "original_max_position_embeddings":
                                          "original_max_position"}),
 }
+#: the keys Hugging Face reads that the layer folds into the op's params itself
+_FOLDED = {"yarn": ("mscale", "mscale_all_dim", "truncate"), "longrope": ("factor",)}
+
+
+def _mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention scale of a factor (transformers' ``get_mscale``)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class RotaryEmbedding(HoldsOp, nn.Module):
@@ -82,19 +91,21 @@ class RotaryEmbedding(HoldsOp, nn.Module):
             params = {**common, "cache_length": self.cache_length}
         elif rope_type in _SCALING:
             cls, keys = _SCALING[rope_type]
-            unknown = sorted(set(scaling) - set(keys) - {"rope_type", "type"})
+            folded = _FOLDED.get(rope_type, ())
+            unknown = sorted(set(scaling) - set(keys) - set(folded) - {"rope_type", "type"})
             if unknown:
                 raise ValueError(f"RotaryEmbedding: scaling key {unknown[0]!r} is not a key of "
-                                 f"rope_type {rope_type!r} ({', '.join(keys)})")
+                                 f"rope_type {rope_type!r} ({', '.join((*keys, *folded))})")
             params = {**common, "interleaved": self.interleaved,
-                      **{keys[k]: v for k, v in scaling.items() if k in keys}}
+                      **{keys[k]: v for k, v in scaling.items() if k in keys and v is not None}}
+            if rope_type == "yarn":
+                params.update(self._yarn(scaling))
             if rope_type == "longrope":
                 if self.cache_length:
                     raise ValueError("RotaryEmbedding: rope_type 'longrope' computes every "
                                      "angle (its table depends on the call); cache_length "
                                      "must be 0")
-                if self.max_position_embeddings is not None:
-                    params["max_position"] = self.max_position_embeddings
+                params.update(self._longrope(scaling))
             else:
                 params["cache_length"] = self.cache_length
         else:
@@ -103,6 +114,54 @@ class RotaryEmbedding(HoldsOp, nn.Module):
         op = cls(**params, target=self.target)
         self.__dict__["_op"] = op
         return op
+
+    def _original(self, scaling: dict, rope_type: str) -> int:
+        """The context length before scaling: the scaling's
+        ``original_max_position_embeddings``, else the model's ``max_position_embeddings``
+        (as transformers reads it)."""
+        original = scaling.get("original_max_position_embeddings") or \
+            self.max_position_embeddings
+        if original is None:
+            raise ValueError(f"RotaryEmbedding: rope_type {rope_type!r} needs the context "
+                             f"length before scaling: original_max_position_embeddings in "
+                             f"scaling, or max_position_embeddings")
+        return original
+
+    def _yarn(self, scaling: dict) -> dict:
+        """YaRN's params as transformers derives them from the config: the original length
+        (above), beta_fast and beta_slow where given and nonzero, and the attention factor
+        of ``mscale`` and ``mscale_all_dim`` where both are given and nonzero."""
+        if scaling.get("truncate", True) is not True:
+            raise ValueError("RotaryEmbedding: rope_type 'yarn' with truncate="
+                             f"{scaling['truncate']!r} is not served (the op truncates the "
+                             "correction range to whole dimensions, as truncate=True)")
+        params: dict[str, Any] = {"original_max_position": self._original(scaling, "yarn")}
+        for key in ("beta_fast", "beta_slow"):  # transformers: `or` its default
+            if key in scaling and not scaling[key]:
+                params[key] = 32.0 if key == "beta_fast" else 1.0
+        factor, mscale, all_dim = (scaling.get(k) for k in ("factor", "mscale",
+                                                             "mscale_all_dim"))
+        if scaling.get("attention_factor") is None and factor is not None and mscale \
+                and all_dim:
+            params["attention_factor"] = _mscale(factor, mscale) / _mscale(factor, all_dim)
+        return params
+
+    def _longrope(self, scaling: dict) -> dict:
+        """LongRoPE's params: the short/long switch at the original length (above); the
+        attention factor given, else of ``factor`` (transformers' formula), else of
+        ``max_position_embeddings / original`` (Phi-3's configs)."""
+        original = self._original(scaling, "longrope")
+        top = self.max_position_embeddings
+        params: dict[str, Any] = {"original_max_position": original}
+        factor = scaling.get("factor")
+        if scaling.get("attention_factor") is None and factor is not None:
+            params["attention_factor"] = 1.0 if factor <= 1 else math.sqrt(
+                1 + math.log(factor) / math.log(original))
+        if scaling.get("attention_factor") is not None or "attention_factor" in params:
+            top = max(original, top or original)  # read by no formula then
+        if top is not None:
+            params["max_position"] = top
+        return params
 
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 position_ids: torch.Tensor | None = None) -> tuple:

@@ -397,6 +397,8 @@ class _LongRope(RopeOp):
         return max_position + 1 > self.original_max_position
 
     def attention_scale(self) -> float:
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
         scale = self.max_position / self.original_max_position
         if scale <= 1:
             return 1.0
