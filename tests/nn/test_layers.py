@@ -277,6 +277,35 @@ def test_fused_add_rms_norm_repr():
 # --- the op: passed params, copies, rebuilds -----------------------------------------------------
 
 
+def _ops_of(layer):
+    """Every op a layer runs, its parts' included (held ops and the parts' ``op``)."""
+    from tileops.runtime import Op
+
+    found = []
+    for module in layer.modules():
+        found += [v for v in vars(module).values() if isinstance(v, Op)]
+    return found
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tnn.SwiGLUMLP(8, 16),
+    lambda: tnn.Attention(32, 4, 2),
+    lambda: tnn.Attention(32, 4, 2, window=4, softcap=30.0),
+], ids=["swiglu_mlp", "attention", "attention-window"])
+def test_assigning_a_composite_layer_s_target_reaches_every_part(make):
+    layer = make()
+    assert {op.target for op in _ops_of(layer)} == {None}
+    layer.target = "reference"
+    ops_ = _ops_of(layer)
+    assert len(ops_) >= 2 and {op.target for op in ops_} == {"reference"}
+    assert {m.target for m in layer.modules() if hasattr(m, "target")} == {"reference"}
+    layer.target = None  # and back
+    assert {op.target for op in _ops_of(layer)} == {None}
+    moved = copy.deepcopy(make()).double()  # a move rebuilds the held ops with the target
+    moved.target = "reference"
+    assert {op.target for op in _ops_of(moved.double())} == {"reference"}
+
+
 def test_the_op_gets_the_layers_params():
     op = tnn.RMSNorm((2, 4), eps=1e-3, target="reference").op
     assert (type(op).__name__, op.normalized_shape, op.eps, op.target) == \

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from tileops.runtime import Op
 
-__all__ = ["HoldsOp"]
+__all__ = ["HoldsOp", "PassesTarget"]
 
 
 class HoldsOp:
@@ -91,3 +91,33 @@ class HoldsOp:
         module = super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
         self._build_op()
         return module
+
+
+class PassesTarget:
+    """Mixin of the layers made of other layers (before ``torch.nn.Module`` in the bases):
+    ``target`` is every part's. Assigning it after construction sets it on each child layer
+    that holds one (each rebuilds its op) and rebuilds the ops this layer holds itself
+    (:meth:`_build_held`, also run after ``_apply``: a move builds fresh ops, which choose
+    their target again on the new device). A layer calls :meth:`_parts_done` at the end of
+    its ``__init__``."""
+
+    target: str | None
+
+    def _build_held(self) -> None:
+        """Build the ops this layer holds itself, from its attributes (none by default)."""
+
+    def _parts_done(self) -> None:
+        self.__dict__["_parts_built"] = True
+
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        module = super()._apply(fn, *args, **kwargs)  # type: ignore[misc]
+        self._build_held()
+        return module
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)  # type: ignore[misc]
+        if name == "target" and "_parts_built" in self.__dict__:
+            for child in self.children():  # type: ignore[attr-defined]
+                if isinstance(child, (HoldsOp, PassesTarget)):
+                    child.target = value
+            self._build_held()

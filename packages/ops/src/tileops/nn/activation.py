@@ -10,7 +10,7 @@ from torch import nn
 
 from tileops.ops import GeluFwdOp, ReluFwdOp, SiluFwdOp, SwiGLUFwdOp
 
-from ._holder import HoldsOp
+from ._holder import HoldsOp, PassesTarget
 from .linear import Linear
 
 __all__ = ["GELU", "ReLU", "SiLU", "SwiGLUMLP"]
@@ -65,7 +65,7 @@ class GELU(_Activation, nn.GELU):
         self._build_op()
 
 
-class SwiGLUMLP(nn.Module):
+class SwiGLUMLP(PassesTarget, nn.Module):
     """The Llama MLP, ``down_proj(silu(gate_proj(x)) * up_proj(x))``: three bias-free (by
     default) :class:`~tileops.nn.Linear` projections on TileOPs' GEMM and
     :class:`~tileops.ops.SwiGLUFwdOp` between them, which reads the two projections once and
@@ -82,7 +82,11 @@ class SwiGLUMLP(nn.Module):
         self.up_proj = Linear(hidden_size, intermediate_size, bias, **kw)
         self.down_proj = Linear(intermediate_size, hidden_size, bias, **kw)
         self.target = target
-        self.swiglu = SwiGLUFwdOp(target=target)
+        self._build_held()
+        self._parts_done()
+
+    def _build_held(self) -> None:
+        self.swiglu = SwiGLUFwdOp(target=self.target)
 
     @classmethod
     def from_mlp(cls, mlp: nn.Module, *, target: str | None = None) -> SwiGLUMLP:
@@ -112,13 +116,6 @@ class SwiGLUMLP(nn.Module):
                   dtype=w.dtype, target=target)
         out.load_state_dict(mlp.state_dict(), strict=False)
         return out
-
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # .to() / .cuda() / .half(): a fresh op, which chooses its target again on the new
-        # device (as the layers' held ops are rebuilt, _holder.py)
-        module = super()._apply(fn, *args, **kwargs)
-        self.swiglu = SwiGLUFwdOp(target=self.target)
-        return module
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.swiglu(self.gate_proj(x), self.up_proj(x)))

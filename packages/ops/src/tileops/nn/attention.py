@@ -12,7 +12,7 @@ from torch import nn
 
 from tileops.ops import GroupedQueryAttentionFwdOp
 
-from ._holder import HoldsOp
+from ._holder import HoldsOp, PassesTarget
 from .linear import Linear
 from .rotary import RotaryEmbedding
 
@@ -117,7 +117,7 @@ def projections_of(layer: str, q: Any, k: Any, v: Any, o: Any, num_heads: int,
     return hidden, num_kv_heads, head_dim, biases.pop()
 
 
-class Attention(nn.Module):
+class Attention(PassesTarget, nn.Module):
     """The grouped-query attention block of a decoder layer (Llama's, Mistral's, Qwen2's):
     ``o_proj(attention(rotary(q_proj(x), k_proj(x)), v_proj(x)))`` over ``x`` of ``[B, S,
     hidden_size]``, returning ``[B, S, hidden_size]``.
@@ -179,6 +179,8 @@ class Attention(nn.Module):
         self.attention = ScaledDotProductAttention(is_causal=is_causal, scale=scale,
                                                    window=window, softcap=softcap,
                                                    target=target)
+        self.target = target
+        self._parts_done()
 
     @classmethod
     def from_linears(cls, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,

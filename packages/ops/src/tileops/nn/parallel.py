@@ -48,7 +48,7 @@ from torch import nn
 
 from tileops.ops import GemmFwdOp, GroupedQueryAttentionFwdOp, SwiGLUFwdOp
 
-from ._holder import HoldsOp
+from ._holder import HoldsOp, PassesTarget
 from .attention import heads_of, projections_of
 from .functional import linear_with
 from .rotary import RotaryEmbedding
@@ -314,7 +314,7 @@ class RowParallelLinear(_ParallelLinear):
         return super().extra_repr() + f", input_is_parallel={self.input_is_parallel}"
 
 
-class TensorParallelMLP(nn.Module):
+class TensorParallelMLP(PassesTarget, nn.Module):
     """The Llama MLP, ``down_proj(silu(gate_proj(x)) * up_proj(x))``, tensor-parallel:
     ``gate_proj`` and ``up_proj`` are :class:`ColumnParallelLinear` (``intermediate /
     world_size`` features a rank), ``down_proj`` a :class:`RowParallelLinear` reading them. The
@@ -338,13 +338,11 @@ class TensorParallelMLP(nn.Module):
         self.up_proj = ColumnParallelLinear(hidden, intermediate, bias, **kw)
         self.down_proj = RowParallelLinear(intermediate, hidden, bias, **kw)
         self.target = target
-        self.swiglu = SwiGLUFwdOp(target=target)
+        self._build_held()
+        self._parts_done()
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # a move builds a fresh op, which chooses its target again on the new device
-        module = super()._apply(fn, *args, **kwargs)
+    def _build_held(self) -> None:
         self.swiglu = SwiGLUFwdOp(target=self.target)
-        return module
 
     @classmethod
     def from_mlp(cls, gate: nn.Linear, up: nn.Linear, down: nn.Linear, group: Any = None, *,
@@ -383,7 +381,7 @@ class TensorParallelMLP(nn.Module):
         return self.down_proj(h)
 
 
-class TensorParallelAttention(nn.Module):
+class TensorParallelAttention(PassesTarget, nn.Module):
     """Llama's attention block, tensor-parallel over heads: ``q_proj``, ``k_proj`` and
     ``v_proj`` are :class:`ColumnParallelLinear` (``num_heads / world_size`` query heads and
     ``num_kv_heads / world_size`` key/value heads a rank, each rank the ``r``-th block of
@@ -416,13 +414,11 @@ class TensorParallelAttention(nn.Module):
         self.o_proj = RowParallelLinear(num_heads * head_dim, hidden, False, **kw)
         self.rotary = RotaryEmbedding(head_dim, base=rope_theta, target=target)
         self.target = target
-        self.attention = GroupedQueryAttentionFwdOp(is_causal=True, target=target)
+        self._build_held()
+        self._parts_done()
 
-    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        # a move builds a fresh op, which chooses its target again on the new device
-        module = super()._apply(fn, *args, **kwargs)
+    def _build_held(self) -> None:
         self.attention = GroupedQueryAttentionFwdOp(is_causal=True, target=self.target)
-        return module
 
     @classmethod
     def from_linears(cls, q: nn.Linear, k: nn.Linear, v: nn.Linear, o: nn.Linear,
