@@ -200,7 +200,9 @@ class Gradient:
                      for i, k in enumerate(by_input))
 
 
-def _zeros(meta: tuple) -> Any:
+def _zeros(meta: tuple | None) -> Any:
+    if meta is None:  # an output the call left out: nothing to stand for
+        return None
     shape, dtype, device = meta
     return torch.zeros(shape, dtype=dtype, device=device)
 
