@@ -552,8 +552,8 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
                 if prefetch:
                     T.copy(C[by * bm, bx * bn], C_s, annotations={ws: "load_c"})
                     with T.ws_op("add_c"):
-                        for i, j in T.Parallel(bm, bn):
-                            C_l[i, j] += C_s[i, j]
+                        for r, c in T.Parallel(bm, bn):
+                            C_l[r, c] += C_s[r, c]
                 T.copy(C_l, C_s, annotations={ws: "to_shared"})
                 T.copy(C_s, C[by * bm, bx * bn], annotations={ws: "store"})
             if pdl:
