@@ -151,19 +151,28 @@ def test_var_mean_s_mean_alone_trains_as_torch_s(x, dim, compiled):
     torch.testing.assert_close(got, want)
 
 
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
 @pytest.mark.parametrize("used", ["q", "k"])
-def test_an_unused_output_s_gradient_is_zeros_where_the_backward_takes_it(used):
-    # RoPE's q and k: its gradient op's upstream inputs are not optional, so an unused
-    # output's gradient reaches it as zeros (and the used one's as torch's rotation gives)
+def test_an_input_reaching_only_an_unused_output_gets_no_gradient(used, compiled):
+    # RoPE's q reaches q_out alone and k k_out (the block's reaches): with one output used,
+    # the other input's gradient is None, as torch's autograd gives it, and the used one's
+    # is the rotation's transpose
     g = torch.Generator().manual_seed(6)
     q = torch.randn(1, 3, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)
     k = torch.randn(1, 3, 1, 4, generator=g, dtype=torch.float64, requires_grad=True)
-    q_out, k_out = ops.RopeNeoxFwdOp()(q, k)
-    out, other = (q_out, k) if used == "q" else (k_out, q)
-    w = torch.randn(out.shape, generator=g, dtype=torch.float64)
-    got = torch.autograd.grad((out * w).sum(), (q, k))
-    mine = got[0] if used == "q" else got[1]
-    assert torch.equal(got[1] if used == "q" else got[0], torch.zeros_like(other))
+    op = ops.RopeNeoxFwdOp()
+    w = torch.randn((q if used == "q" else k).shape, generator=g, dtype=torch.float64)
+
+    def loss(q, k):
+        q_out, k_out = op(q, k)
+        return ((q_out if used == "q" else k_out) * w).sum()
+
+    if compiled:
+        torch._dynamo.reset()
+        loss = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    got = torch.autograd.grad(loss(q, k), (q, k), allow_unused=True)
+    mine, other = got if used == "q" else got[::-1]
+    assert other is None
     # the rotation's transpose: the gradient's norm per position and head is w's
     torch.testing.assert_close(mine.norm(dim=-1), w.norm(dim=-1))
 

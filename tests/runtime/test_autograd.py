@@ -64,6 +64,22 @@ class RowSumGradBwdOp(Op, specs=SPECS):
         return (dy.expand(x.shape),)
 
 
+class ForkGradOp(Op, specs=SPECS):
+    def reference(self, call, x, w):
+        return x * w, 2 * x
+
+
+class ForkGradBwdOp(Op, specs=SPECS):
+    #: (dy given, grad_w) of each call
+    seen: list = []
+
+    def reference(self, call, dz, x, w, dy):
+        ForkGradBwdOp.seen.append((dy is not None, self.grad_w))
+        dx = 2 * dz if dy is None else 2 * dz + dy * w
+        dw = (dy * x).sum(0) if self.grad_w and dy is not None else None
+        return dx, dw
+
+
 def _leaf(*shape, dtype=torch.float64):
     return torch.randn(*shape, dtype=dtype, requires_grad=True)
 
@@ -99,6 +115,43 @@ def test_needs_turns_off_a_gradient_no_input_wants() -> None:
     op(x, bias).sum().backward()
     assert sorted(op._backward_ops) == [(False,), (True,)]
     torch.testing.assert_close(bias.grad, torch.full((3,), 2.0, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_an_input_reaching_only_unused_outputs_gets_no_gradient(compiled) -> None:
+    # w reaches y alone: with z alone used, w's gradient is None (as torch's autograd gives
+    # it), the backward op is built with grad_w off and y's gradient reaches it absent
+    op = ForkGradOp()
+    x, w = _leaf(3, 4), _leaf(4)
+
+    def loss(x, w, used):
+        y, z = op(x, w)
+        return (z if used == "z" else y).pow(2).sum()
+
+    if compiled:
+        torch._dynamo.reset()
+        loss = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    ForkGradBwdOp.seen.clear()
+    gx, gw = torch.autograd.grad(loss(x, w, "z"), (x, w), allow_unused=True)
+    assert gw is None and ForkGradBwdOp.seen == [(False, False)]
+    torch.testing.assert_close(gx, 8 * x.detach())
+    assert list(op._backward_ops) == [(False,)]
+    ForkGradBwdOp.seen.clear()
+    gx, gw = torch.autograd.grad(loss(x, w, "y"), (x, w))  # both reach y
+    assert ForkGradBwdOp.seen == [(True, True)]
+    y = x.detach() * w.detach()
+    torch.testing.assert_close(gx, 2 * y * w.detach())
+    torch.testing.assert_close(gw, (2 * y * x.detach()).sum(0))
+
+
+def test_no_backward_runs_where_every_wanted_input_reaches_only_unused_outputs() -> None:
+    op = ForkGradOp()
+    x, w = torch.randn(3, 4, dtype=torch.float64), _leaf(4)
+    y, z = op(x, w)
+    assert z.requires_grad  # w requires grad, so every floating output does
+    ForkGradBwdOp.seen.clear()
+    (gw,) = torch.autograd.grad(z.sum(), w, allow_unused=True)
+    assert gw is None and ForkGradBwdOp.seen == [] and not op._backward_ops
 
 
 def test_the_backward_op_is_built_once_per_needs_and_reused() -> None:

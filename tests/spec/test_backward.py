@@ -284,7 +284,7 @@ def test_feeds_refuses_a_value_that_is_no_feed() -> None:
 @pytest.mark.parametrize(("old", "new", "message"), [
     ("    needs: {w: grad_w}\n", "    needs: {w: grad_w}\n    need: {x: grad_x}\n",
      "ops.yaml:19: in Op.backward: unknown field 'need'; expected one of: op, inputs, grads, "
-     "saves, needs"),
+     "saves, needs, reaches"),
     ("    grads: {x: dx, w: dw}\n", "",
      "ops.yaml:13: in Op.backward: missing required field 'grads'"),
     (FEEDS, 'inputs: {dy: "grad(y", x: x, w: w}',
@@ -414,6 +414,34 @@ FAILING = [
             ('backward', "ops.yaml:18: in Op.backward.needs.w: needs maps w to 'grad_ww', which is not a param of OpBwd (params: flag, grad_w)"),
         ],
         id="backward:needs-value-not-a-param",
+    ),
+    pytest.param(
+        edit(MINI, NEEDS, NEEDS + "\n    reaches: {x: [y], z: [y]}"),
+        [
+            ('backward', "ops.yaml:19: in Op.backward.reaches.z: reaches names 'z', which is not a key of grads (grads: x, w)"),
+        ],
+        id="backward:reaches-key-not-in-grads",
+    ),
+    pytest.param(
+        edit(MINI, NEEDS, NEEDS + "\n    reaches: {w: [y, z]}"),
+        [
+            ('backward', "ops.yaml:19: in Op.backward.reaches.w: reaches lists 'z' for w, which is not an output of Op (outputs: y)"),
+        ],
+        id="backward:reaches-an-unknown-output",
+    ),
+    pytest.param(
+        edit(MINI, NEEDS, NEEDS + "\n    reaches: {w: []}"),
+        [
+            ('backward', 'ops.yaml:19: in Op.backward.reaches.w: reaches lists no output for w; an input with a gradient reaches at least one output'),
+        ],
+        id="backward:reaches-no-output",
+    ),
+    pytest.param(
+        edit(MINI, NEEDS, NEEDS + "\n    reaches: {w: [y, y]}"),
+        [
+            ('backward', 'ops.yaml:19: in Op.backward.reaches.w: reaches lists an output twice for w'),
+        ],
+        id="backward:reaches-an-output-twice",
     ),
     pytest.param(
         edit(MINI, NEEDS, "needs: {w: scale}", BWD_PARAMS, BWD_PARAMS + "\n      scale: {type: float, default: 1.0}"),
@@ -548,6 +576,7 @@ PASSING = {
         ("an-optional-input-left-unfed", edit(
             MINI, FEEDS, 'inputs: {dy: "grad(y)", x: x}', SAVES, "saves: [x]",
             'w: {dtype: T, shape: "[Q]"}', 'w: {dtype: T, shape: "[Q]", optional: true}')),
+        ("reaches-an-output", edit(MINI, NEEDS, NEEDS + "\n    reaches: {w: [y]}")),
         ("a-saved-output", edit(
             MINI, SAVES, "saves: [x, w, y]", 'w: {dtype: T, shape: "[Q]"}',
             'w: {dtype: T, shape: "[Q]"}\n      y: {dtype: T, shape: "[P, Q]"}',

@@ -38,6 +38,13 @@ supplies its own); where the forward kept fewer than the caller needs, or a reta
 run backward a second time, the backward op runs as usual. Compiled calls never keep (the
 custom op's forward runs outside any node): their backward is the backward op.
 
+An output whose result is unused gets no upstream gradient (autograd hands the node None):
+where the backward op declares the input it feeds ``optional``, it is handed over absent and
+the op skips that term (torch's formulas skip an undefined gradient: no ``0 * inf`` from a
+term whose every product is zero), elsewhere it is zeros. A differentiable input the block
+says ``reaches`` only such outputs gets no gradient (None, as torch's autograd gives it), and
+the backward op is built with its ``needs`` flag off.
+
 The backward is once-differentiable: differentiating a gradient again (``create_graph=True``,
 then a backward through the gradient) raises torch's error, naming the op, even where the
 incoming gradient is a constant (a loss's), where torch's own decorator lets it pass silently.
@@ -108,6 +115,10 @@ class Gradient:
         self.differentiable = frozenset(ins.index(n) for n in block.grads)
         #: (input index, Bool param of the backward op): is that gradient wanted
         self.needs = tuple((ins.index(n), p) for n, p in (block.needs or {}).items())
+        #: (input index, output indices): the outputs an input reaches (``reaches``); where
+        #: none of their results is used, the input gets no gradient
+        self.reaches = tuple((ins.index(n), tuple(outs.index(o) for o in reached))
+                             for n, reached in (block.reaches or {}).items())
         self._resolved: tuple | None = None
         #: the eager node's class, named after the op (``grad_fn`` prints
         #: ``<RMSNormFwdOpBackward ...>``)
@@ -172,11 +183,20 @@ class Gradient:
 
     def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool,
             metas: tuple | None = None) -> tuple:
-        """The gradient of each forward input (None where not wanted or not differentiable),
-        from the backward op; ``traced``: emit its custom op (a compiled backward). ``grads``
-        holds None for an output whose result was not used (``metas``: those outputs'
-        shapes, dtypes and devices, from :meth:`output_metas`)."""
+        """The gradient of each forward input (None where not wanted, not differentiable, or
+        reaching only unused outputs), from the backward op; ``traced``: emit its custom op (a
+        compiled backward). ``grads`` holds None for an output whose result was not used
+        (``metas``: those outputs' shapes, dtypes and devices, from :meth:`output_metas`)."""
         _, feeds, by_input = self.resolved()
+        if self.reaches:
+            # an input that reaches only outputs whose results are unused has no gradient
+            # (None, as torch's autograd gives it), and its needs flag is off
+            cut = [i for i, reached in self.reaches
+                   if needs[i] and all(grads[o] is None for o in reached)]
+            if cut:
+                needs = tuple(bool(n) and i not in cut for i, n in enumerate(needs))
+                if not any(needs):
+                    return (None,) * len(by_input)
         bwd = op._backward_op(tuple(bool(needs[i]) for i, _ in self.needs))
         args = tuple(None if f is None else grads[f[1]] if f[0] == "grad" else saved[f[1]]
                      for f in feeds)

@@ -302,8 +302,11 @@ class Backward(Base, frozen=True):
     name (expressions, read by :attr:`feeds`); ``grads`` maps each differentiable forward
     input to the backward output holding its gradient (two inputs may share one output);
     ``needs`` maps a differentiable input to the backward's Bool param that says whether its
-    gradient is wanted. The backward's params are the forward's params of the same names,
-    the ``needs`` params, and params with defaults.
+    gradient is wanted; ``reaches`` maps a differentiable input to the forward outputs whose
+    values depend on it (one not listed reaches every output): where none of those outputs'
+    results is used, the input has no gradient (None, as torch's autograd gives an input no
+    used output depends on). The backward's params are the forward's params of the same
+    names, the ``needs`` params, and params with defaults.
     """
 
     op: str
@@ -311,6 +314,7 @@ class Backward(Base, frozen=True):
     grads: dict[str, str]
     saves: tuple[str, ...] = ()
     needs: dict[str, str] = {}
+    reaches: dict[str, tuple[str, ...]] = {}
 
     @property
     def feeds(self) -> dict[str, Feed]:

@@ -4,8 +4,9 @@ The backward op is an ordinary entry of the same file, so the block is checked a
 between two signatures: the op exists and is not differentiated again; ``saves`` names
 forward tensors; ``inputs`` feeds every required backward input from ``grad(<output>)`` or a
 saved name and nothing else; ``grads`` maps forward inputs to backward outputs; ``needs``
-maps ``grads`` keys to Bool params of the backward; every backward param without a default
-is given (a forward param of the same name, whose value is passed, or a ``needs`` param).
+maps ``grads`` keys to Bool params of the backward; ``reaches`` maps ``grads`` keys to forward
+outputs (at least one, each once); every backward param without a default is given (a
+forward param of the same name, whose value is passed, or a ``needs`` param).
 
 Then the shapes and dtypes unify, by one-way matching of the backward's declarations
 (patterns) against the forward's (terms): one substitution of the backward's indices (forall,
@@ -145,6 +146,20 @@ def _check_forward_side(ctx: EntryContext, path: str) -> None:
         if k not in bw.grads:
             ctx.report.add(f"{path}.needs.{k}", f"needs names {k!r}, which is not a key of "
                            f"grads (grads: {_names(bw.grads)})", RULE)
+    for k, reached in bw.reaches.items():
+        where = f"{path}.reaches.{k}"
+        if k not in bw.grads:
+            ctx.report.add(where, f"reaches names {k!r}, which is not a key of grads (grads: "
+                           f"{_names(bw.grads)})", RULE)
+        if not reached:
+            ctx.report.add(where, f"reaches lists no output for {k}; an input with a gradient "
+                           f"reaches at least one output", RULE)
+        for o in reached:
+            if o not in fwd.outputs:
+                ctx.report.add(where, f"reaches lists {o!r} for {k}, which is not an output "
+                               f"of {ctx.name} (outputs: {_names(fwd.outputs)})", RULE)
+        if len(set(reached)) != len(reached):
+            ctx.report.add(where, f"reaches lists an output twice for {k}", RULE)
     for n, ex in bw.inputs.items():
         feed = feed_of(ex)
         where = f"{path}.inputs.{n}"
