@@ -507,3 +507,41 @@ def test_non_contiguous_upstream_gradients(cls, case, present, layout):
     for i, g, w in zip(at, got, want, strict=True):
         _close(g, w, f"{cls.__name__} ({layout} upstream): grad of "
                      f"{cls._signature.input_names[i]}")
+
+
+# --- one output of several used ----------------------------------------------------------------
+
+
+def _floating_outputs(cls: type[Op], case: Case, present: Mapping[str, bool]) -> list[int]:
+    """The positions, in the call's result, of the outputs with a gradient (floating)."""
+    op = cls(target=REFERENCE, **case.params)
+    with torch.no_grad():
+        outs = as_outputs(op(*_inputs(cls, case, present)))
+    return [j for j, o in enumerate(outs) if o is not None and o.is_floating_point()]
+
+
+#: (op, case, presence, the output used alone) for every op whose call returns several
+#: outputs with a gradient
+ALONE_CASES = [pytest.param(*p.values, j, id=f"{p.id}-{p.values[0]._signature.output_names[j]}")
+               for p in SMALL if len(outs := _floating_outputs(*p.values)) > 1 for j in outs]
+
+
+@pytest.mark.parametrize(("cls", "case", "present", "used"), ALONE_CASES)
+def test_one_output_used_alone_gives_torchs_gradients(cls, case, present, used):
+    """Only one output's result reaches the loss: each input's gradient is torch's autograd of
+    the eager equivalent, None where torch gives None (an input no used output depends on),
+    and no NaN where torch's is finite."""
+    op = cls(target=REFERENCE, **case.params)
+    inputs = _inputs(cls, case, present)
+    at = [i for i in _differentiable(cls) if inputs[i] is not None]
+    douts = [g if j == used else None for j, g in enumerate(_douts(op, inputs))]
+    leaves = [inputs[i].clone().requires_grad_() for i in at]
+    outs = as_outputs(_forward(op, inputs, at)(*leaves))
+    got = torch.autograd.grad(outs[used], leaves, douts[used], allow_unused=True)
+    want = _eager_grads(op, inputs, at, douts)
+    for i, g, w in zip(at, got, want, strict=True):
+        what = f"{cls.__name__}, {op.returned_outputs[used]} alone: grad of " \
+               f"{cls._signature.input_names[i]}"
+        assert (g is None) == (w is None), f"{what} is {g}, torch's {w}"
+        if w is not None:
+            _close(g, w, what)
