@@ -1,7 +1,8 @@
 """The row-norm family base's forward on CPU, through a plain-PyTorch implementation of its
 slot installed with ``kernel_map``: the typed call spec it states, the layout it hands the
 kernel, and results written back into the caller's tensors when an in-place op runs on a
-copy (a strided or misaligned view)."""
+copy (a strided or misaligned view); and the fused add's gradient without dy, which runs no
+kernel."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ import pytest
 import torch
 
 from tileops.kernels.norm import RowNormFwdInterface, RowNormKind, RowNormSpec
-from tileops.ops import FusedAddRMSNormFwdOp, LayerNormFwdOp, RMSNormFwdOp
+from tileops.kernels.norm_bwd import RowNormBwdInterface
+from tileops.ops import (
+    FusedAddRMSNormBwdOp,
+    FusedAddRMSNormFwdOp,
+    LayerNormFwdOp,
+    RMSNormFwdOp,
+)
 from tileops.runtime import Kernel
 
 SEEN: list = []
@@ -132,3 +139,38 @@ def test_the_ops_choice_among_the_row_norm_kernels(monkeypatch, kind, rows, n, c
     candidates = RowNormOp.kernel_types[norm.RowNormFwdInterface]
     assert runtime_kernel.select(norm.RowNormFwdInterface, candidates,
                                  spec).__name__ == chosen
+
+
+class TorchRowNormBwd(Kernel, RowNormBwdInterface):
+    """The gradient slot in plain PyTorch, on CPU (the fused add's form: dres given)."""
+
+    devices = ("cpu",)
+    general = True
+    calls = 0
+
+    def __call__(self, dy, dres, x, weight, dx, dweight, dbias):
+        TorchRowNormBwd.calls += 1
+        xf, dyf = x.double(), dy.double()
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.eps)
+        xhat = xf * rstd
+        g = dyf if weight is None else dyf * weight.double()
+        dx.copy_(rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True)) + dres.double())
+        if dweight is not None:
+            dweight.copy_((dyf * xhat).sum(0))
+
+
+def test_the_fused_add_gradient_without_dy_runs_no_kernel():
+    # y's result unused: dx is dresidual_out as handed (no norm term, whose zeros times a
+    # row's inf would be NaN), no dweight, and the slot is not called
+    op = FusedAddRMSNormBwdOp(kernel_map={"row_norm_bwd": TorchRowNormBwd})
+    s, dres, w = torch.randn(4, 16), torch.randn(4, 16), torch.randn(16)
+    s[1, 3] = float("inf")
+    TorchRowNormBwd.calls = 0
+    dx, dweight = op(dres, s, w)
+    assert TorchRowNormBwd.calls == 0 and dweight is None and torch.equal(dx, dres)
+    dy = torch.randn(4, 16)
+    dx, dweight = op(dres, s, w, dy)  # with dy: the kernel
+    assert TorchRowNormBwd.calls == 1 and dweight is not None
+    want, want_w = FusedAddRMSNormBwdOp()(dres, s, w, dy)  # the reference
+    torch.testing.assert_close(dx, want, equal_nan=True)
+    torch.testing.assert_close(dweight, want_w, equal_nan=True)

@@ -336,9 +336,22 @@ class RMSNormBwdOp(RowNormBwdOp):
 
 
 class FusedAddRMSNormBwdOp(RowNormBwdOp):
+    """Without ``dy`` (y's result unused) the gradient is ``dresidual_out`` as it is, with no
+    norm term and no dweight (the entry's nullable): zeros through the norm's backward would
+    give ``0 * inf`` on a row with an inf, or an all-zero row under ``eps = 0``, where torch
+    gives the residual's gradient alone. No kernel runs for it."""
+
     kind = RowNormKind.ADD_RMS
 
-    def reference(self, call, dy, dresidual_out, residual_out, weight):
+    def forward(self, call, dresidual_out, residual_out, weight, dy, dx, dweight) -> None:
+        if dy is None:
+            dx.copy_(dresidual_out)
+            return
+        super().forward(call, dresidual_out, residual_out, weight, dy, dx, dweight)
+
+    def reference(self, call, dresidual_out, residual_out, weight, dy):
+        if dy is None:
+            return _wide(dresidual_out), None
         ds, dw = _rms_bwd(dy, residual_out, weight, 1, self.eps, self.grad_weight)
         return ds + _wide(dresidual_out), dw
 
