@@ -157,11 +157,13 @@ def test_backward_eager_contender_is_the_backward():
     o, lse = fwd(q, k, v)
     dout, dlse = torch.randn_like(o), torch.randn_like(lse)
     bwd = GroupedQueryAttentionBwdOp(is_causal=True, softcap=4.0)
-    for extra in ((), (dlse,)):
-        want = bwd(dout, q, k, v, o, lse, *extra)
-        got = bwd.eager()(dout, q, k, v, o, lse, *extra)
+    for douts in ((dout,), (dout, dlse), (None, dlse)):  # o's, both, the log-sum-exp's alone
+        want = bwd(q, k, v, o, lse, *douts)
+        got = bwd.eager()(q, k, v, o, lse, *douts)
         for g, w in zip(got, want, strict=True):
-            torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
+            assert (g is None) == (w is None)  # no dv without dout
+            if w is not None:
+                torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-10)
 
 
 # --- refusals, by their text ------------------------------------------------------------------
@@ -398,6 +400,30 @@ def test_a_training_step_on_the_gpu_matches_float64(kw):
         assert err <= 2e-2 * b.abs().max().item(), f"d{name} is {err:.3g} off"
 
 
+@pytest.mark.cuda
+def test_the_log_sum_exp_alone_on_the_gpu_is_finite_and_matches_float64():
+    """o unused, an inf in v: the gradients' kernel is handed zeros for dout, o and v (the
+    op's glue), so dq and dk are the log-sum-exp's, finite, and v has no gradient."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    shapes = [(2, 333, 8, 128), (2, 401, 2, 128), (2, 401, 2, 128)]
+    ts = [torch.randn(s, generator=g, device="cuda", dtype=torch.bfloat16) for s in shapes]
+    ts[2][0, 17, 1, 3] = math.inf
+    leaves = [t.requires_grad_() for t in ts]
+    _, lse = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True)(*leaves)
+    dlse = torch.randn_like(lse)
+    got = torch.autograd.grad(lse, leaves, dlse, allow_unused=True)
+    assert got[2] is None
+    wide = [t.detach().double().cpu().requires_grad_() for t in leaves]
+    _, want_lse = GroupedQueryAttentionFwdOp(is_causal=True, return_lse=True,
+                                             target="reference")(*wide)
+    want = torch.autograd.grad(want_lse, wide, dlse.double().cpu(), allow_unused=True)
+    assert want[2] is None
+    for name, a, b in zip("qk", got[:2], want[:2], strict=True):
+        assert a.isfinite().all(), f"d{name} is not finite"
+        err = (a.double().cpu() - b).abs().max().item()
+        assert err <= 2e-2 * b.abs().max().item(), f"d{name} is {err:.3g} off"
+
+
 class _Recorded:
     """A CPU stand-in of a slot's kernel: records which kernel ran under which call spec and
     fills its outputs, so the family base's plumbing is checked without a GPU."""
@@ -441,7 +467,7 @@ def test_the_forward_and_gradient_hand_their_slot_one_call_spec_and_lay_out_thei
     assert spec.scale == pytest.approx(1 / 8)
     bwd = GroupedQueryAttentionBwdOp(is_causal=True, window=(3, -1), softcap=2.0,
                                      kernel_map={AttentionBwdInterface: Bwd})
-    dq, dk, dv = bwd(torch.ones_like(o), q, k, v, o, lse, torch.zeros_like(lse))
+    dq, dk, dv = bwd(q, k, v, o, lse, torch.ones_like(o), torch.zeros_like(lse))
     assert torch.equal(dq, torch.full_like(dq, 1.5)) and dk.shape == k.shape
     assert [sp for _, sp in Bwd.specs] == [spec]
 

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 import tileops.ops as ops
+from tileops.signature import SignatureCallError
 
 DTYPES = [torch.float64, torch.float32]
 MODES = ["eager", "compiled"]
@@ -114,3 +115,164 @@ def test_fused_add_rms_norm_backward_without_dy_is_the_residual_gradient():
     dy = torch.randn(3, 8, dtype=torch.float64)
     dx, dweight = ops.FusedAddRMSNormBwdOp()(dres, x + r, w, dy)  # the norm term
     assert dx[0].isnan().all() and dx[1:].isfinite().all() and dweight is not None
+
+
+# --- attention: the log-sum-exp alone -----------------------------------------------------------
+
+
+def _qkv(dtype, h_kv, case, layout="bshd"):
+    g = torch.Generator().manual_seed(4)
+    b, s_q, s_kv, h, d = 2, 5, 7, 4, 8
+    q = torch.randn(b, s_q, h, d, generator=g, dtype=torch.float64)
+    k = torch.randn(b, s_kv, h_kv, d, generator=g, dtype=torch.float64)
+    v = torch.randn(b, s_kv, h_kv, d, generator=g, dtype=torch.float64)
+    if case == "inf-in-v":
+        v[0, 3, 0, 1] = math.inf
+    elif case == "nan-in-v":
+        v[1, 0, -1, 0] = math.nan
+    if layout == "bhsd":
+        q, k, v = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    return [t.to(dtype) for t in (q, k, v)]
+
+
+def _torch_lse(q, k, *, scale, softcap, is_causal, layout):
+    """The rows' log-sum-exp of the capped, causally masked (bottom-right) scores in torch's
+    ops ([B, H, S_q]); v takes no part."""
+    if layout == "bshd":
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if is_causal:
+        s_q, s_kv = s.shape[-2], s.shape[-1]
+        seen = torch.arange(s_kv)[None, :] <= torch.arange(s_q)[:, None] + (s_kv - s_q)
+        s = s.masked_fill(~seen, -math.inf)
+    return torch.logsumexp(s, dim=-1)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["finite", "inf-in-v", "nan-in-v"])
+@pytest.mark.parametrize(("cls", "h_kv", "kw"), [
+    (ops.MultiHeadAttentionFwdOp, 4, {}),
+    (ops.GroupedQueryAttentionFwdOp, 2, {"is_causal": True, "softcap": 3.0}),
+    (ops.GroupedQueryAttentionFwdOp, 1, {"is_causal": True, "layout": "bhsd"}),
+], ids=["mha", "gqa-causal-softcap", "mqa-bhsd"])
+def test_attention_log_sum_exp_alone(cls, h_kv, kw, case, dtype, mode):
+    # o unused: dq and dk are the log-sum-exp's (dS = P dlse), finite though v holds an inf
+    # or a NaN (o does too), and v has no gradient
+    layout = kw.get("layout", "bshd")
+    q, k, v = _qkv(dtype, h_kv, case, layout)
+    c = torch.randn(2, 4, 5, generator=torch.Generator().manual_seed(5), dtype=dtype)
+    op = cls(return_lse=True, **kw)
+
+    def ours(q, k, v):
+        _, lse = op(q, k, v)
+        return (lse * c).sum()
+
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    got = torch.autograd.grad(_maybe_compiled(ours, mode)(*leaves), leaves, allow_unused=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    lse = _torch_lse(*leaves[:2], scale=1 / math.sqrt(q.shape[-1]), softcap=kw.get("softcap"),
+                     is_causal=kw.get("is_causal", False), layout=layout)
+    want = torch.autograd.grad((lse * c).sum(), leaves, allow_unused=True)
+    assert want[2] is None
+    for name, a, b in zip("qkv", got, want, strict=True):
+        _same(a, b, f"grad of {name}", dtype)
+
+
+@pytest.mark.parametrize("case", ["finite", "inf-in-v"])
+def test_attention_output_used_too_is_torchs(case):
+    # both outputs used: dout's terms run, as torch's (NaN where its own is, the inf's rows)
+    q, k, v = _qkv(torch.float64, 2, case)
+    g = torch.Generator().manual_seed(6)
+    op = ops.GroupedQueryAttentionFwdOp(return_lse=True, is_causal=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = op(*leaves)
+    co, cl = torch.randn(o.shape, generator=g, dtype=o.dtype), torch.randn(lse.shape,
+                                                                          generator=g)
+    got = torch.autograd.grad((o * co).sum() + (lse * cl.double()).sum(), leaves)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = op.eager()(*leaves)
+    want = torch.autograd.grad((o * co).sum() + (lse * cl.double()).sum(), leaves)
+    for a, b in zip(got, want, strict=True):
+        torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_attention_backward_without_dout():
+    # the backward op called on its own: dout left out gives dS = P dlse and no dv; neither
+    # upstream gradient gives zeros
+    q, k, v = _qkv(torch.float64, 2, "inf-in-v")
+    fwd = ops.GroupedQueryAttentionFwdOp(return_lse=True, is_causal=True)
+    o, lse = fwd(q, k, v)
+    assert not o.isfinite().all()
+    bwd = ops.GroupedQueryAttentionBwdOp(is_causal=True)
+    dlse = torch.randn(lse.shape, dtype=lse.dtype)
+    dq, dk, dv = bwd(q, k, v, o, lse, None, dlse)
+    assert dv is None and dq.isfinite().all() and dk.isfinite().all()
+    leaves = [t.clone().requires_grad_() for t in (q, k)]
+    want = torch.autograd.grad(_torch_lse(*leaves, scale=1 / math.sqrt(8), softcap=None,
+                                          is_causal=True, layout="bshd"), leaves, dlse)
+    torch.testing.assert_close(dq, want[0])
+    torch.testing.assert_close(dk, want[1])
+    dq, dk, dv = bwd(q, k, v, o, lse)
+    assert dv is None and not dq.any() and not dk.any()
+    # the old order (dout first) is refused by the signature check, naming a tensor
+    with pytest.raises(SignatureCallError, match=r"^GroupedQueryAttentionBwdOp: argument \w+ "
+                                                 r"does not match the signature"):
+        bwd(torch.randn_like(o), q, k, v, o, lse)
+
+
+def test_attention_gradient_slot_without_dout_reads_zeros_for_dout_o_and_v():
+    # the in-tree path, through a CPU stand-in of the gradients' slot doing FlashAttention's
+    # backward math (delta = rowsum(dout o) - dlse, dP = dout v^T, dV = P^T dout): with o's
+    # result unused it is handed zeros for dout, o and v, so an inf of v (and of o) gives no
+    # 0 * inf, and dq, dk are the log-sum-exp's
+    from tileops.kernels.attention import AttentionLayout
+    from tileops.kernels.attention_bwd import AttentionBwdInterface
+    from tileops.runtime import Kernel
+
+    seen = []
+
+    class FlashMath(Kernel, AttentionBwdInterface):
+        devices = ("cpu",)
+        general = True
+
+        def __call__(self, dout, q, k, v, o, lse, dlse, dq, dk, dv):
+            seen.append((dout, o, v))
+            bshd = self.spec.layout is AttentionLayout.BSHD
+            qd, kd, vd, od, dod = (t.double().transpose(1, 2) if bshd else t.double()
+                                   for t in (q, k, v, o, dout))
+            g = qd.shape[1] // kd.shape[1]
+            kf, vf = kd.repeat_interleave(g, dim=1), vd.repeat_interleave(g, dim=1)
+            p = torch.exp(torch.matmul(qd, kf.transpose(-1, -2)) * self.spec.scale
+                          - lse.double()[..., None])
+            delta = (dod * od).sum(-1) - (0 if dlse is None else dlse.double())
+            ds = p * (torch.matmul(dod, vf.transpose(-1, -2)) - delta[..., None])
+            grads = (self.spec.scale * torch.matmul(ds, kf),
+                     self.spec.scale * torch.matmul(ds.transpose(-1, -2), qd),
+                     torch.matmul(p.transpose(-1, -2), dod))
+            b, h_kv = kd.shape[0], kd.shape[1]
+            for out, t, grouped in zip((dq, dk, dv), grads, (False, True, True), strict=True):
+                if grouped and g > 1:
+                    t = t.view(b, h_kv, g, *t.shape[2:]).sum(2)
+                out.copy_(t.transpose(1, 2) if bshd else t)
+
+    q, k, v = _qkv(torch.float64, 2, "inf-in-v")
+    o, lse = ops.GroupedQueryAttentionFwdOp(return_lse=True)(q, k, v)  # the reference's
+    q, k, v, o = (t.to(torch.float16) for t in (q, k, v, o))
+    lse, dlse = lse.float(), torch.randn(lse.shape)
+    bwd = ops.GroupedQueryAttentionBwdOp(kernel_map={AttentionBwdInterface: FlashMath})
+    dq, dk, dv = bwd(q, k, v, o, lse, None, dlse)
+    (dout_in, o_in, v_in), = seen
+    assert not dout_in.any() and not o_in.any() and not v_in.any()
+    assert dv is None and dq.isfinite().all() and dk.isfinite().all()
+    want = ops.GroupedQueryAttentionBwdOp()(*(t.double() for t in (q, k, v, o, lse)), None,
+                                            dlse.double())
+    torch.testing.assert_close(dq.double(), want[0], rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(dk.double(), want[1], rtol=2e-3, atol=2e-3)
+    # with dout the slot reads the tensors as handed
+    dout = torch.randn(o.shape).half()
+    bwd(q, k, v, o, lse, dout, dlse)
+    assert torch.equal(seen[-1][0], dout) and torch.equal(seen[-1][2], v)

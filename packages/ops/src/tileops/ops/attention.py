@@ -267,20 +267,27 @@ class AttentionBwdOp(Op):
     softmax_scale = AttentionOp.softmax_scale
     _attention_entry = AttentionOp._attention_entry
 
-    def forward(self, call, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
+    def forward(self, call, q, k, v, o, lse, dout, dlse, dq, dk, dv) -> None:
         b, s_q, s_kv, h, h_kv, d, d_v = self._read(call)
         dtype = call.d_q
         key = (call.device, dtype, b, s_q, s_kv, h, h_kv, d, d_v)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
             entry = self._attention_entry(key, AttentionBwdInterface)
+        if dout is None:
+            # the log-sum-exp's gradient alone, dS = P dlse: the kernel reads dout, o and v
+            # only in dV = P^T dout, dP = dout v^T and rowsum(dout o), so zeros in all three
+            # keep an inf of v or o out (0 * inf); dv (none: the entry's nullable) is scratch
+            dout = o = torch.zeros(o.shape, dtype=o.dtype, device=o.device)
+            v = torch.zeros(v.shape, dtype=v.dtype, device=v.device)
+            dv = torch.empty_like(v)
         dout, q, k, v, o = (t if t.is_contiguous() and not t.data_ptr() % 16 else _laid_out(t)
                             for t in (dout, q, k, v, o))
         if lse is not None and not lse.is_contiguous():
             lse = lse.contiguous()
         entry(dout, q, k, v, o, lse, dlse, dq, dk, dv)
 
-    def reference(self, call, dout, q, k, v, o, lse, dlse):
+    def reference(self, call, q, k, v, o, lse, dout, dlse):
         left, right = self._bounds
         return attention_grads(dout, q, k, v, dlse=dlse, scale=self.softmax_scale(q.shape[-1]),
                                left=left, right=right, softcap=self.softcap,
@@ -293,15 +300,21 @@ class AttentionBwdOp(Op):
         forward = functools.partial(_eager_dense, options=_options(self),
                                     bshd=self.layout == "bshd")
 
-        def attention_backward(dout, q, k, v, o, lse, dlse=None):
+        def attention_backward(q, k, v, o, lse, dout=None, dlse=None):
             with torch.enable_grad():
                 leaves = [t.detach().requires_grad_() for t in (q, k, v)]
                 out, out_lse = forward(*leaves)
-                outs, grads = [out], [dout]
+                outs, grads = [], []
+                if dout is not None:
+                    outs.append(out)
+                    grads.append(dout)
                 if dlse is not None:
                     outs.append(out_lse)
                     grads.append(dlse.to(out_lse.dtype))
-                return torch.autograd.grad(outs, leaves, grads)
+                if not outs:  # no upstream gradient: none flows
+                    return torch.zeros_like(q), torch.zeros_like(k), None
+                # the log-sum-exp alone does not depend on v: its gradient is None
+                return torch.autograd.grad(outs, leaves, grads, allow_unused=True)
 
         return attention_backward
 
@@ -314,21 +327,24 @@ class GroupedQueryAttentionBwdOp(AttentionBwdOp):
     kv_heads_index = "H_kv"
 
 
-def attention_grads(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *,
-                    dlse: torch.Tensor | None, scale: float, left: int, right: int,
-                    softcap: float | None,
-                    bshd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
+                    v: torch.Tensor, *, dlse: torch.Tensor | None, scale: float, left: int,
+                    right: int, softcap: float | None,
+                    bshd: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """``(dq, dk, dv)`` in float64 for float64 inputs, else float32, in the inputs' layout:
     with ``P`` the probabilities of the capped, masked scores, ``dV = P^T dout``,
     ``dS = P (dout v^T - rowsum(P dout v^T) + dlse)`` (the log-sum-exp's gradient is ``P``),
     times ``1 - tanh^2`` under a softcap, ``dq = scale dS k``, ``dk = scale dS^T q``; ``dk``
-    and ``dv`` summed over each key head's group.
-    The probabilities are recomputed (the forward's log-sum-exp and output are not read), a
-    block of query rows at a time."""
+    and ``dv`` summed over each key head's group. Without ``dout`` (the output's result
+    unused) ``dS = P dlse``, nothing multiplies ``v`` (an inf there stays out, as in torch),
+    and ``dv`` is None. The probabilities are recomputed (the forward's log-sum-exp and output
+    are not read), a block of query rows at a time."""
     wide = torch.float64 if q.dtype == torch.float64 else torch.float32
     if bshd:
-        dout, q, k, v = (t.transpose(1, 2) for t in (dout, q, k, v))
-    dout, q, k, v = dout.to(wide), q.to(wide), k.to(wide), v.to(wide)
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+        dout = None if dout is None else dout.transpose(1, 2)
+    q, k, v = q.to(wide), k.to(wide), v.to(wide)
+    dout = None if dout is None else dout.to(wide)
     b, h, s_q, _ = q.shape
     h_kv, s_kv = k.shape[1], k.shape[2]
     g = h // h_kv
@@ -336,25 +352,30 @@ def attention_grads(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     vf = v.repeat_interleave(g, dim=1) if g > 1 else v
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(kf)
-    dv = torch.zeros_like(vf)
+    dv = None if dout is None else torch.zeros_like(vf)
     seen = visible(s_q, s_kv, left, right, q.device)
     rows = max(1, _REFERENCE_CHUNK // max(1, h * s_kv))
     for bi in range(b):
         for r0 in range(0, s_q, rows):
             r1 = min(s_q, r0 + rows)
-            qc, doc, mask = q[bi, :, r0:r1], dout[bi, :, r0:r1], seen[r0:r1]
+            qc, mask = q[bi, :, r0:r1], seen[r0:r1]
             s = torch.matmul(qc, kf[bi].transpose(-1, -2)) * scale
             if softcap is not None:
                 s = softcap * torch.tanh(s / softcap)
             s = s.masked_fill(~mask, -math.inf)
             m = torch.logsumexp(s, dim=-1, keepdim=True)
             p = torch.where(mask, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)), 0.0)
-            dv[bi] += torch.matmul(p.transpose(-1, -2), doc)
-            dp = torch.matmul(doc, vf[bi].transpose(-1, -2))
-            delta = (p * dp).sum(-1, keepdim=True)
-            if dlse is not None:
-                delta = delta - dlse[bi, :, r0:r1, None].to(wide)
-            ds = p * (dp - delta)
+            dl = None if dlse is None else dlse[bi, :, r0:r1, None].to(wide)
+            if dout is None:  # the log-sum-exp's gradient alone
+                ds = p * dl if dl is not None else torch.zeros_like(p)
+            else:
+                doc = dout[bi, :, r0:r1]
+                dv[bi] += torch.matmul(p.transpose(-1, -2), doc)
+                dp = torch.matmul(doc, vf[bi].transpose(-1, -2))
+                delta = (p * dp).sum(-1, keepdim=True)
+                if dl is not None:
+                    delta = delta - dl
+                ds = p * (dp - delta)
             if softcap is not None:
                 ds = ds * (1 - torch.where(mask, s, 0.0).div(softcap).square())
             dq[bi, :, r0:r1] = scale * torch.matmul(ds, kf[bi])
@@ -362,9 +383,11 @@ def attention_grads(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
     if g > 1:
         # every size named: a -1 is ambiguous where another is 0 (an empty batch or keys)
         dk = dk.view(b, h_kv, g, s_kv, dk.shape[-1]).sum(2)
-        dv = dv.view(b, h_kv, g, s_kv, dv.shape[-1]).sum(2)
+        if dv is not None:
+            dv = dv.view(b, h_kv, g, s_kv, dv.shape[-1]).sum(2)
     if bshd:
-        dq, dk, dv = (t.transpose(1, 2) for t in (dq, dk, dv))
+        dq, dk = dq.transpose(1, 2), dk.transpose(1, 2)
+        dv = None if dv is None else dv.transpose(1, 2)
     return dq, dk, dv
 
 
