@@ -3,8 +3,10 @@ target): each gradient is torch's autograd of the same math, None where torch gi
 finite where torch's is finite though the unused output is not (an inf in the input, a row
 whose norm is 0 under ``eps = 0``): the unused output's gradient reaches the backward op
 absent, and the op skips its term instead of multiplying zeros by an inf. Eager and compiled,
-in float64 and float32. (``tests/ops/test_gradients.py`` holds every such op to its eager
-equivalent at finite draws.)"""
+in float64 and float32: the fused add + RMSNorm's residual_out alone, attention's log-sum-exp
+alone, RoPE's q or k alone (var_mean's: ``tests/ops/test_reduction_grads.py``;
+``tests/ops/test_gradients.py`` holds every such op to its eager equivalent at finite
+draws)."""
 
 from __future__ import annotations
 
@@ -276,3 +278,35 @@ def test_attention_gradient_slot_without_dout_reads_zeros_for_dout_o_and_v():
     dout = torch.randn(o.shape).half()
     bwd(q, k, v, o, lse, dout, dlse)
     assert torch.equal(seen[-1][0], dout) and torch.equal(seen[-1][2], v)
+
+
+# --- RoPE: one rotated tensor alone -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("used", ["q", "k"])
+def test_rope_one_output_alone(used, dtype, mode):
+    # the other tensor has no gradient (None, as torch's), though it holds an inf; the used
+    # one's is torch's rotation back
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 5, 4, 8, generator=g, dtype=torch.float64).to(dtype)
+    k = torch.randn(2, 5, 2, 8, generator=g, dtype=torch.float64).to(dtype)
+    (k if used == "q" else q)[0, 1, 0, 2] = math.inf
+    c = torch.randn((q if used == "q" else k).shape, generator=g, dtype=torch.float64).to(dtype)
+    op = ops.RopeNeoxFwdOp()
+
+    def loss(fn):
+        def f(q, k):
+            q_out, k_out = fn(q, k)
+            return ((q_out if used == "q" else k_out) * c).sum()
+        return f
+
+    leaves = [t.clone().requires_grad_() for t in (q, k)]
+    got = torch.autograd.grad(_maybe_compiled(loss(op), mode)(*leaves), leaves,
+                              allow_unused=True)
+    leaves = [t.clone().requires_grad_() for t in (q, k)]
+    want = torch.autograd.grad(loss(op.eager())(*leaves), leaves, allow_unused=True)
+    assert want[1 if used == "q" else 0] is None
+    for name, a, b in zip("qk", got, want, strict=True):
+        _same(a, b, f"grad of {name}", dtype)
