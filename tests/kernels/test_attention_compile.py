@@ -52,38 +52,6 @@ def test_program_compiles_for_sm90a(args):
     assert ("O_shared" in src) == plan.staged_output
 
 
-@needs_nvcc
-def test_the_math_warpgroups_take_turns_at_the_tensor_cores():
-    """The ping-pong plan: each math warpgroup waits on its own named barrier before each
-    product and arrives on the other's after it; the first warpgroup arrives on its own once,
-    at the loop's first step, inside the math warpgroups' branch (the load warpgroup never
-    touches the turn barriers)."""
-    args = dict(PROGRAMS[0].values[0])
-    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(pingpong=True)
-    prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
-    from tileops.kernels._tilelang import compile_program
-
-    src = compile_program(prog, HOPPER).get_kernel_source()
-    math_branch = src[src.index("warpgroup_reg_alloc"):]
-    assert src.count("__named_barrier_arrive") == 3
-    assert math_branch.count("__named_barrier_arrive") == 3
-    assert math_branch.count("__sync_thread_partial(((((int)threadIdx.x) >> 7) + 7), 256)") == 2
-    assert math_branch.count("__named_barrier_arrive((10 - (((int)threadIdx.x) >> 7)), 256)") == 2
-    assert "__named_barrier_arrive(8, 256)" in math_branch
-    plain = compile_program(A.attention_fwd_program(
-        scale=1.0 / math.sqrt(args["dim"]), plan=plan._replace(pingpong=False), **args),
-        HOPPER).get_kernel_source()
-    assert "__named_barrier_arrive" not in plain
-
-
-def test_the_program_key_names_the_turns(monkeypatch):
-    """A program built with or without the turns is never served for the other (the kernel
-    store keys by the program key)."""
-    key = A.program_key(_spec())
-    monkeypatch.setattr(A, "PINGPONG", not A.PINGPONG)
-    assert A.program_key(_spec()) == key[:-1] + (not key[-1],)
-
-
 # --- plans and call specs (no compile) -------------------------------------------------------
 
 #: the shared memory an H100/H200 CTA may use

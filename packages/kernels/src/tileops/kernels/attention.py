@@ -26,13 +26,7 @@ for head dims up to 128), with what the ops need beyond it:
 - grouped-query heads: query head ``h`` reads key/value head ``h // (H / H_kv)``;
 - either layout, ``[B, S, H, D]`` or ``[B, H, S, D]``, read and written in place;
 - causal CTAs are launched longest first (the query tiles in reverse), so the short diagonal
-  tiles fill the tail of the grid;
-- with :data:`PINGPONG` the two math warpgroups take turns at the tensor cores: each waits on
-  a named barrier of its own before each product and arrives on the other's after it, so one
-  warpgroup's products run while the other computes its softmax (FlashAttention-3's
-  warpgroup schedule, without its intra-warpgroup overlap: TileLang releases a pipelined
-  buffer when an asynchronous product is issued, not when it completes, so a product left in
-  flight across the softmax could see its tile overwritten).
+  tiles fill the tail of the grid.
 
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes: one program serves every batch and
 sequence length of a head configuration and the op's options (it is compiled with or without
@@ -191,17 +185,6 @@ class AttentionPlan(NamedTuple):
     #: division by the sum and the log-sum-exp's log2 as the approximate instructions), as
     #: TileLang's flash-attention example is; within the outputs' storage precision
     fast_math: bool = True
-    #: the two math warpgroups take turns at the tensor cores (named barriers around each
-    #: product): one's products run while the other computes its softmax
-    pingpong: bool = False
-
-
-#: the named barriers of the warpgroups' turns (TileLang's own syncs use the low ids)
-_TURN_BARRIERS = (8, 9)
-
-#: whether the dense forward's math warpgroups take turns at the tensor cores
-#: (:attr:`AttentionPlan.pingpong`)
-PINGPONG = False
 
 
 def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
@@ -212,9 +195,9 @@ def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
     may use); 192 / 128 fits in 160 KiB with O staged."""
     if max(dim, dim_v) <= 128:
         return AttentionPlan(block_m=128, block_n=128, stages=2, threads=256,
-                             staged_output=True, pingpong=PINGPONG)
+                             staged_output=True)
     return AttentionPlan(block_m=128, block_n=64, stages=2, threads=256,
-                         staged_output=dim_v <= 128, pingpong=PINGPONG)
+                         staged_output=dim_v <= 128)
 
 
 def _f32(x: float) -> float:
@@ -397,19 +380,9 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                     T.copy(K[bz, kt * bn:(kt + 1) * bn, hk, :], K_shared)
                 else:
                     T.copy(K[bz, hk, kt * bn:(kt + 1) * bn, :], K_shared)
-                if plan.pingpong:
-                    # a math warpgroup's turn: its barrier's other half is the other
-                    # warpgroup's arrival after its own product (the first warpgroup's first
-                    # turn, its own arrival)
-                    wg = T.get_thread_binding() // 128
-                    if kt == start and wg == 0:
-                        T.named_barrier_arrive(_TURN_BARRIERS[0], 256)
-                    T.sync_threads(_TURN_BARRIERS[0] + wg, 256)
                 T.clear(acc_s)
                 T.gemm(Q_shared, K_shared, acc_s, transpose_B=True,
                        policy=T.GemmWarpPolicy.FullRow)
-                if plan.pingpong:
-                    T.named_barrier_arrive(_TURN_BARRIERS[1] - wg, 256)
                 if capped:
                     for i, j in T.Parallel(bm, bn):
                         acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
@@ -429,11 +402,7 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                     T.copy(V[bz, hk, kt * bn:(kt + 1) * bn, :], V_shared)
                 softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
                              scores_scale, scores_sum, logsum)
-                if plan.pingpong:
-                    T.sync_threads(_TURN_BARRIERS[0] + wg, 256)
                 T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
-                if plan.pingpong:
-                    T.named_barrier_arrive(_TURN_BARRIERS[1] - wg, 256)
 
             normalize(acc_o, logsum)
             for i in T.Parallel(bm):
@@ -554,7 +523,7 @@ def program_key(spec: AttentionFwdSpec) -> tuple:
     plan = attention_plan(spec.dim, spec.dim_v)
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
             spec.scale, spec.window_left, spec.window_right, spec.softcap,
-            needs_mask(spec, plan), plan.pingpong)
+            needs_mask(spec, plan))
 
 
 @stored(maxsize=128)
@@ -562,8 +531,8 @@ def build_attention_fwd(key: tuple, target: str | None = None,
                         plan: AttentionPlan | None = None):
     """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
     :func:`attention_plan`, for tuning."""
-    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked, turns = key
-    plan = plan or attention_plan(dim, dim_v)._replace(pingpong=turns)
+    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked = key
+    plan = plan or attention_plan(dim, dim_v)
     prog = attention_fwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
                                  right, softcap, masked, plan)
     return compile_program(prog, target)
