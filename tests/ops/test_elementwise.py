@@ -784,3 +784,116 @@ def test_a_negative_number_beside_an_unsigned_dtype_names_the_value_torch_wraps_
     with pytest.raises(RuntimeError, match=r"argument b is -300, outside the values uint8 holds"):
         ops.WhereFwdOp()(u > 100, u, -300)
     torch.testing.assert_close(ops.WhereFwdOp()(u > 100, u, 255), torch.where(u > 100, u, -1))
+
+
+# --- a Python number beside a 0-dim or n-dim tensor ------------------------------------------
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _lerp_end(t):
+    return (t * 0 + 3).to(t.dtype) if t.is_floating_point() else t
+
+
+#: (name, the op's call, torch's call, whether the op holds the number in its op math (float32
+#: beside a 16-bit tensor) rather than converting it to the tensor's dtype first)
+NUMBER_CALLS = [
+    ("add", lambda t, n, left: AddFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.add(*((n, t) if left else (t, n))), True),
+    ("add alpha", lambda t, n, left: AddFwdOp(alpha=2.0)(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.add(*((n, t) if left else (t, n)), alpha=2), True),
+    ("sub", lambda t, n, left: SubFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.sub(*((n, t) if left else (t, n))), True),
+    ("mul", lambda t, n, left: MulFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.mul(*((n, t) if left else (t, n))), True),
+    ("div", lambda t, n, left: DivFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.div(*((n, t) if left else (t, n))), True),
+    ("div floor", lambda t, n, left: DivFwdOp(rounding_mode="floor")(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="floor"), True),
+    ("div trunc", lambda t, n, left: DivFwdOp(rounding_mode="trunc")(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="trunc"), True),
+    ("pow", lambda t, n, left: PowFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.pow(*((n, t) if left else (t, n))), True),
+    ("remainder", lambda t, n, left: RemainderFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.remainder(*((n, t) if left else (t, n))), False),
+    ("eq", lambda t, n, left: EqFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.eq(t, n), False),
+    ("lt", lambda t, n, left: LtFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.gt(t, n) if left else torch.lt(t, n), False),
+    ("ge", lambda t, n, left: GeFwdOp()(*((n, t) if left else (t, n))),
+     lambda t, n, left: torch.le(t, n) if left else torch.ge(t, n), False),
+    ("where", lambda t, n, left: WhereFwdOp()(*((t > 0, n, t) if left else (t > 0, t, n))),
+     lambda t, n, left: torch.where(*((t > 0, n, t) if left else (t > 0, t, n))), False),
+    ("lerp", lambda t, n, left: LerpFwdOp()(t, _lerp_end(t), n),
+     lambda t, n, left: torch.lerp(t, _lerp_end(t), float(n)), True),
+    ("clamp", lambda t, n, left: ClampFwdOp(**{"max" if left else "min": n})(t),
+     lambda t, n, left: torch.clamp(t, **{"max" if left else "min": n}), False),
+    ("masked_fill", lambda t, n, left: MaskedFillFwdOp(value=n)(t, t > 0),
+     lambda t, n, left: t.masked_fill(t > 0, n), False),
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(shape=st.one_of(st.just(()), st.lists(st.integers(1, 3), min_size=1, max_size=2)),
+       dtype=st.sampled_from(DTYPES), seed=st.integers(0, 5),
+       number=st.one_of(st.booleans(), st.integers(-300, 300),
+                        st.floats(-8.0, 8.0, allow_nan=False).map(lambda v: round(v, 4))),
+       left=st.booleans(), which=st.integers(0, len(NUMBER_CALLS) - 1))
+def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
+        shape, dtype, seed, number, left, which):
+    """A Python number beside a tensor of any dtype, 0-dim or with dims: torch's dtype and
+    shape, and torch's values computed in its op math: an arithmetic op holds the number in
+    float32 beside a float16 or bfloat16 tensor (a 0-dim one too: ``bf16(3) * 1.0039`` is
+    3.0156, not 3 * bf16(1.0039)) and rounds only the result, as torch's CUDA kernels do and
+    its CPU kernels of mul, div and lerp; a comparison, remainder, a selection or a bound
+    converts it to the tensor's dtype first, as torch does. Every other dtype: torch's values
+    exactly. What torch refuses, the op refuses."""
+    name, call, torch_call, holds = NUMBER_CALLS[which]
+    t = _tensor(tuple(shape), dtype, seed)
+    if name in ("lerp", "clamp", "masked_fill"):
+        assume(not isinstance(number, bool))  # a float param; lerp's own test takes bools
+    if name == "lerp":
+        assume(t.is_floating_point())
+    if name == "clamp":  # a float bound of an integer x is refused by name (its own test)
+        assume(t.is_floating_point() or not isinstance(number, float))
+        assume(dtype is not torch.bool)  # the entry takes no bool x
+    if name == "pow":  # the op refuses a bool power (see the test of numbers above)
+        assume(dtype is not torch.bool)
+    if name == "remainder":  # the entry takes no bool operand (torch takes one beside others)
+        assume(dtype is not torch.bool and not isinstance(number, bool))
+    try:
+        want = torch_call(t, number, left)
+    except (*REFUSED, ZeroDivisionError):
+        with pytest.raises((*REFUSED, ZeroDivisionError)):
+            call(t, number, left)
+        return
+    try:
+        got = call(t, number, left)
+    except RuntimeError as exc:  # a negative number beside uint8, refused by name (its test)
+        if dtype is torch.uint8 and "which torch wraps to" in str(exc):
+            return
+        raise
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
+    if holds and dtype in _HALF:
+        want = torch_call(t.float(), number, left).to(want.dtype)
+    torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", _HALF)
+def test_a_number_beside_a_0_dim_16_bit_tensor_is_not_rounded_first(dtype):
+    """The calls torch's CPU kernels hold the number in float32 for too: the same values as
+    torch's, a 0-dim result of the tensor's dtype, and torch's gradient."""
+    x = torch.tensor(3.0, dtype=dtype, requires_grad=True)
+    for op, fn in ((MulFwdOp(), torch.mul), (DivFwdOp(), torch.div)):
+        for n in (1.0039, 1.001, 257, 2049):
+            got, want = op(x, n), fn(x, n)
+            assert got.shape == () and got.dtype == dtype
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+            (g,), (w,) = torch.autograd.grad(got, x), torch.autograd.grad(want, x)
+            torch.testing.assert_close(g, w, rtol=0, atol=0)
+    got = MulFwdOp()(torch.tensor(3.0, dtype=torch.bfloat16), 1.0039)
+    assert got.item() == 3.015625  # 3 * bf16(1.0039) would be 3.0
+    end = torch.tensor(2.0, dtype=dtype)
+    for w in (0.3333, 0.1, 0.77):
+        torch.testing.assert_close(LerpFwdOp()(x.detach(), end, w), torch.lerp(x.detach(), end, w),
+                                   rtol=0, atol=0)

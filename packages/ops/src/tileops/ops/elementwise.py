@@ -41,7 +41,7 @@ from tileops.runtime.fastpath import class_function
 from tileops.runtime.memory import partially_overlap
 
 from ._dtypes import NAMES
-from ._elementwise_base import ElementwiseOp, refuse_overflow
+from ._elementwise_base import _HALF, ElementwiseOp, refuse_overflow
 from ._elementwise_grads import (
     AbsBwdOp,
     AddBwdOp,
@@ -265,26 +265,29 @@ def _saved_copy(x: torch.Tensor) -> torch.Tensor:
 
 
 def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
-                    device: torch.device, widen: bool, keep_int: bool) -> torch.Tensor:
+                    device: torch.device, widen: bool, keep_int: bool,
+                    dims: bool) -> torch.Tensor:
     """The number ``value`` as the 0-dim tensor that gives torch's result beside ``other``,
-    the tensor operand (where there is none, a 0-dim tensor of the first number):
+    the tensor operand (where there is none, a 0-dim tensor of the first number); ``dims``:
+    a tensor operand whose rank counts in the result's dtype has dims (a 0-dim number tensor
+    then counts by its category only, as torch counts a number):
 
     - a bool stays bool, the lowest category (so an op refusing bools refuses it too);
-    - an int is held exactly in int64 beside a tensor with dims, whose dims then keep its
-      dtype (and with ``keep_int``, for a true division computed in floats); beside a 0-dim
-      tensor it takes torch's result dtype, wrapping as torch's cast does (-1 beside uint8 is
-      255);
-    - a float takes the tensor's dtype if floating, else torch's default; beside a float16 or
-      bfloat16 tensor with dims, with ``widen``, it is held in float32, the precision torch's
-      arithmetic kernels take a scalar in (the dims still give the result the tensor's dtype),
-      where a comparison rounds it to the tensor's dtype first, as torch compares."""
+    - an int is held exactly in int64 with ``dims`` (they then keep the tensor's dtype; and
+      with ``keep_int``, for a true division computed in floats); else it takes torch's
+      result dtype, wrapping as torch's cast does (-1 beside uint8 is 255);
+    - a float takes the tensor's dtype if floating, else torch's default
+      (``torch.get_default_dtype()`` at the call); beside a float16 or bfloat16 tensor, with
+      ``dims`` and ``widen``, it is held in float32, the precision torch's arithmetic kernels
+      take a scalar in (the dims still give the result the tensor's dtype), where a
+      comparison rounds it to the tensor's dtype first, as torch compares. A call of 0-dim
+      tensors only gets ``dims`` by viewing them with one dim (:class:`TakesNumbers`)."""
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{type(op).__name__}: argument {name} is the number {value!r} of type "
                         f"{type(value).__name__}; expected a tensor, or a real number "
                         f"(bool, int or float)")
     if isinstance(value, bool):
         return torch.tensor(value, device=device)
-    dims = other.dim() > 0
     if isinstance(value, numbers.Integral) and not -2**63 <= int(value) < 2**63:
         # past int64: beside a floating tensor torch takes it as a float (as a float
         # operand is taken); beside integers it has no int64 to be held in
@@ -348,6 +351,12 @@ class TakesNumbers:
     #: whether a number is taken as a float whatever its type (lerp's weight: torch's
     #: ``lerp(a, b, 1)`` and ``lerp(a, b, True)`` weigh by 1.0)
     numbers_as_float: ClassVar[bool] = False
+    #: the inputs whose ranks count in the result's dtype beside a number (None: the
+    #: :attr:`number_inputs`): where none of them has dims, a number beside a 16-bit float
+    #: is held in float32 all the same, the 0-dim tensors viewed with one dim for the call
+    #: (so that the number's 0-dim float32 counts by its category only, as torch counts a
+    #: number) and the result viewed back to 0-dim
+    numbers_ranked: ClassVar[tuple[str, ...] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # set before Op's hook runs, which then generates no __call__ of its own
@@ -403,17 +412,29 @@ class TakesNumbers:
         if isinstance(named.get(cls.numbers_beside), torch.Tensor):
             beside = [named[cls.numbers_beside]]
         other = beside[0] if beside else torch.tensor(named[numbers_at[0]])
-        how = (other, tensors[0].device, cls.numbers_widen, self.numbers_keep_ints())
+        ranked = [v for n, v in given if n in (cls.numbers_ranked or cls.number_inputs)
+                  and isinstance(v, torch.Tensor)]
+        dims = any(t.dim() for t in ranked)
+        lifted: frozenset[str] = frozenset()
+        if not dims and cls.numbers_widen and other.dtype in _HALF and ranked and \
+                not any(k in cls._signature.output_names for k in kwargs):  # type: ignore[attr-defined]
+            lifted, dims = frozenset(n for n, v in given if any(v is t for t in ranked)), True
+        how = (other, tensors[0].device, cls.numbers_widen, self.numbers_keep_ints(), dims)
 
-        def operand(n: str, v: Any) -> torch.Tensor:
+        def operand(n: str, v: Any) -> Any:
+            if not _is_number(v):
+                return v.reshape(1) if n in lifted else v
             if cls.numbers_as_float and isinstance(v, numbers.Real):
                 v = float(v)
             return _number_operand(self, n, v, *how)
 
-        args = tuple(operand(n, v) if _is_number(v) else v
-                     for n, v in zip(names, args, strict=False)) + args[len(names):]
-        kwargs = {k: operand(k, v) if _is_number(v) else v for k, v in kwargs.items()}
-        return self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
+        args = tuple(operand(n, v) for n, v in zip(names, args, strict=False)) + \
+            args[len(names):]
+        kwargs = {k: operand(k, v) for k, v in kwargs.items()}
+        out = self._result(self._general_call(args, kwargs))  # type: ignore[attr-defined]
+        if lifted and not any(t.dim() for t in tensors):  # torch's result is 0-dim
+            return out.reshape(())
+        return out
 
 
 class ClampFwdOp(ElementwiseOp):
@@ -705,12 +726,13 @@ class MaskedFillFwdOp(ElementwiseOp):
 
 class LerpFwdOp(TakesNumbers, ElementwiseOp):
     """``torch.lerp``: the weight may be a Python number (:class:`TakesNumbers`), held in
-    float32 beside a 16-bit ``start`` with dims, where torch's lerp takes a number (a 0-dim
-    weight of another floating dtype is read in its own, as the entry states)."""
+    float32 beside a 16-bit ``start``, as torch's lerp takes a number (a 0-dim weight of
+    another floating dtype is read in its own, as the entry states)."""
 
     fn = "lerp"
     number_inputs = ("weight",)
     numbers_beside = "start"
+    numbers_ranked = ("start", "end")
     numbers_as_float = True
 
     def torch_fn(self, start, end, weight, inplace=False):
