@@ -138,6 +138,64 @@ def test_integer_inputs_of_float_math_give_float32():
     torch.testing.assert_close(y, torch.exp(x))
 
 
+#: the dtypes torch takes as its default (torch.set_default_dtype)
+DEFAULTS = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+#: calls where integers become floating: the op, its arguments made from an integer x
+DEFAULT_CALLS = [
+    *[(op, lambda x: (x,)) for op in (ExpFwdOp(), ops.SqrtFwdOp(), ops.SinFwdOp(),
+                                      ops.SigmoidFwdOp(), ops.ReciprocalFwdOp(),
+                                      ops.RsqrtFwdOp(), ops.ErfFwdOp())],
+    (DivFwdOp(), lambda x: (x, x + 7)),
+    (DivFwdOp(), lambda x: (x, 3)),
+    (DivFwdOp(), lambda x: (7, x + 7)),
+    (AddFwdOp(), lambda x: (x, 1.5)),
+    (MulFwdOp(), lambda x: (0.25, x)),
+    (PowFwdOp(), lambda x: (x, 0.5)),
+    (WhereFwdOp(), lambda x: (x > 2, 1.5, x)),
+    (WhereFwdOp(), lambda x: (x > 2, 1.5, -2.0)),
+]
+
+
+@settings(max_examples=60, deadline=None)
+@given(defaults=st.lists(st.sampled_from(DEFAULTS), min_size=1, max_size=4),
+       dtype=st.sampled_from([torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64]),
+       shape=st.one_of(st.just(()), st.lists(st.integers(1, 3), min_size=1, max_size=2)),
+       which=st.integers(0, len(DEFAULT_CALLS) - 1))
+def test_integers_made_floating_take_torchs_default_dtype_at_each_call(defaults, dtype, shape,
+                                                                       which):
+    """Under ``torch.set_default_dtype`` an integer input of float math, an integer true
+    division and an integer beside a Python float give torch's default dtype, read at each
+    call: the same op instance called under one default and then another answers each (no
+    call cached under one serves the next)."""
+    op, args = DEFAULT_CALLS[which]
+    x = _tensor(tuple(shape), dtype, 4).abs() if dtype is not torch.bool else \
+        _tensor(tuple(shape), dtype, 4)
+    try:
+        for default in defaults:
+            torch.set_default_dtype(default)
+            want = op.torch_fn(*args(x))
+            got = op(*args(x))
+            assert got.dtype == want.dtype and got.shape == want.shape, (got.dtype, want.dtype)
+            torch.testing.assert_close(got, want, equal_nan=True)
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_compiled_call_follows_the_default_dtype():
+    torch._dynamo.reset()
+    sqrt, div = ops.SqrtFwdOp(), DivFwdOp()
+    f = torch.compile(lambda x: (sqrt(x), div(x, 2), div(x, x + 1)), fullgraph=True)
+    x = torch.arange(5)
+    try:
+        for default in (torch.float32, torch.float64, torch.float32):
+            torch.set_default_dtype(default)
+            got = f(x)
+            assert [t.dtype for t in got] == [default] * 3
+            torch.testing.assert_close(got[0], torch.sqrt(x))
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
 def test_div_rounding_modes_follow_torch_dtypes():
     a = torch.tensor([7, -7, 9], dtype=torch.int32)
     b = torch.tensor([2, 2, -4], dtype=torch.int32)

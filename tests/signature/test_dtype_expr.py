@@ -46,6 +46,16 @@ FloatAddOp:
       b: {{dtype: TB, shape: "[*S]"}}
     outputs:
       out: {{dtype: "promote(TA, TB)", shape: "[*S]"}}
+MeanOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{SA: Shape, SB: Shape, TA: "DType[{UNION}]", TB: "DType[{UNION}]"}}
+    inputs:
+      a: {{dtype: TA, shape: "[*SA]"}}
+      b: {{dtype: TB, shape: "[*SB]"}}
+    outputs:
+      mean: {{dtype: "promote_int_to_float(promote(TA, TB))", shape: "[]"}}
 ReluOp:
   family: test
   status: spec-only
@@ -135,6 +145,32 @@ def test_a_combination_without_a_result_is_refused_by_name() -> None:
         "the dtype of out, result_type(TA, len(SA), TB, len(SB)), has no value at "
         "TA = float16, len(SA) = 1, TB = complex64, len(SB) = 0: torch's answer is the complex "
         "form of a float16 or float8 operand, which no spec dtype names")
+
+
+def test_promote_int_to_float_reads_torchs_default_dtype_at_each_call() -> None:
+    """An integer's float is ``torch.get_default_dtype()`` when the call looks it up (a key of
+    the table), so one point serves every default; a floating dtype stays as it is."""
+    mean = point("MeanOp")
+    derive = mean.source()[mean.source().index("def derive("):]
+    reader = re.search(r"(_F\d+)\(\)", derive).group(1)
+    assert mean.namespace[reader] is torch.get_default_dtype
+    a, b = t(3, "int32"), t((), "bool")
+    try:
+        for default in (torch.float64, torch.bfloat16, torch.float16, torch.float32):
+            torch.set_default_dtype(default)
+            for check in (mean.check, mean.check_exact, mean.check_symbolic):
+                assert check(a, b).output_dtypes == (default,)
+                assert check(t(3, "bfloat16"), b).output_dtypes == (torch.bfloat16,)
+            assert ADD.check(a, b).output_dtypes == (torch.int32, torch.bool, default)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    # a combination without a result names the default it was looked up under
+    with pytest.raises(SignatureCallError) as info:
+        mean.check(t(3, "float8_e4m3fn"), t(3, "int32"))
+    assert info.value.because == (
+        "the dtype of mean, promote_int_to_float(promote(TA, TB)), has no value at "
+        "TA = float8_e4m3fn, TB = int32, default_dtype() = float32: torch does not promote a "
+        "float8 dtype with another dtype")
 
 
 def test_shapes_that_do_not_broadcast_are_refused_naming_both_and_the_axis() -> None:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from tileops.spec import DTYPES, PRIMITIVES, Scope, evaluate, parse_expr
 from tileops.spec.dtypes import (
+    DEFAULT_FLOATS,
     promote_int_to_float,
     promote_int_to_float_members,
     promote_members,
@@ -88,6 +89,23 @@ def test_promote_int_to_float_is_torchs(name: str) -> None:
         assert str(torch.sin(torch.zeros(2, dtype=d)).dtype) == f"torch.{promote_int_to_float(name)}"
 
 
+@pytest.mark.parametrize("default", DEFAULT_FLOATS)
+def test_promote_int_to_float_takes_torchs_default_dtype(default: str) -> None:
+    """``torch.set_default_dtype`` takes exactly DEFAULT_FLOATS, and an integer input then
+    gives the default: ``promote_int_to_float(T, default)`` answers it."""
+    try:
+        torch.set_default_dtype(getattr(torch, default))
+        for name in ("bool", "int32", "float32", "bfloat16"):
+            got = torch.sin(torch.zeros(2, dtype=getattr(torch, name))).dtype
+            assert str(got) == f"torch.{promote_int_to_float(name, default)}"
+    finally:
+        torch.set_default_dtype(torch.float32)
+    for name in ("int8", "complex64", "float8_e4m3fn"):  # none torch takes as a default
+        with pytest.raises((TypeError, RuntimeError)):
+            torch.set_default_dtype(getattr(torch, name))
+    assert torch.get_default_dtype() == torch.float32
+
+
 UNIONS = st.lists(st.sampled_from(NAMES), min_size=1, max_size=5, unique=True)
 
 
@@ -108,8 +126,10 @@ def test_set_forms_are_every_result_over_the_unions(unions, zero) -> None:
             acc = acc and promote_types(acc, d)
         promoted.add(acc)
     assert set(promote_members(unions)) == promoted - {None}
-    assert set(promote_int_to_float_members(unions[0])) == {promote_int_to_float(d)
-                                                           for d in unions[0]}
+    assert set(promote_int_to_float_members(unions[0])) == {
+        promote_int_to_float(d, default) for d in unions[0] for default in DEFAULT_FLOATS}
+    assert set(promote_int_to_float_members(unions[0], ["float32"])) == {
+        promote_int_to_float(d) for d in unions[0]}
 
 
 def test_set_forms_are_in_dtype_order() -> None:
@@ -132,6 +152,8 @@ def test_the_primitives_evaluate_by_name() -> None:
     assert ev("result_type(TA, len(SA), TB, len(SB))", TA="float32", SA=(4,), TB="float64",
               SB=()) == "float32"
     assert ev("promote_int_to_float(promote(TA, TB))", TA="int32", TB="bool") == "float32"
+    assert ev("promote_int_to_float(T, float64)", T="int32") == "float64"
+    assert ev("promote_int_to_float(T, float64)", T="bfloat16") == "bfloat16"
     assert ev("itemsize(promote(TA, TB))", TA="float16", TB="bfloat16") == 4
     assert PRIMITIVES["result_type"].takes(4) and PRIMITIVES["result_type"].takes(6)
     assert not PRIMITIVES["result_type"].takes(5)

@@ -277,11 +277,12 @@ def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
       with ``keep_int``, for a true division computed in floats); else it takes torch's
       result dtype, wrapping as torch's cast does (-1 beside uint8 is 255);
     - a float takes the tensor's dtype if floating, else torch's default
-      (``torch.get_default_dtype()`` at the call); beside a float16 or bfloat16 tensor, with
-      ``dims`` and ``widen``, it is held in float32, the precision torch's arithmetic kernels
-      take a scalar in (the dims still give the result the tensor's dtype), where a
-      comparison rounds it to the tensor's dtype first, as torch compares. A call of 0-dim
-      tensors only gets ``dims`` by viewing them with one dim (:class:`TakesNumbers`)."""
+      (``torch.get_default_dtype()`` at the call, a float16 default included); beside a
+      float16 or bfloat16 tensor, with ``dims`` and ``widen``, it is held in float32, the
+      precision torch's arithmetic kernels take a scalar in (the dims still give the result
+      the tensor's dtype), where a comparison rounds it to the tensor's dtype first, as torch
+      compares. A call of 0-dim tensors only gets ``dims`` by viewing them with one dim
+      (:class:`TakesNumbers`)."""
     if not isinstance(value, numbers.Real):
         raise TypeError(f"{type(op).__name__}: argument {name} is the number {value!r} of type "
                         f"{type(value).__name__}; expected a tensor, or a real number "
@@ -308,9 +309,12 @@ def _number_operand(op: Any, name: str, value: Any, other: torch.Tensor,
         if dims or keep_int:
             return exact
         return exact.to(torch.int64 if other.dtype == torch.bool else other.dtype)
-    # torch.result_type(other, value), written out so that tracing folds it
-    dtype = other.dtype if other.dtype.is_floating_point else torch.get_default_dtype()
-    if widen and dims and dtype in (torch.float16, torch.bfloat16):
+    # torch.result_type(other, value), written out so that tracing folds it; beside integers
+    # the number's dtype is the result's (a float16 default stays float16)
+    if not other.dtype.is_floating_point:
+        return torch.tensor(float(value), dtype=torch.get_default_dtype(), device=device)
+    dtype = other.dtype
+    if widen and dims and dtype in _HALF:
         dtype = torch.float32
     return torch.tensor(float(value), dtype=dtype, device=device)
 

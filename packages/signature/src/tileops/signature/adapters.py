@@ -6,8 +6,10 @@ item sizes, names the attribute a tensor holds its device in (``.device`` for to
 numpy, whose arrays all live on the host, so its checks read and compare no device), and
 supplies the comparison hook used by the symbolic variant of the generated checks (the runtime
 plugs ``torch._check`` there so tracing under torch.compile records a runtime assertion
-instead of specialising on a size), and lists the library's array types, whose shapes are
-sizes by construction (see :mod:`.sizes`: any other object's shape is checked entry by entry).
+instead of specialising on a size), lists the library's array types, whose shapes are
+sizes by construction (see :mod:`.sizes`: any other object's shape is checked entry by entry),
+and reads the library's default floating dtype at a call (``torch.get_default_dtype``), which
+``promote_int_to_float`` of an integer gives.
 
 A dtype the adapter does not map (a numpy dtype handed to the torch adapter, a dtype of some
 other library, a torch dtype with no spec name) is shown in messages by its repr and type
@@ -61,7 +63,10 @@ class DTypeAdapter:
     tuple of sizes by construction; the checks read no entry of theirs, and check every entry
     of any other object's shape (none given: every shape is checked). A ``strict`` adapter
     takes its arrays only (torch's: what a kernel runs on is a ``torch.Tensor``, not an
-    object that has a ``.shape`` and a ``.dtype``)."""
+    object that has a ``.shape`` and a ``.dtype``). ``default_float`` reads the library's
+    default floating dtype (a native) at a call, which a computed dtype's
+    ``promote_int_to_float`` of an integer then gives (torch's ``get_default_dtype``); None:
+    the spec's, float32, whatever the call."""
 
     def __init__(
         self,
@@ -71,6 +76,7 @@ class DTypeAdapter:
         device: str | None = None,
         arrays: tuple[type, ...] = (),
         strict: bool = False,
+        default_float: Callable[[], Any] | None = None,
     ) -> None:
         if device is not None and not device.isidentifier():
             raise ValueError(f"adapter {name!r}: device attribute {device!r} is not an "
@@ -93,6 +99,7 @@ class DTypeAdapter:
         self.names = {v: k for k, v in self.natives.items()}
         self.itemsizes = {v: DTYPES[k] for k, v in self.natives.items()}
         self.check = check
+        self.default_float = default_float
 
     def native(self, name: str) -> Any:
         try:
@@ -166,7 +173,8 @@ def torch_adapter(strict: bool = False) -> DTypeAdapter:
         if "torch-strict" not in _cache:
             ad = torch_adapter()
             _cache["torch-strict"] = DTypeAdapter("torch", ad.natives, ad.check, device="device",
-                                                  arrays=ad.arrays, strict=True)
+                                                  arrays=ad.arrays, strict=True,
+                                                  default_float=ad.default_float)
         return _cache["torch-strict"]
     if "torch" not in _cache:
         import torch
@@ -178,7 +186,8 @@ def torch_adapter(strict: bool = False) -> DTypeAdapter:
             torch._check(cond, message)
 
         _cache["torch"] = DTypeAdapter("torch", natives, check, device="device",
-                                       arrays=(torch.Tensor,))
+                                       arrays=(torch.Tensor,),
+                                       default_float=torch.get_default_dtype)
     return _cache["torch"]
 
 

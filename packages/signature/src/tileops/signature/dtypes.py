@@ -14,7 +14,10 @@ miss once the inputs' dtypes are checked, and one whose every entry is one dtype
 dtype: the generator then emits no lookup where nothing reads the value.
 
 The key components are code built from the folded AST (``i_<index>``, the compiled rank
-expression), never from spec text.
+expression), never from spec text. ``promote_int_to_float(T)`` adds one more: the library's
+default floating dtype, read at each call through the adapter (``torch.get_default_dtype()``),
+so the table answers ``float64`` for an integer ``T`` under
+``torch.set_default_dtype(torch.float64)``.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any
 
 from tileops.spec import DTYPES, EvalError, Scope, evaluate
 from tileops.spec import expr as E
+from tileops.spec.dtypes import DEFAULT_FLOATS
 from tileops.spec.kinds import DTypeK
 from tileops.spec.primitives import DTYPE_PRIMITIVES, PRIMITIVES, PrimitiveError, no_promotion
 
@@ -37,6 +41,10 @@ __all__ = ["MAX_TABLE", "DTypeTable", "Lookup", "is_dtype_call", "lookup"]
 #: the most combinations a dtype table may have (three operands of every dtype and their
 #: ranks stay far below it); beyond it the entry is refused when generating
 MAX_TABLE = 1 << 16
+#: the leaf of the default floating dtype (``promote_int_to_float(T)`` without one): the
+#: adapter reads it at each call, so a call under ``torch.set_default_dtype(torch.float64)``
+#: looks up its own entry
+_DEFAULT = E.Call("default_dtype")
 
 
 class DTypeTable(dict):
@@ -77,11 +85,12 @@ def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr])
     # leaf, its values, the code of its value, the key component (a rank's is "== 0")
     slots: list[tuple[E.Node, tuple[Any, ...], ast.expr, ast.expr]] = []
 
-    def slot(leaf: E.Node, values: tuple[Any, ...], rank: bool = False) -> E.Name:
+    def slot(leaf: E.Node, values: tuple[Any, ...], rank: bool = False,
+             code: ast.expr | None = None) -> E.Name:
         for i, s in enumerate(slots):
             if s[0] == leaf:
                 return E.Name(f"_{i}")
-        code = leaf_code(leaf)
+        code = leaf_code(leaf) if code is None else code
         key = ast.Compare(code, [ast.Eq()], [ast.Constant(0)]) if rank else code
         slots.append((leaf, values, code, key))
         return E.Name(f"_{len(slots) - 1}")
@@ -109,7 +118,16 @@ def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr])
         prim = PRIMITIVES[call.func]
         args = tuple(dtype_arg(a) if prim.param_kind(i) == "dtype" else rank_arg(a)
                      for i, a in enumerate(call.args))
+        if call.func == "promote_int_to_float" and len(args) == 1 and \
+                compiler.adapter.default_float is not None:
+            args = (*args, default_arg())
         return E.Call(call.func, args)
+
+    def default_arg() -> E.Name:
+        """The library's default floating dtype, read at the call (a key component)."""
+        read = compiler._name("F", compiler.adapter.default_float)
+        return slot(_DEFAULT, tuple(d for d in DEFAULT_FLOATS if d in compiler.adapter.natives),
+                    code=ast.Call(ast.Name(read, ast.Load()), [], []))
 
     tmpl = template(node)
     text = E.unparse(node)

@@ -24,6 +24,7 @@ from itertools import product
 __all__ = [
     "CATEGORY",
     "DEFAULT_FLOAT",
+    "DEFAULT_FLOATS",
     "promote_int_to_float",
     "promote_int_to_float_members",
     "promote_members",
@@ -32,9 +33,14 @@ __all__ = [
     "result_type_members",
 ]
 
-#: torch's default floating dtype (``torch.get_default_dtype()`` unless a program changes it:
-#: a spec states a dtype, so it names the default torch ships with)
+#: torch's default floating dtype as torch ships (``torch.get_default_dtype()`` until a
+#: program sets another): the value of ``promote_int_to_float`` of an integer where nothing
+#: names the default (the spec's own evaluation: workloads, ``show``)
 DEFAULT_FLOAT = "float32"
+#: the dtypes torch takes as its default (``torch.set_default_dtype``), which a call's
+#: ``promote_int_to_float`` of an integer may be: the signature package reads the default at
+#: each call
+DEFAULT_FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 #: the category of each dtype name, in torch's order bool < integer < floating < complex
 CATEGORY: dict[str, int] = {
@@ -132,11 +138,12 @@ def result_type(operands: Sequence[tuple[str, int]]) -> str | None:
     return out or None
 
 
-def promote_int_to_float(a: str) -> str:
+def promote_int_to_float(a: str, default: str = DEFAULT_FLOAT) -> str:
     """torch's promotion of an integral input to a floating op (``torch.sin`` of an int
-    tensor, true division): bool and integer dtypes become the default float, floating and
-    complex ones stay as they are."""
-    return a if CATEGORY[a] >= _FLOAT else DEFAULT_FLOAT
+    tensor, true division): bool and integer dtypes become the default float (``default``,
+    torch's ``get_default_dtype()`` at the call), floating and complex ones stay as they
+    are."""
+    return a if CATEGORY[a] >= _FLOAT else default
 
 
 # --- the set forms ------------------------------------------------------------------------
@@ -166,8 +173,11 @@ def result_type_members(unions: Sequence[Iterable[str]],
     return _ordered({_combine_categories(d, z) or None for d, z in states})
 
 
-def promote_int_to_float_members(union: Iterable[str]) -> tuple[str, ...]:
-    return _ordered({promote_int_to_float(a) for a in union})
+def promote_int_to_float_members(union: Iterable[str],
+                                  defaults: Iterable[str] = DEFAULT_FLOATS) -> tuple[str, ...]:
+    """Every result of ``promote_int_to_float`` over ``union`` and the default dtypes
+    (``defaults``: every one torch takes, where the call reads it)."""
+    return _ordered({promote_int_to_float(a, d) for a in union for d in defaults})
 
 
 def _ordered(names: set[str | None]) -> tuple[str, ...]:

@@ -474,12 +474,14 @@ PRIMITIVES: dict[str, Primitive] = {
         ),
         Primitive(
             "promote_int_to_float",
-            ("dtype",),
-            _dtype_result(lambda u: _dt.promote_int_to_float_members(u[0]),
-                          "promote_int_to_float"),
+            ("dtype", "dtype"),
+            _dtype_result(lambda u: _dt.promote_int_to_float_members(
+                u[0], *([u[1]] if len(u) > 1 else [])), "promote_int_to_float"),
             _dt.promote_int_to_float,
-            "promote_int_to_float(T): T if floating or complex, else float32 (torch's default "
-            "dtype)",
+            "promote_int_to_float(T, D): T if floating or complex, else D; without D torch's "
+            "default dtype (torch.get_default_dtype() at the call, float32 unless a program "
+            "sets another)",
+            optional=1,
         ),
     ]
 }
