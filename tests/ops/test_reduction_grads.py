@@ -237,6 +237,48 @@ def test_prod_in_tree_gradient_is_torch_s_with_zeros_in_x(dim, keepdim, dtype, z
     torch.testing.assert_close(got.double(), want, **tol)
 
 
+_NAN, _INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize(("dim", "keepdim"), [*DIMS, (None, True), ((0, 1, 2), False)])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("special", [
+    (0.0, 0.0, _NAN), (0.0, 0.0, 0.0, _NAN), (0.0, _NAN), (_NAN,), (_INF,), (0.0, _INF),
+    (0.0, 0.0, _INF), (_NAN, _INF), (0.0,)])
+def test_prod_with_zeros_and_a_nan_or_inf_is_torch_s_forward_and_gradient(dim, keepdim, dtype,
+                                                                          special):
+    """Two or more zeros and a NaN (or an infinity) in x: the product and its gradient are
+    torch's, NaN placement included. Over every axis that is torch.prod(x)'s gradient (no
+    division where x holds zeros, zeros for two of them: torch gives no NaN there), over some
+    axes torch's gradient of a product over each in turn (``dy * (y / x)`` where no element
+    is 0, a NaN's run all NaN); in the tensors' dtype in-tree, and through the reference."""
+    x = (torch.rand(4, 6, 5, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+         + 0.5).to(dtype)
+    for i, v in enumerate(special):  # in one row of every reduction
+        x.view(-1)[[1, 3, 8, 11, 17][i]] = v
+    fwd = ops.ProdFwdOp(dim=dim, keepdim=keepdim)
+    ours = x.clone().requires_grad_()
+    y = fwd(ours)
+    theirs = x.clone().requires_grad_()
+    want_y = torch.prod(theirs) if dim is None and not keepdim else fwd.eager()(theirs)
+    tol = {} if dtype != torch.bfloat16 else dict(rtol=3e-2, atol=3e-2)
+    assert y.shape == want_y.shape and y.dtype == want_y.dtype
+    assert torch.equal(y.isnan(), want_y.isnan())
+    torch.testing.assert_close(y, want_y, equal_nan=True, **tol)  # bf16: rounded once here
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(6),
+                     dtype=torch.float64).to(dtype)
+    (want,) = torch.autograd.grad(want_y, theirs, dy)
+    (got,) = torch.autograd.grad(y, ours, dy)  # the reference target on the CPU
+    in_tree = _in_tree(ops.ProdBwdOp, dim=dim, keepdim=keepdim)(dy, x)
+    for g in (got, in_tree):
+        assert g.dtype == dtype and g.shape == x.shape
+        assert torch.equal(g.isnan(), want.isnan()), (g, want)  # NaN where torch's is
+        torch.testing.assert_close(g, want, equal_nan=True, **tol)
+    torch.testing.assert_close(in_tree, want, equal_nan=True, rtol=0, atol=0)  # torch's ops
+    if dim is None and not keepdim and special.count(0.0) >= 2:
+        assert not want.isnan().any() and not want.any()  # torch: zeros
+
+
 def test_the_torch_calls_of_top_k_s_and_the_step_functions_gradients_run_in_tree():
     # their in-tree forward (what CUDA runs) is torch's scatter and a fill: bound here through
     # a CPU stand-in of their family's slot, which they never call

@@ -43,8 +43,9 @@ element equals, gives NaN as torch's does). The gradients of var and std (:class
 :class:`StdBwdOp`) are torch's formulas step by step, each rounded to the tensors' dtype as
 torch's are: the mean (a delegate), ``x - mean``, the scaled ``dy`` (for std first ``dy / (2
 y)``, 0 where ``y`` is 0), their product; var_mean's (:class:`VarMeanBwdOp`) adds the mean's share of ``dmean`` to var's of
-``dvar``, each where given. Prod's (:class:`ProdBwdOp`) is torch's zero-safe form, in torch's ops
-(exclusive products from both ends of the reduced run, on a copy with the reduced axes last).
+``dvar``, each where given. Prod's (:class:`ProdBwdOp`) is torch's ``prod_backward`` of the
+forward's torch function, in torch's ops: ``dy * (y / x)`` without zeros, the product of the
+others (exclusive products from both ends) with them, and zeros for two zeros over every axis.
 The 2-norm's (:class:`L2NormBwdOp`) is torch's ``x * (dy / y)``, the quotient 0
 where the norm is.
 """
@@ -222,8 +223,9 @@ class ProdFwdOp(ReductionOp):
 
     def _torch(self, x):  # torch.prod takes one dim: a product over each in turn
         dims = reduced_axes(x.dim(), self.dim)
-        if x.dim() == 0 or len(dims) == x.dim() and not self.keepdim:
-            return torch.prod(x)
+        if x.dim() == 0 or len(dims) == x.dim():  # every axis: torch.prod(x)'s gradient too
+            y = torch.prod(x)
+            return y.reshape((1,) * x.dim()) if self.keepdim else y
         out = x
         for d in sorted(dims, reverse=True):
             out = torch.prod(out, d, keepdim=True)
@@ -567,32 +569,66 @@ class VarMeanBwdOp(_MomentBwdOp):
         return eager
 
 
+def _others_along(x: torch.Tensor, d: int) -> torch.Tensor:
+    """The product of the other elements along axis ``d``, from exclusive cumulative products
+    taken from both ends (torch's ``prod_safe_zeros_backward``: no division)."""
+    n = x.shape[d]
+    ones = torch.ones_like(x.narrow(d, 0, 1))
+    before = torch.cat([ones, x.narrow(d, 0, n - 1)], d).cumprod(d)
+    after = torch.cat([ones, x.narrow(d, 1, n - 1).flip(d)], d).cumprod(d).flip(d)
+    return before * after
+
+
+def _prod_grad_all(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """torch's gradient of ``torch.prod(x)`` over every element (``prod_backward`` without a
+    dim): ``dy * (y / x)`` where ``x`` holds no zero (a NaN or an infinity then gives NaN
+    where it is, as the division does), the product of the others where it holds one zero,
+    and zeros where it holds more (whatever NaN the others hold), as a backward computes it;
+    chosen by a 0-dim count, without reading it on the host."""
+    flat = x.reshape(-1)
+    g = dy.reshape(())
+    zeros = (flat == 0).sum()
+    plain = g * (flat.prod() / flat)
+    safe = g * _others_along(flat, 0)
+    return torch.where(zeros == 0, plain,
+                       torch.where(zeros == 1, safe, torch.zeros_like(safe))).reshape(x.shape)
+
+
+def _prod_grad_dim(g: torch.Tensor, x: torch.Tensor, y: torch.Tensor, d: int) -> torch.Tensor:
+    """torch's gradient of ``torch.prod(x, d, keepdim=True)`` (``y``; ``g`` of its shape):
+    ``g * (y / x)`` where ``x`` holds no zero at all, else the product of the others along
+    ``d`` (for every run, as torch's ``prod_backward`` decides on the whole tensor)."""
+    return torch.where((x == 0).any(), g * _others_along(x, d), g * (y / x))
+
+
 class ProdBwdOp(ReductionBwdOp):
-    """The gradient of prod (see the module docstring): ``dy`` times the product of the other
-    elements of each reduced run, from exclusive cumulative products taken from both ends
-    (torch's ``prod_safe_zeros_backward``: no division, so zeros in ``x`` give torch's
-    gradient); torch's ops on a copy of ``x`` with the reduced axes last, no in-tree kernel."""
+    """The gradient of prod (see the module docstring): torch's ``prod_backward`` of the
+    forward's torch function, in torch's ops (no in-tree kernel). Over every axis that is
+    ``torch.prod(x)``'s (:func:`_prod_grad_all`); over some axes, torch's gradient of a
+    product over each axis in turn, the last axis first (:func:`_prod_grad_dim` for each,
+    from the last product back). Where the product holds a NaN or an infinity, torch's
+    division places NaN where it does (``x = [1, nan, 2]`` gives ``[nan, nan, nan]``, not
+    the product of the others at the NaN), and two zeros give zeros."""
 
     fn = "mul"  # no kernel runs: torch's ops
 
     def _others(self, dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """``dy`` times the product of the others, in the tensors' dtype."""
+        """torch's gradient, in the tensors' dtype."""
         axes = reduced_axes(x.dim(), self.dim)
         if not axes:
             return dy.reshape(x.shape).clone()
         if not x.numel():
             return torch.zeros(x.shape, dtype=dy.dtype, device=dy.device)
-        kept = tuple(a for a in range(x.dim()) if a not in axes)
-        perm = (*kept, *axes)
-        runs = x.permute(perm).reshape(-1, math.prod(x.shape[a] for a in axes))
-        ones = torch.ones(runs.shape[0], 1, dtype=runs.dtype, device=runs.device)
-        before = torch.cat([ones, runs[:, :-1]], 1).cumprod(1)
-        after = torch.cat([ones, runs[:, 1:].flip(1)], 1).cumprod(1).flip(1)
-        g = dy.reshape(-1, 1) * (before * after)
-        inverse = [0] * len(perm)
-        for i, a in enumerate(perm):
-            inverse[a] = i
-        return g.reshape([x.shape[a] for a in perm]).permute(inverse)
+        if len(axes) == x.dim():
+            return _prod_grad_all(dy, x)
+        steps = sorted(axes, reverse=True)  # the forward's order (ProdFwdOp._torch)
+        products = [x]
+        for d in steps:
+            products.append(torch.prod(products[-1], d, keepdim=True))
+        g = dy.reshape(products[-1].shape)
+        for k in reversed(range(len(steps))):
+            g = _prod_grad_dim(g, products[k], products[k + 1], steps[k])
+        return g
 
     def forward(self, call, dy, x, dx) -> None:
         dx.copy_(self._others(dy, x))
