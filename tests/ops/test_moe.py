@@ -17,10 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tileops.kernels.grouped_gemm import GroupedGemmInterface, GroupedLayoutKind
-from tileops.kernels.moe import MoeGateGradInterface, MoePermuteInterface
+from tileops.kernels.moe import MoeGateGradInterface, MoePermuteInterface, MoeUnpermuteInterface
 from tileops.kernels.moe_group import MoeGroupInterface
 from tileops.ops import SiluAndMulFwdOp
-from tileops.ops._moe_layout import LayoutValue, grouped_gemm_reference
+from tileops.ops._moe_layout import LayoutValue, grouped_gemm_reference, unpermute_reference
 from tileops.ops.moe import (
     ContiguousLayoutSpec,
     FusedMoeFwdOp,
@@ -634,6 +634,41 @@ def test_the_unpermutation_gradient_takes_the_gates_from_the_slot():
     ref_dy, ref_dw = op.fp64_reference(dout, y, rows, w)
     torch.testing.assert_close(dy.double(), ref_dy, rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(dw.double(), ref_dw, rtol=1e-5, atol=1e-5)
+
+
+class _UnpermuteRows(Kernel, MoeUnpermuteInterface):
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, y, rows, weights, out) -> None:
+        out.copy_(unpermute_reference(y, rows, weights))
+
+
+@pytest.mark.parametrize("bad", [9, 8, -2])
+def test_a_gradient_called_directly_in_tree_refuses_rows_outside_the_rows(bad) -> None:
+    """The in-tree gradients called directly (not by their forward's gradient, whose rows
+    are the forward's): a slot that is neither a row nor -1 is refused on the host by name
+    before a kernel or torch's index_add would read or write out of bounds (on a GPU a
+    device-side assert); the op serves the next call."""
+    y, w = _bf16(8, 3, seed=1), torch.ones(2, 2)
+    rows = torch.tensor([[0, -1], [1, bad]], dtype=torch.int32)
+    good = torch.tensor([[0, -1], [1, 7]], dtype=torch.int32)
+    dout = _bf16(2, 3, seed=2)
+    unpermute = MoeUnpermuteBwdOp(target=targets.IN_TREE,
+                                  kernel_map={MoeGateGradInterface: _GateGradStandIn})
+    permute = MoePermuteAlignBwdOp(target=targets.IN_TREE,
+                                   kernel_map={MoeUnpermuteInterface: _UnpermuteRows})
+    for op, args, fine, of in ((unpermute, (dout, y, rows, w), (dout, y, good, w), "y"),
+                               (permute, (y.reshape(2, 4, 3), rows),
+                                (y.reshape(2, 4, 3), good), "dy")):
+        with pytest.raises(IndexError) as exc:
+            op(*args)
+        assert str(exc.value) == (f"{type(op).__name__}: rows[1, 1] is {bad}: not a row of {of} "
+                                  f"in [0, 8) and not -1 (a dropped slot)")
+        out = op(*fine)
+        for got, want in zip(out if isinstance(out, tuple) else (out,), op.fp64_reference(*fine),
+                             strict=True):
+            torch.testing.assert_close(got.double(), want, rtol=2e-2, atol=2e-2)
 
 
 def test_weight_gradient_takes_grouped_mm_only_on_16_byte_rows() -> None:

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 import tileops.ops as O
 from tileops.kernels import pooling as K
 from tileops.ops.pooling import _layout, per_axis
+from tileops.runtime import IN_TREE, Kernel
 from tileops.signature import ConstructionError, SignatureCallError
 from tileops.spec.primitives import pool_out
 
@@ -501,3 +502,46 @@ def test_indices_outside_their_plane_are_refused_by_name(cls, params, nd):
         if value is not None:
             assert f" is {value}: " in str(exc.value)
     torch.testing.assert_close(op(dy, x, idx), op(dy, x))
+
+
+class _ScatterStandIn(Kernel, K.PoolBwdInterface):
+    """The gradient slot on the CPU: dy added at the indices (its planes' flat positions)."""
+
+    devices = ("cpu",)
+    general = True
+    calls = 0
+
+    def __call__(self, dy, x, indices, dx) -> None:
+        from tileops.ops.pooling import _scatter_max
+
+        type(self).calls += 1
+        dx.copy_(_scatter_max(dy, x.shape, indices, x.dim() - 2))
+
+
+@pytest.mark.parametrize(("cls", "params", "nd"), [
+    (O.MaxPool2dBwdOp, dict(kernel_size=2), 2), (O.MaxPool1dBwdOp, dict(kernel_size=2), 1),
+    (O.AdaptiveMaxPool2dBwdOp, dict(output_size=3), 2)])
+def test_indices_outside_their_plane_are_refused_in_tree_where_called_directly(cls, params, nd):
+    """The in-tree gradient called directly (not by its forward's gradient, whose indices are
+    the forward's own): an index outside its plane is refused on the host by name before the
+    kernel, which would write out of bounds, runs; the op serves the next call. The forward's
+    own gradient reads no index on the host."""
+    stand_in = _ScatterStandIn
+    stand_in.calls = 0
+    x = torch.randn(1, 2, *(6,) * nd)
+    fwd = {1: F.max_pool1d, 2: F.max_pool2d}[nd]
+    y, idx = (F.adaptive_max_pool2d(x, 3, return_indices=True) if "output_size" in params
+              else fwd(x, 2, return_indices=True))
+    dy = torch.randn_like(y)
+    op = cls(**params, target=IN_TREE, kernel_map={K.PoolBwdInterface: stand_in})
+    plane = 6 ** nd
+    with pytest.raises(IndexError) as exc:
+        op(dy, x, idx + plane)
+    assert str(exc.value).startswith(f"{cls.__name__}: indices[{', '.join(['0'] * (nd + 2))}]"
+                                     f" is {int(idx.flatten()[0]) + plane}: not a position")
+    assert stand_in.calls == 0
+    torch.testing.assert_close(op(dy, x, idx), cls(**params, target="reference")(dy, x, idx))
+    assert stand_in.calls == 1
+    assert op.checks_indices(idx) and not op.checks_indices(idx.to("meta"))
+    op._fed_by_forward = True  # as the op a forward builds for its gradient
+    assert not op.checks_indices(idx)

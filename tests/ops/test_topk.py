@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 import tileops.ops as ops
 from tileops.kernels import topk as K
 from tileops.runtime import Kernel
+from tileops.signature import SignatureCallError
 
 launched: list[tuple] = []
 
@@ -360,3 +361,80 @@ def test_the_values_train_as_torch_and_the_node_keeps_no_copy_of_x(dim, k, large
     want_v, _ = torch.topk(x * 2, k, dim=dim, largest=largest)
     want = torch.autograd.grad(want_v, x, dv)[0] if k else torch.zeros_like(x)
     torch.testing.assert_close(got, want)
+
+
+# --- the gradient's indices ---------------------------------------------------------------------
+
+
+def _bad_index_calls():
+    """(what is wrong, the call's indices, the exception, the message) for a TopkBwdOp(k=2)
+    called directly with dvalues [3, 2] and x [3, 7]."""
+    good = [[0, 1], [1, 2], [3, 4]]
+    return [
+        ("past the row", [[0, 9], [1, 2], [3, 4]], IndexError,
+         "TopkBwdOp: argument indices holds 9 at indices[0, 1]; expected positions along x's "
+         "dim -1 (x is [3, 7]) in [0, 7), as torch.topk returns them"),
+        ("negative", [[0, 1], [1, 2], [-1, 4]], IndexError,
+         "TopkBwdOp: argument indices holds -1 at indices[2, 0]; expected positions along x's "
+         "dim -1 (x is [3, 7]) in [0, 7), as torch.topk returns them"),
+        ("twice in a run", [[0, 1], [2, 2], [3, 4]], IndexError,
+         "TopkBwdOp: argument indices holds 2 twice in indices[1, :]; expected distinct "
+         "positions along x's dim -1 (x is [3, 7]) in each run, as torch.topk returns them "
+         "(the scatter would keep one of the two values)"),
+        ("int32", torch.tensor(good, dtype=torch.int32), SignatureCallError,
+         "indices.dtype must be int64, but is int32"),
+        ("fewer rows", good[:2], SignatureCallError,
+         "O is [3, 2] (bound by dvalues.shape[0:]), but that part of the shape is [2, 2]"),
+        ("k + 1 per row", [[0, 1, 2], [1, 2, 3], [3, 4, 5]], SignatureCallError,
+         "O is [3, 2] (bound by dvalues.shape[0:]), but that part of the shape is [3, 3]"),
+    ]
+
+
+@pytest.mark.parametrize("target", ["reference", "in-tree"])
+@pytest.mark.parametrize(("what", "indices", "error", "message"), _bad_index_calls())
+def test_top_k_s_gradient_called_directly_refuses_indices_the_forward_cannot_return(
+        target, what, indices, error, message):
+    """TopkBwdOp called directly (not by the forward's gradient): an index outside the row,
+    one twice in a run (torch's scatter would raise naming neither, on a GPU a device-side
+    assert, or keep one of the values), the wrong dtype or shape: refused naming the op, the
+    argument, what was expected and what was seen; the op serves the next call."""
+    from tileops.runtime import targets
+
+    op = ops.TopkBwdOp(k=2, target=targets.IN_TREE if target == "in-tree" else target)
+    x, dv = torch.randn(3, 7), torch.randn(3, 2)
+    idx = indices if isinstance(indices, torch.Tensor) else torch.tensor(indices)
+    with pytest.raises(error) as exc:
+        op(dv, idx, x)
+    text = str(exc.value)
+    assert text.startswith("TopkBwdOp") and message in text, text
+    if error is SignatureCallError:
+        assert exc.value.argument == "indices"
+    good = torch.tensor([[0, 6], [1, 2], [5, 4]])
+    torch.testing.assert_close(op(dv, good, x), torch.zeros(3, 7).scatter(1, good, dv))
+
+
+def test_the_forward_s_own_gradient_reads_no_index_on_the_host(monkeypatch):
+    """The backward op a forward builds for its gradient takes the forward's indices (autograd
+    refuses them changed in place) and checks none on the host; one built directly does."""
+    from tileops.ops import topk as topk_module
+    from tileops.runtime import targets
+
+    fwd = _in_tree(k=3, target=targets.IN_TREE)  # its gradient in-tree too
+    x = torch.randn(4, 9, requires_grad=True)
+    values, indices = fwd(x)
+    reads = []
+    monkeypatch.setattr(topk_module, "first_outside",
+                        lambda *a: reads.append(a) or None)
+    (got,) = torch.autograd.grad(values, x, torch.ones_like(values))
+    torch.testing.assert_close(got, torch.zeros(4, 9).scatter(1, indices, 1.0))
+    assert reads == []
+    (bwd,) = fwd._backward_ops.values()
+    assert bwd._fed_by_forward and not bwd.checks_indices(indices)
+    assert ops.TopkBwdOp(k=3).checks_indices(indices)
+    with pytest.raises(IndexError, match="TopkBwdOp: argument indices holds 9"):
+        bwd.reference(None, torch.ones(4, 3), indices.clamp(max=0) + 9, x)  # its reference
+    values, indices = fwd(x)
+    with torch.no_grad():
+        indices.add_(0)  # a change in place: autograd refuses the saved indices
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(values.sum(), x)

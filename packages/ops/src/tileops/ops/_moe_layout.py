@@ -194,8 +194,10 @@ def permute_reference(x: torch.Tensor, ids: torch.Tensor, experts: int,
 
 def refuse_bad_rows(op: object, rows: torch.Tensor, count: int, of: str) -> None:
     """A slot of ``rows`` that is neither a row of ``of`` (``count`` rows) nor -1 (dropped) is
-    refused by name where the tensor holds data (the references; the kernels check nothing
-    on the host)."""
+    refused by name where the tensor holds data (the references; a backward op's in-tree call
+    where it is called directly, not by its forward's gradient:
+    :meth:`~tileops.runtime.Op.checks_indices`; the forward kernels check nothing on the
+    host)."""
     bad = first_outside(rows, -1, count)
     if bad is not None:
         at, value = bad

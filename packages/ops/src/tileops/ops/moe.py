@@ -381,6 +381,8 @@ class MoePermuteAlignBwdOp(MoeOp):
     kernel_types = {MoeUnpermuteInterface: (MoeUnpermuteKernel,)}
 
     def forward(self, call, dy, rows, dx) -> None:
+        if self.checks_indices(rows):  # a call made directly: the kernel reads dy's rows
+            refuse_bad_rows(self, rows, math.prod(dy.shape[:-1]), "dy")
         h, k = dy.shape[-1], rows.shape[1]
         key = (call.device, dy.dtype, h, k)
         entry = self._entry(key, MoeUnpermuteInterface, lambda: MoeUnpermuteSpec(
@@ -409,6 +411,8 @@ class MoeUnpermuteBwdOp(MoeOp):
     kernel_types = {MoeGateGradInterface: (MoeGateGradKernel,)}
 
     def forward(self, call, dout, y, rows, weights, dy, dweights) -> None:
+        if self.checks_indices(rows):  # a call made directly: y's rows are read and written
+            refuse_bad_rows(self, rows, y.shape[0], "y")
         if dweights is not None:
             h, k = y.shape[1], rows.shape[1]
             key = (call.device, y.dtype, dweights.dtype, h, k)

@@ -211,6 +211,8 @@ class PoolGradOp(_Window, Op):
 
     def forward(self, call, dy, x, *rest) -> None:
         indices, dx = rest if len(rest) == 2 else (None, rest[0])
+        if indices is not None and self.checks_indices(indices):  # a call made directly
+            _refuse_bad_indices(self, indices, x.shape, self.nd)
         key = (call.device, x.dtype, x.shape, dy.shape, indices is not None)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
@@ -336,7 +338,9 @@ class AdaptiveMaxPool2dFwdOp(PoolOp):
 def _refuse_bad_indices(op: Op, idx: torch.Tensor, x_shape: torch.Size, nd: int) -> None:
     """An index that is not an element of its plane (``indices`` as the forward returns them:
     flat positions in the ``nd`` spatial axes) is refused by name where the tensor holds data
-    (the references; the kernels check nothing on the host)."""
+    (the references; the in-tree call where the op is called directly, not by its forward's
+    gradient: :meth:`~tileops.runtime.Op.checks_indices`, since the kernel would write out of
+    bounds)."""
     plane = 1
     for n in x_shape[-nd:]:
         plane *= n

@@ -24,6 +24,7 @@ import torch
 
 from tileops.kernels.topk import TopkDType, TopkInterface, TopkRadixKernel, TopkSpec
 from tileops.runtime import Op
+from tileops.runtime.memory import first_outside, has_data
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -89,18 +90,50 @@ class TopkFwdOp(TopkOp):
 class TopkBwdOp(TopkOp):
     """The gradient of the values: ``dvalues`` put back at ``indices`` along ``dim``, 0
     elsewhere (torch's ``zeros.scatter(dim, indices, grad)``); ``x`` is read for its shape
-    only. A fill and torch's scatter: no in-tree kernel (the indices are the forward's,
-    distinct along ``dim``)."""
+    only. A fill and torch's scatter: no in-tree kernel. The indices are the forward's,
+    distinct positions along ``dim``: a call made directly has them checked on the host
+    (:meth:`~tileops.runtime.Op.checks_indices`, the reference always), an index outside
+    ``[0, size)`` or one twice in a run refused by name, where torch's scatter would raise
+    naming neither (on a GPU, a device-side assert) or keep one of the two values."""
 
     def forward(self, call, dvalues, indices, x, dx) -> None:
+        if self.checks_indices(indices):
+            self._refuse_bad_indices(indices, x)
         dx.zero_()
         dx.scatter_(self.dim % dx.dim(), indices, dvalues)
+
+    def _refuse_bad_indices(self, indices: torch.Tensor, x: torch.Tensor) -> None:
+        """Refuse, by name, an index that is no position along ``dim`` of ``x``, or a position
+        named twice in one run (torch.topk returns distinct ones)."""
+        if not indices.numel() or not has_data(indices):
+            return
+        d = self.dim % x.dim()
+        n = x.shape[d]
+        where = f"x's dim {self.dim} (x is {list(x.shape)})"
+        bad = first_outside(indices, 0, n)
+        if bad is not None:
+            at, value = bad
+            raise IndexError(
+                f"{type(self).__name__}: argument indices holds {value} at indices"
+                f"[{', '.join(map(str, at))}]; expected positions along {where} in [0, {n}), "
+                f"as torch.topk returns them")
+        ordered = indices.sort(d).values
+        same = ordered.narrow(d, 1, self.k - 1) == ordered.narrow(d, 0, self.k - 1)
+        twice = same.nonzero()
+        if twice.numel():
+            at = tuple(int(i) for i in twice[0])
+            run = ", ".join(":" if a == d else str(i) for a, i in enumerate(at))
+            raise IndexError(
+                f"{type(self).__name__}: argument indices holds {int(ordered[at])} twice in "
+                f"indices[{run}]; expected distinct positions along {where} in each run, as "
+                f"torch.topk returns them (the scatter would keep one of the two values)")
 
     def _scattered(self, dvalues, indices, shape):
         out = torch.zeros(shape, dtype=dvalues.dtype, device=dvalues.device)
         return out.scatter(self.dim % out.dim(), indices, dvalues)
 
     def reference(self, call, dvalues, indices, x):
+        self._refuse_bad_indices(indices, x)
         wide = dvalues if dvalues.dtype == torch.float64 else dvalues.float()
         return (self._scattered(wide, indices, x.shape),)
 

@@ -20,7 +20,7 @@ Instance state (every field exists after construction):
 |--------------|--------------------------------------------------------------------|-------------|
 | construction | params, ``target``, ``_installed_kernel_types``, ``_preferred_over``,| kept        |
 |              | ``_keys_by_interface``, ``_construction_indices``, ``_instance_key``,|             |
-|              | ``_init_args``, ``_records_node``, ``_result``                     |             |
+|              | ``_init_args``, ``_records_node``, ``_result``, ``_fed_by_forward`` |             |
 | binding      | ``_target_builder``, ``_serving_target``, ``_entries_by_call``,      | initial     |
 |              | ``_built_entries``, ``_target_kernels``                             | values      |
 | run          | construction-time tensors, ``_tune_requested``, ``_delegates``,     | kept        |
@@ -224,6 +224,9 @@ class Op(declared.Equivalents, Composite, Trained):
             raise ValueError(f"{cls.__name__} runs no kernels of its own; kernel_map does not "
                              f"apply")
         self._instance_key = register_instance(self)
+        #: a backward op a forward built for its gradient (Trained._backward_op): its inputs
+        #: are that forward's saved tensors and upstream gradients (Trained.checks_indices)
+        self._fed_by_forward = False
         self._boundary = None
         if plan.input_names:
             # a composite op too: traced, its call is one custom op whose real call composes

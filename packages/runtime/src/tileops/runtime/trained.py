@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from . import autograd
+from . import autograd, memory
 from .registry import backward_key, register_instance
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -46,6 +46,18 @@ class Trained:
         logits is read and written for it, though ``loss.backward()`` passes 1."""
         return grad.mul_(dout)
 
+    def checks_indices(self, t: torch.Tensor) -> bool:
+        """Whether a call reads the values of ``t``, an index input, on the host to refuse one
+        out of range by name (one device sync), where a kernel or torch's scatter would read
+        or write out of bounds (on a GPU a device-side assert, which leaves no op usable):
+        for a call made directly, not for a backward op a forward built for its gradient
+        (its indices are the forward's own, which autograd keeps from changes in place), nor
+        while the current CUDA stream is captured into a graph (no host read there), nor for
+        a tensor without data (a fake or meta one)."""
+        if self._fed_by_forward or not memory.has_data(t):  # type: ignore[attr-defined]
+            return False
+        return not (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
     def _backward_op(self, needs: tuple[bool, ...]) -> Op:
         """The backward op for this combination of the gradient's ``needs`` params (built
         once, held): the forward's params it shares by name, the ``needs`` flags, the
@@ -61,6 +73,7 @@ class Trained:
                 op = self._backward_ops.get(needs)
                 if op is None:
                     op = bwd(target=self.target, tune=self._tune_requested, **params)
+                    op._fed_by_forward = True  # called only by this forward's gradient
                     # keyed by this instance, as a compiled backward names it (registry.py)
                     op._instance_key = register_instance(  # type: ignore[attr-defined]
                         op, backward_key(self._instance_key, needs))  # type: ignore[attr-defined]
