@@ -53,6 +53,28 @@ def test_a_changed_attribute_rebuilds_the_op():
     assert copy.deepcopy(layer).op.kernel_size == 3
 
 
+def test_a_window_given_as_a_list_is_read_only_and_assigning_rebuilds_the_op():
+    """``kernel_size=[2, 2]`` is held as given (a list, torch's repr) but read only: a change
+    in place would not reach the op built from it (the next call pooled 2 x 2 windows with
+    ``kernel_size`` saying 3), so it is refused by name; assigning rebuilds the op."""
+    layer = tp.MaxPool2d(kernel_size=[2, 2])
+    assert layer.kernel_size == [2, 2] and repr(layer) == repr(torch.nn.MaxPool2d([2, 2]))
+    with pytest.raises(TypeError) as exc:
+        layer.kernel_size[0] = 3
+    assert str(exc.value) == (
+        "MaxPool2d.kernel_size is read only: the layer's op is built from kernel_size, and a "
+        "change in place would not reach it; assign a new value (layer.kernel_size = ...), "
+        "which rebuilds the op")
+    x = torch.randn(1, 2, 6, 6)
+    torch.testing.assert_close(layer(x), torch.nn.functional.max_pool2d(x, 2))
+    layer.kernel_size, layer.stride = [3, 3], [3, 3]
+    torch.testing.assert_close(layer(x), torch.nn.functional.max_pool2d(x, 3))
+    other = copy.deepcopy(layer)
+    assert other.kernel_size == [3, 3]
+    with pytest.raises(TypeError, match="read only"):
+        other.stride.append(1)
+
+
 def test_a_bad_window_is_refused_where_the_layer_is_made():
     with pytest.raises(Exception, match="0 <= pH <= kH // 2"):
         tp.MaxPool2d(kernel_size=3, padding=2)

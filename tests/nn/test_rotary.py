@@ -112,6 +112,63 @@ def test_copies_and_moves_rebuild_the_op():
     assert "rotary_dim=16" in repr(layer) and "layout='bhsd'" in repr(layer)
 
 
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+_LONGROPE = {"rope_type": "longrope", "short_factor": [1.0] * 32, "long_factor": [2.0] * 32,
+             "original_max_position_embeddings": 4096}
+
+
+@pytest.mark.parametrize("change", [
+    lambda s: s.__setitem__("factor", 4.0), lambda s: s.update(factor=4.0),
+    lambda s: s.pop("factor"), lambda s: s.__delitem__("factor"), lambda s: s.clear(),
+    lambda s: s.setdefault("beta_fast", 2.0), lambda s: s.popitem()])
+def test_scaling_changed_in_place_is_refused_and_assigning_rebuilds_the_op(change):
+    """The op is built from ``scaling``: a change in place would not reach it (the next call
+    ran the old factor), so the layer holds it read only and refuses one by name; assigning
+    a new scaling rebuilds the op, and the layer keeps serving."""
+    given = dict(_LLAMA3)
+    layer = RotaryEmbedding(64, scaling=given)
+    assert layer.scaling == given and isinstance(layer.scaling, dict)
+    op = layer.op
+    with pytest.raises(TypeError) as exc:
+        change(layer.scaling)
+    assert str(exc.value) == (
+        "RotaryEmbedding.scaling is read only: the layer's op is built from scaling, and a "
+        "change in place would not reach it; assign a new value (layer.scaling = ...), which "
+        "rebuilds the op")
+    assert layer.scaling == given and layer.op is op and op.factor == 8.0
+    given["factor"] = 2.0  # the caller's dict is not the layer's
+    assert layer.scaling["factor"] == 8.0 and layer.op.factor == 8.0
+    layer.scaling = {**layer.scaling, "factor": 4.0}
+    assert layer.op is not op and layer.op.factor == 4.0
+    q, k = torch.randn(1, 3, 2, 64, dtype=F64), torch.randn(1, 3, 1, 64, dtype=F64)
+    pos = torch.tensor([[0, 9000, 9]])
+    want = RotaryEmbedding(64, scaling={**_LLAMA3, "factor": 4.0})(q, k, pos)
+    torch.testing.assert_close(layer(q, k, pos), want, rtol=0, atol=0)
+    assert not torch.equal(layer(q, k, pos)[0], op(q, k, pos)[0])  # factor 8 differs
+
+
+def test_scaling_s_lists_are_read_only_too_and_copies_keep_it():
+    layer = RotaryEmbedding(64, scaling=_LONGROPE, max_position_embeddings=131072)
+    short = layer.scaling["short_factor"]
+    assert short == [1.0] * 32 and isinstance(short, list)
+    for change in (lambda: short.__setitem__(0, 3.0), lambda: short.append(1.0),
+                   lambda: short.sort(), lambda: short.__iadd__([1.0])):
+        with pytest.raises(TypeError, match=r"^RotaryEmbedding\.scaling\['short_factor'\] is "
+                                            r"read only: the layer's op is built from scaling"):
+            change()
+    assert torch.as_tensor(layer.op.short_factor).tolist() == [1.0] * 32
+    for other in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        assert other.scaling == layer.scaling
+        with pytest.raises(TypeError, match="read only"):
+            other.scaling["long_factor"][0] = 0.5
+    writable = {**layer.scaling, "short_factor": [*short[:-1], 1.5]}
+    writable["long_factor"] = [2.5] * 32
+    layer.scaling = writable
+    assert torch.as_tensor(layer.op.short_factor).tolist() == [1.0] * 31 + [1.5]
+    assert torch.as_tensor(layer.op.long_factor).tolist() == [2.5] * 32
+
+
 @pytest.mark.parametrize(("kw", "message"), [
     ({"scaling": {"rope_type": "dynamic", "factor": 2.0}},
      "RotaryEmbedding: rope_type must be one of default, llama3, yarn, longrope, got 'dynamic'"),

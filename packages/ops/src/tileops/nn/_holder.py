@@ -20,6 +20,13 @@ When the op is (re)built:
   half-written (assignments happen one attribute at a time) and the construction refuses it,
   at the next call, whose error is then the op's own. Two threads racing that rebuild each
   build an equal op and the last one stored wins; nothing is shared between them.
+
+A config attribute given as a dict or a list (a rotary layer's ``scaling``, a pool's
+``kernel_size=[2, 2]``) is held read only (:class:`ReadOnlyDict`, :class:`ReadOnlyList`, its
+items too): a change in place would not reach the op built from it, so it is refused by name,
+and assigning a new value rebuilds the op as any assignment does. The containers are a dict
+and a list (equal to what was given, the same repr); ``dict(layer.scaling)`` or
+``{**layer.scaling, "factor": 4.0}`` is a writable copy.
 """
 
 from __future__ import annotations
@@ -28,7 +35,66 @@ from typing import Any, ClassVar
 
 from tileops.runtime import Op
 
-__all__ = ["HoldsOp", "PassesTarget"]
+__all__ = ["HoldsOp", "PassesTarget", "ReadOnlyDict", "ReadOnlyList"]
+
+
+def _refuse(where: tuple[str, str, str]) -> TypeError:
+    layer, attr, path = where
+    return TypeError(f"{layer}.{attr}{path} is read only: the layer's op is built from {attr}, "
+                     f"and a change in place would not reach it; assign a new value "
+                     f"(layer.{attr} = ...), which rebuilds the op")
+
+
+def read_only(value: Any, where: tuple[str, str, str]) -> Any:
+    """``value`` with every dict and list in it held read only (see the module docstring);
+    ``where`` is (the layer's class name, the attribute, the path to ``value`` in it), for
+    the refusal's message. Any other value is itself."""
+    layer, attr, path = where
+    if isinstance(value, dict):
+        return ReadOnlyDict({k: read_only(v, (layer, attr, f"{path}[{k!r}]"))
+                             for k, v in value.items()}, where)
+    if isinstance(value, list):
+        return ReadOnlyList([read_only(v, (layer, attr, f"{path}[{i}]"))
+                             for i, v in enumerate(value)], where)
+    return value
+
+
+class ReadOnlyDict(dict):
+    """A layer's config dict, read only: every change in place is refused by name."""
+
+    __slots__ = ("_where",)
+
+    def __init__(self, items: dict, where: tuple[str, str, str]) -> None:
+        super().__init__(items)
+        self._where = where
+
+    def _refused(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse(self._where)
+
+    __setitem__ = __delitem__ = __ior__ = _refused
+    clear = pop = popitem = setdefault = update = _refused
+
+    def __reduce__(self) -> tuple:  # copies and pickles as the same read-only dict
+        return type(self), (dict(self), self._where)
+
+
+class ReadOnlyList(list):
+    """A layer's config list, read only: every change in place is refused by name."""
+
+    __slots__ = ("_where",)
+
+    def __init__(self, items: list, where: tuple[str, str, str]) -> None:
+        super().__init__(items)
+        self._where = where
+
+    def _refused(self, *args: Any, **kwargs: Any) -> Any:
+        raise _refuse(self._where)
+
+    __setitem__ = __delitem__ = __iadd__ = __imul__ = _refused
+    append = extend = insert = pop = remove = clear = sort = reverse = _refused
+
+    def __reduce__(self) -> tuple:
+        return type(self), (list(self), self._where)
 
 
 class HoldsOp:
@@ -65,6 +131,8 @@ class HoldsOp:
         return "" if self.target is None else f", target={self.target!r}"
 
     def __setattr__(self, name: str, value: Any) -> None:
+        if name in self.op_attrs:
+            value = read_only(value, (type(self).__name__, name, ""))
         super().__setattr__(name, value)  # type: ignore[misc]
         if name == "target" or name in self.op_attrs:
             built = "_op" in self.__dict__  # past __init__: the layer held an op

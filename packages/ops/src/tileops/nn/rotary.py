@@ -52,7 +52,9 @@ class RotaryEmbedding(HoldsOp, nn.Module):
     so the layer holds no tensor and its ``state_dict`` is empty, as the rotary module's is
     (its ``inv_freq`` buffer is not persistent). ``scaling`` is a model config's
     ``rope_scaling`` (``rope_type`` ``default``, ``llama3``, ``yarn`` or ``longrope`` with
-    their keys; ``max_position_embeddings`` is the model's, for LongRoPE's attention factor).
+    their keys; ``max_position_embeddings`` is the model's, for LongRoPE's attention factor),
+    held as a read-only copy: a change in place is refused, assigning a new one rebuilds the
+    op (``layer.scaling = {**layer.scaling, "factor": 4.0}``).
     ``interleaved`` pairs columns (2j, 2j + 1) as GPT-J does (Llama and most models rotate
     halves); ``layout`` is ``"bshd"`` ([B, S, H, D], as the projections produce) or
     ``"bhsd"``; ``cache_length`` > 0 reads cos/sin of the first positions from a table (not
