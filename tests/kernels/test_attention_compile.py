@@ -217,14 +217,23 @@ def test_the_mask_is_applied_on_the_tiles_seen_in_part_only(masked):
 
 
 def test_varlen_program_compiles_for_sm90a():
-    """The packed program: GQA, causal, the per-row stores within a sequence."""
+    """The packed program: GQA, causal; the mask on the key tiles a row sees in part only (the
+    whole tiles of :func:`full_key_tiles` over the sequence's own lengths, whose property the
+    hypothesis test above holds); a tile within its sequence stored through shared memory by
+    one bulk copy, the sequence's last tile row by row."""
     plan = A.attention_plan(128, 128)
     prog = A.attention_varlen_program(8, 2, 128, 128, "bfloat16", 128 ** -0.5, -1, 0, None,
                                       plan)
+    branches = [line.strip() for line in prog.script().splitlines()
+                if line.strip().startswith("if ")]
+    assert "if kt < 0 or kt >= whole_end:" in branches
+    assert "if r0 + 128 <= len_q:" in branches
     from tileops.kernels._tilelang import compile_program
 
     src = compile_program(prog, HOPPER).get_kernel_source()
     assert "wgmma" in src and "TileBatch[" in src and "CuK[" in src
+    assert "tma_store(Out_desc" in src  # the whole tiles' bulk store
+    assert "Out + " in src  # the last tile's rows
 
 
 @settings(max_examples=200, deadline=None)

@@ -430,8 +430,11 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
     ``Z_q // block_m + B`` CTAs cover every batch); ``TileBatch[t]`` names tile ``t``'s
     sequence (a search the entry runs on the device). A CTA past its sequence's rows runs no
     key step and writes nothing. Each sequence is masked as a dense call of its lengths (the
-    tail keys past its own length included), and the output and log-sum-exp rows are stored
-    one by one within the sequence (a tile's rows past it are the next sequence's)."""
+    tail keys past its own length included), on the key tiles its rows see in part only, as
+    the dense program. A tile within its sequence stores its output through shared memory in
+    one bulk copy (where the plan stages the output); the sequence's last tile stores its
+    rows one by one (the rows past it are the next sequence's), and the log-sum-exp rows are
+    stored one by one."""
     tilelang, T = tl()
     bm, bn, threads = plan.block_m, plan.block_n, plan.threads
     accum = "float32"
@@ -480,6 +483,10 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
             end = T.if_then_else(
                 r0 < len_q, key_tiles_end(r0, len_q, len_k, left, right, bm, bn, T.max, T.min),
                 start)
+            # the key tiles every row of the tile sees whole within its sequence (no mask); a
+            # tile holding the sequence's last keys and the next sequence's first is masked
+            whole_start, whole_end = full_key_tiles(r0, len_q, len_k, left, right, bm, bn,
+                                                    T.max, T.min)
             for kt in T.Pipelined(start, end, num_stages=plan.stages):
                 T.copy(K[k0 + kt * bn:k0 + kt * bn + bn, hk, :], K_shared)
                 T.clear(acc_s)
@@ -488,12 +495,13 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
                 if capped:
                     for i, j in T.Parallel(bm, bn):
                         acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
-                for i, j in T.Parallel(bm, bn):
-                    key = kt * bn + j
-                    diag = r0 + i + len_k - len_q
-                    acc_s[i, j] = T.if_then_else(
-                        key < len_k and key >= diag - lb and key <= diag + rb, acc_s[i, j],
-                        neg_inf)
+                if kt < whole_start or kt >= whole_end:  # a branch the CTA takes alike
+                    for i, j in T.Parallel(bm, bn):
+                        key = kt * bn + j
+                        diag = r0 + i + len_k - len_q
+                        acc_s[i, j] = T.if_then_else(
+                            key < len_k and key >= diag - lb and key <= diag + rb, acc_s[i, j],
+                            neg_inf)
                 T.copy(V[k0 + kt * bn:k0 + kt * bn + bn, hk, :], V_shared)
                 softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
                              scores_scale, scores_sum, logsum)
@@ -503,9 +511,15 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
             for i in T.Parallel(bm):
                 if r0 + i < len_q:
                     LSE[by, q0 + r0 + i] = lse_of(logsum[i], m_safe[i])
-            for i, j in T.Parallel(bm, dim_v):
-                if r0 + i < len_q:
-                    Out[q0 + r0 + i, by, j] = acc_o[i, j]
+            if plan.staged_output and r0 + bm <= len_q:
+                # a tile within its sequence: through shared memory, one bulk store
+                O_shared = T.alloc_shared([bm, dim_v], dtype)
+                T.copy(acc_o, O_shared)
+                T.copy(O_shared, Out[q0 + r0:q0 + r0 + bm, by, :])
+            else:  # the sequence's last rows: row by row (the next rows are another CTA's)
+                for i, j in T.Parallel(bm, dim_v):
+                    if r0 + i < len_q:
+                        Out[q0 + r0 + i, by, j] = acc_o[i, j]
 
     if plan.fast_math:
         return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
