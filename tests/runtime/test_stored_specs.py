@@ -99,6 +99,9 @@ def test_another_validator_misses(spec_dir, tmp_path, monkeypatch) -> None:
     lambda data: b"\x91" * 100_000 + b"\xc0",  # a 100000-deep array
     lambda data: msgspec.msgpack.encode(["0" * 64, [], {}]),  # well formed, another key
     lambda data: data.replace(b"prod(S)", b"prod(("),  # an expression that does not parse
+    # well formed under its key, one rule's text changed (prod(S) to sum(S)): the checksum
+    # refuses it (the next test shows it would decode)
+    lambda data: data.replace(b"\xa7prod(S)", b"\xa6sum(S)"),
 ])
 def test_a_damaged_record_is_rebuilt(spec_dir, tmp_path, monkeypatch, damage) -> None:
     seen = validations(monkeypatch)
@@ -197,3 +200,22 @@ def test_a_record_that_cannot_take_its_place_warns_once_and_leaves_no_file(
     assert [p.name for p in folder.iterdir()] == [path.name]  # no temporary file left
     assert [s.split(" (")[0] for s in said] == [
         f"the spec record {path} is not usable", f"cannot write the spec record under {folder}"]
+
+
+def test_a_changed_record_that_is_well_formed_is_refused_by_its_checksum(spec_dir,
+                                                                        tmp_path) -> None:
+    """An edit that keeps the record well formed under its own key (one rule's text) is refused
+    by the checksum alone: with the checksum written again over the edit, the same bytes
+    decode, and the edited rule would have been served."""
+    import hashlib
+
+    SpecSet.load(spec_dir)
+    (path,) = records(tmp_path)
+    data = path.read_bytes()
+    payload = data[32:]
+    assert b"\xa7prod(S)" in payload  # msgpack's 7-byte string
+    edited = payload.replace(b"\xa7prod(S)", b"\xa6sum(S)")
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        stored.load(data[:32] + edited, path.stem)
+    files, _ = stored.load(hashlib.sha256(edited).digest() + edited, path.stem)
+    assert files[0].entries["ScaleOp"].roofline.flops.text == "sum(S)"

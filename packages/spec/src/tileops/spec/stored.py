@@ -11,6 +11,12 @@ is refused like any bad input. Expressions are stored as their text and parsed a
 (each distinct text once): the parser is the one that read the YAML, so a stored expression
 is the same tree.
 
+A record starts with the SHA-256 of the rest of it, checked before anything is decoded: a
+record changed after it was written (a damaged disk, a partial copy, an edit that keeps it
+well formed, such as one rule's text) is refused as a miss rather than served as the validated
+files. The check guards the bytes, not their author: whoever can write the cache could write
+the checksum too, as they could edit the installed specs or code.
+
 The caller owns where records live and treats any failure of :func:`load` as a miss (the
 files are then loaded and validated as usual).
 """
@@ -28,7 +34,10 @@ from .schema import AdtDef, Expr, SpecFile
 __all__ = ["FORMAT", "dump", "key", "load"]
 
 #: the record layout; a change of it changes every key
-FORMAT = 1
+FORMAT = 2
+
+#: the bytes of a record's checksum (SHA-256 of the payload after it)
+_SUM = 32
 
 _PACKAGE = Path(__file__).resolve().parent
 
@@ -72,15 +81,21 @@ def _encode(obj: object) -> object:
 
 
 def dump(digest: str, files: list[SpecFile], adts: dict[str, AdtDef]) -> bytes:
-    """The record of validated ``files`` and ``adts`` under ``digest`` (from :func:`key`)."""
-    return msgspec.msgpack.encode(_Record(digest, files, adts), enc_hook=_encode)
+    """The record of validated ``files`` and ``adts`` under ``digest`` (from :func:`key`):
+    the payload's checksum, then the payload."""
+    payload = msgspec.msgpack.encode(_Record(digest, files, adts), enc_hook=_encode)
+    return hashlib.sha256(payload).digest() + payload
 
 
 def load(data: bytes, digest: str) -> tuple[list[SpecFile], dict[str, AdtDef]]:
     """The files and ADTs of a record written by :func:`dump` under ``digest``. Raises
     ``ValueError`` (msgspec's decode and validation errors are ValueErrors, as is an
-    expression that does not parse) when the bytes are not such a record or were written
-    under another digest."""
+    expression that does not parse) when the bytes are not such a record, do not match their
+    checksum or were written under another digest."""
+    if len(data) < _SUM or hashlib.sha256(data[_SUM:]).digest() != data[:_SUM]:
+        raise ValueError("the record does not match its checksum (it changed after it was "
+                         "written)")
+    data = data[_SUM:]
     parsed: dict[str, Expr] = {}
 
     def decode(tp: type, obj: object) -> object:
