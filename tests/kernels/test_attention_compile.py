@@ -52,6 +52,47 @@ def test_program_compiles_for_sm90a(args):
     assert ("O_shared" in src) == plan.staged_output
 
 
+@needs_nvcc
+@pytest.mark.parametrize("args", PROGRAMS)
+def test_the_overlapped_program_releases_a_stage_after_its_product_completes(args):
+    """The overlapped schedule: tile j's scores product, then tile j - 1's output product, both
+    in flight (``wgmma`` without a wait); the scores product's wait (one group left) before
+    the softmax, the output product's after it. TileLang's pipeline releases a key or value
+    stage after the stage's last use in the step, so the program reads each stage once after
+    its product's wait: no release (an ``arrive`` on an empty barrier) may come between a
+    product's issue and that wait, or the load two steps on could overwrite the tile under
+    the product."""
+    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=True)
+    prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
+    from tileops.kernels._tilelang import compile_program
+
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    body = src[src.index("warpgroup_reg_alloc"):]
+    body = body[:body.index("LSE[")]  # the math warpgroups' key-tile loop
+    marks = ["wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "touch[0] = ((" + _T[args["dtype"]]
+             + "*)K_shared)", "wait_wgmma<0>();\n      touch[0] = ((" + _T[args["dtype"]]
+             + "*)V_shared)"]
+    at = [body.index(m) for m in marks]
+    assert at == sorted(at), dict(zip(marks, at, strict=True))
+    # the loop's two releases (the key and the value stage) follow their stage's touch
+    arrives = [i for i in range(len(body)) if body.startswith("].arrive();", i)]
+    assert len(arrives) == 2 and arrives[0] > at[3] and arrives[1] > at[4]
+    plain = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]),
+                                    plan=plan._replace(overlap=False), **args)
+    assert "touch" not in compile_program(plain, HOPPER).get_kernel_source()
+
+
+_T = {"bfloat16": "bfloat16_t", "float16": "half_t"}
+
+
+def test_the_program_key_names_the_overlap(monkeypatch):
+    """A program built with or without the overlap is never served for the other (the kernel
+    store keys by the program key)."""
+    key = A.program_key(_spec())
+    monkeypatch.setattr(A, "OVERLAP", not A.OVERLAP)
+    assert A.program_key(_spec()) == key[:-1] + (not key[-1],)
+
+
 # --- plans and call specs (no compile) -------------------------------------------------------
 
 #: the shared memory an H100/H200 CTA may use

@@ -151,8 +151,12 @@ def _check(got, want, atol, rtol, what):
 
 
 @cuda
+@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_forward_matches_float64(case):
+def test_forward_matches_float64(case, overlap, monkeypatch):
+    """Each case with the default schedule and with the output product overlapping the next
+    tile's softmax (:data:`~tileops.kernels.attention.OVERLAP`, a program of its own)."""
+    monkeypatch.setattr(A, "OVERLAP", overlap)
     spec = case_spec(case)
     dtype = case[8]
     q, k, v, o, lse = _inputs(spec, dtype)
@@ -292,7 +296,8 @@ def test_varlen_matches_float64_a_sequence_at_a_time(case):
 
 def program_keys():
     """The distinct programs this file compiles: the program keys of CASES and VARLEN."""
-    keys = [("fwd", A.program_key(case_spec(c))) for c in CASES]
+    keys = [("fwd", k[:-1] + (overlap,)) for k in (A.program_key(case_spec(c)) for c in CASES)
+            for overlap in (False, True)]
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]

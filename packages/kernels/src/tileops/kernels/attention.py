@@ -26,7 +26,16 @@ for head dims up to 128), with what the ops need beyond it:
 - grouped-query heads: query head ``h`` reads key/value head ``h // (H / H_kv)``;
 - either layout, ``[B, S, H, D]`` or ``[B, H, S, D]``, read and written in place;
 - causal CTAs are launched longest first (the query tiles in reverse), so the short diagonal
-  tiles fill the tail of the grid.
+  tiles fill the tail of the grid;
+- with :data:`OVERLAP` (off until timed on a GPU) each step issues key tile ``j``'s scores
+  product and then tile ``j - 1``'s output product and leaves both in flight: the output
+  product runs under tile ``j``'s softmax, and the accumulator's rescale and the
+  probabilities' cast wait for it (FlashAttention-3's intra-warpgroup overlap). TileLang's
+  pipeline releases a key or value stage after the stage's last use in the step, so each
+  stage is read once more after its product's wait: released when its product issues, the
+  load two steps on could overwrite it under the product. (The two warpgroups taking turns at
+  the tensor cores with each product waited for inside its turn ran 5-22% slower on an H100
+  and is not offered.)
 
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes: one program serves every batch and
 sequence length of a head configuration and the op's options (it is compiled with or without
@@ -185,6 +194,16 @@ class AttentionPlan(NamedTuple):
     #: division by the sum and the log-sum-exp's log2 as the approximate instructions), as
     #: TileLang's flash-attention example is; within the outputs' storage precision
     fast_math: bool = True
+    #: the output product of key tile ``j - 1`` issued after the scores product of tile
+    #: ``j``, both left in flight, and run under tile ``j``'s softmax (the accumulator's
+    #: rescale and the probabilities' cast after it): FlashAttention-3's intra-warpgroup
+    #: overlap (:data:`OVERLAP`)
+    overlap: bool = False
+
+
+#: whether the dense forward overlaps each tile's output product with the next tile's softmax
+#: (:attr:`AttentionPlan.overlap`; not yet timed on a GPU)
+OVERLAP = False
 
 
 def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
@@ -195,9 +214,9 @@ def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
     may use); 192 / 128 fits in 160 KiB with O staged."""
     if max(dim, dim_v) <= 128:
         return AttentionPlan(block_m=128, block_n=128, stages=2, threads=256,
-                             staged_output=True)
+                             staged_output=True, overlap=OVERLAP)
     return AttentionPlan(block_m=128, block_n=64, stages=2, threads=256,
-                         staged_output=dim_v <= 128)
+                         staged_output=dim_v <= 128, overlap=OVERLAP)
 
 
 def _f32(x: float) -> float:
@@ -258,17 +277,18 @@ def _softmax_macros(T, bm: int, bn: int, dim_v: int, dtype: str, scale: float,
                     softcap: float | None):
     """What the dense and the varlen programs share of the online softmax: ``step`` (one key
     tile's scores, masked to -inf where unseen, into the running maximum, the sum of
-    exponentials, the probabilities in the storage dtype and the rescaled output),
-    ``normalize`` (the output divided by the sum; 0 for a row that saw no key) and
-    ``lse_of`` (a row's natural log-sum-exp; -inf for a row that saw no key)."""
+    exponentials, the probabilities in the storage dtype and the rescaled output) as its two
+    halves ``scores`` (up to the probabilities in fp32 and the output's scale) and ``finish``
+    (their cast and the output's rescale), ``normalize`` (the output divided by the sum; 0 for
+    a row that saw no key) and ``lse_of`` (a row's natural log-sum-exp; -inf for a row that
+    saw no key)."""
     # the factor of the raw scores in the base-2 exponent (1 once the softcap replaced them)
     sm = _f32(1.0 if softcap is not None else scale * _LOG2E)
     ln2 = _f32(_LN2)
     neg_inf = -math.inf
 
     @T.macro
-    def step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe, scores_scale,
-             scores_sum, logsum):
+    def scores(acc_s, scores_max, scores_max_prev, m_safe, scores_scale, scores_sum, logsum):
         T.copy(scores_max, scores_max_prev)
         T.reduce_max(acc_s, scores_max, dim=1, clear=False)
         for i in T.Parallel(bm):
@@ -282,9 +302,18 @@ def _softmax_macros(T, bm: int, bn: int, dim_v: int, dtype: str, scale: float,
         T.reduce_sum(acc_s, scores_sum, dim=1)
         for i in T.Parallel(bm):
             logsum[i] = logsum[i] * scores_scale[i] + scores_sum[i]
+
+    @T.macro
+    def finish(acc_s, acc_s_cast, acc_o, scores_scale):
         T.copy(acc_s, acc_s_cast)
         for i, j in T.Parallel(bm, dim_v):
             acc_o[i, j] *= scores_scale[i]
+
+    @T.macro
+    def step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe, scores_scale,
+             scores_sum, logsum):
+        scores(acc_s, scores_max, scores_max_prev, m_safe, scores_scale, scores_sum, logsum)
+        finish(acc_s, acc_s_cast, acc_o, scores_scale)
 
     @T.macro
     def normalize(acc_o, logsum):
@@ -294,7 +323,7 @@ def _softmax_macros(T, bm: int, bn: int, dim_v: int, dtype: str, scale: float,
     def lse_of(total, m):
         return T.if_then_else(total > 0, (T.log2(total) + m) * ln2, neg_inf)
 
-    return step, normalize, lse_of
+    return step, normalize, lse_of, scores, finish
 
 
 def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
@@ -320,8 +349,39 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     lb, rb = _bounds(seq_q, seq_kv, left, right)
     capped = softcap is not None
     cap_l2, cap_in = _cap_constants(scale, softcap)
-    softmax_step, normalize, lse_of = _softmax_macros(T, bm, bn, dim_v, dtype, scale, softcap)
+    softmax_step, normalize, lse_of, softmax_scores, softmax_finish = _softmax_macros(
+        T, bm, bn, dim_v, dtype, scale, softcap)
     neg_inf = -math.inf
+
+    @T.macro
+    def load_k(K, K_shared, kt, bz, hk):
+        if bshd:
+            T.copy(K[bz, kt * bn:(kt + 1) * bn, hk, :], K_shared)
+        else:
+            T.copy(K[bz, hk, kt * bn:(kt + 1) * bn, :], K_shared)
+
+    @T.macro
+    def load_v(V, V_shared, kt, bz, hk):
+        if bshd:
+            T.copy(V[bz, kt * bn:(kt + 1) * bn, hk, :], V_shared)
+        else:
+            T.copy(V[bz, hk, kt * bn:(kt + 1) * bn, :], V_shared)
+
+    @T.macro
+    def cap_and_mask(acc_s, kt, r0, whole_start, whole_end):
+        if capped:
+            for i, j in T.Parallel(bm, bn):
+                acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
+        if masked:  # noqa: SIM102 - the program's choice, then the tile's branch
+            # only the tiles a row sees in part (a causal diagonal, a window's edges, the tail
+            # past S_kv): a branch the whole CTA takes alike
+            if kt < whole_start or kt >= whole_end:
+                for i, j in T.Parallel(bm, bn):
+                    key = kt * bn + j
+                    diag = r0 + i + offset
+                    acc_s[i, j] = T.if_then_else(
+                        key < seq_kv and key >= diag - lb and key <= diag + rb,
+                        acc_s[i, j], neg_inf)
 
     @T.macro
     def store_staged(acc_o, Out, r0, by, bz):
@@ -375,34 +435,50 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             whole_start, whole_end = full_key_tiles(r0, seq_q, seq_kv, left, right, bm, bn,
                                                     T.max, T.min)
 
-            for kt in T.Pipelined(start, end, num_stages=plan.stages):
-                if bshd:
-                    T.copy(K[bz, kt * bn:(kt + 1) * bn, hk, :], K_shared)
-                else:
-                    T.copy(K[bz, hk, kt * bn:(kt + 1) * bn, :], K_shared)
-                T.clear(acc_s)
-                T.gemm(Q_shared, K_shared, acc_s, transpose_B=True,
-                       policy=T.GemmWarpPolicy.FullRow)
-                if capped:
-                    for i, j in T.Parallel(bm, bn):
-                        acc_s[i, j] = cap_l2 * T.tanh(acc_s[i, j] * cap_in)
-                if masked:  # noqa: SIM102 - the program's choice, then the tile's branch
-                    # only the tiles a row sees in part (a causal diagonal, a window's edges,
-                    # the tail past S_kv): a branch the whole CTA takes alike
-                    if kt < whole_start or kt >= whole_end:
-                        for i, j in T.Parallel(bm, bn):
-                            key = kt * bn + j
-                            diag = r0 + i + offset
-                            acc_s[i, j] = T.if_then_else(
-                                key < seq_kv and key >= diag - lb and key <= diag + rb,
-                                acc_s[i, j], neg_inf)
-                if bshd:
-                    T.copy(V[bz, kt * bn:(kt + 1) * bn, hk, :], V_shared)
-                else:
-                    T.copy(V[bz, hk, kt * bn:(kt + 1) * bn, :], V_shared)
-                softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
-                             scores_scale, scores_sum, logsum)
-                T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
+            if plan.overlap:
+                # step jt: tile jt's scores product and softmax, tile jt - 1's output product
+                # (issued after the scores product, completing under the softmax); one step
+                # more than tiles, none for a CTA that sees no key. The last step loads tile
+                # end - 1's keys again and the first tile start's values early: unused.
+                steps_end = T.if_then_else(end > start, end + 1, start)
+                touch = T.alloc_local([1], dtype)
+                T.clear(acc_s_cast)  # read by no product (the first step issues none)
+                for jt in T.Pipelined(start, steps_end, num_stages=plan.stages):
+                    load_k(K, K_shared, T.min(jt, end - 1), bz, hk)
+                    load_v(V, V_shared, T.max(jt - 1, start), bz, hk)
+                    if jt < end:
+                        T.clear(acc_s)
+                        T.wgmma_gemm(Q_shared, K_shared, acc_s, transpose_B=True,
+                                     policy=T.GemmWarpPolicy.FullRow)
+                    if jt > start:
+                        T.wgmma_gemm(acc_s_cast, V_shared, acc_o,
+                                     policy=T.GemmWarpPolicy.FullRow)
+                    if jt < end:
+                        if jt > start:
+                            T.wait_wgmma(1)  # the scores product (issued first) is done
+                        else:
+                            T.wait_wgmma(0)
+                        # the keys' last use: the pipeline releases their stage after it, not
+                        # when the asynchronous product was issued
+                        touch[0] = K_shared[0, 0]
+                        cap_and_mask(acc_s, jt, r0, whole_start, whole_end)
+                        softmax_scores(acc_s, scores_max, scores_max_prev, m_safe,
+                                       scores_scale, scores_sum, logsum)
+                    T.wait_wgmma(0)
+                    touch[0] = V_shared[0, 0]  # the values' last use, as the keys'
+                    if jt < end:
+                        softmax_finish(acc_s, acc_s_cast, acc_o, scores_scale)
+            else:
+                for kt in T.Pipelined(start, end, num_stages=plan.stages):
+                    load_k(K, K_shared, kt, bz, hk)
+                    T.clear(acc_s)
+                    T.gemm(Q_shared, K_shared, acc_s, transpose_B=True,
+                           policy=T.GemmWarpPolicy.FullRow)
+                    cap_and_mask(acc_s, kt, r0, whole_start, whole_end)
+                    load_v(V, V_shared, kt, bz, hk)
+                    softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
+                                 scores_scale, scores_sum, logsum)
+                    T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
 
             normalize(acc_o, logsum)
             for i in T.Parallel(bm):
@@ -443,7 +519,8 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
     b1, n_tiles = T.dynamic("B1"), T.dynamic("NT")
     capped = softcap is not None
     cap_l2, cap_in = _cap_constants(scale, softcap)
-    softmax_step, normalize, lse_of = _softmax_macros(T, bm, bn, dim_v, dtype, scale, softcap)
+    softmax_step, normalize, lse_of, _, _ = _softmax_macros(T, bm, bn, dim_v, dtype, scale,
+                                                           softcap)
     neg_inf = -math.inf
 
     @T.prim_func
@@ -537,7 +614,7 @@ def program_key(spec: AttentionFwdSpec) -> tuple:
     plan = attention_plan(spec.dim, spec.dim_v)
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
             spec.scale, spec.window_left, spec.window_right, spec.softcap,
-            needs_mask(spec, plan))
+            needs_mask(spec, plan), plan.overlap)
 
 
 @stored(maxsize=128)
@@ -545,8 +622,9 @@ def build_attention_fwd(key: tuple, target: str | None = None,
                         plan: AttentionPlan | None = None):
     """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
     :func:`attention_plan`, for tuning."""
-    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked = key
-    plan = plan or attention_plan(dim, dim_v)
+    layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked, \
+        overlap = key
+    plan = plan or attention_plan(dim, dim_v)._replace(overlap=overlap)
     prog = attention_fwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
                                  right, softcap, masked, plan)
     return compile_program(prog, target)
