@@ -69,14 +69,24 @@ def test_the_overlapped_program_releases_a_stage_after_its_product_completes(arg
     src = compile_program(prog, HOPPER).get_kernel_source()
     body = src[src.index("warpgroup_reg_alloc"):]
     body = body[:body.index("LSE[")]  # the math warpgroups' key-tile loop
-    marks = ["wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>", "touch[0] = ((" + _T[args["dtype"]]
-             + "*)K_shared)", "wait_wgmma<0>();\n      touch[0] = ((" + _T[args["dtype"]]
-             + "*)V_shared)"]
-    at = [body.index(m) for m in marks]
-    assert at == sorted(at), dict(zip(marks, at, strict=True))
-    # the loop's two releases (the key and the value stage) follow their stage's touch
-    arrives = [i for i in range(len(body)) if body.startswith("].arrive();", i)]
-    assert len(arrives) == 2 and arrives[0] > at[3] and arrives[1] > at[4]
+    t = _T[args["dtype"]]
+    # in this order: both products issued, the scores product's wait, a fence of the scores'
+    # registers (so no read of them moves above the wait), the keys' touch, the key stage's
+    # release, the output product's wait, fences of its registers, the values' touch, the
+    # value stage's release
+    marks = ["wgmma_ss<", "wgmma_rs<", "wait_wgmma<1>",
+             "warpgroup_fence_operand(reinterpret_cast<float*>(acc_s + 0)",
+             f"touch[0] = (({t}*)K_shared)", "].arrive();", "wait_wgmma<0>();\n      tl::",
+             "warpgroup_fence_operand(reinterpret_cast<float*>(acc_o + 0)",
+             "warpgroup_fence_operand(reinterpret_cast<uint32_t*>(acc_s_cast + 0)",
+             f"touch[0] = (({t}*)V_shared)", "].arrive();"]
+    at = 0
+    for m in marks:
+        found = body.find(m, at)
+        assert found >= 0, f"{m!r} not found after offset {at}"
+        at = found + len(m)
+    # exactly the two releases, none between a product's issue and its wait
+    assert body.count("].arrive();") == 2
     plain = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]),
                                     plan=plan._replace(overlap=False), **args)
     assert "touch" not in compile_program(plain, HOPPER).get_kernel_source()

@@ -440,6 +440,9 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 # (issued after the scores product, completing under the softmax); one step
                 # more than tiles, none for a CTA that sees no key. The last step loads tile
                 # end - 1's keys again and the first tile start's values early: unused.
+                # a thread's 32-bit registers of the scores (and of their 16-bit cast: half as
+                # many) and of the output accumulator
+                regs_s, regs_o = bm * bn // threads, bm * dim_v // threads
                 steps_end = T.if_then_else(end > start, end + 1, start)
                 touch = T.alloc_local([1], dtype)
                 T.clear(acc_s_cast)  # read by no product (the first step issues none)
@@ -458,6 +461,8 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                             T.wait_wgmma(1)  # the scores product (issued first) is done
                         else:
                             T.wait_wgmma(0)
+                        # the scores' registers are read after the wait, not moved above it
+                        T.warpgroup_fence_operand(acc_s, num_regs=regs_s)
                         # the keys' last use: the pipeline releases their stage after it, not
                         # when the asynchronous product was issued
                         touch[0] = K_shared[0, 0]
@@ -465,6 +470,10 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                         softmax_scores(acc_s, scores_max, scores_max_prev, m_safe,
                                        scores_scale, scores_sum, logsum)
                     T.wait_wgmma(0)
+                    # the output product's registers (its accumulator, the probabilities it
+                    # reads) are touched after the wait, not moved above it
+                    T.warpgroup_fence_operand(acc_o, num_regs=regs_o)
+                    T.warpgroup_fence_operand(acc_s_cast, num_regs=regs_s // 2)
                     touch[0] = V_shared[0, 0]  # the values' last use, as the keys'
                     if jt < end:
                         softmax_finish(acc_s, acc_s_cast, acc_o, scores_scale)
