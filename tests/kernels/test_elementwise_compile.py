@@ -483,6 +483,14 @@ CASES = [
                  (64, 4096), True, id="rows-mul-bool-x16"),
     pytest.param("masked_fill", (-7.0,), ((64, 4096), (64, 4096)), None, ("bfloat16", "bool"),
                  ("bfloat16",), "bfloat16", (64, 4096), True, id="flat-masked-fill-bool-mask"),
+    # remainder of a bool operand beside an integer or a float (torch promotes it; two bools
+    # are refused by the spec's refinement): the bool bytes converted to the compute dtype
+    pytest.param("remainder", (), ((64, 4096), (4096,)), None, ("bool", "int32"), ("int32",),
+                 "int32", (64, 4096), True, id="rows-remainder-bool-by-int32"),
+    pytest.param("remainder", (), ((64, 4096), ()), None, ("float16", "bool"), ("float16",),
+                 "float32", (64, 4096), True, id="flat-remainder-fp16-by-0-dim-bool"),
+    pytest.param("remainder", (), ((64, 4096), (64, 4096)), None, ("int64", "bool"),
+                 ("int64",), "int64", (64, 4096), True, id="flat-remainder-int64-by-bool"),
     pytest.param("where", (), ((64, 4096), (64, 4096), (64, 4096)), ((8192, 1),) * 3,
                  ("bool", "float16", "float16"), ("float16",), "float16", (64, 4096), True,
                  id="rows-where-bool-condition"),

@@ -830,6 +830,70 @@ def test_ops_torch_has_no_bool_form_for_refuse_bool_operands_by_name(make, args,
     assert make()(b, torch.tensor([1, 2], dtype=torch.int8)).dtype == torch.int8
 
 
+#: the ops whose torch function takes a bool operand beside a non-bool one and refuses two
+#: bools (sub refuses a bool operand beside anything)
+BOOL_BESIDE = {"remainder": (RemainderFwdOp, torch.remainder), "sub": (SubFwdOp, torch.sub)}
+
+
+def _bool_operand(kind, shape, seed):
+    if kind == "tensor":
+        return _tensor(shape, torch.bool, seed)
+    return kind == "True"
+
+
+@pytest.mark.parametrize("other", DTYPES, ids=str)
+@pytest.mark.parametrize("name", sorted(BOOL_BESIDE))
+def test_a_bool_operand_beside_every_dtype_is_served_or_refused_as_torch(name, other):
+    """A bool tensor (0-dim or with dims) or True/False on either side of a tensor of every
+    dtype: where torch answers, torch's dtype, shape and values; where torch refuses (two
+    bools, an integer by zero, sub of a bool), the op refuses, and two bools by the spec's
+    refinement, naming the op and the dtypes."""
+    op, fn = BOOL_BESIDE[name]
+    op = op()
+    shapes = (((2, 3), (2, 3)), ((), (2, 3)), ((2, 3), ()), ((3,), (2, 1)), ((), ()))
+    served = 0
+    for kind in ("tensor", "True", "False"):
+        for bool_shape, other_shape in shapes:
+            if kind != "tensor" and bool_shape != ():
+                continue
+            for bool_left in (True, False):
+                flag = _bool_operand(kind, bool_shape, 5)
+                t = _tensor(other_shape, other, 6)
+                args = (flag, t) if bool_left else (t, flag)
+                try:
+                    want = fn(*args)
+                except REFUSED as exc:
+                    with pytest.raises((*REFUSED, ZeroDivisionError)) as got_exc:
+                        op(*args)
+                    if other is torch.bool and "not implemented for 'Bool'" in str(exc):
+                        assert isinstance(got_exc.value, SignatureCallError)
+                        text = str(got_exc.value)
+                        assert text.startswith(f"{type(op).__name__}: ") and (
+                            "refinement 'result_type(TA, len(SA), TB, len(SB)) != bool' does "
+                            "not hold (TA = torch.bool") in text, text
+                    continue
+                got = op(*args)
+                served += 1
+                assert got.shape == want.shape and got.dtype == want.dtype, \
+                    (args, got.dtype, want.dtype)
+                torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    # remainder serves a bool beside every other dtype; sub serves none
+    assert (served > 0) == (name == "remainder" and other is not torch.bool)
+
+
+def test_remainder_of_a_bool_operand_examples():
+    op = RemainderFwdOp()
+    assert torch.equal(op(torch.tensor([5, 7]), True), torch.tensor([0, 0]))
+    assert torch.equal(op(torch.tensor([3]), torch.tensor([True])), torch.tensor([0]))
+    assert torch.equal(op(True, torch.tensor([3, 2])), torch.tensor([1, 1]))
+    got = op(torch.tensor([True, False]), torch.tensor([1.5, -2.0], dtype=torch.bfloat16))
+    assert got.dtype is torch.bfloat16 and torch.equal(got, torch.tensor([1.0, -0.0]).bfloat16())
+    with pytest.raises(ZeroDivisionError, match=r"^RemainderFwdOp: integer division by zero"):
+        op(torch.tensor([5, 7]), False)  # torch refuses it too
+    with pytest.raises(SignatureCallError, match=r"^RemainderFwdOp: "):
+        op(torch.tensor([True]), torch.tensor(True))
+
+
 def test_a_negative_number_beside_an_unsigned_dtype_names_the_value_torch_wraps_it_to():
     u = torch.tensor([1, 200], dtype=torch.uint8)
     with pytest.raises(RuntimeError, match=r"WhereFwdOp: argument b is -1 beside uint8, which "
@@ -917,8 +981,6 @@ def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
         assume(dtype is not torch.bool)  # the entry takes no bool x
     if name == "pow":  # the op refuses a bool power (see the test of numbers above)
         assume(dtype is not torch.bool)
-    if name == "remainder":  # the entry takes no bool operand (torch takes one beside others)
-        assume(dtype is not torch.bool and not isinstance(number, bool))
     try:
         want = torch_call(t, number, left)
     except (*REFUSED, ZeroDivisionError):
