@@ -239,7 +239,10 @@ def test_batch_and_key_lengths_must_agree():
 
 
 @pytest.mark.parametrize(("kw", "line", "rule"), [
-    (dict(softcap=0.0), 4, "not present(softcap) or softcap.value > 0.0"),
+    (dict(softcap=0.0), 4, "not present(softcap) or softcap.value > 0.0 and finite(softcap.value)"),
+    # an infinite cap is inf * tanh(s / inf) = inf * 0: NaN scores, refused with NaN
+    (dict(softcap=float("inf")), 4,
+     "not present(softcap) or softcap.value > 0.0 and finite(softcap.value)"),
     (dict(scale=-1.0), 3, "not present(scale) or scale.value > 0.0"),
     (dict(window=(-2, 0)), 5, "not present(window) or per_axis(window, 0, 2) >= -1 and "
                               "per_axis(window, 1, 2) >= -1"),

@@ -127,7 +127,7 @@ def test_scale_and_softcap_positive():
     with pytest.raises(ConstructionError) as exc:
         Paged(softcap=0.0)
     assert _message_lines(exc)[3] == \
-        "  because:  refinement 'not present(softcap) or softcap.value > 0.0' does not hold"
+        "  because:  refinement 'not present(softcap) or softcap.value > 0.0 and finite(softcap.value)' does not hold"
 
 
 # --- the data: lengths and pages, checked by the reference --------------------------------------

@@ -88,7 +88,7 @@ def test_top_k_beyond_the_experts_is_refused() -> None:
     with pytest.raises(ValueError) as info:
         MoeTopkGatingFwdOp(top_k=3, target=REF)(torch.randn(4, 2))
     assert str(info.value).splitlines()[3] == (
-        "  because:  refinement '1 <= top_k <= E' does not hold (top_k = 3, E = 2)")
+        "  because:  refinement 'top_k <= E' does not hold (top_k = 3, E = 2)")
 
 
 # --- the workload generator -----------------------------------------------------------------------
@@ -703,3 +703,12 @@ def test_the_segment_products_are_torch_grouped_mm():
         if k == 8 and hasattr(torch, "_grouped_mm"):
             torch.testing.assert_close(torch._grouped_mm(a, bt, offs=ends), want, rtol=1e-5,
                                        atol=1e-5)
+
+
+def test_top_k_below_one_is_refused_where_the_gating_op_is_made():
+    """top_k < 1 fits no router: refused at construction by name (the call blamed logits)."""
+    from tileops.signature import ConstructionError
+
+    with pytest.raises(ConstructionError) as err:
+        MoeTopkGatingFwdOp(top_k=0)
+    assert str(err.value).startswith("MoeTopkGatingFwdOp: construction param top_k")

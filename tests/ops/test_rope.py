@@ -411,3 +411,14 @@ def test_a_traced_call_leaves_nothing_a_real_call_reads(how):
                    pos.to(dev))
         for got, ref in zip(op(q, k, pos), want, strict=True):
             torch.testing.assert_close(got, ref, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rotary_dim", [0, 3, -2])
+def test_a_rotary_dim_no_head_takes_is_refused_where_the_op_is_made(rotary_dim):
+    """rotary_dim must be positive and even whatever the heads: refused at construction by
+    name (it was accepted and each call blamed q)."""
+    from tileops.signature import ConstructionError
+
+    with pytest.raises(ConstructionError) as err:
+        O.RopeNeoxFwdOp(rotary_dim=rotary_dim)
+    assert str(err.value).startswith("RopeNeoxFwdOp: construction param rotary_dim")

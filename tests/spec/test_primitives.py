@@ -258,6 +258,7 @@ def test_generator_examples_and_errors() -> None:
 
 def test_the_tables_are_closed_and_named_by_their_keys() -> None:
     assert sorted(PRIMITIVES) == ["axis", "broadcast", "ceil_div", "conv.out", "expands_to",
+                                  "finite",
                                   "itemsize", "len",
                                   "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape", "reduced_sizes",
@@ -372,3 +373,10 @@ def test_distinct_rows_gives_each_row_distinct_indices_in_range() -> None:
             assert len(set(row)) == k and all(0 <= i < n for i in row)
     with pytest.raises(PrimitiveError, match=r"distinct_rows needs 0 <= k <= n, got k=4 and n=3"):
         distinct_rows(2, 4, 3)
+
+
+@pytest.mark.parametrize(("x", "want"), [(1.5, True), (0, True), (-3, True),
+                                         (float("inf"), False), (float("-inf"), False),
+                                         (float("nan"), False)])
+def test_finite_is_whether_a_number_is_finite(x, want) -> None:
+    assert PRIMITIVES["finite"].impl(x) is want

@@ -163,9 +163,9 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
-                " axis, broadcast, ceil_div, conv.out, expands_to, itemsize, len, max, min, naxes,"
-                " per_axis, pool.out, present, prod, promote, promote_int_to_float, reduce_shape,"
-                " reduced_sizes, replace_axis, result_type, size_at",
+                " axis, broadcast, ceil_div, conv.out, expands_to, finite, itemsize, len, max, min,"
+                " naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
+                " reduce_shape, reduced_sizes, replace_axis, result_type, size_at",
             ),
         ],
         id="unknown-name:primitive",
@@ -176,9 +176,10 @@ FAILING = [
             (
                 "unknown-name",
                 "op.yaml:15: in Op.roofline.flops: 'prefix_sum(M)': unknown primitive"
-                " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, expands_to, itemsize,"
-                " len, max, min, naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
-                " reduce_shape, reduced_sizes, replace_axis, result_type, size_at",
+                " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, expands_to, finite,"
+                " itemsize, len, max, min, naxes, per_axis, pool.out, present, prod, promote,"
+                " promote_int_to_float, reduce_shape, reduced_sizes, replace_axis, result_type,"
+                " size_at",
             ),
         ],
         id="unknown-name:generator-outside-values",

@@ -39,6 +39,7 @@ __all__ = [
     "broadcast",
     "ceil_div",
     "expands_to",
+    "finite",
     "naxes",
     "no_promotion",
     "per_axis",
@@ -307,6 +308,12 @@ def _len(shape: Sequence[int]) -> int:
     return len(shape)
 
 
+def finite(x: float) -> bool:
+    """Whether the number ``x`` is finite (not an infinity, not NaN): a float param that an
+    op's arithmetic cannot take at infinity (a softcap of inf is ``inf * tanh(0)``)."""
+    return math.isfinite(x)
+
+
 def naxes(dim) -> int:
     """How many axes ``dim`` names: one for an int, a tuple's length (``()`` names none); None
     (every axis, as many as a tensor's rank) has no count of its own."""
@@ -396,6 +403,8 @@ PRIMITIVES: dict[str, Primitive] = {
                   "expands_to(A, S): whether a tensor of shape A expands to S (Tensor.expand: "
                   "no more axes, each equal to S's or 1)"),
         Primitive("prod", ("shape",), lambda a: DimK(), prod, "prod(S): number of elements"),
+        Primitive("finite", ("num",), lambda a: BoolK(), finite,
+                  "finite(x): whether the number x is finite (no infinity, no NaN)"),
         Primitive(
             "reduce_shape",
             ("shape", "axes", "bool"),
