@@ -165,6 +165,29 @@ TRAIN_CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("cast", [lambda m: m.to(torch.bfloat16), lambda m: m.half(),
+                                  lambda m: m.double(), lambda m: m.float()])
+def test_a_cast_keeps_the_correction_bias_float32_and_the_layer_running(cast) -> None:
+    """``.to(dtype)``, ``.half()``, ``.double()`` cast the experts, not the correction bias:
+    the routing ops take it in float32 (a bf16 bias failed every call after the cast); its
+    values are the float32 ones, not rounded through the cast's dtype; inference and a
+    backward both run."""
+    torch.manual_seed(0)
+    layer = MoE.deepseek_v3(hidden_size=16, intermediate_size=8, num_experts=8, top_k=2,
+                            num_groups=4, topk_groups=2)
+    with torch.no_grad():
+        layer.e_score_correction_bias.copy_(torch.linspace(0.0, 1e-3, 8) + 1 / 3)
+    want = layer.e_score_correction_bias.clone()
+    layer = cast(layer)
+    bias = dict(layer.named_buffers())["e_score_correction_bias"]
+    assert bias.dtype == torch.float32 and torch.equal(bias, want)
+    x = torch.randn(3, 16, dtype=layer.w13.dtype)
+    with torch.no_grad():
+        assert layer(x).dtype == x.dtype
+    layer(x).float().sum().backward()
+    assert layer.w13.grad is not None and layer.e_score_correction_bias.grad is None
+
+
 @pytest.mark.parametrize("config", list(TRAIN_CONFIGS))
 def test_every_gradient_matches_the_float64_expert_loop(config) -> None:
     build, max_m = TRAIN_CONFIGS[config]

@@ -127,6 +127,17 @@ class MoE(HoldsOp, nn.Module):
         self.target = target
         self._build_op()
 
+    def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        """A move or a cast as ``torch.nn.Module``'s, but the correction bias stays float32
+        (its values unrounded: the routing ops take it in float32 whatever the experts' dtype),
+        moved where the cast sent it."""
+        bias = self.e_score_correction_bias
+        module = super()._apply(fn, *args, **kwargs)
+        moved = self.e_score_correction_bias
+        if bias is not None and moved is not None and moved.dtype != torch.float32:
+            self.e_score_correction_bias = bias.to(device=moved.device, dtype=torch.float32)
+        return module
+
     def reset_parameters(self) -> None:
         """Each expert's matrices as ``torch.nn.Linear`` initialises a weight (uniform in
         ``1/sqrt(fan_in)``, kaiming_uniform_ with ``a = sqrt(5)``); the router is the gate
