@@ -274,6 +274,19 @@ def test_unpermute_matches_the_token_loop(m, k, r, h) -> None:
     torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
 
 
+def test_unpermute_of_no_rows_with_every_slot_dropped_is_zeros() -> None:
+    """y of no rows, every slot dropped: zeros (the gather indexed y at 0 and failed), with a
+    dropped slot's weight not read (a NaN there is not the token's)."""
+    w = torch.tensor([[0.5, float("nan")], [0.25, 1.0]], dtype=torch.float64)
+    out = MoeUnpermuteFwdOp(target=REF)(torch.randn(0, 4, dtype=torch.float64),
+                                        torch.full((2, 2), -1, dtype=torch.int32), w)
+    assert torch.equal(out, torch.zeros(2, 4, dtype=torch.float64))
+    y = torch.randn(3, 4, dtype=torch.float64)
+    out = MoeUnpermuteFwdOp(target=REF)(y, torch.tensor([[2, -1], [-1, 0]], dtype=torch.int32),
+                                        w)
+    torch.testing.assert_close(out, torch.stack((0.5 * y[2], 1.0 * y[0])), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("bad", [9, 8, -2])
 def test_rows_outside_the_rows_are_refused_by_name(bad) -> None:
     """A slot that is neither a row of y nor -1 (dropped), in the unpermutation, its gradient

@@ -211,9 +211,13 @@ def unpermute_reference(y: torch.Tensor, rows: torch.Tensor,
     """``out[t] = sum_j weights[t, j] * y[rows[t, j]]``, dropped slots (-1) skipped."""
     wide = torch.float64 if torch.float64 in (y.dtype, weights.dtype) else torch.float32
     r = rows.to(torch.int64)
-    picked = y.to(wide)[r.clamp(min=0)]  # [M, K, H]
-    picked = torch.where((r >= 0)[..., None], picked, torch.zeros((), dtype=wide))
-    return (picked * weights.to(wide)[..., None]).sum(1)
+    # a dropped slot reads a row of zeros appended to y (a y of no rows, every slot dropped,
+    # gives zeros) and its weight is not read (0 in its place)
+    padded = torch.cat((y.to(wide), y.new_zeros((1, *y.shape[1:]), dtype=wide)))
+    kept = r >= 0
+    picked = padded[torch.where(kept, r, y.shape[0])]  # [M, K, H]
+    w = torch.where(kept, weights.to(wide), torch.zeros((), dtype=wide, device=weights.device))
+    return (picked * w[..., None]).sum(1)
 
 
 def permute_bwd_reference(dy: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
