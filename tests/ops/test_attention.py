@@ -6,6 +6,7 @@ reference against an independent per-row float64 computation over a space of cal
 tensors."""
 
 import math
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -504,3 +505,25 @@ def test_the_ops_backward_takes_the_tma_plan_on_hopper_only(monkeypatch, arch, c
         runtime_kernel.select(AB.AttentionBwdInterface, candidates,
                               _bwd_spec(device=dev, dim=96, dim_v=96))
     assert "AttentionBwdKernel" in str(refused.value)
+
+
+@pytest.mark.parametrize(("cu_q", "cu_k", "message"), [
+    ([0, 5, 3, 8], [0, 4, 6, 8], "cu_seqlens_q[2] is 3, below cu_seqlens_q[1] = 5"),
+    ([0, 4, 6, 8], [0, 4, 2, 30], "cu_seqlens_k[2] is 2, below cu_seqlens_k[1] = 4"),
+    ([1, 4, 6, 8], [0, 4, 6, 8], "cu_seqlens_q[0] is 1: the offsets start at 0"),
+    ([0, 4, 6, 7], [0, 4, 6, 8], "cu_seqlens_q[3] is 7: the offsets end at the packed length"),
+    ([0, 4, 6, 8], [0, 4, 6, 30], "cu_seqlens_k[3] is 30: the offsets end at the packed"),
+])
+def test_varlen_offsets_that_do_not_rise_from_0_to_the_length_are_refused(cu_q, cu_k, message):
+    """The reference reads the offsets where they hold data and refuses those that start
+    elsewhere than 0, fall, or end elsewhere than the packed length (it returned a result for
+    each); the op serves the next call."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(8, 4, 8, generator=g, dtype=torch.float64)
+    k = torch.randn(8, 2, 8, generator=g, dtype=torch.float64)
+    op = GroupedQueryAttentionVarlenFwdOp()
+    i32 = torch.int32
+    with pytest.raises(ValueError, match=re.escape(message)):
+        op(q, k, k, torch.tensor(cu_q, dtype=i32), torch.tensor(cu_k, dtype=i32))
+    good = torch.tensor([0, 4, 6, 8], dtype=i32)
+    assert op(q, k, k, good, good).shape == (8, 4, 8)

@@ -52,6 +52,7 @@ from tileops.kernels.attention_bwd import (
     AttentionBwdTmaKernel,
 )
 from tileops.runtime import Op
+from tileops.runtime.memory import has_data
 from tileops.spec.primitives import per_axis
 
 from ._dtypes import NAMES, refuse_unserved
@@ -424,11 +425,33 @@ class GroupedQueryAttentionVarlenFwdOp(Op):
         entry(q, k, v, cu_seqlens_q, cu_seqlens_k, o, lse)
 
     def reference(self, call, q, k, v, cu_seqlens_q, cu_seqlens_k):
+        # where the offsets hold data the reference reads them on the host and refuses any that
+        # do not rise from 0 to the packed length (the slot reads them on the device only)
+        for name, cu, total in (("cu_seqlens_q", cu_seqlens_q, q.shape[0]),
+                                ("cu_seqlens_k", cu_seqlens_k, k.shape[0])):
+            if has_data(cu):
+                self._refuse_bad_offsets(name, cu.tolist(), total)
         left, right = self._bounds
         o, lse = varlen_reference(q, k, v, cu_seqlens_q, cu_seqlens_k,
                                   scale=self.softmax_scale(q.shape[-1]), left=left,
                                   right=right, softcap=self.softcap)
         return o, lse
+
+    def _refuse_bad_offsets(self, name: str, cu: list[int], total: int) -> None:
+        """Refuse, naming the op, the offsets and the first bad entry, offsets that do not
+        start at 0, fall, or end anywhere but the packed length ``total`` (the rows a sequence
+        would read past the tensor, or rows no sequence holds)."""
+        head = f"{type(self).__name__}: {name}"
+        if cu[0] != 0:
+            raise ValueError(f"{head}[0] is {cu[0]}: the offsets start at 0")
+        for i in range(1, len(cu)):
+            if cu[i] < cu[i - 1]:
+                raise ValueError(f"{head}[{i}] is {cu[i]}, below {name}[{i - 1}] = "
+                                 f"{cu[i - 1]}: the offsets never fall (sequence {i - 1} would "
+                                 f"have {cu[i] - cu[i - 1]} rows)")
+        if cu[-1] != total:
+            raise ValueError(f"{head}[{len(cu) - 1}] is {cu[-1]}: the offsets end at the "
+                             f"packed length, {total} rows")
 
     def eager(self):
         """The dense eager contender a sequence at a time (torch has no packed attention but
