@@ -131,7 +131,7 @@ def test_a_bad_k_is_refused_naming_the_rule_and_the_sizes(k, dim, shape, bound):
 @pytest.mark.parametrize(("dim", "shape", "why"), [
     (2, (3, 7), "dim 2 is out of range for a tensor of rank 2 (expected an axis in [-2, 1])"),
     (-3, (3, 7), "dim -3 is out of range for a tensor of rank 2 (expected an axis in [-2, 1])"),
-    (0, (), "a 0-dim shape has no axis 0 to replace"),
+    (1, (), "dim 1 is out of range for a tensor of rank 0 (expected an axis in [-1, 0])"),
 ])
 def test_a_bad_dim_is_refused_naming_the_rank_and_the_range(dim, shape, why):
     op = ops.TopkFwdOp(k=1, dim=dim, target="reference")
@@ -444,3 +444,31 @@ def test_the_forward_s_own_gradient_reads_no_index_on_the_host(monkeypatch):
         indices.add_(0)  # a change in place: autograd refuses the saved indices
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(values.sum(), x)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+@pytest.mark.parametrize("dim", [0, -1])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_a_0_dim_input_is_torchs_one_element(k, dim, dtype):
+    """torch.topk of a 0-dim tensor, k 0 or 1: the element and index 0, both 0-dim (it was
+    refused); the gradient is the upstream one; k = 2 is refused naming the length."""
+    x = torch.tensor(2.5, dtype=dtype, requires_grad=True)
+    vals, idx = ops.TopkFwdOp(k=k, dim=dim)(x)
+    want_v, want_i = torch.topk(x.detach(), k, dim=dim)
+    assert vals.shape == idx.shape == () and torch.equal(vals.detach(), want_v)
+    assert torch.equal(idx, want_i) and idx.dtype == torch.int64
+    (vals * 3).backward()
+    assert x.grad.dtype == dtype and float(x.grad) == 3.0
+    with pytest.raises(Exception, match="a length of 2 does not fit"):
+        ops.TopkFwdOp(k=2, dim=dim)(x)
+
+
+def test_the_gradient_op_of_a_0_dim_input_checks_its_index():
+    """TopkBwdOp called directly on a 0-dim x: dvalues back in place at index 0; any other
+    index is refused by name."""
+    x, dv = torch.tensor(1.0, dtype=torch.float64), torch.tensor(4.0, dtype=torch.float64)
+    op = ops.TopkBwdOp(k=1)
+    assert torch.equal(op(dv, torch.tensor(0), x), dv)
+    with pytest.raises(IndexError, match="argument indices is 3; expected 0"):
+        op(dv, torch.tensor(3), x)
+    assert torch.equal(op(dv, torch.tensor(0), x), dv)

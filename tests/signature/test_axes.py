@@ -155,7 +155,14 @@ def test_replace_axis_and_size_at_are_torch_topks_shape() -> None:
             assert replace_axis(shape, d, k) == tuple(torch.topk(x, k, dim=d).values.shape)
             assert size_at(shape, d) == x.shape[d]
     assert size_at((), 0) == size_at((), -1) == 1
-    with pytest.raises(PrimitiveError, match="a 0-dim shape has no axis 0 to replace"):
-        replace_axis((), 0, 1)
+    # a 0-dim tensor: torch.topk's result is 0-dim for k of 0 or 1 (its one element)
+    for d in (0, -1):
+        for k in (0, 1):
+            assert replace_axis((), d, k) == tuple(torch.topk(torch.tensor(2.0), k, dim=d)
+                                                   .values.shape) == ()
+    with pytest.raises(PrimitiveError, match="a length of 2 does not fit"):
+        replace_axis((), 0, 2)
+    with pytest.raises(PrimitiveError, match=r"expected an axis in \[-1, 0\]"):
+        replace_axis((), 1, 1)
     with pytest.raises(PrimitiveError, match=r"expected an axis in \[-2, 1\]"):
         replace_axis((2, 3), 2, 1)

@@ -40,6 +40,10 @@ class TopkOp(Op):
     kernel_types = {TopkInterface: (TopkRadixKernel,)}
 
     def forward(self, call, x, values, indices) -> None:
+        if x.dim() == 0:  # torch.topk's 0-dim result: the element at index 0, k 0 or 1
+            values.copy_(x)
+            indices.zero_()
+            return
         axis = self.dim % x.dim()
         if axis != x.dim() - 1:  # one transposing copy: the kernels read rows
             v, i = self.forward_last(call, x.movedim(axis, -1).contiguous())
@@ -75,6 +79,8 @@ class TopkFwdOp(TopkOp):
     def reference(self, call, x):
         # a stable sort: by value, equal values by index (NaN above every number, -0.0 == 0.0)
         wide = x.float() if x.dtype != torch.float64 else x
+        if x.dim() == 0:  # torch.topk's 0-dim result: the element at index 0, k 0 or 1
+            return wide.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
         vals, idx = torch.sort(wide, dim=self.dim, descending=self.largest, stable=True)
         return vals.narrow(self.dim, 0, self.k), idx.narrow(self.dim, 0, self.k)
 
@@ -99,6 +105,9 @@ class TopkBwdOp(TopkOp):
     def forward(self, call, dvalues, indices, x, dx) -> None:
         if self.checks_indices(indices):
             self._refuse_bad_indices(indices, x)
+        if dx.dim() == 0:  # a 0-dim x: its one element was the value
+            dx.copy_(dvalues)
+            return
         dx.zero_()
         dx.scatter_(self.dim % dx.dim(), indices, dvalues)
 
@@ -106,6 +115,11 @@ class TopkBwdOp(TopkOp):
         """Refuse, by name, an index that is no position along ``dim`` of ``x``, or a position
         named twice in one run (torch.topk returns distinct ones)."""
         if not indices.numel() or not has_data(indices):
+            return
+        if x.dim() == 0:  # one element: index 0, nothing to repeat
+            if int(indices) != 0:
+                raise IndexError(f"{type(self).__name__}: argument indices is {int(indices)}; "
+                                 f"expected 0, the one position of a 0-dim x")
             return
         d = self.dim % x.dim()
         n = x.shape[d]
@@ -129,6 +143,8 @@ class TopkBwdOp(TopkOp):
                 f"torch.topk returns them (the scatter would keep one of the two values)")
 
     def _scattered(self, dvalues, indices, shape):
+        if len(shape) == 0:  # a 0-dim x: its one element was the value
+            return dvalues.clone()
         out = torch.zeros(shape, dtype=dvalues.dtype, device=dvalues.device)
         return out.scatter(self.dim % out.dim(), indices, dvalues)
 

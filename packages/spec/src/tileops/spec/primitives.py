@@ -214,10 +214,15 @@ def axis(d: int, rank: int) -> int:
 
 def replace_axis(shape: Sequence[int], d: int, n: int) -> tuple[int, ...]:
     """``shape`` with axis ``d`` (wrapped by :func:`axis`) of length ``n``: torch.topk's
-    output over ``dim``. A 0-dim shape has no axis to replace (torch gives a 0-dim result for
-    k = 1, which no length names)."""
+    output over ``dim``. A 0-dim shape stays 0-dim for ``n`` of 0 or 1, as torch.topk's
+    result for a 0-dim tensor is (its one element, whatever ``k`` of the two); a longer axis
+    is refused."""
     if not shape:
-        raise PrimitiveError(f"a 0-dim shape has no axis {d} to replace")
+        axis(d, 0)
+        if n not in (0, 1):
+            raise PrimitiveError(f"a 0-dim shape has one element along axis {d}: a length of "
+                                 f"{n} does not fit (0 or 1 do, the result 0-dim)")
+        return ()
     if n < 0:
         raise PrimitiveError(f"an axis length must be >= 0, got {n}")
     a = axis(d, len(shape))
