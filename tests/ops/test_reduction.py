@@ -404,3 +404,22 @@ def test_correction_none_is_torchs_one(cls):
     for g, w in zip(got if isinstance(got, tuple) else (got,),
                     want if isinstance(want, tuple) else (want,), strict=True):
         torch.testing.assert_close(g.double(), w, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: (R.SumFwdOp(dim=5), torch.sum),
+    lambda: (R.AmaxFwdOp(dim=-3), torch.amax),
+    lambda: (R.ArgmaxFwdOp(dim=2), torch.argmax),
+])
+def test_a_dim_out_of_range_is_an_index_error_as_torchs(make):
+    """A dim outside the rank is refused as torch refuses it, an IndexError (the signature's
+    error is a ValueError too), naming the dim, the rank and the range."""
+    from tileops.signature import SignatureIndexError
+
+    op, fn = make()
+    x = torch.randn(2, 3)
+    with pytest.raises(IndexError):
+        fn(x, dim=op.dim)
+    with pytest.raises(SignatureIndexError, match=r"out of range for a tensor of rank 2 "
+                                                  r"\(expected an axis in \[-2, 1\]\)"):
+        op(x)

@@ -104,9 +104,10 @@ def test_a_dim_out_of_range_is_refused_naming_the_rule_and_the_sizes():
     with pytest.raises(Exception) as err:
         ops.CumsumFwdOp(dim=2)(torch.zeros(3, 4))
     text = str(err.value)
+    assert isinstance(err.value, IndexError)  # as torch's
     assert text.startswith("CumsumFwdOp: argument x does not match the signature")
-    assert ("because:  refinement '-max(len(S), 1) <= dim < max(len(S), 1)' does not hold "
-            "(S = [3, 4], dim = 2)") in text
+    assert ("because:  let dim_axis = axis(dim, len(S)) fails on these sizes: dim 2 is out of "
+            "range for a tensor of rank 2 (expected an axis in [-2, 1])") in text
 
 
 def test_the_call_spec_refuses_a_bad_field_by_name():

@@ -208,7 +208,10 @@ def _dims(b: _Base) -> Iterator[Refusal]:
         if v is None:
             continue
         for n in b.given:
-            new = b.shape_at(n, {param: v})
+            try:
+                new = b.shape_at(n, {param: v})
+            except EvalError:  # the perturbed param fits no shape (a dim past the rank)
+                continue
             if len(new) == len(b.shapes[n]) and new != b.shapes[n]:
                 yield b.refusal("dim", f"{param}-in-{n}", n, _zeros(new, b.dtypes[n]),
                                 culprits=(n,), stated=(_first_difference(b.shapes[n], new),),

@@ -8,7 +8,7 @@ effect branch, traffic and roofline as plain Python. Works on any object with ``
 
 from .adapters import DTypeAdapter, numpy_adapter, torch_adapter
 from .call import SignatureCall, Stage
-from .errors import ConstructionError, SignatureCallError
+from .errors import ConstructionError, SignatureCallError, SignatureIndexError
 from .explain import explain
 from .plan import ConstructionPoint, SignaturePlan
 
@@ -22,6 +22,7 @@ __all__ = [
     "DTypeAdapter",
     "SignatureCall",
     "SignatureCallError",
+    "SignatureIndexError",
     "SignaturePlan",
     "Stage",
     "explain",

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["ConstructionError", "SignatureCallError"]
+__all__ = ["ConstructionError", "SignatureCallError", "SignatureIndexError"]
 
 
 class SignatureCallError(ValueError):
@@ -52,6 +52,11 @@ class SignatureCallError(ValueError):
             f"  spec:     {spec}",
         ]
         super().__init__("\n".join(lines))
+
+
+class SignatureIndexError(SignatureCallError, IndexError):
+    """A call whose ``dim`` is out of range for its tensor's rank: an ``IndexError`` as well,
+    as torch raises for one, so ``except IndexError`` catches it as it catches torch's."""
 
 
 class ConstructionError(SignatureCallError):

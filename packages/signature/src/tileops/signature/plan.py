@@ -47,6 +47,7 @@ from typing import Any
 from tileops.spec import AdtDef, OpEntry, SpecError, SpecFile, kind_from_expr, validate_entry
 from tileops.spec import expr as E
 from tileops.spec.kinds import DTypeK, Kind
+from tileops.spec.primitives import AxisError
 
 from .adapters import DTypeAdapter, torch_adapter
 from .call import SignatureCall, record_type
@@ -59,7 +60,7 @@ from .construct import (
     point_key,
     returned_outputs,
 )
-from .errors import SignatureCallError
+from .errors import SignatureCallError, SignatureIndexError
 from .gen_check import Generator
 
 __all__ = ["ConstructionPoint", "FastBody", "SignaturePlan"]
@@ -294,8 +295,12 @@ class ConstructionPoint:
             expected = self.expected_inputs.get(
                 argument, f"{argument}: Tensor[{d.dtype.text}, {d.shape.text}]")
             location = self.plan.where(f"signature.inputs.{argument}")
-        return SignatureCallError(self.plan.name, argument, expected, seen, because,
-                                  ", ".join(parts), bound, location)
+        # a dim out of range for the tensor's rank (a primitive's AxisError) is torch's
+        # IndexError too
+        cls = SignatureIndexError if isinstance(env.get("_e"), AxisError) else \
+            SignatureCallError
+        return cls(self.plan.name, argument, expected, seen, because, ", ".join(parts), bound,
+                   location)
 
     def _bound_before(self, env: dict, argument: str) -> list[str]:
         """The indices bound before a required input turned out None or not a tensor: the

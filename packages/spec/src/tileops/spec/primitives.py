@@ -33,6 +33,7 @@ __all__ = [
     "DTYPE_PRIMITIVES",
     "GENERATORS",
     "PRIMITIVES",
+    "AxisError",
     "Primitive",
     "PrimitiveError",
     "axis",
@@ -54,6 +55,11 @@ __all__ = [
 
 class PrimitiveError(ValueError):
     """A primitive applied to values outside its domain (e.g. shapes that do not broadcast)."""
+
+
+class AxisError(PrimitiveError, IndexError):
+    """A dim out of range for a tensor's rank: an ``IndexError`` too, as torch raises for
+    one (and numpy's ``AxisError`` is)."""
 
 
 # An argument's accepted kinds, by name. "any" accepts every kind.
@@ -207,7 +213,7 @@ def axis(d: int, rank: int) -> int:
     ``dim`` (``-1`` is the last axis; a 0-dim tensor takes ``0`` and ``-1``, as torch does)."""
     top = max(rank, 1)
     if not -top <= d < top:
-        raise PrimitiveError(f"dim {d} is out of range for a tensor of rank {rank} "
+        raise AxisError(f"dim {d} is out of range for a tensor of rank {rank} "
                              f"(expected an axis in [{-top}, {top - 1}])")
     return d % top
 
