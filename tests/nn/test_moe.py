@@ -277,3 +277,23 @@ def test_a_fresh_layer_trains_under_torch_compile() -> None:
     torch.testing.assert_close(y, _token_loop(layer, x.detach()))
     y.sum().backward()
     assert x.grad.shape == x.shape and layer.w13.grad is not None
+
+
+def test_a_new_expert_count_is_refused_by_name_and_the_layer_kept() -> None:
+    """num_experts is the weights' leading dim: assigning another count is refused naming the
+    layer, the attribute and the weights (it failed in the grouped GEMM's signature at the next
+    call); the same count and the other routing attributes are taken."""
+    layer = MoE(8, 6, 4, 2, dtype=torch.float64)
+    x = torch.randn(2, 8, dtype=torch.float64)
+    with torch.no_grad():
+        want = layer(x)
+    with pytest.raises(ValueError, match=r"MoE.num_experts is the experts' weights' count, 4 "
+                                         r"\(w13 is \[4, 12, 8\]\), not 3"):
+        layer.num_experts = 3
+    layer.num_experts = 4
+    assert layer.num_experts == 4
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), want, rtol=0, atol=0)
+    layer.top_k = 1
+    with torch.no_grad():
+        assert layer(x).shape == (2, 8)

@@ -127,6 +127,17 @@ class MoE(HoldsOp, nn.Module):
         self.target = target
         self._build_op()
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # the experts' count is their weights' leading dim: a new count would route to experts
+        # with no weights (refused here, by name, before the layer changes)
+        if name == "num_experts" and "w13" in self._parameters and \
+                value != self.w13.shape[0]:
+            raise ValueError(
+                f"{type(self).__name__}.num_experts is the experts' weights' count, "
+                f"{self.w13.shape[0]} (w13 is {list(self.w13.shape)}), not {value!r}: build a "
+                f"layer of {value!r} experts instead")
+        super().__setattr__(name, value)
+
     def _apply(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
         """A move or a cast as ``torch.nn.Module``'s, but the correction bias stays float32
         (its values unrounded: the routing ops take it in float32 whatever the experts' dtype),
