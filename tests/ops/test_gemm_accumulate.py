@@ -189,6 +189,22 @@ def test_disjoint_views_of_one_storage_are_accepted():
     assert torch.allclose(c, ref)
 
 
+def test_interleaved_views_with_no_common_element_are_accepted():
+    """c and a the left and right column blocks of one buffer: their byte ranges interleave
+    but share no element, so the product is served as torch's addmm_ serves it (it was
+    refused); blocks that do share elements (overlapping columns, every other column) are
+    still refused."""
+    buf = torch.randn(4, 8, dtype=torch.float64)
+    c, a, e = buf[:, :4], buf[:, 4:], torch.eye(4, dtype=torch.float64)
+    want = c.clone().addmm_(a, e)
+    out = GemmAccumulateFwdOp()(c, a, e)
+    assert out.data_ptr() == c.data_ptr() and torch.equal(c, want)
+    for a in (buf[:, 2:6], buf[:, ::2]):
+        with pytest.raises(RuntimeError, match="c is written in place, but it shares memory "
+                                               "with a"):
+            GemmAccumulateFwdOp()(buf[:, :4], a, e)
+
+
 def test_an_operand_requiring_grad_is_refused():
     c, a, b = _operands(4, 6, 3, False, False, torch.float32)
     with pytest.raises(RuntimeError, match="GemmAccumulateFwdOp"):

@@ -44,7 +44,7 @@ from tileops.kernels.gemm import (
     GemmSpec,
 )
 from tileops.runtime import Op
-from tileops.runtime.memory import extent, has_data
+from tileops.runtime.memory import extent, has_data, is_dense
 
 from ._dtypes import NAMES, refuse_unserved
 
@@ -138,11 +138,30 @@ class GemmAccumulateFwdOp(GemmOp):
         return addmm_
 
 
+def _share_an_element(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """Whether two non-empty views of one storage whose byte ranges meet share an element.
+    Two dense views always do; otherwise (interleaved strided views: a buffer's left and
+    right column blocks) each one's elements are marked in a scratch of the union of their
+    element ranges and the other's read back (a device pass and one sync: only calls whose
+    operands interleave in one storage pay it)."""
+    if is_dense(tuple(x.shape), x.stride()) and is_dense(tuple(y.shape), y.stride()):
+        return True
+    if x.itemsize != y.itemsize or (x.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return True  # judged by bytes alone (no sync while a CUDA graph is captured)
+    lo = min(x.storage_offset(), y.storage_offset())
+    (_, x1), (_, y1) = extent(x), extent(y)
+    hi = (max(x1, y1) - x.untyped_storage().data_ptr()) // x.itemsize
+    marks = torch.zeros(hi - lo, dtype=torch.bool, device=x.device)
+    marks.as_strided(x.shape, x.stride(), x.storage_offset() - lo).fill_(True)
+    return bool(marks.as_strided(y.shape, y.stride(), y.storage_offset() - lo).any())
+
+
 def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-    """Refuse, naming the op and ``c``, a ``c`` that shares memory with ``a`` or ``b``, which
-    the kernels read while they write ``c`` (and torch would read after its first writes; a
-    ``c`` whose own elements share memory the runtime refuses for every written input). Two tensors share memory here when their byte ranges in one storage
-    intersect (interleaved views that touch no common element are refused too)."""
+    """Refuse, naming the op and ``c``, a ``c`` that shares an element with ``a`` or ``b``,
+    which the kernels read while they write ``c`` (and torch would read after its first
+    writes; a ``c`` whose own elements share memory the runtime refuses for every written
+    input). Views of one storage that interleave without a common element (a buffer's
+    column blocks) are served, as torch's ``addmm_`` serves them."""
     name = type(op).__name__
     if c.numel() == 0:
         return
@@ -153,7 +172,7 @@ def _refuse_unwritable(op: GemmOp, c: torch.Tensor, a: torch.Tensor, b: torch.Te
         if t.numel() == 0 or t.untyped_storage().data_ptr() != storage:
             continue
         (c0, c1), (t0, t1) = extent(c), extent(t)
-        if c0 < t1 and t0 < c1:
+        if c0 < t1 and t0 < c1 and _share_an_element(c, t):
             raise RuntimeError(
                 f"{name}: c is written in place, but it shares memory with {other} (bytes "
                 f"[{c0 - storage}, {c1 - storage}) and [{t0 - storage}, {t1 - storage}) of one "
