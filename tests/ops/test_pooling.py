@@ -545,3 +545,48 @@ def test_indices_outside_their_plane_are_refused_in_tree_where_called_directly(c
     assert op.checks_indices(idx) and not op.checks_indices(idx.to("meta"))
     op._fed_by_forward = True  # as the op a forward builds for its gradient
     assert not op.checks_indices(idx)
+
+
+def test_a_window_wholly_in_the_padding_is_refused_by_name():
+    """A dilation wider than a short axis can put every tap of a window in the padding: torch
+    gives it -inf and an index outside the input (its backward then writes through it); the op
+    refuses the call naming the window, the axis and the params, and serves the next one."""
+    x = torch.randn(1, 1, 4, 1, dtype=torch.float64, requires_grad=True)
+    op = O.MaxPool2dFwdOp(kernel_size=(1, 2), padding=(0, 1), dilation=(1, 2), stride=1)
+    with pytest.raises(ValueError) as err:
+        op(x)
+    assert str(err.value) == (
+        "MaxPool2dFwdOp: window 0 along axis 1 of x's last 2 (1 elements) has every tap in the "
+        "padding (kernel_size=(1, 2), stride=1, padding=(0, 1), dilation=(1, 2): taps -1 to 1 "
+        "every 2), where max pooling has no element to take; a dilation of at most 1 or less "
+        "padding along that axis leaves none")
+    wide = torch.randn(1, 1, 4, 3, dtype=torch.float64)
+    torch.testing.assert_close(op(wide), F.max_pool2d(wide, (1, 2), 1, (0, 1), (1, 2)))
+
+
+def test_windows_in_the_padding_are_refused_exactly_where_torch_gives_minus_inf():
+    """Over a grid of short axes and every kernel, dilation, stride, padding (at most half
+    the kernel) and ceil_mode: the op refuses a call exactly where torch's max_pool1d gives a
+    finite input a -inf output (a window with no element), and otherwise matches it."""
+    g = torch.Generator().manual_seed(0)
+    checked = 0
+    for n in range(1, 6):
+        x = torch.randn(1, 2, n, generator=g, dtype=torch.float64)
+        for k in range(1, 5):
+            for d in range(1, 5):
+                for s in range(1, 4):
+                    for p in range(k // 2 + 1):
+                        for ceil in (False, True):
+                            try:
+                                want = F.max_pool1d(x, k, s, p, d, ceil)
+                            except RuntimeError:  # no output: refused by the spec as well
+                                continue
+                            op = O.MaxPool1dFwdOp(kernel_size=k, stride=s, padding=p,
+                                                  dilation=d, ceil_mode=ceil)
+                            if bool(torch.isinf(want).any()):
+                                with pytest.raises(ValueError, match="every tap in the padding"):
+                                    op(x)
+                            else:
+                                torch.testing.assert_close(op(x), want, rtol=0, atol=0)
+                            checked += 1
+    assert checked > 400

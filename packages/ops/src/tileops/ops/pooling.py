@@ -235,11 +235,50 @@ _AVG_POOL = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}
 class _MaxPoolFwd(PoolOp):
     kind = PoolKind.MAX
 
+    def _refuse_windows_in_padding(self, x_shape: tuple) -> None:
+        """Refuse, naming the op, the axis and the params, a call where some window's taps
+        all fall in the padding: torch's max pooling gives it -inf and an index outside the
+        input, which its backward then writes through. Every window has a tap at or past 0
+        (the padding is at most half the window) and starts before the axis' end, so only a
+        window starting in the left padding can miss, when the axis is shorter than the
+        dilation: its first tap at or past 0 lies past the axis (a few int steps a call)."""
+        nd = self.nd
+        k, s, p, d = (per_axis(self.kernel_size, nd), per_axis(self.stride, nd,
+                      per_axis(self.kernel_size, nd)), per_axis(self.padding, nd),
+                      per_axis(self.dilation, nd))
+        for a, n in enumerate(x_shape[-nd:]):
+            if p[a] == 0 or n >= d[a] or n == 0:
+                continue
+            for o in range(-(-p[a] // s[a])):  # the windows that start in the left padding
+                start = o * s[a] - p[a]
+                first = start + d[a] * -(start // d[a])  # the first tap at or past 0
+                if first >= n:
+                    raise ValueError(
+                        f"{type(self).__name__}: window {o} along axis {a} of x's last {nd} "
+                        f"({n} elements) has every tap in the padding (kernel_size="
+                        f"{self.kernel_size!r}, stride={self.stride!r}, padding="
+                        f"{self.padding!r}, dilation={self.dilation!r}: taps {start} to "
+                        f"{start + d[a] * (k[a] - 1)} every {d[a]}), where max pooling has no "
+                        f"element to take; a dilation of at most {n} or less padding along "
+                        f"that axis leaves none")
+
+    def forward(self, call, x, y, indices=None) -> None:
+        if (call.device, x.dtype, x.shape) not in self._windows_checked:
+            self._refuse_windows_in_padding(tuple(x.shape))
+            self._windows_checked.add((call.device, x.dtype, x.shape))
+        super().forward(call, x, y, indices)
+
+    def derive(self) -> None:
+        super().derive()
+        #: the input shapes whose windows were checked (each checked once)
+        self._windows_checked: set = set()
+
     def _pool(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return _MAX_POOL[self.nd](x, self.kernel_size, self.stride, self.padding,
                                   self.dilation, self.ceil_mode, return_indices=True)
 
     def reference(self, call, x):
+        self._refuse_windows_in_padding(tuple(x.shape))
         y, idx = self._pool(_wide(x))
         return (y, idx if self.return_indices else None)
 
