@@ -178,8 +178,13 @@ def test_inputs_by_keyword() -> None:
     assert op.seen[-1][2] is None
     with pytest.raises(TypeError, match="input 'x' given twice"):
         op(x, x=x)
-    with pytest.raises(TypeError, match="unexpected argument 'z'"):
+    with pytest.raises(TypeError, match="unexpected argument 'z'; accepted: x, bias"):
         op(x, z=x)
+    # an output the op allocates, passed as a buffer: said so
+    with pytest.raises(TypeError, match=r"unexpected argument 'y' \('y' is an output this op "
+                                        r"allocates; its spec declares no buffer for it, so it "
+                                        r"takes none\); accepted: x, bias"):
+        op(x, y=x)
     with pytest.raises(TypeError, match="takes 2 inputs"):
         op(x, bias, x, out=x)
 

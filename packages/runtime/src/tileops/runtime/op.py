@@ -638,8 +638,12 @@ class Op(declared.Equivalents, Composite, Trained):
                 outs[k] = v  # the generated check takes buffer outputs by their names
             else:
                 accepted = list(names) + list(plan.buffer_outputs)
-                raise TypeError(f"{type(self).__name__}: unexpected argument {k!r}; accepted: "
-                                f"{', '.join(accepted)}")
+                why = ""
+                if k in plan.output_names:  # an output the op allocates: no out= buffer
+                    why = (f" ({k!r} is an output this op allocates; its spec declares no "
+                           f"buffer for it, so it takes none)")
+                raise TypeError(f"{type(self).__name__}: unexpected argument {k!r}{why}; "
+                                f"accepted: {', '.join(accepted)}")
         while args and args[-1] is None and len(args) > len(inputs):
             args.pop()
         return tuple(args), outs
