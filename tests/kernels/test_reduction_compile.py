@@ -39,6 +39,8 @@ def _src(kernel) -> str:
                  id="sum-16B-rows"),
     # eight short rows a CTA (a warp each), bool read as bytes
     pytest.param(RK.ALL, 3, 7, "bool", ("const uchar* __restrict__ X", "(uchar)acc"), id="all-bool-tiny"),
+    # int64 read as itself, compared with zero
+    pytest.param(RK.ANY, 64, 4096, "int64", ("const int64_t* __restrict__ X",), id="any-int64"),
     # NaN tests through isnan, the index carried
     pytest.param(RK.ARGMAX, 64, 4096, "float16", ("isnan", "int64_t"), id="argmax"),
     # moments with the shift broadcast from lane 0 (n mod 2^16 >= 2^15)

@@ -423,3 +423,16 @@ def test_a_dim_out_of_range_is_an_index_error_as_torchs(make):
     with pytest.raises(SignatureIndexError, match=r"out of range for a tensor of rank 2 "
                                                   r"\(expected an axis in \[-2, 1\]\)"):
         op(x)
+
+
+@pytest.mark.parametrize("name", ["AllFwdOp", "AnyFwdOp"])
+def test_all_and_any_take_int64_as_their_siblings_do(name):
+    """all and any of an int64 tensor (torch's are served; these took int32 but not int64,
+    which sum, prod and the extrema take)."""
+    x = torch.tensor([[0, 3, -2], [1, 1, 1], [0, 0, 0]], dtype=torch.int64)
+    fn = torch.all if name == "AllFwdOp" else torch.any
+    for dim in (None, 0, 1):
+        op = getattr(R, name)(dim=dim)
+        want = fn(x) if dim is None else fn(x, dim)
+        got = op(x)
+        assert got.dtype == torch.bool and torch.equal(got, want)
