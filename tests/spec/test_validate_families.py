@@ -26,6 +26,10 @@ OPT = ("forall: {M: Dim,", "forall: {B: Shape, M: Dim,",
        X, X + '\n      b: {dtype: T, shape: "[*B]", optional: true}',
        "    outputs:", '    shape_rules:\n    - "not present(b) or expands_to(B, [M, N])"\n'
        "    outputs:")
+#: an output db of b's dtype U, None where NULLABLE holds
+NULLABLE_DB = ("forall: {M: Dim,", 'forall: {U: "DType[float32 | float16]", M: Dim,',
+               X, X + '\n      b: {dtype: U, shape: "[M, N]", optional: true}',
+               Y, Y + '\n      db: {dtype: U, shape: "[M, N]", nullable: "NULLABLE"}')
 _ONLY_B = ("reads B, which only the optional input b gives: it may appear only in its "
            "declaration and in shape rules of the form 'not present(b) or ...'")
 
@@ -70,6 +74,10 @@ PASSING = {
         ("optional-input-dtype", edit(
             "forall: {M: Dim,", 'forall: {U: "DType[float32 | float16]", M: Dim,',
             X, X + '\n      b: {dtype: U, shape: "[M, N]", optional: true}')),
+        # an output that is None wherever the optional input is absent may have its dtype
+        # (a gradient of b)
+        ("optional-input-dtype-of-a-nullable-output", edit(*NULLABLE_DB, "NULLABLE",
+                                                           "not flag or not present(b)")),
     ],
 }
 
@@ -317,6 +325,13 @@ FAILING = [
          ("workload", "op.yaml:16: in Op.workloads[0].dtype_cases[0]: workload 'small': "
                       "shape of y ([M, N, *B]): 'B' has no value here")],
         id="solvable:optional-index-in-an-output-and-the-roofline",
+    ),
+    pytest.param(
+        edit(*NULLABLE_DB, "NULLABLE", "not flag"),
+        [("solvable", "op.yaml:13: in Op.signature.outputs.db.dtype: 'U' reads U, which only "
+                      "the optional input b gives: it may appear only in its declaration and "
+                      "in shape rules of the form 'not present(b) or ...'")],
+        id="solvable:optional-dtype-of-an-output-present-without-b",
     ),
     pytest.param(
         edit(*OPT, ROW, ROW + " some: [b],"),

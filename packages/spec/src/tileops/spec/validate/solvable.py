@@ -7,8 +7,9 @@ the case.
 An index that only optional inputs read (``min_bound: {shape: "[*SM]", optional: true}``) has
 a value only in calls that give one of them. It may appear in those inputs' shapes and in
 shape rules guarded by the presence of one of them (``not present(min_bound) or
-expands_to(SM, S)``), nowhere else: an output, a let or a roofline must be computable in every
-call.
+expands_to(SM, S)``), and in the shape and dtype of an output that is None wherever they are
+absent (``nullable: "not grad_weight or not present(weight)"``), nowhere else: any other
+output, a let or a roofline must be computable in every call.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ def _optional_only(ctx: EntryContext, unsolved: Mapping[str, str], targets: set[
 
 def _uses(ctx: EntryContext, m: str, readers: list[str]):
     """(path, expression) of each place of the entry that reads index ``m`` outside the
-    optional inputs ``readers`` and the shape rules their presence guards."""
+    optional inputs ``readers``, the shape rules their presence guards and the outputs that
+    are None where they are absent."""
     sig, p = ctx.sig, ctx.sig_path
     for n, d in sig.inputs.items():
         fields = [("optional", d.optional), ("mutated", d.mutated)]
@@ -120,8 +122,12 @@ def _uses(ctx: EntryContext, m: str, readers: list[str]):
             if m in ex.names():
                 yield f"{p}.inputs.{n}.{f}", ex
     for n, d in sig.outputs.items():
-        for f, ex in (("shape", d.shape), ("dtype", d.dtype), ("nullable", d.nullable),
-                      ("returned", d.returned)):
+        # an output that is None wherever a reader is absent (nullable 'not present(i) or
+        # ...') has its shape and dtype computed only where that reader gives its indices
+        fields = [("nullable", d.nullable), ("returned", d.returned)]
+        if not _guarded(d.nullable.node, readers):
+            fields = [("shape", d.shape), ("dtype", d.dtype), *fields]
+        for f, ex in fields:
             if m in ex.names():
                 yield f"{p}.outputs.{n}.{f}", ex
     for n, ex in sig.let.items():
