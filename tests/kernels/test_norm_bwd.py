@@ -311,6 +311,41 @@ def test_direct_backward_compiles_for_sm90(kind, n, dtype, weight, gw, gb):
     assert ("DW" in src) == gw and ("DB" in src) == gb
 
 
+F32_SUMS = [
+    # (kind, N, dtype, grad_bias, direct): a float32 weight's sums stored in float32
+    pytest.param("rms", 4096, "bfloat16", False, True, id="direct-rms-16B"),
+    pytest.param("layer", 4097, "float16", True, True, id="direct-layer-scalar-predicated"),
+    pytest.param("layer", 16384, "bfloat16", True, True, id="direct-layer-shared-partials"),
+    pytest.param("rms", 8192, "bfloat16", False, False, id="colsum-dweight"),
+    pytest.param("layer", 4097, "bfloat16", True, False, id="colsum-dweight-dbias"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("kind", "n", "dtype", "gb", "direct"), F32_SUMS)
+def test_float32_sums_compile_for_sm90(kind, n, dtype, gb, direct):
+    """The programs storing dweight/dbias take them as float32 (out_dtype), the rest in the
+    storage dtype: the sums are rounded once, to float32."""
+    c = {"bfloat16": "bfloat16_t", "float16": "half_t"}[dtype]
+    if direct:
+        src = nb.build_bwd_register_kernel(kind, n, dtype, 1e-6, True, True, gb, "sm_90", None,
+                                           True, True, "float32").get_kernel_source()
+        assert "float* __restrict__ DW" in src and f"{c}* __restrict__ W" in src
+        assert ("float* __restrict__ DB" in src) == gb
+        assert f"{c}* __restrict__ DX" in src
+    else:
+        sums = 1 + int(gb)
+        src = nb.build_colsum_kernel(1, n, sums, dtype, "sm_90",
+                                     "float32").get_kernel_source()
+        outs = ["DW", "DB"] if gb else ["OUT"]
+        assert all(f"float* __restrict__ {o}" in src for o in outs)
+        assert c not in src  # float32 throughout: no rounding to the storage dtype
+    prog = (nb.colsum_program(1, n, 2, dtype, *nb.colsum_plan(2 * n)) if not direct else
+            nb.register_bwd_program(kind, n, dtype, 1e-6, True, True, gb,
+                                    *nb.bwd_register_plan(n, dtype, True, kind), True))
+    assert all(str(prog.buffer_map[p].dtype) == dtype for p in prog.params[-1:])  # default
+
+
 def test_direct_programs_need_one_row_a_cta_and_a_sum():
     with pytest.raises(ValueError) as info:
         nb.register_bwd_program("rms", 128, "float16", 1e-6, True, True, False,

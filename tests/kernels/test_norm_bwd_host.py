@@ -33,7 +33,8 @@ def on_host(monkeypatch):
     monkeypatch.setattr(nb.RowNormBwdRegisterKernel, "_build", staticmethod(host(register)))
     monkeypatch.setattr(nb.RowNormBwdLoopedKernel, "_build", staticmethod(host(looped)))
     monkeypatch.setattr(nb, "build_colsum_kernel",
-                        lambda rpc, n, k, dtype: HostProgram(colsum(rpc, n, k, dtype, "sm_90")))
+                        lambda rpc, n, k, dtype, out_dtype=None:
+                        HostProgram(colsum(rpc, n, k, dtype, "sm_90", out_dtype)))
     monkeypatch.setattr(nb, "sm_count", lambda device: 132)
 
 
@@ -99,3 +100,50 @@ def test_the_backward_is_autograd_s_on_the_host(on_host, kernel, kind, rows, n, 
         _close(dw, want_dw, dtype, scale=rows ** 0.5)  # a sum over the rows
     if gb:
         _close(db, want_db, dtype, scale=rows ** 0.5)
+
+
+#: (kernel, kind, rows, n, dtype, grad_bias): a float32 weight's sums, stored in float32
+F32_CASES = [
+    pytest.param("register", "rms", 300, 1024, "bfloat16", False, id="rms-colsum"),
+    pytest.param("register", "layer", 1, 640, "bfloat16", True, id="layer-one-row"),
+    pytest.param("looped", "layer", 2, 33000, "float16", True, id="layer-looped"),
+]
+
+
+@pytest.mark.parametrize(("kernel", "kind", "rows", "n", "dtype", "gb"), F32_CASES)
+def test_a_float32_weight_s_gradients_are_summed_and_stored_in_float32(on_host, kernel, kind,
+                                                                       rows, n, dtype, gb):
+    """The op hands the kernels a float32 weight cast to the storage dtype and asks for
+    dweight and dbias in float32: the column sums are rounded once, to float32, and are as
+    exact as float32 sums of the products (no rounding to the storage dtype on the way)."""
+    eps = 1e-5
+    t = getattr(torch, dtype)
+    g = torch.Generator().manual_seed(rows * n + 1)
+    x = (torch.randn(rows, n, generator=g, dtype=torch.float64) * 2 + 0.5).to(t)
+    dy = torch.randn(rows, n, generator=g, dtype=torch.float64).to(t)
+    w = (1 + torch.randn(n, generator=g, dtype=torch.float64) / 4).to(t)
+    spec = nb.RowNormBwdSpec(device=torch.device("cpu"), kind=RowNormKind(kind), rows=rows,
+                             n=n, dtype=dtype, eps=eps, has_weight=True, grad_weight=True,
+                             grad_bias=gb, sum_dtype="float32")
+    cls = nb.RowNormBwdRegisterKernel if kernel == "register" else nb.RowNormBwdLoopedKernel
+    entry = cls(spec)
+    dx = torch.full((rows, n), float("nan"), dtype=t)
+    dw = torch.full((n,), float("nan"), dtype=torch.float32)
+    db = torch.full((n,), float("nan"), dtype=torch.float32) if gb else None
+    entry(dy, None, x, w, dx, dw, db)
+    b = torch.zeros(n, dtype=t) if gb else None
+    want_dx, want_dw, want_db = _reference(kind, x, w, b, dy, None, eps)
+    _close(dx, want_dx, dtype)
+    # float32 accuracy, where a sum stored in the storage dtype is off by about 2e-3
+    err = float(((dw.double() - want_dw).abs() / (want_dw.abs() + 1)).max())
+    assert err <= 2e-5, err
+    if gb:
+        err = float(((db.double() - want_db).abs() / (want_db.abs() + 1)).max())
+        assert err <= 2e-5, err
+
+
+def test_the_sums_are_stored_in_the_storage_dtype_or_float32_only():
+    with pytest.raises(ValueError, match="sum_dtype must be the storage dtype"):
+        nb.RowNormBwdSpec(device=torch.device("cpu"), kind=RowNormKind.RMS, rows=4, n=8,
+                          dtype="bfloat16", eps=1e-5, has_weight=True, grad_weight=True,
+                          grad_bias=False, sum_dtype="float16")

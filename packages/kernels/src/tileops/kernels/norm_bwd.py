@@ -20,7 +20,8 @@ runs on a persistent grid of ``G`` CTAs (a few per SM), each walking its rows an
 share of the partial sums in fp32 (on chip, or for wide rows in its own row of the
 workspace), then writing one partial row per row slot into an fp32 workspace
 ``(G, slots, k * n)``; a second, small program (:func:`colsum_program`) sums the ``G * slots``
-partial rows and stores ``dweight``/``dbias`` in the storage dtype. The workspace is
+partial rows and stores ``dweight``/``dbias`` in the weight's dtype (the storage dtype, or
+float32 for a float32 weight: rounded once from the fp32 sum). The workspace is
 ``G * slots * k * n * 4`` bytes (8.6 MB for 8192 columns: about 2% of a 32768-row call's
 traffic). A call of one row needs neither: its register program stores the row's
 ``dy * xhat`` and ``dy`` as the sums (:meth:`RowNormBwdRegisterKernel.direct`).
@@ -109,12 +110,18 @@ class RowNormBwdSpec(CallSpec, frozen=True, kw_only=True):
     has_weight: bool  # the forward was given a weight
     grad_weight: bool  # dweight is wanted (only meaningful with a weight)
     grad_bias: bool  # dbias is wanted (LAYER only)
+    #: the dtype dweight and dbias are stored in (the weight's: the storage dtype or float32);
+    #: None: the storage dtype. The weight itself is handed over in the storage dtype
+    sum_dtype: RowNormDType | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, RowNormKind):
             raise TypeError(f"RowNormBwdSpec.kind must be a RowNormKind, got {self.kind!r}")
         self.check_fields(choices={"dtype": _ROW_NORM_DTYPES}, sizes=("rows", "n"),
                           flags=("has_weight", "grad_weight", "grad_bias"))
+        if self.sum_dtype is not None and self.sum_dtype not in (self.dtype, "float32"):
+            raise ValueError(f"RowNormBwdSpec.sum_dtype must be the storage dtype "
+                             f"({self.dtype}) or float32, got {self.sum_dtype!r}")
         if self.grad_weight and not self.has_weight:
             raise ValueError("RowNormBwdSpec: grad_weight needs has_weight (there is no "
                              "weight to take the gradient of)")
@@ -125,6 +132,11 @@ class RowNormBwdSpec(CallSpec, frozen=True, kw_only=True):
     def few_rows(self) -> bool:
         """Fewer rows than :data:`~tileops.kernels.norm.FEW_ROWS`: the latency-bound plan."""
         return self.rows < FEW_ROWS
+
+    @property
+    def out_dtype(self) -> str:
+        """The dtype ``dweight`` and ``dbias`` are stored in."""
+        return self.sum_dtype or self.dtype
 
     @property
     def sums(self) -> int:
@@ -139,7 +151,9 @@ class RowNormBwdInterface(KernelInterface):
     contiguous 16-byte-aligned ``(rows, n)`` views, ``weight``, ``dweight``, ``dbias``
     ``(n,)``; None where absent. ``dres`` is given only for ADD_RMS (whose ``x`` is the saved
     ``residual_out``); ``dweight`` iff ``grad_weight`` (and a weight), ``dbias`` iff
-    ``grad_bias`` (LAYER). Every output is written in the storage dtype.
+    ``grad_bias`` (LAYER). ``weight`` and ``dx`` are in the storage dtype, ``dweight`` and
+    ``dbias`` in the spec's :attr:`~RowNormBwdSpec.out_dtype` (summed in fp32 and rounded
+    once to it).
     """
 
     slot = "row_norm_bwd"
@@ -329,37 +343,37 @@ def _main_params(body, add: bool, has_weight: bool, has_ws: bool, shapes: dict, 
 
 
 def _direct_params(body, add: bool, has_weight: bool, grad_weight: bool, grad_bias: bool,
-                   shapes: dict, dtype: str):
+                   shapes: dict, dtype: str, odt: str):
     """The prim_func of a direct program (one row: its ``dweight``/``dbias`` are written by
     the main program itself), taking ``dy, [dres], x, [weight], dx, [dweight], [dbias]``; at
     least one of the two sums is wanted (``grad_weight`` implies a weight, the fused add has
-    no bias)."""
+    no bias); ``dweight`` and ``dbias`` are of ``odt``."""
     _, T = tl()
     sm, sn = shapes["row"], shapes["vec"]
     if add:
         @T.prim_func
         def main(DY: T.Tensor(sm, dtype), DR: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype),
-                 W: T.Tensor(sn, dtype), DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype)):
+                 W: T.Tensor(sn, dtype), DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, odt)):
             body(DY, DR, X, W, DX, None, DW, None)
     elif grad_weight and grad_bias:
         @T.prim_func
         def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
-                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype), DB: T.Tensor(sn, dtype)):
+                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, odt), DB: T.Tensor(sn, odt)):
             body(DY, None, X, W, DX, None, DW, DB)
     elif grad_weight:
         @T.prim_func
         def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
-                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, dtype)):
+                 DX: T.Tensor(sm, dtype), DW: T.Tensor(sn, odt)):
             body(DY, None, X, W, DX, None, DW, None)
     elif has_weight:
         @T.prim_func
         def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), W: T.Tensor(sn, dtype),
-                 DX: T.Tensor(sm, dtype), DB: T.Tensor(sn, dtype)):
+                 DX: T.Tensor(sm, dtype), DB: T.Tensor(sn, odt)):
             body(DY, None, X, W, DX, None, None, DB)
     else:
         @T.prim_func
         def main(DY: T.Tensor(sm, dtype), X: T.Tensor(sm, dtype), DX: T.Tensor(sm, dtype),
-                 DB: T.Tensor(sn, dtype)):
+                 DB: T.Tensor(sn, odt)):
             body(DY, None, X, None, DX, None, None, DB)
     return main
 
@@ -373,7 +387,8 @@ def _check_sums(kind: str, has_weight: bool, grad_weight: bool, grad_bias: bool)
 
 def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                          grad_weight: bool, grad_bias: bool, tpr: int, rpc: int, vec: int,
-                         per: int, resident: int, smem_partials: bool, direct: bool = False):
+                         per: int, resident: int, smem_partials: bool, direct: bool = False,
+                         out_dtype: str | None = None):
     """The TileLang prim_func of the register backward (not compiled).
 
     ``M`` (rows) and, where column sums are wanted, ``G`` (CTAs: the workspace's first
@@ -383,9 +398,11 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
 
     ``direct``: the program serves one row (a single CTA, ``rpc`` 1) and stores its
     ``dy * xhat`` and ``dy`` as ``dweight`` and ``dbias`` itself, with no workspace and no
-    column-sum launch (which for one row is a second kernel on the critical path).
+    column-sum launch (which for one row is a second kernel on the critical path), in
+    ``out_dtype`` (None: ``dtype``), each rounded once from its fp32 sum.
     """
     _check_sums(kind, has_weight, grad_weight, grad_bias)
+    odt = out_dtype or dtype
     _, T = tl()
     M = T.dynamic("M")
     add, layer = kind == "add_rms", kind == "layer"
@@ -439,6 +456,7 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
             hw = T.alloc_local((held if rms_w else 1,), dtype)
             wv = T.alloc_local((vec,), dtype)
             hdr = T.alloc_local((held if add else 1,), dtype)
+            hs = T.alloc_local((vec,), odt) if direct else None  # a direct program's sums
             if shared_pw:
                 pw = T.alloc_shared((held * threads if grad_weight else 1,), f32)
                 pb = T.alloc_shared((held * threads if grad_bias else 1,), f32)
@@ -598,17 +616,18 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
                     if exact or col < n:
                         if grad_weight:
                             for i in T.unroll(vec):
-                                hx[v * vec + i] = T.cast(pw[at(v * vec + i, tx)], dtype)
+                                hs[i] = T.cast(pw[at(v * vec + i, tx)], odt)
                             for i in T.vectorized(vec):
-                                DW[col + i] = hx[v * vec + i]
+                                DW[col + i] = hs[i]
                         if grad_bias:
                             for i in T.unroll(vec):
-                                hdy[v * vec + i] = T.cast(pb[at(v * vec + i, tx)], dtype)
+                                hs[i] = T.cast(pb[at(v * vec + i, tx)], odt)
                             for i in T.vectorized(vec):
-                                DB[col + i] = hdy[v * vec + i]
+                                DB[col + i] = hs[i]
 
     if direct:
-        return _direct_params(body, add, has_weight, grad_weight, grad_bias, shapes, dtype)
+        return _direct_params(body, add, has_weight, grad_weight, grad_bias, shapes, dtype,
+                              odt)
 
     @T.macro
     def ws_body(DY, DR, X, W, DX, WS):
@@ -617,9 +636,11 @@ def register_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: 
     return _main_params(ws_body, add, has_weight, has_ws, shapes, dtype)
 
 
-def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int, unroll: int):
+def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int, unroll: int,
+                   out_dtype: str | None = None):
     """Sum the partial rows of the workspace ``(G, rpc, k * n)`` into ``dweight`` (columns
-    ``[0, n)``) and/or ``dbias`` (the last ``n``), stored in ``dtype``. ``G`` is a launch-time
+    ``[0, n)``) and/or ``dbias`` (the last ``n``), stored in ``out_dtype`` (None: ``dtype``,
+    the storage dtype; float32 for a float32 weight), each rounded once from its fp32 sum. ``G`` is a launch-time
     size. A CTA takes ``32 * vec`` columns; its warps split the ``G * rpc`` partial rows and
     combine through shared memory."""
     _, T = tl()
@@ -629,6 +650,7 @@ def colsum_program(rpc: int, n: int, k: int, dtype: str, warps: int, vec: int, u
     threads = warps * _WARP
     f32 = "float32"
     both = k == 2
+    dtype = out_dtype or dtype
 
     @T.macro
     def body(WS, O1, O2):
@@ -852,32 +874,38 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
 def build_bwd_register_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                               grad_weight: bool, grad_bias: bool, target: str | None = None,
                               plan: BwdRegisterPlan | None = None,
-                              few_rows: bool = False, direct: bool = False):
+                              few_rows: bool = False, direct: bool = False,
+                              out_dtype: str | None = None):
     """Compile the register backward (cached per configuration). ``plan`` overrides
     :func:`bwd_register_plan` (any :class:`BwdRegisterPlan`), for tuning; ``direct``: the
-    one-row program storing dweight/dbias itself (see :func:`register_bwd_program`)."""
+    one-row program storing dweight/dbias itself, in ``out_dtype`` (see
+    :func:`register_bwd_program`)."""
     plan = plan or bwd_register_plan(n, dtype, few_rows, kind)
     if plan is None:
         raise ValueError(f"a row of {n} {dtype} does not fit the register backward")
     prog = register_bwd_program(kind, n, dtype, eps, has_weight, grad_weight, grad_bias, *plan,
-                                direct)
+                                direct, out_dtype if direct else None)
     return compile_program(prog, target)
 
 
 @stored(maxsize=256)
-def build_colsum_kernel(rpc: int, n: int, k: int, dtype: str, target: str | None = None):
-    """Compile the column-sum program (cached per configuration)."""
-    return compile_program(colsum_program(rpc, n, k, dtype, *colsum_plan(k * n)), target)
+def build_colsum_kernel(rpc: int, n: int, k: int, dtype: str, target: str | None = None,
+                        out_dtype: str | None = None):
+    """Compile the column-sum program (cached per configuration), storing in ``out_dtype``
+    (None: ``dtype``)."""
+    return compile_program(colsum_program(rpc, n, k, dtype, *colsum_plan(k * n),
+                                          out_dtype), target)
 
 
 @stored(maxsize=256)
 def build_bwd_looped_kernel(kind: str, n: int, dtype: str, eps: float, has_weight: bool,
                             grad_weight: bool, grad_bias: bool, target: str | None = None,
                             plan: tuple[int, int, int] | None = None, few_rows: bool = False,
-                            direct: bool = False):
+                            direct: bool = False, out_dtype: str | None = None):
     """Compile the looped backward (cached per configuration); ``plan`` overrides
-    :func:`bwd_looped_plan` (``(threads, vec, per)``). ``few_rows`` and ``direct`` are
-    accepted for the uniform builder signature; the looped entry never asks for ``direct``
+    :func:`bwd_looped_plan` (``(threads, vec, per)``). ``few_rows``, ``direct`` and
+    ``out_dtype`` are accepted for the uniform builder signature (its sums are stored by
+    the column-sum program); the looped entry never asks for ``direct``
     (:meth:`_RowNormBwdKernel.direct` is False) and ``few_rows`` changes nothing (one CTA a
     row either way)."""
     if direct:
@@ -912,7 +940,7 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
     def identity(cls, spec: RowNormBwdSpec):
         # the program depends on the row count only through the launch plan it picks
         return (spec.kind, spec.n, spec.dtype, spec.eps, spec.has_weight, spec.grad_weight,
-                spec.grad_bias, spec.device, spec.few_rows, cls.direct(spec))
+                spec.grad_bias, spec.device, spec.few_rows, cls.direct(spec), spec.out_dtype)
 
     @classmethod
     def direct(cls, spec: RowNormBwdSpec) -> bool:
@@ -944,8 +972,9 @@ class _RowNormBwdKernel(Kernel, RowNormBwdInterface):
         self.program = type(self)._build(spec.kind.value, spec.n, spec.dtype, spec.eps,
                                          spec.has_weight, spec.grad_weight, spec.grad_bias,
                                          None, type(self)._plan(spec), spec.few_rows,
-                                         self._direct)
-        self.colsum = (build_colsum_kernel(self._rpc, spec.n, spec.sums, spec.dtype)
+                                         self._direct, spec.out_dtype)
+        self.colsum = (build_colsum_kernel(self._rpc, spec.n, spec.sums, spec.dtype,
+                                           out_dtype=spec.out_dtype)
                        if spec.sums and not self._direct else None)
         self._present = (spec.kind is RowNormKind.ADD_RMS, spec.has_weight)
 
