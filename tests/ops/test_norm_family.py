@@ -174,3 +174,153 @@ def test_the_fused_add_gradient_without_dy_runs_no_kernel():
     want, want_w = FusedAddRMSNormBwdOp()(dres, s, w, dy)  # the reference
     torch.testing.assert_close(dx, want, equal_nan=True)
     torch.testing.assert_close(dweight, want_w, equal_nan=True)
+
+
+# --- a float32 weight beside 16-bit inputs ------------------------------------------------------
+
+
+class TorchRowNormBwdAny(Kernel, RowNormBwdInterface):
+    """The gradient slot in plain PyTorch for RMS and LAYER (no dres), on CPU: records the
+    call spec and the dtypes it is handed."""
+
+    devices = ("cpu",)
+    general = True
+
+    def __call__(self, dy, dres, x, weight, dx, dweight, dbias):
+        SEEN.append((self.spec, None if weight is None else weight.dtype,
+                     None if dweight is None else dweight.dtype,
+                     None if dbias is None else dbias.dtype))
+        xf, dyf = x.double(), dy.double()
+        if self.spec.kind is RowNormKind.LAYER:
+            xf = xf - xf.mean(-1, keepdim=True)
+        rstd = torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.eps)
+        xhat = xf * rstd
+        g = dyf if weight is None else dyf * weight.double()
+        if self.spec.kind is RowNormKind.LAYER:
+            g = g - g.mean(-1, keepdim=True)
+        dx.copy_(rstd * (g - xhat * (g * xhat).mean(-1, keepdim=True)))
+        if dweight is not None:
+            dweight.copy_((dyf * xhat).sum(0))
+        if dbias is not None:
+            dbias.copy_(dyf.sum(0))
+
+
+def _mixed_case(name, x_dtype, w_dtype, target=None, kernel_map=None):
+    """(forward op, its inputs, torch's function of them) for a weight (and bias) of
+    ``w_dtype`` beside ``x`` of ``x_dtype``."""
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(64, 32, generator=g).to(x_dtype)
+    w = (1 + torch.randn(32, generator=g) / 4).to(w_dtype)
+    b = torch.randn(32, generator=g).to(w_dtype)
+    kw = {"target": target} if target else {"kernel_map": kernel_map}
+    if name == "rms":
+        return RMSNormFwdOp(normalized_shape=32, **kw), (x, w), \
+            lambda x, w: torch.nn.functional.rms_norm(x, (32,), w)
+    if name == "layer":
+        return LayerNormFwdOp(normalized_shape=32, **kw), (x, w, b), \
+            lambda x, w, b: torch.nn.functional.layer_norm(x, (32,), w, b)
+    r = torch.randn(64, 32, generator=g).to(x_dtype)
+
+    def add_rms_norm(x, r, w):  # residual_out rounded to x's dtype, as the op's
+        s = x + r
+        s = s + (s.to(x_dtype).to(s.dtype) - s).detach()
+        return torch.nn.functional.rms_norm(s, (32,), w, 1e-6)
+
+    return FusedAddRMSNormFwdOp(**kw), (x, r, w), add_rms_norm
+
+
+
+
+@pytest.mark.parametrize("name", ["rms", "layer", "add"])
+@pytest.mark.parametrize("x_dtype", [torch.bfloat16, torch.float16])
+def test_a_float32_weight_beside_16_bit_inputs(name, x_dtype):
+    """The ops take a float32 weight (and bias) beside 16-bit x, as torch's norms: y in x's
+    dtype, as torch's within its rounding; the weight's and bias's gradients in float32,
+    summed in float32 (within float32's accuracy of float64), x's in x's dtype."""
+    op, inputs, torch_fn = _mixed_case(name, x_dtype, torch.float32, "reference")
+    leaves = [t.detach().requires_grad_() for t in inputs]
+    out = op(*leaves)
+    y = out[0] if isinstance(out, tuple) else out
+    assert y.dtype == x_dtype
+    want = torch_fn(*inputs)
+    torch.testing.assert_close(y.float(), want.float(), rtol=1.6e-2, atol=1.6e-2)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(4)).to(x_dtype)
+    y.backward(dy)
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    torch_fn(*wide).backward(dy.double())
+    for mine, ref, t in zip(leaves, wide, inputs, strict=True):
+        assert mine.grad.dtype == t.dtype
+        if t.dtype == torch.float32:  # the affine tensors: float32 sums of 64 rows
+            err = float((mine.grad.double() - ref.grad).abs().max())
+            assert err <= 1e-5 * (1 + float(ref.grad.abs().max())), err
+
+
+@pytest.mark.parametrize("name", ["rms", "layer"])
+def test_the_kernels_get_the_weight_in_x_s_dtype_and_store_the_sums_in_float32(name):
+    """Through the slots: the forward and the backward kernels are handed a float32 weight
+    (and bias) as a copy in x's dtype, and the backward's call spec asks for dweight and
+    dbias in float32, which the op returns."""
+    from tileops.ops import LayerNormBwdOp, RMSNormBwdOp
+
+    SEEN.clear()
+    op, inputs, torch_fn = _mixed_case(name, torch.bfloat16, torch.float32, None,
+                                       {"row_norm_fwd": TorchRowNormAffine})
+    y = op(*inputs)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y.float(), torch_fn(*inputs).float(), rtol=1.6e-2,
+                               atol=1.6e-2)
+    assert SEEN[-2] == ("fwd", torch.bfloat16, torch.bfloat16 if name == "layer" else None)
+    x, w = inputs[0], inputs[1]
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(5)).bfloat16()
+    kmap = {"row_norm_bwd": TorchRowNormBwdAny}
+    if name == "rms":
+        dx, dw = RMSNormBwdOp(normalized_shape=32, kernel_map=kmap)(dy, x, w)
+        db = None
+    else:
+        dx, dw, db = LayerNormBwdOp(normalized_shape=32, kernel_map=kmap)(dy, x, w, inputs[2])
+    spec, w_dt, dw_dt, db_dt = SEEN[-1]
+    assert (spec.dtype, spec.sum_dtype, spec.out_dtype) == ("bfloat16", "float32", "float32")
+    assert (w_dt, dw_dt, db_dt) == (torch.bfloat16, torch.float32,
+                                    torch.float32 if name == "layer" else None)
+    assert (dx.dtype, dw.dtype) == (torch.bfloat16, torch.float32)
+    wide = [t.detach().double().requires_grad_() for t in inputs]
+    torch_fn(*wide).backward(dy.double())
+    torch.testing.assert_close(dw.double(), wide[1].grad, rtol=1e-5, atol=1e-5)
+    if db is not None:
+        assert db.dtype == torch.float32
+        torch.testing.assert_close(db.double(), wide[2].grad, rtol=1e-5, atol=1e-5)
+
+
+class TorchRowNormAffine(TorchRowNorm):
+    """The forward slot, recording the dtypes of the affine tensors it is handed."""
+
+    def __call__(self, x, residual, weight, bias, y, residual_out):
+        SEEN.append(("fwd", None if weight is None else weight.dtype,
+                     None if bias is None else bias.dtype))
+        super().__call__(x, residual, weight, bias, y, residual_out)
+
+
+@pytest.mark.parametrize("name", ["rms", "layer", "add"])
+@pytest.mark.parametrize("how", ["reference", "kernel"])
+def test_a_weight_neither_in_x_s_dtype_nor_float32_is_refused(name, how):
+    kmap = {"row_norm_fwd": TorchRowNorm}
+    op, inputs, _ = _mixed_case(name, torch.bfloat16, torch.float16,
+                                *(("reference", None) if how == "reference" else (None, kmap)))
+    with pytest.raises(ValueError, match=r"W == T or W == float32.*\n.*\n.*W = torch.float16"):
+        op(*inputs)
+
+
+def test_the_weight_s_dtype_is_the_gradients_on_the_reference_target():
+    """dweight and dbias of the backward ops are in the weight's dtype: float32 beside
+    bfloat16 dy and x, bfloat16 beside bfloat16."""
+    from tileops.ops import LayerNormBwdOp, RMSNormBwdOp
+
+    x, dy = torch.randn(8, 16).bfloat16(), torch.randn(8, 16).bfloat16()
+    for wdt in (torch.float32, torch.bfloat16):
+        w = torch.randn(16, dtype=wdt)
+        dx, dw = RMSNormBwdOp(normalized_shape=16, target="reference")(dy, x, w)
+        assert (dx.dtype, dw.dtype) == (torch.bfloat16, wdt)
+        dx, dw, db = LayerNormBwdOp(normalized_shape=16, target="reference")(dy, x, w, w)
+        assert (dx.dtype, dw.dtype, db.dtype) == (torch.bfloat16, wdt, wdt)
+        dx, dw, db = LayerNormBwdOp(normalized_shape=16, target="reference")(dy, x, w)
+        assert db is None  # no bias, no gradient of one

@@ -11,7 +11,11 @@
   and dtype the signature check read, which optional inputs are present) and the op's
   :attr:`~RowNormOp.kind`; which launch plan a row count gets is the kernel's choice;
 - the slot ``row_norm_fwd``, whose arguments ``(x, residual, weight, bias, y, residual_out)``
-  are the family's tensor names: an op's inputs and outputs fill the ones they name.
+  are the family's tensor names: an op's inputs and outputs fill the ones they name;
+- the affine tensors' dtype: the entries take a weight (and bias) in x's dtype or in float32,
+  as torch's norms do; the kernels read them in x's dtype, so a float32 one is handed over as
+  a copy in x's dtype, and the backward stores dweight and dbias in the weight's dtype
+  (summed in fp32 and rounded once).
 
 A leaf op is its spec entry (``specs/norm.yaml``) plus its kind, what is genuinely its own
 (RMSNorm's ``eps=None`` meaning the epsilon of the math's dtype) and its declared equivalents: the
@@ -155,8 +159,14 @@ class RowNormOp(_RowSlotOp):
         eps = self.eps
         if eps is None:
             eps = self.default_eps(dtype)
-        has_w = args[2] is not None
-        has_b = args[3] is not None
+        w, b = args[2], args[3]
+        has_w = w is not None
+        has_b = b is not None
+        if has_w and w.dtype is not dtype or has_b and b.dtype is not dtype:
+            # a float32 weight (and bias) of a narrower x: the kernels read the affine
+            # tensors in x's dtype, so they get a copy of its n elements in it
+            args = (*args[:2], w if not has_w else w.to(dtype),
+                    b if not has_b else b.to(dtype), *args[4:])
         key = (call.device, dtype, rows, n, eps, has_w, has_b)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
@@ -292,8 +302,10 @@ class RowNormBwdOp(_RowSlotOp):
     kind: ClassVar[RowNormKind]
     kernel_types = {RowNormBwdInterface: (RowNormBwdRegisterKernel, RowNormBwdLoopedKernel)}
     #: the fused add's ``dresidual_out`` is ``dres`` and its ``residual_out`` is ``x``
+    #: LayerNorm's ``bias`` (read for its dtype only, that of ``dbias``) is not a slot
+    #: argument: it is gathered after them and dropped
     _slot_args = {"dy": 0, "dresidual_out": 1, "x": 2, "residual_out": 2, "weight": 3,
-                  "dx": 4, "dweight": 5, "dbias": 6}
+                  "dx": 4, "dweight": 5, "dbias": 6, "bias": 7}
     _slot_name = "row_norm_bwd"
 
     def forward(self, call, *tensors) -> None:
@@ -307,18 +319,25 @@ class RowNormBwdOp(_RowSlotOp):
         eps = self.eps
         if eps is None:
             eps = self.default_eps(dtype)
-        has_w = args[3] is not None
-        grad_w = args[5] is not None
-        grad_b = args[6] is not None
-        key = (call.device, dtype, rows, n, eps, has_w, grad_w, grad_b)
+        w, dw, db = args[3], args[5], args[6]
+        has_w = w is not None
+        grad_w = dw is not None
+        grad_b = db is not None
+        # the sums' dtype: the weight's (and the bias's), x's or float32
+        sums = dw if grad_w else db
+        sum_dtype = dtype if sums is None else sums.dtype
+        key = (call.device, dtype, rows, n, eps, has_w, grad_w, grad_b, sum_dtype)
         entry = self._entries_by_call.get(key)  # the cached call: one lookup
         if entry is None:
             refuse_unserved(self, dtype, _KERNEL_DTYPES, "row-norm")
             entry = self.kernel_for(key, RowNormBwdInterface, lambda: RowNormBwdSpec(
                 device=call.device, kind=self.kind, rows=rows, n=n, dtype=NAMES[dtype],
-                eps=eps, has_weight=has_w, grad_weight=grad_w, grad_bias=grad_b))
+                eps=eps, has_weight=has_w, grad_weight=grad_w, grad_bias=grad_b,
+                sum_dtype=None if sum_dtype is dtype else NAMES[sum_dtype]))
+        if has_w and w.dtype is not dtype:  # a float32 weight: a copy in x's dtype
+            args = (*args[:3], w.to(dtype), *args[4:])
         laid = [None if t is None else _layout(t, (rows, n) if p in _BWD_ROWS else (n,))
-                for p, t in enumerate(args)]
+                for p, t in enumerate(args[:7])]
         entry(*laid)
 
 
@@ -359,7 +378,7 @@ class FusedAddRMSNormBwdOp(RowNormBwdOp):
 class LayerNormBwdOp(RowNormBwdOp):
     kind = RowNormKind.LAYER
 
-    def reference(self, call, dy, x, weight):
+    def reference(self, call, dy, x, weight, bias):
         dims = len(self.normalized_shape)
         axes = tuple(range(-dims, 0))
         rows = tuple(range(x.dim() - dims))
@@ -371,7 +390,7 @@ class LayerNormBwdOp(RowNormBwdOp):
         dx = rstd * (g - g.mean(dim=axes, keepdim=True)
                      - xhat * (g * xhat).mean(dim=axes, keepdim=True))
         dw = _row_sum(dyf * xhat, rows) if self.grad_weight and weight is not None else None
-        db = _row_sum(dyf, rows) if self.grad_bias else None
+        db = _row_sum(dyf, rows) if self.grad_bias and bias is not None else None
         return dx, dw, db
 
 
