@@ -112,16 +112,19 @@ def op_for(cls: type[Op], **params: Any) -> Op:
 
 
 def in_input_dtype(input: Any, *params: Any) -> tuple:
-    """``params`` in ``input``'s dtype, as torch's norms take a weight (and bias) of another
-    floating dtype (a float32 weight beside bfloat16 activations: mixed precision, autocast)
-    and answer in the input's dtype. Each is cast differentiably, so its gradient comes back
-    in its own dtype (computed in the input's, then widened). Anything else is passed as it
-    is, for the op's check to name."""
+    """``params`` as the norm ops take them, as torch's norms take a weight (and bias) of
+    another floating dtype (a float32 weight beside bfloat16 activations: mixed precision,
+    autocast) and answer in the input's dtype. One in the input's dtype or in float32 is
+    passed as it is: the ops take both, and compute a float32 one's gradient in float32 (a
+    cast to the input's dtype would round it there). One of another floating dtype (float16
+    beside bfloat16, float64 beside float32) is cast to the input's dtype differentiably, so
+    its gradient comes back in its own dtype. Anything else is passed as it is, for the op's
+    check to name."""
     if not isinstance(input, torch.Tensor) or not input.is_floating_point():
         return params
     dt = input.dtype
     return tuple(p.to(dt) if isinstance(p, torch.Tensor) and p.is_floating_point()
-                 and p.dtype != dt else p for p in params)
+                 and p.dtype != dt and p.dtype != torch.float32 else p for p in params)
 
 
 #: the dtypes autocast casts (a float64 operand it leaves as it is)

@@ -22,9 +22,10 @@ class RMSNorm(HoldsOp, nn.RMSNorm):
 
     Same constructor, parameters, init and ``state_dict`` as ``torch.nn.RMSNorm`` (it is one),
     plus ``target``, the op's. ``eps=None`` means the epsilon of the math's dtype (float32's
-    for 16-bit inputs), as in torch. A weight of another dtype than the input's (float32
-    beside bfloat16 activations) is cast to the input's, whose dtype the output has, as in
-    torch."""
+    for 16-bit inputs), as in torch. A float32 weight beside 16-bit activations (mixed
+    precision) is taken as it is: the output has the input's dtype and the weight's gradient
+    is computed in float32, as torch's; a weight of another dtype is cast to the input's
+    (see :func:`~tileops.nn.functional.in_input_dtype`)."""
 
     op_class = RMSNormFwdOp
     op_attrs = ("normalized_shape", "eps")
