@@ -433,10 +433,12 @@ def test_explain_lists_every_workload_as_expanded() -> None:
     assert f"  workloads ({len(entry.workloads)}):\n" in out
     for w in entry.workloads:
         assert f"\n    {w.label} " in out
-    assert ("\n    m2048-n4096    B=[2048], normalized_shape=[4096]    with weight, bias       "
-            "T=bfloat16 | T=float16\n") in out
-    assert ("\n    no-affine      B=[2048], normalized_shape=[4096]    with no weight or bias  "
-            "T=float32\n") in out
+    assert ("\n    m2048-n4096     B=[2048], normalized_shape=[4096]    with weight, bias       "
+            "T=bfloat16, W=bfloat16 | T=float16, W=float16\n") in out
+    assert ("\n    fp32-weight-n7  B=[3], normalized_shape=[7]          with weight, bias       "
+            "T=bfloat16, W=float32\n") in out
+    assert ("\n    no-affine       B=[2048], normalized_shape=[4096]    with no weight or bias  "
+            "T=float32, W=float32\n") in out
     out = invoke("explain", "GemmFwdOp").output  # no optional input: no presence column
     assert "\n    square-4k-tt            M=4096, N=4096, K=4096, trans_a=True, trans_b=True  " \
            "T=bfloat16\n" in out

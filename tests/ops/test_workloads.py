@@ -70,7 +70,7 @@ def test_cases_of_a_class_without_an_entry() -> None:
 
 def test_the_dtype_filter_replaces_the_dtype_cases() -> None:
     fp32 = cases_of(RMSNormFwdOp, dtypes=["float32"], labels=["m1-n4096"])
-    assert [(c.dtype, c.dtypes) for c in fp32] == [("float32", {"T": "float32"})]
+    assert [(c.dtype, c.dtypes) for c in fp32] == [("float32", {"T": "float32", "W": "float32"})]
     assert cases_of(RMSNormFwdOp, dtypes=["int8"]) == []  # no DType index admits it
 
 
