@@ -347,8 +347,8 @@ def test_a_grid_item_loads_as_its_rows_written_out(rows) -> None:
 # --- the shipped norm specs ---------------------------------------------------------------------
 
 # The workloads of the three norm entries as they were written out before the family block:
-# (label, values, x's dtype T of each case, some), and tiny-n7's case of a float32 weight
-# beside bfloat16 x since. The grid must expand to exactly these.
+# (label, values, x's dtype T of each case, some), and since then each entry's row of a float32
+# weight beside bfloat16 x. The grid must expand to exactly these.
 TODAY = {
     "RMSNormFwdOp": [
         ("m1-n4096", {"B": [1], "normalized_shape": [4096]}, ("bfloat16",), ("weight",)),
@@ -364,7 +364,8 @@ TODAY = {
         ("m2048-n16384", {"B": [2048], "normalized_shape": [16384]}, ("bfloat16", "float16"), ("weight",)),
         ("m32768-n16384", {"B": [32768], "normalized_shape": [16384]}, ("bfloat16", "float16"), ("weight",)),
         ("odd-n4097", {"B": [16384], "normalized_shape": [4097]}, ("bfloat16",), ("weight",)),
-        ("tiny-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16", "float32", "bfloat16"), ("weight",)),
+        ("tiny-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16", "float32"), ("weight",)),
+        ("fp32-weight-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16",), ("weight",)),
         ("batch-dims-fp32", {"B": [4, 512], "normalized_shape": [4096]}, ("float32",), ("weight",)),
         ("no-weight", {"B": [2048], "normalized_shape": [4096]}, ("bfloat16",), ()),
         ("wide-n65536", {"B": [64], "normalized_shape": [65536]}, ("bfloat16",), ("weight",)),
@@ -384,7 +385,8 @@ TODAY = {
         ("m2048-n16384", {"B": [2048], "N": 16384}, ("bfloat16", "float16"), ("weight",)),
         ("m32768-n16384", {"B": [32768], "N": 16384}, ("bfloat16", "float16"), ("weight",)),
         ("odd-n4097", {"B": [16384], "N": 4097}, ("bfloat16",), ("weight",)),
-        ("tiny-n7", {"B": [3], "N": 7}, ("bfloat16", "float32", "bfloat16"), ("weight",)),
+        ("tiny-n7", {"B": [3], "N": 7}, ("bfloat16", "float32"), ("weight",)),
+        ("fp32-weight-n7", {"B": [3], "N": 7}, ("bfloat16",), ("weight",)),
         ("inplace-m32768-n8192", {"B": [32768], "N": 8192, "inplace": True}, ("bfloat16",), ("weight",)),
         ("inplace-decode", {"B": [1], "N": 4096, "inplace": True}, ("bfloat16",), ("weight",)),
     ],
@@ -402,7 +404,8 @@ TODAY = {
         ("m2048-n16384", {"B": [2048], "normalized_shape": [16384]}, ("bfloat16", "float16"), ("weight", "bias")),
         ("m32768-n16384", {"B": [32768], "normalized_shape": [16384]}, ("bfloat16", "float16"), ("weight", "bias")),
         ("odd-n4097", {"B": [16384], "normalized_shape": [4097]}, ("bfloat16",), ("weight", "bias")),
-        ("tiny-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16", "float32", "bfloat16"), ("weight", "bias")),
+        ("tiny-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16", "float32"), ("weight", "bias")),
+        ("fp32-weight-n7", {"B": [3], "normalized_shape": [7]}, ("bfloat16",), ("weight", "bias")),
         ("weight-only", {"B": [2048], "normalized_shape": [4096]}, ("bfloat16",), ("weight",)),
         ("no-affine", {"B": [2048], "normalized_shape": [4096]}, ("float32",), ()),
     ],
@@ -423,9 +426,9 @@ def test_the_norm_entries_share_one_grid_and_expand_to_their_written_out_workloa
         assert entry.status == "implemented"
         assert [(w.label, w.values, tuple(c["T"] for c in w.dtype_cases), w.some)
                 for w in entry.workloads] == expected, name
-        # the weight's dtype W is x's, but in tiny-n7's last case: float32 beside bfloat16
+        # the weight's dtype W is x's, but in fp32-weight-n7: float32 beside bfloat16
         assert [(w.label, c["W"]) for w in entry.workloads for c in w.dtype_cases
-                if c["W"] != c["T"]] == [("tiny-n7", "float32")], name
+                if c["W"] != c["T"]] == [("fp32-weight-n7", "float32")], name
         assert all(set(c) == {"T", "W"} for w in entry.workloads for c in w.dtype_cases)
     assert validate(spec) == []
 
