@@ -354,18 +354,11 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     neg_inf = -math.inf
 
     @T.macro
-    def load_k(K, K_shared, kt, bz, hk):
+    def load_tile(src, dst, kt, bz, hk):  # key tile kt of K or V, in either layout
         if bshd:
-            T.copy(K[bz, kt * bn:(kt + 1) * bn, hk, :], K_shared)
+            T.copy(src[bz, kt * bn:(kt + 1) * bn, hk, :], dst)
         else:
-            T.copy(K[bz, hk, kt * bn:(kt + 1) * bn, :], K_shared)
-
-    @T.macro
-    def load_v(V, V_shared, kt, bz, hk):
-        if bshd:
-            T.copy(V[bz, kt * bn:(kt + 1) * bn, hk, :], V_shared)
-        else:
-            T.copy(V[bz, hk, kt * bn:(kt + 1) * bn, :], V_shared)
+            T.copy(src[bz, hk, kt * bn:(kt + 1) * bn, :], dst)
 
     @T.macro
     def cap_and_mask(acc_s, kt, r0, whole_start, whole_end):
@@ -447,8 +440,8 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 touch = T.alloc_local([1], dtype)
                 T.clear(acc_s_cast)  # read by no product (the first step issues none)
                 for jt in T.Pipelined(start, steps_end, num_stages=plan.stages):
-                    load_k(K, K_shared, T.min(jt, end - 1), bz, hk)
-                    load_v(V, V_shared, T.max(jt - 1, start), bz, hk)
+                    load_tile(K, K_shared, T.min(jt, end - 1), bz, hk)
+                    load_tile(V, V_shared, T.max(jt - 1, start), bz, hk)
                     if jt < end:
                         T.clear(acc_s)
                         T.wgmma_gemm(Q_shared, K_shared, acc_s, transpose_B=True,
@@ -479,12 +472,12 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                         softmax_finish(acc_s, acc_s_cast, acc_o, scores_scale)
             else:
                 for kt in T.Pipelined(start, end, num_stages=plan.stages):
-                    load_k(K, K_shared, kt, bz, hk)
+                    load_tile(K, K_shared, kt, bz, hk)
                     T.clear(acc_s)
                     T.gemm(Q_shared, K_shared, acc_s, transpose_B=True,
                            policy=T.GemmWarpPolicy.FullRow)
                     cap_and_mask(acc_s, kt, r0, whole_start, whole_end)
-                    load_v(V, V_shared, kt, bz, hk)
+                    load_tile(V, V_shared, kt, bz, hk)
                     softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev, m_safe,
                                  scores_scale, scores_sum, logsum)
                     T.gemm(acc_s_cast, V_shared, acc_o, policy=T.GemmWarpPolicy.FullRow)
