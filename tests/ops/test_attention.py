@@ -374,6 +374,28 @@ def test_varlen_eager_contender_is_the_reference():
         torch.testing.assert_close(got[1], want[1].float(), rtol=1e-6, atol=1e-6)
 
 
+def test_varlen_roofline_counts_each_sequence_from_the_offsets():
+    """The spec's formula sees the totals only (every sequence at the mean length);
+    given the call's inputs the op counts each sequence as the dense op counts it, halved
+    under is_causal only where the sequence's lengths are equal."""
+    lens_q, lens_k = [5, 0, 3, 8], [5, 2, 6, 8]
+    q, k, v, cq, ck = _packed(lens_q, lens_k, 4, 2, 8)
+    for causal in (False, True):
+        op = GroupedQueryAttentionVarlenFwdOp(is_causal=causal)
+        op(q, k, v, cq, ck)
+        floor, traffic = op.eval_roofline()
+        assert floor == 2 * 4 * 16 * 21 * 16 // 4  # Z_q != Z_kv: not halved under is_causal
+        want = 0
+        for lq, lk in zip(lens_q, lens_k, strict=True):
+            dense = GroupedQueryAttentionFwdOp(is_causal=causal and lq <= lk)
+            if lq:
+                dense(q[None, :lq], k[None, :lk], v[None, :lk])
+                want += dense.eval_roofline()[0]
+        assert op.eval_roofline(q, k, v, cq, ck) == (want, traffic)
+        meta = [t.to("meta") for t in (q, k, v, cq, ck)]
+        assert op.eval_roofline(*meta) == (floor, traffic)
+
+
 # --- on a GPU: a training step through the in-tree kernels ----------------------------------
 
 

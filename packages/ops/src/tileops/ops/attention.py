@@ -437,6 +437,23 @@ class GroupedQueryAttentionVarlenFwdOp(Op):
                                   right=right, softcap=self.softcap)
         return o, lse
 
+    def roofline_of_inputs(self, call, inputs):
+        """The forward's flops counted a sequence at a time from the offsets, each as the dense
+        op counts one sequence (``4 H q k D``, with ``D_v`` for the second product, halved
+        under is_causal where ``q == k``), where the spec's formula, which sees the totals
+        only, counts every sequence at the mean length: a floor for mixed lengths. The bytes
+        stay the formula's. None where the offsets hold no data (meta tensors)."""
+        cu_q, cu_k = inputs[3], inputs[4]
+        if not (has_data(cu_q) and has_data(cu_k)):
+            return None
+        _, _, _, h, _, d, d_v = self._read(call)
+        cq, ck = cu_q.tolist(), cu_k.tolist()
+        flops = 0
+        for b in range(len(cq) - 1):
+            lq, lk = cq[b + 1] - cq[b], ck[b + 1] - ck[b]
+            flops += 2 * h * lq * lk * (d + d_v) // (2 if self.is_causal and lq == lk else 1)
+        return flops, call.roofline()[1]
+
     def _refuse_bad_offsets(self, name: str, cu: list[int], total: int) -> None:
         """Refuse, naming the op, the offsets and the first bad entry, offsets that do not
         start at 0, fall, or end anywhere but the packed length ``total`` (the rows a sequence

@@ -312,11 +312,25 @@ class Op(declared.Equivalents, Composite, Trained):
         with self._lock:
             return {i: dict(v) for i, v in self._built_entries.items()}
 
-    def eval_roofline(self) -> tuple[int, int]:
-        """``(flops, bytes)`` of the last successful call."""
+    def eval_roofline(self, *inputs: Any) -> tuple[int, int]:
+        """``(flops, bytes)`` of the last successful call: the spec's roofline formulas. Given
+        that call's inputs, an op whose work depends on the values of an input (the offsets of
+        packed sequences) counts it from them (:meth:`roofline_of_inputs`)."""
         if self._last_call is None:
             raise RuntimeError(f"{type(self).__name__}.eval_roofline needs a call first")
+        if inputs:
+            counted = self.roofline_of_inputs(self._last_call, inputs)
+            if counted is not None:
+                return counted
         return self._last_call.roofline()
+
+    def roofline_of_inputs(self, call: SignatureCall,
+                           inputs: tuple[Any, ...]) -> tuple[int, int] | None:
+        """Hook: ``(flops, bytes)`` of ``call`` counted from its inputs' values where the
+        spec's formulas, which see only shapes and params, can give a bound only; None (the
+        default) keeps the formulas. Called by benchmarks, never on a call's path (it may read
+        a device tensor on the host)."""
+        return None
 
     def forward(self, call: SignatureCall, *tensors: Any) -> Any:
         """Run the in-tree kernels: ``tensors`` are the inputs then the outputs to write.

@@ -184,7 +184,7 @@ def _finish(op, res, inputs, out, refs, timer, say):
         # the coarsest floating dtype the call reads or writes (a bool condition reads none)
         res.tol = tolerance([t.dtype for t in (*inputs, *out) if t is not None])
         res.checked = True
-    res.flops, res.bytes = (int(v) for v in op.eval_roofline())
+    res.flops, res.bytes = (int(v) for v in op.eval_roofline(*inputs))
     if timer is not None:
         say("timing")
         timing_inputs = clone_inputs(inputs)
