@@ -327,8 +327,8 @@ def _build(key):
 def _describe(key) -> str:
     kind, program = key
     if kind == "fwd":
-        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked = program
-        kind = f"fwd {layout}{' masked' if masked else ''}"
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked, overlap = program
+        kind = f"fwd {layout}{' masked' if masked else ''}{' overlap' if overlap else ''}"
     elif kind in ("bwd", "bwd_fragment", "bwd_tma"):
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
         kind = f"{kind.replace('_', ' ')} {layout}"

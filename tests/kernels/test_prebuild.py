@@ -5,10 +5,13 @@ when any failed."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
@@ -28,3 +31,27 @@ def test_every_key_is_built_and_a_failure_is_reported_by_its_first_line(capsys) 
 def test_the_entry_point_takes_the_workers_and_succeeds_when_all_build(capsys) -> None:
     assert main(lambda: [1, 2], math.factorial, str, ["--prebuild", "--workers", "1"]) == 0
     assert capsys.readouterr().out.splitlines()[-1].startswith("prebuilt 2 programs in ")
+
+
+
+#: the GPU test files whose prebuilt programs' keys are computed without a GPU (the others'
+#: keys read the device's properties)
+_PREBUILT = ["test_attention_cuda", "test_fp8_cuda", "test_moe_cuda", "test_scan_cuda",
+             "test_topk_cuda"]
+
+
+@pytest.mark.parametrize("module", _PREBUILT)
+def test_each_gpu_file_names_every_program_it_prebuilds(module, monkeypatch) -> None:
+    """The description of each key a GPU test file prebuilds is computed on the CPU (a key
+    that gained a field broke the GPU run's progress lines before). The file is loaded as the
+    prebuild's spawned workers load it (``__mp_main__``: no module-level skip)."""
+    path = Path(__file__).parent / f"{module}.py"
+    spec = importlib.util.spec_from_file_location("__mp_main__", path)
+    mod = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "__mp_main__", mod)
+    spec.loader.exec_module(mod)
+    keys = mod.program_keys()
+    assert keys
+    for key in keys:
+        line = mod._describe(key)
+        assert isinstance(line, str) and line and "\n" not in line
