@@ -27,7 +27,8 @@ for head dims up to 128), with what the ops need beyond it:
 - either layout, ``[B, S, H, D]`` or ``[B, H, S, D]``, read and written in place;
 - causal CTAs are launched longest first (the query tiles in reverse), so the short diagonal
   tiles fill the tail of the grid;
-- with :data:`OVERLAP` (off until timed on a GPU) each step issues key tile ``j``'s scores
+- with :data:`OVERLAP` (off: the first form, whose products ptxas serialized, ran 12-16%
+  slower on an H100; the form below is not yet timed) each step issues key tile ``j``'s scores
   product and then tile ``j - 1``'s output product and leaves both in flight: the output
   product runs under tile ``j``'s softmax, and the accumulator's rescale and the
   probabilities' cast wait for it (FlashAttention-3's intra-warpgroup overlap). TileLang's
@@ -431,29 +432,27 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             if plan.overlap:
                 # step jt: tile jt's scores product and softmax, tile jt - 1's output product
                 # (issued after the scores product, completing under the softmax); one step
-                # more than tiles, none for a CTA that sees no key. The last step loads tile
-                # end - 1's keys again and the first tile start's values early: unused.
+                # more than tiles, none for a CTA that sees no key. Every step issues both
+                # products and the scores product's wait: a product or a wait under a
+                # condition makes ptxas serialize every product of the program (C7514). So
+                # the last step computes tile end - 1's scores again, unused, and the first
+                # step's output product adds zero probabilities times tile start's values.
                 # a thread's 32-bit registers of the scores (and of their 16-bit cast: half as
                 # many) and of the output accumulator
                 regs_s, regs_o = bm * bn // threads, bm * dim_v // threads
                 steps_end = T.if_then_else(end > start, end + 1, start)
                 touch = T.alloc_local([1], dtype)
-                T.clear(acc_s_cast)  # read by no product (the first step issues none)
+                T.clear(acc_s_cast)  # the first step's output product adds nothing
                 for jt in T.Pipelined(start, steps_end, num_stages=plan.stages):
                     load_tile(K, K_shared, T.min(jt, end - 1), bz, hk)
                     load_tile(V, V_shared, T.max(jt - 1, start), bz, hk)
+                    T.clear(acc_s)
+                    T.wgmma_gemm(Q_shared, K_shared, acc_s, transpose_B=True,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wgmma_gemm(acc_s_cast, V_shared, acc_o,
+                                 policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)  # the scores product (issued first) is done
                     if jt < end:
-                        T.clear(acc_s)
-                        T.wgmma_gemm(Q_shared, K_shared, acc_s, transpose_B=True,
-                                     policy=T.GemmWarpPolicy.FullRow)
-                    if jt > start:
-                        T.wgmma_gemm(acc_s_cast, V_shared, acc_o,
-                                     policy=T.GemmWarpPolicy.FullRow)
-                    if jt < end:
-                        if jt > start:
-                            T.wait_wgmma(1)  # the scores product (issued first) is done
-                        else:
-                            T.wait_wgmma(0)
                         # the scores' registers are read after the wait, not moved above it
                         T.warpgroup_fence_operand(acc_s, num_regs=regs_s)
                         # the keys' last use: the pipeline releases their stage after it, not
