@@ -315,7 +315,9 @@ def saved_by_node(t: torch.Tensor) -> str | None:
     nodes = [t.grad_fn]
     if t._base is not None:
         nodes.append(t._base.grad_fn)
-    ptr, device = t.untyped_storage().data_ptr(), t.device
+    ptr, device = _storage_of(t), t.device
+    if ptr is None:
+        return None
     for node in nodes:
         if node is None:
             continue
@@ -332,16 +334,23 @@ def saved_by_node(t: torch.Tensor) -> str | None:
             for r in raw if isinstance(raw, (tuple, list)) else (raw,):
                 try:
                     held.append(r.data)
-                except RuntimeError:
+                except (AttributeError, RuntimeError):  # none saved, or freed
                     continue
         held.extend(getattr(node, "__dict__", {}).values())  # ctx.x = tensor
         for h in held:
             for x in h if isinstance(h, (tuple, list)) else (h,):
                 if isinstance(x, torch.Tensor) and x.device == device \
-                        and memory.has_data(x) \
-                        and x.untyped_storage().data_ptr() == ptr:
+                        and memory.has_data(x) and _storage_of(x) == ptr:
                     return node.name()
     return None
+
+
+def _storage_of(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage; None for a tensor without one (sparse, nested)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
