@@ -63,6 +63,35 @@ def test_inplace_grad_leaves_the_gradient_in_the_logits():
     torch.testing.assert_close(z.detach(), xe.grad)
 
 
+@pytest.mark.parametrize("saved", [False, True])
+def test_inplace_grad_over_logits_a_node_saved_gives_them_a_gradient_of_their_own(saved):
+    """Logits a node saved for its own backward (a tanh's output) are left as they were: the
+    gradient has a tensor of its own and every gradient is torch's; logits no node saved (a
+    product's) hold their gradient after the backward."""
+    layer = tnn.CrossEntropyLoss(inplace_grad=True)
+    x, t = _inputs()
+    w0 = torch.randn(11, 11, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+
+    def make(a, b):
+        z = a @ b.T
+        return torch.tanh(z) if saved else z
+
+    xa, wa = x.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+    xb, wb = x.clone().requires_grad_(True), w0.clone().requires_grad_(True)
+    z = make(xa, wa)
+    before = z.detach().clone()
+    layer(z, t).backward()
+    zb = make(xb, wb)
+    zb.retain_grad()
+    F.cross_entropy(zb, t).backward()
+    torch.testing.assert_close(xa.grad, xb.grad, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(wa.grad, wb.grad, rtol=1e-12, atol=1e-12)
+    if saved:
+        assert torch.equal(z.detach(), before)
+    else:
+        torch.testing.assert_close(z.detach(), zb.grad, rtol=1e-12, atol=1e-12)
+
+
 def test_a_bfloat16_input_gives_a_float32_loss():
     x, t = _inputs()
     loss = tnn.CrossEntropyLoss()(x.bfloat16(), t)

@@ -375,6 +375,199 @@ def test_inplace_grad_never_overwrites_a_leaf(stand_ins):
     torch.testing.assert_close(leaf.grad.double(), want, rtol=1e-5, atol=1e-7)
 
 
+# --- inplace_grad and the logits another node saved ------------------------------------------
+
+
+class _SavesItsOutput(torch.autograd.Function):
+    """An extension's exp that saves its output for its backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        y = x.exp()
+        ctx.save_for_backward(y)
+        return y
+
+    @staticmethod
+    def backward(ctx, g):
+        (y,) = ctx.saved_tensors
+        return g * y
+
+
+class _HoldsItsOutput(torch.autograd.Function):
+    """An exp that holds its output as an attribute of its context (torch checks nothing)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.y = x.exp()
+        return ctx.y
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.y
+
+
+def _tanh_op(z):
+    import tileops.ops as ops
+
+    return ops.TanhFwdOp()(z)
+
+
+#: how the logits are made from ``h @ w.T``, and whether the node that made them saved them
+#: (an exp's, a sigmoid's, a tanh's backward reads its output; a product's and a scale's do not)
+PRODUCERS = {
+    "product": (lambda h, w: h @ w.T, False),
+    "softcap-of-product": (lambda h, w: 3.0 * torch.tanh(h @ w.T / 3.0), False),
+    "view-of-product": (lambda h, w: (h @ w.T).view(h.shape[0], -1), False),
+    "exp": (lambda h, w: torch.exp(h @ w.T / 4.0), True),
+    "sigmoid": (lambda h, w: torch.sigmoid(h @ w.T), True),
+    "tanh": (lambda h, w: torch.tanh(h @ w.T), True),
+    "view-of-tanh": (lambda h, w: torch.tanh(h @ w.T).view(h.shape[0], -1), True),
+    "columns-of-sigmoid": (lambda h, w: torch.sigmoid(h @ torch.cat([w, w]).T)[:, :w.shape[0]],
+                           True),
+    "tileops-tanh": (lambda h, w: _tanh_op(h @ w.T), True),
+    "function-saved": (lambda h, w: _SavesItsOutput.apply(h @ w.T / 4.0), True),
+    "function-attribute": (lambda h, w: _HoldsItsOutput.apply(h @ w.T / 4.0), True),
+}
+
+
+def _head(dtype, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(6, 4, dtype=torch.float64, generator=g).to(dtype)
+    w = torch.randn(9, 4, dtype=torch.float64, generator=g).to(dtype)
+    t = torch.tensor([0, 8, -100, 3, 2, 5])
+    return h, w, t
+
+
+def _head_grads(make, h0, w0, t, reduction, upstream, smoothing=0.1):
+    """torch's gradients of h, w and the logits in float64."""
+    h = h0.to(torch.float64, copy=True).requires_grad_()
+    w = w0.to(torch.float64, copy=True).requires_grad_()
+    z = make(h, w)
+    loss = F.cross_entropy(z, t, reduction=reduction, label_smoothing=smoothing)
+    return torch.autograd.grad((loss * upstream).sum(), (h, w, z))
+
+
+def _check_inplace_grad(op, producer, dtype, reduction, tol):
+    make, saved = PRODUCERS[producer]
+    h0, w0, t = _head(dtype)
+    upstream = (torch.rand(6, generator=torch.Generator().manual_seed(1)) + 0.5).to(dtype) \
+        if reduction == "none" else torch.tensor(1.0, dtype=dtype)
+    want_h, want_w, want_z = _head_grads(make, h0, w0, t, reduction, upstream.double())
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    z = make(h, w)
+    before = z.detach().clone()
+    (op(z, t) * upstream).sum().backward()  # no torch error: the gradient is right
+    torch.testing.assert_close(h.grad.double(), want_h, **tol)
+    torch.testing.assert_close(w.grad.double(), want_w, **tol)
+    if saved:  # left as they were: the gradient had a tensor of its own
+        assert torch.equal(z.detach(), before)
+    else:  # written over: the gradient of the logits
+        torch.testing.assert_close(z.detach().double(), want_z, **tol)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("producer", list(PRODUCERS))
+def test_inplace_grad_writes_over_logits_no_node_saved(producer, reduction):
+    """The backward op's path (the reference target): the gradient is written over the saved
+    logits where the node that made them did not save them, and into a copy where it did
+    (whose backward reads them after this one: torch raised, or a kernel's write went unseen
+    and that gradient was wrong); the gradients of h and w are torch's in float64 either way,
+    and the op serves the next call, writing over a product's logits."""
+    op = CrossEntropyFwdOp(inplace_grad=True, reduction=reduction, label_smoothing=0.1)
+    exact = dict(rtol=1e-12, atol=1e-12)
+    _check_inplace_grad(op, producer, torch.float64, reduction, exact)
+    _check_inplace_grad(op, "product", torch.float64, reduction, exact)
+
+
+@pytest.mark.parametrize("producer", list(PRODUCERS))
+def test_training_keeps_over_logits_no_node_saved(stand_ins, producer):
+    """The kept path (the forward's kernel writes the gradient): over the logits where no node
+    saved them, into a tensor of its own where one did; the op serves the next call."""
+    op, _ = stand_ins(inplace_grad=True, label_smoothing=0.1)
+    tol = dict(rtol=1e-5, atol=1e-6)
+    _check_inplace_grad(op, producer, torch.float32, "mean", tol)
+    _check_inplace_grad(op, "product", torch.float32, "mean", tol)
+    assert not op._backward_ops  # each gradient was the forward's
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_a_kernel_write_over_the_logits_is_counted_for_torchs_check(stand_ins, monkeypatch,
+                                                                     reduction):
+    """A kernel writes memory torch's version counter does not see; the op counts its write
+    over the logits, so a node that read them before the loss and saved them (not reachable
+    from the logits) raises torch's error at its backward instead of reading the gradient as
+    its input."""
+    op, _ = stand_ins(inplace_grad=True, reduction=reduction)
+    from tileops.kernels import cross_entropy as C
+
+    build = C.build_rows_kernel
+
+    def unseen(*args, **kwargs):  # the stand-in writes as a kernel does: unseen by torch
+        run = build(*args, **kwargs)
+        return lambda x, t, *rest: run(x.data, t, *(r.data for r in rest))
+
+    monkeypatch.setattr(C, "build_rows_kernel", unseen)
+    h0, w0, t = _head(torch.float32)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    z = h @ w.T
+    version = z._version
+    square = (z * z).sum()  # saves z, unseen from it
+    loss = op(z, t)
+    assert z._version > version
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        (loss + 1e-3 * square).backward()
+    # without that node: the gradient, written over the logits
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    z = h @ w.T
+    op(z, t).backward()
+    _, _, want = _head_grads(lambda a, b: a @ b.T, h0, w0, t, reduction, 1.0, smoothing=0.0)
+    torch.testing.assert_close(z.detach().double(), want, rtol=1e-5, atol=1e-6)
+
+
+def _second_backward_message(names="logits"):
+    return ("CrossEntropyFwdOp: a second backward through the same call (a retained graph), "
+            f"but the gradient was written over {names} in place (inplace_grad=True): what "
+            f"the node saved of {names} is the gradient now, not the forward's values; "
+            "construct the op with inplace_grad=False to run a backward more than once")
+
+
+@pytest.mark.parametrize(("kept", "reduction"), [(False, "mean"), (False, "none"),
+                                                  (True, "mean"), (True, "sum")])
+def test_a_second_backward_over_written_logits_is_refused_by_name(stand_ins, kept, reduction):
+    """The first backward (or, kept, the forward) wrote the gradient over the saved logits: a
+    second backward through a retained graph would read the gradient as the logits (a
+    kernel's write is unseen by torch) or name no op; it is refused by name, and the op serves
+    the next call. Logits that were left as they were (a leaf's copy, a node saved them) still
+    take a second backward."""
+    op = stand_ins(inplace_grad=True, reduction=reduction)[0] if kept else \
+        CrossEntropyFwdOp(inplace_grad=True, reduction=reduction)
+    h0, w0, t = _head(torch.float64 if not kept else torch.float32)
+    tol = dict(rtol=1e-5, atol=1e-6) if kept else dict(rtol=1e-12, atol=1e-12)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    loss = op(h @ w.T, t).sum()
+    loss.backward(retain_graph=True)
+    first = h.grad.clone()
+    with pytest.raises(RuntimeError) as exc:
+        loss.backward()
+    assert str(exc.value) == _second_backward_message()
+    torch.testing.assert_close(h.grad, first, rtol=0, atol=0)  # nothing added
+    want_h, _, _ = _head_grads(lambda a, b: a @ b.T, h0, w0, t, reduction, 1.0,
+                               smoothing=0.0)
+    torch.testing.assert_close(first.double(), want_h, **tol)
+    # the op serves the next call, and logits it left as they were (a node saved them) take
+    # a second backward
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    op(h @ w.T, t).sum().backward()
+    torch.testing.assert_close(h.grad.double(), want_h, **tol)
+    make = PRODUCERS["sigmoid"][0]
+    _, want_w, _ = _head_grads(make, h0, w0, t, reduction, 1.0, smoothing=0.0)
+    h, w = h0.clone().requires_grad_(), w0.clone().requires_grad_()
+    loss = op(make(h, w), t).sum()
+    loss.backward(retain_graph=True)
+    loss.backward()
+    torch.testing.assert_close(w.grad.double(), 2 * want_w, **tol)
+
+
 def test_a_mean_over_no_rows_keeps_torchs_zero_gradient(stand_ins):
     op, _ = stand_ins()
     x, t = _inputs(4, 7, ignored=range(4), dtype=torch.float32)

@@ -334,10 +334,23 @@ def _gemm_loop(a, b, meta, lay, trans_b):
     return c
 
 
+def _in_range(meta, lay, rows, experts):
+    """Whether grouped GEMM metadata is in range (the references' check)."""
+    v = meta.tolist()
+    if isinstance(lay, MaskedLayoutSpec):
+        return all(0 <= c <= lay.max_m for c in v)
+    if lay.metadata_kind == "per_row":
+        return all(-1 <= e < experts for e in v)
+    return v[0] == 0 and all(0 <= o <= rows for o in v) and v == sorted(v)
+
+
 @settings(max_examples=50, deadline=None)
 @given(experts=st.integers(1, 5), n=st.integers(1, 5), k=st.integers(1, 5), lay=_layouts(),
        trans_b=st.booleans(), data=st.data())
 def test_grouped_gemm_matches_the_expert_loop(experts, n, k, lay, trans_b, data) -> None:
+    """The op over metadata in range, against the loop; metadata out of range is refused by
+    the op's reference naming the entry, and the kernels' reading of it (clamped into bounds:
+    grouped_gemm_reference, the kernels' contract, and the eager loop) is the loop's."""
     g = torch.Generator().manual_seed(experts * 50 + n * 7 + k)
     if isinstance(lay, MaskedLayoutSpec):
         a = torch.randn(experts, lay.max_m, k, generator=g, dtype=torch.float64)
@@ -347,17 +360,93 @@ def test_grouped_gemm_matches_the_expert_loop(experts, n, k, lay, trans_b, data)
         m = data.draw(st.integers(0, 12))
         a = torch.randn(m, k, generator=g, dtype=torch.float64)
         if lay.metadata_kind == "per_row":
-            meta = torch.tensor(data.draw(st.lists(st.integers(-1, experts), min_size=m,
+            meta = torch.tensor(data.draw(st.lists(st.integers(-2, experts), min_size=m,
                                                    max_size=m)), dtype=torch.int32)
-        else:  # offsets past the rows, decreasing ones: clamped as the kernels clamp them
-            meta = torch.tensor([0] + data.draw(st.lists(st.integers(0, m + 3),
-                                                         min_size=experts, max_size=experts)),
-                                dtype=torch.int32)
+        else:  # rising offsets in range, or any: past the rows, falling
+            ends = st.lists(st.integers(0, m), min_size=experts, max_size=experts).map(sorted)
+            anything = st.lists(st.integers(-1, m + 3), min_size=experts, max_size=experts)
+            meta = torch.tensor([0] + data.draw(st.one_of(ends, anything)), dtype=torch.int32)
     b = torch.randn(experts, *((n, k) if trans_b else (k, n)), generator=g, dtype=torch.float64)
     op = GroupedGemmFwdOp(layout=lay, trans_b=trans_b, target=REF)
     ref = _gemm_loop(a, b, meta, lay, trans_b)
-    torch.testing.assert_close(op(a, b, meta), ref, rtol=1e-12, atol=1e-12)
+    clamped = grouped_gemm_reference(a, b, meta, layout=op.layout_value, trans_b=trans_b)
+    torch.testing.assert_close(clamped, ref, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(op.eager()(a, b, meta), ref, rtol=1e-12, atol=1e-12)
+    if _in_range(meta, lay, a.shape[0], experts):
+        torch.testing.assert_close(op(a, b, meta), ref, rtol=1e-12, atol=1e-12)
+    else:
+        with pytest.raises((ValueError, IndexError), match=r"^GroupedGemmFwdOp: metadata\["):
+            op(a, b, meta)
+
+
+_PER_ROW = ContiguousLayoutSpec(packing="aligned", metadata_kind="per_row", alignment=2)
+
+
+@pytest.mark.parametrize(("lay", "meta", "error", "message"), [
+    (TIGHT, [0, 5, 3, 8], ValueError,
+     "metadata[2] is 3, below metadata[1] = 5: the offsets never fall (expert 1 would have -2 "
+     "rows)"),
+    (TIGHT, [0, 3, 5, 11], ValueError,
+     "metadata[3] is 11: an offset is a row boundary of a, in [0, 10] (a has 10 rows)"),
+    (TIGHT, [0, -1, 5, 8], ValueError,
+     "metadata[1] is -1: an offset is a row boundary of a, in [0, 10] (a has 10 rows)"),
+    (TIGHT, [2, 3, 5, 8], ValueError,
+     "metadata[0] is 2: the offsets start at 0 (expert 0's rows begin at row 0)"),
+    (MaskedLayoutSpec(4), [4, 5, 0], ValueError,
+     "metadata[1] is 5: a masked block's count of rows, in [0, 4] (max_m = 4)"),
+    (MaskedLayoutSpec(4), [1, 0, -1], ValueError,
+     "metadata[2] is -1: a masked block's count of rows, in [0, 4] (max_m = 4)"),
+    (_PER_ROW, [0, 0, 2, 2, 1, 1, 3, -1, -1, -1], IndexError,
+     "metadata[6] is 3: not an expert in [0, 3) (b has 3) and not -1 (a row of no expert)"),
+    (_PER_ROW, [0, 0, -2, 2, 1, 1, 2, -1, -1, -1], IndexError,
+     "metadata[2] is -2: not an expert in [0, 3) (b has 3) and not -1 (a row of no expert)"),
+])
+def test_grouped_gemm_metadata_out_of_range_is_refused_by_name(lay, meta, error, message):
+    """Offsets that fall, pass the rows, are negative or do not start at 0; masked counts
+    past max_m or negative; per-row experts out of range: the kernels would clamp them into
+    bounds (a result for a routing nobody made), the references refuse them naming the op,
+    the entry, its value and the range, forward and backward, through autograd too; each op
+    serves the next call."""
+    masked = isinstance(lay, MaskedLayoutSpec)
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn(*((3, 4) if masked else (10,)), 6, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 6, 5, generator=g, dtype=torch.float64)
+    dc = torch.randn(*a.shape[:-1], 5, generator=g, dtype=torch.float64)
+    bad = torch.tensor(meta, dtype=torch.int32)
+    good = torch.tensor([4, 0, 2] if masked else [0, 0, 2, 2, 1, 1, 2, -1, -1, -1]
+                        if lay is _PER_ROW else [0, 3, 3, 8], dtype=torch.int32)
+    fwd = GroupedGemmFwdOp(layout=lay, target=REF)
+    bwd = GroupedGemmBwdOp(layout=lay, target=REF)
+    for op, args in ((fwd, (a, b)), (bwd, (a, b))):
+        tail = (dc,) if op is bwd else ()
+        with pytest.raises(error) as exc:
+            op(*args, bad, *tail)
+        assert str(exc.value) == f"{type(op).__name__}: {message}"
+        want = op.fp64_reference(*args, good, *tail)
+        got = op(*args, good, *tail)
+        for x, y in zip(got if isinstance(got, tuple) else (got,),
+                        want if isinstance(want, tuple) else (want,), strict=True):
+            torch.testing.assert_close(x, y, rtol=1e-12, atol=1e-12)
+    a_grad = a.clone().requires_grad_()
+    with pytest.raises(error, match=r"^GroupedGemmFwdOp: metadata\["):
+        fwd(a_grad, b, bad)
+    fwd(a_grad, b, good).sum().backward()
+    assert a_grad.grad is not None
+
+
+@pytest.mark.parametrize(("lay", "length"), [(TIGHT, 3), (TIGHT, 5), (MaskedLayoutSpec(4), 2),
+                                             (MaskedLayoutSpec(4), 4), (_PER_ROW, 9)])
+def test_grouped_gemm_metadata_of_a_wrong_length_is_refused_by_the_signature(lay, length):
+    """E + 1 offsets, E masked counts, an expert a row: any other length is refused by the
+    signature check, naming the op and the argument (the in-tree path too: it runs first)."""
+    masked = isinstance(lay, MaskedLayoutSpec)
+    a = torch.randn(*((3, 4) if masked else (10,)), 6, dtype=torch.float64)
+    b = torch.randn(3, 6, 5, dtype=torch.float64)
+    for op in (GroupedGemmFwdOp(layout=lay, target=REF), GroupedGemmFwdOp(layout=lay)):
+        with pytest.raises(ValueError) as exc:
+            op(a, b, torch.zeros(length, dtype=torch.int32))
+        assert str(exc.value).startswith(
+            "GroupedGemmFwdOp: argument metadata does not match the signature")
 
 
 def test_grouped_gemm_uneven_loads_against_torch_grouped_mm() -> None:

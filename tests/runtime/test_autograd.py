@@ -329,3 +329,31 @@ def test_a_compiled_call_keeps_the_stand_in_too() -> None:
 def test_gradcheck_through_a_stand_in() -> None:
     x = _leaf(5, 3)
     assert torch.autograd.gradcheck(RowSumGradOp(), (x,))
+
+
+def test_saved_by_node_names_the_node_that_saved_a_tensors_memory() -> None:
+    """What a write in place over a tensor would break, as far as the graph shows from it: the
+    node that made it (or its base) where that node saved it for its own backward; nothing for
+    a leaf, a product (whose backward reads its inputs), or a tensor that saved-tensor hooks
+    packed as something else (a checkpoint recomputes it, an offload holds a copy)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from tileops.runtime.autograd import saved_by_node
+
+    h = torch.randn(3, 4, requires_grad=True)
+    w = torch.randn(5, 4, requires_grad=True)
+    assert saved_by_node(h) is None
+    assert saved_by_node(h @ w.T) is None
+    assert saved_by_node(2.0 * (h @ w.T)) is None
+    assert saved_by_node(torch.exp(h)) == "ExpBackward0"
+    assert saved_by_node(torch.sigmoid(h)[:, 1:]) == "SigmoidBackward0"  # its base's node
+    assert saved_by_node(torch.tanh(h).view(12)) == "TanhBackward0"
+    assert saved_by_node(checkpoint(torch.exp, h, use_reentrant=False)) is None
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: t.clone(), lambda t: t):
+        assert saved_by_node(torch.exp(h)) is None  # a copy was saved
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: (t.device, t), lambda p: p[1]):
+        assert saved_by_node(torch.exp(h)) == "ExpBackward0"  # itself, in a tuple
+    y = torch.exp(h)
+    y.sum().backward()  # the node's saved tensors are freed
+    assert saved_by_node(y) is None
+    assert saved_by_node(torch.empty(0, 4, requires_grad=True).exp()) is None

@@ -24,8 +24,10 @@ class CrossEntropyLoss(HoldsOp, nn.CrossEntropyLoss):
     with torch's ``ignore_index``, ``reduction`` and ``label_smoothing``, plus three keywords of
     the op: ``lse_square_scale`` (the z-loss, ``scale * lse^2`` a row), ``softcap``
     (``softcap * tanh(logits / softcap)`` first) and ``inplace_grad`` (the backward writes the
-    gradient over the logits, whose values are lost: no second ``N x C`` tensor). The loss is float32 (float64 for float64
-    logits), whatever the logits' dtype.
+    gradient over the logits, whose values are lost: no second ``N x C`` tensor; not over a
+    leaf, nor over logits the node that made them saved, such as a tanh's output: those get a
+    gradient of their own, see :class:`~tileops.ops.CrossEntropyFwdOp`). The loss is float32
+    (float64 for float64 logits), whatever the logits' dtype.
 
     What torch's layer takes and the op does not compute is refused where the layer is made
     (a class ``weight``; the deprecated ``size_average`` and ``reduce``, which spell a

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from tileops.runtime.memory import first_outside
+from tileops.runtime.memory import first_outside, has_data
 
 __all__ = [
     "Grouping",
@@ -32,6 +32,7 @@ __all__ = [
     "grouped_gemm_reference",
     "group_slots",
     "permute_reference",
+    "refuse_bad_metadata",
     "refuse_bad_rows",
     "unpermute_reference",
     "wide_dtype",
@@ -241,13 +242,59 @@ def expert_of_row(metadata: torch.Tensor, layout: LayoutValue, m: int,
     return torch.searchsorted(hi, torch.arange(m, device=metadata.device), right=True)
 
 
+def refuse_bad_metadata(op: object, metadata: torch.Tensor, layout: LayoutValue, rows: int,
+                        experts: int) -> None:
+    """Refuse by name, naming the op, ``metadata``'s first bad entry, its value and what was
+    expected, grouped GEMM metadata that the kernels would clamp into bounds rather than read
+    (the references, where the tensor holds data and no CUDA graph is being captured; the
+    kernels read the metadata on the device only and clamp it, :func:`expert_of_row`):
+    masked, a block's count outside ``[0, max_m]``; per row, an expert outside ``[0, E)``
+    other than -1 (a row of no expert); offsets, one outside ``[0, rows]`` (``rows`` the rows
+    of ``a``), a first one other than 0, or one below the one before it (a segment of fewer
+    than no rows)."""
+    if not metadata.numel() or not has_data(metadata) or (
+            metadata.is_cuda and torch.cuda.is_current_stream_capturing()):
+        return
+    head = f"{type(op).__name__}: metadata"
+    if layout.masked:
+        bad = first_outside(metadata, 0, layout.max_m + 1)
+        if bad is not None:
+            (i,), v = bad
+            raise ValueError(f"{head}[{i}] is {v}: a masked block's count of rows, in "
+                             f"[0, {layout.max_m}] (max_m = {layout.max_m})")
+        return
+    if layout.per_row:
+        bad = first_outside(metadata, -1, experts)
+        if bad is not None:
+            (i,), v = bad
+            raise IndexError(f"{head}[{i}] is {v}: not an expert in [0, {experts}) (b has "
+                             f"{experts}) and not -1 (a row of no expert)")
+        return
+    bad = first_outside(metadata, 0, rows + 1)
+    if bad is not None:
+        (i,), v = bad
+        raise ValueError(f"{head}[{i}] is {v}: an offset is a row boundary of a, in [0, {rows}] "
+                         f"(a has {rows} rows)")
+    first = int(metadata[0])
+    if first != 0:
+        raise ValueError(f"{head}[0] is {first}: the offsets start at 0 (expert 0's rows begin "
+                         f"at row 0)")
+    falls = (metadata[1:] < metadata[:-1]).nonzero()
+    if falls.numel():
+        i = int(falls[0, 0]) + 1
+        lo, hi = int(metadata[i - 1]), int(metadata[i])
+        raise ValueError(f"{head}[{i}] is {hi}, below metadata[{i - 1}] = {lo}: the offsets "
+                         f"never fall (expert {i - 1} would have {hi - lo} rows)")
+
+
 def grouped_gemm_reference(a: torch.Tensor, b: torch.Tensor, metadata: torch.Tensor, *,
                            layout: LayoutValue, trans_b: bool) -> torch.Tensor:
     """GroupedGemmFwdOp's ``c``: a float64 (float32 for narrower) product per expert. A
     masked block's product is kept for its first ``metadata[e]`` rows; a contiguous operand's
     product with each expert's weights is kept on that expert's rows (every row is multiplied
     by every expert: no loop bound reads the metadata, so fake tensors and CUDA graphs take
-    it)."""
+    it). Metadata out of range is read as the kernels read it, clamped into bounds; the ops'
+    references refuse it first (:func:`refuse_bad_metadata`)."""
     wide = wide_dtype(a)
     aw = a.to(wide)
 

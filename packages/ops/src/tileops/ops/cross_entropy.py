@@ -13,7 +13,16 @@ forward saves the logits and the target only, and the backward's kernel recomput
 log-sum-exp (two passes over the row, the second from L2) before it writes the gradient once.
 With ``inplace_grad`` the backward writes the gradient over the saved logits (an effect of the
 backward's entry: ``logits`` mutated, ``dlogits`` its alias), so training holds no second
-``N x V`` tensor, as with Liger-Kernel. In training with a mean or sum loss the
+``N x V`` tensor, as with Liger-Kernel; never over logits someone else reads after it: a leaf
+(the caller's tensor), or logits the node that made them saved for its own backward (an exp's,
+a sigmoid's or a tanh's output, or a view of one; ``tileops.runtime.autograd.saved_by_node``):
+those get a gradient of their own, as without ``inplace_grad`` (an ``N x V`` tensor more, and
+the gradient is right; apply a softcap through the op's ``softcap``, not a tanh before it, to
+keep the saving). A node that read the logits after they were made and saved them (another
+term of the loss) is not visible from them: the write is counted by torch's version counter, so
+that node's backward raises torch's error rather than reading the gradient. A second backward
+through a retained graph whose logits hold the gradient is refused by name. In training with a
+mean or sum loss the
 forward computes the gradient itself, as Liger-Kernel does (the runtime's kept gradients,
 ``Op.keep_gradient``, for a 0-dim output): one kernel writes each row's loss and its gradient
 for a unit upstream gradient, and the node's backward only scales it, by a kernel that returns
@@ -162,7 +171,11 @@ class CrossEntropyFwdOp(CrossEntropyOp):
     backward's two passes read them twice. With ``inplace_grad`` the gradient is written over
     the logits in the forward (as Liger-Kernel does): they hold the gradient once the loss is
     computed, not only after the backward. A leaf's values are never overwritten (its gradient
-    would be the tensor itself): it gets a gradient of its own, as without ``inplace_grad``."""
+    would be the tensor itself), nor logits the node that made them saved for its own backward
+    (:meth:`may_keep_over`: a tanh's or a sigmoid's output, which that backward reads after
+    this one): they get a gradient of their own, as without ``inplace_grad``; the gradient is
+    right either way, and the op serves the next call as before. Other readers of the logits
+    are the module docstring's."""
 
     kernel_types = {CrossEntropyFwdInterface: (CrossEntropyFwdKernel,)}
 
@@ -173,8 +186,10 @@ class CrossEntropyFwdOp(CrossEntropyOp):
                                                                        loss)
             return
         entry = self._entry(call.device, CrossEntropyFwdInterface, logits, kept=True)
-        # over the logits with inplace_grad (their copy, where the kernels could not read them)
-        over = self.inplace_grad and (x is not logits or not logits.is_leaf)
+        # over the logits with inplace_grad (their copy, where the kernels could not read
+        # them), unless they are a leaf or a node saved them (may_keep_over): then a tensor
+        # of their own, as without inplace_grad
+        over = self.inplace_grad and (x is not logits or self.may_keep_over(logits))
         grad = x if over else _empty_as(x)
         entry(x, target.contiguous(), loss, grad)
         self.keep_gradient("logits", grad, logits)

@@ -22,7 +22,9 @@ the kernels' layout (contiguous, 16-byte aligned). Its ops:
   its gradient :class:`MoePermuteAlignBwdOp` the unpermutation's slot with unit weights;
 - :class:`MoeUnpermuteFwdOp`: the slot ``moe_unpermute`` (a CTA a token, float32 sums);
 - :class:`GroupedGemmFwdOp`: the slot ``grouped_gemm_fwd`` (a tile scheduler over the
-  experts' rows read from the metadata on the device);
+  experts' rows read from the metadata on the device, clamped into bounds there: no host
+  read); its reference, and :class:`GroupedGemmBwdOp`'s, refuse metadata out of range by
+  name (:func:`~tileops.ops._moe_layout.refuse_bad_metadata`);
 - :class:`FusedMoeFwdOp`: a composite of the four and SiluAndMulFwdOp, each call recorded in
   its stage (``last_call.stages``).
 
@@ -83,6 +85,7 @@ from ._moe_layout import (
     grouped_gemm_reference,
     permute_bwd_reference,
     permute_reference,
+    refuse_bad_metadata,
     refuse_bad_rows,
     unpermute_bwd_reference,
     unpermute_reference,
@@ -308,6 +311,7 @@ class GroupedGemmFwdOp(MoeOp):
         entry(_laid(a), _laid(b), _laid(metadata), c)
 
     def reference(self, call, a, b, metadata):
+        _refuse_bad_metadata(self, a, b, metadata)
         return (grouped_gemm_reference(a, b, metadata, layout=self.layout_value,
                                        trans_b=self.trans_b),)
 
@@ -485,6 +489,7 @@ class GroupedGemmBwdOp(MoeOp):
         return g.transpose(1, 2) if self.trans_b else g
 
     def reference(self, call, a, b, metadata, dc):
+        _refuse_bad_metadata(self, a, b, metadata)
         return grouped_gemm_bwd_reference(dc, a, b, metadata, layout=self.layout_value,
                                           trans_b=self.trans_b, grad_a=self.grad_a,
                                           grad_b=self.grad_b)
@@ -535,6 +540,13 @@ class FusedMoeFwdOp(MoeOp):
 
     def eager(self):
         return _torch_moe(self)
+
+
+def _refuse_bad_metadata(op: MoeOp, a: torch.Tensor, b: torch.Tensor,
+                         metadata: torch.Tensor) -> None:
+    """The grouped GEMM references' check of the metadata (:func:`refuse_bad_metadata`): the
+    rows of a contiguous ``a``, the experts of ``b``."""
+    refuse_bad_metadata(op, metadata, op.layout_value, a.shape[0], b.shape[0])
 
 
 def _mm_aligned(*tensors: torch.Tensor) -> bool:

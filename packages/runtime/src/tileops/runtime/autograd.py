@@ -61,13 +61,15 @@ from torch._C import _functions
 
 from tileops.spec import GradOf
 
+from . import memory
+
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.signature import SignatureCall
 
     from .op import Op
 
 __all__ = ["Gradient", "backward_class", "gradient_wanted", "keep_gradient", "register",
-           "register_class"]
+           "register_class", "saved_by_node"]
 
 #: (id of the spec file, entry name) -> (spec file, op class): the backward op is an entry of
 #: the forward's file, found here among the classes defined for that file (the last wins)
@@ -182,11 +184,13 @@ class Gradient:
             (inputs if src == 0 else outputs)[i] for src, i in self.saved_from)]
 
     def run(self, op: Op, saved: tuple, grads: tuple, needs: tuple, traced: bool,
-            metas: tuple | None = None) -> tuple:
+            metas: tuple | None = None, written_over: list | None = None) -> tuple:
         """The gradient of each forward input (None where not wanted, not differentiable, or
         reaching only unused outputs), from the backward op; ``traced``: emit its custom op (a
         compiled backward). ``grads`` holds None for an output whose result was not used
-        (``metas``: those outputs' shapes, dtypes and devices, from :meth:`output_metas`)."""
+        (``metas``: those outputs' shapes, dtypes and devices, from :meth:`output_metas`).
+        ``written_over`` gets the names of the saved tensors the backward op wrote in place
+        (a second backward cannot read them)."""
         _, feeds, by_input = self.resolved()
         if self.reaches:
             # an input that reaches only outputs whose results are unused has no gradient
@@ -205,8 +209,9 @@ class Gradient:
             args = tuple(_zeros(metas[f[1]]) if a is None and f is not None and f[0] == "grad"
                          and k not in self._absent_ok else a
                          for k, (a, f) in enumerate(zip(args, feeds, strict=True)))
+        over: tuple = ()
         if bwd._boundary.written and not traced:
-            args = _spare_leaves(bwd, args, feeds)
+            args, over = _spare_saved(bwd, args, feeds)
         # traced: the boundary's call gives every output in the entry's order, an output
         # aliasing a written input (a gradient written over a saved tensor) as that input
         # (a backward op leaving an output out of its result runs the general call, which
@@ -216,8 +221,27 @@ class Gradient:
                 bwd._general_call(args, {}))
         if not isinstance(outs, tuple):
             outs = (outs,)
+        for name, t in over:
+            # a kernel's write is not seen by torch's version counter: counted here, so a
+            # node that saved the tensor unseen (one that read it after it was made) raises
+            # torch's error at its backward rather than reading the gradient as its input
+            torch.autograd.graph.increment_version(t)
+            if written_over is not None:
+                written_over.append(name)
         return tuple(outs[k] if k is not None and needs[i] else None
                      for i, k in enumerate(by_input))
+
+    def written_option(self, name: str) -> str:
+        """The predicate under which the backward op writes over the saved forward input
+        ``name`` (``inplace_grad``), for messages; empty where it writes none."""
+        bwd = self.resolved()[0]
+        decls = bwd._signature.sig.inputs  # type: ignore[union-attr]
+        for n, feed in self._feeds_by_name.items():
+            if feed == ("saved", name) and n in decls:
+                text = decls[n].mutated.text.strip()
+                if text not in ("", "False"):
+                    return text
+        return ""
 
 
 def _zeros(meta: tuple | None) -> Any:
@@ -250,17 +274,83 @@ def stand_in(t: Any) -> Any:
     return t.new_empty(()).expand(t.shape)
 
 
-def _spare_leaves(bwd: Op, args: tuple, feeds: tuple) -> tuple:
-    """``args`` with a copy of each saved leaf tensor that ``bwd`` writes in place (an input
-    its params declare ``mutated``, as ``inplace_grad`` writes the gradient over the saved
-    logits): a backward writes over a tensor the graph computed, never over one the caller
-    made and still holds (a parameter, an input), whose values would silently become the
-    gradient. Upstream gradients are autograd's to hand over and are written as they are."""
+def _spare_saved(bwd: Op, args: tuple, feeds: tuple) -> tuple[tuple, tuple]:
+    """``args`` with a copy of each saved tensor that ``bwd`` writes in place (an input its
+    params declare ``mutated``, as ``inplace_grad`` writes the gradient over the saved logits)
+    where writing over it would change what someone else reads: a leaf (a parameter, an input
+    the caller made and still holds, whose values would silently become the gradient) or a
+    tensor another node saved for its own backward (:func:`saved_by_node`: an exp's or a
+    sigmoid's output, which that node's backward reads after this one); and the ``(name,
+    tensor)`` of those written as they are. Upstream gradients are autograd's to hand over and
+    are written as they are."""
     names = bwd._signature.input_names  # type: ignore[union-attr]
     written = bwd._boundary.written
-    return tuple(a.clone() if names[j] in written and f is not None and f[0] == "saved"
-                 and isinstance(a, torch.Tensor) and a.is_leaf else a
-                 for j, (a, f) in enumerate(zip(args, feeds, strict=True)))
+    out, over = [], []
+    for j, (a, f) in enumerate(zip(args, feeds, strict=True)):
+        if names[j] in written and f is not None and f[0] == "saved" \
+                and isinstance(a, torch.Tensor):
+            if a.is_leaf or saved_by_node(a) is not None:
+                a = a.clone()
+            else:
+                over.append((names[j], a))
+        out.append(a)
+    return tuple(out), tuple(over)
+
+
+#: per node class, the names of its saved-tensor attributes (``_raw_saved_*``)
+_saved_attrs: dict[type, tuple[str, ...]] = {}
+
+
+def saved_by_node(t: torch.Tensor) -> str | None:
+    """The name of an autograd node that saved ``t``'s memory for its own backward, among those
+    the graph shows from ``t``: the node that made it (an exp's, a sigmoid's or a tanh's keeps
+    its output; a product's does not) or, for a view, the node that made its base; None where
+    neither did, and for a leaf. What a node saved is read as saved (``_raw_saved_*``, and a
+    Python function's own attributes), not unpacked: a tensor packed by saved-tensor hooks as
+    something other than itself (a checkpoint recomputes it, an offload holds a copy) is not
+    ``t``'s memory. A node that read ``t`` after it was made (another term of a loss) is not
+    reachable from ``t`` and is not seen. Any view of ``t``'s storage counts."""
+    if not t.numel() or not memory.has_data(t):
+        return None
+    nodes = [t.grad_fn]
+    if t._base is not None:
+        nodes.append(t._base.grad_fn)
+    ptr, device = _storage_of(t), t.device
+    if ptr is None:
+        return None
+    for node in nodes:
+        if node is None:
+            continue
+        attrs = _saved_attrs.get(type(node))
+        if attrs is None:
+            attrs = _saved_attrs[type(node)] = tuple(
+                a for a in dir(node) if a.startswith("_raw_saved_"))
+        held: list = []
+        for a in attrs:
+            try:
+                raw = getattr(node, a)
+            except RuntimeError:  # freed: the node's backward ran
+                continue
+            for r in raw if isinstance(raw, (tuple, list)) else (raw,):
+                try:
+                    held.append(r.data)
+                except (AttributeError, RuntimeError):  # none saved, or freed
+                    continue
+        held.extend(getattr(node, "__dict__", {}).values())  # ctx.x = tensor
+        for h in held:
+            for x in h if isinstance(h, (tuple, list)) else (h,):
+                if isinstance(x, torch.Tensor) and x.device == device \
+                        and memory.has_data(x) and _storage_of(x) == ptr:
+                    return node.name()
+    return None
+
+
+def _storage_of(t: torch.Tensor) -> int | None:
+    """The address of ``t``'s storage; None for a tensor without one (sparse, nested)."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (NotImplementedError, RuntimeError):
+        return None
 
 
 _C_APPLY = torch._C._FunctionBase.__dict__["apply"]
@@ -377,6 +467,17 @@ class Node(torch.autograd.Function):
             ctx.kept = state.kept or None
         finally:
             state.op, state.call, state.wanted, state.kept, state.scalar = before
+        ctx.spent = ()
+        if ctx.kept is not None:
+            # a gradient kept over its own input (cross-entropy's inplace_grad): the input no
+            # longer holds the forward's values; a kernel's write is not seen by torch's
+            # version counter, so it is counted here (a node that saved the input unseen
+            # raises torch's error at its backward rather than reading the gradient), and a
+            # second backward, which would read the input, is refused by name
+            over = [i for i, g in ctx.kept.items() if memory.share_memory(g, inputs[i])]
+            for i in over:
+                torch.autograd.graph.increment_version(inputs[i])
+            ctx.spent = tuple(op._signature.input_names[i] for i in over)  # type: ignore[union-attr]
         if written:
             ctx.mark_dirty(*(inputs[names.index(n)] for n in written))
         ctx.save_for_backward(*gradient.saved(tuple(saved_inputs), outputs))
@@ -402,9 +503,30 @@ class Node(torch.autograd.Function):
             g, names = grads[0], op._signature.input_names
             return (None, None, *(op.scale_kept(names[i], kept[i], g) if n else None
                                   for i, n in enumerate(needs)))
-        return (None, None, *op._gradient.run(op, ctx.saved_tensors, grads,
-                                               ctx.needs_input_grad[2:], traced=False,
-                                               metas=ctx.metas))
+        if ctx.spent:
+            _refuse_spent(op, ctx.spent)
+        written_over: list = []
+        out = op._gradient.run(op, ctx.saved_tensors, grads, ctx.needs_input_grad[2:],
+                               traced=False, metas=ctx.metas, written_over=written_over)
+        ctx.spent = tuple(written_over)
+        return (None, None, *out)
+
+
+def _refuse_spent(op: Op, spent: tuple[str, ...]) -> None:
+    """A backward of a node whose saved inputs ``spent`` hold their gradient (written over
+    them in place by the forward or the first backward): refused by name, before torch's
+    saved-tensor check names a version and no op (or, for a kernel's write it does not see, the
+    gradient read as the input)."""
+    names = " and ".join(spent)
+    option = op._gradient.written_option(spent[0])
+    how = f"{option}=True" if option.isidentifier() else option or "in place"
+    fix = (f"construct the op with {option}=False" if option.isidentifier() else
+           "run the forward again")
+    raise RuntimeError(
+        f"{type(op).__name__}: a second backward through the same call (a retained graph), "
+        f"but the gradient was written over {names} in place ({how}): what the node saved of "
+        f"{names} is the gradient now, not the forward's values; {fix} to run a backward "
+        f"more than once")
 
 
 def register(boundary: Any, op_cls: type[Op]) -> None:

@@ -39,6 +39,15 @@ class Trained:
         for a unit upstream gradient; only where :meth:`gradient_wanted` said so."""
         autograd.keep_gradient(self, self._signature.input_names.index(name), grad, inp)  # type: ignore[union-attr]
 
+    def may_keep_over(self, t: torch.Tensor) -> bool:
+        """Whether a forward may write a kept gradient over its input ``t`` itself (the
+        cross-entropy's ``inplace_grad``): not where ``t`` is a leaf (the caller's tensor, whose
+        values would become its own gradient), nor where a node the graph shows from ``t``
+        saved its memory for its own backward (:func:`autograd.saved_by_node`: an exp's, a
+        sigmoid's or a tanh's output, which that backward would read as the gradient, or
+        refuse). Elsewhere the node counts the write for torch's version check (autograd.py)."""
+        return not t.is_leaf and autograd.saved_by_node(t) is None
+
     def scale_kept(self, name: str, grad: torch.Tensor, dout: torch.Tensor) -> torch.Tensor:
         """The kept gradient of input ``name`` scaled by the upstream gradient ``dout`` (0-dim),
         for the node's backward to return: ``grad`` multiplied in place by default. An op
