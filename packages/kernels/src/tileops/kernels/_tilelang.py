@@ -13,12 +13,19 @@ compiles under one process-wide lock. The first compile of a process says so fir
 WARNING (a cold build takes seconds, and a first call that pauses without a word looks hung);
 each build is logged at INFO by the op that asks for it. Programs launch through the ``tvm_ffi`` backend, the
 fastest of TileLang's launchers (benchmarks/results/launch_cost.txt).
+
+The families' launch plans share two pieces of arithmetic: :func:`widest_vec`, the widest
+vector access a row allows, and :func:`pow2_at_least`.
 """
 
 import os
 import threading
 
 from tileops.runtime import env, log
+from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
+
+#: the widest access a thread issues (a 16-byte vector load or store)
+VECTOR_BYTES = 16
 
 _compile_lock = threading.Lock()
 _announced = [False]
@@ -73,3 +80,20 @@ def compile_program(prog, target: str | None):
             return tilelang.compile(prog, execution_backend="tvm_ffi")
         return tilelang.compile(prog, target={"kind": "cuda", "arch": target},
                                 execution_backend="tvm_ffi")
+
+
+def widest_vec(n: int, dtype: str) -> int:
+    """Widest power-of-two access (elements) that divides ``n`` and fits 16 bytes: a row of
+    ``n`` elements starts at ``n * itemsize`` bytes, so a wider access would be misaligned."""
+    vec = VECTOR_BYTES // _ITEMSIZE[dtype]
+    while vec > 1 and n % vec:
+        vec //= 2
+    return vec
+
+
+def pow2_at_least(x: int) -> int:
+    """The least power of two at least ``x`` (1 for ``x <= 1``)."""
+    p = 1
+    while p < x:
+        p *= 2
+    return p

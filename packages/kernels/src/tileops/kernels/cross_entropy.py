@@ -64,6 +64,8 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
+from ._tilelang import widest_vec as _vec
 
 __all__ = [
     "CrossEntropyBwdInterface",
@@ -175,22 +177,6 @@ class CrossEntropyBwdInterface(KernelInterface):
 
 
 # --- plans -----------------------------------------------------------------------------------
-
-
-def _vec(n: int, dtype: str) -> int:
-    """Widest power-of-two access (elements) that divides ``n`` and fits 16 bytes (rows start
-    at ``n * itemsize`` bytes, so a wider access would be misaligned)."""
-    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def rows_plan(classes: int, dtype: str, grad: bool, sms: int = DEFAULT_SMS

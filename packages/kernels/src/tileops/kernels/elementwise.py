@@ -46,6 +46,7 @@ from tileops.spec import DTYPES
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
 
 __all__ = [
     "DTYPES_SERVED",
@@ -1153,13 +1154,6 @@ class Plan:
     half: bool = True
     resident: int = 0
     grid_y: bool = False
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def _default_launch(kind: str, in_codes, fn: str = "") -> tuple[int, int, int]:

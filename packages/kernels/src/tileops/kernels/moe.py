@@ -464,13 +464,17 @@ def build_gating(e: int, top_k: int, dtype: str, scoring: str, renormalize: bool
                                    topk_groups, scale, bias), target)
 
 
-class MoeGatingKernel(Kernel, MoeGatingInterface):
-    """Any expert count and top-k, sm_80 to sm_90: a thread a token, or a warp a token from 32
-    experts on (:func:`gating_lanes`)."""
+class _MoeKernel(Kernel):
+    """The MoE kernels: each is its slot's one implementation, for sm_80 to sm_90."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
     general = True
+
+
+class MoeGatingKernel(_MoeKernel, MoeGatingInterface):
+    """Any expert count and top-k, sm_80 to sm_90: a thread a token, or a warp a token from 32
+    experts on (:func:`gating_lanes`)."""
 
     def __init__(self, spec: MoeGatingSpec) -> None:
         super().__init__(spec)
@@ -625,13 +629,9 @@ def build_gating_bwd(e: int, top_k: int, dtype: str, scoring: str, renormalize: 
                                               lanes), target)
 
 
-class MoeGatingBwdKernel(Kernel, MoeGatingBwdInterface):
+class MoeGatingBwdKernel(_MoeKernel, MoeGatingBwdInterface):
     """Any expert count and top-k, sm_80 to sm_90: a thread a token, or a warp a token from 32
     experts on."""
-
-    devices = ("cuda",)
-    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    general = True
 
     def __init__(self, spec: MoeGatingBwdSpec) -> None:
         super().__init__(spec)
@@ -725,12 +725,8 @@ def build_permute(h: int, dtype: str, target: str | None = None):
     return compile_program(permute_program(h, dtype), target)
 
 
-class MoePermuteKernel(Kernel, MoePermuteInterface):
+class MoePermuteKernel(_MoeKernel, MoePermuteInterface):
     """Any row length, sm_80 to sm_90."""
-
-    devices = ("cuda",)
-    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    general = True
 
     def __init__(self, spec: MoeRowsSpec) -> None:
         super().__init__(spec)
@@ -820,12 +816,8 @@ def build_unpermute(h: int, k: int, dtype: str, target: str | None = None):
     return compile_program(unpermute_program(h, k, dtype), target)
 
 
-class MoeUnpermuteKernel(Kernel, MoeUnpermuteInterface):
+class MoeUnpermuteKernel(_MoeKernel, MoeUnpermuteInterface):
     """Any row length and picks a token, sm_80 to sm_90."""
-
-    devices = ("cuda",)
-    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    general = True
 
     def __init__(self, spec: MoeUnpermuteSpec) -> None:
         super().__init__(spec)
@@ -902,12 +894,8 @@ def build_gate_grad(h: int, k: int, dtype: str, target: str | None = None):
     return compile_program(gate_grad_program(h, k, dtype), target)
 
 
-class MoeGateGradKernel(Kernel, MoeGateGradInterface):
+class MoeGateGradKernel(_MoeKernel, MoeGateGradInterface):
     """Any row length and picks a token, sm_80 to sm_90."""
-
-    devices = ("cuda",)
-    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    general = True
 
     def __init__(self, spec: MoeUnpermuteSpec) -> None:
         super().__init__(spec)

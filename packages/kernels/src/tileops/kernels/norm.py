@@ -39,6 +39,8 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
+from ._tilelang import widest_vec as _vec
 
 __all__ = [
     "FEW_ROWS",
@@ -125,21 +127,6 @@ class RowNormFwdInterface(KernelInterface):
 
 
 # --- plans: the launch shape of each kernel, chosen from (N, dtype) ---------------------------
-
-
-def _vec(n: int, dtype: str) -> int:
-    """Widest power-of-two access (elements) that divides N and fits 16 bytes."""
-    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def register_plan(n: int, dtype: str, few_rows: bool = False

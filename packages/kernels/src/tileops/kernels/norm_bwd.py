@@ -746,6 +746,18 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
                 dst[at + i] = T.cast(0, f32)
 
     @T.macro
+    def load(X, DY, W, px, pdy, pw, row, col):
+        """The access at ``col`` of the row's ``x`` and ``dy`` (and of ``weight``), as both
+        passes read it."""
+        for i in T.vectorized(vec):
+            px[i] = X[row, col + i]
+        for i in T.vectorized(vec):
+            pdy[i] = DY[row, col + i]
+        if has_weight:
+            for i in T.vectorized(vec):
+                pw[i] = W[col + i]
+
+    @T.macro
     def body(DY, DR, X, W, DX, WS):
         grid = G if has_ws else M
         rsteps = T.ceildiv(M, G) if has_ws else 1
@@ -775,13 +787,7 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
                         for v in T.unroll(per):
                             col = cs * chunk + (v * threads + tx) * vec
                             if col < n:
-                                for i in T.vectorized(vec):
-                                    px[i] = X[row, col + i]
-                                for i in T.vectorized(vec):
-                                    pdy[i] = DY[row, col + i]
-                                if has_weight:
-                                    for i in T.vectorized(vec):
-                                        pw[i] = W[col + i]
+                                load(X, DY, W, px, pdy, pw, row, col)
                                 for i in T.unroll(vec):
                                     d = T.cast(px[i], f32) - acc[nred]
                                     g = T.cast(pdy[i], f32)
@@ -822,13 +828,7 @@ def looped_bwd_program(kind: str, n: int, dtype: str, eps: float, has_weight: bo
                         for v in T.unroll(per):
                             col = cs * chunk + (v * threads + tx) * vec
                             if col < n:
-                                for i in T.vectorized(vec):
-                                    px[i] = X[row, col + i]
-                                for i in T.vectorized(vec):
-                                    pdy[i] = DY[row, col + i]
-                                if has_weight:
-                                    for i in T.vectorized(vec):
-                                        pw[i] = W[col + i]
+                                load(X, DY, W, px, pdy, pw, row, col)
                                 if add:
                                     for i in T.vectorized(vec):
                                         pdr[i] = DR[row, col + i]

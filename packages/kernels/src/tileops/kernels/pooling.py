@@ -836,8 +836,9 @@ def _size_refusal(spec: PoolSpec) -> str | None:
     return None
 
 
-class PoolKernel(Kernel, PoolFwdInterface):
-    """The forward: every pooling of the family, in either layout."""
+class _PoolKernel(Kernel):
+    """The pooling kernels: each is its slot's one implementation, for sm_80 to sm_90, of
+    tensors that int32 indexes (:func:`_size_refusal`), built per spec but its device."""
 
     devices = ("cuda",)
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
@@ -850,6 +851,10 @@ class PoolKernel(Kernel, PoolFwdInterface):
     @classmethod
     def identity(cls, spec: PoolSpec):
         return (*_identity(spec), spec.device)
+
+
+class PoolKernel(_PoolKernel, PoolFwdInterface):
+    """The forward: every pooling of the family, in either layout."""
 
     def __init__(self, spec: PoolSpec) -> None:
         super().__init__(spec)
@@ -872,22 +877,14 @@ class PoolKernel(Kernel, PoolFwdInterface):
             self.program(x.view(-1), y.view(-1))
 
 
-class PoolBwdKernel(Kernel, PoolBwdInterface):
+class PoolBwdKernel(_PoolKernel, PoolBwdInterface):
     """The gradient of max, average and adaptive pooling (planes layout)."""
-
-    devices = ("cuda",)
-    supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
-    general = True
 
     @classmethod
     def region_refusal(cls, spec: PoolSpec) -> str | None:
         if spec.layout is not PoolLayout.PLANES:
             return "reads its tensors in the planes layout (contiguous N, C, D, H, W)"
-        return _size_refusal(spec)
-
-    @classmethod
-    def identity(cls, spec: PoolSpec):
-        return (*_identity(spec), spec.device)
+        return super().region_refusal(spec)
 
     def __init__(self, spec: PoolSpec) -> None:
         super().__init__(spec)

@@ -53,6 +53,7 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
 
 __all__ = [
     "ReduceKind",
@@ -185,13 +186,6 @@ def _vec(n: int, dtype: str) -> int:
 
 def _ceil_to(x: int, step: int) -> int:
     return -(-x // step) * step
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def _pow2_at_most(x: int) -> int:

@@ -38,6 +38,8 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
+from ._tilelang import widest_vec as _vec
 
 __all__ = [
     "ScanDType",
@@ -115,22 +117,6 @@ class ScanInterface(KernelInterface):
 
 
 # --- plans -----------------------------------------------------------------------------------
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
-
-
-def _vec(n: int, dtype: str) -> int:
-    """The widest power-of-two access (elements) that divides ``n`` and fits 16 bytes: a row
-    of ``n`` elements starts at a multiple of ``n``, so a wider access would be misaligned."""
-    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
 
 
 def row_plan(n: int, dtype: str, rows: int) -> tuple[int, int, int, int, int]:

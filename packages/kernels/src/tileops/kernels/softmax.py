@@ -64,6 +64,8 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
+from ._tilelang import widest_vec as _vec
 
 __all__ = [
     "LogSumExpBwdInterface",
@@ -193,21 +195,6 @@ class LogSumExpBwdInterface(KernelInterface):
 
 
 # --- plans -------------------------------------------------------------------------------------
-
-
-def _vec(n: int, dtype: str) -> int:
-    """Widest power-of-two access (elements) that divides ``n`` and fits 16 bytes."""
-    vec = _VECTOR_BYTES // _ITEMSIZE[dtype]
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def register_plan(n: int, dtype: str, held: int = 1) -> tuple[int, int, int, int] | None:
@@ -1115,6 +1102,12 @@ class _SoftmaxKernel(Kernel):
     supported_archs = frozenset({(8, 0), (8, 6), (8, 9), (9, 0)})
     layout: ClassVar[Layout]
     _build: ClassVar[Any] = None
+    #: what serves a call whose reduced axis is the last, as the strided kernel's refusal says
+    _rows_served_by: ClassVar[str] = "the row kernels serve it"
+    #: a looped layout's register sibling, which it leaves the rows it holds
+    _register: ClassVar[Any] = None
+    #: how a looped kernel's refusal names rows the register kernel holds
+    _rows_fit: ClassVar[str] = ""
 
     @classmethod
     def identity(cls, spec: _ViewSpec):
@@ -1123,6 +1116,26 @@ class _SoftmaxKernel(Kernel):
         plan = plan_of(cls.layout, spec)
         inner = spec.inner if cls.layout is Layout.STRIDED else 1
         return spec.kind, spec.r, inner, spec.dtype, plan, spec.device
+
+    @classmethod
+    def region_refusal(cls, spec: _ViewSpec) -> str | None:
+        # the strided layout serves a reduced axis that is not the last; the others, rows
+        # (inner 1) within the limits of :meth:`_row_refusal`
+        if cls.layout is Layout.STRIDED:
+            if spec.inner == 1:
+                return f"the reduced axis is the last one (inner 1): {cls._rows_served_by}"
+            return None
+        if spec.inner != 1:
+            return f"reduces the last axis (inner 1), not an inner size of {spec.inner}"
+        return cls._row_refusal(spec)
+
+    @classmethod
+    def _row_refusal(cls, spec: _ViewSpec) -> str | None:
+        """Why rows of ``spec`` are outside this row layout's lengths, or None (a looped
+        layout: the rows its register sibling serves)."""
+        if cls._register is not None and cls._register._row_refusal(spec) is None:
+            return cls._rows_fit.format(r=spec.r, dtype=spec.dtype) + " the register kernel"
+        return None
 
     def __init__(self, spec: _ViewSpec) -> None:
         super().__init__(spec)
@@ -1135,14 +1148,9 @@ class _SoftmaxKernel(Kernel):
         self._empty = spec.outer == 0
 
 
-def _rows_refusal(cls, spec: _ViewSpec) -> str | None:
-    if spec.inner != 1:
-        return f"reduces the last axis (inner 1), not an inner size of {spec.inner}"
-    return None
-
-
 class _FwdKernel(_SoftmaxKernel, SoftmaxFwdInterface):
     _build = staticmethod(build_fwd)
+    _rows_fit = "a row of {r} x {dtype} fits"
 
     def __call__(self, x, out) -> None:
         if self._empty:
@@ -1153,6 +1161,7 @@ class _FwdKernel(_SoftmaxKernel, SoftmaxFwdInterface):
 
 class _BwdKernel(_SoftmaxKernel, SoftmaxBwdInterface):
     _build = staticmethod(build_bwd)
+    _rows_fit = "rows of {r} x {dtype} (y and dy) fit"
 
     def __call__(self, y, dy, dx) -> None:
         if self._empty:
@@ -1163,6 +1172,7 @@ class _BwdKernel(_SoftmaxKernel, SoftmaxBwdInterface):
 
 class _LseBwdKernel(_SoftmaxKernel, LogSumExpBwdInterface):
     _build = staticmethod(build_lse_bwd)
+    _rows_served_by = "the rows kernel serves it"
 
     def __call__(self, dy, x, lse, dx) -> None:
         if self._empty:
@@ -1176,21 +1186,11 @@ class LogSumExpBwdRowsKernel(_LseBwdKernel):
 
     layout = Layout.ROWS
 
-    @classmethod
-    def region_refusal(cls, spec: LogSumExpBwdSpec) -> str | None:
-        return _rows_refusal(cls, spec)
-
 
 class LogSumExpBwdStridedKernel(_LseBwdKernel):
     """logsumexp's gradient over a reduced axis that is not the last, read in place."""
 
     layout = Layout.STRIDED
-
-    @classmethod
-    def region_refusal(cls, spec: LogSumExpBwdSpec) -> str | None:
-        if spec.inner == 1:
-            return "the reduced axis is the last one (inner 1): the rows kernel serves it"
-        return None
 
 
 class SoftmaxRegisterKernel(_FwdKernel):
@@ -1199,41 +1199,27 @@ class SoftmaxRegisterKernel(_FwdKernel):
     layout = Layout.REGISTER
 
     @classmethod
-    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
-        why = _rows_refusal(cls, spec)
-        if why is None and register_plan(spec.r, spec.dtype) is None:
-            why = (f"a row of {spec.r} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
-                   f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
-        if why is None and shared_sm_plan(spec.kind, spec.r, spec.dtype) is not None:
-            why = (f"a row of {spec.r} x {spec.dtype} would take {_MAX_REGISTER_THREADS} "
-                   f"threads: the looped kernel holds it on chip at three CTAs an SM")
-        return why
+    def _row_refusal(cls, spec: SoftmaxSpec) -> str | None:
+        if register_plan(spec.r, spec.dtype) is None:
+            return (f"a row of {spec.r} x {spec.dtype} exceeds the {_HELD_BYTES_PER_THREAD} "
+                    f"bytes a thread holds at {_MAX_REGISTER_THREADS} threads")
+        if shared_sm_plan(spec.kind, spec.r, spec.dtype) is not None:
+            return (f"a row of {spec.r} x {spec.dtype} would take {_MAX_REGISTER_THREADS} "
+                    f"threads: the looped kernel holds it on chip at three CTAs an SM")
+        return None
 
 
 class SoftmaxLoopedKernel(_FwdKernel):
     """Rows of any length: an online (max, sum) pass and a writing pass."""
 
     layout = Layout.LOOPED
-
-    @classmethod
-    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
-        why = _rows_refusal(cls, spec)
-        if why is None and register_plan(spec.r, spec.dtype) is not None and \
-                shared_sm_plan(spec.kind, spec.r, spec.dtype) is None:
-            why = f"a row of {spec.r} x {spec.dtype} fits the register kernel"
-        return why
+    _register = SoftmaxRegisterKernel
 
 
 class SoftmaxStridedKernel(_FwdKernel):
     """A reduced axis that is not the last: the ``(outer, R, inner)`` view read in place."""
 
     layout = Layout.STRIDED
-
-    @classmethod
-    def region_refusal(cls, spec: SoftmaxSpec) -> str | None:
-        if spec.inner == 1:
-            return "the reduced axis is the last one (inner 1): the row kernels serve it"
-        return None
 
 
 class SoftmaxBwdRegisterKernel(_BwdKernel):
@@ -1242,35 +1228,22 @@ class SoftmaxBwdRegisterKernel(_BwdKernel):
     layout = Layout.REGISTER
 
     @classmethod
-    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
-        why = _rows_refusal(cls, spec)
-        if why is None and register_plan(spec.r, spec.dtype, 2) is None:
-            why = (f"rows of {spec.r} x {spec.dtype} (y and dy) exceed the "
-                   f"{_HELD_BYTES_PER_THREAD} bytes a thread holds at "
-                   f"{_MAX_REGISTER_THREADS} threads")
-        return why
+    def _row_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
+        if register_plan(spec.r, spec.dtype, 2) is None:
+            return (f"rows of {spec.r} x {spec.dtype} (y and dy) exceed the "
+                    f"{_HELD_BYTES_PER_THREAD} bytes a thread holds at "
+                    f"{_MAX_REGISTER_THREADS} threads")
+        return None
 
 
 class SoftmaxBwdLoopedKernel(_BwdKernel):
     """The gradient of rows of any length: a summing pass and a writing pass."""
 
     layout = Layout.LOOPED
-
-    @classmethod
-    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
-        why = _rows_refusal(cls, spec)
-        if why is None and register_plan(spec.r, spec.dtype, 2) is not None:
-            why = f"rows of {spec.r} x {spec.dtype} (y and dy) fit the register kernel"
-        return why
+    _register = SoftmaxBwdRegisterKernel
 
 
 class SoftmaxBwdStridedKernel(_BwdKernel):
     """The gradient over a reduced axis that is not the last, read in place."""
 
     layout = Layout.STRIDED
-
-    @classmethod
-    def region_refusal(cls, spec: SoftmaxBwdSpec) -> str | None:
-        if spec.inner == 1:
-            return "the reduced axis is the last one (inner 1): the row kernels serve it"
-        return None

@@ -59,6 +59,7 @@ from tileops.spec import DTYPES as _ITEMSIZE  # dtype name -> bytes
 
 from ._store import stored
 from ._tilelang import compile_program, tl
+from ._tilelang import pow2_at_least as _pow2_at_least
 
 __all__ = [
     "TopkDType",
@@ -115,13 +116,6 @@ class TopkInterface(KernelInterface):
 
 
 # --- the plan --------------------------------------------------------------------------------
-
-
-def _pow2_at_least(x: int) -> int:
-    p = 1
-    while p < x:
-        p *= 2
-    return p
 
 
 def topk_plan(n: int, k: int, dtype: str, lean: bool = True
