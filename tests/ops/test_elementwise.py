@@ -996,6 +996,13 @@ def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
     assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
     if holds and dtype in _HALF:
         want = torch_call(t.float(), number, left).to(want.dtype)
+    if name == "pow" and not isinstance(number, bool) and want.is_floating_point():
+        # torch's CPU pow takes a Python number in double precision, its 0-dim tensor of the
+        # number (as the op holds it) in the result's: the two forms of torch's own are one
+        # rounding apart (pow(4.0, 1.0312) is 4.17680550 and 4.17680597 in float32)
+        want_held = torch.pow(*((torch.tensor(number), t) if left else (t, torch.tensor(number))))
+        if want_held.dtype == want.dtype and not (holds and dtype in _HALF):
+            want = want_held
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
 
 
