@@ -27,7 +27,7 @@ for head dims up to 128), with what the ops need beyond it:
 - either layout, ``[B, S, H, D]`` or ``[B, H, S, D]``, read and written in place;
 - causal CTAs are launched longest first (the query tiles in reverse), so the short diagonal
   tiles fill the tail of the grid;
-- with :data:`OVERLAP` (off: the first form, whose products ptxas serialized, ran 12-16%
+- with :data:`OVERLAP` (off: the first form, whose products ptxas serialized, ran 9-16%
   slower on an H100; the form below is not yet timed) each step issues key tile ``j``'s scores
   product and then tile ``j - 1``'s output product and leaves both in flight: the output
   product runs under tile ``j``'s softmax, and the accumulator's rescale and the
