@@ -97,8 +97,9 @@ _T = {"bfloat16": "bfloat16_t", "float16": "half_t"}
 
 @needs_nvcc
 @pytest.mark.parametrize("args", PROGRAMS)
-@pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
-def test_ptxas_keeps_the_products_asynchronous(args, overlap, tmp_path):
+@pytest.mark.parametrize("overlap,turns", [(False, False), (True, False), (True, True)],
+                         ids=["plain", "overlap", "turns"])
+def test_ptxas_keeps_the_products_asynchronous(args, overlap, turns, tmp_path):
     """ptxas serializes every ``wgmma`` of a function (warning C7514) where it cannot prove
     that no other instruction touches a product's accumulator between its issue and its wait:
     a product or a wait under a condition is enough. The overlapped schedule issues both
@@ -111,7 +112,7 @@ def test_ptxas_keeps_the_products_asynchronous(args, overlap, tmp_path):
 
     from tileops.kernels._tilelang import compile_program
 
-    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=overlap)
+    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=overlap, turns=turns)
     prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
     src = tmp_path / "attention.cu"
     src.write_text(compile_program(prog, HOPPER).get_kernel_source())
@@ -126,12 +127,18 @@ def test_ptxas_keeps_the_products_asynchronous(args, overlap, tmp_path):
     assert " 0 bytes spill stores, 0 bytes spill loads" in report, report
 
 
-def test_the_program_key_names_the_overlap(monkeypatch):
-    """A program built with or without the overlap is never served for the other (the kernel
-    store keys by the program key)."""
-    key = A.program_key(_spec())
-    monkeypatch.setattr(A, "OVERLAP", not A.OVERLAP)
-    assert A.program_key(_spec()) == key[:-1] + (not key[-1],)
+def test_the_program_key_names_the_schedule(monkeypatch):
+    """A program built with one schedule (plain, overlapped, overlapped with turns) is never
+    served for another (the kernel store keys by the program key); the turns come only with
+    the overlap."""
+    keys = set()
+    for overlap, turns in ((False, False), (False, True), (True, False), (True, True)):
+        monkeypatch.setattr(A, "OVERLAP", overlap)
+        monkeypatch.setattr(A, "TURNS", turns)
+        key = A.program_key(_spec())
+        assert key[-2:] == (overlap, overlap and turns)
+        keys.add(key)
+    assert len(keys) == 3
 
 
 # --- plans and call specs (no compile) -------------------------------------------------------

@@ -150,13 +150,20 @@ def _check(got, want, atol, rtol, what):
         raise AssertionError(f"{what}: {bad} of {ok.numel()} elements off (worst {worst:.3g})")
 
 
+#: the forward's schedules: (OVERLAP, TURNS)
+SCHEDULES = [(False, False), (True, False), (True, True)]
+
+
 @cuda
-@pytest.mark.parametrize("overlap", [False, True], ids=["", "overlap"])
+@pytest.mark.parametrize("overlap,turns", SCHEDULES, ids=["", "overlap", "turns"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
-def test_forward_matches_float64(case, overlap, monkeypatch):
-    """Each case with the default schedule and with the output product overlapping the next
-    tile's softmax (:data:`~tileops.kernels.attention.OVERLAP`, a program of its own)."""
+def test_forward_matches_float64(case, overlap, turns, monkeypatch):
+    """Each case with the default schedule, with the output product overlapping the next
+    tile's softmax (:data:`~tileops.kernels.attention.OVERLAP`) and with the warpgroups also
+    taking turns issuing their products (:data:`~tileops.kernels.attention.TURNS`): programs
+    of their own."""
     monkeypatch.setattr(A, "OVERLAP", overlap)
+    monkeypatch.setattr(A, "TURNS", turns)
     spec = case_spec(case)
     dtype = case[8]
     q, k, v, o, lse = _inputs(spec, dtype)
@@ -296,8 +303,8 @@ def test_varlen_matches_float64_a_sequence_at_a_time(case):
 
 def program_keys():
     """The distinct programs this file compiles: the program keys of CASES and VARLEN."""
-    keys = [("fwd", k[:-1] + (overlap,)) for k in (A.program_key(case_spec(c)) for c in CASES)
-            for overlap in (False, True)]
+    keys = [("fwd", k[:-2] + schedule) for k in (A.program_key(case_spec(c)) for c in CASES)
+            for schedule in SCHEDULES]
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
@@ -327,8 +334,9 @@ def _build(key):
 def _describe(key) -> str:
     kind, program = key
     if kind == "fwd":
-        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked, overlap = program
-        kind = f"fwd {layout}{' masked' if masked else ''}{' overlap' if overlap else ''}"
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked, overlap, turns = program
+        schedule = " turns" if turns else " overlap" if overlap else ""
+        kind = f"fwd {layout}{' masked' if masked else ''}{schedule}"
     elif kind in ("bwd", "bwd_fragment", "bwd_tma"):
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
         kind = f"{kind.replace('_', ' ')} {layout}"

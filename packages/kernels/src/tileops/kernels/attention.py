@@ -34,9 +34,12 @@ for head dims up to 128), with what the ops need beyond it:
   probabilities' cast wait for it (FlashAttention-3's intra-warpgroup overlap). TileLang's
   pipeline releases a key or value stage after the stage's last use in the step, so each
   stage is read once more after its product's wait: released when its product issues, the
-  load two steps on could overwrite it under the product. (The two warpgroups taking turns at
-  the tensor cores with each product waited for inside its turn ran 5-22% slower on an H100
-  and is not offered.)
+  load two steps on could overwrite it under the product;
+- with :data:`TURNS` as well (not yet timed on a GPU) the two math warpgroups take turns
+  issuing: each waits on a named barrier of its own, issues both products and arrives on the
+  other's before waiting for them, so one warpgroup's products run under the other's softmax
+  (FlashAttention-3's ping-pong). (Turns with each product waited for inside the turn, the
+  plain program's ``T.gemm``, ran 5-22% slower on an H100 and are not offered.)
 
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes: one program serves every batch and
 sequence length of a head configuration and the op's options (it is compiled with or without
@@ -200,11 +203,21 @@ class AttentionPlan(NamedTuple):
     #: rescale and the probabilities' cast after it): FlashAttention-3's intra-warpgroup
     #: overlap (:data:`OVERLAP`)
     overlap: bool = False
+    #: with :attr:`overlap`, the two math warpgroups take turns issuing their products (a
+    #: named barrier each: a warpgroup waits for its turn, issues both products and hands
+    #: the turn over before waiting for them), so one warpgroup's products run under the
+    #: other's softmax: FlashAttention-3's warpgroup ping-pong (:data:`TURNS`)
+    turns: bool = False
 
 
 #: whether the dense forward overlaps each tile's output product with the next tile's softmax
 #: (:attr:`AttentionPlan.overlap`; not yet timed on a GPU)
 OVERLAP = False
+#: whether the overlapped forward's math warpgroups take turns issuing their products
+#: (:attr:`AttentionPlan.turns`; not yet timed on a GPU)
+TURNS = False
+#: the named barriers of the warpgroups' turns (TileLang's own synchronisation uses the low ids)
+_TURN_BARRIERS = (8, 9)
 
 
 def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
@@ -215,9 +228,10 @@ def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
     may use); 192 / 128 fits in 160 KiB with O staged."""
     if max(dim, dim_v) <= 128:
         return AttentionPlan(block_m=128, block_n=128, stages=2, threads=256,
-                             staged_output=True, overlap=OVERLAP)
+                             staged_output=True, overlap=OVERLAP, turns=OVERLAP and TURNS)
     return AttentionPlan(block_m=128, block_n=64, stages=2, threads=256,
-                         staged_output=dim_v <= 128, overlap=OVERLAP)
+                         staged_output=dim_v <= 128, overlap=OVERLAP,
+                         turns=OVERLAP and TURNS)
 
 
 def _f32(x: float) -> float:
@@ -447,10 +461,19 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                     load_tile(K, K_shared, T.min(jt, end - 1), bz, hk)
                     load_tile(V, V_shared, T.max(jt - 1, start), bz, hk)
                     T.clear(acc_s)
+                    if plan.turns:
+                        # a warpgroup's turn: its barrier completes with the other's hand-over
+                        # (the first warpgroup's first turn, with its own)
+                        wg = T.get_thread_binding() // 128
+                        if jt == start and wg == 0:
+                            T.named_barrier_arrive(_TURN_BARRIERS[0], 256)
+                        T.sync_threads(_TURN_BARRIERS[0] + wg, 256)
                     T.wgmma_gemm(Q_shared, K_shared, acc_s, transpose_B=True,
                                  policy=T.GemmWarpPolicy.FullRow)
                     T.wgmma_gemm(acc_s_cast, V_shared, acc_o,
                                  policy=T.GemmWarpPolicy.FullRow)
+                    if plan.turns:  # issued: the other warpgroup's turn
+                        T.named_barrier_arrive(_TURN_BARRIERS[1] - wg, 256)
                     T.wait_wgmma(1)  # the scores product (issued first) is done
                     if jt < end:
                         # the scores' registers are read after the wait, not moved above it
@@ -615,7 +638,7 @@ def program_key(spec: AttentionFwdSpec) -> tuple:
     plan = attention_plan(spec.dim, spec.dim_v)
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
             spec.scale, spec.window_left, spec.window_right, spec.softcap,
-            needs_mask(spec, plan), plan.overlap)
+            needs_mask(spec, plan), plan.overlap, plan.turns)
 
 
 @stored(maxsize=128)
@@ -624,8 +647,8 @@ def build_attention_fwd(key: tuple, target: str | None = None,
     """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
     :func:`attention_plan`, for tuning."""
     layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked, \
-        overlap = key
-    plan = plan or attention_plan(dim, dim_v)._replace(overlap=overlap)
+        overlap, turns = key
+    plan = plan or attention_plan(dim, dim_v)._replace(overlap=overlap, turns=turns)
     prog = attention_fwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
                                  right, softcap, masked, plan)
     return compile_program(prog, target)
