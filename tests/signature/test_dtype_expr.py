@@ -2,7 +2,8 @@
 type promotion (``result_type(TA, len(SA), TB, len(SB))``, ``let S = broadcast(SA, SB)``),
 through every mode (``check``, ``check_exact``, ``check_symbolic``, ``derive``), the table
 lookup each compiles to, ``out=`` buffers, the refusals, the roofline; hypothesis over shape
-and dtype pairs against torch; and the in-place activation form."""
+and dtype pairs against torch; a conditional between dtypes (torch.all's uint8); and the in-place
+activation form."""
 
 from __future__ import annotations
 
@@ -56,6 +57,16 @@ MeanOp:
       b: {{dtype: TB, shape: "[*SB]"}}
     outputs:
       mean: {{dtype: "promote_int_to_float(promote(TA, TB))", shape: "[]"}}
+AllOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{S: Shape, T: "DType[bool | uint8 | int8 | float32]"}}
+    inputs:
+      x: {{dtype: T, shape: "[*S]"}}
+    outputs:
+      y: {{dtype: "uint8 if T == uint8 else bool", shape: "[]"}}
+      s: {{dtype: "T if T == bool or T == float32 else promote(T, int64)", shape: "[]"}}
 ReluOp:
   family: test
   status: spec-only
@@ -171,6 +182,35 @@ def test_promote_int_to_float_reads_torchs_default_dtype_at_each_call() -> None:
         "the dtype of mean, promote_int_to_float(promote(TA, TB)), has no value at "
         "TA = float8_e4m3fn, TB = int32, default_dtype() = float32: torch does not promote a "
         "float8 dtype with another dtype")
+
+
+def test_a_conditional_between_dtypes_is_one_lookup() -> None:
+    """torch.all keeps a uint8 input's dtype and gives bool for every other: a conditional
+    whose test compares dtypes, compiled to a table as a primitive's call is (in every mode),
+    its branches dtypes or dtype primitives' calls."""
+    op = point("AllOp")
+    want = {"bool": ("bool", "bool"), "uint8": ("uint8", "int64"), "int8": ("bool", "int64"),
+            "float32": ("bool", "float32")}
+    for name, (y, s) in want.items():
+        x = t((3,), name)
+        outs = (getattr(torch, y), getattr(torch, s))
+        for check in (op.check, op.check_exact, op.check_symbolic):
+            call = check(x)
+            assert call.output_dtypes == outs
+            assert op.derive(call)[2] == outs
+    src = op.source()
+    derive = src[src.index("def derive("):src.index("def traffic(")]
+    assert derive.count("[i_T]") == 2  # one table each, keyed by T alone
+
+
+def test_a_conditional_testing_anything_but_dtypes_is_not_compiled() -> None:
+    for test, why in (("len(S) < 1", r"the test len\(S\) < 1 cannot be compiled: a dtype "
+                                      r"conditional compares dtypes \(== or !=\)"),
+                      ("len(S) == 0", r"len\(S\) cannot be compiled as a dtype argument")):
+        spec = SPEC.replace('"uint8 if T == uint8 else bool"', f'"uint8 if {test} else bool"')
+        bad = load_spec_text(spec, "add.yaml")
+        with pytest.raises(Exception, match=why):
+            SignaturePlan("AllOp", bad.entries["AllOp"], spec=bad).construct()
 
 
 def test_shapes_that_do_not_broadcast_are_refused_naming_both_and_the_axis() -> None:

@@ -1,5 +1,6 @@
 """Computed dtypes (``promote(TA, TB)``, ``result_type(TA, len(SA), TB, len(SB))``,
-``promote_int_to_float(T)``) as one dictionary lookup per call.
+``promote_int_to_float(T)``, and a choice between dtypes by their comparison, ``uint8 if T ==
+uint8 else bool``) as one dictionary lookup per call.
 
 A dtype expression's value depends only on the dtypes its DType indices take, each from its
 finite union, and on whether each rank argument is 0 (torch's ``result_type`` reads nothing
@@ -36,7 +37,7 @@ from tileops.spec.primitives import DTYPE_PRIMITIVES, PRIMITIVES, PrimitiveError
 
 from .common import GenError
 
-__all__ = ["MAX_TABLE", "DTypeTable", "Lookup", "is_dtype_call", "lookup"]
+__all__ = ["MAX_TABLE", "DTypeTable", "Lookup", "is_dtype_call", "is_dtype_expr", "lookup"]
 
 #: the most combinations a dtype table may have (three operands of every dtype and their
 #: ranks stay far below it); beyond it the entry is refused when generating
@@ -79,8 +80,15 @@ def is_dtype_call(node: E.Node) -> bool:
     return isinstance(node, E.Call) and node.func in DTYPE_PRIMITIVES
 
 
-def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr]) -> Lookup:
-    """The lookup of the folded dtype call ``node``. ``compiler`` is the point's
+def is_dtype_expr(node: E.Node) -> bool:
+    """A computed dtype: a dtype primitive's call, or a conditional whose branches are dtypes
+    and whose test compares dtypes (``uint8 if T == uint8 else bool``: torch.all keeps a uint8
+    input's dtype)."""
+    return is_dtype_call(node) or isinstance(node, E.IfExp)
+
+
+def lookup(compiler: Any, node: E.Node, leaf_code: Callable[[E.Node], ast.expr]) -> Lookup:
+    """The lookup of the folded dtype expression ``node`` (:func:`is_dtype_expr`). ``compiler`` is the point's
     ``ExprCompiler`` (kinds, adapter, namespace); ``leaf_code`` compiles a key component."""
     # leaf, its values, the code of its value, the key component (a rank's is "== 0")
     slots: list[tuple[E.Node, tuple[Any, ...], ast.expr, ast.expr]] = []
@@ -98,6 +106,8 @@ def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr])
     def dtype_arg(a: E.Node) -> E.Node:
         if is_dtype_call(a):
             return template(a)  # type: ignore[arg-type]
+        if isinstance(a, E.IfExp):
+            return E.IfExp(test(a.test), dtype_arg(a.body), dtype_arg(a.orelse))
         if isinstance(a, E.Str) and a.value in DTYPES:  # a dtype param, folded
             return E.Name(a.value)
         if isinstance(a, E.Name):
@@ -107,7 +117,22 @@ def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr])
             if a.id in DTYPES and a.id not in compiler.const:
                 return a
         raise GenError(f"{E.unparse(node)}: {E.unparse(a)} cannot be compiled as a dtype "
-                       f"argument (an index, a dtype name or a dtype primitive's call)")
+                       f"argument (an index, a dtype name, a dtype primitive's call or a "
+                       f"conditional between them)")
+
+    def test(t: E.Node) -> E.Node:
+        """A conditional's test: dtypes compared (``==``, ``!=``), combined by ``and``,
+        ``or``, ``not``."""
+        if isinstance(t, E.Bool):
+            return t
+        if isinstance(t, E.UnaryOp) and t.op == "not":
+            return E.UnaryOp("not", test(t.operand))
+        if isinstance(t, E.BoolOp):
+            return E.BoolOp(t.op, tuple(test(v) for v in t.values))
+        if isinstance(t, E.Compare) and set(t.ops) <= {"==", "!="}:
+            return E.Compare(dtype_arg(t.left), t.ops, tuple(dtype_arg(c) for c in t.comparators))
+        raise GenError(f"{E.unparse(node)}: the test {E.unparse(t)} cannot be compiled: a "
+                       f"dtype conditional compares dtypes (== or !=)")
 
     def rank_arg(a: E.Node) -> E.Node:
         if isinstance(a, E.Int):
@@ -129,7 +154,7 @@ def lookup(compiler: Any, node: E.Call, leaf_code: Callable[[E.Node], ast.expr])
         return slot(_DEFAULT, tuple(d for d in DEFAULT_FLOATS if d in compiler.adapter.natives),
                     code=ast.Call(ast.Name(read, ast.Load()), [], []))
 
-    tmpl = template(node)
+    tmpl = dtype_arg(node)
     text = E.unparse(node)
     sizes = [len(s[1]) for s in slots]
     count = 1
