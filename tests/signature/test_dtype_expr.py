@@ -201,6 +201,10 @@ def test_a_conditional_between_dtypes_is_one_lookup() -> None:
     src = op.source()
     derive = src[src.index("def derive("):src.index("def traffic(")]
     assert derive.count("[i_T]") == 2  # one table each, keyed by T alone
+    # the dtypes each output may have, over both branches (y's all integral: an op of it
+    # records no gradient)
+    members = op.plan.output_dtype_members
+    assert set(members["y"]) == {"bool", "uint8"} and "float32" in members["s"]
 
 
 def test_a_conditional_testing_anything_but_dtypes_is_not_compiled() -> None:

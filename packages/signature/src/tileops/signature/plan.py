@@ -48,6 +48,7 @@ from tileops.spec import AdtDef, OpEntry, SpecError, SpecFile, kind_from_expr, v
 from tileops.spec import expr as E
 from tileops.spec.kinds import DTypeK, Kind
 from tileops.spec.primitives import AxisError
+from tileops.spec.validate.infer import InferError, KindInference
 
 from .adapters import DTypeAdapter, torch_adapter
 from .call import SignatureCall, record_type
@@ -111,12 +112,25 @@ class SignaturePlan:
         self.output_names = tuple(self.sig.outputs)
         self.optional_inputs = tuple(n for n, d in self.sig.inputs.items()
                                      if d.optional.node != E.Bool(False))
+        #: output -> the dtypes it may have over every call (None: its dtype is a param's)
+        self.output_dtype_members: dict[str, tuple[str, ...] | None] = {
+            n: self._dtype_members(d.dtype.node) for n, d in self.sig.outputs.items()}
         self.buffer_outputs = tuple(n for n, d in self.sig.outputs.items() if d.buffer)
         #: whether some construction leaves an output out of the call's result (``returned``)
         self.may_leave_out = any(d.returned.node != E.Bool(True)
                                  for d in self.sig.outputs.values())
         self._points: dict[tuple, ConstructionPoint] = {}
         self._lock = threading.Lock()
+
+    def _dtype_members(self, node: E.Node) -> tuple[str, ...] | None:
+        """The dtypes a dtype expression of the entry (an output's ``dtype``) may take over
+        every call: its kind's members; None where it is no dtype."""
+        tensors = {n: n in self.optional_inputs for n in self.sig.inputs}
+        try:
+            k = KindInference(self.kinds, self.sig.types, tensors, self.adts).infer(node)
+        except InferError:
+            return None
+        return k.members if isinstance(k, DTypeK) else None
 
     @property
     def adapter(self) -> DTypeAdapter:
