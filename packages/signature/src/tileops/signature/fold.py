@@ -270,8 +270,8 @@ def _lit(v: Any) -> E.Node | None:
         return E.Bool(v)
     if isinstance(v, int):
         return E.Int(v) if v >= 0 else E.UnaryOp("-", E.Int(-v))
-    if isinstance(v, float) and math.isfinite(v):
-        return E.Float(v) if v >= 0 else E.UnaryOp("-", E.Float(-v))
+    if isinstance(v, float) and math.isfinite(v):  # -0.0 as a negation, as the parser has it
+        return E.Float(v) if math.copysign(1.0, v) > 0 else E.UnaryOp("-", E.Float(-v))
     if isinstance(v, str):
         return E.Str(v)
     if v is None:

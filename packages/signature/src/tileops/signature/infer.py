@@ -105,8 +105,8 @@ def _output_dtype(b: Body, n: str, d: OutputDecl) -> str:
     no result) is bound to ``o_<n>`` and checked, naming the input whose dtype reached it; one
     that cannot is emitted only where it is read (a buffer's check, ``derive``)."""
     node = b.g.fold(d.dtype.node, b.presence, b.bound_set)
-    if isinstance(node, E.Name) and node.id in b.sig.forall:
-        return f"i_{node.id}"
+    if isinstance(node, E.Name) and (node.id in b.sig.forall or node.id in b.sig.let):
+        return f"i_{node.id}"  # an index, or a let the body computed (a dtype's checked there)
     if isinstance(node, E.Str | E.Name):  # a dtype name, or a dtype param folded
         name = node.value if isinstance(node, E.Str) else node.id
         if name not in DTYPES:
