@@ -503,6 +503,16 @@ CASES = [
                  (64, 4096), True, id="flat-hardtanh-int8"),
     pytest.param("hardtanh", (-2.5, 3.5), ((33, 4097),), None, ("int32",), ("int32",),
                  "int32", (33, 4097), True, id="flat-hardtanh-int32-odd"),
+    # clamp's promoted result: operands of other dtypes cast on load (a bfloat16 x between a
+    # float32 and a bfloat16 bound is clamped in float32; an int32 x by a float number is a
+    # float32 result; a bool x by int numbers an int64 one)
+    pytest.param("clamp_tensor", (True, True), ((64, 4096), (4096,), (64, 1)), None,
+                 ("bfloat16", "float32", "bfloat16"), ("float32",), "float32", (64, 4096), True,
+                 id="rows-clamp-mixed-bounds"),
+    pytest.param("clamp", (-0.5, 0.0, True, False), ((64, 4096),), None, ("int32",),
+                 ("float32",), "float32", (64, 4096), True, id="flat-clamp-int32-by-float"),
+    pytest.param("clamp", (0.0, 1.0, True, True), ((64, 4096),), None, ("bool",), ("int64",),
+                 "int64", (64, 4096), True, id="flat-clamp-bool-by-ints"),
 ]
 
 

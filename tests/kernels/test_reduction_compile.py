@@ -1,6 +1,6 @@
 """The reduction kernels lower and compile for sm_90 on a machine without a GPU: one program
 for each code path the CPU can check (why it exists is on its line), and what its source must
-hold; ten programs, each compile seconds. The GPU tests' prebuild compiles the rest (odd rows,
+hold; twelve programs, each compile seconds. The GPU tests' prebuild compiles the rest (odd rows,
 integer and bool columns, every kind).
 
 Then the entries' calls against their programs' declarations, with stand-ins for the compiled
@@ -41,6 +41,9 @@ def _src(kernel) -> str:
     pytest.param(RK.ALL, 3, 7, "bool", ("const uchar* __restrict__ X", "(uchar)acc"), id="all-bool-tiny"),
     # int64 read as itself, compared with zero
     pytest.param(RK.ANY, 64, 4096, "int64", ("const int64_t* __restrict__ X",), id="any-int64"),
+    # int8 read as itself, 16 a 16-byte access, summed in int64
+    pytest.param(RK.SUM, 64, 4096, "int8", ("const signed char* __restrict__ X", "*(int4*)(X",
+                                            "int64_t* __restrict__ Y0"), id="sum-int8"),
     # NaN tests through isnan, the index carried
     pytest.param(RK.ARGMAX, 64, 4096, "float16", ("isnan", "int64_t"), id="argmax"),
     # moments with the shift broadcast from lane 0 (n mod 2^16 >= 2^15)

@@ -1,7 +1,8 @@
 """The reduction kernels on a GPU against torch in float64, called through the slot as the op
 calls it (a spec from the view, the implementation the slot selects, its entry), on fresh
 random inputs: every kind on rows (a 16-byte row, an odd row, a tiny one, one long split row)
-and columns (a split leading dim, a narrow odd inner, a middle dim), int32 and bool inputs,
+and columns (a split leading dim, a narrow odd inner, a middle dim), integer inputs of every
+width and bool inputs,
 NaN and ties for amax and the arg kinds, empty runs.
 
 ``python3 tests/kernels/test_reduction_cuda.py --prebuild --workers 15`` compiles exactly
@@ -38,7 +39,7 @@ if __name__ != "__main__" and not torch.cuda.is_available():
 KERNELS = (K.ReductionRowKernel, K.ReductionColumnKernel)
 FLOAT_KINDS = list(RK)
 INT_KINDS = [RK.SUM, RK.PROD, RK.AMAX, RK.AMIN, RK.ARGMAX, RK.ARGMIN, RK.ALL, RK.ANY]
-BOOL_KINDS = [RK.SUM, RK.ALL, RK.ANY]
+BOOL_KINDS = [RK.SUM, RK.PROD, RK.AMAX, RK.AMIN, RK.ALL, RK.ANY]
 
 #: (outer, r, inner, dtype, kinds): why each exists is on its line
 CASES = [
@@ -54,6 +55,9 @@ CASES = [
     ((70000, 3, 5), "float32", [RK.SUM, RK.ARGMAX]),  # outer past gridDim.y's 65535
     ((256, 1000, 1), "int32", INT_KINDS),  # int64 accumulation
     ((8, 300, 65), "int32", INT_KINDS),  # integer columns
+    ((256, 1000, 1), "int8", INT_KINDS),  # 16 a 16-byte access, widened to int64
+    ((8, 300, 65), "uint8", INT_KINDS),  # all/any keep uint8, as torch's
+    ((64, 4097, 1), "int16", INT_KINDS),  # an odd row: one element a load
     ((64, 1000, 1), "bool", BOOL_KINDS),
     ((2, 100, 64), "bool", BOOL_KINDS),
 ]
@@ -81,9 +85,11 @@ def _input(kind, view, dtype, gen):
         x = torch.rand(view, generator=gen, device="cuda") > 0.002
         x[0] = True  # a column or row of every kind: all True, and some False
         return x
-    if dtype == "int32":
-        hi = 3 if kind is RK.PROD else 1000
-        return torch.randint(-hi, hi, view, generator=gen, device="cuda", dtype=dt)
+    if dtype in ("uint8", "int8", "int16", "int32"):
+        # (an int64 product wraps as torch's does, in any order)
+        hi = 3 if kind is RK.PROD else 100 if dtype.endswith("int8") else 1000
+        lo = 0 if dtype == "uint8" else -hi
+        return torch.randint(lo, hi, view, generator=gen, device="cuda", dtype=dt)
     if kind is RK.PROD:  # +-1 with rare 2 and 1/2: exact in every dtype, the product finite
         u = torch.rand(view, generator=gen, device="cuda")
         mag = torch.where(u < 1e-4, 2.0, torch.where(u < 2e-4, 0.5, 1.0))

@@ -61,8 +61,13 @@ def _inputs(kind: RK, m: int, n: int, dtype: str, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     if dtype == "bool":
         return torch.rand(m, n, generator=g) < (0.97 if kind is RK.ALL else 0.03)
-    if dtype == "int32":
-        return torch.randint(-50, 50, (m, n), generator=g, dtype=torch.int32)
+    if dtype in ("int32", "int16", "int8"):
+        if kind is RK.PROD:  # factors of -2, -1, 1, 2: a product that stays within int64
+            pick = torch.randint(0, 4, (m, n), generator=g)
+            return torch.tensor([-2, -1, 1, 2], dtype=getattr(torch, dtype))[pick]
+        return torch.randint(-50, 50, (m, n), generator=g, dtype=getattr(torch, dtype))
+    if dtype == "uint8":  # zeros among them, for all and any
+        return torch.randint(0, 200, (m, n), generator=g, dtype=torch.uint8) // 4
     x = torch.randn(m, n, generator=g, dtype=torch.float64)
     if kind is RK.PROD:
         x = 1 + x / (4 * n)  # a product that stays finite
@@ -93,11 +98,20 @@ ROWS = [
     pytest.param(RK.SUM, 3, 777, "int32", 0.0, id="sum-int32"),
     pytest.param(RK.ALL, 10, 7, "bool", 0.0, id="all-bool"),
     pytest.param(RK.ANY, 2, 4100, "bool", 0.0, id="any-bool"),
+    # the 8- and 16-bit integers read as themselves (16 and 8 to an access), widened to int64;
+    # a uint8 input's all keeps uint8, bool's amax is bool
+    pytest.param(RK.SUM, 3, 4099, "int8", 0.0, id="sum-int8"),
+    pytest.param(RK.PROD, 2, 24, "int16", 0.0, id="prod-int16"),
+    pytest.param(RK.ARGMAX, 5, 1000, "int16", 0.0, id="argmax-int16"),
+    pytest.param(RK.AMIN, 4, 70, "uint8", 0.0, id="amin-uint8"),
+    pytest.param(RK.ALL, 10, 7, "uint8", 0.0, id="all-uint8"),
+    pytest.param(RK.AMAX, 9, 40, "bool", 0.0, id="amax-bool"),
 ]
 
 
 def _tolerance(kind: RK, dtype: str, out_ctype: str) -> float:
-    if kind in (RK.ALL, RK.ANY, RK.ARGMAX, RK.ARGMIN, RK.AMAX, RK.AMIN) or dtype == "int32":
+    if kind in (RK.ALL, RK.ANY, RK.ARGMAX, RK.ARGMIN, RK.AMAX, RK.AMIN) or dtype in (
+            "int32", "int16", "int8", "uint8"):
         return 0.0  # exact
     if out_ctype in ("bfloat16_t", "half_t"):
         return 1e-2  # the output's rounding
@@ -163,6 +177,8 @@ COLUMNS = [
     pytest.param(RK.ARGMIN, 3, 33, 7, "float16", 0.0, id="argmin-narrow"),
     pytest.param(RK.VAR_MEAN, 2, 1000, 40, "float32", 1.0, id="var-mean"),
     pytest.param(RK.ANY, 2, 65, 100, "bool", 0.0, id="any-bool"),
+    pytest.param(RK.SUM, 2, 70, 48, "int8", 0.0, id="sum-int8"),
+    pytest.param(RK.AMAX, 2, 33, 20, "bool", 0.0, id="amax-bool"),
 ]
 
 

@@ -228,20 +228,26 @@ def test_integer_activations_are_torchs(dtype):
         assert got.dtype is dtype and torch.equal(got, F.hardtanh(x, *bounds)), bounds
 
 
-def test_clamp_refuses_a_float_bound_of_an_integer_tensor():
-    """torch.clamp(int, -0.5) is a float tensor; the op's output is x's dtype, so a float
-    bound of an integer x is refused by name (an int bound keeps torch's integer result)."""
+def test_clamp_promotes_an_integer_tensor_beside_a_float_bound_as_torch():
+    """torch.clamp(int, -0.5) is a float tensor (torch's wrapped-number promotion), an int
+    bound keeps the integer dtype; in place, a float bound of an integer x is refused by the
+    entry's rule, as torch refuses it."""
     x = torch.arange(-3, 4, dtype=torch.int32)
-    op = ClampFwdOp(min=-0.5, max=2)
-    with pytest.raises(TypeError) as exc:
-        op(x)
-    assert str(exc.value) == (
-        "ClampFwdOp: param min is the float -0.5 and x is int32; torch.clamp would promote the "
-        "result to a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
-        "bound or a floating x")
-    torch.testing.assert_close(op(x.double()), torch.clamp(x.double(), -0.5, 2))  # usable
+    got = ClampFwdOp(min=-0.5, max=2)(x)
+    want = torch.clamp(x, -0.5, 2)
+    assert got.dtype is want.dtype is torch.float32 and torch.equal(got, want)
     got = ClampFwdOp(min=-1, max=2)(x)
     assert got.dtype is torch.int32 and torch.equal(got, torch.clamp(x, -1, 2))
+    with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+        x.clone().clamp_(-0.5, 2)
+    with pytest.raises(SignatureCallError) as exc:
+        ClampFwdOp(min=-0.5, max=2, inplace=True)(x.clone())
+    assert str(exc.value).splitlines()[:4] == [
+        "ClampFwdOp: argument x does not match the signature",
+        "  expected: not inplace or result_type(T, 1, R, 0) == T",
+        "  seen:     x: i32[7]",
+        "  because:  refinement 'not inplace or result_type(T, 1, R, 0) == T' does not hold "
+        "(inplace = True, T = torch.int32, R = torch.float32)"]
 
 
 # --- broadcasting and promotion against torch ---------------------------------------------

@@ -217,6 +217,60 @@ def test_clamp_forms_and_inplace_write_the_callers_tensor():
     assert launched == []
 
 
+@pytest.mark.parametrize(("params", "x", "bounds", "dtype"), [
+    # an int32 x beside a float number: y is the default float, x cast on load
+    (dict(min=-0.5, max=2), torch.arange(-3, 4, dtype=torch.int32), (), torch.float32),
+    # beside an int number: x's own dtype; a bool x beside one: int64
+    (dict(max=1), torch.arange(-3, 4, dtype=torch.int8), (), torch.int8),
+    (dict(min=0, max=1), torch.tensor([True, False]), (), torch.int64),
+    # tensor bounds of other dtypes: torch's promotion of the three
+    ({}, _rand(3, 4, dtype=torch.bfloat16), (torch.full((4,), -0.3), None), torch.float32),
+    ({}, torch.arange(12, dtype=torch.int16).view(3, 4),
+     (torch.tensor(2, dtype=torch.int64), torch.full((3, 1), 9.5, dtype=torch.float16)),
+     torch.float16),
+    # a number beside a tensor bound: a 0-dim tensor of y's dtype
+    (dict(max=7), torch.arange(12, dtype=torch.int32).view(3, 4),
+     (torch.full((4,), 2, dtype=torch.int64), None), torch.int64),
+])
+def test_clamp_takes_every_operand_into_the_promoted_dtype(params, x, bounds, dtype):
+    mine, ref = _pair(ops.ClampFwdOp, **params)
+    got = mine(x, *bounds)
+    assert got.dtype is dtype and launched
+    want = ref(x, *bounds)
+    assert want.dtype is dtype
+    _close(got, want)
+    if all(b is not None for b in bounds) and (bounds or not params.keys() - {"min", "max"}):
+        lo, hi = bounds if bounds else (params.get("min"), params.get("max"))
+        assert torch.equal(got, torch.clamp(x, lo, hi))  # torch's own form, where it has one
+
+
+def test_clamp_in_place_computes_in_the_promoted_dtype_and_casts_into_x():
+    """A uint8 x clamped in place by an int8 bound: torch computes in int16 and casts into
+    x (-4 is 252 there), not in uint8 (where the bound would be 252 before the clamp)."""
+    x = torch.tensor([[4, 4, 3, 0, 3], [1, 9, 2, 7, 0]], dtype=torch.uint8)
+    lo, hi = torch.tensor(True), torch.tensor([[-4], [6]], dtype=torch.int8)
+    want = x.clone().clamp_(lo, hi)
+    for op in _pair(ops.ClampFwdOp, inplace=True):
+        y = x.clone()
+        assert op(y, lo, hi) is y
+        assert torch.equal(y, want), (op, y)
+    assert launched == ["clamp_tensor"]
+    launched.clear()
+
+
+def test_clamp_gradient_of_a_promoted_output_is_in_x_s_dtype():
+    x = _rand(6, 4, dtype=torch.bfloat16, seed=1)
+    dy = _rand(6, 4, seed=2)  # the gradient of a float32 y
+    lo, hi = torch.full((4,), -0.3), torch.full((6, 1), 0.4, dtype=torch.float64)
+    mine, ref = _pair(ops.ClampBwdOp)
+    got = mine(dy, x, lo, hi)
+    assert got.dtype is torch.bfloat16
+    _close(got, ref(dy, x, lo, hi))
+    xg = x.clone().requires_grad_()
+    torch.clamp(xg, lo, hi).backward(dy.double())
+    assert torch.equal(got, xg.grad)
+
+
 def test_clamp_gradient_passes_where_the_bounds_hold():
     dy, x = _rand(6, 4), _rand(6, 4, seed=1)
     x[0, 0] = -0.5  # at a bound the gradient passes, as torch's

@@ -229,7 +229,8 @@ def test_the_in_tree_kernels_refuse_float64_naming_the_reference_target() -> Non
         op(torch.zeros(2, 3, dtype=torch.float64))
     assert str(info.value) == (
         "SumFwdOp: the in-tree reduction kernels serve bfloat16, bool, float16, float32, "
-        "int32, int64, not float64; construct the op with target='reference' for float64")
+        "int16, int32, int64, int8, uint8, not float64; construct the op with "
+        "target='reference' for float64")
 
 
 def test_the_call_spec_refuses_what_no_kernel_computes() -> None:
@@ -261,7 +262,7 @@ def test_amax_of_an_empty_input_is_refused_by_its_rule() -> None:
 # --- the plans ---------------------------------------------------------------------------------
 
 
-DTYPES = ["bool", "int32", "int64", "float16", "bfloat16", "float32"]
+DTYPES = ["bool", "uint8", "int8", "int16", "int32", "int64", "float16", "bfloat16", "float32"]
 
 
 @settings(max_examples=300, deadline=None)

@@ -106,12 +106,13 @@ def test_the_answer_is_the_stable_sorts(row, k, largest, values, indices, sort):
                                                          == math.copysign(1, w))
 
 
-def test_float64_is_refused_by_name_on_the_in_tree_kernels():
+@pytest.mark.parametrize("dtype", ["float64", "int32", "uint8"])
+def test_a_dtype_the_kernels_lack_is_refused_by_name_on_the_in_tree_kernels(dtype):
     with pytest.raises(TypeError) as err:
-        _in_tree(k=1)(torch.zeros(2, 3, dtype=torch.float64))
+        _in_tree(k=1)(torch.zeros(2, 3, dtype=getattr(torch, dtype)))
     assert str(err.value) == (
-        "TopkFwdOp: the in-tree top-k kernels serve bfloat16, float16, float32, not float64; "
-        "construct the op with target='reference' for float64")
+        f"TopkFwdOp: the in-tree top-k kernels serve bfloat16, float16, float32, not {dtype}; "
+        f"construct the op with target='reference' for {dtype}")
     assert not launched
 
 

@@ -191,6 +191,11 @@ def test_a_float_param_takes_any_real_number_and_refuses_an_int_past_floats(plan
     with pytest.raises(ConstructionError) as info:
         plan.construct(layout=MASKED, alpha=np.bool_(True))
     assert str(info.value).splitlines()[3] == "  because:  alpha must be a number"
+    # an int stays an int (torch's Scalar keeps the type: an int bound keeps an integer
+    # tensor's dtype, a float one promotes it); one past int64 is a float
+    for given, held in ((3, 3), (np.int16(-2), -2), (2**70, float(2**70)), (1.0, 1.0)):
+        got = plan.construct(layout=MASKED, alpha=given).params["alpha"]
+        assert got == held and type(got) is type(held)
 
 
 ADT_BAD = [

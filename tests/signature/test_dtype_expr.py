@@ -2,10 +2,13 @@
 type promotion (``result_type(TA, len(SA), TB, len(SB))``, ``let S = broadcast(SA, SB)``),
 through every mode (``check``, ``check_exact``, ``check_symbolic``, ``derive``), the table
 lookup each compiles to, ``out=`` buffers, the refusals, the roofline; hypothesis over shape
-and dtype pairs against torch; and the in-place activation form."""
+and dtype pairs against torch; a conditional between dtypes (torch.all's uint8); Python numbers
+beside tensors (``with_numbers``, a float param keeping an int) and a large table split at its
+nested call; and the in-place activation form."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -20,6 +23,8 @@ torch = pytest.importorskip("torch")
 DTYPES = ["bool", "uint8", "int32", "int64", "float16", "bfloat16", "float32", "float64",
           "complex64", "float8_e4m3fn"]
 UNION = " | ".join(DTYPES)
+#: the dtypes every pair of which torch promotes (no float8, no complex)
+REAL = " | ".join(d for d in DTYPES if d not in ("complex64", "float8_e4m3fn"))
 SPEC = f"""\
 AddOp:
   family: test
@@ -56,6 +61,31 @@ MeanOp:
       b: {{dtype: TB, shape: "[*SB]"}}
     outputs:
       mean: {{dtype: "promote_int_to_float(promote(TA, TB))", shape: "[]"}}
+AllOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{S: Shape, T: "DType[bool | uint8 | int8 | float32]"}}
+    inputs:
+      x: {{dtype: T, shape: "[*S]"}}
+    outputs:
+      y: {{dtype: "uint8 if T == uint8 else bool", shape: "[]"}}
+      s: {{dtype: "T if T == bool or T == float32 else promote(T, int64)", shape: "[]"}}
+BoundOp:
+  family: test
+  status: spec-only
+  signature:
+    forall: {{S: Shape, SM: Shape, T: "DType[{REAL}]", TM: "DType[{REAL}]", TN: "DType[{REAL}]"}}
+    params:
+      lo: {{type: "float | None", default: null}}
+      hi: {{type: "float | None", default: null}}
+    inputs:
+      x: {{dtype: T, shape: "[*S]"}}
+      m: {{dtype: TM, shape: "[*SM]"}}
+      n: {{dtype: TN, shape: "[*SM]"}}
+    outputs:
+      y: {{dtype: "with_numbers(T, lo, hi)", shape: "[*S]"}}
+      z: {{dtype: "with_numbers(result_type(T, len(S), TM, len(SM), TN, len(SM)), lo, hi)", shape: "[*S]"}}
 ReluOp:
   family: test
   status: spec-only
@@ -171,6 +201,81 @@ def test_promote_int_to_float_reads_torchs_default_dtype_at_each_call() -> None:
         "the dtype of mean, promote_int_to_float(promote(TA, TB)), has no value at "
         "TA = float8_e4m3fn, TB = int32, default_dtype() = float32: torch does not promote a "
         "float8 dtype with another dtype")
+
+
+def test_a_conditional_between_dtypes_is_one_lookup() -> None:
+    """torch.all keeps a uint8 input's dtype and gives bool for every other: a conditional
+    whose test compares dtypes, compiled to a table as a primitive's call is (in every mode),
+    its branches dtypes or dtype primitives' calls."""
+    op = point("AllOp")
+    want = {"bool": ("bool", "bool"), "uint8": ("uint8", "int64"), "int8": ("bool", "int64"),
+            "float32": ("bool", "float32")}
+    for name, (y, s) in want.items():
+        x = t((3,), name)
+        outs = (getattr(torch, y), getattr(torch, s))
+        for check in (op.check, op.check_exact, op.check_symbolic):
+            call = check(x)
+            assert call.output_dtypes == outs
+            assert op.derive(call)[2] == outs
+    src = op.source()
+    derive = src[src.index("def derive("):src.index("def traffic(")]
+    assert derive.count("[i_T]") == 2  # one table each, keyed by T alone
+    # the dtypes each output may have, over both branches (y's all integral: an op of it
+    # records no gradient)
+    members = op.plan.output_dtype_members
+    assert set(members["y"]) == {"bool", "uint8"} and "float32" in members["s"]
+
+
+def test_a_conditional_testing_anything_but_dtypes_is_not_compiled() -> None:
+    for test, why in (("len(S) < 1", r"the test len\(S\) < 1 cannot be compiled: a dtype "
+                                      r"conditional compares dtypes \(== or !=\)"),
+                      ("len(S) == 0", r"len\(S\) cannot be compiled as a dtype argument")):
+        spec = SPEC.replace('"uint8 if T == uint8 else bool"', f'"uint8 if {test} else bool"')
+        bad = load_spec_text(spec, "add.yaml")
+        with pytest.raises(Exception, match=why):
+            SignaturePlan("AllOp", bad.entries["AllOp"], spec=bad).construct()
+
+
+def test_numbers_beside_tensors_promote_by_their_type() -> None:
+    """A float param keeps an int its caller passed: beside an integer tensor an int stays
+    the tensor's dtype, a float is torch's default (read at the call); bool beside an int is
+    int64. Each number type is its own point (1 and 1.0 are equal keys of a dict)."""
+    x, m = t((2,), "int32"), t((), "float16")
+    for lo, hi, want in ((1, None, "int32"), (1.0, None, "float32"), (None, 2, "int32"),
+                         (1, 2.5, "float32"), (None, None, "int32")):
+        p = point("BoundOp", lo=lo, hi=hi)
+        assert p.params["lo"] == lo and type(p.params["lo"]) is type(lo)
+        assert p.check(x, m, m).output_dtypes[0] is getattr(torch, want), (lo, hi)
+    assert point("BoundOp", lo=1).check(t((2,), "bool"), m, m).output_dtypes[0] is torch.int64
+    assert point("BoundOp", lo=-0.0).check(x, m, m).output_dtypes[0] is torch.float32
+    assert point("BoundOp", lo=1.0).check(t((2,), "bfloat16"), m, m).output_dtypes[0] is \
+        torch.bfloat16
+    try:
+        torch.set_default_dtype(torch.float64)
+        assert point("BoundOp", lo=1.0).check(x, m, m).output_dtypes[0] is torch.float64
+    finally:
+        torch.set_default_dtype(torch.float32)
+
+
+def test_a_large_table_is_split_at_its_nested_call() -> None:
+    """``with_numbers(result_type(...six operands...), lo, hi)`` would be one table of 8192
+    combinations; the nested call that cannot miss gets its own table and its result is a
+    key of the outer one, looked up in turn. Every combination gives what the spec's
+    evaluator gives."""
+    from tileops.spec import Scope, evaluate, parse_expr
+
+    p = point("BoundOp", lo=1, hi=0.5)
+    src = p.source()
+    derive = src[src.index("def derive("):src.index("def traffic(")]
+    assert re.search(r"_DX\d+\[_DX\d+\[i_T, len\(i_S\) == 0, i_TM, len\(i_SM\) == 0, "
+                     r"i_TN\], _F\d+\(\)\]", derive), derive
+    expr = parse_expr("with_numbers(result_type(T, len(S), TM, len(SM), TN, len(SM)), 1, 0.5)")
+    names = ["bool", "uint8", "int32", "float16", "float64"]
+    for tx, tm, tn in itertools.product(names, repeat=3):
+        for sx, sm in (((2,), ()), ((), (2,)), ((2,), (2,))):
+            want = evaluate(expr, Scope({"T": tx, "TM": tm, "TN": tn, "S": sx, "SM": sm}))
+            got = p.check(t(sx, tx), t(sm, tm), t(sm, tn)).output_dtypes[1]
+            assert got is getattr(torch, want), (tx, tm, tn, sx, sm)
 
 
 def test_shapes_that_do_not_broadcast_are_refused_naming_both_and_the_axis() -> None:

@@ -1,6 +1,7 @@
 """The promotion lattice of ``tileops.spec.dtypes`` against torch: ``promote_types`` and
 ``result_type`` over every pair of the spec's dtype names (every rank combination of 0-dim and
-not), ``promote_int_to_float`` against torch's integral-to-float rule; the set forms the
+not), ``promote_int_to_float`` against torch's integral-to-float rule, ``with_numbers`` against
+torch's promotion of a tensor beside Python numbers; the set forms the
 validator and the generated tables use against brute force; and the primitives of those
 names through the evaluator, with their refusals."""
 
@@ -21,6 +22,8 @@ from tileops.spec.dtypes import (
     promote_types,
     result_type,
     result_type_members,
+    with_numbers,
+    with_numbers_members,
 )
 from tileops.spec.evaluate import EvalError
 
@@ -106,6 +109,45 @@ def test_promote_int_to_float_takes_torchs_default_dtype(default: str) -> None:
     assert torch.get_default_dtype() == torch.float32
 
 
+#: Python numbers beside a tensor, one or two of them (None: no number)
+NUMBERS = [(None,), (True,), (3,), (1.5,), (2, 0.5), (False, 7), (None, -1.0), (True, 2.5),
+           (None, None)]
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+@pytest.mark.parametrize("numbers", NUMBERS, ids=repr)
+def test_with_numbers_is_torchs_promotion_beside_python_numbers(numbers, rank) -> None:
+    """torch's type promotion of one tensor and Python numbers (its elementwise ops' rule, as
+    ``torch._prims_common.elementwise_dtypes`` states it): a wrapped number counts only where
+    its category is higher, below a 0-dim tensor."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    given = [n for n in numbers if n is not None]
+    mismatches = []
+    for name in NAMES:
+        x = torch.zeros((2,) * rank, dtype=getattr(torch, name))
+        want = _torch_name(lambda x=x: elementwise_dtypes(
+            x, *given, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1])
+        if len(given) == 1:  # and as torch.result_type answers it
+            assert want == _torch_name(lambda x=x: torch.result_type(x, given[0]))
+        if with_numbers(name, numbers) != want:
+            mismatches.append((name, want))
+    assert mismatches == []
+
+
+@pytest.mark.parametrize("default", DEFAULT_FLOATS)
+def test_with_numbers_gives_a_float_torchs_default_dtype(default: str) -> None:
+    try:
+        torch.set_default_dtype(getattr(torch, default))
+        for name in ("bool", "int32", "float16"):
+            x = torch.zeros(2, dtype=getattr(torch, name))
+            got = str(torch.result_type(x, 0.5)).removeprefix("torch.")
+            assert with_numbers(name, [0.5], default) == got
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert with_numbers("int32", [0.5]) == "float32"  # without a default: torch's own
+
+
 UNIONS = st.lists(st.sampled_from(NAMES), min_size=1, max_size=5, unique=True)
 
 
@@ -132,6 +174,21 @@ def test_set_forms_are_every_result_over_the_unions(unions, zero) -> None:
         promote_int_to_float(d) for d in unions[0]}
 
 
+@settings(max_examples=100, deadline=None)
+@given(UNIONS, st.lists(st.sampled_from([("bool",), ("int64", None), ("bool", "int64", None)]),
+                        max_size=2),
+       st.sampled_from([(), (None,), DEFAULT_FLOATS, ("int64", *DEFAULT_FLOATS, None)]))
+def test_with_numbers_members_are_every_result(union, options, floats) -> None:
+    """The set form over each number's dtypes: every result of one choice of each (a float
+    number's dtype is the default, so the last number's float options are the defaults)."""
+    options = [*options, floats] if floats else options
+    number = {None: None, "bool": True, "int64": 1}
+    results = {with_numbers(d, [number.get(n, 0.5) for n in combo],
+                            next((n for n in combo if n in DEFAULT_FLOATS), "float32"))
+               for d in union for combo in itertools.product(*options)}
+    assert set(with_numbers_members(union, options)) == results - {None}
+
+
 def test_set_forms_are_in_dtype_order() -> None:
     assert promote_members([("float32", "int8"), ("bool", "float16")]) == \
         ("int8", "float16", "float32")
@@ -155,6 +212,11 @@ def test_the_primitives_evaluate_by_name() -> None:
     assert ev("promote_int_to_float(T, float64)", T="int32") == "float64"
     assert ev("promote_int_to_float(T, float64)", T="bfloat16") == "bfloat16"
     assert ev("itemsize(promote(TA, TB))", TA="float16", TB="bfloat16") == 4
+    assert ev("with_numbers(T, a, b)", T="int32", a=1, b=None) == "int32"
+    assert ev("with_numbers(T, a, b)", T="int32", a=1, b=2.5) == "float32"
+    assert ev("with_numbers(T, a, default=float64)", T="int8", a=2.5) == "float64"
+    assert ev("with_numbers(T, a)", T="bool", a=1) == "int64"
+    assert ev("with_numbers(T, a)", T="bfloat16", a=1e300) == "bfloat16"
     assert PRIMITIVES["result_type"].takes(4) and PRIMITIVES["result_type"].takes(6)
     assert not PRIMITIVES["result_type"].takes(5)
 

@@ -262,7 +262,7 @@ def test_the_tables_are_closed_and_named_by_their_keys() -> None:
                                   "itemsize", "len",
                                   "max", "min", "naxes", "per_axis", "pool.out", "present", "prod",
                                   "promote", "promote_int_to_float", "reduce_shape", "reduced_sizes",
-                                  "replace_axis", "result_type", "size_at"]
+                                  "replace_axis", "result_type", "size_at", "with_numbers"]
     assert sorted(GENERATORS) == ["arange", "balanced_sizes", "class_targets", "cumsum",
                                   "distinct_rows", "full", "kv_lengths", "moe_metadata",
                                   "page_table", "prefix_sum", "scaled_prefix_sum"]

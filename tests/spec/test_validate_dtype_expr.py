@@ -52,8 +52,8 @@ FAILING = [
              'shape: "[*SB]"}', Y, 'y: {dtype: T, shape: "[*S]"}'),
         [("kind", "op.yaml:10: in Op.signature.inputs.w.dtype: 'promote(T, U)': an input's "
                   "dtype is a DType index or a dtype name, which the tensor's dtype is checked "
-                  "against; a computed dtype (promote, promote_int_to_float, result_type) is an "
-                  "output's")],
+                  "against; a computed dtype (promote, promote_int_to_float, result_type, "
+                  "with_numbers) is an output's")],
         id="computed-input-dtype"),
     pytest.param(
         binary("promote(T, len(SA))"),

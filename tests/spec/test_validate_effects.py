@@ -23,6 +23,11 @@ PASSING = {
             X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
             Y, 'y: {dtype: T, shape: "[M, N]", alias: x}',
             ROW, "{M: 2, N: 3, flag: true,")),
+        # x's dtype where x is written, another where the output is fresh (a clamp's
+        # promoted result)
+        ("alias-dtype-where-written", edit(
+            X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
+            Y, 'y: {dtype: "T if flag else promote(T, float32)", shape: "[M, N]", alias: x}')),
         ("alias-nullable", edit(
             X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
             Y, 'y: {dtype: T, shape: "[M, N]", alias: x, nullable: flag}')),
@@ -80,6 +85,19 @@ FAILING = [
             ),
         ],
         id="effects:alias-with-another-type",
+    ),
+    pytest.param(
+        edit(X, 'x: {dtype: T, shape: "[M, N]", mutated: flag}',
+             Y, 'y: {dtype: "promote(T, float32) if flag else T", shape: "[M, N]", alias: x}'),
+        [
+            (
+                "effects",
+                "op.yaml:11: in Op.signature.outputs.y.alias: output y aliases input x but"
+                " their types differ: Tensor[T, [M, N]] vs Tensor[promote(T, float32) if flag"
+                " else T, [M, N]]",
+            ),
+        ],
+        id="effects:alias-of-another-dtype-where-written",
     ),
     pytest.param(
         edit(X, 'x: {dtype: T, shape: "[M, N]", write_only: true}'),

@@ -30,6 +30,9 @@ OPT = ("forall: {M: Dim,", "forall: {B: Shape, M: Dim,",
 NULLABLE_DB = ("forall: {M: Dim,", 'forall: {U: "DType[float32 | float16]", M: Dim,',
                X, X + '\n      b: {dtype: U, shape: "[M, N]", optional: true}',
                Y, Y + '\n      db: {dtype: U, shape: "[M, N]", nullable: "NULLABLE"}')
+#: an optional input b of its own dtype U
+DTYPE_B = ("forall: {M: Dim,", 'forall: {U: "DType[float32 | float16]", M: Dim,',
+           X, X + '\n      b: {dtype: U, shape: "[M, N]", optional: true}')
 _ONLY_B = ("reads B, which only the optional input b gives: it may appear only in its "
            "declaration and in shape rules of the form 'not present(b) or ...'")
 
@@ -78,6 +81,12 @@ PASSING = {
         # (a gradient of b)
         ("optional-input-dtype-of-a-nullable-output", edit(*NULLABLE_DB, "NULLABLE",
                                                            "not flag or not present(b)")),
+        # read in the branch only a given b takes (clamp's promotion of its bounds)
+        ("optional-input-dtype-in-a-guarded-branch", edit(
+            *DTYPE_B, Y, 'y: {dtype: "promote(T, U) if present(b) else T", shape: "[M, N]"}')),
+        ("optional-input-dtype-in-a-guarded-branch-of-a-let", edit(
+            *DTYPE_B, "    outputs:", '    let: {R: "T if not present(b) else promote(T, U)"}\n'
+            "    outputs:", Y, 'y: {dtype: R, shape: "[M, N]"}')),
     ],
 }
 
@@ -332,6 +341,14 @@ FAILING = [
                       "the optional input b gives: it may appear only in its declaration and "
                       "in shape rules of the form 'not present(b) or ...'")],
         id="solvable:optional-dtype-of-an-output-present-without-b",
+    ),
+    pytest.param(
+        edit(*DTYPE_B, Y, 'y: {dtype: "T if present(b) else promote(T, U)", shape: "[M, N]"}'),
+        [("solvable", "op.yaml:12: in Op.signature.outputs.y.dtype: 'T if present(b) else "
+                      "promote(T, U)' reads U, which only the optional input b gives: it may "
+                      "appear only in its declaration and in shape rules of the form 'not "
+                      "present(b) or ...'")],
+        id="solvable:optional-dtype-in-the-branch-without-b",
     ),
     pytest.param(
         edit(*OPT, ROW, ROW + " some: [b],"),

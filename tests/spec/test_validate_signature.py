@@ -165,7 +165,7 @@ FAILING = [
                 "op.yaml:15: in Op.roofline.flops: 'foo(M)': unknown primitive 'foo'; known:"
                 " axis, broadcast, ceil_div, conv.out, expands_to, finite, itemsize, len, max, min,"
                 " naxes, per_axis, pool.out, present, prod, promote, promote_int_to_float,"
-                " reduce_shape, reduced_sizes, replace_axis, result_type, size_at",
+                " reduce_shape, reduced_sizes, replace_axis, result_type, size_at, with_numbers",
             ),
         ],
         id="unknown-name:primitive",
@@ -179,7 +179,7 @@ FAILING = [
                 " 'prefix_sum'; known: axis, broadcast, ceil_div, conv.out, expands_to, finite,"
                 " itemsize, len, max, min, naxes, per_axis, pool.out, present, prod, promote,"
                 " promote_int_to_float, reduce_shape, reduced_sizes, replace_axis, result_type,"
-                " size_at",
+                " size_at, with_numbers",
             ),
         ],
         id="unknown-name:generator-outside-values",

@@ -232,8 +232,10 @@ def _dtypes(b: _Base) -> Iterator[Refusal]:
         if not isinstance(kind, DTypeK):
             continue
         users = [n for n in b.given if sig.inputs[n].dtype.node == E.Name(index)]
+        if len(users) < 2:  # (an index only absent optional inputs give has no value)
+            continue
         other = next((m for m in kind.members if m != b.values[index]), None)
-        if len(users) < 2 or other is None:
+        if other is None:
             continue
         for j in users[1:]:
             yield b.refusal("dtype-mixed", f"{index}-in-{j}-{other}", j,

@@ -31,7 +31,8 @@ Two passes rather than atomics: the combine is not a float add for most kinds (p
 moments, argmax), and the order stays fixed, so results are deterministic.
 
 Arithmetic: float16/bfloat16/float32 accumulate in float32, integers and bool (sum, prod) in
-int64, amax/amin/argmax of integers in int64 (exact). The variance is the shifted-data form:
+int64, amax/amin/argmax of integers and amax/amin of bool in int64 (exact); the 8- and 16-bit
+integers are read as themselves (16 or 8 to a 16-byte access). The variance is the shifted-data form:
 ``d = x - x_0`` with ``x_0`` the first element of the reduced run, ``M2 = sum(d^2) -
 sum(d)^2 / n``, which keeps the fp32 cancellation bounded by the spread around ``x_0`` (the
 unshifted form loses every digit when the mean dominates) and, unlike Welford, merges the
@@ -40,7 +41,8 @@ partials of splits and threads by plain addition.
 NaN follows torch: amax/amin return NaN if any element is NaN; argmax/argmin take a NaN as the
 extreme (its first occurrence); ties keep the first index. bool tensors are declared uint8
 (TileLang cannot vectorize bool) and read as a nonzero test; all/any write 0 or 1 into the bool
-output's uint8 view.
+output's uint8 view (into a uint8 output for a uint8 input, as torch's all and any keep uint8),
+amax/amin of bool their 0 or 1.
 """
 
 # (no `from __future__ import annotations`: TileLang evaluates prim_func annotations)
@@ -110,17 +112,19 @@ _ARG = frozenset({ReduceKind.ARGMAX, ReduceKind.ARGMIN})
 _FLOAT_ONLY = _MOMENTS | {ReduceKind.MEAN, ReduceKind.L2NORM}
 
 #: the input dtypes the kernels are written for (float64 is the reference target's)
-ReductionDType = Literal["bool", "int32", "int64", "float16", "bfloat16", "float32"]
+ReductionDType = Literal["bool", "uint8", "int8", "int16", "int32", "int64", "float16",
+                         "bfloat16", "float32"]
 _DTYPES = frozenset(get_args(ReductionDType))
 _FLOATS = frozenset({"float16", "bfloat16", "float32"})
-_OUT_DTYPES = frozenset({"bool", "int32", "int64", "float16", "bfloat16", "float32"})
+_OUT_DTYPES = frozenset({"bool", "uint8", "int8", "int16", "int32", "int64", "float16",
+                         "bfloat16", "float32"})
 
 
 def out_dtype_of(kind: ReduceKind, dtype: str) -> str:
     """The output dtype torch gives ``kind`` of a ``dtype`` input (the spec's dtype expressions
     state the same rule; the spec checks the two agree)."""
     if kind in (ReduceKind.ALL, ReduceKind.ANY):
-        return "bool"
+        return "uint8" if dtype == "uint8" else "bool"  # torch.all keeps uint8
     if kind in _ARG:
         return "int64"
     if kind in (ReduceKind.SUM, ReduceKind.PROD) and dtype not in _FLOATS:

@@ -392,7 +392,9 @@ class LerpBwdOp(BinaryBwdOp):
 class ClampBwdOp(BinaryBwdOp):
     """``dx = dy`` where ``lo <= x <= hi`` (torch's clamp gradient: a bound passes at
     equality), else zero: one comparison launch per bound given (a number as a 0-dim
-    constant, or the bound tensor), then ``where``s, the last written into ``dx``."""
+    constant, or the bound tensor, compared with x in their promoted dtype as torch compares),
+    then ``where``s, the last written into ``dx`` in x's dtype (``dy`` is the forward's
+    promoted output's, as torch casts a gradient to its input's dtype)."""
 
     def forward(self, call, dy, x, min_bound, max_bound, dx) -> None:
         shape, dev = dy.shape, dy.device
@@ -423,7 +425,8 @@ class ClampBwdOp(BinaryBwdOp):
             keep &= x >= lo
         if hi is not None:
             keep &= x <= hi
-        return (torch.where(keep, dy, torch.zeros((), dtype=dy.dtype, device=dy.device)),)
+        return (torch.where(keep, dy, torch.zeros((), dtype=dy.dtype, device=dy.device))
+                .to(x.dtype),)
 
 
 class DivBwdOp(BinaryBwdOp):

@@ -41,7 +41,7 @@ from tileops.runtime.fastpath import class_function
 from tileops.runtime.memory import partially_overlap
 
 from ._dtypes import NAMES
-from ._elementwise_base import _HALF, ElementwiseOp, refuse_overflow
+from ._elementwise_base import _HALF, ElementwiseOp, _wide, refuse_overflow
 from ._elementwise_grads import (
     AbsBwdOp,
     AddBwdOp,
@@ -445,11 +445,25 @@ class ClampFwdOp(ElementwiseOp):
     """Scalar bounds (``min``, ``max``) compile into the kernel (``clamp``); tensor bounds
     (``min_bound``, ``max_bound``) are operands of ``clamp_tensor``, an absent one passed as
     ``x`` itself under a flag that says it bounds nothing, and a number bound beside a tensor
-    one as a 0-dim tensor of x's dtype, expanded (the rounding keeps clamp's result: it is
-    monotone). A tensor bound broadcasts to x's shape, as the entry states (``expands_to``):
-    the kernel reads its expanded view, a broadcast axis with stride 0, not a copy."""
+    one as a 0-dim tensor of y's dtype, expanded. A tensor bound broadcasts to x's shape, as
+    the entry states (``expands_to``): the kernel reads its expanded view, a broadcast axis
+    with stride 0, not a copy.
+
+    y's dtype is the entry's ``R``: torch's promotion of x, the tensor bounds and the numbers
+    (an int32 x beside ``min=1`` stays int32, beside ``min=0.5`` is float32, beside a float32
+    tensor bound too); every operand is taken into it (the kernels cast on load and compute in
+    it, float16 and bfloat16 through float32), so the bounds compare as torch compares them.
+    In place, y is x and ``R`` may be wider than x's dtype (an int16 of a uint8 x beside an
+    int8 bound): the result is computed in ``R`` and cast into x, as torch casts it."""
 
     fn = "clamp"
+
+    def derive(self) -> None:
+        super().derive()
+        #: the result dtypes the number bounds were checked against (once each)
+        self._numbers_fit: set[torch.dtype] = set()
+        #: the entry's R of a call: y's dtype, but for one in place, which is x's
+        self._result = self.index_reader("R")
 
     def constants(self) -> tuple:
         lo, hi = self.min, self.max
@@ -457,23 +471,17 @@ class ClampFwdOp(ElementwiseOp):
                 lo is not None, hi is not None)
 
     def refuse_params(self, ins: list) -> None:
-        for name in ("min", "max"):
-            refuse_overflow(self, f"param {name}", getattr(self, name), ins[0].dtype)
+        """None here: the number bounds are checked against y's dtype (:meth:`_refuse_numbers`),
+        which the operands alone do not give."""
 
-    def _refuse_float_bounds(self, x: torch.Tensor) -> None:
-        """torch.clamp of an integer tensor by a float number gives a float result (its type
-        promotion), which this op's output, x's dtype, cannot hold: refused by name rather
-        than truncated (an int bound keeps the integer dtype, as in torch)."""
-        if x.dtype.is_floating_point:
+    def _refuse_numbers(self, dtype: torch.dtype) -> None:
+        """Refuse a number bound that y's ``dtype`` cannot hold, as torch refuses to convert
+        it (300 beside int8; -1 beside uint8, which torch wraps, by name)."""
+        if dtype in self._numbers_fit:
             return
         for name in ("min", "max"):
-            bound = getattr(self, name)
-            if isinstance(bound, float):
-                raise TypeError(
-                    f"{type(self).__name__}: param {name} is the float {bound!r} and x is "
-                    f"{NAMES.get(x.dtype, x.dtype)}; torch.clamp would promote the result to "
-                    f"a floating dtype, which this op's y (x's dtype) cannot hold; give an int "
-                    f"bound or a floating x")
+            refuse_overflow(self, f"param {name}", getattr(self, name), dtype)
+        self._numbers_fit.add(dtype)
 
     def _refuse_overlap(self, x: torch.Tensor, min_bound: Any, max_bound: Any) -> None:
         """In place, a bound sharing part of x's memory is refused, as torch refuses it: the
@@ -489,42 +497,77 @@ class ClampFwdOp(ElementwiseOp):
                     f"(.clone())")
 
     def forward(self, call, x, min_bound, max_bound, y) -> None:
-        self._refuse_float_bounds(x)
         self._refuse_overlap(x, min_bound, max_bound)
+        out = y
+        if self.inplace:
+            dtype = self._result(call)[0]
+            if dtype != y.dtype:  # torch computes in R and casts into x (int16 into uint8)
+                out = torch.empty(y.shape, dtype=dtype, device=y.device)
+        self._refuse_numbers(out.dtype)
         if min_bound is None and max_bound is None:
-            self._launch(call, [x], (y,))
-            return
-        self.refuse_params([x])  # before a number bound becomes a tensor of x's dtype
-        lo = min_bound.expand(x.shape) if min_bound is not None else self._bound(self.min, x)
-        hi = max_bound.expand(x.shape) if max_bound is not None else self._bound(self.max, x)
-        form = ("clamp_tensor", (lo is not None, hi is not None))
-        self._launch(call, [x, x if lo is None else lo, x if hi is None else hi], (y,), form)
+            self._launch(call, [x], (out,))
+        else:
+            lo = (min_bound.expand(x.shape) if min_bound is not None
+                  else self._bound(self.min, out))
+            hi = (max_bound.expand(x.shape) if max_bound is not None
+                  else self._bound(self.max, out))
+            form = ("clamp_tensor", (lo is not None, hi is not None))
+            self._launch(call, [x, x if lo is None else lo, x if hi is None else hi], (out,),
+                         form)
+        if out is not y:
+            y.copy_(out)
 
     @staticmethod
-    def _bound(value: Any, x: torch.Tensor) -> torch.Tensor | None:
-        """A number bound beside a tensor bound: a 0-dim tensor of x's dtype, expanded."""
+    def _bound(value: Any, y: torch.Tensor) -> torch.Tensor | None:
+        """A number bound beside a tensor bound: a 0-dim tensor of y's dtype, expanded."""
         if value is None:
             return None
-        return torch.full((), value, dtype=x.dtype, device=x.device).expand(x.shape)
+        return torch.full((), value, dtype=y.dtype, device=y.device).expand(y.shape)
 
     def reference(self, call, x, min_bound, max_bound):
-        self._refuse_float_bounds(x)
         self._refuse_overlap(x, min_bound, max_bound)
-        return super().reference(call, x, min_bound, max_bound)
+        dtype = self._result(call)[0]  # (in place, the target casts it into x)
+        self._refuse_numbers(dtype)
+
+        def taken(t):  # an operand in y's dtype, computed in float32 where that is 16-bit
+            return None if t is None else _wide(t.to(dtype))
+
+        return (self.torch_fn(taken(x), taken(min_bound), taken(max_bound)),)
 
     def torch_fn(self, x, min_bound=None, max_bound=None, inplace=False):
         if min_bound is None and max_bound is None:
             return torch.clamp_(x, self.min, self.max) if inplace else \
                 torch.clamp(x, self.min, self.max)
-        # a bound of each spelling (torch.clamp takes two numbers or two tensors): the lower
-        # bound, then the upper, as clamp's min(max(x, lo), hi)
-        lo = min_bound if min_bound is not None else self.min
-        hi = max_bound if max_bound is not None else self.max
-        if inplace:  # the methods: autograd records them, where out= is refused
-            y = x if lo is None else x.clamp_(min=lo)
-            return y if hi is None else y.clamp_(max=hi)
-        y = x if lo is None else torch.clamp(x, min=lo)
-        return y if hi is None else torch.clamp(y, max=hi)
+        if (self.min is None or min_bound is not None) and \
+                (self.max is None or max_bound is not None):  # torch's tensor form
+            return torch.clamp_(x, min_bound, max_bound) if inplace else \
+                torch.clamp(x, min_bound, max_bound)
+        # a bound of each spelling (torch.clamp takes two numbers or two tensors): the number
+        # as a 0-dim tensor of the dtype torch's promotion of all four gives, then its
+        # tensor form
+        dtype = _promoted(x, min_bound, max_bound, self.min, self.max)
+
+        def bound(tensor, value):
+            if tensor is not None:
+                return tensor.to(dtype)
+            return None if value is None else torch.full((), value, dtype=dtype,
+                                                         device=x.device)
+
+        lo, hi = bound(min_bound, self.min), bound(max_bound, self.max)
+        if inplace:
+            return torch.clamp_(x, lo, hi)
+        return torch.clamp(x.to(dtype), lo, hi)
+
+
+def _promoted(*operands: Any) -> torch.dtype:
+    """torch's result dtype of tensors and Python numbers (None: absent), as its elementwise
+    ops promote them (a number counts only where its category is higher, below a 0-dim
+    tensor)."""
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    given = [o for o in operands if o is not None]
+    return elementwise_dtypes(*given,
+                              type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)[1]
 
 
 # --- binary ops: broadcasting and torch's promotion -----------------------------------------

@@ -77,8 +77,9 @@ class TopkOp(Op):
 
 class TopkFwdOp(TopkOp):
     def reference(self, call, x):
-        # a stable sort: by value, equal values by index (NaN above every number, -0.0 == 0.0)
-        wide = x.float() if x.dtype != torch.float64 else x
+        # a stable sort: by value, equal values by index (NaN above every number, -0.0 == 0.0);
+        # integers as they are (float32 does not hold every int32 or int64)
+        wide = x.float() if x.is_floating_point() and x.dtype != torch.float64 else x
         if x.dim() == 0:  # torch.topk's 0-dim result: the element at index 0, k 0 or 1
             return wide.clone(), torch.zeros((), dtype=torch.int64, device=x.device)
         vals, idx = torch.sort(wide, dim=self.dim, descending=self.largest, stable=True)

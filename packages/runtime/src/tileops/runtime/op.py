@@ -551,12 +551,14 @@ class Op(declared.Equivalents, Composite, Trained):
 
     def _outputs_take_no_grad(self) -> bool:
         """Whether every output's declared dtype is an integer or bool one, whatever the call
-        (an index, a mask): outputs that cannot require grad, so that a forward-only op
-        serves inputs that require it, as torch's argmax or eq does."""
+        (an index, a mask; or a computed dtype every value of which is, ``uint8 if T == uint8
+        else bool``): outputs that cannot require grad, so that a forward-only op serves
+        inputs that require it, as torch's argmax or eq does."""
         plan = self._signature
         assert plan is not None
         return all(d.dtype.text.strip() in _INTEGRAL_DTYPE_NAMES
-                   for d in plan.sig.outputs.values())
+                   or _INTEGRAL_DTYPE_NAMES.issuperset(plan.output_dtype_members[n] or ("?",))
+                   for n, d in plan.sig.outputs.items())
 
     def _forward_only(self, inputs: tuple) -> None:
         plan = self._signature

@@ -129,9 +129,13 @@ def _normalized(plan: SignaturePlan, n: str, v: Any, k: Kind,  # noqa: C901
             bad(f"{n} must be an int")
         return i
     if isinstance(k, FloatK):
-        # a real number of any library (numpy's float32 too), not a bool
+        # a real number of any library (numpy's float32 too), not a bool; an int stays an int
+        # (torch's Scalar keeps the Python type: beside an integer tensor an int bound keeps
+        # its dtype, a float one promotes it, so a dtype expression reads which it is)
         if isinstance(v, bool) or not isinstance(v, numbers.Real) or type(v).__name__ == "bool_":
             bad(f"{n} must be a number")
+        if isinstance(v, numbers.Integral) and -(1 << 63) <= int(v) < 1 << 63:
+            return int(v)  # (a larger one, past every integer dtype, as a float)
         try:
             return float(v)
         except OverflowError:  # an int past float's range
@@ -295,8 +299,10 @@ def _hashable(v: Any) -> Any:
         return (v.constructor, tuple(sorted((k, _hashable(x)) for k, x in v.fields.items())))
     if isinstance(v, list):
         return tuple(v)
-    if isinstance(v, float) and v != v:  # NaN != NaN: one key for every NaN, not a new point
-        return ("nan",)
+    if isinstance(v, float):
+        if v != v:  # NaN != NaN: one key for every NaN, not a new point
+            return ("nan",)
+        return (float, v)  # not 1's point: a float param keeps an int as an int (_normalized)
     return v
 
 

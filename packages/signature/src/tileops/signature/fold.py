@@ -138,9 +138,10 @@ class ExprCompiler:
         consts = {d: disc_values[d] for d in fam.discriminants}
         return subst(chosen, env_nodes, consts)
 
-    def dtype_lookup(self, node: E.Call, presence_code=None) -> Lookup:
-        """A dtype primitive's call (folded) as one table lookup (:mod:`.dtypes`), computed
-        once for the point: every mode's code looks up the same table."""
+    def dtype_lookup(self, node: E.Node, presence_code=None) -> Lookup:
+        """A computed dtype (folded: a dtype primitive's call or a conditional between dtypes)
+        as one table lookup (:mod:`.dtypes`), computed once for the point: every mode's code
+        looks up the same table."""
         if presence_code is not None:  # a rank reading present(): compiled in its context
             return lookup(self, node, lambda leaf: self._py(leaf, presence_code))
         lk = self.dtype_lookups.get(node)
@@ -269,8 +270,8 @@ def _lit(v: Any) -> E.Node | None:
         return E.Bool(v)
     if isinstance(v, int):
         return E.Int(v) if v >= 0 else E.UnaryOp("-", E.Int(-v))
-    if isinstance(v, float) and math.isfinite(v):
-        return E.Float(v) if v >= 0 else E.UnaryOp("-", E.Float(-v))
+    if isinstance(v, float) and math.isfinite(v):  # -0.0 as a negation, as the parser has it
+        return E.Float(v) if math.copysign(1.0, v) > 0 else E.UnaryOp("-", E.Float(-v))
     if isinstance(v, str):
         return E.Str(v)
     if v is None:

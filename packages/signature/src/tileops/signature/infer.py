@@ -17,7 +17,7 @@ from tileops.spec import DTYPES, Scope, evaluate
 from tileops.spec import expr as E
 
 from .common import GenError, LazyConflict, ev, shape_text, tuple_code
-from .dtypes import is_dtype_call
+from .dtypes import is_dtype_expr
 
 if TYPE_CHECKING:  # pragma: no cover
     from tileops.spec.schema import OutputDecl
@@ -105,16 +105,17 @@ def _output_dtype(b: Body, n: str, d: OutputDecl) -> str:
     no result) is bound to ``o_<n>`` and checked, naming the input whose dtype reached it; one
     that cannot is emitted only where it is read (a buffer's check, ``derive``)."""
     node = b.g.fold(d.dtype.node, b.presence, b.bound_set)
-    if isinstance(node, E.Name) and node.id in b.sig.forall:
-        return f"i_{node.id}"
+    if isinstance(node, E.Name) and (node.id in b.sig.forall or node.id in b.sig.let):
+        return f"i_{node.id}"  # an index, or a let the body computed (a dtype's checked there)
     if isinstance(node, E.Str | E.Name):  # a dtype name, or a dtype param folded
         name = node.value if isinstance(node, E.Str) else node.id
         if name not in DTYPES:
             raise GenError(f"dtype of {n} ({d.dtype.text}) is not a dtype")
         return b.g._native(name)
-    if not is_dtype_call(node):
+    if not is_dtype_expr(node):
         raise GenError(f"dtype of {n} ({d.dtype.text}) cannot be compiled: an output's dtype "
-                       f"is an index, a dtype name or a dtype primitive's call")
+                       f"is an index, a dtype name, a dtype primitive's call or a conditional "
+                       f"between them")
     lk = b.g.dtype_lookup(node)  # type: ignore[arg-type]
     if lk.constant:
         return ast.unparse(lk.code)

@@ -48,6 +48,7 @@ from tileops.spec import AdtDef, OpEntry, SpecError, SpecFile, kind_from_expr, v
 from tileops.spec import expr as E
 from tileops.spec.kinds import DTypeK, Kind
 from tileops.spec.primitives import AxisError
+from tileops.spec.validate.infer import InferError, KindInference
 
 from .adapters import DTypeAdapter, torch_adapter
 from .call import SignatureCall, record_type
@@ -111,12 +112,48 @@ class SignaturePlan:
         self.output_names = tuple(self.sig.outputs)
         self.optional_inputs = tuple(n for n, d in self.sig.inputs.items()
                                      if d.optional.node != E.Bool(False))
+        self._dtype_lets()
+        #: output -> the dtypes it may have over every call (None: its dtype is a param's)
+        self.output_dtype_members: dict[str, tuple[str, ...] | None] = {
+            n: self._dtype_members(d.dtype.node) for n, d in self.sig.outputs.items()}
         self.buffer_outputs = tuple(n for n, d in self.sig.outputs.items() if d.buffer)
         #: whether some construction leaves an output out of the call's result (``returned``)
         self.may_leave_out = any(d.returned.node != E.Bool(True)
                                  for d in self.sig.outputs.values())
         self._points: dict[tuple, ConstructionPoint] = {}
         self._lock = threading.Lock()
+
+    def _dtype_lets(self) -> None:
+        """The kinds of the lets that are dtypes (a computed dtype that a rule or another
+        dtype expression reads, clamp's ``R``), in :attr:`kinds` with the indices'."""
+        tensors = {n: n in self.optional_inputs for n in self.sig.inputs}
+        tensors.update({n: d.nullable.node != E.Bool(False)
+                        for n, d in self.sig.outputs.items()})
+        for _ in range(len(self.sig.let)):  # a let may read another: until none is added
+            added = False
+            for n, ex in self.sig.let.items():
+                if n in self.kinds:
+                    continue
+                try:
+                    k = KindInference(self.kinds, self.sig.types, tensors, self.adts).infer(
+                        ex.node)
+                except InferError:
+                    continue  # not a dtype, or reading a let that is not one
+                if isinstance(k, DTypeK):
+                    self.kinds[n] = k
+                    added = True
+            if not added:
+                return
+
+    def _dtype_members(self, node: E.Node) -> tuple[str, ...] | None:
+        """The dtypes a dtype expression of the entry (an output's ``dtype``) may take over
+        every call: its kind's members; None where it is no dtype."""
+        tensors = {n: n in self.optional_inputs for n in self.sig.inputs}
+        try:
+            k = KindInference(self.kinds, self.sig.types, tensors, self.adts).infer(node)
+        except InferError:
+            return None
+        return k.members if isinstance(k, DTypeK) else None
 
     @property
     def adapter(self) -> DTypeAdapter:
@@ -166,8 +203,8 @@ class ConstructionPoint:
         self.output_names = plan.output_names
         #: the outputs the call's result holds, in order (``returned`` at these params)
         self.returned_outputs: tuple[str, ...] = returned_outputs(plan, self.params)
-        self.dtype_indices = {n for n, k in plan.kinds.items()
-                              if isinstance(k, DTypeK) and n in plan.sig.forall}
+        self.dtype_indices = {n for n, k in plan.kinds.items() if isinstance(k, DTypeK)
+                              and (n in plan.sig.forall or n in plan.sig.let)}
         self.constants: dict[str, Any] = {**self.params, **const_lets(plan, self.params)}
         gen = Generator(self)
         self.index_names: tuple[str, ...] = gen.index_names

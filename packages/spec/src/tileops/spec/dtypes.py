@@ -1,7 +1,8 @@
 """Type promotion over the spec's dtype names: torch's rules, without torch.
 
 An output's dtype may be computed from its inputs' (``promote(TA, TB)``,
-``result_type(TA, len(SA), TB, len(SB))``, ``promote_int_to_float(T)``); the primitives of
+``result_type(TA, len(SA), TB, len(SB))``, ``promote_int_to_float(T)``) and from the Python
+numbers beside them (``with_numbers(T, min, max)``: torch's wrapped numbers); the primitives of
 those names (:mod:`.primitives`) are these functions over the names of :data:`.kinds.DTYPES`.
 They follow ``c10::promoteTypes`` and ATen's ``result_type`` (``TypeProperties.cpp``)
 exactly, and the tests compare them with ``torch.promote_types`` and ``torch.result_type``
@@ -31,6 +32,8 @@ __all__ = [
     "promote_types",
     "result_type",
     "result_type_members",
+    "with_numbers",
+    "with_numbers_members",
 ]
 
 #: torch's default floating dtype as torch ships (``torch.get_default_dtype()`` until a
@@ -146,6 +149,30 @@ def promote_int_to_float(a: str, default: str = DEFAULT_FLOAT) -> str:
     return a if CATEGORY[a] >= _FLOAT else default
 
 
+def number_dtype(value: object, default: str = DEFAULT_FLOAT) -> str:
+    """The dtype torch gives a Python number beside tensors (a *wrapped number*): ``bool`` for
+    a bool, ``int64`` for an int, torch's default floating dtype (``default``) for a float."""
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int64"
+    return default
+
+
+def with_numbers(d: str, numbers: Iterable[object], default: str = DEFAULT_FLOAT) -> str | None:
+    """``torch.result_type`` of tensors whose own result is ``d`` beside the Python
+    ``numbers`` (None: no number): the numbers promote together (:func:`number_dtype`) and
+    count only where their category is higher than ``d``'s, below the 0-dim tensors (ATen's
+    ``wrappedResult``; torch.clamp's scalar bounds promote so: an int32 tensor beside 1 stays
+    int32, beside 1.5 is the default float, a bool one beside 1 is int64). None where torch
+    gives no spec dtype."""
+    wrapped = ""
+    for v in numbers:
+        if v is not None:
+            wrapped = _promote_skip_undefined(wrapped, number_dtype(v, default))  # type: ignore[assignment]
+    return _combine_categories(d, wrapped) or None
+
+
 # --- the set forms ------------------------------------------------------------------------
 
 
@@ -178,6 +205,19 @@ def promote_int_to_float_members(union: Iterable[str],
     """Every result of ``promote_int_to_float`` over ``union`` and the default dtypes
     (``defaults``: every one torch takes, where the call reads it)."""
     return _ordered({promote_int_to_float(a, d) for a in union for d in defaults})
+
+
+def with_numbers_members(union: Iterable[str], numbers: Sequence[Iterable[str | None]]
+                         ) -> tuple[str, ...]:
+    """Every result of :func:`with_numbers` over ``union`` and, for each number, each dtype
+    it may take (its :func:`number_dtype` under any default; None: absent)."""
+    wrapped: set[str | None] = {""}
+    for options in numbers:
+        wrapped = {w if n is None else
+                   None if w is None else _promote_skip_undefined(w, n)
+                   for w in wrapped for n in options}
+    return _ordered({None if w is None else _combine_categories(d, w) or None
+                     for d in union for w in wrapped})
 
 
 def _ordered(names: set[str | None]) -> tuple[str, ...]:

@@ -75,6 +75,7 @@ __all__ = [
     "Subscript",
     "Tuple",
     "UnaryOp",
+    "children",
     "dotted_name",
     "is_name",
     "names",
@@ -613,36 +614,32 @@ def unparse(node: Node) -> str:
 def walk(node: Node) -> Iterator[Node]:
     """Every node of the tree, pre-order."""
     yield node
+    for child in children(node):
+        yield from walk(child)
+
+
+def children(node: Node) -> tuple[Node, ...]:
+    """The direct subexpressions of ``node``, in order (a call's keyword values after its
+    arguments)."""
     if isinstance(node, Attr | Starred):
-        yield from walk(node.value)
-    elif isinstance(node, Subscript):
-        yield from walk(node.value)
-        for i in node.index:
-            yield from walk(i)
-    elif isinstance(node, Call):
-        for a in node.args:
-            yield from walk(a)
-        for _, v in node.kwargs:
-            yield from walk(v)
-    elif isinstance(node, List | Tuple):
-        for i in node.items:
-            yield from walk(i)
-    elif isinstance(node, UnaryOp):
-        yield from walk(node.operand)
-    elif isinstance(node, BinOp):
-        yield from walk(node.left)
-        yield from walk(node.right)
-    elif isinstance(node, BoolOp):
-        for v in node.values:
-            yield from walk(v)
-    elif isinstance(node, Compare):
-        yield from walk(node.left)
-        for c in node.comparators:
-            yield from walk(c)
-    elif isinstance(node, IfExp):
-        yield from walk(node.test)
-        yield from walk(node.body)
-        yield from walk(node.orelse)
+        return (node.value,)
+    if isinstance(node, Subscript):
+        return (node.value, *node.index)
+    if isinstance(node, Call):
+        return (*node.args, *(v for _, v in node.kwargs))
+    if isinstance(node, List | Tuple):
+        return node.items
+    if isinstance(node, UnaryOp):
+        return (node.operand,)
+    if isinstance(node, BinOp):
+        return (node.left, node.right)
+    if isinstance(node, BoolOp):
+        return node.values
+    if isinstance(node, Compare):
+        return (node.left, *node.comparators)
+    if isinstance(node, IfExp):
+        return (node.test, node.body, node.orelse)
+    return ()
 
 
 def names(node: Node) -> list[str]:

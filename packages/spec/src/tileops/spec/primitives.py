@@ -74,6 +74,9 @@ _ACCEPTS: dict[str, Callable[[Kind], bool]] = {
     or (isinstance(k, MaybeK) and isinstance(k.inner, PerAxisK | ShapeK | DimK | IntK)),
     "axes": lambda k: isinstance(k, AxesK | DimK | IntK)
     or (isinstance(k, MaybeK) and isinstance(k.inner, AxesK | DimK | IntK)),
+    # a Python number (torch's Scalar): an Int, Float or Bool, or Maybe of one
+    "number": lambda k: isinstance(k, DimK | IntK | FloatK | BoolK)
+    or (isinstance(k, MaybeK) and isinstance(k.inner, DimK | IntK | FloatK | BoolK)),
     "any": lambda k: True,
 }
 _DESCRIBE = {
@@ -84,6 +87,7 @@ _DESCRIBE = {
     "dtype": "a DType",
     "ints": "an int, a tuple of ints or Maybe of one",
     "axes": "Axes (an int or a tuple of ints), an Int, or Maybe of one",
+    "number": "a number (Int, Float or Bool) or Maybe of one",
     "any": "any kind",
 }
 
@@ -362,6 +366,37 @@ def _result_type(*args: object) -> str:
     return out
 
 
+def _with_numbers(d: str, *numbers: object, default: str = _dt.DEFAULT_FLOAT) -> str:
+    out = _dt.with_numbers(d, numbers, default)
+    if out is None:
+        raise PrimitiveError(f"with_numbers({d}, {', '.join(map(repr, numbers))}) has no "
+                             f"result: {no_promotion([d])}")
+    return out
+
+
+def _number_options(k: Kind) -> tuple[str | None, ...]:
+    """The dtypes a number of kind ``k`` may take beside tensors (None: absent). A Float
+    param holds what its caller passed, an int as well as a float (torch's Scalar keeps the
+    Python type), so it may be int64 or any default floating dtype."""
+    absent: tuple[str | None, ...] = ()
+    if isinstance(k, MaybeK):
+        k, absent = k.inner, (None,)
+    if isinstance(k, BoolK):
+        return ("bool", *absent)
+    if isinstance(k, FloatK):
+        return ("int64", *_dt.DEFAULT_FLOATS, *absent)
+    return ("int64", *absent)
+
+
+def _with_numbers_result(args: Sequence[Kind]) -> Kind:
+    union = args[0].members  # type: ignore[attr-defined]
+    out = _dt.with_numbers_members(union, [_number_options(k) for k in args[1:]])
+    if not out:
+        raise PrimitiveError(f"with_numbers has no result for any dtypes of {args[0]} "
+                             f"({no_promotion(list(union))})")
+    return DTypeK(out)
+
+
 def no_promotion(dtypes: Sequence[str]) -> str:
     """Why torch gives no spec dtype for these operands: float8 mixed with another dtype
     (torch refuses), else a floating dtype meeting a complex one whose complex form has no
@@ -503,13 +538,25 @@ PRIMITIVES: dict[str, Primitive] = {
             "sets another)",
             optional=1,
         ),
+        Primitive(
+            "with_numbers",
+            ("dtype", "number"),
+            _with_numbers_result,
+            _with_numbers,
+            "with_numbers(D, x, ...): torch.result_type of tensors whose own is D beside the "
+            "Python numbers x, ... (a bool as bool, an int as int64, a float as torch's "
+            "default dtype; None: no number), which count only where their category is higher "
+            "than D's",
+            variadic="number",
+            kwargs={"default": "dtype"},
+        ),
     ]
 }
 
 
 #: the primitives that compute a dtype: only an output's ``dtype`` may call them (an input's
 #: dtype is read from the tensor, so it is an index or a dtype name)
-DTYPE_PRIMITIVES = frozenset({"promote", "result_type", "promote_int_to_float"})
+DTYPE_PRIMITIVES = frozenset({"promote", "result_type", "promote_int_to_float", "with_numbers"})
 
 
 # --- generators (workload metadata tensors) ---------------------------------------------------

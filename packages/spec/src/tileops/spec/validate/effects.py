@@ -2,7 +2,7 @@
 
 An alias names an input of the same dtype and shape that is mutated, at least in some
 calls: the output is that input object in the calls that write it and a fresh tensor in
-the others. ``write_only`` is only on a mutated input; ``shape_only`` never on a mutated one
+the others (its dtype may be ``T if <mutated> else ...``: the input's where it is written). ``write_only`` is only on a mutated input; ``shape_only`` never on a mutated one
 nor with ``values`` (its elements are never read or written); ``buffer`` never with ``alias``;
 ``returned`` reads construction params only, and never with ``alias`` or ``buffer``;
 effect predicates depend only on construction params and presence, so they are fixed for a
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from .. import expr as E
 from ..primitives import DTYPE_PRIMITIVES, GENERATORS
-from ..schema import FALSE, TRUE, Expr, OutputDecl
+from ..schema import FALSE, TRUE, Expr, InputDecl, OutputDecl
 from .context import EntryContext
 
 __all__ = ["check_tensors"]
@@ -127,7 +127,7 @@ def _check_alias(ctx: EntryContext, path: str, n: str, d: OutputDecl) -> None:
     if src.mutated == Expr("False"):
         ctx.report.add(f"{path}.alias", f"output {n} aliases input {d.alias}, which is never "
                        f"written; declare mutated on {d.alias}", "effects")
-    if src.dtype != d.dtype or src.shape != d.shape:
+    if not _same_where_written(src, d) or src.shape != d.shape:
         ctx.report.add(f"{path}.alias", f"output {n} aliases input {d.alias} but their types "
                        f"differ: Tensor[{src.dtype}, {src.shape}] vs "
                        f"Tensor[{d.dtype}, {d.shape}]", "effects")
@@ -135,3 +135,13 @@ def _check_alias(ctx: EntryContext, path: str, n: str, d: OutputDecl) -> None:
     # in the calls that write it and a fresh tensor in the others, as in the design
     # documents' activation example.
 
+
+def _same_where_written(src: InputDecl, d: OutputDecl) -> bool:
+    """Whether the aliased output has its input's dtype in every call that writes the input:
+    the same dtype, or ``T if <mutated> else ...`` with the input's ``mutated`` predicate as
+    the test (a clamp's output is promoted where it is fresh, and is ``x`` in place)."""
+    if src.dtype == d.dtype:
+        return True
+    node = d.dtype.node
+    return (isinstance(node, E.IfExp) and node.test == src.mutated.node
+            and node.body == src.dtype.node)

@@ -128,19 +128,46 @@ def _uses(ctx: EntryContext, m: str, readers: list[str]):
         if not _guarded(d.nullable.node, readers):
             fields = [("shape", d.shape), ("dtype", d.dtype), *fields]
         for f, ex in fields:
-            if m in ex.names():
+            if m in _read(ex.node, readers):
                 yield f"{p}.outputs.{n}.{f}", ex
     for n, ex in sig.let.items():
-        if m in ex.names():
+        if m in _read(ex.node, readers):
             yield f"{p}.let.{n}", ex
     for i, ex in enumerate(sig.shape_rules):
-        if m in ex.names() and not _guarded(ex.node, readers):
+        if m in _read(ex.node, readers) and not _guarded(ex.node, readers):
             yield f"{p}.shape_rules[{i}]", ex
     roof = ctx.entry.roofline
     if roof is not None:
         for f, ex in (("flops", roof.flops), ("bytes", roof.bytes)):
             if ex is not None and m in ex.names():
                 yield f"{ctx.name}.roofline.{f}", ex
+
+
+def _presence_test(node: E.Node) -> tuple[str, bool] | None:
+    """``(i, True)`` for ``present(i)``, ``(i, False)`` for ``not present(i)``, else None."""
+    positive = True
+    if isinstance(node, E.UnaryOp) and node.op == "not":
+        node, positive = node.operand, False
+    if isinstance(node, E.Call) and node.func == "present" and node.args:
+        name = E.dotted_name(node.args[0])
+        if name is not None:
+            return name, positive
+    return None
+
+
+def _read(node: E.Node, readers: list[str]) -> set[str]:
+    """The names ``node`` reads where the inputs ``readers`` may be absent: the branch of
+    ``A if present(i) else B`` (``B if not present(i) else A``) that only a given ``i``
+    takes is read only where ``i`` gives its indices (the clamp's ``TM if present(min_bound)
+    else T``), so its names do not count."""
+    if isinstance(node, E.IfExp):
+        test = _presence_test(node.test)
+        if test is not None and test[0] in readers:
+            return _read(node.orelse if test[1] else node.body, readers)
+    out = {node.id} if isinstance(node, E.Name) else set()
+    for child in E.children(node):
+        out |= _read(child, readers)
+    return out
 
 
 def _guarded(node: E.Node, readers: list[str]) -> bool:
