@@ -10,6 +10,8 @@ grid are checked over their input spaces without compiling.
 
 import math
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from tileops.kernels import attention as A  # noqa: E402
+
+sys.path.append(str(Path(__file__).parent))  # the ptxas guard, beside this file
+from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling for sm_90a needs nvcc (the CUDA toolkit)")
@@ -105,25 +110,12 @@ def test_ptxas_keeps_the_products_asynchronous(args, overlap, tmp_path):
     products and the scores product's wait in every step for that reason (the last step's
     scores product and the first step's output product, of zero probabilities, are spare
     work); the program is built with TileLang's own headers and no register spills."""
-    import subprocess
-
-    import tilelang.env as tl_env
-
     from tileops.kernels._tilelang import compile_program
 
     plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=overlap)
     prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
-    src = tmp_path / "attention.cu"
-    src.write_text(compile_program(prog, HOPPER).get_kernel_source())
-    done = subprocess.run(
-        ["nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", "-o", str(tmp_path / "a.cubin"),
-         f"-I{tl_env.TILELANG_TEMPLATE_PATH}", f"-I{tl_env.CUTLASS_INCLUDE_DIR}",
-         "--use_fast_math", "-w", "-Xptxas", "-v", str(src)],
-        capture_output=True, text=True, check=False)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report
-    assert "C7514" not in report and "serialized" not in report, report
-    assert " 0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert_asynchronous(ptxas_report(compile_program(prog, HOPPER).get_kernel_source(),
+                                     tmp_path, "attention"))
 
 
 def test_the_program_key_names_the_overlap(monkeypatch):
