@@ -397,6 +397,29 @@ def test_backward_with_tma_reduced_dq_compiles_for_sm90a(layout, dim, right, sof
                                  plan._replace(dq_fragment_order=True))
 
 
+@needs_nvcc
+@pytest.mark.parametrize(("heads_kv", "dim", "right"), [(8, 64, 0), (2, 128, -1)],
+                         ids=["d64-mha-causal", "d128-gqa"])
+def test_ptxas_keeps_the_served_backward_s_products_asynchronous(heads_kv, dim, right,
+                                                                  tmp_path):
+    """The sm_90 backward the ops serve (:class:`AttentionBwdTmaKernel`'s plan): the scores'
+    and dP's products in flight together, issued back to back with no use of a product's
+    registers before its wait. dP's product clears its accumulator itself (its first step
+    does not add): a clear of dP between the two issues (copies of the zero the scores'
+    accumulator started from) made ptxas wait for the scores' product before it (C7517). No
+    serialization, no injected wait, no spill, for MHA (dK and dV in the storage dtype) and
+    GQA (float32 partials), causal or not."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(dim, dim)._replace(**AB.AttentionBwdTmaKernel.plan_fields)
+    prog = AB.attention_bwd_program("bshd", 8, heads_kv, dim, dim, "bfloat16", dim ** -0.5, -1,
+                                    right, None, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "wait_wgmma<1>" in src
+    assert_asynchronous(ptxas_report(src, tmp_path, "attention_bwd"))
+
+
 @pytest.mark.parametrize("bshd", [True, False])
 def test_the_fragment_order_is_a_permutation_of_whole_row_blocks(bshd):
     """Every (row, column) of 8-row blocks of a 128-wide head lands on its own word of the
