@@ -10,6 +10,8 @@ grid are checked over their input spaces without compiling.
 
 import math
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,9 @@ from hypothesis import strategies as st
 torch = pytest.importorskip("torch")
 
 from tileops.kernels import attention as A  # noqa: E402
+
+sys.path.append(str(Path(__file__).parent))  # the ptxas guard, beside this file
+from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling for sm_90a needs nvcc (the CUDA toolkit)")
@@ -106,25 +111,12 @@ def test_ptxas_keeps_the_products_asynchronous(args, overlap, turns, tmp_path):
     products and the scores product's wait in every step for that reason (the last step's
     scores product and the first step's output product, of zero probabilities, are spare
     work); the program is built with TileLang's own headers and no register spills."""
-    import subprocess
-
-    import tilelang.env as tl_env
-
     from tileops.kernels._tilelang import compile_program
 
     plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=overlap, turns=turns)
     prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
-    src = tmp_path / "attention.cu"
-    src.write_text(compile_program(prog, HOPPER).get_kernel_source())
-    done = subprocess.run(
-        ["nvcc", "-arch=sm_90a", "-std=c++17", "-cubin", "-o", str(tmp_path / "a.cubin"),
-         f"-I{tl_env.TILELANG_TEMPLATE_PATH}", f"-I{tl_env.CUTLASS_INCLUDE_DIR}",
-         "--use_fast_math", "-w", "-Xptxas", "-v", str(src)],
-        capture_output=True, text=True, check=False)
-    report = done.stdout + done.stderr
-    assert done.returncode == 0, report
-    assert "C7514" not in report and "serialized" not in report, report
-    assert " 0 bytes spill stores, 0 bytes spill loads" in report, report
+    assert_asynchronous(ptxas_report(compile_program(prog, HOPPER).get_kernel_source(),
+                                     tmp_path, "attention"))
 
 
 def test_the_program_key_names_the_schedule(monkeypatch):
@@ -410,6 +402,29 @@ def test_backward_with_tma_reduced_dq_compiles_for_sm90a(layout, dim, right, sof
     with pytest.raises(ValueError, match="dq_tma adds dQ tiles in its layout"):
         AB.attention_bwd_program(layout, 8, 2, dim, dim, "bfloat16", 0.1, -1, right, softcap,
                                  plan._replace(dq_fragment_order=True))
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("heads_kv", "dim", "right"), [(8, 64, 0), (2, 128, -1)],
+                         ids=["d64-mha-causal", "d128-gqa"])
+def test_ptxas_keeps_the_served_backward_s_products_asynchronous(heads_kv, dim, right,
+                                                                  tmp_path):
+    """The sm_90 backward the ops serve (:class:`AttentionBwdTmaKernel`'s plan): the scores'
+    and dP's products in flight together, issued back to back with no use of a product's
+    registers before its wait. dP's product clears its accumulator itself (its first step
+    does not add): a clear of dP between the two issues (copies of the zero the scores'
+    accumulator started from) made ptxas wait for the scores' product before it (C7517). No
+    serialization, no injected wait, no spill, for MHA (dK and dV in the storage dtype) and
+    GQA (float32 partials), causal or not."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(dim, dim)._replace(**AB.AttentionBwdTmaKernel.plan_fields)
+    prog = AB.attention_bwd_program("bshd", 8, heads_kv, dim, dim, "bfloat16", dim ** -0.5, -1,
+                                    right, None, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert "wait_wgmma<1>" in src
+    assert_asynchronous(ptxas_report(src, tmp_path, "attention_bwd"))
 
 
 @pytest.mark.parametrize("bshd", [True, False])

@@ -12,6 +12,8 @@ import logging
 import os
 import re
 import shutil
+import sys
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -36,6 +38,9 @@ from tileops.kernels.gemm import (
 )
 
 HOPPER = "sm_90a"
+
+sys.path.append(str(Path(__file__).parent))  # the ptxas guard, beside this file
+from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
 
 
 def _have_compiler() -> bool:
@@ -184,6 +189,32 @@ def test_splitk_reduction_compiles_vectorized(n, split):
     assert "float4" in src  # 16-byte loads of the partial sums
     assert "< M" in src  # rows past M are predicated off
     assert "__float22bfloat162_rn" in src  # the cast to the output dtype
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("m", "n", "k", "ta", "tb", "accumulate", "label"), [
+    # the bar's square call (and an unaligned one, padded to it): the persistent 128 x 256
+    (8192, 8192, 8192, False, True, False, "128x256x64/st3p"),
+    # a short call: one CTA a 64 x 64 tile, six stages (the pipelined, not the persistent,
+    # program)
+    (128, 4096, 4096, False, True, False, "64x64x128/st6"),
+    # the fused loss's dweight += z.T @ h: C fetched under the tile's last products
+    (8192, 4096, 1024, True, False, True, "128x256x64/st3p"),
+], ids=["8192-nt", "m128-nt", "accumulate-tn"])
+def test_ptxas_keeps_the_served_products_asynchronous(m, n, k, ta, tb, accumulate, label,
+                                                      tmp_path):
+    """The program a call of the bar's shapes is served (the heuristic's configuration, with
+    programmatic dependent launch and the grid of an H100/H200's 132 SMs, as the kernel
+    builds it): no wgmma serialized by ptxas, no wait of its own and no register spilled
+    (``_ptxas``)."""
+    plan = GemmPlan("cuda", m_bucket(m), n, k, "bfloat16", ta, tb, True, accumulate)
+    cfg = choose_config(plan)
+    assert cfg.label() == label
+    src = G.build_gemm_kernel(n, k, "bfloat16", ta, tb, cfg, HOPPER, G.uses_pdl(cfg, (9, 0)),
+                              132, accumulate, accumulate and cfg.persistent and G.C_PREFETCH
+                              ).get_kernel_source()
+    assert "wgmma" in src
+    assert_asynchronous(ptxas_report(src, tmp_path, "gemm"))
 
 
 def test_every_choosable_configuration_is_compiled_above():

@@ -6,6 +6,8 @@ for sm_90 (why it exists is on its line) with what its source must show."""
 
 import re
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -18,6 +20,9 @@ needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None,
                                 reason="compiling for sm_90 needs nvcc (the CUDA toolkit)")
 
 CONTIGUOUS, MASKED = G.GroupedLayoutKind.CONTIGUOUS, G.GroupedLayoutKind.MASKED
+
+sys.path.append(str(Path(__file__).parent))  # the ptxas guard, beside this file
+from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
 
 
 def _spec(**kw):
@@ -367,6 +372,25 @@ def test_grouped_gemm_compiles_for_sm90(e, n, k, dtype, trans_b, layout, max_m, 
         assert "int M)" in src  # the rows are a launch-time size
     else:
         assert "min(max(Meta[" in src  # the block's count, clamped
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "max_m", "program"), [
+    (CONTIGUOUS, 0, G.GroupedProgram.WARP_SPECIALIZED),
+    (MASKED, 512, G.GroupedProgram.PIPELINED),
+], ids=["contiguous-ws", "masked-pipelined"])
+def test_ptxas_keeps_the_served_products_asynchronous(layout, max_m, program, tmp_path):
+    """The bar's grouped GEMM (64 experts of 512 rows, K 4096 -> N 2048), contiguous and
+    masked, in the program the kernel serves on sm_90 (:func:`choose_config`): no wgmma
+    serialized by ptxas, no wait of its own and no register spilled (``_ptxas``)."""
+    e, n, k = 64, 2048, 4096
+    spec = _spec(m=e * 512, e=e, n=n, k=k, layout=layout, max_m=max_m)
+    cfg = G.choose_config(spec, arch=(9, 0))
+    assert cfg.program is program and cfg.block_m == 128
+    src = G.build_grouped_gemm(e, n, k, "bfloat16", True, layout, max_m, cfg, "sm_90a",
+                               132).get_kernel_source()
+    assert "wgmma" in src
+    assert_asynchronous(ptxas_report(src, tmp_path, "grouped_gemm"))
 
 
 def _ws_config(**kw):

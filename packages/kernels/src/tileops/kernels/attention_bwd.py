@@ -269,9 +269,11 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 if plan.sdp_async:  # both products in flight; the probabilities under dP's
                     T.wgmma_gemm(K_shared, q_shared, qkT, transpose_B=True,
                                  policy=T.GemmWarpPolicy.FullRow)
-                    T.clear(dpT)
+                    # dP's first step writes its accumulator: a clear of dP between the two
+                    # issues (copies of the zero the scores' accumulator started from) made
+                    # ptxas wait for the scores' product before it (C7517)
                     T.wgmma_gemm(V_shared, do_shared, dpT, transpose_B=True,
-                                 policy=T.GemmWarpPolicy.FullRow)
+                                 policy=T.GemmWarpPolicy.FullRow, clear_accum=True)
                     T.wait_wgmma(1)
                 else:
                     T.gemm(K_shared, q_shared, qkT, transpose_B=True,
