@@ -2,6 +2,8 @@
 each code path (why it exists is on its line), and what each must show in its source."""
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -34,3 +36,32 @@ def test_topk_compiles_for_sm90(n, k, dtype, largest, lean):
     assert "(uint)4294967295 -" in src  # the composite key's complemented index
     assert ("isnan(" in src) is lean  # the lean pass compares floats, NaN passing
     assert f"< {cap})" in src  # the buffer's bound on the appends
+
+
+sys.path.append(str(Path(__file__).parent))  # the SASS helpers, beside this file
+from _sass import functions, loops, memory, needs_cuobjdump, opcodes, sass  # noqa: E402
+
+
+@needs_cuobjdump
+def test_the_lean_pass_tests_each_access_whole_in_sass(tmp_path):
+    """The bar's program (4096 x 128256 bfloat16, k = 50): the pass's step reads its 8 chunks
+    with 16-byte loads, spills nothing, and tests each access as a whole (the magnitudes'
+    pairwise maximum, ``VIMNMX*.U16x2``) before any element's test: a branch around every
+    element's test and append cost about 12 instructions an element where the access's test
+    costs about 12 an access."""
+    n, k = 128256, 50
+    plan = topk.topk_plan(n, k, "bfloat16")
+    pre = plan[2]
+    src = topk.build_topk(n, k, "bfloat16", True, "sm_90a", plan).get_kernel_source()
+    (ins,) = functions(sass(src, tmp_path, "topk")).values()
+    # the pass: the loop that issues a step's `pre` loads
+    step = next(body for body in loops(ins)
+                if memory(body)["LDG.E.128.CONSTANT"] == pre and len(body) > 500)
+    loads = [op for op in memory(step) if op.startswith("LDG")]
+    assert loads == ["LDG.E.128.CONSTANT"], memory(step)
+    assert not any(op.startswith(("LDL", "STL")) for op in memory(ins))
+    ops = opcodes(step)
+    whole = [i for i, op in enumerate(ops) if op.startswith("VIMNMX") and ".U16x2" in op]
+    assert len(whole) >= pre, ops
+    # the first access's test comes before any element's float comparison
+    assert whole[0] < next(i for i, op in enumerate(ops) if op.startswith("FSETP"))
