@@ -5,6 +5,8 @@ is on its line); the launch plans are checked over the whole input space without
 """
 
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -281,3 +283,30 @@ def test_staged_is_a_gradient_programs_count_of_its_chunks(grad, staged):
                                          r"of a row's 8 chunks, got staged="):
         C.rows_program(128256, "bfloat16", (-100, 0.0, 0.0, None), grad, False, 512, 8, 4,
                        264 if grad else 0, staged=staged)
+
+
+sys.path.append(str(Path(__file__).parent))  # the SASS helpers, beside this file
+from _sass import functions, loops, memory, needs_cuobjdump, sass  # noqa: E402
+
+
+@needs_cuobjdump
+def test_the_kept_gradients_passes_in_sass(tmp_path):
+    """The bar's program (8192 x 128256 bfloat16, the kept gradient with its loss, three
+    staged chunks): both passes read and write 16-byte vectors and touch no local memory, and
+    the gradient's pass tests the target's column once an access (``tcol - col`` below the
+    vector, unsigned: one ``LOP3`` of ``0xfffffff8``), not once an element (three
+    instructions an element of the second pass before)."""
+    threads, vec, per, ctas = C.rows_plan(128256, "bfloat16", True, 132)
+    staged = C.staged_chunks(128256, "bfloat16", threads, vec, per, ctas, 132)
+    prog = C.rows_program(128256, "bfloat16", PLAIN, True, False, threads, vec, per, ctas,
+                          True, staged)
+    src = C.compile_program(prog, "sm_90a").get_kernel_source()
+    (ins,) = functions(sass(src, tmp_path, "ce")).values()
+    found = memory(ins)
+    assert not any(op.startswith(("LDL", "STL")) for op in found), found
+    assert {op for op in found if op.startswith("STG")} <= {"STG.E.128", "STG.E"}, found
+    # the second pass: the innermost loop that writes the gradient
+    second = next(body for body in loops(ins) if memory(body)["STG.E.128"] == per)
+    assert {op for op in memory(second) if op.startswith("LDG")} == {"LDG.E.128.CONSTANT"}
+    tests = [t for _, t in second if t.startswith("LOP3.LUT P") and "0xfffffff8" in t]
+    assert len(tests) == per, tests

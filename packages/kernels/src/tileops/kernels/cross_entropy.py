@@ -244,7 +244,8 @@ def _row_math(T, options: tuple, V: int):
     log-sum-exp and the sum of ``z``), ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two
     (running max, sum of exp below it) pairs) and ``grad_of(z, col, tcol, g, coef, valid)``
     (the gradient of the logit at ``col`` whose ``z`` is ``z``, for the row's share ``g``
-    of the loss's gradient and ``coef = g (1 + 2 s lse)``; 0 for an ignored row)."""
+    of the loss's gradient and ``coef = g (1 + 2 s lse)``; 0 for an ignored row; with
+    ``target=False`` that of a logit known not to be the target's, the same value)."""
     ignore_index, smoothing, zscale, softcap = options
     f32 = "float32"
     hit_w = 1.0 - smoothing  # the target's weight in the loss
@@ -263,9 +264,11 @@ def _row_math(T, options: tuple, V: int):
         nm = T.max(m, om)
         return nm, s * T.exp2((m - nm) * _LOG2E) + os_ * T.exp2((om - nm) * _LOG2E)
 
-    def grad_of(z, lse, col, tcol, g, coef, valid):
-        d = coef * T.exp2((z - lse) * _LOG2E) - T.if_then_else(
-            col == tcol, g * hit_w, T.cast(0, f32))
+    def grad_of(z, lse, col, tcol, g, coef, valid, target=True):
+        # target False: a logit known not to be the target's (x - 0 is x: the same value)
+        d = coef * T.exp2((z - lse) * _LOG2E)
+        if target:
+            d = d - T.if_then_else(col == tcol, g * hit_w, T.cast(0, f32))
         if smoothing > 0.0:
             d = d - g * spread_w
         if softcap is not None:
@@ -348,9 +351,17 @@ def _row_macros(T, options: tuple, V: int, dtype: str, threads: int, vec: int, p
             if row < M and (exact or col < V):
                 for i in T.unroll(vec):
                     zv[i] = _softcapped(T, T.cast(held[u * vec + i], f32), softcap)
+                # every logit as not the target's, then, where the target is among the
+                # access's, its own again: the comparison with the target's column was
+                # three instructions an element of the SASS (sm_90a), one an access now
                 for i in T.unroll(vec):
                     held[u * vec + i] = T.cast(grad_of(
-                        zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
+                        zv[i], lse, col + i, tcol, g[0], coef, valid, False), dtype)
+                if T.cast(tcol - col, "uint32") < T.uint32(vec):
+                    for i in T.unroll(vec):
+                        if col + i == tcol:
+                            held[u * vec + i] = T.cast(grad_of(
+                                zv[i], lse, col + i, tcol, g[0], coef, valid), dtype)
                 for i in T.vectorized(vec):
                     D[row, col + i] = held[u * vec + i]
 
