@@ -333,11 +333,13 @@ def test_split_kernel_compiles_for_sm90a(rows, n, dtype, weight):
                      .get_kernel_source() for part in ("partial", "scale"))
     for src in (first, second):
         assert f"__launch_bounds__({threads}" in src
-        wide = "uint4" in src or "float4" in src  # 16-byte accesses
+        wide = "uint4" in src or "*(float4*)(X" in src  # the row's 16-byte accesses
         assert wide == (vec * norm._ITEMSIZE[dtype] == 16)
     # one float32 partial a (row, CTA), written by one thread; the scale adds all of a row's
     assert f"* (int64_t){splits}) + ((int64_t)((int)blockIdx.x)))] = acc[0]" in first
-    assert f"for (int j = 0; j < {splits}; ++j)" in second and "rsqrtf" in second
+    # read in 16-byte vectors (four a load) and added in one order
+    assert "*(float4*)(part + (j * 4)) = *(float4*)(P + " in second
+    assert f"for (int j_1 = 0; j_1 < {splits}; ++j_1)" in second and "rsqrtf" in second
     assert ("const bfloat16_t* __restrict__ W" in second or
             "const half_t* __restrict__ W" in second or
             "const float* __restrict__ W" in second) == weight

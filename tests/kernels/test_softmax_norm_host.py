@@ -102,3 +102,32 @@ def test_the_row_norms_are_torch_s_on_the_host(kind, kernel, m, n, dtype, weight
     _assert_close(y.double(), want, dtype)
     if kind == "add_rms":  # the sum, rounded to the storage dtype
         assert torch.equal(ro.double(), s)
+
+
+@pytest.mark.parametrize(("m", "n", "dtype", "weight", "splits"), [
+    pytest.param(2, 65536, "bfloat16", True, 4, id="rms-split-4-bf16"),
+    pytest.param(1, 32768, "float32", False, 8, id="rms-split-8-f32-no-weight"),
+    pytest.param(2, 40001, "float16", True, 4, id="rms-split-4-predicated-f16"),
+])
+def test_the_split_rms_norm_is_torch_s_on_the_host(m, n, dtype, weight, splits):
+    """The split kernel's two programs: each CTA's sum of squares, then each CTA adds its row's
+    partials (read as 16-byte vectors) and writes its share."""
+    eps = 1e-6
+    g = torch.Generator().manual_seed(n + m)
+    t = getattr(torch, dtype)
+    x = (torch.randn(m, n, generator=g, dtype=torch.float64) * 3 + 1).to(t)
+    wt = (1 + torch.randn(n, generator=g, dtype=torch.float64) / 4).to(t)
+    plan = N.split_plan(m, n, dtype, splits)
+    partial, scale = (HostProgram(N.build_split_kernel(n, dtype, eps, weight, part, "sm_90",
+                                                       plan)) for part in ("partial", "scale"))
+    for program, name in ((partial, "partial_kernel("), (scale, "scale_kernel(")):
+        program.source = program.source.replace(name, "main_kernel(")  # the name the runner finds
+    parts = torch.full((m, splits), float("nan"), dtype=torch.float32)
+    partial(x, parts)
+    y = torch.full((m, n), float("nan"), dtype=t)
+    scale(*(v for v in (x, parts, wt if weight else None, y) if v is not None))
+    s = x.double()
+    want = s / (s.pow(2).mean(1, keepdim=True) + eps).sqrt()
+    if weight:
+        want = want * wt.double()
+    _assert_close(y.double(), want, dtype)

@@ -625,15 +625,20 @@ def split_programs(n: int, dtype: str, eps: float, has_weight: bool, splits: int
             tx = T.get_thread_binding()
             held = T.alloc_local((per * vec,), dtype)
             wpiece = T.alloc_local((vec,), dtype)
+            part = T.alloc_local((splits,), f32)
             acc = T.alloc_local((1,), f32)
             for v in T.unroll(per):
                 a = v * threads + tx
                 if exact or (a < share and sx * share + a < accesses):
                     for i in T.vectorized(vec):
                         held[v * vec + i] = X[row, (sx * share + a) * vec + i]
+            # the row's partials in 16-byte loads (4 a load, where 32-bit loads issued one
+            # each), added in one order for every CTA of the row
+            for j in T.vectorized(splits):
+                part[j] = P[row, j]
             acc[0] = T.cast(0, f32)
-            for j in T.serial(splits):  # one order for every CTA of the row
-                acc[0] += P[row, j]
+            for j in T.serial(splits):
+                acc[0] += part[j]
             acc[0] = T.rsqrt(acc[0] * inv_n + eps)
             for v in T.unroll(per):
                 a = v * threads + tx
