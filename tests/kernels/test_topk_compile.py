@@ -26,7 +26,7 @@ def test_topk_compiles_for_sm90(n, k, dtype, largest, lean):
     threads, vec, _, cap, sort, _ = plan
     src = topk.build_topk(n, k, dtype, largest, "sm_90", plan).get_kernel_source()
     assert f"__launch_bounds__({threads}" in src
-    assert "AtomicAddRet" in src  # the buffer's and the sort array's appends
+    assert "atomicAdd((&(((int*)st)" in src  # the buffer's and the sort array's appends
     assert "__shfl_up_sync" in src  # the bins' scan
     if vec * topk._ITEMSIZE[dtype] == 16:
         assert "uint4" in src
@@ -48,7 +48,7 @@ def test_the_lean_pass_tests_each_access_whole_in_sass(tmp_path):
     with 16-byte loads, spills nothing, and tests each access as a whole (the magnitudes'
     pairwise maximum, ``VIMNMX*.U16x2``) before any element's test: a branch around every
     element's test and append cost about 12 instructions an element where the access's test
-    costs about 12 an access."""
+    costs about 12 an access; a candidate's slot is claimed by a shared-memory atomic."""
     n, k = 128256, 50
     plan = topk.topk_plan(n, k, "bfloat16")
     pre = plan[2]
@@ -60,6 +60,9 @@ def test_the_lean_pass_tests_each_access_whole_in_sass(tmp_path):
     loads = [op for op in memory(step) if op.startswith("LDG")]
     assert loads == ["LDG.E.128.CONSTANT"], memory(step)
     assert not any(op.startswith(("LDL", "STL")) for op in memory(ins))
+    # the counters' slots are claimed by shared-memory atomics, not generic ones
+    assert not any(op.startswith("ATOM.") for op in memory(ins)), memory(ins)
+    assert memory(step)["ATOMS.ADD"] >= pre
     ops = opcodes(step)
     whole = [i for i, op in enumerate(ops) if op.startswith("VIMNMX") and ".U16x2" in op]
     assert len(whole) >= pre, ops

@@ -33,6 +33,7 @@ static unsigned host_vmaxu2(unsigned a, unsigned b) {
   return lo | (hi << 16);
 }
 #define AtomicAddRet host_atomic_add_ret
+#define atomicAdd host_atomic_add_ret
 #define AtomicAdd host_atomic_add
 #define __vmaxu2 host_vmaxu2
 """

@@ -249,6 +249,13 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
         return functools.reduce(T.max, [raw(held[base + i]) & T.uint32(full >> 1)
                                         for i in range(vec)])
 
+    def claim(st, j):
+        """The next slot of counter ``st[j]`` (in shared memory): CUDA's ``atomicAdd`` on the
+        array's own address, which nvcc issues as a shared-memory atomic (``ATOMS``), where
+        TileLang's ``atomic_add`` with ``return_prev`` (a ``cuda::atomic_ref`` of device
+        scope) was a generic one (``ATOM.E.ADD.STRONG.GPU``) in the SASS (sm_90a)."""
+        return T.call_extern(i32, "atomicAdd", T.address_of(st[j]), 1)
+
     @T.macro
     def select(src, X, row, tx, gm, piece, bufk, hist, st, u, iv):
         """The k-th largest key of a source into u[1], 8 bits a round from the top, and into
@@ -385,7 +392,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                                     u[2] = T.if_then_else(reaches(held[c * vec + i], lo[0]),
                                                           T.uint32(1), T.uint32(0))
                                     if u[2] != T.uint32(0):
-                                        iv[2] = T.atomic_add(st[0], 1, return_prev=True)
+                                        iv[2] = claim(st, 0)
                                         if iv[2] < cap:
                                             bufk[iv[2]] = key(held[c * vec + i])
                                             bufi[iv[2]] = ((g * pre + c) * chunk + tx * vec
@@ -395,7 +402,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                             if (g * pre + c) * chunk + tx * vec < n:
                                 u[2] = key(held[c * vec + i])
                                 if u[2] >= u[0]:
-                                    iv[2] = T.atomic_add(st[0], 1, return_prev=True)
+                                    iv[2] = claim(st, 0)
                                     if iv[2] < cap:
                                         bufk[iv[2]] = u[2]
                                         bufi[iv[2]] = (g * pre + c) * chunk + tx * vec + i
@@ -420,7 +427,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                     if j * threads + tx < iv[1]:
                         u[2] = bufk[j * threads + tx]
                         if u[2] >= u[1]:
-                            iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                            iv[2] = claim(st, 1)
                             srt[iv[2]] = composite(u[2], bufi[j * threads + tx])
             else:
                 # in index order: all above t, and the lowest-indexed iv[0] equal to it
@@ -435,7 +442,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                             if kv[i] == u[1]:
                                 iv[3] += 1
                             if kv[i] > u[1]:
-                                iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                                iv[2] = claim(st, 1)
                                 srt[iv[2]] = composite(kv[i], c * chunk + tx * vec + i)
                     else:
                         for i in T.unroll(vec):
@@ -465,7 +472,7 @@ def topk_program(n: int, k: int, dtype: str, largest: bool, threads: int, vec: i
                         for i in T.unroll(vec):
                             if kv[i] == u[1]:
                                 if iv[7] < iv[0]:
-                                    iv[2] = T.atomic_add(st[1], 1, return_prev=True)
+                                    iv[2] = claim(st, 1)
                                     srt[iv[2]] = composite(kv[i], c * chunk + tx * vec + i)
                                 iv[7] += 1
                     iv[6] += iv[5]
