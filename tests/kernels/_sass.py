@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import collections
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -25,21 +26,27 @@ from _ptxas import ptxas_report
 __all__ = ["cuobjdump", "functions", "loops", "memory", "needs_cuobjdump", "opcodes", "sass"]
 
 
-def cuobjdump() -> str | None:
-    """The ``cuobjdump`` to run: the PATH's, else the ``nvidia-cuda-cuobjdump`` wheel's."""
-    found = shutil.which("cuobjdump")
+def _tool(name: str) -> str | None:
+    """The CUDA tool ``name`` to run: the PATH's, else its ``nvidia-cuda-<name>`` wheel's."""
+    found = shutil.which(name)
     if found:
         return found
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        for path in sorted(Path(root).glob("cu*/bin/cuobjdump"), reverse=True):
+        for path in sorted(Path(root).glob(f"cu*/bin/{name}"), reverse=True):
             return str(path)
     return None
 
 
+def cuobjdump() -> str | None:
+    """The ``cuobjdump`` to run (it runs ``nvdisasm``, which must be found too)."""
+    return _tool("cuobjdump") if _tool("nvdisasm") else None
+
+
 needs_cuobjdump = pytest.mark.skipif(
     shutil.which("nvcc") is None or cuobjdump() is None,
-    reason="the SASS of a program needs nvcc and cuobjdump (the nvidia-cuda-cuobjdump wheel)")
+    reason="the SASS of a program needs nvcc, cuobjdump and nvdisasm (the "
+           "nvidia-cuda-cuobjdump and nvidia-cuda-nvdisasm wheels)")
 
 _INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA\b.*?0x([0-9a-f]+)")
@@ -49,8 +56,9 @@ def sass(source: str, workdir: Path, name: str = "program") -> str:
     """``cuobjdump -sass`` of ``source`` (a program's ``get_kernel_source()``) compiled for
     sm_90a."""
     ptxas_report(source, workdir, name)
+    env = {**os.environ, "NVDISASM_PATH": str(Path(_tool("nvdisasm")).parent)}
     done = subprocess.run([cuobjdump(), "-sass", str(workdir / f"{name}.cubin")],
-                          capture_output=True, text=True, check=True)
+                          capture_output=True, text=True, check=True, env=env)
     return done.stdout
 
 
