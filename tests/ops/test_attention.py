@@ -108,6 +108,26 @@ def test_empty_batches_queries_or_keys_train(b, s_q, s_kv, h_kv):
         assert t.grad.shape == t.shape and not t.grad.any()
 
 
+@pytest.mark.parametrize(("op", "h", "h_kv"), [(MultiHeadAttentionFwdOp, 0, 0),
+                                              (GroupedQueryAttentionFwdOp, 0, 2)])
+def test_no_query_heads_train_as_torch(op, h, h_kv):
+    """No query heads (none at all, or none over two key heads): an empty output and
+    gradients of every input's shape, zero, as torch's attention gives (the gradients'
+    reference divided the heads by the key heads)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 3, 5, h, h_kv, 8))
+    o = op()(q, k, v)
+    assert o.shape == (2, 3, h, 8)
+    o.sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and not t.grad.any()
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    _sdpa(q, k, v).sum().backward()
+    for t, g in zip((q, k, v), grads, strict=True):
+        assert torch.equal(g, t.grad)
+
+
 def test_lse_softcap_and_scale():
     q, k, v = _qkv(2, 7, 9, 4, 2, 8)
     op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)

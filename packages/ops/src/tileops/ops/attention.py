@@ -348,9 +348,11 @@ def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
     dout = None if dout is None else dout.to(wide)
     b, h, s_q, _ = q.shape
     h_kv, s_kv = k.shape[1], k.shape[2]
-    g = h // h_kv
-    kf = k.repeat_interleave(g, dim=1) if g > 1 else k
-    vf = v.repeat_interleave(g, dim=1) if g > 1 else v
+    # the query heads of a key head: 0 where there are no query heads (the keys' gradients
+    # are then zeros), 1 where there are no heads at all (an empty multi-head call)
+    g = h // h_kv if h_kv else 1
+    kf = k.repeat_interleave(g, dim=1) if g != 1 else k
+    vf = v.repeat_interleave(g, dim=1) if g != 1 else v
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(kf)
     dv = None if dout is None else torch.zeros_like(vf)
@@ -381,7 +383,7 @@ def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                 ds = ds * (1 - torch.where(mask, s, 0.0).div(softcap).square())
             dq[bi, :, r0:r1] = scale * torch.matmul(ds, kf[bi])
             dk[bi] += scale * torch.matmul(ds.transpose(-1, -2), qc)
-    if g > 1:
+    if g != 1:
         # every size named: a -1 is ambiguous where another is 0 (an empty batch or keys)
         dk = dk.view(b, h_kv, g, s_kv, dk.shape[-1]).sum(2)
         if dv is not None:
