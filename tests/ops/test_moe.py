@@ -287,6 +287,29 @@ def test_unpermute_of_no_rows_with_every_slot_dropped_is_zeros() -> None:
     torch.testing.assert_close(out, torch.stack((0.5 * y[2], 1.0 * y[0])), rtol=0, atol=0)
 
 
+def test_rows_of_no_width_unpermute_and_train() -> None:
+    """Rows of width 0 (H = 0) through the unpermutation, its gradient and the permutation's
+    gradient: empty results of torch's shapes and zero weight gradients (the references
+    flattened the picks with a -1, ambiguous among 0 elements); the ops serve the next call."""
+    rows = torch.tensor([[0, -1], [2, 1]], dtype=torch.int32)
+    w = torch.rand(2, 2, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+    fwd, bwd = MoeUnpermuteFwdOp(target=REF), MoeUnpermuteBwdOp(target=REF)
+    out = fwd(y, rows, w)
+    assert out.shape == (2, 0)
+    out.sum().backward()
+    assert y.grad.shape == (3, 0) and torch.equal(w.grad, torch.zeros(2, 2, dtype=torch.float64))
+    dy, dw = bwd(torch.ones(2, 0, dtype=torch.float64), y.detach(), rows, w.detach())
+    assert dy.shape == (3, 0) and torch.equal(dw, torch.zeros(2, 2, dtype=torch.float64))
+    align = MoePermuteAlignBwdOp(target=REF)
+    assert align(torch.randn(3, 0, dtype=torch.float64), rows).shape == (2, 0)
+    y1 = torch.randn(3, 2, dtype=torch.float64)
+    out = fwd(y1, rows, w.detach())
+    torch.testing.assert_close(out, torch.stack((w[0, 0] * y1[0], w[1, 0] * y1[2] + w[1, 1] * y1[1])).detach())
+    assert bwd(torch.ones(2, 2, dtype=torch.float64), y1, rows, w.detach())[0].shape == (3, 2)
+    assert align(y1, rows).shape == (2, 2)
+
+
 @pytest.mark.parametrize("bad", [9, 8, -2])
 def test_rows_outside_the_rows_are_refused_by_name(bad) -> None:
     """A slot that is neither a row of y nor -1 (dropped), in the unpermutation, its gradient

@@ -12,6 +12,7 @@ grouping too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -225,7 +226,7 @@ def permute_bwd_reference(dy: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``dx`` of MoePermuteAlignBwdOp: the unpermutation of ``dy``'s rows (flattened over a
     masked layout's blocks) with unit weights."""
     unit = torch.ones(rows.shape, dtype=wide_dtype(dy), device=rows.device)
-    return unpermute_reference(dy.reshape(-1, dy.shape[-1]), rows, unit)
+    return unpermute_reference(dy.reshape(math.prod(dy.shape[:-1]), dy.shape[-1]), rows, unit)
 
 
 def expert_of_row(metadata: torch.Tensor, layout: LayoutValue, m: int,
@@ -325,7 +326,9 @@ def unpermute_bwd_reference(dout: torch.Tensor, y: torch.Tensor, rows: torch.Ten
     dy = dw = None
     if grad_y:
         spare = torch.where(kept, r, y.shape[0]).reshape(-1)
-        part = (dout.to(wide)[:, None, :] * weights.to(wide)[..., None]).reshape(-1, y.shape[1])
+        # every size named: a -1 is ambiguous where the rows are empty (H = 0)
+        part = (dout.to(wide)[:, None, :] * weights.to(wide)[..., None]).reshape(
+            spare.numel(), y.shape[1])
         dy = torch.zeros((y.shape[0] + 1, y.shape[1]), dtype=wide, device=y.device)
         dy = dy.index_add(0, spare, part)[:y.shape[0]]
     if grad_weights:

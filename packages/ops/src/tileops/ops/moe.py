@@ -530,7 +530,7 @@ class FusedMoeFwdOp(MoeOp):
         with self.stage("down"):
             o = down(a, w2, metadata)
         with self.stage("unpermute"):
-            out.copy_(unpermute(o.view(-1, o.shape[-1]), rows, weights))
+            out.copy_(unpermute(o.view(math.prod(o.shape[:-1]), o.shape[-1]), rows, weights))
 
     def reference(self, call, x, router_logits, w13, w2, correction_bias):
         route = self._route()
