@@ -596,7 +596,7 @@ def _grouped_mm_peer(op: GroupedGemmFwdOp) -> Any:
         if layout.masked:
             c = grouped_mm(a, bt) if takes else torch.bmm(a, bt)
             valid = torch.arange(a.shape[1], device=a.device) < metadata[:, None]
-            return c * valid[..., None]
+            return torch.where(valid[..., None], c, 0)
         if takes:
             return grouped_mm(a, bt, offs=metadata[1:])
         return _segment_products(a, bt, metadata[1:])
