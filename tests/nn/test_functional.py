@@ -68,6 +68,15 @@ def test_linear(bias, lead):
     torch.testing.assert_close(y.double(), want, rtol=1.6e-2, atol=1.6e-2)
 
 
+@pytest.mark.parametrize("lead", [(2, 3), (4,)], ids=["lead-2x3", "lead-4"])
+def test_linear_of_no_in_features_is_torchs(lead):
+    """in_features = 0 with leading axes: the bias (or zeros) of torch's shape (the leading
+    axes were flattened with a -1, ambiguous among 0 elements)."""
+    x, w, b = torch.randn(*lead, 0), torch.randn(4, 0), torch.randn(4)
+    for bias in (None, b):
+        torch.testing.assert_close(tf.linear(x, w, bias), F.linear(x, w, bias), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("bias", "seen"), [
     (torch.zeros(4, dtype=torch.float32), "float32[4]"),  # torch's add would promote it
     (torch.zeros(1, dtype=torch.bfloat16), "bfloat16[1]"),  # and broadcast this one

@@ -165,6 +165,19 @@ def test_the_fused_loss_and_its_gradients_are_torchs_of_the_logits(kw):
     torch.testing.assert_close(wa.grad, wb.grad, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("kw", [{}, {"reduction": "none"}, {"label_smoothing": 0.2}])
+def test_the_fused_loss_of_hidden_states_of_no_width_is_torchs(kw):
+    """H = 0 with leading axes: zero logits, torch's loss of them, and zero-width gradients
+    (the leading axes were flattened with a -1, ambiguous among 0 elements)."""
+    hidden, weight, target = _head(h=0)
+    got = FusedLinearCrossEntropyLoss(**kw)(hidden.requires_grad_(True), weight, target)
+    want = F.cross_entropy(torch.zeros(10, 9, dtype=torch.float64), target.flatten(), **kw)
+    want = want.reshape(target.shape) if kw.get("reduction") == "none" else want
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    got.sum().backward()
+    assert hidden.grad.shape == hidden.shape
+
+
 def test_the_fused_loss_repr_pickle_and_a_changed_attribute():
     layer = FusedLinearCrossEntropyLoss(softcap=3.0)
     assert repr(layer) == "FusedLinearCrossEntropyLoss(softcap=3.0)"

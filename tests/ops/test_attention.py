@@ -108,6 +108,80 @@ def test_empty_batches_queries_or_keys_train(b, s_q, s_kv, h_kv):
         assert t.grad.shape == t.shape and not t.grad.any()
 
 
+@pytest.mark.parametrize(("op", "h", "h_kv"), [(MultiHeadAttentionFwdOp, 0, 0),
+                                              (GroupedQueryAttentionFwdOp, 0, 2)])
+def test_no_query_heads_train_as_torch(op, h, h_kv):
+    """No query heads (none at all, or none over two key heads): an empty output and
+    gradients of every input's shape, zero, as torch's attention gives (the gradients'
+    reference divided the heads by the key heads)."""
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 3, 5, h, h_kv, 8))
+    o = op()(q, k, v)
+    assert o.shape == (2, 3, h, 8)
+    o.sum().backward()
+    for t in (q, k, v):
+        assert t.grad.shape == t.shape and not t.grad.any()
+    grads = [t.grad for t in (q, k, v)]
+    for t in (q, k, v):
+        t.grad = None
+    _sdpa(q, k, v).sum().backward()
+    for t, g in zip((q, k, v), grads, strict=True):
+        assert torch.equal(g, t.grad)
+
+
+def _math_attention(q, k, v, causal=False, softcap=None):
+    """torch's attention as its math backend computes it, on the [B, S, H, D] tensors; with a
+    softcap (which SDPA does not take), its definition: softmax of the capped, masked scores
+    times v."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    qh, kh, vh = (t.transpose(1, 2) for t in (q, k, v))
+    if softcap is None:
+        with sdpa_kernel(SDPBackend.MATH):
+            return F.scaled_dot_product_attention(qh, kh, vh, is_causal=causal).transpose(1, 2)
+    s = qh @ kh.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = softcap * torch.tanh(s / softcap)
+    if causal:
+        s = s.masked_fill(~visible(s.shape[-2], s.shape[-1], -1, 0), -math.inf)
+    return (torch.softmax(s, -1) @ vh).transpose(1, 2)
+
+
+def _same_non_finite(a, b):
+    return torch.equal(a.isnan(), b.isnan()) and torch.equal(a.isinf(), b.isinf())
+
+
+@pytest.mark.parametrize("which", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+@pytest.mark.parametrize("causal", [False, True])
+def test_an_inf_or_nan_input_reaches_the_output_and_gradients_as_torchs(which, value, causal):
+    """An inf or NaN in q, k or v: the NaN and inf of the output (dense, packed, the softcap's
+    eager contender) and of every gradient are those of torch's math attention (a row with an
+    inf score, or whose scores are all -inf, is NaN throughout). The references subtracted the
+    rows' log-sum-exp only where finite, so such a row came out inf, or 0."""
+    g = torch.Generator().manual_seed(1)
+    for seed in range(4):
+        q, k, v = _qkv(2, 4, 4, 2, 2, 8, seed=seed)
+        # the last query row and the first key: every row sees that key and that row every
+        # key, so no mask hides the value (torch's backends differ on a non-finite score a
+        # row does not see)
+        {"q": q, "k": k, "v": v}[which][0, -1 if which == "q" else 0, 0, 3] = value
+        dout = torch.randn(2, 4, 2, 8, generator=g, dtype=torch.float64)
+        ours = [t.clone().requires_grad_() for t in (q, k, v)]
+        theirs = [t.clone().requires_grad_() for t in (q, k, v)]
+        o = MultiHeadAttentionFwdOp(is_causal=causal)(*ours)
+        want = _math_attention(*theirs, causal=causal)
+        assert _same_non_finite(o, want)
+        for got, exp in zip(torch.autograd.grad(o, ours, dout),
+                            torch.autograd.grad(want, theirs, dout), strict=True):
+            assert _same_non_finite(got, exp)
+        cu = torch.tensor([0, 4], dtype=torch.int32)
+        packed = GroupedQueryAttentionVarlenFwdOp(is_causal=causal)(q[0], k[0], v[0], cu, cu)
+        assert _same_non_finite(packed, want[0].detach())
+        capped = GroupedQueryAttentionFwdOp(is_causal=causal, softcap=5.0)
+        want = _math_attention(q, k, v, causal=causal, softcap=5.0)
+        assert _same_non_finite(capped(q, k, v), want)
+        assert _same_non_finite(capped.eager()(q, k, v), want)
+
+
 def test_lse_softcap_and_scale():
     q, k, v = _qkv(2, 7, 9, 4, 2, 8)
     op = GroupedQueryAttentionFwdOp(scale=0.3, softcap=2.0, return_lse=True)

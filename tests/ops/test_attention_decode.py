@@ -292,6 +292,28 @@ def test_paged_mha_matches_the_same_keys_contiguous():
         "  because:  H bound to 4 by q.shape[1], but k_cache.shape[2] is 2"
 
 
+@pytest.mark.parametrize("paged", [False, True])
+def test_multi_head_with_no_heads_is_an_empty_output(paged):
+    """No heads at all (H = H_kv = 0): an empty output, as torch's attention gives; the
+    reference divided the heads by the key heads."""
+    op = (MHAPaged if paged else MHA)(target=REFERENCE)
+    lens = _lens(32, 5)
+
+    def call(q, k, v):
+        if not paged:
+            return op(q, k, v, lens)
+        kp, vp, table = _paged_from(k, v, 16, lens)
+        return op(q, kp, vp, lens, table)
+
+    q, k, v = _random(2, 32, 0, 0, 64)
+    out = call(q, k, v)
+    assert out.shape == (2, 0, 64) and out.dtype == q.dtype
+    # the same instance serves a call with heads after it
+    q, k, v = _random(2, 32, 2, 2, 64)
+    torch.testing.assert_close(call(q, k, v), GQA(target=REFERENCE)(q, k, v, lens),
+                               rtol=0, atol=0)
+
+
 def test_the_torch_contender_matches_the_reference():
     q, k, v = _random(4, 50, 8, 4, 64, torch.float32)
     lens = _lens(50, 0, 1, 31)

@@ -7,6 +7,8 @@ The generic gradient tests cast every input to float64, the class indices too; t
 hold the gradient contract for an op with an integer input.
 """
 
+import math
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -74,6 +76,29 @@ def test_mean_over_no_rows_is_nan_as_torchs():
     assert CrossEntropyFwdOp()(x, t).isnan()
     assert F.cross_entropy(x, t).isnan()
     assert CrossEntropyFwdOp(reduction="sum")(x, t) == 0
+
+
+@settings(max_examples=60, deadline=None)
+@given(value=st.sampled_from([math.inf, -math.inf, math.nan]), col=st.integers(0, 4),
+       reduction=st.sampled_from(["mean", "sum", "none"]),
+       smoothing=st.sampled_from([0.0, 0.2]), zscale=st.sampled_from([0.0, 0.1]),
+       softcap=st.sampled_from([None, 5.0]))
+def test_an_inf_or_nan_logit_gives_torchs_loss_and_gradient(value, col, reduction, smoothing,
+                                                             zscale, softcap):
+    """A logit of inf, -inf or NaN: the loss and the gradient are NaN or inf where torch's
+    are (a row holding +inf is NaN, as torch's log_softmax gives it; torch.logsumexp's inf
+    gave the row a loss of inf); the rows without one are unchanged."""
+    logits = torch.randn(3, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(col))
+    logits[0, col] = value
+    target = torch.tensor([1, 0, 2])
+    op = CrossEntropyFwdOp(reduction=reduction, label_smoothing=smoothing,
+                           lse_square_scale=zscale, softcap=softcap)
+    ours, theirs = logits.clone().requires_grad_(), logits.clone().requires_grad_()
+    got, want = op(ours, target), op.eager()(theirs, target)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    (g,), (w,) = (torch.autograd.grad(o, x, torch.ones_like(o))
+                  for o, x in ((got, ours), (want, theirs)))
+    torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
 def test_a_narrow_logits_dtype_gives_a_float32_loss():

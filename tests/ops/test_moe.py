@@ -287,6 +287,29 @@ def test_unpermute_of_no_rows_with_every_slot_dropped_is_zeros() -> None:
     torch.testing.assert_close(out, torch.stack((0.5 * y[2], 1.0 * y[0])), rtol=0, atol=0)
 
 
+def test_rows_of_no_width_unpermute_and_train() -> None:
+    """Rows of width 0 (H = 0) through the unpermutation, its gradient and the permutation's
+    gradient: empty results of torch's shapes and zero weight gradients (the references
+    flattened the picks with a -1, ambiguous among 0 elements); the ops serve the next call."""
+    rows = torch.tensor([[0, -1], [2, 1]], dtype=torch.int32)
+    w = torch.rand(2, 2, dtype=torch.float64, requires_grad=True)
+    y = torch.randn(3, 0, dtype=torch.float64, requires_grad=True)
+    fwd, bwd = MoeUnpermuteFwdOp(target=REF), MoeUnpermuteBwdOp(target=REF)
+    out = fwd(y, rows, w)
+    assert out.shape == (2, 0)
+    out.sum().backward()
+    assert y.grad.shape == (3, 0) and torch.equal(w.grad, torch.zeros(2, 2, dtype=torch.float64))
+    dy, dw = bwd(torch.ones(2, 0, dtype=torch.float64), y.detach(), rows, w.detach())
+    assert dy.shape == (3, 0) and torch.equal(dw, torch.zeros(2, 2, dtype=torch.float64))
+    align = MoePermuteAlignBwdOp(target=REF)
+    assert align(torch.randn(3, 0, dtype=torch.float64), rows).shape == (2, 0)
+    y1 = torch.randn(3, 2, dtype=torch.float64)
+    out = fwd(y1, rows, w.detach())
+    torch.testing.assert_close(out, torch.stack((w[0, 0] * y1[0], w[1, 0] * y1[2] + w[1, 1] * y1[1])).detach())
+    assert bwd(torch.ones(2, 2, dtype=torch.float64), y1, rows, w.detach())[0].shape == (3, 2)
+    assert align(y1, rows).shape == (2, 2)
+
+
 @pytest.mark.parametrize("bad", [9, 8, -2])
 def test_rows_outside_the_rows_are_refused_by_name(bad) -> None:
     """A slot that is neither a row of y nor -1 (dropped), in the unpermutation, its gradient
@@ -432,6 +455,57 @@ def test_grouped_gemm_metadata_out_of_range_is_refused_by_name(lay, meta, error,
         fwd(a_grad, b, bad)
     fwd(a_grad, b, good).sum().backward()
     assert a_grad.grad is not None
+
+
+@pytest.mark.parametrize("lay", [TIGHT, MaskedLayoutSpec(4), _PER_ROW])
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_rows_of_another_expert_or_of_none_stay_out_of_the_weight_gradient(lay, value):
+    """A NaN or inf in rows no expert owns (past a masked count, past the last offset, an
+    expert of -1) or in another expert's rows: each expert's weight gradient is its own rows'
+    product, as the kernels read them (the reference multiplied every row by a 0/1 mask, so
+    0 times the NaN reached every expert's gradient)."""
+    masked = isinstance(lay, MaskedLayoutSpec)
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(*((3, 4) if masked else (10,)), 6, generator=g, dtype=torch.float64)
+    b = torch.randn(3, 6, 5, generator=g, dtype=torch.float64)
+    dc = torch.randn(*a.shape[:-1], 5, generator=g, dtype=torch.float64)
+    meta = torch.tensor([2, 0, 3] if masked else [0, 0, 2, 2, 1, 1, 2, -1, -1, -1]
+                        if lay is _PER_ROW else [0, 3, 3, 8], dtype=torch.int32)
+    if masked:
+        owned = torch.arange(4) < meta[:, None]
+        first = owned & (torch.arange(3) == 0)[:, None]
+    else:
+        owner = torch.tensor([0, 0, 2, 2, 1, 1, 2, -1, -1, -1] if lay is _PER_ROW
+                             else [0, 0, 0, 2, 2, 2, 2, 2, -1, -1])
+        owned, first = owner >= 0, owner == 0
+    bwd = GroupedGemmBwdOp(layout=lay, target=REF)
+    clean = bwd(a.masked_fill(~owned[..., None], 0), b, meta, dc.masked_fill(~owned[..., None], 0))
+    da, db = bwd(a.masked_fill(~owned[..., None], value), b, meta,
+                 dc.masked_fill(~owned[..., None], value))
+    torch.testing.assert_close(db, clean[1], rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(da[owned], clean[0][owned], rtol=1e-12, atol=1e-12)
+    # another expert's NaN: expert 0's rows of dc; every other expert's gradient is finite
+    _, db = bwd(a, b, meta, dc.masked_fill(first[..., None], float("nan")))
+    assert db[0].isnan().all() and db[1:].isfinite().all()
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_weights_of_an_expert_no_token_chose_do_not_reach_the_output(value):
+    """A NaN or inf in the weights of an expert no token routes to: the layer's output is that
+    of finite weights there, as torch's pipeline and the kernels give it (the reference added
+    every expert's product times a gate of 0)."""
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(4, 8, generator=g, dtype=torch.float64)
+    logits = torch.randn(4, 4, generator=g, dtype=torch.float64)
+    logits[:, 3] = -30.0  # expert 3: no token's top 2
+    w13 = torch.randn(4, 6, 8, generator=g, dtype=torch.float64)
+    w2 = torch.randn(4, 8, 3, generator=g, dtype=torch.float64)
+    op = FusedMoeFwdOp(num_experts=4, top_k=2, target=REF)
+    want = op(x, logits, w13, w2)
+    for w in (w13, w2):
+        dirty = [t.clone() for t in (w13, w2)]
+        dirty[0 if w is w13 else 1][3, 1] = value
+        torch.testing.assert_close(op(x, logits, *dirty), want, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize(("lay", "length"), [(TIGHT, 3), (TIGHT, 5), (MaskedLayoutSpec(4), 2),

@@ -148,10 +148,13 @@ def test_padding_over_half_the_kernel_is_refused_by_name():
     (O.MaxPool1dFwdOp, dict(kernel_size=2, dilation=2**31)),
     (O.AvgPool3dFwdOp, dict(kernel_size=(2, 2, 2**31))),
     (O.MaxPool2dBwdOp, dict(kernel_size=2, stride=(1, 2**40))),
+    (O.AdaptiveAvgPool2dFwdOp, dict(output_size=2**40)),
+    (O.AdaptiveMaxPool2dFwdOp, dict(output_size=(3, 2**31))),
 ])
 def test_window_params_past_int32_are_refused_at_construction(cls, params):
-    """torch's kernels take the window as C ints and refuse more with a bare message; here
-    the spec's rule names the op and the params, before any call."""
+    """torch's kernels take the window (and an adaptive output size) as C ints and refuse
+    more with a bare message; here the spec's rule names the op and the params, before any
+    call (an adaptive output size past it reached the output's allocation)."""
     with pytest.raises(ConstructionError) as exc:
         cls(**params)
     assert str(exc.value).startswith(f"{cls.__name__}: construction param ")

@@ -130,6 +130,35 @@ def test_yarn_schedule(factor, attention, scale):
     assert op.attention_scale() == pytest.approx(scale, rel=1e-15)
 
 
+@pytest.mark.parametrize(("cls", "param"), [
+    (cls, param) for cls in (O.RopeYarnFwdOp, O.RopeYarnBwdOp, O.RopeLongRopeFwdOp,
+                             O.RopeLongRopeBwdOp)
+    for param in ("factor", "beta_fast", "attention_factor")
+    if param in cls._signature.entry.signature.params])
+@pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
+def test_scaling_params_that_are_not_finite_are_refused_by_name(cls, param, value):
+    """A scaling param of inf or NaN: refused at construction, naming the op and the param
+    (an infinite factor gave NaN tables, an infinite beta_fast a ValueError from math.log)."""
+    kw = FACTORS if "LongRope" in cls.__name__ else {}
+    with pytest.raises(ConstructionError) as exc:
+        cls(**kw, **{param: value})
+    first = str(exc.value).splitlines()[0]
+    assert first.startswith(f"{cls.__name__}: construction param ") and param in first
+
+
+@pytest.mark.parametrize("cls", [O.RopeYarnFwdOp, O.RopeYarnBwdOp])
+def test_yarn_betas_far_from_the_context_clamp_the_ramp(cls):
+    """Betas far above and below the context's rotations (the quotient in the correction
+    range overflowed to a log of 0 or an int of inf): the ramp clamped to the whole rotated
+    width, as with betas merely outside it."""
+    far = cls(beta_fast=1e308, beta_slow=1e-308)
+    near = cls(beta_fast=1e6, beta_slow=1e-6)
+    torch.testing.assert_close(far.inv_freq(64, False), near.inv_freq(64, False), rtol=0,
+                               atol=0)
+    torch.testing.assert_close(near.inv_freq(64, False),
+                               yarn_inv(10000.0, 64, 4.0, 4096, 1e6, 1e-6), rtol=1e-14, atol=0)
+
+
 def test_longrope_s_attention_factor_when_given_scales_cos_and_sin():
     # a given factor stands for the formula of max_position / original_max_position
     q, k = torch.randn(1, 3, 2, 32, dtype=F64), torch.randn(1, 3, 1, 32, dtype=F64)

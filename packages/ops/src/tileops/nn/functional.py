@@ -14,6 +14,7 @@ share :func:`linear_with` with :func:`linear`.
 
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -200,7 +201,7 @@ def linear_with(op: Op, input: torch.Tensor, weight: torch.Tensor,
         if input.dim() == 0:
             raise ValueError(f"linear: argument input is a 0-dim tensor; expected at least one "
                              f"axis (its last is in_features), seen {_describe(input)}")
-        y = op(input.reshape(-1, input.shape[-1]), weight)
+        y = op(input.reshape(math.prod(input.shape[:-1]), input.shape[-1]), weight)
         y = y.reshape(*input.shape[:-1], y.shape[-1])
     if bias is None:
         return y

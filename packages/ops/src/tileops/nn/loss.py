@@ -6,6 +6,7 @@ a language model's head (``F.cross_entropy(hidden @ weight.T, target)``) running
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -119,7 +120,8 @@ class FusedLinearCrossEntropyLoss(HoldsOp, nn.Module):
         if tuple(target.shape) != tuple(hidden.shape[:-1]):
             raise ValueError(f"FusedLinearCrossEntropyLoss: target must have hidden's leading "
                              f"shape {tuple(hidden.shape[:-1])}, got {tuple(target.shape)}")
-        loss = self.op(hidden.reshape(-1, hidden.shape[-1]), weight, target.reshape(-1))
+        rows = hidden.reshape(math.prod(hidden.shape[:-1]), hidden.shape[-1])  # an H of 0 too
+        loss = self.op(rows, weight, target.reshape(-1))
         return loss.reshape(target.shape) if self.reduction == "none" else loss
 
     def extra_repr(self) -> str:

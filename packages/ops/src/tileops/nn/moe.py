@@ -55,7 +55,7 @@ class MoeStages:
         @ w2[e].T``, rows flattened to ``[R, H]``."""
         h = self.gemm(y, w13, metadata)
         o = self.gemm(self.act(h), w2, metadata)
-        return o.view(-1, o.shape[-1])
+        return o.view(math.prod(o.shape[:-1]), o.shape[-1])
 
 
 def stages_of(layer: nn.Module, device: torch.device, experts: int, layout: Layout,
@@ -203,7 +203,7 @@ class MoE(HoldsOp, nn.Module):
             raise ValueError(f"{type(self).__name__}: argument {name} expected a tensor "
                              f"[..., {self.hidden_size}] (its last axis is hidden_size), seen "
                              f"{seen}")
-        return x.reshape(-1, self.hidden_size)
+        return x.reshape(math.prod(x.shape[:-1]), self.hidden_size)
 
     def _staged(self, rows: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
                 w2: torch.Tensor) -> torch.Tensor:

@@ -12,6 +12,7 @@ grouping too.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -225,7 +226,7 @@ def permute_bwd_reference(dy: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """``dx`` of MoePermuteAlignBwdOp: the unpermutation of ``dy``'s rows (flattened over a
     masked layout's blocks) with unit weights."""
     unit = torch.ones(rows.shape, dtype=wide_dtype(dy), device=rows.device)
-    return unpermute_reference(dy.reshape(-1, dy.shape[-1]), rows, unit)
+    return unpermute_reference(dy.reshape(math.prod(dy.shape[:-1]), dy.shape[-1]), rows, unit)
 
 
 def expert_of_row(metadata: torch.Tensor, layout: LayoutValue, m: int,
@@ -325,7 +326,9 @@ def unpermute_bwd_reference(dout: torch.Tensor, y: torch.Tensor, rows: torch.Ten
     dy = dw = None
     if grad_y:
         spare = torch.where(kept, r, y.shape[0]).reshape(-1)
-        part = (dout.to(wide)[:, None, :] * weights.to(wide)[..., None]).reshape(-1, y.shape[1])
+        # every size named: a -1 is ambiguous where the rows are empty (H = 0)
+        part = (dout.to(wide)[:, None, :] * weights.to(wide)[..., None]).reshape(
+            spare.numel(), y.shape[1])
         dy = torch.zeros((y.shape[0] + 1, y.shape[1]), dtype=wide, device=y.device)
         dy = dy.index_add(0, spare, part)[:y.shape[0]]
     if grad_weights:
@@ -350,10 +353,17 @@ def grouped_gemm_bwd_reference(dc: torch.Tensor, a: torch.Tensor, b: torch.Tenso
         if layout.masked:
             valid = torch.arange(a.shape[1], device=a.device) < \
                 metadata.clamp(0, layout.max_m)[:, None]
-            g = torch.bmm(aw.transpose(1, 2), dcw * valid[..., None])  # [E, K, N]
+            # rows past a count selected out, not multiplied by 0: what a block holds there
+            # (a NaN of torch.empty, say) is no expert's and is not read, as in the kernels
+            aw, dcw = (torch.where(valid[..., None], t, 0.0) for t in (aw, dcw))
+            g = torch.bmm(aw.transpose(1, 2), dcw)  # [E, K, N]
         else:
             owner = expert_of_row(metadata, layout, a.shape[0], b.shape[0])
-            g = torch.stack([(aw * (owner == e)[:, None]).T @ dcw for e in range(b.shape[0])])
+
+            def own(t: torch.Tensor, e: int) -> torch.Tensor:  # expert e's rows, others 0
+                return torch.where((owner == e)[:, None], t, 0.0)
+
+            g = torch.stack([own(aw, e).T @ own(dcw, e) for e in range(b.shape[0])])
         db = g.transpose(1, 2) if trans_b else g
     return da, db
 
@@ -368,6 +378,7 @@ def fused_reference(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
     wide = wide_dtype(x)
     weights, ids = gating_reference(logits, bias, **route)
     m, k = ids.shape
+    zero = torch.zeros((), dtype=wide, device=x.device)
     experts, two_i = w13.shape[0], w13.shape[1]
     inter = two_i // 2
     flat = ids.reshape(-1).to(torch.int64)
@@ -378,8 +389,11 @@ def fused_reference(x: torch.Tensor, logits: torch.Tensor, w13: torch.Tensor,
         routed = flat == e
         if layout.masked:  # the slot's rank among the expert's slots, in token order
             routed = routed & (torch.cumsum(routed, 0) <= layout.max_m)
-        gate = torch.where(routed, wflat, torch.zeros((), dtype=wide)).view(m, k).sum(1)
+        gate = torch.where(routed, wflat, zero).view(m, k).sum(1)
         h = xw @ w13[e].to(wide).T
         act = F.silu(h[:, :inter]) * h[:, inter:]
-        out = out + (act @ w2[e].to(wide).T) * gate[:, None]
+        # a token not routed to e takes none of its product (selected out, not multiplied by
+        # 0: a NaN or inf in weights no token chose stays out, as in the kernels)
+        chosen = routed.view(m, k).any(1)[:, None]
+        out = out + torch.where(chosen, (act @ w2[e].to(wide).T) * gate[:, None], zero)
     return out

@@ -91,6 +91,15 @@ def visible(s_q: int, s_kv: int, left: int, right: int, device: Any = None) -> t
     return seen
 
 
+def _probabilities(s: torch.Tensor) -> torch.Tensor:
+    """The probabilities of the scores ``s`` (-inf where a row does not see a key) as torch's
+    attention gives them (its safe softmax): a row holding an inf or NaN score (an inf in q or
+    k) is NaN throughout; a row whose scores are all -inf, none seen or none finite, is 0
+    (FlashAttention's convention too: output 0, log-sum-exp -inf). The rows' log-sum-exp,
+    subtracted where finite, had left a row with a +inf score inf."""
+    return torch.where((s == -math.inf).all(-1, keepdim=True), 0.0, torch.softmax(s, dim=-1))
+
+
 def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, scale: float,
                         left: int, right: int, softcap: float | None,
                         bshd: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -119,8 +128,7 @@ def attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, sc
             mask = seen[r0:r1]
             s = s.masked_fill(~mask, -math.inf)
             m = torch.logsumexp(s, dim=-1)  # -inf where a row sees no key
-            p = torch.where(mask, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[..., None]),
-                            0.0)
+            p = _probabilities(s)
             o[bi, :, r0:r1] = torch.matmul(p, v[bi])
             lse[bi, :, r0:r1] = m
     return (o.transpose(1, 2) if bshd else o), lse
@@ -175,8 +183,7 @@ def varlen_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
             s = softcap * torch.tanh(s / softcap)
         s = s.masked_fill(~seen, -math.inf)
         m = torch.logsumexp(s, dim=-1)
-        p = torch.where(seen, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)[..., None]),
-                        0.0)
+        p = _probabilities(s)
         o[r0:r1] = torch.matmul(p, vt).transpose(0, 1)
         lse[:, r0:r1] = m
     return o, lse
@@ -348,9 +355,11 @@ def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
     dout = None if dout is None else dout.to(wide)
     b, h, s_q, _ = q.shape
     h_kv, s_kv = k.shape[1], k.shape[2]
-    g = h // h_kv
-    kf = k.repeat_interleave(g, dim=1) if g > 1 else k
-    vf = v.repeat_interleave(g, dim=1) if g > 1 else v
+    # the query heads of a key head: 0 where there are no query heads (the keys' gradients
+    # are then zeros), 1 where there are no heads at all (an empty multi-head call)
+    g = h // h_kv if h_kv else 1
+    kf = k.repeat_interleave(g, dim=1) if g != 1 else k
+    vf = v.repeat_interleave(g, dim=1) if g != 1 else v
     dq = torch.zeros_like(q)
     dk = torch.zeros_like(kf)
     dv = None if dout is None else torch.zeros_like(vf)
@@ -364,8 +373,7 @@ def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
             if softcap is not None:
                 s = softcap * torch.tanh(s / softcap)
             s = s.masked_fill(~mask, -math.inf)
-            m = torch.logsumexp(s, dim=-1, keepdim=True)
-            p = torch.where(mask, torch.exp(s - torch.where(torch.isinf(m), 0.0, m)), 0.0)
+            p = _probabilities(s)
             dl = None if dlse is None else dlse[bi, :, r0:r1, None].to(wide)
             if dout is None:  # the log-sum-exp's gradient alone
                 ds = p * dl if dl is not None else torch.zeros_like(p)
@@ -381,7 +389,7 @@ def attention_grads(dout: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor,
                 ds = ds * (1 - torch.where(mask, s, 0.0).div(softcap).square())
             dq[bi, :, r0:r1] = scale * torch.matmul(ds, kf[bi])
             dk[bi] += scale * torch.matmul(ds.transpose(-1, -2), qc)
-    if g > 1:
+    if g != 1:
         # every size named: a -1 is ambiguous where another is 0 (an empty batch or keys)
         dk = dk.view(b, h_kv, g, s_kv, dk.shape[-1]).sum(2)
         if dv is not None:
@@ -531,7 +539,7 @@ def _eager_dense(q, k, v, *, options: tuple, bshd: bool, with_lse: bool = True):
     unseen = s_kv == 0 or (right >= 0 and s_kv - s_q + right < 0)
     lse = torch.logsumexp(s, dim=-1) if with_lse or softcap is not None or unseen else None
     if softcap is not None or unseen:
-        p = torch.exp(s - torch.where(torch.isinf(lse), 0.0, lse)[..., None])
+        p = _probabilities(s)
         o = torch.matmul(p.to(vh.dtype), vh)
     else:
         mask, causal = None, is_causal

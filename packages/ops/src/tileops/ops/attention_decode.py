@@ -203,7 +203,7 @@ def _attend(q, k, v, cache_seqlens, scale: float, softcap: float | None) -> torc
     within the length (or in ``q``) reaches the output, as prefill attention's does."""
     b, h, d = q.shape
     s, hk = k.shape[1], k.shape[2]
-    qg = q.reshape(b, hk, h // hk, d)
+    qg = q.reshape(b, hk, h // hk if hk else 1, d)  # no heads at all: an empty call
     seen = torch.arange(s, device=q.device) < cache_seqlens.to(q.device)[:, None]  # (B, S)
     k = k.masked_fill(~seen[:, :, None, None], 0)
     v = v.masked_fill(~seen[:, :, None, None], 0)

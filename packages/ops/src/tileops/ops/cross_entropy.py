@@ -55,6 +55,7 @@ Each op's reference, torch eager function and Liger-Kernel peer are declared her
 
 from __future__ import annotations
 
+import math
 from typing import Any, get_args
 
 import torch
@@ -123,7 +124,11 @@ class CrossEntropyOp(Op):
                     f"{type(self).__name__}: target[{i}] is {int(target[i])}: not a class "
                     f"index in [0, {x.shape[-1]}) (the logits have {x.shape[-1]} classes) "
                     f"and not ignore_index ({self.ignore_index})")
-        return z, torch.logsumexp(z, dim=-1), valid, torch.where(valid, target, 0)
+        # a row holding +inf has a NaN log-sum-exp, as torch's log_softmax (and the kernels'
+        # running maximum) give it, where torch.logsumexp gives inf (a loss of inf)
+        lse = torch.logsumexp(z, dim=-1)
+        lse = torch.where(lse == math.inf, math.nan, lse)
+        return z, lse, valid, torch.where(valid, target, 0)
 
     def _loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         z, lse, valid, t = self._rows(x, target)

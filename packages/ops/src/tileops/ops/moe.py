@@ -530,7 +530,7 @@ class FusedMoeFwdOp(MoeOp):
         with self.stage("down"):
             o = down(a, w2, metadata)
         with self.stage("unpermute"):
-            out.copy_(unpermute(o.view(-1, o.shape[-1]), rows, weights))
+            out.copy_(unpermute(o.view(math.prod(o.shape[:-1]), o.shape[-1]), rows, weights))
 
     def reference(self, call, x, router_logits, w13, w2, correction_bias):
         route = self._route()
@@ -596,7 +596,7 @@ def _grouped_mm_peer(op: GroupedGemmFwdOp) -> Any:
         if layout.masked:
             c = grouped_mm(a, bt) if takes else torch.bmm(a, bt)
             valid = torch.arange(a.shape[1], device=a.device) < metadata[:, None]
-            return c * valid[..., None]
+            return torch.where(valid[..., None], c, 0)
         if takes:
             return grouped_mm(a, bt, offs=metadata[1:])
         return _segment_products(a, bt, metadata[1:])

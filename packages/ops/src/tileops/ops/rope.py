@@ -351,7 +351,10 @@ class _Yarn(RopeOp):
         extrapolated, interpolated = 1.0 / pos_freqs, 1.0 / (self.factor * pos_freqs)
 
         def correction_dim(rotations: float) -> float:
-            return (rotary_dim * math.log(orig / (rotations * 2 * math.pi))) / (2 * math.log(base))
+            # log(orig / (2 pi rotations)) as a difference of logs: the quotient under- or
+            # overflows for rotations far from orig (a log of 0, an int of inf)
+            return (rotary_dim * (math.log(orig) - math.log(2 * math.pi) - math.log(rotations))
+                    / (2 * math.log(base)))
 
         low = max(math.floor(correction_dim(self.beta_fast)), 0)
         high = min(math.ceil(correction_dim(self.beta_slow)), rotary_dim - 1)
