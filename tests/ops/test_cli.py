@@ -626,3 +626,50 @@ def test_cache_clear_refuses_the_home_directory(tmp_path: Path,
     result = invoke("cache", "clear", "--yes")
     assert result.exit_code == 1 and "refusing to clear" in result.output
     assert (home / "precious").is_dir()
+
+
+def test_a_workload_is_judged_by_the_matmul_peak_of_its_dtype(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 rows against the fp8 matmul, float32 against float32's, 16-bit floats and the
+    rest against bf16's: a float8 GEMM is not reported above 100% of a bf16 roof."""
+    from tileops.ops.cli import timing
+    from tileops.ops.cli.report import markdown
+    from tileops.ops.cli.runner import CaseResult
+
+    assert [timing.math_class(d) for d in ("float8_e4m3fn", "float8_e5m2", "bfloat16",
+                                            "float16", "float32", "float64", "int8", "bool")] \
+        == ["fp8", "fp8", "bf16", "bf16", "fp32", "fp64", "bf16", "bf16"]
+    cpu = timing.peaks(torch.device("cpu"))
+    assert cpu.for_dtype("float8_e4m3fn") is cpu  # no roof on the CPU at all
+    bf16 = timing.Peaks(3e12, 8e14, "bf16 roof", "cuda:7", "bf16")
+    fp8 = timing.Peaks(3e12, 1.6e15, "fp8 roof", "cuda:7", "fp8")
+    monkeypatch.setitem(timing._PEAKS, ("cuda:7", "bf16"), bf16)
+    monkeypatch.setitem(timing._PEAKS, ("cuda:7", "fp8"), fp8)
+    assert bf16.for_dtype("bfloat16") is bf16 and bf16.for_dtype("float8_e5m2") is fp8
+    assert timing.measured_flops(torch.device("cuda:7")) == {"bf16": 8e14, "fp8": 1.6e15}
+    flops = 2 * 8192**3
+    rows = [CaseResult("GemmFp8FwdOp", "w", d, (8192, 8192), {}, time_s=flops / 1.2e15,
+                       flops=flops, bytes=3 * 8192 * 8192)
+            for d in ("float8_e4m3fn", "bfloat16")]
+    assert rows[0].roof_fraction(bf16) == pytest.approx(0.75)
+    assert rows[1].roof_fraction(bf16) == pytest.approx(1.5)  # as before: the bf16 roof
+    header = {"device": "cuda:7", "versions": {}, "tileops": "x", "when": "now",
+              "timing": {"method": "m", "compile": {"mode": None}}}
+    text = markdown(header, rows[:1], bf16)
+    assert "Roofline: bf16 workloads: bf16 roof; fp8 workloads: fp8 roof." in text
+    assert "| 75% |" in text
+    assert "Roofline: bf16 roof." in markdown(header, rows[1:], bf16)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(NO_CUDA, reason="needs a CUDA device")
+def test_the_fp8_and_float32_roofs_are_measured() -> None:
+    from tileops.ops.cli import timing
+
+    dev = torch.device("cuda")
+    base = timing.peaks(dev)
+    f32 = base.for_dtype("float32")
+    assert f32.math == "fp32" and 0 < f32.flops < base.flops
+    if torch.cuda.get_device_capability(dev) >= (8, 9):
+        fp8 = base.for_dtype("float8_e4m3fn")
+        assert fp8.flops > base.flops and fp8.bandwidth == base.bandwidth

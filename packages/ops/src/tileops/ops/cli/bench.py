@@ -296,7 +296,7 @@ def bench(ops: tuple[str, ...], against: str | None, device: str | None,
 
     results = run_cases(plan, repeat, 0.25, timed=False, tune=tune, per_case=per_case)
     names = [n for n, _, _ in plan.ops]
-    header = {**env_header(dev, p, plan.max_elements), "ops": names,
+    header = {**env_header(dev, p, plan.max_elements, (r.dtype for r in results)), "ops": names,
               "against": contender_names(results),
               "timing": _timing_header(dev, settings, plan), "tuned": tune}
     out_dir.mkdir(parents=True, exist_ok=True)

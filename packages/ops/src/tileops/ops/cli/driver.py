@@ -11,7 +11,7 @@ import functools
 import os
 import platform
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,7 +42,7 @@ from .core import (
 )
 from .formatting import console
 from .runner import CaseResult, Ran, run_case
-from .timing import Peaks
+from .timing import Peaks, measured_flops
 
 __all__ = ["CPU_MAX_ELEMENTS", "Plan", "case_options", "env_header", "prepare", "run_cases",
            "usage"]
@@ -237,9 +237,13 @@ def run_cases(plan: Plan, repeat: int, budget_s: float, *, timed: bool = True,
     return out
 
 
-def env_header(dev: torch.device, peaks: Peaks, max_elements: int) -> dict[str, Any]:
+def env_header(dev: torch.device, peaks: Peaks, max_elements: int,
+               dtypes: Iterable[str] = ()) -> dict[str, Any]:
     """Where, when and with what a run ran: versions (``versions`` holds the libraries of
-    :data:`VERSIONED` that are installed), the device and GPU, the roofline peaks, the cap."""
+    :data:`VERSIONED` that are installed), the device and GPU, the roofline peaks (the matmul
+    peak of each math class the results' ``dtypes`` are judged by), the cap."""
+    for d in dtypes:
+        peaks.for_dtype(d)
     info: dict[str, Any] = {
         "tileops": version("tileops-ops", "tileops.ops") or "not installed",
         "torch": torch.__version__,
@@ -248,7 +252,7 @@ def env_header(dev: torch.device, peaks: Peaks, max_elements: int) -> dict[str, 
                      **{d: v for d in VERSIONED if (v := version(d)) is not None}},
         "device": str(dev),
         "peaks": {"bandwidth_Bps": peaks.bandwidth, "flops": peaks.flops,
-                  "source": peaks.source},
+                  "source": peaks.source, "flops_by_math": measured_flops(dev)},
         "max_elements": max_elements or None,
         "when": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }

@@ -23,7 +23,7 @@ from typing import Any
 
 from .formatting import fmt_err, fmt_frac, fmt_inputs, fmt_rate, fmt_time
 from .runner import CaseResult
-from .timing import Peaks
+from .timing import Peaks, math_class
 
 __all__ = ["SCHEMA", "ContenderResult", "document", "geomean", "markdown", "require_matplotlib",
            "speedups", "write_json", "write_markdown", "write_plot"]
@@ -151,7 +151,8 @@ def _op_table(op: str, rows: list[CaseResult], peaks: Peaks) -> list[str]:
              "rel err (" + " / ".join(["tileops", *names]) + ")"]
     lines += ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
     for r in rows:
-        mb = r.flops is not None and peaks.memory_bound(r.flops, r.bytes or 0)
+        mb = r.flops is not None and peaks.for_dtype(r.dtype).memory_bound(r.flops,
+                                                                           r.bytes or 0)
         cells = [r.workload, r.dtype, fmt_inputs(r.inputs, bool(r.scaled))]
         if kernels:
             cells.append(", ".join(r.extra.get("kernels") or []) or "-")
@@ -216,12 +217,18 @@ def markdown(header: dict[str, Any], results: Sequence[CaseResult], peaks: Peaks
     flops, roofline fraction) and its notes."""
     where = header.get("gpu") or header["device"]
     versions = ", ".join(f"{k} {v}" for k, v in header["versions"].items() if v)
+    roofs = {}  # the roofline of each math class the rows are judged by, bf16's first
+    for dtype in ["bfloat16", *(r.dtype for r in results)]:
+        roof = peaks.for_dtype(dtype)
+        roofs.setdefault(roof.math, roof)
+    roof_text = peaks.source if len(roofs) == 1 else "; ".join(
+        f"{cls} workloads: {p.source}" for cls, p in roofs.items())
     lines = [f"# tileops bench on {where} ({header['when']})", "",
              f"tileops {header['tileops']}; {versions}.", "",
              f"Timing: {header['timing']['method']}; torch.compile: a fresh "
              f"`torch.compile(fn, dynamic=False)` per workload (mode "
              f"{header['timing']['compile']['mode'] or 'default'}). Roofline: "
-             f"{peaks.source}.", ""]
+             f"{roof_text}.", ""]
     if any(r.scaled for r in results):
         lines += [f"`*`: scaled down to at most {header['max_elements']} elements per input or "
                   f"output (`--max-elements`).", ""]
@@ -273,15 +280,18 @@ def write_plot(path: Path, header: dict[str, Any], results: Sequence[CaseResult]
             if pts:
                 ax.scatter([x for x, _ in pts], [y for _, y in pts],
                            marker=_MARKERS[i % len(_MARKERS)], label=name, alpha=0.75)
-        if xs_all and peaks.bandwidth and peaks.flops:
+        # the roof of the op's math class where its rows share one (else the bf16 matmul's)
+        classes = {math_class(r.dtype) for r in rows}
+        roof = peaks.for_dtype(rows[0].dtype) if len(classes) == 1 else peaks
+        if xs_all and roof.bandwidth and roof.flops:
             lo = min(xs_all) / 4
-            hi = max(max(xs_all) * 4, peaks.flops / peaks.bandwidth * 4)
+            hi = max(max(xs_all) * 4, roof.flops / roof.bandwidth * 4)
             grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
-            ax.plot(grid, [min(peaks.flops, peaks.bandwidth * x) / 1e9 for x in grid], "k-",
-                    lw=1, label=f"roof: {peaks.bandwidth / 1e9:.0f} GB/s, "
-                               f"{peaks.flops / 1e12:.0f} TFLOP/s")
-        elif not (peaks.bandwidth and peaks.flops):
-            ax.text(0.02, 0.02, peaks.source, transform=ax.transAxes, fontsize=8)
+            ax.plot(grid, [min(roof.flops, roof.bandwidth * x) / 1e9 for x in grid], "k-",
+                    lw=1, label=f"roof: {roof.bandwidth / 1e9:.0f} GB/s, "
+                               f"{roof.flops / 1e12:.0f} TFLOP/s ({roof.math})")
+        elif not (roof.bandwidth and roof.flops):
+            ax.text(0.02, 0.02, roof.source, transform=ax.transAxes, fontsize=8)
         if xs_all:
             ax.set_xscale("log")
             ax.set_yscale("log")

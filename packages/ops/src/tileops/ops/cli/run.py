@@ -43,7 +43,7 @@ def run(ops: tuple[str, ...], device: str | None, dtypes: tuple[str, ...],
     results = run_cases(plan, repeat, 0.25)
     failed = [r for r in results if not r.ok]
     if as_json:
-        doc = {**env_header(dev, p, cap), "ok": not failed,
+        doc = {**env_header(dev, p, cap, (r.dtype for r in results)), "ok": not failed,
                "results": [r.as_dict(p) for r in results]}
         click.echo(json.dumps(doc, indent=2))
     else:
@@ -69,7 +69,7 @@ def print_run_table(results: list[CaseResult], dev: torch.device, p: Peaks, cap:
         else:
             check = "ok" if r.ok else "[red]MISMATCH[/red]"
         target = (r.target or "-") + ("†" if r.note else "")
-        mb = r.flops is not None and p.memory_bound(r.flops, r.bytes or 0)
+        mb = r.flops is not None and p.for_dtype(r.dtype).memory_bound(r.flops, r.bytes or 0)
         table.add_row(r.op, r.workload, r.dtype, fmt_inputs(r.inputs, bool(r.scaled)), target,
                       fmt_err(r.rel_err), check, fmt_time(r.time_s),
                       fmt_rate(r.flops, r.bytes, r.time_s, mb), fmt_frac(r.roof_fraction(p)))

@@ -79,9 +79,11 @@ class CaseResult:
         return None
 
     def roof_fraction(self, p: Peaks) -> float | None:
+        """The roofline time over the measured time, the roof drawn from the matmul peak of
+        this workload's dtype (:meth:`Peaks.for_dtype`)."""
         if not self.time_s or self.flops is None or self.bytes is None:
             return None
-        roof = p.roof_seconds(self.flops, self.bytes)
+        roof = p.for_dtype(self.dtype).roof_seconds(self.flops, self.bytes)
         return None if roof is None else roof / self.time_s
 
     def as_dict(self, p: Peaks) -> dict[str, Any]:

@@ -34,6 +34,7 @@ import torch
 from ..workloads import Case, make_inputs
 
 __all__ = [
+    "MATH_CLASSES",
     "ROTATE_BYTES",
     "Peaks",
     "Timing",
@@ -42,6 +43,8 @@ __all__ = [
     "events_time",
     "graph_time",
     "input_sets",
+    "math_class",
+    "measured_flops",
     "peaks",
     "rotating",
     "sync",
@@ -87,12 +90,16 @@ def time_call(fn: Callable[[], Any], device: torch.device, *, repeat: int = 20,
 @dataclass(frozen=True)
 class Peaks:
     """What the roofline of a device is drawn from: measured copy bandwidth (bytes read plus
-    written per second) and measured dense matmul throughput (FLOP/s). None where there is no
-    meaningful peak (the CPU)."""
+    written per second) and measured dense matmul throughput (FLOP/s) of one math class (see
+    :func:`math_class`). None where there is no meaningful peak (the CPU). ``device`` names
+    the CUDA device the figures were measured on, so :meth:`for_dtype` can measure another
+    class's matmul there."""
 
     bandwidth: float | None = None
     flops: float | None = None
     source: str = "none"
+    device: str | None = None
+    math: str = "bf16"
 
     def roof_seconds(self, flops: int, nbytes: int) -> float | None:
         if self.bandwidth is None or self.flops is None:
@@ -104,19 +111,83 @@ class Peaks:
             return flops / max(nbytes, 1) < 10.0
         return nbytes / self.bandwidth >= flops / self.flops
 
+    def for_dtype(self, dtype: str) -> Peaks:
+        """The peaks a workload of ``dtype`` is judged by: this device's bandwidth and the
+        matmul peak of the dtype's math class (measured once per device and class)."""
+        cls = math_class(dtype)
+        if self.device is None or cls == self.math:
+            return self
+        return peaks(torch.device(self.device), cls)
 
-_PEAKS: dict[str, Peaks] = {}
+
+#: the math classes whose matmul peak is measured, and what measures it
+MATH_CLASSES = {
+    "bf16": "a bf16 8192^3 matmul",
+    "fp8": "torch._scaled_mm of float8_e4m3fn 8192^3 operands with unit scales, bf16 out",
+    "fp32": "a float32 8192^3 matmul at torch's float32 matmul precision",
+    "fp64": "a float64 4096^3 matmul",
+}
 
 
-def peaks(device: torch.device) -> Peaks:
-    """Measured peaks of ``device`` (cached): on CUDA a 512 MiB device-to-device copy and a
-    bf16 8192^3 matmul; elsewhere none."""
-    key = str(device)
+def math_class(dtype: str) -> str:
+    """The matmul a workload of ``dtype`` (a torch dtype's name, as the workloads write it)
+    is measured against: fp8 for the float8 dtypes, fp32 and fp64 for those floats, bf16 for
+    16-bit floats and for everything else (integers and bool, whose ops move bytes)."""
+    if dtype.startswith("float8"):
+        return "fp8"
+    return {"float32": "fp32", "float64": "fp64"}.get(dtype, "bf16")
+
+
+_PEAKS: dict[tuple[str, str], Peaks] = {}
+
+
+def measured_flops(device: torch.device) -> dict[str, float]:
+    """The matmul peaks measured so far on ``device``, by math class."""
+    return {cls: p.flops for (dev, cls), p in _PEAKS.items()
+            if dev == str(device) and p.flops is not None}
+
+
+def _matmul(cls: str, device: torch.device) -> tuple[Callable[[], Any], int] | None:
+    """A matmul of ``cls`` on ``device`` and its FLOP count (None where the device has no
+    such product: fp8 below compute capability 8.9)."""
+    n = 4096 if cls == "fp64" else 8192
+    if cls == "fp8":
+        if torch.cuda.get_device_capability(device) < (8, 9):
+            return None
+        x = torch.randn(n, n, device=device).to(torch.float8_e4m3fn)
+        y = torch.randn(n, n, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        return (lambda: torch._scaled_mm(x, y, scale_a=one, scale_b=one,
+                                         out_dtype=torch.bfloat16)), 2 * n**3
+    dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}[cls]
+    x = torch.randn(n, n, dtype=dt, device=device)
+    y = torch.randn(n, n, dtype=dt, device=device)
+    return (lambda: x @ y), 2 * n**3
+
+
+def peaks(device: torch.device, math: str = "bf16") -> Peaks:
+    """Measured peaks of ``device`` (cached): on CUDA a 512 MiB device-to-device copy and the
+    matmul of the math class ``math`` (:data:`MATH_CLASSES`); elsewhere none."""
+    key = (str(device), math)
     found = _PEAKS.get(key)
     if found is not None:
         return found
     if device.type != "cuda":
-        p = Peaks(source=f"no roofline peak on {device.type}")
+        p = Peaks(source=f"no roofline peak on {device.type}", math=math)
+    elif math != "bf16":
+        base = peaks(device)
+        with torch.cuda.device(device):
+            mm = _matmul(math, device)
+            if mm is None:
+                p = Peaks(base.bandwidth, None, f"no {math} matmul on this device",
+                          str(device), math)
+            else:
+                fn, count = mm
+                fn()
+                t = time_call(fn, device, repeat=10)
+                p = Peaks(base.bandwidth, count / t,
+                          f"measured: device copy bandwidth and {MATH_CLASSES[math]}",
+                          str(device), math)
     else:
         with torch.cuda.device(device):
             a = torch.empty(1 << 28, dtype=torch.bfloat16, device=device).normal_()
@@ -125,14 +196,11 @@ def peaks(device: torch.device) -> Peaks:
             t = time_call(lambda: b.copy_(a), device, repeat=10)
             bw = 2 * a.numel() * a.element_size() / t
             del a, b
-            n = 8192
-            x = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-            y = torch.randn(n, n, dtype=torch.bfloat16, device=device)
-            x @ y
-            t = time_call(lambda: x @ y, device, repeat=10)
-            fl = 2 * n**3 / t
-            del x, y
-        p = Peaks(bw, fl, "measured: device copy bandwidth and bf16 matmul")
+            fn, count = _matmul("bf16", device)
+            fn()
+            t = time_call(fn, device, repeat=10)
+        p = Peaks(bw, count / t, f"measured: device copy bandwidth and {MATH_CLASSES[math]}",
+                  str(device), math)
     _PEAKS[key] = p
     return p
 
