@@ -67,7 +67,7 @@ def test_the_overlapped_program_releases_a_stage_after_its_product_completes(arg
     its product's wait: no release (an ``arrive`` on an empty barrier) may come between a
     product's issue and that wait, or the load two steps on could overwrite the tile under
     the product."""
-    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=True)
+    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(overlap=True, turns=False)
     prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
     from tileops.kernels._tilelang import compile_program
 
@@ -283,15 +283,23 @@ def test_fast_math_is_the_plans_choice(fast):
 @pytest.mark.parametrize("masked", [True, False])
 def test_the_mask_is_applied_on_the_tiles_seen_in_part_only(masked):
     """A masked program branches on the key tile: the select runs only outside the whole
-    tiles; an unmasked one has no branch in its loop."""
+    tiles; an unmasked one has no such branch in its loop. The plain schedule has no other
+    branch there; the served one (turns) adds its first turn and the overlapped products'
+    guards of the spare step, the same masked or not."""
     plan = A.attention_plan(128, 128)
-    prog = A.attention_fwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, -1,
-                                   0 if masked else -1, None, masked, plan)
-    branches = [line.strip() for line in prog.script().splitlines()
+    assert plan.overlap and plan.turns
+
+    def branches(p):
+        prog = A.attention_fwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, -1,
+                                       0 if masked else -1, None, masked, p)
+        return [line.strip() for line in prog.script().splitlines()
                 if line.strip().startswith("if ")]
+
     # causal, no left side: every tile starts whole (the start is 0), the end is the diagonal's
-    assert branches == (["if kt < 0 or kt >= whole_end:"] if masked else []) + \
-        ["if r0 + i < S_q:"]
+    mask = ["if kt < 0 or kt >= whole_end:"] if masked else []
+    assert branches(plan._replace(overlap=False, turns=False)) == [*mask, "if r0 + i < S_q:"]
+    assert branches(plan) == ["if kt == start and wg == 0:", "if kt < end:", *mask,
+                              "if kt < end:", "if r0 + i < S_q:"]
     windowed = A.attention_fwd_program("bshd", 8, 2, 128, 128, "bfloat16", 128 ** -0.5, 256, 0,
                                        None, True, plan)
     assert "if kt < whole_start or kt >= whole_end:" in windowed.script()

@@ -155,13 +155,13 @@ SCHEDULES = [(False, False), (True, False), (True, True)]
 
 
 @cuda
-@pytest.mark.parametrize("overlap,turns", SCHEDULES, ids=["", "overlap", "turns"])
+@pytest.mark.parametrize("overlap,turns", SCHEDULES, ids=["plain", "overlap", "turns"])
 @pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_forward_matches_float64(case, overlap, turns, monkeypatch):
-    """Each case with the default schedule, with the output product overlapping the next
+    """Each case with the plain schedule, with the output product overlapping the next
     tile's softmax (:data:`~tileops.kernels.attention.OVERLAP`) and with the warpgroups also
-    taking turns issuing their products (:data:`~tileops.kernels.attention.TURNS`): programs
-    of their own."""
+    taking turns issuing their products (:data:`~tileops.kernels.attention.TURNS`, the
+    served schedule): programs of their own."""
     monkeypatch.setattr(A, "OVERLAP", overlap)
     monkeypatch.setattr(A, "TURNS", turns)
     spec = case_spec(case)
