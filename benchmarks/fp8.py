@@ -3,12 +3,18 @@ block-wise form), on the shapes of the bars: 8192^3 and the Llama-3 8B projectio
 (per tensor, per row, in blocks) and at decode (M = 1, 16). Each configuration runs the
 in-tree program directly (``build_fp8_gemm_kernel``) on the same inputs, is checked against
 torch._scaled_mm's output where it has one (the dequantised float32 product for blocks) and
-timed from CUDA graph replays, as ``tileops bench`` times; the table gives TFLOP/s and marks
-the heuristic's choice (``choose_fp8_config``), so a run shows whether its default is the
-fastest candidate.
+timed from CUDA graph replays, as ``tileops bench`` times; the table gives TFLOP/s and the
+bytes of the operands and output a second (what bounds a decode call: ``b`` streamed once),
+and marks the heuristic's choice (``choose_fp8_config``), so a run shows whether its default is
+the fastest candidate. Calls of at most ``SWAP_M`` rows also run the swapped tiles (``t``:
+``b``'s rows on wgmma's 64-row side, ``s2``: K split over two CTAs and a reduction, ``x2``:
+two CTAs an SM), the swapped tile the heuristic would take (``swapped_decode_config``) among
+them; torch._scaled_mm is timed with and without ``use_fast_accum``.
 
     python3 benchmarks/fp8.py --prebuild --workers 15   # compile every candidate first
     python3 benchmarks/fp8.py --out gpu-out              # the sweep
+    # the decode shapes only (a few minutes on an H100, compiles included)
+    python3 benchmarks/fp8.py --prebuild --shapes decode && python3 benchmarks/fp8.py --shapes decode
 """
 
 from __future__ import annotations
@@ -25,10 +31,11 @@ from _common import graph_events, header, md_table, prebuild, title, write_resul
 from tileops.kernels import fp8_gemm as G  # noqa: E402
 from tileops.kernels.fp8_gemm import Fp8Config, Scaling  # noqa: E402
 
-#: (label, M, N, K): the bars' shapes
+#: (label, M, N, K): the bars' shapes (``--shapes decode``: those of at most 64 rows)
 SHAPES = [("square-8k", 8192, 8192, 8192), ("up-m8192", 8192, 14336, 4096),
           ("down-m8192", 8192, 4096, 14336), ("qo-m2048", 2048, 4096, 4096),
-          ("decode-m16-8k", 16, 8192, 8192), ("decode-m1-up", 1, 14336, 4096)]
+          ("decode-m16-8k", 16, 8192, 8192), ("decode-m16-up", 16, 14336, 4096),
+          ("decode-m1-qo", 1, 4096, 4096), ("decode-m1-up", 1, 14336, 4096)]
 #: candidates beside the heuristic's, by region (all fit sm_90's shared memory)
 CANDIDATES = {
     "prefill": [Fp8Config(128, 256, 128, 3, 256), Fp8Config(128, 128, 128, 4, 256),
@@ -46,7 +53,41 @@ CANDIDATES = {
     "block-decode": [Fp8Config(64, 64, 128, 6, 128, 0), Fp8Config(64, 32, 128, 8, 128, 0),
                      Fp8Config(64, 128, 128, 4, 128, 0)],
 }
+#: swapped tiles beside those of each region, for calls of at most ``SWAP_M`` rows (one CTA an
+#: SM with eight stages; two an SM unsplit and split in two; three an SM split in three; the
+#: 128-row tile of b split in four)
+SWAPPED = {
+    "decode": [Fp8Config(16, 64, 256, 8, 128, 0, swap=True),
+               Fp8Config(16, 64, 256, 4, 128, 0, swap=True, resident=2),
+               Fp8Config(16, 64, 256, 4, 128, 0, swap=True, split=2, resident=2),
+               Fp8Config(16, 64, 256, 3, 128, 0, swap=True, split=3, resident=3),
+               Fp8Config(16, 128, 256, 3, 128, 0, swap=True, split=4, resident=2)],
+    "block-decode": [Fp8Config(16, 64, 128, 8, 128, 0, swap=True, resident=2),
+                     Fp8Config(16, 64, 128, 8, 128, 0, swap=True, split=2, resident=2)],
+}
 E4M3 = "float8_e4m3fn"
+
+
+def _spec(m, n, k, scaling):
+    import torch
+
+    return G.GemmFp8Spec(device=torch.device("cpu"), m=m, n=n, k=k, a_dtype=E4M3, b_dtype=E4M3,
+                         out_dtype="bfloat16", scaling=scaling, has_bias=False)
+
+
+def candidates(m: int, n: int, k: int, scaling: Scaling) -> list[Fp8Config]:
+    """The configurations swept at a shape: its region's, and at most ``SWAP_M`` rows the
+    swapped ones with the heuristic's swapped tile (deduplicated, in order)."""
+    region = _region(m, scaling)
+    cands = list(CANDIDATES[region])
+    if m <= G.SWAP_M:
+        cands += SWAPPED[region] + [G.swapped_decode_config(_spec(m, n, k, scaling))]
+    return list(dict.fromkeys(cands))
+
+
+def _shapes(which: str):
+    return [s for s in SHAPES if which == "all" or (which == "decode" and s[1] <= G.DECODE_M)
+            or s[0] == which]
 
 
 def _region(m: int, scaling: Scaling) -> str:
@@ -56,16 +97,17 @@ def _region(m: int, scaling: Scaling) -> str:
     return "decode" if decode else "prefill"
 
 
-def _jobs():
-    return [(n, k, s, cfg) for _, m, n, k in SHAPES for s in Scaling
-            for cfg in CANDIDATES[_region(m, s)]]
+def _jobs(which: str = "all"):
+    jobs = [(n, k, s, cfg) for _, m, n, k in _shapes(which) for s in Scaling
+            for cfg in candidates(m, n, k, s)]
+    return list(dict.fromkeys(jobs))
 
 
 def _build(job):
     n, k, scaling, cfg = job
     t = time.perf_counter()
     try:
-        G.build_fp8_gemm_kernel(n, k, E4M3, E4M3, "bfloat16", scaling, False, cfg)
+        G.fp8_gemm_launch(n, k, E4M3, E4M3, "bfloat16", scaling, False, cfg)
         status = "ok"
     except Exception as exc:  # noqa: BLE001 - reported, the others go on
         status = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0][:200]}"
@@ -86,8 +128,9 @@ def _torch_reference(a, b, sa, sb, scaling, torch):
     F = torch.nn.functional
     if scaling is not Scaling.BLOCK:
         sbv = sb.view(1, -1) if scaling is Scaling.ROW else sb
-        return (lambda: torch._scaled_mm(a, b.t(), scale_a=sa, scale_b=sbv,
-                                         out_dtype=torch.bfloat16)), "torch._scaled_mm"
+        return (lambda fast=False: torch._scaled_mm(
+            a, b.t(), scale_a=sa, scale_b=sbv, out_dtype=torch.bfloat16,
+            use_fast_accum=fast)), "torch._scaled_mm"
     if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):
         sat = sa.t().contiguous().t()
         st = F.ScalingType
@@ -96,40 +139,43 @@ def _torch_reference(a, b, sa, sb, scaling, torch):
     return None, "-"
 
 
-def sweep(out: Path) -> int:
+def sweep(out: Path, which: str = "all") -> int:
     import torch
 
     dev = torch.device("cuda")
     head = header("benchmarks/fp8.py", dev)
     rows, doc = [], {**head, "rows": []}
-    for label, m, n, k in SHAPES:
+    md = ""
+    for label, m, n, k in _shapes(which):
         for scaling in Scaling:
             torch.manual_seed(0)
             a, b, sa, sb = _operands(m, n, k, scaling, torch)
             flops = 2 * m * n * k
+            nbytes = m * k + n * k + 2 * m * n
             ref_fn, ref_name = _torch_reference(a, b, sa, sb, scaling, torch)
-            ref, ref_ms = None, None
+            ref, ref_ms, fast_ms = None, None, None
             try:
                 if ref_fn is not None:
                     ref = ref_fn()
                     ref_ms = graph_events(ref_fn, 20)
+                    if scaling is not Scaling.BLOCK:
+                        fast_ms = graph_events(lambda f=ref_fn: f(True), 20)
             except Exception as exc:  # noqa: BLE001 - torch does not cover it here
                 ref_name = f"{ref_name}: {type(exc).__name__}"
             if ref is None:  # the dequantised product, for the check only
                 da = a.float() * sa.repeat_interleave(128, 1)[:, :k]
                 db = b.float() * sb.repeat_interleave(128, 0)[:n].repeat_interleave(128, 1)[:, :k]
                 ref = (da @ db.T).to(torch.bfloat16)
-            spec = G.GemmFp8Spec(device=dev, m=m, n=n, k=k, a_dtype=E4M3, b_dtype=E4M3,
-                                 out_dtype="bfloat16", scaling=scaling, has_bias=False)
-            default = G.choose_fp8_config(spec)
+            default = G.choose_fp8_config(_spec(m, n, k, scaling))
             c = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
             s_a, s_b = (sa.view(1), sb.view(1)) if scaling is Scaling.TENSOR else (sa, sb)
-            for cfg in CANDIDATES[_region(m, scaling)]:
+            for cfg in candidates(m, n, k, scaling):
                 entry = {"shape": label, "scaling": scaling.value, "config": cfg.label(),
-                         "default": cfg == default, "torch": ref_name, "torch_ms": ref_ms}
+                         "default": cfg == default, "torch": ref_name, "torch_ms": ref_ms,
+                         "torch_fast_ms": fast_ms}
                 try:
-                    prog = G.build_fp8_gemm_kernel(n, k, E4M3, E4M3, "bfloat16", scaling,
-                                                   False, cfg)
+                    prog = G.fp8_gemm_launch(n, k, E4M3, E4M3, "bfloat16", scaling, False, cfg)
+                    c.fill_(float("nan"))  # an element a program never writes fails the check
                     prog(a, b, s_a, s_b, c[0], c)
                     err = ((c.double() - ref.double()).norm() / ref.double().norm()).item()
                     args = (a, b, s_a, s_b, c[0], c)
@@ -139,14 +185,20 @@ def sweep(out: Path) -> int:
                     entry.update(error=f"{type(exc).__name__}: {str(exc)[:200]}")
                 doc["rows"].append(entry)
                 tf = f"{flops / entry['ms'] / 1e9:.0f}" if "ms" in entry else entry["error"]
-                ref_tf = f"{flops / ref_ms / 1e9:.0f}" if ref_ms else "-"
+                tbs = f"{nbytes / entry['ms'] / 1e9:.2f}" if "ms" in entry else "-"
+                us = f"{entry['ms'] * 1e3:.1f}" if "ms" in entry else "-"
+                ref_tf = (f"{flops / ref_ms / 1e9:.0f} ({ref_ms * 1e3:.1f} us)" if ref_ms
+                          else "-")
+                fast = f"{fast_ms * 1e3:.1f} us" if fast_ms else "-"
                 rows.append([label, scaling.value, cfg.label() + (" *" if entry["default"] else ""),
-                             tf, f"{entry.get('rel_err', float('nan')):.1e}",
-                             f"{ref_name} {ref_tf}"])
+                             tf, us, tbs, f"{entry.get('rel_err', float('nan')):.1e}",
+                             f"{ref_name} {ref_tf}", fast])
             md = "\n".join(title(head, "fp8 GEMM configurations (TFLOP/s; * the default)")
-                           + md_table(["shape", "scaling", "config", "TFLOP/s", "rel err",
-                                       "torch TFLOP/s"], rows)) + "\n"
-            write_results(out, "fp8_sweep", dev, doc, md, echo=False)
+                           + md_table(["shape", "scaling", "config", "TFLOP/s", "us", "TB/s",
+                                       "rel err", "torch TFLOP/s", "torch fast-accum"],
+                                      rows)) + "\n"
+            write_results(out, "fp8_sweep" if which == "all" else f"fp8_sweep_{which}", dev,
+                          doc, md, echo=False)
     print(md, end="")
     return 0
 
@@ -156,10 +208,14 @@ def main(argv=None) -> int:
     ap.add_argument("--prebuild", action="store_true")
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--out", type=Path, default=Path("gpu-out"))
+    ap.add_argument("--shapes", default="all",
+                    help="all, decode (at most 64 rows) or one shape's label")
     args = ap.parse_args(argv)
+    if not _shapes(args.shapes):
+        ap.error(f"no shape matches {args.shapes!r}")
     if args.prebuild:
-        return prebuild(_jobs(), _build, args.workers)
-    return sweep(args.out)
+        return prebuild(_jobs(args.shapes), _build, args.workers)
+    return sweep(args.out, args.shapes)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ programs."""
 
 import os
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +25,10 @@ from tileops.kernels.fp8_gemm import (
     choose_fp8_config,
 )
 from tileops.kernels.fp8_quant import Fp8QuantKernel, Fp8QuantSpec, Granularity, quant_plan
+
+sys.path.append(str(Path(__file__).parent))  # the ptxas guard and the host run, beside this file
+from _host_run import HostProgram  # noqa: E402
+from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
 
 HOPPER = "sm_90a"
 CPU = torch.device("cpu")
@@ -83,6 +89,59 @@ def test_gemm_plan_over_the_input_space(m, n, k, scaling, out):
 def test_the_wave_model_picks(m, n, scaling, out, tile):
     cfg = choose_fp8_config(gemm_spec(m, n, 4096, out=out, scaling=scaling))
     assert (cfg.block_m, cfg.block_n) == tile
+
+
+@settings(max_examples=200, deadline=None)
+@given(m=st.integers(0, 16), n=st.integers(1, 140000), k=st.integers(1, 40000),
+       scaling=st.sampled_from(list(Scaling)))
+def test_swapped_decode_plan_over_the_input_space(m, n, k, scaling):
+    cfg = G.swapped_decode_config(gemm_spec(m, n, k, scaling=scaling))
+    assert cfg.swap and (cfg.block_m, cfg.block_n, cfg.threads) == (16, 64, 128)
+    block = scaling is Scaling.BLOCK
+    assert cfg.block_k == (128 if block else 256)
+    # two CTAs an SM in shared memory (and the registers ptxas is capped to)
+    assert cfg.resident == 2 and (16 + 64) * cfg.block_k * cfg.stages <= SMEM // 2 - 2 * 1024
+    tiles = -(-n // 64)
+    steps = -(-k // cfg.block_k)
+    assert 1 <= cfg.split <= 4
+    if cfg.split > 1:  # one wave, each CTA four K steps at least
+        assert tiles * cfg.split <= 2 * 132 and steps >= 4 * cfg.split
+
+
+@pytest.mark.parametrize(("m", "n", "k", "split"), [
+    (16, 8192, 8192, 2), (1, 4096, 4096, 4), (16, 14336, 4096, 1), (16, 4096, 14336, 4),
+    (16, 1024, 1024, 1)])
+def test_swapped_decode_splits(m, n, k, split):
+    assert G.swapped_decode_config(gemm_spec(m, n, k)).split == split
+
+
+def test_swapped_decode_is_chosen_only_when_on(monkeypatch):
+    """Off by default; on, calls of at most 16 rows per tensor and per row whose rows meet
+    TMA's alignment take it, the others the tiles they took."""
+    assert not G.SWAPPED_DECODE
+    assert not choose_fp8_config(gemm_spec(16, 8192, 8192)).swap
+    monkeypatch.setattr(G, "SWAPPED_DECODE", True)
+    assert choose_fp8_config(gemm_spec(16, 8192, 8192)) == G.swapped_decode_config(
+        gemm_spec(16, 8192, 8192))
+    assert choose_fp8_config(gemm_spec(1, 4096, 4096, scaling=Scaling.TENSOR)).swap
+    assert not choose_fp8_config(gemm_spec(17, 8192, 8192)).swap
+    assert not choose_fp8_config(gemm_spec(16, 8192, 8192, scaling=Scaling.BLOCK)).swap
+    assert not choose_fp8_config(gemm_spec(16, 4097, 4095)).swap
+    assert choose_fp8_config(gemm_spec(16, 4097, 4095)) == FP8_CONFIGS["decode"]._replace(
+        tma=False)
+
+
+def test_swapped_tiles_are_checked():
+    swapped = G.Fp8Config(16, 64, 256, 4, 128, 0, swap=True)
+    for bad in (swapped._replace(block_n=96), swapped._replace(block_m=12),
+                swapped._replace(block_m=128), swapped._replace(promote=True)):
+        with pytest.raises(ValueError, match=r"^a swapped tile is block_n rows of b"):
+            G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                               Scaling.ROW, False, bad)
+    with pytest.raises(ValueError, match=r"^split and resident are the swapped tile's, got "
+                                         r"64x64x256/st4s2$"):
+        G.fp8_gemm_program(4096, 4096, "float8_e4m3fn", "float8_e4m3fn", "bfloat16",
+                           Scaling.ROW, False, FP8_CONFIGS["decode"]._replace(split=2))
 
 
 @settings(max_examples=200, deadline=None)
@@ -231,6 +290,95 @@ def test_gemm_program_compiles(m, n, k, dtype, out, scaling, bias):
         assert "< M" in src and f"< {n}" in src
 
 
+SWAPPED = [
+    # (id, m, n, k, out, scaling, bias, cfg)
+    ("row-bias", 16, 8192, 8192, "bfloat16", Scaling.ROW, True,
+     G.Fp8Config(16, 64, 256, 4, 128, 0, swap=True, resident=2)),
+    ("tensor-split2", 16, 8192, 8192, "bfloat16", Scaling.TENSOR, False,
+     G.Fp8Config(16, 64, 256, 4, 128, 0, swap=True, split=2, resident=2)),
+    ("row-split3-x3", 16, 14336, 4096, "float16", Scaling.ROW, False,
+     G.Fp8Config(16, 64, 256, 3, 128, 0, swap=True, split=3, resident=3)),
+    ("block-split2", 16, 8192, 8192, "bfloat16", Scaling.BLOCK, True,
+     G.Fp8Config(16, 64, 128, 8, 128, 0, swap=True, split=2, resident=2)),
+    ("block-fp32", 16, 4096, 4096, "float32", Scaling.BLOCK, False,
+     G.Fp8Config(16, 64, 128, 8, 128, 0, swap=True, resident=2)),
+    ("tensor-128-split4", 16, 8192, 8192, "bfloat16", Scaling.TENSOR, False,
+     G.Fp8Config(16, 128, 256, 3, 128, 0, swap=True, split=4, resident=2)),
+    ("row-eight-stages", 16, 8192, 8192, "bfloat16", Scaling.ROW, False,
+     G.Fp8Config(16, 64, 256, 8, 128, 0, swap=True)),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("m", "n", "k", "out", "scaling", "bias", "cfg"),
+                         [c[1:] for c in SWAPPED], ids=[c[0] for c in SWAPPED])
+def test_swapped_program_compiles(m, n, k, out, scaling, bias, cfg, tmp_path):
+    """The tile transposed: one 64 x 16 wgmma a 32-deep slice (b's rows the 64), TMA loads of
+    a's 16 rows (no zero fill), the load warpgroup keeping its registers (no setmaxnreg) and
+    ptxas capped for ``resident`` CTAs; unsplit the scales and bias applied and the tile
+    stored through shared memory, split the float32 partial stored and nothing scaled (block
+    scales: each step promoted, the step's factor read from SA and SB). ptxas: no serialized
+    wgmma, no injected wait, no spill."""
+    src = G.build_fp8_gemm_kernel(n, k, "float8_e4m3fn", "float8_e4m3fn", out, scaling, bias,
+                                  cfg, HOPPER).get_kernel_source()
+    wgmma = "tl::DataType::kFloat8_e4m3, tl::DataType::kFloat8_e4m3, tl::DataType::kFloat32, "
+    assert f"wgmma_ss<{wgmma}64, 16, 32" in src
+    assert "tma_load(A_desc" in src and "tma_load(B_desc" in src
+    assert "warpgroup_reg_alloc" not in src and "warpgroup_reg_dealloc" not in src
+    assert f"__launch_bounds__(256, {cfg.resident})" in src if cfg.resident > 1 else \
+        "__launch_bounds__(256, 1)" in src
+    block = scaling is Scaling.BLOCK
+    assert ("float acc[" in src) == block
+    if cfg.split > 1:
+        assert "float* __restrict__ C" in src and "C_desc" not in src and "BIAS[" not in src
+        assert ("SA[" in src) == block  # the epilogue scales are the reduction's
+    else:
+        assert "tma_store(C_desc" in src and ("BIAS[" in src) == bias and "SA[" in src
+    report = ptxas_report(src, tmp_path)
+    assert_asynchronous(report)
+
+
+REDUCES = [("row-bias-bf16", 8192, 8192, "bfloat16", Scaling.ROW, True, 2),
+           ("tensor-fp32-odd", 4097, 4095, "float32", Scaling.TENSOR, True, 3),
+           ("block-fp16", 1000, 1000, "float16", Scaling.BLOCK, False, 4)]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("n", "k", "out", "scaling", "bias", "split"),
+                         [r[1:] for r in REDUCES], ids=[r[0] for r in REDUCES])
+def test_split_reduction_on_the_host(n, k, out, scaling, bias, split):
+    """The split call's second program, its CUDA run on the host (tests/kernels/_host_run.py)
+    against torch: the partials summed in split order in float32, scaled by a's row and b's
+    column factor (the two scalars per tensor, none for block scales), the bias added and one
+    rounding; rows past M and columns past N (4097, 1000: no whole tile) left unwritten; 16-byte
+    loads of the partials where N allows them."""
+    kern = G.build_fp8_reduce_kernel(n, k, out, scaling, bias, split, HOPPER)
+    src = kern.get_kernel_source()
+    assert ("float4" in src) == (n % 4 == 0)
+    m = 5
+    g = torch.Generator().manual_seed(n + split)
+    dt = getattr(torch, out)
+    work = torch.randn(split, m, n, generator=g)
+    kb = -(-k // 128)
+    sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((m, 1), (n, 1)),
+                          Scaling.BLOCK: ((m, kb), (-(-n // 128), kb))}[scaling]
+    sa = torch.rand(sa_shape, generator=g) + 0.5
+    sb = torch.rand(sb_shape, generator=g) + 0.5
+    bv = torch.randn(n, generator=g).to(dt)
+    c = torch.full((m, n), 7.0).to(dt)
+    HostProgram(kern)(work, sa, sb, bv, c)
+    acc = work[0].clone()
+    for s in range(1, split):
+        acc += work[s]
+    if scaling is Scaling.ROW:
+        acc = acc * (sa * sb.view(1, n))
+    elif scaling is Scaling.TENSOR:
+        acc = acc * (sa * sb)
+    if bias:
+        acc = acc + bv.float()
+    assert torch.equal(c, acc.to(dt))
+
+
 @needs_nvcc
 def test_promoting_program_compiles():
     """Each step's partial added into a second accumulator, the row scales after the loop."""
@@ -270,15 +418,24 @@ def test_the_sweep_candidates_are_valid_programs():
         spec.loader.exec_module(sweep)
     finally:
         sys.path.remove(str(bench))
-    for region, cands in sweep.CANDIDATES.items():
+    for region, cands in [*sweep.CANDIDATES.items(), *sweep.SWAPPED.items()]:
         for cfg in cands:
             smem = (cfg.block_m + cfg.block_n) * cfg.block_k * cfg.stages
-            assert smem + cfg.block_m * cfg.block_n * 2 <= SMEM, (region, cfg)
-            # one math warpgroup for a 64-row tile, two above (wgmma's 64-row forms)
-            assert cfg.threads == (128 if cfg.block_m == 64 else 256), (region, cfg)
+            # the resident CTAs' stages (and the staged output tile) within the SM's
+            assert (smem + cfg.block_m * cfg.block_n * 2) * cfg.resident <= SMEM, (region, cfg)
+            if cfg.swap:  # one math warpgroup: b's 64 or 128 rows, a's 16
+                assert cfg.threads == 128 and cfg.block_m == 16, (region, cfg)
+            else:  # one math warpgroup for a 64-row tile, two above (wgmma's 64-row forms)
+                assert cfg.threads == (128 if cfg.block_m == 64 else 256), (region, cfg)
             if region.startswith("block"):
                 assert cfg.block_k == 128 and 128 % cfg.block_n == 0 and not cfg.persistent
     for _, m, n, k in sweep.SHAPES:
         for scaling in Scaling:
-            chosen = choose_fp8_config(gemm_spec(m, n, k, scaling=scaling))
-            assert chosen in sweep.CANDIDATES[sweep._region(m, scaling)], (m, n, k, scaling)
+            spec = gemm_spec(m, n, k, scaling=scaling)
+            chosen = choose_fp8_config(spec)
+            cands = sweep.candidates(m, n, k, scaling)
+            assert chosen in cands, (m, n, k, scaling)
+            if m <= G.SWAP_M:  # the swapped tile the heuristic would take is swept too
+                assert G.swapped_decode_config(spec) in cands
+    assert [s[0] for s in sweep._shapes("decode")] == [
+        "decode-m16-8k", "decode-m16-up", "decode-m1-qo", "decode-m1-up"]

@@ -14,7 +14,11 @@ written fails.
 The GEMM: every scaling at decode (1, 16 rows: the 64-row tiles), a row count past the decode
 range by one (65), prefill (2048), sizes that overhang the tiles and break TMA's alignment
 (333 x 4097 x 4095: the plain copies) and 1000^3, with and without a bias, each output dtype
-and e5m2 somewhere; the sweep's persistent and promoting programs per tensor and per row.
+and e5m2 somewhere; the sweep's persistent and promoting programs per tensor and per row; the
+swapped decode tiles (one CTA or several an SM, K split in two to four with the reduction's
+epilogue) under every scaling, at K that leaves a split or a step part empty, with a bias,
+through plain copies where rows break TMA's alignment, and through the slot with the heuristic
+taking them.
 The bound is elementwise: one rounding to the output dtype, plus a share of the product of the
 magnitudes ``|a| @ |b|^T`` for the accumulation. wgmma's fp8 accumulator keeps about 14 bits:
 over the whole of K (tensor and row scales, no promotion) its error grows to about 2^-13 of
@@ -223,6 +227,79 @@ def test_sweep_programs_against_float64(cfg, scaling, m, n, k, out, bias):
     assert bool(((got - want).abs() <= bound).all())
 
 
+#: the swapped decode tiles (``Fp8Config.swap``): (config, scaling, m, n, k, out, fp8, bias);
+#: K = 4000 and 1040 leave the last CTA of a split steps past K (TMA's zero fill), N = 1000 a
+#: part tile, K = 1000 breaks TMA's alignment (the plain copies)
+_T = G.Fp8Config(16, 64, 256, 4, 128, 0, swap=True, resident=2)
+_TB = G.Fp8Config(16, 64, 128, 8, 128, 0, swap=True, resident=2)
+SWAPPED_CASES = [
+    (_T._replace(split=2), G.Scaling.ROW, 16, 4096, 4096, torch.bfloat16, E4M3, True),
+    (_T._replace(split=3, stages=3, resident=3), G.Scaling.TENSOR, 5, 4096, 4000,
+     torch.float32, E4M3, True),
+    (_T, G.Scaling.ROW, 16, 2048, 4096, torch.float16, E5M2, False),
+    (_T._replace(stages=8, resident=1), G.Scaling.TENSOR, 1, 4096, 4096, torch.bfloat16, E4M3,
+     True),
+    (G.Fp8Config(16, 128, 256, 3, 128, 0, swap=True, split=4, resident=2), G.Scaling.TENSOR,
+     16, 4096, 4096, torch.bfloat16, E4M3, False),
+    (_TB._replace(split=2), G.Scaling.BLOCK, 16, 4096, 4000, torch.float16, E4M3, True),
+    (_TB._replace(split=3), G.Scaling.BLOCK, 1, 1000, 1040, torch.bfloat16, E4M3, False),
+    (_TB, G.Scaling.BLOCK, 9, 2048, 4096, torch.float32, E4M3, True),
+    (_T._replace(block_k=128, split=2, tma=False), G.Scaling.ROW, 16, 1000, 1000,
+     torch.bfloat16, E4M3, True),
+    (_TB._replace(tma=False), G.Scaling.BLOCK, 3, 1000, 1000, torch.bfloat16, E4M3, True),
+]
+_GRAN = {G.Scaling.TENSOR: (Q.Granularity.TENSOR,) * 2,
+         G.Scaling.ROW: (Q.Granularity.ROW,) * 2,
+         G.Scaling.BLOCK: (Q.Granularity.GROUP, Q.Granularity.BLOCK)}
+
+
+@pytest.mark.parametrize(("cfg", "scaling", "m", "n", "k", "out", "fp8", "bias"),
+                         SWAPPED_CASES,
+                         ids=[f"{c[0].label()}-{c[1].value}-{c[2]}x{c[3]}x{c[4]}-{NAMES[c[5]]}"
+                              f"-{NAMES[c[6]]}{'-bias' if c[7] else ''}" for c in SWAPPED_CASES])
+def test_swapped_programs_against_float64(cfg, scaling, m, n, k, out, fp8, bias):
+    torch.manual_seed(m + n + k + cfg.split)
+    a = (torch.randn(m, k, device="cuda") * 2).to(fp8)
+    b = (torch.randn(n, k, device="cuda") * 2).to(fp8)
+    ga, gb = _GRAN[scaling]
+    sa = torch.rand(_scale_shape(ga, m, k), device="cuda") + 0.5
+    sb = torch.rand(_scale_shape(gb, n, k), device="cuda") * 0.01 + 0.005
+    bv = torch.randn(n, device="cuda").to(out) if bias else None
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    run = G.fp8_gemm_launch(n, k, NAMES[fp8], NAMES[fp8], NAMES[out], scaling, bias, cfg)
+    flat = (lambda t: t.view(1)) if scaling is G.Scaling.TENSOR else (lambda t: t)
+    run(a, b, flat(sa), flat(sb), c[0] if bv is None else bv, c)
+    torch.cuda.synchronize()
+    da = a.double() * _spread(sa.double(), ga, m, k)
+    db = b.double() * _spread(sb.double(), gb, n, k)
+    want = da @ db.T + (bv.double() if bias else 0)
+    got = c.double()
+    assert not bool(got.isnan().any()), "an element of c was never written"
+    acc = 2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10
+    bound = EPS_OUT[out] * want.abs() + acc * (da.abs() @ db.abs().T) + 1e-30
+    bad = (got - want).abs() > bound
+    if bool(bad.any()):
+        idx = tuple(bad.nonzero()[0].tolist())
+        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements off, e.g. at {idx}: "
+                             f"got {got[idx].item()!r}, want {want[idx].item()!r}")
+
+
+#: calls the heuristic gives the swapped tile when it is on (split 2, 4, 1; a bias, fp32)
+SLOT_SWAPPED = [(G.Scaling.ROW, 16, 8192, 2048, torch.bfloat16, E4M3, False),
+                (G.Scaling.TENSOR, 1, 4096, 4096, torch.float32, E4M3, True),
+                (G.Scaling.ROW, 7, 14336, 512, torch.float16, E4M3, True)]
+
+
+@pytest.mark.parametrize(("scaling", "m", "n", "k", "out", "fp8", "bias"), SLOT_SWAPPED,
+                         ids=[f"{c[0].value}-{c[1]}x{c[2]}x{c[3]}-{NAMES[c[4]]}"
+                              f"{'-bias' if c[6] else ''}" for c in SLOT_SWAPPED])
+def test_gemm_with_swapped_decode_against_float64(monkeypatch, scaling, m, n, k, out, fp8,
+                                                  bias):
+    monkeypatch.setattr(G, "SWAPPED_DECODE", True)
+    assert G.choose_fp8_config(gemm_spec(scaling, m, n, k, out, fp8, bias)).swap
+    test_gemm_against_float64(scaling, m, n, k, out, fp8, bias)
+
+
 def _sms() -> int:
     return torch.cuda.get_device_properties(0).multi_processor_count \
         if torch.cuda.is_available() else 132
@@ -250,18 +327,24 @@ def program_keys():
         cfg = cfg._replace(tma=G.choose_fp8_config(spec).tma)
         keys[("gemm", n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias, cfg, None,
               _sms())] = None
+    for cfg, scaling, _m, n, k, out, fp8, bias in SWAPPED_CASES:
+        keys[("launch", n, k, NAMES[fp8], NAMES[fp8], NAMES[out], scaling, bias, cfg)] = None
+    for scaling, m, n, k, out, fp8, bias in SLOT_SWAPPED:
+        spec = gemm_spec(scaling, m, n, k, out, fp8, bias)
+        keys[("launch", n, k, spec.a_dtype, spec.b_dtype, spec.out_dtype, scaling, bias,
+              G.swapped_decode_config(spec), None, _sms())] = None
     return list(keys)
 
 
 def _build(key):
     what, *args = key
     {"quant": Q.build_quant_kernel, "amax": Q.build_amax_kernel,
-     "gemm": G.build_fp8_gemm_kernel}[what](*args)
+     "gemm": G.build_fp8_gemm_kernel, "launch": G.fp8_gemm_launch}[what](*args)
 
 
 def _describe(key) -> str:
     what, *args = key
-    if what == "gemm":
+    if what in ("gemm", "launch"):
         n, k, dt, _, out, scaling, bias, cfg = args[:8]
         return f"gemm {scaling.value} n{n} k{k} {dt} -> {out}{' bias' if bias else ''} {cfg.label()}"
     if what == "amax":

@@ -36,6 +36,18 @@ streaming deep K tiles); 128 x 128 x 128, 64 x 128 x 128 and 64 x 64 x 128 for b
 (a K step is one scale block). Tile rows past ``M`` and columns past ``N`` or ``K`` are
 zero-filled on load (TMA does it natively) and not stored.
 
+Decode calls stream ``b`` (``N x K`` bytes) once, so what bounds them is the bytes each SM has
+in flight. The 64 x 64 tile runs one CTA an SM (TileLang's setmaxnreg gives its math warpgroup
+240 registers a thread, and its four stages take 136 KB): 128 CTAs at N = 8192, two waves at
+14336. The swapped tiles (``Fp8Config.swap``, :func:`_swapped_program`) compute the tile
+transposed, ``b``'s 64 rows on wgmma's 64-row side and ``a``'s 16 on its narrow side, so a
+stage holds no padding (20 KB at K steps of 256, where the 64-row tile's was 32 KB, 12 of them
+zeros): two or three CTAs an SM fit, and K may be split over several CTAs a tile (float32
+partial sums in a workspace, then :func:`fp8_reduce_program` adds them, scales, adds the bias
+and rounds once). :func:`swapped_decode_config` sizes the split to fill the SMs in one wave;
+:func:`choose_fp8_config` takes it for up to :data:`SWAP_M` rows per tensor and per row where
+:data:`SWAPPED_DECODE` says so (off until benchmarks/fp8.py's GPU sweep shows it ahead).
+
 TMA needs 16-byte aligned rows: ``K`` a multiple of 16 (fp8 rows of ``a`` and ``b``) and ``N``
 times ``c``'s element size a multiple of 16; calls that break it run the same programs with
 plain predicated copies (``tma=False``), slower but any shape.
@@ -56,16 +68,23 @@ __all__ = [
     "BLOCK",
     "DECODE_M",
     "Fp8Config",
+    "Fp8SplitLaunch",
     "GemmFp8BlockKernel",
     "GemmFp8Interface",
     "GemmFp8OutDType",
     "GemmFp8ScaledKernel",
     "GemmFp8Spec",
+    "SWAPPED_DECODE",
+    "SWAP_M",
     "Scaling",
     "build_fp8_gemm_kernel",
+    "build_fp8_reduce_kernel",
     "choose_fp8_config",
+    "fp8_gemm_launch",
     "fp8_gemm_program",
+    "fp8_reduce_program",
     "fp8_tma_aligned",
+    "swapped_decode_config",
 ]
 
 #: the width of a scale block along K (and of b's blocks along N)
@@ -77,6 +96,12 @@ _SMS = 132
 _LOAD_NREG, _MATH_NREG = 40, 232
 #: calls with at most this many rows take the decode tiles
 DECODE_M = 64
+#: calls with at most this many rows (per tensor and row-wise, TMA-aligned) may take the
+#: swapped tile (:func:`swapped_decode_config`)
+SWAP_M = 16
+#: whether :func:`choose_fp8_config` gives those calls the swapped tile: off until a GPU sweep
+#: (benchmarks/fp8.py) shows it ahead of the 64 x 64 tile on the decode shapes
+SWAPPED_DECODE = False
 
 Fp8DType = Literal["float8_e4m3fn", "float8_e5m2"]
 GemmFp8OutDType = Literal["bfloat16", "float16", "float32"]
@@ -132,7 +157,13 @@ class Fp8Config(NamedTuple):
     two wgmma of 64 x 128) or ``"row"`` (each warpgroup 64 full rows: one wgmma of 64 x
     ``block_n``). ``promote`` (per-tensor and row-wise scales): each K step's wgmma partial is
     added into a second float32 accumulator, as block scales need anyway, so wgmma's own
-    accumulation spans one step, not the whole of K (torch._scaled_mm's default accuracy)."""
+    accumulation spans one step, not the whole of K (torch._scaled_mm's default accuracy).
+
+    ``swap`` (decode, :func:`_swapped_program`): the tile is computed transposed, ``b``'s
+    ``block_n`` rows as wgmma's 64-row operand and ``a``'s ``block_m`` (8 to 64) rows as its
+    narrow one, so no row of the shared tiles or the product is padding; ``resident`` CTAs an
+    SM (registers capped for them, none moved between warpgroups); ``split`` CTAs along K a
+    tile, writing float32 partial sums that :func:`fp8_reduce_program` adds and scales."""
 
     block_m: int
     block_n: int
@@ -144,11 +175,16 @@ class Fp8Config(NamedTuple):
     persistent: bool = False
     policy: str = "square"
     promote: bool = False
+    swap: bool = False
+    split: int = 1
+    resident: int = 1
 
     def label(self) -> str:
         return ("x".join(map(str, self[:3])) + f"/st{self.stages}" + ("" if self.tma else "/plain")
                 + ("p" if self.persistent else "") + ("r" if self.policy == "row" else "")
-                + ("+" if self.promote else ""))
+                + ("+" if self.promote else "") + ("t" if self.swap else "")
+                + (f"s{self.split}" if self.split > 1 else "")
+                + (f"x{self.resident}" if self.resident > 1 else ""))
 
 
 #: the configurations :func:`choose_fp8_config` picks from, with a relative cost a FLOP
@@ -176,6 +212,27 @@ def fp8_tma_aligned(n: int, k: int, out_dtype: str) -> bool:
     return k % 16 == 0 and (n * _OUT_BYTES[out_dtype]) % 16 == 0
 
 
+def swapped_decode_config(spec: GemmFp8Spec, sms: int = _SMS) -> Fp8Config:
+    """The swapped tile of a call of at most :data:`SWAP_M` rows: ``16 x 64 x 256`` (the
+    product ``b_tile[64, 256] @ a_tile[16, 256]^T``), four stages (80 KB) and two CTAs an SM,
+    K split over the fewest CTAs that fill those slots (``N / 64`` tiles: 128 at N = 8192
+    take 2, 64 at 4096 take 4, 224 at 14336 none) without a second wave, each CTA keeping
+    at least four K steps; 128-deep steps (and eight stages) for block scales."""
+    block = spec.scaling is Scaling.BLOCK
+    bk, stages = (BLOCK, 8) if block else (256, 4)
+    resident = 2
+    tiles = -(-spec.n // 64) * -(-max(spec.m, 1) // 16)
+    steps = -(-spec.k // bk)
+    split = 1
+    for s in (2, 3, 4):
+        if tiles * s > resident * sms or steps < 4 * s:
+            break
+        if tiles * (s - 1) >= 0.75 * resident * sms:
+            break
+        split = s
+    return Fp8Config(16, 64, bk, stages, 128, 0, swap=True, split=split, resident=resident)
+
+
 def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
     """The tile configuration of a call: at decode sizes the 64 x 64 tiles (``b`` streamed by
     ``N / 64`` CTAs); above, the candidate of least ``waves x tile area x cost`` (the dense
@@ -183,6 +240,9 @@ def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
     would not fit), so a short call (M = 128 against N = 4096) takes tiles that fill the SMs.
     Plain copies where a row breaks TMA's alignment."""
     block = spec.scaling is Scaling.BLOCK
+    aligned = fp8_tma_aligned(spec.n, spec.k, spec.out_dtype)
+    if SWAPPED_DECODE and spec.m <= SWAP_M and not block and aligned:
+        return swapped_decode_config(spec)
     if spec.m <= DECODE_M:
         cfg = FP8_CONFIGS["block-decode" if block else "decode"]
     else:
@@ -197,7 +257,7 @@ def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
                 best = (cost, c)
         assert best is not None
         cfg = best[1]
-    if not fp8_tma_aligned(spec.n, spec.k, spec.out_dtype):
+    if not aligned:
         cfg = cfg._replace(tma=False)
     return cfg
 
@@ -219,6 +279,15 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
     if block and (cfg.block_k != BLOCK or BLOCK % cfg.block_n):
         raise ValueError(f"block scales need 128-deep K tiles and block_n dividing 128, got "
                          f"{cfg.label()}")
+    if cfg.swap:
+        if cfg.persistent or cfg.promote or cfg.block_n % 64 or not 8 <= cfg.block_m <= 64 \
+                or cfg.block_m % 8 or cfg.split < 1 or cfg.resident < 1:
+            raise ValueError(f"a swapped tile is block_n rows of b (a multiple of 64) by "
+                             f"block_m rows of a (8 to 64, a multiple of 8), one CTA a tile "
+                             f"and split, unpromoted, got {cfg.label()}")
+        return _swapped_program(n, k, a_dtype, b_dtype, out_dtype, scaling, has_bias, cfg)
+    if cfg.split > 1 or cfg.resident > 1:
+        raise ValueError(f"split and resident are the swapped tile's, got {cfg.label()}")
     if cfg.persistent:
         if block or not cfg.tma:
             raise ValueError(f"a persistent grid serves per-tensor and row-wise scales through "
@@ -310,6 +379,153 @@ def fp8_gemm_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
             T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
 
     return gemm_fp8
+
+
+def _swapped_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                     scaling: Scaling, has_bias: bool, cfg: Fp8Config):
+    """:func:`fp8_gemm_program` for a few rows of ``a`` (decode): the tile ``c[bm, bn]`` is
+    computed as its transpose ``b_tile @ a_tile^T`` (wgmma ``64 x bm``: ``b``'s rows fill
+    wgmma's 64-row side, ``a``'s few rows its narrow side), so the shared tiles and the
+    product hold no padding rows and a stage is ``bn x bk`` bytes of ``b`` and ``bm x bk`` of
+    ``a`` (the 64-row tile's ``a`` stage was as large as its ``b`` one at 16 rows, three
+    quarters of it TMA's zero fill). The decode call streams ``b`` once; what it is bound by
+    is the bytes in flight on each SM, so the program is sized for ``cfg.resident`` CTAs an
+    SM: TileLang's load warpgroup keeps its registers (no setmaxnreg, which would give the
+    math warpgroup 240 a thread and the SM one CTA) and ptxas caps them for ``resident``.
+
+    ``cfg.split`` CTAs share a tile's K steps (grid ``(n / bn, M / bm, split)``, CTA ``z``
+    taking steps ``z * its .. z * its + its - 1``; steps past K load zeros, TMA's or the
+    predicated copy's fill). Split, the last operand is the float32 workspace ``W[split, M,
+    n]`` of each CTA's unscaled partial (block scales: its promoted, scaled one) and the
+    scales, bias and rounding are :func:`fp8_reduce_program`'s; unsplit, they are applied here
+    and the tile is transposed through shared memory into ``C``."""
+    _, T = tl()
+    M = T.dynamic("M")
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    stages, threads, split, resident = cfg.stages, cfg.threads, cfg.split, cfg.resident
+    ann = None if cfg.tma else {"disable_tma": True}
+    block = scaling is Scaling.BLOCK
+    row = scaling is Scaling.ROW
+    kb = -(-k // BLOCK)
+    sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((M, 1), (n, 1)),
+                          Scaling.BLOCK: ((M, kb), (-(-n // BLOCK), kb))}[scaling]
+    steps = -(-k // bk)
+    its = -(-steps // split)  # K steps of each CTA
+    f32 = "float32"
+    c_shape, c_dtype = ((split, M, n), f32) if split > 1 else ((M, n), out_dtype)
+
+    @T.prim_func
+    def gemm_fp8_swapped(
+        A: T.Tensor((M, k), a_dtype),
+        B: T.Tensor((n, k), b_dtype),
+        SA: T.Tensor(sa_shape, f32),
+        SB: T.Tensor(sb_shape, f32),
+        BIAS: T.Tensor((n,), out_dtype),
+        C: T.Tensor(c_shape, c_dtype),
+    ):
+        with T.Kernel(T.ceildiv(n, bn), T.ceildiv(M, bm), split, threads=threads) as (
+                bx, by, bz):
+            T.disable_warp_group_reg_alloc()
+            if resident > 1:
+                T.annotate_min_blocks_per_sm(resident)
+            A_s = T.alloc_shared((bm, bk), a_dtype)
+            B_s = T.alloc_shared((bn, bk), b_dtype)
+            C_t = T.alloc_fragment((bn, bm), f32)  # the tile transposed: [column, row]
+            if block:
+                acc = T.alloc_fragment((bn, bm), f32)
+                step_l = T.alloc_fragment((bm,), f32)  # the step's factor of each row of c
+                T.clear(acc)
+                for ko in T.Pipelined(its, num_stages=stages):
+                    kt = bz * its + ko
+                    T.copy(A[by * bm, kt * bk], A_s, annotations=ann)
+                    T.copy(B[bx * bn, kt * bk], B_s, annotations=ann)
+                    for j in T.Parallel(bm):
+                        step_l[j] = T.if_then_else(
+                            T.And(by * bm + j < M, kt < kb),
+                            SA[by * bm + j, kt] * SB[(bx * bn) // BLOCK, kt], T.float32(0))
+                    T.gemm(B_s, A_s, C_t, transpose_B=True, clear_accum=True)
+                    for i, j in T.Parallel(bn, bm):
+                        acc[i, j] += C_t[i, j] * step_l[j]
+                for i, j in T.Parallel(bn, bm):
+                    C_t[i, j] = acc[i, j]
+            else:
+                T.clear(C_t)
+                for ko in T.Pipelined(its, num_stages=stages):
+                    kt = bz * its + ko
+                    T.copy(A[by * bm, kt * bk], A_s, annotations=ann)
+                    T.copy(B[bx * bn, kt * bk], B_s, annotations=ann)
+                    T.gemm(B_s, A_s, C_t, transpose_B=True)
+            if split > 1:  # the partial, from registers (rows past M and columns past n dropped)
+                for i, j in T.Parallel(bn, bm):
+                    if T.And(by * bm + j < M, bx * bn + i < n):
+                        C[bz, by * bm + j, bx * bn + i] = C_t[i, j]
+            else:
+                C_s = T.alloc_shared((bm, bn), out_dtype)
+                for i, j in T.Parallel(bn, bm):
+                    v = C_t[i, j]
+                    if row:
+                        v = v * T.if_then_else(T.And(by * bm + j < M, bx * bn + i < n),
+                                               SA[by * bm + j, 0] * SB[bx * bn + i, 0],
+                                               T.float32(0))
+                    elif not block:
+                        v = v * (SA[0] * SB[0])
+                    if has_bias:
+                        v = v + T.if_then_else(bx * bn + i < n,
+                                               T.Cast(f32, BIAS[bx * bn + i]), T.float32(0))
+                    C_s[j, i] = T.Cast(out_dtype, v)
+                T.copy(C_s, C[by * bm, bx * bn], annotations=ann)
+
+    return gemm_fp8_swapped
+
+
+#: the split reduction's tile (rows, columns) and threads: a thread's four columns in a row
+_REDUCE_TILE = (4, 256, 256)
+
+
+def fp8_reduce_program(n: int, k: int, out_dtype: str, scaling: Scaling, has_bias: bool,
+                       split: int):
+    """The second program of a split call (:func:`_swapped_program`): ``C[m, j] = (sum_s
+    W[s, m, j]) * a_scale[m] * b_scale[j] + bias[j]`` (per tensor: the two scalars; block
+    scales: no factor, the partials are scaled), summed in float32 in split order and rounded
+    once; the prim_func ``(W, SA, SB, BIAS, C)``, ``M`` dynamic."""
+    _, T = tl()
+    M = T.dynamic("M")
+    rm, rn, threads = _REDUCE_TILE
+    kb = -(-k // BLOCK)
+    sa_shape, sb_shape = {Scaling.TENSOR: ((1,), (1,)), Scaling.ROW: ((M, 1), (n, 1)),
+                          Scaling.BLOCK: ((M, kb), (-(-n // BLOCK), kb))}[scaling]
+    f32 = "float32"
+    row = scaling is Scaling.ROW
+
+    @T.prim_func
+    def main(
+        W: T.Tensor((split, M, n), f32),
+        SA: T.Tensor(sa_shape, f32),
+        SB: T.Tensor(sb_shape, f32),
+        BIAS: T.Tensor((n,), out_dtype),
+        C: T.Tensor((M, n), out_dtype),
+    ):
+        with T.Kernel(T.ceildiv(n, rn), T.ceildiv(M, rm), threads=threads) as (bx, by):
+            acc = T.alloc_fragment((rm, rn), f32)
+            for i, j in T.Parallel(rm, rn):
+                acc[i, j] = T.if_then_else(T.And(by * rm + i < M, bx * rn + j < n),
+                                           W[0, by * rm + i, bx * rn + j], T.float32(0))
+            for s in T.unroll(1, split):
+                for i, j in T.Parallel(rm, rn):
+                    acc[i, j] += T.if_then_else(T.And(by * rm + i < M, bx * rn + j < n),
+                                                W[s, by * rm + i, bx * rn + j], T.float32(0))
+            for i, j in T.Parallel(rm, rn):
+                if T.And(by * rm + i < M, bx * rn + j < n):
+                    v = acc[i, j]
+                    if row:
+                        v = v * (SA[by * rm + i, 0] * SB[bx * rn + j, 0])
+                    elif scaling is Scaling.TENSOR:
+                        v = v * (SA[0] * SB[0])
+                    if has_bias:
+                        v = v + T.Cast(f32, BIAS[bx * rn + j])
+                    C[by * rm + i, bx * rn + j] = T.Cast(out_dtype, v)
+
+    return main
 
 
 def _persistent_program(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
@@ -407,6 +623,44 @@ def build_fp8_gemm_kernel(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype:
                            target)
 
 
+@stored(maxsize=32)
+def build_fp8_reduce_kernel(n: int, k: int, out_dtype: str, scaling: Scaling, has_bias: bool,
+                            split: int, target: str | None = None):
+    """Compile :func:`fp8_reduce_program` (cached per process and on disk, as the others)."""
+    return compile_program(fp8_reduce_program(n, k, out_dtype, scaling, has_bias, split), target)
+
+
+class Fp8SplitLaunch:
+    """A split call (``cfg.split > 1``): the main program writes its float32 partial sums into
+    a workspace taken from torch's caching allocator on the call's stream (graph capture and
+    several streams are safe), the reduction scales, biases and rounds them into ``c``; called
+    as the unsplit program is, ``(a, b, a_scale, b_scale, bias, c)``."""
+
+    def __init__(self, main, reduce, split: int, n: int) -> None:
+        self.main, self.reduce, self.split, self.n = main, reduce, split, n
+
+    def __call__(self, a, b, a_scale, b_scale, bias, c) -> None:
+        import torch
+
+        work = torch.empty((self.split, c.shape[0], self.n), dtype=torch.float32,
+                           device=c.device)
+        self.main(a, b, a_scale, b_scale, bias, work)
+        self.reduce(work, a_scale, b_scale, bias, c)
+
+
+def fp8_gemm_launch(n: int, k: int, a_dtype: str, b_dtype: str, out_dtype: str,
+                    scaling: Scaling, has_bias: bool, cfg: Fp8Config,
+                    target: str | None = None, sms: int = _SMS):
+    """What a call of ``cfg`` runs, called ``(a, b, a_scale, b_scale, bias, c)``: the compiled
+    program, or for a split its :class:`Fp8SplitLaunch` of two."""
+    main = build_fp8_gemm_kernel(n, k, a_dtype, b_dtype, out_dtype, scaling, has_bias, cfg,
+                                 target, sms)
+    if cfg.split == 1:
+        return main
+    return Fp8SplitLaunch(main, build_fp8_reduce_kernel(n, k, out_dtype, scaling, has_bias,
+                                                        cfg.split, target), cfg.split, n)
+
+
 class _Fp8GemmKernel(Kernel, GemmFp8Interface):
     devices = ("cuda",)
     supported_archs = frozenset({(9, 0)})  # wgmma's fp8 forms
@@ -420,7 +674,7 @@ class _Fp8GemmKernel(Kernel, GemmFp8Interface):
     def __init__(self, spec: GemmFp8Spec) -> None:
         super().__init__(spec)
         self.config = choose_fp8_config(spec)
-        self.program = None if spec.n == 0 or spec.k == 0 else build_fp8_gemm_kernel(
+        self.program = None if spec.n == 0 or spec.k == 0 else fp8_gemm_launch(
             spec.n, spec.k, spec.a_dtype, spec.b_dtype, spec.out_dtype, spec.scaling,
             spec.has_bias, self.config, None, sm_count(spec.device))
 
