@@ -7,7 +7,8 @@
 # cuDNN and FlashAttention backends) and of the edges. Logs and results go to $OUT (or
 # ./gpu-out). STAGES picks stages (default: prebuild tests bench train; also: sweep, the forward
 # program's plans side by side with cuDNN, for choosing attention_plan; bwd_sweep, the
-# backward's implementations side by side with cuDNN's backward). The bars (bf16, H200):
+# backward's implementations side by side with cuDNN's backward; bwd_schedules, the sm_90
+# backward's schedules, gradients and forward + backward, against cuDNN's). The bars (bf16, H200):
 # B4 S4096 H32 D128 >= 640 TFLOP/s, causal >= 600, GQA B2 S8192 32:8 causal >= 560,
 # B16 S1024 D64 causal >= 340; the achieved column of the tables is TFLOP/s by the rooflines
 # (4 B H S_q S_kv D, halved for causal when S_q == S_kv); varlen over mixed lengths within 10%
@@ -199,5 +200,7 @@ for b, s, h, h_kv, d, causal in CASES:
           flush=True)
 PY
     ;;
-  *) echo "unknown stage $stage (stages: prebuild tests bench train sweep bwd_sweep)" ;;
+  bwd_schedules)  # the sm_90 backward's schedules (STATS_TMA, OVERLAP) against cuDNN's
+    TAIL=12 run bwd_schedules.log python3 benchmarks/attention_bwd_schedules.py --workers 15 ;;
+  *) echo "unknown stage $stage (stages: prebuild tests bench train sweep bwd_sweep bwd_schedules)" ;;
 esac; done

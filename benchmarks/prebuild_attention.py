@@ -23,6 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(p) for p in sorted((ROOT / "packages").glob("*/src"))]
 sys.path.insert(0, str(ROOT / "tests" / "kernels"))
 
+#: the sm_90 backward's schedules the sweep times: (STATS_TMA, OVERLAP) of
+#: :mod:`tileops.kernels.attention_bwd`
+BWD_SCHEDULES = [(False, False), (True, False), (True, True)]
 #: the backward sweep's shapes: (B, S, H, H_kv, D, causal)
 BWD_SWEEP = [(4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
              (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)]
@@ -41,15 +44,18 @@ def bar_spec(b, s, h, h_kv, d, causal):
 
 
 def sweep_keys() -> list:
-    """The backward sweep's programs: the forward and every backward implementation."""
+    """The backward sweep's programs: the forward and every backward implementation (the
+    sm_90 one under each of :data:`BWD_SCHEDULES`)."""
     from tileops.kernels import attention as A
     from tileops.kernels import attention_bwd as AB
 
     keys = {}
     for shape in BWD_SWEEP:
         spec = bar_spec(*shape)
-        for kind in ("fwd", "bwd", "bwd_fragment", "bwd_tma"):
+        for kind in ("fwd", "bwd", "bwd_fragment"):
             keys[(kind, A.program_key(spec) if kind == "fwd" else AB.bwd_program_key(spec))] = None
+        for schedule in BWD_SCHEDULES:  # the sm_90 kernel under each of its schedules
+            keys[("bwd_tma", AB.bwd_program_key(spec) + schedule)] = None
     return list(keys)
 
 

@@ -412,27 +412,64 @@ def test_backward_with_tma_reduced_dq_compiles_for_sm90a(layout, dim, right, sof
                                  plan._replace(dq_fragment_order=True))
 
 
+#: the sm_90 backward's schedules (STATS_TMA, OVERLAP): the served one, the statistics loaded
+#: by TMA, and that with the last three products issued back to back
+BWD_SCHEDULES = [pytest.param((False, False), id="plain"),
+                 pytest.param((True, False), id="stats-tma"),
+                 pytest.param((True, True), id="overlap")]
+
+
 @needs_nvcc
+@pytest.mark.parametrize("schedule", BWD_SCHEDULES)
 @pytest.mark.parametrize(("heads_kv", "dim", "right"), [(8, 64, 0), (2, 128, -1)],
                          ids=["d64-mha-causal", "d128-gqa"])
-def test_ptxas_keeps_the_served_backward_s_products_asynchronous(heads_kv, dim, right,
+def test_ptxas_keeps_the_served_backward_s_products_asynchronous(heads_kv, dim, right, schedule,
                                                                   tmp_path):
-    """The sm_90 backward the ops serve (:class:`AttentionBwdTmaKernel`'s plan): the scores'
-    and dP's products in flight together, issued back to back with no use of a product's
-    registers before its wait. dP's product clears its accumulator itself (its first step
-    does not add): a clear of dP between the two issues (copies of the zero the scores'
-    accumulator started from) made ptxas wait for the scores' product before it (C7517). No
-    serialization, no injected wait, no spill, for MHA (dK and dV in the storage dtype) and
-    GQA (float32 partials), causal or not."""
+    """The sm_90 backward the ops serve (:class:`AttentionBwdTmaKernel`'s plan, under each
+    schedule of its module flags): the scores' and dP's products in flight together, issued
+    back to back with no use of a product's registers before its wait. dP's product clears its
+    accumulator itself (its first step does not add): a clear of dP between the two issues
+    (copies of the zero the scores' accumulator started from) made ptxas wait for the scores'
+    product before it (C7517). With the overlap, dV's, dQ's and dK's products each waited for
+    one behind. No serialization, no injected wait, no spill, for MHA (dK and dV in the
+    storage dtype) and GQA (float32 partials), causal or not."""
     from tileops.kernels import attention_bwd as AB
     from tileops.kernels._tilelang import compile_program
 
-    plan = AB.attention_bwd_plan(dim, dim)._replace(**AB.AttentionBwdTmaKernel.plan_fields)
+    stats_tma, overlap = schedule
+    plan = AB.attention_bwd_plan(dim, dim)._replace(**AB.AttentionBwdTmaKernel.plan_fields,
+                                                    stats_tma=stats_tma, overlap=overlap)
     prog = AB.attention_bwd_program("bshd", 8, heads_kv, dim, dim, "bfloat16", dim ** -0.5, -1,
                                     right, None, plan)
     src = compile_program(prog, HOPPER).get_kernel_source()
-    assert "wait_wgmma<1>" in src
+    assert src.count("wait_wgmma<1>") == (4 if overlap else 1)
+    # the statistics by TMA: their tensor maps, and no consumer's load of them; the pipeline
+    # then needs one producer warpgroup (384 threads, 240 registers a math thread)
+    assert ("LSE_desc" in src and "Delta_desc" in src) == stats_tma
+    assert f"__launch_bounds__({384 if stats_tma else 512}, 1)" in src
     assert_asynchronous(ptxas_report(src, tmp_path, "attention_bwd"))
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("layout", "softcap"), [("bhsd", None), ("bshd", 30.0)],
+                         ids=["bhsd", "bshd-softcap"])
+def test_backward_overlap_compiles_for_every_layout_and_softcap(layout, softcap, tmp_path):
+    """The overlapped schedule in [B, H, S, D] and with a softcap (tanh's derivative folded
+    into P before dV's product is issued: the scores' registers kept to dS under it spilled 84
+    bytes): no serialization, no injected wait, no spill."""
+    from tileops.kernels import attention_bwd as AB
+    from tileops.kernels._tilelang import compile_program
+
+    plan = AB.attention_bwd_plan(128, 128)._replace(**AB.AttentionBwdTmaKernel.plan_fields,
+                                                    stats_tma=True, overlap=True)
+    prog = AB.attention_bwd_program(layout, 8, 8, 128, 128, "bfloat16", 128 ** -0.5, -1, 0,
+                                    softcap, plan)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    assert ("tanh" in src) == (softcap is not None) and "tma_store_add" in src
+    assert_asynchronous(ptxas_report(src, tmp_path, "attention_bwd"))
+    with pytest.raises(ValueError, match="overlap issues the products asynchronously"):
+        AB.attention_bwd_program(layout, 8, 8, 128, 128, "bfloat16", 0.1, -1, 0, softcap,
+                                 plan._replace(sdp_async=False))
 
 
 @pytest.mark.parametrize("bshd", [True, False])
@@ -484,16 +521,22 @@ def test_query_tile_loop_covers_every_row_that_sees_the_keys(seq_q, seq_kv, left
 @needs_nvcc
 @pytest.mark.parametrize("layout", ["bshd", "bhsd"])
 @pytest.mark.parametrize("with_dlse", [False, True], ids=["delta", "delta-minus-dlse"])
-def test_the_backward_delta_program_compiles_for_sm90a(layout, with_dlse):
+@pytest.mark.parametrize("tile", [0, 64], ids=["rows", "tiles"])
+def test_the_backward_delta_program_compiles_for_sm90a(layout, with_dlse, tile):
     """Delta = rowsum(dO * O) (- dLSE) from the storage dtype in float32, rows past S_q not
-    written."""
+    written; in whole tiles (STATS_TMA) with the log-sum-exp times log2(e) beside it, every row
+    of the tiles written."""
     from tileops.kernels import attention_bwd as AB
     from tileops.kernels._tilelang import compile_program
 
-    src = compile_program(AB.attention_bwd_delta_program(layout, 8, 128, "bfloat16", with_dlse),
+    src = compile_program(AB.attention_bwd_delta_program(layout, 8, 128, "bfloat16", with_dlse,
+                                                         tile=tile),
                           HOPPER).get_kernel_source()
     assert ("DLSE" in src) == with_dlse and "float* __restrict__ Delta" in src
     assert "S_q" in src  # the row guard
+    assert ("float* __restrict__ LSE2" in src and "S_t" in src) == bool(tile)
+    with pytest.raises(ValueError, match="not whole CTAs"):
+        AB.attention_bwd_delta_program(layout, 8, 128, "bfloat16", with_dlse, tile=48)
 
 
 @settings(max_examples=400, deadline=None)

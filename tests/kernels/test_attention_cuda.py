@@ -204,15 +204,28 @@ def _bwd_entry(spec, kernel=AB.AttentionBwdKernel):
     return impl.entry_for(spec, None)
 
 
+#: the sm_90 backward's schedules: (STATS_TMA, OVERLAP)
+BWD_SCHEDULES = [(False, False), (True, False), (True, True)]
+#: the implementations and, for AttentionBwdTmaKernel, its schedules
+BWD_KERNELS = [pytest.param(AB.AttentionBwdKernel, (False, False), id="dq-rows"),
+               pytest.param(AB.AttentionBwdFragmentKernel, (False, False),
+                            id="dq-fragment-order"),
+               pytest.param(AB.AttentionBwdTmaKernel, (False, False), id="dq-tma"),
+               pytest.param(AB.AttentionBwdTmaKernel, (True, False), id="dq-tma-stats-tma"),
+               pytest.param(AB.AttentionBwdTmaKernel, (True, True), id="dq-tma-overlap")]
+
+
 @cuda
-@pytest.mark.parametrize("kernel", [AB.AttentionBwdKernel, AB.AttentionBwdFragmentKernel,
-                                    AB.AttentionBwdTmaKernel],
-                         ids=["dq-rows", "dq-fragment-order", "dq-tma"])
+@pytest.mark.parametrize("kernel,schedule", BWD_KERNELS)
 @pytest.mark.parametrize("case", BWD_CASES, ids=_case_id)
-def test_backward_matches_float64_autograd(case, kernel):
+def test_backward_matches_float64_autograd(case, kernel, schedule, monkeypatch):
     """dq, dk, dv of the kernel (from the forward kernel's o and lse, with an upstream
     gradient of both) against torch's autograd of the float64 reference, each held to its
-    largest element (the bf16 probabilities and dS of the products)."""
+    largest element (the bf16 probabilities and dS of the products). The sm_90 kernel under
+    each schedule of its module flags (:data:`~tileops.kernels.attention_bwd.STATS_TMA`,
+    :data:`~tileops.kernels.attention_bwd.OVERLAP`): programs of their own."""
+    monkeypatch.setattr(AB, "STATS_TMA", schedule[0])
+    monkeypatch.setattr(AB, "OVERLAP", schedule[1])
     spec = case_spec(case)
     dtype = case[8]
     q, k, v, o, lse = _inputs(spec, dtype)
@@ -308,7 +321,8 @@ def program_keys():
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
-    keys += [("bwd_tma", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
+    keys += [("bwd_tma", AB.bwd_program_key(case_spec(c)) + schedule) for c in BWD_CASES
+             for schedule in BWD_SCHEDULES]
     return list(dict.fromkeys(keys))
 
 
@@ -321,11 +335,16 @@ def _build(key):
         AB.build_attention_bwd_dq(layout, h, d, dtype)
         return
     if kind == "bwd_tma":  # as AttentionBwdTmaKernel builds its programs
+        # the program key, then its schedule (STATS_TMA, OVERLAP): the module's when absent
+        program, schedule = program[:10], program[10:] or (AB.STATS_TMA, AB.OVERLAP)
         layout, h, _, d, d_v, dtype = program[:6]
-        AB.build_attention_bwd(program, plan=AB.attention_bwd_plan(d, d_v)._replace(
-            **AB.AttentionBwdTmaKernel.plan_fields))
+        plan = AB.attention_bwd_plan(d, d_v)._replace(**AB.AttentionBwdTmaKernel.plan_fields,
+                                                      stats_tma=schedule[0],
+                                                      overlap=schedule[1])
+        AB.build_attention_bwd(program, plan=plan)
         for with_dlse in (False, True):
-            AB.build_attention_bwd_delta(layout, h, d_v, dtype, with_dlse)
+            AB.build_attention_bwd_delta(layout, h, d_v, dtype, with_dlse,
+                                         tile=plan.block_m if plan.stats_tma else 0)
         return
     {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
      "bwd": AB.build_attention_bwd}[kind](program)
@@ -338,8 +357,10 @@ def _describe(key) -> str:
         schedule = " turns" if turns else " overlap" if overlap else ""
         kind = f"fwd {layout}{' masked' if masked else ''}{schedule}"
     elif kind in ("bwd", "bwd_fragment", "bwd_tma"):
-        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program
-        kind = f"{kind.replace('_', ' ')} {layout}"
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program[:10]
+        stats_tma, overlap = program[10:] or (False, False)
+        schedule = " overlap" if overlap else " stats-tma" if stats_tma else ""
+        kind = f"{kind.replace('_', ' ')} {layout}{schedule}"
     else:
         h, h_kv, d, d_v, dtype, _, left, right, softcap = program
     return f"{kind} h{h}x{h_kv} d{d}x{d_v} {dtype} window ({left}, {right}) softcap {softcap}"

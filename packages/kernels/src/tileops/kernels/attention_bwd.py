@@ -22,6 +22,27 @@ probabilities recomputed from the forward's log-sum-exp in their transposed form
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes, as the forward's. The entry runs the
 preprocess (``delta``), the kernel, the group sums and the casts of the float32 gradients.
 
+The sm_90 program (:class:`AttentionBwdTmaKernel`) has two schedules beside the served one,
+each a module flag (a program of its own; off until timed on a GPU), after FlashAttention-3's
+backward (``hopper/mainloop_bwd_sm90_tma_gmma_ws.hpp``), whose structure it otherwise shares
+(128 keys a CTA over two math warpgroups, 64 query rows a step, ``S^T`` and ``dP^T`` with the
+keys as rows so ``P^T`` and ``dS^T`` feed ``dV`` and ``dK`` from registers, ``dS`` through
+shared memory for ``dQ``, one TMA reduce-add of the ``dQ`` tile a step):
+
+- :data:`STATS_TMA`: the served program's math threads load each step's log-sum-exp and
+  ``Delta`` from global memory and store them to shared memory before the step's first
+  product, behind a barrier of both warpgroups (a load's latency a step on the critical path),
+  and those loads make TileLang's pipeline keep two producer warpgroups (512 threads, 224
+  registers a math thread). With the flag the delta program writes both in whole tiles of
+  ``block_m`` rows (the log-sum-exp times log2(e)), the producer loads them by TMA in the
+  query tile's stage, and the pipeline has one producer warpgroup (384 threads, 240
+  registers a math thread, FlashAttention-3's split);
+- :data:`OVERLAP`: the served program waits for each of ``dV``'s, ``dK``'s and ``dQ``'s
+  products as soon as it is issued. With the flag ``dV``'s is issued as soon as ``P`` is cast
+  (under ``dP``'s tail and ``dS``), ``dQ``'s after ``dS``'s store and ``dK``'s after ``dV``'s
+  wait, each waited for one product behind, so ``dK``'s runs under the store of the ``dQ``
+  tile and its reduce-add.
+
 :class:`AttentionBwdFragmentKernel` (opt-in, not yet measured) stores the float32 ``dQ`` in
 the order of the ``dQ`` product's register fragment, as TileLang's wgmma backward example
 does: a warp's atomic adds then land on consecutive words instead of rows ``H * D`` apart,
@@ -106,6 +127,29 @@ class AttentionBwdPlan(NamedTuple):
     sdp_async: bool = False
     kv_direct: bool = False
     delta_program: bool = False
+    #: (with ``delta_program``) the delta program also writes the log-sum-exp times log2(e),
+    #: and both go to ``[B, H, S_t, block_m]`` buffers of whole query tiles (rows past ``S_q``
+    #: 0), so a step's 64 values of each are one TMA load of the pipeline's producer, in the
+    #: stage of its query tile: the consumers no longer load them from global memory and
+    #: store them to shared memory before each step's products (a load's latency and a
+    #: barrier a step), and the exponent takes the scaled log-sum-exp as it is
+    #: (FlashAttention-3's preprocess); :data:`STATS_TMA`
+    stats_tma: bool = False
+    #: (with ``sdp_async``) the step's last three products are issued back to back and waited
+    #: for one behind: ``dV += P^T dO`` runs under the store of ``dS`` to shared memory and its
+    #: barrier, ``dQ = dS K`` under ``dV``'s tail and ``dK += dS^T Q`` under the store of the
+    #: ``dQ`` tile and its reduce-add, where each was waited for as soon as it was issued
+    #: (FlashAttention-3's order); :data:`OVERLAP`
+    overlap: bool = False
+
+
+#: whether the sm_90 backward (:class:`AttentionBwdTmaKernel`) loads the log-sum-exp and
+#: ``Delta`` of a step by TMA from whole-tile buffers (:attr:`AttentionBwdPlan.stats_tma`;
+#: off until timed on a GPU)
+STATS_TMA = False
+#: whether the sm_90 backward issues its last three products back to back
+#: (:attr:`AttentionBwdPlan.overlap`; off until timed on a GPU)
+OVERLAP = False
 
 
 #: the (D, D_v) pairs the backward serves. Wider heads would hold dK and dV of 64 keys over
@@ -184,6 +228,9 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     if plan.dq_tma and plan.dq_fragment_order:
         raise ValueError("attention_bwd_program: dq_tma adds dQ tiles in its layout, which "
                          "dq_fragment_order replaces; take one")
+    if plan.overlap and not plan.sdp_async:
+        raise ValueError("attention_bwd_program: overlap issues the products asynchronously, "
+                         "as sdp_async does; take both")
     accum = "float32"
     groups = heads // heads_kv
     kv_dtype = dtype if plan.kv_direct and groups == 1 else accum
@@ -192,6 +239,12 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     seq_dq = T.dynamic("S_dq") if ordered else seq_q
     offset = seq_kv - seq_q
     bshd = layout == "bshd"
+    # the log-sum-exp (times log2(e) with stats_tma) and Delta of each query row: whole tiles
+    # of block_m rows loaded by TMA, or rows loaded by the consumers
+    stats = [batch, heads, T.dynamic("S_t"), bm] if plan.stats_tma else [batch, heads, seq_q]
+    # with overlap: a thread's 32-bit registers of dP's and dQ's accumulators (dQ's product
+    # splits its columns over the warpgroups)
+    regs_s, regs_dq = bn * bm // threads, bm * dim // threads
 
     def shape(s, h, d):
         return [batch, s, h, d] if bshd else [batch, h, s, d]
@@ -208,13 +261,40 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
     # dS0 = dS * (1 - tanh^2) under a softcap; the scale of both products folded in
     ds_scale = _f32(scale)
 
+    def lse_of(lse_shared, i):  # row i's log-sum-exp in the base-2 exponent's units
+        return lse_shared[i] if plan.stats_tma else lse_shared[i] * log2e
+
+    @T.macro
+    def make_ds(pT, dpT, qkT, delta_shared, dsT_cast, cap):  # dS^T in the storage dtype
+        for j, i in T.Parallel(bn, bm):
+            ds = pT[j, i] * (dpT[j, i] - delta_shared[i]) * ds_scale
+            if cap:  # tanh's derivative
+                ds = ds * (1.0 - qkT[j, i] * qkT[j, i])
+            dsT_cast[j, i] = ds
+
+    @T.macro
+    def store_dq(dQ, dq, dq_shared, i0, by, bz):  # the step's dQ tile added into the float32 dQ
+        if plan.dq_tma:  # one bulk reduce-add a step; the tensor map drops rows >= S_q
+            T.copy(dq, dq_shared)
+            if bshd:
+                T.atomic_add(dQ[bz, i0:i0 + bm, by, :], dq_shared, annotations={"use_tma": 1})
+            else:
+                T.atomic_add(dQ[bz, by, i0:i0 + bm, :], dq_shared, annotations={"use_tma": 1})
+        else:
+            for i, d in T.Parallel(bm, dim):
+                if i0 + i < seq_q:
+                    if bshd:
+                        T.atomic_add(dQ[bz, i0 + i, by, d], dq[i, d])
+                    else:
+                        T.atomic_add(dQ[bz, by, i0 + i, d], dq[i, d])
+
     @T.prim_func
     def main(dO: T.Tensor(shape(seq_q, heads, dim_v), dtype),
              Q: T.Tensor(shape(seq_q, heads, dim), dtype),
              K: T.Tensor(shape(seq_kv, heads_kv, dim), dtype),
              V: T.Tensor(shape(seq_kv, heads_kv, dim_v), dtype),
-             LSE: T.Tensor([batch, heads, seq_q], accum),
-             Delta: T.Tensor([batch, heads, seq_q], accum),
+             LSE: T.Tensor(stats, accum),
+             Delta: T.Tensor(stats, accum),
              dQ: T.Tensor(shape(seq_dq, heads, dim), accum),
              dK: T.Tensor(shape(seq_kv, heads, dim), kv_dtype),
              dV: T.Tensor(shape(seq_kv, heads, dim_v), kv_dtype)):
@@ -234,8 +314,10 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             dk = T.alloc_fragment([bn, dim], accum)
             dv = T.alloc_fragment([bn, dim_v], accum)
             dq = T.alloc_fragment([bm, dim], accum)
-            if plan.dq_tma:
-                dq_shared = T.alloc_shared([bm, dim], accum)
+            # the step's dQ tile on its way to the reduce-add (with dq_tma)
+            dq_shared = T.alloc_shared([bm, dim], accum) if plan.dq_tma else None
+            if plan.overlap:
+                touch = T.alloc_local([1], dtype)
 
             if ordered:
                 T.annotate_layout({dQ: T.Layout(dQ.shape, dq_fragment_layout(bshd))})
@@ -260,11 +342,16 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 else:
                     T.copy(Q[bz, by, i0:i0 + bm, :], q_shared)
                     T.copy(dO[bz, by, i0:i0 + bm, :], do_shared)
-                # plain loads: a row of S_q float32 values is a stride TMA refuses unless
-                # S_q is a multiple of 4 (16 bytes)
-                T.copy(LSE[bz, by, i0:i0 + bm], lse_shared, annotations={"disable_tma": True})
-                T.copy(Delta[bz, by, i0:i0 + bm], delta_shared,
-                       annotations={"disable_tma": True})
+                if plan.stats_tma:  # the query tile's row of each whole-tile buffer
+                    T.copy(LSE[bz, by, it, :], lse_shared)
+                    T.copy(Delta[bz, by, it, :], delta_shared)
+                else:
+                    # plain loads: a row of S_q float32 values is a stride TMA refuses unless
+                    # S_q is a multiple of 4 (16 bytes)
+                    T.copy(LSE[bz, by, i0:i0 + bm], lse_shared,
+                           annotations={"disable_tma": True})
+                    T.copy(Delta[bz, by, i0:i0 + bm], delta_shared,
+                           annotations={"disable_tma": True})
                 T.clear(qkT)
                 if plan.sdp_async:  # both products in flight; the probabilities under dP's
                     T.wgmma_gemm(K_shared, q_shared, qkT, transpose_B=True,
@@ -287,7 +374,7 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                 if whole_pair(j0, i0):
                     for j, i in T.Parallel(bn, bm):
                         s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
-                        pT[j, i] = T.exp2(s_l2 - lse_shared[i] * log2e)
+                        pT[j, i] = T.exp2(s_l2 - lse_of(lse_shared, i))
                 else:
                     for j, i in T.Parallel(bn, bm):
                         key = j0 + j
@@ -295,40 +382,47 @@ def attention_bwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
                         seen = (key < seq_kv and i0 + i < seq_q and key >= diag - lb
                                 and key <= diag + rb)
                         s_l2 = cap_l2 * qkT[j, i] if capped else qkT[j, i] * sm
-                        pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_shared[i] * log2e),
-                                                  0.0)
-                if plan.sdp_async:
+                        pT[j, i] = T.if_then_else(seen, T.exp2(s_l2 - lse_of(lse_shared, i)), 0.0)
+                if plan.overlap:
+                    # dV's product issued as soon as the probabilities are cast (under dP's
+                    # tail and dS), dQ's under dV's tail, dK's under the store of the dQ tile
+                    # and its reduce-add: each waited for one product behind
+                    T.copy(pT, pT_cast)
+                    if capped:  # tanh's derivative folded into P now: no scores kept under dV
+                        for j, i in T.Parallel(bn, bm):
+                            pT[j, i] = pT[j, i] * (1.0 - qkT[j, i] * qkT[j, i])
+                    T.wgmma_gemm(pT_cast, do_shared, dv, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)  # dP's product is done
+                    T.warpgroup_fence_operand(dpT, num_regs=regs_s)
+                    make_ds(pT, dpT, qkT, delta_shared, dsT_cast, False)
+                    T.copy(dsT_cast, dsT_shared)
+                    T.wgmma_gemm(dsT_shared, K_shared, dq, transpose_A=True, clear_accum=True)
+                    T.wait_wgmma(1)  # dV's product is done
+                    # dO's last use: the pipeline releases its stage after it, not when the
+                    # asynchronous product was issued
+                    touch[0] = do_shared[0, 0]
+                    T.wgmma_gemm(dsT_cast, q_shared, dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.wait_wgmma(1)  # dQ's product is done
+                    # dQ's registers are read after the wait, not moved above it
+                    T.warpgroup_fence_operand(dq, num_regs=regs_dq)
+                    store_dq(dQ, dq, dq_shared, i0, by, bz)
                     T.wait_wgmma(0)
+                    touch[0] = q_shared[0, 0]  # the queries' last use, as dO's
                 else:
-                    T.clear(dpT)
-                    T.gemm(V_shared, do_shared, dpT, transpose_B=True,
-                           policy=T.GemmWarpPolicy.FullRow)
-                T.copy(pT, pT_cast)
-                T.gemm(pT_cast, do_shared, dv, policy=T.GemmWarpPolicy.FullRow)
-                for j, i in T.Parallel(bn, bm):
-                    ds = pT[j, i] * (dpT[j, i] - delta_shared[i]) * ds_scale
-                    if capped:
-                        ds = ds * (1.0 - qkT[j, i] * qkT[j, i])
-                    dsT_cast[j, i] = ds
-                T.gemm(dsT_cast, q_shared, dk, policy=T.GemmWarpPolicy.FullRow)
-                T.copy(dsT_cast, dsT_shared)
-                T.clear(dq)
-                T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
-                if plan.dq_tma:  # one bulk reduce-add a step; the tensor map drops rows >= S_q
-                    T.copy(dq, dq_shared)
-                    if bshd:
-                        T.atomic_add(dQ[bz, i0:i0 + bm, by, :], dq_shared,
-                                     annotations={"use_tma": 1})
+                    if plan.sdp_async:
+                        T.wait_wgmma(0)
                     else:
-                        T.atomic_add(dQ[bz, by, i0:i0 + bm, :], dq_shared,
-                                     annotations={"use_tma": 1})
-                else:
-                    for i, d in T.Parallel(bm, dim):
-                        if i0 + i < seq_q:
-                            if bshd:
-                                T.atomic_add(dQ[bz, i0 + i, by, d], dq[i, d])
-                            else:
-                                T.atomic_add(dQ[bz, by, i0 + i, d], dq[i, d])
+                        T.clear(dpT)
+                        T.gemm(V_shared, do_shared, dpT, transpose_B=True,
+                               policy=T.GemmWarpPolicy.FullRow)
+                    T.copy(pT, pT_cast)
+                    T.gemm(pT_cast, do_shared, dv, policy=T.GemmWarpPolicy.FullRow)
+                    make_ds(pT, dpT, qkT, delta_shared, dsT_cast, capped)
+                    T.gemm(dsT_cast, q_shared, dk, policy=T.GemmWarpPolicy.FullRow)
+                    T.copy(dsT_cast, dsT_shared)
+                    T.clear(dq)
+                    T.gemm(dsT_shared, K_shared, dq, transpose_A=True)
+                    store_dq(dQ, dq, dq_shared, i0, by, bz)
 
             if bshd:
                 T.copy(dk, dK[bz, j0:j0 + bn, by, :])
@@ -368,19 +462,35 @@ def attention_bwd_dq_program(layout: str, heads: int, dim: int, dtype: str,
 
 
 def attention_bwd_delta_program(layout: str, heads: int, dim_v: int, dtype: str,
-                                with_dlse: bool, rows: int = 32, threads: int = 128):
+                                with_dlse: bool, rows: int = 32, threads: int = 128,
+                                tile: int = 0):
     """``Delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d]`` (minus ``dLSE[b, h, i]`` with
     ``with_dlse``) in float32, ``[B, H, S_q]``: ``dO`` and ``O`` read once in the storage
-    dtype, ``rows`` query rows of one head a CTA."""
+    dtype, ``rows`` query rows of one head a CTA.
+
+    With ``tile`` (a multiple of ``rows``; :attr:`AttentionBwdPlan.stats_tma`) ``Delta`` and
+    ``LSE2 = LSE * log2(e)`` (from the forward's ``LSE``, ``[B, H, S_q]``) are written to
+    ``[B, H, S_t, tile]`` buffers, row ``i`` at ``[b, h, i // tile, i % tile]``, every row of
+    the ``S_t`` tiles written (0 past ``S_q``)."""
     _, T = tl()
     f32 = "float32"
     batch, seq_q = T.dynamic("B"), T.dynamic("S_q")
     bshd = layout == "bshd"
     shape = [batch, seq_q, heads, dim_v] if bshd else [batch, heads, seq_q, dim_v]
+    if tile and tile % rows:
+        raise ValueError(f"attention_bwd_delta_program: tiles of {tile} rows are not whole "
+                         f"CTAs of {rows}")
+    seq_t = T.dynamic("S_t") if tile else None
+    stats = [batch, heads, seq_t, tile] if tile else [batch, heads, seq_q]
+    rows_out = seq_t * tile if tile else seq_q
+    log2e = _f32(_LOG2E)
+
+    def at(bz, by, r):
+        return (bz, by, r // tile, r % tile) if tile else (bz, by, r)
 
     @T.macro
-    def body(dO, Out, DLSE, Delta):
-        with T.Kernel(T.ceildiv(seq_q, rows), heads, batch, threads=threads) as (bx, by, bz):
+    def body(dO, Out, DLSE, Delta, LSE, LSE2):
+        with T.Kernel(T.ceildiv(rows_out, rows), heads, batch, threads=threads) as (bx, by, bz):
             o = T.alloc_fragment([rows, dim_v], dtype)
             do = T.alloc_fragment([rows, dim_v], dtype)
             acc = T.alloc_fragment([rows, dim_v], f32)
@@ -396,23 +506,45 @@ def attention_bwd_delta_program(layout: str, heads: int, dim_v: int, dtype: str,
                 acc[i, d] = T.cast(o[i, d], f32) * T.cast(do[i, d], f32)
             T.reduce_sum(acc, delta, dim=1)
             for i in T.Parallel(rows):
-                if r0 + i < seq_q:
+                r = r0 + i
+                if tile:  # every row of the whole tiles; those past S_q 0
+                    inside = r < seq_q
                     if with_dlse:
-                        Delta[bz, by, r0 + i] = delta[i] - DLSE[bz, by, r0 + i]
+                        Delta[at(bz, by, r)] = T.if_then_else(
+                            inside, delta[i] - DLSE[bz, by, r], 0.0)
                     else:
-                        Delta[bz, by, r0 + i] = delta[i]
+                        Delta[at(bz, by, r)] = T.if_then_else(inside, delta[i], 0.0)
+                    LSE2[at(bz, by, r)] = T.if_then_else(inside, LSE[bz, by, r] * log2e, 0.0)
+                elif r < seq_q:
+                    if with_dlse:
+                        Delta[bz, by, r] = delta[i] - DLSE[bz, by, r]
+                    else:
+                        Delta[bz, by, r] = delta[i]
 
-    if with_dlse:
+    if tile and with_dlse:
+        @T.prim_func
+        def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
+                 DLSE: T.Tensor([batch, heads, seq_q], f32),
+                 LSE: T.Tensor([batch, heads, seq_q], f32),
+                 Delta: T.Tensor(stats, f32), LSE2: T.Tensor(stats, f32)):
+            body(dO, Out, DLSE, Delta, LSE, LSE2)
+    elif tile:
+        @T.prim_func
+        def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
+                 LSE: T.Tensor([batch, heads, seq_q], f32),
+                 Delta: T.Tensor(stats, f32), LSE2: T.Tensor(stats, f32)):
+            body(dO, Out, None, Delta, LSE, LSE2)
+    elif with_dlse:
         @T.prim_func
         def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
                  DLSE: T.Tensor([batch, heads, seq_q], f32),
                  Delta: T.Tensor([batch, heads, seq_q], f32)):
-            body(dO, Out, DLSE, Delta)
+            body(dO, Out, DLSE, Delta, None, None)
     else:
         @T.prim_func
         def main(dO: T.Tensor(shape, dtype), Out: T.Tensor(shape, dtype),
                  Delta: T.Tensor([batch, heads, seq_q], f32)):
-            body(dO, Out, None, Delta)
+            body(dO, Out, None, Delta, None, None)
     return main
 
 
@@ -442,10 +574,10 @@ def build_attention_bwd_dq(layout: str, heads: int, dim: int, dtype: str,
 
 @stored(maxsize=64)
 def build_attention_bwd_delta(layout: str, heads: int, dim_v: int, dtype: str, with_dlse: bool,
-                              target: str | None = None):
+                              target: str | None = None, tile: int = 0):
     """Compile :func:`attention_bwd_delta_program` (cached per configuration)."""
-    return compile_program(attention_bwd_delta_program(layout, heads, dim_v, dtype, with_dlse),
-                           target)
+    return compile_program(attention_bwd_delta_program(layout, heads, dim_v, dtype, with_dlse,
+                                                       tile=tile), target)
 
 
 class AttentionBwdKernel(Kernel, AttentionBwdInterface):
@@ -471,10 +603,21 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
     #: the plan's fields this implementation sets over :func:`attention_bwd_plan`'s
     plan_fields: ClassVar[dict] = {}
 
+    @classmethod
+    def schedule(cls) -> dict:
+        """The plan's fields the module's flags set for this implementation (none here)."""
+        return {}
+
+    @classmethod
+    def plan(cls, spec: AttentionFwdSpec) -> AttentionBwdPlan:
+        """The plan this implementation compiles for ``spec``."""
+        return attention_bwd_plan(spec.dim, spec.dim_v)._replace(**cls.plan_fields,
+                                                                 **cls.schedule())
+
     def __init__(self, spec: AttentionFwdSpec) -> None:
         super().__init__(spec)
         key = bwd_program_key(spec)
-        plan = attention_bwd_plan(spec.dim, spec.dim_v)._replace(**self.plan_fields)
+        plan = self.plan(spec)
         self.dq_fragment_order = plan.dq_fragment_order
         if self.dq_fragment_order:
             self._dq_program = build_attention_bwd_dq(key[0], spec.heads, spec.dim,
@@ -483,11 +626,14 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
         self._bshd = spec.layout is AttentionLayout.BSHD
         self._groups = spec.heads // spec.heads_kv
         self._kv_direct = plan.kv_direct and self._groups == 1
+        # with stats_tma: the log-sum-exp and Delta in whole tiles of this many rows
+        self._stats_tile = plan.block_m if plan.stats_tma else 0
         self._delta = {}
-        if plan.delta_program:  # with and without the log-sum-exp's gradient
+        if plan.delta_program or plan.stats_tma:  # with and without the lse's gradient
             for with_dlse in (False, True):
                 self._delta[with_dlse] = build_attention_bwd_delta(
-                    key[0], spec.heads, spec.dim_v, spec.dtype, with_dlse)
+                    key[0], spec.heads, spec.dim_v, spec.dtype, with_dlse,
+                    tile=self._stats_tile)
 
     def __call__(self, dout, q, k, v, o, lse, dlse, dq, dk, dv) -> None:
         import torch
@@ -502,7 +648,17 @@ class AttentionBwdKernel(Kernel, AttentionBwdInterface):
         h = q.shape[2] if bshd else q.shape[1]
         s_kv = k.shape[1] if bshd else k.shape[2]
         # the log-sum-exp's gradient (d lse / d s = P) joins the scores' through delta
-        if self._delta:
+        tile = self._stats_tile
+        if tile:  # both in whole tiles of rows, the log-sum-exp times log2(e)
+            stats = (b, h, -(-lse.shape[-1] // tile), tile)
+            delta = torch.empty(stats, dtype=torch.float32, device=q.device)
+            lse2 = torch.empty(stats, dtype=torch.float32, device=q.device)
+            if dlse is not None:
+                self._delta[True](dout, o, dlse.contiguous(), lse, delta, lse2)
+            else:
+                self._delta[False](dout, o, lse, delta, lse2)
+            lse = lse2
+        elif self._delta:
             delta = torch.empty(lse.shape, dtype=torch.float32, device=q.device)
             if dlse is not None:
                 self._delta[True](dout, o, dlse.contiguous(), delta)
@@ -559,7 +715,8 @@ class AttentionBwdTmaKernel(AttentionBwdKernel):
     (:class:`AttentionBwdPlan`'s ``dq_tma``, ``sdp_async``, ``kv_direct`` and
     ``delta_program``; sm_90). The ops' backward on sm_90, where it is preferred over
     :class:`AttentionBwdKernel` (1.4-1.9x its rate on the H200 at the backward sweep's
-    shapes, ``benchmarks/results``)."""
+    shapes, ``benchmarks/results``). Its schedule is the module's flags' (:data:`STATS_TMA`,
+    :data:`OVERLAP`) when a program is built, part of the identity."""
 
     supported_archs = frozenset({(9, 0)})
     preferred_over = (AttentionBwdKernel,)
@@ -567,5 +724,11 @@ class AttentionBwdTmaKernel(AttentionBwdKernel):
                                    "kv_direct": True, "delta_program": True}
 
     @classmethod
+    def schedule(cls) -> dict:
+        """The module's flags: :data:`STATS_TMA` and :data:`OVERLAP`, read when a program is
+        built (a program of its own each)."""
+        return {"stats_tma": STATS_TMA, "overlap": OVERLAP}
+
+    @classmethod
     def identity(cls, spec: AttentionFwdSpec):
-        return (spec.device, bwd_program_key(spec), "dq_tma")
+        return (spec.device, bwd_program_key(spec), "dq_tma", *cls.schedule().values())
