@@ -92,17 +92,21 @@ for b, s, h, h_kv, d, causal in ((4, 4096, 32, 32, 128, False), (4, 4096, 32, 32
                   f"{str(exc)[:120]}", flush=True)
 PY
     ;;
-  sweep)
+  sweep)  # its programs built in parallel first (loaded from the cache when built)
+    TAIL=2 run prebuild_sweep.log python3 benchmarks/prebuild_attention.py --fwd-sweep --workers 15
     TAIL=30 run sweep.log python3 - <<'PY'
 # The forward program's plans on the bars' shapes, side by side: fast math on (the default)
-# and off, two and three stages; each checked against SDPA (cuDNN) first, then timed from CUDA
-# graph replays. TFLOP/s by the roofline (4 B H S^2 D, halved for causal).
+# and off, two and three stages, the plain schedule (no spare step), and the persistent grid
+# (A.SMS CTAs walking the work tiles) with the served and the plain schedule; each checked
+# against SDPA (cuDNN) first, then timed from CUDA graph replays. TFLOP/s by the roofline
+# (4 B H S^2 D, halved for causal), and the microseconds of the short-row bar.
 import sys
 sys.path.insert(0, "benchmarks")
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from tileops.kernels import attention as A
 from _common import graph_events
+from prebuild_attention import fwd_sweep_plans
 
 CASES = [(4, 4096, 32, 32, 128, False), (4, 4096, 32, 32, 128, True),
          (2, 8192, 32, 8, 128, True), (16, 1024, 32, 32, 64, True)]
@@ -119,26 +123,24 @@ for b, s, h, h_kv, d, causal in CASES:
                               layout=A.AttentionLayout.BSHD, scale=d ** -0.5, window_left=-1,
                               window_right=0 if causal else -1, softcap=None)
     key = A.program_key(spec)
-    base = A.attention_plan(d, d)
     flops = 4 * b * h * s * s * d / (2 if causal else 1)
     cells = []
-    for plan in (base, base._replace(fast_math=False), base._replace(stages=3),
-                 base._replace(fast_math=False, stages=3)):
-        label = f"st{plan.stages}{' fm' if plan.fast_math else ''}"
+    for label, plan in fwd_sweep_plans(d):
         try:
             prog = A.build_attention_fwd(key, None, plan)
             o, lse = torch.empty_like(q), torch.empty(b, h, s, device="cuda")
             prog(q, k, v, o, lse)
             err = ((o.float() - want.float()).norm() / want.float().norm()).item()
             ms = graph_events(lambda: prog(q, k, v, o, lse), 10)
-            cells.append(f"{label} {flops / ms / 1e9:4.0f}{'' if err < 1e-2 else ' WRONG'}")
+            cells.append(f"{label} {flops / ms / 1e9:4.0f}{'' if err < 1e-2 else ' WRONG'}"
+                         + (f" ({ms * 1e3:.0f} us)" if s <= 1024 else ""))
         except Exception as exc:  # noqa: BLE001 - a plan that does not fit or compile
             cells.append(f"{label} {type(exc).__name__}")
     with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
         ms = graph_events(lambda: torch.nn.functional.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=causal,
             enable_gqa=h != h_kv), 10)
-    cells.append(f"cudnn {flops / ms / 1e9:4.0f}")
+    cells.append(f"cudnn {flops / ms / 1e9:4.0f}" + (f" ({ms * 1e3:.0f} us)" if s <= 1024 else ""))
     print(f"b{b} s{s} h{h}:{h_kv} d{d} causal={causal} TFLOP/s: " + " | ".join(cells),
           flush=True)
 PY

@@ -2,14 +2,15 @@
 sweep, in parallel processes before a GPU run (``benchmarks/gpu_attention.sh``, stage
 prebuild).
 
-    python benchmarks/prebuild_attention.py [--workers N] [--sweep-only]
+    python benchmarks/prebuild_attention.py [--workers N] [--sweep-only | --fwd-sweep]
 
 A program serves every batch and length of its head configuration and options, so each spec
 workload (the masked flag depends on S_kv) gives the forward and, where the head dims have a
 backward, the programs of the ops' backward on sm_90
 (:class:`~tileops.kernels.attention_bwd.AttentionBwdTmaKernel`); the backward sweep's shapes
 add the other implementations (the 32-row :class:`~tileops.kernels.attention_bwd.AttentionBwdKernel`
-and :class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`). A file, not a
+and :class:`~tileops.kernels.attention_bwd.AttentionBwdFragmentKernel`). ``--fwd-sweep``: the
+forward sweep's plans on the same shapes (:func:`fwd_sweep_plans`). A file, not a
 ``python -``: the spawned workers import their main module by path.
 """
 
@@ -57,6 +58,31 @@ def sweep_keys() -> list:
         for schedule in BWD_SCHEDULES:  # the sm_90 kernel under each of its schedules
             keys[("bwd_tma", AB.bwd_program_key(spec) + schedule)] = None
     return list(keys)
+
+
+def fwd_sweep_plans(d: int) -> list:
+    """``(label, plan)`` of the forward sweep (``benchmarks/gpu_attention.sh``, stage sweep)
+    at head dim ``d``: the served plan, with fast math off and with three stages, the plain
+    schedule (no spare step), and the persistent grid of ``SMS`` CTAs with the served and
+    the plain schedule."""
+    from tileops.kernels import attention as A
+
+    base = A.attention_plan(d, d)
+    pers = base._replace(persistent=A.SMS)
+    return [("st2 fm", base), ("st2", base._replace(fast_math=False)),
+            ("st3 fm", base._replace(stages=3)),
+            ("st3", base._replace(fast_math=False, stages=3)),
+            ("plain", base._replace(overlap=False, turns=False)),
+            (f"pers{A.SMS}", pers),
+            (f"pers{A.SMS} plain", pers._replace(overlap=False, turns=False))]
+
+
+def fwd_sweep_keys() -> list:
+    """The forward sweep's programs: each shape's program key with each plan."""
+    from tileops.kernels import attention as A
+
+    return [("fwd_plan", (A.program_key(bar_spec(*shape)), plan)) for shape in BWD_SWEEP
+            for _, plan in fwd_sweep_plans(shape[4])]
 
 
 def program_keys() -> list:
@@ -107,8 +133,11 @@ def main(argv=None) -> int:
     ap.add_argument("--workers", type=int, default=15)
     ap.add_argument("--sweep-only", action="store_true",
                     help="only the backward sweep's programs (stage bwd_sweep)")
+    ap.add_argument("--fwd-sweep", action="store_true",
+                    help="only the forward sweep's programs (stage sweep)")
     args = ap.parse_args(argv)
-    keys = sweep_keys() if args.sweep_only else program_keys()
+    keys = fwd_sweep_keys() if args.fwd_sweep else sweep_keys() if args.sweep_only \
+        else program_keys()
     return build_all(keys, _build, _describe, args.workers)
 
 

@@ -133,6 +133,80 @@ def test_the_program_key_names_the_schedule(monkeypatch):
     assert len(keys) == 3
 
 
+#: the persistent forward's programs: PROGRAMS' two and the short-row bar's (B16 S1024 H32 D64
+#: causal, where one CTA a tile pays its fixed cost for 4.5 key tiles on average)
+PERSISTENT_PROGRAMS = [*PROGRAMS, pytest.param(
+    dict(layout="bshd", heads=32, heads_kv=32, dim=64, dim_v=64, dtype="bfloat16", left=-1,
+         right=0, softcap=None, masked=True), id="bshd-bf16-d64-causal")]
+
+
+@needs_nvcc
+@pytest.mark.parametrize("args", PERSISTENT_PROGRAMS)
+@pytest.mark.parametrize("overlap,turns", [(False, False), (True, True)], ids=["plain", "turns"])
+def test_persistent_program_keeps_its_loads_running_across_tiles(args, overlap, turns,
+                                                                 tmp_path):
+    """The persistent forward (:attr:`~tileops.kernels.attention.AttentionPlan.persistent`):
+    the load warp's own loop over the CTA's work tiles issues each tile's queries once the
+    math warpgroups released the previous tile's (after its last scores product, before its
+    epilogue) and then the tile's key and value steps, waiting on nothing else, so it loads
+    the next tile under this one's epilogue; the rings' slot and phase come from a step count
+    run on across tiles. The math warpgroups give the first turn once a CTA, not once a
+    tile. ptxas serializes no product, injects no wait and spills nothing."""
+    from tileops.kernels._tilelang import compile_program
+
+    plan = A.attention_plan(args["dim"], args["dim_v"])._replace(
+        overlap=overlap, turns=turns, persistent=A.SMS)
+    prog = A.attention_fwd_program(scale=1.0 / math.sqrt(args["dim"]), plan=plan, **args)
+    src = compile_program(prog, HOPPER).get_kernel_source()
+    load = src[src.index("warpgroup_reg_dealloc"):src.index("warpgroup_reg_alloc")]
+    math_wgs = src[src.index("warpgroup_reg_alloc"):]
+    # the load warp: a tile loop holding the queries' ring and the key steps' loop
+    marks = ["for (int w = 0;", "q_empty[0].wait(((w & 1) ^ 1));", "tma_load(Q_desc",
+             "q_full[0].arrive();", "for (int ", "int s = (step & 1);",
+             "k_empty[((int64_t)s)].wait((phase ^ 1));", "tma_load(K_desc",
+             "k_full[((int64_t)s)].arrive();", "v_empty[((int64_t)s)].wait((phase ^ 1));",
+             "tma_load(V_desc", "v_full[((int64_t)s)].arrive();", "step = (step + 1);"]
+    at = 0
+    for m in marks:
+        found = load.find(m, at)
+        assert found >= 0, f"{m!r} not found in the load warp after offset {at}"
+        at = found + len(m)
+    assert "__syncthreads" not in load and "sync_thread_partial" not in load
+    assert "wgmma" not in load
+    # the math warpgroups: the queries released after the tile's steps, before the epilogue
+    tiles = math_wgs.index("for (int w_1 = 0;")
+    assert math_wgs.index("q_full[0].wait((w_1 & 1));") > tiles
+    release = math_wgs.index("q_empty[0].arrive();")
+    assert math_wgs.rindex("wgmma", 0, release) < release < math_wgs.index("LSE[")
+    assert ("__named_barrier_arrive(8, 256)" in math_wgs[:tiles]) == turns
+    assert_asynchronous(ptxas_report(src, tmp_path, "attention"))
+
+
+def test_the_program_key_names_the_persistent_grid(monkeypatch):
+    """A persistent program is never served for one CTA a tile, nor one of another grid."""
+    keys = set()
+    for persistent in (0, 5, A.SMS):
+        monkeypatch.setattr(A, "PERSISTENT", persistent)
+        key = A.program_key(_spec())
+        assert key[-3] == persistent and A.attention_plan(128, 128).persistent == persistent
+        keys.add(key)
+    assert len(keys) == 3
+    monkeypatch.undo()
+    assert A.PERSISTENT == 0  # served: one CTA a tile
+
+
+def test_short_calls_take_the_plain_schedule_where_asked(monkeypatch):
+    """With :data:`~tileops.kernels.attention.PLAIN_UP_TO` a call of at most that many keys
+    is keyed (and so built and served) with the plain schedule, a longer one with the plan's;
+    off (0, served) every call has the plan's."""
+    served = A.program_key(_spec(seq_kv=1024))[-2:]
+    assert served == (A.OVERLAP, A.OVERLAP and A.TURNS)
+    assert A.program_key(_spec(seq_kv=100))[-2:] == served
+    monkeypatch.setattr(A, "PLAIN_UP_TO", 1024)
+    assert A.program_key(_spec(seq_kv=1024))[-2:] == (False, False)
+    assert A.program_key(_spec(seq_kv=1025))[-2:] == served
+
+
 # --- plans and call specs (no compile) -------------------------------------------------------
 
 #: the shared memory an H100/H200 CTA may use

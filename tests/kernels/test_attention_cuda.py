@@ -179,6 +179,23 @@ def test_forward_matches_float64(case, overlap, turns, monkeypatch):
     _check(o, want_o, TOL[dtype], TOL[dtype], "o")
 
 
+#: the persistent forward's schedules: (PERSISTENT, OVERLAP, TURNS); a grid of 5 CTAs, so every
+#: CTA walks many work tiles of unequal key-step counts (the rings' phases run on across tiles)
+PERSISTENT_SCHEDULES = [(5, False, False), (5, True, True)]
+
+
+@cuda
+@pytest.mark.parametrize("persistent,overlap,turns", PERSISTENT_SCHEDULES,
+                         ids=["persistent-plain", "persistent-turns"])
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
+def test_persistent_forward_matches_float64(case, persistent, overlap, turns, monkeypatch):
+    """Each case on the persistent grid (:data:`~tileops.kernels.attention.PERSISTENT`), with
+    the plain schedule and with the served one (turns): programs of their own, checked as
+    :func:`test_forward_matches_float64`'s."""
+    monkeypatch.setattr(A, "PERSISTENT", persistent)
+    test_forward_matches_float64(case, overlap, turns, monkeypatch)
+
+
 @cuda
 def test_no_key_and_no_row_launch_nothing():
     for s_q, s_kv in ((5, 0), (0, 5)):
@@ -318,6 +335,8 @@ def program_keys():
     """The distinct programs this file compiles: the program keys of CASES and VARLEN."""
     keys = [("fwd", k[:-2] + schedule) for k in (A.program_key(case_spec(c)) for c in CASES)
             for schedule in SCHEDULES]
+    keys += [("fwd", k[:-3] + schedule) for k in (A.program_key(case_spec(c)) for c in CASES)
+             for schedule in PERSISTENT_SCHEDULES]
     keys += [("varlen", A.varlen_program_key(varlen_spec(c))) for c in VARLEN]
     keys += [("bwd", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
     keys += [("bwd_fragment", AB.bwd_program_key(case_spec(c))) for c in BWD_CASES]
@@ -346,15 +365,27 @@ def _build(key):
             AB.build_attention_bwd_delta(layout, h, d_v, dtype, with_dlse,
                                          tile=plan.block_m if plan.stats_tma else 0)
         return
+    if kind == "fwd_plan":  # a sweep's plan (benchmarks/prebuild_attention.py)
+        A.build_attention_fwd(*program[:1], plan=program[1])
+        return
     {"fwd": A.build_attention_fwd, "varlen": A.build_attention_varlen_fwd,
      "bwd": AB.build_attention_bwd}[kind](program)
 
 
 def _describe(key) -> str:
     kind, program = key
+    plan = None
+    if kind == "fwd_plan":  # a sweep's plan (benchmarks/prebuild_attention.py)
+        kind, (program, plan) = "fwd", program
     if kind == "fwd":
-        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked, overlap, turns = program
+        layout, h, h_kv, d, d_v, dtype, _, left, right, softcap, masked, persistent, overlap, \
+            turns = program
+        if plan is not None:
+            persistent, overlap, turns = plan.persistent, plan.overlap, plan.turns
         schedule = " turns" if turns else " overlap" if overlap else ""
+        schedule += f" persistent {persistent}" if persistent else ""
+        if plan is not None:
+            schedule += f" stages {plan.stages}{'' if plan.fast_math else ' exact math'}"
         kind = f"fwd {layout}{' masked' if masked else ''}{schedule}"
     elif kind in ("bwd", "bwd_fragment", "bwd_tma"):
         layout, h, h_kv, d, d_v, dtype, _, left, right, softcap = program[:10]

@@ -42,6 +42,12 @@ for head dims up to 128), with what the ops need beyond it:
   other's before waiting for them, so one warpgroup's products run under the other's softmax
   (FlashAttention-3's ping-pong). (Turns with each product waited for inside the turn, the
   plain program's ``T.gemm``, ran 5-22% slower on an H100 and are not offered.)
+- with :data:`PERSISTENT` (a candidate, off: one CTA a tile is served) a grid of that many
+  CTAs walks the work tiles, its load warp and math warpgroups written out as roles that
+  loop over the tiles on their own, so a tile's queries and first keys and values load under
+  the previous tile's last steps and epilogue (``_persistent_fwd``): for short rows (B16
+  S1024 D64 causal sees 4.5 key tiles a CTA on average), where one CTA a tile pays its
+  queries' load, its pipeline's fill and its epilogue unhidden at every tile.
 
 ``B``, ``S_q`` and ``S_kv`` are launch-time sizes: one program serves every batch and
 sequence length of a head configuration and the op's options (it is compiled with or without
@@ -210,6 +216,9 @@ class AttentionPlan(NamedTuple):
     #: the turn over before waiting for them), so one warpgroup's products run under the
     #: other's softmax: FlashAttention-3's warpgroup ping-pong (:data:`TURNS`)
     turns: bool = False
+    #: CTAs of a persistent grid walking the work tiles (``_persistent_fwd``; 0: one CTA a
+    #: query tile of a head of a batch entry): :data:`PERSISTENT`
+    persistent: int = 0
 
 
 #: whether the dense forward overlaps each tile's output product with the next tile's softmax
@@ -219,6 +228,18 @@ OVERLAP = True
 #: (:attr:`AttentionPlan.turns`; on an H100 the served schedule: 560 against the plain
 #: program's 533 TFLOP/s at B4 S4096 H32 D128, 547 against 524 at GQA B2 S8192 32:8 causal)
 TURNS = True
+#: CTAs of the dense forward's persistent grid (:attr:`AttentionPlan.persistent`), 0 for one
+#: CTA a tile (served); a candidate for short rows, where a CTA's fixed cost (its queries'
+#: load, the pipeline's fill, the epilogue) is paid for a few key tiles
+PERSISTENT = 0
+#: SMs of an H100 / H200: a persistent grid's CTAs (one CTA an SM)
+SMS = 132
+#: calls of at most this many keys are served the plain schedule (no overlap, no turns, so
+#: not the overlapped schedule's spare step: one more scores and output product a CTA, 22% of
+#: the work where a CTA sees 4.5 key tiles, 3% at 32); 0 (served): every call the plan's.
+#: A candidate: on an H100 the plain program took 275.5 us against the turns' 286.9 at B16
+#: S1024 H32 D64 causal
+PLAIN_UP_TO = 0
 #: the named barriers of the warpgroups' turns (TileLang's own synchronisation uses the low ids)
 _TURN_BARRIERS = (8, 9)
 
@@ -231,10 +252,11 @@ def attention_plan(dim: int, dim_v: int) -> AttentionPlan:
     may use); 192 / 128 fits in 160 KiB with O staged."""
     if max(dim, dim_v) <= 128:
         return AttentionPlan(block_m=128, block_n=128, stages=2, threads=256,
-                             staged_output=True, overlap=OVERLAP, turns=OVERLAP and TURNS)
+                             staged_output=True, overlap=OVERLAP, turns=OVERLAP and TURNS,
+                             persistent=PERSISTENT)
     return AttentionPlan(block_m=128, block_n=64, stages=2, threads=256,
                          staged_output=dim_v <= 128, overlap=OVERLAP,
-                         turns=OVERLAP and TURNS)
+                         turns=OVERLAP and TURNS, persistent=PERSISTENT)
 
 
 def _f32(x: float) -> float:
@@ -344,6 +366,194 @@ def _softmax_macros(T, bm: int, bn: int, dim_v: int, dtype: str, scale: float,
     return step, normalize, lse_of, scores, finish
 
 
+def _with_fast_math(main, plan: AttentionPlan):
+    """``main`` compiled with TileLang's fast math where the plan asks for it."""
+    if plan.fast_math:
+        return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
+    return main
+
+
+def _persistent_fwd(T, plan: AttentionPlan, bshd: bool, heads: int, groups: int, dtype: str,
+                    q_shape, k_shape, v_shape, o_shape, batch, seq_q, seq_kv, left: int,
+                    right: int, causal_like: bool, cap_and_mask, softmax_scores,
+                    softmax_finish, softmax_step, normalize, lse_of):
+    """The dense forward on a persistent grid (:attr:`AttentionPlan.persistent`): at most
+    ``plan.persistent`` CTAs, CTA ``c`` computing the work tiles ``c, c + grid, ...`` of a
+    static order (query tile, then batch entry and head: the longest causal tiles first, the
+    heads of a key head side by side), with the warp roles written out. One warp of the
+    last warpgroup issues the TMA loads, of each tile its queries (a one-deep ring, released
+    once the tile's last scores product completes) and then its key and value tiles (a
+    ``plan.stages``-deep ring each, numbered across the CTA's tiles); the two math
+    warpgroups run each tile's steps (the schedule of :func:`attention_fwd_program`'s plan:
+    plain, overlapped, or overlapped with turns) and its epilogue. The roles loop over the
+    tiles independently, so the next tile's queries and first keys and values load while
+    this tile's last steps and its epilogue (normalize, log-sum-exp, the output's store)
+    run, where one CTA a tile reloads and refills its pipeline after the previous CTA left.
+    The turns run on across tiles: the first warpgroup's first turn is given once a CTA."""
+    bm, bn, dim, dim_v = plan.block_m, plan.block_n, q_shape[-1], v_shape[-1]
+    threads, stages = plan.threads, plan.stages
+    accum = "float32"
+    neg_inf = -math.inf
+    m_tiles = T.ceildiv(seq_q, bm)
+    bh = batch * heads
+    n_work = m_tiles * bh
+    grid = T.min(n_work, plan.persistent)
+    load_warp = threads  # the first thread of the load warp (the math threads come first)
+
+    def rows(src, b, h, r0, n):  # n rows from r0 of one head of one batch entry
+        return src[b, r0:r0 + n, h, :] if bshd else src[b, h, r0:r0 + n, :]
+
+    @T.prim_func
+    def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(k_shape, dtype),
+             V: T.Tensor(v_shape, dtype), Out: T.Tensor(o_shape, dtype),
+             LSE: T.Tensor([batch, heads, seq_q], accum)):
+        with T.Kernel(grid, threads=threads + 128) as cta:
+            Q_shared = T.alloc_shared([bm, dim], dtype)
+            K_shared = T.alloc_shared([stages, bn, dim], dtype)
+            V_shared = T.alloc_shared([stages, bn, dim_v], dtype)
+            O_shared = T.alloc_shared([bm, dim_v], dtype) if plan.staged_output else None
+            acc_s = T.alloc_fragment([bm, bn], accum)
+            acc_s_cast = T.alloc_fragment([bm, bn], dtype)
+            acc_o = T.alloc_fragment([bm, dim_v], accum)
+            scores_max = T.alloc_fragment([bm], accum)
+            scores_max_prev = T.alloc_fragment([bm], accum)
+            m_safe = T.alloc_fragment([bm], accum)
+            scores_scale = T.alloc_fragment([bm], accum)
+            scores_sum = T.alloc_fragment([bm], accum)
+            logsum = T.alloc_fragment([bm], accum)
+            q_full = T.alloc_barrier([32])
+            q_empty = T.alloc_barrier([threads])
+            k_full = T.alloc_barrier([32] * stages)
+            k_empty = T.alloc_barrier([threads] * stages)
+            v_full = T.alloc_barrier([32] * stages)
+            v_empty = T.alloc_barrier([threads] * stages)
+            step = T.alloc_var("int32", init=0)  # key steps this role has run, all tiles
+            # the work tile's first query row, batch entry and head, held in variables (its
+            # expressions, repeated in every index, made TVM's codegen bind one of its
+            # divisions' terms twice)
+            r0 = T.alloc_var("int32")
+            bz = T.alloc_var("int32")
+            by = T.alloc_var("int32")
+            tid = T.get_thread_binding()
+
+            if tid >= load_warp:  # the load warpgroup: one warp issues, the rest idle
+                T.set_max_nreg(24, 0)
+                if tid < load_warp + 32:
+                    for w in T.serial(T.ceildiv(n_work - cta, grid)):
+                        # work tile t: its query tile (the longest first where later tiles see more keys),
+                        # batch entry and head, and its key steps (the overlapped schedule's spare step
+                        # included, see attention_fwd_program)
+                        t = w * grid + cta
+                        r0 = ((m_tiles - 1 - t // bh) if causal_like else t // bh) * bm
+                        bz = (t % bh) // heads
+                        by = t % heads
+                        hk = by // groups
+                        start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
+                        end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
+                        steps_end = T.if_then_else(end > start, end + 1, start) if plan.overlap else end
+                        T.mbarrier_wait_parity(q_empty[0], (w & 1) ^ 1)
+                        T.tma_copy(rows(Q, bz, by, r0, bm), Q_shared, barrier=q_full[0])
+                        T.mbarrier_arrive(q_full[0])
+                        for jt in T.serial(start, steps_end):
+                            s = step % stages
+                            phase = (step // stages) & 1
+                            kt = T.min(jt, end - 1) if plan.overlap else jt
+                            vt = T.max(jt - 1, start) if plan.overlap else jt
+                            T.mbarrier_wait_parity(k_empty[s], phase ^ 1)
+                            T.tma_copy(rows(K, bz, hk, kt * bn, bn), K_shared[s, :, :],
+                                       barrier=k_full[s])
+                            T.mbarrier_arrive(k_full[s])
+                            T.mbarrier_wait_parity(v_empty[s], phase ^ 1)
+                            T.tma_copy(rows(V, bz, hk, vt * bn, bn), V_shared[s, :, :],
+                                       barrier=v_full[s])
+                            T.mbarrier_arrive(v_full[s])
+                            step = step + 1
+            else:  # the math warpgroups
+                T.set_max_nreg(240, 1)
+                if plan.overlap and plan.turns and tid < 128:
+                    T.named_barrier_arrive(_TURN_BARRIERS[0], 256)  # the first turn, once
+                for w in T.serial(T.ceildiv(n_work - cta, grid)):
+                    # work tile t: its query tile (the longest first where later tiles see more keys),
+                    # batch entry and head, and its key steps (the overlapped schedule's spare step
+                    # included, see attention_fwd_program)
+                    t = w * grid + cta
+                    r0 = ((m_tiles - 1 - t // bh) if causal_like else t // bh) * bm
+                    bz = (t % bh) // heads
+                    by = t % heads
+                    hk = by // groups
+                    start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
+                    end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
+                    steps_end = T.if_then_else(end > start, end + 1, start) if plan.overlap else end
+                    whole_start, whole_end = full_key_tiles(r0, seq_q, seq_kv, left, right,
+                                                            bm, bn, T.max, T.min)
+                    T.fill(acc_o, 0)
+                    T.fill(logsum, 0)
+                    T.fill(m_safe, 0)
+                    T.fill(scores_max, neg_inf)
+                    T.mbarrier_wait_parity(q_full[0], w & 1)
+                    if plan.overlap:
+                        regs_s, regs_o = bm * bn // threads, bm * dim_v // threads
+                        T.clear(acc_s_cast)  # the first step's output product adds nothing
+                        for jt in T.serial(start, steps_end):
+                            s = step % stages
+                            phase = (step // stages) & 1
+                            T.clear(acc_s)
+                            if plan.turns:
+                                wg = tid // 128
+                                T.sync_threads(_TURN_BARRIERS[0] + wg, 256)
+                            T.mbarrier_wait_parity(k_full[s], phase)
+                            T.wgmma_gemm(Q_shared, K_shared[s, :, :], acc_s, transpose_B=True,
+                                         policy=T.GemmWarpPolicy.FullRow)
+                            T.mbarrier_wait_parity(v_full[s], phase)
+                            T.wgmma_gemm(acc_s_cast, V_shared[s, :, :], acc_o,
+                                         policy=T.GemmWarpPolicy.FullRow)
+                            if plan.turns:
+                                T.named_barrier_arrive(_TURN_BARRIERS[1] - wg, 256)
+                            T.wait_wgmma(1)
+                            T.mbarrier_arrive(k_empty[s])
+                            if jt < end:
+                                T.warpgroup_fence_operand(acc_s, num_regs=regs_s)
+                                cap_and_mask(acc_s, jt, r0, whole_start, whole_end)
+                                softmax_scores(acc_s, scores_max, scores_max_prev, m_safe,
+                                               scores_scale, scores_sum, logsum)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_o, num_regs=regs_o)
+                            T.warpgroup_fence_operand(acc_s_cast, num_regs=regs_s // 2)
+                            T.mbarrier_arrive(v_empty[s])
+                            if jt < end:
+                                softmax_finish(acc_s, acc_s_cast, acc_o, scores_scale)
+                            step = step + 1
+                    else:
+                        for kt in T.serial(start, end):
+                            s = step % stages
+                            phase = (step // stages) & 1
+                            T.clear(acc_s)
+                            T.mbarrier_wait_parity(k_full[s], phase)
+                            T.gemm(Q_shared, K_shared[s, :, :], acc_s, transpose_B=True,
+                                   policy=T.GemmWarpPolicy.FullRow)
+                            T.mbarrier_arrive(k_empty[s])
+                            cap_and_mask(acc_s, kt, r0, whole_start, whole_end)
+                            softmax_step(acc_s, acc_s_cast, acc_o, scores_max, scores_max_prev,
+                                         m_safe, scores_scale, scores_sum, logsum)
+                            T.mbarrier_wait_parity(v_full[s], phase)
+                            T.gemm(acc_s_cast, V_shared[s, :, :], acc_o,
+                                   policy=T.GemmWarpPolicy.FullRow)
+                            T.mbarrier_arrive(v_empty[s])
+                            step = step + 1
+                    T.mbarrier_arrive(q_empty[0])  # the tile's last scores product is done
+                    normalize(acc_o, logsum)
+                    for i in T.Parallel(bm):
+                        if r0 + i < seq_q:
+                            LSE[bz, by, r0 + i] = lse_of(logsum[i], m_safe[i])
+                    if plan.staged_output:
+                        T.copy(acc_o, O_shared)
+                        T.copy(O_shared, rows(Out, bz, by, r0, bm))
+                    else:
+                        T.copy(acc_o, rows(Out, bz, by, r0, bm))
+
+    return main
+
+
 def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_v: int,
                           dtype: str, scale: float, left: int, right: int,
                           softcap: float | None, masked: bool, plan: AttentionPlan):
@@ -409,6 +619,12 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             T.copy(acc_o, Out[bz, r0:r0 + bm, by, :])
         else:
             T.copy(acc_o, Out[bz, by, r0:r0 + bm, :])
+
+    if plan.persistent:
+        return _with_fast_math(_persistent_fwd(
+            T, plan, bshd, heads, groups, dtype, q_shape, k_shape, v_shape, o_shape, batch,
+            seq_q, seq_kv, left, right, causal_like, cap_and_mask, softmax_scores,
+            softmax_finish, softmax_step, normalize, lse_of), plan)
 
     @T.prim_func
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(k_shape, dtype),
@@ -637,11 +853,14 @@ def needs_mask(spec: AttentionFwdSpec, plan: AttentionPlan) -> bool:
 
 
 def program_key(spec: AttentionFwdSpec) -> tuple:
-    """What the compiled program of ``spec`` depends on (the sizes are launch-time)."""
+    """What the compiled program of ``spec`` depends on (the sizes are launch-time, but for
+    the schedule of a call of at most :data:`PLAIN_UP_TO` keys: plain)."""
     plan = attention_plan(spec.dim, spec.dim_v)
+    if spec.seq_kv <= PLAIN_UP_TO:
+        plan = plan._replace(overlap=False, turns=False)
     return (spec.layout.value, spec.heads, spec.heads_kv, spec.dim, spec.dim_v, spec.dtype,
             spec.scale, spec.window_left, spec.window_right, spec.softcap,
-            needs_mask(spec, plan), plan.overlap, plan.turns)
+            needs_mask(spec, plan), plan.persistent, plan.overlap, plan.turns)
 
 
 @stored(maxsize=128)
@@ -650,8 +869,9 @@ def build_attention_fwd(key: tuple, target: str | None = None,
     """Compile the program of a :func:`program_key` (cached per key). ``plan`` overrides
     :func:`attention_plan`, for tuning."""
     layout, heads, heads_kv, dim, dim_v, dtype, scale, left, right, softcap, masked, \
-        overlap, turns = key
-    plan = plan or attention_plan(dim, dim_v)._replace(overlap=overlap, turns=turns)
+        persistent, overlap, turns = key
+    plan = plan or attention_plan(dim, dim_v)._replace(overlap=overlap, turns=turns,
+                                                       persistent=persistent)
     prog = attention_fwd_program(layout, heads, heads_kv, dim, dim_v, dtype, scale, left,
                                  right, softcap, masked, plan)
     return compile_program(prog, target)
