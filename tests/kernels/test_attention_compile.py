@@ -124,6 +124,7 @@ def test_the_program_key_names_the_schedule(monkeypatch):
     served for another (the kernel store keys by the program key); the turns come only with
     the overlap."""
     keys = set()
+    monkeypatch.setattr(A, "PLAIN_UP_TO", 0)
     for overlap, turns in ((False, False), (False, True), (True, False), (True, True)):
         monkeypatch.setattr(A, "OVERLAP", overlap)
         monkeypatch.setattr(A, "TURNS", turns)
@@ -195,16 +196,19 @@ def test_the_program_key_names_the_persistent_grid(monkeypatch):
     assert A.PERSISTENT == 0  # served: one CTA a tile
 
 
-def test_short_calls_take_the_plain_schedule_where_asked(monkeypatch):
-    """With :data:`~tileops.kernels.attention.PLAIN_UP_TO` a call of at most that many keys
+def test_short_calls_take_the_plain_schedule(monkeypatch):
+    """A call of at most :data:`~tileops.kernels.attention.PLAIN_UP_TO` keys (1024, served)
     is keyed (and so built and served) with the plain schedule, a longer one with the plan's;
-    off (0, served) every call has the plan's."""
-    served = A.program_key(_spec(seq_kv=1024))[-2:]
-    assert served == (A.OVERLAP, A.OVERLAP and A.TURNS)
-    assert A.program_key(_spec(seq_kv=100))[-2:] == served
-    monkeypatch.setattr(A, "PLAIN_UP_TO", 1024)
+    0 gives every call the plan's."""
+    assert A.PLAIN_UP_TO == 1024
+    plan = A.attention_plan(128, 128)
+    served = (plan.overlap, plan.turns)
+    assert served == (True, True)
     assert A.program_key(_spec(seq_kv=1024))[-2:] == (False, False)
+    assert A.program_key(_spec(seq_kv=100))[-2:] == (False, False)
     assert A.program_key(_spec(seq_kv=1025))[-2:] == served
+    monkeypatch.setattr(A, "PLAIN_UP_TO", 0)
+    assert A.program_key(_spec(seq_kv=100))[-2:] == served
 
 
 # --- plans and call specs (no compile) -------------------------------------------------------
