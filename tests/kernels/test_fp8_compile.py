@@ -1,8 +1,10 @@
 """The fp8 kernels on a CPU host: their launch plans over the input space, the call specs'
 checks, the implementations' regions, the calls that launch nothing, and a handful of programs
-compiled for Hopper (nvcc, no GPU): each quantising granularity (a ragged K, float16 and
-float32 inputs, e5m2) and the GEMM's epilogue-scaled, block-scaled, decode and unaligned
-programs."""
+compiled for Hopper (nvcc, no GPU): every program of each quantising granularity's plans (a
+ragged K, float16 and float32 inputs, e5m2; rows held and rows in steps; the tensor's one-CTA
+program and its pair), each without a spill or a stack frame (ptxas), the row bar's program
+reading and writing each element once (its SASS), and the GEMM's epilogue-scaled,
+block-scaled, decode and unaligned programs."""
 
 import os
 import shutil
@@ -26,7 +28,9 @@ from tileops.kernels.fp8_gemm import (
 )
 from tileops.kernels.fp8_quant import Fp8QuantKernel, Fp8QuantSpec, Granularity, quant_plan
 
-sys.path.append(str(Path(__file__).parent))  # the ptxas helper, beside this file
+sys.path.append(str(Path(__file__).parent))  # the ptxas and SASS helpers, beside this file
+from _ptxas import ptxas_report, spills  # noqa: E402
+from _sass import functions, memory, needs_cuobjdump, sass  # noqa: E402
 
 HOPPER = "sm_90a"
 CPU = torch.device("cpu")
@@ -269,8 +273,6 @@ def test_quant_program_compiles(ptxas_dir, m, k, dtype, fp8, g):
     """Each program of the entry (:func:`program_keys`) lowers and compiles for sm_90a, and
     ptxas keeps it in registers: no spill, no stack frame (a held row indexed by a loop ptxas
     did not unroll would live in local memory)."""
-    from _ptxas import ptxas_report, spills
-
     spec = quant_spec(m=m, k=k, dtype=dtype, fp8=fp8, g=g)
     plan = quant_plan(spec)
     keys = Q.program_keys(spec)
@@ -386,3 +388,17 @@ def test_the_sweep_candidates_are_valid_programs():
         for scaling in Scaling:
             chosen = choose_fp8_config(gemm_spec(m, n, k, scaling=scaling))
             assert chosen in sweep.CANDIDATES[sweep._region(m, scaling)], (m, n, k, scaling)
+
+
+@needs_nvcc
+@needs_cuobjdump
+def test_the_row_bar_s_program_reads_and_writes_each_element_once(tmp_path):
+    """The 8192 x 4096 bf16 row program's SASS: four 16-byte loads a thread (its share of the
+    row), four 8-byte stores of the quotients and one of the scale, and nothing else in global
+    or local memory: the row is read once and held."""
+    plan = quant_plan(quant_spec(m=8192, k=4096, g=Granularity.ROW))
+    src = Q.build_quant_kernel(4096, "bfloat16", "float8_e4m3fn", Granularity.ROW, plan,
+                               HOPPER).get_kernel_source()
+    (ins,) = functions(sass(src, tmp_path, "row")).values()
+    got = {op: n for op, n in memory(ins).items() if op.startswith(("LDG", "STG", "LDL", "STL"))}
+    assert got == {"LDG.E.128.CONSTANT": 4, "STG.E.64": 4, "STG.E": 1}, got
