@@ -16,8 +16,9 @@ outside the arrays is written), its warp exchanges and its block's exchanges wit
 It compiles with ``nvcc`` (the CUDA toolkit's headers), so the arithmetic that runs is the
 program's C++; other device intrinsics (``asm``: the 16-bit forms' ``rcp.approx``, TMA,
 ``bar.sync`` of part of a block) cannot run, so programs that use them are out of reach; the
-bit casts TileLang prints for infinities (``__int_as_float``) and its packing of two 16-bit
-values (``__pack_half2``) get host versions.
+bit casts TileLang prints for infinities (``__int_as_float``), its packing of two 16-bit
+values (``__pack_half2``), its fp8 vector types (their copies) and its clamp get host versions.
+A kernel may have any name (``<name>_kernel``).
 
 This is test code: it edits the kernel's text (the declaration line, the qualifiers) to
 make the host version; it is never part of the library.
@@ -119,8 +120,8 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
         raise ValueError("the kernel uses inline PTX (asm), which cannot run on the host")
     lines = source.splitlines()
     at = next(i for i, line in enumerate(lines)
-              if "__global__" in line and "main_kernel(" in line and line.rstrip().endswith("{"))
-    params = re.search(r"main_kernel\((.*)\)\s*\{\s*$", lines[at]).group(1)
+              if "__global__" in line and "_kernel(" in line and line.rstrip().endswith("{"))
+    params = re.search(r"\w+_kernel\((.*)\)\s*\{\s*$", lines[at]).group(1)
     decls = [p.strip() for p in params.split(",")]
     names = [d.split()[-1] for d in decls]
     head = [line for line in lines[:at] if not line.startswith('extern "C" __global__')]
@@ -128,6 +129,7 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
     warps = block or "__shfl" in source
     call = f"kernel_body({', '.join(names)});"
     body = [_host_shared(line) for line in lines[at + 1:]] if block else lines[at + 1:]
+    body = [line.replace("tl::clamp(", "host_clamp(") for line in body]
     if block:  # every thread of a block at once, meeting at __syncthreads and the shuffles
         driver = [
             "      if (threads % 32 || threads > 1024) std::abort();",
@@ -181,6 +183,14 @@ def host_source(source: str) -> tuple[str, list[tuple[str, str]]]:
         " return ((unsigned)b << 16) | a; }",
         "#define __pack_half2 host_pack_half2",
         "#define __pack_nv_bfloat162 host_pack_half2",
+        # TileLang's fp8 vectors (fp8_e4_4_t ...: their copies are device-only operators) as
+        # host structs of their bytes, and its clamp (a NaN passes) as a host function
+        "template <int N> struct alignas(N) HostBytes { unsigned char b[N]; };",
+        *[f"#define fp8_{e}_{n}_t HostBytes<{n}>" for e in ("e4", "e5")
+          for n in (2, 4, 8, 16, 32)],
+        "static inline float host_clamp(float x, float lo, float hi) {"
+        " if (x != x) return x; if (lo != lo) return lo; if (hi != hi) return hi;"
+        " return fminf(fmaxf(x, lo), hi); }",
         "struct HostIndex { unsigned x, y, z; };",
         "static thread_local HostIndex host_block, host_thread;",
         *([_WARP_HOST] if warps else []),
@@ -357,7 +367,9 @@ class HostProgram:
         shared = []
         for buf, t in zip(self._buffers, tensors, strict=True):
             bits = t.view(torch.int16) if t.dtype in (torch.bfloat16, torch.float16) else t
-            bits = bits.view(torch.uint8) if t.dtype == torch.bool else bits
+            # bool and the fp8 types as bytes (numpy has no fp8)
+            bytewise = (torch.bool, torch.float8_e4m3fn, torch.float8_e5m2)
+            bits = bits.view(torch.uint8) if t.dtype in bytewise else bits
             host = bits.reshape(-1).numpy()
             arr = shared_array(np, host.size, host.dtype, 0)
             arr[:] = host

@@ -1,8 +1,10 @@
 """The fp8 kernels on a CPU host: their launch plans over the input space, the call specs'
 checks, the implementations' regions, the calls that launch nothing, and a handful of programs
-compiled for Hopper (nvcc, no GPU): each quantising granularity (a ragged K, float16 and
-float32 inputs, e5m2) and the GEMM's epilogue-scaled, block-scaled, decode and unaligned
-programs."""
+compiled for Hopper (nvcc, no GPU): every program of each quantising granularity's plans (a
+ragged K, float16 and float32 inputs, e5m2; rows held and rows in steps; the tensor's one-CTA
+program and its pair), each without a spill or a stack frame (ptxas), the row bar's program
+reading and writing each element once (its SASS), and the GEMM's epilogue-scaled,
+block-scaled, decode and unaligned programs."""
 
 import os
 import shutil
@@ -26,9 +28,10 @@ from tileops.kernels.fp8_gemm import (
 )
 from tileops.kernels.fp8_quant import Fp8QuantKernel, Fp8QuantSpec, Granularity, quant_plan
 
-sys.path.append(str(Path(__file__).parent))  # the ptxas guard and the host run, beside this file
+sys.path.append(str(Path(__file__).parent))  # the ptxas, SASS and host-run helpers, beside this file
 from _host_run import HostProgram  # noqa: E402
-from _ptxas import assert_asynchronous, ptxas_report  # noqa: E402
+from _ptxas import assert_asynchronous, ptxas_report, spills  # noqa: E402
+from _sass import functions, memory, needs_cuobjdump, sass  # noqa: E402
 
 HOPPER = "sm_90a"
 CPU = torch.device("cpu")
@@ -145,18 +148,80 @@ def test_swapped_tiles_are_checked():
 
 
 @settings(max_examples=200, deadline=None)
-@given(m=st.integers(0, 100000), k=st.integers(0, 40000), g=st.sampled_from(list(Granularity)))
-def test_quant_plan_over_the_input_space(m, k, g):
-    plan = quant_plan(quant_spec(m, k, g=g))
+@given(m=st.integers(0, 100000), k=st.integers(0, 40000), g=st.sampled_from(list(Granularity)),
+       dtype=st.sampled_from(["bfloat16", "float16", "float32"]))
+def test_quant_plan_over_the_input_space(m, k, g, dtype):
+    plan = quant_plan(quant_spec(m, k, dtype=dtype, g=g))
     chunks = -(-k // 128)
-    assert (plan.rows * 128) % plan.threads == 0  # a tile spreads evenly over the threads
-    assert 1 <= plan.tiles <= max(chunks, 1)
-    if g is Granularity.BLOCK:
-        assert (plan.rows, plan.tiles) == (128, 1)  # the tile is the block
-    if g is Granularity.ROW:
-        assert plan.tiles == max(chunks, 1)  # a CTA walks its whole rows
+    if g in (Granularity.GROUP, Granularity.BLOCK):
+        assert (plan.rows * 128) % plan.threads == 0  # a tile spreads evenly over the threads
+        assert 1 <= plan.tiles <= max(chunks, 1)
+        if g is Granularity.BLOCK:
+            assert (plan.rows, plan.tiles) == (128, 1)  # the tile is the block
+        return
+    item = {"bfloat16": 2, "float16": 2, "float32": 4}[dtype]
+    # the accesses divide the row, cover it, and none lies wholly past it
+    assert k % plan.vec == 0 or k == 0
+    assert plan.vec * item <= 16
+    n = max(k, 1)
+    assert plan.tpr * plan.per * plan.vec * plan.steps >= n
+    assert plan.tpr * plan.per * plan.vec * (plan.steps - 1) < n
+    assert plan.tpr * (plan.per - 1) * plan.vec < n
+    # whole warps a CTA; a row of several warps in one CTA of at most ROW_THREADS threads
+    assert plan.threads % 32 == 0 and plan.threads <= Q.ROW_THREADS
+    assert plan.rpc == 1 or plan.tpr * plan.rpc == 256
+    if plan.steps == 1:  # held: at most HELD_BYTES a thread, all of the row read once
+        assert plan.per * plan.vec * item <= Q.HELD_BYTES
+    else:  # too long to hold with ROW_THREADS threads
+        assert n * item > Q.ROW_THREADS * Q.HELD_BYTES or plan.vec * item < 16
+        assert plan.tpr == Q.ROW_THREADS and plan.per * plan.vec * item <= Q.STEP_BYTES
     if g is Granularity.TENSOR:
-        assert 1 <= Q.tensor_partials(m, plan.rows) <= Q.TENSOR_PARTIALS
+        for sms in (1, 132):
+            p = Q.tensor_partials(m, plan, sms)
+            assert 1 <= p <= min(Q.TENSOR_PARTIALS, Q.AMAX_CTAS_PER_SM * sms)
+            assert p <= max(1, -(-m // plan.rpc))  # no CTA without a row group
+        assert Q.tensor_span(k, dtype, plan) >= 1
+
+
+@pytest.mark.parametrize(("k", "dtype", "plan"), [
+    # the bars: a row of 4096 / 8192 bf16 over four warps, four / eight 16-byte accesses each
+    (4096, "bfloat16", Q.RowPlan(128, 1, 8, 4, 1)),
+    (8192, "bfloat16", Q.RowPlan(128, 1, 8, 8, 1)),
+    (4096, "float32", Q.RowPlan(128, 1, 4, 8, 1)),
+    # the longest rows held: 512 threads of 128 bytes
+    (32768, "bfloat16", Q.RowPlan(512, 1, 8, 8, 1)),
+    (16384, "float32", Q.RowPlan(512, 1, 4, 8, 1)),
+    # one past them: steps of 64 bytes a thread, read twice
+    (32776, "bfloat16", Q.RowPlan(512, 1, 8, 4, 3)),
+    (65536, "bfloat16", Q.RowPlan(512, 1, 8, 4, 4)),
+    # rows off the vector, and rows shorter than a warp's share, packed 256 threads a CTA
+    (4095, "bfloat16", Q.RowPlan(256, 1, 1, 16, 1)),
+    (7, "float32", Q.RowPlan(1, 256, 1, 7, 1)),
+    (64, "bfloat16", Q.RowPlan(1, 256, 8, 8, 1)),
+    (1000, "bfloat16", Q.RowPlan(16, 16, 8, 8, 1)),
+])
+def test_the_row_plans(k, dtype, plan):
+    assert Q.row_plan(k, dtype) == plan
+
+
+def test_the_programs_of_each_granularity():
+    """A row and a group or block: one program; the tensor: the partial maxima and the
+    quantiser, and the one-CTA program where a row fits it (64 KiB)."""
+    for g in (Granularity.ROW, Granularity.GROUP, Granularity.BLOCK):
+        assert [key[0] for key in Q.program_keys(quant_spec(k=4096, g=g))] == ["quant"]
+    t = Granularity.TENSOR
+    assert [key[0] for key in Q.program_keys(quant_spec(k=4096, g=t))] == [
+        "quant", "amax", "tensor_one"]
+    assert [key[0] for key in Q.program_keys(quant_spec(k=32768, g=t))] == [
+        "quant", "amax", "tensor_one"]
+    assert [key[0] for key in Q.program_keys(quant_spec(k=32769, g=t))] == ["quant", "amax"]
+    assert [key[0] for key in Q.program_keys(quant_spec(k=16385, dtype="float32", g=t))] == [
+        "quant", "amax"]
+    assert Q.program_keys(quant_spec(k=0, g=t)) == []
+    # the call's choice: the one-CTA program up to 64 KiB of x
+    assert Q.one_cta_serves(8, 4096, "bfloat16") and not Q.one_cta_serves(9, 4096, "bfloat16")
+    assert Q.one_cta_serves(1, 4096, "bfloat16") and Q.one_cta_serves(3, 7, "float16")
+    assert not Q.one_cta_serves(8192, 8192, "bfloat16")
 
 
 def test_gemm_call_spec_checks():
@@ -232,32 +297,68 @@ def test_calls_that_launch_nothing():
 # --- programs compiled for sm_90 ---------------------------------------------------------------
 
 QUANTS = [
+    # (label, M, K, dtype, fp8 dtype, granularity): each plan of each granularity's programs
     # ragged K (a last tile of 127 columns) from float16
-    ("group-ragged-fp16", 4095, "float16", "float8_e4m3fn", Granularity.GROUP),
-    ("block-e5m2", 4096, "bfloat16", "float8_e5m2", Granularity.BLOCK),
-    ("row-fp32-short", 7, "float32", "float8_e4m3fn", Granularity.ROW),
-    ("tensor", 4096, "bfloat16", "float8_e4m3fn", Granularity.TENSOR),
+    ("group-ragged-fp16", 333, 4095, "float16", "float8_e4m3fn", Granularity.GROUP),
+    ("block-e5m2", 4096, 4096, "bfloat16", "float8_e5m2", Granularity.BLOCK),
+    # the row bar: held in registers, 16-byte accesses
+    ("row-held", 8192, 4096, "bfloat16", "float8_e4m3fn", Granularity.ROW),
+    ("row-fp32-short", 3, 7, "float32", "float8_e4m3fn", Granularity.ROW),
+    ("row-odd-e5m2", 333, 4095, "bfloat16", "float8_e5m2", Granularity.ROW),
+    ("row-longest-held", 16, 32768, "bfloat16", "float8_e4m3fn", Granularity.ROW),
+    ("row-long", 16, 65536, "bfloat16", "float8_e4m3fn", Granularity.ROW),
+    # the tensor: two programs and the one-CTA program, each plan
+    ("tensor", 8192, 8192, "bfloat16", "float8_e4m3fn", Granularity.TENSOR),
+    ("tensor-one-row", 1, 4096, "bfloat16", "float8_e4m3fn", Granularity.TENSOR),
+    ("tensor-tiny-e5m2", 3, 7, "float16", "float8_e5m2", Granularity.TENSOR),
+    ("tensor-long", 16, 65536, "bfloat16", "float8_e4m3fn", Granularity.TENSOR),
 ]
 
 
+@pytest.fixture(scope="module")
+def ptxas_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("fp8_ptxas")
+
+
 @needs_nvcc
-@pytest.mark.parametrize(("k", "dtype", "fp8", "g"), [q[1:] for q in QUANTS],
+@pytest.mark.parametrize(("m", "k", "dtype", "fp8", "g"), [q[1:] for q in QUANTS],
                          ids=[q[0] for q in QUANTS])
-def test_quant_program_compiles(k, dtype, fp8, g):
-    plan = quant_plan(quant_spec(k=k, dtype=dtype, fp8=fp8, g=g))
-    src = Q.build_quant_kernel(k, dtype, fp8, g, plan, HOPPER).get_kernel_source()
-    assert ("fp8_e5_t* __restrict__ Q" if fp8 == "float8_e5m2" else "fp8_e4_t* __restrict__ Q") in src
-    assert "< M" in src  # rows past M are neither read nor written
-    if k % 128:
-        assert f"< {k}" in src  # nor columns past K
-    elif dtype != "float32":
-        assert "uint4" in src  # 16-byte loads
-    # each thread holds its share of the tile, not the tile (64 floats at most)
-    assert f"float xf[{plan.rows * 128 // plan.threads}];" in src
-    if g is Granularity.TENSOR:
-        assert "PART[" in src
-        amax = Q.build_amax_kernel(k, dtype, plan, HOPPER).get_kernel_source()
-        assert "PART[" in amax and "AllReduce<tl::MaxOp" in amax
+def test_quant_program_compiles(ptxas_dir, m, k, dtype, fp8, g):
+    """Each program of the entry (:func:`program_keys`) lowers and compiles for sm_90a, and
+    ptxas keeps it in registers: no spill, no stack frame (a held row indexed by a loop ptxas
+    did not unroll would live in local memory)."""
+    spec = quant_spec(m=m, k=k, dtype=dtype, fp8=fp8, g=g)
+    plan = quant_plan(spec)
+    keys = Q.program_keys(spec)
+    assert keys and keys[0][0] == "quant"
+    q_type = "fp8_e5_t* __restrict__ Q" if fp8 == "float8_e5m2" else "fp8_e4_t* __restrict__ Q"
+    for key in keys:
+        src = Q.BUILDERS[key[0]](*key[1:], HOPPER).get_kernel_source()
+        if key[0] != "amax":
+            assert q_type in src
+        if g in (Granularity.GROUP, Granularity.BLOCK):
+            assert "< M" in src  # rows past M are neither read nor written
+            if k % 128:
+                assert f"< {k}" in src  # nor columns past K
+            elif dtype != "float32":
+                assert "uint4" in src  # 16-byte loads
+            # each thread holds its share of the tile, not the tile (64 floats at most)
+            assert f"float xf[{plan.rows * 128 // plan.threads}];" in src
+        else:
+            # the row (or the step) held in the input's dtype; 16-byte loads where K allows
+            ctype = {"bfloat16": "bfloat16_t", "float16": "half_t", "float32": "float"}[dtype]
+            assert f"{ctype} held[{plan.per * plan.vec}];" in src or key[0] == "amax"
+            assert ("uint4" in src) == (plan.vec * (4 if dtype == "float32" else 2) == 16)
+            if key[0] == "quant" and g is Granularity.TENSOR:
+                assert "PART[" in src
+            if key[0] == "amax":
+                assert "PART[" in src
+            if key[0] == "tensor_one":
+                assert "gridDim" not in src and "blockIdx" not in src  # one CTA
+        report = ptxas_report(src, ptxas_dir, f"{key[0]}-{g.value}-{k}-{dtype}")
+        found = spills(report)
+        assert found and all(f == (0, 0) for f in found), report
+        assert "0 bytes stack frame" in report, report
 
 
 GEMMS = [
@@ -439,3 +540,17 @@ def test_the_sweep_candidates_are_valid_programs():
                 assert G.swapped_decode_config(spec) in cands
     assert [s[0] for s in sweep._shapes("decode")] == [
         "decode-m16-8k", "decode-m16-up", "decode-m1-qo", "decode-m1-up"]
+
+
+@needs_nvcc
+@needs_cuobjdump
+def test_the_row_bar_s_program_reads_and_writes_each_element_once(tmp_path):
+    """The 8192 x 4096 bf16 row program's SASS: four 16-byte loads a thread (its share of the
+    row), four 8-byte stores of the quotients and one of the scale, and nothing else in global
+    or local memory: the row is read once and held."""
+    plan = quant_plan(quant_spec(m=8192, k=4096, g=Granularity.ROW))
+    src = Q.build_quant_kernel(4096, "bfloat16", "float8_e4m3fn", Granularity.ROW, plan,
+                               HOPPER).get_kernel_source()
+    (ins,) = functions(sass(src, tmp_path, "row")).values()
+    got = {op: n for op, n in memory(ins).items() if op.startswith(("LDG", "STG", "LDL", "STL"))}
+    assert got == {"LDG.E.128.CONSTANT": 4, "STG.E.64": 4, "STG.E": 1}, got

@@ -4,8 +4,9 @@ spec from the sizes, the implementation the slot selects, its entry), on fresh r
 Quantising: every granularity from bfloat16 to e4m3 (from float16 and float32 too, and to
 e5m2, at the ragged shape) at shapes chosen for what they exercise: one row (1 x 4096), a row shorter than a
 tile (3 x 7), rows and columns that overhang every tile and block (333 x 4095), a block row
-exactly (128 x 256), many rows (1000 x 8192, the tensor's partial maxima over several CTAs a
-partial). The scales must be the float64 ``max(amax, 1e-12) / fp8_max`` of each block to
+exactly (128 x 256), many rows (1000 x 8192); and for the row and tensor programs each of
+their plans and paths (``ROW_TENSOR_SHAPES``: rows held in registers or walked in steps, the
+tensor in one CTA or in two programs). The scales must be the float64 ``max(amax, 1e-12) / fp8_max`` of each block to
 float32 rounding; each ``q * scale`` must be within half an fp8 ulp of ``x`` (one rounding of
 ``x / scale``, saturated) and ``q`` equal to torch's rounding of the float64 quotient but for
 quotients within fp32's error of a tie. Outputs are poisoned with NaN first, so an element never
@@ -55,11 +56,24 @@ MANT = {E4M3: (3, -9), E5M2: (2, -16)}
 EPS_OUT = {torch.bfloat16: 2 ** -8, torch.float16: 2 ** -11, torch.float32: 2 ** -24}
 
 QUANT_SHAPES = [(1, 4096), (3, 7), (333, 4095), (128, 256), (1000, 8192)]
+#: the row and tensor programs' other plans and paths: few rows of the bars' length (the
+#: row-wise decode shape; the tensor's one-CTA program at its 64 KiB limit and one row past
+#: it, two programs), the longest rows held (bf16 and fp32) and rows past them (steps read
+#: twice, the last partly past the row), rows shorter than a warp's share packed 256 threads
+#: a CTA (100 x 1000: 16 rows a CTA; 20000 x 64: 256), and more row groups than partial
+#: maxima off the vector (4099 x 4095: each partial over several groups)
+ROW_TENSOR_SHAPES = [(16, 4096, torch.bfloat16), (8, 4096, torch.bfloat16),
+                     (9, 4096, torch.bfloat16), (5, 32768, torch.bfloat16),
+                     (3, 16384, torch.float32), (5, 32776, torch.bfloat16),
+                     (2, 65536, torch.float16), (100, 1000, torch.bfloat16),
+                     (20000, 64, torch.bfloat16), (4099, 4095, torch.bfloat16)]
 #: every shape from bfloat16; float16 and float32 (another load) at the ragged and short ones
 QUANT_CASES = ([(g, m, k, torch.bfloat16, E4M3) for g in Q.Granularity for m, k in QUANT_SHAPES]
                + [(g, m, k, dt, E4M3) for g in Q.Granularity for m, k in [(333, 4095), (3, 7)]
                   for dt in (torch.float16, torch.float32)]
-               + [(g, 333, 4095, torch.bfloat16, E5M2) for g in Q.Granularity])
+               + [(g, 333, 4095, torch.bfloat16, E5M2) for g in Q.Granularity]
+               + [(g, m, k, dt, E4M3) for g in (Q.Granularity.ROW, Q.Granularity.TENSOR)
+                  for m, k, dt in ROW_TENSOR_SHAPES])
 
 GEMM_SHAPES = [(1, 4096, 4096), (16, 8192, 1024), (65, 384, 512), (2048, 4096, 4096),
                (333, 4097, 4095), (1000, 1000, 1000)]
@@ -309,15 +323,13 @@ def _sms() -> int:
 
 
 def program_keys():
-    """The distinct programs this file compiles: ("quant", ...) / ("amax", ...) / ("gemm", ...)
-    with their builders' arguments."""
+    """The distinct programs this file compiles: the quantiser's entries' programs
+    (:func:`fp8_quant.program_keys`: "quant", "amax", "tensor_one") and ("gemm", ...), each with
+    its builder's arguments."""
     keys = {}
     for g, m, k, dtype, fp8 in QUANT_CASES:
-        spec = quant_spec(g, m, k, dtype, fp8)
-        plan = Q.quant_plan(spec)
-        keys[("quant", k, spec.dtype, spec.fp8_dtype, g, plan)] = None
-        if g is Q.Granularity.TENSOR:
-            keys[("amax", k, spec.dtype, plan)] = None
+        for key in Q.program_keys(quant_spec(g, m, k, dtype, fp8)):
+            keys[key] = None
     for scaling, m, n, k, out, fp8, bias in GEMM_CASES:
         spec = gemm_spec(scaling, m, n, k, out, fp8, bias)
         keys[("gemm", n, k, spec.a_dtype, spec.b_dtype, spec.out_dtype, scaling, bias,
@@ -338,8 +350,7 @@ def program_keys():
 
 def _build(key):
     what, *args = key
-    {"quant": Q.build_quant_kernel, "amax": Q.build_amax_kernel,
-     "gemm": G.build_fp8_gemm_kernel, "launch": G.fp8_gemm_launch}[what](*args)
+    {**Q.BUILDERS, "gemm": G.build_fp8_gemm_kernel, "launch": G.fp8_gemm_launch}[what](*args)
 
 
 def _describe(key) -> str:
@@ -348,7 +359,10 @@ def _describe(key) -> str:
         n, k, dt, _, out, scaling, bias, cfg = args[:8]
         return f"gemm {scaling.value} n{n} k{k} {dt} -> {out}{' bias' if bias else ''} {cfg.label()}"
     if what == "amax":
-        return f"amax k{args[0]} {args[1]}"
+        return f"amax k{args[0]} {args[1]} {args[2]}"
+    if what == "tensor_one":
+        k, dt, fp8, plan = args
+        return f"quant tensor (one CTA) k{k} {dt} -> {fp8} {plan}"
     k, dt, fp8, g, plan = args
     return f"quant {g.value} k{k} {dt} -> {fp8} {plan}"
 
