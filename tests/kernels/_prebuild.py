@@ -2,7 +2,8 @@
 --prebuild --workers N``): compile every program a file's tests use in spawned processes before
 the tests run, so that the run loads them from TileLang's cache instead of compiling one after
 another. A file gives its program keys, the builder of one key and how a key is shown; a
-program that fails to build is reported (its exception's first line) and the rest go on."""
+program that fails to build is reported (its exception's first line) and the rest go on.
+``--kinds a,b`` builds only the keys whose first field is one of those kinds."""
 
 from __future__ import annotations
 
@@ -48,5 +49,14 @@ def main(keys: Callable[[], Iterable[Any]], build: Callable[[Any], Any],
     ap = argparse.ArgumentParser(description="compile this file's programs in parallel")
     ap.add_argument("--prebuild", action="store_true", required=True)
     ap.add_argument("--workers", type=int, default=15)
+    ap.add_argument("--kinds", default=None,
+                    help="comma-separated kinds (a key's first field, where it names one) to "
+                         "build, the others left out (default: every program)")
     args = ap.parse_args(argv)
-    return build_all(keys(), build, describe, args.workers)
+    chosen = list(keys())
+    if args.kinds:
+        kinds = set(args.kinds.split(","))
+        chosen = [k for k in chosen if isinstance(k, tuple) and k and k[0] in kinds]
+        if not chosen:
+            ap.error(f"no program of the kinds {sorted(kinds)}")
+    return build_all(chosen, build, describe, args.workers)
