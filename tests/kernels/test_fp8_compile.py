@@ -68,13 +68,16 @@ def quant_spec(m=100, k=4096, dtype="bfloat16", fp8="float8_e4m3fn", g=Granulari
        scaling=st.sampled_from(list(Scaling)),
        out=st.sampled_from(["bfloat16", "float16", "float32"]))
 def test_gemm_plan_over_the_input_space(m, n, k, scaling, out):
-    cfg = choose_fp8_config(gemm_spec(m, n, k, out=out, scaling=scaling))
+    spec = gemm_spec(m, n, k, out=out, scaling=scaling)
+    cfg = choose_fp8_config(spec)
     # TMA exactly where every row is 16-byte aligned
     size = {"bfloat16": 2, "float16": 2, "float32": 4}[out]
     assert cfg.tma == (k % 16 == 0 and n * size % 16 == 0)
     if scaling is Scaling.BLOCK:  # one K step is one scale block, a column tile in one block
         assert cfg.block_k == 128 and 128 % cfg.block_n == 0
-    if m <= G.DECODE_M:  # decode: 64-row tiles, b streamed by many CTAs
+    if G.takes_swapped_decode(spec):  # the swapped decode tile: b's 64 rows, a's 16
+        assert (cfg.block_m, cfg.block_n) == (16, 64) and cfg.swap
+    elif m <= G.DECODE_M:  # decode: 64-row tiles, b streamed by many CTAs
         assert cfg.block_m == 64 and cfg.block_n == 64
     if out == "float32":
         assert cfg.block_m * cfg.block_n <= 128 * 128
@@ -87,7 +90,8 @@ def test_gemm_plan_over_the_input_space(m, n, k, scaling, out):
     (2048, 4096, Scaling.TENSOR, "float32", (128, 128)),  # no 128 x 256 staged fp32 tile
     (8192, 8192, Scaling.BLOCK, "bfloat16", (128, 128)),
     (256, 4096, Scaling.BLOCK, "bfloat16", (64, 128)),
-    (16, 8192, Scaling.BLOCK, "bfloat16", (64, 64)),
+    (16, 8192, Scaling.BLOCK, "bfloat16", (16, 64)),  # the swapped decode tile
+    (17, 8192, Scaling.BLOCK, "bfloat16", (64, 64)),
 ])
 def test_the_wave_model_picks(m, n, scaling, out, tile):
     cfg = choose_fp8_config(gemm_spec(m, n, 4096, out=out, scaling=scaling))
@@ -98,40 +102,39 @@ def test_the_wave_model_picks(m, n, scaling, out, tile):
 @given(m=st.integers(0, 16), n=st.integers(1, 140000), k=st.integers(1, 40000),
        scaling=st.sampled_from(list(Scaling)))
 def test_swapped_decode_plan_over_the_input_space(m, n, k, scaling):
-    cfg = G.swapped_decode_config(gemm_spec(m, n, k, scaling=scaling))
+    """The served swapped tile: 16 x 64, two CTAs an SM within the shared memory (and the
+    registers ptxas is capped to), K never split (each split ran slower on the GPU); taken
+    exactly where the rows are TMA's and the tiles whole."""
+    spec = gemm_spec(m, n, k, scaling=scaling)
+    cfg = G.swapped_decode_config(spec)
     assert cfg.swap and (cfg.block_m, cfg.block_n, cfg.threads) == (16, 64, 128)
     block = scaling is Scaling.BLOCK
-    assert cfg.block_k == (128 if block else 256)
-    # two CTAs an SM in shared memory (and the registers ptxas is capped to)
+    assert (cfg.block_k, cfg.stages) == ((128, 8) if block else (256, 4))
     assert cfg.resident == 2 and (16 + 64) * cfg.block_k * cfg.stages <= SMEM // 2 - 2 * 1024
-    tiles = -(-n // 64)
-    steps = -(-k // cfg.block_k)
-    assert 1 <= cfg.split <= 4
-    if cfg.split > 1:  # one wave, each CTA four K steps at least
-        assert tiles * cfg.split <= 2 * 132 and steps >= 4 * cfg.split
+    assert cfg.split == 1
+    whole = n % 64 == 0 and k % cfg.block_k == 0
+    assert G.takes_swapped_decode(spec) == (whole and G.fp8_tma_aligned(n, k, "bfloat16"))
+    assert choose_fp8_config(spec).swap == G.takes_swapped_decode(spec)
 
 
-@pytest.mark.parametrize(("m", "n", "k", "split"), [
-    (16, 8192, 8192, 2), (1, 4096, 4096, 4), (16, 14336, 4096, 1), (16, 4096, 14336, 4),
-    (16, 1024, 1024, 1)])
-def test_swapped_decode_splits(m, n, k, split):
-    assert G.swapped_decode_config(gemm_spec(m, n, k)).split == split
-
-
-def test_swapped_decode_is_chosen_only_when_on(monkeypatch):
-    """Off by default; on, calls of at most 16 rows per tensor and per row whose rows meet
-    TMA's alignment take it, the others the tiles they took."""
-    assert not G.SWAPPED_DECODE
-    assert not choose_fp8_config(gemm_spec(16, 8192, 8192)).swap
-    monkeypatch.setattr(G, "SWAPPED_DECODE", True)
-    assert choose_fp8_config(gemm_spec(16, 8192, 8192)) == G.swapped_decode_config(
-        gemm_spec(16, 8192, 8192))
-    assert choose_fp8_config(gemm_spec(1, 4096, 4096, scaling=Scaling.TENSOR)).swap
+def test_swapped_decode_is_served_where_the_tiles_are_whole(monkeypatch):
+    """On by default: calls of at most 16 rows, every scaling, whose rows meet TMA's
+    alignment and whose N and K are whole tiles; the others keep the tiles they took, and
+    switched off every call does."""
+    assert G.SWAPPED_DECODE
+    for spec in (gemm_spec(16, 8192, 8192), gemm_spec(1, 4096, 4096, scaling=Scaling.TENSOR),
+                 gemm_spec(16, 14336, 4096, scaling=Scaling.BLOCK)):
+        assert choose_fp8_config(spec) == G.swapped_decode_config(spec)
     assert not choose_fp8_config(gemm_spec(17, 8192, 8192)).swap
-    assert not choose_fp8_config(gemm_spec(16, 8192, 8192, scaling=Scaling.BLOCK)).swap
-    assert not choose_fp8_config(gemm_spec(16, 4097, 4095)).swap
+    assert not choose_fp8_config(gemm_spec(16, 8192 + 16, 8192)).swap  # a part tile of N
+    assert not choose_fp8_config(gemm_spec(16, 8192, 8192 + 128)).swap  # a part K step
+    assert choose_fp8_config(gemm_spec(16, 8192, 8192 + 128, scaling=Scaling.BLOCK)).swap
     assert choose_fp8_config(gemm_spec(16, 4097, 4095)) == FP8_CONFIGS["decode"]._replace(
         tma=False)
+    monkeypatch.setattr(G, "SWAPPED_DECODE", False)
+    assert choose_fp8_config(gemm_spec(16, 8192, 8192)) == FP8_CONFIGS["decode"]
+    assert choose_fp8_config(gemm_spec(16, 8192, 8192, scaling=Scaling.BLOCK)) == \
+        FP8_CONFIGS["block-decode"]
 
 
 def test_swapped_tiles_are_checked():

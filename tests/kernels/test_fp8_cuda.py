@@ -298,10 +298,12 @@ def test_swapped_programs_against_float64(cfg, scaling, m, n, k, out, fp8, bias)
                              f"got {got[idx].item()!r}, want {want[idx].item()!r}")
 
 
-#: calls the heuristic gives the swapped tile when it is on (split 2, 4, 1; a bias, fp32)
+#: calls the heuristic gives the swapped tile (per row, per tensor with a bias into float32,
+#: float16 out; block-scaled)
 SLOT_SWAPPED = [(G.Scaling.ROW, 16, 8192, 2048, torch.bfloat16, E4M3, False),
                 (G.Scaling.TENSOR, 1, 4096, 4096, torch.float32, E4M3, True),
-                (G.Scaling.ROW, 7, 14336, 512, torch.float16, E4M3, True)]
+                (G.Scaling.ROW, 7, 14336, 512, torch.float16, E4M3, True),
+                (G.Scaling.BLOCK, 16, 4096, 1024, torch.bfloat16, E4M3, False)]
 
 
 @pytest.mark.parametrize(("scaling", "m", "n", "k", "out", "fp8", "bias"), SLOT_SWAPPED,

@@ -44,9 +44,15 @@ transposed, ``b``'s 64 rows on wgmma's 64-row side and ``a``'s 16 on its narrow 
 stage holds no padding (20 KB at K steps of 256, where the 64-row tile's was 32 KB, 12 of them
 zeros): two or three CTAs an SM fit, and K may be split over several CTAs a tile (float32
 partial sums in a workspace, then :func:`fp8_reduce_program` adds them, scales, adds the bias
-and rounds once). :func:`swapped_decode_config` sizes the split to fill the SMs in one wave;
-:func:`choose_fp8_config` takes it for up to :data:`SWAP_M` rows per tensor and per row where
-:data:`SWAPPED_DECODE` says so (off until benchmarks/fp8.py's GPU sweep shows it ahead).
+and rounds once). On an H100 (benchmarks/fp8.py's decode sweep, 2026-12-07) the unsplit
+swapped tile at two CTAs an SM was the fastest configuration on every decode shape and scaling
+(16 x 8192 x 8192 per tensor 25.0 us against the 64 x 64 tile's 28.0 and torch._scaled_mm's
+24.8; row-wise 25.2 against 28.3 and 38.4; 16 x 14336 x 4096 22.9 against 26.9-30.4 and
+23.1-25.8; block-scaled 25.5 against 30.3), and every split one slower (the reduction's
+launch and its pass over the partials): :func:`swapped_decode_config` gives that tile, and
+:func:`choose_fp8_config` takes it for up to :data:`SWAP_M` rows where the tiles are whole
+(``N`` a multiple of 64, ``K`` of the K step: the region the sweep checked on the GPU).
+:data:`SWAPPED_DECODE` switches it off. A split stays a configuration the sweep times.
 
 TMA needs 16-byte aligned rows: ``K`` a multiple of 16 (fp8 rows of ``a`` and ``b``) and ``N``
 times ``c``'s element size a multiple of 16; calls that break it run the same programs with
@@ -85,6 +91,7 @@ __all__ = [
     "fp8_reduce_program",
     "fp8_tma_aligned",
     "swapped_decode_config",
+    "takes_swapped_decode",
 ]
 
 #: the width of a scale block along K (and of b's blocks along N)
@@ -99,9 +106,9 @@ DECODE_M = 64
 #: calls with at most this many rows (per tensor and row-wise, TMA-aligned) may take the
 #: swapped tile (:func:`swapped_decode_config`)
 SWAP_M = 16
-#: whether :func:`choose_fp8_config` gives those calls the swapped tile: off until a GPU sweep
-#: (benchmarks/fp8.py) shows it ahead of the 64 x 64 tile on the decode shapes
-SWAPPED_DECODE = False
+#: whether :func:`choose_fp8_config` gives those calls the swapped tile (ahead of the 64 x 64
+#: tile on every decode shape of benchmarks/fp8.py's sweep on an H100)
+SWAPPED_DECODE = True
 
 Fp8DType = Literal["float8_e4m3fn", "float8_e5m2"]
 GemmFp8OutDType = Literal["bfloat16", "float16", "float32"]
@@ -212,25 +219,25 @@ def fp8_tma_aligned(n: int, k: int, out_dtype: str) -> bool:
     return k % 16 == 0 and (n * _OUT_BYTES[out_dtype]) % 16 == 0
 
 
-def swapped_decode_config(spec: GemmFp8Spec, sms: int = _SMS) -> Fp8Config:
+def swapped_decode_config(spec: GemmFp8Spec) -> Fp8Config:
     """The swapped tile of a call of at most :data:`SWAP_M` rows: ``16 x 64 x 256`` (the
     product ``b_tile[64, 256] @ a_tile[16, 256]^T``), four stages (80 KB) and two CTAs an SM,
-    K split over the fewest CTAs that fill those slots (``N / 64`` tiles: 128 at N = 8192
-    take 2, 64 at 4096 take 4, 224 at 14336 none) without a second wave, each CTA keeping
-    at least four K steps; 128-deep steps (and eight stages) for block scales."""
+    K not split (each split was slower on the GPU, see the module's notes); 128-deep steps
+    (a scale block) and eight stages for block scales."""
     block = spec.scaling is Scaling.BLOCK
     bk, stages = (BLOCK, 8) if block else (256, 4)
-    resident = 2
-    tiles = -(-spec.n // 64) * -(-max(spec.m, 1) // 16)
-    steps = -(-spec.k // bk)
-    split = 1
-    for s in (2, 3, 4):
-        if tiles * s > resident * sms or steps < 4 * s:
-            break
-        if tiles * (s - 1) >= 0.75 * resident * sms:
-            break
-        split = s
-    return Fp8Config(16, 64, bk, stages, 128, 0, swap=True, split=split, resident=resident)
+    return Fp8Config(16, 64, bk, stages, 128, 0, swap=True, split=1, resident=2)
+
+
+def takes_swapped_decode(spec: GemmFp8Spec) -> bool:
+    """Whether :func:`choose_fp8_config` gives ``spec`` the swapped tile: at most
+    :data:`SWAP_M` rows, rows TMA can copy, and whole tiles (``N`` a multiple of 64, ``K`` of
+    the K step), where :data:`SWAPPED_DECODE` is on."""
+    if not (SWAPPED_DECODE and spec.m <= SWAP_M
+            and fp8_tma_aligned(spec.n, spec.k, spec.out_dtype)):
+        return False
+    cfg = swapped_decode_config(spec)
+    return spec.n % cfg.block_n == 0 and spec.k % cfg.block_k == 0
 
 
 def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
@@ -241,7 +248,7 @@ def choose_fp8_config(spec: GemmFp8Spec) -> Fp8Config:
     Plain copies where a row breaks TMA's alignment."""
     block = spec.scaling is Scaling.BLOCK
     aligned = fp8_tma_aligned(spec.n, spec.k, spec.out_dtype)
-    if SWAPPED_DECODE and spec.m <= SWAP_M and not block and aligned:
+    if takes_swapped_decode(spec):
         return swapped_decode_config(spec)
     if spec.m <= DECODE_M:
         cfg = FP8_CONFIGS["block-decode" if block else "decode"]
