@@ -143,7 +143,7 @@ def sweep(out: Path, which: str = "all") -> int:
     import torch
 
     dev = torch.device("cuda")
-    head = header("benchmarks/fp8.py", dev)
+    head = header("fp8", dev)
     rows, doc = [], {**head, "rows": []}
     md = ""
     for label, m, n, k in _shapes(which):
