@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import tileops.ops as O
@@ -87,8 +87,12 @@ def spec_of(op, x, y, indices=False) -> K.PoolSpec:
 @settings(max_examples=36, deadline=None)
 @given(w=windows(max_pool=True, valid=False), batch=st.sampled_from([(), (0,), (2,)]),
        channels=st.sampled_from([0, 3]), avg=st.booleans())
+@example(w=(2, (1, 1), {"kernel_size": (1, 2), "padding": (0, 1), "ceil_mode": False,
+                        "dilation": (1, 2)}), batch=(), channels=3, avg=False)
 def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
-    """Windows, paddings and sizes (empty ones included) that torch refuses are refused."""
+    """Windows, paddings and sizes (empty ones included) that torch refuses are refused; and
+    max pooling also refuses, by name, exactly the calls where torch gives a window whose taps
+    all fall in the padding -inf (of finite inputs -inf comes from no other window)."""
     nd, sizes, params = w
     x = torch.randn((*batch, channels, *sizes))
     if avg:
@@ -100,6 +104,12 @@ def test_refused_exactly_where_torch_refuses(w, batch, channels, avg):
         want = fn(x, **params)
     except RuntimeError:
         want = None
+    if not avg and want is not None and torch.isneginf(fn(torch.zeros(1, 1, *sizes),
+                                                          **params)).any():
+        # (checked by shape, so with no batch entry or channel too)
+        with pytest.raises(ValueError, match=r"has every tap in the padding"):
+            op_cls(**params)(x)
+        return
     try:
         got = op_cls(**params)(x)
     except REFUSED:
