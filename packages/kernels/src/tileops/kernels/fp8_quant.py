@@ -38,7 +38,9 @@ first CTAs to run read the rows the maximum's program read last, while L2 may st
 (a tensor larger than L2 is read twice from memory otherwise).
 
 The row and tensor programs are a first design, compiled and run on the host against torch
-(tests/kernels/test_fp8_host.py) but not yet timed on a GPU; the plan's figures (8 accesses a
+(tests/kernels/test_fp8_host.py), checked on an H100 (53 of the GPU tests' 60 quantiser cases
+passed, none failed, the rest not reached in the time given) but not yet timed; the plan's
+figures (8 accesses a
 thread, 4 warps a row at least, 8 partial-maximum CTAs an SM, the 64 KiB limits) are the
 softmax and norm kernels' measured choices or estimates, for a sweep to settle.
 """
