@@ -11,7 +11,7 @@ import operator
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import assume, given, settings
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
 import tileops.ops as ops
@@ -967,6 +967,8 @@ NUMBER_CALLS = [
        number=st.one_of(st.booleans(), st.integers(-300, 300),
                         st.floats(-8.0, 8.0, allow_nan=False).map(lambda v: round(v, 4))),
        left=st.booleans(), which=st.integers(0, len(NUMBER_CALLS) - 1))
+@example(shape=(), dtype=torch.float64, seed=0, number=0.5938, left=False, which=7)
+@example(shape=(2,), dtype=torch.float64, seed=1, number=0.5938, left=True, which=7)
 def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
         shape, dtype, seed, number, left, which):
     """A Python number beside a tensor of any dtype, 0-dim or with dims: torch's dtype and
@@ -1006,7 +1008,8 @@ def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
         # torch's CPU pow takes a Python number in double precision, its 0-dim tensor of the
         # number (as the op holds it) in the result's: the two forms of torch's own are one
         # rounding apart (pow(4.0, 1.0312) is 4.17680550 and 4.17680597 in float32)
-        want_held = torch.pow(*((torch.tensor(number), t) if left else (t, torch.tensor(number))))
+        held = torch.tensor(number, dtype=want.dtype)  # the number in the result's dtype
+        want_held = torch.pow(*((held, t) if left else (t, held)))
         if want_held.dtype == want.dtype and not (holds and dtype in _HALF):
             want = want_held
     torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
