@@ -732,9 +732,7 @@ def attention_fwd_program(layout: str, heads: int, heads_kv: int, dim: int, dim_
             else:
                 store_direct(acc_o, Out, r0, by, bz)
 
-    if plan.fast_math:
-        return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
-    return main
+    return _with_fast_math(main, plan)
 
 
 def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dtype: str,
@@ -841,9 +839,7 @@ def attention_varlen_program(heads: int, heads_kv: int, dim: int, dim_v: int, dt
                     if r0 + i < len_q:
                         Out[q0 + r0 + i, by, j] = acc_o[i, j]
 
-    if plan.fast_math:
-        return main.with_attr("tilelang_pass_configs", {"tl.enable_fast_math": True})
-    return main
+    return _with_fast_math(main, plan)
 
 
 def needs_mask(spec: AttentionFwdSpec, plan: AttentionPlan) -> bool:
