@@ -169,35 +169,61 @@ def test_quantise_against_float64(g, m, k, dtype, fp8):
                               f"{'-bias' if c[6] else ''}" for c in GEMM_CASES])
 def test_gemm_against_float64(scaling, m, n, k, out, fp8, bias):
     torch.manual_seed(m * 31 + n * 7 + k)
-    dev = "cuda"
-    a = (torch.randn(m, k, device=dev) * 2).to(fp8)
-    b = (torch.randn(n, k, device=dev) * 2).to(fp8)
-    ga, gb = {G.Scaling.TENSOR: (Q.Granularity.TENSOR,) * 2,
-              G.Scaling.ROW: (Q.Granularity.ROW,) * 2,
-              G.Scaling.BLOCK: (Q.Granularity.GROUP, Q.Granularity.BLOCK)}[scaling]
-    sa = torch.rand(_scale_shape(ga, m, k), device=dev) + 0.5
-    sb = torch.rand(_scale_shape(gb, n, k), device=dev) * 0.01 + 0.005
-    bv = torch.randn(n, device=dev).to(out) if bias else None
-    c = torch.full((m, n), float("nan"), device=dev, dtype=out)
+    ops = _operands(scaling, m, n, k, out, fp8, bias)
     kernels = (G.GemmFp8ScaledKernel, G.GemmFp8BlockKernel)
-    _entry(G.GemmFp8Interface, kernels, gemm_spec(scaling, m, n, k, out, fp8, bias))(
-        a, b, sa, sb, bv, c)
+    _entry(G.GemmFp8Interface, kernels, gemm_spec(scaling, m, n, k, out, fp8, bias))(*ops)
+    _check(scaling, *ops, acc=2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10)
+
+
+#: granularities of ``a``'s and ``b``'s scales per scaling
+_GRAN = {G.Scaling.TENSOR: (Q.Granularity.TENSOR,) * 2,
+         G.Scaling.ROW: (Q.Granularity.ROW,) * 2,
+         G.Scaling.BLOCK: (Q.Granularity.GROUP, Q.Granularity.BLOCK)}
+
+
+def _operands(scaling, m, n, k, out, fp8, bias):
+    """``(a, b, sa, sb, bias, c)`` of one call on the GPU (the caller seeds): fp8 operands of
+    spread magnitudes, scales of distinct sizes for ``a`` and ``b``, ``c`` all NaN so that an
+    element no program writes is seen."""
+    ga, gb = _GRAN[scaling]
+    a = (torch.randn(m, k, device="cuda") * 2).to(fp8)
+    b = (torch.randn(n, k, device="cuda") * 2).to(fp8)
+    sa = torch.rand(_scale_shape(ga, m, k), device="cuda") + 0.5
+    sb = torch.rand(_scale_shape(gb, n, k), device="cuda") * 0.01 + 0.005
+    bv = torch.randn(n, device="cuda").to(out) if bias else None
+    c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    return a, b, sa, sb, bv, c
+
+
+def _check(scaling, a, b, sa, sb, bv, c, *, acc):
+    """``c`` against the float64 product of the scaled operands (plus the bias): every element
+    written, each within one rounding to ``c``'s dtype plus ``acc`` times the product of the
+    magnitudes (the accumulator's error)."""
     torch.cuda.synchronize()
+    (m, k), n = a.shape, b.shape[0]
+    ga, gb = _GRAN[scaling]
     da = a.double() * _spread(sa.double(), ga, m, k)
     db = b.double() * _spread(sb.double(), gb, n, k)
     want = da @ db.T
-    if bias:
+    if bv is not None:
         want += bv.double()
-    mag = da.abs() @ db.abs().T
     got = c.double()
     assert not bool(got.isnan().any()), "an element of c was never written"
-    acc = 2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10
-    bound = EPS_OUT[out] * want.abs() + acc * mag + 1e-30
+    bound = EPS_OUT[c.dtype] * want.abs() + acc * (da.abs() @ db.abs().T) + 1e-30
     bad = (got - want).abs() > bound
     if bool(bad.any()):
         idx = tuple(bad.nonzero()[0].tolist())
         raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements off, e.g. at {idx}: "
                              f"got {got[idx].item()!r}, want {want[idx].item()!r}")
+
+
+def _flat(scaling, ops):
+    """``ops`` as a program takes them: a per-tensor scale as one element, not a 0-dim
+    tensor, and no bias as any tensor of ``c``'s dtype (never read)."""
+    a, b, sa, sb, bv, c = ops
+    if scaling is G.Scaling.TENSOR:
+        sa, sb = sa.view(1), sb.view(1)
+    return a, b, sa, sb, c[0] if bv is None else bv, c
 
 
 #: the sweep's other programs (not the heuristic's): the persistent grid per tensor and per
@@ -217,28 +243,13 @@ VARIANT_CASES = [(PERSISTENT, G.Scaling.TENSOR, 2048, 4096, 4096, torch.bfloat16
                               for c in VARIANT_CASES])
 def test_sweep_programs_against_float64(cfg, scaling, m, n, k, out, bias):
     torch.manual_seed(m + n + k)
-    a = (torch.randn(m, k, device="cuda") * 2).to(E4M3)
-    b = (torch.randn(n, k, device="cuda") * 2).to(E4M3)
-    g = Q.Granularity.TENSOR if scaling is G.Scaling.TENSOR else Q.Granularity.ROW
-    sa = torch.rand(_scale_shape(g, m, k), device="cuda") + 0.5
-    sb = torch.rand(_scale_shape(g, n, k), device="cuda") * 0.01 + 0.005
-    bv = torch.randn(n, device="cuda").to(out) if bias else None
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    ops = _operands(scaling, m, n, k, out, E4M3, bias)
     spec = gemm_spec(scaling, m, n, k, out, E4M3, bias)
     cfg = cfg._replace(tma=G.choose_fp8_config(spec).tma)
     prog = G.build_fp8_gemm_kernel(n, k, NAMES[E4M3], NAMES[E4M3], NAMES[out], scaling, bias,
                                    cfg, None, _sms())
-    flat = (lambda t: t.view(1)) if g is Q.Granularity.TENSOR else (lambda t: t)
-    prog(a, b, flat(sa), flat(sb), c[0] if bv is None else bv, c)
-    torch.cuda.synchronize()
-    da = a.double() * _spread(sa.double(), g, m, k)
-    db = b.double() * _spread(sb.double(), g, n, k)
-    want = da @ db.T + (bv.double() if bias else 0)
-    got = c.double()
-    assert not bool(got.isnan().any()), "an element of c was never written"
-    acc = 2 ** -12 if cfg.promote else 2 ** -10
-    bound = EPS_OUT[out] * want.abs() + acc * (da.abs() @ db.abs().T) + 1e-30
-    assert bool(((got - want).abs() <= bound).all())
+    prog(*_flat(scaling, ops))
+    _check(scaling, *ops, acc=2 ** -12 if cfg.promote else 2 ** -10)
 
 
 #: the swapped decode tiles (``Fp8Config.swap``): (config, scaling, m, n, k, out, fp8, bias);
@@ -262,40 +273,16 @@ SWAPPED_CASES = [
      torch.bfloat16, E4M3, True),
     (_TB._replace(tma=False), G.Scaling.BLOCK, 3, 1000, 1000, torch.bfloat16, E4M3, True),
 ]
-_GRAN = {G.Scaling.TENSOR: (Q.Granularity.TENSOR,) * 2,
-         G.Scaling.ROW: (Q.Granularity.ROW,) * 2,
-         G.Scaling.BLOCK: (Q.Granularity.GROUP, Q.Granularity.BLOCK)}
-
-
 @pytest.mark.parametrize(("cfg", "scaling", "m", "n", "k", "out", "fp8", "bias"),
                          SWAPPED_CASES,
                          ids=[f"{c[0].label()}-{c[1].value}-{c[2]}x{c[3]}x{c[4]}-{NAMES[c[5]]}"
                               f"-{NAMES[c[6]]}{'-bias' if c[7] else ''}" for c in SWAPPED_CASES])
 def test_swapped_programs_against_float64(cfg, scaling, m, n, k, out, fp8, bias):
     torch.manual_seed(m + n + k + cfg.split)
-    a = (torch.randn(m, k, device="cuda") * 2).to(fp8)
-    b = (torch.randn(n, k, device="cuda") * 2).to(fp8)
-    ga, gb = _GRAN[scaling]
-    sa = torch.rand(_scale_shape(ga, m, k), device="cuda") + 0.5
-    sb = torch.rand(_scale_shape(gb, n, k), device="cuda") * 0.01 + 0.005
-    bv = torch.randn(n, device="cuda").to(out) if bias else None
-    c = torch.full((m, n), float("nan"), device="cuda", dtype=out)
+    ops = _operands(scaling, m, n, k, out, fp8, bias)
     run = G.fp8_gemm_launch(n, k, NAMES[fp8], NAMES[fp8], NAMES[out], scaling, bias, cfg)
-    flat = (lambda t: t.view(1)) if scaling is G.Scaling.TENSOR else (lambda t: t)
-    run(a, b, flat(sa), flat(sb), c[0] if bv is None else bv, c)
-    torch.cuda.synchronize()
-    da = a.double() * _spread(sa.double(), ga, m, k)
-    db = b.double() * _spread(sb.double(), gb, n, k)
-    want = da @ db.T + (bv.double() if bias else 0)
-    got = c.double()
-    assert not bool(got.isnan().any()), "an element of c was never written"
-    acc = 2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10
-    bound = EPS_OUT[out] * want.abs() + acc * (da.abs() @ db.abs().T) + 1e-30
-    bad = (got - want).abs() > bound
-    if bool(bad.any()):
-        idx = tuple(bad.nonzero()[0].tolist())
-        raise AssertionError(f"{int(bad.sum())} of {bad.numel()} elements off, e.g. at {idx}: "
-                             f"got {got[idx].item()!r}, want {want[idx].item()!r}")
+    run(*_flat(scaling, ops))
+    _check(scaling, *ops, acc=2 ** -12 if scaling is G.Scaling.BLOCK else 2 ** -10)
 
 
 #: calls the heuristic gives the swapped tile (per row, per tensor with a bias into float32,
