@@ -34,7 +34,10 @@ class TorchRowNorm(Kernel, RowNormFwdInterface):
         s = self.spec
         SEEN.append(s)
         for t in (x, residual, y, residual_out):
-            assert t is None or (t.dim() == 2 and t.is_contiguous() and t.data_ptr() % 16 == 0)
+            assert t is None or (t.shape == (s.rows, s.n) and t.is_contiguous()
+                                 and t.data_ptr() % 16 == 0)
+        for t in (weight, bias):
+            assert t is None or (t.shape == (s.n,) and t.is_contiguous())
         xf = x.float()
         if s.kind is RowNormKind.ADD_RMS:
             xf = (xf + residual.float()).to(x.dtype)
@@ -71,6 +74,18 @@ def test_the_call_spec_states_the_calls_facts():
     lay(torch.randn(200, 16), None, torch.randn(16))
     assert (SEEN[-1].kind, SEEN[-1].rows, SEEN[-1].has_bias, SEEN[-1].few_rows) == \
         (RowNormKind.LAYER, 200, True, False)
+
+
+@pytest.mark.parametrize("shape", [(2, 8), (3, 2, 8), (1, 2, 8)])
+@pytest.mark.parametrize("weight", [False, True])
+def test_a_row_of_several_axes_is_handed_over_as_one_row(shape, weight):
+    """Normalized over (2, 8), an x of rank 2 is one row of 16, not two rows of 8: the kernel
+    gets ``(rows, 16)`` whatever x's rank, with or without a weight of rank 2."""
+    x = torch.randn(shape)
+    w = torch.randn(2, 8) if weight else None
+    y = RMSNormFwdOp(normalized_shape=(2, 8), eps=1e-6, kernel_map=KMAP)(x, w)
+    want = x * torch.rsqrt(x.pow(2).mean((-2, -1), keepdim=True) + 1e-6) * (1 if w is None else w)
+    assert y.shape == x.shape and _rel(y, want) < 1e-6
 
 
 @pytest.mark.parametrize("view", ["strided", "misaligned", "transposed"])

@@ -68,6 +68,8 @@ __all__ = [
 _SLOT_ARGS = ("x", "residual", "weight", "bias", "y", "residual_out")
 #: the rank each slot argument is handed at: rows (rows, n), affine tensors (n,)
 _DIMS = (2, 2, 1, 1, 2, 2)
+#: no rank is a slot argument's layout as it stands (see ``_RowSlotOp.derive``)
+_NO_DIMS = (-1,) * len(_DIMS)
 #: eps None: the epsilon of the dtype the math runs in, as torch's rms_norm takes it (float32's
 #: for float16 and bfloat16, whose own would swamp a row of small values)
 _FINFO_EPS = {torch.float16: torch.finfo(torch.float32).eps,
@@ -118,6 +120,11 @@ class _RowSlotOp(Op):
         #: the row length when the params fix it, else the reader of the call's N
         self._n = None if shape is None else math.prod(shape)
         self._read_n = self.index_reader("N") if shape is None else None
+        #: the rank of each slot argument that is the slot's layout as it is: a rows tensor
+        #: of rank 2 is ``(rows, n)`` only where the row is one axis; under a normalized
+        #: shape of several axes (x ``(H, W)`` normalized over both is one row of ``H * W``)
+        #: no rank is, and every call lays its tensors out
+        self._laid_dims = _DIMS if shape is None or len(shape) == 1 else _NO_DIMS
 
     def default_eps(self, dtype: torch.dtype) -> float:
         """The epsilon of a call in ``dtype`` whose ``eps`` param is None (only an op whose
@@ -177,7 +184,7 @@ class RowNormOp(_RowSlotOp):
         for p in self._checked_slots:
             t = args[p]
             # the common case: already (rows, n) / (n,), contiguous, at offset 0
-            if t is not None and (t.dim() != _DIMS[p] or not t.is_contiguous()
+            if t is not None and (t.dim() != self._laid_dims[p] or not t.is_contiguous()
                                   or t.storage_offset() and t.data_ptr() % 16):
                 self._run_on_copies(entry, args, rows, n)
                 return
@@ -187,30 +194,30 @@ class RowNormOp(_RowSlotOp):
         """Run with every tensor in the kernels' layout: a view where one is, else a copy; an
         output that had to be copied (an in-place op on a strided or misaligned view) is
         written back into the caller's tensor after the kernel."""
-        laid = list(args)
-        back = []
-        for p, t in enumerate(args):
-            if t is None:
-                continue
-            v = _layout(t, (rows, n) if _DIMS[p] == 2 else (n,))
-            if p in self._out_slots and v.data_ptr() != t.data_ptr():
-                back.append((t, v))
-            laid[p] = v
+        laid = [None if t is None else _layout(t, d, rows, n)
+                for t, d in zip(args, _DIMS, strict=True)]
         entry(*laid)
-        for t, v in back:
-            t.copy_(v.view(t.shape))
+        for p in self._out_slots:
+            t, v = args[p], laid[p]
+            if v is not t and v is not None and v.data_ptr() != t.data_ptr():
+                t.copy_(v.view(t.shape))
 
 
 #: the dtypes the row-norm kernels state they serve (both slots' call specs)
 _KERNEL_DTYPES = frozenset(get_args(RowNormDType))
 
 
-def _layout(t: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
-    """``t`` as a contiguous view of ``shape`` at a 16-byte aligned address: a view where it
-    is one already, else a copy (a view starting mid-vector is copied as a strided one is)."""
+def _layout(t: torch.Tensor, dims: int, rows: int, n: int) -> torch.Tensor:
+    """``t`` as a contiguous ``(rows, n)`` (``dims`` 2) or ``(n,)`` tensor at a 16-byte
+    aligned address: ``t`` itself where it is one, a view where it can be, else a copy (a view
+    starting mid-vector is copied as a strided one is). The views take their sizes as
+    integers, which torch parses faster than a tuple."""
     if t.is_contiguous() and t.data_ptr() % 16 == 0:
-        return t.view(shape)
-    return (t.contiguous() if not t.is_contiguous() else t.clone()).view(shape)
+        if dims == 1:
+            return t if t.dim() == 1 else t.view(n)
+        return t if t.dim() == 2 and t.size(1) == n else t.view(rows, n)
+    t = t.contiguous() if not t.is_contiguous() else t.clone()
+    return t.view(rows, n) if dims == 2 else t.view(n)
 
 
 class RMSNormFwdOp(RowNormOp):
@@ -336,7 +343,7 @@ class RowNormBwdOp(_RowSlotOp):
                 sum_dtype=None if sum_dtype is dtype else NAMES[sum_dtype]))
         if has_w and w.dtype is not dtype:  # a float32 weight: a copy in x's dtype
             args = (*args[:3], w.to(dtype), *args[4:])
-        laid = [None if t is None else _layout(t, (rows, n) if p in _BWD_ROWS else (n,))
+        laid = [None if t is None else _layout(t, 2 if p in _BWD_ROWS else 1, rows, n)
                 for p, t in enumerate(args[:7])]
         entry(*laid)
 
