@@ -22,7 +22,9 @@ from tileops.ops import (
     EqFwdOp,
     ExpFwdOp,
     GeFwdOp,
+    GeluAndMulFwdOp,
     GeluFwdOp,
+    GeluTanhAndMulFwdOp,
     GtFwdOp,
     HardtanhFwdOp,
     LeFwdOp,
@@ -129,6 +131,41 @@ def test_gated_conventions():
     torch.testing.assert_close(SwiGLUFwdOp()(a, b), F.silu(a) * b)
     with pytest.raises(SignatureCallError, match="SiluAndMulFwdOp"):
         SiluAndMulFwdOp()(torch.randn(3, 7))  # an odd last axis has no two halves
+
+
+@pytest.mark.parametrize("shape", [(3, 16), (2, 1, 8), (0, 6), (2, 3, 2)])
+def test_gated_forward_hands_the_kernel_both_halves_as_views_of_x(shape):
+    """The gated ops' in-tree forward, through a plain-PyTorch elementwise slot on the CPU:
+    the kernel gets the gate and the up halves as views of x (x read once, nothing copied),
+    at every rank and with no rows, and the result is the activation of one times the
+    other."""
+    from tileops.kernels.elementwise import ElementwiseInterface
+    from tileops.runtime import Kernel
+
+    seen = []
+
+    class TorchGated(Kernel, ElementwiseInterface):
+        devices = ("cpu",)
+        general = True
+
+        def __call__(self, gate, up, y):
+            seen.append((gate, up))
+            act = {"silu_and_mul": F.silu, "gelu_and_mul": F.gelu,
+                   "gelu_tanh_and_mul": lambda t: F.gelu(t, approximate="tanh")}[self.spec.fn]
+            y.copy_(act(gate) * up)
+
+    x = torch.randn(shape, dtype=torch.float64)
+    n = shape[-1] // 2
+    for cls, act in ((SiluAndMulFwdOp, F.silu), (GeluAndMulFwdOp, F.gelu),
+                     (GeluTanhAndMulFwdOp, lambda t: F.gelu(t, approximate="tanh"))):
+        seen.clear()
+        y = cls(kernel_map={"elementwise": TorchGated})(x)
+        torch.testing.assert_close(y, act(x[..., :n]) * x[..., n:])
+        if x.numel():
+            gate, up = seen[-1]
+            assert gate.shape == up.shape == y.shape
+            assert gate.data_ptr() == x.data_ptr()
+            assert up.data_ptr() == x.data_ptr() + n * x.element_size()
 
 
 def test_integer_inputs_of_float_math_give_float32():
