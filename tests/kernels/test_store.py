@@ -23,6 +23,14 @@ import pytest
 
 import tileops.kernels as K
 from tileops.kernels import _store as S
+from tileops.runtime import log
+
+
+@pytest.fixture(autouse=True)
+def _warnings_reach_caplog(monkeypatch):
+    """The ``tileops`` logger writes to its own handler and does not propagate; the tests read
+    its warnings from caplog's handler on the root logger, whatever ran before them."""
+    monkeypatch.setattr(log.logger, "propagate", True)
 
 DEVICE = ["Stand-in GPU", [9, 0], 132]
 
