@@ -1023,7 +1023,10 @@ class StreamKLaunch:
         """The workspace and flags of ``device`` (a CUDA device), allocated on first use."""
         import torch
 
-        key = (torch.device(device), self.sms, self.block_m, self.block_n)
+        device = torch.device(device)
+        if device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
+        key = (device, self.sms, self.block_m, self.block_n)
         found = StreamKLaunch._buffers.get(key)
         if found is None:
             if torch.cuda.is_current_stream_capturing():
