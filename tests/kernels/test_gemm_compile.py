@@ -939,13 +939,19 @@ def test_the_stream_k_program_compiles_asynchronous(n, k, ta, tb, dtype, tmp_pat
     math = src[src.index("warpgroup_reg_alloc<232>"):]
     assert "tl::tma_load(A_desc" in load and "tl::tma_load(B_desc" in load
     assert "wgmma" not in load and "tma_load" not in math
-    # the CTA's partial sum, then its flag raised with release order (3) after the barrier
+    # the CTA's partial sum, each thread's stores fenced (the named barrier is no compiler
+    # fence), then its flag raised with release order (3) after the barrier
     write = math.index("*(float2*)(W + ")
-    assert write < math.index("__sync_thread_partial(10, 256)") < math.index(
-        "AtomicStore((&(F[((int)blockIdx.x)])), 1, 3)")
-    # the owner spins on a later CTA's flag with acquire order (2), clears it, then adds
+    fence = math.index("__threadfence();", write)
+    assert write < fence < math.index("__sync_thread_partial(10, 256)", fence) < math.index(
+        "AtomicStore((&(F[((int)blockIdx.x)])), 1, 3)", fence)
+    # the owner spins on a later CTA's flag with acquire order (2), clears it, meets the
+    # others at the barrier, each fenced before it reads the sum
     spin = math.index("AtomicLoad((&(F[((int64_t)p)])), 2);")
-    assert spin < math.index("F[p] = 0;") < math.index("(W + ", spin)
+    clear = math.index("F[p] = 0;", spin)
+    meet = math.index("__sync_thread_partial(10, 256);", clear)
+    assert re.match(r"__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", math[meet:])
+    assert meet < math.index("(W + ", meet)
     assert "tl::tma_store(C_desc" in math  # tiles stored through the shared tile, clipped
     assert "cudaGridDependencySynchronize" in load and "cudaGridDependencySynchronize" in math
     assert_asynchronous(ptxas_report(src, tmp_path, "stream_k"))

@@ -36,9 +36,10 @@ benchmarks/results/gemm_sweep.txt); tuning tries them.
 
 Stream-K (``GemmConfig.stream_k``, :data:`HOPPER_STREAM_K_CONFIGS`; a candidate of the tuner,
 never the heuristic's pick, and untimed on a GPU so far): a persistent grid of one CTA per SM
-that does not quantize by waves. Where the output tiles do not fill whole waves, the last
-partial wave and one whole wave before it are shared out by K iterations, each CTA taking an
-equal contiguous run of (tile, K step) iterations; the earlier tiles are walked whole. A tile
+that does not quantize by waves. Where the output tiles do not fill whole waves, as many
+tiles as the last partial wave and one whole wave before it hold (the first of the swizzled
+order, run first) are shared out by K iterations, each CTA taking an equal contiguous run of
+(tile, K step) iterations; the rest are walked whole, a tile a CTA at a time. A tile
 whose K steps several CTAs hold is summed in fp32 by the CTA that holds its first steps, from
 the other CTAs' partial sums in a workspace, each published under a flag
 (:func:`_stream_k_program`, :class:`StreamKLaunch`). For the shapes with few tiles and short
@@ -52,7 +53,7 @@ instead of zero (the persistent program loads it per tile on the math warpgroups
 the plain one clears), a split-K call's reduction adds ``C`` to the partial sums, and the
 one-row program adds it to its warp's sum; each sum is rounded once. With the flag off the
 programs are what they were before it existed (their source is pinned by a compile test).
-Every implementation and configuration has its accumulating twin.
+Every implementation and configuration but stream-K has its accumulating twin.
 
 TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
 that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
@@ -617,8 +618,8 @@ class StreamKMath:
 
     def tiles(self, tiles: Any) -> Any:
         """Tiles shared out by K iterations: none where ``tiles`` fills whole waves, all of
-        them where there are at most ``sms``, else the last partial wave and one whole wave
-        before it."""
+        them where there are at most ``sms``, else as many as the last partial wave and one
+        whole wave hold."""
         return self.select(tiles % self.sms == 0, 0,
                            self.mn(tiles, tiles % self.sms + self.sms))
 
@@ -684,9 +685,10 @@ def stream_k_schedule(tiles: int, iters: int, sms: int) -> list[list[tuple]]:
 def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                       cfg: GemmConfig, pdl: bool, sms: int):
     """:func:`gemm_program` with ``cfg.stream_k``: ``sms`` CTAs (all resident: one an SM)
-    share the K iterations of the last :func:`stream_k_tiles` output tiles evenly, CTA ``w``
-    taking a contiguous range of (tile, K step) iterations, then walk the remaining tiles
-    whole, ``w, w + sms, ...``, all in the persistent program's swizzled order. The fourth
+    share the K iterations of the first :meth:`StreamKMath.tiles` output tiles evenly, CTA
+    ``w`` taking a contiguous range of (tile, K step) iterations, then walk the remaining
+    tiles whole, ``w, w + sms, ...`` after them, all in the persistent program's swizzled
+    order (:class:`StreamKMath`, :func:`stream_k_schedule`). The fourth
     and fifth operands are a workspace of one fp32 tile a CTA and one flag a CTA (int32,
     zero between calls).
 
@@ -808,6 +810,10 @@ def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                         step = step + 1
                     if k0 > 0:  # a later part of the tile's K: its sum to this CTA's tile
                         T.copy(C_l, W[cta, 0, 0])
+                        # each thread's stores visible on the device (and kept before the
+                        # barrier: TileLang's named barrier is not a compiler fence), then
+                        # the flag
+                        T.evaluate(T.call_extern("handle", "__threadfence"))
                         T.sync_threads(_FIXUP_BARRIER, threads)
                         if tid == 0:
                             T.atomic_store(F[cta], 1, memory_order="release")
@@ -819,6 +825,8 @@ def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                                         T.evaluate(0)
                                     F[p] = 0
                                 T.sync_threads(_FIXUP_BARRIER, threads)
+                                # no thread's reads of the sum move above the barrier
+                                T.evaluate(T.call_extern("handle", "__threadfence"))
                                 for i, jj in T.Parallel(bm, bn):
                                     C_l[i, jj] += W[p, i, jj]
                         T.copy(C_l, C_s)
@@ -1011,7 +1019,10 @@ class StreamKLaunch:
     leaves the flags zeroed, so a CUDA graph that captured a call replays it as well). Calls
     on one device must not run concurrently on several streams: they would share the
     flags. The first call on a device cannot be captured (nothing would zero the flags
-    before the graph's first replay): it is refused there."""
+    before the graph's first replay): it is refused there. The program's CTAs wait on one
+    another, so all of them must be resident at once: the grid is the device's SM count,
+    one CTA an SM (a device whose SMs are partly taken by kernels that never finish, or
+    held back from the process, would hang it)."""
 
     #: (device, grid, tile rows, tile columns) -> (workspace, flags)
     _buffers: ClassVar[dict[tuple, tuple[Any, Any]]] = {}
