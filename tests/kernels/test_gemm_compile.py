@@ -886,8 +886,11 @@ def test_the_stream_k_schedule_covers_every_tile_once(tiles, iters, sms):
 
 def test_the_stream_k_configuration():
     assert STREAM_K.label() == "128x256x64/st3sk" and STREAM_K.persistent
-    assert STREAM_K in G.GemmHopperKernel.tune_candidates
-    assert STREAM_K in G.GemmPaddedKernel.tune_candidates
+    assert G.HOPPER_STREAM_K_CONFIGS["128x128sk"].label() == "128x128x128/st3sk"
+    for cfg in G.HOPPER_STREAM_K_CONFIGS.values():
+        assert cfg.stream_k and cfg.persistent and cfg.tma and cfg.split == 1
+        assert cfg in G.GemmHopperKernel.tune_candidates
+        assert cfg in G.GemmPaddedKernel.tune_candidates
     assert not any(c.stream_k for c, _ in HOPPER_CONFIGS.values())  # never the heuristic's
     assert G.program_sms(STREAM_K, "cpu") == 132
     with pytest.raises(ValueError, match="does not accumulate"):
@@ -911,26 +914,30 @@ def test_a_stream_k_call_launches_with_its_workspace_and_flags(monkeypatch):
         kern._build_for(acc, STREAM_K)
 
 
-#: (name, n, k, trans_a, trans_b, dtype): the shapes the stream-K grid is for, both layouts of
-#: b, a K that is no multiple of 64 and a's transposed layout
+#: (name, configuration, n, k, trans_a, trans_b, dtype): the shapes the stream-K grid is for,
+#: both layouts of b, a K that is no multiple of 64 and a's transposed layout, each tile
 _STREAM_K_COMPILES = [
-    ("5001x1000x1000-nn", 1000, 1000, False, False, "bfloat16"),
-    ("8191x1000x1000-nt", 1000, 1000, False, True, "bfloat16"),
-    ("k1000-n4096-nt-fp16", 4096, 1000, False, True, "float16"),
-    ("k1032-tn", 1000, 1032, True, False, "bfloat16"),
+    ("5001x1000x1000-nn", STREAM_K, 1000, 1000, False, False, "bfloat16"),
+    ("8191x1000x1000-nt", STREAM_K, 1000, 1000, False, True, "bfloat16"),
+    ("k1000-n4096-nt-fp16", STREAM_K, 4096, 1000, False, True, "float16"),
+    ("k1032-tn", STREAM_K, 1000, 1032, True, False, "bfloat16"),
+    ("128x128-5001x1000x1000-nt", G.HOPPER_STREAM_K_CONFIGS["128x128sk"], 1000, 1000, False,
+     True, "bfloat16"),
+    ("128x128-k1032-tt-fp16", G.HOPPER_STREAM_K_CONFIGS["128x128sk"], 4096, 1032, True, True,
+     "float16"),
 ]
 
 
 @needs_nvcc
-@pytest.mark.parametrize(("n", "k", "ta", "tb", "dtype"), [c[1:] for c in _STREAM_K_COMPILES],
+@pytest.mark.parametrize(("cfg", "n", "k", "ta", "tb", "dtype"),
+                         [c[1:] for c in _STREAM_K_COMPILES],
                          ids=[c[0] for c in _STREAM_K_COMPILES])
-def test_the_stream_k_program_compiles_asynchronous(n, k, ta, tb, dtype, tmp_path):
+def test_the_stream_k_program_compiles_asynchronous(cfg, n, k, ta, tb, dtype, tmp_path):
     """The stream-K program as the kernel builds it (programmatic dependent launch, 132 CTAs):
     its load warp's TMA ring, the math warpgroups' products, the partial sums' publication
     (release) and collection (acquire, the flag cleared after), and ptxas's report: no wgmma
     serialized, no wait injected, no spill."""
-    src = G.build_gemm_kernel(n, k, dtype, ta, tb, STREAM_K, HOPPER, True, 132
-                              ).get_kernel_source()
+    src = G.build_gemm_kernel(n, k, dtype, ta, tb, cfg, HOPPER, True, 132).get_kernel_source()
     assert "__launch_bounds__(384, 1)" in src
     assert "float* W" in src and "int* F" in src
     assert src.count("warpgroup_reg_dealloc<40>") == 1

@@ -19,7 +19,8 @@ for the plain product against float64 ``op(a) @ op(b)``, its output poisoned wit
 each call: the shapes it is for (few tiles, short K: 5001, 2999, 1000 and 8191 x 1000 x 1000,
 333 x 4096 x 1000), one of whole waves and one of whole waves and a shared tail, M no
 multiple of 128 and K none of 64, NN and NT (TN and TT at 1000^3, fp16 at 5001), each called
-twice and then replayed twice from a CUDA graph (the flags a call leaves must be zero).
+twice and then replayed twice from a CUDA graph (the flags a call leaves must be zero), each
+stream-K tile.
 
 ``python3 tests/kernels/test_gemm_cuda.py --prebuild --workers 15`` compiles every program these
 tests and ``tileops bench GemmAccumulateFwdOp`` (the spec workloads at full size) use in spawned
@@ -319,10 +320,9 @@ def test_torch_compile_fullgraph_mutates_c():
 
 # --- stream-K ---------------------------------------------------------------------------------
 
-STREAM_K = G.HOPPER_STREAM_K_CONFIGS["128x256sk"]
 #: (M, N, K): the shapes with few tiles and short K (tiles of 128 x 256 on 132 SMs: 160, 96,
-#: 32, 256 and 34), whole waves (528 tiles: none shared) and whole waves with a shared tail
-#: (1024 tiles: 792 whole, 232 shared)
+#: 32, 256 and 34), whole waves (528 tiles: none shared; 1056 of 128 x 128) and whole waves
+#: with a shared tail (1024 tiles: 792 whole, 232 shared; 2048 of 128 x 128: 1848 and 200)
 STREAM_K_SIZES = [(5001, 1000, 1000), (2999, 1000, 1000), (1000, 1000, 1000),
                   (333, 4096, 1000), (8191, 1000, 1000), (4224, 4096, 1000),
                   (8191, 4096, 1000)]
@@ -334,18 +334,20 @@ def _plain_plan(m, n, k, ta, tb, dtype="bfloat16"):
 
 
 def _stream_k_cases():
-    for m, n, k in STREAM_K_SIZES:
-        for ta, tb in ((False, False), (False, True)):
-            yield pytest.param(m, n, k, ta, tb, torch.bfloat16,
-                               id=f"{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}-bf16")
-    for ta, tb in ((True, False), (True, True)):  # a transposed: M a multiple of 8 (TMA)
-        yield pytest.param(1000, 1000, 1000, ta, tb, torch.bfloat16,
-                           id=f"1000x1000x1000-{'NT'[ta]}{'NT'[tb]}-bf16")
-    yield pytest.param(5001, 1000, 1000, False, True, torch.float16, id="5001x1000x1000-NT-fp16")
+    for name, cfg in G.HOPPER_STREAM_K_CONFIGS.items():
+        for m, n, k in STREAM_K_SIZES:
+            for ta, tb in ((False, False), (False, True)):
+                yield pytest.param(cfg, m, n, k, ta, tb, torch.bfloat16,
+                                   id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}-bf16")
+        for ta, tb in ((True, False), (True, True)):  # a transposed: M a multiple of 8 (TMA)
+            yield pytest.param(cfg, 1000, 1000, 1000, ta, tb, torch.bfloat16,
+                               id=f"{name}-1000x1000x1000-{'NT'[ta]}{'NT'[tb]}-bf16")
+        yield pytest.param(cfg, 5001, 1000, 1000, False, True, torch.float16,
+                           id=f"{name}-5001x1000x1000-NT-fp16")
 
 
-@pytest.mark.parametrize(("m", "n", "k", "ta", "tb", "dtype"), list(_stream_k_cases()))
-def test_stream_k(m, n, k, ta, tb, dtype):
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb", "dtype"), list(_stream_k_cases()))
+def test_stream_k(cfg, m, n, k, ta, tb, dtype):
     """The stream-K program against float64, twice eagerly and twice from a graph, every
     element poisoned first; every flag zero after each call."""
     if torch.cuda.get_device_capability() != (9, 0):
@@ -353,7 +355,7 @@ def test_stream_k(m, n, k, ta, tb, dtype):
     _, a, b = _operands(m, n, k, ta, tb, dtype)
     ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
     kern = G.GemmHopperKernel(_plain_plan(m, n, k, ta, tb, NAMES[dtype]))
-    kern.config, kern.program = STREAM_K, kern._build(STREAM_K)
+    kern.config, kern.program = cfg, kern._build(cfg)
     assert isinstance(kern.program, G.StreamKLaunch)
     c = torch.empty((m, n), dtype=dtype, device=DEV)
     _, flags = kern.program.buffers(c.device)
@@ -412,8 +414,8 @@ def program_keys():
         impl = _direct_impl(cfg, m)
         keys[(impl.__name__, _plan(m, n, k, ta, tb), cfg)] = None
     for p in _stream_k_cases():
-        m, n, k, ta, tb, dtype = p.values
-        keys[("GemmHopperKernel", _plain_plan(m, n, k, ta, tb, NAMES[dtype]), STREAM_K)] = None
+        cfg, m, n, k, ta, tb, dtype = p.values
+        keys[("GemmHopperKernel", _plain_plan(m, n, k, ta, tb, NAMES[dtype]), cfg)] = None
     return list(keys)
 
 
