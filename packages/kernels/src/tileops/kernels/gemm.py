@@ -1069,8 +1069,9 @@ def _source_hash() -> str:
     """Changes with the programs' source and TileLang's version, which is read from the
     installed distribution's metadata: naming a cache entry does not import TileLang."""
     text = "".join(inspect.getsource(f) for f in (_layout, gemm_program, _persistent_program,
-                                                   _stream_k_program, splitk_reduce_program,
-                                                   gemv_program, SplitKLaunch, StreamKLaunch))
+                                                   _stream_k_program, StreamKMath,
+                                                   splitk_reduce_program, gemv_program,
+                                                   SplitKLaunch, StreamKLaunch))
     try:
         text += importlib.metadata.version("tilelang")
     except importlib.metadata.PackageNotFoundError:  # nothing can be compiled then either
