@@ -775,10 +775,9 @@ def test_tuning_an_accumulating_call_times_the_candidates_on_a_copy_of_c(cache, 
     kern.request_tune()
     c = _Acc((2048, 4096))
     monkeypatch.setattr(G.SplitKLaunch, "__call__", lambda self, a, b, c: ran.append(c))
+    monkeypatch.setattr(G.StreamKLaunch, "__call__", lambda self, a, b, c: ran.append(c))
     kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), c)
-    # every candidate but stream-K's (which does not accumulate), then the call
-    timed = [cfg for cfg in G.GemmHopperKernel.tune_candidates if not cfg.stream_k]
-    assert c.seen == ["clone"] and len(ran) == len(timed) + 1
+    assert c.seen == ["clone"] and len(ran) == len(G.GemmHopperKernel.tune_candidates) + 1
     assert all(x is not c for x in ran[:-1]) and ran[-1] is c  # only the call itself adds into c
     key = tune_key("sm_90", spec, "GemmHopperKernel")
     assert "-al-acc-" in key and key != tune_key("sm_90", _spec(2048, 4096, 4096),
@@ -893,8 +892,6 @@ def test_the_stream_k_configuration():
         assert cfg in G.GemmPaddedKernel.tune_candidates
     assert not any(c.stream_k for c, _ in HOPPER_CONFIGS.values())  # never the heuristic's
     assert G.program_sms(STREAM_K, "cpu") == 132
-    with pytest.raises(ValueError, match="does not accumulate"):
-        G.gemm_program(1000, 1000, "bfloat16", False, False, STREAM_K, True, 132, True)
     with pytest.raises(ValueError, match="persistent grid loading through TMA"):
         G.gemm_program(1000, 1000, "bfloat16", False, False, STREAM_K._replace(persistent=False))
 
@@ -909,9 +906,9 @@ def test_a_stream_k_call_launches_with_its_workspace_and_flags(monkeypatch):
     assert isinstance(launch, G.StreamKLaunch)
     assert (launch.main, launch.sms, launch.block_m, launch.block_n) == ("main", 132, 128, 256)
     assert seen[-1][5] == STREAM_K and seen[-1][9] is False  # not accumulating
-    acc = msgspec.structs.replace(plan, accumulate=True)
-    with pytest.raises(ValueError, match="does not accumulate"):
-        kern._build_for(acc, STREAM_K)
+    # an accumulating call: c added by the program after the fixup, never prefetched
+    launch = kern._build_for(msgspec.structs.replace(plan, accumulate=True), STREAM_K)
+    assert isinstance(launch, G.StreamKLaunch) and seen[-1][9:] == (True, False)
 
 
 #: (name, configuration, n, k, trans_a, trans_b, dtype): the shapes the stream-K grid is for,
@@ -938,6 +935,12 @@ def test_the_stream_k_program_compiles_asynchronous(cfg, n, k, ta, tb, dtype, tm
     (release) and collection (acquire, the flag cleared after), and ptxas's report: no wgmma
     serialized, no wait injected, no spill."""
     src = G.build_gemm_kernel(n, k, dtype, ta, tb, cfg, HOPPER, True, 132).get_kernel_source()
+    _check_stream_k_source(src)
+    assert "(C + " not in src  # c is written, never read
+    assert_asynchronous(ptxas_report(src, tmp_path, "stream_k"))
+
+
+def _check_stream_k_source(src: str) -> None:
     assert "__launch_bounds__(384, 1)" in src
     assert "float* W" in src and "int* F" in src
     assert src.count("warpgroup_reg_dealloc<40>") == 1
@@ -961,4 +964,22 @@ def test_the_stream_k_program_compiles_asynchronous(cfg, n, k, ta, tb, dtype, tm
     assert meet < math.index("(W + ", meet)
     assert "tl::tma_store(C_desc" in math  # tiles stored through the shared tile, clipped
     assert "cudaGridDependencySynchronize" in load and "cudaGridDependencySynchronize" in math
-    assert_asynchronous(ptxas_report(src, tmp_path, "stream_k"))
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(G.HOPPER_STREAM_K_CONFIGS))
+def test_the_accumulating_stream_k_program_adds_c_after_the_fixup(name, tmp_path):
+    """With ``accumulate`` the math warpgroups read the tile's c (16-byte loads into the
+    shared tile, after a barrier that orders them behind the previous tile's store) once the
+    later CTAs' sums are added, add it in fp32 and store; ptxas as for the plain program."""
+    src = G.build_gemm_kernel(1000, 1000, "bfloat16", False, True,
+                              G.HOPPER_STREAM_K_CONFIGS[name], HOPPER, True, 132, True
+                              ).get_kernel_source()
+    _check_stream_k_source(src)
+    math = src[src.index("warpgroup_reg_alloc<232>"):]
+    read = math.index("*(uint4*)(C + ")
+    fixup = math.rindex("(W + ", 0, read)
+    assert fixup < math.rindex("__sync_thread_partial(10, 256);", 0, read)
+    assert "__bfloat1622float2" in math[read:]  # widened and added in fp32
+    assert read < math.index("ptx_stmatrix", read) < math.index("tl::tma_store(C_desc", read)
+    assert_asynchronous(ptxas_report(src, tmp_path, "stream_k_acc"))

@@ -14,13 +14,12 @@ torch.compile. ``c`` starts as fresh random values (it is read, so it is not poi
 memory checked to be written where it should: the result must match ``c + a @ b``, not
 ``a @ b``.
 
-The stream-K grid (``HOPPER_STREAM_K_CONFIGS``, which does not accumulate) is run directly
-for the plain product against float64 ``op(a) @ op(b)``, its output poisoned with NaN before
+The stream-K grids (``HOPPER_STREAM_K_CONFIGS``) are also run directly for the plain product against float64 ``op(a) @ op(b)``, its output poisoned with NaN before
 each call: the shapes it is for (few tiles, short K: 5001, 2999, 1000 and 8191 x 1000 x 1000,
 333 x 4096 x 1000), one of whole waves and one of whole waves and a shared tail, M no
 multiple of 128 and K none of 64, NN and NT (TN and TT at 1000^3, fp16 at 5001), each called
 twice and then replayed twice from a CUDA graph (the flags a call leaves must be zero), each
-stream-K tile.
+stream-K tile; they accumulate among the directly run configurations.
 
 ``python3 tests/kernels/test_gemm_cuda.py --prebuild --workers 15`` compiles every program these
 tests and ``tileops bench GemmAccumulateFwdOp`` (the spec workloads at full size) use in spawned
@@ -171,6 +170,17 @@ def _tile_order_cases():
                                    id=f"{c.label()}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
 
 
+def _stream_k_accumulate_cases():
+    """Each stream-K tile accumulating: tiles shared by K steps (5001 and 1000 rows), whole
+    waves with a shared tail (8191 x 4096), every layout."""
+    for name, cfg in G.HOPPER_STREAM_K_CONFIGS.items():
+        for (m, n, k), layouts in (((5001, 1000, 1000), TRANS[:2]), ((1000, 1000, 1000), TRANS[2:]),
+                                   ((8191, 4096, 1000), TRANS[1:2])):
+            for ta, tb in layouts:
+                yield pytest.param(cfg, m, n, k, ta, tb,
+                                   id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
+
+
 def _gemv_cases():
     for name, cfg in G.GEMV_CONFIGS.items():
         for ta in (False, True):
@@ -180,6 +190,7 @@ def _gemv_cases():
 def _direct_cases():
     yield from _split_cases()
     yield from _tile_order_cases()
+    yield from _stream_k_accumulate_cases()
     yield from _gemv_cases()
 
 

@@ -45,7 +45,8 @@ the other CTAs' partial sums in a workspace, each published under a flag
 (:func:`_stream_k_program`, :class:`StreamKLaunch`). For the shapes with few tiles and short
 K where the persistent grid loses to cuBLAS (5001 x 1000 x 1000: 160 tiles of 128 x 256 on
 132 SMs, 28 CTAs running two tiles), each CTA then runs 19 or 20 K steps of the 2560 where
-the slowest ran 32. Not with ``accumulate``.
+the slowest ran 32. With ``accumulate`` the CTA that stores a tile adds ``C``'s prior values
+to the finished sum, through the shared tile, before its store.
 
 The accumulating form (``GemmSpec.accumulate``: ``c += op(a) @ op(b)``, torch's ``addmm_``) is
 a compile-time flag of every program: the fp32 accumulator starts from the loaded ``C`` tile
@@ -53,7 +54,7 @@ instead of zero (the persistent program loads it per tile on the math warpgroups
 the plain one clears), a split-K call's reduction adds ``C`` to the partial sums, and the
 one-row program adds it to its warp's sum; each sum is rounded once. With the flag off the
 programs are what they were before it existed (their source is pinned by a compile test).
-Every implementation and configuration but stream-K has its accumulating twin.
+Every implementation and configuration has its accumulating twin.
 
 TMA needs every row stride a multiple of 16 bytes and 16-byte aligned base pointers; calls
 that do not meet that (odd ``K`` or ``N``, a transposed ``a`` with ``M % 8 != 0``, offset
@@ -148,7 +149,7 @@ class GemmConfig(NamedTuple):
     ``1/s`` share of K into an fp32 workspace that a second kernel sums and casts), and
     whether the grid is persistent (one CTA per SM walking the output tiles in swizzled
     order; not with a split), and whether that grid shares the K iterations of its last
-    tiles out evenly (stream-K, :func:`_stream_k_program`; persistent, not accumulating)."""
+    tiles out evenly (stream-K, :func:`_stream_k_program`; a persistent grid)."""
 
     block_m: int
     block_n: int
@@ -403,9 +404,7 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
         if not cfg.persistent or cfg.split > 1 or not cfg.tma:
             raise ValueError(f"a stream-K program is a persistent grid loading through TMA, "
                              f"unsplit (got {cfg})")
-        if accumulate:
-            raise ValueError("a stream-K program does not accumulate (got accumulate=True)")
-        return _stream_k_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms)
+        return _stream_k_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms, accumulate)
     if cfg.persistent:
         if cfg.split > 1:
             raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
@@ -685,7 +684,7 @@ def stream_k_schedule(tiles: int, iters: int, sms: int) -> list[list[tuple]]:
 
 
 def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
-                      cfg: GemmConfig, pdl: bool, sms: int):
+                      cfg: GemmConfig, pdl: bool, sms: int, accumulate: bool = False):
     """:func:`gemm_program` with ``cfg.stream_k``: ``sms`` CTAs (all resident: one an SM)
     share the K iterations of the first :meth:`StreamKMath.tiles` output tiles evenly, CTA
     ``w`` taking a contiguous range of (tile, K step) iterations, then walk the remaining
@@ -707,7 +706,11 @@ def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
     barriers: one warp of the last warpgroup issues the TMA loads of every segment's K steps
     into a ``stages``-deep ring (full / empty barrier pairs, phases running on across
     segments); the math warpgroups (the first ``cfg.threads`` threads) run wgmma and the
-    segments' epilogues."""
+    segments' epilogues.
+
+    ``accumulate``: the CTA that stores a tile (whole, or as its owner after adding the later
+    CTAs' sums) first loads the tile's ``C`` into the shared ``C`` tile and adds it to the
+    fp32 sum: one rounding, as the other programs' accumulating forms."""
     _, T = tl()
     sync, trigger = _pdl() if pdl else (None, None)
     M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
@@ -831,6 +834,14 @@ def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
                                 T.evaluate(T.call_extern("handle", "__threadfence"))
                                 for i, jj in T.Parallel(bm, bn):
                                     C_l[i, jj] += W[p, i, jj]
+                        if accumulate:  # c's prior values through the shared tile, in fp32
+                            # once the previous tile's store has read the shared tile (the
+                            # thread that issued it waited for that; TileLang's own sync
+                            # pass puts no barrier here)
+                            T.sync_threads(_FIXUP_BARRIER, threads)
+                            T.copy(C[by * bm, bx * bn], C_s)
+                            for i, jj in T.Parallel(bm, bn):
+                                C_l[i, jj] += C_s[i, jj]
                         T.copy(C_l, C_s)
                         T.copy(C_s, C[by * bm, bx * bn])
                 if pdl:
@@ -1280,11 +1291,11 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         pdl = uses_pdl(cfg, device_arch(s.device))
         # a split call accumulates in its reduction, its main program is the plain one
         accumulate = s.accumulate and cfg.split == 1
-        if accumulate and cfg.stream_k:
-            raise ValueError("a stream-K program does not accumulate")
         sms = program_sms(cfg, s.device)
+        # the stream-K program adds c after a tile's fixup, it does not prefetch it
+        prefetch = accumulate and cfg.persistent and not cfg.stream_k and C_PREFETCH
         main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
-                                 sms, accumulate, accumulate and cfg.persistent and C_PREFETCH)
+                                 sms, accumulate, prefetch)
         if cfg.stream_k:
             return StreamKLaunch(main, sms, cfg.block_m, cfg.block_n)
         if cfg.split == 1:
@@ -1308,8 +1319,7 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
         key = tune_key(arch_name, self.spec, type(self).__name__)
         name = type(self).__name__
-        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config
-                                 and not (c2.stream_k and self.spec.accumulate)]
+        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
         cached = load_tuned(key)
         if cached is not None and cached in cands:  # anything else is not this one's to run
             log.info("%s: tuned configuration %s from the cache (%s)", name, cached.label(),
