@@ -423,7 +423,9 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
     finally:
         log.set_log_level(logging.getLevelName(before) if before else "WARNING")
     lines = [r.getMessage() for r in caplog.records]
-    n = len(G.GemmHopperKernel.tune_candidates)
+    # the stream-K candidates wait for G.TUNE_STREAM_K (off)
+    n = len([c for c in G.GemmHopperKernel.tune_candidates if not c.stream_k])
+    assert n < len(G.GemmHopperKernel.tune_candidates) and not G.TUNE_STREAM_K
     assert lines[0].startswith("GemmHopperKernel: tuning GemmHopperKernel-sm_90-bfloat16-NN")
     assert f"over {n} configurations" in lines[0]
     assert f"GemmHopperKernel: [1/{n}] 128x256x64/st3p 0.5000 ms" in lines
@@ -771,6 +773,7 @@ def test_tuning_an_accumulating_call_times_the_candidates_on_a_copy_of_c(cache, 
     monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: (lambda w, c: ran.append(c)))
     monkeypatch.setattr(G, "_time_ms", lambda fn: fn() or 1.0)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    monkeypatch.setattr(G, "TUNE_STREAM_K", True)  # every candidate, stream-K's too
     kern = G.GemmHopperKernel(spec)
     kern.request_tune()
     c = _Acc((2048, 4096))

@@ -34,8 +34,9 @@ workspace and a second kernel (:func:`splitk_reduce_program`) sums and casts the
 heuristic does not pick a split today (none beat the unsplit tiles on the H200 sweep,
 benchmarks/results/gemm_sweep.txt); tuning tries them.
 
-Stream-K (``GemmConfig.stream_k``, :data:`HOPPER_STREAM_K_CONFIGS`; a candidate of the tuner,
-never the heuristic's pick, and untimed on a GPU so far): a persistent grid of one CTA per SM
+Stream-K (``GemmConfig.stream_k``, :data:`HOPPER_STREAM_K_CONFIGS`; among the candidates the
+sweep times, tried by the tuner only under :data:`TUNE_STREAM_K`, never the heuristic's pick,
+and not yet run on a GPU): a persistent grid of one CTA per SM
 that does not quantize by waves. Where the output tiles do not fill whole waves, as many
 tiles as the last partial wave and one whole wave before it hold (the first of the swizzled
 order, run first) are shared out by K iterations, each CTA taking an equal contiguous run of
@@ -473,6 +474,9 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
 #: cuBLAS's ``addmm_`` 1.74-1.82), the same at K = 4096 (7.48 against 7.41;
 #: benchmarks/results/gemm_accumulate_c*-h100-cuda0.md)
 C_PREFETCH = True
+#: whether tuning tries the stream-K configurations: off until they have run on a GPU (their
+#: CTAs wait on each other's flags, so a fault there would stall the tuning call)
+TUNE_STREAM_K = False
 
 #: registers a thread of the persistent program's load warpgroup and of its math warpgroups
 #: keep (``setmaxnreg``): 40 x 128 + 232 x 256 fits the SM's 64K with two math warpgroups
@@ -1319,7 +1323,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
         key = tune_key(arch_name, self.spec, type(self).__name__)
         name = type(self).__name__
-        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
+        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config
+                                 and (TUNE_STREAM_K or not c2.stream_k)]
         cached = load_tuned(key)
         if cached is not None and cached in cands:  # anything else is not this one's to run
             log.info("%s: tuned configuration %s from the cache (%s)", name, cached.label(),
