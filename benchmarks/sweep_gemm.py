@@ -5,13 +5,17 @@ the heuristic in ``tileops.kernels.gemm.choose_config``.
     python benchmarks/sweep_gemm.py --grid 1000,2999,8191 [--name gemm_grid]
     python benchmarks/sweep_gemm.py --shapes 5001x1000x1000,2999x1000x1000
     python benchmarks/sweep_gemm.py --shapes llama-step --name gemm_llama_step
+    python benchmarks/sweep_gemm.py --shapes 5001x1000x1000 --labels 128x256x64/st3sk
 
 ``--grid`` sweeps every (M, N, K) of the given sizes instead of spec workloads (row-major
 bf16 operands, labelled ``grid-MxNxK``): the unaligned grid the GEMM is held to against
 cuBLAS; ``--shapes`` sweeps the given ``MxNxK`` the same way, each with an optional layout
 (``:tn``: ``a`` stored transposed; ``llama-step``: the products of benchmarks/llama.py's
 training step). The configuration the heuristic
-picks is marked ``(default)``.
+picks is marked ``(default)``. With ``--shapes`` or ``--grid``, ``--labels`` names the
+configurations to time (their labels, as the tables print them: ``128x256x64/st3sk`` is the
+stream-K grid, ``128x256x64/st3p`` the persistent one), the heuristic's pick always among
+them; every candidate without it.
 
 For each workload the candidates are the tuning candidates of the implementation that serves
 it (the op's own selection: the one-row kernel, the small-M kernel for M <= 64, the Hopper
@@ -66,19 +70,27 @@ def _impl(w: dict):
     return serving(_spec(w))
 
 
-def _candidates(w: dict, default_only: bool = False) -> tuple:
-    """The configurations swept for ``w``: its implementation's tuning candidates, or only the
-    one its heuristic picks."""
-    return (impl_default(w),) if default_only else _impl(w).tune_candidates
+def _candidates(w: dict, default_only: bool = False, labels: set | None = None) -> tuple:
+    """The configurations swept for ``w``: its implementation's tuning candidates (those
+    whose label is in ``labels`` where given, and the heuristic's pick), or only the one its
+    heuristic picks."""
+    if default_only:
+        return (impl_default(w),)
+    cands = _impl(w).tune_candidates
+    if labels is None:
+        return cands
+    default = impl_default(w)
+    return tuple(c for c in cands if c.label() in labels or c == default)
 
 
-def _jobs(rows: list[dict], default_only: bool = False) -> list[tuple]:
+def _jobs(rows: list[dict], default_only: bool = False,
+          labels: set | None = None) -> list[tuple]:
     """benchmarks/gemm.py's compile jobs: every candidate of each row's implementation, for
     the program it runs (the padded sizes for the padded kernel)."""
     jobs = set()
     for w in rows:
         impl, p = _impl(w), _spec(w)
-        for cfg in _candidates(w, default_only):
+        for cfg in _candidates(w, default_only, labels):
             jobs.add(program_job(impl, p, cfg))
     return sorted(jobs, key=repr)
 
@@ -133,7 +145,7 @@ def parse_shapes(text: str) -> list[tuple]:
     return shapes
 
 
-def sweep_one(w: dict, default_only: bool = False) -> list[dict]:
+def sweep_one(w: dict, default_only: bool = False, labels: set | None = None) -> list[dict]:
     import torch
 
     m, n, k = w["m"], w["n"], w["k"]
@@ -152,7 +164,7 @@ def sweep_one(w: dict, default_only: bool = False) -> list[dict]:
     # on the device the op would see (its compute capability decides programmatic launch)
     spec = msgspec.structs.replace(_spec(w),
                                    device=torch.device("cuda", torch.cuda.current_device()))
-    for cfg in _candidates(w, default_only):
+    for cfg in _candidates(w, default_only, labels):
         row = {"config": cfg.label() + (" (default)" if cfg == default else ""),
                "cfg": list(cfg), "kernel": impl.__name__, "default": cfg == default}
         try:
@@ -171,7 +183,9 @@ def sweep_one(w: dict, default_only: bool = False) -> list[dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--labels", default=",".join(DEFAULT_LABELS))
+    ap.add_argument("--labels", default=None,
+                    help="comma-separated workload labels (default: the decode-sized set); "
+                         "with --shapes or --grid, configuration labels to time")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--grid", help="comma-separated sizes: sweep every (M, N, K) of them")
@@ -182,14 +196,20 @@ def main(argv=None) -> int:
     ap.add_argument("--default-only", action="store_true",
                     help="time only the configuration the heuristic picks (against cuBLAS)")
     args = ap.parse_args(argv)
-    if args.shapes:
-        rows = shape_rows(args.shapes)
-    elif args.grid:
-        rows = grid_rows([int(v) for v in args.grid.split(",")])
+    labels = None  # configuration labels: every candidate
+    if args.shapes or args.grid:
+        rows = (shape_rows(args.shapes) if args.shapes
+                else grid_rows([int(v) for v in args.grid.split(",")]))
+        if args.labels:
+            labels = set(args.labels.split(","))
+            known = {c.label() for w in rows for c in _impl(w).tune_candidates}
+            if labels - known:
+                ap.error(f"--labels: no candidate configuration is labelled "
+                         f"{sorted(labels - known)} (known: {sorted(known)})")
     else:
-        wanted = args.labels.split(",")
+        wanted = (args.labels or ",".join(DEFAULT_LABELS)).split(",")
         rows = [w for w in workloads({"bfloat16"}) if w["label"] in wanted]
-    jobs = _jobs(rows, args.default_only)
+    jobs = _jobs(rows, args.default_only, labels)
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:
         failed = [(j, s) for j, _, s in pool.map(_build, jobs, [_device_arch()] * len(jobs))
@@ -200,7 +220,7 @@ def main(argv=None) -> int:
 
     lines, results, summary = [], {}, []
     for w in rows:
-        res = sweep_one(w, args.default_only)
+        res = sweep_one(w, args.default_only, labels)
         results[w["label"]] = res
         best = min((r for r in res[1:] if "us" in r), key=lambda r: r["us"], default=None)
         lines.append(f"{w['label']}  {w['m']}x{w['n']}x{w['k']}  "

@@ -423,7 +423,9 @@ def test_tuning_logs_each_candidate_and_the_choice(cache, monkeypatch, caplog):
     finally:
         log.set_log_level(logging.getLevelName(before) if before else "WARNING")
     lines = [r.getMessage() for r in caplog.records]
-    n = len(G.GemmHopperKernel.tune_candidates)
+    # the stream-K candidates wait for G.TUNE_STREAM_K (off)
+    n = len([c for c in G.GemmHopperKernel.tune_candidates if not c.stream_k])
+    assert n < len(G.GemmHopperKernel.tune_candidates) and not G.TUNE_STREAM_K
     assert lines[0].startswith("GemmHopperKernel: tuning GemmHopperKernel-sm_90-bfloat16-NN")
     assert f"over {n} configurations" in lines[0]
     assert f"GemmHopperKernel: [1/{n}] 128x256x64/st3p 0.5000 ms" in lines
@@ -771,10 +773,12 @@ def test_tuning_an_accumulating_call_times_the_candidates_on_a_copy_of_c(cache, 
     monkeypatch.setattr(G, "build_reduce_kernel", lambda *a: (lambda w, c: ran.append(c)))
     monkeypatch.setattr(G, "_time_ms", lambda fn: fn() or 1.0)
     monkeypatch.setattr(G, "device_arch", lambda device: (9, 0))
+    monkeypatch.setattr(G, "TUNE_STREAM_K", True)  # every candidate, stream-K's too
     kern = G.GemmHopperKernel(spec)
     kern.request_tune()
     c = _Acc((2048, 4096))
     monkeypatch.setattr(G.SplitKLaunch, "__call__", lambda self, a, b, c: ran.append(c))
+    monkeypatch.setattr(G.StreamKLaunch, "__call__", lambda self, a, b, c: ran.append(c))
     kern(_FakeTensor((2048, 4096)), _FakeTensor((4096, 4096)), c)
     assert c.seen == ["clone"] and len(ran) == len(G.GemmHopperKernel.tune_candidates) + 1
     assert all(x is not c for x in ran[:-1]) and ran[-1] is c  # only the call itself adds into c
@@ -820,3 +824,165 @@ def test_the_padded_kernel_pads_c_when_it_accumulates(monkeypatch, ta, tb, acc):
     want = (a.T if ta else a) @ (b.T if tb else b) + (c if acc else 0)
     kern(a, b, c)
     assert torch.allclose(c, want, rtol=1e-12, atol=1e-12)
+
+
+# --- stream-K ----------------------------------------------------------------------------------
+
+STREAM_K = G.HOPPER_STREAM_K_CONFIGS["128x256sk"]
+
+
+def _check_stream_k_schedule(tiles: int, iters: int, sms: int) -> list[int]:
+    """Every tile's K steps are run once, by consecutive segments; a segment that does not
+    start its tile is its CTA's first job (the one partial sum a CTA writes); the CTA that
+    starts a tile it does not finish adds exactly the partial sums of the tile's other
+    segments, all of later CTAs (waits go one way); the K steps each CTA runs."""
+    schedule = G.stream_k_schedule(tiles, iters, sms)
+    assert len(schedule) == sms
+    segments: dict[int, list] = {}
+    partial_of = {}
+    for cta, jobs in enumerate(schedule):
+        for j, (tile, k0, k1, peers) in enumerate(jobs):
+            assert 0 <= tile < tiles and 0 <= k0 < k1 <= iters
+            segments.setdefault(tile, []).append((k0, k1, cta, peers))
+            if k0 > 0:
+                assert j == 0 and not peers
+                partial_of[cta] = tile
+    assert sorted(segments) == list(range(tiles))
+    for tile, segs in segments.items():
+        segs.sort()
+        assert segs[0][0] == 0 and segs[-1][1] == iters
+        assert all(a[1] == b[0] for a, b in zip(segs, segs[1:], strict=False))
+        owner, rest = segs[0], segs[1:]
+        assert owner[3] == tuple(c for _, _, c, _ in rest)
+        assert all(c > owner[2] and partial_of[c] == tile for c in owner[3])
+    return [sum(k1 - k0 for _, k0, k1, _ in jobs) for jobs in schedule]
+
+
+@pytest.mark.parametrize(("m", "n", "k", "most"), [
+    (5001, 1000, 1000, 20),  # 160 tiles of 16 K steps: 2560 over 132, where 28 CTAs ran 32
+    (2999, 1000, 1000, 12),  # 96 tiles: 1536 steps, where each CTA that had a tile ran 16
+    (1000, 1000, 1000, 4),  # 32 tiles: each split four ways
+    (8191, 1000, 1000, 32),  # 256 tiles: two waves less 8 tiles, nothing to gain
+    # 2048 tiles of 64 K steps: 14 whole waves a tile a CTA, then 200 tiles shared out (97)
+    (16384, 4096, 4096, 14 * 64 + 97),
+    (128 * 132, 256, 1000, 16),  # whole waves: every tile whole
+])
+def test_the_stream_k_split_balances_the_k_steps(m, n, k, most):
+    tiles = -(-m // 128) * -(-n // 256)
+    iters = G.k_iterations(k, 64, 1)
+    work = _check_stream_k_schedule(tiles, iters, 132)
+    assert max(work) == most and max(work) - min(work) <= iters  # whole tiles after the split
+    assert sum(work) == tiles * iters
+
+
+@settings(max_examples=300, deadline=None)
+@given(tiles=st.integers(1, 700), iters=st.integers(1, 70), sms=st.integers(1, 140))
+def test_the_stream_k_schedule_covers_every_tile_once(tiles, iters, sms):
+    work = _check_stream_k_schedule(tiles, iters, sms)
+    sk = G.StreamKMath(iters, sms).tiles(tiles)
+    assert sk in (0, tiles) or sk == tiles % sms + sms
+    if sk:  # the stream-K iterations are spread evenly
+        shared = [w - iters * len(range(sk + c, tiles, sms)) for c, w in enumerate(work)]
+        assert max(shared) - min(shared) <= 1
+
+
+def test_the_stream_k_configuration():
+    assert STREAM_K.label() == "128x256x64/st3sk" and STREAM_K.persistent
+    assert G.HOPPER_STREAM_K_CONFIGS["128x128sk"].label() == "128x128x128/st3sk"
+    for cfg in G.HOPPER_STREAM_K_CONFIGS.values():
+        assert cfg.stream_k and cfg.persistent and cfg.tma and cfg.split == 1
+        assert cfg in G.GemmHopperKernel.tune_candidates
+        assert cfg in G.GemmPaddedKernel.tune_candidates
+    assert not any(c.stream_k for c, _ in HOPPER_CONFIGS.values())  # never the heuristic's
+    assert G.program_sms(STREAM_K, "cpu") == 132
+    with pytest.raises(ValueError, match="persistent grid loading through TMA"):
+        G.gemm_program(1000, 1000, "bfloat16", False, False, STREAM_K._replace(persistent=False))
+
+
+def test_a_stream_k_call_launches_with_its_workspace_and_flags(monkeypatch):
+    seen = []
+    monkeypatch.setattr(G, "build_gemm_kernel", lambda *a: seen.append(a) or "main")
+    plan = G.plan_of(GemmSpec(device="cuda:0", m=5001, n=1000, k=1000, dtype="bfloat16",
+                              trans_a=False, trans_b=True))
+    kern = G.GemmHopperKernel(plan)
+    launch = kern._build_for(plan, STREAM_K)
+    assert isinstance(launch, G.StreamKLaunch)
+    assert (launch.main, launch.sms, launch.block_m, launch.block_n) == ("main", 132, 128, 256)
+    assert seen[-1][5] == STREAM_K and seen[-1][9] is False  # not accumulating
+    # an accumulating call: c added by the program after the fixup, never prefetched
+    launch = kern._build_for(msgspec.structs.replace(plan, accumulate=True), STREAM_K)
+    assert isinstance(launch, G.StreamKLaunch) and seen[-1][9:] == (True, False)
+
+
+#: (name, configuration, n, k, trans_a, trans_b, dtype): the shapes the stream-K grid is for,
+#: both layouts of b, a K that is no multiple of 64 and a's transposed layout, each tile
+_STREAM_K_COMPILES = [
+    ("5001x1000x1000-nn", STREAM_K, 1000, 1000, False, False, "bfloat16"),
+    ("8191x1000x1000-nt", STREAM_K, 1000, 1000, False, True, "bfloat16"),
+    ("k1000-n4096-nt-fp16", STREAM_K, 4096, 1000, False, True, "float16"),
+    ("k1032-tn", STREAM_K, 1000, 1032, True, False, "bfloat16"),
+    ("128x128-5001x1000x1000-nt", G.HOPPER_STREAM_K_CONFIGS["128x128sk"], 1000, 1000, False,
+     True, "bfloat16"),
+    ("128x128-k1032-tt-fp16", G.HOPPER_STREAM_K_CONFIGS["128x128sk"], 4096, 1032, True, True,
+     "float16"),
+]
+
+
+@needs_nvcc
+@pytest.mark.parametrize(("cfg", "n", "k", "ta", "tb", "dtype"),
+                         [c[1:] for c in _STREAM_K_COMPILES],
+                         ids=[c[0] for c in _STREAM_K_COMPILES])
+def test_the_stream_k_program_compiles_asynchronous(cfg, n, k, ta, tb, dtype, tmp_path):
+    """The stream-K program as the kernel builds it (programmatic dependent launch, 132 CTAs):
+    its load warp's TMA ring, the math warpgroups' products, the partial sums' publication
+    (release) and collection (acquire, the flag cleared after), and ptxas's report: no wgmma
+    serialized, no wait injected, no spill."""
+    src = G.build_gemm_kernel(n, k, dtype, ta, tb, cfg, HOPPER, True, 132).get_kernel_source()
+    _check_stream_k_source(src)
+    assert "(C + " not in src  # c is written, never read
+    assert_asynchronous(ptxas_report(src, tmp_path, "stream_k"))
+
+
+def _check_stream_k_source(src: str) -> None:
+    assert "__launch_bounds__(384, 1)" in src
+    assert "float* W" in src and "int* F" in src
+    assert src.count("warpgroup_reg_dealloc<40>") == 1
+    assert src.count("warpgroup_reg_alloc<232>") == 1
+    load = src[src.index("warpgroup_reg_dealloc<40>"):src.index("warpgroup_reg_alloc<232>")]
+    math = src[src.index("warpgroup_reg_alloc<232>"):]
+    assert "tl::tma_load(A_desc" in load and "tl::tma_load(B_desc" in load
+    assert "wgmma" not in load and "tma_load" not in math
+    # the CTA's partial sum, each thread's stores fenced (the named barrier is no compiler
+    # fence), then its flag raised with release order (3) after the barrier
+    write = math.index("*(float2*)(W + ")
+    fence = math.index("__threadfence();", write)
+    assert write < fence < math.index("__sync_thread_partial(10, 256)", fence) < math.index(
+        "AtomicStore((&(F[((int)blockIdx.x)])), 1, 3)", fence)
+    # the owner spins on a later CTA's flag with acquire order (2), clears it, meets the
+    # others at the barrier, each fenced before it reads the sum
+    spin = math.index("AtomicLoad((&(F[((int64_t)p)])), 2);")
+    clear = math.index("F[p] = 0;", spin)
+    meet = math.index("__sync_thread_partial(10, 256);", clear)
+    assert re.match(r"__sync_thread_partial\(10, 256\);\s*__threadfence\(\);", math[meet:])
+    assert meet < math.index("(W + ", meet)
+    assert "tl::tma_store(C_desc" in math  # tiles stored through the shared tile, clipped
+    assert "cudaGridDependencySynchronize" in load and "cudaGridDependencySynchronize" in math
+
+
+@needs_nvcc
+@pytest.mark.parametrize("name", sorted(G.HOPPER_STREAM_K_CONFIGS))
+def test_the_accumulating_stream_k_program_adds_c_after_the_fixup(name, tmp_path):
+    """With ``accumulate`` the math warpgroups read the tile's c (16-byte loads into the
+    shared tile, after a barrier that orders them behind the previous tile's store) once the
+    later CTAs' sums are added, add it in fp32 and store; ptxas as for the plain program."""
+    src = G.build_gemm_kernel(1000, 1000, "bfloat16", False, True,
+                              G.HOPPER_STREAM_K_CONFIGS[name], HOPPER, True, 132, True
+                              ).get_kernel_source()
+    _check_stream_k_source(src)
+    math = src[src.index("warpgroup_reg_alloc<232>"):]
+    read = math.index("*(uint4*)(C + ")
+    fixup = math.rindex("(W + ", 0, read)
+    assert fixup < math.rindex("__sync_thread_partial(10, 256);", 0, read)
+    assert "__bfloat1622float2" in math[read:]  # widened and added in fp32
+    assert read < math.index("ptx_stmatrix", read) < math.index("tl::tma_store(C_desc", read)
+    assert_asynchronous(ptxas_report(src, tmp_path, "stream_k_acc"))

@@ -14,6 +14,13 @@ torch.compile. ``c`` starts as fresh random values (it is read, so it is not poi
 memory checked to be written where it should: the result must match ``c + a @ b``, not
 ``a @ b``.
 
+The stream-K grids (``HOPPER_STREAM_K_CONFIGS``) are also run directly for the plain product against float64 ``op(a) @ op(b)``, its output poisoned with NaN before
+each call: the shapes it is for (few tiles, short K: 5001, 2999, 1000 and 8191 x 1000 x 1000,
+333 x 4096 x 1000), one of whole waves and one of whole waves and a shared tail, M no
+multiple of 128 and K none of 64, NN and NT (TN and TT at 1000^3, fp16 at 5001), each called
+twice and then replayed twice from a CUDA graph (the flags a call leaves must be zero), each
+stream-K tile; they accumulate among the directly run configurations.
+
 ``python3 tests/kernels/test_gemm_cuda.py --prebuild --workers 15`` compiles every program these
 tests and ``tileops bench GemmAccumulateFwdOp`` (the spec workloads at full size) use in spawned
 processes first, so they load them from TileLang's disk cache.
@@ -163,6 +170,17 @@ def _tile_order_cases():
                                    id=f"{c.label()}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
 
 
+def _stream_k_accumulate_cases():
+    """Each stream-K tile accumulating: tiles shared by K steps (5001 and 1000 rows), whole
+    waves with a shared tail (8191 x 4096), every layout."""
+    for name, cfg in G.HOPPER_STREAM_K_CONFIGS.items():
+        for (m, n, k), layouts in (((5001, 1000, 1000), TRANS[:2]), ((1000, 1000, 1000), TRANS[2:]),
+                                   ((8191, 4096, 1000), TRANS[1:2])):
+            for ta, tb in layouts:
+                yield pytest.param(cfg, m, n, k, ta, tb,
+                                   id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}")
+
+
 def _gemv_cases():
     for name, cfg in G.GEMV_CONFIGS.items():
         for ta in (False, True):
@@ -172,6 +190,7 @@ def _gemv_cases():
 def _direct_cases():
     yield from _split_cases()
     yield from _tile_order_cases()
+    yield from _stream_k_accumulate_cases()
     yield from _gemv_cases()
 
 
@@ -310,6 +329,64 @@ def test_torch_compile_fullgraph_mutates_c():
     assert _rel(c, ref) < TOL
 
 
+# --- stream-K ---------------------------------------------------------------------------------
+
+#: (M, N, K): the shapes with few tiles and short K (tiles of 128 x 256 on 132 SMs: 160, 96,
+#: 32, 256 and 34), whole waves (528 tiles: none shared; 1056 of 128 x 128) and whole waves
+#: with a shared tail (1024 tiles: 792 whole, 232 shared; 2048 of 128 x 128: 1848 and 200)
+STREAM_K_SIZES = [(5001, 1000, 1000), (2999, 1000, 1000), (1000, 1000, 1000),
+                  (333, 4096, 1000), (8191, 1000, 1000), (4224, 4096, 1000),
+                  (8191, 4096, 1000)]
+
+
+def _plain_plan(m, n, k, ta, tb, dtype="bfloat16"):
+    return G.plan_of(G.GemmSpec(device=DEV, m=m, n=n, k=k, dtype=dtype, trans_a=ta,
+                                trans_b=tb))
+
+
+def _stream_k_cases():
+    for name, cfg in G.HOPPER_STREAM_K_CONFIGS.items():
+        for m, n, k in STREAM_K_SIZES:
+            for ta, tb in ((False, False), (False, True)):
+                yield pytest.param(cfg, m, n, k, ta, tb, torch.bfloat16,
+                                   id=f"{name}-{m}x{n}x{k}-{'NT'[ta]}{'NT'[tb]}-bf16")
+        for ta, tb in ((True, False), (True, True)):  # a transposed: M a multiple of 8 (TMA)
+            yield pytest.param(cfg, 1000, 1000, 1000, ta, tb, torch.bfloat16,
+                               id=f"{name}-1000x1000x1000-{'NT'[ta]}{'NT'[tb]}-bf16")
+        yield pytest.param(cfg, 5001, 1000, 1000, False, True, torch.float16,
+                           id=f"{name}-5001x1000x1000-NT-fp16")
+
+
+@pytest.mark.parametrize(("cfg", "m", "n", "k", "ta", "tb", "dtype"), list(_stream_k_cases()))
+def test_stream_k(cfg, m, n, k, ta, tb, dtype):
+    """The stream-K program against float64, twice eagerly and twice from a graph, every
+    element poisoned first; every flag zero after each call."""
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the stream-K program needs sm_90")
+    _, a, b = _operands(m, n, k, ta, tb, dtype)
+    ref = (a.T if ta else a).double() @ (b.T if tb else b).double()
+    kern = G.GemmHopperKernel(_plain_plan(m, n, k, ta, tb, NAMES[dtype]))
+    kern.config, kern.program = cfg, kern._build(cfg)
+    assert isinstance(kern.program, G.StreamKLaunch)
+    c = torch.empty((m, n), dtype=dtype, device=DEV)
+    _, flags = kern.program.buffers(c.device)
+
+    def check(run):
+        c.fill_(float("nan"))
+        run()
+        torch.cuda.synchronize()
+        assert _rel(c, ref) < TOL
+        assert not flags.any(), flags.nonzero().flatten().tolist()
+
+    for _ in range(2):  # the second call sees the flags the first one left
+        check(lambda: kern(a, b, c))
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        kern(a, b, c)
+    for _ in range(2):
+        check(graph.replay)
+
+
 # --- the prebuild ----------------------------------------------------------------------------
 
 #: (M, N, K, trans_a, trans_b) of the calls outside :func:`_op_cases` (bfloat16): the rounding,
@@ -347,6 +424,9 @@ def program_keys():
         cfg, m, n, k, ta, tb = p.values
         impl = _direct_impl(cfg, m)
         keys[(impl.__name__, _plan(m, n, k, ta, tb), cfg)] = None
+    for p in _stream_k_cases():
+        cfg, m, n, k, ta, tb, dtype = p.values
+        keys[("GemmHopperKernel", _plain_plan(m, n, k, ta, tb, NAMES[dtype]), cfg)] = None
     return list(keys)
 
 

@@ -34,6 +34,21 @@ workspace and a second kernel (:func:`splitk_reduce_program`) sums and casts the
 heuristic does not pick a split today (none beat the unsplit tiles on the H200 sweep,
 benchmarks/results/gemm_sweep.txt); tuning tries them.
 
+Stream-K (``GemmConfig.stream_k``, :data:`HOPPER_STREAM_K_CONFIGS`; among the candidates the
+sweep times, tried by the tuner only under :data:`TUNE_STREAM_K`, never the heuristic's pick,
+and not yet run on a GPU): a persistent grid of one CTA per SM
+that does not quantize by waves. Where the output tiles do not fill whole waves, as many
+tiles as the last partial wave and one whole wave before it hold (the first of the swizzled
+order, run first) are shared out by K iterations, each CTA taking an equal contiguous run of
+(tile, K step) iterations; the rest are walked whole, a tile a CTA at a time. A tile
+whose K steps several CTAs hold is summed in fp32 by the CTA that holds its first steps, from
+the other CTAs' partial sums in a workspace, each published under a flag
+(:func:`_stream_k_program`, :class:`StreamKLaunch`). For the shapes with few tiles and short
+K where the persistent grid loses to cuBLAS (5001 x 1000 x 1000: 160 tiles of 128 x 256 on
+132 SMs, 28 CTAs running two tiles), each CTA then runs 19 or 20 K steps of the 2560 where
+the slowest ran 32. With ``accumulate`` the CTA that stores a tile adds ``C``'s prior values
+to the finished sum, through the shared tile, before its store.
+
 The accumulating form (``GemmSpec.accumulate``: ``c += op(a) @ op(b)``, torch's ``addmm_``) is
 a compile-time flag of every program: the fp32 accumulator starts from the loaded ``C`` tile
 instead of zero (the persistent program loads it per tile on the math warpgroups' side, where
@@ -93,10 +108,12 @@ __all__ = [
     "HOPPER_DEEP_CONFIGS",
     "HOPPER_ORDER_CONFIGS",
     "HOPPER_SPLIT_CONFIGS",
+    "HOPPER_STREAM_K_CONFIGS",
     "SMALL_M_CONFIGS",
     "SMALL_M_DEEP_CONFIGS",
     "SMALL_M_SPLIT_CONFIGS",
     "SplitKLaunch",
+    "StreamKLaunch",
     "GENERAL_CONFIG",
     "GEMV_CONFIGS",
     "SMALL_M",
@@ -109,6 +126,8 @@ __all__ = [
     "gemv_program",
     "k_iterations",
     "splitk_reduce_program",
+    "StreamKMath",
+    "stream_k_schedule",
     "m_bucket",
     "program_sms",
     "sm_count",
@@ -130,7 +149,8 @@ class GemmConfig(NamedTuple):
     factor (1: each CTA runs the whole K; ``s > 1``: ``s`` CTAs per output tile each run a
     ``1/s`` share of K into an fp32 workspace that a second kernel sums and casts), and
     whether the grid is persistent (one CTA per SM walking the output tiles in swizzled
-    order; not with a split)."""
+    order; not with a split), and whether that grid shares the K iterations of its last
+    tiles out evenly (stream-K, :func:`_stream_k_program`; a persistent grid)."""
 
     block_m: int
     block_n: int
@@ -142,12 +162,14 @@ class GemmConfig(NamedTuple):
     policy: str = "square"
     split: int = 1
     persistent: bool = False
+    stream_k: bool = False
 
     def label(self) -> str:
         """``128x256x64/st3`` (``128x128x64s2/st4`` for a split, ``128x256x64/st3p`` for a
-        persistent one): in log lines and sweeps."""
+        persistent one, ``128x256x64/st3sk`` for stream-K): in log lines and sweeps."""
         return ("x".join(map(str, self[:3])) + (f"s{self.split}" if self.split > 1 else "")
-                + f"/st{self.stages}" + ("p" if self.persistent else ""))
+                + f"/st{self.stages}"
+                + ("sk" if self.stream_k else "p" if self.persistent else ""))
 
 
 #: Hopper configurations the heuristic weighs, with a relative per-FLOP cost (bigger tiles
@@ -183,6 +205,13 @@ HOPPER_SPLIT_CONFIGS: dict[str, GemmConfig] = {
     "128x128s4": GemmConfig(128, 128, 64, 4, 256, 8, True, "square", 4),
     "128x256s2": GemmConfig(128, 256, 64, 3, 256, 8, True, "square", 2),
     "64x128s2": GemmConfig(64, 128, 64, 4, 128, 8, True, "square", 2),
+}
+#: stream-K grids (:func:`_stream_k_program`), tried when tuning, never chosen by the
+#: heuristic: untimed on a GPU. The persistent grid's two larger tiles: a 128 x 128 x 128 K
+#: step is the 128 x 256 x 64 one's work, its partial sum half the bytes
+HOPPER_STREAM_K_CONFIGS: dict[str, GemmConfig] = {
+    "128x256sk": GemmConfig(128, 256, 64, 3, 256, persistent=True, stream_k=True),
+    "128x128sk": GemmConfig(128, 128, 128, 3, 256, persistent=True, stream_k=True),
 }
 #: the heuristic's tiles in the other tile order (one CTA per tile <-> persistent)
 HOPPER_ORDER_CONFIGS: dict[str, GemmConfig] = {
@@ -372,6 +401,11 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
     if accumulate and cfg.split > 1:
         raise ValueError(f"a split-K program writes partial sums; its reduction accumulates "
                          f"(got accumulate=True with split={cfg.split})")
+    if cfg.stream_k:
+        if not cfg.persistent or cfg.split > 1 or not cfg.tma:
+            raise ValueError(f"a stream-K program is a persistent grid loading through TMA, "
+                             f"unsplit (got {cfg})")
+        return _stream_k_program(n, k, dtype, trans_a, trans_b, cfg, pdl, sms, accumulate)
     if cfg.persistent:
         if cfg.split > 1:
             raise ValueError(f"a persistent tile order does not split K (got split={cfg.split})")
@@ -440,6 +474,9 @@ def gemm_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool, cfg: 
 #: cuBLAS's ``addmm_`` 1.74-1.82), the same at K = 4096 (7.48 against 7.41;
 #: benchmarks/results/gemm_accumulate_c*-h100-cuda0.md)
 C_PREFETCH = True
+#: whether tuning tries the stream-K configurations: off until they have run on a GPU (their
+#: CTAs wait on each other's flags, so a fault there would stall the tuning call)
+TUNE_STREAM_K = False
 
 #: registers a thread of the persistent program's load warpgroup and of its math warpgroups
 #: keep (``setmaxnreg``): 40 x 128 + 232 x 256 fits the SM's 64K with two math warpgroups
@@ -561,6 +598,260 @@ def _persistent_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool
                     trigger()
 
     return persistent
+
+
+#: the named barrier the stream-K program's math warpgroups meet at around a fixup
+#: (TileLang's own synchronisation uses the low ids)
+_FIXUP_BARRIER = 10
+
+
+class StreamKMath:
+    """The stream-K program's split of the work, one formula a method, over Python ints
+    (the defaults: :func:`stream_k_schedule`) or TIR expressions (``T.min``, ``T.max`` and
+    ``T.if_then_else``: the program, which binds each result to a variable before the next
+    use). ``//`` and ``%`` floor, as TIR's do; ``iters`` K steps a tile, ``sms`` CTAs.
+
+    The tiles shared out by K iterations (:meth:`tiles`) are the first ones of the swizzled
+    order; each CTA ``w`` takes iterations ``[lo, hi)`` of theirs (``q`` or ``q + 1`` of
+    them, ``q, r = divmod(sk_tiles * iters, sms)``), a run of tile segments, then the other
+    tiles whole, ``sk_tiles + w, sk_tiles + w + sms, ...``: its jobs."""
+
+    def __init__(self, iters: int, sms: int, mn: Any = min, mx: Any = max,
+                 select: Any = None) -> None:
+        self.iters, self.sms, self.mn, self.mx = iters, sms, mn, mx
+        self.select = select or (lambda cond, a, b: a if cond else b)
+
+    def tiles(self, tiles: Any) -> Any:
+        """Tiles shared out by K iterations: none where ``tiles`` fills whole waves, all of
+        them where there are at most ``sms``, else as many as the last partial wave and one
+        whole wave hold."""
+        return self.select(tiles % self.sms == 0, 0,
+                           self.mn(tiles, tiles % self.sms + self.sms))
+
+    def lo(self, cta: Any, q: Any, r: Any) -> Any:
+        """The first of CTA ``cta``'s iterations (``q + 1`` a CTA below ``r``, ``q`` after)."""
+        return cta * q + self.mn(cta, r)
+
+    def hi(self, lo: Any, cta: Any, q: Any, r: Any) -> Any:
+        return lo + q + self.select(cta < r, 1, 0)
+
+    def segments(self, lo: Any, hi: Any) -> Any:
+        """The tiles ``[lo, hi)`` touches."""
+        return self.select(hi > lo, (hi - 1) // self.iters - lo // self.iters + 1, 0)
+
+    def jobs(self, n_seg: Any, tiles: Any, sk_tiles: Any, cta: Any) -> Any:
+        """Segments, then whole tiles (``tiles - sk_tiles - cta`` may be negative: none)."""
+        return n_seg + (tiles - sk_tiles - cta + self.sms - 1) // self.sms
+
+    def tile(self, j: Any, n_seg: Any, lo: Any, sk_tiles: Any, cta: Any) -> Any:
+        """The tile of job ``j``."""
+        return self.select(j < n_seg, lo // self.iters + j,
+                           sk_tiles + (j - n_seg) * self.sms + cta)
+
+    def k0(self, j: Any, n_seg: Any, lo: Any, tile: Any) -> Any:
+        """Job ``j``'s first K step of its tile."""
+        return self.select(j < n_seg, self.mx(lo - tile * self.iters, 0), 0)
+
+    def k1(self, j: Any, n_seg: Any, hi: Any, tile: Any) -> Any:
+        """One past job ``j``'s last K step of its tile."""
+        return self.select(j < n_seg, self.mn(hi - tile * self.iters, self.iters), self.iters)
+
+    def last_cta(self, tile: Any, q: Any, r: Any) -> Any:
+        """The CTA holding stream-K tile ``tile``'s last iteration."""
+        last = tile * self.iters + self.iters - 1
+        edge = r * (q + 1)
+        return self.select(last < edge, last // (q + 1), r + (last - edge) // self.mx(q, 1))
+
+
+def stream_k_schedule(tiles: int, iters: int, sms: int) -> list[list[tuple]]:
+    """What each of the ``sms`` CTAs of the stream-K program does for ``tiles`` output tiles
+    of ``iters`` K steps (:class:`StreamKMath` on Python ints): per CTA, its jobs in order,
+    each ``(tile, k0, k1, peers)``, ``peers`` the CTAs whose partial sums it adds (the
+    owner of a tile it starts and does not finish), empty otherwise."""
+    sk = StreamKMath(iters, sms)
+    sk_tiles = sk.tiles(tiles)
+    q, r = sk_tiles * iters // sms, sk_tiles * iters % sms
+    out = []
+    for cta in range(sms):
+        lo = sk.lo(cta, q, r)
+        hi = sk.hi(lo, cta, q, r)
+        n_seg = sk.segments(lo, hi)
+        jobs = []
+        for j in range(sk.jobs(n_seg, tiles, sk_tiles, cta)):
+            tile = sk.tile(j, n_seg, lo, sk_tiles, cta)
+            k0, k1 = sk.k0(j, n_seg, lo, tile), sk.k1(j, n_seg, hi, tile)
+            peers = (range(cta + 1, sk.last_cta(tile, q, r) + 1) if k0 == 0 and k1 < iters
+                     else range(0))
+            jobs.append((tile, k0, k1, tuple(peers)))
+        out.append(jobs)
+    return out
+
+
+def _stream_k_program(n: int, k: int, dtype: str, trans_a: bool, trans_b: bool,
+                      cfg: GemmConfig, pdl: bool, sms: int, accumulate: bool = False):
+    """:func:`gemm_program` with ``cfg.stream_k``: ``sms`` CTAs (all resident: one an SM)
+    share the K iterations of the first :meth:`StreamKMath.tiles` output tiles evenly, CTA
+    ``w`` taking a contiguous range of (tile, K step) iterations, then walk the remaining
+    tiles whole, ``w, w + sms, ...`` after them, all in the persistent program's swizzled
+    order (:class:`StreamKMath`, :func:`stream_k_schedule`). The fourth
+    and fifth operands are a workspace of one fp32 tile a CTA and one flag a CTA (int32,
+    zero between calls).
+
+    A CTA's range is a run of tile segments. Only its first may start past a tile's first K
+    step: the CTA writes that segment's fp32 sum into its workspace tile and raises its flag
+    (release). The CTA whose segment starts a tile that it does not finish owns the tile:
+    after its own segment (the last of its range) it waits for the flags of the CTAs after
+    it that hold the tile's later K steps (acquire), adds their sums, clears their flags for
+    the next call and stores the tile. Waits go from a CTA to later ones whose partial sum
+    is their first segment, so with every CTA resident none can deadlock, and the wait is
+    short: the later CTA wrote at its start what the owner needs at its end.
+
+    The warp roles are written out, as in :func:`_persistent_program`, with explicit
+    barriers: one warp of the last warpgroup issues the TMA loads of every segment's K steps
+    into a ``stages``-deep ring (full / empty barrier pairs, phases running on across
+    segments); the math warpgroups (the first ``cfg.threads`` threads) run wgmma and the
+    segments' epilogues.
+
+    ``accumulate``: the CTA that stores a tile (whole, or as its owner after adding the later
+    CTAs' sums) first loads the tile's ``C`` into the shared ``C`` tile and adds it to the
+    fp32 sum: one rounding, as the other programs' accumulating forms."""
+    _, T = tl()
+    sync, trigger = _pdl() if pdl else (None, None)
+    M, a_shape, b_shape, a_tile, b_tile, policy = _layout(T, n, k, trans_a, trans_b, cfg)
+    bm, bn, bk = cfg.block_m, cfg.block_n, cfg.block_k
+    stages, threads, panel = cfg.stages, cfg.threads, max(cfg.panel, 1)
+    iters = k_iterations(k, bk, 1)
+    n_tiles = _ceil(n, bn)
+    load_warp = threads  # the first thread of the load warp (the math threads come first)
+
+    def a_at(A, by, ko):  # the tile of A at row tile by, K step ko, as stored
+        return (A[ko * bk:ko * bk + bk, by * bm:by * bm + bm] if trans_a
+                else A[by * bm:by * bm + bm, ko * bk:ko * bk + bk])
+
+    def b_at(B, bx, ko):
+        return (B[bx * bn:bx * bn + bn, ko * bk:ko * bk + bk] if trans_b
+                else B[ko * bk:ko * bk + bk, bx * bn:bx * bn + bn])
+
+    @T.prim_func
+    def stream_k(
+        A: T.Tensor(a_shape, dtype),
+        B: T.Tensor(b_shape, dtype),
+        C: T.Tensor((M, n), dtype),
+        W: T.Tensor((sms, bm, bn), "float32"),
+        F: T.Tensor((sms,), "int32"),
+    ):
+        with T.Kernel(sms, threads=threads + 128) as cta:
+            A_s = T.alloc_shared((stages, *a_tile), dtype)
+            B_s = T.alloc_shared((stages, *b_tile), dtype)
+            C_s = T.alloc_shared((bm, bn), dtype)
+            C_l = T.alloc_fragment((bm, bn), "float32")
+            full = T.alloc_barrier([32] * stages)
+            empty = T.alloc_barrier([threads] * stages)
+            step = T.alloc_var("int32", init=0)  # K steps this role has run, all segments
+            # the segment's tile, its row and column tiles and its K steps, in variables
+            tile = T.alloc_var("int32")
+            by = T.alloc_var("int32")
+            bx = T.alloc_var("int32")
+            k0 = T.alloc_var("int32")
+            k1 = T.alloc_var("int32")
+            # the call's split, each value in a variable (their expressions, repeated in
+            # every index, grow the program manyfold)
+            sk_tiles = T.alloc_var("int32")
+            q = T.alloc_var("int32")
+            r = T.alloc_var("int32")
+            lo = T.alloc_var("int32")
+            hi = T.alloc_var("int32")
+            n_seg = T.alloc_var("int32")
+            n_jobs = T.alloc_var("int32")
+            tid = T.get_thread_binding()
+            m_tiles = T.ceildiv(M, bm)
+            tiles = m_tiles * n_tiles
+            order = T.PersistentTileScheduler(m_tiles, n_tiles, sms, swizzle_size=panel,
+                                              column_major=False, stateful=False)
+            sk = StreamKMath(iters, sms, T.min, T.max, T.if_then_else)
+            sk_tiles = sk.tiles(tiles)
+            q = sk_tiles * iters // sms
+            r = sk_tiles * iters % sms
+            # this CTA's iterations [lo, hi) of the stream-K tiles, its segments of them, and
+            # its jobs: the segments, then whole tiles
+            lo = sk.lo(cta, q, r)
+            hi = sk.hi(lo, cta, q, r)
+            n_seg = sk.segments(lo, hi)
+            n_jobs = sk.jobs(n_seg, tiles, sk_tiles, cta)
+
+            if tid >= load_warp:  # the load warpgroup: one warp issues, the rest idle
+                T.set_max_nreg(_LOAD_NREG, 0)
+                if tid < load_warp + 32:
+                    if pdl:
+                        sync()
+                    for j in T.serial(n_jobs):
+                        tile = sk.tile(j, n_seg, lo, sk_tiles, cta)
+                        k0 = sk.k0(j, n_seg, lo, tile)
+                        k1 = sk.k1(j, n_seg, hi, tile)
+                        by, bx = order.coord(tile)
+                        for ko in T.serial(k0, k1):
+                            s = step % stages
+                            phase = (step // stages) & 1
+                            T.mbarrier_wait_parity(empty[s], phase ^ 1)
+                            T.tma_copy(a_at(A, by, ko), A_s[s, :, :], barrier=full[s])
+                            T.tma_copy(b_at(B, bx, ko), B_s[s, :, :], barrier=full[s])
+                            T.mbarrier_arrive(full[s])
+                            step = step + 1
+                    if pdl:
+                        trigger()
+            else:  # the math warpgroups
+                T.set_max_nreg(_MATH_NREG, 1)
+                if pdl:
+                    sync()
+                for j in T.serial(n_jobs):
+                    tile = sk.tile(j, n_seg, lo, sk_tiles, cta)
+                    k0 = sk.k0(j, n_seg, lo, tile)
+                    k1 = sk.k1(j, n_seg, hi, tile)
+                    by, bx = order.coord(tile)
+                    T.clear(C_l)
+                    for _ko in T.serial(k0, k1):
+                        s = step % stages
+                        phase = (step // stages) & 1
+                        T.mbarrier_wait_parity(full[s], phase)
+                        T.gemm(A_s[s, :, :], B_s[s, :, :], C_l, transpose_A=trans_a,
+                               transpose_B=trans_b, policy=policy)
+                        T.mbarrier_arrive(empty[s])
+                        step = step + 1
+                    if k0 > 0:  # a later part of the tile's K: its sum to this CTA's tile
+                        T.copy(C_l, W[cta, 0, 0])
+                        # each thread's stores visible on the device (and kept before the
+                        # barrier: TileLang's named barrier is not a compiler fence), then
+                        # the flag
+                        T.evaluate(T.call_extern("handle", "__threadfence"))
+                        T.sync_threads(_FIXUP_BARRIER, threads)
+                        if tid == 0:
+                            T.atomic_store(F[cta], 1, memory_order="release")
+                    else:
+                        if k1 < iters:  # the tile's owner: the CTAs after it hold the rest
+                            for p in T.serial(cta + 1, sk.last_cta(tile, q, r) + 1):
+                                if tid == 0:
+                                    while T.atomic_load(F[p], memory_order="acquire") == 0:
+                                        T.evaluate(0)
+                                    F[p] = 0
+                                T.sync_threads(_FIXUP_BARRIER, threads)
+                                # no thread's reads of the sum move above the barrier
+                                T.evaluate(T.call_extern("handle", "__threadfence"))
+                                for i, jj in T.Parallel(bm, bn):
+                                    C_l[i, jj] += W[p, i, jj]
+                        if accumulate:  # c's prior values through the shared tile, in fp32
+                            # once the previous tile's store has read the shared tile (the
+                            # thread that issued it waited for that; TileLang's own sync
+                            # pass puts no barrier here)
+                            T.sync_threads(_FIXUP_BARRIER, threads)
+                            T.copy(C[by * bm, bx * bn], C_s)
+                            for i, jj in T.Parallel(bm, bn):
+                                C_l[i, jj] += C_s[i, jj]
+                        T.copy(C_l, C_s)
+                        T.copy(C_s, C[by * bm, bx * bn])
+                if pdl:
+                    trigger()
+
+    return stream_k
 
 
 #: tile of the split-K reduction (rows, columns) and its threads: 16-byte loads of fp32
@@ -738,6 +1029,49 @@ class SplitKLaunch:
         self.reduce(work, c)
 
 
+class StreamKLaunch:
+    """One stream-K call (:func:`_stream_k_program`): the program's workspace (one fp32 tile
+    a CTA) and flags (one int32 a CTA) are allocated zeroed on a device's first call and
+    shared by every later call on that device with the same grid and tile (the program
+    leaves the flags zeroed, so a CUDA graph that captured a call replays it as well). Calls
+    on one device must not run concurrently on several streams: they would share the
+    flags. The first call on a device cannot be captured (nothing would zero the flags
+    before the graph's first replay): it is refused there. The program's CTAs wait on one
+    another, so all of them must be resident at once: the grid is the device's SM count,
+    one CTA an SM (a device whose SMs are partly taken by kernels that never finish, or
+    held back from the process, would hang it)."""
+
+    #: (device, grid, tile rows, tile columns) -> (workspace, flags)
+    _buffers: ClassVar[dict[tuple, tuple[Any, Any]]] = {}
+
+    def __init__(self, main, sms: int, block_m: int, block_n: int) -> None:
+        self.main, self.sms, self.block_m, self.block_n = main, sms, block_m, block_n
+
+    def buffers(self, device) -> tuple[Any, Any]:
+        """The workspace and flags of ``device`` (a CUDA device), allocated on first use."""
+        import torch
+
+        device = torch.device(device)
+        if device.index is None:
+            device = torch.device(device.type, torch.cuda.current_device())
+        key = (device, self.sms, self.block_m, self.block_n)
+        found = StreamKLaunch._buffers.get(key)
+        if found is None:
+            if torch.cuda.is_current_stream_capturing():
+                raise RuntimeError("the stream-K GEMM's first call on a device cannot be "
+                                   "captured in a CUDA graph (its flags are zeroed on that "
+                                   "call): run it once outside capture first")
+            found = (torch.empty((self.sms, self.block_m, self.block_n), dtype=torch.float32,
+                                 device=device),
+                     torch.zeros((self.sms,), dtype=torch.int32, device=device))
+            StreamKLaunch._buffers[key] = found
+        return found
+
+    def __call__(self, a, b, c) -> None:
+        work, flags = self.buffers(c.device)
+        self.main(a, b, c, work, flags)
+
+
 # --- the tuning cache --------------------------------------------------------------------------
 
 
@@ -750,8 +1084,9 @@ def _source_hash() -> str:
     """Changes with the programs' source and TileLang's version, which is read from the
     installed distribution's metadata: naming a cache entry does not import TileLang."""
     text = "".join(inspect.getsource(f) for f in (_layout, gemm_program, _persistent_program,
+                                                   _stream_k_program, StreamKMath,
                                                    splitk_reduce_program, gemv_program,
-                                                   SplitKLaunch))
+                                                   SplitKLaunch, StreamKLaunch))
     try:
         text += importlib.metadata.version("tilelang")
     except importlib.metadata.PackageNotFoundError:  # nothing can be compiled then either
@@ -777,7 +1112,7 @@ def _cache_root() -> Path:
 _MAX_ENTRY_BYTES = 1 << 16
 #: the fields of GemmConfig by the check their values must pass
 _POSITIVE = ("block_m", "block_n", "block_k", "stages", "threads", "split")
-_BOOLS = ("tma", "persistent")
+_BOOLS = ("tma", "persistent", "stream_k")
 _POLICIES = ("square", "col")
 
 
@@ -960,9 +1295,13 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         pdl = uses_pdl(cfg, device_arch(s.device))
         # a split call accumulates in its reduction, its main program is the plain one
         accumulate = s.accumulate and cfg.split == 1
+        sms = program_sms(cfg, s.device)
+        # the stream-K program adds c after a tile's fixup, it does not prefetch it
+        prefetch = accumulate and cfg.persistent and not cfg.stream_k and C_PREFETCH
         main = build_gemm_kernel(s.n, s.k, s.dtype, s.trans_a, s.trans_b, cfg, None, pdl,
-                                 program_sms(cfg, s.device), accumulate,
-                                 accumulate and cfg.persistent and C_PREFETCH)
+                                 sms, accumulate, prefetch)
+        if cfg.stream_k:
+            return StreamKLaunch(main, sms, cfg.block_m, cfg.block_n)
         if cfg.split == 1:
             return main
         return SplitKLaunch(main, build_reduce_kernel(s.n, s.dtype, cfg.split, None, pdl,
@@ -984,7 +1323,8 @@ class _GemmKernel(Kernel, GemmFwdInterface):
         arch_name = f"sm_{arch[0]}{arch[1]}" if arch else "unknown"
         key = tune_key(arch_name, self.spec, type(self).__name__)
         name = type(self).__name__
-        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config]
+        cands = [self.config] + [c2 for c2 in type(self).tune_candidates if c2 != self.config
+                                 and (TUNE_STREAM_K or not c2.stream_k)]
         cached = load_tuned(key)
         if cached is not None and cached in cands:  # anything else is not this one's to run
             log.info("%s: tuned configuration %s from the cache (%s)", name, cached.label(),
@@ -1037,7 +1377,8 @@ class GemmHopperKernel(_GemmKernel):
     tune_candidates = (tuple(c for c, _ in HOPPER_CONFIGS.values())
                        + tuple(HOPPER_ORDER_CONFIGS.values())
                        + tuple(HOPPER_DEEP_CONFIGS.values())
-                       + tuple(HOPPER_SPLIT_CONFIGS.values()))
+                       + tuple(HOPPER_SPLIT_CONFIGS.values())
+                       + tuple(HOPPER_STREAM_K_CONFIGS.values()))
 
     @classmethod
     def plan_refusal(cls, spec: GemmPlan) -> str | None:
