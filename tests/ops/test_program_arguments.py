@@ -182,3 +182,18 @@ def test_the_checker_refuses_what_a_program_would(checked):
     entry = next(iter(op._entries_by_call.values()))
     with pytest.raises(ArgumentMismatch, match=r"shape\[1\] is 8 \(3, 8\), declared 24"):
         entry(_t(3, 8), None, None, None, _t(3, 8), None)
+
+
+def test_a_call_no_kernel_serves_is_refused_by_the_op_naming_the_reference_target(checked):
+    from tileops.runtime import NoKernelError
+
+    q = k = _t(1, 7, 2, 64)
+    with pytest.raises(NoKernelError) as info:
+        o.MultiHeadAttentionFwdOp()(q, k, _t(1, 7, 2, 128))  # D 64, D_v 128: no kernel's pair
+    msg = str(info.value)
+    assert msg.startswith("MultiHeadAttentionFwdOp: attention_fwd: no implementation serves")
+    assert "D = 64, D_v = 128 are none of the served D/D_v pairs" in msg
+    assert msg.endswith("MultiHeadAttentionFwdOp runs it on the reference target: construct the "
+                        "op with target='reference'")
+    ref = o.MultiHeadAttentionFwdOp(target="reference")(q, k, _t(1, 7, 2, 128))
+    assert ref.shape == (1, 7, 2, 128)

@@ -21,6 +21,7 @@ from tileops.runtime import (
     SpecSet,
     register_builder,
     set_default_target,
+    targets,
 )
 
 SPECS = SpecSet.load(Path(__file__).parent / "specs" / "ops.yaml")
@@ -254,8 +255,13 @@ def test_every_implementation_refuses_the_first_call(state, plan) -> None:
     before = state.snapshot(op)
     with pytest.raises(NoKernelError) as info:
         op(torch.ones(17))
+    assert str(info.value).startswith("InTreeOp: rows: no implementation serves")  # the op's
     assert "Flaky: n = 17 > 16" in str(info.value)
     assert "FlakyHalf: n = 17 is odd" in str(info.value)
+    # what serves the call instead, where the op has a reference
+    hint = "InTreeOp runs it on the reference target: construct the op with target='reference'"
+    has_reference = targets.builder_for(targets.REFERENCE, InTreeOp) is not None
+    assert str(info.value).endswith(hint) == has_reference
     state.assert_failed_and_reset(op, before)
     with pytest.raises(NoKernelError):  # the same call again: the same answer
         op(torch.ones(17))

@@ -50,7 +50,7 @@ from tileops.signature import SignatureCall, SignaturePlan, torch_adapter
 
 from . import autograd, declared, lazy, log, targets
 from .composite import Composite
-from .errors import TargetError
+from .errors import NoKernelError, TargetError
 from .fastpath import build_fast_call, class_function
 from .kernel import Kernel, KernelInterface, select
 from .memory import has_data, share_memory
@@ -915,7 +915,11 @@ class Op(declared.Equivalents, Composite, Trained):
             if impls is None:
                 raise LookupError(f"{type(self).__name__} declares no slot "
                                   f"{interface.__name__}")
-            impl = select(interface, impls, spec)
+            try:
+                impl = select(interface, impls, spec)
+            except NoKernelError as exc:  # named by the op, with what serves the call instead
+                raise NoKernelError(f"{type(self).__name__}: {exc}{self._reference_hint()}") \
+                    from None
             ident = (impl, impl.identity(spec))
             built = self._built_entries.setdefault(interface, {})
             entry = built.get(ident)
@@ -931,6 +935,13 @@ class Op(declared.Equivalents, Composite, Trained):
                 built[ident] = entry
             self._entries_by_call[(interface, spec)] = entry
             return entry
+
+    def _reference_hint(self) -> str:
+        """How to run a call no in-tree kernel serves, where the op has a reference."""
+        if targets.builder_for(targets.REFERENCE, type(self)) is None:
+            return ""
+        return (f"\n{type(self).__name__} runs it on the reference target: construct the op "
+                f"with target='reference'")
 
     def iter_kernels(self) -> Iterator[Any]:
         """Every built entry and target kernel of this op and its delegates."""
