@@ -168,6 +168,26 @@ def test_gated_forward_hands_the_kernel_both_halves_as_views_of_x(shape):
             assert up.data_ptr() == x.data_ptr() + n * x.element_size()
 
 
+def test_each_call_gets_outputs_of_its_own_shape_dtype_and_layout():
+    """One op called with shapes, dtypes and layouts changing from call to call: each output
+    is allocated for its own call (the allocation reuses the last call's derivation only for
+    an equal call record), contiguous like a contiguous first input of its shape and dtype."""
+    op = AddFwdOp()
+    calls = [(torch.randn(3, 4), torch.randn(3, 4)),
+             (torch.randn(3, 1), torch.randn(3, 4)),  # broadcast: not x's shape
+             (torch.randn(3, 4, dtype=torch.bfloat16), torch.randn(3, 4)),  # promoted
+             (torch.randn(3, 4), torch.randn(3, 4)),
+             (torch.randn(4, 3).T, torch.randn(3, 4)),  # a transposed x: torch's layout
+             (torch.randn(2, 3, 4)[:, :, :2], torch.randn(2, 3, 2)),
+             (torch.randn(3, 4), torch.randn(3, 4))]
+    for a, b in calls * 2:
+        got, want = op(a, b), torch.add(a, b)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want)
+        assert got.data_ptr() not in (a.data_ptr(), b.data_ptr())
+
+
 def test_integer_inputs_of_float_math_give_float32():
     x = torch.arange(6, dtype=torch.int32)
     y = ExpFwdOp()(x)

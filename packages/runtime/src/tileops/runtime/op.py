@@ -680,8 +680,12 @@ class Op(declared.Equivalents, Composite, Trained):
                     self.output_layout is None or len(self._signature.input_names) == 1):
                 allocate = recipe[0][2]
             else:
+                # the last call's derivation: a function of the record and of torch's default
+                # floating dtype alone
+                memo = [None]
+
                 def allocate(call, inputs, outs):
-                    return self._make_outputs(recipe, call, inputs, outs)
+                    return self._make_outputs(recipe, call, inputs, outs, memo)
         self._effect_branches[branch] = allocate
         return allocate
 
@@ -713,31 +717,48 @@ class Op(declared.Equivalents, Composite, Trained):
         _, shapes, dtypes = call.derived()
         return self._laid_out(inputs, shapes[0], dtypes[0], call.device)
 
-    def _laid_out(self, inputs: tuple, shape: Any, dtype: Any, device: Any) -> Any:
+    def _laid_out(self, inputs: tuple, shape: Any, dtype: Any, device: Any,
+                  twin: Any = None) -> Any:
         strides = self.output_layout(inputs, shape)
-        if strides is None:
-            return torch.empty(shape, dtype=dtype, device=device)
+        if strides is None:  # contiguous: like a contiguous ``twin`` (an input of this shape
+            # and dtype), whatever the layout of the others
+            return (_empty_like(twin) if twin is not None and twin.is_contiguous() else
+                    torch.empty(shape, dtype=dtype, device=device))
         return torch.empty_strided(shape, strides, dtype=dtype, device=device)
 
     def _make_outputs(self, recipe: tuple, call: SignatureCall, inputs: tuple,
-                      outs: dict | None) -> tuple:
-        _, shapes, dtypes = call.derived()  # one derivation for every output
+                      outs: dict | None, memo: list | None = None) -> tuple:
+        m = None if memo is None else memo[0]
+        default = _default_dtype()  # an integer's float math follows it: read at each call
+        if m is not None and m[0] == call and m[1] is default:  # the same derivation
+            shapes, dtypes, twins = m[2], m[3], m[4]
+        else:
+            _, shapes, dtypes = call.derived()  # one derivation for every output
+            twins = _twins(call, shapes, dtypes)
+            if memo is not None:
+                memo[0] = (call, default, shapes, dtypes, twins)
         device = call.device
         result = []
         for r in recipe:
             tag = r[0]
             if tag in ("like", "new") and self.output_layout is not None:
-                result.append(self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device))
+                twin = twins[r[1]]
+                result.append(self._laid_out(inputs, shapes[r[1]], dtypes[r[1]], device,
+                                             None if twin is None else inputs[twin]))
             elif tag == "like":  # same shape and dtype as a (contiguous) input: the cheap path
                 src = inputs[r[2]]
                 result.append(_empty_like(src) if src.is_contiguous() else
                               torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device))
             elif tag == "new":
                 fmt = self.output_memory_format
-                result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
-                              if fmt is None else
-                              torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device,
-                                          memory_format=fmt(inputs)))
+                twin = twins[r[1]]
+                if fmt is None and twin is not None and inputs[twin].is_contiguous():
+                    result.append(_empty_like(inputs[twin]))  # half torch.empty's host time
+                else:
+                    result.append(torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device)
+                                  if fmt is None else
+                                  torch.empty(shapes[r[1]], dtype=dtypes[r[1]], device=device,
+                                              memory_format=fmt(inputs)))
             elif tag == "alias":
                 result.append(inputs[r[1]])
             elif tag == "none":
@@ -1005,6 +1026,21 @@ _grad_enabled = torch._C.is_grad_enabled
 #: names Op.__init__ takes or sets that are not class attributes
 _RESERVED = frozenset({"target", "kernel_map", "tune"})
 _empty_like = torch.empty_like
+_default_dtype = torch.get_default_dtype
+
+
+def _twins(call: SignatureCall, shapes: tuple, dtypes: tuple) -> tuple:
+    """Per output, the index of the call's first present input (whose device is the call's)
+    where that input has the output's shape and dtype, else None: a contiguous output of that
+    shape is allocated like the input, which costs the host half what ``torch.empty`` of the
+    shape does."""
+    in_shapes = call.input_shapes
+    first = next((i for i, s in enumerate(in_shapes) if s is not None), None)
+    if first is None:
+        return (None,) * len(shapes)
+    s0, d0 = tuple(in_shapes[first]), call.input_dtypes[first]
+    return tuple(first if s is not None and tuple(s) == s0 and d == d0 else None
+                 for s, d in zip(shapes, dtypes, strict=True))
 
 
 def _not_capturing(op: Op, device: Any, what: str) -> None:
