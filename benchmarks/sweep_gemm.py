@@ -5,17 +5,16 @@ the heuristic in ``tileops.kernels.gemm.choose_config``.
     python benchmarks/sweep_gemm.py --grid 1000,2999,8191 [--name gemm_grid]
     python benchmarks/sweep_gemm.py --shapes 5001x1000x1000,2999x1000x1000
     python benchmarks/sweep_gemm.py --shapes llama-step --name gemm_llama_step
-    python benchmarks/sweep_gemm.py --shapes 5001x1000x1000 --labels 128x256x64/st3sk
+    python benchmarks/sweep_gemm.py --shapes 5001x1000x1000 --configs 128x256x64/st3sk
 
 ``--grid`` sweeps every (M, N, K) of the given sizes instead of spec workloads (row-major
 bf16 operands, labelled ``grid-MxNxK``): the unaligned grid the GEMM is held to against
 cuBLAS; ``--shapes`` sweeps the given ``MxNxK`` the same way, each with an optional layout
 (``:tn``: ``a`` stored transposed; ``llama-step``: the products of benchmarks/llama.py's
 training step). The configuration the heuristic
-picks is marked ``(default)``. With ``--shapes`` or ``--grid``, ``--labels`` names the
-configurations to time (their labels, as the tables print them: ``128x256x64/st3sk`` is the
-stream-K grid, ``128x256x64/st3p`` the persistent one), the heuristic's pick always among
-them; every candidate without it.
+picks is marked ``(default)``. ``--configs`` names the configurations to time (their labels,
+as the tables print them: ``128x256x64/st3sk`` is the stream-K grid, ``128x256x64/st3p`` the
+persistent one), the heuristic's pick always among them; every candidate without it.
 
 For each workload the candidates are the tuning candidates of the implementation that serves
 it (the op's own selection: the one-row kernel, the small-M kernel for M <= 64, the Hopper
@@ -183,9 +182,11 @@ def sweep_one(w: dict, default_only: bool = False, labels: set | None = None) ->
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--labels", default=None,
-                    help="comma-separated workload labels (default: the decode-sized set); "
-                         "with --shapes or --grid, configuration labels to time")
+    ap.add_argument("--labels", default=",".join(DEFAULT_LABELS),
+                    help="comma-separated spec workload labels (without --shapes or --grid)")
+    ap.add_argument("--configs", default=None,
+                    help="comma-separated configuration labels to time (default: every "
+                         "candidate), e.g. 128x256x64/st3sk")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     ap.add_argument("--workers", type=int, default=14)
     ap.add_argument("--grid", help="comma-separated sizes: sweep every (M, N, K) of them")
@@ -196,19 +197,19 @@ def main(argv=None) -> int:
     ap.add_argument("--default-only", action="store_true",
                     help="time only the configuration the heuristic picks (against cuBLAS)")
     args = ap.parse_args(argv)
-    labels = None  # configuration labels: every candidate
     if args.shapes or args.grid:
         rows = (shape_rows(args.shapes) if args.shapes
                 else grid_rows([int(v) for v in args.grid.split(",")]))
-        if args.labels:
-            labels = set(args.labels.split(","))
-            known = {c.label() for w in rows for c in _impl(w).tune_candidates}
-            if labels - known:
-                ap.error(f"--labels: no candidate configuration is labelled "
-                         f"{sorted(labels - known)} (known: {sorted(known)})")
     else:
-        wanted = (args.labels or ",".join(DEFAULT_LABELS)).split(",")
+        wanted = args.labels.split(",")
         rows = [w for w in workloads({"bfloat16"}) if w["label"] in wanted]
+    labels = None  # configuration labels: every candidate
+    if args.configs:
+        labels = set(args.configs.split(","))
+        known = {c.label() for w in rows for c in _impl(w).tune_candidates}
+        if labels - known:
+            ap.error(f"--configs: no candidate configuration is labelled "
+                     f"{sorted(labels - known)} (known: {sorted(known)})")
     jobs = _jobs(rows, args.default_only, labels)
     t = time.perf_counter()
     with ProcessPoolExecutor(args.workers, mp_context=get_context("spawn")) as pool:

@@ -60,7 +60,7 @@ def test_the_gemm_sweep_reads_shapes_with_layouts() -> None:
 
 
 def test_the_gemm_sweep_times_the_configurations_labelled() -> None:
-    """With ``--shapes``, ``--labels`` names configurations: the stream-K grid against the
+    """``--configs`` names the configurations to time: the stream-K grid against the
     heuristic's persistent one (and cuBLAS); an unknown label is refused before any build."""
     sweep = _load("sweep_gemm")
     (w,) = sweep.shape_rows(sweep.parse_shapes("5001x1000x1000"))
@@ -68,8 +68,9 @@ def test_the_gemm_sweep_times_the_configurations_labelled() -> None:
     assert [c.label() for c in cands] == ["128x256x64/st3p", "128x256x64/st3sk"]
     assert cands[1].stream_k and len(sweep._jobs([w], False, {"128x256x64/st3sk"})) == 2
     assert len(sweep._candidates(w)) > 2  # every candidate without labels
-    with pytest.raises(SystemExit):
-        sweep.main(["--shapes", "5001x1000x1000", "--labels", "128x256x64/st3q"])
+    with pytest.raises(SystemExit) as info:
+        sweep.main(["--shapes", "5001x1000x1000", "--configs", "128x256x64/st3q"])
+    assert info.value.code == 2  # argparse's refusal, before any build
 
 
 def test_gemm_script_only_prebuilds(capsys: pytest.CaptureFixture[str]) -> None:
