@@ -403,6 +403,18 @@ def _persistent_fwd(T, plan: AttentionPlan, bshd: bool, heads: int, groups: int,
     def rows(src, b, h, r0, n):  # n rows from r0 of one head of one batch entry
         return src[b, r0:r0 + n, h, :] if bshd else src[b, h, r0:r0 + n, :]
 
+    # work tile t: its query tile (the longest first where later tiles see more keys), batch
+    # entry and head, and the key tiles its rows see; both roles decode a tile alike
+    def tile_row(t):
+        return ((m_tiles - 1 - t // bh) if causal_like else t // bh) * bm
+
+    def key_range(r0):
+        return (first_key_tile(r0, seq_q, seq_kv, left, bn, T.max),
+                key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min))
+
+    def steps_end_of(start, end):  # the overlapped schedule's spare step included
+        return T.if_then_else(end > start, end + 1, start) if plan.overlap else end
+
     @T.prim_func
     def main(Q: T.Tensor(q_shape, dtype), K: T.Tensor(k_shape, dtype),
              V: T.Tensor(v_shape, dtype), Out: T.Tensor(o_shape, dtype),
@@ -440,17 +452,13 @@ def _persistent_fwd(T, plan: AttentionPlan, bshd: bool, heads: int, groups: int,
                 T.set_max_nreg(24, 0)
                 if tid < load_warp + 32:
                     for w in T.serial(T.ceildiv(n_work - cta, grid)):
-                        # work tile t: its query tile (the longest first where later tiles see more keys),
-                        # batch entry and head, and its key steps (the overlapped schedule's spare step
-                        # included, see attention_fwd_program)
                         t = w * grid + cta
-                        r0 = ((m_tiles - 1 - t // bh) if causal_like else t // bh) * bm
+                        r0 = tile_row(t)
                         bz = (t % bh) // heads
                         by = t % heads
                         hk = by // groups
-                        start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
-                        end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
-                        steps_end = T.if_then_else(end > start, end + 1, start) if plan.overlap else end
+                        start, end = key_range(r0)
+                        steps_end = steps_end_of(start, end)
                         T.mbarrier_wait_parity(q_empty[0], (w & 1) ^ 1)
                         T.tma_copy(rows(Q, bz, by, r0, bm), Q_shared, barrier=q_full[0])
                         T.mbarrier_arrive(q_full[0])
@@ -473,17 +481,13 @@ def _persistent_fwd(T, plan: AttentionPlan, bshd: bool, heads: int, groups: int,
                 if plan.overlap and plan.turns and tid < 128:
                     T.named_barrier_arrive(_TURN_BARRIERS[0], 256)  # the first turn, once
                 for w in T.serial(T.ceildiv(n_work - cta, grid)):
-                    # work tile t: its query tile (the longest first where later tiles see more keys),
-                    # batch entry and head, and its key steps (the overlapped schedule's spare step
-                    # included, see attention_fwd_program)
                     t = w * grid + cta
-                    r0 = ((m_tiles - 1 - t // bh) if causal_like else t // bh) * bm
+                    r0 = tile_row(t)
                     bz = (t % bh) // heads
                     by = t % heads
                     hk = by // groups
-                    start = first_key_tile(r0, seq_q, seq_kv, left, bn, T.max)
-                    end = key_tiles_end(r0, seq_q, seq_kv, left, right, bm, bn, T.max, T.min)
-                    steps_end = T.if_then_else(end > start, end + 1, start) if plan.overlap else end
+                    start, end = key_range(r0)
+                    steps_end = steps_end_of(start, end)
                     whole_start, whole_end = full_key_tiles(r0, seq_q, seq_kv, left, right,
                                                             bm, bn, T.max, T.min)
                     T.fill(acc_o, 0)
