@@ -155,6 +155,17 @@ def test_broadcast_examples_and_error() -> None:
     assert str(exc.value) == "shapes (2, 3), (4, 3) do not broadcast (axis -2: 2 vs 4)"
 
 
+def test_a_remembered_broadcast_is_the_same_for_every_form_of_the_shapes() -> None:
+    """Shapes seen before are answered from memory, by value: lists (unhashable) and tuples
+    give the same result, and a conflict raises every time, never remembered as a result."""
+    for shapes in [((5, 1, 4), (4,)), ([5, 1, 4], [4]), ((5, 1, 4), [4]), ((5, 1, 4), (4,))]:
+        assert broadcast(*shapes) == (5, 1, 4)
+        assert type(broadcast(*shapes)) is tuple
+    for _ in range(2):
+        with pytest.raises(PrimitiveError, match=r"axis -1: 4 vs 3"):
+            broadcast((5, 1, 4), (3,))
+
+
 # --- per_axis, ceil_div and the small ones ------------------------------------------------------
 
 

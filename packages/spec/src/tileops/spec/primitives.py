@@ -9,6 +9,7 @@ calls to these implementations; the validator uses them to instantiate workload 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -165,13 +166,22 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
     """NumPy/PyTorch broadcasting of shapes; raises PrimitiveError if they do not broadcast.
 
     It runs in every call check of a broadcasting op, so equal shapes return at once and the
-    rest is one pass over each shape; a conflict is reported by :func:`_broadcast_error`, which
-    names the first axis (from the left) where two shapes disagree."""
+    shapes of the last calls (hashable ones: tuples, ``torch.Size``) are remembered, by value,
+    with their result; otherwise it is one pass over each shape. A conflict is reported by
+    :func:`_broadcast_error`, which names the first axis (from the left) where two shapes
+    disagree (never remembered: each call raises it again)."""
     if not shapes:
         return ()
     first = shapes[0]
     if all(s == first for s in shapes):
         return tuple(first)
+    try:
+        return _remembered_broadcast(shapes)
+    except TypeError:  # a shape that is not hashable (a list)
+        return _broadcast(shapes)
+
+
+def _broadcast(shapes: Sequence[Sequence[int]]) -> tuple[int, ...]:
     rank = max(map(len, shapes))
     out = [1] * rank
     for s in shapes:
@@ -184,6 +194,11 @@ def broadcast(*shapes: Sequence[int]) -> tuple[int, ...]:
                 elif o != d:
                     _broadcast_error(shapes)
     return tuple(out)
+
+
+#: the broadcasts of the last distinct shape tuples (a bias against activations of a few
+#: sizes): one lookup where the pass over the shapes took about a microsecond
+_remembered_broadcast = functools.lru_cache(maxsize=1024)(_broadcast)
 
 
 def expands_to(shape: Sequence[int], target: Sequence[int]) -> bool:
