@@ -1090,3 +1090,40 @@ def test_a_number_beside_a_0_dim_16_bit_tensor_is_not_rounded_first(dtype):
     for w in (0.3333, 0.1, 0.77):
         torch.testing.assert_close(LerpFwdOp()(x.detach(), end, w), torch.lerp(x.detach(), end, w),
                                    rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", _HALF)
+def test_pow_takes_a_number_or_0_dim_operand_in_the_16_bit_dtype_as_torch(dtype):
+    """torch's pow converts a number or 0-dim exponent (and base) to the tensor's dtype before
+    the math: 1e-8 is 0 in float16, so x ** 1e-8 is 1 even for a negative x; 70000 is inf."""
+    x = torch.tensor([-2.0, 0.0, 1.5, 3.0], dtype=dtype)
+    e = torch.tensor([0.001, 0.5, 2.0, -1.0], dtype=dtype)
+    op = ops.PowFwdOp()
+    for got, want in ((op(x, 1e-8), torch.pow(x, 1e-8)),
+                      (op(x, torch.tensor(1e-8)), torch.pow(x, torch.tensor(1e-8))),
+                      (op(x, 1.0039), torch.pow(x, 1.0039)),
+                      (op(1e-8, e), torch.pow(1e-8, e)),
+                      (op(70000.0, e), torch.pow(70000.0, e)),
+                      (op(torch.tensor(1.0039), e), torch.pow(torch.tensor(1.0039), e))):
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    if dtype is torch.float16:  # bfloat16 holds 1e-8 (and -2 ** 1e-8 is nan there)
+        assert op(x, 1e-8).tolist() == [1.0] * 4
+
+
+@pytest.mark.parametrize("dtype", _HALF)
+@pytest.mark.parametrize("mode", ["trunc", "floor"])
+def test_a_rounding_division_rounds_a_number_numerator_but_not_a_divisor(dtype, mode):
+    """torch's trunc and floor divisions take a number or 0-dim numerator in the tensor's
+    dtype (70000 is inf in float16, 1e-8 is 0, so 0 / 0 is nan) and a number divisor in
+    float32 (a reciprocal): the op matches both."""
+    d = torch.tensor([1.5, -2.0, 0.0, 3.0], dtype=dtype)
+    op = DivFwdOp(rounding_mode=mode)
+    for a, b in ((70000.0, d), (1e-8, d), (torch.tensor(1e-8), d), (d, 1.0039),
+                 (d, torch.tensor(1.0039)), (d * 1000, 1.0039)):
+        got, want = op(a, b), torch.div(a, b, rounding_mode=mode)
+        assert got.dtype == want.dtype == dtype
+        torch.testing.assert_close(got, want, rtol=0, atol=0, equal_nan=True)
+    # a true division keeps the number numerator's precision, as torch's
+    got, want = DivFwdOp()(1.0039, d[:2]), torch.div(1.0039, d[:2])
+    torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -161,6 +161,9 @@ CALLS = {
     "add-broadcast": lambda: o.AddFwdOp()(_t(3, 1, 8), _t(5, 1)),
     "add-0dim": lambda: o.AddFwdOp()(_t(3, 8), _t()),
     "mul-transposed": lambda: o.MulFwdOp()(_t(8, 3).T, _t(3, 8)),
+    # numbers rounded to the tensor's dtype (pow's, a rounding division's numerator)
+    "pow-number": lambda: o.PowFwdOp()(_t(3, 8, dtype=torch.float16), 1e-8),
+    "div-floor-number": lambda: o.DivFwdOp(rounding_mode="floor")(70000.0, _t(3, 8)),
     "relu-inplace-strided": lambda: o.ReluFwdOp(inplace=True)(_t(4, 8)[:, ::2]),
     "silu-and-mul-1d": lambda: o.SiluAndMulFwdOp()(_t(16)),
     "silu-and-mul-rank3": lambda: o.SiluAndMulFwdOp()(_t(2, 1, 16)),

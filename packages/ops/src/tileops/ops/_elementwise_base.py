@@ -343,19 +343,26 @@ class ElementwiseOp(Op):
         raise NotImplementedError(f"{type(self).__name__} declares no torch function")
 
     #: every operand converted to the operands' common dtype before the math, as torch's
-    #: kernels of comparisons and remainder take them (a 0-dim float32 0.1 beside float16 is
-    #: float16's 0.1 there), where the arithmetic kernels hold a 0-dim operand in its own
+    #: kernels of comparisons, remainder and pow take them (a 0-dim float32 0.1 beside float16
+    #: is float16's 0.1 there), where the arithmetic kernels hold a 0-dim operand in its own
+    #: (an op may round some operands only: :meth:`rounds_operand`)
     rounds_operands: ClassVar[bool] = False
+
+    def rounds_operand(self, i: int) -> bool:
+        """Whether operand ``i`` is rounded, where :attr:`rounds_operands`: every one, unless
+        an op's torch kernel holds one in its own precision (a division's divisor)."""
+        return True
 
     def rounded_operands(self, ins: list) -> list:
         """``ins`` with each 0-dim operand of another dtype converted to the common dtype (a
-        copy of one element), where :attr:`rounds_operands`; operands with dims are rounded
-        by :meth:`rounded_to` and the kernels."""
+        copy of one element), where :attr:`rounds_operands` (and :meth:`rounds_operand`);
+        operands with dims are rounded by :meth:`rounded_to` and the kernels."""
         if not self.rounds_operands:
             return ins
         common = self.operand_dtype([t for t in ins if t is not None])
         return [t.to(common) if t is not None and not t.dim() and t.dtype != common
-                and t.dtype is not torch.bool else t for t in ins]
+                and t.dtype is not torch.bool and self.rounds_operand(i) else t
+                for i, t in enumerate(ins)]
 
     def reference(self, call: Any, *inputs: Any) -> tuple:
         self.refuse_params([t for t in inputs if t is not None])

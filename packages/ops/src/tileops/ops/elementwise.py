@@ -379,6 +379,12 @@ class TakesNumbers:
         """Refuse, by name, a number torch's function refuses for its value (a leaf's hook;
         ``given`` maps the call's inputs to what was passed); the default refuses none."""
 
+    def number_widens(self, name: str) -> bool:
+        """Whether a number given as input ``name`` beside a 16-bit float tensor is held in
+        float32 or rounded to the tensor's dtype (:attr:`numbers_widen`, unless an op's torch
+        kernel takes its operands apart: a rounding division's)."""
+        return type(self).numbers_widen
+
     def numbers_keep_ints(self) -> bool:
         """Whether an integer number is held exactly (int64) beside a 0-dim tensor too: where
         the op computes in floats whatever its integer operands (a true division)."""
@@ -420,17 +426,19 @@ class TakesNumbers:
                   and isinstance(v, torch.Tensor)]
         dims = any(t.dim() for t in ranked)
         lifted: frozenset[str] = frozenset()
-        if not dims and cls.numbers_widen and other.dtype in _HALF and ranked and \
+        if not dims and any(map(self.number_widens, numbers_at)) and other.dtype in _HALF and \
+                ranked and \
                 not any(k in cls._signature.output_names for k in kwargs):  # type: ignore[attr-defined]
             lifted, dims = frozenset(n for n, v in given if any(v is t for t in ranked)), True
-        how = (other, tensors[0].device, cls.numbers_widen, self.numbers_keep_ints(), dims)
+        device, keep_ints = tensors[0].device, self.numbers_keep_ints()
 
         def operand(n: str, v: Any) -> Any:
             if not _is_number(v):
                 return v.reshape(1) if n in lifted else v
             if cls.numbers_as_float and isinstance(v, numbers.Real):
                 v = float(v)
-            return _number_operand(self, n, v, *how)
+            return _number_operand(self, n, v, other, device, self.number_widens(n),
+                                   keep_ints, dims)
 
         args = tuple(operand(n, v) for n, v in zip(names, args, strict=False)) + \
             args[len(names):]
@@ -649,8 +657,30 @@ class MulFwdOp(BinaryOp):
 
 
 class DivFwdOp(BinaryOp):
+    """``torch.div``. With ``rounding_mode`` ``'trunc'`` or ``'floor'`` a number or 0-dim
+    numerator beside a 16-bit float tensor is first rounded to that tensor's dtype, while a
+    number or 0-dim divisor keeps its precision, as torch's kernels take them (the numerator
+    as the dtype's value, the divisor's reciprocal in float32); the quotient is truncated or
+    floored in float32, the float32 result (torch's 16-bit trunc rounds the quotient to the
+    dtype first, and its CPU floor rounds each step, which may move a result by one)."""
+
     def numbers_keep_ints(self) -> bool:
         return self.rounding_mode is None
+
+    @property
+    def rounds_operands(self) -> bool:  # type: ignore[override]
+        return self.rounding_mode is not None
+
+    @property
+    def reference_widens(self) -> frozenset[str]:  # type: ignore[override]
+        # the float64 reference sees a rounded numerator as called
+        return frozenset({"a", "b"}) if self.rounding_mode is not None else frozenset()
+
+    def rounds_operand(self, i: int) -> bool:
+        return i == 0
+
+    def number_widens(self, name: str) -> bool:
+        return self.rounding_mode is None or name != "a"
 
     def fn_name(self) -> str:
         return {None: "div", "trunc": "div_trunc", "floor": "div_floor"}[self.rounding_mode]
@@ -692,6 +722,11 @@ class PowFwdOp(BinaryOp):
 
     fn = "pow"
     binary = torch.pow
+    # torch's pow takes every operand in the common dtype (a number or 0-dim exponent 1e-8
+    # beside float16 is 0 there, so x ** 1e-8 is 1), and so does the in-tree function
+    numbers_widen = False
+    rounds_operands = True
+    reference_widens = frozenset({"a", "b"})  # the float64 reference sees them as called
 
     def refuse_params(self, ins: list) -> None:
         _refuse_bool(self, ins, "pow")
