@@ -101,6 +101,21 @@ def test_an_inf_or_nan_logit_gives_torchs_loss_and_gradient(value, col, reductio
     torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12, equal_nan=True)
 
 
+@pytest.mark.parametrize("offset", [1e3, 1e4, 1e5])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1])
+def test_the_loss_of_logits_far_from_zero_is_as_precise_as_torchs(offset, label_smoothing):
+    """A common offset to every logit leaves the loss unchanged; float32 logits near 1e5 lose
+    nothing more than torch's float32 loss (log_softmax subtracts the row's maximum first),
+    where the log-sum-exp less the target's logit rounded to the offset's ulp."""
+    x, t = _inputs(4, 8, seed=3, dtype=torch.float32)
+    x = x + offset
+    want = F.cross_entropy(x.double(), t, reduction="none", label_smoothing=label_smoothing)
+    theirs = F.cross_entropy(x, t, reduction="none", label_smoothing=label_smoothing)
+    got = CrossEntropyFwdOp(reduction="none", label_smoothing=label_smoothing)(x, t)
+    bound = max(float((theirs.double() - want).abs().max()) * 4, 1e-6)
+    assert float((got.double() - want).abs().max()) <= bound
+
+
 def test_a_narrow_logits_dtype_gives_a_float32_loss():
     x, t = _inputs(3, 7, dtype=torch.bfloat16)
     loss = CrossEntropyFwdOp()(x, t)

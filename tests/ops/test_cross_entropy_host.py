@@ -129,3 +129,20 @@ def test_the_backward_is_the_op_s_gradient_on_the_host(on_host, case, reduction)
     entry(logits, target, dloss, dlogits)
     op = _op({**options, "reduction": reduction})
     _close(dlogits, op._grad(logits.double(), target, dloss.double()), dtype)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(label_smoothing=0.1)], ids=["plain", "smoothing"])
+def test_the_loss_of_logits_far_from_zero_is_as_precise_as_near_it_on_the_host(on_host, options):
+    """Logits near 1e4 (a common offset to every class): the loss is the log-sum-exp above the
+    row's maximum plus the target's distance below it, so it keeps float32's precision of the
+    distances (a log-sum-exp of 1e4 first, less the target's logit, rounds to 1e-3)."""
+    rows, classes = 4, 1000
+    logits, target = _inputs(rows, classes, "float32", -100)
+    logits = logits + 1e4
+    entry = ce.CrossEntropyFwdKernel(_spec(rows, classes, "float32", options, "none"))
+    loss = torch.full((rows,), float("nan"))
+    entry(logits, target, loss)
+    want = torch.nn.functional.cross_entropy(logits.double(), target, reduction="none",
+                                             label_smoothing=options.get("label_smoothing", 0.0))
+    valid = target != -100
+    assert float((loss.double() - want)[valid].abs().max()) < 2e-5

@@ -240,8 +240,8 @@ def _softcapped(T, x, softcap):
 
 def _row_math(T, options: tuple, V: int):
     """What every row program computes the same way from a row's reductions:
-    ``row_loss(zt, lse, zsum, valid, in_range)`` (the loss from the target's ``z``, the
-    log-sum-exp and the sum of ``z``), ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two
+    ``row_loss(zt, m, rel, zsum, valid, in_range)`` (the loss from the target's ``z``, the
+    row's maximum ``m``, the log-sum-exp above it ``rel`` and the sum of ``z``), ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two
     (running max, sum of exp below it) pairs) and ``grad_of(z, col, tcol, g, coef, valid)``
     (the gradient of the logit at ``col`` whose ``z`` is ``z``, for the row's share ``g``
     of the loss's gradient and ``coef = g (1 + 2 s lse)``; 0 for an ignored row; with
@@ -252,11 +252,16 @@ def _row_math(T, options: tuple, V: int):
     spread_w = smoothing / V  # every class's
     nan = T.cast(float("nan"), f32)
 
-    def row_loss(zt, lse, zsum, valid, in_range):
-        loss = lse - hit_w * zt
+    def row_loss(zt, m, rel, zsum, valid, in_range):
+        # lse - (1 - eps) zt - eps / V sum(z), with lse = m + rel, summed as rel plus each
+        # weight times its distance from m ((1 - eps) + V eps / V is 1): the maximum and a
+        # logit near it subtract exactly, where m + rel first rounds to the maximum's ulp (1e-3
+        # of a loss beside logits of 1e4)
+        loss = rel + hit_w * (m - zt)
         if smoothing > 0.0:
-            loss = loss - spread_w * zsum
+            loss = loss + spread_w * (V * m - zsum)
         if zscale > 0.0:
+            lse = m + rel
             loss = loss + zscale * lse * lse
         return T.if_then_else(valid, T.if_then_else(in_range, loss, nan), T.cast(0, f32))
 
@@ -485,15 +490,16 @@ def rows_program(classes: int, dtype: str, options: tuple, grad: bool, per_row_s
                 cta_merge(acc, red, tx)
                 if warps > 1:
                     T.sync_threads()  # red is written again by the next row
-                lse = acc[0] + T.log2(acc[1]) * _LN2
+                rel = T.log2(acc[1]) * _LN2
+                lse = acc[0] + rel
                 if not grad:
                     if tx == 0 and row < M:
                         zt = _softcapped(T, T.cast(X[row, tcol], f32), softcap)
-                        OUT[row] = row_loss(zt, lse, acc[2], valid, in_range)
+                        OUT[row] = row_loss(zt, acc[0], rel, acc[2], valid, in_range)
                 else:
                     if with_loss and tx == 0 and row < M:
-                        L[row] = row_loss(_softcapped(T, xt[0], softcap), lse, acc[2], valid,
-                                          in_range)
+                        L[row] = row_loss(_softcapped(T, xt[0], softcap), acc[0], rel, acc[2],
+                                          valid, in_range)
                     g[0] = T.cast(0, f32)
                     if row < M:
                         g[0] = G[row] if per_row_scale else G[0]
@@ -681,11 +687,12 @@ def cluster_rows_program(classes: int, dtype: str, options: tuple, per_row_scale
                         acc[0] = nm
                         acc[1] = ns
                         acc[2] += scratch[at + width * c + 2]
-                    lse = acc[0] + T.log2(acc[1]) * _LN2
+                    rel = T.log2(acc[1]) * _LN2
+                    lse = acc[0] + rel
                     if with_loss:  # noqa: SIM102 - the program's choice, then the thread's
                         if tx == 0 and rank == 0:
-                            L[row] = row_loss(_softcapped(T, xt[0], softcap), lse, acc[2],
-                                              valid, in_range)
+                            L[row] = row_loss(_softcapped(T, xt[0], softcap), acc[0], rel,
+                                              acc[2], valid, in_range)
                     g[0] = G[row] if per_row_scale else G[0]
                     g[0] = T.if_then_else(in_range, g[0], nan)
                     coef = g[0] * (1.0 + 2.0 * zscale * lse) if zscale > 0.0 else g[0]

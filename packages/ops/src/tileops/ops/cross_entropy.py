@@ -133,9 +133,16 @@ class CrossEntropyOp(Op):
     def _loss(self, x: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         z, lse, valid, t = self._rows(x, target)
         eps = self.label_smoothing
-        rows = lse - (1.0 - eps) * z.gather(1, t[:, None])[:, 0]
+        # lse - (1 - eps) z[t] - eps mean(z) as the log-sum-exp above the row's maximum plus
+        # each weight times its distance from it (the weights sum to 1), as log_softmax
+        # subtracts the maximum first: lse - z[t] of logits near 1e4 loses 1e-3 to rounding
+        m = z.amax(dim=-1, keepdim=True) if z.shape[-1] else z.sum(dim=-1, keepdim=True)
+        m = torch.where(m.isfinite(), m, 0.0)
+        rel = torch.logsumexp(z - m, dim=-1)
+        rel = torch.where(rel == math.inf, math.nan, rel)
+        rows = rel + (1.0 - eps) * (m[:, 0] - z.gather(1, t[:, None])[:, 0])
         if eps > 0.0:
-            rows = rows - eps * z.mean(dim=-1)
+            rows = rows + eps * (m - z).mean(dim=-1)
         if self.lse_square_scale > 0.0:
             rows = rows + self.lse_square_scale * lse * lse
         rows = torch.where(valid, rows, 0.0)
