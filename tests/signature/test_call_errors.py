@@ -227,6 +227,20 @@ CASES = [
           spec:     errors.yaml:33 (GatherPadOp.signature.inputs.y)""",
         id="splice",
     ),
+    # an axis after a part of known length (S bound by x) is named from the end, as
+    # the axis the call passed, never by the check's own variables
+    pytest.param(
+        "pad", lambda: (X(4, 9), X(4, 6), X(4, 2, dtype=i32),), lambda: {},
+        """\
+        GatherPadOp: argument y does not match the signature
+          expected: y: Tensor[T, [*S, H + 3]]
+          seen:     y: f32[4, 6]
+          because:  y.shape[-1] must be H + 3 = 7, but is 6
+          call:     x: f32[4, 9], y: f32[4, 6], index: i32[4, 2], bias: None
+          bound:    T = float32, H = 4, S = [4]
+          spec:     errors.yaml:33 (GatherPadOp.signature.inputs.y)""",
+        id="after_known_part",
+    ),
     # a refinement over a call-time index and a param
     pytest.param(
         "pad", lambda: (X(4, 11), X(4, 8), X(5, 2, dtype=i32),), lambda: {},

@@ -50,6 +50,8 @@ def _refuse(op, refusal: Refusal, good) -> None:
     header = msg.splitlines()[0] if msg else ""
     name = type(op).__name__
     assert _word(name, header), f"the refusal does not name {name}: {msg}"
+    # the generated check's own variables (i_B, len(i_S)) are never what a message names
+    assert not re.search(r"\bi_[A-Z]|\blen\(", msg), f"the refusal names check internals: {msg}"
     if refusal.culprits:
         assert any(_word(c, header) for c in refusal.culprits), \
             f"the refusal does not name {' or '.join(refusal.culprits)}: {msg}"

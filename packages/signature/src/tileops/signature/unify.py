@@ -273,9 +273,16 @@ class Body:
                                f"{_eval_off(fx, env)}", path)
             self.check_plain(f"len(s_{n}) == {fixed.code()}", fid)
         u = unknown[0] if unknown else len(items)
+        # the axes after the last part of known length (*B bound by an earlier input) are read
+        # from the end: the rank is checked, so residual.shape[-1] is the axis a message names
+        # and the code reads, where the start's offset (len(i_B)) is neither
+        stars = [i for i, it in enumerate(items) if isinstance(it, E.Starred)]
+        tail = stars[-1] + 1 if stars and not unknown else u
         left = _Off()
-        for it in items[:u]:
+        for it in items[:tail]:
             left = self.unify_item(n, it, left, None, expected, path)
+        for j, it in enumerate(items[tail:u]):
+            self.unify_item(n, it, None, _Off(u - tail - 1 - j), expected, path)
         if unknown:
             right = _Off()
             for it in reversed(items[u + 1:]):
