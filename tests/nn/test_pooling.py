@@ -2,11 +2,13 @@
 outputs (indices included) and gradients, on the reference target here."""
 
 import copy
+import pickle
 
 import pytest
 import torch
 
 import tileops.nn.pooling as tp
+from tileops.signature import ConstructionError
 
 #: (layer, its constructor arguments, input shape)
 CASES = [
@@ -78,3 +80,23 @@ def test_a_window_given_as_a_list_is_read_only_and_assigning_rebuilds_the_op():
 def test_a_bad_window_is_refused_where_the_layer_is_made():
     with pytest.raises(Exception, match="0 <= pH <= kH // 2"):
         tp.MaxPool2d(kernel_size=3, padding=2)
+
+
+@pytest.mark.parametrize("size", [(None, 3), (4, None), (None, None), [None, 2]])
+@pytest.mark.parametrize("cls", [tp.AdaptiveAvgPool2d, tp.AdaptiveMaxPool2d])
+def test_an_adaptive_output_size_with_none_keeps_the_input_s_size_as_torch(cls, size):
+    """A None component of output_size is the input's size along that axis, resolved at each
+    call (two input sizes, one layer), through a copy and a pickle, and after output_size is
+    assigned; a bad given component is still refused at construction."""
+    torch_cls = getattr(torch.nn, cls.__name__)
+    layer, ref = cls(size), torch_cls(size)
+    for shape in ((2, 3, 9, 7), (3, 5, 6)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(layer(x), ref(x), rtol=0, atol=0)
+    x = torch.randn(2, 3, 9, 7)
+    for copied in (copy.deepcopy(layer), pickle.loads(pickle.dumps(layer))):
+        torch.testing.assert_close(copied(x), ref(x), rtol=0, atol=0)
+    layer.output_size = ref.output_size = (2, None)
+    torch.testing.assert_close(layer(x), ref(x), rtol=0, atol=0)
+    with pytest.raises(ConstructionError, match="H_out > 0"):
+        cls((0, None))

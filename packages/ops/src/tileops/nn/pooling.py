@@ -22,6 +22,7 @@ from tileops.ops import (
     MaxPool2dFwdOp,
     MaxPool3dFwdOp,
 )
+from tileops.runtime import Op
 
 from ._holder import HoldsOp
 
@@ -84,15 +85,57 @@ class AvgPool3d(_Pool, nn.AvgPool3d):
     op_class, op_attrs = AvgPool3dFwdOp, (*_AVG_ATTRS, "divisor_override")
 
 
-class AdaptiveAvgPool2d(_Pool, nn.AdaptiveAvgPool2d):
+class _Adaptive(_Pool):
+    """An adaptive layer: an ``output_size`` with a None component (torch's "the input's size
+    along that axis") is resolved from each call's input, and the op of each resolved size is
+    built once and kept (the components given are checked at construction, by the op of the
+    resolved size 1)."""
+
+    def _open(self) -> bool:
+        size = self.output_size
+        return isinstance(size, (tuple, list)) and any(s is None for s in size)
+
+    def _sized_op(self, size: tuple) -> Op:
+        params = {a: getattr(self, a) for a in self.op_attrs}
+        return self.op_class(**{**params, "output_size": size}, **self.op_fixed,
+                             target=self.target)
+
+    def _build_op(self) -> Op:
+        if not self._open():
+            self.__dict__["_sized"] = None
+            return super()._build_op()
+        op = self._sized_op(tuple(1 if s is None else s for s in self.output_size))
+        self.__dict__["_sized"] = {}
+        self.__dict__["_op"] = op
+        return op
+
+    def forward(self, input: torch.Tensor):
+        op = self.op  # built (or rebuilt after an assignment) first
+        sized = self.__dict__.get("_sized")
+        if sized is None:
+            return op(input)
+        shape = input.shape[-2:]
+        size = tuple(shape[i] if s is None else s for i, s in enumerate(self.output_size))
+        op = sized.get(size)
+        if op is None:
+            op = sized[size] = self._sized_op(size)
+        return op(input)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__()
+        state.pop("_sized", None)
+        return state
+
+
+class AdaptiveAvgPool2d(_Adaptive, nn.AdaptiveAvgPool2d):
     """``torch.nn.AdaptiveAvgPool2d`` running :class:`~tileops.ops.AdaptiveAvgPool2dFwdOp`
-    (an ``output_size`` of ints: a None component, torch's "the input's size", is refused by
-    the op's construction check)."""
+    (a None component of ``output_size`` is the input's size there, as torch's)."""
 
     op_class, op_attrs = AdaptiveAvgPool2dFwdOp, ("output_size",)
 
 
-class AdaptiveMaxPool2d(_Pool, nn.AdaptiveMaxPool2d):
-    """``torch.nn.AdaptiveMaxPool2d`` running :class:`~tileops.ops.AdaptiveMaxPool2dFwdOp`."""
+class AdaptiveMaxPool2d(_Adaptive, nn.AdaptiveMaxPool2d):
+    """``torch.nn.AdaptiveMaxPool2d`` running :class:`~tileops.ops.AdaptiveMaxPool2dFwdOp`
+    (a None component of ``output_size`` is the input's size there, as torch's)."""
 
     op_class, op_attrs = AdaptiveMaxPool2dFwdOp, ("output_size", "return_indices")
