@@ -321,6 +321,14 @@ def test_a_dtype_the_op_does_not_take() -> None:
     assert "RMSNormFwdOp accepts no int8; its dtypes: float16, bfloat16, float32" in result.output
 
 
+def test_a_dtype_option_naming_no_dtype_is_refused() -> None:
+    """``--dtype ,`` (or an empty value) is a mistake, not "each workload's own dtypes"."""
+    for value in (",,", "", " , "):
+        result = invoke("run", "RMSNormFwdOp", "--dtype", value)
+        assert result.exit_code == 2
+        assert f"--dtype {value!r} names no dtype" in result.output
+
+
 def test_unknown_workload_and_target() -> None:
     result = invoke("run", "RMSNormFwdOp", "-w", "nope")
     assert result.exit_code == 2 and "no workload matches nope; labels: " in result.output

@@ -120,6 +120,10 @@ def prepare(names: Sequence[str], device: str | None, dtypes: Sequence[str],
         accepted_any.update(dict.fromkeys(entry_dtypes(cls._signature.entry,
                                                        cls._signature.adts)))
     dts = [parse_dtype(d, list(accepted_any)) for d in split_list(dtypes)]
+    if dtypes and not dts:  # --dtype ',' or --dtype '': not "every workload's own dtypes"
+        raise UsageProblem(f"--dtype {' '.join(repr(d) for d in dtypes)} names no dtype; "
+                           f"give one or more, comma-separated (bf16, fp16, fp32, ...), or "
+                           f"leave --dtype out for each workload's own dtype cases")
     tgt = parse_target(target)
     if max_elements is None:
         max_elements = CPU_MAX_ELEMENTS if dev.type == "cpu" else 0

@@ -76,8 +76,9 @@ def print_run_table(results: list[CaseResult], dev: torch.device, p: Peaks, cap:
     con.print(table)
     notes = []
     if any(r.scaled for r in results):
-        notes.append(f"* scaled down so no input or output holds more than {cap} elements "
-                     f"(--max-elements; 0 runs the full sizes)")
+        notes.append(f"* scaled down, rows first, toward at most {cap} elements in any input "
+                     f"or output (--max-elements; sizes the workload's rules need are kept; 0 "
+                     f"runs the full sizes)")
     seen: dict[str, int] = {}
     for r in results:
         if r.note:
