@@ -425,3 +425,42 @@ def test_a_shape_only_input_counts_no_traffic_and_explain_says_so() -> None:
     call = plan.construct().check(t(1), stand_in)
     assert call.traffic == {"dy": (2, 0), "x": (0, 0), "dx": (0, 64 * 32 * 2)}
     assert "reads only the shape of x" in explain(plan)
+
+
+#: buffer output names that were once the check's own parameters: builtins it calls, its
+#: globals and parameters, an input's generated name
+_HOSTILE_BUFFER_NAMES = ["len", "type", "locals", "_R", "_AT", "_fail", "_SCE", "_NO", "_kw",
+                         "_rest", "check_exact", "t_x", "s_x", "i_N", "y"]
+
+
+@pytest.mark.parametrize("name", _HOSTILE_BUFFER_NAMES)
+def test_an_out_buffer_of_any_valid_name_is_checked_as_any_other(name) -> None:
+    """A buffer output's name is a keyword of the call, never a name the generated check
+    binds: with the buffer absent, given, and of the wrong shape, the checks behave as for
+    ``y``, and a missing required input is still refused by the op's signature."""
+    import textwrap
+
+    from tileops.signature import SignatureCallError, SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent(f"""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {{N: Dim}}
+            inputs:
+              x: {{dtype: float32, shape: "[N]"}}
+            outputs:
+              {name}: {{dtype: float32, shape: "[N]", buffer: true}}
+        """)
+    spec = load_spec_text(text, "buffers.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    x, buf, bad = torch.empty(4), torch.empty(4), torch.empty(5)
+    for check in (point.check, point.check_exact):
+        assert check(x).out_given is False
+        assert check(x, **{name: buf}).out_given is True
+        with pytest.raises(SignatureCallError, match=rf"argument {name} does not match"):
+            check(x, **{name: bad})
+        with pytest.raises(TypeError, match=r"Op\.check\(x, \*, .*\): required input x not "):
+            check()

@@ -80,15 +80,17 @@ class Generator(ExprCompiler):
             required = self.plan.input_names[:first_opt]
             args = [f"t_{n}=_NO" if i < first_opt else f"t_{n}=None"
                     for i, n in enumerate(self.plan.input_names)]
-            # buffer outputs are passed by their declared names (``out=``)
-            kw = [f"{n}=None" for n in self.plan.buffer_outputs]
-            sig = ", ".join([*args, "*_rest", *kw, "**_kw"])
+            # the inputs are positional only: a keyword of any name lands in _kw
+            sig = ", ".join([*args, *(["/"] if args else []), "*_rest", "**_kw"])
             self.lines.append(f"def {fname}({sig}):")
+            # buffer outputs are passed by their declared names (``out=``), taken from the
+            # keywords by that name as a string: a name is never a parameter of the check,
+            # so none (len, _fail, t_x) shadows a builtin, a global or another parameter
+            for n in self.plan.buffer_outputs:
+                self.lines.append(f"    t_{n} = _kw.pop({n!r}, None)")
             bad = " or ".join(["_rest", "_kw", *(f"t_{n} is _NO" for n in required)])
             given = "".join(f"t_{n}, " for n in self.plan.input_names)
             self.lines.append(f"    if {bad}: raise _arity(_rest, _kw, ({given}))")
-            for n in self.plan.buffer_outputs:
-                self.lines.append(f"    t_{n} = {n}")
             self._presence_tree(list(opt), {}, 1, mode)
             self.lines.append("")
         self._emit_derive()
@@ -164,7 +166,9 @@ class Generator(ExprCompiler):
     def exact_call(self) -> str:
         """The call of ``check_exact`` with the arguments the check was given."""
         args = [f"t_{n}" for n in self.plan.input_names]
-        args += [f"{n}=t_{n}" for n in self.plan.buffer_outputs]
+        kw = ", ".join(f"{n!r}: t_{n}" for n in self.plan.buffer_outputs)
+        if kw:
+            args.append(f"**{{{kw}}}")
         return f"check_exact({', '.join(args)})"
 
     def _emit_derive(self) -> None:
