@@ -145,3 +145,33 @@ def test_m_bucket_is_the_next_power_of_two_up_to_16384(m):
     while want < min(m, 16384):
         want *= 2
     assert m_bucket(m) == want
+
+
+def test_the_reference_target_keeps_float32_under_a_callers_autocast():
+    """An autocast region of the caller does not reach the reference target's arithmetic:
+    an op's values are those outside it (float32 products stay float32, as the in-tree
+    kernels'), and a layer that autocasts its inputs as torch's does gives torch's value."""
+    import torch.nn.functional as F
+
+    import tileops.nn as tnn
+    from tileops.ops import FusedLinearCrossEntropyFwdOp, GroupedQueryAttentionFwdOp
+
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(8, 64, generator=g), torch.randn(16, 64, generator=g)
+    h, w = torch.randn(4, 8, generator=g).bfloat16(), torch.randn(13, 8, generator=g).bfloat16()
+    t = torch.randint(0, 13, (4,), generator=g)
+    q, k, v = (torch.randn(1, 5, 2, 16, generator=g).bfloat16() for _ in range(3))
+    calls = [lambda: GemmFwdOp(trans_b=True)(a, b),
+             lambda: FusedLinearCrossEntropyFwdOp()(h, w, t),
+             lambda: GroupedQueryAttentionFwdOp(is_causal=True)(q, k, v)]
+    for call in calls:
+        plain = call()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            under = call()
+        assert under.dtype == plain.dtype
+        torch.testing.assert_close(under, plain, rtol=0, atol=0)
+    h32, w32 = h.float(), w.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        got = tnn.FusedLinearCrossEntropyLoss()(h32, w32, t)
+        want = F.cross_entropy(F.linear(h32, w32), t)
+    torch.testing.assert_close(got, want.float(), rtol=1e-6, atol=1e-6)

@@ -239,12 +239,22 @@ class Equivalents:
 def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:
     """The ``reference`` target's kernel for an op declaring ``reference``: its outputs
     computed by the declaration (fp32 for narrower inputs), copied into the call's outputs
-    (which may be inputs: every output is computed before any is written)."""
+    (which may be inputs: every output is computed before any is written). The declaration
+    runs with the caller's autocast off: its float32 arithmetic stays float32 (an autocast
+    region made its matmuls bfloat16), as the in-tree kernels' does and as torch keeps the
+    accumulation of its own ops."""
+    import torch
+
     n_inputs = op._n_inputs
+    device = call.device.type if getattr(call, "device", None) is not None else "cpu"
 
     def kernel(*tensors: Any) -> None:
         inputs, outputs = tensors[:n_inputs], tensors[n_inputs:]
-        results = op.reference(call, *inputs)
+        if torch.is_autocast_enabled(device):
+            with torch.autocast(device, enabled=False):
+                results = op.reference(call, *inputs)
+        else:
+            results = op.reference(call, *inputs)
         for i, (out, r) in enumerate(zip(outputs, results, strict=True)):
             if out is not None and r is not None:
                 if r.shape != out.shape:  # copy_ would broadcast it: a wrong answer
