@@ -140,3 +140,27 @@ def test_env_line_and_json(cache: Path) -> None:
     assert f"cache: {cache} (a regular file of 0 B, not a directory)" in invoke("env").output
     doc = json.loads(invoke("env", "--json").stdout)["cache"]
     assert (doc["kind"], doc["exists"]) == ("file", False)
+
+
+def test_the_command_s_own_start_leaves_no_trace_in_the_cache(tmp_path: Path) -> None:
+    """Every ``tileops`` command imports the ops, which validates the specs and records them
+    in the cache; ``cache info`` and ``cache clear`` take that record back first, so a cache
+    never used reads as not created and a second clear has nothing to clear, while a record
+    an earlier process wrote is the cache's."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "never-used"
+    run_env = {**os.environ, "TILEOPS_CACHE_DIR": str(path)}
+
+    def cli(*args: str) -> str:
+        done = subprocess.run([sys.executable, "-m", "tileops.ops.cli", *args], env=run_env,
+                              capture_output=True, text=True, timeout=120, check=True)
+        return done.stdout
+
+    assert cli("cache", "info").splitlines()[0] == f"{path} (not created)"
+    assert not path.exists()
+    subprocess.run([sys.executable, "-c", "import tileops.ops"], env=run_env, check=True,
+                   timeout=120)
+    assert cli("cache", "clear", "--yes").startswith(f"cleared {path} (1 file, ")
+    assert "nothing to clear" in cli("cache", "clear", "--yes")

@@ -135,6 +135,25 @@ def _stored_load(paths: Iterable[str | Path]) -> tuple[list[SpecFile], dict[str,
 MAX_RECORD_BYTES = 64 << 20
 #: records and folders already warned about: a process warns once for each
 _warned: set[Path] = set()
+#: the records this process added to the cache, then the folders it made for them
+_written: list[Path] = []
+
+
+def own_records_removed() -> None:
+    """Take back what this process added to the cache by writing spec records: the records
+    that were not there before it, then the folders it made for them, where they are empty.
+    The ``tileops cache`` command runs it first, so that it describes and clears the cache as
+    it was before the command started (importing the ops, as every command does, validates
+    the specs and records them)."""
+    for path in _written:
+        try:
+            if path.suffix == ".msgpack":
+                path.unlink(missing_ok=True)
+            else:
+                path.rmdir()  # only where empty: another writer's files stay
+        except OSError:
+            pass
+    _written.clear()
 
 
 def _unusable(path: Path, why: str) -> None:
@@ -156,10 +175,17 @@ def _stored_save(paths: Iterable[str | Path], loaded: list[SpecFile],
         return
     folder = cache_part("specs")
     tmp = folder / f".{digest}.{os.getpid()}.{threading.get_ident()}.tmp"
+    record = folder / f"{digest}.msgpack"
+    # what this write adds to the cache (the folders it makes, the record if new): the
+    # cache command takes its own start's trace back before it looks (own_records_removed)
+    new = [d for d in (folder.parent, folder) if not d.exists()]
     try:
+        existed = record.exists()
         folder.mkdir(parents=True, exist_ok=True)
         tmp.write_bytes(stored.dump(digest, loaded, adts))
-        os.replace(tmp, folder / f"{digest}.msgpack")
+        os.replace(tmp, record)
+        if not existed:
+            _written.extend([record, *reversed(new)])
     except OSError as err:
         try:  # a record that could not take its place leaves no temporary file behind
             tmp.unlink(missing_ok=True)

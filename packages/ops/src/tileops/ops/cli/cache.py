@@ -13,6 +13,7 @@ import click
 import torch
 
 from tileops.runtime import env, targets
+from tileops.runtime.specs import own_records_removed
 
 from .core import version
 
@@ -137,6 +138,8 @@ def env_cmd(as_json: bool) -> None:
 def cache() -> None:
     """The cache directory (TILEOPS_CACHE_DIR): everything TileOPs writes, tuned configs and
     compiled kernels (TileLang's cache is pointed inside it)."""
+    # the spec record this command's own start wrote (importing the ops) is not the cache's
+    own_records_removed()
 
 
 def _unsafe_to_clear(path: Path) -> str | None:
