@@ -464,3 +464,41 @@ def test_an_out_buffer_of_any_valid_name_is_checked_as_any_other(name) -> None:
             check(x, **{name: bad})
         with pytest.raises(TypeError, match=r"Op\.check\(x, \*, .*\): required input x not "):
             check()
+
+
+@pytest.mark.parametrize(("need", "refused"), [(True, True), (False, False)])
+def test_an_input_optional_under_a_predicate_may_be_left_out_only_where_it_holds(need, refused):
+    """``optional: "not need"``: at a point where the predicate is false the input is
+    required, and leaving it out is refused naming it, the predicate and the params' values;
+    where it holds (or the input is given) the call passes."""
+    import textwrap
+
+    from tileops.signature import SignatureCallError, SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent("""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {N: Dim}
+            params: {need: {type: bool, default: false}}
+            inputs:
+              x: {dtype: float32, shape: "[N]"}
+              w: {dtype: float32, shape: "[N]", optional: "not need"}
+            outputs:
+              y: {dtype: float32, shape: "[N]"}
+        """)
+    spec = load_spec_text(text, "optional.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(need=need)
+    x = torch.empty(3)
+    for check in (point.check, point.check_exact):
+        assert check(x, torch.empty(3)) is not None
+        if refused:
+            with pytest.raises(SignatureCallError) as info:
+                check(x)
+            assert info.value.argument == "w"
+            assert ("w is required here: it may be left out only where 'not need' holds, and "
+                    "it does not (need = True)") in str(info.value)
+        else:
+            assert check(x) is not None

@@ -99,6 +99,7 @@ class Body:
                 raise GenError(f"{n}: axis {E.unparse(it)} cannot be unified")
             self.check_axis(n, it, at, disp, expected, path)
         self.refinements()
+        self.absent_allowed()
         emit_outputs(self)
         if derive:
             return
@@ -502,6 +503,30 @@ class Body:
         self.emit(f"    i_{n} = {code}")
         self.emit("except (ArithmeticError, ValueError) as _e:")
         self.emit(f"    raise _fail({fid}, locals()) from None")
+
+    def absent_allowed(self) -> None:
+        """An input absent in this body whose ``optional`` is a predicate may be left out
+        only where it holds: folded at the construction point (a param's test), else read
+        from the call's indices; where it does not hold the call is refused naming it."""
+        for n, decl in self.sig.inputs.items():
+            if self.presence.get(n, True):
+                continue
+            node = self.g.fold(decl.optional.node, self.presence, self.bound_set)
+            if isinstance(node, E.Bool) and node.value:
+                continue
+            text = decl.optional.text
+            names = [m for m in decl.optional.names()
+                     if m in self.bound_set or m in self.g.const]
+            codes = {m: (f"i_{m}" if m in self.bound_set else None) for m in names}
+            consts = {m: self.g.const[m] for m in names if m not in self.bound_set}
+            fid = self.fail_id(n, f"{n} (optional only where {text})", lambda env, n=n, text=text,
+                               codes=codes, consts=consts:
+                               f"{n} is required here: it may be left out only where "
+                               f"{text!r} holds, and it does not ("
+                               + ", ".join(f"{m} = {fmt_value(consts[m] if c is None else ev(c, env))}"
+                                           for m, c in codes.items()) + ")",
+                               f"signature.inputs.{n}")
+            self.check_plain("False" if isinstance(node, E.Bool) else self.expr(node), fid)
 
     def refinements(self) -> None:
         for i, rule in enumerate(self.sig.shape_rules):
