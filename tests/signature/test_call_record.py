@@ -502,3 +502,40 @@ def test_an_input_optional_under_a_predicate_may_be_left_out_only_where_it_holds
                     "it does not (need = True)") in str(info.value)
         else:
             assert check(x) is not None
+
+
+def test_a_buffer_on_another_device_or_for_an_absent_output_is_refused() -> None:
+    """An out= buffer must be on the call's device (torch refuses a cross-device out= too),
+    and a buffer for an output the call does not have (nullable here) is refused, not
+    dropped unwritten; a buffer for an output the call has is taken."""
+    import textwrap
+
+    from tileops.signature import SignatureCallError, SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent("""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {N: Dim}
+            params: {flag: {type: bool, default: false}}
+            inputs:
+              x: {dtype: float32, shape: "[N]"}
+            outputs:
+              y: {dtype: float32, shape: "[N]", buffer: true}
+              z: {dtype: float32, shape: "[N]", nullable: "not flag", buffer: true}
+        """)
+    spec = load_spec_text(text, "buffers.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    x = torch.empty(3)
+    for check in (point.check, point.check_exact):
+        with pytest.raises(SignatureCallError, match="the buffer given for y is on meta, the "
+                                                     "call's inputs on cpu"):
+            check(x, y=torch.empty(3, device="meta"))
+        with pytest.raises(SignatureCallError, match="a buffer was given for z, but this call "
+                                                     "has no z output"):
+            check(x, z=torch.empty(3))
+        assert check(x, y=torch.empty(3)).out_given
+    flagged = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(flag=True)
+    assert flagged.check(x, z=torch.empty(3)).out_given

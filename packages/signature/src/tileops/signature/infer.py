@@ -53,8 +53,25 @@ def emit_outputs(b: Body) -> None:
         b.g.like_votes.setdefault(n, set()).add(same if src_dtype == dn else None)
         dtypes.append(_output_dtype(b, n, d))
     for i, (n, d) in enumerate(b.sig.outputs.items()):
-        if not d.buffer or shapes[i] == "None" or b.mode == "derive":
+        if not d.buffer or b.mode == "derive":
             continue
+        if shapes[i] == "None":  # no output here: a buffer given for it would go unwritten
+            fid = b.fail_id(n, f"{n}: None (nullable where {d.nullable.text})",
+                            lambda env, n=n, t=d.nullable.text:
+                            f"a buffer was given for {n}, but this call has no {n} output "
+                            f"({t!r} holds)", f"signature.outputs.{n}")
+            b.check_plain(f"t_{n} is None", fid)
+            continue
+        attr = ad.device
+        if attr is not None and b.device_code != "None":  # a buffer on the call's device
+            fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}] on the inputs' "
+                               f"device",
+                            lambda env, n=n, attr=attr, dev=b.device_code:
+                            f"the buffer given for {n} is on "
+                            f"{getattr(env[f't_{n}'], attr)}, the call's inputs on "
+                            f"{ev(dev, env)}: the tensors of one call must share a device",
+                            f"signature.outputs.{n}")
+            b.check_plain(f"t_{n} is None or t_{n}.{attr} == {b.device_code}", fid)
         b.emit(f"if t_{n} is not None:")
         fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}]",
                         lambda env, n=n, sc=shapes[i], dc=dtypes[i]:
