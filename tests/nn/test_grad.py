@@ -120,3 +120,23 @@ def test_float32_grads_are_torchs(name, wants):
 def test_bfloat16_linear_grads_match_float64(name, wants):
     # the GEMM's bfloat16 gradients, each rounded once from a float32 accumulation
     _grads_against_torch(name, wants, torch.bfloat16, 1.6e-2, 1.6e-2, torch.float64)
+
+
+def test_forward_mode_ad_and_a_batched_backward_are_refused_naming_the_op():
+    """Forward-mode AD (a dual tensor) and a batched backward (jacobian(vectorize=True), which
+    vmaps the node over the upstream gradients) are refused by the op's name, with the way
+    out; the plain jacobian is torch's."""
+    import torch.autograd.forward_ad as fwAD
+
+    import tileops.nn as tnn
+
+    layer = tnn.Linear(4, 3).double()
+    x = torch.randn(2, 4, dtype=torch.double)
+    with fwAD.dual_level(), pytest.raises(RuntimeError, match=r"^GemmFwdOp: forward-mode AD"):
+        layer(fwAD.make_dual(x, torch.randn_like(x)))
+    with pytest.raises(RuntimeError, match=r"^GemmFwdOp: a batched backward .*\(vectorize=False"):
+        torch.autograd.functional.jacobian(layer, x, vectorize=True)
+    ref = torch.nn.Linear(4, 3).double()
+    ref.load_state_dict(layer.state_dict())
+    torch.testing.assert_close(torch.autograd.functional.jacobian(layer, x),
+                               torch.autograd.functional.jacobian(ref, x))

@@ -492,6 +492,14 @@ class Node(torch.autograd.Function):
         return outputs[0] if len(outputs) == 1 else outputs
 
     @staticmethod
+    def jvp(ctx: Any, *tangents: Any) -> Any:
+        """Forward-mode AD: refused by the op's name (torch's own message names no op)."""
+        raise RuntimeError(
+            f"{type(ctx.op).__name__}: forward-mode AD (torch.autograd.forward_ad, "
+            f"torch.func.jvp) does not reach this op: its gradient is a backward; "
+            f"differentiate it with torch.autograd.grad or .backward()")
+
+    @staticmethod
     @_once_differentiable
     def backward(ctx: Any, *grads: Any) -> Any:
         op = ctx.op
@@ -506,8 +514,20 @@ class Node(torch.autograd.Function):
         if ctx.spent:
             _refuse_spent(op, ctx.spent)
         written_over: list = []
-        out = op._gradient.run(op, ctx.saved_tensors, grads, ctx.needs_input_grad[2:],
-                               traced=False, metas=ctx.metas, written_over=written_over)
+        try:
+            out = op._gradient.run(op, ctx.saved_tensors, grads, ctx.needs_input_grad[2:],
+                                   traced=False, metas=ctx.metas, written_over=written_over)
+        except RuntimeError as exc:
+            # a batched backward (the engine vmaps the node over the upstream gradients):
+            # torch's vmap refuses the gradient's writes naming no op
+            if not str(exc).startswith(("vmap:", "Batching rule not implemented")):
+                raise
+            raise RuntimeError(
+                f"{type(op).__name__}: a batched backward (vmap over the gradients: "
+                f"torch.autograd.functional.jacobian(vectorize=True), "
+                f"torch.autograd.grad(is_grads_batched=True)) does not reach this op: its "
+                f"gradient writes plain tensors; compute the gradients one at a time "
+                f"(vectorize=False, or a loop over the upstream gradients)") from exc
         ctx.spent = tuple(written_over)
         return (None, None, *out)
 
