@@ -247,10 +247,14 @@ def reference_builder(op: Op, call: SignatureCall) -> Callable[..., None]:
 
     n_inputs = op._n_inputs
     device = call.device.type if getattr(call, "device", None) is not None else "cpu"
+    try:
+        torch.is_autocast_enabled(device)
+    except RuntimeError:  # a device autocast has no form for (meta)
+        device = None
 
     def kernel(*tensors: Any) -> None:
         inputs, outputs = tensors[:n_inputs], tensors[n_inputs:]
-        if torch.is_autocast_enabled(device):
+        if device is not None and torch.is_autocast_enabled(device):
             with torch.autocast(device, enabled=False):
                 results = op.reference(call, *inputs)
         else:
