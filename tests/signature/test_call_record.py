@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import copy
 import math
+import re
 
 import pytest
 
@@ -539,3 +540,40 @@ def test_a_buffer_on_another_device_or_for_an_absent_output_is_refused() -> None
         assert check(x, y=torch.empty(3)).out_given
     flagged = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(flag=True)
     assert flagged.check(x, z=torch.empty(3)).out_given
+
+
+@pytest.mark.parametrize(("shape", "params", "bad", "because"), [
+    ("[N, H - 3]", {}, (4, 0), "y's shape would be [4, -3]: not a shape"),
+    ("[N, k]", {"k": -1}, (4, 2), "y's shape would be [4, -1]: not a shape"),
+    ("[N, H ** -1]", {}, (4, 2), "y's shape would be [4, 0.5]: not a shape"),
+    ("[N // H]", {}, (4, 0), "evaluating the signature on these sizes failed"),
+])
+def test_an_output_axis_the_signature_computes_is_checked_on_the_call(shape, params, bad,
+                                                                      because):
+    """An output axis computed from the call's sizes or a param must be a size: a call that
+    makes it negative, fractional or incomputable is refused by the check (each form of it),
+    naming the output, not left to fail when the outputs are derived."""
+    import textwrap
+
+    from tileops.signature import SignatureCallError, SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent(f"""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {{N: Dim, H: Dim}}
+            params: {{k: {{type: int, default: 1}}}}
+            inputs:
+              x: {{dtype: float32, shape: "[N, H]"}}
+            outputs:
+              y: {{dtype: float32, shape: "{shape}"}}
+        """)
+    spec = load_spec_text(text, "outputs.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(**params)
+    for check in (point.check, point.check_exact):
+        with pytest.raises(SignatureCallError, match=re.escape(because)):
+            check(torch.empty(*bad))
+    if shape == "[N, H - 3]":  # a call the computed axis holds on
+        assert point.check(torch.empty(4, 4)).output_shapes == ((4, 1),)

@@ -48,6 +48,8 @@ def emit_outputs(b: Body) -> None:
             shapes.append(f"s_{same}")
         else:
             shapes.append(b.expr(E.Tuple(node.items) if isinstance(node, E.List) else node))
+            if b.mode in ("exact", "fast") and not _plain_shape(node):
+                _check_output_shape(b, n, d, shapes[-1])
         dn = d.dtype.node
         src_dtype = b.sig.inputs[same].dtype.node if same is not None else None
         b.g.like_votes.setdefault(n, set()).add(same if src_dtype == dn else None)
@@ -114,6 +116,34 @@ def emit_outputs(b: Body) -> None:
     # the record: one object holding what the check read (see SignatureCall)
     reads = ", ".join(f"{s}, {d}" for s, d in zip(ins, ids, strict=True))
     b.emit(f"return _R({device}, {branch}{', ' + reads if reads else ''})")
+
+
+def _plain_shape(node: E.Node) -> bool:
+    """Whether every axis of an output's folded shape is an index, a constant or a spliced
+    Shape index: sizes by construction (the inputs' sizes are checked), nothing to compute."""
+    items = node.items if isinstance(node, E.List | E.Tuple) else None
+    if items is None:
+        return False
+    return all(isinstance(it, E.Name | E.Int) and not isinstance(it, E.Bool)
+               and (not isinstance(it, E.Int) or it.value >= 0)
+               or isinstance(it, E.Starred) and isinstance(it.value, E.Name) for it in items)
+
+
+def _is_shape(shape: tuple) -> bool:
+    return all(type(v) is int and v >= 0 for v in shape)
+
+
+def _check_output_shape(b: Body, n: str, d: OutputDecl, code: str) -> None:
+    """An output axis the signature computes (``H - 3``, ``N // k``, a primitive's result) must
+    be a size on the call's values: evaluated in the check, so a call that gives an output a
+    negative or fractional axis (or a primitive that refuses these values) is refused here
+    rather than when the outputs are derived."""
+    b.g.namespace.setdefault("_osz", _is_shape)
+    fid = b.fail_id(n, f"{n}: Tensor[{d.dtype.text}, {d.shape.text}]",
+                    lambda env, n=n, code=code:
+                    f"{n}'s shape would be {shape_text(ev(code, env))}: not a shape (an axis "
+                    f"below 0 or not an integer)", f"signature.outputs.{n}")
+    b.check(f"_osz({code})", fid)
 
 
 def _output_dtype(b: Body, n: str, d: OutputDecl) -> str:
