@@ -577,3 +577,58 @@ def test_an_output_axis_the_signature_computes_is_checked_on_the_call(shape, par
             check(torch.empty(*bad))
     if shape == "[N, H - 3]":  # a call the computed axis holds on
         assert point.check(torch.empty(4, 4)).output_shapes == ((4, 1),)
+
+
+@pytest.mark.parametrize(("shape", "params"), [("[N - N + 3]", {}), ("[0 * N + 3]", {}),
+                                               ("[k * N]", {"k": 0})])
+def test_an_axis_whose_factor_is_0_is_refused_at_construction(shape, params) -> None:
+    """An index read off an axis that does not depend on it (its affine factor folds to 0)
+    has no value: refused where the point is constructed, naming the axis, rather than every
+    call failing on a division by zero."""
+    import textwrap
+
+    from tileops.signature import SignaturePlan
+    from tileops.spec import SpecError, load_spec_text
+
+    text = textwrap.dedent(f"""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {{N: Dim}}
+            params: {{k: {{type: int, default: 1}}}}
+            inputs:
+              x: {{dtype: float32, shape: "{shape}"}}
+            outputs:
+              y: {{dtype: float32, shape: "[N]"}}
+        """)
+    spec = load_spec_text(text, "zero.yaml")
+    with pytest.raises(SpecError, match=r"does not depend on N \(its factor is 0"):
+        SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(**params)
+
+
+def test_an_axis_whose_factor_read_from_the_call_is_0_is_refused_by_name() -> None:
+    import textwrap
+
+    from tileops.signature import SignatureCallError, SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent("""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {N: Dim, K: Dim}
+            inputs:
+              a: {dtype: float32, shape: "[K]"}
+              x: {dtype: float32, shape: "[K * N]"}
+            outputs:
+              y: {dtype: float32, shape: "[N]"}
+        """)
+    spec = load_spec_text(text, "zero.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    assert point.check(torch.empty(2), torch.empty(6)).output_shapes == ((3,),)
+    for check in (point.check, point.check_exact):
+        with pytest.raises(SignatureCallError, match=r"K \* N does not depend on N for these "
+                                                     r"sizes \(its factor is 0\)"):
+            check(torch.empty(0), torch.empty(0))

@@ -401,9 +401,19 @@ class Body:
         a1 = self.g.fold(subst(it, {x: E.Int(1)}, {}), self.presence, self.bound_set)
         bc, a1c = self.expr(b), self.expr(a1)
         text = E.unparse(it)
+        if isinstance(b, E.Int) and isinstance(a1, E.Int) and a1.value == b.value:
+            # N - N + 3, 0 * N, k * N with k = 0: the axis does not depend on x here
+            raise GenError(f"{n}: axis {text} does not depend on {x} (its factor is 0 at "
+                           f"this construction point), so {x} cannot be read off it")
         # // and % rather than divmod, which a symbolic size (torch's SymInt) does not take
         self.emit(f"_q = {at} - ({bc})")
         self.emit(f"_d = ({a1c}) - ({bc})")
+        if not (isinstance(b, E.Int) and isinstance(a1, E.Int)):
+            # a factor read from the call (an index bound earlier) may be 0
+            zid = self.fail_id(n, expected, lambda env, text=text, x=x, d=disp:
+                               f"{text} does not depend on {x} for these sizes (its factor "
+                               f"is 0), so {d} cannot give {x}", path)
+            self.check("_d != 0", zid)
         self.emit(f"i_{x} = _q // _d")
         self.emit("_r = _q % _d")
         # the failure lists what was bound before: x has no value when there is no solution
