@@ -233,3 +233,25 @@ def test_numpy_use_does_not_import_torch() -> None:
         """)
     r = _run(code)
     assert r.returncode == 0, r.stderr
+
+
+def test_a_subclass_that_redefines_shape_has_its_entries_checked(spec) -> None:
+    """An array subclass that keeps the library's ``shape`` is trusted as the library's arrays
+    are; one whose ``shape`` is its own (here: -3 and 2.5) is read entry by entry and refused
+    by name, as any other object with ``.shape``."""
+    np = pytest.importorskip("numpy")
+
+    class Lying(np.ndarray):
+        shape = property(lambda self: self.fake)
+
+    class Plain(np.ndarray):
+        pass
+
+    point = SignaturePlan("NormOp", spec.entries["NormOp"], spec=spec,
+                          adapter=numpy_adapter()).construct(n=8)
+    lying = np.zeros((2, 8), "float32").view(Lying)
+    lying.fake = (-3, 2.5)
+    for check in (point.check, point.check_exact):
+        with pytest.raises(SignatureCallError, match=r"x\.shape\[0\] is -3, not a size"):
+            check(lying)
+        assert check(np.zeros((2, 8), "float32").view(Plain)).tensors["x"] == ((2, 8), "float32")

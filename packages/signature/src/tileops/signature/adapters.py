@@ -112,8 +112,15 @@ class DTypeAdapter:
         is then admitted: later calls test it with one set lookup); else ``shape`` as a tuple
         of ints, or None when it is not a tuple of sizes (:func:`.sizes.normalize_shape`)."""
         if isinstance(t, self.arrays):
-            self.admitted.add(type(t))
-            return shape
+            cls = type(t)
+            # a subclass that keeps the library's shape attribute has the library's sizes (an
+            # nn.Parameter, a fake tensor: symbolic sizes never forced); one that redefines
+            # it is read entry by entry, as any other object
+            if all(getattr(cls, "shape", None) is getattr(a, "shape", None)
+                   for a in self.arrays if isinstance(t, a)):
+                self.admitted.add(cls)
+                return shape
+            return normalize_shape(shape)
         return None if self.strict else normalize_shape(shape)
 
     def problem(self, name: str, t: Any) -> str:
