@@ -53,8 +53,18 @@ FAILING = [
         [("kind", "op.yaml:10: in Op.signature.inputs.w.dtype: 'promote(T, U)': an input's "
                   "dtype is a DType index or a dtype name, which the tensor's dtype is checked "
                   "against; a computed dtype (promote, promote_int_to_float, result_type, "
-                  "with_numbers) is an output's")],
+                  "with_numbers, or a let of one) is an output's")],
         id="computed-input-dtype"),
+    pytest.param(
+        edit(*BINARY, 'w: {dtype: U, shape: "[*SB]"}', 'w: {dtype: V, shape: "[*SB]"}',
+             '    let: {S: "broadcast(SA, SB)"}\n',
+             '    let: {S: "broadcast(SA, SB)", V: "promote(T, U)"}\n', Y,
+             'y: {dtype: T, shape: "[*S]"}'),
+        [("kind", "op.yaml:10: in Op.signature.inputs.w.dtype: 'V': an input's dtype is a "
+                  "DType index or a dtype name, which the tensor's dtype is checked against; a "
+                  "computed dtype (promote, promote_int_to_float, result_type, with_numbers, or "
+                  "a let of one) is an output's")],
+        id="let-input-dtype"),
     pytest.param(
         binary("promote(T, len(SA))"),
         [("kind", "op.yaml:13: in Op.signature.outputs.y.dtype: 'promote(T, len(SA))': "

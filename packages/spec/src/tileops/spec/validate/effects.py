@@ -39,11 +39,13 @@ def check_tensors(ctx: EntryContext) -> None:
             path = f"{ctx.sig_path}.{group}.{n}"
             if not E.is_name(n):
                 ctx.report.add(path, f"{n!r} is not a valid tensor name", "index-source")
-            if group == "inputs" and not isinstance(d.dtype.node, E.Name):
+            if group == "inputs" and (not isinstance(d.dtype.node, E.Name)
+                                      or d.dtype.node.id in ctx.sig.let):
                 ctx.report.add(f"{path}.dtype", f"{d.dtype.text!r}: an input's dtype is a DType "
                                f"index or a dtype name, which the tensor's dtype is checked "
                                f"against; a computed dtype "
-                               f"({', '.join(sorted(DTYPE_PRIMITIVES))}) is an output's", "kind")
+                               f"({', '.join(sorted(DTYPE_PRIMITIVES))}, or a let of one) is "
+                               f"an output's", "kind")
             else:
                 ctx.check(f"{path}.dtype", d.dtype, "dtype")
             if not isinstance(d.shape.node, E.List | E.Subscript):
