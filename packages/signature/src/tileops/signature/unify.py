@@ -49,6 +49,16 @@ class _Off:
         return not self.terms
 
 
+def _arith_text(e: BaseException) -> str:
+    """What went wrong in the signature's arithmetic, in words: a primitive's or an axis's
+    own message, a division by zero by name; any other exception with its type."""
+    if isinstance(e, ZeroDivisionError):
+        return "a division by zero (a size or param that is 0 divides)"
+    if type(e).__name__ in ("PrimitiveError", "AxisError"):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
 class Body:
     """The straight-line body for one presence combination, in one of four modes:
 
@@ -188,7 +198,7 @@ class Body:
                             f"{type(t).__qualname__}): the {ad.name} adapter reads each "
                             f"tensor's device there")
             e = env.get("_e")
-            return (f"evaluating the signature on these sizes failed: {type(e).__name__}: {e}"
+            return (f"evaluating the signature on these sizes failed: {_arith_text(e)}"
                     if e is not None else "a tensor could not be read")
 
         return ("(inputs)", "tensors for " + ", ".join(names), because, [], "signature.inputs")
