@@ -632,3 +632,36 @@ def test_an_axis_whose_factor_read_from_the_call_is_0_is_refused_by_name() -> No
         with pytest.raises(SignatureCallError, match=r"K \* N does not depend on N for these "
                                                      r"sizes \(its factor is 0\)"):
             check(torch.empty(0), torch.empty(0))
+
+
+@pytest.mark.parametrize(("k", "why"), [(float("inf"), "cannot convert float infinity"),
+                                        (float("nan"), "cannot convert float NaN"),
+                                        (-1.0, "give -4 flops and 32 bytes")])
+def test_a_roofline_with_no_count_is_refused_naming_the_op(k, why) -> None:
+    """A float param of inf or nan (or one that makes a count negative) in a roofline formula
+    is refused by the op's name and the formula's value, not a bare OverflowError."""
+    import textwrap
+
+    from tileops.signature import SignaturePlan
+    from tileops.spec import load_spec_text
+
+    text = textwrap.dedent("""\
+        Op:
+          family: misc
+          status: spec-only
+          signature:
+            forall: {N: Dim}
+            params: {k: {type: float}}
+            inputs:
+              x: {dtype: float32, shape: "[N]"}
+            outputs:
+              y: {dtype: float32, shape: "[N]"}
+          roofline:
+            flops: "k * N"
+        """)
+    spec = load_spec_text(text, "roofline.yaml")
+    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(k=k)
+    with pytest.raises(ValueError, match=rf"^Op: the roofline's formulas .*{re.escape(why)}"):
+        point.roofline(point.check(torch.empty(4)))
+    good = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(k=2.0)
+    assert good.roofline(good.check(torch.empty(4))) == (8, 32)

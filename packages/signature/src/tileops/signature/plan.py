@@ -254,7 +254,20 @@ class ConstructionPoint:
         return self._traffic(call)
 
     def roofline(self, call: SignatureCall) -> tuple[int, int]:
-        return self._roofline(call)
+        """``(flops, bytes)`` of the call by the spec's formulas; a formula whose value on
+        these params and sizes is not a count (inf, nan, negative: a float param of inf) is
+        refused naming the op and the formula's value."""
+        try:
+            flops, nbytes = self._roofline(call)
+        except (OverflowError, ValueError, ArithmeticError) as exc:
+            raise ValueError(f"{self.plan.name}: the roofline's formulas have no count for "
+                             f"this call ({exc}); its params: "
+                             f"{', '.join(f'{k}={v!r}' for k, v in self.params.items())}"
+                             ) from None
+        if flops < 0 or nbytes < 0:
+            raise ValueError(f"{self.plan.name}: the roofline's formulas give {flops} flops and "
+                             f"{nbytes} bytes for this call: a count is not negative")
+        return flops, nbytes
 
     def _arity(self, rest: tuple, kw: dict, given: tuple) -> TypeError:
         """A check called with a required input missing, too many inputs, or a keyword it
