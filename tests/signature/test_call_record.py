@@ -428,6 +428,19 @@ def test_a_shape_only_input_counts_no_traffic_and_explain_says_so() -> None:
     assert "reads only the shape of x" in explain(plan)
 
 
+def _op_point(signature: str, file: str, roofline: str | None = None, **params):
+    """The construction point of a one-entry spec ``Op`` whose signature block is
+    ``signature`` (YAML), and ``roofline``'s flops formula where given."""
+    import textwrap
+
+
+    text = ("Op:\n  family: misc\n  status: spec-only\n  signature:\n"
+            + textwrap.indent(textwrap.dedent(signature), "    ")
+            + (f'  roofline:\n    flops: "{roofline}"\n' if roofline else ""))
+    spec = load_spec_text(text, file)
+    return SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(**params)
+
+
 #: buffer output names that were once the check's own parameters: builtins it calls, its
 #: globals and parameters, an input's generated name
 _HOSTILE_BUFFER_NAMES = ["len", "type", "locals", "_R", "_AT", "_fail", "_SCE", "_NO", "_kw",
@@ -439,24 +452,13 @@ def test_an_out_buffer_of_any_valid_name_is_checked_as_any_other(name) -> None:
     """A buffer output's name is a keyword of the call, never a name the generated check
     binds: with the buffer absent, given, and of the wrong shape, the checks behave as for
     ``y``, and a missing required input is still refused by the op's signature."""
-    import textwrap
-
-    from tileops.signature import SignatureCallError, SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent(f"""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {{N: Dim}}
-            inputs:
-              x: {{dtype: float32, shape: "[N]"}}
-            outputs:
-              {name}: {{dtype: float32, shape: "[N]", buffer: true}}
-        """)
-    spec = load_spec_text(text, "buffers.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    point = _op_point(f"""\
+        forall: {{N: Dim}}
+        inputs:
+          x: {{dtype: float32, shape: "[N]"}}
+        outputs:
+          {name}: {{dtype: float32, shape: "[N]", buffer: true}}
+        """, "buffers.yaml")
     x, buf, bad = torch.empty(4), torch.empty(4), torch.empty(5)
     for check in (point.check, point.check_exact):
         assert check(x).out_given is False
@@ -472,26 +474,15 @@ def test_an_input_optional_under_a_predicate_may_be_left_out_only_where_it_holds
     """``optional: "not need"``: at a point where the predicate is false the input is
     required, and leaving it out is refused naming it, the predicate and the params' values;
     where it holds (or the input is given) the call passes."""
-    import textwrap
-
-    from tileops.signature import SignatureCallError, SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent("""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {N: Dim}
-            params: {need: {type: bool, default: false}}
-            inputs:
-              x: {dtype: float32, shape: "[N]"}
-              w: {dtype: float32, shape: "[N]", optional: "not need"}
-            outputs:
-              y: {dtype: float32, shape: "[N]"}
-        """)
-    spec = load_spec_text(text, "optional.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(need=need)
+    point = _op_point("""\
+        forall: {N: Dim}
+        params: {need: {type: bool, default: false}}
+        inputs:
+          x: {dtype: float32, shape: "[N]"}
+          w: {dtype: float32, shape: "[N]", optional: "not need"}
+        outputs:
+          y: {dtype: float32, shape: "[N]"}
+        """, "optional.yaml", need=need)
     x = torch.empty(3)
     for check in (point.check, point.check_exact):
         assert check(x, torch.empty(3)) is not None
@@ -509,26 +500,16 @@ def test_a_buffer_on_another_device_or_for_an_absent_output_is_refused() -> None
     """An out= buffer must be on the call's device (torch refuses a cross-device out= too),
     and a buffer for an output the call does not have (nullable here) is refused, not
     dropped unwritten; a buffer for an output the call has is taken."""
-    import textwrap
-
-    from tileops.signature import SignatureCallError, SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent("""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {N: Dim}
-            params: {flag: {type: bool, default: false}}
-            inputs:
-              x: {dtype: float32, shape: "[N]"}
-            outputs:
-              y: {dtype: float32, shape: "[N]", buffer: true}
-              z: {dtype: float32, shape: "[N]", nullable: "not flag", buffer: true}
-        """)
-    spec = load_spec_text(text, "buffers.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    signature = """\
+        forall: {N: Dim}
+        params: {flag: {type: bool, default: false}}
+        inputs:
+          x: {dtype: float32, shape: "[N]"}
+        outputs:
+          y: {dtype: float32, shape: "[N]", buffer: true}
+          z: {dtype: float32, shape: "[N]", nullable: "not flag", buffer: true}
+        """
+    point = _op_point(signature, "buffers.yaml")
     x = torch.empty(3)
     for check in (point.check, point.check_exact):
         with pytest.raises(SignatureCallError, match="the buffer given for y is on meta, the "
@@ -538,8 +519,7 @@ def test_a_buffer_on_another_device_or_for_an_absent_output_is_refused() -> None
                                                      "has no z output"):
             check(x, z=torch.empty(3))
         assert check(x, y=torch.empty(3)).out_given
-    flagged = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(flag=True)
-    assert flagged.check(x, z=torch.empty(3)).out_given
+    assert _op_point(signature, "buffers.yaml", flag=True).check(x, z=torch.empty(3)).out_given
 
 
 @pytest.mark.parametrize(("shape", "params", "bad", "because"), [
@@ -553,25 +533,14 @@ def test_an_output_axis_the_signature_computes_is_checked_on_the_call(shape, par
     """An output axis computed from the call's sizes or a param must be a size: a call that
     makes it negative, fractional or incomputable is refused by the check (each form of it),
     naming the output, not left to fail when the outputs are derived."""
-    import textwrap
-
-    from tileops.signature import SignatureCallError, SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent(f"""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {{N: Dim, H: Dim}}
-            params: {{k: {{type: int, default: 1}}}}
-            inputs:
-              x: {{dtype: float32, shape: "[N, H]"}}
-            outputs:
-              y: {{dtype: float32, shape: "{shape}"}}
-        """)
-    spec = load_spec_text(text, "outputs.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(**params)
+    point = _op_point(f"""\
+        forall: {{N: Dim, H: Dim}}
+        params: {{k: {{type: int, default: 1}}}}
+        inputs:
+          x: {{dtype: float32, shape: "[N, H]"}}
+        outputs:
+          y: {{dtype: float32, shape: "{shape}"}}
+        """, "outputs.yaml", **params)
     for check in (point.check, point.check_exact):
         with pytest.raises(SignatureCallError, match=re.escape(because)):
             check(torch.empty(*bad))
@@ -585,48 +554,28 @@ def test_an_axis_whose_factor_is_0_is_refused_at_construction(shape, params) -> 
     """An index read off an axis that does not depend on it (its affine factor folds to 0)
     has no value: refused where the point is constructed, naming the axis, rather than every
     call failing on a division by zero."""
-    import textwrap
+    from tileops.spec import SpecError
 
-    from tileops.signature import SignaturePlan
-    from tileops.spec import SpecError, load_spec_text
-
-    text = textwrap.dedent(f"""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
+    with pytest.raises(SpecError, match=r"does not depend on N \(its factor is 0"):
+        _op_point(f"""\
             forall: {{N: Dim}}
             params: {{k: {{type: int, default: 1}}}}
             inputs:
               x: {{dtype: float32, shape: "{shape}"}}
             outputs:
               y: {{dtype: float32, shape: "[N]"}}
-        """)
-    spec = load_spec_text(text, "zero.yaml")
-    with pytest.raises(SpecError, match=r"does not depend on N \(its factor is 0"):
-        SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(**params)
+            """, "zero.yaml", **params)
 
 
 def test_an_axis_whose_factor_read_from_the_call_is_0_is_refused_by_name() -> None:
-    import textwrap
-
-    from tileops.signature import SignatureCallError, SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent("""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {N: Dim, K: Dim}
-            inputs:
-              a: {dtype: float32, shape: "[K]"}
-              x: {dtype: float32, shape: "[K * N]"}
-            outputs:
-              y: {dtype: float32, shape: "[N]"}
-        """)
-    spec = load_spec_text(text, "zero.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct()
+    point = _op_point("""\
+        forall: {N: Dim, K: Dim}
+        inputs:
+          a: {dtype: float32, shape: "[K]"}
+          x: {dtype: float32, shape: "[K * N]"}
+        outputs:
+          y: {dtype: float32, shape: "[N]"}
+        """, "zero.yaml")
     assert point.check(torch.empty(2), torch.empty(6)).output_shapes == ((3,),)
     for check in (point.check, point.check_exact):
         with pytest.raises(SignatureCallError, match=r"K \* N does not depend on N for these "
@@ -640,28 +589,16 @@ def test_an_axis_whose_factor_read_from_the_call_is_0_is_refused_by_name() -> No
 def test_a_roofline_with_no_count_is_refused_naming_the_op(k, why) -> None:
     """A float param of inf or nan (or one that makes a count negative) in a roofline formula
     is refused by the op's name and the formula's value, not a bare OverflowError."""
-    import textwrap
-
-    from tileops.signature import SignaturePlan
-    from tileops.spec import load_spec_text
-
-    text = textwrap.dedent("""\
-        Op:
-          family: misc
-          status: spec-only
-          signature:
-            forall: {N: Dim}
-            params: {k: {type: float}}
-            inputs:
-              x: {dtype: float32, shape: "[N]"}
-            outputs:
-              y: {dtype: float32, shape: "[N]"}
-          roofline:
-            flops: "k * N"
-        """)
-    spec = load_spec_text(text, "roofline.yaml")
-    point = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(k=k)
+    signature = """\
+        forall: {N: Dim}
+        params: {k: {type: float}}
+        inputs:
+          x: {dtype: float32, shape: "[N]"}
+        outputs:
+          y: {dtype: float32, shape: "[N]"}
+        """
+    point = _op_point(signature, "roofline.yaml", roofline="k * N", k=k)
     with pytest.raises(ValueError, match=rf"^Op: the roofline's formulas .*{re.escape(why)}"):
         point.roofline(point.check(torch.empty(4)))
-    good = SignaturePlan("Op", spec.entries["Op"], spec=spec).construct(k=2.0)
+    good = _op_point(signature, "roofline.yaml", roofline="k * N", k=2.0)
     assert good.roofline(good.check(torch.empty(4))) == (8, 32)
