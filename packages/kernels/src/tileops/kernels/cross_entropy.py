@@ -241,8 +241,9 @@ def _softcapped(T, x, softcap):
 def _row_math(T, options: tuple, V: int):
     """What every row program computes the same way from a row's reductions:
     ``row_loss(zt, m, rel, zsum, valid, in_range)`` (the loss from the target's ``z``, the
-    row's maximum ``m``, the log-sum-exp above it ``rel`` and the sum of ``z``), ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two
-    (running max, sum of exp below it) pairs) and ``grad_of(z, col, tcol, g, coef, valid)``
+    row's maximum ``m``, the log-sum-exp above it ``rel`` and the sum of ``z``),
+    ``merged(m, s, om, os_)`` (the ``(max, sum)`` of two (running max, sum of exp below it)
+    pairs) and ``grad_of(z, col, tcol, g, coef, valid)``
     (the gradient of the logit at ``col`` whose ``z`` is ``z``, for the row's share ``g``
     of the loss's gradient and ``coef = g (1 + 2 s lse)``; 0 for an ignored row; with
     ``target=False`` that of a logit known not to be the target's, the same value)."""

@@ -539,12 +539,13 @@ class Body:
                      if m in self.bound_set or m in self.g.const]
             codes = {m: (f"i_{m}" if m in self.bound_set else None) for m in names}
             consts = {m: self.g.const[m] for m in names if m not in self.bound_set}
-            fid = self.fail_id(n, f"{n} (optional only where {text})", lambda env, n=n, text=text,
-                               codes=codes, consts=consts:
-                               f"{n} is required here: it may be left out only where "
-                               f"{text!r} holds, and it does not ("
-                               + ", ".join(f"{m} = {fmt_value(consts[m] if c is None else ev(c, env))}"
-                                           for m, c in codes.items()) + ")",
+            def because(env, n=n, text=text, codes=codes, consts=consts) -> str:
+                values = ", ".join(f"{m} = {fmt_value(consts[m] if c is None else ev(c, env))}"
+                                   for m, c in codes.items())
+                return (f"{n} is required here: it may be left out only where {text!r} "
+                        f"holds, and it does not ({values})")
+
+            fid = self.fail_id(n, f"{n} (optional only where {text})", because,
                                f"signature.inputs.{n}")
             self.check_plain("False" if isinstance(node, E.Bool) else self.expr(node), fid)
 
