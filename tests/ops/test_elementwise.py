@@ -993,12 +993,16 @@ NUMBER_CALLS = [
      lambda t, n, left: torch.mul(*((n, t) if left else (t, n))), True),
     ("div", lambda t, n, left: DivFwdOp()(*((n, t) if left else (t, n))),
      lambda t, n, left: torch.div(*((n, t) if left else (t, n))), True),
+    # a rounding division holds a number divisor, and rounds a number numerator (left)
     ("div floor", lambda t, n, left: DivFwdOp(rounding_mode="floor")(*((n, t) if left else (t, n))),
-     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="floor"), True),
+     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="floor"),
+     "divisor"),
     ("div trunc", lambda t, n, left: DivFwdOp(rounding_mode="trunc")(*((n, t) if left else (t, n))),
-     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="trunc"), True),
+     lambda t, n, left: torch.div(*((n, t) if left else (t, n)), rounding_mode="trunc"),
+     "divisor"),
+    # pow rounds a number to the tensor's dtype (257 beside bfloat16 is 256), as torch does
     ("pow", lambda t, n, left: PowFwdOp()(*((n, t) if left else (t, n))),
-     lambda t, n, left: torch.pow(*((n, t) if left else (t, n))), True),
+     lambda t, n, left: torch.pow(*((n, t) if left else (t, n))), False),
     ("remainder", lambda t, n, left: RemainderFwdOp()(*((n, t) if left else (t, n))),
      lambda t, n, left: torch.remainder(*((n, t) if left else (t, n))), False),
     ("eq", lambda t, n, left: EqFwdOp()(*((n, t) if left else (t, n))),
@@ -1026,6 +1030,9 @@ NUMBER_CALLS = [
        left=st.booleans(), which=st.integers(0, len(NUMBER_CALLS) - 1))
 @example(shape=(), dtype=torch.float64, seed=0, number=0.5938, left=False, which=7)
 @example(shape=(2,), dtype=torch.float64, seed=1, number=0.5938, left=True, which=7)
+@example(shape=(2,), dtype=torch.bfloat16, seed=0, number=257, left=False, which=7)
+@example(shape=(2,), dtype=torch.float16, seed=0, number=2049, left=True, which=5)
+@example(shape=(2,), dtype=torch.float16, seed=0, number=2049, left=False, which=6)
 def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
         shape, dtype, seed, number, left, which):
     """A Python number beside a tensor of any dtype, 0-dim or with dims: torch's dtype and
@@ -1036,6 +1043,10 @@ def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
     converts it to the tensor's dtype first, as torch does. Every other dtype: torch's values
     exactly. What torch refuses, the op refuses."""
     name, call, torch_call, holds = NUMBER_CALLS[which]
+    # a rounding division's number numerator is the tensor's dtype's value, its quotient the
+    # float32 one truncated or floored (torch's 16-bit kernels round the quotient first)
+    numerator = holds == "divisor" and left
+    holds = holds is True or holds == "divisor"
     t = _tensor(tuple(shape), dtype, seed)
     if name in ("lerp", "clamp", "masked_fill"):
         assume(not isinstance(number, bool))  # a float param; lerp's own test takes bools
@@ -1060,7 +1071,8 @@ def test_a_number_beside_a_0_dim_or_n_dim_tensor_is_held_as_torch_holds_it(
         raise
     assert got.shape == want.shape and got.dtype == want.dtype, (got.dtype, want.dtype)
     if holds and dtype in _HALF:
-        want = torch_call(t.float(), number, left).to(want.dtype)
+        held = torch.tensor(number, dtype=dtype).item() if numerator else number
+        want = torch_call(t.float(), held, left).to(want.dtype)
     if name == "pow" and not isinstance(number, bool) and want.is_floating_point():
         # torch's CPU pow takes a Python number in double precision, its 0-dim tensor of the
         # number (as the op holds it) in the result's: the two forms of torch's own are one
