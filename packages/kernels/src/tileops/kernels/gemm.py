@@ -207,8 +207,9 @@ HOPPER_SPLIT_CONFIGS: dict[str, GemmConfig] = {
     "64x128s2": GemmConfig(64, 128, 64, 4, 128, 8, True, "square", 2),
 }
 #: stream-K grids (:func:`_stream_k_program`), among the tuning candidates (tried only under
-#: :data:`TUNE_STREAM_K`), never chosen by the heuristic: not yet run on a GPU. The persistent grid's two larger tiles: a 128 x 128 x 128 K
-#: step is the 128 x 256 x 64 one's work, its partial sum half the bytes
+#: :data:`TUNE_STREAM_K`), never chosen by the heuristic: not yet run on a GPU. The persistent
+#: grid's two larger tiles: a 128 x 128 x 128 K step is the 128 x 256 x 64 one's work, its
+#: partial sum half the bytes
 HOPPER_STREAM_K_CONFIGS: dict[str, GemmConfig] = {
     "128x256sk": GemmConfig(128, 256, 64, 3, 256, persistent=True, stream_k=True),
     "128x128sk": GemmConfig(128, 128, 128, 3, 256, persistent=True, stream_k=True),
