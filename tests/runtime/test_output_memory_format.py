@@ -120,3 +120,56 @@ def test_outputs_like_an_input_follow_the_ops_layout(classes):
 
     y, fake = torch.compile(fn, fullgraph=True, backend="eager")(x)
     assert tuple(fake.tolist()) == x.stride() == y.stride()
+
+
+ANY_SPEC = """
+AnyFirstLikeOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32]"}
+    inputs:
+      s: {dtype: T, shape: "[*S]", device: any}
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: T, shape: "[*S]"}
+AnyFirstNewOp:
+  family: test
+  status: implemented
+  signature:
+    forall: {S: Shape, T: "DType[float32]"}
+    inputs:
+      s: {dtype: T, shape: "[*S]", device: any}
+      x: {dtype: T, shape: "[*S]"}
+    outputs:
+      y: {dtype: float32, shape: "[*S]"}
+      z: {dtype: T, shape: "[2, *S]"}
+"""
+
+
+def test_outputs_are_never_allocated_like_an_input_that_may_be_elsewhere(tmp_path):
+    """An input declared ``device: any`` (a CPU tensor beside the call's others) is never the
+    one an output is allocated like: the outputs are on the call's device (meta here), in the
+    general call and the fused one, whether the output has that input's declared dtype or
+    another one of the same type."""
+    path = tmp_path / "any.yaml"
+    path.write_text(ANY_SPEC)
+    specs = SpecSet.load(path)
+
+    class AnyFirstLikeOp(Op, specs=specs):
+        pass
+
+    class AnyFirstNewOp(Op, specs=specs):
+        pass
+
+    register_target("any-device-test", None)
+    register_builder("any-device-test", AnyFirstLikeOp, lambda op, call: lambda s, x, y: None)
+    register_builder("any-device-test", AnyFirstNewOp,
+                     lambda op, call: lambda s, x, y, z: None)
+    s, x = torch.randn(3), torch.empty(3, device="meta")
+    for cls in (AnyFirstLikeOp, AnyFirstNewOp):
+        op = cls(target="any-device-test")
+        for _ in range(3):  # the general call, then the fused one
+            out = op(s, x)
+            outs = out if isinstance(out, tuple) else (out,)
+            assert [o.device.type for o in outs] == ["meta"] * len(outs)

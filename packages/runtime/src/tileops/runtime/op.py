@@ -734,7 +734,7 @@ class Op(declared.Equivalents, Composite, Trained):
             shapes, dtypes, twins = m[2], m[3], m[4]
         else:
             _, shapes, dtypes = call.derived()  # one derivation for every output
-            twins = _twins(call, shapes, dtypes)
+            twins = _twins(call, shapes, dtypes, self._signature.sig.inputs.values())
             if memo is not None:
                 memo[0] = (call, default, shapes, dtypes, twins)
         device = call.device
@@ -1029,13 +1029,15 @@ _empty_like = torch.empty_like
 _default_dtype = torch.get_default_dtype
 
 
-def _twins(call: SignatureCall, shapes: tuple, dtypes: tuple) -> tuple:
-    """Per output, the index of the call's first present input (whose device is the call's)
-    where that input has the output's shape and dtype, else None: a contiguous output of that
-    shape is allocated like the input, which costs the host half what ``torch.empty`` of the
-    shape does."""
+def _twins(call: SignatureCall, shapes: tuple, dtypes: tuple, decls: Any) -> tuple:
+    """Per output, the index of the call's first present input on the call's device (one not
+    declared ``device: any``, which may be a CPU scalar beside CUDA tensors) where that input
+    has the output's shape and dtype, else None: a contiguous output of that shape is
+    allocated like the input, which costs the host half what ``torch.empty`` of the shape
+    does."""
     in_shapes = call.input_shapes
-    first = next((i for i, s in enumerate(in_shapes) if s is not None), None)
+    first = next((i for i, (s, d) in enumerate(zip(in_shapes, decls, strict=True))
+                  if s is not None and d.device != "any"), None)
     if first is None:
         return (None,) * len(shapes)
     s0, d0 = tuple(in_shapes[first]), call.input_dtypes[first]

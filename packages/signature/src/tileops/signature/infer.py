@@ -52,7 +52,10 @@ def emit_outputs(b: Body) -> None:
                 _check_output_shape(b, n, d, shapes[-1])
         dn = d.dtype.node
         src_dtype = b.sig.inputs[same].dtype.node if same is not None else None
-        b.g.like_votes.setdefault(n, set()).add(same if src_dtype == dn else None)
+        # an output is allocated like the input it matches only where that input is on the
+        # call's device: one declared ``device: any`` may be a CPU tensor beside CUDA ones
+        like = same is not None and src_dtype == dn and b.sig.inputs[same].device != "any"
+        b.g.like_votes.setdefault(n, set()).add(same if like else None)
         dtypes.append(_output_dtype(b, n, d))
     for i, (n, d) in enumerate(b.sig.outputs.items()):
         if not d.buffer or b.mode == "derive":
