@@ -18,6 +18,7 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from tileops.spec import expr as E
+from tileops.spec.primitives import PrimitiveError
 
 from .common import FastBody, GenError, LazyConflict, ev, fmt_value, tuple_code
 from .fold import subst
@@ -54,7 +55,7 @@ def _arith_text(e: BaseException) -> str:
     own message, a division by zero by name; any other exception with its type."""
     if isinstance(e, ZeroDivisionError):
         return "a division by zero (a size or param that is 0 divides)"
-    if type(e).__name__ in ("PrimitiveError", "AxisError"):
+    if isinstance(e, PrimitiveError):  # an AxisError too
         return str(e)
     return f"{type(e).__name__}: {e}"
 
